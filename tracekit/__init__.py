@@ -1,0 +1,15 @@
+"""tracekit: where pipeline-parallel training sits idle, and why."""
+__version__ = "0.1.0"
+
+
+def load(path, **kwargs):
+    """Load a run folder (or one trace file) and reconstruct its pipeline.
+
+    Returns a :class:`tracekit.model.Run`. See :func:`tracekit.ingest.load_run`.
+    """
+    from tracekit.ingest import load_run
+
+    return load_run(path, **kwargs)
+
+
+__all__ = ["__version__", "load"]

@@ -1,0 +1,46 @@
+"""The ``tracekit`` command: a thin click group; each subcommand lives in tracekit/commands/."""
+from __future__ import annotations
+
+import sys
+
+import click
+
+from tracekit import __version__
+from tracekit.errors import TracekitError
+
+
+class _Group(click.Group):
+    """Turns a user's mistake into one line and exit status 2, never a traceback."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except TracekitError as err:
+            click.echo(f"tracekit: error: {err}", err=True)
+            sys.exit(err.exit_code)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="tracekit")
+def main() -> None:
+    """Find where pipeline-parallel training sits idle, and why.
+
+    \b
+    Typical use:
+      tracekit analyze run/                 # per-rank bubbles, schedule, causes
+      tracekit analyze run/ --json          # the same, for scripts
+      tracekit capture -o run/ --schedule 1F1B   # record a real PP run (needs torch)
+    """
+
+
+def _register() -> None:
+    from tracekit.commands import COMMANDS
+
+    for command in COMMANDS:
+        main.add_command(command)
+
+
+_register()
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,22 @@
+"""One module per CLI subcommand; each exposes a click command, collected here."""
+from __future__ import annotations
+
+import importlib
+
+_MODULES = ["analyze", "capture"]
+
+
+def _collect():
+    commands = []
+    for name in _MODULES:
+        try:
+            module = importlib.import_module(f"tracekit.commands.{name}")
+        except ModuleNotFoundError as err:  # a command still being written
+            if err.name and err.name.startswith("tracekit.commands."):
+                continue
+            raise
+        commands.append(module.command)
+    return commands
+
+
+COMMANDS = _collect()

@@ -1,0 +1,108 @@
+"""The normalised event table that every parser produces.
+
+One row per profiler interval (a complete event), all ranks in one table, times in
+integer nanoseconds on an absolute clock (Unix epoch ns where the source says so, else
+the source's own origin; ``TraceFile.clock`` says which). Parsers keep only what the
+analysis needs, plus ``source_index`` so every figure can be traced back to the raw event.
+
+Columns (see ``EVENT_SCHEMA`` for types):
+
+- ``rank``          global rank of the process that recorded the event
+- ``file_id``       index into ``Run.files`` (which file the row came from)
+- ``source_index``  position of the event in its file (Kineto: index in ``traceEvents``;
+                    nsys: the row id in its table), for tracing figures back
+- ``cat``           normalised category: ``cpu_op``, ``user_annotation``,
+                    ``gpu_user_annotation``, ``kernel``, ``gpu_memcpy``, ``gpu_memset``,
+                    ``nvtx`` (nsys ranges), ``runtime``
+- ``name``          event name as recorded
+- ``start_ns``, ``end_ns``  absolute times, ``end_ns >= start_ns``
+- ``pid``, ``tid``  process and thread (for GPU rows: device and stream)
+- ``on_gpu``        True for device-side rows (kernels, memcpy, GPU annotations)
+- ``depth``         nesting depth on its thread (0 = top level), computed by the parser
+- ``seq``           autograd sequence number (-1 when absent)
+- ``peer``          P2P peer rank for send/recv ops (-1 when unknown / not P2P)
+- ``tag``           P2P tag (-1 when unknown)
+- ``nbytes``        message size in bytes for P2P ops (-1 when unknown)
+- ``correlation``   launch<->kernel correlation id (-1 when absent)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+
+EVENT_SCHEMA = pa.schema(
+    [
+        ("rank", pa.int32()),
+        ("file_id", pa.int32()),
+        ("source_index", pa.int64()),
+        ("cat", pa.string()),
+        ("name", pa.string()),
+        ("start_ns", pa.int64()),
+        ("end_ns", pa.int64()),
+        ("pid", pa.int64()),
+        ("tid", pa.int64()),
+        ("on_gpu", pa.bool_()),
+        ("depth", pa.int16()),
+        ("seq", pa.int64()),
+        ("peer", pa.int32()),
+        ("tag", pa.int32()),
+        ("nbytes", pa.int64()),
+        ("correlation", pa.int64()),
+    ]
+)
+EVENT_COLUMNS = [f.name for f in EVENT_SCHEMA]
+
+_NUMPY_DTYPES = {
+    "rank": "int32", "file_id": "int32", "source_index": "int64", "start_ns": "int64",
+    "end_ns": "int64", "pid": "int64", "tid": "int64", "on_gpu": "bool", "depth": "int16",
+    "seq": "int64", "peer": "int32", "tag": "int32", "nbytes": "int64", "correlation": "int64",
+}
+
+
+def empty_events() -> pd.DataFrame:
+    """An events table with the right columns and no rows."""
+    return conform(pd.DataFrame({c: [] for c in EVENT_COLUMNS}))
+
+
+def conform(df: pd.DataFrame) -> pd.DataFrame:
+    """Return ``df`` with exactly the event columns, in order, with their dtypes."""
+    missing = [c for c in EVENT_COLUMNS if c not in df.columns]
+    if missing:
+        raise ValueError(f"events table lacks columns {missing}")
+    out = df[EVENT_COLUMNS].copy()
+    for col, dtype in _NUMPY_DTYPES.items():
+        out[col] = out[col].astype(dtype)
+    out["cat"] = out["cat"].astype("string")
+    out["name"] = out["name"].astype("string")
+    return out.reset_index(drop=True)
+
+
+@dataclass
+class TraceFile:
+    """What one input file told us about itself, beside its events."""
+
+    path: Path
+    format: str                    # "kineto" | "nsys-sqlite" | "nsys-json"
+    rank: int                      # the rank this file's process had (first, if several)
+    ranks: list[int] = field(default_factory=list)   # all ranks in the file (nsys: several)
+    world_size: int | None = None
+    backend: str | None = None     # "gloo" | "nccl" | ...
+    host: str | None = None
+    clock: str = "unix"            # "unix": absolute epoch ns; "relative": file's own origin
+    rank_source: str = ""          # how the rank was decided: "distributedInfo", "file name", ...
+    n_events_raw: int = 0          # events in the file before filtering
+    truncated: bool = False        # file ended early; what it held was read
+    profiler: dict = field(default_factory=dict)     # versions and settings the file names
+    warnings: list[str] = field(default_factory=list)
+
+    def describe(self) -> dict:
+        return {
+            "path": str(self.path), "format": self.format, "rank": self.rank,
+            "ranks": self.ranks or [self.rank], "world_size": self.world_size,
+            "backend": self.backend, "host": self.host, "clock": self.clock,
+            "rank_source": self.rank_source, "n_events_raw": self.n_events_raw,
+            "truncated": self.truncated, "warnings": list(self.warnings),
+        }
