@@ -1,0 +1,165 @@
+"""Ingest: find the trace files of a run, parse each, and build one :class:`Run`.
+
+Each parser turns one file into ``(TraceFile, events)`` pairs (an nsys report may hold
+several ranks); this module checks that the files make one run (no duplicate or missing
+ranks, one job) and hands the events to the reconstructor.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable
+
+import pandas as pd
+
+from tracekit.errors import RunLayoutError, TraceFormatError
+from tracekit.model.events import TraceFile, conform, empty_events
+from tracekit.model.run import Run
+
+KINETO_SUFFIXES = (".json", ".json.gz")
+NSYS_SUFFIXES = (".sqlite", ".nsys.sqlite")
+IGNORED_NAMES = {"capture.json", "baseline.json", "tracekit.json"}
+
+
+def discover(path: Path) -> list[Path]:
+    """The trace files of a run folder (or the one file given), in a stable order."""
+    path = Path(path)
+    if not path.exists():
+        raise RunLayoutError(f"{path}: no such file or folder; give a run folder of trace files")
+    if path.is_file():
+        return [path]
+    files = sorted(
+        p for p in path.iterdir()
+        if p.is_file() and p.name not in IGNORED_NAMES and not p.name.startswith(".")
+        and (p.name.endswith(KINETO_SUFFIXES) or p.name.endswith(NSYS_SUFFIXES))
+    )
+    if not files:
+        raise RunLayoutError(
+            f"{path}: no trace files found (looked for *.json, *.json.gz, *.sqlite); point at "
+            "the folder your profiler wrote"
+        )
+    return files
+
+
+def _parse_file(path: Path, file_id: int, rank_pattern: str | None,
+                rank_map: dict[int, int] | None) -> list[tuple[TraceFile, pd.DataFrame]]:
+    name = path.name
+    if name.endswith(NSYS_SUFFIXES) or _is_sqlite(path):
+        from tracekit.ingest import nsys
+
+        return nsys.parse_nsys_sqlite(path, file_id, rank_map=rank_map)
+    if name.endswith(KINETO_SUFFIXES):
+        if _looks_like_nsys_json(path):
+            from tracekit.ingest import nsys
+
+            return nsys.parse_nsys_json(path, file_id, rank_map=rank_map)
+        from tracekit.ingest.kineto import parse_kineto
+
+        return [parse_kineto(path, file_id, rank_pattern)]
+    raise TraceFormatError(f"{path}: unknown trace format; expected .json(.gz) or .sqlite")
+
+
+def _is_sqlite(path: Path) -> bool:
+    with open(path, "rb") as fh:
+        return fh.read(16) == b"SQLite format 3\x00"
+
+
+def _looks_like_nsys_json(path: Path) -> bool:
+    """nsys JSON exports are line-delimited objects, not a Chrome trace document."""
+    if path.name.endswith(".gz"):
+        return False
+    with open(path, "rb") as fh:
+        head = fh.read(4096)
+    return head.lstrip().startswith(b"{") and b'"traceEvents"' not in head and b'"type"' in head
+
+
+def parse_files(paths: list[Path], rank_pattern: str | None = None,
+                rank_map: dict[int, int] | None = None,
+                progress: Callable[[Path], None] | None = None) -> tuple[list[TraceFile], pd.DataFrame]:
+    """Parse every file; return the per-file facts and one events table for all ranks."""
+    files: list[TraceFile] = []
+    tables: list[pd.DataFrame] = []
+    for file_id, path in enumerate(paths):
+        for trace, events in _parse_file(path, file_id, rank_pattern, rank_map):
+            files.append(trace)
+            tables.append(events)
+        if progress:
+            progress(path)
+    events = pd.concat(tables, ignore_index=True) if tables else empty_events()
+    return files, conform(events)
+
+
+def settle_unknown_ranks(files: list[TraceFile], events: pd.DataFrame) -> list[str]:
+    """A lone file that names no rank is rank 0; several such files are an error."""
+    unknown = [t for t in files if t.rank < 0]
+    if not unknown:
+        return []
+    if len(files) > 1:
+        names = ", ".join(t.path.name for t in unknown[:3])
+        raise RunLayoutError(
+            f"cannot tell which rank wrote {names} (no distributedInfo, no rank in the file "
+            "name); rename them like rank3.json.gz or pass --rank-from REGEX"
+        )
+    trace = unknown[0]
+    trace.rank, trace.ranks, trace.rank_source = 0, [0], "assumed (single file)"
+    events["rank"] = 0
+    return [f"{trace.path.name}: names no rank (no distributedInfo, no rank in its name); read as rank 0"]
+
+
+def check_layout(files: list[TraceFile]) -> list[str]:
+    """Raise on files that cannot be one run; return warnings for what is merely odd."""
+    warnings: list[str] = []
+    seen: dict[int, Path] = {}
+    for trace in files:
+        for rank in trace.ranks or [trace.rank]:
+            if rank in seen:
+                raise RunLayoutError(
+                    f"rank {rank} appears in both {seen[rank].name} and {trace.path.name}; a run "
+                    "folder must hold one trace per rank (move one of them out)"
+                )
+            seen[rank] = trace.path
+    world_sizes = {t.world_size for t in files if t.world_size}
+    if len(world_sizes) > 1:
+        raise RunLayoutError(
+            f"files disagree on world size ({sorted(world_sizes)}): they come from different "
+            "jobs; keep one job's traces per folder"
+        )
+    if world_sizes:
+        world = world_sizes.pop()
+        missing = sorted(set(range(world)) - set(seen))
+        if missing and len(missing) < world:
+            shown = ", ".join(map(str, missing[:10])) + (" ..." if len(missing) > 10 else "")
+            warnings.append(
+                f"{len(missing)} of {world} ranks have no trace here (ranks {shown}); "
+                "analysis covers the ranks present"
+            )
+    for trace in files:
+        warnings.extend(trace.warnings)
+    return warnings
+
+
+def load_capture_manifest(folder: Path) -> dict | None:
+    manifest = folder / "capture.json"
+    if folder.is_dir() and manifest.is_file():
+        try:
+            return json.loads(manifest.read_text())
+        except json.JSONDecodeError:
+            return None
+    return None
+
+
+def load_run(path, rank_from: str | None = None, rank_map: dict[int, int] | None = None,
+             progress: Callable[[Path], None] | None = None, reconstruct: bool = True) -> Run:
+    """Load a run folder (or one file) and, by default, reconstruct its pipeline."""
+    path = Path(path)
+    paths = discover(path)
+    files, events = parse_files(paths, rank_from, rank_map, progress)
+    run = Run(source=str(path), files=files, events=events,
+              capture=load_capture_manifest(path))
+    for message in settle_unknown_ranks(files, events) + check_layout(files):
+        run.warn(message)
+    if reconstruct:
+        from tracekit.reconstruct import reconstruct as build
+
+        build(run)
+    return run

@@ -1,0 +1,36 @@
+"""Reconstruct: turn per-rank events into a pipeline timeline (steps, actions, messages,
+schedule). Works in place on a :class:`tracekit.model.Run`."""
+from __future__ import annotations
+
+from tracekit.model.run import Run
+from tracekit.reconstruct.actions import find_actions
+from tracekit.reconstruct.p2p import match_messages
+from tracekit.reconstruct.schedule import recognise
+from tracekit.reconstruct.steps import find_steps
+
+
+def reconstruct(run: Run) -> Run:
+    """Fill ``run.steps``, ``run.actions``, ``run.messages`` and ``run.schedule``."""
+    if run.events.empty:
+        run.warn("no events were read: nothing to analyse")
+        return run
+    run.steps = find_steps(run.events)
+    actions, labelling = find_actions(run.events, run.steps)
+    run.actions = actions
+    if actions.empty:
+        run.warn(
+            "no pipeline-parallel actions found (no PP:/Forward/Backward labels, no segmentable "
+            "send/recv pattern): this is not a pipeline run; per-rank busy/idle only"
+        )
+        run.steps["n_actions"] = 0
+        return run
+    counts = actions.groupby(["rank", "step"]).size()
+    run.steps["n_actions"] = [int(counts.get((r, s), 0)) for r, s in zip(run.steps["rank"], run.steps["step"])]
+    run.messages, warnings = match_messages(run.events, run.steps, actions)
+    for message in warnings:
+        run.warn(message)
+    overlap = actions["label"].str.contains("OVERLAP_F_B", regex=False).any()
+    run.schedule = recognise(actions, overlap_labels=bool(overlap))
+    if run.schedule is not None:
+        run.schedule.evidence.insert(0, f"actions from {labelling}")
+    return run

@@ -1,0 +1,247 @@
+"""Attribute every idle nanosecond of every rank and step to a cause, with blame.
+
+Method (``shared/docs/pipeline-theory.md``, "What attribute idle time has to mean"):
+
+1. Build the step's measured dependency graph and replay it (fidelity: it must reproduce
+   the measured step; the residual is reported and folded into overhead/other).
+2. Three causes can be switched off: **imbalance** (durations -> each kind's typical
+   duration), **comm** (message latencies -> 0) and **overhead** (gaps with data there and
+   the rank free -> 0). With all three off, what idle remains is what the schedule itself
+   forces: split into **warmup** (before the rank's first action), **drain** (after its last)
+   and **schedule gaps** (between).
+3. Each cause's share is its exact Shapley value over the 2^3 = 8 replays, so the result
+   does not depend on an order of removal. Root causes propagate through the graph: a slow
+   link that delays rank 1 and then rank 2 is charged to that link on both.
+4. A cause can shorten a rank's idle (the slow stage itself never waits: imbalance has a
+   negative Shapley value there). Categories are reported >= 0: negative values are set to
+   0 and the positive ones scaled to the measured idle (largest-remainder rounding, so the
+   categories sum to the measured idle to the nanosecond). Signed values stay in the JSON.
+5. Blame: within a rank's imbalance share, each stage is weighted by how much balancing
+   that stage alone shortens the rank's idle; within the comm share, each link (src->dst)
+   by how much freeing that link alone does.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import combinations
+
+import numpy as np
+import pandas as pd
+
+from tracekit.analyze.replay import StepGraph, critical_path, graph_from_run, idle_per_rank, replay
+from tracekit.model.run import Run
+
+CAUSES = ("imbalance", "comm", "overhead")
+CATEGORIES = ("warmup", "drain", "schedule_gaps", "imbalance", "comm", "overhead")
+ATTRIBUTION_COLUMNS = ["rank", "step", "idle_ns", *[f"{c}_ns" for c in CATEGORIES]]
+
+
+@dataclass
+class StepAttribution:
+    step: int
+    table: pd.DataFrame                          # one row per rank: idle and each category
+    signed_shapley: dict[int, dict[str, float]]  # rank -> cause -> signed Shapley value (ns)
+    stage_blame: pd.DataFrame                    # rank, stage, imbalance_ns
+    link_blame: pd.DataFrame                     # rank, src_rank, dst_rank, comm_ns
+    critical_path: list[dict]
+    replay_makespan_ns: int
+    measured_makespan_ns: int
+    ideal_makespan_ns: int                       # all causes removed
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def residual_ns(self) -> int:
+        return self.measured_makespan_ns - self.replay_makespan_ns
+
+
+@dataclass
+class Attribution:
+    steps: list[StepAttribution]
+
+    @property
+    def table(self) -> pd.DataFrame:
+        return pd.concat([s.table for s in self.steps], ignore_index=True) if self.steps else \
+            pd.DataFrame(columns=ATTRIBUTION_COLUMNS)
+
+    @property
+    def stage_blame(self) -> pd.DataFrame:
+        frames = [s.stage_blame.assign(step=s.step) for s in self.steps if len(s.stage_blame)]
+        return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["rank", "stage", "imbalance_ns", "step"])
+
+    @property
+    def link_blame(self) -> pd.DataFrame:
+        frames = [s.link_blame.assign(step=s.step) for s in self.steps if len(s.link_blame)]
+        return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["rank", "src_rank", "dst_rank", "comm_ns", "step"])
+
+
+def apportion(total: int, weights: list[float]) -> list[int]:
+    """Split integer ``total`` in proportion to non-negative ``weights``; the parts are
+    integers that sum to ``total`` exactly (largest remainder). All-zero weights put
+    everything on the last part."""
+    w = np.clip(np.asarray(weights, dtype=float), 0.0, None)
+    if total <= 0:
+        return [0] * len(w)
+    if w.sum() <= 0:
+        out = [0] * len(w)
+        out[-1] = total
+        return out
+    exact = w / w.sum() * total
+    floors = np.floor(exact).astype(np.int64)
+    remainder = int(total - floors.sum())
+    order = np.argsort(-(exact - floors), kind="stable")
+    floors[order[:remainder]] += 1
+    return [int(x) for x in floors]
+
+
+def shapley(values: dict[frozenset, dict[int, int]], players: tuple[str, ...], ranks) -> dict[int, dict[str, float]]:
+    """Exact Shapley values per rank from the value of every coalition of present causes."""
+    from math import factorial
+
+    n = len(players)
+    out: dict[int, dict[str, float]] = {int(r): {} for r in ranks}
+    for player in players:
+        others = [q for q in players if q != player]
+        for r in ranks:
+            total = 0.0
+            for size in range(n):
+                weight = factorial(size) * factorial(n - size - 1) / factorial(n)
+                for coalition in combinations(others, size):
+                    with_p = values[frozenset(coalition) | {player}][r]
+                    without = values[frozenset(coalition)][r]
+                    total += weight * (with_p - without)
+            out[int(r)][player] = total
+    return out
+
+
+def _scenario(graph: StepGraph, balanced: np.ndarray, present: frozenset):
+    dur = graph.dur if "imbalance" in present else balanced
+    lat = graph.edge_lat if "comm" in present else np.zeros_like(graph.edge_lat)
+    ovh = graph.ovh if "overhead" in present else np.zeros_like(graph.ovh)
+    return dur, lat, ovh
+
+
+def attribute_step(graph: StepGraph, measured_idle: dict[int, int], measured_makespan: int) -> StepAttribution:
+    """Attribute one step's idle per rank (``measured_idle`` from the bubble table)."""
+    ranks = [int(r) for r in graph.ranks]
+    balanced = graph.balanced_durations()
+    values: dict[frozenset, dict[int, int]] = {}
+    results = {}
+    for size in range(len(CAUSES) + 1):
+        for coalition in combinations(CAUSES, size):
+            present = frozenset(coalition)
+            dur, lat, ovh = _scenario(graph, balanced, present)
+            result = replay(graph, dur=dur, ovh=ovh, lat=lat)
+            results[present] = result
+            values[present] = idle_per_rank(graph, result, dur)
+    full, none = frozenset(CAUSES), frozenset()
+    signed = shapley(values, CAUSES, ranks)
+    ideal = results[none]
+    ideal_end = int(ideal.end.max())
+    stage_gain = _stage_gains(graph, values[full])
+    link_gain = _link_gains(graph, values[full])
+    rows, stage_rows, link_rows = [], [], []
+    for r in ranks:
+        warmup, drain, gaps = _schedule_idle(graph, ideal, r, ideal_end)
+        residual = measured_idle[r] - values[full][r]
+        raw = [warmup, drain, gaps, signed[r]["imbalance"], signed[r]["comm"],
+               signed[r]["overhead"] + residual]
+        parts = apportion(int(measured_idle[r]), raw)
+        rows.append((r, graph.step, int(measured_idle[r]), *parts))
+        imbalance_ns, comm_ns = parts[3], parts[4]
+        if imbalance_ns:
+            stages = sorted(stage_gain)
+            weights = [max(stage_gain[s].get(r, 0), 0) for s in stages]
+            if sum(weights) <= 0:
+                weights = [_excess_work(graph, balanced, s) for s in stages]
+            for s, share in zip(stages, apportion(imbalance_ns, weights)):
+                if share:
+                    stage_rows.append((r, s, share))
+        if comm_ns:
+            links = sorted(link_gain)
+            weights = [max(link_gain[l].get(r, 0), 0) for l in links]
+            if sum(weights) <= 0:
+                weights = [float(graph.edge_lat[[k for k, e in enumerate(graph.edge_links()) if e == l]].sum()) for l in links]
+            for (src, dst), share in zip(links, apportion(comm_ns, weights)):
+                if share:
+                    link_rows.append((r, src, dst, share))
+    table = pd.DataFrame(rows, columns=ATTRIBUTION_COLUMNS)
+    full_result = results[full]
+    return StepAttribution(
+        step=graph.step, table=table, signed_shapley=signed,
+        stage_blame=pd.DataFrame(stage_rows, columns=["rank", "stage", "imbalance_ns"]),
+        link_blame=pd.DataFrame(link_rows, columns=["rank", "src_rank", "dst_rank", "comm_ns"]),
+        critical_path=critical_path(graph, full_result),
+        replay_makespan_ns=full_result.makespan(graph.t0), measured_makespan_ns=measured_makespan,
+        ideal_makespan_ns=ideal.makespan(graph.t0), notes=list(graph.notes),
+    )
+
+
+def _schedule_idle(graph: StepGraph, ideal, rank: int, ideal_end: int) -> tuple[int, int, int]:
+    """Split a rank's idle in the all-causes-removed replay by pipeline phase: warmup is
+    idle before its first backward (the pipeline filling), drain is idle after its last
+    forward (emptying), schedule gaps are idle in between (steady-state holes of
+    interleaved and zero-bubble schedules)."""
+    on_rank = np.flatnonzero(graph.rank == rank)
+    order = on_rank[np.argsort(ideal.start[on_rank], kind="stable")]
+    starts, ends = ideal.start[order], ideal.end[order]
+    kinds = graph.kind[order]
+    backward = np.isin(kinds, ("B", "I"))
+    forward = np.isin(kinds, ("F",))
+    first_bwd = int(starts[backward].min()) if backward.any() else ideal_end
+    last_fwd = int(ends[forward].max()) if forward.any() else graph.t0
+    drain_from = max(last_fwd, first_bwd)
+    holes_lo = np.concatenate(([graph.t0], ends))
+    holes_hi = np.concatenate((starts, [ideal_end]))
+    warmup = drain = gaps = 0
+    for lo, hi in zip(holes_lo, holes_hi):
+        lo, hi = int(lo), int(hi)
+        if hi <= lo:
+            continue
+        in_warmup = max(0, min(hi, first_bwd) - lo)
+        in_drain = max(0, hi - max(lo, drain_from))
+        warmup += in_warmup
+        drain += in_drain
+        gaps += (hi - lo) - in_warmup - in_drain
+    return warmup, drain, gaps
+
+
+def _stage_gains(graph: StepGraph, full_idle: dict[int, int]) -> dict[int, dict[int, int]]:
+    """Per stage: how much each rank's idle shrinks when only that stage is balanced."""
+    balanced = graph.balanced_durations()
+    gains = {}
+    for s in np.unique(graph.stage):
+        dur = np.where(graph.stage == s, balanced, graph.dur)
+        idle = idle_per_rank(graph, replay(graph, dur=dur), dur)
+        gains[int(s)] = {r: full_idle[r] - idle[r] for r in full_idle}
+    return gains
+
+
+def _link_gains(graph: StepGraph, full_idle: dict[int, int]) -> dict[tuple[int, int], dict[int, int]]:
+    """Per link: how much each rank's idle shrinks when only that link is free."""
+    links = graph.edge_links()
+    gains = {}
+    for link in sorted(set(links)):
+        mask = np.array([l == link for l in links])
+        lat = np.where(mask, 0, graph.edge_lat)
+        idle = idle_per_rank(graph, replay(graph, lat=lat))
+        gains[link] = {r: full_idle[r] - idle[r] for r in full_idle}
+    return gains
+
+
+def _excess_work(graph: StepGraph, balanced: np.ndarray, stage: int) -> float:
+    on = graph.stage == stage
+    return float(max(0, int(graph.dur[on].sum() - balanced[on].sum())))
+
+
+def attribute(run: Run, bubbles: pd.DataFrame) -> Attribution:
+    """Attribute every pipeline step of the run."""
+    steps = []
+    for step in sorted(run.actions["step"].unique()):
+        if step < 0:
+            continue
+        graph = graph_from_run(run, int(step))
+        rows = bubbles[bubbles["step"] == step]
+        measured_idle = {int(r): int(i) for r, i in zip(rows["rank"], rows["idle_ns"])}
+        measured_makespan = int(rows["window_ns"].max()) if len(rows) else 0
+        steps.append(attribute_step(graph, measured_idle, measured_makespan))
+    return Attribution(steps)

@@ -1,0 +1,92 @@
+"""Measured bubbles: per rank and step, the window, busy time, idle time and bubble ratio.
+
+The step window is global: from the first compute start to the last compute end over all
+ranks in that step (``pipeline-theory.md``). Busy is the union of the rank's compute spans
+inside it; idle is the rest. For runs with no pipeline actions, each rank's busy time is
+its GPU kernels (or, without a GPU, its top-level CPU ops) inside its own step windows.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+BUBBLE_COLUMNS = ["rank", "step", "window_start_ns", "window_end_ns", "window_ns", "busy_ns",
+                  "idle_ns", "bubble_ratio"]
+
+
+def union_length(starts: np.ndarray, ends: np.ndarray, lo: int, hi: int) -> int:
+    """Total length of the union of [start, end) intervals clipped to [lo, hi)."""
+    if len(starts) == 0:
+        return 0
+    s = np.clip(starts, lo, hi)
+    e = np.clip(ends, lo, hi)
+    order = np.argsort(s, kind="stable")
+    s, e = s[order], e[order]
+    total = 0
+    cur_s, cur_e = int(s[0]), int(e[0])
+    for a, b in zip(s[1:], e[1:]):
+        if a > cur_e:
+            total += cur_e - cur_s
+            cur_s, cur_e = int(a), int(b)
+        elif b > cur_e:
+            cur_e = int(b)
+    return total + (cur_e - cur_s)
+
+
+def step_windows(actions: pd.DataFrame) -> pd.DataFrame:
+    """Global window of each step: first compute start to last compute end, all ranks."""
+    grouped = actions.groupby("step")
+    return pd.DataFrame({
+        "window_start_ns": grouped["start_ns"].min(),
+        "window_end_ns": grouped["end_ns"].max(),
+    }).reset_index()
+
+
+def measure_pipeline(actions: pd.DataFrame) -> pd.DataFrame:
+    """Bubble table of a pipeline run (one row per rank and step)."""
+    windows = step_windows(actions).set_index("step")
+    rows = []
+    for (rank, step), group in actions.groupby(["rank", "step"], sort=True):
+        lo = int(windows.at[step, "window_start_ns"])
+        hi = int(windows.at[step, "window_end_ns"])
+        busy = union_length(group["start_ns"].to_numpy(), group["end_ns"].to_numpy(), lo, hi)
+        rows.append((int(rank), int(step), lo, hi, hi - lo, busy))
+    return _finish(rows)
+
+
+def measure_plain(events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """Busy/idle of a run without pipeline actions: kernels if any, else top-level CPU ops."""
+    rows = []
+    for step in steps.itertuples(index=False):
+        rank_events = events[events["rank"] == step.rank]
+        gpu = rank_events[rank_events["on_gpu"] & (rank_events["cat"] != "gpu_user_annotation")]
+        work = gpu if len(gpu) else rank_events[(rank_events["depth"] == 0) & ~rank_events["name"].str.startswith("ProfilerStep")]
+        inside = work[(work["end_ns"] > step.step_start_ns) & (work["start_ns"] < step.step_end_ns)]
+        lo, hi = int(step.step_start_ns), int(step.step_end_ns)
+        busy = union_length(inside["start_ns"].to_numpy(), inside["end_ns"].to_numpy(), lo, hi)
+        rows.append((int(step.rank), int(step.step), lo, hi, hi - lo, busy))
+    return _finish(rows)
+
+
+def _finish(rows: list[tuple]) -> pd.DataFrame:
+    table = pd.DataFrame(rows, columns=BUBBLE_COLUMNS[:6])
+    table["idle_ns"] = table["window_ns"] - table["busy_ns"]
+    table["bubble_ratio"] = np.where(table["window_ns"] > 0, table["idle_ns"] / table["window_ns"].clip(lower=1), 0.0)
+    return table
+
+
+def summarise(bubbles: pd.DataFrame) -> dict:
+    """Run-level and per-rank totals: idle over window, summed across steps."""
+    per_rank = bubbles.groupby("rank")[["window_ns", "busy_ns", "idle_ns"]].sum()
+    per_rank["bubble_ratio"] = per_rank["idle_ns"] / per_rank["window_ns"].clip(lower=1)
+    total_window = int(per_rank["window_ns"].sum())
+    total_idle = int(per_rank["idle_ns"].sum())
+    return {
+        "bubble_ratio": total_idle / total_window if total_window else 0.0,
+        "window_ns": total_window,
+        "idle_ns": total_idle,
+        "busy_ns": int(per_rank["busy_ns"].sum()),
+        "per_rank": {int(r): {"bubble_ratio": float(row.bubble_ratio), "window_ns": int(row.window_ns),
+                              "busy_ns": int(row.busy_ns), "idle_ns": int(row.idle_ns)}
+                     for r, row in per_rank.iterrows()},
+    }

@@ -1,0 +1,259 @@
+"""The replay engine: a step's dependency graph, replayed with chosen durations, overheads
+and message latencies.
+
+A step is a set of actions. Each action waits for the previous action on its rank and for
+the messages it consumes, then spends ``ovh`` (host/launch overhead) before ``dur`` of
+compute::
+
+    start[a] = max(end[prev(a)] or t0, max over edges e into a: end[src(e)] + lat[e]) + ovh[a]
+    end[a]   = start[a] + dur[a]
+
+From a trace, ``dur``, ``lat`` and ``ovh`` are measured so that replaying them reproduces
+the measured timeline (:func:`graph_from_run`); the residual is reported as fidelity.
+Counterfactuals replace one ingredient (balanced durations, free messages, no overhead);
+what-if questions build a graph from another schedule (:mod:`tracekit.analyze.schedules`).
+The graph knows nothing about which schedule made it: any per-rank order plus data edges.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from tracekit.model.run import Run
+
+
+@dataclass
+class StepGraph:
+    """One step's actions (in a topological order) and their dependencies."""
+
+    step: int
+    t0: int                                  # replay origin: the step window's start
+    action_id: np.ndarray                    # id in run.actions (or synthetic index)
+    rank: np.ndarray
+    stage: np.ndarray
+    kind: np.ndarray                         # "F" | "B" | "I" | "W"
+    microbatch: np.ndarray
+    prev: np.ndarray                         # index of the previous action on its rank, -1
+    dur: np.ndarray                          # measured compute duration, ns
+    ovh: np.ndarray                          # measured overhead before the action, ns
+    edge_src: np.ndarray                     # producer index
+    edge_dst: np.ndarray                     # consumer index
+    edge_lat: np.ndarray                     # measured latency (producer end -> data there), ns
+    edge_msg: np.ndarray                     # msg_id, -1 for a dependency with no message
+    measured_start: np.ndarray | None = None
+    measured_end: np.ndarray | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._in_edges: list[list[int]] = [[] for _ in range(len(self.action_id))]
+        for e, dst in enumerate(self.edge_dst):
+            self._in_edges[int(dst)].append(e)
+
+    @property
+    def ranks(self) -> np.ndarray:
+        return np.unique(self.rank)
+
+    def edge_links(self) -> list[tuple[int, int]]:
+        return [(int(self.rank[s]), int(self.rank[d])) for s, d in zip(self.edge_src, self.edge_dst)]
+
+    def balanced_durations(self) -> np.ndarray:
+        """Every action at its kind's typical duration: the median over stages of each
+        stage's mean duration for that kind (a slow stage is the outlier, not the norm)."""
+        frame = pd.DataFrame({"stage": self.stage, "kind": self.kind, "dur": self.dur})
+        per_stage = frame.groupby(["kind", "stage"])["dur"].mean()
+        typical = per_stage.groupby(level="kind").median()
+        return np.array([int(round(typical[k])) for k in self.kind], dtype=np.int64)
+
+
+@dataclass
+class Replay:
+    start: np.ndarray
+    end: np.ndarray
+    binding: np.ndarray          # per action: -1 = previous action on the rank / t0, else edge index
+
+    def makespan(self, t0: int) -> int:
+        return int(self.end.max() - t0) if len(self.end) else 0
+
+
+def replay(graph: StepGraph, dur: np.ndarray | None = None, ovh: np.ndarray | None = None,
+           lat: np.ndarray | None = None) -> Replay:
+    """Replay the graph; any ingredient not given is the measured one."""
+    dur = graph.dur if dur is None else dur
+    ovh = graph.ovh if ovh is None else ovh
+    lat = graph.edge_lat if lat is None else lat
+    n = len(graph.action_id)
+    start = np.zeros(n, dtype=np.int64)
+    end = np.zeros(n, dtype=np.int64)
+    binding = np.full(n, -1, dtype=np.int64)
+    prev = graph.prev
+    src = graph.edge_src
+    for i in range(n):
+        ready = graph.t0 if prev[i] < 0 else end[prev[i]]
+        bind = -1
+        for e in graph._in_edges[i]:
+            arrival = end[src[e]] + lat[e]
+            if arrival > ready:
+                ready, bind = arrival, e
+        start[i] = ready + ovh[i]
+        end[i] = start[i] + dur[i]
+        binding[i] = bind
+    return Replay(start, end, binding)
+
+
+def idle_per_rank(graph: StepGraph, result: Replay, dur: np.ndarray | None = None) -> dict[int, int]:
+    """Each rank's idle time in the replayed step window [t0, last end]."""
+    dur = graph.dur if dur is None else dur
+    makespan = result.makespan(graph.t0)
+    return {int(r): makespan - int(dur[graph.rank == r].sum()) for r in graph.ranks}
+
+
+def critical_path(graph: StepGraph, result: Replay) -> list[dict]:
+    """The chain of actions and waits that set the step's length, last action first."""
+    if len(result.end) == 0:
+        return []
+    i = int(np.argmax(result.end))
+    path = []
+    while i >= 0:
+        e = int(result.binding[i])
+        entry = {"action_id": int(graph.action_id[i]), "rank": int(graph.rank[i]),
+                 "kind": str(graph.kind[i]), "stage": int(graph.stage[i]),
+                 "microbatch": int(graph.microbatch[i]), "compute_ns": int(result.end[i] - result.start[i]),
+                 "overhead_ns": int(graph.ovh[i]) if result.start[i] >= graph.ovh[i] else 0}
+        if e >= 0:
+            entry["via"] = "message"
+            entry["msg_id"] = int(graph.edge_msg[e])
+            entry["link"] = f"{int(graph.rank[graph.edge_src[e]])}->{int(graph.rank[i])}"
+            entry["comm_ns"] = int(result.start[i] - graph.ovh[i] - result.end[graph.edge_src[e]])
+            path.append(entry)
+            i = int(graph.edge_src[e])
+        else:
+            entry["via"] = "rank order"
+            path.append(entry)
+            i = int(graph.prev[i])
+    return path
+
+
+def topological_order(n: int, prev: np.ndarray, edge_src: np.ndarray, edge_dst: np.ndarray,
+                      tie_break: np.ndarray) -> np.ndarray:
+    """Kahn's order over rank-order and message edges; ties broken by ``tie_break``."""
+    import heapq
+
+    indegree = np.zeros(n, dtype=np.int64)
+    succ: list[list[int]] = [[] for _ in range(n)]
+    for i in range(n):
+        if prev[i] >= 0:
+            succ[prev[i]].append(i)
+            indegree[i] += 1
+    for s, d in zip(edge_src, edge_dst):
+        succ[s].append(d)
+        indegree[d] += 1
+    heap = [(tie_break[i], i) for i in range(n) if indegree[i] == 0]
+    heapq.heapify(heap)
+    order = []
+    while heap:
+        _, i = heapq.heappop(heap)
+        order.append(i)
+        for j in succ[i]:
+            indegree[j] -= 1
+            if indegree[j] == 0:
+                heapq.heappush(heap, (tie_break[j], j))
+    if len(order) != n:
+        raise ValueError("dependency cycle: the action order contradicts the data dependencies")
+    return np.array(order, dtype=np.int64)
+
+
+def reorder(graph_fields: dict, order: np.ndarray) -> dict:
+    """Permute per-action arrays into ``order`` and remap indices that point at actions."""
+    position = np.empty(len(order), dtype=np.int64)
+    position[order] = np.arange(len(order))
+    out = dict(graph_fields)
+    for key in ("action_id", "rank", "stage", "kind", "microbatch", "dur", "ovh",
+                "measured_start", "measured_end"):
+        if out.get(key) is not None:
+            out[key] = np.asarray(out[key])[order]
+    prev = np.asarray(graph_fields["prev"])[order]
+    out["prev"] = np.where(prev >= 0, position[np.clip(prev, 0, None)], -1)
+    out["edge_src"] = position[np.asarray(graph_fields["edge_src"], dtype=np.int64)]
+    out["edge_dst"] = position[np.asarray(graph_fields["edge_dst"], dtype=np.int64)]
+    return out
+
+
+def dependency_pairs(rank: np.ndarray, stage: np.ndarray, kind: np.ndarray,
+                     microbatch: np.ndarray) -> list[tuple[int, int]]:
+    """Cross-rank data dependencies implied by stage adjacency: activations flow from
+    stage s to s+1, gradients from s+1 to s (through I when backward is split)."""
+    index = {(str(k), int(s), int(m)): i for i, (k, s, m) in enumerate(zip(kind, stage, microbatch))}
+    pairs = []
+    for i, (k, s, m) in enumerate(zip(kind, stage, microbatch)):
+        k, s, m = str(k), int(s), int(m)
+        if k == "F":
+            j = index.get(("F", s - 1, m))
+        elif k in ("B", "I"):
+            j = index.get(("B", s + 1, m), index.get(("I", s + 1, m)))
+        else:
+            j = None
+        if j is not None and rank[j] != rank[i]:
+            pairs.append((j, i))
+    return pairs
+
+
+def graph_from_run(run: Run, step: int) -> StepGraph:
+    """The measured dependency graph of one step of a reconstructed run."""
+    acts = run.actions[run.actions["step"] == step].sort_values(["start_ns", "end_ns"])
+    n = len(acts)
+    ids = acts["action_id"].to_numpy(dtype=np.int64)
+    pos = {int(a): i for i, a in enumerate(ids)}
+    rank = acts["rank"].to_numpy(dtype=np.int64)
+    start = acts["start_ns"].to_numpy(dtype=np.int64)
+    end = acts["end_ns"].to_numpy(dtype=np.int64)
+    prev = np.full(n, -1, dtype=np.int64)
+    last_on_rank: dict[int, int] = {}
+    for i, r in enumerate(rank):
+        prev[i] = last_on_rank.get(int(r), -1)
+        last_on_rank[int(r)] = i
+    notes: list[str] = []
+    msgs = run.messages[(run.messages["step"] == step) & (run.messages["producer_action"] >= 0)
+                        & (run.messages["consumer_action"] >= 0)]
+    edges: dict[tuple[int, int], tuple[int, int]] = {}   # (src, dst) -> (lat, msg_id)
+    for msg in msgs.itertuples(index=False):
+        s, d = pos.get(int(msg.producer_action)), pos.get(int(msg.consumer_action))
+        if s is None or d is None or rank[s] == rank[d]:
+            continue
+        if end[s] > start[d]:
+            notes.append(f"message {msg.msg_id} arrives after its consumer started; ignored")
+            continue
+        lat = int(min(max(msg.recv_done_ns - end[s], 0), start[d] - end[s]))
+        if (s, d) not in edges or lat > edges[(s, d)][0]:
+            edges[(s, d)] = (lat, int(msg.msg_id))
+    kind = acts["kind"].to_numpy()
+    stage = acts["stage"].to_numpy(dtype=np.int64)
+    mb = acts["microbatch"].to_numpy(dtype=np.int64)
+    unmessaged = 0
+    for s, d in dependency_pairs(rank, stage, kind, mb):
+        if (s, d) not in edges and end[s] <= start[d]:
+            edges[(s, d)] = (0, -1)
+            unmessaged += 1
+    if unmessaged:
+        notes.append(f"{unmessaged} cross-rank dependencies have no matched message; their wait "
+                     "counts as overhead")
+    edge_keys = sorted(edges)
+    edge_src = np.array([k[0] for k in edge_keys], dtype=np.int64)
+    edge_dst = np.array([k[1] for k in edge_keys], dtype=np.int64)
+    edge_lat = np.array([edges[k][0] for k in edge_keys], dtype=np.int64)
+    edge_msg = np.array([edges[k][1] for k in edge_keys], dtype=np.int64)
+    t0 = int(start.min()) if n else 0
+    ovh = np.zeros(n, dtype=np.int64)
+    in_edges: list[list[int]] = [[] for _ in range(n)]
+    for e, d in enumerate(edge_dst):
+        in_edges[d].append(e)
+    for i in range(n):
+        ready = t0 if prev[i] < 0 else end[prev[i]]
+        for e in in_edges[i]:
+            ready = max(ready, end[edge_src[e]] + edge_lat[e])
+        ovh[i] = max(0, start[i] - ready)
+    return StepGraph(step=step, t0=t0, action_id=ids, rank=rank, stage=stage, kind=kind,
+                     microbatch=mb, prev=prev, dur=end - start, ovh=ovh, edge_src=edge_src,
+                     edge_dst=edge_dst, edge_lat=edge_lat, edge_msg=edge_msg,
+                     measured_start=start, measured_end=end, notes=notes)

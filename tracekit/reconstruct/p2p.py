@@ -1,0 +1,135 @@
+"""Point-to-point messages: each send matched to its receive across ranks.
+
+gloo (CPU): ``c10d::send`` / ``c10d::recv_`` ops carry peer, tag and size (with
+``record_shapes=True``); the ``gloo:recv`` annotation that starts inside a ``c10d::recv_``
+ends when the receiver's ``wait()`` returns, i.e. when the data was there for it.
+NCCL (``record_param_comms:send`` / ``:recv``) is read the same way from the CPU side.
+
+Sends and receives are paired per (src, dst, tag, step) in posting order, and each message
+is tied to the compute action that produced it (last action on the sender that ended
+before the send was posted) and the one that consumed it (first action on the receiver
+that started after the data was there).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from tracekit.model.run import MESSAGE_COLUMNS
+
+SEND_NAMES = ("c10d::send", "record_param_comms:send")
+RECV_NAMES = ("c10d::recv_", "c10d::recv_any_source_", "record_param_comms:recv")
+# A receive's wait may return a hair after its consumer's first op is recorded as started.
+_TOLERANCE_NS = 20_000
+
+
+def _with_steps(ops: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    ops = ops.copy()
+    ops["step"] = -1
+    for row in steps.itertuples(index=False):
+        inside = (ops["rank"] == row.rank) & (ops["start_ns"] >= row.step_start_ns) & (
+            ops["start_ns"] <= row.step_end_ns)
+        ops.loc[inside, "step"] = row.step
+    return ops
+
+
+def _recv_done_times(events: pd.DataFrame, recvs: pd.DataFrame) -> np.ndarray:
+    """When each receive's wait returned: the end of its gloo:recv annotation."""
+    done = recvs["end_ns"].to_numpy().copy()
+    annotations = events[(events["name"] == "gloo:recv") & ~events["on_gpu"]]
+    for rank, rank_recvs in recvs.groupby("rank"):
+        ann = annotations[annotations["rank"] == rank].sort_values("start_ns")
+        a_start = ann["start_ns"].to_numpy()
+        a_end = ann["end_ns"].to_numpy()
+        used = np.zeros(len(ann), dtype=bool)
+        for pos, (start, end) in zip(rank_recvs.index, rank_recvs[["start_ns", "end_ns"]].to_numpy()):
+            # the annotation posted inside this recv_ op
+            lo = np.searchsorted(a_start, start, side="left")
+            hi = np.searchsorted(a_start, end, side="right")
+            for k in range(lo, hi):
+                if not used[k]:
+                    used[k] = True
+                    done[recvs.index.get_loc(pos)] = max(end, a_end[k])
+                    break
+    return done
+
+
+def match_messages(events: pd.DataFrame, steps: pd.DataFrame, actions: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """Pair sends with receives; return the messages table and warnings."""
+    warnings: list[str] = []
+    cpu = events[~events["on_gpu"]]
+    sends = _with_steps(cpu[cpu["name"].isin(SEND_NAMES)], steps).sort_values("start_ns")
+    recvs = _with_steps(cpu[cpu["name"].isin(RECV_NAMES)], steps).sort_values("start_ns")
+    if sends.empty and recvs.empty:
+        return pd.DataFrame(columns=MESSAGE_COLUMNS), warnings
+    recvs = recvs.assign(done_ns=_recv_done_times(events, recvs))
+    unknown_peer = int((sends["peer"] < 0).sum() + (recvs["peer"] < 0).sum())
+    if unknown_peer:
+        warnings.append(
+            f"{unknown_peer} send/recv ops name no peer rank (trace recorded without "
+            "record_shapes=True?); those messages are not matched"
+        )
+    send_groups = {k: g for k, g in sends[sends["peer"] >= 0].groupby(["rank", "peer", "tag", "step"])}
+    recv_groups = {k: g for k, g in recvs[recvs["peer"] >= 0].groupby(["peer", "rank", "tag", "step"])}
+    rows = []
+    unmatched_sends = unmatched_recvs = size_mismatch = 0
+    for key in sorted(set(send_groups) | set(recv_groups)):
+        s_group = send_groups.get(key, sends.iloc[0:0])
+        r_group = recv_groups.get(key, recvs.iloc[0:0])
+        n = min(len(s_group), len(r_group))
+        unmatched_sends += len(s_group) - n
+        unmatched_recvs += len(r_group) - n
+        for s, r in zip(s_group.iloc[:n].itertuples(index=False), r_group.iloc[:n].itertuples(index=False)):
+            if s.nbytes >= 0 and r.nbytes >= 0 and s.nbytes != r.nbytes:
+                size_mismatch += 1
+            rows.append({
+                "step": int(key[3]), "src_rank": int(key[0]), "dst_rank": int(key[1]),
+                "tag": int(key[2]), "nbytes": int(max(s.nbytes, r.nbytes)),
+                "send_post_ns": int(s.start_ns), "recv_post_ns": int(r.start_ns),
+                "recv_done_ns": int(r.done_ns),
+                "src_file_id": int(s.file_id), "src_source_index": int(s.source_index),
+                "dst_file_id": int(r.file_id), "dst_source_index": int(r.source_index),
+            })
+    if unmatched_sends or unmatched_recvs:
+        warnings.append(
+            f"{unmatched_sends} sends and {unmatched_recvs} receives have no partner in the "
+            "trace (a rank's trace missing, or the profiling windows differ)"
+        )
+    if size_mismatch:
+        warnings.append(f"{size_mismatch} matched messages differ in size between sender and receiver")
+    messages = pd.DataFrame(rows)
+    if messages.empty:
+        return pd.DataFrame(columns=MESSAGE_COLUMNS), warnings
+    messages = messages.sort_values(["step", "send_post_ns"]).reset_index(drop=True)
+    messages["msg_id"] = np.arange(len(messages))
+    _link_actions(messages, actions)
+    return messages[MESSAGE_COLUMNS], warnings
+
+
+def _link_actions(messages: pd.DataFrame, actions: pd.DataFrame) -> None:
+    """Fill producer/consumer action ids, direction and the receiver's blocked time."""
+    producer = np.full(len(messages), -1, dtype=np.int64)
+    consumer = np.full(len(messages), -1, dtype=np.int64)
+    wait = np.zeros(len(messages), dtype=np.int64)
+    direction = np.array(["?"] * len(messages), dtype=object)
+    by_rank_step = {k: g.sort_values("start_ns") for k, g in actions.groupby(["rank", "step"])}
+    for i, msg in enumerate(messages.itertuples(index=False)):
+        src = by_rank_step.get((msg.src_rank, msg.step))
+        if src is not None:
+            before = src[src["end_ns"] <= msg.send_post_ns + _TOLERANCE_NS]
+            if len(before):
+                prod = before.iloc[-1]
+                producer[i] = prod["action_id"]
+                direction[i] = "fwd" if prod["kind"] == "F" else "bwd"
+        dst = by_rank_step.get((msg.dst_rank, msg.step))
+        if dst is not None:
+            after = dst[dst["start_ns"] >= msg.recv_done_ns - _TOLERANCE_NS]
+            if len(after):
+                consumer[i] = after.iloc[0]["action_id"]
+            ready_candidates = dst[dst["end_ns"] <= msg.recv_done_ns]
+            ready = ready_candidates["end_ns"].max() if len(ready_candidates) else msg.recv_post_ns
+            wait[i] = max(0, msg.recv_done_ns - max(int(ready), msg.recv_post_ns))
+    messages["producer_action"] = producer
+    messages["consumer_action"] = consumer
+    messages["direction"] = direction
+    messages["recv_wait_ns"] = wait

@@ -1,0 +1,68 @@
+"""Recognise the pipeline schedule (kind, p, v, m, placement) from the action order alone."""
+from __future__ import annotations
+
+import pandas as pd
+
+from tracekit.model.run import ScheduleInfo
+
+
+def recognise(actions: pd.DataFrame, overlap_labels: bool = False) -> ScheduleInfo | None:
+    """Name the schedule that produced these actions; None when there are none."""
+    if actions.empty:
+        return None
+    ranks = sorted(actions["rank"].unique())
+    p = len(ranks)
+    stage_to_rank: dict[int, int] = {}
+    evidence: list[str] = []
+    for (stage, rank), _ in actions.groupby(["stage", "rank"]):
+        if stage in stage_to_rank and stage_to_rank[stage] != rank:
+            evidence.append(f"stage {stage} ran on ranks {stage_to_rank[stage]} and {rank}")
+        stage_to_rank.setdefault(int(stage), int(rank))
+    n_stages = len(stage_to_rank)
+    v = max(1, n_stages // p) if p else 1
+    per_step = actions[actions["kind"] == "F"].groupby(["step", "stage"])["microbatch"].nunique()
+    m = int(per_step.max()) if len(per_step) else 0
+    placement = _placement(stage_to_rank, ranks, p)
+    kinds = set(actions["kind"].unique())
+    split_backward = "W" in kinds
+    evidence.append(f"{n_stages} stages on {p} ranks ({placement} placement), {m} microbatches per step")
+    if overlap_labels:
+        name = "DualPipeV"
+        evidence.append("OVERLAP_F_B actions (forward and backward fused) present")
+    elif split_backward and placement == "v":
+        name = "ZBVZeroBubble"
+        evidence.append("backward split into I and W, V-shaped stage placement")
+    elif split_backward:
+        name = "InterleavedZeroBubble" if v > 1 else "ZeroBubble (ZB-H1)"
+        evidence.append("backward split into I and W")
+    else:
+        all_forward_first = _all_forward_first(actions)
+        if v == 1:
+            name = "GPipe" if all_forward_first else "1F1B"
+        else:
+            name = "LoopedBFS" if all_forward_first else "Interleaved1F1B"
+        evidence.append(
+            "every rank runs all its forwards before any backward" if all_forward_first
+            else "ranks interleave forwards and backwards (one-forward-one-backward steady state)"
+        )
+    return ScheduleInfo(name=name, p=p, v=v, m=m, placement=placement, stage_to_rank=stage_to_rank,
+                        split_backward=split_backward, evidence=evidence)
+
+
+def _placement(stage_to_rank: dict[int, int], ranks: list, p: int) -> str:
+    index = {r: i for i, r in enumerate(ranks)}
+    if all(index[r] == s % p for s, r in stage_to_rank.items()):
+        return "loop"
+    if all(index[r] == (s if s < p else 2 * p - 1 - s) for s, r in stage_to_rank.items()):
+        return "v"
+    return "custom"
+
+
+def _all_forward_first(actions: pd.DataFrame) -> bool:
+    for _, group in actions.groupby(["rank", "step"]):
+        kinds = group.sort_values("order")["kind"].tolist()
+        if "B" in kinds and "F" in kinds:
+            last_f = len(kinds) - 1 - kinds[::-1].index("F")
+            if kinds.index("B") < last_f:
+                return False
+    return True

@@ -1,0 +1,39 @@
+"""Training steps: ``ProfilerStep#N`` spans on each rank's main thread."""
+from __future__ import annotations
+
+import re
+
+import pandas as pd
+
+from tracekit.model.run import STEP_COLUMNS
+
+_STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
+
+
+def find_steps(events: pd.DataFrame) -> pd.DataFrame:
+    """One row per rank and step. A rank with no step markers is one step (number 0)
+    spanning all of its events."""
+    cpu = events[~events["on_gpu"]]
+    marks = cpu[(cpu["cat"] == "user_annotation") & cpu["name"].str.startswith("ProfilerStep#")]
+    rows = []
+    for rank, group in events.groupby("rank", sort=True):
+        rank_marks = marks[marks["rank"] == rank]
+        if len(rank_marks):
+            for row in rank_marks.itertuples(index=False):
+                match = _STEP_NAME.match(row.name)
+                if match:
+                    rows.append((int(rank), int(match.group(1)), int(row.start_ns), int(row.end_ns)))
+        else:
+            rows.append((int(rank), 0, int(group["start_ns"].min()), int(group["end_ns"].max())))
+    steps = pd.DataFrame(rows, columns=STEP_COLUMNS[:4])
+    steps["n_actions"] = 0
+    return steps.sort_values(["rank", "step"]).reset_index(drop=True)
+
+
+def step_of(times: pd.Series, ranks: pd.Series, steps: pd.DataFrame) -> pd.Series:
+    """The step number each (rank, time) falls in; -1 outside every step."""
+    out = pd.Series(-1, index=times.index, dtype="int64")
+    for row in steps.itertuples(index=False):
+        inside = (ranks == row.rank) & (times >= row.step_start_ns) & (times <= row.step_end_ns)
+        out[inside] = row.step
+    return out
