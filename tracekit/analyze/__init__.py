@@ -1,0 +1,74 @@
+"""Analyses: pure functions over a reconstructed :class:`Run`, gathered in :func:`analyze`."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from tracekit.analyze.attribution import Attribution, attribute
+from tracekit.analyze.bubbles import measure_pipeline, measure_plain, summarise
+from tracekit.analyze.theory import Theory, theoretical_bubble
+from tracekit.model.run import Run
+
+# Replay residual (|measured - replayed makespan|) above this share of the step is flagged.
+FIDELITY_WARN_SHARE = 0.01
+
+
+@dataclass
+class Analysis:
+    """Everything tracekit computes about one run, ready for the renderers."""
+
+    run: Run
+    bubbles: pd.DataFrame                  # rank, step, window, busy, idle, ratio
+    summary: dict
+    durations_ns: dict[str, int] = field(default_factory=dict)   # typical t_F, t_B, t_I, t_W
+    theory: Theory | None = None
+    balanced_replay_ratio: float | None = None
+    attribution: Attribution | None = None
+
+    @property
+    def is_pipeline(self) -> bool:
+        return self.run.is_pipeline
+
+
+def typical_durations(actions: pd.DataFrame) -> dict[str, int]:
+    """Median compute time of each action kind (one microbatch, one stage)."""
+    durations = actions["end_ns"] - actions["start_ns"]
+    return {str(k): int(v) for k, v in durations.groupby(actions["kind"]).median().items()}
+
+
+def analyze(run: Run, attribution: bool = True) -> Analysis:
+    """Measure bubbles, compare with theory and attribute idle time."""
+    if not run.is_pipeline:
+        bubbles = measure_plain(run.events, run.steps)
+        return Analysis(run=run, bubbles=bubbles, summary=summarise(bubbles))
+    actions = run.actions[run.actions["step"] >= 0]
+    bubbles = measure_pipeline(actions)
+    result = Analysis(run=run, bubbles=bubbles, summary=summarise(bubbles),
+                      durations_ns=typical_durations(actions))
+    sched = run.schedule
+    d = result.durations_ns
+    t_f = d.get("F", 1)
+    t_b = d.get("B", d.get("I", 0) + d.get("W", 0)) or 2 * t_f
+    t_w = d.get("W")
+    if "I" in d and "W" in d and "B" not in d:
+        t_b = d["I"] + d["W"]
+    result.theory = theoretical_bubble(sched.name, sched.p, sched.v, sched.m, t_f, t_b, t_w)
+    if attribution:
+        result.attribution = attribute(run, bubbles)
+        steps = result.attribution.steps
+        ideal_window = sum(s.ideal_makespan_ns * len(s.ideal_idle_ns) for s in steps)
+        if ideal_window:
+            ideal_idle = sum(sum(s.ideal_idle_ns.values()) for s in steps)
+            result.balanced_replay_ratio = ideal_idle / ideal_window
+        for s in result.attribution.steps:
+            if s.measured_makespan_ns and abs(s.residual_ns) > FIDELITY_WARN_SHARE * s.measured_makespan_ns:
+                run.warn(f"step {s.step}: replay differs from the measured step by "
+                         f"{s.residual_ns / 1e6:.2f} ms ({s.residual_ns / s.measured_makespan_ns:.1%}); "
+                         "attribution there is less certain")
+            for note in s.notes:
+                run.warn(f"step {s.step}: {note}")
+    return result
+
+
+__all__ = ["Analysis", "analyze", "typical_durations"]

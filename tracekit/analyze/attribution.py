@@ -47,6 +47,7 @@ class StepAttribution:
     replay_makespan_ns: int
     measured_makespan_ns: int
     ideal_makespan_ns: int                       # all causes removed
+    ideal_idle_ns: dict[int, int]                # rank -> idle with all causes removed
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -172,7 +173,7 @@ def attribute_step(graph: StepGraph, measured_idle: dict[int, int], measured_mak
         link_blame=pd.DataFrame(link_rows, columns=["rank", "src_rank", "dst_rank", "comm_ns"]),
         critical_path=critical_path(graph, full_result),
         replay_makespan_ns=full_result.makespan(graph.t0), measured_makespan_ns=measured_makespan,
-        ideal_makespan_ns=ideal.makespan(graph.t0), notes=list(graph.notes),
+        ideal_makespan_ns=ideal.makespan(graph.t0), ideal_idle_ns=dict(values[none]), notes=list(graph.notes),
     )
 
 

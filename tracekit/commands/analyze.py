@@ -1,0 +1,64 @@
+"""``tracekit analyze RUN_DIR``: load, reconstruct, measure, attribute, print."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from tracekit.commands.common import load_with_progress, rank_options
+
+
+@click.command("analyze")
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the analysis as JSON (schema: tracekit/schemas/analysis.schema.json).")
+@click.option("-o", "--output", type=click.Path(path_type=Path), help="Also write the JSON document to this file.")
+@click.option("--html", "html_path", type=click.Path(path_type=Path), help="Also write the HTML report to this file.")
+@click.option("--no-attribution", is_flag=True, help="Skip the replay-based attribution (measure bubbles only).")
+@rank_options
+def command(run_dir: Path, as_json: bool, output: Path | None, html_path: Path | None,
+            no_attribution: bool, rank_from: str | None, rank_map: str | None, progress: bool) -> None:
+    """Where and why a pipeline-parallel run sat idle.
+
+    RUN_DIR is a folder of per-rank traces (PyTorch profiler *.json / *.json.gz, Nsight
+    Systems *.sqlite; mixed is fine) or a single trace file. tracekit finds each rank's
+    compute actions and messages, recognises the schedule (GPipe, 1F1B, interleaved,
+    zero-bubble, DualPipeV) with its p, v, m, and measures each rank's bubble ratio: idle
+    time over the step window (first compute start to last compute end, all ranks).
+
+    Every idle nanosecond is then attributed to a cause by replaying the step's dependency
+    graph with one cause removed at a time (exact Shapley values, so order does not matter):
+
+    \b
+      warmup / drain   the pipeline filling and emptying (what the schedule forces)
+      gaps             steady-state holes of interleaved / zero-bubble schedules
+      imbalance        some stage is slower than the others (blamed on the stage)
+      comm             messages take time or leave late (blamed on the link src->dst)
+      overhead         data was there and the rank was free, yet nothing ran
+
+    \b
+    Examples:
+      tracekit analyze sample_traces/1f1b
+      tracekit analyze run/ --json > analysis.json
+      tracekit analyze run/ -o analysis.json --html report.html
+    """
+    from tracekit.analyze import analyze
+    from tracekit.render import console
+    from tracekit.render.json import to_document
+
+    run = load_with_progress(run_dir, rank_from, rank_map, progress)
+    analysis = analyze(run, attribution=not no_attribution)
+    doc = to_document(analysis)
+    if output:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(json.dumps(doc, indent=1))
+    if html_path:
+        from tracekit.render.html import write_report
+
+        write_report(analysis, html_path)
+        click.echo(f"wrote {html_path}", err=True)
+    if as_json:
+        sys.stdout.write(json.dumps(doc, indent=1) + "\n")
+    else:
+        click.echo(console.render(doc))

@@ -1,0 +1,127 @@
+"""The console summary of ``tracekit analyze``: plain text, readable in any terminal or CI log.
+
+It renders the JSON document (:func:`tracekit.render.json.to_document`), so every figure
+shown is one a script can read too.
+"""
+from __future__ import annotations
+
+from tracekit.analyze.attribution import CATEGORIES
+
+_LABELS = {"warmup": "warmup", "drain": "drain", "schedule_gaps": "gaps", "imbalance": "imbal",
+           "comm": "comm", "overhead": "ovhd"}
+_NAMES = {"warmup": "pipeline warm-up", "drain": "pipeline drain", "schedule_gaps": "schedule gaps",
+          "imbalance": "stage imbalance", "comm": "comm latency", "overhead": "overhead/other"}
+
+
+def ms(ns: float) -> str:
+    return f"{ns / 1e6:.1f}"
+
+
+def pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def table(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    line = "  ".join(h.rjust(w) if i else h.ljust(w) for i, (h, w) in enumerate(zip(headers, widths)))
+    out = [line, "  ".join("-" * w for w in widths)]
+    for r in rows:
+        out.append("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))))
+    return "\n".join(out)
+
+
+def render(doc: dict) -> str:
+    """The console summary of one analysis document."""
+    out: list[str] = []
+    s = doc["summary"]
+    formats = sorted({f["format"] for f in doc["files"]})
+    out.append(f"tracekit {doc['tracekit_version']}: {doc['source']}")
+    out.append(f"  {len(doc['files'])} file(s) ({', '.join(formats)}), {s['n_ranks']} rank(s), "
+               f"{s['n_steps']} step(s), {s['n_actions']} actions, {s['n_messages']} messages matched")
+    sched = doc["schedule"]
+    if not doc["pipeline"]:
+        out.append("")
+        out.append("No pipeline-parallel schedule found in these traces (no PP:/Forward/Backward "
+                   "actions, no send/recv pattern). Per-rank busy/idle of the device work:")
+        out.append("")
+        out.append(_plain_rank_table(doc))
+        out.extend(_warnings(doc))
+        return "\n".join(out)
+    out.append(f"  schedule: {sched['name']}  p={sched['p']} v={sched['v']} m={sched['m']}  "
+               f"({sched['placement']} placement{', split backward' if sched['split_backward'] else ''})")
+    theory = doc["theory"] or {}
+    out.append("")
+    out.append(f"bubble ratio  {pct(s['bubble_ratio'])} measured   "
+               f"{pct(theory.get('bubble_ratio'))} theory {theory.get('formula', '')}   "
+               f"{pct(theory.get('balanced_replay_bubble_ratio'))} balanced replay")
+    out.append("")
+    headers = ["rank", "busy ms", "idle ms", "bubble", *[_LABELS[c] for c in CATEGORIES]]
+    rows = []
+    for r in doc["ranks"]:
+        causes = r.get("causes", {})
+        rows.append([str(r["rank"]), ms(r["busy_ns"]), ms(r["idle_ns"]), pct(r["bubble_ratio"]),
+                     *[ms(causes.get(f"{c}_ns", 0)) for c in CATEGORIES]])
+    totals = {c: sum(r.get("causes", {}).get(f"{c}_ns", 0) for r in doc["ranks"]) for c in CATEGORIES}
+    rows.append(["all", ms(s["busy_ns"]), ms(s["idle_ns"]), pct(s["bubble_ratio"]),
+                 *[ms(totals[c]) for c in CATEGORIES]])
+    out.append(table(headers, rows))
+    out.append("  (idle ms per cause, summed over steps; causes add up to idle exactly)")
+    out.append("")
+    out.extend(_causes(doc, totals))
+    out.extend(_replay(doc))
+    out.extend(_warnings(doc))
+    return "\n".join(out)
+
+
+def _plain_rank_table(doc: dict) -> str:
+    rows = [[str(r["rank"]), ms(r["window_ns"]), ms(r["busy_ns"]), ms(r["idle_ns"]), pct(r["bubble_ratio"])]
+            for r in doc["ranks"]]
+    return table(["rank", "window ms", "busy ms", "idle ms", "idle share"], rows)
+
+
+def _causes(doc: dict, totals: dict[str, int]) -> list[str]:
+    idle = doc["summary"]["idle_ns"] or 1
+    out = ["where the idle time goes:"]
+    for cause, value in sorted(totals.items(), key=lambda kv: -kv[1]):
+        if value <= 0:
+            continue
+        line = f"  {_NAMES[cause]:<17} {ms(value):>9} ms  {100 * value / idle:5.1f}% of idle"
+        if cause == "imbalance" and doc["blame"]["stages"]:
+            top = doc["blame"]["stages"][:3]
+            line += "  <- " + ", ".join(f"stage {b['stage']} (rank {b['rank']}) {ms(b['imbalance_ns'])} ms" for b in top)
+        if cause == "comm" and doc["blame"]["links"]:
+            top = doc["blame"]["links"][:3]
+            line += "  <- " + ", ".join(f"link {b['src_rank']}->{b['dst_rank']} {ms(b['comm_ns'])} ms" for b in top)
+        out.append(line)
+    out.append("")
+    return out
+
+
+def _replay(doc: dict) -> list[str]:
+    steps = [st for st in doc["steps"] if "replay" in st]
+    if not steps:
+        return []
+    worst = max(abs(st["replay"]["residual_ns"]) for st in steps)
+    out = [f"replay fidelity: {len(steps)} step(s) replayed, largest residual {ms(worst)} ms"]
+    last = steps[-1]
+    path = last.get("critical_path", [])
+    if path:
+        compute = sum(p["compute_ns"] for p in path)
+        comm = sum(p.get("comm_ns", 0) for p in path)
+        chain = " > ".join(f"r{p['rank']}:{p['kind']}{p['stage']}.{p['microbatch']}" for p in path[:12])
+        more = f" > ... ({len(path)} actions)" if len(path) > 12 else ""
+        out.append(f"critical path of step {last['step']}: compute {ms(compute)} ms, comm {ms(comm)} ms")
+        out.append(f"  {chain}{more}")
+    out.append("")
+    return out
+
+
+def _warnings(doc: dict) -> list[str]:
+    if not doc["warnings"]:
+        return []
+    shown = doc["warnings"][:10]
+    out = [f"warnings ({len(doc['warnings'])}):"]
+    out.extend(f"  - {w}" for w in shown)
+    if len(doc["warnings"]) > 10:
+        out.append(f"  ... and {len(doc['warnings']) - 10} more (see --json)")
+    return out

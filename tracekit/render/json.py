@@ -1,0 +1,119 @@
+"""The JSON document (``tracekit analyze --json``): a versioned schema, described by
+``tracekit/schemas/analysis.schema.json``. Times are integer nanoseconds; ratios are 0..1.
+
+Bump ``SCHEMA_VERSION`` on any change that removes or renames a field; adding fields is a
+minor change (``1.x``).
+"""
+from __future__ import annotations
+
+import math
+
+from tracekit import __version__
+from tracekit.analyze import Analysis
+from tracekit.analyze.attribution import CATEGORIES
+
+SCHEMA_VERSION = "1.0"
+
+
+def _causes(row) -> dict[str, int]:
+    return {f"{c}_ns": int(getattr(row, f"{c}_ns")) for c in CATEGORIES}
+
+
+def _ratio(x: float | None) -> float | None:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return None
+    return round(float(x), 6)
+
+
+def to_document(analysis: Analysis) -> dict:
+    """The whole analysis as plain JSON-able data."""
+    run = analysis.run
+    doc: dict = {
+        "schema_version": SCHEMA_VERSION,
+        "tracekit_version": __version__,
+        "source": run.source,
+        "files": [f.describe() for f in run.files],
+        "warnings": list(run.warnings),
+        "pipeline": analysis.is_pipeline,
+        "schedule": run.schedule.to_dict() if run.schedule else None,
+        "capture": _capture_summary(run.capture),
+        "summary": {
+            "bubble_ratio": _ratio(analysis.summary["bubble_ratio"]),
+            "window_ns": analysis.summary["window_ns"],
+            "busy_ns": analysis.summary["busy_ns"],
+            "idle_ns": analysis.summary["idle_ns"],
+            "n_ranks": len(analysis.summary["per_rank"]),
+            "n_steps": int(analysis.bubbles["step"].nunique()) if len(analysis.bubbles) else 0,
+            "n_actions": int(len(run.actions)),
+            "n_messages": int(len(run.messages)),
+        },
+        "theory": None,
+        "ranks": [],
+        "steps": [],
+        "blame": {"stages": [], "links": []},
+    }
+    if analysis.theory is not None:
+        doc["theory"] = {
+            **analysis.theory.to_dict(),
+            "bubble_ratio": _ratio(analysis.theory.bubble_ratio),
+            "balanced_replay_bubble_ratio": _ratio(analysis.balanced_replay_ratio),
+            "durations_ns": dict(analysis.durations_ns),
+        }
+    attribution = analysis.attribution
+    table = attribution.table if attribution else None
+    for rank, info in analysis.summary["per_rank"].items():
+        entry = {"rank": rank, "window_ns": info["window_ns"], "busy_ns": info["busy_ns"],
+                 "idle_ns": info["idle_ns"], "bubble_ratio": _ratio(info["bubble_ratio"])}
+        if table is not None and len(table):
+            sums = table[table["rank"] == rank][[f"{c}_ns" for c in CATEGORIES]].sum()
+            entry["causes"] = {k: int(v) for k, v in sums.items()}
+        doc["ranks"].append(entry)
+    by_step = {s.step: s for s in attribution.steps} if attribution else {}
+    for step, rows in analysis.bubbles.groupby("step", sort=True):
+        att = by_step.get(int(step))
+        step_doc = {
+            "step": int(step),
+            "window_start_ns": int(rows["window_start_ns"].min()),
+            "window_end_ns": int(rows["window_end_ns"].max()),
+            "ranks": [],
+        }
+        att_rows = att.table.set_index("rank") if att is not None else None
+        for row in rows.itertuples(index=False):
+            rank_doc = {"rank": int(row.rank), "window_ns": int(row.window_ns), "busy_ns": int(row.busy_ns),
+                        "idle_ns": int(row.idle_ns), "bubble_ratio": _ratio(row.bubble_ratio)}
+            if att_rows is not None and int(row.rank) in att_rows.index:
+                a = att_rows.loc[int(row.rank)]
+                rank_doc["causes"] = {f"{c}_ns": int(a[f"{c}_ns"]) for c in CATEGORIES}
+                rank_doc["signed_shapley_ns"] = {k: round(v, 1) for k, v in att.signed_shapley[int(row.rank)].items()}
+            step_doc["ranks"].append(rank_doc)
+        if att is not None:
+            step_doc["replay"] = {
+                "measured_makespan_ns": att.measured_makespan_ns,
+                "replay_makespan_ns": att.replay_makespan_ns,
+                "residual_ns": att.residual_ns,
+                "ideal_makespan_ns": att.ideal_makespan_ns,
+            }
+            step_doc["critical_path"] = att.critical_path[::-1]
+        doc["steps"].append(step_doc)
+    if attribution:
+        stages = attribution.stage_blame
+        if len(stages):
+            grouped = stages.groupby("stage")["imbalance_ns"].sum().sort_values(ascending=False)
+            doc["blame"]["stages"] = [
+                {"stage": int(s), "imbalance_ns": int(v),
+                 "rank": int(run.schedule.stage_to_rank.get(int(s), -1)) if run.schedule else -1}
+                for s, v in grouped.items()]
+        links = attribution.link_blame
+        if len(links):
+            grouped = links.groupby(["src_rank", "dst_rank"])["comm_ns"].sum().sort_values(ascending=False)
+            doc["blame"]["links"] = [{"src_rank": int(s), "dst_rank": int(d), "comm_ns": int(v)}
+                                     for (s, d), v in grouped.items()]
+    return doc
+
+
+def _capture_summary(capture: dict | None) -> dict | None:
+    if not capture:
+        return None
+    keys = ("command", "torch_version", "schedule", "p", "v", "m", "steps", "compute", "faults", "created")
+    return {k: capture[k] for k in keys if k in capture}
+
