@@ -1,6 +1,7 @@
 """The ``tracekit`` command: a thin click group; each subcommand lives in tracekit/commands/."""
 from __future__ import annotations
 
+import os
 import sys
 
 import click
@@ -18,6 +19,17 @@ class _Group(click.Group):
         except TracekitError as err:
             click.echo(f"tracekit: error: {err}", err=True)
             sys.exit(err.exit_code)
+        except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit):
+            raise
+        except KeyboardInterrupt:
+            click.echo("tracekit: interrupted", err=True)
+            sys.exit(130)
+        except Exception as err:  # a bug in tracekit, not the user's fault
+            if os.environ.get("TRACEKIT_DEBUG"):
+                raise
+            click.echo(f"tracekit: internal error: {type(err).__name__}: {err} (a tracekit bug: "
+                       "rerun with TRACEKIT_DEBUG=1 for the traceback and report it)", err=True)
+            sys.exit(3)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})

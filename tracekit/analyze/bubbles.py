@@ -3,7 +3,7 @@
 The step window is global: from the first compute start to the last compute end over all
 ranks in that step (``pipeline-theory.md``). Busy is the union of the rank's compute spans
 inside it; idle is the rest. For runs with no pipeline actions, each rank's busy time is
-its GPU kernels (or, without a GPU, its top-level CPU ops) inside its own step windows.
+its GPU kernels (or, without a GPU, any CPU op or annotation) inside its own step windows.
 """
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def measure_plain(events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     for step in steps.itertuples(index=False):
         rank_events = events[events["rank"] == step.rank]
         gpu = rank_events[rank_events["on_gpu"] & (rank_events["cat"] != "gpu_user_annotation")]
-        work = gpu if len(gpu) else rank_events[(rank_events["depth"] == 0) & ~rank_events["name"].str.startswith("ProfilerStep")]
+        work = gpu if len(gpu) else rank_events[~rank_events["name"].str.startswith("ProfilerStep")]
         inside = work[(work["end_ns"] > step.step_start_ns) & (work["start_ns"] < step.step_end_ns)]
         lo, hi = int(step.step_start_ns), int(step.step_end_ns)
         busy = union_length(inside["start_ns"].to_numpy(), inside["end_ns"].to_numpy(), lo, hi)

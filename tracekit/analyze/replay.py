@@ -224,7 +224,7 @@ def graph_from_run(run: Run, step: int) -> StepGraph:
         if end[s] > start[d]:
             notes.append(f"message {msg.msg_id} arrives after its consumer started; ignored")
             continue
-        lat = int(min(max(msg.recv_done_ns - end[s], 0), start[d] - end[s]))
+        lat = int(min(max(msg.arrival_ns - end[s], 0), start[d] - end[s]))
         if (s, d) not in edges or lat > edges[(s, d)][0]:
             edges[(s, d)] = (lat, int(msg.msg_id))
     kind = acts["kind"].to_numpy()

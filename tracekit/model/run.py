@@ -15,7 +15,8 @@ analyses and renderers. Tables are pandas DataFrames (ns integers everywhere).
     msg_id, step, src_rank, dst_rank, tag, nbytes, direction (``fwd`` activations,
     ``bwd`` gradients, ``?``), send_post_ns (sender posted), recv_post_ns (receiver
     posted), recv_done_ns (receiver's wait returned: data is there), recv_wait_ns (how
-    long the receiver was blocked on it), producer_action / consumer_action (action_id,
+    long the receiver was blocked on it), arrival_ns (when the data was at the receiver:
+    recv_done_ns if it blocked, else an estimate no later than its wait call), producer_action / consumer_action (action_id,
     -1 when unknown), src_file_id / src_source_index, dst_file_id / dst_source_index.
 
 ``steps`` (one row per rank and step):
@@ -36,7 +37,7 @@ ACTION_COLUMNS = [
 ]
 MESSAGE_COLUMNS = [
     "msg_id", "step", "src_rank", "dst_rank", "tag", "nbytes", "direction", "send_post_ns",
-    "recv_post_ns", "recv_done_ns", "recv_wait_ns", "producer_action", "consumer_action",
+    "recv_post_ns", "recv_done_ns", "recv_wait_ns", "arrival_ns", "producer_action", "consumer_action",
     "src_file_id", "src_source_index", "dst_file_id", "dst_source_index",
 ]
 STEP_COLUMNS = ["rank", "step", "step_start_ns", "step_end_ns", "n_actions"]

@@ -28,6 +28,7 @@ NATIVE_LABEL = re.compile(r"^(Forward|Backward) (\d+)$")
 COMM_PREFIXES = ("c10d::", "gloo:", "record_param_comms", "nccl:", "tracekit:p2p", "PP:")
 _LABEL_CATS = ("user_annotation",)
 _OPTIMIZER_PREFIXES = ("Optimizer.", "Optimizer#")
+_P2P_OPS = ("c10d::send", "c10d::recv_", "record_param_comms:send", "record_param_comms:recv")
 
 
 def is_comm(name: str) -> bool:
@@ -98,8 +99,7 @@ def _from_labels(cpu: pd.DataFrame, labels: pd.DataFrame, steps: pd.DataFrame, p
         cats = thread["cat"].to_numpy()
         # Receive waits of this rank (any thread): gloo:recv spans end when the data is there.
         rank_events = cpu[cpu["rank"] == rank]
-        waits = rank_events[rank_events["name"].isin(["gloo:recv"])]["end_ns"].to_numpy()
-        waits.sort()
+        waits = np.sort(rank_events.loc[rank_events["name"] == "gloo:recv", "end_ns"].to_numpy())
         for label in thread_labels.itertuples(index=False):
             parts = parse(label.name, int(rank))
             if not parts:
@@ -167,7 +167,12 @@ def _segment_unlabelled(cpu: pd.DataFrame, steps: pd.DataFrame) -> list[tuple]:
     rows = []
     step_marks = cpu[(cpu["cat"] == "user_annotation") & cpu["name"].str.startswith("ProfilerStep#")]
     backward_ops = cpu[cpu["name"].str.startswith("autograd::engine") & (cpu["seq"] >= 0)]
+    p2p = cpu[cpu["name"].isin(_P2P_OPS)]
     for step in steps.itertuples(index=False):
+        step_p2p = p2p[(p2p["rank"] == step.rank) & (p2p["start_ns"] >= step.step_start_ns)
+                       & (p2p["start_ns"] <= step.step_end_ns)]
+        if step_p2p.empty:
+            continue  # forward and backward without point-to-point messages is no pipeline
         marks = step_marks[(step_marks["rank"] == step.rank) & (step_marks["start_ns"] == step.step_start_ns)]
         if marks.empty:
             continue

@@ -89,6 +89,7 @@ def match_messages(events: pd.DataFrame, steps: pd.DataFrame, actions: pd.DataFr
                 "recv_done_ns": int(r.done_ns),
                 "src_file_id": int(s.file_id), "src_source_index": int(s.source_index),
                 "dst_file_id": int(r.file_id), "dst_source_index": int(r.source_index),
+                "dst_tid": int(r.tid),
             })
     if unmatched_sends or unmatched_recvs:
         warnings.append(
@@ -103,14 +104,14 @@ def match_messages(events: pd.DataFrame, steps: pd.DataFrame, actions: pd.DataFr
     messages = messages.sort_values(["step", "send_post_ns"]).reset_index(drop=True)
     messages["msg_id"] = np.arange(len(messages))
     _link_actions(messages, actions)
+    _estimate_arrivals(messages, actions, cpu)
     return messages[MESSAGE_COLUMNS], warnings
 
 
 def _link_actions(messages: pd.DataFrame, actions: pd.DataFrame) -> None:
-    """Fill producer/consumer action ids, direction and the receiver's blocked time."""
+    """Fill producer/consumer action ids and direction."""
     producer = np.full(len(messages), -1, dtype=np.int64)
     consumer = np.full(len(messages), -1, dtype=np.int64)
-    wait = np.zeros(len(messages), dtype=np.int64)
     direction = np.array(["?"] * len(messages), dtype=object)
     by_rank_step = {k: g.sort_values("start_ns") for k, g in actions.groupby(["rank", "step"])}
     for i, msg in enumerate(messages.itertuples(index=False)):
@@ -126,10 +127,45 @@ def _link_actions(messages: pd.DataFrame, actions: pd.DataFrame) -> None:
             after = dst[dst["start_ns"] >= msg.recv_done_ns - _TOLERANCE_NS]
             if len(after):
                 consumer[i] = after.iloc[0]["action_id"]
-            ready_candidates = dst[dst["end_ns"] <= msg.recv_done_ns]
-            ready = ready_candidates["end_ns"].max() if len(ready_candidates) else msg.recv_post_ns
-            wait[i] = max(0, msg.recv_done_ns - max(int(ready), msg.recv_post_ns))
     messages["producer_action"] = producer
     messages["consumer_action"] = consumer
     messages["direction"] = direction
-    messages["recv_wait_ns"] = wait
+
+
+def _estimate_arrivals(messages: pd.DataFrame, actions: pd.DataFrame, cpu: pd.DataFrame) -> None:
+    """When each message's data was at the receiver (``arrival_ns``), and how long the
+    receiver was blocked on it (``recv_wait_ns``).
+
+    A receive's wait returns at max(wait call, data there). The wait is called once the
+    receiver has finished its previous compute and posted its comm ops (``wait_start``);
+    the message leaves when the sender posts it, or when its producer ends if later.
+    If it left after the wait began, the receiver waited for the sender and the data came
+    when the wait returned. If it left earlier, the data was ready to go before anyone
+    asked for it: the part of the wait that remains is the transfer itself (rendezvous
+    transports like gloo move data only once the receive is posted), so the message is
+    taken to arrive that long after it left. Both cases are one formula:
+    ``arrival = leaves + done - max(wait_start, leaves)``.
+    """
+    n = len(messages)
+    wait_start = np.zeros(n, dtype=np.int64)
+    actions_by_rank = {r: g.sort_values("end_ns") for r, g in actions.groupby("rank")}
+    ends_by_id = dict(zip(actions["action_id"], actions["end_ns"]))
+    comm = cpu[cpu["name"].str.startswith(("c10d::", "record_param_comms"))]
+    # Only the receiving thread's own comm ops delay its wait (a sender thread's do not).
+    comm_by_thread = {k: g.sort_values("end_ns") for k, g in comm.groupby(["rank", "tid"])}
+    done = messages["recv_done_ns"].to_numpy(dtype=np.int64)
+    for i, msg in enumerate(messages.itertuples(index=False)):
+        ready = int(msg.recv_post_ns)
+        for table in (actions_by_rank.get(msg.dst_rank), comm_by_thread.get((msg.dst_rank, msg.dst_tid))):
+            if table is None:
+                continue
+            ends = table["end_ns"].to_numpy()
+            k = np.searchsorted(ends, done[i], side="right")
+            if k > 0:
+                ready = max(ready, int(ends[k - 1]))
+        wait_start[i] = min(ready, done[i])
+    produced = np.array([ends_by_id.get(a, s) for a, s in zip(messages["producer_action"], messages["send_post_ns"])],
+                        dtype=np.int64)
+    leaves = np.minimum(np.maximum(messages["send_post_ns"].to_numpy(dtype=np.int64), produced), done)
+    messages["recv_wait_ns"] = done - wait_start
+    messages["arrival_ns"] = leaves + done - np.maximum(wait_start, leaves)

@@ -1,0 +1,46 @@
+"""Shared test fixtures: where the project's sample runs and the shared real traces live."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLES = ROOT / "sample_traces"
+# Real traces from public projects live beside the checkout, never inside it.
+SHARED_TRACES = ROOT.parent / "shared" / "real-traces"
+
+
+def sample_runs() -> list[Path]:
+    """Every captured Kineto sample run (a folder with capture.json and rank files)."""
+    return sorted(p for p in SAMPLES.iterdir()
+                  if p.is_dir() and (p / "capture.json").is_file() and list(p.glob("rank*.json.gz")))
+
+
+def capture_of(run_dir: Path) -> dict:
+    return json.loads((run_dir / "capture.json").read_text())
+
+
+def shared_or_skip(*parts: str) -> Path:
+    path = SHARED_TRACES.joinpath(*parts)
+    if not path.exists():
+        pytest.skip(f"{path} is absent: the shared real traces are not laid beside this checkout")
+    return path
+
+
+@pytest.fixture(scope="session")
+def loaded_runs():
+    """Each sample run loaded and analysed once for the whole session."""
+    from tracekit import load
+    from tracekit.analyze import analyze
+
+    cache = {}
+
+    def get(run_dir: Path):
+        if run_dir not in cache:
+            run = load(run_dir)
+            cache[run_dir] = (run, analyze(run))
+        return cache[run_dir]
+
+    return get
