@@ -1,0 +1,77 @@
+"""The command line, driven as a user would through click's CliRunner."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+from click.testing import CliRunner
+
+from conftest import ROOT, SAMPLES
+from tracekit.cli import main
+
+SCHEMA = json.loads((ROOT / "tracekit" / "schemas" / "analysis.schema.json").read_text())
+
+
+def run(*args: str):
+    return CliRunner().invoke(main, list(args))
+
+
+def test_help_teaches():
+    result = run("--help")
+    assert result.exit_code == 0
+    assert "analyze" in result.output and "capture" in result.output
+    detail = run("analyze", "--help")
+    assert "warmup" in detail.output and "imbalance" in detail.output and "Examples" in detail.output
+
+
+def test_analyze_prints_schedule_and_causes():
+    result = run("analyze", str(SAMPLES / "1f1b"), "--no-progress")
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "schedule: 1F1B  p=4 v=1 m=8" in out
+    assert "bubble ratio" in out and "theory (p-1)/(m+p-1)" in out
+    assert "where the idle time goes" in out
+
+
+def test_json_follows_the_schema(tmp_path):
+    out_file = tmp_path / "a.json"
+    result = run("analyze", str(SAMPLES / "interleaved1f1b"), "--json", "-o", str(out_file))
+    assert result.exit_code == 0
+    doc = json.loads(result.output)
+    jsonschema.validate(doc, SCHEMA)
+    assert json.loads(out_file.read_text()) == doc
+    assert doc["schedule"]["name"] == "Interleaved1F1B"
+    for rank in doc["ranks"]:
+        assert sum(rank["causes"].values()) == rank["idle_ns"]
+
+
+def test_json_of_a_non_pipeline_trace_follows_the_schema():
+    from conftest import shared_or_skip
+
+    path = shared_or_skip("kineto-gpu", "hta_trace_filter_sampled_rank-0.json.gz")
+    result = run("analyze", str(path), "--json")
+    assert result.exit_code == 0
+    doc = json.loads(result.output)
+    jsonschema.validate(doc, SCHEMA)
+    assert doc["pipeline"] is False and doc["schedule"] is None
+
+
+@pytest.mark.parametrize("setup, message", [
+    (lambda d: d / "nothing-here", "no such file or folder"),
+    (lambda d: d, "no trace files found"),
+    (lambda d: ((d / "rank0.json").write_text("{ not json"), d)[1], "rank0.json"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, setup, message):
+    target = setup(tmp_path)
+    result = run("analyze", str(target))
+    assert result.exit_code == 2
+    assert "Traceback" not in result.output
+    lines = [l for l in result.output.splitlines() if l.strip()]
+    assert len(lines) == 1 and lines[0].startswith("tracekit: error:") and message in lines[0]
+
+
+def test_bad_rank_map_is_a_usage_error():
+    result = run("analyze", str(SAMPLES / "1f1b"), "--rank-map", "oops")
+    assert result.exit_code == 2 and "PID=RANK" in result.output
