@@ -37,6 +37,7 @@ import pandas as pd
 from tracekit.errors import TraceFormatError
 from tracekit.ingest import nsys_names as names
 from tracekit.ingest import nsys_sqlite as db
+from tracekit.ingest.kineto import ASYNC_SPANS
 from tracekit.ingest.nesting import nesting_depth
 from tracekit.model.events import EVENT_COLUMNS, TraceFile, conform
 
@@ -81,7 +82,10 @@ class _Report:
 # ---------------------------------------------------------------------------------------
 # public entry points
 # ---------------------------------------------------------------------------------------
-def parse_nsys_sqlite(path, file_id: int, rank_map: dict[int, int] | None = None) -> list[tuple[TraceFile, pd.DataFrame]]:
+Parsed = list[tuple[TraceFile, pd.DataFrame]]
+
+
+def parse_nsys_sqlite(path, file_id: int, rank_map: dict[int, int] | None = None) -> Parsed:
     """Parse an ``nsys export --type sqlite`` file: one ``(TraceFile, events)`` per rank."""
     path = Path(path)
     conn = db.connect_read_only(path)
@@ -94,7 +98,7 @@ def parse_nsys_sqlite(path, file_id: int, rank_map: dict[int, int] | None = None
     return _build(report, file_id, rank_map)
 
 
-def parse_nsys_json(path, file_id: int, rank_map: dict[int, int] | None = None) -> list[tuple[TraceFile, pd.DataFrame]]:
+def parse_nsys_json(path, file_id: int, rank_map: dict[int, int] | None = None) -> Parsed:
     """Parse an ``nsys export --type json`` file (line-delimited objects): NVTX ranges only.
 
     The JSON export has no session start time, so its times are relative to the capture
@@ -117,7 +121,8 @@ def parse_nsys_json(path, file_id: int, rank_map: dict[int, int] | None = None) 
                         f"{path}: not an nsys JSON export (line 1 is not a JSON object); "
                         "export with: nsys export --type json report.nsys-rep"
                     ) from None
-                report.warnings.append(f"{path.name}: stopped at line {line_no + 1}, which is not JSON (file cut short?)")
+                report.warnings.append(
+                    f"{path.name}: stopped at line {line_no + 1}, which is not JSON (file cut short?)")
                 break
             if not isinstance(obj, dict):
                 continue
@@ -133,11 +138,11 @@ def parse_nsys_json(path, file_id: int, rank_map: dict[int, int] | None = None) 
             if text is None and isinstance(event.get("TextId"), int) and event["TextId"] < len(strings):
                 text = strings[event["TextId"]]
             rows["row"].append(line_no)
-            rows["start"].append(_int(event.get("Timestamp")))
-            rows["end_"].append(_int(event.get("EndTimestamp")))
-            rows["event_type"].append(_int(event.get("Type", obj.get("Type"))))
-            rows["gtid"].append(_int(event.get("GlobalTid")) or 0)
-            rows["domain"].append(_int(event.get("DomainId")) or 0)
+            rows["start"].append(_int(event.get("Timestamp"), 0))
+            rows["end_"].append(_int(event.get("EndTimestamp"), db.NO_END))
+            rows["event_type"].append(_int(event.get("Type", obj.get("Type")), -1))
+            rows["gtid"].append(_int(event.get("GlobalTid"), 0))
+            rows["domain"].append(_int(event.get("DomainId"), 0))
             rows["text"].append(text)
             rows["json"].append(event.get("JsonText"))
     if not rows["row"] and not strings:
@@ -160,11 +165,11 @@ def parse_nsys_json(path, file_id: int, rank_map: dict[int, int] | None = None) 
     return _build(report, file_id, rank_map)
 
 
-def _int(value) -> int | None:
+def _int(value, default: int) -> int:
     try:
         return int(value)
     except (TypeError, ValueError):
-        return None
+        return default
 
 
 # ---------------------------------------------------------------------------------------
@@ -174,7 +179,8 @@ def _read_sqlite(conn: sqlite3.Connection, path: Path) -> _Report:
     schema = db.read_schema(conn)
     present = [t for t in (db.KERNEL_TABLE, db.NVTX_TABLE, db.MEMCPY_TABLE, db.MEMSET_TABLE) if schema.has(t)]
     if not present:
-        nsys_like = schema.meta_table or schema.has("StringIds") or any(t.startswith("TARGET_INFO") for t in schema.tables)
+        nsys_like = (schema.meta_table or schema.has("StringIds")
+                     or any(t.startswith("TARGET_INFO") for t in schema.tables))
         if not nsys_like:
             raise TraceFormatError(
                 f"{path}: an SQLite database but not an Nsight Systems export (no NVTX_EVENTS or "
@@ -242,8 +248,10 @@ def _frame(**cols) -> pd.DataFrame:
     n = len(next(iter(cols.values())))
     base = {"seq": -1, "peer": -1, "tag": -1, "nbytes": -1, "correlation": -1}
     out = {}
-    for key in _ROW_KEYS + ["os_pid"]:
-        if key in cols:
+    for key in _ROW_KEYS + ["os_pid", "async_span"]:
+        if key == "async_span" and key not in cols:
+            out[key] = np.zeros(n, dtype=bool)
+        elif key in cols:
             out[key] = cols[key]
         else:
             out[key] = np.full(n, base[key], dtype=np.int64)
@@ -261,12 +269,12 @@ def _gpu_rows(frame: pd.DataFrame, cat: str, names_: pd.Series, offset: int) -> 
         source_index=frame["row"].to_numpy(np.int64), cat=np.full(len(frame), cat, dtype=object),
         name=names_.to_numpy(object),
         start_ns=frame["start"].to_numpy(np.int64) + offset,
-        end_ns=np.maximum(frame["end_"].fillna(frame["start"]).to_numpy(np.int64), frame["start"].to_numpy(np.int64)) + offset,
-        pid=frame["device"].fillna(0).to_numpy(np.int64), tid=frame["stream"].fillna(0).to_numpy(np.int64),
+        end_ns=np.maximum(frame["end_"].to_numpy(np.int64), frame["start"].to_numpy(np.int64)) + offset,
+        pid=frame["device"].to_numpy(np.int64), tid=frame["stream"].to_numpy(np.int64),
         on_gpu=np.ones(len(frame), dtype=bool),
-        correlation=frame["correlation"].fillna(-1).to_numpy(np.int64),
-        nbytes=frame["bytes"].fillna(-1).to_numpy(np.int64) if "bytes" in frame else np.full(len(frame), -1, np.int64),
-        os_pid=pid_of(frame["gpid"].fillna(0)),
+        correlation=frame["correlation"].to_numpy(np.int64),
+        nbytes=frame["bytes"].to_numpy(np.int64) if "bytes" in frame else np.full(len(frame), -1, np.int64),
+        os_pid=pid_of(frame["gpid"]),
     )
 
 
@@ -274,10 +282,10 @@ def _domain_names(nvtx: pd.DataFrame) -> dict[tuple[int, int], str]:
     """(pid, domainId) -> domain name; domain ids are per process."""
     found: dict[tuple[int, int], str] = {}
     created = nvtx[nvtx["event_type"] == db.NVTX_DOMAIN_CREATE]
-    for pid, dom, text in zip(pid_of(created["gtid"]), created["domain"].fillna(0), created["text"]):
+    for pid, dom, text in zip(pid_of(created["gtid"]), created["domain"], created["text"]):
         if text:
             found[(int(pid), int(dom))] = str(text)
-    ranges = nvtx[nvtx["event_type"].isin(db.NVTX_RANGE_TYPES) & (nvtx["domain"].fillna(0) != 0)]
+    ranges = nvtx[nvtx["event_type"].isin(db.NVTX_RANGE_TYPES) & (nvtx["domain"] != 0)]
     if len(ranges):
         keyed = ranges.assign(pid=pid_of(ranges["gtid"]))
         for (pid, dom), group in keyed.groupby(["pid", "domain"]):
@@ -288,11 +296,10 @@ def _domain_names(nvtx: pd.DataFrame) -> dict[tuple[int, int], str]:
 
 
 def _nvtx_rows(nvtx: pd.DataFrame, offset: int, domains: dict[tuple[int, int], str]) -> pd.DataFrame:
-    ranges = nvtx[nvtx["event_type"].isin(db.NVTX_RANGE_TYPES) & nvtx["end_"].notna()]
-    ranges = ranges[ranges["end_"] >= ranges["start"]]
+    ranges = nvtx[nvtx["event_type"].isin(db.NVTX_RANGE_TYPES) & (nvtx["end_"] >= nvtx["start"])]
     pids, tids = pid_of(ranges["gtid"]), tid_of(ranges["gtid"])
     cats, labels, seqs, peers, sizes = [], [], [], [], []
-    for pid, dom, text, payload in zip(pids, ranges["domain"].fillna(0), ranges["text"], ranges["json"]):
+    for pid, dom, text, payload in zip(pids, ranges["domain"], ranges["text"], ranges["json"]):
         domain = domains.get((int(pid), int(dom)), "")
         cat, name, seq = names.classify("" if text is None else str(text), domain)
         peer = nbytes = -1
@@ -310,14 +317,8 @@ def _nvtx_rows(nvtx: pd.DataFrame, offset: int, domains: dict[tuple[int, int], s
         pid=pids, tid=tids, on_gpu=np.zeros(len(ranges), dtype=bool),
         seq=np.array(seqs, dtype=np.int64), peer=np.array(peers, dtype=np.int64),
         nbytes=np.array(sizes, dtype=np.int64), os_pid=pids,
+        async_span=ranges["event_type"].isin((db.NVTX_START_END, db.NVTXT_START_END)).to_numpy(),
     )
-
-
-@dataclass
-class _P2PStats:
-    by_launch: int = 0
-    by_name: int = 0
-    rejected_by_launch: int = 0   # SendRecv-named kernels launched inside a collective
 
 
 def _nccl_groups(nvtx_rows: pd.DataFrame) -> pd.DataFrame:
@@ -362,27 +363,30 @@ def _nccl_groups(nvtx_rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def _classify_p2p(kernels: pd.DataFrame, short_names: np.ndarray, launches: pd.DataFrame,
-                  groups: pd.DataFrame) -> _P2PStats:
-    """Rename P2P kernels ``nccl:SendRecv|<short name>`` and fill peer where known (in place)."""
-    stats = _P2PStats()
-    if kernels.empty:
-        return stats
+                  groups: pd.DataFrame) -> np.ndarray:
+    """Rename P2P kernels ``nccl:SendRecv|<short name>`` and fill peer where known (in place).
+
+    Returns how each kernel was decided: "launch" (P2P by its launch), "name" (P2P by name
+    alone), "collective" (SendRecv-named but launched by a collective), or "".
+    """
     by_name = np.array([bool(names.NCCL_P2P_KERNEL.search(str(s))) for s in short_names])
     decided = np.zeros(len(kernels), dtype=bool)
     is_p2p = np.zeros(len(kernels), dtype=bool)
     peer = kernels["peer"].to_numpy().copy()
     nbytes = kernels["nbytes"].to_numpy().copy()
     if not launches.empty and not groups.empty:
-        launch = kernels[["os_pid", "correlation"]].reset_index().merge(
-            launches, how="left", left_on=["os_pid", "correlation"], right_on=["pid", "correlation"])
-        launch = launch.drop_duplicates("index").set_index("index").reindex(kernels.index)
+        # inner join keeps the times int64 (a left join's NaNs would make them inexact floats)
+        launch = kernels[["os_pid", "correlation"]].reset_index(names="kernel").merge(
+            launches, left_on=["os_pid", "correlation"], right_on=["pid", "correlation"])
+        position = pd.Series(np.arange(len(kernels)), index=kernels.index)
         for (pid, tid), g in groups.groupby(["pid", "tid"]):
             g = g.sort_values("start_ns")
             g_start, g_end = g["start_ns"].to_numpy(), g["end_ns"].to_numpy()
-            sel = np.flatnonzero((launch["pid"].to_numpy() == pid) & (launch["tid"].to_numpy() == tid))
-            if not len(sel):
+            mine = launch[(launch["pid"] == pid) & (launch["tid"] == tid)]
+            if mine.empty:
                 continue
-            t = launch["start_ns"].to_numpy()[sel].astype(np.int64)
+            sel = position[mine["kernel"]].to_numpy()
+            t = mine["start_ns"].to_numpy(np.int64)
             pos = np.searchsorted(g_start, t, side="right") - 1
             inside = (pos >= 0) & (t <= g_end[np.clip(pos, 0, None)])
             for k, p in zip(sel[inside], pos[inside]):
@@ -390,16 +394,17 @@ def _classify_p2p(kernels: pd.DataFrame, short_names: np.ndarray, launches: pd.D
                 is_p2p[k] = bool(g["p2p"].iloc[p])
                 if is_p2p[k]:
                     peer[k], nbytes[k] = g["peer"].iloc[p], g["nbytes"].iloc[p]
-    stats.by_launch = int((decided & is_p2p).sum())
-    stats.rejected_by_launch = int((decided & ~is_p2p & by_name).sum())
+    how = np.full(len(kernels), "", dtype=object)
+    how[decided & is_p2p] = "launch"
+    how[decided & ~is_p2p & by_name] = "collective"
     fallback = ~decided & by_name
-    stats.by_name = int(fallback.sum())
+    how[fallback] = "name"
     is_p2p |= fallback
     renamed = [f"{names.NCCL_P2P_NAME}|{s}" for s in short_names[is_p2p]]
     kernels.loc[is_p2p, "name"] = renamed
     kernels["peer"] = peer
     kernels["nbytes"] = nbytes
-    return stats
+    return how
 
 
 def _launch_table(runtime: pd.DataFrame, offset: int) -> pd.DataFrame:
@@ -407,9 +412,9 @@ def _launch_table(runtime: pd.DataFrame, offset: int) -> pd.DataFrame:
         return pd.DataFrame(columns=["pid", "tid", "correlation", "start_ns", "end_ns", "row", "name"])
     return pd.DataFrame({
         "pid": pid_of(runtime["gtid"]), "tid": tid_of(runtime["gtid"]),
-        "correlation": runtime["correlation"].fillna(-1).to_numpy(np.int64),
+        "correlation": runtime["correlation"].to_numpy(np.int64),
         "start_ns": runtime["start"].to_numpy(np.int64) + offset,
-        "end_ns": runtime["end_"].fillna(runtime["start"]).to_numpy(np.int64) + offset,
+        "end_ns": np.maximum(runtime["end_"].to_numpy(np.int64), runtime["start"].to_numpy(np.int64)) + offset,
         "row": runtime["row"].to_numpy(np.int64), "name": runtime["name"].astype(str).to_numpy(object),
     }).drop_duplicates(["pid", "correlation"])
 
@@ -441,7 +446,8 @@ class _RankDecision:
     warnings: list[str] = field(default_factory=list)
 
 
-def _stated_ranks(nvtx: pd.DataFrame, pids: list[int]) -> tuple[dict[int, int], dict[int, int | None], dict[int, set[int]]]:
+def _stated_ranks(nvtx: pd.DataFrame, pids: list[int]
+                  ) -> tuple[dict[int, int], dict[int, int | None], dict[int, set[int]]]:
     """Ranks the report states per process: marks / thread names, and rank=N in range names."""
     markers: dict[int, int] = {}
     worlds: dict[int, int | None] = {}
@@ -495,6 +501,8 @@ def _decide_stated(report: _Report, pids: list[int], devices: dict[int, set[int]
     if len(pids) == 1:
         pid = pids[0]
         env_rank = _env_rank(report.env, report.args)
+        if pid in markers:
+            return _RankDecision({pid: markers[pid]}, "NVTX rank marker", worlds.get(pid) or _env_world(report.env))
         if env_rank is not None:
             rank, how, world = env_rank
             decision = _RankDecision({pid: rank}, how, world)
@@ -518,8 +526,12 @@ def _decide_stated(report: _Report, pids: list[int], devices: dict[int, set[int]
         "numbered them by pid order, which may be wrong; pass a rank map {pid: rank} to fix"])
 
 
+def _env_world(env: dict[str, str]) -> int | None:
+    return next((int(env[v]) for v in _WORLD_VARS if _is_int(env.get(v))), None)
+
+
 def _env_rank(env: dict[str, str], args: list[str]) -> tuple[int, str, int | None] | None:
-    world = next((int(env[v]) for v in _WORLD_VARS if _is_int(env.get(v))), None)
+    world = _env_world(env)
     for var in _RANK_VARS:
         if _is_int(env.get(var)):
             return int(env[var]), f"environment variable {var}", world
@@ -543,22 +555,24 @@ def _is_int(text) -> bool:
 # ---------------------------------------------------------------------------------------
 # assembly
 # ---------------------------------------------------------------------------------------
-def _build(report: _Report, file_id: int, rank_map: dict[int, int] | None) -> list[tuple[TraceFile, pd.DataFrame]]:
+def _build(report: _Report, file_id: int, rank_map: dict[int, int] | None) -> Parsed:
     offset = report.offset_ns
     parts = []
     launches = _launch_table(report.runtime, offset)
     nvtx_rows = _nvtx_rows(report.nvtx, offset, _domain_names(report.nvtx)) if not report.nvtx.empty else _empty()
-    stats = _P2PStats()
+    p2p_how = pd.DataFrame({"os_pid": np.zeros(0, np.int64), "how": np.zeros(0, object)})
     if not report.kernels.empty:
         kernels = _gpu_rows(report.kernels, "kernel", report.kernels["name"].astype(str), offset)
         groups = _nccl_groups(nvtx_rows)
-        stats = _classify_p2p(kernels, report.kernels["short_name"].astype(str).to_numpy(object), launches, groups)
+        how = _classify_p2p(kernels, report.kernels["short_name"].astype(str).to_numpy(object), launches, groups)
+        p2p_how = pd.DataFrame({"os_pid": kernels["os_pid"], "how": how})
         parts.append(kernels)
     if not report.memcpy.empty:
-        kinds = report.memcpy["copy_kind"].fillna(0).astype(int)
+        kinds = report.memcpy["copy_kind"].astype(int)
         parts.append(_gpu_rows(report.memcpy, "gpu_memcpy", kinds.map(names.memcpy_name), offset))
     if not report.memset.empty:
-        parts.append(_gpu_rows(report.memset, "gpu_memset", pd.Series(["Memset (Device)"] * len(report.memset)), offset))
+        memset_names = pd.Series(["Memset (Device)"] * len(report.memset))
+        parts.append(_gpu_rows(report.memset, "gpu_memset", memset_names, offset))
     gpu = pd.concat(parts, ignore_index=True) if parts else _empty()
     events = pd.concat([gpu, _runtime_rows(launches, gpu), nvtx_rows], ignore_index=True)
     events = events.sort_values(["start_ns", "end_ns"], kind="stable").reset_index(drop=True)
@@ -566,14 +580,11 @@ def _build(report: _Report, file_id: int, rank_map: dict[int, int] | None) -> li
     pids = sorted(int(p) for p in pd.unique(pd.concat([gpu["os_pid"], nvtx_rows["os_pid"]])))
     devices = {int(p): set(g["pid"].astype(int)) for p, g in gpu[gpu["cat"] == "kernel"].groupby("os_pid")}
     decision = _decide_ranks(report, pids, devices, rank_map)
-    report.profiler["nccl_p2p_kernels"] = {
-        "by_launch": stats.by_launch, "by_name": stats.by_name,
-        "sendrecv_named_in_collectives": stats.rejected_by_launch,
-    }
     report_warnings = list(report.warnings) + decision.warnings
-    if stats.by_name:
+    by_name = int((p2p_how["how"] == "name").sum())
+    if by_name:
         report_warnings.append(
-            f"{report.path.name}: {stats.by_name} NCCL kernels were taken as P2P by their name alone "
+            f"{report.path.name}: {by_name} NCCL kernels were taken as P2P by their name alone "
             "(their launch or an NCCL NVTX range around it is not in the report)")
     raw_counts = _raw_counts(report)
     nccl_pids = set(events.loc[events["name"].str.startswith("nccl:"), "os_pid"].astype(int))
@@ -582,14 +593,18 @@ def _build(report: _Report, file_id: int, rank_map: dict[int, int] | None) -> li
     if not pids:
         trace = TraceFile(path=report.path, format=report.format, rank=-1, ranks=[-1], clock=report.clock,
                           rank_source="unknown", profiler=dict(report.profiler), host=report.host,
-                          warnings=report_warnings + [f"{report.path.name}: the report holds no kernels or NVTX ranges"])
+                          warnings=report_warnings + [
+                              f"{report.path.name}: the report holds no kernels or NVTX ranges"])
         return [(trace, conform(_finish(events.iloc[0:0], -1, file_id)))]
     out = []
     first = True
     for pid in sorted(decision.ranks, key=lambda p: (decision.ranks[p], p)):
         rank = decision.ranks[pid]
         rows = events[events["os_pid"] == pid]
-        profiler = dict(report.profiler, pid=pid, processes_in_report=len(pids))
+        counts = p2p_how.loc[p2p_how["os_pid"] == pid, "how"].value_counts()
+        profiler = dict(report.profiler, pid=pid, processes_in_report=len(pids), nccl_p2p_kernels={
+            "by_launch": int(counts.get("launch", 0)), "by_name": int(counts.get("name", 0)),
+            "sendrecv_named_in_collectives": int(counts.get("collective", 0))})
         trace = TraceFile(
             path=report.path, format=report.format, rank=rank, ranks=[rank],
             world_size=decision.world_size, host=report.host, clock=report.clock,
@@ -603,11 +618,14 @@ def _build(report: _Report, file_id: int, rank_map: dict[int, int] | None) -> li
 
 
 def _finish(rows: pd.DataFrame, rank: int, file_id: int) -> pd.DataFrame:
-    rows = rows.drop(columns=["os_pid"]).reset_index(drop=True)
+    rows = rows.reset_index(drop=True)
+    # start/end ranges and gloo's send/recv spans run across unrelated ops: nobody's parent
+    transparent = rows["async_span"].to_numpy(bool) | rows["name"].isin(ASYNC_SPANS).to_numpy()
     rows["rank"] = rank
     rows["file_id"] = file_id
     rows["depth"] = nesting_depth(rows["pid"].to_numpy(), rows["tid"].to_numpy(),
-                                  rows["start_ns"].to_numpy(), rows["end_ns"].to_numpy())
+                                  rows["start_ns"].to_numpy(), rows["end_ns"].to_numpy(),
+                                  transparent=transparent)
     return rows[EVENT_COLUMNS]
 
 
@@ -617,7 +635,7 @@ def _raw_counts(report: _Report) -> dict[int, int]:
                        (report.runtime, "gtid"), (report.nvtx, "gtid")):
         if frame.empty:
             continue
-        for pid, n in zip(*np.unique(pid_of(frame[key].fillna(0)), return_counts=True)):
+        for pid, n in zip(*np.unique(pid_of(frame[key]), return_counts=True)):
             counts[int(pid)] = counts.get(int(pid), 0) + int(n)
     return counts
 

@@ -63,12 +63,17 @@ def match_messages(events: pd.DataFrame, steps: pd.DataFrame, actions: pd.DataFr
     if sends.empty and recvs.empty:
         return pd.DataFrame(columns=MESSAGE_COLUMNS), warnings
     recvs = recvs.assign(done_ns=_recv_done_times(events, recvs))
-    unknown_peer = int((sends["peer"] < 0).sum() + (recvs["peer"] < 0).sum())
-    if unknown_peer:
+    unknown_before = int((sends["peer"] < 0).sum() + (recvs["peer"] < 0).sum())
+    if unknown_before:
+        sends, recvs = _infer_peers(sends, recvs, actions)
+        inferred = unknown_before - int((sends["peer"] < 0).sum() + (recvs["peer"] < 0).sum())
         warnings.append(
-            f"{unknown_peer} send/recv ops name no peer rank (trace recorded without "
-            "record_shapes=True?); those messages are not matched"
+            f"{unknown_before} send/recv ops name no peer rank (Kineto without record_shapes=True, "
+            f"or Nsight Systems NVTX); {inferred} peers inferred from stage adjacency of the "
+            "action they follow or feed"
         )
+        if inferred < unknown_before:
+            warnings.append(f"{unknown_before - inferred} send/recv ops have no known peer and are not matched")
     send_groups = {k: g for k, g in sends[sends["peer"] >= 0].groupby(["rank", "peer", "tag", "step"])}
     recv_groups = {k: g for k, g in recvs[recvs["peer"] >= 0].groupby(["peer", "rank", "tag", "step"])}
     rows = []
@@ -106,6 +111,38 @@ def match_messages(events: pd.DataFrame, steps: pd.DataFrame, actions: pd.DataFr
     _link_actions(messages, actions)
     _estimate_arrivals(messages, actions, cpu)
     return messages[MESSAGE_COLUMNS], warnings
+
+
+def _infer_peers(sends: pd.DataFrame, recvs: pd.DataFrame, actions: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Fill unknown peers from the pipeline's shape: a send after a forward of stage s goes
+    to stage s+1's rank, after a backward to stage s-1's; a receive feeding a forward comes
+    from stage s-1, one feeding a backward from stage s+1."""
+    stage_rank = actions.groupby("stage")["rank"].first().to_dict()
+    by_rank = {r: g.sort_values("start_ns") for r, g in actions.groupby("rank")}
+
+    def neighbour(action, towards_output: bool) -> int:
+        step = 1 if towards_output else -1
+        peer = stage_rank.get(int(action["stage"]) + step, -1)
+        return -1 if peer == action["rank"] else int(peer)
+
+    sends, recvs = sends.copy(), recvs.copy()
+    for idx in sends.index[sends["peer"] < 0]:
+        rank_actions = by_rank.get(sends.at[idx, "rank"])
+        if rank_actions is None:
+            continue
+        before = rank_actions[rank_actions["end_ns"] <= sends.at[idx, "start_ns"] + _TOLERANCE_NS]
+        if len(before):
+            producer = before.iloc[-1]
+            sends.at[idx, "peer"] = neighbour(producer, producer["kind"] == "F")
+    for idx in recvs.index[recvs["peer"] < 0]:
+        rank_actions = by_rank.get(recvs.at[idx, "rank"])
+        if rank_actions is None:
+            continue
+        after = rank_actions[rank_actions["start_ns"] >= recvs.at[idx, "done_ns"] - _TOLERANCE_NS]
+        if len(after):
+            consumer = after.iloc[0]
+            recvs.at[idx, "peer"] = neighbour(consumer, consumer["kind"] != "F")
+    return sends, recvs
 
 
 def _link_actions(messages: pd.DataFrame, actions: pd.DataFrame) -> None:

@@ -35,8 +35,9 @@ def render(doc: dict) -> str:
     out: list[str] = []
     s = doc["summary"]
     formats = sorted({f["format"] for f in doc["files"]})
+    n_files = len({f["path"] for f in doc["files"]})
     out.append(f"tracekit {doc['tracekit_version']}: {doc['source']}")
-    out.append(f"  {len(doc['files'])} file(s) ({', '.join(formats)}), {s['n_ranks']} rank(s), "
+    out.append(f"  {n_files} file(s) ({', '.join(formats)}), {s['n_ranks']} rank(s), "
                f"{s['n_steps']} step(s), {s['n_actions']} actions, {s['n_messages']} messages matched")
     sched = doc["schedule"]
     if not doc["pipeline"]:
