@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from tracekit.model.run import Run
 from tracekit.reconstruct.actions import find_actions
-from tracekit.reconstruct.p2p import match_messages
+from tracekit.reconstruct.clock import estimate_offsets, shift_ranks
+from tracekit.reconstruct.p2p import estimate_arrivals, match_messages
 from tracekit.reconstruct.schedule import recognise
 from tracekit.reconstruct.steps import find_steps
 
@@ -26,11 +27,26 @@ def reconstruct(run: Run) -> Run:
         return run
     counts = actions.groupby(["rank", "step"]).size()
     run.steps["n_actions"] = [int(counts.get((r, s), 0)) for r, s in zip(run.steps["rank"], run.steps["step"])]
-    run.messages, warnings = match_messages(run.events, run.steps, actions)
+    messages, warnings = match_messages(run.events, run.steps, actions)
     for message in warnings:
         run.warn(message)
+    shifts, notes = estimate_offsets(run.files, messages)
+    for note in notes:
+        run.warn(note)
+    if shifts:
+        _align(run, shifts)
+        messages = shift_ranks(messages, shifts, "src_rank", ["send_post_ns"])
+        messages = shift_ranks(messages, shifts, "dst_rank", ["recv_post_ns", "recv_done_ns"])
+    run.messages = estimate_arrivals(messages, run.actions, run.events)
     overlap = actions["label"].str.contains("OVERLAP_F_B", regex=False).any()
     run.schedule = recognise(actions, overlap_labels=bool(overlap))
     if run.schedule is not None:
         run.schedule.evidence.insert(0, f"actions from {labelling}")
     return run
+
+
+def _align(run: Run, shifts: dict[int, int]) -> None:
+    """Put every rank's times on the reference clock."""
+    run.events = shift_ranks(run.events, shifts, "rank", ["start_ns", "end_ns"])
+    run.actions = shift_ranks(run.actions, shifts, "rank", ["start_ns", "end_ns", "label_start_ns", "label_end_ns"])
+    run.steps = shift_ranks(run.steps, shifts, "rank", ["step_start_ns", "step_end_ns"])

@@ -109,8 +109,9 @@ def match_messages(events: pd.DataFrame, steps: pd.DataFrame, actions: pd.DataFr
     messages = messages.sort_values(["step", "send_post_ns"]).reset_index(drop=True)
     messages["msg_id"] = np.arange(len(messages))
     _link_actions(messages, actions)
-    _estimate_arrivals(messages, actions, cpu)
-    return messages[MESSAGE_COLUMNS], warnings
+    messages["recv_wait_ns"] = 0
+    messages["arrival_ns"] = messages["recv_done_ns"]
+    return messages[MESSAGE_COLUMNS + ["dst_tid"]], warnings
 
 
 def _infer_peers(sends: pd.DataFrame, recvs: pd.DataFrame, actions: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -169,7 +170,7 @@ def _link_actions(messages: pd.DataFrame, actions: pd.DataFrame) -> None:
     messages["direction"] = direction
 
 
-def _estimate_arrivals(messages: pd.DataFrame, actions: pd.DataFrame, cpu: pd.DataFrame) -> None:
+def estimate_arrivals(messages: pd.DataFrame, actions: pd.DataFrame, events: pd.DataFrame) -> pd.DataFrame:
     """When each message's data was at the receiver (``arrival_ns``), and how long the
     receiver was blocked on it (``recv_wait_ns``).
 
@@ -183,6 +184,10 @@ def _estimate_arrivals(messages: pd.DataFrame, actions: pd.DataFrame, cpu: pd.Da
     taken to arrive that long after it left. Both cases are one formula:
     ``arrival = leaves + done - max(wait_start, leaves)``.
     """
+    if messages.empty:
+        return messages[MESSAGE_COLUMNS]
+    messages = messages.copy()
+    cpu = events[~events["on_gpu"]]
     n = len(messages)
     wait_start = np.zeros(n, dtype=np.int64)
     actions_by_rank = {r: g.sort_values("end_ns") for r, g in actions.groupby("rank")}
@@ -206,3 +211,4 @@ def _estimate_arrivals(messages: pd.DataFrame, actions: pd.DataFrame, cpu: pd.Da
     leaves = np.minimum(np.maximum(messages["send_post_ns"].to_numpy(dtype=np.int64), produced), done)
     messages["recv_wait_ns"] = done - wait_start
     messages["arrival_ns"] = leaves + done - np.maximum(wait_start, leaves)
+    return messages[MESSAGE_COLUMNS]
