@@ -1,0 +1,105 @@
+"""The diagnosis names the fault each sample run was recorded with, from its own numbers."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from conftest import SAMPLES
+from tracekit.analyze.diagnosis import FAULTS, HIGH_SHARE, Finding, diagnose, m_what_if
+from tracekit.analyze.theory import theoretical_bubble
+
+
+def sample(name: str) -> Path:
+    path = SAMPLES / name
+    if not list(path.glob("rank*.json.gz")):
+        pytest.skip(f"{path} holds no traces (sample being recorded?)")
+    return path
+
+
+def findings_of(loaded_runs, name: str) -> list[Finding]:
+    _, analysis = loaded_runs(sample(name))
+    return diagnose(analysis)
+
+
+def percents(text: str) -> list[float]:
+    return [float(x) for x in re.findall(r"(\d+(?:\.\d+)?)%", text)]
+
+
+def test_slow_stage_is_named_first(loaded_runs):
+    findings = findings_of(loaded_runs, "1f1b_slow_stage2")
+    top = findings[0]
+    assert top.cause == "imbalance"
+    assert top.figures["stage"] == 2 and top.headline.startswith("Stage 2 (rank 2) is")
+    assert top.figures["slowdown"] > 1.4          # recorded with stage 2 at 2x its layers' time
+    assert "move layers off stage 2" in top.advice.lower()
+    assert top.severity == "high"
+
+
+def test_p2p_delay_is_named_as_comm(loaded_runs):
+    findings = findings_of(loaded_runs, "1f1b_p2p_delay5ms")
+    top = findings[0]
+    assert top.cause == "comm"
+    assert "link" in top.headline
+    # The fault delays each send by 5 ms on the sender's side: the diagnosis sees the send
+    # leave late, not a slow wire.
+    assert 4e6 < top.figures["median_post_delay_ns"] < 8e6
+    assert "post sends" in top.advice.lower()
+
+
+def test_clean_1f1b_is_fill_drain_with_an_m_what_if(loaded_runs):
+    _, analysis = loaded_runs(sample("1f1b"))
+    top = diagnose(analysis)[0]
+    assert top.cause == "fill_drain"
+    sched = analysis.run.schedule
+    assert f"m={sched.m}" in top.headline and f"p={sched.p}" in top.headline
+    new_m = top.figures["what_if_m"]
+    assert new_m > sched.m and f"raising m to {new_m}" in top.advice.lower()
+    # the what-if figures are the closed form's, at the old and the new m
+    assert top.figures["theory_bubble"] == pytest.approx((sched.p - 1) / (sched.m + sched.p - 1), abs=1e-4)
+    assert top.figures["what_if_bubble"] == pytest.approx((sched.p - 1) / (new_m + sched.p - 1), abs=1e-4)
+    shown = percents(top.advice)
+    assert shown[:2] == [round(100 * top.figures["theory_bubble"]), round(100 * top.figures["what_if_bubble"])]
+
+
+def test_findings_are_ranked_and_sentences(loaded_runs):
+    for name in ("1f1b", "1f1b_slow_stage2", "interleaved1f1b"):
+        findings = findings_of(loaded_runs, name)
+        causes = [f.cause for f in findings]
+        assert len(causes) == len(set(causes)) and "fill_drain" in causes
+        # costly faults first, then everything else by cost, then what only informs
+        urgent = [f for f in findings if f.cause in FAULTS and f.cost_share >= HIGH_SHARE]
+        assert findings[:len(urgent)] == sorted(urgent, key=lambda f: -f.cost_share)
+        rest = [f.cost_share for f in findings[len(urgent):] if f.severity != "info"]
+        assert rest == sorted(rest, reverse=True)
+        info = [i for i, f in enumerate(findings) if f.severity == "info"]
+        assert info == list(range(len(findings) - len(info), len(findings)))
+        for f in findings:
+            assert f.headline.endswith(".") and f.advice.endswith(".")
+            assert f.severity in ("high", "medium", "low", "info")
+            assert 0 <= f.cost_share <= 1
+            assert f.to_dict()["figures"] == f.figures
+
+
+def test_m_what_if_reaches_the_target_or_the_cap(loaded_runs):
+    _, analysis = loaded_runs(sample("1f1b"))
+    sched = analysis.run.schedule
+    new_m, ratio = m_what_if(analysis)
+    assert new_m in (2 * sched.m, 4 * sched.m, 8 * sched.m)
+    assert ratio == pytest.approx(theoretical_bubble(sched.name, sched.p, sched.v, new_m).bubble_ratio)
+    assert ratio <= 0.10 or new_m == 8 * sched.m
+    smaller = theoretical_bubble(sched.name, sched.p, sched.v, new_m // 2).bubble_ratio
+    assert new_m // 2 == sched.m or smaller > 0.10
+
+
+def test_no_pipeline_says_so(loaded_runs):
+    from tracekit.analyze import Analysis
+    from tracekit.analyze.bubbles import summarise
+
+    run, analysis = loaded_runs(sample("1f1b"))
+    plain = Analysis(run=type(run)(source=run.source, files=run.files, events=run.events, steps=run.steps),
+                     bubbles=analysis.bubbles, summary=summarise(analysis.bubbles))
+    [finding] = diagnose(plain)
+    assert finding.cause == "no_pipeline" and finding.severity == "info"
+    assert "No pipeline-parallel schedule" in finding.headline

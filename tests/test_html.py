@@ -1,0 +1,314 @@
+"""The HTML report: self-contained, renders in a real browser, escapes what traces say, and
+stays bounded on large runs."""
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import html
+import json
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("holoviews")
+pytest.importorskip("bokeh")
+
+from click.testing import CliRunner  # noqa: E402
+from markupsafe import escape  # noqa: E402
+
+from conftest import SAMPLES, sample_runs, shared_or_skip  # noqa: E402
+from tracekit.analyze.diagnosis import diagnose  # noqa: E402
+from tracekit.render import html as report  # noqa: E402
+
+CHROMIUM = next((p for p in (shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome")) if p), None)
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (Debian: apt-get install chromium)")
+
+EVIL = "<script>alert(1)</script>"
+# Runs script that leaves a mark in the DOM if it ever executes: proof by --dump-dom.
+EVIL_DOM = "<img src=x onerror=document.body.setAttribute('data-pwned','1')>"
+FORWARD_RGB = tuple(int(report.KIND_COLORS["F"][i:i + 2], 16) for i in (1, 3, 5))
+
+
+@pytest.fixture(scope="session")
+def rendered(loaded_runs, tmp_path_factory):
+    """Each sample run's report, rendered once: run folder -> (analysis, html path)."""
+    out = tmp_path_factory.mktemp("reports")
+    cache = {}
+
+    def get(run_dir: Path):
+        if run_dir not in cache:
+            _, analysis = loaded_runs(run_dir)
+            cache[run_dir] = (analysis, report.write_report(analysis, out / f"{run_dir.name}.html"))
+        return cache[run_dir]
+
+    return get
+
+
+def external_references(page: str) -> list[str]:
+    """Tags that would fetch something from elsewhere (scripts, styles, images, frames)."""
+    tags = re.findall(r"<(?:script|link|img|iframe|source|embed|object)\b[^>]*>", page, flags=re.I)
+    return [t for t in tags if re.search(r"""(?:src|href|data)\s*=\s*["']?\s*(?:https?:)?//""", t, flags=re.I)]
+
+
+def chromium(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
+    """Headless Chromium with a fresh profile, no network, console messages on stderr."""
+    with tempfile.TemporaryDirectory() as profile:
+        command = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                   "--host-resolver-rules=MAP * ~NOTFOUND", f"--user-data-dir={profile}",
+                   "--enable-logging=stderr", "--v=0", "--virtual-time-budget=5000", *args]
+        return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+
+
+def console(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if ":CONSOLE" in line]
+
+
+def console_errors(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines()
+            if "Uncaught" in line or "ERROR:CONSOLE" in line or "net::ERR" in line
+            or (":CONSOLE" in line and re.search(r"error|failed", line, flags=re.I))]
+
+
+def ready_samples() -> list[Path]:
+    return sample_runs() if SAMPLES.exists() else []
+
+
+# One sample of each shape (a full render takes seconds): unlabelled 1F1B with a fault,
+# native GPipe labels, interleaved PP: labels, DualPipeV's overlapped F&B with split backward.
+SHAPES = ("1f1b_slow_stage2", "gpipe", "interleaved1f1b", "dualpipev")
+
+
+@pytest.mark.parametrize("run_dir", [p for p in ready_samples() if p.name in SHAPES], ids=lambda p: p.name)
+def test_every_sample_renders_self_contained(run_dir, rendered):
+    analysis, path = rendered(run_dir)
+    page = path.read_text()
+    assert external_references(page) == []
+    assert "cdn.bokeh.org" not in page
+    assert "Bokeh.embed.embed_items" in page                 # bokeh's data and JS are inline
+    top = diagnose(analysis)[0]
+    assert str(escape(top.headline)) in page
+    for section in ("Timeline", "Where the time goes", "Blame: stages", "Blame: links", "Critical path", "capture.json"):
+        assert section in page
+    assert html.escape(analysis.run.schedule.name) in page
+    if analysis.bubbles["step"].nunique() > 1:
+        assert '"type":"object","name":"Tabs"' in page      # a tab per step
+    assert path.stat().st_size < 5e6
+
+
+@needs_chromium
+def test_report_renders_in_a_browser(rendered, tmp_path):
+    from PIL import Image, ImageStat
+
+    run_dir = SAMPLES / "1f1b_slow_stage2"
+    if run_dir not in ready_samples():
+        pytest.skip(f"{run_dir} holds no traces")
+    _, path = rendered(run_dir)
+    shot = tmp_path / "shot.png"
+    result = chromium(f"--screenshot={shot}", "--window-size=1400,1400", path.as_uri())
+    assert shot.exists(), result.stderr[-2000:]
+    assert console_errors(result.stderr) == []
+    assert any("document idle" in line for line in console(result.stderr)), console(result.stderr)
+    image = Image.open(shot).convert("RGB")
+    assert max(ImageStat.Stat(image).stddev) > 20                          # not blank
+    forward = sum(count for count, rgb in image.getcolors(maxcolors=1 << 24)
+                  if all(abs(a - b) < 12 for a, b in zip(rgb, FORWARD_RGB)))
+    assert forward > 2000                                                   # the timeline's canvas drew bars
+
+
+def evil_run(tmp_path: Path) -> Path:
+    """A sample run whose traces carry markup: a label, a host name, a file name, capture.json."""
+    source = SAMPLES / "interleaved1f1b"
+    if source not in ready_samples():
+        pytest.skip(f"{source} holds no traces")
+    run_dir = tmp_path / "evil"
+    shutil.copytree(source, run_dir)
+    rank1 = run_dir / "rank1.json.gz"
+    doc = json.loads(gzip.decompress(rank1.read_bytes()))
+    label = next(e for e in doc["traceEvents"] if str(e.get("name", "")).startswith("PP:"))
+    label["name"] = EVIL
+    doc["host_name"] = EVIL_DOM
+    rank1.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    (run_dir / "rank2.json.gz").rename(run_dir / f"rank2 {EVIL_DOM}.json.gz")
+    capture = json.loads((run_dir / "capture.json").read_text())
+    capture["command"] = EVIL
+    (run_dir / "capture.json").write_text(json.dumps(capture))
+    return run_dir
+
+
+def test_trace_strings_are_escaped(tmp_path):
+    from tracekit import load
+    from tracekit.analyze import analyze
+
+    run = load(evil_run(tmp_path))
+    assert any(EVIL == name for name in run.events["name"])
+    # and straight into the places the report draws from, whatever reconstruction keeps
+    run.actions.loc[run.actions.index[0], "label"] = EVIL_DOM
+    run.actions.loc[run.actions.index[1], "label"] = EVIL
+    run.warn(f"a warning quoting {EVIL}")
+    path = report.write_report(analyze(run), tmp_path / "evil.html")
+    page = path.read_text()
+    for raw in (EVIL, EVIL_DOM, "<img src=x"):
+        assert raw not in page
+    assert str(escape(EVIL)) in page                            # shown as text (capture command, warning)
+    assert str(escape(EVIL_DOM)) in page                        # host name and file name
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed: the page was checked as text only")
+    result = chromium("--dump-dom", "--window-size=1400,1000", path.as_uri())
+    dom = result.stdout
+    assert "<main>" in dom, result.stderr[-2000:]
+    assert re.search(r"<body\b[^>]*>", dom) and not re.search(r"<body\b[^>]*data-pwned", dom)
+    assert html.escape(EVIL, quote=False) in dom
+    assert console_errors(result.stderr) == []
+    assert not any("alert" in line for line in console(result.stderr))
+
+
+# ------------------------------------------------------------------ large runs
+
+def synthetic_large(analysis, copies: int):
+    """A synthetic run: ``copies`` side-by-side replicas of a sample's pipeline (ranks,
+    stages, actions, messages, bubbles and attribution shifted per copy)."""
+    from tracekit.analyze import Analysis
+    from tracekit.analyze.attribution import Attribution
+    from tracekit.analyze.bubbles import summarise
+    import pandas as pd
+
+    run = analysis.run
+    p, n_stages = run.schedule.p, run.schedule.n_stages
+    id_span = int(run.actions["action_id"].max()) + 1
+    msg_span = int(run.messages["msg_id"].max()) + 1
+
+    def replicate(frame, rank_cols=(), stage_cols=(), id_cols=(), msg_cols=()):
+        parts = []
+        for k in range(copies):
+            part = frame.copy()
+            for c in rank_cols:
+                part[c] = part[c] + k * p
+            for c in stage_cols:
+                part[c] = part[c] + k * n_stages
+            for c in id_cols:
+                part[c] = part[c].where(part[c] < 0, part[c] + k * id_span)
+            for c in msg_cols:
+                part[c] = part[c] + k * msg_span
+            parts.append(part)
+        return pd.concat(parts, ignore_index=True)
+
+    # the copies stand side by side like data-parallel replicas of one p-rank pipeline
+    schedule = dataclasses.replace(run.schedule, stage_to_rank={
+        s + k * n_stages: r + k * p for k in range(copies) for s, r in run.schedule.stage_to_rank.items()})
+    files = [dataclasses.replace(f, rank=f.rank + k * p, ranks=[f.rank + k * p],
+                                 path=Path(f"synthetic/rank{f.rank + k * p}.json.gz"))
+             for k in range(copies) for f in run.files]
+    big = dataclasses.replace(
+        run, source="synthetic", files=files,
+        events=replicate(run.events.groupby("rank").head(1), rank_cols=("rank",)),
+        actions=replicate(run.actions, ("rank",), ("stage",), ("action_id",)),
+        messages=replicate(run.messages, ("src_rank", "dst_rank"), (), ("producer_action", "consumer_action"), ("msg_id",)),
+        steps=replicate(run.steps, ("rank",)), schedule=schedule, warnings=list(run.warnings))
+    steps = [dataclasses.replace(
+        s, table=replicate(s.table, ("rank",)),
+        signed_shapley={r + k * p: v for k in range(copies) for r, v in s.signed_shapley.items()},
+        stage_blame=replicate(s.stage_blame, ("rank",), ("stage",)),
+        link_blame=replicate(s.link_blame, ("rank", "src_rank", "dst_rank")),
+        ideal_idle_ns={r + k * p: v for k in range(copies) for r, v in s.ideal_idle_ns.items()})
+        for s in analysis.attribution.steps]
+    bubbles = replicate(analysis.bubbles, ("rank",))
+    return Analysis(run=big, bubbles=bubbles, summary=summarise(bubbles), durations_ns=analysis.durations_ns,
+                    theory=analysis.theory, balanced_replay_ratio=analysis.balanced_replay_ratio,
+                    attribution=Attribution(steps))
+
+
+@pytest.fixture(scope="module")
+def synthetic_256_ranks(loaded_runs):
+    run_dir = SAMPLES / "1f1b_slow_stage2"
+    if run_dir not in ready_samples():
+        pytest.skip(f"{run_dir} holds no traces")
+    _, analysis = loaded_runs(run_dir)
+    return synthetic_large(analysis, copies=64)
+
+
+def test_large_run_is_thinned_and_says_so(synthetic_256_ranks, tmp_path):
+    big = synthetic_256_ranks
+    assert len(big.run.ranks) == 256 and len(big.run.actions) > 10_000
+    views, _ = report.step_views(big)
+    for view in views:
+        assert len(view.lanes) == 256
+        assert len(view.bars) <= report.MAX_BARS
+        assert len(view.idle) <= report.MAX_IDLE
+        assert len(view.messages) <= report.MAX_MESSAGES
+        assert view.bars["n"].sum() == (big.run.actions["step"] == view.step).sum()   # merged, not lost
+    path = report.write_report(big, tmp_path / "big.html")
+    page = path.read_text()
+    assert path.stat().st_size < 15e6
+    assert "timeline was thinned" in page
+    assert "merged into one grey bar" in page and "slowest of" in page and "idle spans are shaded" in page
+    assert "256 ranks" in page                               # the long tables fold
+    assert "stage 2 (rank 2)" in page                        # the diagnosis still holds
+
+
+def test_many_steps_are_sampled():
+    steps = list(range(10, 30))
+    lengths = {s: 100 + (s * 37) % 23 for s in steps}
+    chosen, notes = report.chosen_steps(steps, lengths)
+    slowest = max(steps, key=lengths.get)
+    assert chosen == sorted(chosen) and len(chosen) <= report.MAX_DETAILED_STEPS
+    assert {10, 29, slowest} <= set(chosen)
+    assert notes and "of 20 steps" in notes[0]
+    assert report.chosen_steps([1, 2], {1: 5, 2: 6}) == ([1, 2], [])
+
+
+def test_decimate_merges_neighbours_only_when_needed():
+    import pandas as pd
+
+    work = pd.DataFrame({"lane": [0] * 6 + [1] * 2, "start": [0, 10, 20, 100, 110, 120, 0, 50],
+                         "end": [9, 19, 29, 109, 119, 129, 40, 90], "kind": ["F", "F", "B", "B", "B", "B", "F", "F"],
+                         "rank": [0] * 6 + [1] * 2, "stage": 0, "microbatch": range(8), "label": ""})
+    same, gap = report.decimate(work, cap=8, pixel_ns=1)
+    assert gap == 0 and len(same) == 8
+    merged, gap = report.decimate(work, cap=4, pixel_ns=1)
+    assert len(merged) <= 4 and gap >= 1
+    assert merged["n"].sum() == 8
+    assert set(merged["kind"]) <= {"F", "B", "merged"}
+    assert (merged.groupby("lane")["start"].min() == [0, 0]).all()
+
+
+# ------------------------------------------------------------------ the command
+
+def test_report_command_writes_to_reports_by_default(tmp_path, monkeypatch):
+    from tracekit.cli import main
+
+    run_dir = (SAMPLES / "1f1b").resolve()
+    if run_dir not in [p.resolve() for p in ready_samples()]:
+        pytest.skip(f"{run_dir} holds no traces")
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, ["report", str(run_dir), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    written = tmp_path / "reports" / "1f1b.html"
+    assert written.exists() and "wrote" in result.output
+    help_text = CliRunner().invoke(main, ["report", "--help"]).output
+    assert "Examples" in help_text and "--output" in help_text
+
+
+def test_report_command_fails_in_one_line(tmp_path):
+    from tracekit.cli import main
+
+    result = CliRunner().invoke(main, ["report", str(tmp_path / "missing"), "-o", str(tmp_path / "x.html")])
+    assert result.exit_code == 2
+    assert "no such file or folder" in result.output and "Traceback" not in result.output
+
+
+def test_run_without_pipeline_shows_gpu_streams(tmp_path):
+    from tracekit import load
+    from tracekit.analyze import analyze
+
+    trace = shared_or_skip("kineto-gpu", "hta_trace_filter_sampled_rank-0.json.gz")
+    analysis = analyze(load(trace))
+    assert not analysis.is_pipeline
+    views, _ = report.step_views(analysis)
+    assert views and any("stream" in lane for lane in views[0].lanes)
+    page = report.write_report(analysis, tmp_path / "gpu.html").read_text()
+    assert "No pipeline-parallel schedule found" in page and external_references(page) == []

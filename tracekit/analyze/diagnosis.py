@@ -1,0 +1,297 @@
+"""What is wrong with a run and what to try, in sentences built from its own numbers.
+
+:func:`diagnose` turns an :class:`~tracekit.analyze.Analysis` into ranked findings, one per
+cause of idle time: stage imbalance, comm latency, host overhead, and the fill/drain the
+schedule itself forces. A finding's cost is the device time the cause left idle, as a share
+of all ranks' step windows (the attributed idle, summed over ranks and steps).
+
+Ranking: faults (imbalance, comm, overhead) that cost at least ``HIGH_SHARE`` of the device
+time come first, largest first: something in this run is broken and costs a lot. Then the
+rest by cost, the schedule's own fill/drain among them: every pipeline pays it and only a
+change of configuration (more microbatches, interleaving) shrinks it. Findings that only
+inform (a fill/drain with nothing to gain, no pipeline found) come last.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from tracekit.analyze.theory import theoretical_bubble
+
+# Severity by cost (share of the device time): "high" at or above HIGH_SHARE, "medium" at
+# or above MEDIUM_SHARE: a fix gains at most that much throughput.
+HIGH_SHARE = 0.10
+MEDIUM_SHARE = 0.05
+# The m what-if raises m (doubling, at most MAX_M_FACTOR times) until the schedule's own
+# bubble is at most this share of the step.
+TARGET_BUBBLE = 0.10
+MAX_M_FACTOR = 8
+FAULTS = ("imbalance", "comm", "overhead")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One cause of idle time: what is wrong (headline), what to try (advice), and the
+    figures both sentences were built from."""
+
+    cause: str            # "imbalance" | "comm" | "overhead" | "fill_drain" | "no_pipeline"
+    severity: str         # "high" | "medium" | "low" | "info"
+    headline: str
+    advice: str
+    cost_share: float     # idle device time of this cause / all ranks' step windows
+    figures: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def severity_of(cost_share: float) -> str:
+    if cost_share >= HIGH_SHARE:
+        return "high"
+    return "medium" if cost_share >= MEDIUM_SHARE else "low"
+
+
+def diagnose(analysis) -> list[Finding]:
+    """Ranked findings for ``analysis`` (most important first)."""
+    if not analysis.is_pipeline:
+        return [_no_pipeline(analysis)]
+    window_ns = max(int(analysis.summary["window_ns"]), 1)
+    totals = _cause_totals(analysis)
+    n_steps = max(int(analysis.bubbles["step"].nunique()), 1)
+    faults: list[Finding] = []
+    imbalance = _imbalance(analysis, totals.get("imbalance", 0), window_ns)
+    if imbalance:
+        faults.append(imbalance)
+    if analysis.attribution is not None:
+        for finding in (_comm(analysis, totals["comm"], window_ns, n_steps),
+                        _overhead(analysis, totals["overhead"], window_ns)):
+            if finding:
+                faults.append(finding)
+    schedule = _fill_drain(analysis, totals, window_ns)
+    findings = faults + ([schedule] if schedule else [])
+    urgent = sorted((f for f in faults if f.cost_share >= HIGH_SHARE), key=lambda f: -f.cost_share)
+    rest = sorted((f for f in findings if f not in urgent and f.severity != "info"), key=lambda f: -f.cost_share)
+    return urgent + rest + [f for f in findings if f.severity == "info"]
+
+
+def _cause_totals(analysis) -> dict[str, int]:
+    if analysis.attribution is None:
+        return {}
+    table = analysis.attribution.table
+    return {c[:-3]: int(table[c].sum()) for c in table.columns if c.endswith("_ns") and c != "idle_ns"}
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.0f}%"
+
+
+def _ms(ns: float) -> str:
+    return f"{ns / 1e6:.1f} ms"
+
+
+def stage_compute_ns(actions: pd.DataFrame) -> pd.Series:
+    """Mean compute time per step of each stage (index: stage)."""
+    actions = actions[actions["step"] >= 0]
+    per_step = (actions["end_ns"] - actions["start_ns"]).groupby([actions["stage"], actions["step"]]).sum()
+    return per_step.groupby(level="stage").mean().astype(float)
+
+
+def _imbalance(analysis, idle_ns: int, window_ns: int) -> Finding | None:
+    run = analysis.run
+    compute = stage_compute_ns(run.actions)
+    if len(compute) < 2:
+        return None
+    blame = analysis.attribution.stage_blame if analysis.attribution is not None else pd.DataFrame()
+    if len(blame):
+        stage = int(blame.groupby("stage")["imbalance_ns"].sum().idxmax())
+    else:
+        stage = int(compute.idxmax())
+    others = compute.drop(stage)
+    ratio = float(compute[stage] / others.median()) if others.median() > 0 else float("inf")
+    balanced = float(compute.mean())
+    move_share = max(0.0, (compute[stage] - balanced) / compute[stage]) if compute[stage] > 0 else 0.0
+    rank = run.schedule.stage_to_rank.get(stage, -1) if run.schedule else -1
+    cost = idle_ns / window_ns
+    if analysis.attribution is None:
+        # Without attribution only the compute split is known: cost is the slow stage's
+        # excess over the balanced split, idle on every other rank while it works.
+        cost = max(0.0, (compute[stage] - balanced)) * (len(compute) - 1) / max(compute.sum(), 1.0)
+    where = f"stage {stage}" + (f" (rank {rank})" if rank >= 0 else "")
+    figures = {"stage": stage, "rank": rank, "stage_compute_ns": int(compute[stage]),
+               "others_median_compute_ns": int(others.median()), "slowdown": round(ratio, 3),
+               "balanced_compute_ns": int(balanced), "move_share": round(move_share, 3),
+               "idle_ns": int(idle_ns), "cost_share": round(cost, 4)}
+    if ratio >= 1.1:
+        headline = (f"{where[0].upper()}{where[1:]} is {ratio:.1f}x slower than the others ({_ms(compute[stage])} vs "
+                    f"{_ms(others.median())} of compute per step): the wait for it idles "
+                    f"{_pct(cost)} of the device time.")
+        advice = (f"Move layers off {where}: about {_pct(move_share)} of its work, so that every "
+                  f"stage computes about {_ms(balanced)} per step.")
+    else:
+        headline = (f"Stage imbalance idles {_pct(cost)} of the device time, most of it waiting on "
+                    f"{where}, whose compute per step is {ratio:.2f}x the others' median.")
+        advice = (f"Look for uneven work on {where} (slow microbatches, stragglers on its host); "
+                  "its mean compute is close to the others', so the variation, not the split, costs time.")
+    return Finding("imbalance", severity_of(cost), headline, advice, cost, figures)
+
+
+def message_latencies(analysis) -> pd.DataFrame:
+    """Per message: link, post delay (producer end -> send posted) and wire time (send
+    posted -> data at the receiver), in ns. Messages without a known producer are left out."""
+    run = analysis.run
+    messages = run.messages
+    if len(messages) == 0:
+        return pd.DataFrame(columns=["src_rank", "dst_rank", "step", "post_delay_ns", "wire_ns", "latency_ns"])
+    producer_end = run.actions.set_index("action_id")["end_ns"]
+    known = messages[messages["producer_action"].isin(producer_end.index)]
+    end = producer_end.loc[known["producer_action"]].to_numpy()
+    out = known[["src_rank", "dst_rank", "step"]].copy()
+    out["latency_ns"] = np.maximum(known["arrival_ns"].to_numpy() - end, 0)
+    out["post_delay_ns"] = np.clip(known["send_post_ns"].to_numpy() - end, 0, out["latency_ns"])
+    out["wire_ns"] = out["latency_ns"] - out["post_delay_ns"]
+    return out
+
+
+def _comm(analysis, idle_ns: int, window_ns: int, n_steps: int) -> Finding | None:
+    if idle_ns <= 0:
+        return None
+    cost = idle_ns / window_ns
+    links = analysis.attribution.link_blame
+    latencies = message_latencies(analysis)
+    figures: dict = {"idle_ns": int(idle_ns), "cost_share": round(cost, 4)}
+    link_text = "its links"
+    if len(links):
+        by_link = links.groupby(["src_rank", "dst_rank"])["comm_ns"].sum().sort_values(ascending=False)
+        src, dst = (int(x) for x in by_link.index[0])
+        link_text = f"link {src}->{dst}"
+        figures.update(src_rank=src, dst_rank=dst, link_idle_ns_per_step=int(by_link.iloc[0] / n_steps))
+    if len(latencies):
+        median_latency = float(latencies["latency_ns"].median())
+        median_post = float(latencies["post_delay_ns"].median())
+        figures.update(median_latency_ns=int(median_latency), median_post_delay_ns=int(median_post),
+                       n_messages=int(len(latencies)))
+    else:
+        median_latency = median_post = 0.0
+    headline = f"Messages cost {_pct(cost)} of the device time in waiting"
+    if "link_idle_ns_per_step" in figures:
+        headline += f"; those on {link_text} cost {_ms(figures['link_idle_ns_per_step'])} of idle per step"
+    if median_latency:
+        headline += f" (a message arrives {_ms(median_latency)} after its producer ends, median)"
+    headline += "."
+    if median_latency and median_post >= 0.5 * median_latency:
+        advice = (f"Post sends as soon as the data is ready: they leave {_ms(median_post)} after the "
+                  f"producing action ends (median), which is most of the latency; check {link_text} first.")
+    else:
+        advice = f"Overlap communication with compute or speed up {link_text}."
+    return Finding("comm", severity_of(cost), headline, advice, cost, figures)
+
+
+def _overhead(analysis, idle_ns: int, window_ns: int) -> Finding | None:
+    if idle_ns <= 0:
+        return None
+    cost = idle_ns / window_ns
+    actions = analysis.run.actions
+    n_actions = max(int((actions["step"] >= 0).sum()), 1)
+    per_action = idle_ns / n_actions
+    headline = (f"Host overhead idles {_pct(cost)} of the device time: ranks sat idle with their "
+                f"input there and the previous action done, {_ms(per_action)} per action on average.")
+    advice = ("Cut per-action host work: fewer, larger microbatches, CUDA graphs or less Python "
+              "between actions, and keep data loading and the optimizer off the step's critical path.")
+    figures = {"idle_ns": int(idle_ns), "cost_share": round(cost, 4), "n_actions": n_actions,
+               "idle_ns_per_action": int(per_action)}
+    return Finding("overhead", severity_of(cost), headline, advice, cost, figures)
+
+
+def m_what_if(analysis) -> tuple[int, float | None]:
+    """The smallest doubling of m (at most ``MAX_M_FACTOR`` x) that brings the schedule's
+    own bubble to ``TARGET_BUBBLE``, and that bubble."""
+    sched = analysis.run.schedule
+    d = analysis.durations_ns
+    t_f, t_b, t_w = _durations(d)
+    m = sched.m
+    best = (m, theoretical_bubble(sched.name, sched.p, sched.v, m, t_f, t_b, t_w).bubble_ratio)
+    factor = 2
+    while factor <= MAX_M_FACTOR:
+        ratio = theoretical_bubble(sched.name, sched.p, sched.v, m * factor, t_f, t_b, t_w).bubble_ratio
+        if ratio is None:
+            break
+        best = (m * factor, ratio)
+        if ratio <= TARGET_BUBBLE:
+            break
+        factor *= 2
+    return best
+
+
+def _durations(d: dict[str, int]) -> tuple[float, float, float | None]:
+    t_f = d.get("F", 1)
+    if "I" in d and "W" in d and "B" not in d:
+        t_b = d["I"] + d["W"]
+    else:
+        t_b = d.get("B", d.get("I", 0) + d.get("W", 0)) or 2 * t_f
+    return t_f, t_b, d.get("W")
+
+
+def _fill_drain(analysis, totals: dict[str, int], window_ns: int) -> Finding | None:
+    sched = analysis.run.schedule
+    theory = analysis.theory
+    if theory is None or theory.bubble_ratio is None:
+        return None
+    idle_ns = totals.get("warmup", 0) + totals.get("drain", 0) + totals.get("schedule_gaps", 0)
+    measured = idle_ns / window_ns if totals else theory.bubble_ratio
+    new_m, new_ratio = m_what_if(analysis)
+    figures = {"schedule": sched.name, "p": sched.p, "v": sched.v, "m": sched.m,
+               "theory_bubble": round(theory.bubble_ratio, 4), "idle_ns": int(idle_ns),
+               "cost_share": round(measured, 4), "what_if_m": new_m,
+               "what_if_bubble": None if new_ratio is None else round(new_ratio, 4)}
+    name = f"{sched.name} (p={sched.p}, v={sched.v}, m={sched.m})"
+    replay = analysis.balanced_replay_ratio
+    if theory.bubble_ratio <= TARGET_BUBBLE:
+        if replay is None or replay <= TARGET_BUBBLE:
+            headline = (f"The schedule's own fill/drain is small: {name} leaves {_pct(theory.bubble_ratio)} "
+                        f"of the step idle in theory ({_pct(measured)} of the device time measured).")
+            advice = "Nothing to gain from the schedule itself; the other findings say where the rest goes."
+            return Finding("fill_drain", "info", headline, advice, measured, figures)
+        # Fill and drain last as long at any m while the steady state grows with it, so
+        # doubling m turns a share s into s / (s + 2 (1 - s)).
+        doubled = replay / (replay + 2 * (1 - replay))
+        figures.update(balanced_replay_bubble=round(replay, 4), what_if_m=2 * sched.m,
+                       what_if_bubble=round(doubled, 4))
+        headline = (f"{name} as run leaves {_pct(replay)} of each step idle even with balanced stages and "
+                    f"free messages, against {_pct(theory.bubble_ratio)} in its closed form "
+                    f"({_pct(measured)} of the device time measured in fill, drain and schedule gaps).")
+        advice = (f"Raising m to {2 * sched.m} would cut that share to about {_pct(doubled)}: fill and drain "
+                  "last as long while the steady state doubles.")
+        return Finding("fill_drain", severity_of(measured), headline, advice, measured, figures)
+    headline = (f"m={sched.m} is small for p={sched.p}: {name} fills and drains the pipeline for "
+                f"{_pct(theory.bubble_ratio)} of each step in theory ({_pct(measured)} of the device "
+                "time measured).")
+    advice = ""
+    if new_ratio is not None and new_m > sched.m and new_ratio < theory.bubble_ratio:
+        advice = (f"Raising m to {new_m} cuts the fill/drain bubble from {_pct(theory.bubble_ratio)} "
+                  f"to {_pct(new_ratio)}")
+    if sched.name in ("GPipe", "1F1B"):
+        t_f, t_b, t_w = _durations(analysis.durations_ns)
+        interleaved = theoretical_bubble("Interleaved1F1B", sched.p, 2, sched.m, t_f, t_b, t_w).bubble_ratio
+        figures["what_if_interleaved_v2_bubble"] = round(interleaved, 4)
+        alternative = f"an interleaved schedule with v=2 gives {_pct(interleaved)} at m={sched.m}"
+        advice = f"{advice}; {alternative}" if advice else alternative[0].upper() + alternative[1:]
+    if not advice:
+        advice = "Run more microbatches per step or more virtual stages per rank."
+    return Finding("fill_drain", severity_of(measured), headline, advice + ".", measured, figures)
+
+
+def _no_pipeline(analysis) -> Finding:
+    summary = analysis.summary
+    idle = float(summary.get("bubble_ratio", 0.0))
+    n_ranks = len(summary.get("per_rank", {}))
+    headline = (f"No pipeline-parallel schedule found in these traces; the {n_ranks} rank(s) sat idle "
+                f"{_pct(idle)} of their step windows.")
+    advice = ("Record a pipeline-parallel run (torch.distributed.pipelining, PP: labels) to have "
+              "idle time attributed to causes.")
+    return Finding("no_pipeline", "info", headline, advice, idle,
+                   {"idle_share": round(idle, 4), "n_ranks": n_ranks})
+
+
+__all__ = ["Finding", "diagnose", "message_latencies", "m_what_if", "stage_compute_ns"]
