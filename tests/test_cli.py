@@ -33,6 +33,14 @@ def test_analyze_prints_schedule_and_causes():
     assert "schedule: 1F1B  p=4 v=1 m=8" in out
     assert "bubble ratio" in out and "theory (p-1)/(m+p-1)" in out
     assert "where the idle time goes" in out
+    assert "what to try:" in out
+
+
+def test_slow_stage_headline_names_the_stage():
+    result = run("analyze", str(SAMPLES / "1f1b_slow_stage2"), "--json")
+    doc = json.loads(result.output)
+    top = doc["findings"][0]
+    assert top["cause"] == "imbalance" and "Stage 2" in top["headline"]
 
 
 def test_json_follows_the_schema(tmp_path):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from pathlib import Path
 
@@ -9,9 +10,18 @@ import click
 
 from tracekit.errors import TracekitError
 
+# Where rank_options leaves the loading options for load_with_progress (click's ctx.meta).
+_LOAD_META = "tracekit.load"
+_LOAD_OPTIONS = ("executor", "scheduler", "jobs", "cache_dir", "no_cache")
+
 
 def rank_options(func):
-    """--rank-from, --rank-map and --progress/--no-progress."""
+    """--rank-from, --rank-map, --progress/--no-progress, and how to load: --jobs,
+    --executor, --scheduler, --cache-dir, --no-cache.
+
+    The loading options do not reach the command function: they are kept in the click
+    context for :func:`load_with_progress`.
+    """
 
     @click.option("--rank-from", metavar="REGEX",
                   help="Take each file's rank from its name with this regex (one group), e.g. 'worker(\\d+)'. "
@@ -20,8 +30,21 @@ def rank_options(func):
                   help="Nsight Systems: which process is which rank, e.g. '4242=0,4243=1'.")
     @click.option("--progress/--no-progress", default=None,
                   help="Show a progress bar while loading (default: when stderr is a terminal).")
+    @click.option("-j", "--jobs", type=int, metavar="N",
+                  help="Parse files in N processes (default: one per core, at most one per file).")
+    @click.option("--executor", type=click.Choice(["local", "dask"]), default="local", show_default=True,
+                  help="Where files are parsed: local processes, or a Dask cluster (pip install 'tracekit[dask]').")
+    @click.option("--scheduler", metavar="ADDRESS",
+                  help="With --executor dask: the scheduler, e.g. tcp://10.0.0.5:8786 "
+                       "(default: a local cluster). Its workers must see the trace files.")
+    @click.option("--cache-dir", metavar="DIR",
+                  help="Keep parsed files here (a path or an fsspec URL such as s3://bucket/tracekit; "
+                       "default: $TRACEKIT_CACHE_DIR or ~/.cache/tracekit). Never beside the traces.")
+    @click.option("--no-cache", is_flag=True, help="Parse every file again; read and write no cache.")
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
+        ctx = click.get_current_context()
+        ctx.meta[_LOAD_META] = {name: kwargs.pop(name) for name in _LOAD_OPTIONS}
         return func(*args, **kwargs)
 
     return wrapper
@@ -40,16 +63,37 @@ def parse_rank_map(text: str | None) -> dict[int, int] | None:
     return mapping
 
 
+def _load_settings() -> dict:
+    """The loading options of the running command (defaults outside a command)."""
+    ctx = click.get_current_context(silent=True)
+    settings = dict(ctx.meta.get(_LOAD_META, {})) if ctx is not None else {}
+    if settings.get("no_cache"):
+        cache_dir = None
+    else:
+        from tracekit.ingest.cache import default_cache_dir
+
+        cache_dir = settings.get("cache_dir") or default_cache_dir()
+    if settings.get("scheduler") and settings.get("executor", "local") != "dask":
+        raise TracekitError("--scheduler is for --executor dask; add --executor dask or drop --scheduler")
+    return {"executor": settings.get("executor") or "local", "jobs": settings.get("jobs"),
+            "scheduler": settings.get("scheduler"), "cache_dir": cache_dir}
+
+
 def load_with_progress(path: Path, rank_from: str | None, rank_map: str | None, progress: bool | None):
-    """Load and reconstruct a run, with a progress bar over files on long loads."""
+    """Load and reconstruct a run, with a progress bar (bytes read) on long loads."""
     from tracekit.ingest import discover, load_run
 
+    settings = _load_settings()
     show = sys.stderr.isatty() if progress is None else progress
     files = discover(path)
-    if not show or len(files) < 2:
-        return load_run(path, rank_from=rank_from, rank_map=parse_rank_map(rank_map))
+    if not show:
+        return load_run(path, rank_from=rank_from, rank_map=parse_rank_map(rank_map), **settings)
     from tqdm import tqdm
 
-    with tqdm(total=len(files), unit="file", desc="reading traces", file=sys.stderr, leave=False) as bar:
+    total = sum(os.path.getsize(f) for f in files)
+    # No monitor thread: a process pool forks only while this process has no other thread.
+    tqdm.monitor_interval = 0
+    with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="reading traces",
+              file=sys.stderr, leave=False) as bar:
         return load_run(path, rank_from=rank_from, rank_map=parse_rank_map(rank_map),
-                        progress=lambda _: bar.update(1))
+                        bytes_read=bar.update, **settings)

@@ -42,7 +42,8 @@ def discover(path: Path) -> list[Path]:
 
 
 def _parse_file(path: Path, file_id: int, rank_pattern: str | None,
-                rank_map: dict[int, int] | None) -> list[tuple[TraceFile, pd.DataFrame]]:
+                rank_map: dict[int, int] | None,
+                bytes_read: Callable[[int], None] | None = None) -> list[tuple[TraceFile, pd.DataFrame]]:
     name = path.name
     if name.endswith(NSYS_SUFFIXES) or _is_sqlite(path):
         from tracekit.ingest import nsys
@@ -55,7 +56,7 @@ def _parse_file(path: Path, file_id: int, rank_pattern: str | None,
             return nsys.parse_nsys_json(path, file_id, rank_map=rank_map)
         from tracekit.ingest.kineto import parse_kineto
 
-        return [parse_kineto(path, file_id, rank_pattern)]
+        return [parse_kineto(path, file_id, rank_pattern, progress=bytes_read)]
     raise TraceFormatError(f"{path}: unknown trace format; expected .json(.gz) or .sqlite")
 
 
@@ -75,16 +76,32 @@ def _looks_like_nsys_json(path: Path) -> bool:
 
 def parse_files(paths: list[Path], rank_pattern: str | None = None,
                 rank_map: dict[int, int] | None = None,
-                progress: Callable[[Path], None] | None = None) -> tuple[list[TraceFile], pd.DataFrame]:
-    """Parse every file; return the per-file facts and one events table for all ranks."""
+                progress: Callable[[Path], None] | None = None, *,
+                executor: str = "local", jobs: int | None = None, scheduler=None,
+                cache_dir: str | None = None,
+                bytes_read: Callable[[int], None] | None = None) -> tuple[list[TraceFile], pd.DataFrame]:
+    """Parse every file; return the per-file facts and one events table for all ranks.
+
+    Files are parsed independently: ``executor`` ``"local"`` runs them in this process
+    (``jobs=1``) or a pool of ``jobs`` processes (default: one per core, at most one per
+    file); ``"dask"`` on the Dask cluster at ``scheduler`` (see
+    :mod:`tracekit.ingest.executor`). With ``cache_dir`` each file's rows are read from /
+    written to the parse cache (:mod:`tracekit.ingest.cache`). ``progress`` is called with
+    each file's path when it is done, ``bytes_read`` with counts of input bytes consumed.
+    """
+    from tracekit.ingest.executor import IngestTask, run_tasks
+
+    tasks = [IngestTask(str(path), file_id, rank_pattern, rank_map, cache_dir)
+             for file_id, path in enumerate(paths)]
+    on_done = (lambda task: progress(Path(task.path))) if progress else None
+    results = run_tasks(tasks, executor=executor, jobs=jobs, scheduler=scheduler,
+                        on_done=on_done, bytes_read=bytes_read)
     files: list[TraceFile] = []
     tables: list[pd.DataFrame] = []
-    for file_id, path in enumerate(paths):
-        for trace, events in _parse_file(path, file_id, rank_pattern, rank_map):
+    for parsed in results:
+        for trace, events in parsed:
             files.append(trace)
             tables.append(events)
-        if progress:
-            progress(path)
     events = pd.concat(tables, ignore_index=True) if tables else empty_events()
     return files, conform(events)
 
@@ -149,11 +166,18 @@ def load_capture_manifest(folder: Path) -> dict | None:
 
 
 def load_run(path, rank_from: str | None = None, rank_map: dict[int, int] | None = None,
-             progress: Callable[[Path], None] | None = None, reconstruct: bool = True) -> Run:
-    """Load a run folder (or one file) and, by default, reconstruct its pipeline."""
+             progress: Callable[[Path], None] | None = None, reconstruct: bool = True, *,
+             executor: str = "local", jobs: int | None = None, scheduler=None,
+             cache_dir: str | None = None, bytes_read: Callable[[int], None] | None = None) -> Run:
+    """Load a run folder (or one file) and, by default, reconstruct its pipeline.
+
+    ``executor``, ``jobs``, ``scheduler``, ``cache_dir`` and ``bytes_read``: see
+    :func:`parse_files` (no cache unless ``cache_dir`` is given).
+    """
     path = Path(path)
     paths = discover(path)
-    files, events = parse_files(paths, rank_from, rank_map, progress)
+    files, events = parse_files(paths, rank_from, rank_map, progress, executor=executor, jobs=jobs,
+                                scheduler=scheduler, cache_dir=cache_dir, bytes_read=bytes_read)
     run = Run(source=str(path), files=files, events=events,
               capture=load_capture_manifest(path))
     for message in settle_unknown_ranks(files, events) + check_layout(files):

@@ -1,8 +1,10 @@
 """PyTorch profiler (Kineto) Chrome-trace JSON: ``.json`` and ``.json.gz``, one file per rank.
 
 Reads only what the analysis needs from each complete (``ph: "X"``) event and turns it into
-rows of the normalised event table (:mod:`tracekit.model.events`). A truncated file (a
-profiler killed mid-write) yields the events it holds, with a warning.
+rows of the normalised event table (:mod:`tracekit.model.events`). Files are streamed in
+bounded chunks and decoded into typed structs (:mod:`tracekit.ingest.kineto_stream`), so a
+file larger than memory still loads. A truncated file (a profiler killed mid-write) yields
+the events it holds, with a warning.
 """
 from __future__ import annotations
 
@@ -11,12 +13,15 @@ import json
 import re
 import zlib
 from pathlib import Path
+from typing import Callable
 
+import msgspec
 import numpy as np
 import orjson
 import pandas as pd
 
 from tracekit.errors import TraceFormatError
+from tracekit.ingest.kineto_stream import ChromeTraceStream
 from tracekit.ingest.nesting import nesting_depth
 from tracekit.model.events import TraceFile, conform
 
@@ -118,16 +123,29 @@ def rank_from_name(path: Path) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def parse_kineto(path: Path, file_id: int, rank_pattern: str | None = None) -> tuple[TraceFile, pd.DataFrame]:
-    """Parse one Kineto trace file into its :class:`TraceFile` and event rows."""
-    doc, truncated = read_json_document(path)
-    trace = TraceFile(path=path, format="kineto", rank=-1, truncated=truncated)
-    if truncated:
+def parse_kineto(path: Path, file_id: int, rank_pattern: str | None = None,
+                 progress: Callable[[int], None] | None = None) -> tuple[TraceFile, pd.DataFrame]:
+    """Parse one Kineto trace file into its :class:`TraceFile` and event rows.
+
+    The file is streamed (see :mod:`tracekit.ingest.kineto_stream`): memory holds one chunk
+    of it plus the rows kept so far. ``progress`` is called with each count of file bytes read.
+    """
+    if rank_pattern:
+        _decide_rank(path, {}, rank_pattern)  # a pattern that cannot match fails before reading
+    stream = ChromeTraceStream(path, progress=progress, whole_document=read_json_document)
+    rows = _RowBuilder()
+    for batch in stream:
+        rows.add(batch)
+    doc = stream.header
+    trace = TraceFile(path=path, format="kineto", rank=-1, truncated=stream.truncated)
+    if stream.truncated:
         trace.warnings.append(
             f"{path.name}: the file ends early (profiler stopped mid-write?); read the "
-            f"{len(doc['traceEvents'])} complete events it holds"
+            f"{stream.n_elements} complete events it holds"
         )
     info = doc.get("distributedInfo") or {}
+    if not isinstance(info, dict):
+        info = {}
     trace.rank, trace.rank_source = _decide_rank(path, info, rank_pattern)
     trace.ranks = [trace.rank]
     trace.world_size = info.get("world_size")
@@ -139,19 +157,14 @@ def parse_kineto(path: Path, file_id: int, rank_pattern: str | None = None) -> t
     }
     if info.get("nccl_version"):
         trace.profiler["nccl_version"] = info["nccl_version"]
-    base_ns, trace.clock = _time_base(doc)
+    base_ns, trace.clock = _time_base(doc, rows.first_x_ts)
     if trace.clock == "relative":
         trace.warnings.append(
             f"{path.name}: no baseTimeNanoseconds and timestamps are not epoch times; they are "
             "aligned across ranks only if all ranks share this file's origin"
         )
-    group_to_global = _group_rank_maps(info)
-    raw_events = doc["traceEvents"]
-    trace.n_events_raw = len(raw_events)
-    rows = _extract_rows(raw_events, base_ns, group_to_global)
-    events = pd.DataFrame(rows)
-    if len(events) == 0:
-        events = pd.DataFrame({c: [] for c in _ROW_KEYS})
+    trace.n_events_raw = stream.n_elements
+    events = rows.table(base_ns, _group_rank_maps(info))
     events["rank"] = trace.rank
     events["file_id"] = file_id
     events["depth"] = nesting_depth(events["pid"].to_numpy(), events["tid"].to_numpy(),
@@ -160,22 +173,274 @@ def parse_kineto(path: Path, file_id: int, rank_pattern: str | None = None) -> t
     return trace, conform(events)
 
 
-_ROW_KEYS = ["source_index", "cat", "name", "start_ns", "end_ns", "pid", "tid", "on_gpu", "seq",
-             "peer", "tag", "nbytes", "correlation"]
+_NUMBER = (int, float)
+_MISSING = msgspec.UNSET
+_SPECIAL_OPS = sorted(_P2P_CPU_OPS | {"record_param_comms"})
+# Below this, an integer ts in microseconds times 1000 is exact in a float64.
+_EXACT_FLOAT_US = 2.0 ** 53 / 1000
+
+
+class _Irregular(Exception):
+    """A batch with values the column-wise path does not handle (odd types)."""
+
+
+def _numbers(values: list) -> np.ndarray:
+    """``ts`` or ``dur`` values as an int64 or float64 array; irregular unless all are
+    numbers and converting them to float loses nothing the exact path would keep."""
+    arr = np.array(values)
+    kind = arr.dtype.kind
+    if kind == "b":
+        return arr.astype(np.int64)
+    if kind == "i":
+        if len(arr) and np.abs(arr).max() >= 2 ** 63 // 1000:
+            raise _Irregular
+        return arr
+    if kind == "f":
+        if len(arr) and np.abs(arr).max() >= _EXACT_FLOAT_US and any(type(v) is not float for v in values):
+            raise _Irregular  # big integers mixed with floats: float math would round them
+        return arr
+    if len(arr) == 0:
+        return np.zeros(0, dtype=np.int64)
+    raise _Irregular  # a missing or non-numeric value: that event is skipped, event by event
+
+
+def _ns(us: np.ndarray) -> np.ndarray:
+    """Microseconds to integer ns, rounding as Python's ``round(us * 1000)`` does."""
+    if us.dtype.kind == "f":
+        return np.rint(us * 1000.0).astype(np.int64)
+    return us.astype(np.int64) * 1000
+
+
+def _ints_or_minus_one(values: list) -> np.ndarray:
+    arr = np.array(values)
+    if arr.dtype.kind == "i":
+        return arr.astype(np.int64)
+    return np.array([v if isinstance(v, int) else -1 for v in values], dtype=np.int64)
+
+
+def _ids(values: list) -> np.ndarray:
+    arr = np.array(values)
+    if arr.dtype.kind == "i":
+        return arr.astype(np.int64)
+    return np.array([v if type(v) is int else _as_int(v) for v in values], dtype=np.int64)
+
+
+def _normal_category(cat) -> str | None:
+    text = str(cat).lower()
+    return text if text in KEPT_CATEGORIES else None
+
+
+class _RowBuilder:
+    """Accumulates the kept events of a stream as typed arrays (~60 bytes a row), batch by
+    batch, so a file's rows cost far less than its decoded events would."""
+
+    _CATS = sorted(KEPT_CATEGORIES)
+
+    def __init__(self) -> None:
+        self.n_elements = 0                 # elements of traceEvents seen so far
+        self.first_x_ts = None              # ts of the first complete event (time base probe)
+        self.name_codes: dict[str, int] = {}
+        self.cat_codes = {c: i for i, c in enumerate(self._CATS)}
+        self.cat_of: dict = {}              # raw cat value -> normalised cat (None: dropped)
+        self.cat_code_of: dict = {}         # raw cat value -> cat code (-1: dropped)
+        self.parts: list[tuple[np.ndarray, ...]] = []
+        self.n_rows = 0
+        self.special: list[tuple[int, str, dict]] = []   # (row, name, args) of P2P/comm ops
+
+    def add(self, batch: list) -> None:
+        """Keep the rows of one batch of events."""
+        try:
+            self._add_columns(batch)
+        except _Irregular:
+            self._add_each(batch)
+        self.n_elements += len(batch)
+
+    def _add_columns(self, batch: list) -> None:
+        """The fast way: one pass per field, numbers converted by numpy. Raises
+        :class:`_Irregular` (having changed nothing that matters) on anything unusual, for
+        :meth:`_add_each` to handle event by event."""
+        base = self.n_elements
+        xi = [i for i, e in enumerate(batch) if e is not None and e.ph == "X"]
+        xs = [batch[i] for i in xi]
+        cat_of = self.cat_code_of
+        raw_cats = [e.cat for e in xs]
+        try:
+            codes = [cat_of[c] for c in raw_cats]
+        except KeyError:
+            for c in set(raw_cats):
+                if c not in cat_of:
+                    cat = _normal_category(c)
+                    cat_of[c] = -1 if cat is None else self.cat_codes[cat]
+            codes = [cat_of[c] for c in raw_cats]
+        except TypeError:
+            raise _Irregular from None
+        rows = [k for k, c in enumerate(codes) if c >= 0]
+        kept = [xs[k] for k in rows]
+        starts = _ns(_numbers([e.ts for e in kept]))
+        durs = np.maximum(_ns(_numbers([e.dur for e in kept])), 0)
+        names = [e.name for e in kept]
+        name_codes = self.name_codes
+        try:
+            name_idx = [name_codes[n] for n in names]
+        except KeyError:
+            for n in set(names):
+                if n not in name_codes:
+                    if type(n) is not str:
+                        raise _Irregular from None
+                    name_codes[n] = len(name_codes)
+            name_idx = [name_codes[n] for n in names]
+        except TypeError:
+            raise _Irregular from None
+        args = [e.args for e in kept]
+        seqs = _ints_or_minus_one([-1 if a is None else a.sequence for a in args])
+        corrs = _ints_or_minus_one([
+            -1 if a is None else (a.correlation if a.external_id is _MISSING else a.external_id)
+            for a in args])
+        pids = _ids([e.pid for e in kept])
+        tids = _ids([e.tid for e in kept])
+        if self.first_x_ts is None and base < 200:
+            for i in xi:
+                if base + i >= 200:
+                    break
+                if isinstance(batch[i].ts, _NUMBER):
+                    self.first_x_ts = batch[i].ts
+                    break
+        if not kept:
+            return
+        cat_arr = np.array([codes[k] for k in rows], dtype=np.int8)
+        name_arr = np.array(name_idx, dtype=np.int32)
+        special = [name_codes[n] for n in _SPECIAL_OPS if n in name_codes]
+        if special:
+            hits = np.flatnonzero(np.isin(name_arr, special) & (cat_arr == self.cat_codes["cpu_op"]))
+            for k in hits:
+                a = args[k]
+                self.special.append((self.n_rows + int(k), names[k], a.to_dict() if a is not None else {}))
+        self.parts.append((
+            np.array([base + xi[k] for k in rows], dtype=np.int64), cat_arr, name_arr,
+            starts, durs, pids, tids, seqs, corrs,
+        ))
+        self.n_rows += len(kept)
+
+    def _add_each(self, batch: list) -> None:
+        """The general way, event by event: any JSON types, exactly as the format allows."""
+        src, cats, names, starts, durs, pids, tids, seqs, corrs = ([] for _ in range(9))
+        cat_of, name_codes, cat_codes = self.cat_of, self.name_codes, self.cat_codes
+        base = self.n_elements
+        probing = self.first_x_ts is None and base < 200
+        for offset, event in enumerate(batch):
+            if event is None or event.ph != "X":
+                continue
+            ts = event.ts
+            if probing and isinstance(ts, _NUMBER) and base + offset < 200:
+                self.first_x_ts, probing = ts, False
+            raw_cat = event.cat
+            try:
+                cat = cat_of[raw_cat]
+            except KeyError:
+                cat = cat_of[raw_cat] = _normal_category(raw_cat)
+            except TypeError:  # an unhashable cat (list, dict): never a kept one
+                cat = _normal_category(raw_cat)
+            if cat is None:
+                continue
+            dur = event.dur
+            if not isinstance(ts, _NUMBER) or not isinstance(dur, _NUMBER):
+                continue
+            name = event.name
+            if type(name) is not str:
+                name = str(name)
+            args = event.args
+            if cat == "cpu_op" and (name in _P2P_CPU_OPS or name == "record_param_comms"):
+                self.special.append((self.n_rows + len(src), name,
+                                     args.to_dict() if args is not None else {}))
+            if args is None:
+                seq = corr = -1
+            else:
+                seq = args.sequence
+                if not isinstance(seq, int):
+                    seq = -1
+                corr = args.external_id
+                if corr is _MISSING:
+                    corr = args.correlation
+                if not isinstance(corr, int):
+                    corr = -1
+            code = name_codes.get(name)
+            if code is None:
+                code = name_codes[name] = len(name_codes)
+            dur_ns = round(dur * 1000)
+            pid, tid = event.pid, event.tid
+            src.append(base + offset)
+            cats.append(cat_codes[cat])
+            names.append(code)
+            starts.append(round(ts * 1000))
+            durs.append(dur_ns if dur_ns > 0 else 0)
+            pids.append(pid if type(pid) is int else _as_int(pid))
+            tids.append(tid if type(tid) is int else _as_int(tid))
+            seqs.append(seq)
+            corrs.append(corr)
+        if src:
+            self.parts.append((
+                np.array(src, dtype=np.int64), np.array(cats, dtype=np.int8),
+                np.array(names, dtype=np.int32), np.array(starts, dtype=np.int64),
+                np.array(durs, dtype=np.int64), np.array(pids, dtype=np.int64),
+                np.array(tids, dtype=np.int64), np.array(seqs, dtype=np.int64),
+                np.array(corrs, dtype=np.int64),
+            ))
+            self.n_rows += len(src)
+
+    def table(self, base_ns: int, group_to_global: dict[str, list[int]]) -> pd.DataFrame:
+        """The rows as a DataFrame (times now absolute), P2P fields filled in."""
+        if self.parts:
+            src, cats, names, starts, durs, pids, tids, seqs, corrs = (
+                np.concatenate(col) for col in zip(*self.parts))
+        else:
+            src, starts, durs, pids, tids, seqs, corrs = (np.zeros(0, np.int64) for _ in range(7))
+            cats, names = np.zeros(0, np.int8), np.zeros(0, np.int32)
+        self.parts = []
+        peer = np.full(len(src), -1, dtype=np.int64)
+        tag = np.full(len(src), -1, dtype=np.int64)
+        nbytes = np.full(len(src), -1, dtype=np.int64)
+        default_group = group_to_global.get("0")
+        name_list = list(self.name_codes)
+        for row, name, args in self.special:
+            if name == "record_param_comms":
+                new_name, peer[row], nbytes[row] = _nccl_comm_args(args, group_to_global)
+                code = self.name_codes.get(new_name)
+                if code is None:
+                    code = self.name_codes[new_name] = len(name_list)
+                    name_list.append(new_name)
+                names[row] = code
+            else:
+                peer[row], tag[row], nbytes[row] = _gloo_p2p_args(args, default_group)
+        start_ns = starts + base_ns
+        cat_names = np.array(self._CATS, dtype=object)
+        return pd.DataFrame({
+            "source_index": src,
+            "cat": cat_names[cats] if len(cats) else np.zeros(0, dtype=object),
+            "name": np.array(name_list, dtype=object)[names] if len(names) else np.zeros(0, dtype=object),
+            "start_ns": start_ns,
+            "end_ns": start_ns + durs,
+            "pid": pids,
+            "tid": tids,
+            "on_gpu": np.isin(cats, [self.cat_codes[c] for c in _GPU_CATEGORIES]),
+            "seq": seqs,
+            "peer": peer,
+            "tag": tag,
+            "nbytes": nbytes,
+            "correlation": corrs,
+        })
 
 
 # Older Kineto wrote epoch microseconds in ``ts`` and no base; ~1e15 us is year 2001.
 _EPOCH_US_FLOOR = 9.0e14
 
 
-def _time_base(doc: dict) -> tuple[int, str]:
+def _time_base(doc: dict, first_x_ts) -> tuple[int, str]:
     """The ns to add to ``ts * 1000``, and whether the result is Unix time."""
     base_ns = doc.get("baseTimeNanoseconds")
     if isinstance(base_ns, (int, float)) and base_ns > 0:
         return int(base_ns), "unix"
-    for event in doc["traceEvents"][:200]:
-        if isinstance(event, dict) and isinstance(event.get("ts"), (int, float)) and event.get("ph") == "X":
-            return 0, ("unix" if event["ts"] > _EPOCH_US_FLOOR else "relative")
+    if first_x_ts is not None:
+        return 0, ("unix" if first_x_ts > _EPOCH_US_FLOOR else "relative")
     return 0, "relative"
 
 
@@ -218,45 +483,6 @@ def _as_int(value) -> int:
     if digits:
         return int(digits.group(0))
     return -(zlib.crc32(text.encode()) & 0x7FFFFFFF)
-
-
-def _extract_rows(raw_events: list, base_ns: int, group_to_global: dict[str, list[int]]) -> dict:
-    cols: dict[str, list] = {k: [] for k in _ROW_KEYS}
-    default_group = group_to_global.get("0")
-    for index, event in enumerate(raw_events):
-        if not isinstance(event, dict) or event.get("ph") != "X":
-            continue
-        cat = str(event.get("cat", "")).lower()
-        if cat not in KEPT_CATEGORIES:
-            continue
-        ts = event.get("ts")
-        dur = event.get("dur", 0)
-        if not isinstance(ts, (int, float)) or not isinstance(dur, (int, float)):
-            continue
-        name = str(event.get("name", ""))
-        args = event.get("args") or {}
-        start = base_ns + round(ts * 1000)
-        peer = tag = nbytes = -1
-        if cat == "cpu_op" and name in _P2P_CPU_OPS:
-            peer, tag, nbytes = _gloo_p2p_args(args, default_group)
-        elif cat == "cpu_op" and name == "record_param_comms":
-            name, peer, nbytes = _nccl_comm_args(args, group_to_global)
-        seq = args.get("Sequence number", -1)
-        corr = args.get("External id", args.get("correlation", -1))
-        cols["source_index"].append(index)
-        cols["cat"].append(cat)
-        cols["name"].append(name)
-        cols["start_ns"].append(start)
-        cols["end_ns"].append(start + max(0, round(dur * 1000)))
-        cols["pid"].append(_as_int(event.get("pid", 0)))
-        cols["tid"].append(_as_int(event.get("tid", 0)))
-        cols["on_gpu"].append(cat in _GPU_CATEGORIES)
-        cols["seq"].append(seq if isinstance(seq, int) else -1)
-        cols["peer"].append(peer)
-        cols["tag"].append(tag)
-        cols["nbytes"].append(nbytes)
-        cols["correlation"].append(corr if isinstance(corr, int) else -1)
-    return cols
 
 
 def _gloo_p2p_args(args: dict, default_group: list[int] | None) -> tuple[int, int, int]:

@@ -68,10 +68,23 @@ def render(doc: dict) -> str:
     out.append(table(headers, rows))
     out.append("  (idle ms per cause, summed over steps; causes add up to idle exactly)")
     out.append("")
+    out.extend(_findings(doc))
     out.extend(_causes(doc, totals))
     out.extend(_replay(doc))
     out.extend(_warnings(doc))
     return "\n".join(out)
+
+
+def _findings(doc: dict) -> list[str]:
+    findings = [f for f in doc.get("findings", []) if f["severity"] != "info"][:3]
+    if not findings:
+        return []
+    out = ["what to try:"]
+    for f in findings:
+        out.append(f"  [{f['severity']}] {f['headline']}")
+        out.append(f"         {f['advice']}")
+    out.append("")
+    return out
 
 
 def _plain_rank_table(doc: dict) -> str:

@@ -11,8 +11,9 @@ import math
 from tracekit import __version__
 from tracekit.analyze import Analysis
 from tracekit.analyze.attribution import CATEGORIES
+from tracekit.analyze.diagnosis import diagnose
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"
 
 
 def _causes(row) -> dict[str, int]:
@@ -48,6 +49,7 @@ def to_document(analysis: Analysis) -> dict:
             "n_messages": int(len(run.messages)),
         },
         "theory": None,
+        "findings": [f.to_dict() for f in diagnose(analysis)],
         "ranks": [],
         "steps": [],
         "blame": {"stages": [], "links": []},
