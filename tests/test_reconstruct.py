@@ -68,6 +68,14 @@ def _independent_bubbles(run_dir: Path) -> dict[int, float]:
         labels = [e for e in events if LABEL.match(e["name"]) and not re.match(r"^PP:\d+(SEND|RECV|UNSHARD|RESHARD|REDUCE_GRAD)", e["name"])]
         parents = labels or [e for e in events if e["name"].startswith("ProfilerStep#")]
         per_step: dict[int, list[tuple[float, float]]] = {}
+        # Unlabelled (native 1F1B): a forward op counts when some backward op of the same
+        # step carries its autograd sequence number (that drops batch splitting, detach_,
+        # gradient scaling); backward ops always count.
+        backward_seqs = {}
+        for e in events:
+            if e["name"].startswith("autograd::engine") and "Sequence number" in e.get("args", {}):
+                step = next((s for s, a, b in steps if a <= e["ts"] <= b), None)
+                backward_seqs.setdefault(step, set()).add(e["args"]["Sequence number"])
         for parent in parents:
             p0, p1 = parent["ts"], parent["ts"] + parent["dur"]
             # gloo's send/recv annotations run from posting to the wait's return, across
@@ -79,8 +87,12 @@ def _independent_bubbles(run_dir: Path) -> dict[int, float]:
                                                      and o["dur"] > c["dur"] for o in children)]
             step = next(s for s, a, b in steps if a <= p0 <= b)
             for c in direct:
-                if not COMM.match(c["name"]) and c["cat"] == "cpu_op":
-                    per_step.setdefault(step, []).append((c["ts"], c["ts"] + c["dur"]))
+                if COMM.match(c["name"]) or c["cat"] != "cpu_op":
+                    continue
+                if not labels and not c["name"].startswith("autograd::engine") and \
+                        c.get("args", {}).get("Sequence number") not in backward_seqs.get(step, set()):
+                    continue
+                per_step.setdefault(step, []).append((c["ts"], c["ts"] + c["dur"]))
         per_rank_ops[rank] = per_step
     windows = {}
     for per_step in per_rank_ops.values():

@@ -9,8 +9,8 @@ Three labellings are understood (see shared/docs/trace-formats.md):
   ``c10d::`` ops, forward runs being non-autograd ops and backward runs autograd ones.
 
 A label's span includes the receive wait at its start and sends at its end; the compute
-span is what lies between: from the end of the last receive wait (or the label start) to
-the start of the first trailing communication op (or the label end).
+span is that of the top-level compute ops inside it (host time around them, between the
+wait's return and the first op, counts as idle and is attributed as overhead).
 """
 from __future__ import annotations
 
@@ -127,26 +127,19 @@ def _from_labels(cpu: pd.DataFrame, labels: pd.DataFrame, steps: pd.DataFrame, p
 
 
 def _compute_span(label, inside: list[int], starts, ends, names, waits) -> _Span:
-    """The label's span less the receive wait at its start and the sends at its end."""
+    """The span of the label's top-level compute ops. A label with no compute op inside
+    (an empty input-grad, say) counts from the end of its receive wait to its end."""
     compute = [i for i in inside if not is_comm(names[i])]
+    if compute:
+        return _Span(int(starts[compute[0]]), int(max(ends[i] for i in compute)))
     start, end = int(label.start_ns), int(label.end_ns)
-    first_compute = starts[compute[0]] if compute else end
-    # The last receive wait that returns inside the label before compute begins.
     lo = np.searchsorted(waits, start, side="left")
-    hi = np.searchsorted(waits, first_compute, side="right")
+    hi = np.searchsorted(waits, end, side="right")
     if hi > lo:
         start = max(start, int(waits[hi - 1]))
-    # Leading comm children (posting a recv) also precede compute.
     for i in inside:
-        if starts[i] >= first_compute:
-            break
         if is_comm(names[i]):
-            start = max(start, int(ends[i]))
-    if compute:
-        start = min(start, int(starts[compute[0]]))
-        last = int(ends[compute[-1]])
-        trailing = [i for i in inside if starts[i] >= last and is_comm(names[i])]
-        end = int(starts[trailing[0]]) if trailing else end
+            start = max(start, min(int(ends[i]), end))
     return _Span(start, max(start, end))
 
 

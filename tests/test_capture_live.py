@@ -1,0 +1,173 @@
+"""`tracekit capture`: option checks (no torch needed) and small live captures (need torch).
+
+The live tests really spawn ranks (gloo over 127.0.0.1) and take ~10 s each on 2 cores.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from tracekit.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _load(path: Path) -> dict:
+    with gzip.open(path, "rt") as fh:
+        return json.load(fh)
+
+
+def _capture(tmp_path: Path, *args: str) -> Path:
+    out = tmp_path / "run"
+    result = CliRunner().invoke(main, ["capture", "-o", str(out), *args])
+    assert result.exit_code == 0, (result.output, result.exception)
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# no torch needed
+# --------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--schedule", "Interleaved1F1B", "-v", "1"], "at least 2 stages per rank"),
+        (["--schedule", "1F1B", "-v", "2"], "one stage per rank"),
+        (["--schedule", "ZBVZeroBubble", "-v", "3"], "exactly 2 stages per rank"),
+        (["--schedule", "DualPipeV", "-m", "4"], "at least as many microbatches as stages"),
+        (["--schedule", "Nope"], "unknown schedule"),
+        (["--slow-stage", "9"], "is not a stage"),
+        (["--layers", "10"], "does not split evenly"),
+    ],
+)
+def test_bad_options_are_one_line_errors(tmp_path, args, words):
+    result = CliRunner().invoke(main, ["capture", "-o", str(tmp_path / "x"), *args])
+    assert result.exit_code == 2
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("tracekit: error:"), result.output
+    assert words in lines[0]
+    assert "Traceback" not in result.output
+    assert not (tmp_path / "x").exists()  # nothing started
+
+
+def test_cli_and_capture_package_do_not_import_torch():
+    code = (
+        "import sys, tracekit.cli, tracekit.capture, tracekit.commands.capture;"
+        "sys.exit(1 if 'torch' in sys.modules else 0)"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
+
+
+def test_missing_torch_says_how_to_install(tmp_path, monkeypatch):
+    import builtins
+
+    from tracekit.capture.config import CaptureConfig
+    from tracekit.capture.runner import run_capture
+    from tracekit.errors import CaptureError
+
+    real_import = builtins.__import__
+
+    def no_torch(name, *a, **k):
+        if name == "torch" or name.startswith("torch."):
+            raise ModuleNotFoundError("No module named 'torch'", name="torch")
+        return real_import(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_torch)
+    with pytest.raises(CaptureError, match=r"pip install 'tracekit\[capture\]'"):
+        run_capture(CaptureConfig(), tmp_path / "out")
+
+
+# --------------------------------------------------------------------------------------
+# live captures
+# --------------------------------------------------------------------------------------
+def test_live_capture_gpipe(tmp_path):
+    pytest.importorskip("torch", reason="capture needs torch: pip install 'tracekit[capture]'")
+    pytest.importorskip("numpy", reason="PipelineStage shape inference needs numpy")
+    out = _capture(tmp_path, "--schedule", "GPipe", "-p", "2", "-m", "4", "--steps", "1",
+                   "--layers", "4", "--layer-ms", "1")
+
+    meta = json.loads((out / "capture.json").read_text())
+    for key in ("tracekit_version", "command", "torch_version", "python_version", "platform",
+                "schedule", "p", "v", "m", "n_stages", "placement", "steps", "compute",
+                "faults", "created", "files"):
+        assert key in meta, key
+    assert meta["schedule"] == "GPipe" and (meta["p"], meta["v"], meta["m"]) == (2, 1, 4)
+    assert meta["n_stages"] == 2 and meta["placement"] == "loop" and meta["steps"] == 1
+    assert meta["compute"]["mode"] == "emulated" and meta["compute"]["layer_ms"] == 1.0
+    assert meta["faults"]["slow_stage"] is None and meta["faults"]["p2p_delay_ms"] == 0
+    assert meta["command"].startswith("tracekit capture -o ")
+    # the recorded command line parses back to the same options
+    argv = shlex.split(meta["command"])
+    assert argv[:2] == ["tracekit", "capture"]
+    ctx = main.commands["capture"].make_context("capture", argv[2:])
+    assert ctx.params["schedule"] == "GPipe" and ctx.params["ranks"] == 2
+    assert ctx.params["microbatches"] == 4 and ctx.params["steps"] == 1
+    assert ctx.params["layers"] == 4 and ctx.params["layer_ms"] == 1.0
+    assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$", meta["created"])
+    assert meta["files"] == ["rank0.json.gz", "rank1.json.gz"]
+    assert sorted(p.name for p in out.iterdir()) == ["capture.json", "rank0.json.gz", "rank1.json.gz"]
+
+    for rank in range(2):
+        trace = _load(out / f"rank{rank}.json.gz")
+        assert trace["distributedInfo"]["rank"] == rank
+        assert trace["distributedInfo"]["world_size"] == 2
+        events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+        names = {e["name"] for e in events}
+        assert {"Forward 0", "Backward 0", "Forward 3", "Backward 3"} <= names
+        # step 0 (shape inference) and step 1 (warm-up) are not in the trace
+        assert {n for n in names if n.startswith("ProfilerStep#")} == {"ProfilerStep#2"}
+        assert "gloo:recv" in names and "gloo:send" in names
+        peer = 1 - rank
+        recvs = [e for e in events if e["name"] == "c10d::recv_"]
+        sends = [e for e in events if e["name"] == "c10d::send"]
+        assert len(recvs) == 4 and len(sends) == 4  # 4 activations or 4 gradients each way
+        for e in recvs + sends:
+            assert e["args"]["Concrete Inputs"][2] == str(peer)  # peer rank (record_shapes)
+            assert e["args"]["Input Dims"] == [[[8, 256]], [], [], []]
+        # emulated compute shows up as sleeps inside the custom autograd Functions
+        fwd = [e for e in events if e["name"] == "TracekitEmuCompute"]
+        assert len(fwd) == 4 * 2 and all(e["dur"] >= 900 for e in fwd)  # 1 ms each
+
+
+def test_live_capture_zero_bubble_i_and_w_take_time(tmp_path):
+    pytest.importorskip("torch", reason="capture needs torch: pip install 'tracekit[capture]'")
+    pytest.importorskip("numpy", reason="PipelineStage shape inference needs numpy")
+    out = _capture(tmp_path, "--schedule", "ZBVZeroBubble", "-p", "2", "-m", "4", "--steps", "1",
+                   "--layers", "4", "--layer-ms", "2")
+    meta = json.loads((out / "capture.json").read_text())
+    assert meta["placement"] == "v" and meta["n_stages"] == 4 and meta["v"] == 2
+    assert meta["compute"]["split_backward"] is True
+
+    label = re.compile(r"PP:(\d+)(F|I|W|B)(\d+)$")
+    for rank in range(2):
+        trace = _load(out / f"rank{rank}.json.gz")
+        events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+        sleeps = [e for e in events if e["name"].startswith("TracekitEmu") and e["name"] != "TracekitEmuWeightGrad"]
+        seen = set()
+        for e in events:
+            m = label.match(e["name"])
+            if not m:
+                continue
+            stage, kind = int(m.group(1)), m.group(2)
+            assert stage in ((rank, 3 - rank)), e["name"]  # V placement
+            seen.add(kind)
+            inside = [s for s in sleeps if e["ts"] <= s["ts"] and s["ts"] + s["dur"] <= e["ts"] + e["dur"]]
+            slept_ms = sum(s["dur"] for s in inside) / 1000
+            if kind == "I" and stage != 0:
+                # input-grad pass: only the output-side sleeps (1 layer x 2 ms here)
+                assert {s["name"] for s in inside} == {"TracekitEmuComputeBackward"}
+                assert slept_ms >= 1.8, (e["name"], slept_ms)
+            if kind == "W" and stage != 0:
+                assert {s["name"] for s in inside} == {"TracekitEmuWeightGradBackward"}
+                assert slept_ms >= 1.8, (e["name"], slept_ms)
+            if kind == "W" and stage == 0:
+                # torch runs stage 0's whole backward in W (its input needs no grad)
+                assert slept_ms >= 3.6, (e["name"], slept_ms)
+        assert {"F", "I", "W"} <= seen

@@ -1,0 +1,207 @@
+"""What a capture records: one frozen description, validated before any process starts.
+
+Nothing here imports torch: the CLI validates options (and reports mistakes in one line)
+before the capture code path loads torch.
+"""
+from __future__ import annotations
+
+import shlex
+from dataclasses import asdict, dataclass, field
+
+from tracekit.errors import CaptureError
+
+# CLI name -> torch.distributed.pipelining class name
+SCHEDULES: dict[str, str] = {
+    "GPipe": "ScheduleGPipe",
+    "1F1B": "Schedule1F1B",
+    "Interleaved1F1B": "ScheduleInterleaved1F1B",
+    "LoopedBFS": "ScheduleLoopedBFS",
+    "InterleavedZeroBubble": "ScheduleInterleavedZeroBubble",
+    "ZBVZeroBubble": "ScheduleZBVZeroBubble",
+    "DualPipeV": "ScheduleDualPipeV",
+}
+
+#: schedules that take one stage per rank (PipelineScheduleSingle)
+SINGLE_STAGE = {"GPipe", "1F1B"}
+#: schedules that place stages in a V (rank r holds stages r and 2p-1-r)
+V_PLACEMENT = {"ZBVZeroBubble", "DualPipeV"}
+#: schedules that split backward into input-grad (I) and weight-grad (W) actions
+SPLIT_BACKWARD = {"InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"}
+
+COMPUTE_MODES = ("emulated", "real")
+
+DEFAULT_HIDDEN = {"emulated": 256, "real": 1024}
+
+
+def schedule_by_name(name: str) -> str:
+    """The canonical schedule name for ``name`` (case-insensitive), or a CaptureError."""
+    for known in SCHEDULES:
+        if known.lower() == name.lower():
+            return known
+    raise CaptureError(
+        f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULES)}"
+    )
+
+
+@dataclass
+class CaptureConfig:
+    """Everything that decides what a capture runs. ``validate()`` fills defaults."""
+
+    schedule: str = "1F1B"
+    ranks: int = 4
+    microbatches: int = 8
+    stages_per_rank: int | None = None  # None: 1 for GPipe/1F1B, else 2
+    steps: int = 3  # profiled steps (2 more run unprofiled first: wait + warmup)
+    compute: str = "emulated"
+    layer_ms: float = 3.0  # emulated forward cost of one layer
+    layers: int = 16
+    hidden: int | None = None  # None: 256 emulated, 1024 real
+    microbatch_size: int = 8  # rows per microbatch
+    slow_stage: int | None = None
+    slow_factor: float = 2.0
+    p2p_delay_ms: float = 0.0
+    seed: int = 0
+    #: the command line to record in capture.json (filled by the CLI; else reconstructed)
+    command: str | None = field(default=None, compare=False)
+
+    # ---- derived -------------------------------------------------------------------
+    @property
+    def v(self) -> int:
+        assert self.stages_per_rank is not None
+        return self.stages_per_rank
+
+    @property
+    def n_stages(self) -> int:
+        return self.ranks * self.v
+
+    @property
+    def placement(self) -> str:
+        return "v" if self.schedule in V_PLACEMENT else "loop"
+
+    def stage_to_rank(self, stage: int) -> int:
+        p = self.ranks
+        if self.placement == "v":
+            return stage if stage < p else 2 * p - 1 - stage
+        return stage % p
+
+    def stages_of_rank(self, rank: int) -> list[int]:
+        return [s for s in range(self.n_stages) if self.stage_to_rank(s) == rank]
+
+    def layers_of_stage(self, stage: int) -> range:
+        per = self.layers // self.n_stages
+        return range(stage * per, (stage + 1) * per)
+
+    # ---- checks --------------------------------------------------------------------
+    def validate(self) -> "CaptureConfig":
+        """Fill defaults and raise CaptureError (one line) for impossible combinations."""
+        self.schedule = schedule_by_name(self.schedule)
+        if self.compute not in COMPUTE_MODES:
+            raise CaptureError(
+                f"unknown compute mode {self.compute!r}; use --compute emulated or --compute real"
+            )
+        if self.hidden is None:
+            self.hidden = DEFAULT_HIDDEN[self.compute]
+        if self.stages_per_rank is None:
+            self.stages_per_rank = 1 if self.schedule in SINGLE_STAGE else 2
+        p, v, m = self.ranks, self.stages_per_rank, self.microbatches
+        if p < 2:
+            raise CaptureError(f"--ranks must be at least 2 (got {p}); a pipeline needs 2 stages")
+        if p > 64:
+            raise CaptureError(f"--ranks {p} is too many processes for one machine; use 64 or fewer")
+        if v < 1:
+            raise CaptureError(f"--stages-per-rank must be at least 1 (got {v})")
+        if m < 1:
+            raise CaptureError(f"--microbatches must be at least 1 (got {m})")
+        if self.steps < 1:
+            raise CaptureError(f"--steps must be at least 1 (got {self.steps})")
+        if self.schedule in SINGLE_STAGE and v != 1:
+            raise CaptureError(
+                f"{self.schedule} runs one stage per rank; drop --stages-per-rank {v} "
+                "or pick Interleaved1F1B / LoopedBFS / InterleavedZeroBubble"
+            )
+        if self.schedule not in SINGLE_STAGE and v < 2 and self.schedule != "LoopedBFS":
+            raise CaptureError(
+                f"{self.schedule} needs at least 2 stages per rank; use --stages-per-rank 2 "
+                "(or --schedule 1F1B for one stage per rank)"
+            )
+        if self.schedule in V_PLACEMENT and v != 2:
+            raise CaptureError(
+                f"{self.schedule} needs exactly 2 stages per rank (V placement); use --stages-per-rank 2"
+            )
+        if self.schedule in ("Interleaved1F1B", "InterleavedZeroBubble"):
+            rounds = max(1, m // p)
+            if m % rounds:
+                raise CaptureError(
+                    f"{self.schedule} needs --microbatches to be a multiple of its rounds "
+                    f"(m // p = {rounds}); got m={m}, p={p}; use e.g. -m {p * rounds}"
+                )
+        if self.schedule in ("DualPipeV", "ZBVZeroBubble") and m < p * v:
+            raise CaptureError(
+                f"{self.schedule} needs at least as many microbatches as stages "
+                f"(m={m} < {p * v} stages); use -m {p * v} or more"
+            )
+        if self.layers < self.n_stages or self.layers % self.n_stages:
+            raise CaptureError(
+                f"--layers {self.layers} does not split evenly into {self.n_stages} stages "
+                f"(p*v); use a multiple of {self.n_stages}"
+            )
+        if self.layer_ms < 0:
+            raise CaptureError(f"--layer-ms must be >= 0 (got {self.layer_ms})")
+        if self.compute == "real" and self.slow_stage is not None:
+            raise CaptureError(
+                "--slow-stage scales the emulated per-layer cost; use it with --compute emulated"
+            )
+        if self.slow_stage is not None and not 0 <= self.slow_stage < self.n_stages:
+            raise CaptureError(
+                f"--slow-stage {self.slow_stage} is not a stage (stages are 0..{self.n_stages - 1})"
+            )
+        if self.slow_factor <= 0:
+            raise CaptureError(f"--slow-factor must be > 0 (got {self.slow_factor})")
+        if self.p2p_delay_ms < 0:
+            raise CaptureError(f"--p2p-delay-ms must be >= 0 (got {self.p2p_delay_ms})")
+        if self.hidden < 1 or self.microbatch_size < 1:
+            raise CaptureError("--hidden and --microbatch-size must be at least 1")
+        return self
+
+    # ---- emulated costs (ms) -------------------------------------------------------
+    def stage_factor(self, stage: int) -> float:
+        return self.slow_factor if self.slow_stage is not None and stage == self.slow_stage else 1.0
+
+    def layer_costs_ms(self, stage: int) -> dict[str, float]:
+        """Per-layer sleep of forward, input-grad and weight-grad for ``stage`` (emulated)."""
+        f = self.layer_ms * self.stage_factor(stage) if self.compute == "emulated" else 0.0
+        return {"forward": f, "input_grad": f, "weight_grad": f}
+
+    # ---- provenance ----------------------------------------------------------------
+    def command_line(self, out: str) -> str:
+        """A command line that reproduces this capture (explicit about everything non-default)."""
+        parts = ["tracekit", "capture", "-o", str(out), "--schedule", self.schedule,
+                 "-p", str(self.ranks), "-m", str(self.microbatches)]
+        default_v = 1 if self.schedule in SINGLE_STAGE else 2
+        if self.stages_per_rank != default_v:
+            parts += ["-v", str(self.stages_per_rank)]
+        parts += ["--steps", str(self.steps)]
+        if self.compute != "emulated":
+            parts += ["--compute", self.compute]
+        if self.compute == "emulated" and self.layer_ms != 3.0:
+            parts += ["--layer-ms", _num(self.layer_ms)]
+        if self.layers != 16:
+            parts += ["--layers", str(self.layers)]
+        if self.hidden != DEFAULT_HIDDEN[self.compute]:
+            parts += ["--hidden", str(self.hidden)]
+        if self.microbatch_size != 8:
+            parts += ["--microbatch-size", str(self.microbatch_size)]
+        if self.slow_stage is not None:
+            parts += ["--slow-stage", str(self.slow_stage), "--slow-factor", _num(self.slow_factor)]
+        if self.p2p_delay_ms:
+            parts += ["--p2p-delay-ms", _num(self.p2p_delay_ms)]
+        if self.seed != 0:
+            parts += ["--seed", str(self.seed)]
+        return shlex.join(parts)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else repr(float(x))

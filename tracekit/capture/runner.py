@@ -1,0 +1,212 @@
+"""Start the ranks of a capture and write its folder: rank<R>.json.gz + capture.json."""
+from __future__ import annotations
+
+import json
+import platform
+import socket
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from tracekit.capture.config import SPLIT_BACKWARD, CaptureConfig
+from tracekit.errors import CaptureError
+
+EMULATED_HOW = (
+    "real training (real Linear matmuls, real gloo P2P, SGD) with each layer's cost set by "
+    "sleeps in two autograd Functions: TracekitEmuCompute on the layer output (forward "
+    "sleeps layer_ms; its backward sleeps layer_ms on the input-grad path) and "
+    "TracekitEmuWeightGrad on the weight (backward sleeps layer_ms on the weight-grad path). "
+    "A full backward B = 2x forward; split schedules: I = 1x, W = 1x "
+    "(torch runs stage 0's whole backward in W and leaves its I empty)."
+)
+REAL_HOW = "plain Linear+ReLU matmuls, no sleeps; processes time-slice the CPU cores"
+P2P_HOW = (
+    "every torch.distributed.isend is enqueued on the main thread inside a zero-length "
+    "record_function('tracekit:p2p_delay') marker and posted by one FIFO sender thread per "
+    "process after sleeping until p2p_delay_ms past the request "
+    "(record_function('tracekit:p2p_delay_sleep') on that thread); the message therefore "
+    "reaches the receiver late while the sender keeps computing. The real c10d::send and "
+    "gloo:send appear on the sender thread (profile_all_threads=True). Receives are untouched."
+)
+
+
+def _log(msg: str) -> None:
+    print(f"tracekit capture: {msg}", file=sys.stderr, flush=True)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _import_torch():
+    try:
+        import torch  # noqa: F401
+        import torch.distributed  # noqa: F401
+    except ImportError as err:
+        raise CaptureError(
+            f"capture needs PyTorch ({err.name or 'torch'} is not importable); "
+            "install it with: pip install 'tracekit[capture]'"
+        ) from None
+    import torch
+
+    if not torch.distributed.is_available():
+        raise CaptureError(
+            "this PyTorch build has no torch.distributed; install the official wheel: "
+            "pip install 'tracekit[capture]'"
+        )
+    try:
+        import numpy  # noqa: F401  (PipelineStage shape inference uses recv_object_list)
+    except ImportError:
+        raise CaptureError("capture needs numpy (PipelineStage shape inference); pip install numpy") from None
+    return torch
+
+
+def run_capture(config: CaptureConfig, out_dir, *, command_out: str | None = None) -> Path:
+    """Run a profiled pipeline-parallel training on ``config.ranks`` local processes.
+
+    Writes ``rank<R>.json.gz`` for every rank and ``capture.json`` into ``out_dir`` and
+    returns that folder. Raises CaptureError (one line) for anything the user can fix.
+    """
+    config.validate()
+    torch = _import_torch()
+    import torch.multiprocessing as mp
+
+    from tracekit import __version__
+    from tracekit.capture import worker
+
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise CaptureError(f"--out {out} exists and is not a folder; pick a folder path")
+    out.mkdir(parents=True, exist_ok=True)
+    stale = sorted(out.glob("rank*.json*")) + sorted(out.glob(".losses.rank*.json"))
+    for f in stale:  # never leave a mix of two captures in one folder
+        f.unlink()
+    if stale:
+        _log(f"removed {len(stale)} trace file(s) of an earlier capture in {out}")
+    cmd = config.command or config.command_line(command_out if command_out is not None else str(out))
+
+    _log(
+        f"spawning {config.ranks} ranks: {config.schedule}, p={config.ranks} v={config.v} "
+        f"m={config.microbatches}, {config.n_stages} stages ({config.placement} placement), "
+        f"{config.compute} compute, gloo on 127.0.0.1"
+    )
+    t0 = time.perf_counter()
+    last_err: Exception | None = None
+    for attempt in range(3):
+        port = _free_port()
+        try:
+            mp.spawn(
+                worker.run_rank,
+                args=(config.to_dict(), str(out.resolve()), port),
+                nprocs=config.ranks,
+                join=True,
+            )
+            last_err = None
+            break
+        except Exception as err:  # ProcessRaisedException / ProcessExitedException
+            last_err = err
+            text = str(err)
+            if "Address already in use" in text or "EADDRINUSE" in text:
+                _log(f"port {port} was taken, retrying")
+                continue
+            break
+    if last_err is not None:
+        lines = [ln.strip() for ln in str(last_err).strip().splitlines() if ln.strip()]
+        summary = lines[-1] if lines else type(last_err).__name__
+        raise CaptureError(
+            f"a rank failed during capture ({summary}); see the traceback above, "
+            "or try fewer --ranks / another --schedule"
+        ) from None
+
+    _log(f"ranks finished in {time.perf_counter() - t0:.1f} s; writing capture.json")
+    files = [f"rank{r}.json.gz" for r in range(config.ranks)]
+    missing = [f for f in files if not (out / f).exists()]
+    if missing:
+        raise CaptureError(f"capture finished but {', '.join(missing)} were not written to {out}")
+    losses: list[float] = []
+    for f in sorted(out.glob(".losses.rank*.json")):
+        losses = json.loads(f.read_text())
+        f.unlink()
+
+    per_layer = config.layer_costs_ms(0)
+    compute = {
+        "mode": config.compute,
+        "layer_ms": config.layer_ms if config.compute == "emulated" else None,
+        "per_layer_ms": (
+            {"forward": per_layer["forward"], "backward_full": 2 * per_layer["forward"],
+             "input_grad": per_layer["input_grad"], "weight_grad": per_layer["weight_grad"]}
+            if config.compute == "emulated" else None
+        ),
+        "layers": config.layers,
+        "layers_per_stage": config.layers // config.n_stages,
+        "hidden": config.hidden,
+        "microbatch_size": config.microbatch_size,
+        "init": "kaiming_normal (relu) weights, zero bias, same seed on every rank",
+        "torch_threads_per_rank": 1,
+        "flush_denormal": True,
+        "optimizer": "SGD lr=1e-3, one step per training step",
+        "loss": "MSELoss on the last stage",
+        "split_backward": config.schedule in SPLIT_BACKWARD,
+        "how": EMULATED_HOW if config.compute == "emulated" else REAL_HOW,
+    }
+    faults = {
+        "slow_stage": config.slow_stage,
+        "slow_factor": config.slow_factor if config.slow_stage is not None else None,
+        "p2p_delay_ms": config.p2p_delay_ms,
+        "how": _fault_how(config),
+    }
+    meta = {
+        "tracekit_version": __version__,
+        "command": cmd,
+        "torch_version": torch.__version__,
+        "python_version": platform.python_version(),
+        "platform": platform.platform(),
+        "schedule": config.schedule,
+        "schedule_class": f"torch.distributed.pipelining.{_class_name(config)}",
+        "p": config.ranks,
+        "v": config.v,
+        "m": config.microbatches,
+        "n_stages": config.n_stages,
+        "placement": config.placement,
+        "stage_to_rank": [config.stage_to_rank(s) for s in range(config.n_stages)],
+        "steps": config.steps,
+        "profiler": {
+            "activities": ["CPU"],
+            "record_shapes": True,
+            "with_stack": False,
+            "profile_all_threads": True,
+            "schedule": {"wait": 1, "warmup": 1, "active": config.steps},
+        },
+        "backend": "gloo",
+        "compute": compute,
+        "faults": faults,
+        "seed": config.seed,
+        "losses_per_step": losses,
+        "created": datetime.now(timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z"),
+        "files": files,
+    }
+    (out / "capture.json").write_text(json.dumps(meta, indent=2) + "\n")
+    size = sum((out / f).stat().st_size for f in files)
+    _log(f"wrote {len(files)} traces ({size / 1e6:.2f} MB) and capture.json to {out}")
+    return out
+
+
+def _class_name(config: CaptureConfig) -> str:
+    from tracekit.capture.config import SCHEDULES
+
+    return SCHEDULES[config.schedule]
+
+
+def _fault_how(config: CaptureConfig) -> str:
+    parts = []
+    if config.slow_stage is not None:
+        parts.append(
+            f"stage {config.slow_stage}'s emulated per-layer sleeps (forward, input-grad, "
+            f"weight-grad) multiplied by {config.slow_factor:g}"
+        )
+    if config.p2p_delay_ms > 0:
+        parts.append(P2P_HOW)
+    return "; ".join(parts) if parts else "none injected"
