@@ -42,9 +42,12 @@ def _schedule(ctx, param, value):
 @click.option("--p2p-delay-ms", default=0.0, show_default=True, type=float,
               help="Inject link latency: every send leaves this many ms after it is posted.")
 @click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--profiler", default="torch", show_default=True, type=click.Choice(["torch", "nsys"]),
+              help="torch: torch.profiler, one rank<R>.json.gz per rank. nsys: Nsight Systems "
+                   "(`nsys profile -t nvtx,osrt`), one scrubbed nsys_report.sqlite for all ranks.")
 @click.pass_context
 def command(ctx, out, schedule, ranks, microbatches, stages_per_rank, steps, compute, layer_ms,
-            layers, hidden, microbatch_size, slow_stage, slow_factor, p2p_delay_ms, seed):
+            layers, hidden, microbatch_size, slow_stage, slow_factor, p2p_delay_ms, seed, profiler):
     """Record a real pipeline-parallel training run (needs torch).
 
     \b
@@ -58,6 +61,7 @@ def command(ctx, out, schedule, ranks, microbatches, stages_per_rank, steps, com
       tracekit capture -o zbv/ --schedule ZBVZeroBubble -p 4 -m 8
       tracekit capture -o slow/ --slow-stage 2 --slow-factor 2
       tracekit capture -o lat/ --p2p-delay-ms 5
+      tracekit capture -o nsys_run/ --profiler nsys     # needs Nsight Systems' nsys
     """
     cfg = CaptureConfig(
         schedule=schedule, ranks=ranks, microbatches=microbatches,
@@ -67,10 +71,14 @@ def command(ctx, out, schedule, ranks, microbatches, stages_per_rank, steps, com
     )
     cfg.validate()  # one-line CaptureError before torch is imported
     cfg.command = _command_line(ctx, out, cfg)
+    if profiler == "nsys":
+        from tracekit.capture.nsys import run_nsys_capture
 
-    from tracekit.capture.runner import run_capture
+        folder = run_nsys_capture(cfg, out)
+    else:
+        from tracekit.capture.runner import run_capture
 
-    folder = run_capture(cfg, out)
+        folder = run_capture(cfg, out)
     click.echo(str(folder))
 
 
@@ -84,6 +92,7 @@ def _command_line(ctx: click.Context, out: str, cfg: CaptureConfig) -> str:
         "steps": "--steps", "compute": "--compute", "layer_ms": "--layer-ms", "layers": "--layers",
         "hidden": "--hidden", "microbatch_size": "--microbatch-size", "slow_stage": "--slow-stage",
         "slow_factor": "--slow-factor", "p2p_delay_ms": "--p2p-delay-ms", "seed": "--seed",
+        "profiler": "--profiler",
     }
     for name, flag in flags.items():
         if ctx.get_parameter_source(name) in (ParameterSource.DEFAULT, None):
