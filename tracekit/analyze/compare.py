@@ -1,0 +1,283 @@
+"""What can be compared between runs, and what changed between two of them.
+
+A run's :class:`Measures` are its bubble ratios (run, per rank) and each cause's share of
+the step window (the run's summed idle of that cause over its summed window, so the cause
+shares add up to the bubble ratio). Shares of the window mean the same thing whatever the
+schedule, the number of ranks or the trace format, so two runs can always be compared on
+them; per-rank, per-stage and per-link figures only when the runs line up (same ranks,
+same schedule). The CI gate (:mod:`tracekit.gate`) checks the same measures.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tracekit import __version__
+from tracekit.analyze import Analysis
+from tracekit.analyze.attribution import CATEGORIES
+
+# A change smaller than this share of the step window is capture noise, not a finding.
+NOTABLE_SHARE = 0.005
+
+CAUSE_NAMES = {"warmup": "pipeline warm-up", "drain": "pipeline drain", "schedule_gaps": "schedule gaps",
+               "imbalance": "stage imbalance", "comm": "comm latency", "overhead": "overhead/other"}
+
+
+@dataclass
+class Measures:
+    """The comparable figures of one run."""
+
+    source: str
+    formats: list[str]
+    schedule: dict | None                   # name, p, v, m (None: no pipeline found)
+    n_steps: int
+    step_ns: float                          # mean step window
+    bubble_ratio: float
+    rank_bubble: dict[int, float]
+    cause_share: dict[str, float] = field(default_factory=dict)       # empty without attribution
+    rank_cause_share: dict[int, dict[str, float]] = field(default_factory=dict)
+    stage_imbalance_ns: dict[int, float] = field(default_factory=dict)   # per step, by stage
+    stage_rank: dict[int, int] = field(default_factory=dict)
+    link_comm_ns: dict[tuple[int, int], float] = field(default_factory=dict)  # per step, by link
+
+    @property
+    def schedule_label(self) -> str:
+        return schedule_label(self.schedule)
+
+    def top_stage(self) -> str | None:
+        if not self.stage_imbalance_ns:
+            return None
+        stage = max(self.stage_imbalance_ns, key=self.stage_imbalance_ns.get)
+        return f"stage {stage} (rank {self.stage_rank.get(stage, '?')})"
+
+    def top_link(self) -> str | None:
+        if not self.link_comm_ns:
+            return None
+        src, dst = max(self.link_comm_ns, key=self.link_comm_ns.get)
+        return f"link {src}->{dst}"
+
+
+def schedule_label(schedule: dict | None) -> str:
+    if not schedule:
+        return "no pipeline schedule"
+    return f"{schedule['name']} p={schedule['p']} v={schedule['v']} m={schedule['m']}"
+
+
+def schedule_key(schedule: dict | None) -> tuple | None:
+    """What must match for two runs to have the same schedule."""
+    return None if not schedule else (schedule["name"], schedule["p"], schedule["v"], schedule["m"])
+
+
+def measure(analysis: Analysis) -> Measures:
+    """The comparable figures of an analysed run."""
+    run = analysis.run
+    bubbles = analysis.bubbles
+    n_steps = int(bubbles["step"].nunique()) if len(bubbles) else 0
+    step_ns = float(bubbles.groupby("step")["window_ns"].max().mean()) if n_steps else 0.0
+    per_rank = analysis.summary["per_rank"]
+    sched = run.schedule if analysis.is_pipeline else None
+    out = Measures(
+        source=run.source,
+        formats=sorted({f.format for f in run.files}),
+        schedule=None if sched is None else {"name": sched.name, "p": sched.p, "v": sched.v, "m": sched.m},
+        n_steps=n_steps, step_ns=step_ns,
+        bubble_ratio=float(analysis.summary["bubble_ratio"]),
+        rank_bubble={int(r): float(info["bubble_ratio"]) for r, info in per_rank.items()},
+    )
+    attribution = analysis.attribution
+    if attribution is None or not attribution.steps:
+        return out
+    table = attribution.table
+    total_window = analysis.summary["window_ns"] or 1
+    for cause in CATEGORIES:
+        out.cause_share[cause] = float(table[f"{cause}_ns"].sum()) / total_window
+    for rank, rows in table.groupby("rank"):
+        window = per_rank[int(rank)]["window_ns"] or 1
+        out.rank_cause_share[int(rank)] = {c: float(rows[f"{c}_ns"].sum()) / window for c in CATEGORIES}
+    stages = attribution.stage_blame
+    for stage, ns in stages.groupby("stage")["imbalance_ns"].sum().items():
+        out.stage_imbalance_ns[int(stage)] = float(ns) / n_steps
+    if sched is not None:
+        out.stage_rank = {int(s): int(r) for s, r in sched.stage_to_rank.items()}
+    links = attribution.link_blame
+    for (src, dst), ns in links.groupby(["src_rank", "dst_rank"])["comm_ns"].sum().items():
+        out.link_comm_ns[(int(src), int(dst))] = float(ns) / n_steps
+    return out
+
+
+@dataclass
+class Change:
+    """One figure in run A and run B. Shares are 0..1; blame figures are ns per step."""
+
+    scope: str          # "cause", "rank", "stage" or "link"
+    key: str            # "comm", "rank 2", "stage 2 (rank 2)", "link 1->2"
+    a: float
+    b: float
+    unit: str = "share"   # "share" (of the window) or "ns" (per step)
+    detail: str = ""
+    rank: int | None = None   # the rank a "rank" change is about
+
+    @property
+    def delta(self) -> float:
+        return self.b - self.a
+
+    def to_dict(self) -> dict:
+        out = {"scope": self.scope, "key": self.key, "unit": self.unit, "a": _round(self.a),
+               "b": _round(self.b), "delta": _round(self.delta), "detail": self.detail}
+        if self.rank is not None:
+            out["rank"] = self.rank
+        return out
+
+
+@dataclass
+class Comparison:
+    """What changed from run A to run B, largest changes first in every list."""
+
+    a: Measures
+    b: Measures
+    causes: list[Change]                 # share of the window per cause
+    ranks: list[Change]                  # bubble ratio per rank (same ranks only)
+    rank_causes: dict[int, dict[str, float]]   # rank -> cause -> change of its share
+    stages: list[Change]                 # imbalance ns per step (same schedule only)
+    links: list[Change]                  # comm ns per step (same ranks only)
+    notes: list[str]
+
+    @property
+    def same_schedule(self) -> bool:
+        return schedule_key(self.a.schedule) == schedule_key(self.b.schedule)
+
+    @property
+    def same_ranks(self) -> bool:
+        return set(self.a.rank_bubble) == set(self.b.rank_bubble)
+
+    @property
+    def bubble_delta(self) -> float:
+        return self.b.bubble_ratio - self.a.bubble_ratio
+
+    def matters_most(self) -> Change | None:
+        """The change that explains most of the difference, or None if nothing moved."""
+        if self.causes:
+            top = self.causes[0]
+            if abs(top.delta) < NOTABLE_SHARE:
+                return None
+            return Change("cause", top.key, top.a, top.b, detail=self._where(top.key, top.delta))
+        if abs(self.bubble_delta) < NOTABLE_SHARE:
+            return None
+        detail = ""
+        if self.ranks:
+            detail = f"most on {self.ranks[0].key} ({points(self.ranks[0].delta)})"
+        return Change("run", "bubble ratio", self.a.bubble_ratio, self.b.bubble_ratio, detail=detail)
+
+    def headline(self) -> str:
+        """The one line that says what matters most."""
+        top = self.matters_most()
+        if top is None:
+            return (f"matters most: nothing; no cause moved by {100 * NOTABLE_SHARE:.1f} points of the "
+                    f"step window or more (bubble ratio {pct(self.a.bubble_ratio)} -> {pct(self.b.bubble_ratio)})")
+        if top.scope == "cause":
+            line = (f"matters most: {CAUSE_NAMES[top.key]} {points(top.delta)} of the step window "
+                    f"({pct(top.a)} -> {pct(top.b)})")
+        else:
+            line = f"matters most: {top.key} {points(top.delta)} ({pct(top.a)} -> {pct(top.b)})"
+        return f"{line}; {top.detail}" if top.detail else line
+
+    def _where(self, cause: str, delta: float) -> str:
+        """Which rank, stage or link carries a cause's change (same direction as ``delta``)."""
+        parts = []
+        if self.rank_causes:
+            rank, change = max(((r, c.get(cause, 0.0)) for r, c in self.rank_causes.items()),
+                               key=lambda rc: rc[1] * (1 if delta >= 0 else -1))
+            if change * delta > 0:
+                parts.append(f"most on rank {rank} ({points(change)})")
+        blame = self.stages if cause == "imbalance" else self.links if cause == "comm" else []
+        if blame and blame[0].delta * delta > 0:
+            parts.append(f"{blame[0].key} {signed_ms(blame[0].delta)} ms idle/step")
+        return ", ".join(parts)
+
+    def to_dict(self) -> dict:
+        top = self.matters_most()
+        return {
+            "kind": "tracekit-diff",
+            "tracekit_version": __version__,
+            "a": _side(self.a), "b": _side(self.b),
+            "same_schedule": self.same_schedule, "same_ranks": self.same_ranks,
+            "notes": list(self.notes),
+            "headline": self.headline(),
+            "matters_most": top.to_dict() if top else None,
+            "bubble_ratio": {"a": _round(self.a.bubble_ratio), "b": _round(self.b.bubble_ratio),
+                             "delta": _round(self.bubble_delta)},
+            "step_ns": {"a": round(self.a.step_ns), "b": round(self.b.step_ns),
+                        "delta": round(self.b.step_ns - self.a.step_ns)},
+            "causes": [c.to_dict() for c in self.causes],
+            "ranks": [c.to_dict() for c in self.ranks],
+            "rank_causes": {str(r): {c: _round(v) for c, v in causes.items()}
+                            for r, causes in self.rank_causes.items()},
+            "stages": [c.to_dict() for c in self.stages],
+            "links": [c.to_dict() for c in self.links],
+        }
+
+
+def compare(a: Measures, b: Measures) -> Comparison:
+    """What changed from ``a`` to ``b``."""
+    notes = []
+    same_schedule = schedule_key(a.schedule) == schedule_key(b.schedule)
+    same_ranks = set(a.rank_bubble) == set(b.rank_bubble)
+    both_attributed = bool(a.cause_share and b.cause_share)
+    if not same_schedule:
+        how = "compared on each cause's share of the step window" if both_attributed else "compared on bubble ratios"
+        notes.append(f"schedules differ ({a.schedule_label} vs {b.schedule_label}): {how}")
+    if a.formats != b.formats:
+        notes.append(f"trace formats differ ({', '.join(a.formats)} vs {', '.join(b.formats)})")
+    if not same_ranks:
+        notes.append(f"ranks differ ({len(a.rank_bubble)} vs {len(b.rank_bubble)}): no per-rank comparison")
+    causes: list[Change] = []
+    if both_attributed:
+        causes = [Change("cause", c, a.cause_share[c], b.cause_share[c]) for c in CATEGORIES]
+    else:
+        missing = " and ".join(m.source for m in (a, b) if not m.cause_share)
+        notes.append(f"{missing}: no idle time attributed (no pipeline schedule found), so no per-cause comparison")
+    ranks: list[Change] = []
+    rank_causes: dict[int, dict[str, float]] = {}
+    links: list[Change] = []
+    if same_ranks:
+        ranks = [Change("rank", f"rank {r}", a.rank_bubble[r], b.rank_bubble[r], rank=r) for r in sorted(a.rank_bubble)]
+        if a.rank_cause_share and b.rank_cause_share:
+            rank_causes = {r: {c: b.rank_cause_share[r][c] - a.rank_cause_share[r][c] for c in CATEGORIES}
+                           for r in sorted(a.rank_cause_share) if r in b.rank_cause_share}
+        links = [Change("link", f"link {s}->{d}", a.link_comm_ns.get((s, d), 0.0), b.link_comm_ns.get((s, d), 0.0), "ns")
+                 for s, d in sorted(set(a.link_comm_ns) | set(b.link_comm_ns))]
+    stages: list[Change] = []
+    if same_schedule:
+        stage_rank = {**a.stage_rank, **b.stage_rank}
+        stages = [Change("stage", f"stage {s} (rank {stage_rank.get(s, '?')})", a.stage_imbalance_ns.get(s, 0.0),
+                         b.stage_imbalance_ns.get(s, 0.0), "ns")
+                  for s in sorted(set(a.stage_imbalance_ns) | set(b.stage_imbalance_ns))]
+    return Comparison(a=a, b=b, causes=_largest_first(causes), ranks=_largest_first(ranks),
+                      rank_causes=rank_causes, stages=_largest_first(stages), links=_largest_first(links),
+                      notes=notes)
+
+
+def _largest_first(changes: list[Change]) -> list[Change]:
+    return sorted(changes, key=lambda c: -abs(c.delta))
+
+
+def _side(m: Measures) -> dict:
+    return {"source": m.source, "formats": m.formats, "schedule": m.schedule, "n_steps": m.n_steps,
+            "step_ns": round(m.step_ns), "bubble_ratio": _round(m.bubble_ratio),
+            "causes": {c: _round(v) for c, v in m.cause_share.items()}}
+
+
+def _round(x: float) -> float:
+    return round(float(x), 6)
+
+
+def pct(share: float) -> str:
+    return f"{100 * share:.1f}%"
+
+
+def points(delta: float) -> str:
+    """A change of a share in percentage points, signed: ``+10.3 points``."""
+    return f"{100 * delta:+.1f} points"
+
+
+def signed_ms(ns: float) -> str:
+    return f"{ns / 1e6:+.1f}"

@@ -1,0 +1,123 @@
+"""``tracekit check RUN_DIR``: exit 1 when the run's bubbles break a limit or regress from a baseline."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from tracekit.commands.common import load_with_progress, rank_options
+from tracekit.errors import TracekitError
+
+
+@click.command("check")
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option("--max-bubble", metavar="SHARE", help="Fail when the run's bubble ratio is above SHARE (e.g. 0.35).")
+@click.option("--max-rank-bubble", metavar="SHARE", help="Fail when any rank's bubble ratio is above SHARE.")
+@click.option("--max-cause", metavar="CAUSE=SHARE", multiple=True,
+              help="Fail when a cause's share of the step window is above SHARE, e.g. comm=0.10. Repeatable.")
+@click.option("--baseline", type=click.Path(path_type=Path),
+              help="Fail when the run is worse than this baseline file (from tracekit baseline) by more than the tolerance.")
+@click.option("--tolerance", metavar="POINTS",
+              help="How far above the baseline a ratio may go, absolute (0.02 = 2 points; default 0.02).")
+@click.option("--cause-tolerance", metavar="CAUSE=POINTS", multiple=True,
+              help="The tolerance for one cause, e.g. overhead=0.05. Repeatable.")
+@click.option("--config", "config_file", type=click.Path(path_type=Path),
+              help="Read [tool.tracekit.check] from this file instead of the closest pyproject.toml.")
+@click.option("--no-config", is_flag=True, help="Ignore [tool.tracekit.check] in pyproject.toml.")
+@click.option("--junit", "junit_path", type=click.Path(path_type=Path),
+              help="Also write JUnit XML (one test case per check) to this file.")
+@click.option("--markdown", "markdown_path", type=click.Path(path_type=Path),
+              help="Also write a Markdown summary (for a PR comment) to this file.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (failure lines go to stderr).")
+@rank_options
+def command(run_dir: Path, max_bubble: str | None, max_rank_bubble: str | None, max_cause: tuple[str, ...],
+            baseline: Path | None, tolerance: str | None, cause_tolerance: tuple[str, ...],
+            config_file: Path | None, no_config: bool, junit_path: Path | None, markdown_path: Path | None,
+            as_json: bool, rank_from: str | None, rank_map: str | None, progress: bool | None) -> None:
+    """Fail a CI build when a pipeline's bubbles regress.
+
+    Measures RUN_DIR as tracekit analyze does, then holds it to limits (a ratio is idle
+    time over the step window; a cause's share is its idle over the window, so the
+    shares add up to the bubble ratio) and/or to a baseline file made with tracekit
+    baseline, within a tolerance in absolute points. Limits come from the flags and from
+    [tool.tracekit.check] in the closest pyproject.toml (flags win):
+
+    \b
+      [tool.tracekit.check]
+      max-bubble = 0.35
+      baseline = "baselines/train.json"
+      tolerance = 0.05
+      [tool.tracekit.check.max-cause]
+      comm = 0.10
+
+    Causes: warmup, drain, schedule_gaps, imbalance, comm, overhead.
+
+    \b
+    Exit status: 0 every check passed, 1 a check failed (one line per failure says
+    which and by how much), 2 the input or the options are unusable (no such run, bad
+    baseline file, baseline of another schedule).
+    If $GITHUB_STEP_SUMMARY is set, the Markdown summary is appended to it.
+
+    \b
+    Examples:
+      tracekit check run/ --max-bubble 0.35 --max-cause comm=0.10
+      tracekit baseline run/ -o baselines/train.json      # once, on a good run
+      tracekit check run/ --baseline baselines/train.json --tolerance 0.05 --junit check.xml
+    """
+    from tracekit.analyze import analyze
+    from tracekit.analyze.compare import measure
+    from tracekit.gate import evaluate, find_config, load_config, with_flags
+    from tracekit.gate.baseline import read_baseline
+    from tracekit.gate.checks import GateResult
+    from tracekit.gate.config import CheckConfig
+    from tracekit.gate.output import refuse_to_overwrite_inputs, write_atomically
+    from tracekit.render import junit, markdown
+
+    if config_file and no_config:
+        raise TracekitError("--config and --no-config contradict each other; give one")
+    found = None if no_config else (config_file or find_config(Path.cwd()))
+    config = with_flags(load_config(found) if found else CheckConfig(), max_bubble=max_bubble,
+                        max_rank_bubble=max_rank_bubble, max_cause=max_cause, baseline=baseline,
+                        tolerance=tolerance, cause_tolerance=cause_tolerance)
+    # every usage error before the (slow) load
+    config.require_checks()
+    baseline_measures = read_baseline(config.baseline) if config.baseline else None
+    for option, path in (("--junit", junit_path), ("--markdown", markdown_path)):
+        if path:
+            refuse_to_overwrite_inputs(path, run_dir, option)
+
+    run = load_with_progress(run_dir, rank_from, rank_map, progress)
+    result: GateResult = evaluate(measure(analyze(run)), config, baseline_measures)
+
+    if junit_path:
+        write_atomically(junit_path, junit.render(result))
+        click.echo(f"wrote {junit_path}", err=True)
+    text = markdown.render(result)
+    if markdown_path:
+        write_atomically(markdown_path, text.encode())
+        click.echo(f"wrote {markdown_path}", err=True)
+    _append_step_summary(text)
+    if as_json:
+        sys.stdout.write(json.dumps(result.to_dict(), indent=1) + "\n")
+        for check in result.failures:
+            click.echo(check.line(), err=True)
+    else:
+        click.echo(result.summary())
+        for line in result.lines():
+            click.echo(f"  {line}")
+    sys.exit(result.exit_code)
+
+
+def _append_step_summary(text: str) -> None:
+    """GitHub Actions shows what a step appends to $GITHUB_STEP_SUMMARY on the run's page."""
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if not summary:
+        return
+    try:
+        with open(summary, "a", encoding="utf-8") as fh:
+            fh.write(text + "\n")
+    except OSError as err:
+        click.echo(f"tracekit: warning: cannot append to $GITHUB_STEP_SUMMARY ({summary}): {err.strerror}", err=True)

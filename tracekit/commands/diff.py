@@ -1,0 +1,86 @@
+"""``tracekit diff RUN_A RUN_B``: what changed between two runs, the change that matters most first."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from tracekit.commands.common import load_with_progress, rank_options
+
+# Blame rows shown on the console (all of them are in --json).
+_BLAME_ROWS = 5
+
+
+@click.command("diff")
+@click.argument("run_a", type=click.Path(path_type=Path))
+@click.argument("run_b", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
+@rank_options
+def command(run_a: Path, run_b: Path, as_json: bool, rank_from: str | None, rank_map: str | None,
+            progress: bool | None) -> None:
+    """What changed from RUN_A to RUN_B, per cause and per rank, largest change first.
+
+    Both runs are analysed as tracekit analyze does. The first line names the change that
+    matters most: the cause whose share of the step window moved most, with the rank,
+    stage or link that carries it. Then the bubble ratio and step time, every cause's
+    share of the step window, every rank's bubble ratio and the stage / link blame, each
+    list sorted by the size of the change.
+
+    The runs may come from different formats (PyTorch profiler, Nsight Systems) and even
+    different schedules or pipeline sizes: shares of the step window compare across
+    them (tracekit says when the schedules differ); per-rank figures need the same
+    ranks, per-stage blame the same schedule.
+
+    \b
+    Examples:
+      tracekit diff runs/before runs/after
+      tracekit diff runs/1f1b runs/interleaved --json > diff.json
+    """
+    from tracekit.analyze import analyze
+    from tracekit.analyze.compare import compare, measure
+
+    measures = [measure(analyze(load_with_progress(path, rank_from, rank_map, progress))) for path in (run_a, run_b)]
+    comparison = compare(*measures)
+    if as_json:
+        sys.stdout.write(json.dumps(comparison.to_dict(), indent=1) + "\n")
+    else:
+        click.echo(_console(comparison))
+
+
+def _console(c) -> str:
+    from tracekit.analyze.compare import CAUSE_NAMES, pct, points, signed_ms
+    from tracekit.render.console import ms, table
+
+    out = [c.headline(), ""]
+    for label, m in (("A", c.a), ("B", c.b)):
+        out.append(f"  {label}: {m.source}  ({', '.join(m.formats)}; {m.schedule_label}; {m.n_steps} step(s))")
+    out += [f"  note: {n}" for n in c.notes]
+    step_delta = c.b.step_ns - c.a.step_ns
+    step_rel = f", {100 * step_delta / c.a.step_ns:+.1f}%" if c.a.step_ns else ""
+    out += ["",
+            f"bubble ratio  {pct(c.a.bubble_ratio)} -> {pct(c.b.bubble_ratio)}  ({points(c.bubble_delta)})",
+            f"step time     {ms(c.a.step_ns)} ms -> {ms(c.b.step_ns)} ms  ({signed_ms(step_delta)} ms{step_rel})"]
+    if c.causes:
+        rows = [[CAUSE_NAMES[ch.key], pct(ch.a), pct(ch.b), points(ch.delta)] for ch in c.causes]
+        out += ["", "by cause (share of the step window), largest change first:",
+                table(["cause", "A", "B", "change"], rows)]
+    if c.ranks:
+        headers = ["rank", "A", "B", "change"] + (["largest cause change"] if c.rank_causes else [])
+        rows = []
+        for ch in c.ranks:
+            row = [str(ch.rank), pct(ch.a), pct(ch.b), points(ch.delta)]
+            causes = c.rank_causes.get(ch.rank)
+            if causes:
+                top = max(causes, key=lambda k: abs(causes[k]))
+                row.append(f"{top} {points(causes[top])}")
+            rows.append(row)
+        out += ["", "by rank (bubble ratio), largest change first:", table(headers, rows)]
+    blame = [ch for ch in c.stages + c.links if abs(ch.delta) > 0]
+    if blame:
+        blame.sort(key=lambda ch: -abs(ch.delta))
+        rows = [[ch.key, ms(ch.a), ms(ch.b), signed_ms(ch.delta)] for ch in blame[:_BLAME_ROWS]]
+        out += ["", "blame (idle ms per step, summed over ranks), largest change first:",
+                table(["stage / link", "A", "B", "change"], rows)]
+    return "\n".join(out)

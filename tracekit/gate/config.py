@@ -1,0 +1,183 @@
+"""What ``tracekit check`` checks: limits from flags and from ``[tool.tracekit.check]``.
+
+The table is looked for in the closest ``pyproject.toml`` at or above the working folder
+that has one (or in the file given with ``--config``)::
+
+    [tool.tracekit.check]
+    max-bubble = 0.35            # run bubble ratio (idle over the step window)
+    max-rank-bubble = 0.40       # every rank's bubble ratio
+    baseline = "baselines/train.json"   # relative to this file
+    tolerance = 0.02             # absolute: baseline 0.31 fails above 0.33
+
+    [tool.tracekit.check.max-cause]      # a cause's share of the step window
+    comm = 0.10
+
+    [tool.tracekit.check.cause-tolerance]
+    comm = 0.03
+
+Flags given on the command line win over the file, key by key. Every limit remembers where
+it came from, so a failure line can say which setting it broke.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from tracekit.analyze.attribution import CATEGORIES
+from tracekit.errors import TracekitError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    try:
+        import tomli as tomllib
+    except ModuleNotFoundError:
+        tomllib = None
+
+DEFAULT_TOLERANCE = 0.02
+TABLE = "[tool.tracekit.check]"
+_KEYS = ("max-bubble", "max-rank-bubble", "max-cause", "baseline", "tolerance", "cause-tolerance")
+_CAUSE_ALIASES = {"gaps": "schedule_gaps", "schedule-gaps": "schedule_gaps", "warm-up": "warmup",
+                  "imbal": "imbalance", "ovhd": "overhead", "other": "overhead"}
+
+
+@dataclass(frozen=True)
+class Limit:
+    """A number and where it was set (``--max-bubble``, ``pyproject.toml max-bubble``)."""
+
+    value: float
+    origin: str
+
+
+@dataclass
+class CheckConfig:
+    max_bubble: Limit | None = None
+    max_rank_bubble: Limit | None = None
+    max_cause: dict[str, Limit] = field(default_factory=dict)
+    baseline: Path | None = None
+    tolerance: Limit = Limit(DEFAULT_TOLERANCE, "default")
+    cause_tolerance: dict[str, Limit] = field(default_factory=dict)
+    config_file: Path | None = None
+
+    @property
+    def has_checks(self) -> bool:
+        return bool(self.max_bubble or self.max_rank_bubble or self.max_cause or self.baseline)
+
+    def require_checks(self) -> None:
+        if not self.has_checks:
+            raise TracekitError("nothing to check: give --max-bubble, --max-rank-bubble, --max-cause or "
+                                f"--baseline, or put them in {TABLE} in pyproject.toml")
+
+    def tolerance_for(self, cause: str) -> Limit:
+        return self.cause_tolerance.get(cause, self.tolerance)
+
+
+def cause_name(text: str, where: str) -> str:
+    """The attribution category a user means by ``text`` (``comm``, ``gaps``, ...)."""
+    name = text.strip().lower()
+    name = _CAUSE_ALIASES.get(name, name)
+    if name not in CATEGORIES:
+        raise TracekitError(f"{where}: unknown cause {text!r}; use one of {', '.join(CATEGORIES)}")
+    return name
+
+
+def share(value, where: str) -> float:
+    """A share of the window, 0..1; ``"10%"`` is accepted for 0.10."""
+    text = str(value).strip()
+    try:
+        number = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        raise TracekitError(f"{where}: {value!r} is not a number; give a share such as 0.10 (or 10%)") from None
+    if isinstance(value, bool) or not 0.0 <= number <= 1.0:
+        raise TracekitError(f"{where}: {value!r} is not a share between 0 and 1; write 0.10 (or 10%) for 10 percent")
+    return number
+
+
+def cause_items(items, where: str) -> dict[str, Limit]:
+    """``("comm=0.10", ...)`` (flags) or ``{"comm": 0.10}`` (config) -> cause -> limit."""
+    out: dict[str, Limit] = {}
+    pairs = items.items() if isinstance(items, dict) else (_split(item, where) for item in items)
+    for key, value in pairs:
+        cause = cause_name(str(key), where)
+        out[cause] = Limit(share(value, f"{where} {key}"), f"{where} {cause}")
+    return out
+
+
+def _split(item: str, where: str) -> tuple[str, str]:
+    cause, sep, value = item.partition("=")
+    if not sep or not cause.strip() or not value.strip():
+        raise TracekitError(f"{where}: {item!r} is not CAUSE=SHARE; write e.g. {where} comm=0.10")
+    return cause, value
+
+
+def find_config(start: Path) -> Path | None:
+    """The closest pyproject.toml at or above ``start`` that has a [tool.tracekit.check] table."""
+    for folder in (start, *start.parents):
+        candidate = folder / "pyproject.toml"
+        if candidate.is_file() and "check" in _read_toml(candidate).get("tool", {}).get("tracekit", {}):
+            return candidate
+    return None
+
+
+def _read_toml(path: Path) -> dict:
+    if tomllib is None:  # pragma: no cover - Python 3.10 without tomli
+        raise TracekitError(f"{path}: reading TOML on Python < 3.11 needs tomli (pip install tomli), "
+                            "or give the limits as flags")
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except OSError as err:
+        raise TracekitError(f"{path}: cannot read it ({err.strerror})") from None
+    except tomllib.TOMLDecodeError as err:
+        raise TracekitError(f"{path}: not valid TOML ({err})") from None
+
+
+def load_config(path: Path) -> CheckConfig:
+    """The limits in ``path``'s [tool.tracekit.check] table."""
+    tracekit_table = _read_toml(path).get("tool", {}).get("tracekit")
+    if tracekit_table is None or "check" not in tracekit_table:
+        raise TracekitError(f"{path}: has no {TABLE} table; add one or give the limits as flags")
+    table = tracekit_table["check"]
+    if not isinstance(table, dict):
+        raise TracekitError(f"{path}: {TABLE} must be a table")
+    where = f"{path.name} {TABLE}"
+    config = CheckConfig(config_file=path)
+    for raw_key, value in table.items():
+        key = raw_key.replace("_", "-")
+        origin = f"{path.name} {key}"
+        if key not in _KEYS:
+            raise TracekitError(f"{path}: unknown key {raw_key!r} in {TABLE}; known keys: {', '.join(_KEYS)}")
+        if key in ("max-cause", "cause-tolerance"):
+            if not isinstance(value, dict):
+                raise TracekitError(f"{path}: {key} must be a table such as {key} = {{ comm = 0.10 }}")
+            limits = cause_items(value, f"{path.name} {key}")
+            if key == "max-cause":
+                config.max_cause = limits
+            else:
+                config.cause_tolerance = limits
+        elif key == "baseline":
+            if not isinstance(value, str):
+                raise TracekitError(f"{path}: baseline must be a path (a string)")
+            config.baseline = (path.parent / value).resolve() if not Path(value).is_absolute() else Path(value)
+        else:
+            setattr(config, key.replace("-", "_"), Limit(share(value, f"{where} {key}"), origin))
+    return config
+
+
+def with_flags(config: CheckConfig, *, max_bubble: str | None, max_rank_bubble: str | None,
+               max_cause: tuple[str, ...], baseline: Path | None, tolerance: str | None,
+               cause_tolerance: tuple[str, ...]) -> CheckConfig:
+    """``config`` with the command-line flags laid over it (flags win, key by key)."""
+    out = replace(config, max_cause=dict(config.max_cause), cause_tolerance=dict(config.cause_tolerance))
+    if max_bubble is not None:
+        out.max_bubble = Limit(share(max_bubble, "--max-bubble"), "--max-bubble")
+    if max_rank_bubble is not None:
+        out.max_rank_bubble = Limit(share(max_rank_bubble, "--max-rank-bubble"), "--max-rank-bubble")
+    out.max_cause.update(cause_items(max_cause, "--max-cause"))
+    if baseline is not None:
+        out.baseline = baseline
+    if tolerance is not None:
+        out.tolerance = Limit(share(tolerance, "--tolerance"), "--tolerance")
+    out.cause_tolerance.update(cause_items(cause_tolerance, "--cause-tolerance"))
+    return out
