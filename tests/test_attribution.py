@@ -181,3 +181,16 @@ def test_captured_balanced_run_is_mostly_fill_and_drain(loaded_runs):
     assert t["imbalance_ns"] / idle <= 0.1
     measured = analysis.summary["bubble_ratio"]
     assert abs(measured - analysis.theory.bubble_ratio) <= 0.06
+
+
+@pytest.mark.parametrize("run_dir", RUNS, ids=IDS)
+def test_shaded_idle_intervals_match_the_attribution_exactly(run_dir: Path, loaded_runs):
+    from tracekit.analyze.intervals import idle_intervals
+
+    _, analysis = loaded_runs(run_dir)
+    shaded = idle_intervals(analysis)
+    shaded["length"] = shaded["end_ns"] - shaded["start_ns"]
+    drawn = shaded.groupby(["rank", "step", "cause"])["length"].sum()
+    for row in analysis.attribution.table.itertuples(index=False):
+        for cause in CATEGORIES:
+            assert drawn.get((row.rank, row.step, cause), 0) == getattr(row, f"{cause}_ns"), (row.rank, row.step, cause)

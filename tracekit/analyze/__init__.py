@@ -44,6 +44,7 @@ def analyze(run: Run, attribution: bool = True) -> Analysis:
         return Analysis(run=run, bubbles=bubbles, summary=summarise(bubbles))
     actions = run.actions[run.actions["step"] >= 0]
     bubbles = measure_pipeline(actions)
+    _warn_overlapping_steps(run, actions)
     result = Analysis(run=run, bubbles=bubbles, summary=summarise(bubbles),
                       durations_ns=typical_durations(actions))
     sched = run.schedule
@@ -69,6 +70,19 @@ def analyze(run: Run, attribution: bool = True) -> Analysis:
             for note in s.notes:
                 run.warn(f"step {s.step}: {note}")
     return result
+
+
+def _warn_overlapping_steps(run: Run, actions: pd.DataFrame) -> None:
+    """Step windows are global (first compute start to last compute end, all ranks), so a
+    rank that starts step N+1 before another finishes step N puts that stretch in both."""
+    from tracekit.analyze.bubbles import step_windows
+
+    windows = step_windows(actions)
+    overlap = (windows["window_end_ns"] - windows["window_start_ns"].shift(-1)).dropna()
+    worst = overlap.max() if len(overlap) else 0
+    if worst > FIDELITY_WARN_SHARE * (windows["window_end_ns"] - windows["window_start_ns"]).mean():
+        run.warn(f"consecutive steps overlap by up to {worst / 1e6:.1f} ms (ranks start the next step "
+                 "before others finish this one): idle there falls in both steps' windows")
 
 
 __all__ = ["Analysis", "analyze", "typical_durations"]

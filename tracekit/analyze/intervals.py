@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from tracekit.analyze.attribution import CATEGORIES, apportion
+from tracekit.analyze.attribution import CATEGORIES
 
 INTERVAL_COLUMNS = ["rank", "step", "start_ns", "end_ns", "cause"]
 _MIDDLE = ("schedule_gaps", "imbalance", "comm", "overhead")
@@ -37,9 +37,10 @@ def idle_intervals(analysis) -> pd.DataFrame:
     bubbles = analysis.bubbles.set_index(["rank", "step"])
     rows = []
     for row in analysis.attribution.table.itertuples(index=False):
-        window = bubbles.loc[(row.rank, row.step)]
+        key = (row.rank, row.step)
+        lo, hi = int(bubbles.at[key, "window_start_ns"]), int(bubbles.at[key, "window_end_ns"])
         rank_actions = actions[(actions["rank"] == row.rank) & (actions["step"] == row.step)]
-        stretches = gaps(rank_actions, int(window["window_start_ns"]), int(window["window_end_ns"]))
+        stretches = gaps(rank_actions, lo, hi)
         budget = {c: int(getattr(row, f"{c}_ns")) for c in CATEGORIES}
         rows.extend(_lay_out(row.rank, row.step, stretches, budget))
     return pd.DataFrame(rows, columns=INTERVAL_COLUMNS)
@@ -68,11 +69,17 @@ def _lay_out(rank: int, step: int, stretches: list[tuple[int, int]], budget: dic
         if hi - take > lo:
             middle.append((lo, hi - take))
     middle.reverse()
-    weights = [budget[c] for c in _MIDDLE]
+    # The middle causes are laid end to end over the middle intervals as one running total,
+    # so each cause's drawn length equals its budget exactly.
+    queue = [[c, budget[c]] for c in _MIDDLE if budget[c] > 0]
     for lo, hi in middle:
         cursor = lo
-        for cause, length in zip(_MIDDLE, apportion(hi - lo, weights) if sum(weights) else [0, 0, 0, hi - lo]):
-            if length > 0:
-                rows.append((rank, step, cursor, cursor + length, cause))
-                cursor += length
+        while cursor < hi and queue:
+            cause, left = queue[0]
+            take = min(left, hi - cursor)
+            rows.append((rank, step, cursor, cursor + take, cause))
+            cursor += take
+            queue[0][1] -= take
+            if queue[0][1] == 0:
+                queue.pop(0)
     return rows
