@@ -135,6 +135,21 @@ def test_live_capture_gpipe(tmp_path):
         fwd = [e for e in events if e["name"] == "TracekitEmuCompute"]
         assert len(fwd) == 4 * 2 and all(e["dur"] >= 900 for e in fwd)  # 1 ms each
 
+    # ... and the analysis reads what this torch wrote: capture and analysis still agree
+    from tracekit import load
+    from tracekit.analyze import analyze
+
+    run = load(out)
+    assert run.schedule.name == "GPipe"
+    assert (run.schedule.p, run.schedule.v, run.schedule.m) == (2, 1, 4)
+    assert len(run.messages) == 8 and (run.messages["consumer_action"] >= 0).all()
+    analysis = analyze(run)
+    table = analysis.attribution.table
+    assert (table[[c for c in table.columns if c.endswith("_ns") and c != "idle_ns"]].sum(axis=1)
+            == table["idle_ns"]).all()
+    # GPipe p=2, m=4: theory 1/5; real overheads only add idle
+    assert 0.15 <= analysis.summary["bubble_ratio"] <= 0.5
+
 
 def test_live_capture_zero_bubble_i_and_w_take_time(tmp_path):
     pytest.importorskip("torch", reason="capture needs torch: pip install 'tracekit[capture]'")

@@ -32,6 +32,9 @@ from tracekit.analyze.replay import StepGraph, critical_path, graph_from_run, id
 from tracekit.model.run import Run
 
 CAUSES = ("imbalance", "comm", "overhead")
+# Blame replays one stage (or link) at a time: on big pipelines only the stages with the
+# most excess work (links with the most latency) are replayed; the rest share by that amount.
+MAX_BLAME_REPLAYS = 32
 CATEGORIES = ("warmup", "drain", "schedule_gaps", "imbalance", "comm", "overhead")
 ATTRIBUTION_COLUMNS = ["rank", "step", "idle_ns", *[f"{c}_ns" for c in CATEGORIES]]
 
@@ -210,7 +213,11 @@ def _stage_gains(graph: StepGraph, full_idle: dict[int, int]) -> dict[int, dict[
     """Per stage: how much each rank's idle shrinks when only that stage is balanced."""
     balanced = graph.balanced_durations()
     gains = {}
-    for s in np.unique(graph.stage):
+    stages = sorted((int(s) for s in np.unique(graph.stage)),
+                    key=lambda s: -_excess_work(graph, balanced, s))
+    for s in stages[MAX_BLAME_REPLAYS:]:
+        gains[s] = {r: 0 for r in full_idle}
+    for s in stages[:MAX_BLAME_REPLAYS]:
         dur = np.where(graph.stage == s, balanced, graph.dur)
         idle = idle_per_rank(graph, replay(graph, dur=dur), dur)
         gains[int(s)] = {r: full_idle[r] - idle[r] for r in full_idle}
@@ -221,7 +228,13 @@ def _link_gains(graph: StepGraph, full_idle: dict[int, int]) -> dict[tuple[int, 
     """Per link: how much each rank's idle shrinks when only that link is free."""
     links = graph.edge_links()
     gains = {}
-    for link in sorted(set(links)):
+    total_latency: dict[tuple[int, int], int] = {}
+    for link, lat in zip(links, graph.edge_lat):
+        total_latency[link] = total_latency.get(link, 0) + int(lat)
+    ranked = sorted(total_latency, key=lambda l: -total_latency[l])
+    for link in ranked[MAX_BLAME_REPLAYS:]:
+        gains[link] = {r: 0 for r in full_idle}
+    for link in ranked[:MAX_BLAME_REPLAYS]:
         mask = np.array([l == link for l in links])
         lat = np.where(mask, 0, graph.edge_lat)
         idle = idle_per_rank(graph, replay(graph, lat=lat))
