@@ -29,6 +29,12 @@ def shared_or_skip(*parts: str) -> Path:
     return path
 
 
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path_factory, monkeypatch):
+    """Tests never read or write the user's ~/.cache/tracekit."""
+    monkeypatch.setenv("TRACEKIT_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "tracekit-cache"))
+
+
 @pytest.fixture(scope="session")
 def loaded_runs():
     """Each sample run loaded and analysed once for the whole session."""

@@ -13,7 +13,8 @@ from typing import Callable
 import pandas as pd
 
 from tracekit.errors import RunLayoutError, TraceFormatError
-from tracekit.model.events import TraceFile, conform, empty_events
+from tracekit.ingest.columns import EventColumns, events_frame
+from tracekit.model.events import TraceFile
 from tracekit.model.run import Run
 
 KINETO_SUFFIXES = (".json", ".json.gz")
@@ -43,21 +44,25 @@ def discover(path: Path) -> list[Path]:
 
 def _parse_file(path: Path, file_id: int, rank_pattern: str | None,
                 rank_map: dict[int, int] | None,
-                bytes_read: Callable[[int], None] | None = None) -> list[tuple[TraceFile, pd.DataFrame]]:
+                bytes_read: Callable[[int], None] | None = None) -> list[tuple[TraceFile, EventColumns]]:
     name = path.name
     if name.endswith(NSYS_SUFFIXES) or _is_sqlite(path):
         from tracekit.ingest import nsys
 
-        return nsys.parse_nsys_sqlite(path, file_id, rank_map=rank_map)
+        return _as_columns(nsys.parse_nsys_sqlite(path, file_id, rank_map=rank_map))
     if name.endswith(KINETO_SUFFIXES):
         if _looks_like_nsys_json(path):
             from tracekit.ingest import nsys
 
-            return nsys.parse_nsys_json(path, file_id, rank_map=rank_map)
-        from tracekit.ingest.kineto import parse_kineto
+            return _as_columns(nsys.parse_nsys_json(path, file_id, rank_map=rank_map))
+        from tracekit.ingest.kineto import read_kineto
 
-        return [parse_kineto(path, file_id, rank_pattern, progress=bytes_read)]
+        return [read_kineto(path, file_id, rank_pattern, progress=bytes_read)]
     raise TraceFormatError(f"{path}: unknown trace format; expected .json(.gz) or .sqlite")
+
+
+def _as_columns(parsed: list[tuple[TraceFile, pd.DataFrame]]) -> list[tuple[TraceFile, EventColumns]]:
+    return [(trace, EventColumns.from_frame(events)) for trace, events in parsed]
 
 
 def _is_sqlite(path: Path) -> bool:
@@ -97,13 +102,13 @@ def parse_files(paths: list[Path], rank_pattern: str | None = None,
     results = run_tasks(tasks, executor=executor, jobs=jobs, scheduler=scheduler,
                         on_done=on_done, bytes_read=bytes_read)
     files: list[TraceFile] = []
-    tables: list[pd.DataFrame] = []
+    parts: list[EventColumns] = []
     for parsed in results:
-        for trace, events in parsed:
+        for trace, columns in parsed:
             files.append(trace)
-            tables.append(events)
-    events = pd.concat(tables, ignore_index=True) if tables else empty_events()
-    return files, conform(events)
+            parts.append(columns)
+    del results
+    return files, events_frame(parts)
 
 
 def settle_unknown_ranks(files: list[TraceFile], events: pd.DataFrame) -> list[str]:

@@ -21,9 +21,10 @@ import orjson
 import pandas as pd
 
 from tracekit.errors import TraceFormatError
+from tracekit.ingest.columns import EventColumns
 from tracekit.ingest.kineto_stream import ChromeTraceStream
 from tracekit.ingest.nesting import nesting_depth
-from tracekit.model.events import TraceFile, conform
+from tracekit.model.events import TraceFile
 
 # Categories kept; everything else (python_function, cuda_runtime, flows, instants) is dropped.
 KEPT_CATEGORIES = {
@@ -125,7 +126,14 @@ def rank_from_name(path: Path) -> int | None:
 
 def parse_kineto(path: Path, file_id: int, rank_pattern: str | None = None,
                  progress: Callable[[int], None] | None = None) -> tuple[TraceFile, pd.DataFrame]:
-    """Parse one Kineto trace file into its :class:`TraceFile` and event rows.
+    """Parse one Kineto trace file into its :class:`TraceFile` and event rows."""
+    trace, columns = read_kineto(path, file_id, rank_pattern, progress)
+    return trace, columns.to_frame()
+
+
+def read_kineto(path: Path, file_id: int, rank_pattern: str | None = None,
+                progress: Callable[[int], None] | None = None) -> tuple[TraceFile, EventColumns]:
+    """Parse one Kineto trace file into its :class:`TraceFile` and typed event columns.
 
     The file is streamed (see :mod:`tracekit.ingest.kineto_stream`): memory holds one chunk
     of it plus the rows kept so far. ``progress`` is called with each count of file bytes read.
@@ -164,13 +172,7 @@ def parse_kineto(path: Path, file_id: int, rank_pattern: str | None = None,
             "aligned across ranks only if all ranks share this file's origin"
         )
     trace.n_events_raw = stream.n_elements
-    events = rows.table(base_ns, _group_rank_maps(info))
-    events["rank"] = trace.rank
-    events["file_id"] = file_id
-    events["depth"] = nesting_depth(events["pid"].to_numpy(), events["tid"].to_numpy(),
-                                    events["start_ns"].to_numpy(), events["end_ns"].to_numpy(),
-                                    transparent=events["name"].isin(ASYNC_SPANS).to_numpy())
-    return trace, conform(events)
+    return trace, rows.columns(base_ns, _group_rank_maps(info), trace.rank, file_id)
 
 
 _NUMBER = (int, float)
@@ -178,6 +180,13 @@ _MISSING = msgspec.UNSET
 _SPECIAL_OPS = sorted(_P2P_CPU_OPS | {"record_param_comms"})
 # Below this, an integer ts in microseconds times 1000 is exact in a float64.
 _EXACT_FLOAT_US = 2.0 ** 53 / 1000
+
+
+def _special_args(name: str, args) -> dict:
+    """The args a P2P or collective op's fields come from (NCCL's need no shape lists)."""
+    if args is None:
+        return {}
+    return args.to_dict(shapes=name != "record_param_comms")
 
 
 class _Irregular(Exception):
@@ -313,8 +322,8 @@ class _RowBuilder:
         if special:
             hits = np.flatnonzero(np.isin(name_arr, special) & (cat_arr == self.cat_codes["cpu_op"]))
             for k in hits:
-                a = args[k]
-                self.special.append((self.n_rows + int(k), names[k], a.to_dict() if a is not None else {}))
+                a, name = args[k], names[k]
+                self.special.append((self.n_rows + int(k), name, _special_args(name, a)))
         self.parts.append((
             np.array([base + xi[k] for k in rows], dtype=np.int64), cat_arr, name_arr,
             starts, durs, pids, tids, seqs, corrs,
@@ -350,8 +359,7 @@ class _RowBuilder:
                 name = str(name)
             args = event.args
             if cat == "cpu_op" and (name in _P2P_CPU_OPS or name == "record_param_comms"):
-                self.special.append((self.n_rows + len(src), name,
-                                     args.to_dict() if args is not None else {}))
+                self.special.append((self.n_rows + len(src), name, _special_args(name, args)))
             if args is None:
                 seq = corr = -1
             else:
@@ -387,8 +395,9 @@ class _RowBuilder:
             ))
             self.n_rows += len(src)
 
-    def table(self, base_ns: int, group_to_global: dict[str, list[int]]) -> pd.DataFrame:
-        """The rows as a DataFrame (times now absolute), P2P fields filled in."""
+    def columns(self, base_ns: int, group_to_global: dict[str, list[int]], rank: int,
+                file_id: int) -> EventColumns:
+        """The rows as event columns: times made absolute, P2P fields filled in, depth found."""
         if self.parts:
             src, cats, names, starts, durs, pids, tids, seqs, corrs = (
                 np.concatenate(col) for col in zip(*self.parts))
@@ -396,9 +405,10 @@ class _RowBuilder:
             src, starts, durs, pids, tids, seqs, corrs = (np.zeros(0, np.int64) for _ in range(7))
             cats, names = np.zeros(0, np.int8), np.zeros(0, np.int32)
         self.parts = []
-        peer = np.full(len(src), -1, dtype=np.int64)
-        tag = np.full(len(src), -1, dtype=np.int64)
-        nbytes = np.full(len(src), -1, dtype=np.int64)
+        n = len(src)
+        peer = np.full(n, -1, dtype=np.int64)
+        tag = np.full(n, -1, dtype=np.int64)
+        nbytes = np.full(n, -1, dtype=np.int64)
         default_group = group_to_global.get("0")
         name_list = list(self.name_codes)
         for row, name, args in self.special:
@@ -412,22 +422,27 @@ class _RowBuilder:
             else:
                 peer[row], tag[row], nbytes[row] = _gloo_p2p_args(args, default_group)
         start_ns = starts + base_ns
-        cat_names = np.array(self._CATS, dtype=object)
-        return pd.DataFrame({
+        end_ns = start_ns + durs
+        async_codes = [self.name_codes[s] for s in ASYNC_SPANS if s in self.name_codes]
+        depth = nesting_depth(pids, tids, start_ns, end_ns, transparent=np.isin(names, async_codes))
+        numbers = {
+            "rank": np.full(n, rank, dtype=np.int32),
+            "file_id": np.full(n, file_id, dtype=np.int32),
             "source_index": src,
-            "cat": cat_names[cats] if len(cats) else np.zeros(0, dtype=object),
-            "name": np.array(name_list, dtype=object)[names] if len(names) else np.zeros(0, dtype=object),
             "start_ns": start_ns,
-            "end_ns": start_ns + durs,
+            "end_ns": end_ns,
             "pid": pids,
             "tid": tids,
             "on_gpu": np.isin(cats, [self.cat_codes[c] for c in _GPU_CATEGORIES]),
+            "depth": depth,
             "seq": seqs,
             "peer": peer,
             "tag": tag,
             "nbytes": nbytes,
             "correlation": corrs,
-        })
+        }
+        return EventColumns(numbers, {"cat": cats.astype(np.int32), "name": names},
+                            {"cat": list(self._CATS), "name": name_list})
 
 
 # Older Kineto wrote epoch microseconds in ``ts`` and no base; ~1e15 us is year 2001.

@@ -1,0 +1,109 @@
+"""Where files are parsed: in process, in a local process pool, on a Dask cluster. Every
+executor must give exactly the rows of the plain in-process parse."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from conftest import SAMPLES, shared_or_skip
+from tracekit.cli import main
+from tracekit.errors import TraceFormatError, TracekitError
+from tracekit.ingest import discover, load_run, parse_files
+
+
+def _mixed_run(tmp_path: Path) -> Path:
+    """A copy of a 4-rank sample run."""
+    run = tmp_path / "run"
+    shutil.copytree(SAMPLES / "1f1b", run)
+    return run
+
+
+def _same(a, b) -> None:
+    pd.testing.assert_frame_equal(a[1], b[1])
+    assert [f.describe() for f in a[0]] == [f.describe() for f in b[0]]
+
+
+def test_process_pool_equals_in_process(tmp_path):
+    paths = discover(_mixed_run(tmp_path))
+    serial = parse_files(paths, jobs=1)
+    done = []
+    pooled = parse_files(paths, jobs=2, progress=done.append)
+    _same(serial, pooled)
+    assert sorted(done) == sorted(paths)
+
+
+def test_pool_handles_gpu_traces_and_nsys_reports(tmp_path):
+    gpu = shared_or_skip("kineto-gpu", "hta_trace_filter_sampled_rank-0.json.gz")
+    nsys = shared_or_skip("nsys", "nsysai_mock.sqlite")
+    paths = [gpu, nsys, SAMPLES / "1f1b" / "rank1.json.gz"]
+    _same(parse_files(paths, jobs=1), parse_files(paths, jobs=3))
+
+
+def test_bytes_read_adds_up_to_the_input_size(tmp_path):
+    paths = discover(_mixed_run(tmp_path))
+    total = sum(p.stat().st_size for p in paths)
+    for jobs in (1, 2):
+        seen = []
+        parse_files(paths, jobs=jobs, bytes_read=seen.append)
+        assert sum(seen) == total, jobs
+
+
+def test_a_bad_file_in_the_pool_is_one_clear_error(tmp_path):
+    run = _mixed_run(tmp_path)
+    (run / "rank9.json").write_bytes(b"this is not json at all")
+    with pytest.raises(TraceFormatError) as err:
+        parse_files(discover(run), jobs=2)
+    assert "rank9.json" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_bad_executor_options_are_refused(tmp_path):
+    paths = discover(_mixed_run(tmp_path))
+    with pytest.raises(TracekitError, match="--executor"):
+        parse_files(paths, executor="spark")
+    with pytest.raises(TracekitError, match="--jobs"):
+        parse_files(paths, jobs=0)
+    result = CliRunner().invoke(main, ["analyze", str(SAMPLES / "1f1b"), "--scheduler", "tcp://x:1"])
+    assert result.exit_code == 2 and "--executor dask" in result.stderr
+
+
+def test_cli_jobs_do_not_change_the_analysis(tmp_path):
+    run = _mixed_run(tmp_path)
+    runner = CliRunner()
+    one = runner.invoke(main, ["analyze", str(run), "--json", "--no-cache", "-j", "1"])
+    two = runner.invoke(main, ["analyze", str(run), "--json", "--no-cache", "--jobs", "2"])
+    assert one.exit_code == 0 and two.exit_code == 0, one.output + two.output
+    assert one.stdout == two.stdout
+
+
+@pytest.fixture(scope="module")
+def dask_client():
+    distributed = pytest.importorskip("distributed", reason="dask[distributed] is not installed (pip install 'tracekit[dask]')")
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                                       dashboard_address=None)
+    client = distributed.Client(cluster)
+    yield client
+    client.close()
+    cluster.close()
+
+
+def test_dask_executor_equals_local(tmp_path, dask_client):
+    paths = discover(_mixed_run(tmp_path))
+    _same(parse_files(paths, jobs=1), parse_files(paths, executor="dask", scheduler=dask_client))
+
+
+def test_dask_by_scheduler_address_with_a_shared_cache(tmp_path, dask_client):
+    run = _mixed_run(tmp_path)
+    cache = tmp_path / "shared-cache"
+    address = dask_client.scheduler.address
+    first = load_run(run, executor="dask", scheduler=address, cache_dir=str(cache))
+    assert len(list(cache.rglob("*.parquet"))) == 4  # written by the workers
+    second = load_run(run, executor="dask", scheduler=address, cache_dir=str(cache))
+    local = load_run(run, jobs=1)
+    pd.testing.assert_frame_equal(first.events, local.events)
+    pd.testing.assert_frame_equal(second.events, local.events)
+    pd.testing.assert_frame_equal(second.actions, local.actions)
+    assert second.schedule.to_dict() == local.schedule.to_dict()

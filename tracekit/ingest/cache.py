@@ -1,0 +1,246 @@
+"""Cache of parsed trace files: each file's normalised rows as Parquet, keyed by its content.
+
+A second analysis of an unchanged run reads a few MB of typed columns instead of decoding
+hundreds of MB of JSON. The key is the SHA-256 of the file's bytes together with what else
+decides the rows: the file's name (a rank may come from it), the parse options
+(``--rank-from``, ``--rank-map``), the tracekit version and a fingerprint of the parser code,
+so a changed file, option or parser never meets an old entry.
+
+Entries are written to a temporary name and renamed into place, so a reader never sees half
+an entry. A missing, stale, truncated or corrupt entry (Parquet page checksums are written
+and verified) is a miss: the file is parsed again and the entry rewritten, never trusted.
+A file that changes while it is parsed is not stored.
+
+The cache lives in ``$TRACEKIT_CACHE_DIR`` or ``~/.cache/tracekit``, never beside the input
+files. A root with a scheme (``s3://bucket/tracekit``, ``file:///shared/cache``) goes through
+fsspec, so Dask workers on many machines can share one cache.
+
+Hashing 200 MB takes ~0.25 s; to skip it on repeat runs, each local file's digest is
+remembered with its (device, inode, size, mtime, ctime). The memo is used only when all five
+match and the file had not changed for a second before it was hashed (a write within the
+same clock tick as the hashing would otherwise go unseen), so the key is still the content.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tracekit import __version__
+from tracekit.ingest.columns import EventColumns
+from tracekit.model.events import EVENT_SCHEMA, TraceFile
+
+# Bump when the meaning of a cached table changes in a way the code fingerprint would miss.
+CACHE_FORMAT = 1
+_HASH_BLOCK = 4 << 20
+_RACY_NS = 1_000_000_000
+_META_KEY = b"tracekit"
+
+Parsed = list[tuple[TraceFile, EventColumns]]
+
+
+def default_cache_dir() -> str:
+    """``$TRACEKIT_CACHE_DIR``, else ``~/.cache/tracekit``."""
+    return os.environ.get("TRACEKIT_CACHE_DIR") or str(Path.home() / ".cache" / "tracekit")
+
+
+_FINGERPRINT: str | None = None
+
+
+def code_fingerprint() -> str:
+    """A digest of the code that turns a file into rows: a changed parser misses the cache
+    even when the version number did not move (development, local patches)."""
+    global _FINGERPRINT
+    if _FINGERPRINT is None:
+        here = Path(__file__).resolve().parent
+        digest = hashlib.sha256()
+        for source in sorted(here.glob("*.py")) + [here.parent / "model" / "events.py"]:
+            digest.update(source.name.encode())
+            digest.update(source.read_bytes())
+        _FINGERPRINT = digest.hexdigest()[:16]
+    return _FINGERPRINT
+
+
+def file_stamp(path: Path) -> list[int]:
+    """What changes whenever a file's bytes do (ctime moves on every write)."""
+    st = os.stat(path)
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+@dataclasses.dataclass
+class Lookup:
+    """What the cache knows about one file: its entry key (None when its digest is not
+    known yet), the parse when there is a sound entry, and the file's stamp when looked at."""
+
+    key: str | None
+    parsed: Parsed | None
+    stamp: list[int]
+
+
+class ParseCache:
+    """Parsed files under one root folder (local path or fsspec URL)."""
+
+    def __init__(self, root: str | os.PathLike):
+        root = str(root)
+        if "://" in root:
+            import fsspec
+
+            self.fs, base = fsspec.core.url_to_fs(root)
+        else:
+            self.fs, base = None, str(Path(root).expanduser())
+        self.base = base.rstrip("/")
+        self.root = root
+        self.hits = 0
+        self.misses = 0
+
+    # -- lookups -----------------------------------------------------------------------
+    def lookup(self, path: Path, options: dict, file_id: int, hash_file: bool = True) -> Lookup:
+        """Find ``path``'s entry. Its digest comes from the memo, else (``hash_file``) from
+        reading the file; without either there is no key and no hit."""
+        path = Path(path)
+        stamp = file_stamp(path)
+        digest = self._remembered_digest(path, stamp)
+        if digest is None and hash_file:
+            digest = self._hash(path, stamp)
+        if digest is None:
+            return Lookup(None, None, stamp)
+        key = self.entry_key(path.name, options, digest)
+        return Lookup(key, self.load(key, path, file_id), stamp)
+
+    def entry_key(self, name: str, options: dict, digest: str) -> str:
+        ident = json.dumps({
+            "format": CACHE_FORMAT, "version": __version__, "code": code_fingerprint(),
+            "name": name, "options": options, "content": digest,
+        }, sort_keys=True, default=str)
+        return hashlib.sha256(ident.encode()).hexdigest()
+
+    def _memo_path(self, path: Path) -> str:
+        return self._path("hashes", hashlib.sha256(str(path.resolve()).encode()).hexdigest() + ".json")
+
+    def _remembered_digest(self, path: Path, stamp: list[int]) -> str | None:
+        memo = self._read_json(self._memo_path(path))
+        if memo and memo.get("stamp") == stamp and memo.get("trusted") and isinstance(memo.get("sha256"), str):
+            return memo["sha256"]
+        return None
+
+    def _hash(self, path: Path, stamp: list[int]) -> str:
+        hashed_at = time.time_ns()
+        digest = hashlib.sha256()
+        with open(path, "rb") as fh:
+            while block := fh.read(_HASH_BLOCK):
+                digest.update(block)
+        sha = digest.hexdigest()
+        if file_stamp(path) == stamp:  # unchanged while read: worth remembering
+            trusted = max(stamp[3], stamp[4]) < hashed_at - _RACY_NS
+            memo = {"stamp": stamp, "sha256": sha, "trusted": trusted}
+            self._write(self._memo_path(path), lambda fh: fh.write(json.dumps(memo).encode()))
+        return sha
+
+    # -- entries -----------------------------------------------------------------------
+    def entry_path(self, key: str) -> str:
+        return self._path("entries", key[:2], key + ".parquet")
+
+    def load(self, key: str, path: Path, file_id: int) -> Parsed | None:
+        """The cached parse of ``path``, or None when there is no sound entry."""
+        entry = self.entry_path(key)
+        try:
+            if self.fs is None:
+                table = pq.read_table(entry, page_checksum_verification=True, read_dictionary=["cat", "name"])
+            else:
+                with self.fs.open(entry, "rb") as fh:
+                    table = pq.read_table(fh, page_checksum_verification=True, read_dictionary=["cat", "name"])
+            parsed = self._unpack(table, key, Path(path), file_id)
+        except FileNotFoundError:
+            self.misses += 1
+            return None
+        except Exception:  # a truncated, corrupt or foreign entry: parse again, overwrite it
+            self.misses += 1
+            self._remove(entry)
+            return None
+        self.hits += 1
+        return parsed
+
+    def _unpack(self, table: pa.Table, key: str, path: Path, file_id: int) -> Parsed:
+        meta = json.loads(table.schema.metadata[_META_KEY])
+        if meta.get("key") != key or table.schema.names != EVENT_SCHEMA.names:
+            raise ValueError("entry does not match its key or the event schema")
+        files = meta["files"]
+        if sum(f["rows"][1] - f["rows"][0] for f in files) != table.num_rows:
+            raise ValueError("entry rows do not add up")
+        field_names = {f.name for f in dataclasses.fields(TraceFile)} - {"path"}
+        out = []
+        for item in files:
+            lo, hi = item.pop("rows")
+            columns = EventColumns.from_arrow(table.slice(lo, hi - lo))
+            columns.numbers["file_id"] = np.full(len(columns), file_id, dtype=np.int32)
+            facts = {k: v for k, v in item.items() if k in field_names}
+            out.append((TraceFile(path=path, **facts), columns))
+        return out
+
+    def store(self, key: str, parsed: Parsed) -> None:
+        """Write the parse of one file as an entry, atomically."""
+        files, tables, row = [], [], 0
+        for trace, columns in parsed:
+            facts = {k: v for k, v in dataclasses.asdict(trace).items() if k != "path"}
+            facts["rows"] = [row, row + len(columns)]
+            row += len(columns)
+            files.append(facts)
+            tables.append(columns.to_arrow())
+        table = pa.concat_tables(tables) if tables else EVENT_SCHEMA.empty_table()
+        meta = json.dumps({"key": key, "version": __version__, "files": files}, default=str).encode()
+        table = table.replace_schema_metadata({_META_KEY: meta})
+        self._write(self.entry_path(key),
+                    lambda fh: pq.write_table(table, fh, compression="snappy", write_page_checksum=True))
+
+    # -- storage -----------------------------------------------------------------------
+    def _path(self, *parts: str) -> str:
+        return "/".join([self.base, f"v{CACHE_FORMAT}", *parts])
+
+    def _read_json(self, path: str) -> dict | None:
+        try:
+            if self.fs is None:
+                data = Path(path).read_bytes()
+            else:
+                with self.fs.open(path, "rb") as fh:
+                    data = fh.read()
+            value = json.loads(data)
+            return value if isinstance(value, dict) else None
+        except (OSError, ValueError):
+            return None
+
+    def _write(self, path: str, write: Callable) -> None:
+        """Write ``path`` through a temporary file and a rename: readers see the old entry
+        or the new one, never a part. A cache that cannot be written (read-only, full disk)
+        is skipped: it only ever saves time."""
+        tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        try:
+            if self.fs is None:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(tmp, "wb") as fh:
+                    write(fh)
+                os.replace(tmp, path)
+            else:
+                self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+                with self.fs.open(tmp, "wb") as fh:
+                    write(fh)
+                self.fs.mv(tmp, path)
+        except Exception:
+            self._remove(tmp)
+
+    def _remove(self, path: str) -> None:
+        try:
+            if self.fs is None:
+                os.unlink(path)
+            else:
+                self.fs.rm(path)
+        except OSError:
+            pass

@@ -1,0 +1,117 @@
+"""One file's event rows as typed arrays: what parsers hand over, workers send back and the
+cache stores, before all files become the one events table.
+
+Numbers are numpy arrays in the event table's dtypes; ``cat`` and ``name`` are dictionary
+encoded (int32 codes into a list of distinct strings), which makes a file's rows ~60-100
+bytes each and cheap to pickle. :func:`events_frame` joins the files column by column,
+releasing each file's column as it goes, so the run's table is built with about one copy of
+itself in memory instead of three (per-file frames, their concatenation, its conformed copy).
+"""
+from __future__ import annotations
+
+import ctypes
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from tracekit.model.events import EVENT_COLUMNS, EVENT_SCHEMA, conform
+
+STRING_COLUMNS = ("cat", "name")
+NUMBER_COLUMNS = [c for c in EVENT_COLUMNS if c not in STRING_COLUMNS]
+_DTYPES = {f.name: f.type.to_pandas_dtype() for f in EVENT_SCHEMA if f.name not in STRING_COLUMNS}
+
+
+@dataclass
+class EventColumns:
+    """The rows of one file (or one rank of it)."""
+
+    numbers: dict[str, np.ndarray]            # every event column but cat and name
+    codes: dict[str, np.ndarray]              # "cat" / "name" -> int32 codes into values
+    values: dict[str, list[str]]              # "cat" / "name" -> the distinct strings
+
+    def __len__(self) -> int:
+        return len(self.numbers["start_ns"])
+
+    @classmethod
+    def from_frame(cls, frame: pd.DataFrame) -> "EventColumns":
+        frame = conform(frame)
+        numbers = {c: frame[c].to_numpy(dtype=_DTYPES[c], copy=True) for c in NUMBER_COLUMNS}
+        codes, values = {}, {}
+        for col in STRING_COLUMNS:
+            uniques_codes, uniques = pd.factorize(frame[col].astype(object), use_na_sentinel=False)
+            codes[col] = uniques_codes.astype(np.int32)
+            values[col] = [str(v) for v in uniques]
+        return cls(numbers, codes, values)
+
+    @classmethod
+    def from_arrow(cls, table: pa.Table) -> "EventColumns":
+        numbers = {c: table.column(c).to_numpy().astype(_DTYPES[c], copy=False) for c in NUMBER_COLUMNS}
+        codes, values = {}, {}
+        for col in STRING_COLUMNS:
+            encoded = table.column(col).combine_chunks()
+            if not pa.types.is_dictionary(encoded.type):
+                encoded = encoded.dictionary_encode()
+            codes[col] = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int32)
+            values[col] = encoded.dictionary.to_pylist()
+        return cls(numbers, codes, values)
+
+    def to_arrow(self) -> pa.Table:
+        arrays = []
+        for field in EVENT_SCHEMA:
+            if field.name in STRING_COLUMNS:
+                arrays.append(_strings(self.codes[field.name], self.values[field.name]).cast(field.type))
+            else:
+                arrays.append(pa.array(self.numbers[field.name], type=field.type))
+        return pa.Table.from_arrays(arrays, schema=EVENT_SCHEMA)
+
+    def to_frame(self) -> pd.DataFrame:
+        return events_frame([self])
+
+
+def _strings(codes: np.ndarray, values: list[str]) -> pa.DictionaryArray:
+    return pa.DictionaryArray.from_arrays(pa.array(codes, type=pa.int32()),
+                                          pa.array(values, type=pa.large_string()))
+
+
+def events_frame(parts: list[EventColumns]) -> pd.DataFrame:
+    """All parts as one conformed events table. Empties ``parts`` as it goes (each part's
+    arrays are released once copied), so call it with parts nobody else needs."""
+    data: dict[str, object] = {}
+    for col in EVENT_COLUMNS:
+        if col in STRING_COLUMNS:
+            data[col] = _join_strings(parts, col)
+        else:
+            pieces = [part.numbers.pop(col) for part in parts]
+            data[col] = (np.concatenate(pieces) if pieces else np.zeros(0)).astype(_DTYPES[col], copy=False)
+            del pieces
+    parts.clear()
+    frame = pd.DataFrame(data, copy=False)
+    release_freed_memory()
+    return frame
+
+
+def release_freed_memory() -> None:
+    """Hand memory freed by the parts back to the system (glibc keeps freed heap pages; the
+    analysis that follows then grows on top of them). What Dask's workers do too."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (musl, ...): nothing to trim
+        pass
+
+
+def _join_strings(parts: list[EventColumns], col: str) -> pd.api.extensions.ExtensionArray:
+    index: dict[str, int] = {}
+    pieces = []
+    for part in parts:
+        values = part.values.pop(col)
+        remap = np.array([index.setdefault(v, len(index)) for v in values], dtype=np.int32)
+        codes = part.codes.pop(col)
+        pieces.append(remap[codes] if len(codes) else codes.astype(np.int32))
+    codes = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int32)
+    strings = _strings(codes, list(index)).cast(pa.large_string())
+    return pd.array(strings, dtype="string")

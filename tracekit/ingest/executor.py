@@ -1,0 +1,205 @@
+"""Where per-file parsing runs: in this process, in a local process pool, or on a Dask cluster.
+
+Each trace file is parsed independently (one rank, or one nsys report), so the files of a
+run are tasks with no shared state: :func:`ingest_one` takes a path and the parse options,
+looks the file up in the cache, parses it on a miss and writes the entry. The same function
+runs in every executor; only the results (each file's typed rows, a few MB a rank) travel
+back. Cross-rank work (reconstruction, analysis) happens after, on the gathered tables.
+
+- ``local``: files whose digest the cache remembers are read from the cache here; the rest
+  are parsed in this process (one job, or one file: a byte-level progress bar works) or in a
+  process pool, forked where that is safe (no other threads), else a fork server.
+- ``dask``: ``Client(scheduler)`` (a running cluster; tracekit must be installed on its
+  workers and the files readable there), or a ``LocalCluster`` when no address is given.
+  Give a cache root on storage the workers share (a shared path or an fsspec URL).
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import threading
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from tracekit.errors import TracekitError
+from tracekit.ingest.columns import EventColumns
+from tracekit.model.events import TraceFile
+
+EXECUTORS = ("local", "dask")
+Parsed = list[tuple[TraceFile, EventColumns]]
+
+
+@dataclass(frozen=True)
+class IngestTask:
+    """One file to parse, with everything that decides its rows."""
+
+    path: str
+    file_id: int
+    rank_pattern: str | None = None
+    rank_map: dict[int, int] | None = field(default=None, hash=False)
+    cache_dir: str | None = None
+
+    def options(self) -> dict:
+        rank_map = sorted(self.rank_map.items()) if self.rank_map else None
+        return {"rank_pattern": self.rank_pattern, "rank_map": rank_map}
+
+
+def ingest_one(task: IngestTask, bytes_read: Callable[[int], None] | None = None) -> Parsed:
+    """Parse one file, through the cache when the task names one."""
+    from tracekit.ingest import _parse_file
+
+    path = Path(task.path)
+    cache = found = None
+    if task.cache_dir:
+        from tracekit.ingest.cache import ParseCache
+
+        cache = ParseCache(task.cache_dir)
+        found = cache.lookup(path, task.options(), task.file_id)
+        if found.parsed is not None:
+            if bytes_read:
+                bytes_read(_size(task.path))
+            return found.parsed
+    parsed = _parse_file(path, task.file_id, task.rank_pattern, task.rank_map, bytes_read=bytes_read)
+    if cache is not None and found.key is not None:
+        from tracekit.ingest.cache import file_stamp
+
+        if file_stamp(path) == found.stamp:  # a file rewritten while parsed is not stored
+            cache.store(found.key, parsed)
+    return parsed
+
+
+def _cached_here(tasks: list[IngestTask], results: list, on_done, bytes_read) -> list[int]:
+    """Fill ``results`` with the parses the cache holds for files whose digest is already
+    known (no hashing here); return the indices still to parse."""
+    from tracekit.ingest.cache import ParseCache
+
+    todo = []
+    caches: dict[str, ParseCache] = {}
+    for i, task in enumerate(tasks):
+        if task.cache_dir:
+            cache = caches.setdefault(task.cache_dir, ParseCache(task.cache_dir))
+            found = cache.lookup(Path(task.path), task.options(), task.file_id, hash_file=False)
+            if found.parsed is not None:
+                results[i] = found.parsed
+                if bytes_read:
+                    bytes_read(_size(task.path))
+                if on_done:
+                    on_done(task)
+                continue
+        todo.append(i)
+    return todo
+
+
+def default_jobs(n_tasks: int) -> int:
+    """One worker per core, never more than there are files."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(cores, n_tasks))
+
+
+def run_tasks(tasks: list[IngestTask], executor: str = "local", jobs: int | None = None,
+              scheduler=None, on_done: Callable[[IngestTask], None] | None = None,
+              bytes_read: Callable[[int], None] | None = None) -> list[Parsed]:
+    """Run ``tasks``; return their results in task order.
+
+    ``on_done`` is called as each task finishes; ``bytes_read`` with counts of input bytes
+    consumed (as they are read when parsing here, per whole file from workers).
+    """
+    if executor not in EXECUTORS:
+        raise TracekitError(f"--executor {executor!r}: choose one of {', '.join(EXECUTORS)}")
+    if jobs is not None and jobs < 1:
+        raise TracekitError(f"--jobs {jobs}: give a number of worker processes, 1 or more")
+    if executor == "dask":
+        return _run_dask(tasks, scheduler, jobs, on_done, bytes_read)
+    results: list[Parsed | None] = [None] * len(tasks)
+    todo = _cached_here(tasks, results, on_done, bytes_read)
+    jobs = default_jobs(len(todo)) if jobs is None else min(jobs, max(1, len(todo)))
+    if jobs == 1:
+        for i in todo:
+            results[i] = ingest_one(tasks[i], bytes_read)
+            if on_done:
+                on_done(tasks[i])
+    else:
+        _run_pool(tasks, todo, results, jobs, on_done, bytes_read)
+    return results  # type: ignore[return-value]
+
+
+def _pool_context():
+    methods = multiprocessing.get_all_start_methods()
+    # Forking copies no interpreter start-up and no imports, but is only safe while this
+    # process runs no other threads (one could hold a lock the child inherits).
+    if "fork" in methods and threading.active_count() == 1:
+        return multiprocessing.get_context("fork")
+    if "forkserver" in methods:
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(["tracekit.ingest.executor", "tracekit.ingest.kineto"])
+        return ctx
+    return multiprocessing.get_context("spawn")
+
+
+def _run_pool(tasks, todo, results, jobs, on_done, bytes_read) -> None:
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=_pool_context()) as pool:
+        # Largest files first: the pool ends when its last task does.
+        order = sorted(todo, key=lambda i: -_size(tasks[i].path))
+        futures = {pool.submit(ingest_one, tasks[i]): i for i in order}
+        try:
+            for future in as_completed(futures):
+                i = futures[future]
+                results[i] = future.result()
+                if bytes_read:
+                    bytes_read(_size(tasks[i].path))
+                if on_done:
+                    on_done(tasks[i])
+        except BaseException:
+            pool.shutdown(wait=False, cancel_futures=True)  # one bad file ends the load
+            raise
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
+
+
+def _run_dask(tasks, scheduler, jobs, on_done, bytes_read) -> list[Parsed]:
+    try:
+        from distributed import Client, LocalCluster, as_completed as dask_completed
+    except ImportError:
+        raise TracekitError(
+            "--executor dask needs Dask: pip install 'tracekit[dask]'"
+        ) from None
+    cluster = None
+    if isinstance(scheduler, Client):
+        client, own_client = scheduler, False
+    else:
+        if scheduler:
+            try:
+                client = Client(scheduler, timeout="30s")
+            except (OSError, TimeoutError) as err:
+                raise TracekitError(
+                    f"--scheduler {scheduler}: cannot reach a Dask scheduler there ({err}); give "
+                    "its address, e.g. tcp://host:8786"
+                ) from None
+        else:
+            cluster = LocalCluster(n_workers=jobs or default_jobs(len(tasks)), threads_per_worker=1)
+            client = Client(cluster)
+        own_client = True
+    try:
+        futures = client.map(ingest_one, tasks, pure=False)
+        index = {future.key: i for i, future in enumerate(futures)}
+        results: list[Parsed | None] = [None] * len(tasks)
+        for future in dask_completed(futures):
+            i = index[future.key]
+            results[i] = future.result()
+            if bytes_read:
+                bytes_read(_size(tasks[i].path))
+            if on_done:
+                on_done(tasks[i])
+        return results  # type: ignore[return-value]
+    finally:
+        if own_client:
+            client.close()
+        if cluster is not None:
+            cluster.close()

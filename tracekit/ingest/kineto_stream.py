@@ -1,0 +1,383 @@
+"""Stream a Chrome-trace document's ``traceEvents`` in batches, one bounded chunk at a time.
+
+A Kineto file is one JSON object whose ``traceEvents`` array holds nearly all of its bytes.
+Reading it whole costs the file plus every event as a Python dict (5-10x the file). Here the
+(decompressed) bytes are read in chunks; each chunk is cut after the last complete array
+element and that run of elements is decoded at once by msgspec into :class:`RawEvent`
+structs that keep only the fields the parser reads (the rest, and the bulky shape/type
+lists of every op, are skipped without being built). Memory is bounded by a chunk and its
+batch, not by the file.
+
+Why a cut is safe: a candidate cut is a ``}`` followed by ``,`` and ``{`` (the seam between
+two events). A candidate inside an event or inside a string leaves brackets or a string
+open, so ``[`` + prefix + ``]`` is not valid JSON and the decoder refuses it; the first
+candidate (from the end) that decodes is an element boundary.
+
+Header fields are collected from both ends: Kineto writes ``distributedInfo`` before
+``traceEvents`` and, in newer versions, ``baseTimeNanoseconds`` after it. A document whose
+layout cannot be streamed (no top-level ``traceEvents`` array found, odd header) is read
+whole instead, so every valid file still loads.
+"""
+from __future__ import annotations
+
+import json
+import zlib
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import msgspec
+import orjson
+
+from tracekit.errors import TraceFormatError
+
+# Decompressed bytes gathered before a batch is cut and decoded. 1 MiB decodes to ~3k
+# Kineto events; larger chunks were slower and took more memory (see benchmarks/README.md).
+CHUNK_BYTES = 1 << 20
+# Compressed bytes read from disk at a time.
+READ_BYTES = 1 << 20
+# A header longer than this without "traceEvents" is not a Chrome trace we can stream.
+HEADER_LIMIT = 64 << 20
+# Candidate cuts tried per chunk before waiting for more bytes.
+CUT_ATTEMPTS = 4
+
+_WS = b" \t\r\n"
+_UNSET = msgspec.UNSET
+
+
+class RawArgs(msgspec.Struct, gc=False):
+    """The ``args`` an event row needs. Shape and type lists stay raw JSON bytes: they are
+    on every op recorded with shapes but matter only for the few send/recv ops."""
+
+    sequence: Any = msgspec.field(name="Sequence number", default=_UNSET)
+    external_id: Any = msgspec.field(name="External id", default=_UNSET)
+    correlation: Any = msgspec.field(name="correlation", default=_UNSET)
+    concrete_inputs: msgspec.Raw = msgspec.field(name="Concrete Inputs", default=msgspec.Raw(b""))
+    input_dims: msgspec.Raw = msgspec.field(name="Input Dims", default=msgspec.Raw(b""))
+    input_type: msgspec.Raw = msgspec.field(name="Input type", default=msgspec.Raw(b""))
+    collective: Any = msgspec.field(name="Collective name", default=_UNSET)
+    dst_rank: Any = msgspec.field(name="Dst Rank", default=_UNSET)
+    src_rank: Any = msgspec.field(name="Src Rank", default=_UNSET)
+    in_nelems: Any = msgspec.field(name="In msg nelems", default=_UNSET)
+    out_nelems: Any = msgspec.field(name="Out msg nelems", default=_UNSET)
+    dtype: Any = msgspec.field(name="dtype", default=_UNSET)
+
+    def to_dict(self, shapes: bool = True) -> dict:
+        """The args as the plain dict the Chrome trace held (only the fields kept; the
+        shape and type lists only with ``shapes``)."""
+        out = {}
+        for key, attr in _ARG_KEYS:
+            value = getattr(self, attr)
+            if isinstance(value, msgspec.Raw):
+                if shapes and len(value):
+                    out[key] = msgspec.json.decode(value)
+            elif value is not _UNSET:
+                out[key] = value
+        return out
+
+
+_ARG_KEYS = [(f.encode_name, f.name) for f in msgspec.structs.fields(RawArgs)]
+
+
+class RawEvent(msgspec.Struct, gc=False):
+    """One trace event, fields as recorded (any JSON type: checks happen in the parser).
+    Defaults mirror ``dict.get`` defaults of the Chrome format: no ``cat`` is "", no
+    ``dur`` is 0."""
+
+    ph: Any = None
+    cat: Any = ""
+    name: Any = ""
+    ts: Any = None
+    dur: Any = 0
+    pid: Any = 0
+    tid: Any = 0
+    args: RawArgs | None = None
+
+
+_DECODER = msgspec.json.Decoder(list[RawEvent])
+
+
+def event_from_object(obj: Any) -> RawEvent | None:
+    """A generically decoded element as a :class:`RawEvent` (None if it is no object)."""
+    if not isinstance(obj, dict):
+        return None
+    args = obj.get("args")
+    raw_args = None
+    if isinstance(args, dict) and args:
+        raw_args = RawArgs(**{
+            attr: (msgspec.Raw(msgspec.json.encode(args[key])) if attr in _RAW_ATTRS else args[key])
+            for key, attr in _ARG_KEYS if key in args
+        })
+    return RawEvent(ph=obj.get("ph"), cat=obj.get("cat", ""), name=obj.get("name", ""),
+                    ts=obj.get("ts"), dur=obj.get("dur", 0), pid=obj.get("pid", 0),
+                    tid=obj.get("tid", 0), args=raw_args)
+
+
+_RAW_ATTRS = {"concrete_inputs", "input_dims", "input_type"}
+
+
+class _BadCut(Exception):
+    """The bytes before a candidate cut are not a run of whole elements."""
+
+
+def decode_elements(array_text: bytes) -> list[RawEvent | None]:
+    """Decode ``[ ... ]`` into events; typed fast path, generic path for odd elements."""
+    try:
+        return _DECODER.decode(array_text)
+    except msgspec.ValidationError:
+        pass  # valid JSON so far, but an element is not an event-shaped object
+    except msgspec.DecodeError:
+        raise _BadCut from None
+    try:
+        items = orjson.loads(array_text)
+    except orjson.JSONDecodeError:
+        raise _BadCut from None
+    return [event_from_object(item) for item in items]
+
+
+class ChromeTraceStream:
+    """Iterate over a Chrome-trace file's events in decoded batches.
+
+    After iteration: ``header`` holds every top-level field but ``traceEvents`` (from
+    before and after the array), ``truncated`` says the file ended early (its complete
+    events were read), ``n_elements`` counts the array's elements.
+    """
+
+    def __init__(self, path: Path, chunk_bytes: int | None = None,
+                 progress: Callable[[int], None] | None = None,
+                 whole_document: Callable[[Path], tuple[dict, bool]] | None = None):
+        self.path = Path(path)
+        self.chunk_bytes = chunk_bytes or CHUNK_BYTES
+        self.progress = progress
+        self.whole_document = whole_document
+        self.header: dict = {}
+        self.truncated = False
+        self.n_elements = 0
+        self.streamed = True
+        self.peak_buffer = 0          # most bytes of the document held at once
+        self._bare = False
+
+    # -- bytes -------------------------------------------------------------------------
+    def _chunks(self) -> Iterator[bytes]:
+        """The file's (decompressed) bytes, a bounded chunk at a time."""
+        with open(self.path, "rb") as fh:
+            data = fh.read(min(READ_BYTES, self.chunk_bytes))
+            if data[:2] != b"\x1f\x8b":
+                while data:
+                    self._advance(len(data))
+                    yield data
+                    data = fh.read(self.chunk_bytes)
+                return
+            decomp = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            while data:
+                self._advance(len(data))
+                while data:
+                    try:
+                        out = decomp.decompress(data, self.chunk_bytes)
+                    except zlib.error as err:
+                        raise TraceFormatError(
+                            f"{self.path}: not a readable gzip file ({err}); check the file was "
+                            "copied whole"
+                        ) from None
+                    if out:
+                        yield out
+                    if decomp.eof:
+                        data = decomp.unused_data
+                        if data.strip(b"\x00"):  # another gzip member follows
+                            decomp = zlib.decompressobj(16 + zlib.MAX_WBITS)
+                        else:
+                            data = b""
+                    else:
+                        data = decomp.unconsumed_tail
+                data = fh.read(READ_BYTES)
+            if not decomp.eof:
+                self.truncated = True  # the gzip stream was cut off mid-write
+                tail = decomp.flush()
+                if tail:
+                    yield tail
+
+    def _advance(self, nbytes: int) -> None:
+        if self.progress:
+            self.progress(nbytes)
+
+    # -- elements ----------------------------------------------------------------------
+    def __iter__(self) -> Iterator[list[RawEvent | None]]:
+        chunks = self._chunks()
+        buf = b""
+        body_start = None
+        for chunk in chunks:
+            buf += chunk
+            self.peak_buffer = max(self.peak_buffer, len(buf))
+            body_start = self._find_array(buf)
+            if body_start is not None:
+                break
+            if len(buf) > HEADER_LIMIT:
+                raise TraceFormatError(
+                    f"{self.path}: no 'traceEvents' array in the first {HEADER_LIMIT >> 20} MB; "
+                    "is this a PyTorch profiler trace?"
+                )
+        if body_start is None or body_start < 0:
+            for _ in chunks:
+                pass  # count the rest of the file as read
+            yield from self._read_whole()
+            return
+        body = buf[body_start:]
+        del buf
+        for chunk in chunks:
+            body += chunk
+            self.peak_buffer = max(self.peak_buffer, len(body))
+            if len(body) < self.chunk_bytes:
+                continue
+            batch, rest = self._cut(body)
+            if batch is not None:
+                body = rest
+                yield batch
+        yield from self._finish(body)
+
+    def _find_array(self, buf: bytes) -> int | None:
+        """Where the first element of ``traceEvents`` starts; None: need more bytes;
+        -1: this document cannot be streamed (read it whole)."""
+        head = buf.lstrip(_WS)
+        if head.startswith(b"\xef\xbb\xbf"):
+            return -1
+        if head[:1] == b"[":  # the bare event-array form
+            self._bare = True
+            return len(buf) - len(head) + 1
+        key = buf.find(b'"traceEvents"')
+        if key < 0:
+            return None
+        pos = key + len(b'"traceEvents"')
+        while pos < len(buf) and buf[pos] in _WS:
+            pos += 1
+        if pos >= len(buf):
+            return None
+        if buf[pos:pos + 1] != b":":
+            return -1
+        pos += 1
+        while pos < len(buf) and buf[pos] in _WS:
+            pos += 1
+        if pos >= len(buf):
+            return None
+        if buf[pos:pos + 1] != b"[":
+            return -1
+        try:
+            header = orjson.loads(buf[:key].rstrip(_WS).rstrip(b",") + b"}")
+        except orjson.JSONDecodeError:
+            return -1  # "traceEvents" was not a top-level key: read the document whole
+        if not isinstance(header, dict):
+            return -1
+        self.header = header
+        return pos + 1
+
+    def _seams(self, body: bytes) -> Iterator[tuple[int, int]]:
+        """``(end, next)`` for each ``}`` followed by ``,`` and ``{``, from the end
+        backwards: ``body[:end]`` may be a run of whole elements, the next starting at ``next``."""
+        pos = body.rfind(b"}")
+        n = len(body)
+        while pos >= 0:
+            q = pos + 1
+            while q < n and body[q] in _WS:
+                q += 1
+            if body[q:q + 1] == b",":
+                q += 1
+                while q < n and body[q] in _WS:
+                    q += 1
+                if body[q:q + 1] == b"{":
+                    yield pos + 1, q
+            pos = body.rfind(b"}", 0, pos)
+
+    def _cut(self, body: bytes) -> tuple[list | None, bytes]:
+        """Decode the whole elements at the front of ``body``; return them and the rest."""
+        for attempt, (end, nxt) in enumerate(self._seams(body)):
+            if attempt >= CUT_ATTEMPTS:
+                break
+            try:
+                batch = decode_elements(b"[" + body[:end] + b"]")
+            except _BadCut:
+                continue
+            self.n_elements += len(batch)
+            return batch, body[nxt:]
+        return None, body
+
+    def _finish(self, body: bytes) -> Iterator[list]:
+        """The last elements, the array's end and the fields after it."""
+        head = body.lstrip(_WS)
+        if head[:1] == b"]":  # empty array (or one that ended right at a cut)
+            self._read_trailer(head[1:])
+            return
+        # The array's "]" is usually the last one in the file; fields after it may hold more.
+        end = len(body)
+        for _ in range(4 * CUT_ATTEMPTS):
+            end = body.rfind(b"]", 0, end)
+            if end < 0:
+                break
+            try:
+                batch = decode_elements(b"[" + body[:end] + b"]")
+            except _BadCut:
+                continue
+            self.n_elements += len(batch)
+            yield batch
+            self._read_trailer(body[end + 1:])
+            return
+        # No end of array: the file stops inside traceEvents. Keep its whole elements.
+        self.truncated = True
+        whole = body.rstrip(_WS).rstrip(b",")
+        try:
+            batch = decode_elements(b"[" + whole + b"]")
+            self.n_elements += len(batch)
+        except _BadCut:
+            batch, _ = self._cut(body)  # counts what it decodes
+            if batch is None:
+                batch = _salvage_elements(body)
+                self.n_elements += len(batch)
+        if batch:
+            yield batch
+
+    def _read_trailer(self, rest: bytes) -> None:
+        rest = rest.strip(_WS)
+        if self._bare or rest == b"}":
+            self.truncated = self.truncated or (self._bare and rest != b"")
+            return
+        if not rest.startswith(b","):
+            self.truncated = True
+            return
+        try:
+            trailer = orjson.loads(b"{" + rest[1:])
+        except orjson.JSONDecodeError:
+            self.truncated = True  # cut off after the events: they were all read
+            return
+        if isinstance(trailer, dict):
+            self.header.update(trailer)
+
+    def _read_whole(self) -> Iterator[list]:
+        """A document that cannot be streamed is decoded whole (the old, general way)."""
+        self.streamed = False
+        if self.whole_document is None:
+            raise TraceFormatError(f"{self.path}: not a Chrome trace document")
+        doc, truncated = self.whole_document(self.path)
+        self.truncated = self.truncated or truncated
+        events = doc.pop("traceEvents")
+        self.header = doc
+        self.n_elements = len(events)
+        batch_size = 50_000
+        for start in range(0, len(events), batch_size):
+            yield [event_from_object(e) for e in events[start:start + batch_size]]
+
+
+def _salvage_elements(body: bytes) -> list:
+    """Every complete element at the front of ``body``, one at a time (slow; only for a
+    damaged tail that no cut could decode)."""
+    text = body.decode("utf-8", errors="replace")
+    decoder = json.JSONDecoder()
+    events: list = []
+    pos, n = 0, len(text)
+    while pos < n:
+        while pos < n and text[pos] in " \t\r\n,":
+            pos += 1
+        if pos >= n or text[pos] == "]":
+            break
+        try:
+            event, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            break
+        events.append(event_from_object(event))
+    return events
