@@ -220,4 +220,4 @@ def test_cli_shows_a_byte_progress_bar_for_one_large_file(tmp_path):
 def test_events_are_typed_numpy_columns():
     _, events = parse_kineto(_sample_file(), 2)
     assert (events["file_id"] == 2).all()
-    assert events["start_ns"].dtype == np.int64 and events["name"].dtype == "string"
+    assert events["start_ns"].dtype == np.int64 and isinstance(events["name"].dtype, pd.CategoricalDtype)

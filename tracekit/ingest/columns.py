@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from tracekit.model.events import EVENT_COLUMNS, EVENT_SCHEMA, conform
+from tracekit.model.events import canonical_strings, EVENT_COLUMNS, EVENT_SCHEMA, conform
 
 STRING_COLUMNS = ("cat", "name")
 NUMBER_COLUMNS = [c for c in EVENT_COLUMNS if c not in STRING_COLUMNS]
@@ -113,5 +113,4 @@ def _join_strings(parts: list[EventColumns], col: str) -> pd.api.extensions.Exte
         codes = part.codes.pop(col)
         pieces.append(remap[codes] if len(codes) else codes.astype(np.int32))
     codes = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int32)
-    strings = _strings(codes, list(index)).cast(pa.large_string())
-    return pd.array(strings, dtype="string")
+    return canonical_strings(pd.Categorical.from_codes(codes, categories=list(index))).array

@@ -67,6 +67,17 @@ def empty_events() -> pd.DataFrame:
     return conform(pd.DataFrame({c: [] for c in EVENT_COLUMNS}))
 
 
+def canonical_strings(column) -> pd.Series:
+    """A string column as a categorical whose categories are the values present, sorted:
+    few distinct names over many rows are small and fast to compare, and two tables with
+    the same values have the same dtype however they were built."""
+    column = pd.Series(column, copy=False)
+    if not isinstance(column.dtype, pd.CategoricalDtype):
+        column = column.astype(str).astype("category")
+    column = column.cat.remove_unused_categories()
+    return column.cat.reorder_categories(sorted(column.cat.categories))
+
+
 def conform(df: pd.DataFrame) -> pd.DataFrame:
     """Return ``df`` with exactly the event columns, in order, with their dtypes."""
     missing = [c for c in EVENT_COLUMNS if c not in df.columns]
@@ -75,8 +86,8 @@ def conform(df: pd.DataFrame) -> pd.DataFrame:
     out = df[EVENT_COLUMNS].copy()
     for col, dtype in _NUMPY_DTYPES.items():
         out[col] = out[col].astype(dtype)
-    out["cat"] = out["cat"].astype("string")
-    out["name"] = out["name"].astype("string")
+    for col in ("cat", "name"):
+        out[col] = canonical_strings(out[col])
     return out.reset_index(drop=True)
 
 

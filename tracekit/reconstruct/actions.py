@@ -150,6 +150,23 @@ def _first_backward_start(inside: list[int], starts, names, cats, span: _Span) -
     return (span.start + span.end) // 2
 
 
+class _ByRank:
+    """One rank's rows sorted by start, sliced to a time window with a binary search."""
+
+    def __init__(self, frame: pd.DataFrame):
+        self.frame = frame.sort_values("start_ns", kind="stable")
+        self.starts = self.frame["start_ns"].to_numpy()
+
+    def window(self, lo: int, hi: int) -> pd.DataFrame:
+        a = np.searchsorted(self.starts, lo, side="left")
+        b = np.searchsorted(self.starts, hi, side="right")
+        return self.frame.iloc[a:b].sort_index()  # rows back in table order, as a mask gives
+
+
+def _split(frame: pd.DataFrame) -> dict:
+    return {rank: _ByRank(group) for rank, group in frame.groupby("rank")}
+
+
 def _segment_unlabelled(cpu: pd.DataFrame, steps: pd.DataFrame) -> list[tuple]:
     """Native Schedule1F1B: runs of top-level ops between c10d ops on the main thread.
 
@@ -161,23 +178,24 @@ def _segment_unlabelled(cpu: pd.DataFrame, steps: pd.DataFrame) -> list[tuple]:
     step_marks = cpu[(cpu["cat"] == "user_annotation") & cpu["name"].str.startswith("ProfilerStep#")]
     backward_ops = cpu[cpu["name"].str.startswith("autograd::engine") & (cpu["seq"] >= 0)]
     p2p = cpu[cpu["name"].isin(_P2P_OPS)]
+    cpu_r, marks_r, back_r, p2p_r = _split(cpu), _split(step_marks), _split(backward_ops), _split(p2p)
     for step in steps.itertuples(index=False):
-        step_p2p = p2p[(p2p["rank"] == step.rank) & (p2p["start_ns"] >= step.step_start_ns)
-                       & (p2p["start_ns"] <= step.step_end_ns)]
+        if step.rank not in p2p_r or step.rank not in marks_r:
+            continue
+        step_p2p = p2p_r[step.rank].window(step.step_start_ns, step.step_end_ns)
         if step_p2p.empty:
-            continue  # forward and backward without point-to-point messages is no pipeline
-        marks = step_marks[(step_marks["rank"] == step.rank) & (step_marks["start_ns"] == step.step_start_ns)]
+            continue
+        marks = marks_r[step.rank].window(step.step_start_ns, step.step_start_ns)
         if marks.empty:
             continue
         mark = marks.iloc[0]
-        thread = cpu[(cpu["rank"] == step.rank) & (cpu["pid"] == mark["pid"]) & (cpu["tid"] == mark["tid"])
-                     & (cpu["depth"] == mark["depth"] + 1) & (cpu["start_ns"] >= step.step_start_ns)
-                     & (cpu["end_ns"] <= step.step_end_ns)].sort_values("start_ns")
-        # Sequence numbers repeat across steps (ops that build no graph node do not advance
-        # them), so only this step's backward counts.
-        in_step = backward_ops[(backward_ops["rank"] == step.rank)
-                               & (backward_ops["start_ns"] >= step.step_start_ns)
-                               & (backward_ops["end_ns"] <= step.step_end_ns)]
+        window = cpu_r[step.rank].window(step.step_start_ns, step.step_end_ns)
+        thread = window[(window["pid"] == mark["pid"]) & (window["tid"] == mark["tid"])
+                        & (window["depth"] == mark["depth"] + 1)
+                        & (window["end_ns"] <= step.step_end_ns)].sort_values("start_ns")
+        back = back_r.get(step.rank)
+        in_step = back.window(step.step_start_ns, step.step_end_ns) if back else backward_ops.iloc[0:0]
+        in_step = in_step[in_step["end_ns"] <= step.step_end_ns]
         has_backward = set(in_step["seq"].tolist())
         forward_of_seq: dict[int, int] = {}
         counters = {"F": 0}
@@ -185,7 +203,7 @@ def _segment_unlabelled(cpu: pd.DataFrame, steps: pd.DataFrame) -> list[tuple]:
             seqs = {int(o.seq) for o in ops if o.seq >= 0}
             if kind == "F":
                 if not seqs & has_backward:
-                    continue  # bookkeeping between actions, not a stage forward
+                    continue
                 mb = counters["F"]
                 counters["F"] += 1
                 for seq in seqs:

@@ -25,11 +25,11 @@ _TOLERANCE_NS = 20_000
 
 def _with_steps(ops: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     ops = ops.copy()
-    ops["step"] = -1
+    step_of = np.full(len(ops), -1, dtype=np.int64)
+    rank, start = ops["rank"].to_numpy(), ops["start_ns"].to_numpy()
     for row in steps.itertuples(index=False):
-        inside = (ops["rank"] == row.rank) & (ops["start_ns"] >= row.step_start_ns) & (
-            ops["start_ns"] <= row.step_end_ns)
-        ops.loc[inside, "step"] = row.step
+        step_of[(rank == row.rank) & (start >= row.step_start_ns) & (start <= row.step_end_ns)] = row.step
+    ops["step"] = step_of
     return ops
 
 
@@ -148,23 +148,32 @@ def _infer_peers(sends: pd.DataFrame, recvs: pd.DataFrame, actions: pd.DataFrame
 
 def _link_actions(messages: pd.DataFrame, actions: pd.DataFrame) -> None:
     """Fill producer/consumer action ids and direction."""
-    producer = np.full(len(messages), -1, dtype=np.int64)
-    consumer = np.full(len(messages), -1, dtype=np.int64)
-    direction = np.array(["?"] * len(messages), dtype=object)
-    by_rank_step = {k: g.sort_values("start_ns") for k, g in actions.groupby(["rank", "step"])}
-    for i, msg in enumerate(messages.itertuples(index=False)):
-        src = by_rank_step.get((msg.src_rank, msg.step))
-        if src is not None:
-            before = src[src["end_ns"] <= msg.send_post_ns + _TOLERANCE_NS]
+    n = len(messages)
+    producer = np.full(n, -1, dtype=np.int64)
+    consumer = np.full(n, -1, dtype=np.int64)
+    direction = np.array(["?"] * n, dtype=object)
+    by_rank_step = {}
+    for key, group in actions.groupby(["rank", "step"]):
+        group = group.sort_values("start_ns")
+        by_rank_step[key] = (group["start_ns"].to_numpy(), group["end_ns"].to_numpy(),
+                             group["action_id"].to_numpy(), group["kind"].to_numpy())
+    src, dst, step = (messages[c].tolist() for c in ("src_rank", "dst_rank", "step"))
+    posted, done = messages["send_post_ns"].to_numpy(), messages["recv_done_ns"].to_numpy()
+    for i in range(n):
+        found = by_rank_step.get((src[i], step[i]))
+        if found is not None:
+            _, ends, ids, kinds = found
+            before = np.flatnonzero(ends <= posted[i] + _TOLERANCE_NS)
             if len(before):
-                prod = before.iloc[-1]
-                producer[i] = prod["action_id"]
-                direction[i] = "fwd" if prod["kind"] == "F" else "bwd"
-        dst = by_rank_step.get((msg.dst_rank, msg.step))
-        if dst is not None:
-            after = dst[dst["start_ns"] >= msg.recv_done_ns - _TOLERANCE_NS]
+                k = before[-1]
+                producer[i] = ids[k]
+                direction[i] = "fwd" if kinds[k] == "F" else "bwd"
+        found = by_rank_step.get((dst[i], step[i]))
+        if found is not None:
+            starts, _, ids, _ = found
+            after = np.flatnonzero(starts >= done[i] - _TOLERANCE_NS)
             if len(after):
-                consumer[i] = after.iloc[0]["action_id"]
+                consumer[i] = ids[after[0]]
     messages["producer_action"] = producer
     messages["consumer_action"] = consumer
     messages["direction"] = direction
