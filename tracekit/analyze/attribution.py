@@ -141,8 +141,11 @@ def attribute_step(graph: StepGraph, measured_idle: dict[int, int], measured_mak
     signed = shapley(values, CAUSES, ranks)
     ideal = results[none]
     ideal_end = int(ideal.end.max())
-    stage_gain = _stage_gains(graph, values[full])
+    stage_gain = _stage_gains(graph, values[full], balanced)
     link_gain = _link_gains(graph, values[full])
+    link_latency: dict[tuple[int, int], int] = {}
+    for link, lat in zip(graph.edge_links(), graph.edge_lat):
+        link_latency[link] = link_latency.get(link, 0) + int(lat)
     rows, stage_rows, link_rows = [], [], []
     for r in ranks:
         warmup, drain, gaps = _schedule_idle(graph, ideal, r, ideal_end)
@@ -164,7 +167,7 @@ def attribute_step(graph: StepGraph, measured_idle: dict[int, int], measured_mak
             links = sorted(link_gain)
             weights = [max(link_gain[l].get(r, 0), 0) for l in links]
             if sum(weights) <= 0:
-                weights = [float(graph.edge_lat[[k for k, e in enumerate(graph.edge_links()) if e == l]].sum()) for l in links]
+                weights = [link_latency.get(l, 0) for l in links]
             for (src, dst), share in zip(links, apportion(comm_ns, weights)):
                 if share:
                     link_rows.append((r, src, dst, share))
@@ -209,9 +212,8 @@ def _schedule_idle(graph: StepGraph, ideal, rank: int, ideal_end: int) -> tuple[
     return warmup, drain, gaps
 
 
-def _stage_gains(graph: StepGraph, full_idle: dict[int, int]) -> dict[int, dict[int, int]]:
+def _stage_gains(graph: StepGraph, full_idle: dict[int, int], balanced: np.ndarray) -> dict[int, dict[int, int]]:
     """Per stage: how much each rank's idle shrinks when only that stage is balanced."""
-    balanced = graph.balanced_durations()
     gains = {}
     stages = sorted((int(s) for s in np.unique(graph.stage)),
                     key=lambda s: -_excess_work(graph, balanced, s))

@@ -61,10 +61,13 @@ class StepGraph:
     def balanced_durations(self) -> np.ndarray:
         """Every action at its kind's typical duration: the median over stages of each
         stage's mean duration for that kind (a slow stage is the outlier, not the norm)."""
-        frame = pd.DataFrame({"stage": self.stage, "kind": self.kind, "dur": self.dur})
-        per_stage = frame.groupby(["kind", "stage"])["dur"].mean()
-        typical = per_stage.groupby(level="kind").median()
-        return np.array([int(round(typical[k])) for k in self.kind], dtype=np.int64)
+        out = np.zeros(len(self.dur), dtype=np.int64)
+        for kind in np.unique(self.kind):
+            of_kind = self.kind == kind
+            stages, inverse = np.unique(self.stage[of_kind], return_inverse=True)
+            means = np.bincount(inverse, weights=self.dur[of_kind]) / np.bincount(inverse)
+            out[of_kind] = int(round(float(np.median(means))))
+        return out
 
 
 @dataclass

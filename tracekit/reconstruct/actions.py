@@ -150,23 +150,6 @@ def _first_backward_start(inside: list[int], starts, names, cats, span: _Span) -
     return (span.start + span.end) // 2
 
 
-class _ByRank:
-    """One rank's rows sorted by start, sliced to a time window with a binary search."""
-
-    def __init__(self, frame: pd.DataFrame):
-        self.frame = frame.sort_values("start_ns", kind="stable")
-        self.starts = self.frame["start_ns"].to_numpy()
-
-    def window(self, lo: int, hi: int) -> pd.DataFrame:
-        a = np.searchsorted(self.starts, lo, side="left")
-        b = np.searchsorted(self.starts, hi, side="right")
-        return self.frame.iloc[a:b].sort_index()  # rows back in table order, as a mask gives
-
-
-def _split(frame: pd.DataFrame) -> dict:
-    return {rank: _ByRank(group) for rank, group in frame.groupby("rank")}
-
-
 def _segment_unlabelled(cpu: pd.DataFrame, steps: pd.DataFrame) -> list[tuple]:
     """Native Schedule1F1B: runs of top-level ops between c10d ops on the main thread.
 
@@ -175,69 +158,100 @@ def _segment_unlabelled(cpu: pd.DataFrame, steps: pd.DataFrame) -> list[tuple]:
     scaling. A backward's microbatch is the forward whose sequence numbers it consumes.
     """
     rows = []
-    step_marks = cpu[(cpu["cat"] == "user_annotation") & cpu["name"].str.startswith("ProfilerStep#")]
-    backward_ops = cpu[cpu["name"].str.startswith("autograd::engine") & (cpu["seq"] >= 0)]
-    p2p = cpu[cpu["name"].isin(_P2P_OPS)]
-    cpu_r, marks_r, back_r, p2p_r = _split(cpu), _split(step_marks), _split(backward_ops), _split(p2p)
+    names = cpu["name"]
+    classes = _classes(names)
+    is_mark = (cpu["cat"] == "user_annotation").to_numpy() & names.str.startswith("ProfilerStep#").to_numpy()
+    is_backward = (classes == _BACKWARD) & (cpu["seq"].to_numpy() >= 0)
+    is_p2p = names.isin(_P2P_OPS).to_numpy()
+    columns = {c: cpu[c].to_numpy() for c in ("rank", "pid", "tid", "depth", "start_ns", "end_ns", "seq",
+                                                "file_id", "source_index")}
+    columns["class"] = classes
+    by_key = _sorted_groups(columns, np.ones(len(cpu), dtype=bool), ("rank", "pid", "tid", "depth"))
+    marks = _sorted_groups(columns, is_mark, ("rank",))
+    backward = _sorted_groups(columns, is_backward, ("rank",))
+    p2p = _sorted_groups(columns, is_p2p, ("rank",))
     for step in steps.itertuples(index=False):
-        if step.rank not in p2p_r or step.rank not in marks_r:
+        rank, lo_t, hi_t = int(step.rank), int(step.step_start_ns), int(step.step_end_ns)
+        if rank not in marks or rank not in p2p or not len(_slice(p2p[rank], lo_t, hi_t)["start_ns"]):
+            continue  # forward and backward without point-to-point messages is no pipeline
+        mark = _slice(marks[rank], lo_t, lo_t)
+        if not len(mark["start_ns"]):
             continue
-        step_p2p = p2p_r[step.rank].window(step.step_start_ns, step.step_end_ns)
-        if step_p2p.empty:
+        key = (rank, int(mark["pid"][0]), int(mark["tid"][0]), int(mark["depth"][0]) + 1)
+        if key not in by_key:
             continue
-        marks = marks_r[step.rank].window(step.step_start_ns, step.step_start_ns)
-        if marks.empty:
-            continue
-        mark = marks.iloc[0]
-        window = cpu_r[step.rank].window(step.step_start_ns, step.step_end_ns)
-        thread = window[(window["pid"] == mark["pid"]) & (window["tid"] == mark["tid"])
-                        & (window["depth"] == mark["depth"] + 1)
-                        & (window["end_ns"] <= step.step_end_ns)].sort_values("start_ns")
-        back = back_r.get(step.rank)
-        in_step = back.window(step.step_start_ns, step.step_end_ns) if back else backward_ops.iloc[0:0]
-        in_step = in_step[in_step["end_ns"] <= step.step_end_ns]
-        has_backward = set(in_step["seq"].tolist())
+        ops = _slice(by_key[key], lo_t, hi_t)
+        inside = ops["end_ns"] <= hi_t
+        ops = {c: v[inside] for c, v in ops.items()}
+        back = _slice(backward[rank], lo_t, hi_t) if rank in backward else {"seq": [], "end_ns": []}
+        has_backward = {int(q) for q, e in zip(back["seq"], back["end_ns"]) if e <= hi_t}
         forward_of_seq: dict[int, int] = {}
-        counters = {"F": 0}
-        for kind, ops in _runs(thread):
-            seqs = {int(o.seq) for o in ops if o.seq >= 0}
+        n_forward = 0
+        for kind, lo, hi in _runs(ops["class"]):
+            seqs = {int(q) for q in ops["seq"][lo:hi] if q >= 0}
             if kind == "F":
                 if not seqs & has_backward:
-                    continue
-                mb = counters["F"]
-                counters["F"] += 1
-                for seq in seqs:
-                    forward_of_seq[seq] = mb
+                    continue  # bookkeeping between actions, not a stage forward
+                mb = n_forward
+                n_forward += 1
+                for q in seqs:
+                    forward_of_seq[q] = mb
             else:
                 owners = [forward_of_seq[q] for q in seqs if q in forward_of_seq]
                 if not owners:
                     continue
                 mb = max(set(owners), key=owners.count)
-            start = int(ops[0].start_ns)
-            end = int(max(o.end_ns for o in ops))
-            rows.append((int(step.rank), int(step.step), kind, int(step.rank), mb, start, end,
-                         start, end, "", int(ops[0].file_id), int(ops[0].source_index)))
+            first, last = int(ops["start_ns"][lo]), int(ops["end_ns"][lo:hi].max())
+            rows.append((rank, int(step.step), kind, rank, mb, first, last, first, last, "",
+                         int(ops["file_id"][lo]), int(ops["source_index"][lo])))
     return rows
 
 
-def _runs(thread: pd.DataFrame) -> list[tuple[str, list]]:
-    """Split a thread's top-level ops into runs of forward (F) or autograd (B) ops,
-    broken at communication and optimizer ops."""
-    runs: list[tuple[str, list]] = []
-    current: list = []
-    current_kind = None
-    for op in thread.itertuples(index=False):
-        if is_comm(op.name) or op.name.startswith(_OPTIMIZER_PREFIXES):
-            if current:
-                runs.append((current_kind, current))
-            current, current_kind = [], None
-            continue
-        kind = "B" if op.name.startswith("autograd::engine") else "F"
-        if current and kind != current_kind:
-            runs.append((current_kind, current))
-            current = []
-        current_kind = kind
-        current.append(op)
-    if current:
-        runs.append((current_kind, current))
-    return runs
+def _sorted_groups(columns: dict, mask: np.ndarray, keys: tuple[str, ...]) -> dict:
+    """Rows under ``mask`` grouped by ``keys``, each group's arrays sorted by start."""
+    picked = {c: v[mask] for c, v in columns.items()}
+    order = np.lexsort((picked["start_ns"], *[picked[k] for k in reversed(keys)]))
+    picked = {c: v[order] for c, v in picked.items()}
+    groups = {}
+    if not len(order):
+        return groups
+    key_cols = np.stack([picked[k] for k in keys], axis=1)
+    change = np.flatnonzero(np.any(key_cols[1:] != key_cols[:-1], axis=1)) + 1
+    bounds = np.concatenate(([0], change, [len(order)]))
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        key = tuple(int(x) for x in key_cols[lo])
+        groups[key[0] if len(keys) == 1 else key] = {c: v[lo:hi] for c, v in picked.items()}
+    return groups
+
+
+def _slice(group: dict, lo: int, hi: int) -> dict:
+    """The rows of a sorted group that start within [lo, hi]."""
+    a = np.searchsorted(group["start_ns"], lo, side="left")
+    b = np.searchsorted(group["start_ns"], hi, side="right")
+    return {c: v[a:b] for c, v in group.items()}
+
+
+def _classes(names: pd.Series) -> np.ndarray:
+    """Each op's class (communication/optimizer break, forward, backward), per category."""
+    if not isinstance(names.dtype, pd.CategoricalDtype):
+        names = names.astype("category")
+    per_category = np.array([_op_class(str(c)) for c in names.cat.categories] or [0], dtype=np.int8)
+    return per_category[names.cat.codes.to_numpy()] if len(names) else np.zeros(0, dtype=np.int8)
+
+
+def _runs(classes: np.ndarray) -> list[tuple[str, int, int]]:
+    """Split a thread's top-level ops (sorted by start, as classes) into runs of forward (F)
+    or autograd (B) ops, broken at communication and optimizer ops: (kind, first, end)."""
+    change = np.flatnonzero(np.diff(classes)) + 1
+    bounds = np.concatenate(([0], change, [len(classes)]))
+    return [("F" if classes[lo] == _FORWARD else "B", int(lo), int(hi))
+            for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo and classes[lo] != _BREAK]
+
+
+_BREAK, _FORWARD, _BACKWARD = 0, 1, 2
+
+
+def _op_class(name: str) -> int:
+    if is_comm(name) or name.startswith(_OPTIMIZER_PREFIXES):
+        return _BREAK
+    return _BACKWARD if name.startswith("autograd::engine") else _FORWARD

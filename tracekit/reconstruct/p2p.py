@@ -74,28 +74,28 @@ def match_messages(events: pd.DataFrame, steps: pd.DataFrame, actions: pd.DataFr
         )
         if inferred < unknown_before:
             warnings.append(f"{unknown_before - inferred} send/recv ops have no known peer and are not matched")
-    send_groups = {k: g for k, g in sends[sends["peer"] >= 0].groupby(["rank", "peer", "tag", "step"])}
-    recv_groups = {k: g for k, g in recvs[recvs["peer"] >= 0].groupby(["peer", "rank", "tag", "step"])}
-    rows = []
-    unmatched_sends = unmatched_recvs = size_mismatch = 0
-    for key in sorted(set(send_groups) | set(recv_groups)):
-        s_group = send_groups.get(key, sends.iloc[0:0])
-        r_group = recv_groups.get(key, recvs.iloc[0:0])
-        n = min(len(s_group), len(r_group))
-        unmatched_sends += len(s_group) - n
-        unmatched_recvs += len(r_group) - n
-        for s, r in zip(s_group.iloc[:n].itertuples(index=False), r_group.iloc[:n].itertuples(index=False)):
-            if s.nbytes >= 0 and r.nbytes >= 0 and s.nbytes != r.nbytes:
-                size_mismatch += 1
-            rows.append({
-                "step": int(key[3]), "src_rank": int(key[0]), "dst_rank": int(key[1]),
-                "tag": int(key[2]), "nbytes": int(max(s.nbytes, r.nbytes)),
-                "send_post_ns": int(s.start_ns), "recv_post_ns": int(r.start_ns),
-                "recv_done_ns": int(r.done_ns),
-                "src_file_id": int(s.file_id), "src_source_index": int(s.source_index),
-                "dst_file_id": int(r.file_id), "dst_source_index": int(r.source_index),
-                "dst_tid": int(r.tid),
-            })
+    # The k-th send from src to dst with a tag in a step pairs with the k-th such receive.
+    keys = ["src_rank", "dst_rank", "tag", "step", "k"]
+    known_sends = sends[sends["peer"] >= 0].rename(columns={"rank": "src_rank", "peer": "dst_rank"})
+    known_recvs = recvs[recvs["peer"] >= 0].rename(columns={"rank": "dst_rank", "peer": "src_rank"})
+    known_sends = known_sends.assign(k=known_sends.groupby(keys[:4]).cumcount())
+    known_recvs = known_recvs.assign(k=known_recvs.groupby(keys[:4]).cumcount())
+    pairs = known_sends[keys + ["start_ns", "nbytes", "file_id", "source_index"]].merge(
+        known_recvs[keys + ["start_ns", "done_ns", "nbytes", "file_id", "source_index", "tid"]],
+        on=keys, suffixes=("_s", "_r"))
+    unmatched_sends = len(known_sends) - len(pairs)
+    unmatched_recvs = len(known_recvs) - len(pairs)
+    size_mismatch = int(((pairs["nbytes_s"] >= 0) & (pairs["nbytes_r"] >= 0)
+                         & (pairs["nbytes_s"] != pairs["nbytes_r"])).sum())
+    messages = pd.DataFrame({
+        "step": pairs["step"], "src_rank": pairs["src_rank"], "dst_rank": pairs["dst_rank"],
+        "tag": pairs["tag"], "nbytes": np.maximum(pairs["nbytes_s"], pairs["nbytes_r"]),
+        "send_post_ns": pairs["start_ns_s"], "recv_post_ns": pairs["start_ns_r"],
+        "recv_done_ns": pairs["done_ns"],
+        "src_file_id": pairs["file_id_s"], "src_source_index": pairs["source_index_s"],
+        "dst_file_id": pairs["file_id_r"], "dst_source_index": pairs["source_index_r"],
+        "dst_tid": pairs["tid"],
+    }).astype("int64")
     if unmatched_sends or unmatched_recvs:
         warnings.append(
             f"{unmatched_sends} sends and {unmatched_recvs} receives have no partner in the "
@@ -103,7 +103,6 @@ def match_messages(events: pd.DataFrame, steps: pd.DataFrame, actions: pd.DataFr
         )
     if size_mismatch:
         warnings.append(f"{size_mismatch} matched messages differ in size between sender and receiver")
-    messages = pd.DataFrame(rows)
     if messages.empty:
         return pd.DataFrame(columns=MESSAGE_COLUMNS), warnings
     messages = messages.sort_values(["step", "send_post_ns"]).reset_index(drop=True)
