@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from tracekit.commands.common import load_with_progress, rank_options
+from tracekit.commands.common import cached_document, load_with_progress, rank_options, remember_document
 
 
 @click.command("analyze")
@@ -43,13 +43,19 @@ def command(run_dir: Path, as_json: bool, output: Path | None, html_path: Path |
       tracekit analyze run/ --json > analysis.json
       tracekit analyze run/ -o analysis.json --html report.html
     """
-    from tracekit.analyze import analyze
     from tracekit.render import console
-    from tracekit.render.json import to_document
 
-    run = load_with_progress(run_dir, rank_from, rank_map, progress)
-    analysis = analyze(run, attribution=not no_attribution)
-    doc = to_document(analysis)
+    options = {"rank_from": rank_from, "rank_map": rank_map, "attribution": not no_attribution}
+    # An unchanged run with the same options is answered from the stored document.
+    doc = None if html_path else cached_document(run_dir, options)
+    if doc is None:
+        from tracekit.analyze import analyze
+        from tracekit.render.json import to_document
+
+        run = load_with_progress(run_dir, rank_from, rank_map, progress)
+        analysis = analyze(run, attribution=not no_attribution)
+        doc = to_document(analysis)
+        remember_document(run_dir, options, doc)
     if output:
         output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text(json.dumps(doc, indent=1))

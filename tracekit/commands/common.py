@@ -97,3 +97,33 @@ def load_with_progress(path: Path, rank_from: str | None, rank_map: str | None, 
               file=sys.stderr, leave=False) as bar:
         return load_run(path, rank_from=rank_from, rank_map=parse_rank_map(rank_map),
                         bytes_read=bar.update, **settings)
+
+
+def _document_cache(run_dir: Path, options: dict):
+    """The parse cache and this analysis's key in it, or (None, None) without a cache."""
+    from tracekit.ingest import discover
+    from tracekit.ingest.cache import ParseCache, analysis_key
+
+    settings = _load_settings()
+    if not settings["cache_dir"]:
+        return None, None
+    cache = ParseCache(settings["cache_dir"])
+    folder = Path(run_dir) if Path(run_dir).is_dir() else Path(run_dir).parent
+    return cache, analysis_key(cache, discover(run_dir), options, [folder / "capture.json"])
+
+
+def cached_document(run_dir: Path, options: dict) -> dict | None:
+    """The stored analysis of this unchanged run with these options, if any."""
+    from tracekit.ingest.cache import load_document
+
+    cache, key = _document_cache(run_dir, options)
+    return load_document(cache, key) if key is not None else None
+
+
+def remember_document(run_dir: Path, options: dict, document: dict) -> None:
+    """Store an analysis for the next run (its files' digests are known by now)."""
+    from tracekit.ingest.cache import store_document
+
+    cache, key = _document_cache(run_dir, options)
+    if key is not None:
+        store_document(cache, key, document)

@@ -244,3 +244,43 @@ class ParseCache:
                 self.fs.rm(path)
         except OSError:
             pass
+
+
+# -- whole analyses ---------------------------------------------------------------------
+# ``tracekit analyze`` renders from its JSON document, so an unchanged run with the same
+# options can be answered from the document alone: no parsing, no reconstruction, no replay.
+
+def package_fingerprint() -> str:
+    """A digest of all of tracekit's code: any change to analysis or rendering misses."""
+    digest = hashlib.sha256(__version__.encode())
+    root = Path(__file__).resolve().parents[1]
+    for source in sorted(root.rglob("*.py")):
+        digest.update(str(source.relative_to(root)).encode())
+        digest.update(source.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def analysis_key(cache: ParseCache, paths: list[Path], options: dict, extra_files: list[Path]) -> str | None:
+    """The key of a whole analysis: every trace file's content (from the digest memo only,
+    so the lookup reads no trace), ``extra_files``' bytes (capture.json), the options and
+    the code. None when some file's digest is not remembered yet."""
+    parts = []
+    for path in paths:
+        digest = cache._remembered_digest(Path(path), file_stamp(Path(path)))
+        if digest is None:
+            return None
+        parts.append([Path(path).name, digest])
+    extras = [[p.name, hashlib.sha256(p.read_bytes()).hexdigest()] for p in extra_files if p.is_file()]
+    ident = json.dumps({"format": CACHE_FORMAT, "files": parts, "extra": extras, "options": options,
+                        "code": package_fingerprint()}, sort_keys=True, default=str)
+    return hashlib.sha256(ident.encode()).hexdigest()
+
+
+def load_document(cache: ParseCache, key: str) -> dict | None:
+    """A stored analysis document, or None (missing or unreadable: analyse again)."""
+    return cache._read_json(cache._path("analyses", key[:2], key + ".json"))
+
+
+def store_document(cache: ParseCache, key: str, document: dict) -> None:
+    data = json.dumps(document).encode()
+    cache._write(cache._path("analyses", key[:2], key + ".json"), lambda fh: fh.write(data))

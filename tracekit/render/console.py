@@ -5,7 +5,9 @@ shown is one a script can read too.
 """
 from __future__ import annotations
 
-from tracekit.analyze.attribution import CATEGORIES
+# The causes, in the order the JSON document lists them (kept here so that rendering a
+# stored document imports no analysis code).
+CATEGORIES = ("warmup", "drain", "schedule_gaps", "imbalance", "comm", "overhead")
 
 _LABELS = {"warmup": "warmup", "drain": "drain", "schedule_gaps": "gaps", "imbalance": "imbal",
            "comm": "comm", "overhead": "ovhd"}
