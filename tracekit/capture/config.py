@@ -5,6 +5,7 @@ before the capture code path loads torch.
 """
 from __future__ import annotations
 
+import platform
 import shlex
 from dataclasses import asdict, dataclass, field
 
@@ -205,3 +206,25 @@ class CaptureConfig:
 
 def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else repr(float(x))
+
+
+def manifest_head(config: CaptureConfig, command: str, torch_version: str) -> dict:
+    """The part of capture.json every profiler writes alike: what ran, where, how shaped."""
+    from tracekit import __version__
+
+    return {
+        "tracekit_version": __version__,
+        "command": command,
+        "torch_version": torch_version,
+        "python_version": platform.python_version(),
+        "platform": platform.platform(),
+        "schedule": config.schedule,
+        "schedule_class": f"torch.distributed.pipelining.{SCHEDULES[config.schedule]}",
+        "p": config.ranks,
+        "v": config.v,
+        "m": config.microbatches,
+        "n_stages": config.n_stages,
+        "placement": config.placement,
+        "stage_to_rank": [config.stage_to_rank(s) for s in range(config.n_stages)],
+        "steps": config.steps,
+    }

@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import platform
 import re
 import shutil
 import sqlite3
@@ -42,7 +41,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from tracekit.capture.config import SPLIT_BACKWARD, CaptureConfig
+from tracekit.capture.config import SPLIT_BACKWARD, CaptureConfig, manifest_head
 from tracekit.errors import CaptureError
 
 REPORT_NAME = "nsys_report.sqlite"
@@ -193,24 +192,9 @@ def _capture_meta(config: CaptureConfig, cmd_line: str, nsys_version: str, rank_
                   losses: list, emitter: str, removed: dict[str, int]) -> dict:
     import torch
 
-    from tracekit import __version__
-
     per_layer = config.layer_costs_ms(0)
     return {
-        "tracekit_version": __version__,
-        "command": cmd_line,
-        "torch_version": torch.__version__,
-        "python_version": platform.python_version(),
-        "platform": platform.platform(),
-        "schedule": config.schedule,
-        "schedule_class": f"torch.distributed.pipelining.{_schedule_class(config)}",
-        "p": config.ranks,
-        "v": config.v,
-        "m": config.microbatches,
-        "n_stages": config.n_stages,
-        "placement": config.placement,
-        "stage_to_rank": [config.stage_to_rank(s) for s in range(config.n_stages)],
-        "steps": config.steps,
+        **manifest_head(config, cmd_line, torch.__version__),
         "profiler": {
             "tool": "nsys",
             "nsys_version": nsys_version,
@@ -245,12 +229,6 @@ def _capture_meta(config: CaptureConfig, cmd_line: str, nsys_version: str, rank_
         "created": datetime.now(timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z"),
         "files": [REPORT_NAME],
     }
-
-
-def _schedule_class(config: CaptureConfig) -> str:
-    from tracekit.capture.config import SCHEDULES
-
-    return SCHEDULES[config.schedule]
 
 
 # ---------------------------------------------------------------------------------------

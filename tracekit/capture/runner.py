@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import json
-import platform
 import socket
 import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from tracekit.capture.config import SPLIT_BACKWARD, CaptureConfig
+from tracekit.capture.config import SPLIT_BACKWARD, CaptureConfig, manifest_head
 from tracekit.errors import CaptureError
 
 EMULATED_HOW = (
@@ -74,7 +73,6 @@ def run_capture(config: CaptureConfig, out_dir, *, command_out: str | None = Non
     torch = _import_torch()
     import torch.multiprocessing as mp
 
-    from tracekit import __version__
     from tracekit.capture import worker
 
     out = Path(out_dir)
@@ -159,20 +157,7 @@ def run_capture(config: CaptureConfig, out_dir, *, command_out: str | None = Non
         "how": _fault_how(config),
     }
     meta = {
-        "tracekit_version": __version__,
-        "command": cmd,
-        "torch_version": torch.__version__,
-        "python_version": platform.python_version(),
-        "platform": platform.platform(),
-        "schedule": config.schedule,
-        "schedule_class": f"torch.distributed.pipelining.{_class_name(config)}",
-        "p": config.ranks,
-        "v": config.v,
-        "m": config.microbatches,
-        "n_stages": config.n_stages,
-        "placement": config.placement,
-        "stage_to_rank": [config.stage_to_rank(s) for s in range(config.n_stages)],
-        "steps": config.steps,
+        **manifest_head(config, cmd, torch.__version__),
         "profiler": {
             "activities": ["CPU"],
             "record_shapes": True,
@@ -192,12 +177,6 @@ def run_capture(config: CaptureConfig, out_dir, *, command_out: str | None = Non
     size = sum((out / f).stat().st_size for f in files)
     _log(f"wrote {len(files)} traces ({size / 1e6:.2f} MB) and capture.json to {out}")
     return out
-
-
-def _class_name(config: CaptureConfig) -> str:
-    from tracekit.capture.config import SCHEDULES
-
-    return SCHEDULES[config.schedule]
 
 
 def _fault_how(config: CaptureConfig) -> str:

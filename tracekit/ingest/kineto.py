@@ -22,7 +22,7 @@ import pandas as pd
 
 from tracekit.errors import TraceFormatError
 from tracekit.ingest.columns import EventColumns
-from tracekit.ingest.kineto_stream import ChromeTraceStream
+from tracekit.ingest.kineto_stream import ChromeTraceStream, complete_elements
 from tracekit.ingest.nesting import nesting_depth
 from tracekit.model.events import TraceFile
 
@@ -94,21 +94,7 @@ def _salvage(raw: bytes, path: Path) -> dict:
         raise TraceFormatError(
             f"{path}: not valid JSON and no 'traceEvents' found; is this a PyTorch profiler trace?"
         )
-    bracket = text.find("[", start)
-    decoder = json.JSONDecoder()
-    events: list = []
-    pos = bracket + 1
-    n = len(text)
-    while pos < n:
-        while pos < n and text[pos] in " \t\r\n,":
-            pos += 1
-        if pos >= n or text[pos] == "]":
-            break
-        try:
-            event, pos = decoder.raw_decode(text, pos)
-        except json.JSONDecodeError:
-            break
-        events.append(event)
+    events = complete_elements(text, text.find("[", start) + 1)
     header: dict = {}
     head_text = text[:start].rstrip().rstrip(",") + "}"
     try:

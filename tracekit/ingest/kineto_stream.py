@@ -363,21 +363,25 @@ class ChromeTraceStream:
             yield [event_from_object(e) for e in events[start:start + batch_size]]
 
 
-def _salvage_elements(body: bytes) -> list:
-    """Every complete element at the front of ``body``, one at a time (slow; only for a
-    damaged tail that no cut could decode)."""
-    text = body.decode("utf-8", errors="replace")
+def complete_elements(text: str, pos: int = 0) -> list:
+    """Every complete JSON value of an array body from ``pos``, one at a time, up to the
+    array's end or the first damaged one (slow; only for a truncated or damaged tail)."""
     decoder = json.JSONDecoder()
-    events: list = []
-    pos, n = 0, len(text)
+    values: list = []
+    n = len(text)
     while pos < n:
         while pos < n and text[pos] in " \t\r\n,":
             pos += 1
         if pos >= n or text[pos] == "]":
             break
         try:
-            event, pos = decoder.raw_decode(text, pos)
+            value, pos = decoder.raw_decode(text, pos)
         except json.JSONDecodeError:
             break
-        events.append(event_from_object(event))
-    return events
+        values.append(value)
+    return values
+
+
+def _salvage_elements(body: bytes) -> list:
+    """Every complete element at the front of ``body``, as events."""
+    return [event_from_object(e) for e in complete_elements(body.decode("utf-8", errors="replace"))]
