@@ -380,3 +380,18 @@ def test_live_nsys_capture(tmp_path):
     assert sorted(t.rank for t in run.files) == [0, 1]
     names = set(run.events["name"])
     assert {"ProfilerStep#2", "Forward 0", "Backward 1", "c10d::send", "c10d::recv_", "gloo:recv"} <= names
+
+
+def test_nsys_sample_gives_the_kineto_schedule_and_bubbles_within_two_points():
+    """The same configuration captured under torch.profiler and under nsys: same schedule,
+    bubble ratios within 2 points (run and every rank), messages matched in both."""
+    from tracekit.analyze import analyze
+
+    kineto = analyze(load_run(ROOT / "sample_traces" / "1f1b"))
+    nsys = analyze(load_run(SAMPLE))
+    k_sched, n_sched = kineto.run.schedule, nsys.run.schedule
+    assert (n_sched.name, n_sched.p, n_sched.v, n_sched.m) == (k_sched.name, k_sched.p, k_sched.v, k_sched.m)
+    assert abs(nsys.summary["bubble_ratio"] - kineto.summary["bubble_ratio"]) <= 0.02
+    for rank, info in kineto.summary["per_rank"].items():
+        assert abs(nsys.summary["per_rank"][rank]["bubble_ratio"] - info["bubble_ratio"]) <= 0.02, rank
+    assert len(nsys.run.messages) == len(kineto.run.messages) == 144
