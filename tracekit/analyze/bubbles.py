@@ -55,16 +55,20 @@ def measure_pipeline(actions: pd.DataFrame) -> pd.DataFrame:
 
 
 def measure_plain(events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
-    """Busy/idle of a run without pipeline actions: kernels if any, else top-level CPU ops."""
+    """Busy/idle of a run without pipeline actions: kernels if any, else any CPU op or
+    annotation (the step markers themselves aside)."""
     rows = []
-    for step in steps.itertuples(index=False):
-        rank_events = events[events["rank"] == step.rank]
+    by_rank = {rank: group for rank, group in events.groupby("rank", sort=False)}
+    for rank, rank_steps in steps.groupby("rank", sort=True):
+        rank_events = by_rank.get(rank, events.iloc[0:0])
         gpu = rank_events[rank_events["on_gpu"] & (rank_events["cat"] != "gpu_user_annotation")]
         work = gpu if len(gpu) else rank_events[~rank_events["name"].str.startswith("ProfilerStep")]
-        inside = work[(work["end_ns"] > step.step_start_ns) & (work["start_ns"] < step.step_end_ns)]
-        lo, hi = int(step.step_start_ns), int(step.step_end_ns)
-        busy = union_length(inside["start_ns"].to_numpy(), inside["end_ns"].to_numpy(), lo, hi)
-        rows.append((int(step.rank), int(step.step), lo, hi, hi - lo, busy))
+        starts, ends = work["start_ns"].to_numpy(), work["end_ns"].to_numpy()
+        for step in rank_steps.itertuples(index=False):
+            lo, hi = int(step.step_start_ns), int(step.step_end_ns)
+            inside = (ends > lo) & (starts < hi)
+            busy = union_length(starts[inside], ends[inside], lo, hi)
+            rows.append((int(rank), int(step.step), lo, hi, hi - lo, busy))
     return _finish(rows)
 
 
