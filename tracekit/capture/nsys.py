@@ -647,17 +647,10 @@ def _train_with_nvtx(rank: int, cfg: CaptureConfig, out: Path) -> list[float] | 
             if traced and not entered:
                 emitter.__enter__()
                 entered = True
-            args = (xs[step],) if first else ()
-            losses: list = []
             with record_function(f"ProfilerStep#{step}") if traced else contextlib.nullcontext():
-                optimizer.zero_grad(set_to_none=True)
-                if last:
-                    schedule.step(*args, target=ys[step], losses=losses)
-                else:
-                    schedule.step(*args)
-                optimizer.step()
-            if last and losses:
-                step_losses.append(float(torch.stack([x.detach() for x in losses]).mean()))
+                loss = worker.train_step(schedule, optimizer, xs[step], ys[step], first, last)
+            if loss is not None:
+                step_losses.append(loss)
             if rank == 0:
                 _log(f"step {step} done{' (traced)' if traced else ''}")
     finally:

@@ -300,16 +300,9 @@ def _train_and_profile(rank: int, cfg: CaptureConfig, out: Path) -> None:
                 "warm-up (not recorded)" if step == 1 else f"profiling {step - 1}/{cfg.steps}")
             _log(rank, f"step {step}: {phase}")
             t0, c0 = time.perf_counter(), time.process_time()
-            optimizer.zero_grad(set_to_none=True)
-            args = (xs[step],) if first else ()
-            losses: list = []
-            if last:
-                schedule.step(*args, target=ys[step], losses=losses)
-            else:
-                schedule.step(*args)
-            optimizer.step()
-            if last and losses:
-                step_losses.append(float(torch.stack([l.detach() for l in losses]).mean()))
+            loss = train_step(schedule, optimizer, xs[step], ys[step], first, last)
+            if loss is not None:
+                step_losses.append(loss)
             prof.step()
             _log(rank, f"step {step} took {(time.perf_counter() - t0) * 1000:.0f} ms on rank 0 "
                        f"({(time.process_time() - c0) * 1000:.0f} ms CPU)")
@@ -321,3 +314,21 @@ def _train_and_profile(rank: int, cfg: CaptureConfig, out: Path) -> None:
     os.remove(trace_json)
     if last:
         (out / f".losses.rank{rank}.json").write_text(json.dumps(step_losses))
+
+
+def train_step(schedule, optimizer, x, y, first: bool, last: bool) -> float | None:
+    """One training step of this rank's stages: the first stage feeds the input, the last
+    computes the loss; returns the step's mean microbatch loss on the last stage."""
+    import torch
+
+    optimizer.zero_grad(set_to_none=True)
+    losses: list = []
+    args = (x,) if first else ()
+    if last:
+        schedule.step(*args, target=y, losses=losses)
+    else:
+        schedule.step(*args)
+    optimizer.step()
+    if last and losses:
+        return float(torch.stack([loss.detach() for loss in losses]).mean())
+    return None
