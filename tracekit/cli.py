@@ -37,11 +37,19 @@ class _Group(click.Group):
 def main() -> None:
     """Find where pipeline-parallel training sits idle, and why.
 
+    RUN is a folder of per-rank profiler traces (PyTorch profiler JSON, Nsight Systems
+    SQLite). tracekit finds the schedule, measures each rank's bubbles and attributes every
+    idle nanosecond to warm-up, drain, schedule gaps, stage imbalance, comm or overhead.
+
     \b
     Typical use:
-      tracekit analyze run/                 # per-rank bubbles, schedule, causes
-      tracekit analyze run/ --json          # the same, for scripts
-      tracekit capture -o run/ --schedule 1F1B   # record a real PP run (needs torch)
+      tracekit analyze run/                       # bubbles, causes, blame, what to try
+      tracekit analyze run/ --json                # the same, for scripts
+      tracekit report run/                        # interactive HTML report
+      tracekit check run/ --baseline base.json    # CI gate: exit 1 on a regression
+      tracekit diff run_a/ run_b/                 # what changed, what matters most
+      tracekit export run/ -o merged.json.gz      # one timeline for Perfetto
+      tracekit capture -o run/ --schedule 1F1B    # record a real PP run (needs torch)
     """
 
 
