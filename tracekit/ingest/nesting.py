@@ -19,17 +19,24 @@ def nesting_depth(pid: np.ndarray, tid: np.ndarray, start: np.ndarray, end: np.n
         return depth
     # Sort by thread, then start ascending, then longer first so parents precede children.
     order = np.lexsort((-(end - start), start, tid, pid))
-    stack_ends: list[int] = []
-    prev_key = None
-    for idx in order:
-        key = (pid[idx], tid[idx])
-        if key != prev_key:
-            stack_ends.clear()
-            prev_key = key
-        s, e = start[idx], end[idx]
-        while stack_ends and (s >= stack_ends[-1] or e > stack_ends[-1]):
-            stack_ends.pop()
-        depth[idx] = len(stack_ends)
-        if transparent is None or not transparent[idx]:
-            stack_ends.append(e)
+    pid_s, tid_s = pid[order], tid[order]
+    new_thread = np.empty(n, dtype=bool)
+    new_thread[0] = True
+    new_thread[1:] = (pid_s[1:] != pid_s[:-1]) | (tid_s[1:] != tid_s[:-1])
+    # Plain Python lists: the loop below is ~2x faster on them than on numpy scalars.
+    starts, ends = start[order].tolist(), end[order].tolist()
+    fresh = new_thread.tolist()
+    parent = [True] * n if transparent is None else (~np.asarray(transparent)[order]).tolist()
+    out = [0] * n
+    stack: list[int] = []
+    for i in range(n):
+        if fresh[i]:
+            stack.clear()
+        s, e = starts[i], ends[i]
+        while stack and (s >= stack[-1] or e > stack[-1]):
+            stack.pop()
+        out[i] = len(stack)
+        if parent[i]:
+            stack.append(e)
+    depth[order] = out
     return depth
