@@ -134,8 +134,9 @@ def read_kineto(path: Path, file_id: int, rank_pattern: str | None = None,
     trace = TraceFile(path=path, format="kineto", rank=-1, truncated=stream.truncated)
     if stream.truncated:
         trace.warnings.append(
-            f"{path.name}: the file ends early (profiler stopped mid-write?); read the "
-            f"{stream.n_elements} complete events it holds"
+            f"{path.name}: the file ends early or is damaged (profiler stopped mid-write?); "
+            f"read the {stream.n_elements} complete events before that point; re-export the trace "
+            "if you need the rest"
         )
     info = doc.get("distributedInfo") or {}
     if not isinstance(info, dict):
