@@ -395,3 +395,26 @@ def test_nsys_sample_gives_the_kineto_schedule_and_bubbles_within_two_points():
     for rank, info in kineto.summary["per_rank"].items():
         assert abs(nsys.summary["per_rank"][rank]["bubble_ratio"] - info["bubble_ratio"]) <= 0.02, rank
     assert len(nsys.run.messages) == len(kineto.run.messages) == 144
+
+
+def test_mixed_folder_of_kineto_and_nsys_ranks(tmp_path):
+    """Ranks 0-1 from the Kineto capture, ranks 2-3 from the nsys report (the other two
+    processes in that report are left out with --rank-map): one run of four ranks."""
+    import shutil
+
+    run = tmp_path / "mixed"
+    run.mkdir()
+    for rank in (0, 1):
+        shutil.copy(ROOT / "sample_traces" / "1f1b" / f"rank{rank}.json.gz", run)
+    shutil.copy(SAMPLE / "nsys_report.sqlite", run)
+    rank_of_pid = json.loads((SAMPLE / "capture.json").read_text())["profiler"]["rank_of_pid"]
+    keep = {int(pid): rank for pid, rank in rank_of_pid.items() if rank in (2, 3)}
+    loaded = load_run(run, rank_map=keep)
+    formats = {t.rank: t.format for t in loaded.files}
+    assert formats == {0: "kineto", 1: "kineto", 2: "nsys-sqlite", 3: "nsys-sqlite"}
+    assert sorted(loaded.events["rank"].unique().tolist()) == [0, 1, 2, 3]
+    assert loaded.schedule is not None and loaded.schedule.p == 4
+    assert any("not in the rank map" in w for w in loaded.warnings)
+    # Kineto's sends carry tags, nsys's receives none: they still pair across formats
+    cross = loaded.messages[(loaded.messages["src_rank"] == 1) & (loaded.messages["dst_rank"] == 2)]
+    assert len(cross) == 24

@@ -78,6 +78,9 @@ def match_messages(events: pd.DataFrame, steps: pd.DataFrame, actions: pd.DataFr
     keys = ["src_rank", "dst_rank", "tag", "step", "k"]
     known_sends = sends[sends["peer"] >= 0].rename(columns={"rank": "src_rank", "peer": "dst_rank"})
     known_recvs = recvs[recvs["peer"] >= 0].rename(columns={"rank": "dst_rank", "peer": "src_rank"})
+    if (known_sends["tag"] < 0).any() or (known_recvs["tag"] < 0).any():
+        # one side names no tags (Nsight Systems): pair in posting order, tags aside
+        known_sends, known_recvs = known_sends.assign(tag=-1), known_recvs.assign(tag=-1)
     known_sends = known_sends.assign(k=known_sends.groupby(keys[:4]).cumcount())
     known_recvs = known_recvs.assign(k=known_recvs.groupby(keys[:4]).cumcount())
     pairs = known_sends[keys + ["start_ns", "nbytes", "file_id", "source_index"]].merge(
