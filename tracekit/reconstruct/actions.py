@@ -21,6 +21,8 @@ import numpy as np
 import pandas as pd
 
 from tracekit.model.run import ACTION_COLUMNS
+from tracekit.reconstruct.p2p import RECV_NAMES, SEND_NAMES
+from tracekit.reconstruct.steps import step_of
 
 PP_ACTION = re.compile(r"^PP:(\d+)(F|I|B|W)(\d+)$")
 PP_OVERLAP = re.compile(r"^PP:\((\d+)F(\d+);(\d+)B(\d+)\)OVERLAP_F_B$")
@@ -28,7 +30,6 @@ NATIVE_LABEL = re.compile(r"^(Forward|Backward) (\d+)$")
 COMM_PREFIXES = ("c10d::", "gloo:", "record_param_comms", "nccl:", "tracekit:p2p", "PP:")
 _LABEL_CATS = ("user_annotation",)
 _OPTIMIZER_PREFIXES = ("Optimizer.", "Optimizer#")
-_P2P_OPS = ("c10d::send", "c10d::recv_", "record_param_comms:send", "record_param_comms:recv")
 
 
 def is_comm(name: str) -> bool:
@@ -80,11 +81,6 @@ def _parse_native(name: str, rank: int) -> list[tuple[str, int, int]]:
     return [("F" if match.group(1) == "Forward" else "B", rank, int(match.group(2)))]
 
 
-def _step_for(rank: int, t: int, steps: pd.DataFrame) -> int:
-    rows = steps[(steps["rank"] == rank) & (steps["step_start_ns"] <= t) & (steps["step_end_ns"] >= t)]
-    return int(rows["step"].iloc[0]) if len(rows) else -1
-
-
 def _from_labels(cpu: pd.DataFrame, labels: pd.DataFrame, steps: pd.DataFrame, parse) -> list[tuple]:
     rows = []
     for (rank, pid, tid), thread in cpu.groupby(["rank", "pid", "tid"], sort=False):
@@ -96,11 +92,11 @@ def _from_labels(cpu: pd.DataFrame, labels: pd.DataFrame, steps: pd.DataFrame, p
         ends = thread["end_ns"].to_numpy()
         names = thread["name"].to_numpy()
         depths = thread["depth"].to_numpy()
-        cats = thread["cat"].to_numpy()
         # Receive waits of this rank (any thread): gloo:recv spans end when the data is there.
         rank_events = cpu[cpu["rank"] == rank]
         waits = np.sort(rank_events.loc[rank_events["name"] == "gloo:recv", "end_ns"].to_numpy())
-        for label in thread_labels.itertuples(index=False):
+        label_steps = step_of(thread_labels["rank"].to_numpy(), thread_labels["start_ns"].to_numpy(), steps)
+        for label, step in zip(thread_labels.itertuples(index=False), label_steps.tolist()):
             parts = parse(label.name, int(rank))
             if not parts:
                 continue
@@ -111,14 +107,13 @@ def _from_labels(cpu: pd.DataFrame, labels: pd.DataFrame, steps: pd.DataFrame, p
                 if ends[i] <= label.end_ns and depths[i] == label.depth + 1
             ]
             span = _compute_span(label, inside, starts, ends, names, waits)
-            step = _step_for(int(rank), int(label.start_ns), steps)
             if len(parts) == 1:
                 kind, stage, mb = parts[0]
                 rows.append((int(rank), step, kind, stage, mb, span.start, span.end,
                              int(label.start_ns), int(label.end_ns), label.name,
                              int(label.file_id), int(label.source_index)))
             else:
-                split = _first_backward_start(inside, starts, names, cats, span)
+                split = _first_backward_start(inside, starts, names, span)
                 for (kind, stage, mb), (s, e) in zip(parts, [(span.start, split), (split, span.end)]):
                     rows.append((int(rank), step, kind, stage, mb, s, e, int(label.start_ns),
                                  int(label.end_ns), label.name, int(label.file_id),
@@ -143,7 +138,7 @@ def _compute_span(label, inside: list[int], starts, ends, names, waits) -> _Span
     return _Span(start, max(start, end))
 
 
-def _first_backward_start(inside: list[int], starts, names, cats, span: _Span) -> int:
+def _first_backward_start(inside: list[int], starts, names, span: _Span) -> int:
     for i in inside:
         if names[i].startswith("autograd::engine") and starts[i] >= span.start:
             return int(starts[i])
@@ -162,7 +157,7 @@ def _segment_unlabelled(cpu: pd.DataFrame, steps: pd.DataFrame) -> list[tuple]:
     classes = _classes(names)
     is_mark = (cpu["cat"] == "user_annotation").to_numpy() & names.str.startswith("ProfilerStep#").to_numpy()
     is_backward = (classes == _BACKWARD) & (cpu["seq"].to_numpy() >= 0)
-    is_p2p = names.isin(_P2P_OPS).to_numpy()
+    is_p2p = names.isin(SEND_NAMES + RECV_NAMES).to_numpy()
     columns = {c: cpu[c].to_numpy() for c in ("rank", "pid", "tid", "depth", "start_ns", "end_ns", "seq",
                                                 "file_id", "source_index")}
     columns["class"] = classes

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from tracekit.model.run import MESSAGE_COLUMNS
+from tracekit.reconstruct.steps import step_of
 
 SEND_NAMES = ("c10d::send", "record_param_comms:send")
 RECV_NAMES = ("c10d::recv_", "c10d::recv_any_source_", "record_param_comms:recv")
@@ -24,13 +25,7 @@ _TOLERANCE_NS = 20_000
 
 
 def _with_steps(ops: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
-    ops = ops.copy()
-    step_of = np.full(len(ops), -1, dtype=np.int64)
-    rank, start = ops["rank"].to_numpy(), ops["start_ns"].to_numpy()
-    for row in steps.itertuples(index=False):
-        step_of[(rank == row.rank) & (start >= row.step_start_ns) & (start <= row.step_end_ns)] = row.step
-    ops["step"] = step_of
-    return ops
+    return ops.assign(step=step_of(ops["rank"].to_numpy(), ops["start_ns"].to_numpy(), steps))
 
 
 def _recv_done_times(events: pd.DataFrame, recvs: pd.DataFrame) -> np.ndarray:

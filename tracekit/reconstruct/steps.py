@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pandas as pd
 
 from tracekit.model.run import STEP_COLUMNS
@@ -30,10 +31,10 @@ def find_steps(events: pd.DataFrame) -> pd.DataFrame:
     return steps.sort_values(["rank", "step"]).reset_index(drop=True)
 
 
-def step_of(times: pd.Series, ranks: pd.Series, steps: pd.DataFrame) -> pd.Series:
-    """The step number each (rank, time) falls in; -1 outside every step."""
-    out = pd.Series(-1, index=times.index, dtype="int64")
-    for row in steps.itertuples(index=False):
-        inside = (ranks == row.rank) & (times >= row.step_start_ns) & (times <= row.step_end_ns)
-        out[inside] = row.step
+def step_of(ranks: np.ndarray, times: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
+    """The step number each (rank, time) falls in (the earlier step where two touch); -1
+    outside every step."""
+    out = np.full(len(times), -1, dtype=np.int64)
+    for row in steps.iloc[::-1].itertuples(index=False):
+        out[(ranks == row.rank) & (times >= row.step_start_ns) & (times <= row.step_end_ns)] = row.step
     return out
