@@ -142,10 +142,8 @@ def attribute_step(graph: StepGraph, measured_idle: dict[int, int], measured_mak
     ideal = results[none]
     ideal_end = int(ideal.end.max())
     stage_gain = _stage_gains(graph, values[full], balanced)
-    link_gain = _link_gains(graph, values[full])
-    link_latency: dict[tuple[int, int], int] = {}
-    for link, lat in zip(graph.edge_links(), graph.edge_lat):
-        link_latency[link] = link_latency.get(link, 0) + int(lat)
+    link_latency = _link_latency(graph)
+    link_gain = _link_gains(graph, values[full], link_latency)
     rows, stage_rows, link_rows = [], [], []
     for r in ranks:
         warmup, drain, gaps = _schedule_idle(graph, ideal, r, ideal_end)
@@ -226,13 +224,19 @@ def _stage_gains(graph: StepGraph, full_idle: dict[int, int], balanced: np.ndarr
     return gains
 
 
-def _link_gains(graph: StepGraph, full_idle: dict[int, int]) -> dict[tuple[int, int], dict[int, int]]:
+def _link_latency(graph: StepGraph) -> dict[tuple[int, int], int]:
+    """Total measured latency of each link (src rank, dst rank) in the step."""
+    total: dict[tuple[int, int], int] = {}
+    for link, lat in zip(graph.edge_links(), graph.edge_lat):
+        total[link] = total.get(link, 0) + int(lat)
+    return total
+
+
+def _link_gains(graph: StepGraph, full_idle: dict[int, int],
+                total_latency: dict[tuple[int, int], int]) -> dict[tuple[int, int], dict[int, int]]:
     """Per link: how much each rank's idle shrinks when only that link is free."""
     links = graph.edge_links()
     gains = {}
-    total_latency: dict[tuple[int, int], int] = {}
-    for link, lat in zip(links, graph.edge_lat):
-        total_latency[link] = total_latency.get(link, 0) + int(lat)
     ranked = sorted(total_latency, key=lambda l: -total_latency[l])
     for link in ranked[MAX_BLAME_REPLAYS:]:
         gains[link] = {r: 0 for r in full_idle}
