@@ -14,13 +14,10 @@ from dataclasses import dataclass, field
 from tracekit import __version__
 from tracekit.analyze import Analysis
 from tracekit.analyze.attribution import CATEGORIES
+from tracekit.render.console import CAUSE_NAMES
 
 # A change smaller than this share of the step window is capture noise, not a finding.
 NOTABLE_SHARE = 0.005
-
-CAUSE_NAMES = {"warmup": "pipeline warm-up", "drain": "pipeline drain", "schedule_gaps": "schedule gaps",
-               "imbalance": "stage imbalance", "comm": "comm latency", "overhead": "overhead/other"}
-
 
 @dataclass
 class Measures:

@@ -11,8 +11,8 @@ CATEGORIES = ("warmup", "drain", "schedule_gaps", "imbalance", "comm", "overhead
 
 _LABELS = {"warmup": "warmup", "drain": "drain", "schedule_gaps": "gaps", "imbalance": "imbal",
            "comm": "comm", "overhead": "ovhd"}
-_NAMES = {"warmup": "pipeline warm-up", "drain": "pipeline drain", "schedule_gaps": "schedule gaps",
-          "imbalance": "stage imbalance", "comm": "comm latency", "overhead": "overhead/other"}
+CAUSE_NAMES = {"warmup": "pipeline warm-up", "drain": "pipeline drain", "schedule_gaps": "schedule gaps",
+               "imbalance": "stage imbalance", "comm": "comm latency", "overhead": "overhead/other"}
 
 
 def ms(ns: float) -> str:
@@ -101,7 +101,7 @@ def _causes(doc: dict, totals: dict[str, int]) -> list[str]:
     for cause, value in sorted(totals.items(), key=lambda kv: -kv[1]):
         if value <= 0:
             continue
-        line = f"  {_NAMES[cause]:<17} {ms(value):>9} ms  {100 * value / idle:5.1f}% of idle"
+        line = f"  {CAUSE_NAMES[cause]:<17} {ms(value):>9} ms  {100 * value / idle:5.1f}% of idle"
         if cause == "imbalance" and doc["blame"]["stages"]:
             top = doc["blame"]["stages"][:3]
             line += "  <- " + ", ".join(f"stage {b['stage']} (rank {b['rank']}) {ms(b['imbalance_ns'])} ms" for b in top)
