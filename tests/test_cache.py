@@ -158,7 +158,9 @@ def test_a_write_that_fails_midway_leaves_no_entry(run_dir, tmp_path, monkeypatc
         where.write(b"PAR1 partial")
         raise OSError("disk full")
 
-    monkeypatch.setattr(cache_mod.pq, "write_table", failing_write)
+    import pyarrow.parquet as pq
+
+    monkeypatch.setattr(pq, "write_table", failing_write)
     reference = _load(run_dir, cache_dir)
     assert _entries(cache_dir) == [] and not list(cache_dir.rglob("*.tmp-*"))
     monkeypatch.undo()

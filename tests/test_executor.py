@@ -107,3 +107,36 @@ def test_dask_by_scheduler_address_with_a_shared_cache(tmp_path, dask_client):
     pd.testing.assert_frame_equal(second.events, local.events)
     pd.testing.assert_frame_equal(second.actions, local.actions)
     assert second.schedule.to_dict() == local.schedule.to_dict()
+
+
+def test_parser_workers_never_import_pandas_or_pyarrow(tmp_path):
+    """Pool workers fork before the parent loads pandas; the parse path (and a cache miss)
+    must not load it either, or every worker pays ~75 MB and 0.4 s for it."""
+    import subprocess
+    import sys
+
+    run = _mixed_run(tmp_path)
+    code = (
+        "import sys\n"
+        "from tracekit.ingest.executor import IngestTask, parse_one\n"
+        f"task = IngestTask({str(run / 'rank1.json.gz')!r}, 0, cache_dir={str(tmp_path / 'cache')!r})\n"
+        "parsed, pending = parse_one(task)\n"
+        "assert len(parsed[0][1]) > 1000 and pending is not None\n"
+        "print(sorted(m for m in ('pandas', 'pyarrow') if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+
+
+def test_pool_fills_the_cache_from_the_parent(tmp_path):
+    """Workers hand their rows back; the parent writes the entries; the next load is all hits."""
+    from tracekit.ingest.cache import ParseCache
+
+    paths = discover(_mixed_run(tmp_path))
+    cache = tmp_path / "cache"
+    first = parse_files(paths, jobs=2, cache_dir=str(cache))
+    assert len(list(cache.rglob("*.parquet"))) == len(paths)
+    assert not list(cache.rglob("*.tmp-*"))
+    for file_id, path in enumerate(paths):
+        assert ParseCache(cache).lookup(path, {"rank_pattern": None, "rank_map": None}, file_id).parsed is not None
+    _same(first, parse_files(paths, jobs=2, cache_dir=str(cache)))

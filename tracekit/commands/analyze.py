@@ -49,10 +49,11 @@ def command(run_dir: Path, as_json: bool, output: Path | None, html_path: Path |
     # An unchanged run with the same options is answered from the stored document.
     doc = None if html_path else cached_document(run_dir, options)
     if doc is None:
+        # Load first: parser processes fork from this one before pandas is imported.
+        run = load_with_progress(run_dir, rank_from, rank_map, progress)
         from tracekit.analyze import analyze
         from tracekit.render.json import to_document
 
-        run = load_with_progress(run_dir, rank_from, rank_map, progress)
         analysis = analyze(run, attribution=not no_attribution)
         doc = to_document(analysis)
         remember_document(run_dir, options, doc)

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-import pandas as pd
+
+if TYPE_CHECKING:  # pandas loads on first use: parser workers never import it
+    import pandas as pd
+
+    from tracekit.model.run import Run
 
 from tracekit.errors import RunLayoutError, TraceFormatError
 from tracekit.ingest.columns import EventColumns, events_frame
 from tracekit.model.events import TraceFile
-from tracekit.model.run import Run
 
 KINETO_SUFFIXES = (".json", ".json.gz")
 NSYS_SUFFIXES = (".sqlite", ".nsys.sqlite")
@@ -183,6 +186,8 @@ def load_run(path, rank_from: str | None = None, rank_map: dict[int, int] | None
     paths = discover(path)
     files, events = parse_files(paths, rank_from, rank_map, progress, executor=executor, jobs=jobs,
                                 scheduler=scheduler, cache_dir=cache_dir, bytes_read=bytes_read)
+    from tracekit.model.run import Run
+
     run = Run(source=str(path), files=files, events=events,
               capture=load_capture_manifest(path))
     for message in settle_unknown_ranks(files, events) + check_layout(files):

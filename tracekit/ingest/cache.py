@@ -32,12 +32,10 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from tracekit import __version__
 from tracekit.ingest.columns import EventColumns
-from tracekit.model.events import EVENT_SCHEMA, TraceFile
+from tracekit.model.events import TraceFile, event_schema
 
 # Bump when the meaning of a cached table changes in a way the code fingerprint would miss.
 CACHE_FORMAT = 1
@@ -152,6 +150,11 @@ class ParseCache:
     def load(self, key: str, path: Path, file_id: int) -> Parsed | None:
         """The cached parse of ``path``, or None when there is no sound entry."""
         entry = self.entry_path(key)
+        if self.fs is None and not os.path.exists(entry):
+            self.misses += 1  # a miss needs no pyarrow (parser workers do not import it)
+            return None
+        import pyarrow.parquet as pq
+
         try:
             if self.fs is None:
                 table = pq.read_table(entry, page_checksum_verification=True, read_dictionary=["cat", "name"])
@@ -169,9 +172,9 @@ class ParseCache:
         self.hits += 1
         return parsed
 
-    def _unpack(self, table: pa.Table, key: str, path: Path, file_id: int) -> Parsed:
+    def _unpack(self, table, key: str, path: Path, file_id: int) -> Parsed:
         meta = json.loads(table.schema.metadata[_META_KEY])
-        if meta.get("key") != key or table.schema.names != EVENT_SCHEMA.names:
+        if meta.get("key") != key or table.schema.names != event_schema().names:
             raise ValueError("entry does not match its key or the event schema")
         files = meta["files"]
         if sum(f["rows"][1] - f["rows"][0] for f in files) != table.num_rows:
@@ -188,6 +191,9 @@ class ParseCache:
 
     def store(self, key: str, parsed: Parsed) -> None:
         """Write the parse of one file as an entry, atomically."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
         files, tables, row = [], [], 0
         for trace, columns in parsed:
             facts = {k: v for k, v in dataclasses.asdict(trace).items() if k != "path"}
@@ -195,7 +201,7 @@ class ParseCache:
             row += len(columns)
             files.append(facts)
             tables.append(columns.to_arrow())
-        table = pa.concat_tables(tables) if tables else EVENT_SCHEMA.empty_table()
+        table = pa.concat_tables(tables) if tables else event_schema().empty_table()
         meta = json.dumps({"key": key, "version": __version__, "files": files}, default=str).encode()
         table = table.replace_schema_metadata({_META_KEY: meta})
         self._write(self.entry_path(key),

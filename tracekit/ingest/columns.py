@@ -14,14 +14,12 @@ import sys
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
-import pyarrow as pa
 
-from tracekit.model.events import canonical_strings, EVENT_COLUMNS, EVENT_SCHEMA, conform
+from tracekit.model.events import _NUMPY_DTYPES, EVENT_COLUMNS, STRING_COLUMNS, canonical_strings, conform, event_schema
 
-STRING_COLUMNS = ("cat", "name")
+# numpy only at import (parser workers); pandas and pyarrow load where a method needs them.
 NUMBER_COLUMNS = [c for c in EVENT_COLUMNS if c not in STRING_COLUMNS]
-_DTYPES = {f.name: f.type.to_pandas_dtype() for f in EVENT_SCHEMA if f.name not in STRING_COLUMNS}
+_DTYPES = {c: np.dtype(kind) for c, kind in _NUMPY_DTYPES.items()}
 
 
 @dataclass
@@ -36,7 +34,9 @@ class EventColumns:
         return len(self.numbers["start_ns"])
 
     @classmethod
-    def from_frame(cls, frame: pd.DataFrame) -> "EventColumns":
+    def from_frame(cls, frame) -> "EventColumns":
+        import pandas as pd
+
         frame = conform(frame)
         numbers = {c: frame[c].to_numpy(dtype=_DTYPES[c], copy=True) for c in NUMBER_COLUMNS}
         codes, values = {}, {}
@@ -47,7 +47,9 @@ class EventColumns:
         return cls(numbers, codes, values)
 
     @classmethod
-    def from_arrow(cls, table: pa.Table) -> "EventColumns":
+    def from_arrow(cls, table) -> "EventColumns":
+        import pyarrow as pa
+
         numbers = {c: table.column(c).to_numpy().astype(_DTYPES[c], copy=False) for c in NUMBER_COLUMNS}
         codes, values = {}, {}
         for col in STRING_COLUMNS:
@@ -58,25 +60,30 @@ class EventColumns:
             values[col] = encoded.dictionary.to_pylist()
         return cls(numbers, codes, values)
 
-    def to_arrow(self) -> pa.Table:
+    def to_arrow(self):
+        import pyarrow as pa
+
+        schema = event_schema()
         arrays = []
-        for field in EVENT_SCHEMA:
+        for field in schema:
             if field.name in STRING_COLUMNS:
                 arrays.append(_strings(self.codes[field.name], self.values[field.name]).cast(field.type))
             else:
                 arrays.append(pa.array(self.numbers[field.name], type=field.type))
-        return pa.Table.from_arrays(arrays, schema=EVENT_SCHEMA)
+        return pa.Table.from_arrays(arrays, schema=schema)
 
-    def to_frame(self) -> pd.DataFrame:
+    def to_frame(self):
         return events_frame([self])
 
 
-def _strings(codes: np.ndarray, values: list[str]) -> pa.DictionaryArray:
+def _strings(codes: np.ndarray, values: list[str]):
+    import pyarrow as pa
+
     return pa.DictionaryArray.from_arrays(pa.array(codes, type=pa.int32()),
                                           pa.array(values, type=pa.large_string()))
 
 
-def events_frame(parts: list[EventColumns]) -> pd.DataFrame:
+def events_frame(parts: list[EventColumns]):
     """All parts as one conformed events table. Empties ``parts`` as it goes (each part's
     arrays are released once copied), so call it with parts nobody else needs."""
     data: dict[str, object] = {}
@@ -88,6 +95,8 @@ def events_frame(parts: list[EventColumns]) -> pd.DataFrame:
             data[col] = (np.concatenate(pieces) if pieces else np.zeros(0)).astype(_DTYPES[col], copy=False)
             del pieces
     parts.clear()
+    import pandas as pd
+
     frame = pd.DataFrame(data, copy=False)
     release_freed_memory()
     return frame
@@ -104,7 +113,7 @@ def release_freed_memory() -> None:
         pass
 
 
-def _join_strings(parts: list[EventColumns], col: str) -> pd.api.extensions.ExtensionArray:
+def _join_strings(parts: list[EventColumns], col: str):
     index: dict[str, int] = {}
     pieces = []
     for part in parts:
@@ -113,4 +122,6 @@ def _join_strings(parts: list[EventColumns], col: str) -> pd.api.extensions.Exte
         codes = part.codes.pop(col)
         pieces.append(remap[codes] if len(codes) else codes.astype(np.int32))
     codes = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int32)
+    import pandas as pd
+
     return canonical_strings(pd.Categorical.from_codes(codes, categories=list(index))).array

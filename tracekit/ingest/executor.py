@@ -48,26 +48,49 @@ class IngestTask:
 
 def ingest_one(task: IngestTask, bytes_read: Callable[[int], None] | None = None) -> Parsed:
     """Parse one file, through the cache when the task names one."""
+    parsed, pending = parse_one(task, bytes_read)
+    if pending is not None:
+        pending.store(parsed)
+    return parsed
+
+
+@dataclass
+class PendingEntry:
+    """A cache entry to write for a file just parsed (by whoever holds the rows)."""
+
+    cache_dir: str
+    key: str
+    path: str
+    stamp: list[int]
+
+    def store(self, parsed: Parsed) -> None:
+        from tracekit.ingest.cache import ParseCache, file_stamp
+
+        if file_stamp(Path(self.path)) == self.stamp:  # a file rewritten while parsed is not stored
+            ParseCache(self.cache_dir).store(self.key, parsed)
+
+
+def parse_one(task: IngestTask, bytes_read: Callable[[int], None] | None = None) -> tuple[Parsed, PendingEntry | None]:
+    """Parse one file, or read it from the cache; also say which entry to write, if any.
+
+    Local pool workers run this and leave the writing to the parent, which has pyarrow
+    loaded anyway: a worker then needs only numpy and msgspec (~30 MB, no import time)."""
     from tracekit.ingest import _parse_file
 
     path = Path(task.path)
-    cache = found = None
+    found = None
     if task.cache_dir:
         from tracekit.ingest.cache import ParseCache
 
-        cache = ParseCache(task.cache_dir)
-        found = cache.lookup(path, task.options(), task.file_id)
+        found = ParseCache(task.cache_dir).lookup(path, task.options(), task.file_id)
         if found.parsed is not None:
             if bytes_read:
                 bytes_read(_size(task.path))
-            return found.parsed
+            return found.parsed, None
     parsed = _parse_file(path, task.file_id, task.rank_pattern, task.rank_map, bytes_read=bytes_read)
-    if cache is not None and found.key is not None:
-        from tracekit.ingest.cache import file_stamp
-
-        if file_stamp(path) == found.stamp:  # a file rewritten while parsed is not stored
-            cache.store(found.key, parsed)
-    return parsed
+    if found is not None and found.key is not None:
+        return parsed, PendingEntry(task.cache_dir, found.key, task.path, found.stamp)
+    return parsed, None
 
 
 def _cached_here(tasks: list[IngestTask], results: list, on_done, bytes_read) -> list[int]:
@@ -139,14 +162,23 @@ def _pool_context():
 
 
 def _run_pool(tasks, todo, results, jobs, on_done, bytes_read) -> None:
+    import tracekit.ingest.kineto  # noqa: F401  (light; forked workers then start parsing at once)
+
     with ProcessPoolExecutor(max_workers=jobs, mp_context=_pool_context()) as pool:
         # Largest files first: the pool ends when its last task does.
         order = sorted(todo, key=lambda i: -_size(tasks[i].path))
-        futures = {pool.submit(ingest_one, tasks[i]): i for i in order}
+        futures = {pool.submit(parse_one, tasks[i]): i for i in order}
+        # The workers exist now (forked before this process loaded pandas, so they stay
+        # small); load what the analysis needs while they parse.
+        warm = threading.Thread(target=_import_analysis, name="tracekit-imports", daemon=True)
+        warm.start()
         try:
             for future in as_completed(futures):
                 i = futures[future]
-                results[i] = future.result()
+                parsed, pending = future.result()
+                if pending is not None:
+                    pending.store(parsed)
+                results[i] = parsed
                 if bytes_read:
                     bytes_read(_size(tasks[i].path))
                 if on_done:
@@ -154,6 +186,19 @@ def _run_pool(tasks, todo, results, jobs, on_done, bytes_read) -> None:
         except BaseException:
             pool.shutdown(wait=False, cancel_futures=True)  # one bad file ends the load
             raise
+        finally:
+            warm.join()
+
+
+def _import_analysis() -> None:
+    """Import the modules the parent needs after parsing (pandas alone takes ~0.4 s)."""
+    import importlib
+
+    try:
+        for name in ("pandas", "pyarrow"):
+            importlib.import_module(name)
+    except ImportError:  # reported where they are needed
+        pass
 
 
 def _size(path: str) -> int:

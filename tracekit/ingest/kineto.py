@@ -13,12 +13,14 @@ import json
 import re
 import zlib
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import msgspec
 import numpy as np
 import orjson
-import pandas as pd
+
+if TYPE_CHECKING:  # pandas loads on first use: parser workers never import it
+    import pandas as pd
 
 from tracekit.errors import TraceFormatError
 from tracekit.ingest.columns import EventColumns

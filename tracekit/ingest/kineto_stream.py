@@ -48,9 +48,10 @@ class RawArgs(msgspec.Struct, gc=False):
     """The ``args`` an event row needs. Shape and type lists stay raw JSON bytes: they are
     on every op recorded with shapes but matter only for the few send/recv ops."""
 
-    sequence: Any = msgspec.field(name="Sequence number", default=_UNSET)
+    # -1 when absent, so a batch's values are all ints and convert to an array at once.
+    sequence: Any = msgspec.field(name="Sequence number", default=-1)
     external_id: Any = msgspec.field(name="External id", default=_UNSET)
-    correlation: Any = msgspec.field(name="correlation", default=_UNSET)
+    correlation: Any = msgspec.field(name="correlation", default=-1)
     concrete_inputs: msgspec.Raw = msgspec.field(name="Concrete Inputs", default=msgspec.Raw(b""))
     input_dims: msgspec.Raw = msgspec.field(name="Input Dims", default=msgspec.Raw(b""))
     input_type: msgspec.Raw = msgspec.field(name="Input type", default=msgspec.Raw(b""))
@@ -65,17 +66,21 @@ class RawArgs(msgspec.Struct, gc=False):
         """The args as the plain dict the Chrome trace held (only the fields kept; the
         shape and type lists only with ``shapes``)."""
         out = {}
-        for key, attr in _ARG_KEYS:
+        for key, attr, default in _PLAIN_KEYS:
             value = getattr(self, attr)
-            if isinstance(value, msgspec.Raw):
-                if shapes and len(value):
-                    out[key] = msgspec.json.decode(value)
-            elif value is not _UNSET:
+            if value is not default:
                 out[key] = value
+        if shapes:
+            for key, attr in _RAW_KEYS:
+                value = getattr(self, attr)
+                if len(value):
+                    out[key] = msgspec.json.decode(value)
         return out
 
 
 _ARG_KEYS = [(f.encode_name, f.name) for f in msgspec.structs.fields(RawArgs)]
+_RAW_KEYS = [(f.encode_name, f.name) for f in msgspec.structs.fields(RawArgs) if f.type is msgspec.Raw]
+_PLAIN_KEYS = [(f.encode_name, f.name, f.default) for f in msgspec.structs.fields(RawArgs) if f.type is not msgspec.Raw]
 
 
 class RawEvent(msgspec.Struct, gc=False):

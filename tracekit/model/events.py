@@ -30,47 +30,50 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pandas as pd
-import pyarrow as pa
-
-EVENT_SCHEMA = pa.schema(
-    [
-        ("rank", pa.int32()),
-        ("file_id", pa.int32()),
-        ("source_index", pa.int64()),
-        ("cat", pa.string()),
-        ("name", pa.string()),
-        ("start_ns", pa.int64()),
-        ("end_ns", pa.int64()),
-        ("pid", pa.int64()),
-        ("tid", pa.int64()),
-        ("on_gpu", pa.bool_()),
-        ("depth", pa.int16()),
-        ("seq", pa.int64()),
-        ("peer", pa.int32()),
-        ("tag", pa.int32()),
-        ("nbytes", pa.int64()),
-        ("correlation", pa.int64()),
-    ]
-)
-EVENT_COLUMNS = [f.name for f in EVENT_SCHEMA]
-
-_NUMPY_DTYPES = {
-    "rank": "int32", "file_id": "int32", "source_index": "int64", "start_ns": "int64",
-    "end_ns": "int64", "pid": "int64", "tid": "int64", "on_gpu": "bool", "depth": "int16",
-    "seq": "int64", "peer": "int32", "tag": "int32", "nbytes": "int64", "correlation": "int64",
-}
+# Plain Python and numpy only at import: parser worker processes import this module and
+# must not pay for pandas and pyarrow (~75 MB and 0.4 s each); those load on first use.
+_FIELDS = [
+    ("rank", "int32"), ("file_id", "int32"), ("source_index", "int64"), ("cat", "string"),
+    ("name", "string"), ("start_ns", "int64"), ("end_ns", "int64"), ("pid", "int64"),
+    ("tid", "int64"), ("on_gpu", "bool"), ("depth", "int16"), ("seq", "int64"),
+    ("peer", "int32"), ("tag", "int32"), ("nbytes", "int64"), ("correlation", "int64"),
+]
+EVENT_COLUMNS = [name for name, _ in _FIELDS]
+STRING_COLUMNS = ("cat", "name")
+_NUMPY_DTYPES = {name: kind for name, kind in _FIELDS if kind != "string"}
+_SCHEMA = None
 
 
-def empty_events() -> pd.DataFrame:
+def event_schema():
+    """The event table as an Arrow schema (what the parse cache stores)."""
+    global _SCHEMA
+    if _SCHEMA is None:
+        import pyarrow as pa
+
+        _SCHEMA = pa.schema([(name, pa.string() if kind == "string" else pa.from_numpy_dtype(kind))
+                             for name, kind in _FIELDS])
+    return _SCHEMA
+
+
+def __getattr__(name: str):
+    if name == "EVENT_SCHEMA":  # built on first use (imports pyarrow)
+        return event_schema()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def empty_events():
     """An events table with the right columns and no rows."""
+    import pandas as pd
+
     return conform(pd.DataFrame({c: [] for c in EVENT_COLUMNS}))
 
 
-def canonical_strings(column) -> pd.Series:
+def canonical_strings(column):
     """A string column as a categorical whose categories are the values present, sorted:
     few distinct names over many rows are small and fast to compare, and two tables with
     the same values have the same dtype however they were built."""
+    import pandas as pd
+
     column = pd.Series(column, copy=False)
     if not isinstance(column.dtype, pd.CategoricalDtype):
         column = column.astype(str).astype("category")
@@ -78,7 +81,7 @@ def canonical_strings(column) -> pd.Series:
     return column.cat.reorder_categories(sorted(column.cat.categories))
 
 
-def conform(df: pd.DataFrame) -> pd.DataFrame:
+def conform(df):
     """Return ``df`` with exactly the event columns, in order, with their dtypes."""
     missing = [c for c in EVENT_COLUMNS if c not in df.columns]
     if missing:
