@@ -58,12 +58,20 @@ def measure_plain(events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     """Busy/idle of a run without pipeline actions: kernels if any, else any CPU op or
     annotation (the step markers themselves aside)."""
     rows = []
-    by_rank = {rank: group for rank, group in events.groupby("rank", sort=False)}
+    ranks = events["rank"].to_numpy()
+    all_starts, all_ends = events["start_ns"].to_numpy(), events["end_ns"].to_numpy()
+    on_gpu = events["on_gpu"].to_numpy()
+    gpu_work = on_gpu & (events["cat"] != "gpu_user_annotation").to_numpy()
+    cpu_work = ~events["name"].str.startswith("ProfilerStep").to_numpy(dtype=bool)
+    order = np.argsort(ranks, kind="stable")
     for rank, rank_steps in steps.groupby("rank", sort=True):
-        rank_events = by_rank.get(rank, events.iloc[0:0])
-        gpu = rank_events[rank_events["on_gpu"] & (rank_events["cat"] != "gpu_user_annotation")]
-        work = gpu if len(gpu) else rank_events[~rank_events["name"].str.startswith("ProfilerStep")]
-        starts, ends = work["start_ns"].to_numpy(), work["end_ns"].to_numpy()
+        lo_i = np.searchsorted(ranks[order], rank, side="left")
+        hi_i = np.searchsorted(ranks[order], rank, side="right")
+        mine = order[lo_i:hi_i]
+        work = mine[gpu_work[mine]]
+        if not len(work):
+            work = mine[cpu_work[mine]]
+        starts, ends = all_starts[work], all_ends[work]
         for step in rank_steps.itertuples(index=False):
             lo, hi = int(step.step_start_ns), int(step.step_end_ns)
             inside = (ends > lo) & (starts < hi)

@@ -44,16 +44,23 @@ class _Span:
 
 def find_actions(events: pd.DataFrame, steps: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     """All compute actions of the run, and which labelling they came from."""
-    cpu = events[~events["on_gpu"]]
-    labels = cpu[cpu["cat"].isin(_LABEL_CATS)]
+    on_cpu = ~events["on_gpu"].to_numpy()
+    labels = events[on_cpu & events["cat"].isin(_LABEL_CATS).to_numpy()]
     pp = labels[labels["name"].str.match(r"^PP:(\d+[FIBW]\d+|\(.*\)OVERLAP_F_B)$")]
     native = labels[labels["name"].str.match(NATIVE_LABEL.pattern)]
+    if len(pp) or len(native):
+        found = pp if len(pp) else native
+        # Only the labelled threads' ops and the receive waits matter: no copy of the rest.
+        threads = pd.MultiIndex.from_frame(found[["rank", "pid", "tid"]].drop_duplicates())
+        keys = pd.MultiIndex.from_arrays([events["rank"], events["pid"], events["tid"]])
+        wanted = on_cpu & (keys.isin(threads) | (events["name"] == "gloo:recv").to_numpy())
+        cpu = events[wanted]
     if len(pp):
         rows, labelling = _from_labels(cpu, pp, steps, _parse_pp), "PP: labels"
     elif len(native):
         rows, labelling = _from_labels(cpu, native, steps, _parse_native), "Forward/Backward labels"
     else:
-        rows, labelling = _segment_unlabelled(cpu, steps), "unlabelled (segmented at c10d ops)"
+        rows, labelling = _segment_unlabelled(events, on_cpu, steps), "unlabelled (segmented at c10d ops)"
     actions = pd.DataFrame(rows, columns=[c for c in ACTION_COLUMNS if c not in ("action_id", "order")])
     if len(actions) == 0:
         return pd.DataFrame(columns=ACTION_COLUMNS), labelling
@@ -145,7 +152,7 @@ def _first_backward_start(inside: list[int], starts, names, span: _Span) -> int:
     return (span.start + span.end) // 2
 
 
-def _segment_unlabelled(cpu: pd.DataFrame, steps: pd.DataFrame) -> list[tuple]:
+def _segment_unlabelled(events: pd.DataFrame, on_cpu: np.ndarray, steps: pd.DataFrame) -> list[tuple]:
     """Native Schedule1F1B: runs of top-level ops between c10d ops on the main thread.
 
     A forward run counts only if one of its ops has a backward in the trace (shared autograd
@@ -153,15 +160,18 @@ def _segment_unlabelled(cpu: pd.DataFrame, steps: pd.DataFrame) -> list[tuple]:
     scaling. A backward's microbatch is the forward whose sequence numbers it consumes.
     """
     rows = []
-    names = cpu["name"]
+    names = events["name"]
     classes = _classes(names)
-    is_mark = (cpu["cat"] == "user_annotation").to_numpy() & names.str.startswith("ProfilerStep#").to_numpy()
-    is_backward = (classes == _BACKWARD) & (cpu["seq"].to_numpy() >= 0)
+    is_mark = (events["cat"] == "user_annotation").to_numpy() & names.str.startswith("ProfilerStep#").to_numpy(dtype=bool)
+    is_backward = (classes == _BACKWARD) & (events["seq"].to_numpy() >= 0)
     is_p2p = names.isin(SEND_NAMES + RECV_NAMES).to_numpy()
-    columns = {c: cpu[c].to_numpy() for c in ("rank", "pid", "tid", "depth", "start_ns", "end_ns", "seq",
-                                                "file_id", "source_index")}
+    if not (is_mark & on_cpu).any() or not (is_p2p & on_cpu).any():
+        return rows  # no step marks or no point-to-point ops: nothing to segment
+    columns = {c: events[c].to_numpy() for c in ("rank", "pid", "tid", "depth", "start_ns", "end_ns", "seq",
+                                                   "file_id", "source_index")}
     columns["class"] = classes
-    by_key = _sorted_groups(columns, np.ones(len(cpu), dtype=bool), ("rank", "pid", "tid", "depth"))
+    is_mark, is_backward, is_p2p = is_mark & on_cpu, is_backward & on_cpu, is_p2p & on_cpu
+    by_key = _sorted_groups(columns, on_cpu, ("rank", "pid", "tid", "depth"))
     marks = _sorted_groups(columns, is_mark, ("rank",))
     backward = _sorted_groups(columns, is_backward, ("rank",))
     p2p = _sorted_groups(columns, is_p2p, ("rank",))

@@ -14,18 +14,21 @@ _STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
 def find_steps(events: pd.DataFrame) -> pd.DataFrame:
     """One row per rank and step. A rank with no step markers is one step (number 0)
     spanning all of its events."""
-    cpu = events[~events["on_gpu"]]
-    marks = cpu[(cpu["cat"] == "user_annotation") & cpu["name"].str.startswith("ProfilerStep#")]
+    is_mark = ((events["cat"] == "user_annotation") & ~events["on_gpu"]).to_numpy()
+    is_mark = is_mark & events["name"].str.startswith("ProfilerStep#").to_numpy(dtype=bool)
+    marks = events.loc[is_mark, ["rank", "name", "start_ns", "end_ns"]]
     rows = []
-    for rank, group in events.groupby("rank", sort=True):
-        rank_marks = marks[marks["rank"] == rank]
-        if len(rank_marks):
-            for row in rank_marks.itertuples(index=False):
-                match = _STEP_NAME.match(row.name)
-                if match:
-                    rows.append((int(rank), int(match.group(1)), int(row.start_ns), int(row.end_ns)))
-        else:
-            rows.append((int(rank), 0, int(group["start_ns"].min()), int(group["end_ns"].max())))
+    for row in marks.itertuples(index=False):
+        match = _STEP_NAME.match(row.name)
+        if match:
+            rows.append((int(row.rank), int(match.group(1)), int(row.start_ns), int(row.end_ns)))
+    marked = set(marks["rank"].tolist())
+    ranks = events["rank"].to_numpy()
+    for rank in np.unique(ranks):
+        if int(rank) not in marked:
+            mine = ranks == rank
+            rows.append((int(rank), 0, int(events["start_ns"].to_numpy()[mine].min()),
+                         int(events["end_ns"].to_numpy()[mine].max())))
     steps = pd.DataFrame(rows, columns=STEP_COLUMNS[:4])
     steps["n_actions"] = 0
     return steps.sort_values(["rank", "step"]).reset_index(drop=True)
