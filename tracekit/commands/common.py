@@ -75,8 +75,9 @@ def _load_settings() -> dict:
         cache_dir = settings.get("cache_dir") or default_cache_dir()
     if settings.get("scheduler") and settings.get("executor", "local") != "dask":
         raise TracekitError("--scheduler is for --executor dask; add --executor dask or drop --scheduler")
+    # Commands read only the working set of each file (tracekit.ingest.working_set).
     return {"executor": settings.get("executor") or "local", "jobs": settings.get("jobs"),
-            "scheduler": settings.get("scheduler"), "cache_dir": cache_dir}
+            "scheduler": settings.get("scheduler"), "cache_dir": cache_dir, "rows": "analysis"}
 
 
 def load_with_progress(path: Path, rank_from: str | None, rank_map: str | None, progress: bool | None):

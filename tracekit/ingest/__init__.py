@@ -87,7 +87,8 @@ def parse_files(paths: list[Path], rank_pattern: str | None = None,
                 progress: Callable[[Path], None] | None = None, *,
                 executor: str = "local", jobs: int | None = None, scheduler=None,
                 cache_dir: str | None = None,
-                bytes_read: Callable[[int], None] | None = None) -> tuple[list[TraceFile], pd.DataFrame]:
+                bytes_read: Callable[[int], None] | None = None,
+                rows: str = "all") -> tuple[list[TraceFile], pd.DataFrame]:
     """Parse every file; return the per-file facts and one events table for all ranks.
 
     Files are parsed independently: ``executor`` ``"local"`` runs them in this process
@@ -96,10 +97,16 @@ def parse_files(paths: list[Path], rank_pattern: str | None = None,
     :mod:`tracekit.ingest.executor`). With ``cache_dir`` each file's rows are read from /
     written to the parse cache (:mod:`tracekit.ingest.cache`). ``progress`` is called with
     each file's path when it is done, ``bytes_read`` with counts of input bytes consumed.
+    ``rows="analysis"`` keeps only the rows the analysis reads (see
+    :mod:`tracekit.ingest.working_set`), dropped in the process that parsed the file.
     """
     from tracekit.ingest.executor import IngestTask, run_tasks
 
-    tasks = [IngestTask(str(path), file_id, rank_pattern, rank_map, cache_dir)
+    from tracekit.ingest.working_set import ROWS
+
+    if rows not in ROWS:
+        raise ValueError(f"rows={rows!r}: choose one of {ROWS}")
+    tasks = [IngestTask(str(path), file_id, rank_pattern, rank_map, cache_dir, rows)
              for file_id, path in enumerate(paths)]
     on_done = (lambda task: progress(Path(task.path))) if progress else None
     results = run_tasks(tasks, executor=executor, jobs=jobs, scheduler=scheduler,
@@ -176,16 +183,18 @@ def load_capture_manifest(folder: Path) -> dict | None:
 def load_run(path, rank_from: str | None = None, rank_map: dict[int, int] | None = None,
              progress: Callable[[Path], None] | None = None, reconstruct: bool = True, *,
              executor: str = "local", jobs: int | None = None, scheduler=None,
-             cache_dir: str | None = None, bytes_read: Callable[[int], None] | None = None) -> Run:
+             cache_dir: str | None = None, bytes_read: Callable[[int], None] | None = None,
+             rows: str = "all") -> Run:
     """Load a run folder (or one file) and, by default, reconstruct its pipeline.
 
-    ``executor``, ``jobs``, ``scheduler``, ``cache_dir`` and ``bytes_read``: see
-    :func:`parse_files` (no cache unless ``cache_dir`` is given).
+    ``executor``, ``jobs``, ``scheduler``, ``cache_dir``, ``bytes_read`` and ``rows``: see
+    :func:`parse_files` (no cache unless ``cache_dir`` is given; ``rows="analysis"`` gives
+    the same analysis from a fraction of the events: what the command line uses).
     """
     path = Path(path)
     paths = discover(path)
     files, events = parse_files(paths, rank_from, rank_map, progress, executor=executor, jobs=jobs,
-                                scheduler=scheduler, cache_dir=cache_dir, bytes_read=bytes_read)
+                                scheduler=scheduler, cache_dir=cache_dir, bytes_read=bytes_read, rows=rows)
     from tracekit.model.run import Run
 
     run = Run(source=str(path), files=files, events=events,

@@ -40,10 +40,14 @@ class IngestTask:
     rank_pattern: str | None = None
     rank_map: dict[int, int] | None = field(default=None, hash=False)
     cache_dir: str | None = None
+    rows: str = "all"              # "all", or "analysis": the working set (ingest.working_set)
 
     def options(self) -> dict:
         rank_map = sorted(self.rank_map.items()) if self.rank_map else None
-        return {"rank_pattern": self.rank_pattern, "rank_map": rank_map}
+        options = {"rank_pattern": self.rank_pattern, "rank_map": rank_map}
+        if self.rows != "all":
+            options["rows"] = self.rows
+        return options
 
 
 def ingest_one(task: IngestTask, bytes_read: Callable[[int], None] | None = None) -> Parsed:
@@ -88,6 +92,10 @@ def parse_one(task: IngestTask, bytes_read: Callable[[int], None] | None = None)
                 bytes_read(_size(task.path))
             return found.parsed, None
     parsed = _parse_file(path, task.file_id, task.rank_pattern, task.rank_map, bytes_read=bytes_read)
+    if task.rows == "analysis":
+        from tracekit.ingest.working_set import working_set
+
+        parsed = [(trace, working_set(columns)) for trace, columns in parsed]
     if found is not None and found.key is not None:
         return parsed, PendingEntry(task.cache_dir, found.key, task.path, found.stamp)
     return parsed, None
@@ -162,7 +170,9 @@ def _pool_context():
 
 
 def _run_pool(tasks, todo, results, jobs, on_done, bytes_read) -> None:
-    import tracekit.ingest.kineto  # noqa: F401  (light; forked workers then start parsing at once)
+    import importlib
+
+    importlib.import_module("tracekit.ingest.kineto")  # light; forked workers start parsing at once
 
     with ProcessPoolExecutor(max_workers=jobs, mp_context=_pool_context()) as pool:
         # Largest files first: the pool ends when its last task does.

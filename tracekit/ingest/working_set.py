@@ -1,0 +1,94 @@
+"""The rows of one file that the analysis reads: the per-rank "map" step of ingest.
+
+A GPU rank's trace is ~60k CPU ops a step window, nine in ten of them nested deep inside
+the model's modules (``aten::mul`` in ``aten::linear`` in ``nn.Module: ...``). No analysis
+looks at those: reconstruction reads step marks, labels, the ops directly inside a label or
+a step, communication ops and autograd backward ops; measurement reads GPU work, or where
+there is none the top-level CPU ops (a nested op lies inside its parent, so the union of
+busy time is the same). Keeping only those rows, in the process that parsed the file,
+means a worker sends back and the parent holds a fraction of the file (16% of a GPU trace,
+~45% of a pipeline trace) and every cross-rank step works on less.
+
+What is kept, per file (numpy only: this runs in the parser workers):
+
+- every GPU row (kernels, copies, sets, GPU annotations) and every user annotation
+  (``ProfilerStep#N`` marks, ``PP:`` / ``Forward i`` labels, user ranges);
+- every communication row (``c10d::``, ``gloo:``, ``record_param_comms``, ``nccl:``, ...);
+- CPU ops at depth <= 1 + the deepest step mark or label on their thread (depth 0 on a
+  thread with neither): the top-level compute ops of every label and step;
+- ``autograd::engine`` backward ops with a sequence number, anywhere, when the file holds
+  point-to-point ops (unlabelled 1F1B reads them to tie backwards to forwards);
+- each rank's earliest-starting and latest-ending row (a rank without step marks is one
+  step spanning all of its events).
+
+``tests/test_working_set.py`` checks that the analysis of every sample run and every shared
+real trace is the same from the working set as from all rows.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from tracekit.ingest.columns import EventColumns
+
+# Kept whole: communication and pipeline labels (reconstruct.actions.COMM_PREFIXES).
+COMM_PREFIXES = ("c10d::", "gloo:", "record_param_comms", "nccl:", "tracekit:p2p", "PP:")
+P2P_NAMES = ("c10d::send", "c10d::recv_", "c10d::recv_any_source_", "record_param_comms:send",
+             "record_param_comms:recv")
+_BACKWARD_PREFIX = "autograd::engine"
+_MARK_PREFIX = "ProfilerStep#"
+_LABEL_PREFIXES = ("PP:", "Forward ", "Backward ")
+ROWS = ("all", "analysis")
+
+
+def working_set(columns: EventColumns) -> EventColumns:
+    """The rows of ``columns`` the analysis reads (see the module doc); same order."""
+    n = len(columns)
+    if n == 0:
+        return columns
+    keep = _kept(columns)
+    if keep.all():
+        return columns
+    numbers = {c: v[keep] for c, v in columns.numbers.items()}
+    codes = {c: v[keep] for c, v in columns.codes.items()}
+    return EventColumns(numbers, codes, {c: list(v) for c, v in columns.values.items()})
+
+
+def _kept(columns: EventColumns) -> np.ndarray:
+    nums = columns.numbers
+    names = columns.values["name"]
+    name_code = columns.codes["name"]
+    cats = columns.values["cat"]
+    cat_code = columns.codes["cat"]
+
+    def by_name(test) -> np.ndarray:
+        table = np.fromiter((test(s) for s in names), dtype=bool, count=len(names))
+        return table[name_code] if len(names) else np.zeros(len(name_code), dtype=bool)
+
+    on_gpu = nums["on_gpu"].astype(bool)
+    annotation = np.array([c == "user_annotation" for c in cats], dtype=bool)[cat_code] \
+        if len(cats) else np.zeros(len(cat_code), dtype=bool)
+    keep = on_gpu | annotation | by_name(lambda s: s.startswith(COMM_PREFIXES))
+
+    # Top-level compute of every step and label: depth <= deepest mark/label + 1 per thread.
+    depth = nums["depth"].astype(np.int64)
+    anchor = annotation & ~on_gpu & by_name(lambda s: s.startswith(_MARK_PREFIX) or s.startswith(_LABEL_PREFIXES))
+    limit_of_row = np.zeros(len(depth), dtype=np.int64)
+    if anchor.any():
+        _, pid_code = np.unique(nums["pid"], return_inverse=True)
+        tids, tid_code = np.unique(nums["tid"], return_inverse=True)
+        pair = pid_code.reshape(-1).astype(np.int64) * len(tids) + tid_code.reshape(-1)
+        threads, inverse = np.unique(pair, return_inverse=True)   # one code per (pid, tid)
+        inverse = inverse.reshape(-1)
+        deepest = np.full(len(threads), -1, dtype=np.int64)
+        np.maximum.at(deepest, inverse[anchor], depth[anchor])
+        limit_of_row = deepest[inverse] + 1
+    keep |= ~on_gpu & (depth <= limit_of_row)
+
+    if by_name(lambda s: s in P2P_NAMES).any():
+        keep |= by_name(lambda s: s.startswith(_BACKWARD_PREFIX)) & (nums["seq"] >= 0)
+
+    for rank in np.unique(nums["rank"]):  # each rank's extent
+        mine = np.flatnonzero(nums["rank"] == rank)
+        keep[mine[np.argmin(nums["start_ns"][mine])]] = True
+        keep[mine[np.argmax(nums["end_ns"][mine])]] = True
+    return keep
