@@ -63,15 +63,20 @@ def wait_for_captures() -> None:
         time.sleep(30)
 
 
-def measure(cmd: list[str]) -> Measure:
+def measure(cmd: list[str], before=None) -> Measure:
     """Run ``cmd`` twice: once alone for its wall time, once watched for the peak memory of
-    its process tree (reading every process's memory map takes CPU from the run itself)."""
+    its process tree (reading every process's memory map takes CPU from the run itself).
+    ``before`` runs ahead of each of the two (to empty a cache, so both runs see the same state)."""
     wait_for_captures()
+    if before:
+        before()
     started = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True)
     wall = time.perf_counter() - started
     if done.returncode != 0:
         raise SystemExit(f"failed ({done.returncode}): {' '.join(cmd)}\n{done.stderr.decode()[-2000:]}")
+    if before:
+        before()
     rss, pss = _peak_memory(cmd)
     return Measure(wall, rss, pss, done.stdout.decode())
 
@@ -133,8 +138,9 @@ def side_by_side(name: str, run_dir: Path, hta_python: str | None, cache_root: P
     cold = measure(tracekit_cmd(run_dir, "--no-cache"))
     rows.append(("tracekit analyze (full, no cache)", cold))
     cache = cache_root / name
-    shutil.rmtree(cache, ignore_errors=True)
-    first = measure(tracekit_cmd(run_dir, "--cache-dir", str(cache)))
+    # Emptied before each of its two runs: the memory run must not find the first run's cache.
+    first = measure(tracekit_cmd(run_dir, "--cache-dir", str(cache)),
+                    before=lambda: shutil.rmtree(cache, ignore_errors=True))
     rows.append(("tracekit analyze (empty cache)", first))
     warm = measure(tracekit_cmd(run_dir, "--cache-dir", str(cache)))
     rows.append(("tracekit analyze (cache filled)", warm))
