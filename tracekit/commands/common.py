@@ -45,7 +45,12 @@ def rank_options(func):
     def wrapper(*args, **kwargs):
         ctx = click.get_current_context()
         ctx.meta[_LOAD_META] = {name: kwargs.pop(name) for name in _LOAD_OPTIONS}
-        return func(*args, **kwargs)
+        try:
+            return func(*args, **kwargs)
+        finally:
+            from tracekit.ingest.executor import write_deferred_entries
+
+            write_deferred_entries()  # cache entries of files parsed by workers, after the output
 
     return wrapper
 
@@ -77,7 +82,8 @@ def _load_settings() -> dict:
         raise TracekitError("--scheduler is for --executor dask; add --executor dask or drop --scheduler")
     # Commands read only the working set of each file (tracekit.ingest.working_set).
     return {"executor": settings.get("executor") or "local", "jobs": settings.get("jobs"),
-            "scheduler": settings.get("scheduler"), "cache_dir": cache_dir, "rows": "analysis"}
+            "scheduler": settings.get("scheduler"), "cache_dir": cache_dir, "rows": "analysis",
+            "defer_cache_writes": True}
 
 
 def load_with_progress(path: Path, rank_from: str | None, rank_map: str | None, progress: bool | None):

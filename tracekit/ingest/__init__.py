@@ -88,7 +88,7 @@ def parse_files(paths: list[Path], rank_pattern: str | None = None,
                 executor: str = "local", jobs: int | None = None, scheduler=None,
                 cache_dir: str | None = None,
                 bytes_read: Callable[[int], None] | None = None,
-                rows: str = "all") -> tuple[list[TraceFile], pd.DataFrame]:
+                rows: str = "all", defer_cache_writes: bool = False) -> tuple[list[TraceFile], pd.DataFrame]:
     """Parse every file; return the per-file facts and one events table for all ranks.
 
     Files are parsed independently: ``executor`` ``"local"`` runs them in this process
@@ -99,6 +99,9 @@ def parse_files(paths: list[Path], rank_pattern: str | None = None,
     each file's path when it is done, ``bytes_read`` with counts of input bytes consumed.
     ``rows="analysis"`` keeps only the rows the analysis reads (see
     :mod:`tracekit.ingest.working_set`), dropped in the process that parsed the file.
+    Cache entries of files parsed by pool workers are written before this returns, or with
+    ``defer_cache_writes`` by :func:`tracekit.ingest.executor.write_deferred_entries` (the
+    command line calls it after its output, past the memory peak; at exit at the latest).
     """
     from tracekit.ingest.executor import IngestTask, run_tasks
 
@@ -109,8 +112,12 @@ def parse_files(paths: list[Path], rank_pattern: str | None = None,
     tasks = [IngestTask(str(path), file_id, rank_pattern, rank_map, cache_dir, rows)
              for file_id, path in enumerate(paths)]
     on_done = (lambda task: progress(Path(task.path))) if progress else None
+    from tracekit.ingest.executor import write_deferred_entries
+
     results = run_tasks(tasks, executor=executor, jobs=jobs, scheduler=scheduler,
                         on_done=on_done, bytes_read=bytes_read)
+    if not defer_cache_writes:
+        write_deferred_entries()
     files: list[TraceFile] = []
     parts: list[EventColumns] = []
     for parsed in results:
@@ -184,17 +191,19 @@ def load_run(path, rank_from: str | None = None, rank_map: dict[int, int] | None
              progress: Callable[[Path], None] | None = None, reconstruct: bool = True, *,
              executor: str = "local", jobs: int | None = None, scheduler=None,
              cache_dir: str | None = None, bytes_read: Callable[[int], None] | None = None,
-             rows: str = "all") -> Run:
+             rows: str = "all", defer_cache_writes: bool = False) -> Run:
     """Load a run folder (or one file) and, by default, reconstruct its pipeline.
 
-    ``executor``, ``jobs``, ``scheduler``, ``cache_dir``, ``bytes_read`` and ``rows``: see
+    ``executor``, ``jobs``, ``scheduler``, ``cache_dir``, ``bytes_read``, ``rows`` and
+    ``defer_cache_writes``: see
     :func:`parse_files` (no cache unless ``cache_dir`` is given; ``rows="analysis"`` gives
     the same analysis from a fraction of the events: what the command line uses).
     """
     path = Path(path)
     paths = discover(path)
     files, events = parse_files(paths, rank_from, rank_map, progress, executor=executor, jobs=jobs,
-                                scheduler=scheduler, cache_dir=cache_dir, bytes_read=bytes_read, rows=rows)
+                                scheduler=scheduler, cache_dir=cache_dir, bytes_read=bytes_read, rows=rows,
+                                defer_cache_writes=defer_cache_writes)
     from tracekit.model.run import Run
 
     run = Run(source=str(path), files=files, events=events,

@@ -72,6 +72,11 @@ class EventColumns:
                 arrays.append(pa.array(self.numbers[field.name], type=field.type))
         return pa.Table.from_arrays(arrays, schema=schema)
 
+    def copy(self) -> "EventColumns":
+        return EventColumns({c: v.copy() for c, v in self.numbers.items()},
+                            {c: v.copy() for c, v in self.codes.items()},
+                            {c: list(v) for c, v in self.values.items()})
+
     def to_frame(self):
         return events_frame([self])
 

@@ -7,18 +7,21 @@ runs in every executor; only the results (each file's typed rows, a few MB a ran
 back. Cross-rank work (reconstruction, analysis) happens after, on the gathered tables.
 
 - ``local``: files whose digest the cache remembers are read from the cache here; the rest
-  are parsed in this process (one job, or one file: a byte-level progress bar works) or in a
-  process pool, forked where that is safe (no other threads), else a fork server.
+  are parsed in this process (one job, or one file: a byte-level progress bar works) or by
+  ``jobs - 1`` pool workers and this process together (see :func:`_run_pool`); workers are
+  forked where that is safe (no other threads), else started by a fork server.
 - ``dask``: ``Client(scheduler)`` (a running cluster; tracekit must be installed on its
   workers and the files readable there), or a ``LocalCluster`` when no address is given.
   Give a cache root on storage the workers share (a shared path or an fsspec URL).
 """
 from __future__ import annotations
 
+import atexit
+import importlib
 import multiprocessing
 import os
 import threading
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -68,10 +71,45 @@ class PendingEntry:
     stamp: list[int]
 
     def store(self, parsed: Parsed) -> None:
-        from tracekit.ingest.cache import ParseCache, file_stamp
+        if self.unchanged():
+            self._cache().store(self.key, parsed)
 
-        if file_stamp(Path(self.path)) == self.stamp:  # a file rewritten while parsed is not stored
-            ParseCache(self.cache_dir).store(self.key, parsed)
+    def defer(self, parsed: Parsed) -> None:
+        """Keep a copy of the rows (the run's table consumes them next) and write the entry
+        when :func:`write_deferred_entries` runs: after the command's output, when this
+        process's memory peak is behind it (Arrow and Parquet map ~30 MB of library code
+        and buffers)."""
+        if self.unchanged():
+            if not _DEFERRED:
+                atexit.register(write_deferred_entries)
+            _DEFERRED.append((self, [(trace, columns.copy()) for trace, columns in parsed]))
+
+    def unchanged(self) -> bool:
+        """A file rewritten while it was parsed is not stored."""
+        from tracekit.ingest.cache import file_stamp
+
+        try:
+            return file_stamp(Path(self.path)) == self.stamp
+        except OSError:
+            return False
+
+    def _cache(self):
+        from tracekit.ingest.cache import ParseCache
+
+        return ParseCache(self.cache_dir)
+
+
+_DEFERRED: list[tuple[PendingEntry, Parsed]] = []
+
+
+def write_deferred_entries() -> int:
+    """Write the cache entries packed by the last loads; return how many."""
+    done = 0
+    while _DEFERRED:
+        entry, parsed = _DEFERRED.pop(0)
+        entry._cache().store(entry.key, parsed)
+        done += 1
+    return done
 
 
 def parse_one(task: IngestTask, bytes_read: Callable[[int], None] | None = None) -> tuple[Parsed, PendingEntry | None]:
@@ -170,40 +208,75 @@ def _pool_context():
 
 
 def _run_pool(tasks, todo, results, jobs, on_done, bytes_read) -> None:
-    import importlib
+    """Parse ``todo`` on ``jobs`` cores: ``jobs - 1`` worker processes and this process.
 
+    The workers fork first, while this process has loaded neither pandas nor pyarrow, so
+    each stays ~30 MB. This process then loads what the analysis will need (~0.4 s of
+    pandas) while they parse, and takes files from the same queue when it is done: no core
+    idles and there is one process fewer than there are cores, which is what keeps the
+    peak memory of the whole process tree low. Largest files go first.
+    """
     importlib.import_module("tracekit.ingest.kineto")  # light; forked workers start parsing at once
+    queue = sorted(todo, key=lambda i: -_size(tasks[i].path))
+    lock = threading.Lock()
+    failure: list[BaseException] = []
 
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=_pool_context()) as pool:
-        # Largest files first: the pool ends when its last task does.
-        order = sorted(todo, key=lambda i: -_size(tasks[i].path))
-        futures = {pool.submit(parse_one, tasks[i]): i for i in order}
-        # The workers exist now (forked before this process loaded pandas, so they stay
-        # small); load what the analysis needs while they parse.
-        warm = threading.Thread(target=_import_analysis, name="tracekit-imports", daemon=True)
-        warm.start()
+    def take() -> int | None:
+        with lock:
+            return queue.pop(0) if queue and not failure else None
+
+    def finish(i: int, parsed, pending, whole_file: bool) -> None:
+        if pending is not None:
+            pending.defer(parsed)
+        with lock:
+            results[i] = parsed
+            if whole_file and bytes_read:
+                bytes_read(_size(tasks[i].path))
+            if on_done:
+                on_done(tasks[i])
+
+    with ProcessPoolExecutor(max_workers=jobs - 1, mp_context=_pool_context()) as pool:
+        # One task per worker, submitted before any thread exists (the workers fork now).
+        first = [(i, pool.submit(parse_one, tasks[i])) for i in (take() for _ in range(jobs - 1)) if i is not None]
+
+        def feed(i: int, future) -> None:
+            """Keep one worker busy: collect its result, hand it the next file."""
+            try:
+                while True:
+                    parsed, pending = future.result()
+                    finish(i, parsed, pending, whole_file=True)
+                    i = take()
+                    if i is None:
+                        return
+                    future = pool.submit(parse_one, tasks[i])
+            except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread
+                with lock:
+                    failure.append(err)
+
+        feeders = [threading.Thread(target=feed, args=job, daemon=True) for job in first]
+        for feeder in feeders:
+            feeder.start()
+        def read_here(nbytes: int) -> None:
+            with lock:
+                bytes_read(nbytes)
+
         try:
-            for future in as_completed(futures):
-                i = futures[future]
-                parsed, pending = future.result()
-                if pending is not None:
-                    pending.store(parsed)
-                results[i] = parsed
-                if bytes_read:
-                    bytes_read(_size(tasks[i].path))
-                if on_done:
-                    on_done(tasks[i])
-        except BaseException:
+            _import_analysis()
+            while (i := take()) is not None:
+                parsed, pending = parse_one(tasks[i], read_here if bytes_read else None)
+                finish(i, parsed, pending, whole_file=False)
+        except BaseException as err:
+            with lock:
+                failure.append(err)
+        for feeder in feeders:
+            feeder.join()
+        if failure:
             pool.shutdown(wait=False, cancel_futures=True)  # one bad file ends the load
-            raise
-        finally:
-            warm.join()
+            raise failure[0]
 
 
 def _import_analysis() -> None:
     """Import the modules the parent needs after parsing (pandas alone takes ~0.4 s)."""
-    import importlib
-
     try:
         for name in ("pandas", "pyarrow"):
             importlib.import_module(name)

@@ -32,7 +32,7 @@ from tracekit.errors import TraceFormatError
 
 # Decompressed bytes gathered before a batch is cut and decoded. 1 MiB decodes to ~3k
 # Kineto events; larger chunks were slower and took more memory (see benchmarks/README.md).
-CHUNK_BYTES = 1 << 20
+CHUNK_BYTES = 1 << 18
 # Compressed bytes read from disk at a time.
 READ_BYTES = 1 << 20
 # A header longer than this without "traceEvents" is not a Chrome trace we can stream.
