@@ -82,3 +82,52 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, setup, message):
 def test_bad_rank_map_is_a_usage_error():
     result = run("analyze", str(SAMPLES / "1f1b"), "--rank-map", "oops")
     assert result.exit_code == 2 and "PID=RANK" in result.output
+
+
+def _executable(*args: str, env_extra: dict | None = None):
+    """The installed entry point's code path (tracekit.cli.run) in a fresh process."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, **(env_extra or {})}
+    return subprocess.run([sys.executable, "-m", "tracekit.cli", *args], capture_output=True,
+                          text=True, env=env)
+
+
+def test_executable_flushes_everything_and_exits_with_the_right_status(tmp_path):
+    done = _executable("analyze", str(SAMPLES / "1f1b"), "--json", "--no-cache", "--no-progress")
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)  # the whole document arrived, not a cut-off prefix
+    assert doc["schedule"]["name"] == "1F1B"
+    bad = _executable("analyze", str(tmp_path / "missing"))
+    assert bad.returncode == 2
+    assert len(bad.stderr.strip().splitlines()) == 1 and "no such file or folder" in bad.stderr
+
+
+def test_executable_loads_pandas_without_pyarrow_and_answers_the_same(tmp_path):
+    """The command line skips pandas' optional pyarrow strings (tracekit/_lean.py): same
+    answer as the library with pyarrow loaded, and pyarrow never imported for it."""
+    import subprocess
+    import sys
+
+    from tracekit.analyze import analyze
+    from tracekit.ingest import load_run
+    from tracekit.render.json import to_document
+
+    flag = tmp_path / "modules.txt"
+    code = (
+        "import atexit, sys\n"
+        f"atexit.register(lambda: open({str(flag)!r}, 'w').write(str('pyarrow' in sys.modules)))\n"
+        "from tracekit.cli import run\n"
+        f"sys.argv = ['tracekit', 'analyze', {str(SAMPLES / '1f1b_slow_stage2')!r}, '--json', '--no-cache', '--no-progress']\n"
+        "run()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert flag.read_text() == "False"
+    here = to_document(analyze(load_run(SAMPLES / "1f1b_slow_stage2", rows="analysis")))
+    there = json.loads(done.stdout)
+    for doc in (here, there):
+        doc.pop("generated_at", None)
+    assert there == json.loads(json.dumps(here))

@@ -21,6 +21,7 @@ import importlib
 import multiprocessing
 import os
 import threading
+from collections import deque
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -240,15 +241,22 @@ def _run_pool(tasks, todo, results, jobs, on_done, bytes_read) -> None:
         first = [(i, pool.submit(parse_one, tasks[i])) for i in (take() for _ in range(jobs - 1)) if i is not None]
 
         def feed(i: int, future) -> None:
-            """Keep one worker busy: collect its result, hand it the next file."""
+            """Keep one worker busy: collect its results, hand it the next files. While
+            plenty are left, a second file waits in the worker's queue, so it never idles
+            for this process's threads to get their turn at the interpreter lock."""
+            inflight = deque([(i, future)])
             try:
-                while True:
+                while inflight:
+                    if len(inflight) < 2:
+                        with lock:
+                            plenty = len(queue) > jobs
+                        if plenty and (nxt := take()) is not None:
+                            inflight.append((nxt, pool.submit(parse_one, tasks[nxt])))
+                    i, future = inflight.popleft()
                     parsed, pending = future.result()
                     finish(i, parsed, pending, whole_file=True)
-                    i = take()
-                    if i is None:
-                        return
-                    future = pool.submit(parse_one, tasks[i])
+                    if not inflight and (nxt := take()) is not None:
+                        inflight.append((nxt, pool.submit(parse_one, tasks[nxt])))
             except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread
                 with lock:
                     failure.append(err)
@@ -256,6 +264,7 @@ def _run_pool(tasks, todo, results, jobs, on_done, bytes_read) -> None:
         feeders = [threading.Thread(target=feed, args=job, daemon=True) for job in first]
         for feeder in feeders:
             feeder.start()
+
         def read_here(nbytes: int) -> None:
             with lock:
                 bytes_read(nbytes)
@@ -278,8 +287,7 @@ def _run_pool(tasks, todo, results, jobs, on_done, bytes_read) -> None:
 def _import_analysis() -> None:
     """Import the modules the parent needs after parsing (pandas alone takes ~0.4 s)."""
     try:
-        for name in ("pandas", "pyarrow"):
-            importlib.import_module(name)
+        importlib.import_module("pandas")
     except ImportError:  # reported where they are needed
         pass
 

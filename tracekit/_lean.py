@@ -1,0 +1,54 @@
+"""Keep the command-line process small: pandas without its optional pyarrow string backend.
+
+pandas 3 imports pyarrow, when it is installed, to back its ``str`` dtype: ~35 MB of
+resident library code and ~0.1 s. tracekit's analysis never needs it (event names are
+categoricals, the parse cache converts through numpy), so the command line asks pandas to
+start as it does where pyarrow is not installed, a configuration pandas supports. pyarrow
+itself stays importable: the parse cache loads it when it reads or writes Parquet.
+
+Only the ``tracekit`` command does this, and only if pandas is not imported yet; a program
+that imports tracekit as a library gets pandas exactly as it configured it.
+"""
+from __future__ import annotations
+
+import importlib.abc
+import importlib.util
+import sys
+
+
+class _PandasWithoutPyarrow(importlib.abc.MetaPathFinder):
+    """While ``pandas`` itself is being imported, ``import pyarrow`` fails as if absent."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "pandas":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec("pandas")
+        if spec is None or spec.loader is None:
+            return spec
+        real = spec.loader
+
+        class _Loader(importlib.abc.Loader):
+            def create_module(self, spec):
+                return real.create_module(spec)
+
+            def exec_module(self, module):
+                blocked = "pyarrow" not in sys.modules
+                if blocked:
+                    sys.modules["pyarrow"] = None  # "import pyarrow" raises ImportError
+                try:
+                    real.exec_module(module)
+                finally:
+                    if blocked and sys.modules.get("pyarrow", 0) is None:
+                        del sys.modules["pyarrow"]
+
+        spec.loader = _Loader()
+        return spec
+
+
+def pandas_without_pyarrow() -> None:
+    """Arrange for the first ``import pandas`` of this process to skip pyarrow."""
+    if "pandas" in sys.modules or "pyarrow" in sys.modules:
+        return
+    if not any(isinstance(f, _PandasWithoutPyarrow) for f in sys.meta_path):
+        sys.meta_path.insert(0, _PandasWithoutPyarrow())
