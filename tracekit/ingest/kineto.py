@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # pandas loads on first use: parser workers never import it
 
 from tracekit.errors import TraceFormatError
 from tracekit.ingest.columns import EventColumns
-from tracekit.ingest.kineto_stream import ChromeTraceStream, complete_elements
+from tracekit.ingest.kineto_stream import ChromeTraceStream, RawEvent, complete_elements
 from tracekit.ingest.nesting import nesting_depth
 from tracekit.model.events import TraceFile
 
@@ -258,7 +258,7 @@ class _RowBuilder:
         :class:`_Irregular` (having changed nothing that matters) on anything unusual, for
         :meth:`_add_each` to handle event by event."""
         base = self.n_elements
-        xi = [i for i, e in enumerate(batch) if e is not None and e.ph == "X"]
+        xi = [i for i, e in enumerate(batch) if type(e) is RawEvent]
         xs = [batch[i] for i in xi]
         cat_of = self.cat_code_of
         raw_cats = [e.cat for e in xs]
@@ -326,7 +326,7 @@ class _RowBuilder:
         base = self.n_elements
         probing = self.first_x_ts is None and base < 200
         for offset, event in enumerate(batch):
-            if event is None or event.ph != "X":
+            if type(event) is not RawEvent:
                 continue
             ts = event.ts
             if probing and isinstance(ts, _NUMBER) and base + offset < 200:
