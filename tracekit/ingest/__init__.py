@@ -100,8 +100,9 @@ def parse_files(paths: list[Path], rank_pattern: str | None = None,
     ``rows="analysis"`` keeps only the rows the analysis reads (see
     :mod:`tracekit.ingest.working_set`), dropped in the process that parsed the file.
     Cache entries of files parsed by pool workers are written before this returns, or with
-    ``defer_cache_writes`` by :func:`tracekit.ingest.executor.write_deferred_entries` (the
-    command line calls it after its output, past the memory peak; at exit at the latest).
+    ``defer_cache_writes`` by a background thread while the caller goes on (the command line
+    waits for it with :func:`tracekit.ingest.executor.write_deferred_entries` after its
+    output; at exit at the latest).
     """
     from tracekit.ingest.executor import IngestTask, run_tasks
 
@@ -116,8 +117,8 @@ def parse_files(paths: list[Path], rank_pattern: str | None = None,
 
     results = run_tasks(tasks, executor=executor, jobs=jobs, scheduler=scheduler,
                         on_done=on_done, bytes_read=bytes_read)
-    if not defer_cache_writes:
-        write_deferred_entries()
+    # Deferred: written by a background thread, finished by the command after its output.
+    write_deferred_entries(background=defer_cache_writes)
     files: list[TraceFile] = []
     parts: list[EventColumns] = []
     for parsed in results:

@@ -101,16 +101,34 @@ class PendingEntry:
 
 
 _DEFERRED: list[tuple[PendingEntry, Parsed]] = []
+_WRITER: list[threading.Thread] = []     # the background writer, while one runs
 
 
-def write_deferred_entries() -> int:
-    """Write the cache entries packed by the last loads; return how many."""
-    done = 0
-    while _DEFERRED:
-        entry, parsed = _DEFERRED.pop(0)
+def write_deferred_entries(background: bool = False) -> None:
+    """Write the cache entries kept by :meth:`PendingEntry.defer`.
+
+    ``background``: in a thread, and return at once (Parquet encoding runs outside the
+    interpreter lock, beside the single-threaded analysis that follows the parse); a later
+    call without it waits for that thread and writes whatever is left."""
+    if background:
+        if _DEFERRED and not any(w.is_alive() for w in _WRITER):
+            writer = threading.Thread(target=_drain_deferred, name="tracekit-cache-writer", daemon=True)
+            _WRITER[:] = [writer]
+            writer.start()
+        return
+    for writer in _WRITER:
+        writer.join()
+    _WRITER.clear()
+    _drain_deferred()
+
+
+def _drain_deferred() -> None:
+    while True:
+        try:
+            entry, parsed = _DEFERRED.pop(0)
+        except IndexError:
+            return
         entry._cache().store(entry.key, parsed)
-        done += 1
-    return done
 
 
 def parse_one(task: IngestTask, bytes_read: Callable[[int], None] | None = None) -> tuple[Parsed, PendingEntry | None]:
@@ -217,6 +235,7 @@ def _run_pool(tasks, todo, results, jobs, on_done, bytes_read) -> None:
     idles and there is one process fewer than there are cores, which is what keeps the
     peak memory of the whole process tree low. Largest files go first.
     """
+    write_deferred_entries()  # no writer thread may run while the workers fork
     importlib.import_module("tracekit.ingest.kineto")  # light; forked workers start parsing at once
     queue = sorted(todo, key=lambda i: -_size(tasks[i].path))
     lock = threading.Lock()
