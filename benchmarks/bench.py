@@ -147,7 +147,7 @@ def side_by_side(name: str, run_dir: Path, hta_python: str | None, cache_root: P
     serial = measure(tracekit_cmd(run_dir, "--no-cache", "--jobs", "1"))
     rows.append(("tracekit analyze (no cache, 1 job)", serial))
     load = measure(tracekit_load_cmd(run_dir))
-    rows.append(("tracekit load only (no analysis)", load))
+    rows.append(("tracekit load only, all rows", load))
     print(f"{'tool':38} {'wall s':>7} {'peak RSS MB':>12} {'peak PSS MB':>12} {'MB/s':>7}")
     for label, m in rows:
         print(f"{label:38} {m.wall_s:7.2f} {m.rss_mb:12.0f} {m.pss_mb:12.0f} {m.mb_per_s(mb):7.1f}")
