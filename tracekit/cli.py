@@ -48,6 +48,7 @@ def main() -> None:
     Typical use:
       tracekit analyze run/                       # bubbles, causes, blame, what to try
       tracekit analyze run/ --json                # the same, for scripts
+      tracekit whatif run/ -m 16                  # another schedule, v or m: predicted
       tracekit report run/                        # interactive HTML report
       tracekit check run/ --baseline base.json    # CI gate: exit 1 on a regression
       tracekit diff run_a/ run_b/                 # what changed, what matters most
