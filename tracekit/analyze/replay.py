@@ -183,17 +183,20 @@ def reorder(graph_fields: dict, order: np.ndarray) -> dict:
 
 
 def dependency_pairs(rank: np.ndarray, stage: np.ndarray, kind: np.ndarray,
-                     microbatch: np.ndarray) -> list[tuple[int, int]]:
+                     microbatch: np.ndarray, replica: np.ndarray | None = None) -> list[tuple[int, int]]:
     """Cross-rank data dependencies implied by stage adjacency: activations flow from
-    stage s to s+1, gradients from s+1 to s (through I when backward is split)."""
-    index = {(str(k), int(s), int(m)): i for i, (k, s, m) in enumerate(zip(kind, stage, microbatch))}
+    stage s to s+1, gradients from s+1 to s (through I when backward is split), inside one
+    data-parallel ``replica`` (all one pipeline when not given)."""
+    group = np.zeros(len(kind), dtype=np.int64) if replica is None else replica
+    index = {(int(g), str(k), int(s), int(m)): i
+             for i, (g, k, s, m) in enumerate(zip(group, kind, stage, microbatch))}
     pairs = []
-    for i, (k, s, m) in enumerate(zip(kind, stage, microbatch)):
-        k, s, m = str(k), int(s), int(m)
+    for i, (g, k, s, m) in enumerate(zip(group, kind, stage, microbatch)):
+        g, k, s, m = int(g), str(k), int(s), int(m)
         if k == "F":
-            j = index.get(("F", s - 1, m))
+            j = index.get((g, "F", s - 1, m))
         elif k in ("B", "I"):
-            j = index.get(("B", s + 1, m), index.get(("I", s + 1, m)))
+            j = index.get((g, "B", s + 1, m), index.get((g, "I", s + 1, m)))
         else:
             j = None
         if j is not None and rank[j] != rank[i]:
@@ -233,7 +236,9 @@ def graph_from_run(run: Run, step: int) -> StepGraph:
     stage = acts["stage"].to_numpy(dtype=np.int64)
     mb = acts["microbatch"].to_numpy(dtype=np.int64)
     unmessaged = 0
-    for s, d in dependency_pairs(rank, stage, kind, mb):
+    replica_of = {r: i for i, group in enumerate(run.schedule.pipelines if run.schedule else []) for r in group}
+    replica = np.array([replica_of.get(int(r), 0) for r in rank], dtype=np.int64)
+    for s, d in dependency_pairs(rank, stage, kind, mb, replica):
         if (s, d) not in edges and end[s] <= start[d]:
             edges[(s, d)] = (0, -1)
             unmessaged += 1

@@ -126,7 +126,8 @@ def cost_model(run: Run) -> CostModel:
         for s, d, lat, msg in zip(g.edge_src, g.edge_dst, g.edge_lat, g.edge_msg):
             if msg >= 0:
                 latency.setdefault((int(g.rank[s]), int(g.rank[d])), []).append(int(lat))
-    ranks = sorted(overhead)
+    # Generated orders place stages on the first replica's ranks (the others repeat it).
+    ranks = sorted(sched.pipelines[0]) if sched.pipelines else sorted(overhead)
     work: dict[tuple[int, str], np.ndarray] = {}
     rng = np.random.default_rng(0)
     for (r, k), samples in per_kind.items():

@@ -55,6 +55,21 @@ class ScheduleInfo:
     stage_to_rank: dict[int, int] = field(default_factory=dict)
     split_backward: bool = False   # backward split into I and W
     evidence: list[str] = field(default_factory=list)
+    # Data-parallel replicas of the pipeline (ranks of each; one group for a single pipeline).
+    # p, stage_to_rank and placement describe the first replica.
+    pipelines: list[list[int]] = field(default_factory=list)
+
+    @property
+    def replicas(self) -> int:
+        return max(1, len(self.pipelines))
+
+    def ranks_of_stage(self, stage: int) -> list[int]:
+        """Every rank that runs ``stage``: one per data-parallel replica."""
+        rank = self.stage_to_rank.get(int(stage), -1)
+        if rank < 0 or len(self.pipelines) < 2 or rank not in self.pipelines[0]:
+            return [rank] if rank >= 0 else []
+        place = self.pipelines[0].index(rank)
+        return [group[place] for group in self.pipelines if place < len(group)]
 
     @property
     def n_stages(self) -> int:
@@ -66,6 +81,7 @@ class ScheduleInfo:
             "placement": self.placement,
             "stage_to_rank": {str(k): v for k, v in sorted(self.stage_to_rank.items())},
             "split_backward": self.split_backward, "evidence": list(self.evidence),
+            "replicas": self.replicas, "pipelines": [list(g) for g in self.pipelines],
         }
 
 

@@ -6,6 +6,7 @@ from tracekit.model.run import Run
 from tracekit.reconstruct.actions import find_actions
 from tracekit.reconstruct.clock import estimate_offsets, shift_ranks
 from tracekit.reconstruct.p2p import estimate_arrivals, match_messages
+from tracekit.reconstruct.pipelines import pipeline_groups, restage, stage_is_rank
 from tracekit.reconstruct.schedule import recognise
 from tracekit.reconstruct.steps import find_steps
 
@@ -39,7 +40,10 @@ def reconstruct(run: Run) -> Run:
         messages = shift_ranks(messages, shifts, "dst_rank", ["recv_post_ns", "recv_done_ns"])
     run.messages = estimate_arrivals(messages, run.actions, run.events)
     overlap = actions["label"].str.contains("OVERLAP_F_B", regex=False).any()
-    run.schedule = recognise(actions, overlap_labels=bool(overlap))
+    pipelines = pipeline_groups(run.actions, run.messages)
+    if len(pipelines) > 1 and stage_is_rank(run.actions):
+        run.actions = restage(run.actions, pipelines)
+    run.schedule = recognise(run.actions, overlap_labels=bool(overlap), pipelines=pipelines)
     if run.schedule is not None:
         run.schedule.evidence.insert(0, f"actions from {labelling}")
     return run

@@ -6,14 +6,27 @@ import pandas as pd
 from tracekit.model.run import ScheduleInfo
 
 
-def recognise(actions: pd.DataFrame, overlap_labels: bool = False) -> ScheduleInfo | None:
-    """Name the schedule that produced these actions; None when there are none."""
+def recognise(actions: pd.DataFrame, overlap_labels: bool = False,
+              pipelines: list[list[int]] | None = None) -> ScheduleInfo | None:
+    """Name the schedule that produced these actions; None when there are none.
+
+    ``pipelines``: the ranks of each data-parallel replica (:mod:`.pipelines`); p, the
+    stage placement and the order are read from the first, which the others repeat."""
     if actions.empty:
         return None
+    pipelines = pipelines or [sorted(int(r) for r in actions["rank"].unique())]
+    evidence: list[str] = []
+    if len(pipelines) > 1:
+        first = pipelines[0]
+        evidence.append(
+            f"{len(pipelines)} data-parallel replicas of {len(first)} ranks each "
+            f"({', '.join(_span(g) for g in pipelines[:4])}{' ...' if len(pipelines) > 4 else ''}), "
+            "found from which ranks exchange messages; the schedule is read from ranks "
+            f"{_span(first)}")
+        actions = actions[actions["rank"].isin(first)]
     ranks = sorted(actions["rank"].unique())
     p = len(ranks)
     stage_to_rank: dict[int, int] = {}
-    evidence: list[str] = []
     for (stage, rank), _ in actions.groupby(["stage", "rank"]):
         if stage in stage_to_rank and stage_to_rank[stage] != rank:
             evidence.append(f"stage {stage} ran on ranks {stage_to_rank[stage]} and {rank}")
@@ -46,7 +59,15 @@ def recognise(actions: pd.DataFrame, overlap_labels: bool = False) -> ScheduleIn
             else "ranks interleave forwards and backwards (one-forward-one-backward steady state)"
         )
     return ScheduleInfo(name=name, p=p, v=v, m=m, placement=placement, stage_to_rank=stage_to_rank,
-                        split_backward=split_backward, evidence=evidence)
+                        split_backward=split_backward, evidence=evidence,
+                        pipelines=[list(g) for g in pipelines])
+
+
+def _span(ranks: list[int]) -> str:
+    """"0-3" for a contiguous run of ranks, else the list."""
+    if ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"{ranks[0]}-{ranks[-1]}"
+    return ",".join(map(str, ranks))
 
 
 def _placement(stage_to_rank: dict[int, int], ranks: list, p: int) -> str:

@@ -50,8 +50,10 @@ def render(doc: dict) -> str:
         out.append(_plain_rank_table(doc))
         out.extend(_warnings(doc))
         return "\n".join(out)
+    replicas = sched.get("replicas", 1)
     out.append(f"  schedule: {sched['name']}  p={sched['p']} v={sched['v']} m={sched['m']}  "
-               f"({sched['placement']} placement{', split backward' if sched['split_backward'] else ''})")
+               f"({sched['placement']} placement{', split backward' if sched['split_backward'] else ''})"
+               + (f"  x {replicas} data-parallel pipelines" if replicas > 1 else ""))
     theory = doc["theory"] or {}
     out.append("")
     out.append(f"bubble ratio  {pct(s['bubble_ratio'])} measured   "
@@ -104,7 +106,7 @@ def _causes(doc: dict, totals: dict[str, int]) -> list[str]:
         line = f"  {CAUSE_NAMES[cause]:<17} {ms(value):>9} ms  {100 * value / idle:5.1f}% of idle"
         if cause == "imbalance" and doc["blame"]["stages"]:
             top = doc["blame"]["stages"][:3]
-            line += "  <- " + ", ".join(f"stage {b['stage']} (rank {b['rank']}) {ms(b['imbalance_ns'])} ms" for b in top)
+            line += "  <- " + ", ".join(f"stage {b['stage']} ({_ranks(b)}) {ms(b['imbalance_ns'])} ms" for b in top)
         if cause == "comm" and doc["blame"]["links"]:
             top = doc["blame"]["links"][:3]
             line += "  <- " + ", ".join(f"link {b['src_rank']}->{b['dst_rank']} {ms(b['comm_ns'])} ms" for b in top)
@@ -141,3 +143,9 @@ def _warnings(doc: dict) -> list[str]:
     if len(doc["warnings"]) > 10:
         out.append(f"  ... and {len(doc['warnings']) - 10} more (see --json)")
     return out
+
+
+def _ranks(blame: dict) -> str:
+    """"rank 2", or "ranks 2,6" where data-parallel replicas run the stage too."""
+    ranks = blame.get("ranks") or [blame["rank"]]
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ",".join(map(str, ranks))

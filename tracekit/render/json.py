@@ -103,7 +103,8 @@ def to_document(analysis: Analysis) -> dict:
             grouped = stages.groupby("stage")["imbalance_ns"].sum().sort_values(ascending=False)
             doc["blame"]["stages"] = [
                 {"stage": int(s), "imbalance_ns": int(v),
-                 "rank": int(run.schedule.stage_to_rank.get(int(s), -1)) if run.schedule else -1}
+                 "rank": int(run.schedule.stage_to_rank.get(int(s), -1)) if run.schedule else -1,
+                 "ranks": run.schedule.ranks_of_stage(int(s)) if run.schedule else []}
                 for s, v in grouped.items()]
         links = attribution.link_blame
         if len(links):
