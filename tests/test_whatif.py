@@ -119,3 +119,15 @@ def test_cli_on_a_run_without_pipeline_is_one_line_and_exit_2(tmp_path):
     assert done.exit_code == 2
     assert done.output.strip().count("\n") == 0
     assert "no pipeline actions found" in done.output
+
+
+def test_balanced_split_of_the_slow_stage_run_predicts_the_balanced_capture(samples):
+    """Stage 2 of `1f1b_slow_stage2` computes twice as long. Re-split evenly, the run should
+    look like the balanced `1f1b` capture (same schedule) with 1.25x the compute per rank."""
+    slow = what_if(samples["1f1b_slow_stage2"], [("1F1B", 1, 8)], balanced=True)
+    plain, balanced = slow.predictions
+    assert "balanced" in balanced.label and "balanced" not in plain.label
+    reference = what_if(samples["1f1b"], [("1F1B", 1, 8)])
+    assert abs(balanced.bubble_ratio - reference.measured_bubble) < 0.02
+    assert balanced.step_ns == pytest.approx(1.25 * reference.measured_step_ns, rel=0.04)
+    assert plain.bubble_ratio - balanced.bubble_ratio > 0.1

@@ -20,6 +20,10 @@ beside every prediction. With constant costs and free messages, predictions equa
 closed forms exactly (tested); on the project's real sample runs they are within a few
 points of the runs captured with the other schedules (tested; see README).
 
+``balanced=True`` adds, for every target, the same schedule with the stages re-split so that
+every rank computes the mean (the run's total compute kept): how much a better split of the
+layers would buy.
+
 ``keep="global-batch"`` (default): the step processes the same samples, so a microbatch's
 compute scales with measured m / target m; ``keep="microbatch"``: microbatches keep their
 size and the step does more work. Latencies are kept as measured in both (a message's size
@@ -164,9 +168,10 @@ def _draw(rng, pools: dict, keys: list, fallback: np.ndarray | None = None) -> n
     return out
 
 
-def _replay_many(graph: StepGraph, model: CostModel, rng, samples: int, scale: float, v: int,
+def _replay_many(graph: StepGraph, model: CostModel, rng, samples: int, scale, v: int,
                  rank_of: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Bubble ratios and step times of ``samples`` replays with freshly drawn costs."""
+    """Bubble ratios and step times of ``samples`` replays with freshly drawn costs;
+    ``scale`` multiplies the compute (a number, or one per action)."""
     work_keys = list(zip(rank_of.tolist(), graph.kind.tolist()))
     ranks = rank_of.tolist()
     links = [(ranks[s], ranks[d]) for s, d in zip(graph.edge_src.tolist(), graph.edge_dst.tolist())]
@@ -198,9 +203,19 @@ def as_measured(model: CostModel, samples: int = DEFAULT_SAMPLES, seed: int = 0)
                       float(np.std(steps)), theory, "measured order")
 
 
+def balance_factors(model: CostModel) -> dict[int, float]:
+    """Per rank, what its compute is multiplied by when stages are re-split so that every
+    rank computes the same (the total kept): mean over ranks / the rank's own, by medians."""
+    per_rank = {r: float(np.median(model.work[(r, "F")]) + np.median(model.work[(r, "B")]))
+                for r in model.ranks}
+    mean = sum(per_rank.values()) / len(per_rank)
+    return {r: (mean / c if c > 0 else 1.0) for r, c in per_rank.items()}
+
+
 def predict(model: CostModel, schedule: str, v: int, m: int, keep: str = "global-batch",
-            samples: int = DEFAULT_SAMPLES, seed: int = 0) -> Prediction:
-    """Replay ``schedule`` with ``v`` chunks a rank and ``m`` microbatches on the measured costs."""
+            samples: int = DEFAULT_SAMPLES, seed: int = 0, balanced: bool = False) -> Prediction:
+    """Replay ``schedule`` with ``v`` chunks a rank and ``m`` microbatches on the measured
+    costs; ``balanced``: with layers moved between stages so every rank computes the same."""
     check_target(model, schedule, v, m)
     if keep not in KEEPS:
         raise TracekitError(f"--keep {keep!r}: choose one of {', '.join(KEEPS)}")
@@ -208,10 +223,14 @@ def predict(model: CostModel, schedule: str, v: int, m: int, keep: str = "global
     graph = graph_from_orders(orders, {"F": 1, "B": 1})
     rank_of = np.array([model.ranks[r] for r in graph.rank.tolist()], dtype=np.int64)
     scale = model.m / m if keep == "global-batch" else 1.0
+    if balanced:
+        factors = balance_factors(model)
+        scale = scale * np.array([factors[r] for r in rank_of.tolist()])
     rng = np.random.default_rng(seed)
     bubbles, steps = _replay_many(graph, model, rng, samples, scale, v, rank_of)
     theory = theoretical_bubble(schedule, model.p, v, m).bubble_ratio
-    return Prediction(f"{schedule} v={v} m={m}", schedule, model.p, v, m, float(bubbles.mean()),
+    label = f"{schedule} v={v} m={m}" + (" balanced" if balanced else "")
+    return Prediction(label, schedule, model.p, v, m, float(bubbles.mean()),
                       float(bubbles.std()), float(steps.mean()), float(steps.std()), theory,
                       "generated order")
 
@@ -242,9 +261,9 @@ def default_targets(model: CostModel) -> list[tuple[str, int, int]]:
 
 
 def what_if(run: Run, targets: list[tuple[str, int, int]] | None = None, keep: str = "global-batch",
-            samples: int = DEFAULT_SAMPLES, seed: int = 0) -> WhatIf:
+            samples: int = DEFAULT_SAMPLES, seed: int = 0, balanced: bool = False) -> WhatIf:
     """Predict every target (schedule, v, m); targets that cannot be generated are skipped
-    with the reason."""
+    with the reason. ``balanced``: every target also with stages re-split evenly."""
     from tracekit.analyze.bubbles import measure_pipeline
 
     model = cost_model(run)
@@ -255,6 +274,8 @@ def what_if(run: Run, targets: list[tuple[str, int, int]] | None = None, keep: s
     for schedule, v, m in targets or default_targets(model):
         try:
             predictions.append(predict(model, schedule, v, m, keep, samples, seed))
+            if balanced:
+                predictions.append(predict(model, schedule, v, m, keep, samples, seed, balanced=True))
         except TracekitError as err:
             if targets:  # asked for explicitly: say why not
                 skipped.append(str(err))
@@ -268,5 +289,9 @@ def what_if(run: Run, targets: list[tuple[str, int, int]] | None = None, keep: s
          else "microbatch size kept: compute per microbatch as measured, the step does more work"),
         "message latencies as measured (links the run never used take the pooled samples)",
     ]
+    if balanced:
+        factors = balance_factors(model)
+        assumptions.append("'balanced' rows: layers moved between stages so every rank computes the same; "
+                           + ", ".join(f"rank {r} x{f:.2f}" for r, f in factors.items()))
     return WhatIf(run.source, model, measured_bubble, measured_step, as_measured(model, samples, seed),
                   predictions, skipped, keep, samples, assumptions)

@@ -24,13 +24,16 @@ SCHEDULE_CHOICES = ["GPipe", "1F1B", "Interleaved1F1B"]
               show_default=True,
               help="What stays fixed when m changes: the samples per step (a microbatch's compute "
                    "scales with measured m / new m) or the microbatch size (the step does more work).")
+@click.option("--balanced", is_flag=True,
+              help="Also predict each schedule with the layers re-split so every rank computes the same "
+                   "(the run's total compute kept): what a better stage split would buy.")
 @click.option("--replays", type=click.IntRange(4, 10_000), default=32, show_default=True,
               help="Replays per prediction, each with freshly drawn costs (mean and spread reported).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the draws (same seed, same answer).")
 @click.option("--json", "as_json", is_flag=True, help="Print the predictions as JSON.")
 @rank_options
 def command(run_dir: Path, schedules: tuple[str, ...], vs: tuple[int, ...], ms: tuple[int, ...],
-            keep: str, replays: int, seed: int, as_json: bool, rank_from: str | None,
+            keep: str, balanced: bool, replays: int, seed: int, as_json: bool, rank_from: str | None,
             rank_map: str | None, progress: bool | None) -> None:
     """What if this run used another schedule, more chunks per rank or more microbatches?
 
@@ -50,6 +53,7 @@ def command(run_dir: Path, schedules: tuple[str, ...], vs: tuple[int, ...], ms: 
       tracekit whatif sample_traces/1f1b
       tracekit whatif run/ -s Interleaved1F1B -v 2 -v 4 -m 16
       tracekit whatif run/ -s 1F1B -m 8 -m 16 -m 32 --keep microbatch --json
+      tracekit whatif run/ -s 1F1B -m 8 --balanced     # what a better stage split buys
     """
     from tracekit.analyze.whatif import cost_model, what_if
     from tracekit.render.whatif import render
@@ -64,7 +68,7 @@ def command(run_dir: Path, schedules: tuple[str, ...], vs: tuple[int, ...], ms: 
         v_interleaved = vs or ((model.v if model.v >= 2 else 2),)
         targets = [(s, v, m) for s in chosen for v in (v_interleaved if s == "Interleaved1F1B" else (1,))
                    for m in m_values]
-    result = what_if(run, targets, keep=keep, samples=replays, seed=seed)
+    result = what_if(run, targets, keep=keep, samples=replays, seed=seed, balanced=balanced)
     if as_json:
         sys.stdout.write(json.dumps(result.to_dict(), indent=1) + "\n")
     else:
