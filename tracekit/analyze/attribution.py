@@ -28,7 +28,7 @@ from itertools import combinations
 import numpy as np
 import pandas as pd
 
-from tracekit.analyze.replay import StepGraph, critical_path, graph_from_run, idle_per_rank, replay
+from tracekit.analyze.replay import StepGraph, critical_path, idle_per_rank, replay, step_graphs
 from tracekit.model.run import Run
 
 CAUSES = ("imbalance", "comm", "overhead")
@@ -256,10 +256,8 @@ def _excess_work(graph: StepGraph, balanced: np.ndarray, stage: int) -> float:
 def attribute(run: Run, bubbles: pd.DataFrame) -> Attribution:
     """Attribute every pipeline step of the run."""
     steps = []
-    for step in sorted(run.actions["step"].unique()):
-        if step < 0:
-            continue
-        graph = graph_from_run(run, int(step))
+    graphs = step_graphs(run)
+    for step, graph in graphs.items():
         rows = bubbles[bubbles["step"] == step]
         measured_idle = {int(r): int(i) for r, i in zip(rows["rank"], rows["idle_ns"])}
         measured_makespan = int(rows["window_ns"].max()) if len(rows) else 0

@@ -204,9 +204,22 @@ def dependency_pairs(rank: np.ndarray, stage: np.ndarray, kind: np.ndarray,
     return pairs
 
 
-def graph_from_run(run: Run, step: int) -> StepGraph:
-    """The measured dependency graph of one step of a reconstructed run."""
-    acts = run.actions[run.actions["step"] == step].sort_values(["start_ns", "end_ns"])
+def step_graphs(run: Run) -> dict[int, StepGraph]:
+    """The measured graph of every step (the run's tables split by step once)."""
+    acts_by_step = {int(s): g for s, g in run.actions.groupby("step", sort=True) if s >= 0}
+    msgs = run.messages[(run.messages["producer_action"] >= 0) & (run.messages["consumer_action"] >= 0)]
+    msgs_by_step = {int(s): g for s, g in msgs.groupby("step", sort=False)}
+    empty = msgs.iloc[0:0]
+    return {step: graph_from_run(run, step, acts, msgs_by_step.get(step, empty))
+            for step, acts in acts_by_step.items()}
+
+
+def graph_from_run(run: Run, step: int, acts=None, msgs=None) -> StepGraph:
+    """The measured dependency graph of one step of a reconstructed run (``acts`` and
+    ``msgs``: that step's actions and linked messages, when already split out)."""
+    if acts is None:
+        acts = run.actions[run.actions["step"] == step]
+    acts = acts.sort_values(["start_ns", "end_ns"])
     n = len(acts)
     ids = acts["action_id"].to_numpy(dtype=np.int64)
     pos = {int(a): i for i, a in enumerate(ids)}
@@ -219,19 +232,22 @@ def graph_from_run(run: Run, step: int) -> StepGraph:
         prev[i] = last_on_rank.get(int(r), -1)
         last_on_rank[int(r)] = i
     notes: list[str] = []
-    msgs = run.messages[(run.messages["step"] == step) & (run.messages["producer_action"] >= 0)
-                        & (run.messages["consumer_action"] >= 0)]
+    if msgs is None:
+        msgs = run.messages[(run.messages["step"] == step) & (run.messages["producer_action"] >= 0)
+                            & (run.messages["consumer_action"] >= 0)]
     edges: dict[tuple[int, int], tuple[int, int]] = {}   # (src, dst) -> (lat, msg_id)
-    for msg in msgs.itertuples(index=False):
-        s, d = pos.get(int(msg.producer_action)), pos.get(int(msg.consumer_action))
+    for msg_id, producer, consumer, arrival in zip(
+            msgs["msg_id"].tolist(), msgs["producer_action"].tolist(), msgs["consumer_action"].tolist(),
+            msgs["arrival_ns"].tolist()):
+        s, d = pos.get(int(producer)), pos.get(int(consumer))
         if s is None or d is None or rank[s] == rank[d]:
             continue
         if end[s] > start[d]:
-            notes.append(f"message {msg.msg_id} arrives after its consumer started; ignored")
+            notes.append(f"message {msg_id} arrives after its consumer started; ignored")
             continue
-        lat = int(min(max(msg.arrival_ns - end[s], 0), start[d] - end[s]))
+        lat = int(min(max(arrival - end[s], 0), start[d] - end[s]))
         if (s, d) not in edges or lat > edges[(s, d)][0]:
-            edges[(s, d)] = (lat, int(msg.msg_id))
+            edges[(s, d)] = (lat, int(msg_id))
     kind = acts["kind"].to_numpy()
     stage = acts["stage"].to_numpy(dtype=np.int64)
     mb = acts["microbatch"].to_numpy(dtype=np.int64)

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tracekit.analyze.replay import StepGraph, graph_from_run, replay
+from tracekit.analyze.replay import StepGraph, replay, step_graphs
 from tracekit.analyze.schedules import GENERATORS, graph_from_orders
 from tracekit.analyze.theory import theoretical_bubble
 from tracekit.errors import TracekitError
@@ -118,8 +118,7 @@ def cost_model(run: Run) -> CostModel:
         raise TracekitError(f"{run.source}: no pipeline actions found, so there is no schedule to vary; "
                             "what-if needs a pipeline-parallel run")
     sched = run.schedule
-    steps = sorted(int(s) for s in run.actions["step"].unique() if s >= 0)
-    graphs = [graph_from_run(run, step) for step in steps]
+    graphs = list(step_graphs(run).values())
     per_kind: dict[tuple[int, str], list[int]] = {}
     overhead: dict[int, list[int]] = {}
     latency: dict[tuple[int, int], list[int]] = {}

@@ -196,18 +196,22 @@ def estimate_arrivals(messages: pd.DataFrame, actions: pd.DataFrame, events: pd.
     cpu = events[~events["on_gpu"]]
     n = len(messages)
     wait_start = np.zeros(n, dtype=np.int64)
-    actions_by_rank = {r: g.sort_values("end_ns") for r, g in actions.groupby("rank")}
+    # Sorted end times, once: of each rank's actions, and of each thread's comm ops (only the
+    # receiving thread's own comm ops delay its wait; a sender thread's do not).
+    action_ends = {int(r): np.sort(g["end_ns"].to_numpy(dtype=np.int64)) for r, g in actions.groupby("rank")}
     ends_by_id = dict(zip(actions["action_id"], actions["end_ns"]))
     comm = cpu[cpu["name"].str.startswith(("c10d::", "record_param_comms"))]
-    # Only the receiving thread's own comm ops delay its wait (a sender thread's do not).
-    comm_by_thread = {k: g.sort_values("end_ns") for k, g in comm.groupby(["rank", "tid"])}
+    comm_ends = {(int(r), int(tid)): np.sort(g["end_ns"].to_numpy(dtype=np.int64))
+                 for (r, tid), g in comm.groupby(["rank", "tid"])}
     done = messages["recv_done_ns"].to_numpy(dtype=np.int64)
-    for i, msg in enumerate(messages.itertuples(index=False)):
-        ready = int(msg.recv_post_ns)
-        for table in (actions_by_rank.get(msg.dst_rank), comm_by_thread.get((msg.dst_rank, msg.dst_tid))):
-            if table is None:
+    posted = messages["recv_post_ns"].to_numpy(dtype=np.int64)
+    dst = messages["dst_rank"].to_numpy(dtype=np.int64)
+    dst_tid = messages["dst_tid"].to_numpy(dtype=np.int64)
+    for i in range(n):
+        ready = int(posted[i])
+        for ends in (action_ends.get(int(dst[i])), comm_ends.get((int(dst[i]), int(dst_tid[i])))):
+            if ends is None:
                 continue
-            ends = table["end_ns"].to_numpy()
             k = np.searchsorted(ends, done[i], side="right")
             if k > 0:
                 ready = max(ready, int(ends[k - 1]))
