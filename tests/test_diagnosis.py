@@ -103,3 +103,17 @@ def test_no_pipeline_says_so(loaded_runs):
     [finding] = diagnose(plain)
     assert finding.cause == "no_pipeline" and finding.severity == "info"
     assert "No pipeline-parallel schedule" in finding.headline
+
+
+def test_fill_drain_advice_quotes_the_replayed_what_if(loaded_runs):
+    from tracekit.analyze.whatif import cost_model, predict
+
+    _, analysis = loaded_runs(sample("1f1b"))
+    top = diagnose(analysis)[0]
+    assert "tracekit whatif" in top.advice and top.advice.endswith(".")
+    new_m = top.figures["what_if_m"]
+    direct = predict(cost_model(analysis.run), "1F1B", 1, new_m, samples=16)
+    assert top.figures["replay_what_if_bubble"] == pytest.approx(direct.bubble_ratio, abs=1e-4)
+    # overheads and latencies do not shrink with the microbatch: above the closed form
+    assert top.figures["replay_what_if_bubble"] > top.figures["what_if_bubble"]
+    assert "replay_interleaved_v2_bubble" in top.figures

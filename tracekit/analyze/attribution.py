@@ -61,6 +61,7 @@ class StepAttribution:
 @dataclass
 class Attribution:
     steps: list[StepAttribution]
+    graphs: dict[int, StepGraph] = field(default_factory=dict)   # the measured step graphs
 
     @property
     def table(self) -> pd.DataFrame:
@@ -262,4 +263,4 @@ def attribute(run: Run, bubbles: pd.DataFrame) -> Attribution:
         measured_idle = {int(r): int(i) for r, i in zip(rows["rank"], rows["idle_ns"])}
         measured_makespan = int(rows["window_ns"].max()) if len(rows) else 0
         steps.append(attribute_step(graph, measured_idle, measured_makespan))
-    return Attribution(steps)
+    return Attribution(steps, graphs)

@@ -281,7 +281,44 @@ def _fill_drain(analysis, totals: dict[str, int], window_ns: int) -> Finding | N
         advice = f"{advice}; {alternative}" if advice else alternative[0].upper() + alternative[1:]
     if not advice:
         advice = "Run more microbatches per step or more virtual stages per rank."
-    return Finding("fill_drain", severity_of(measured), headline, advice + ".", measured, figures)
+    advice += "." + _replayed(analysis, new_m, figures)
+    return Finding("fill_drain", severity_of(measured), headline, advice, measured, figures)
+
+
+# Replays per prediction in the findings, and the most replayed actions they may cost.
+_FINDING_REPLAYS = 16
+_FINDING_REPLAY_BUDGET = 400_000
+
+
+def _replayed(analysis, new_m: int, figures: dict) -> str:
+    """The closed forms' suggestions replayed on this run's own costs (tracekit.analyze.whatif):
+    a sentence to add to the advice ("" where the schedule cannot be generated)."""
+    from tracekit.analyze.whatif import TARGETS, cost_model, predict
+
+    sched = analysis.run.schedule
+    if analysis.attribution is None or sched.name not in TARGETS or new_m <= sched.m:
+        return ""
+    targets = [(sched.name, sched.v, new_m)]
+    if sched.name in ("GPipe", "1F1B") and sched.m % sched.p == 0:
+        targets.append(("Interleaved1F1B", 2, sched.m))
+    size = sum(2 * v * m * sched.p for _, v, m in targets)
+    samples = max(2, min(_FINDING_REPLAYS, _FINDING_REPLAY_BUDGET // max(size, 1)))
+    try:
+        model = cost_model(analysis.run, list(analysis.attribution.graphs.values()))
+        measured_step = float(analysis.bubbles.groupby("step")["window_ns"].first().mean())
+        found = [predict(model, s, v, m, samples=samples) for s, v, m in targets]
+    except Exception:  # noqa: BLE001 - a finding never fails the analysis; whatif says why
+        return ""
+    parts = []
+    for p in found:
+        change = p.step_ns / measured_step - 1 if measured_step else 0.0
+        where = f"at m={p.m}" if p.schedule == sched.name else f"with {p.schedule} v={p.v}"
+        parts.append(f"{_pct(p.bubble_ratio)} {where} (step {change:+.0%})")
+        key = "replay_what_if" if p.schedule == sched.name else "replay_interleaved_v2"
+        figures[f"{key}_bubble"] = round(p.bubble_ratio, 4)
+        figures[f"{key}_step_change"] = round(change, 4)
+    return (" Replayed with this run's own overheads, latencies and spread (tracekit whatif): "
+            + "; ".join(parts) + ".")
 
 
 def _no_pipeline(analysis) -> Finding:

@@ -112,13 +112,14 @@ class WhatIf:
         }
 
 
-def cost_model(run: Run) -> CostModel:
-    """The cost samples of a reconstructed pipeline run."""
+def cost_model(run: Run, graphs: list[StepGraph] | None = None) -> CostModel:
+    """The cost samples of a reconstructed pipeline run (from its step ``graphs`` when the
+    caller has them already)."""
     if not run.is_pipeline:
         raise TracekitError(f"{run.source}: no pipeline actions found, so there is no schedule to vary; "
                             "what-if needs a pipeline-parallel run")
     sched = run.schedule
-    graphs = list(step_graphs(run).values())
+    graphs = list(step_graphs(run).values()) if graphs is None else list(graphs)
     per_kind: dict[tuple[int, str], list[int]] = {}
     overhead: dict[int, list[int]] = {}
     latency: dict[tuple[int, int], list[int]] = {}
