@@ -104,6 +104,10 @@ def test_cli_json_and_console():
                                 "-m", "8", "--json", "--no-cache", "--no-progress"])
     assert done.exit_code == 0, done.output
     doc = json.loads(done.output)
+    import jsonschema
+
+    from conftest import ROOT
+    jsonschema.validate(doc, json.loads((ROOT / "tracekit" / "schemas" / "whatif.schema.json").read_text()))
     assert doc["measured"]["schedule"] == "1F1B" and len(doc["predictions"]) == 1
     assert doc["predictions"][0]["schedule"] == "Interleaved1F1B" and doc["predictions"][0]["v"] == 2
     assert 0 < doc["model_of_measured"]["bubble_ratio"] < 1

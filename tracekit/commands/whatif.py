@@ -30,7 +30,8 @@ SCHEDULE_CHOICES = ["GPipe", "1F1B", "Interleaved1F1B"]
 @click.option("--replays", type=click.IntRange(4, 10_000), default=32, show_default=True,
               help="Replays per prediction, each with freshly drawn costs (mean and spread reported).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the draws (same seed, same answer).")
-@click.option("--json", "as_json", is_flag=True, help="Print the predictions as JSON.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the predictions as JSON (schema: tracekit/schemas/whatif.schema.json).")
 @rank_options
 def command(run_dir: Path, schedules: tuple[str, ...], vs: tuple[int, ...], ms: tuple[int, ...],
             keep: str, balanced: bool, replays: int, seed: int, as_json: bool, rank_from: str | None,
