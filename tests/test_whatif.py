@@ -47,7 +47,8 @@ def test_ideal_costs_give_the_closed_form_exactly(schedule, p, v, m):
 @pytest.fixture(scope="module")
 def samples():
     return {name: load_run(SAMPLES / name, jobs=1, rows="analysis")
-            for name in ("1f1b", "gpipe", "interleaved1f1b", "looped_bfs", "zbv", "1f1b_slow_stage2")}
+            for name in ("1f1b", "gpipe", "interleaved1f1b", "looped_bfs", "zbv", "interleaved_zb",
+                         "dualpipev", "1f1b_slow_stage2")}
 
 
 def test_model_of_each_measured_run_is_within_two_points(samples):
@@ -55,6 +56,15 @@ def test_model_of_each_measured_run_is_within_two_points(samples):
         result = what_if(run, [("1F1B", 1, run.schedule.m)], samples=16)
         assert abs(result.as_measured.bubble_ratio - result.measured_bubble) < 0.02, name
         assert abs(result.as_measured.step_ns / result.measured_step_ns - 1) < 0.03, name
+
+
+def test_every_schedule_s_capture_predicts_the_1f1b_capture(samples):
+    """Each sample run (same model and global batch, another schedule, fused or split
+    backwards included) replayed as 1F1B lands within 2.5 points of the measured 1F1B run."""
+    measured = what_if(samples["1f1b"], [("1F1B", 1, 8)], samples=4).measured_bubble
+    for name in ("gpipe", "interleaved1f1b", "looped_bfs", "zbv", "interleaved_zb", "dualpipev"):
+        predicted = what_if(samples[name], [("1F1B", 1, 8)]).predictions[0].bubble_ratio
+        assert abs(predicted - measured) < 0.025, (name, predicted, measured)
 
 
 def test_predictions_from_1f1b_match_the_runs_captured_with_those_schedules(samples):

@@ -7,9 +7,12 @@ max over many paths, so the spread of the costs matters, not just their typical 
   i.e. each measured action's duration times the measured v (a rank's layers split evenly
   over its chunks). Where the run split its backwards, B is drawn as I + W.
 - **overhead**: each measured action's host overhead, per rank (the gap between "data there
-  and rank free" and the compute starting).
+  and rank free" and the compute starting); the second halves of fused labels (DualPipeV's
+  ``OVERLAP_F_B``) in a pool of their own, used only where the replayed order fuses too.
 - **latency**: each matched message's latency, per link (src rank -> dst rank); a link the
-  measured run never used takes the samples of all links.
+  measured run never used takes the samples of all links. Messages into the second half of
+  a fused label have a pool of their own: their "latency" includes the first half's compute
+  (the receiver only waited once it was done).
 
 A prediction generates the target schedule's per-rank order
 (:mod:`tracekit.analyze.schedules`), draws every action's compute (divided by the target v),
@@ -56,12 +59,18 @@ class CostModel:
     m: int
     ranks: list[int]
     work: dict[tuple[int, str], np.ndarray]          # (rank, kind) -> one microbatch on the rank, ns
-    overhead: dict[int, np.ndarray]                  # rank -> ns
-    latency: dict[tuple[int, int], np.ndarray]       # (src rank, dst rank) -> ns
+    overhead: dict[int, np.ndarray]                  # rank -> ns (actions that start a label)
+    latency: dict[tuple, np.ndarray]                 # (src rank, dst rank[, "fused"]) -> ns
     all_latency: np.ndarray
+    fused_overhead: dict[int, np.ndarray] = field(default_factory=dict)   # rank -> ns, second halves of fused labels
+    stage_work: dict[tuple[int, str], np.ndarray] = field(default_factory=dict)  # (stage, kind) -> one chunk, ns
     graphs: list[StepGraph] = field(default_factory=list)   # the measured steps
+    fused: list[np.ndarray] = field(default_factory=list)   # per graph: action continues its predecessor's label
     n_actions: int = 0
     n_messages: int = 0
+
+    def all_overhead(self) -> np.ndarray:
+        return np.concatenate([*self.overhead.values(), *self.fused_overhead.values()])
 
 
 @dataclass
@@ -122,16 +131,25 @@ def cost_model(run: Run, graphs: list[StepGraph] | None = None) -> CostModel:
     graphs = list(step_graphs(run).values()) if graphs is None else list(graphs)
     per_kind: dict[tuple[int, str], list[int]] = {}
     overhead: dict[int, list[int]] = {}
+    fused_overhead: dict[int, list[int]] = {}
+    per_stage: dict[tuple[int, str], list[int]] = {}
     latency: dict[tuple[int, int], list[int]] = {}
-    for g in graphs:
-        for r, k, d, o in zip(g.rank.tolist(), g.kind.tolist(), g.dur.tolist(), g.ovh.tolist()):
+    fused_of_graph = [_fused(run, g) for g in graphs]
+    for g, fused in zip(graphs, fused_of_graph):
+        for r, k, d, o, f in zip(g.rank.tolist(), g.kind.tolist(), g.dur.tolist(), g.ovh.tolist(), fused.tolist()):
             per_kind.setdefault((r, k), []).append(d * sched.v)
-            overhead.setdefault(r, []).append(o)
+            (fused_overhead if f else overhead).setdefault(r, []).append(o)
+        for s, k, d in zip(g.stage.tolist(), g.kind.tolist(), g.dur.tolist()):
+            per_stage.setdefault((s, k), []).append(d)
         for s, d, lat, msg in zip(g.edge_src, g.edge_dst, g.edge_lat, g.edge_msg):
-            if msg >= 0:
-                latency.setdefault((int(g.rank[s]), int(g.rank[d])), []).append(int(lat))
+            if msg >= 0:  # into the second half of a fused label: its own pool (see _fused)
+                key = (int(g.rank[s]), int(g.rank[d])) if not fused[d] else (int(g.rank[s]), int(g.rank[d]), "fused")
+                latency.setdefault(key, []).append(int(lat))
     # Generated orders place stages on the first replica's ranks (the others repeat it).
-    ranks = sorted(sched.pipelines[0]) if sched.pipelines else sorted(overhead)
+    ranks = sorted(sched.pipelines[0]) if sched.pipelines else sorted(set(overhead) | set(fused_overhead))
+    for r in ranks:  # a rank whose every action continues a fused label: use those
+        if r not in overhead and r in fused_overhead:
+            overhead[r] = list(fused_overhead[r])
     work: dict[tuple[int, str], np.ndarray] = {}
     rng = np.random.default_rng(0)
     for (r, k), samples in per_kind.items():
@@ -145,15 +163,32 @@ def cost_model(run: Run, graphs: list[StepGraph] | None = None) -> CostModel:
             if (r, kind) not in work:
                 raise TracekitError(f"{run.source}: rank {r} has no {name} actions; what-if needs "
                                     "both on every rank")
-    all_latency = np.array([x for v in latency.values() for x in v] or [0], dtype=np.int64)
+    all_latency = np.array([x for k, v in latency.items() if len(k) == 2 for x in v] or [0], dtype=np.int64)
     return CostModel(
         schedule=sched.name, p=sched.p, v=sched.v, m=sched.m, ranks=ranks, work=work,
         overhead={r: np.array(v, dtype=np.int64) for r, v in overhead.items()},
+        fused_overhead={r: np.array(v, dtype=np.int64) for r, v in fused_overhead.items()},
+        fused=fused_of_graph,
+        stage_work={k: np.array(v, dtype=np.int64) for k, v in per_stage.items()},
         latency={k: np.array(v, dtype=np.int64) for k, v in latency.items()},
         all_latency=all_latency, graphs=graphs,
         n_actions=sum(len(g.action_id) for g in graphs),
         n_messages=int(sum((g.edge_msg >= 0).sum() for g in graphs)),
     )
+
+
+def _fused(run: Run, graph: StepGraph) -> np.ndarray:
+    """Per action: whether it is the second half of a fused label (DualPipeV's
+    ``OVERLAP_F_B`` runs a forward and a backward in one label, back to back): its
+    "overhead" is the gap inside the label, not a host gap between actions."""
+    labels = run.actions.set_index("action_id")
+    label = labels["label"].reindex(graph.action_id).fillna("").to_numpy()
+    start = labels["label_start_ns"].reindex(graph.action_id).to_numpy()
+    prev = graph.prev
+    out = np.zeros(len(prev), dtype=bool)
+    has_prev = prev >= 0
+    out[has_prev] = (label[has_prev] != "") & (start[has_prev] == start[prev[has_prev]])
+    return out
 
 
 def _draw(rng, pools: dict, keys: list, fallback: np.ndarray | None = None) -> np.ndarray:
@@ -169,18 +204,32 @@ def _draw(rng, pools: dict, keys: list, fallback: np.ndarray | None = None) -> n
 
 
 def _replay_many(graph: StepGraph, model: CostModel, rng, samples: int, scale, v: int,
-                 rank_of: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                 rank_of: np.ndarray, fused: np.ndarray | None = None,
+                 by_stage: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Bubble ratios and step times of ``samples`` replays with freshly drawn costs;
-    ``scale`` multiplies the compute (a number, or one per action)."""
-    work_keys = list(zip(rank_of.tolist(), graph.kind.tolist()))
+    ``scale`` multiplies the compute (a number, or one per action); ``fused`` marks actions
+    whose overhead comes from the fused-label pool; ``by_stage``: compute drawn per stage
+    chunk (replaying the measured order) instead of per rank."""
+    if by_stage:  # the measured order: each action's own stage (a rank's chunks can differ)
+        pools, work_keys = model.stage_work, list(zip(graph.stage.tolist(), graph.kind.tolist()))
+    else:
+        pools, work_keys = model.work, list(zip(rank_of.tolist(), graph.kind.tolist()))
     ranks = rank_of.tolist()
     links = [(ranks[s], ranks[d]) for s, d in zip(graph.edge_src.tolist(), graph.edge_dst.tolist())]
+    if fused is not None and fused.any():  # messages into fused second halves: their own pool
+        into_fused = fused[graph.edge_dst].tolist()
+        links = [(a, b, "fused") if f else (a, b) for (a, b), f in zip(links, into_fused)]
     n_ranks = len(set(ranks))
     bubbles, steps = np.zeros(samples), np.zeros(samples)
     for i in range(samples):
-        dur = np.rint(_draw(rng, model.work, work_keys) * scale / v).astype(np.int64)
+        dur = np.rint(_draw(rng, pools, work_keys) * scale / v).astype(np.int64)
         ovh = _draw(rng, model.overhead, ranks)
+        if fused is not None and fused.any():
+            ovh[fused] = _draw(rng, model.fused_overhead, [ranks[i] for i in np.flatnonzero(fused)],
+                               model.all_overhead())
         lat = _draw(rng, model.latency, links, model.all_latency)
+        if by_stage:  # dependencies the measured run passed no message on keep their latency
+            lat = np.where(graph.edge_msg >= 0, lat, graph.edge_lat)
         result = replay(graph, dur=dur, ovh=ovh, lat=lat)
         window = int(result.end.max() - result.start.min())
         steps[i] = window
@@ -193,8 +242,8 @@ def as_measured(model: CostModel, samples: int = DEFAULT_SAMPLES, seed: int = 0)
     rng = np.random.default_rng(seed)
     bubbles, steps = [], []
     per_graph = max(1, -(-samples // max(1, len(model.graphs))))
-    for graph in model.graphs:
-        b, s = _replay_many(graph, model, rng, per_graph, 1.0, model.v, graph.rank)
+    for graph, fused in zip(model.graphs, model.fused or [None] * len(model.graphs)):
+        b, s = _replay_many(graph, model, rng, per_graph, 1.0, 1, graph.rank, fused, by_stage=True)
         bubbles.extend(b)
         steps.extend(s)
     theory = theoretical_bubble(model.schedule, model.p, model.v, model.m).bubble_ratio
