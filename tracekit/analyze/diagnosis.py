@@ -119,8 +119,10 @@ def _imbalance(analysis, idle_ns: int, window_ns: int) -> Finding | None:
         # excess over the balanced split, idle on every other rank while it works.
         cost = max(0.0, (compute[stage] - balanced)) * (len(compute) - 1) / max(compute.sum(), 1.0)
     ranks = run.schedule.ranks_of_stage(stage) if run.schedule else []
+    from tracekit.render.console import rank_list
+
     where = f"stage {stage}" + (f" (rank {rank})" if len(ranks) == 1 else
-                                f" (ranks {','.join(map(str, ranks))})" if ranks else "")
+                                f" ({rank_list(ranks)})" if ranks else "")
     figures = {"stage": stage, "rank": rank, "stage_compute_ns": int(compute[stage]),
                "others_median_compute_ns": int(others.median()), "slowdown": round(ratio, 3),
                "balanced_compute_ns": int(balanced), "move_share": round(move_share, 3),

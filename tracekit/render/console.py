@@ -148,4 +148,11 @@ def _warnings(doc: dict) -> list[str]:
 def _ranks(blame: dict) -> str:
     """"rank 2", or "ranks 2,6" where data-parallel replicas run the stage too."""
     ranks = blame.get("ranks") or [blame["rank"]]
-    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ",".join(map(str, ranks))
+    return f"rank {ranks[0]}" if len(ranks) == 1 else rank_list(ranks)
+
+
+def rank_list(ranks: list[int], shown: int = 4) -> str:
+    """"ranks 2,6" or, for many replicas, "32 ranks 2,6,10,...,126"."""
+    if len(ranks) <= shown:
+        return "ranks " + ",".join(map(str, ranks))
+    return f"{len(ranks)} ranks " + ",".join(map(str, ranks[:shown - 1])) + f",...,{ranks[-1]}"
