@@ -44,7 +44,7 @@ class Measures:
         if not self.stage_imbalance_ns:
             return None
         stage = max(self.stage_imbalance_ns, key=self.stage_imbalance_ns.get)
-        return f"stage {stage} (rank {self.stage_rank.get(stage, '?')})"
+        return f"stage {stage} (rank {self.stage_rank.get(stage, '?')})"  # first replica's rank
 
     def top_link(self) -> str | None:
         if not self.link_comm_ns:
@@ -56,7 +56,9 @@ class Measures:
 def schedule_label(schedule: dict | None) -> str:
     if not schedule:
         return "no pipeline schedule"
-    return f"{schedule['name']} p={schedule['p']} v={schedule['v']} m={schedule['m']}"
+    replicas = schedule.get("replicas", 1)
+    return (f"{schedule['name']} p={schedule['p']} v={schedule['v']} m={schedule['m']}"
+            + (f" x{replicas} replicas" if replicas > 1 else ""))
 
 
 def schedule_key(schedule: dict | None) -> tuple | None:
@@ -75,7 +77,8 @@ def measure(analysis: Analysis) -> Measures:
     out = Measures(
         source=run.source,
         formats=sorted({f.format for f in run.files}),
-        schedule=None if sched is None else {"name": sched.name, "p": sched.p, "v": sched.v, "m": sched.m},
+        schedule=None if sched is None else {"name": sched.name, "p": sched.p, "v": sched.v, "m": sched.m,
+                                             **({"replicas": sched.replicas} if sched.replicas > 1 else {})},
         n_steps=n_steps, step_ns=step_ns,
         bubble_ratio=float(analysis.summary["bubble_ratio"]),
         rank_bubble={int(r): float(info["bubble_ratio"]) for r, info in per_rank.items()},

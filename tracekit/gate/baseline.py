@@ -76,7 +76,8 @@ def _measures(doc: dict) -> Measures:
     schedule = doc["schedule"]
     if schedule is not None:
         schedule = {"name": str(schedule["name"]), "p": int(schedule["p"]), "v": int(schedule["v"]),
-                    "m": int(schedule["m"])}
+                    "m": int(schedule["m"]),
+                    **({"replicas": int(schedule["replicas"])} if int(schedule.get("replicas", 1)) > 1 else {})}
     causes = {str(c): _share(v) for c, v in doc["causes"].items()}
     unknown = set(causes) - set(CATEGORIES)
     if unknown:
