@@ -312,3 +312,18 @@ def test_run_without_pipeline_shows_gpu_streams(tmp_path):
     assert views and any("stream" in lane for lane in views[0].lanes)
     page = report.write_report(analysis, tmp_path / "gpu.html").read_text()
     assert "No pipeline-parallel schedule found" in page and external_references(page) == []
+
+
+def test_report_carries_the_what_if_table(rendered):
+    """The slow-stage run's report predicts the balanced split near the balanced capture."""
+    import re
+
+    run_dir = SAMPLES / "1f1b_slow_stage2"
+    if run_dir not in ready_samples():
+        pytest.skip(f"{run_dir} holds no traces")
+    _, path = rendered(run_dir)
+    page = path.read_text()
+    assert "What if: other schedules, m, a balanced split" in page
+    row = re.search(r'<td class="l">1F1B v=1 m=8 balanced</td><td>([\d.]+)%', page)
+    assert row and 28.0 < float(row.group(1)) < 32.5       # the balanced 1f1b capture: 30.2%
+    assert '<td class="l">model of the measured run</td>' in page

@@ -518,7 +518,8 @@ def _page_context(analysis: Analysis, findings: list[Finding], notes: list[str])
     if analysis.balanced_replay_ratio is not None:
         facts.append(("balanced replay", _pct(analysis.balanced_replay_ratio)))
     if sched is not None:
-        facts.append(("schedule", f"{sched.name}  p={sched.p} v={sched.v} m={sched.m}"))
+        facts.append(("schedule", f"{sched.name}  p={sched.p} v={sched.v} m={sched.m}"
+                      + (f"  x {sched.replicas} replicas" if sched.replicas > 1 else "")))
     facts += [("ranks", str(len(summary["per_rank"]))), ("steps", str(n_steps)),
               ("actions", str(len(run.actions))), ("messages", str(len(run.messages)))]
     return {
@@ -529,8 +530,29 @@ def _page_context(analysis: Analysis, findings: list[Finding], notes: list[str])
         "critical": _critical_rows(analysis), "files": [f.describe() for f in run.files],
         "schedule": sched.to_dict() if sched else None, "theory": theory, "capture": _capture_rows(run.capture),
         "profiler": _profiler_rows(run.files), "warnings": list(run.warnings), "fold_rows": FOLD_ROWS,
-        "pipeline": analysis.is_pipeline,
+        "pipeline": analysis.is_pipeline, "whatif": _whatif_rows(analysis),
     }
+
+
+def _whatif_rows(analysis: Analysis) -> dict | None:
+    """The default what-if table (tracekit whatif, with --balanced), or None."""
+    if not analysis.is_pipeline or analysis.attribution is None:
+        return None
+    from tracekit.analyze.whatif import cost_model, default_targets, what_if
+
+    try:
+        model = cost_model(analysis.run, list(analysis.attribution.graphs.values()))
+        result = what_if(analysis.run, default_targets(model), samples=16, balanced=True)
+    except Exception:  # noqa: BLE001 - the report never fails on a prediction; whatif says why
+        return None
+    measured = result.measured_step_ns
+
+    def row(p) -> list[str]:
+        return [p.label, f"{_pct(p.bubble_ratio)} ±{p.bubble_sd:.1%}", f"{_ms(p.step_ns)} ±{p.step_sd / 1e6:.1f}",
+                f"{p.step_ns / measured - 1:+.1%}", _pct(p.theory) if p.theory is not None else ""]
+
+    return {"measured": [_pct(result.measured_bubble), _ms(measured)], "model": row(result.as_measured),
+            "rows": [row(p) for p in result.predictions]}
 
 
 def _rank_rows(analysis: Analysis) -> list[list[str]]:
@@ -684,6 +706,19 @@ click a legend entry to hide it.</p>
 </div>
 {% if theory %}<p class="muted">Theory: {{ theory.schedule }}, {{ theory.formula or "no closed form" }}{% if theory.note %} ({{ theory.note }}){% endif %}.
 Balanced replay: this run's own dependency graph replayed with every stage at its kind's typical duration, free messages and no overhead.</p>{% endif %}
+
+{% if whatif %}
+<h2>What if: other schedules, m, a balanced split</h2>
+<p class="muted">Each configuration's dependency graph replayed 16 times with compute, overheads and latencies drawn from
+this run's measured samples (global batch kept; "balanced": layers re-split so every rank computes the same). The
+"model of the measured run" row is the model's own error. More with <code>tracekit whatif</code>.</p>
+<details><summary>{{ whatif.rows|length }} predictions</summary>
+<table><tr><th class="l">configuration</th><th>bubble</th><th>step ms</th><th>vs measured</th><th>closed form</th></tr>
+<tr><td class="l">measured</td><td>{{ whatif.measured[0] }}</td><td>{{ whatif.measured[1] }}</td><td></td><td></td></tr>
+<tr><td class="l">{{ whatif.model[0] }}</td>{% for c in whatif.model[1:] %}<td>{{ c }}</td>{% endfor %}</tr>
+{% for r in whatif.rows %}<tr><td class="l">{{ r[0] }}</td>{% for c in r[1:] %}<td>{{ c }}</td>{% endfor %}</tr>
+{% endfor %}</table></details>
+{% endif %}
 
 <h2>Per rank (ms, all steps)</h2>
 {% set rank_table %}
