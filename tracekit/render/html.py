@@ -542,7 +542,13 @@ def _whatif_rows(analysis: Analysis) -> dict | None:
 
     try:
         model = cost_model(analysis.run, list(analysis.attribution.graphs.values()))
-        result = what_if(analysis.run, default_targets(model), samples=16, balanced=True)
+        targets = default_targets(model)
+        # Replays cost Python time per action: keep the table to ~1M replayed actions.
+        size = 2 * sum(2 * v * m * model.p for _, v, m in targets)
+        samples = min(16, 1_000_000 // max(size, 1))
+        if samples < 4:
+            return None
+        result = what_if(analysis.run, targets, samples=samples, balanced=True)
     except Exception:  # noqa: BLE001 - the report never fails on a prediction; whatif says why
         return None
     measured = result.measured_step_ns
@@ -709,7 +715,7 @@ Balanced replay: this run's own dependency graph replayed with every stage at it
 
 {% if whatif %}
 <h2>What if: other schedules, m, a balanced split</h2>
-<p class="muted">Each configuration's dependency graph replayed 16 times with compute, overheads and latencies drawn from
+<p class="muted">Each configuration's dependency graph replayed up to 16 times with compute, overheads and latencies drawn from
 this run's measured samples (global batch kept; "balanced": layers re-split so every rank computes the same). The
 "model of the measured run" row is the model's own error. More with <code>tracekit whatif</code>.</p>
 <details><summary>{{ whatif.rows|length }} predictions</summary>
