@@ -10,7 +10,6 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-
 if TYPE_CHECKING:  # pandas loads on first use: parser workers never import it
     import pandas as pd
 
@@ -104,8 +103,7 @@ def parse_files(paths: list[Path], rank_pattern: str | None = None,
     waits for it with :func:`tracekit.ingest.executor.write_deferred_entries` after its
     output; at exit at the latest).
     """
-    from tracekit.ingest.executor import IngestTask, run_tasks
-
+    from tracekit.ingest.executor import IngestTask, run_tasks, write_deferred_entries
     from tracekit.ingest.working_set import ROWS
 
     if rows not in ROWS:
@@ -113,8 +111,6 @@ def parse_files(paths: list[Path], rank_pattern: str | None = None,
     tasks = [IngestTask(str(path), file_id, rank_pattern, rank_map, cache_dir, rows)
              for file_id, path in enumerate(paths)]
     on_done = (lambda task: progress(Path(task.path))) if progress else None
-    from tracekit.ingest.executor import write_deferred_entries
-
     results = run_tasks(tasks, executor=executor, jobs=jobs, scheduler=scheduler,
                         on_done=on_done, bytes_read=bytes_read)
     # Deferred: written by a background thread, finished by the command after its output.

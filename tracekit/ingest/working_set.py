@@ -29,13 +29,9 @@ from __future__ import annotations
 import numpy as np
 
 from tracekit.ingest.columns import EventColumns
+from tracekit.model.names import COMM_PREFIXES, RECV_NAMES, SEND_NAMES, STEP_MARK_PREFIX
 
-# Kept whole: communication and pipeline labels (reconstruct.actions.COMM_PREFIXES).
-COMM_PREFIXES = ("c10d::", "gloo:", "record_param_comms", "nccl:", "tracekit:p2p", "PP:")
-P2P_NAMES = ("c10d::send", "c10d::recv_", "c10d::recv_any_source_", "record_param_comms:send",
-             "record_param_comms:recv")
 _BACKWARD_PREFIX = "autograd::engine"
-_MARK_PREFIX = "ProfilerStep#"
 _LABEL_PREFIXES = ("PP:", "Forward ", "Backward ")
 ROWS = ("all", "analysis")
 
@@ -71,7 +67,7 @@ def _kept(columns: EventColumns) -> np.ndarray:
 
     # Top-level compute of every step and label: depth <= deepest mark/label + 1 per thread.
     depth = nums["depth"].astype(np.int64)
-    anchor = annotation & ~on_gpu & by_name(lambda s: s.startswith(_MARK_PREFIX) or s.startswith(_LABEL_PREFIXES))
+    anchor = annotation & ~on_gpu & by_name(lambda s: s.startswith(STEP_MARK_PREFIX) or s.startswith(_LABEL_PREFIXES))
     limit_of_row = np.zeros(len(depth), dtype=np.int64)
     if anchor.any():
         _, pid_code = np.unique(nums["pid"], return_inverse=True)
@@ -84,7 +80,7 @@ def _kept(columns: EventColumns) -> np.ndarray:
         limit_of_row = deepest[inverse] + 1
     keep |= ~on_gpu & (depth <= limit_of_row)
 
-    if by_name(lambda s: s in P2P_NAMES).any():
+    if by_name(lambda s: s in SEND_NAMES or s in RECV_NAMES).any():
         keep |= by_name(lambda s: s.startswith(_BACKWARD_PREFIX)) & (nums["seq"] >= 0)
 
     for rank in np.unique(nums["rank"]):  # each rank's extent

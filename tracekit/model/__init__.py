@@ -8,6 +8,7 @@ _WHERE = {
     "EVENT_COLUMNS": "events", "EVENT_SCHEMA": "events", "TraceFile": "events", "empty_events": "events",
     "Run": "run", "ScheduleInfo": "run", "ACTION_COLUMNS": "run", "MESSAGE_COLUMNS": "run",
     "STEP_COLUMNS": "run",
+    "COMM_PREFIXES": "names", "SEND_NAMES": "names", "RECV_NAMES": "names", "STEP_MARK_PREFIX": "names",
 }
 __all__ = list(_WHERE)
 

@@ -20,14 +20,13 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from tracekit.model.names import COMM_PREFIXES, RECV_NAMES, SEND_NAMES, STEP_MARK_PREFIX
 from tracekit.model.run import ACTION_COLUMNS
-from tracekit.reconstruct.p2p import RECV_NAMES, SEND_NAMES
 from tracekit.reconstruct.steps import step_of
 
 PP_ACTION = re.compile(r"^PP:(\d+)(F|I|B|W)(\d+)$")
 PP_OVERLAP = re.compile(r"^PP:\((\d+)F(\d+);(\d+)B(\d+)\)OVERLAP_F_B$")
 NATIVE_LABEL = re.compile(r"^(Forward|Backward) (\d+)$")
-COMM_PREFIXES = ("c10d::", "gloo:", "record_param_comms", "nccl:", "tracekit:p2p", "PP:")
 _LABEL_CATS = ("user_annotation",)
 _OPTIMIZER_PREFIXES = ("Optimizer.", "Optimizer#")
 
@@ -162,7 +161,7 @@ def _segment_unlabelled(events: pd.DataFrame, on_cpu: np.ndarray, steps: pd.Data
     rows = []
     names = events["name"]
     classes = _classes(names)
-    is_mark = (events["cat"] == "user_annotation").to_numpy() & names.str.startswith("ProfilerStep#").to_numpy(dtype=bool)
+    is_mark = (events["cat"] == "user_annotation").to_numpy() & names.str.startswith(STEP_MARK_PREFIX).to_numpy(dtype=bool)
     is_backward = (classes == _BACKWARD) & (events["seq"].to_numpy() >= 0)
     is_p2p = names.isin(SEND_NAMES + RECV_NAMES).to_numpy()
     if not (is_mark & on_cpu).any() or not (is_p2p & on_cpu).any():

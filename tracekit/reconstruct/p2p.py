@@ -15,11 +15,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from tracekit.model.names import RECV_NAMES, SEND_NAMES
 from tracekit.model.run import MESSAGE_COLUMNS
 from tracekit.reconstruct.steps import step_of
 
-SEND_NAMES = ("c10d::send", "record_param_comms:send")
-RECV_NAMES = ("c10d::recv_", "c10d::recv_any_source_", "record_param_comms:recv")
 # A receive's wait may return a hair after its consumer's first op is recorded as started.
 _TOLERANCE_NS = 20_000
 

@@ -6,6 +6,7 @@ import re
 import numpy as np
 import pandas as pd
 
+from tracekit.model.names import STEP_MARK_PREFIX
 from tracekit.model.run import STEP_COLUMNS
 
 _STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
@@ -15,7 +16,7 @@ def find_steps(events: pd.DataFrame) -> pd.DataFrame:
     """One row per rank and step. A rank with no step markers is one step (number 0)
     spanning all of its events."""
     is_mark = ((events["cat"] == "user_annotation") & ~events["on_gpu"]).to_numpy()
-    is_mark = is_mark & events["name"].str.startswith("ProfilerStep#").to_numpy(dtype=bool)
+    is_mark = is_mark & events["name"].str.startswith(STEP_MARK_PREFIX).to_numpy(dtype=bool)
     marks = events.loc[is_mark, ["rank", "name", "start_ns", "end_ns"]]
     rows = []
     for row in marks.itertuples(index=False):
