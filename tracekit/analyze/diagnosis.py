@@ -295,7 +295,7 @@ _FINDING_REPLAY_BUDGET = 400_000
 def _replayed(analysis, new_m: int, figures: dict) -> str:
     """The closed forms' suggestions replayed on this run's own costs (tracekit.analyze.whatif):
     a sentence to add to the advice ("" where the schedule cannot be generated)."""
-    from tracekit.analyze.whatif import TARGETS, cost_model, predict
+    from tracekit.analyze.whatif import TARGETS, cost_model, predict, replays_within
 
     sched = analysis.run.schedule
     if analysis.attribution is None or sched.name not in TARGETS or new_m <= sched.m:
@@ -303,8 +303,7 @@ def _replayed(analysis, new_m: int, figures: dict) -> str:
     targets = [(sched.name, sched.v, new_m)]
     if sched.name in ("GPipe", "1F1B") and sched.m % sched.p == 0:
         targets.append(("Interleaved1F1B", 2, sched.m))
-    size = sum(2 * v * m * sched.p for _, v, m in targets)
-    samples = max(2, min(_FINDING_REPLAYS, _FINDING_REPLAY_BUDGET // max(size, 1)))
+    samples = max(2, replays_within(_FINDING_REPLAY_BUDGET, sched.p, targets, most=_FINDING_REPLAYS))
     try:
         model = cost_model(analysis.run, list(analysis.attribution.graphs.values()))
         measured_step = float(analysis.bubbles.groupby("step")["window_ns"].first().mean())

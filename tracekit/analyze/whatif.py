@@ -309,14 +309,26 @@ def default_targets(model: CostModel) -> list[tuple[str, int, int]]:
     return out
 
 
+def replays_within(budget: int, p: int, targets: list[tuple[str, int, int]], rows_per_target: int = 1,
+                   most: int = DEFAULT_SAMPLES) -> int:
+    """Replays per prediction that keep ``targets`` (each ``rows_per_target`` times) within
+    ``budget`` replayed actions in all (a replay costs Python time per action), at most ``most``."""
+    size = rows_per_target * sum(2 * v * m * p for _, v, m in targets)
+    return min(most, budget // max(size, 1))
+
+
 def what_if(run: Run, targets: list[tuple[str, int, int]] | None = None, keep: str = "global-batch",
-            samples: int = DEFAULT_SAMPLES, seed: int = 0, balanced: bool = False) -> WhatIf:
+            samples: int = DEFAULT_SAMPLES, seed: int = 0, balanced: bool = False,
+            model: CostModel | None = None, bubbles=None) -> WhatIf:
     """Predict every target (schedule, v, m); targets that cannot be generated are skipped
-    with the reason. ``balanced``: every target also with stages re-split evenly."""
+    with the reason. ``balanced``: every target also with stages re-split evenly.
+    ``model`` and ``bubbles`` (the run's cost model and measured bubble table), when the
+    caller has them already."""
     from tracekit.analyze.bubbles import measure_pipeline
 
-    model = cost_model(run)
-    bubbles = measure_pipeline(run.actions[run.actions["step"] >= 0])
+    model = cost_model(run) if model is None else model
+    if bubbles is None:
+        bubbles = measure_pipeline(run.actions[run.actions["step"] >= 0])
     measured_bubble = float(bubbles["idle_ns"].sum() / max(1, bubbles["window_ns"].sum()))
     measured_step = float(bubbles.groupby("step")["window_ns"].first().mean())
     predictions, skipped = [], []

@@ -60,16 +60,16 @@ def command(run_dir: Path, schedules: tuple[str, ...], vs: tuple[int, ...], ms: 
     from tracekit.render.whatif import render
 
     run = load_with_progress(run_dir, rank_from, rank_map, progress)
+    model = cost_model(run)
     targets = None
     if schedules or vs or ms:
-        model = cost_model(run)
         # -v alone asks about interleaving; GPipe and 1F1B have one chunk per rank.
         chosen = schedules or (("Interleaved1F1B",) if vs else tuple(SCHEDULE_CHOICES))
         m_values = ms or (model.m, 2 * model.m)
         v_interleaved = vs or ((model.v if model.v >= 2 else 2),)
         targets = [(s, v, m) for s in chosen for v in (v_interleaved if s == "Interleaved1F1B" else (1,))
                    for m in m_values]
-    result = what_if(run, targets, keep=keep, samples=replays, seed=seed, balanced=balanced)
+    result = what_if(run, targets, keep=keep, samples=replays, seed=seed, balanced=balanced, model=model)
     if as_json:
         sys.stdout.write(json.dumps(result.to_dict(), indent=1) + "\n")
     else:

@@ -538,17 +538,17 @@ def _whatif_rows(analysis: Analysis) -> dict | None:
     """The default what-if table (tracekit whatif, with --balanced), or None."""
     if not analysis.is_pipeline or analysis.attribution is None:
         return None
-    from tracekit.analyze.whatif import cost_model, default_targets, what_if
+    from tracekit.analyze.whatif import cost_model, default_targets, replays_within, what_if
 
     try:
         model = cost_model(analysis.run, list(analysis.attribution.graphs.values()))
         targets = default_targets(model)
-        # Replays cost Python time per action: keep the table to ~1M replayed actions.
-        size = 2 * sum(2 * v * m * model.p for _, v, m in targets)
-        samples = min(16, 1_000_000 // max(size, 1))
+        # Each target twice (as is and balanced), within ~1M replayed actions in all.
+        samples = replays_within(1_000_000, model.p, targets, rows_per_target=2, most=16)
         if samples < 4:
             return None
-        result = what_if(analysis.run, targets, samples=samples, balanced=True)
+        result = what_if(analysis.run, targets, samples=samples, balanced=True, model=model,
+                         bubbles=analysis.bubbles)
     except Exception:  # noqa: BLE001 - the report never fails on a prediction; whatif says why
         return None
     measured = result.measured_step_ns
