@@ -259,16 +259,12 @@ class ChromeTraceStream:
         key = buf.find(b'"traceEvents"')
         if key < 0:
             return None
-        pos = key + len(b'"traceEvents"')
-        while pos < len(buf) and buf[pos] in _WS:
-            pos += 1
+        pos = _skip_ws(buf, key + len(b'"traceEvents"'))
         if pos >= len(buf):
             return None
         if buf[pos:pos + 1] != b":":
             return -1
-        pos += 1
-        while pos < len(buf) and buf[pos] in _WS:
-            pos += 1
+        pos = _skip_ws(buf, pos + 1)
         if pos >= len(buf):
             return None
         if buf[pos:pos + 1] != b"[":
@@ -286,15 +282,10 @@ class ChromeTraceStream:
         """``(end, next)`` for each ``}`` followed by ``,`` and ``{``, from the end
         backwards: ``body[:end]`` may be a run of whole elements, the next starting at ``next``."""
         pos = body.rfind(b"}")
-        n = len(body)
         while pos >= 0:
-            q = pos + 1
-            while q < n and body[q] in _WS:
-                q += 1
+            q = _skip_ws(body, pos + 1)
             if body[q:q + 1] == b",":
-                q += 1
-                while q < n and body[q] in _WS:
-                    q += 1
+                q = _skip_ws(body, q + 1)
                 if body[q:q + 1] == b"{":
                     yield pos + 1, q
             pos = body.rfind(b"}", 0, pos)
@@ -375,6 +366,14 @@ class ChromeTraceStream:
         batch_size = 50_000
         for start in range(0, len(events), batch_size):
             yield [event_from_object(e) for e in events[start:start + batch_size]]
+
+
+def _skip_ws(data: bytes, pos: int) -> int:
+    """The first position at or after ``pos`` that is not JSON whitespace (or the end)."""
+    n = len(data)
+    while pos < n and data[pos] in _WS:
+        pos += 1
+    return pos
 
 
 def complete_elements(text: str, pos: int = 0) -> list:
