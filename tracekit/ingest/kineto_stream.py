@@ -295,13 +295,20 @@ class ChromeTraceStream:
         for attempt, (end, nxt) in enumerate(self._seams(body)):
             if attempt >= CUT_ATTEMPTS:
                 break
-            try:
-                batch = decode_elements(b"[" + body[:end] + b"]")
-            except _BadCut:
-                continue
-            self.n_elements += len(batch)
-            return batch, body[nxt:]
+            batch = self._decode_run(body[:end])
+            if batch is not None:
+                return batch, body[nxt:]
         return None, body
+
+    def _decode_run(self, run: bytes) -> list | None:
+        """The events of ``run`` (array elements without the brackets), counted; None when
+        it is not a run of whole elements."""
+        try:
+            batch = decode_elements(b"[" + run + b"]")
+        except _BadCut:
+            return None
+        self.n_elements += len(batch)
+        return batch
 
     def _finish(self, body: bytes) -> Iterator[list]:
         """The last elements, the array's end and the fields after it."""
@@ -315,21 +322,16 @@ class ChromeTraceStream:
             end = body.rfind(b"]", 0, end)
             if end < 0:
                 break
-            try:
-                batch = decode_elements(b"[" + body[:end] + b"]")
-            except _BadCut:
+            batch = self._decode_run(body[:end])
+            if batch is None:
                 continue
-            self.n_elements += len(batch)
             yield batch
             self._read_trailer(body[end + 1:])
             return
         # No end of array: the file stops inside traceEvents. Keep its whole elements.
         self.truncated = True
-        whole = body.rstrip(_WS).rstrip(b",")
-        try:
-            batch = decode_elements(b"[" + whole + b"]")
-            self.n_elements += len(batch)
-        except _BadCut:
+        batch = self._decode_run(body.rstrip(_WS).rstrip(b","))
+        if batch is None:
             batch, _ = self._cut(body)  # counts what it decodes
             if batch is None:
                 batch = _salvage_elements(body)
