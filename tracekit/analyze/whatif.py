@@ -134,7 +134,8 @@ def cost_model(run: Run, graphs: list[StepGraph] | None = None) -> CostModel:
     fused_overhead: dict[int, list[int]] = {}
     per_stage: dict[tuple[int, str], list[int]] = {}
     latency: dict[tuple[int, int], list[int]] = {}
-    fused_of_graph = [_fused(run, g) for g in graphs]
+    labels = run.actions.set_index("action_id")[["label", "label_start_ns"]]
+    fused_of_graph = [_fused(labels, g) for g in graphs]
     for g, fused in zip(graphs, fused_of_graph):
         for r, k, d, o, f in zip(g.rank.tolist(), g.kind.tolist(), g.dur.tolist(), g.ovh.tolist(), fused.tolist()):
             per_kind.setdefault((r, k), []).append(d * sched.v)
@@ -177,11 +178,11 @@ def cost_model(run: Run, graphs: list[StepGraph] | None = None) -> CostModel:
     )
 
 
-def _fused(run: Run, graph: StepGraph) -> np.ndarray:
+def _fused(labels, graph: StepGraph) -> np.ndarray:
     """Per action: whether it is the second half of a fused label (DualPipeV's
     ``OVERLAP_F_B`` runs a forward and a backward in one label, back to back): its
-    "overhead" is the gap inside the label, not a host gap between actions."""
-    labels = run.actions.set_index("action_id")
+    "overhead" is the gap inside the label, not a host gap between actions. ``labels``:
+    the run's actions' label and label start, indexed by action id."""
     label = labels["label"].reindex(graph.action_id).fillna("").to_numpy()
     start = labels["label_start_ns"].reindex(graph.action_id).to_numpy()
     prev = graph.prev
