@@ -20,9 +20,9 @@ import atexit
 import importlib
 import multiprocessing
 import os
+import sys
 import threading
 from collections import deque
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -226,6 +226,134 @@ def _pool_context():
     return multiprocessing.get_context("spawn")
 
 
+class WorkerDied(TracekitError):
+    """A parser process ended without an answer (killed, out of memory)."""
+
+
+class _Cancelled(BaseException):
+    """Raised inside this process's own parse when another file has already failed."""
+
+
+class _RemoteTraceback(Exception):
+    """The traceback of an unexpected error in a worker, kept as the ``__cause__``."""
+
+    def __init__(self, text: str):
+        super().__init__(text)
+        self.text = text
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def _worker_main(conn, inherited) -> None:
+    """A parser process: parse each task it is sent, send back (rows, entry) or the error.
+
+    The parent alone decides when the load ends: Ctrl-C reaches it and it ends the workers
+    (SIGINT is ignored here), and a worker whose parent is gone finds its pipe closed."""
+    import pickle
+    import signal
+    import traceback
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent()
+    for other in inherited:  # forked: the parent's ends of the pipes, this one's included
+        other.close()
+    while True:
+        try:
+            task = conn.recv()
+        except (EOFError, OSError):
+            return
+        if task is None:
+            return
+        try:
+            answer = ("ok", parse_one(task))
+        except BaseException as err:  # noqa: BLE001 - every error goes back to the parent
+            if not isinstance(err, TracekitError):
+                err.__cause__ = _RemoteTraceback(traceback.format_exc())
+            try:
+                pickle.dumps(err)
+            except Exception:  # noqa: BLE001 - an exception that cannot travel
+                err = RuntimeError(f"{type(err).__name__}: {err}")
+            answer = ("error", err)
+        try:
+            conn.send(answer)
+        except (OSError, ValueError):
+            return
+
+
+def _die_with_parent() -> None:
+    """On Linux, have the kernel end this worker if the parent is killed mid-parse."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+        import signal
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+class _Workers:
+    """``n`` parser processes, each fed over its own pipe by a thread of this process.
+
+    Unlike a ``ProcessPoolExecutor``, every way the load can end (all files parsed, a bad
+    file here or in a worker, Ctrl-C, a worker killed) goes through :meth:`close`, which
+    ends and reaps every worker before it returns: nothing is left for exit handlers to
+    wait on."""
+
+    def __init__(self, n: int):
+        ctx = _pool_context()
+        forked = ctx.get_start_method() == "fork"
+        self.conns: list = []
+        self.procs: list = []
+        try:
+            for _ in range(n):
+                here, there = ctx.Pipe(duplex=True)
+                self.conns.append(here)
+                proc = ctx.Process(target=_worker_main, args=(there, list(self.conns) if forked else []),
+                                   name="tracekit-parser", daemon=True)
+                try:
+                    proc.start()
+                finally:
+                    there.close()
+                self.procs.append(proc)
+        except BaseException:
+            self.close(graceful=False)
+            raise
+
+    def died(self, k: int, path: str) -> WorkerDied:
+        proc = self.procs[k]
+        proc.join(timeout=1)
+        code = proc.exitcode
+        how = (f"was killed by signal {-code}" if code is not None and code < 0
+               else f"exited with status {code}" if code is not None else "stopped answering")
+        hint = " (out of memory?)" if code == -9 else ""
+        return WorkerDied(f"{path}: the parser process reading it {how}{hint}; rerun with "
+                          "--jobs 1 to parse in this process")
+
+    def close(self, graceful: bool) -> None:
+        """End every worker: ask them to stop after a clean load, else kill them at once
+        (one may be halfway through a large file nobody needs now); then reap them."""
+        if graceful:
+            for conn in self.conns:
+                try:
+                    conn.send(None)
+                except (OSError, ValueError):
+                    pass
+            for proc in self.procs:
+                proc.join(timeout=1)
+        for proc in self.procs:
+            if proc.is_alive():
+                proc.kill()
+        for conn in self.conns:
+            conn.close()
+        for proc in self.procs:
+            proc.join()
+            proc.close()
+
+
 def _run_pool(tasks, todo, results, jobs, on_done, bytes_read) -> None:
     """Parse ``todo`` on ``jobs`` cores: ``jobs - 1`` worker processes and this process.
 
@@ -234,16 +362,26 @@ def _run_pool(tasks, todo, results, jobs, on_done, bytes_read) -> None:
     pandas) while they parse, and takes files from the same queue when it is done: no core
     idles and there is one process fewer than there are cores, which is what keeps the
     peak memory of the whole process tree low. Largest files go first.
+
+    The first failure anywhere (a bad file here or in a worker, a worker that died,
+    Ctrl-C) stops the handing out of files, kills the workers and is raised here once
+    every worker is reaped.
     """
     write_deferred_entries()  # no writer thread may run while the workers fork
     importlib.import_module("tracekit.ingest.kineto")  # light; forked workers start parsing at once
-    queue = sorted(todo, key=lambda i: -_size(tasks[i].path))
+    queue = deque(sorted(todo, key=lambda i: -_size(tasks[i].path)))
     lock = threading.Lock()
     failure: list[BaseException] = []
+    stopped = threading.Event()    # a failure was recorded: hand out nothing more
 
     def take() -> int | None:
         with lock:
-            return queue.pop(0) if queue and not failure else None
+            return queue.popleft() if queue and not failure else None
+
+    def fail(err: BaseException) -> None:
+        with lock:
+            failure.append(err)
+        stopped.set()
 
     def finish(i: int, parsed, pending, whole_file: bool) -> None:
         if pending is not None:
@@ -255,52 +393,72 @@ def _run_pool(tasks, todo, results, jobs, on_done, bytes_read) -> None:
             if on_done:
                 on_done(tasks[i])
 
-    with ProcessPoolExecutor(max_workers=jobs - 1, mp_context=_pool_context()) as pool:
-        # One task per worker, submitted before any thread exists (the workers fork now).
-        first = [(i, pool.submit(parse_one, tasks[i])) for i in (take() for _ in range(jobs - 1)) if i is not None]
+    workers = _Workers(jobs - 1)
 
-        def feed(i: int, future) -> None:
-            """Keep one worker busy: collect its results, hand it the next files. While
-            plenty are left, a second file waits in the worker's queue, so it never idles
-            for this process's threads to get their turn at the interpreter lock."""
-            inflight = deque([(i, future)])
-            try:
-                while inflight:
-                    if len(inflight) < 2:
-                        with lock:
-                            plenty = len(queue) > jobs
-                        if plenty and (nxt := take()) is not None:
-                            inflight.append((nxt, pool.submit(parse_one, tasks[nxt])))
-                    i, future = inflight.popleft()
-                    parsed, pending = future.result()
-                    finish(i, parsed, pending, whole_file=True)
-                    if not inflight and (nxt := take()) is not None:
-                        inflight.append((nxt, pool.submit(parse_one, tasks[nxt])))
-            except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread
-                with lock:
-                    failure.append(err)
+    def feed(k: int) -> None:
+        """Keep worker ``k`` busy: hand it files, collect its answers. While plenty are
+        left, a second file waits in its pipe, so it never idles for this process's
+        threads to get their turn at the interpreter lock."""
+        conn = workers.conns[k]
+        inflight: deque[int] = deque()
+        try:
+            while True:
+                want = 2 if len(queue) > jobs else 1
+                while len(inflight) < want and (nxt := take()) is not None:
+                    inflight.append(nxt)
+                    conn.send(tasks[nxt])
+                if not inflight:
+                    return
+                i = inflight[0]
+                try:
+                    status, answer = conn.recv()
+                except (EOFError, OSError):
+                    if not stopped.is_set():  # not killed by close(): it died by itself
+                        fail(workers.died(k, tasks[i].path))
+                    return
+                inflight.popleft()
+                if status == "error":
+                    fail(answer)
+                    return
+                finish(i, *answer, whole_file=True)
+        except (BrokenPipeError, ConnectionResetError):
+            if not stopped.is_set():
+                fail(workers.died(k, tasks[inflight[-1]].path))
+        except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread
+            fail(err)
 
-        feeders = [threading.Thread(target=feed, args=job, daemon=True) for job in first]
-        for feeder in feeders:
-            feeder.start()
-
-        def read_here(nbytes: int) -> None:
+    def read_here(nbytes: int) -> None:
+        if stopped.is_set():  # another file failed: drop this one mid-way
+            raise _Cancelled
+        if bytes_read:
             with lock:
                 bytes_read(nbytes)
 
-        try:
-            _import_analysis()
-            while (i := take()) is not None:
-                parsed, pending = parse_one(tasks[i], read_here if bytes_read else None)
-                finish(i, parsed, pending, whole_file=False)
-        except BaseException as err:
-            with lock:
-                failure.append(err)
+    feeders = [threading.Thread(target=feed, args=(k,), daemon=True, name=f"tracekit-feed-{k}")
+               for k in range(jobs - 1)]
+    try:
         for feeder in feeders:
-            feeder.join()
-        if failure:
-            pool.shutdown(wait=False, cancel_futures=True)  # one bad file ends the load
-            raise failure[0]
+            feeder.start()
+        _import_analysis()
+        while (i := take()) is not None:
+            parsed, pending = parse_one(tasks[i], read_here)
+            finish(i, parsed, pending, whole_file=False)
+        for feeder in feeders:  # returns as soon as its worker answers, or a failure ends it
+            while feeder.is_alive() and not stopped.wait(0.05):
+                feeder.join(0)
+    except _Cancelled:
+        pass
+    except BaseException as err:
+        fail(err)
+    finally:
+        stopped.set()
+        workers.close(graceful=not failure)
+        for feeder in feeders:
+            if feeder.ident is not None:
+                feeder.join()
+    if failure:
+        interrupt = next((e for e in failure if isinstance(e, KeyboardInterrupt)), None)
+        raise interrupt or failure[0]
 
 
 def _import_analysis() -> None:
@@ -316,6 +474,15 @@ def _size(path: str) -> int:
         return os.path.getsize(path)
     except OSError:
         return 0
+
+
+def _ingest_on_dask(task: IngestTask):
+    """:func:`ingest_one` for a Dask worker: a user's bad file comes back as a value, not as a
+    failed task, which Dask would log with its traceback on the worker's stderr."""
+    try:
+        return "ok", ingest_one(task)
+    except TracekitError as err:
+        return "error", err
 
 
 def _run_dask(tasks, scheduler, jobs, on_done, bytes_read) -> list[Parsed]:
@@ -338,22 +505,37 @@ def _run_dask(tasks, scheduler, jobs, on_done, bytes_read) -> list[Parsed]:
                     "its address, e.g. tcp://host:8786"
                 ) from None
         else:
-            cluster = LocalCluster(n_workers=jobs or default_jobs(len(tasks)), threads_per_worker=1)
+            import logging
+            import warnings
+
+            # Our own private cluster shares this terminal: its logs and notices (its HTTP
+            # port moved because another cluster holds 8787) are not the user's business.
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                cluster = LocalCluster(n_workers=jobs or default_jobs(len(tasks)), threads_per_worker=1,
+                                       host="127.0.0.1", dashboard_address=None,
+                                       silence_logs=logging.CRITICAL)
             client = Client(cluster)
         own_client = True
+    futures = []
     try:
-        futures = client.map(ingest_one, tasks, pure=False)
+        futures = client.map(_ingest_on_dask, tasks, pure=False)
         index = {future.key: i for i, future in enumerate(futures)}
         results: list[Parsed | None] = [None] * len(tasks)
         for future in dask_completed(futures):
             i = index[future.key]
-            results[i] = future.result()
+            status, answer = future.result()
+            if status == "error":
+                raise answer
+            results[i] = answer
             if bytes_read:
                 bytes_read(_size(tasks[i].path))
             if on_done:
                 on_done(tasks[i])
         return results  # type: ignore[return-value]
     finally:
+        if futures:
+            client.cancel([f for f in futures if not f.done()])
         if own_client:
             client.close()
         if cluster is not None:
