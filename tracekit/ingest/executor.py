@@ -487,7 +487,7 @@ def _ingest_on_dask(task: IngestTask):
 
 def _run_dask(tasks, scheduler, jobs, on_done, bytes_read) -> list[Parsed]:
     try:
-        from distributed import Client, LocalCluster, as_completed as dask_completed
+        from distributed import Client, KilledWorker, LocalCluster, as_completed as dask_completed
     except ImportError:
         raise TracekitError(
             "--executor dask needs Dask: pip install 'tracekit[dask]'"
@@ -524,7 +524,11 @@ def _run_dask(tasks, scheduler, jobs, on_done, bytes_read) -> list[Parsed]:
         results: list[Parsed | None] = [None] * len(tasks)
         for future in dask_completed(futures):
             i = index[future.key]
-            status, answer = future.result()
+            try:
+                status, answer = future.result()
+            except KilledWorker:
+                raise WorkerDied(f"{tasks[i].path}: the Dask workers parsing it died (out of memory?); "
+                                 "give the workers more memory, or parse locally (--executor local)") from None
             if status == "error":
                 raise answer
             results[i] = answer
