@@ -8,6 +8,7 @@ import click
 
 from tracekit import __version__
 from tracekit.errors import TracekitError
+from tracekit.text import for_terminal
 
 
 class _Group(click.Group):
@@ -20,7 +21,8 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except TracekitError as err:
-            click.echo(f"tracekit: error: {err}", err=True)
+            # The line quotes file and event names: a hostile one must not drive the terminal.
+            click.echo(f"tracekit: error: {for_terminal(str(err))}", err=True)
             sys.exit(err.exit_code)
         except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit):
             raise
@@ -30,7 +32,7 @@ class _Group(click.Group):
         except Exception as err:  # a bug in tracekit, not the user's fault
             if os.environ.get("TRACEKIT_DEBUG"):
                 raise
-            click.echo(f"tracekit: internal error: {type(err).__name__}: {err} (a tracekit bug: "
+            click.echo(f"tracekit: internal error: {type(err).__name__}: {for_terminal(str(err))} (a tracekit bug: "
                        "rerun with TRACEKIT_DEBUG=1 for the traceback and report it)", err=True)
             sys.exit(3)
 
@@ -79,7 +81,7 @@ def run() -> None:
     except SystemExit as done:
         code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
         if done.code is not None and not isinstance(done.code, int):
-            click.echo(done.code, err=True)
+            click.echo(for_terminal(str(done.code)), err=True)
     try:
         sys.stdout.flush()
         sys.stderr.flush()

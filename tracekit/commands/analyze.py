@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from tracekit.commands.common import cached_document, load_with_progress, rank_options, remember_document
+from tracekit.text import for_terminal
 
 
 @click.command("analyze")
@@ -64,7 +65,7 @@ def command(run_dir: Path, as_json: bool, output: Path | None, html_path: Path |
         from tracekit.render.html import write_report
 
         write_report(analysis, html_path)
-        click.echo(f"wrote {html_path}", err=True)
+        click.echo(f"wrote {for_terminal(html_path)}", err=True)
     if as_json:
         sys.stdout.write(json.dumps(doc, indent=1) + "\n")
     else:

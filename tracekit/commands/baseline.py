@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from tracekit.commands.common import load_with_progress, rank_options
+from tracekit.text import for_terminal
 
 
 @click.command("baseline")
@@ -39,5 +40,5 @@ def command(run_dir: Path, output: Path, rank_from: str | None, rank_map: str | 
     measures = measure(analyze(run))
     write_atomically(output, (json.dumps(to_document(measures), indent=1) + "\n").encode())
     causes = "per-cause shares" if measures.cause_share else "no per-cause shares (not a pipeline run)"
-    click.echo(f"wrote {output}: {measures.schedule_label}, bubble ratio {pct(measures.bubble_ratio)}, "
+    click.echo(f"wrote {for_terminal(output)}: {measures.schedule_label}, bubble ratio {pct(measures.bubble_ratio)}, "
                f"{len(measures.rank_bubble)} ranks, {causes}")

@@ -6,6 +6,7 @@ import shlex
 import click
 
 from tracekit.capture.config import COMPUTE_MODES, SCHEDULES, CaptureConfig, schedule_by_name
+from tracekit.text import for_terminal
 
 
 def _schedule(ctx, param, value):
@@ -79,7 +80,7 @@ def command(ctx, out, schedule, ranks, microbatches, stages_per_rank, steps, com
         from tracekit.capture.runner import run_capture
 
         folder = run_capture(cfg, out)
-    click.echo(str(folder))
+    click.echo(for_terminal(folder))
 
 
 def _command_line(ctx: click.Context, out: str, cfg: CaptureConfig) -> str:

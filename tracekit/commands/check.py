@@ -10,6 +10,7 @@ import click
 
 from tracekit.commands.common import load_with_progress, rank_options
 from tracekit.errors import TracekitError
+from tracekit.text import for_terminal
 
 
 @click.command("check")
@@ -94,20 +95,20 @@ def command(run_dir: Path, max_bubble: str | None, max_rank_bubble: str | None, 
 
     if junit_path:
         write_atomically(junit_path, junit.render(result))
-        click.echo(f"wrote {junit_path}", err=True)
+        click.echo(f"wrote {for_terminal(junit_path)}", err=True)
     text = markdown.render(result)
     if markdown_path:
         write_atomically(markdown_path, text.encode())
-        click.echo(f"wrote {markdown_path}", err=True)
+        click.echo(f"wrote {for_terminal(markdown_path)}", err=True)
     _append_step_summary(text)
     if as_json:
         sys.stdout.write(json.dumps(result.to_dict(), indent=1) + "\n")
         for check in result.failures:
-            click.echo(check.line(), err=True)
+            click.echo(for_terminal(check.line()), err=True)
     else:
-        click.echo(result.summary())
+        click.echo(for_terminal(result.summary()))
         for line in result.lines():
-            click.echo(f"  {line}")
+            click.echo(f"  {for_terminal(line)}")
     sys.exit(result.exit_code)
 
 
@@ -120,4 +121,4 @@ def _append_step_summary(text: str) -> None:
         with open(summary, "a", encoding="utf-8") as fh:
             fh.write(text + "\n")
     except OSError as err:
-        click.echo(f"tracekit: warning: cannot append to $GITHUB_STEP_SUMMARY ({summary}): {err.strerror}", err=True)
+        click.echo(f"tracekit: warning: cannot append to $GITHUB_STEP_SUMMARY ({for_terminal(summary)}): {err.strerror}", err=True)

@@ -52,11 +52,12 @@ def command(run_a: Path, run_b: Path, as_json: bool, rank_from: str | None, rank
 def _console(c) -> str:
     from tracekit.analyze.compare import CAUSE_NAMES, pct, points, signed_ms
     from tracekit.render.console import ms, table
+    from tracekit.text import for_terminal
 
     out = [c.headline(), ""]
     for label, m in (("A", c.a), ("B", c.b)):
-        out.append(f"  {label}: {m.source}  ({', '.join(m.formats)}; {m.schedule_label}; {m.n_steps} step(s))")
-    out += [f"  note: {n}" for n in c.notes]
+        out.append(f"  {label}: {for_terminal(m.source)}  ({', '.join(m.formats)}; {m.schedule_label}; {m.n_steps} step(s))")
+    out += [f"  note: {for_terminal(n)}" for n in c.notes]
     step_delta = c.b.step_ns - c.a.step_ns
     step_rel = f", {100 * step_delta / c.a.step_ns:+.1f}%" if c.a.step_ns else ""
     out += ["",

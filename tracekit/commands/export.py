@@ -6,6 +6,7 @@ from pathlib import Path
 import click
 
 from tracekit.commands.common import load_with_progress, rank_options
+from tracekit.text import for_terminal
 
 
 @click.command("export")
@@ -43,7 +44,7 @@ def command(run_dir: Path, output: Path, rank_from: str | None, rank_map: str | 
     write_chrome_trace(document, output)
     info = document["otherData"]
     for warning in info["warnings"]:
-        click.echo(f"tracekit: warning: {warning}", err=True)
+        click.echo(f"tracekit: warning: {for_terminal(warning)}", err=True)
     counts = info["counts"]
-    click.echo(f"wrote {output}: {counts['ranks']} ranks, {counts['actions']} actions, {counts['flows']} message "
+    click.echo(f"wrote {for_terminal(output)}: {counts['ranks']} ranks, {counts['actions']} actions, {counts['flows']} message "
                f"arrows, {counts['idle_intervals']} idle slices; open it in https://ui.perfetto.dev")

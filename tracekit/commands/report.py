@@ -6,6 +6,7 @@ from pathlib import Path
 import click
 
 from tracekit.commands.common import load_with_progress, rank_options
+from tracekit.text import for_terminal
 
 
 def default_name(run_dir: Path) -> str:
@@ -42,4 +43,4 @@ def command(run_dir: Path, output: Path | None, rank_from: str | None, rank_map:
     target = output or Path("reports") / f"{default_name(run_dir)}.html"
     write_report(analysis, target)
     size_mb = target.stat().st_size / 1e6
-    click.echo(f"wrote {target} ({size_mb:.1f} MB)", err=True)
+    click.echo(f"wrote {for_terminal(target)} ({size_mb:.1f} MB)", err=True)

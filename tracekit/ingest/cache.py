@@ -122,7 +122,8 @@ class ParseCache:
         return hashlib.sha256(ident.encode()).hexdigest()
 
     def _memo_path(self, path: Path) -> str:
-        return self._path("hashes", hashlib.sha256(str(path.resolve()).encode()).hexdigest() + ".json")
+        # os.fsencode: a folder name need not be UTF-8 (str.encode fails on its surrogates)
+        return self._path("hashes", hashlib.sha256(os.fsencode(path.resolve())).hexdigest() + ".json")
 
     def _remembered_digest(self, path: Path, stamp: list[int]) -> str | None:
         memo = self._read_json(self._memo_path(path))

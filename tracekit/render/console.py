@@ -5,6 +5,8 @@ shown is one a script can read too.
 """
 from __future__ import annotations
 
+from tracekit.text import for_terminal, map_strings
+
 # The causes, in the order the JSON document lists them (kept here so that rendering a
 # stored document imports no analysis code).
 CATEGORIES = ("warmup", "drain", "schedule_gaps", "imbalance", "comm", "overhead")
@@ -34,6 +36,9 @@ def table(headers: list[str], rows: list[list[str]]) -> str:
 
 def render(doc: dict) -> str:
     """The console summary of one analysis document."""
+    # Paths, host and event names in the document are someone else's text: every string is
+    # made inert for the terminal here, once, so no field can be missed further down.
+    doc = map_strings(doc, for_terminal)
     out: list[str] = []
     s = doc["summary"]
     formats = sorted({f["format"] for f in doc["files"]})

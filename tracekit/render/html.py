@@ -14,7 +14,9 @@ and ``MAX_DETAILED_STEPS`` steps; the report says where it did so.
 
 Every string that comes from a trace (labels, file names, hosts, warnings, capture.json)
 reaches the page escaped: the page template autoescapes, bokeh escapes its JSON data, and
-hover tooltips insert values as text.
+hover tooltips insert values as text. Controls and bidi overrides in those strings (which
+a browser would show as nothing, or use to draw the text after them reversed) are shown as
+visible escapes (:func:`tracekit.text.for_xml`), on the page and in the timeline's labels.
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ from tracekit.analyze import Analysis
 from tracekit.analyze.attribution import CATEGORIES
 from tracekit.analyze.diagnosis import Finding, diagnose, message_latencies, stage_compute_ns
 from tracekit.analyze.intervals import idle_intervals
+from tracekit.text import for_xml
 
 # Glyph budgets per step timeline; past them the timeline merges and drops (and says so).
 MAX_BARS = 3000
@@ -274,7 +277,13 @@ def _to_view_bars(bars: pd.DataFrame, lo: int) -> pd.DataFrame:
         "kind": bars["kind"].astype(str).to_numpy(), "rank": bars["rank"].to_numpy(dtype=np.int64),
         "stage": bars["stage"].to_numpy(dtype=np.int64), "microbatch": bars["microbatch"].to_numpy(dtype=np.int64),
         "dur_ms": (bars["end"].to_numpy(dtype=np.int64) - bars["start"].to_numpy(dtype=np.int64)) / 1e6,
-        "n": bars["n"].to_numpy(dtype=np.int64), "label": bars["label"].astype(str).to_numpy()})
+        "n": bars["n"].to_numpy(dtype=np.int64), "label": _visible_labels(bars["label"])})
+
+
+def _visible_labels(labels: pd.Series) -> np.ndarray:
+    """Event names for the hover text; escaped once per distinct name (they repeat)."""
+    labels = labels.astype(str)
+    return labels.map({name: for_xml(name) for name in labels.unique()}).to_numpy()
 
 
 def _idle_view(intervals: pd.DataFrame, step: int, lo: int, rank_lane: dict, merge_gap: float,
@@ -798,11 +807,16 @@ how much of it passed before the send was posted, and the idle the link caused o
 _ROOT_DIV = '<div id="{}" data-root-id="{}" style="display: contents;"></div>'
 
 
+def _visible_controls(value):
+    """Each value the page shows, with controls as visible escapes (markup is bokeh's own)."""
+    return for_xml(value) if isinstance(value, str) and not hasattr(value, "__html__") else value
+
+
 def _page_template() -> jinja2.Template:
     """The page, autoescaped: only bokeh's own output is marked safe."""
     from markupsafe import Markup, escape
 
     env = jinja2.Environment(autoescape=True, trim_blocks=True, lstrip_blocks=True,
-                             undefined=jinja2.StrictUndefined)
+                             undefined=jinja2.StrictUndefined, finalize=_visible_controls)
     env.globals["root_div"] = lambda root: Markup(_ROOT_DIV.format(escape(root.elementid), escape(root.id)))
     return env.from_string(_PAGE)

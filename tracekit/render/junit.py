@@ -8,6 +8,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 
 from tracekit.gate.checks import GateResult
+from tracekit.text import for_xml
 
 
 def render(result: GateResult) -> bytes:
@@ -26,5 +27,11 @@ def render(result: GateResult) -> bytes:
             failure = ET.SubElement(case, "failure", message=check.line(), type="regression")
             failure.text = check.line()
     ET.SubElement(suite, "system-out").text = "\n".join([result.summary(), *result.lines()])
+    # The run's path and the lines that quote it may hold what XML 1.0 forbids (ESC, NUL):
+    # ElementTree would write those as they are and no parser would read the file back.
+    for element in suites.iter():
+        element.attrib.update((key, for_xml(value)) for key, value in element.attrib.items())
+        if element.text:
+            element.text = for_xml(element.text)
     ET.indent(suites)
     return ET.tostring(suites, encoding="utf-8", xml_declaration=True) + b"\n"

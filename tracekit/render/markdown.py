@@ -1,9 +1,15 @@
 """``tracekit check --markdown FILE``: the gate result as GitHub-flavoured Markdown, for a
-pull-request comment or the job summary (``$GITHUB_STEP_SUMMARY``)."""
+pull-request comment or the job summary (``$GITHUB_STEP_SUMMARY``).
+
+Text from outside (the run's path, the baseline's, a config file's name in a rule) is made
+inert on the way in: a code span that no backtick inside can close, or text with every
+Markdown and HTML special escaped, so that a name cannot become a link, an image or raw HTML.
+"""
 from __future__ import annotations
 
 from tracekit.analyze.compare import pct
 from tracekit.gate.checks import GateResult
+from tracekit.text import for_markdown_code, for_markdown_text
 
 
 def render(result: GateResult) -> str:
@@ -13,9 +19,9 @@ def render(result: GateResult) -> str:
         head = f"### ✅ tracekit check passed ({len(result.checks)} checks)"
     else:
         head = f"### ❌ tracekit check failed: {len(result.failures)} of {len(result.checks)} checks regressed"
-    context = f"`{m.source}` · {m.schedule_label} · bubble ratio {pct(m.bubble_ratio)}"
+    context = f"{for_markdown_code(m.source)} · {m.schedule_label} · bubble ratio {pct(m.bubble_ratio)}"
     if result.config.baseline:
-        context += f" · baseline `{result.config.baseline}`"
+        context += f" · baseline {for_markdown_code(str(result.config.baseline))}"
     out = [head, "", context, ""]
     for check in result.failures:
         out.append(f"- **{_cell(check.name)}** {pct(check.value)} > {_cell(check.rule)}"
@@ -29,9 +35,10 @@ def render(result: GateResult) -> str:
                    f"{'pass' if check.passed else '**FAIL**'} |")
     out += ["", "</details>"]
     if result.notes:
-        out += ["", *(f"> {note}  " for note in result.notes)]
+        out += ["", *(f"> {_cell(note)}  " for note in result.notes)]
     return "\n".join(out) + "\n"
 
 
 def _cell(text: str) -> str:
-    return text.replace("|", "\\|")
+    """Text for a table cell or a line: inert, and with ``|`` escaped it cannot split a cell."""
+    return for_markdown_text(text)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from tracekit import __version__
+from tracekit.text import for_terminal
 
 
 def _ms(ns: float) -> str:
@@ -46,4 +47,6 @@ def render(result) -> str:
     lines += ["", "  how: " + result.assumptions[0]]
     lines += [f"       {a}" for a in result.assumptions[1:]]
     lines.append("       the model's own error is the 'model of the measured run' row against 'measured'")
-    return "\n".join(lines)
+    # Each entry is one line; the run's path and the reasons a target was skipped quote
+    # names from the traces, which must reach the terminal inert.
+    return "\n".join(for_terminal(line) for line in lines)
