@@ -182,6 +182,10 @@ def test_dev_stdout_gets_the_whole_document(name, run):
 def test_a_fifo_is_written_through_not_replaced(name, run, tmp_path):
     fifo = tmp_path / "out.fifo"
     os.mkfifo(fifo)
+    # a second name for the FIFO, which a command that wrongly replaced out.fifo cannot take away
+    keeper = tmp_path / "keeper" / "fifo"
+    keeper.parent.mkdir()
+    os.link(fifo, keeper)
     received = bytearray()
 
     def read_all() -> None:
@@ -195,7 +199,7 @@ def test_a_fifo_is_written_through_not_replaced(name, run, tmp_path):
     finally:
         # Had the command never opened the FIFO, the reader would wait forever: be its writer.
         with contextlib.suppress(OSError):
-            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+            os.close(os.open(keeper, os.O_WRONLY | os.O_NONBLOCK))
         reader.join()
     assert result.exit_code == 0, result.output
     assert complete(name, bytes(received)), bytes(received[:300])
