@@ -58,7 +58,7 @@ def command(run_dir: Path, max_bubble: str | None, max_rank_bubble: str | None, 
     \b
     Exit status: 0 every check passed, 1 a check failed (one line per failure says
     which and by how much), 2 the input or the options are unusable (no such run, bad
-    baseline file, baseline of another schedule).
+    baseline file, baseline of another schedule, an output file that cannot be written).
     If $GITHUB_STEP_SUMMARY is set, the Markdown summary is appended to it.
 
     \b
