@@ -31,8 +31,8 @@ def command(run_dir: Path, output: Path, rank_from: str | None, rank_map: str | 
     """
     from tracekit.analyze import analyze
     from tracekit.analyze.compare import measure, pct
-    from tracekit.gate.baseline import to_document
     from tracekit.commands.outputs import run_output
+    from tracekit.gate.baseline import to_document
 
     target = run_output(output, "-o", run_dir)
     run = load_with_progress(run_dir, rank_from, rank_map, progress)
