@@ -320,6 +320,20 @@ def test_a_closed_descriptor_is_refused():
         OutputTarget(f"/dev/fd/{unused}")
 
 
+def test_the_writer_sits_below_every_layer():
+    """tracekit/output.py may be imported from anywhere: it imports the stdlib and tracekit.errors only."""
+    import ast
+
+    import tracekit.output
+
+    tree = ast.parse(Path(tracekit.output.__file__).read_text())
+    imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+    tracekit_modules = {name for name in imported if name.split(".")[0] == "tracekit"}
+    assert tracekit_modules == {"tracekit.errors"}
+    assert all(name.split(".")[0] in sys.stdlib_module_names for name in imported - tracekit_modules)
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
