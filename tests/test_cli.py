@@ -46,7 +46,7 @@ def test_json_follows_the_schema(tmp_path):
     out_file = tmp_path / "a.json"
     result = run("analyze", str(SAMPLES / "interleaved1f1b"), "--json", "-o", str(out_file))
     assert result.exit_code == 0
-    doc = json.loads(result.output)
+    doc = json.loads(result.stdout)      # "wrote a.json" goes to stderr
     jsonschema.validate(doc, SCHEMA)
     assert json.loads(out_file.read_text()) == doc
     assert doc["schedule"]["name"] == "Interleaved1F1B"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import re
 from collections import Counter, defaultdict
 from dataclasses import replace
@@ -18,7 +17,6 @@ from tracekit.analyze.attribution import CATEGORIES
 from tracekit.analyze.intervals import idle_intervals
 from tracekit.cli import main
 from tracekit.errors import TracekitError
-from tracekit.gate.output import write_atomically
 from tracekit.render.chrome_trace import lanes, to_chrome_trace
 
 ACTION_NAME = re.compile(r"^[FBIW] s\d+ mb(\d+|\?)$")
@@ -175,23 +173,6 @@ def test_never_writes_over_or_into_the_run(run_copy, name, message):
     result = cli("export", run_copy, "-o", target)
     assert result.exit_code == 2 and message in result.output, result.output
     assert (target.read_bytes() if target.exists() else None) == before
-
-
-def test_a_failed_write_leaves_the_old_file_whole(tmp_path, monkeypatch):
-    target = tmp_path / "merged.json"
-    target.write_bytes(b"old")
-
-    def crash(*_):
-        raise OSError("disk full")
-
-    monkeypatch.setattr(os, "replace", crash)
-    with pytest.raises(OSError):
-        write_atomically(target, b"new" * 1000)
-    assert target.read_bytes() == b"old"
-    assert [p.name for p in tmp_path.iterdir()] == ["merged.json"]      # no temporary file left
-    monkeypatch.undo()
-    write_atomically(target, b"new")
-    assert target.read_bytes() == b"new" and oct(target.stat().st_mode & 0o777) != "0o600"
 
 
 def test_overlapping_slices_get_their_own_lanes():

@@ -27,6 +27,12 @@ from tracekit.render import html as report  # noqa: E402
 CHROMIUM = next((p for p in (shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome")) if p), None)
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (Debian: apt-get install chromium)")
 
+
+def write_report(analysis, path: Path) -> Path:
+    """The report of ``analysis`` as a file, for the browser and the tests that read it back."""
+    path.write_text(report.render_report(analysis), encoding="utf-8")
+    return path
+
 EVIL = "<script>alert(1)</script>"
 # Runs script that leaves a mark in the DOM if it ever executes: proof by --dump-dom.
 EVIL_DOM = "<img src=x onerror=document.body.setAttribute('data-pwned','1')>"
@@ -42,7 +48,7 @@ def rendered(loaded_runs, tmp_path_factory):
     def get(run_dir: Path):
         if run_dir not in cache:
             _, analysis = loaded_runs(run_dir)
-            cache[run_dir] = (analysis, report.write_report(analysis, out / f"{run_dir.name}.html"))
+            cache[run_dir] = (analysis, write_report(analysis, out / f"{run_dir.name}.html"))
         return cache[run_dir]
 
     return get
@@ -150,7 +156,7 @@ def test_trace_strings_are_escaped(tmp_path):
     run.actions.loc[run.actions.index[0], "label"] = EVIL_DOM
     run.actions.loc[run.actions.index[1], "label"] = EVIL
     run.warn(f"a warning quoting {EVIL}")
-    path = report.write_report(analyze(run), tmp_path / "evil.html")
+    path = write_report(analyze(run), tmp_path / "evil.html")
     page = path.read_text()
     for raw in (EVIL, EVIL_DOM, "<img src=x"):
         assert raw not in page
@@ -241,7 +247,7 @@ def test_large_run_is_thinned_and_says_so(synthetic_256_ranks, tmp_path):
         assert len(view.idle) <= report.MAX_IDLE
         assert len(view.messages) <= report.MAX_MESSAGES
         assert view.bars["n"].sum() == (big.run.actions["step"] == view.step).sum()   # merged, not lost
-    path = report.write_report(big, tmp_path / "big.html")
+    path = write_report(big, tmp_path / "big.html")
     page = path.read_text()
     assert path.stat().st_size < 15e6
     assert "timeline was thinned" in page
@@ -310,7 +316,7 @@ def test_run_without_pipeline_shows_gpu_streams(tmp_path):
     assert not analysis.is_pipeline
     views, _ = report.step_views(analysis)
     assert views and any("stream" in lane for lane in views[0].lanes)
-    page = report.write_report(analysis, tmp_path / "gpu.html").read_text()
+    page = write_report(analysis, tmp_path / "gpu.html").read_text()
     assert "No pipeline-parallel schedule found" in page and external_references(page) == []
 
 

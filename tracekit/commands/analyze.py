@@ -8,7 +8,6 @@ from pathlib import Path
 import click
 
 from tracekit.commands.common import cached_document, load_with_progress, rank_options, remember_document
-from tracekit.text import for_terminal
 
 
 @click.command("analyze")
@@ -44,8 +43,12 @@ def command(run_dir: Path, as_json: bool, output: Path | None, html_path: Path |
       tracekit analyze run/ --json > analysis.json
       tracekit analyze run/ -o analysis.json --html report.html
     """
+    from tracekit.commands.outputs import distinct, run_output
     from tracekit.render import console
 
+    json_target = run_output(output, "-o", run_dir) if output else None
+    html_target = run_output(html_path, "--html", run_dir) if html_path else None
+    distinct(json_target, html_target)
     options = {"rank_from": rank_from, "rank_map": rank_map, "attribution": not no_attribution}
     # An unchanged run with the same options is answered from the stored document.
     doc = None if html_path else cached_document(run_dir, options)
@@ -58,14 +61,14 @@ def command(run_dir: Path, as_json: bool, output: Path | None, html_path: Path |
         analysis = analyze(run, attribution=not no_attribution)
         doc = to_document(analysis)
         remember_document(run_dir, options, doc)
-    if output:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(json.dumps(doc, indent=1))
-    if html_path:
-        from tracekit.render.html import write_report
+    if json_target:
+        json_target.write(json.dumps(doc, indent=1).encode())
+        click.echo(json_target.wrote(), err=True)
+    if html_target:
+        from tracekit.render.html import render_report
 
-        write_report(analysis, html_path)
-        click.echo(f"wrote {for_terminal(html_path)}", err=True)
+        html_target.write(render_report(analysis).encode())
+        click.echo(html_target.wrote(), err=True)
     if as_json:
         sys.stdout.write(json.dumps(doc, indent=1) + "\n")
     else:

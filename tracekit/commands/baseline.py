@@ -7,7 +7,6 @@ from pathlib import Path
 import click
 
 from tracekit.commands.common import load_with_progress, rank_options
-from tracekit.text import for_terminal
 
 
 @click.command("baseline")
@@ -32,13 +31,13 @@ def command(run_dir: Path, output: Path, rank_from: str | None, rank_map: str | 
     """
     from tracekit.analyze import analyze
     from tracekit.analyze.compare import measure, pct
+    from tracekit.commands.outputs import run_output
     from tracekit.gate.baseline import to_document
-    from tracekit.gate.output import refuse_to_overwrite_inputs, write_atomically
 
-    refuse_to_overwrite_inputs(output, run_dir)
+    target = run_output(output, "-o", run_dir)
     run = load_with_progress(run_dir, rank_from, rank_map, progress)
     measures = measure(analyze(run))
-    write_atomically(output, (json.dumps(to_document(measures), indent=1) + "\n").encode())
+    target.write((json.dumps(to_document(measures), indent=1) + "\n").encode())
     causes = "per-cause shares" if measures.cause_share else "no per-cause shares (not a pipeline run)"
-    click.echo(f"wrote {for_terminal(output)}: {measures.schedule_label}, bubble ratio {pct(measures.bubble_ratio)}, "
-               f"{len(measures.rank_bubble)} ranks, {causes}")
+    click.echo(target.wrote(f"{measures.schedule_label}, bubble ratio {pct(measures.bubble_ratio)}, "
+                            f"{len(measures.rank_bubble)} ranks, {causes}"), err=True)

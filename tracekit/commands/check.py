@@ -59,7 +59,7 @@ def command(run_dir: Path, max_bubble: str | None, max_rank_bubble: str | None, 
     \b
     Exit status: 0 every check passed, 1 a check failed (one line per failure says
     which and by how much), 2 the input or the options are unusable (no such run, bad
-    baseline file, baseline of another schedule).
+    baseline file, baseline of another schedule, an output file that cannot be written).
     If $GITHUB_STEP_SUMMARY is set, the Markdown summary is appended to it.
 
     \b
@@ -70,11 +70,11 @@ def command(run_dir: Path, max_bubble: str | None, max_rank_bubble: str | None, 
     """
     from tracekit.analyze import analyze
     from tracekit.analyze.compare import measure
+    from tracekit.commands.outputs import distinct, run_output
     from tracekit.gate import evaluate, find_config, load_config, with_flags
     from tracekit.gate.baseline import read_baseline
     from tracekit.gate.checks import GateResult
     from tracekit.gate.config import CheckConfig
-    from tracekit.gate.output import refuse_to_overwrite_inputs, write_atomically
     from tracekit.render import junit, markdown
 
     if config_file and no_config:
@@ -86,21 +86,28 @@ def command(run_dir: Path, max_bubble: str | None, max_rank_bubble: str | None, 
     # every usage error before the (slow) load
     config.require_checks()
     baseline_measures = read_baseline(config.baseline) if config.baseline else None
-    for option, path in (("--junit", junit_path), ("--markdown", markdown_path)):
-        if path:
-            refuse_to_overwrite_inputs(path, run_dir, option)
+    # the files this check reads are inputs too
+    inputs = {path: what for path, what in ((config.baseline, "the baseline this check reads"),
+                                            (found, "the configuration this check reads")) if path}
+    junit_target = run_output(junit_path, "--junit", run_dir, inputs) if junit_path else None
+    markdown_target = run_output(markdown_path, "--markdown", run_dir, inputs) if markdown_path else None
+    summary_path = os.environ.get("GITHUB_STEP_SUMMARY")
+    summary_target = run_output(summary_path, "$GITHUB_STEP_SUMMARY", run_dir, inputs) if summary_path else None
+    distinct(junit_target, markdown_target, summary_target)
 
     run = load_with_progress(run_dir, rank_from, rank_map, progress)
     result: GateResult = evaluate(measure(analyze(run)), config, baseline_measures)
 
-    if junit_path:
-        write_atomically(junit_path, junit.render(result))
-        click.echo(f"wrote {for_terminal(junit_path)}", err=True)
+    if junit_target:
+        junit_target.write(junit.render(result))
+        click.echo(junit_target.wrote(), err=True)
     text = markdown.render(result)
-    if markdown_path:
-        write_atomically(markdown_path, text.encode())
-        click.echo(f"wrote {for_terminal(markdown_path)}", err=True)
-    _append_step_summary(text)
+    if markdown_target:
+        markdown_target.write(text.encode())
+        click.echo(markdown_target.wrote(), err=True)
+    if summary_target:
+        # GitHub Actions shows what a step appends to $GITHUB_STEP_SUMMARY on the run's page.
+        summary_target.append((text + "\n").encode())
     if as_json:
         sys.stdout.write(json.dumps(result.to_dict(), indent=1) + "\n")
         for check in result.failures:
@@ -110,15 +117,3 @@ def command(run_dir: Path, max_bubble: str | None, max_rank_bubble: str | None, 
         for line in result.lines():
             click.echo(f"  {for_terminal(line)}")
     sys.exit(result.exit_code)
-
-
-def _append_step_summary(text: str) -> None:
-    """GitHub Actions shows what a step appends to $GITHUB_STEP_SUMMARY on the run's page."""
-    summary = os.environ.get("GITHUB_STEP_SUMMARY")
-    if not summary:
-        return
-    try:
-        with open(summary, "a", encoding="utf-8") as fh:
-            fh.write(text + "\n")
-    except OSError as err:
-        click.echo(f"tracekit: warning: cannot append to $GITHUB_STEP_SUMMARY ({for_terminal(summary)}): {err.strerror}", err=True)

@@ -35,16 +35,17 @@ def command(run_dir: Path, output: Path, rank_from: str | None, rank_map: str | 
       tracekit export run/ -o /tmp/run.json       # uncompressed
     """
     from tracekit.analyze import analyze
-    from tracekit.gate.output import refuse_to_overwrite_inputs
-    from tracekit.render.chrome_trace import to_chrome_trace, write_chrome_trace
+    from tracekit.commands.outputs import run_output
+    from tracekit.render.chrome_trace import encode_chrome_trace, to_chrome_trace
 
-    refuse_to_overwrite_inputs(output, run_dir)
+    target = run_output(output, "-o", run_dir)
     run = load_with_progress(run_dir, rank_from, rank_map, progress)
     document = to_chrome_trace(analyze(run))
-    write_chrome_trace(document, output)
+    target.write(encode_chrome_trace(document, compressed=output.name.endswith(".gz")))
     info = document["otherData"]
     for warning in info["warnings"]:
         click.echo(f"tracekit: warning: {for_terminal(warning)}", err=True)
     counts = info["counts"]
-    click.echo(f"wrote {for_terminal(output)}: {counts['ranks']} ranks, {counts['actions']} actions, {counts['flows']} message "
-               f"arrows, {counts['idle_intervals']} idle slices; open it in https://ui.perfetto.dev")
+    click.echo(target.wrote(f"{counts['ranks']} ranks, {counts['actions']} actions, {counts['flows']} message "
+                            f"arrows, {counts['idle_intervals']} idle slices; open it in https://ui.perfetto.dev"),
+               err=True)

@@ -6,7 +6,6 @@ from pathlib import Path
 import click
 
 from tracekit.commands.common import load_with_progress, rank_options
-from tracekit.text import for_terminal
 
 
 def default_name(run_dir: Path) -> str:
@@ -36,11 +35,11 @@ def command(run_dir: Path, output: Path | None, rank_from: str | None, rank_map:
       tracekit report run/ -o out/run.html
     """
     from tracekit.analyze import analyze
-    from tracekit.render.html import write_report
+    from tracekit.commands.outputs import run_output
+    from tracekit.render.html import render_report
 
+    target = run_output(output or Path("reports") / f"{default_name(run_dir)}.html", "-o", run_dir)
     run = load_with_progress(run_dir, rank_from, rank_map, progress)
-    analysis = analyze(run)
-    target = output or Path("reports") / f"{default_name(run_dir)}.html"
-    write_report(analysis, target)
-    size_mb = target.stat().st_size / 1e6
-    click.echo(f"wrote {for_terminal(target)} ({size_mb:.1f} MB)", err=True)
+    data = render_report(analyze(run)).encode()
+    target.write(data)
+    click.echo(target.wrote(f"{len(data) / 1e6:.1f} MB"), err=True)

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import gzip
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import orjson
 import pandas as pd
@@ -35,7 +34,6 @@ from tracekit import __version__
 from tracekit.analyze import Analysis
 from tracekit.analyze.intervals import idle_intervals
 from tracekit.errors import TracekitError
-from tracekit.gate.output import write_atomically
 
 TRACKS = ("compute", "bubbles", "p2p", "steps")   # top to bottom within a rank
 
@@ -221,9 +219,7 @@ def _flows(run, us, tracks: _Tracks, action_track: dict[int, tuple],
     return out
 
 
-def write_chrome_trace(document: dict, path: Path) -> None:
-    """Write the document as JSON, gzip-compressed when the name ends in .gz; atomically."""
+def encode_chrome_trace(document: dict, compressed: bool) -> bytes:
+    """The document as the bytes of a trace file: JSON, gzip-compressed when ``compressed``."""
     data = orjson.dumps(document)
-    if Path(path).name.endswith(".gz"):
-        data = gzip.compress(data, compresslevel=6, mtime=0)
-    write_atomically(Path(path), data)
+    return gzip.compress(data, compresslevel=6, mtime=0) if compressed else data

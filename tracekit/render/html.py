@@ -21,7 +21,6 @@ visible escapes (:func:`tracekit.text.for_xml`), on the page and in the timeline
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import jinja2
 import numpy as np
@@ -76,14 +75,6 @@ class StepView:
     critical_bars: pd.DataFrame | None = None    # outlines of the critical path's actions
     thinned: dict[str, tuple[int, int]] = field(default_factory=dict)   # what -> (in the run, drawn)
     merge_gap_ns: float = 0.0                    # bars closer than this on a row were merged
-
-
-def write_report(analysis: Analysis, path: str | Path) -> Path:
-    """Write the HTML report of ``analysis`` to ``path`` (folders made as needed)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(render_report(analysis), encoding="utf-8")
-    return path
 
 
 def render_report(analysis: Analysis) -> str:
