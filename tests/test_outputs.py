@@ -352,3 +352,23 @@ def test_the_default_report_path_leaves_the_committed_examples_alone(run, tmp_pa
     assert result.exit_code == 0, result.output
     assert complete("report -o", (tmp_path / "reports" / "run.html").read_bytes())
     assert committed.read_bytes() == b"<!-- the committed example -->"
+
+
+def test_capture_never_deletes_an_earlier_capture_unasked(tmp_path):
+    """`capture -o` into a folder that holds a run (a committed sample, say) refuses before
+    anything runs; the traces stay byte for byte."""
+    import shutil
+
+    from click.testing import CliRunner
+
+    from conftest import SAMPLES
+    from tracekit.cli import main
+
+    run = tmp_path / "run"
+    shutil.copytree(SAMPLES / "1f1b", run)
+    before = {p.name: p.read_bytes() for p in run.iterdir()}
+    result = CliRunner().invoke(main, ["capture", "-o", str(run)])
+    assert result.exit_code == 2, result.output
+    assert "already holds a capture" in result.stderr and "--replace" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == before

@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 
 import click
 
 from tracekit.capture.config import COMPUTE_MODES, SCHEDULES, CaptureConfig, schedule_by_name
+from tracekit.errors import CaptureError
 from tracekit.text import for_terminal
 
 
@@ -46,9 +48,12 @@ def _schedule(ctx, param, value):
 @click.option("--profiler", default="torch", show_default=True, type=click.Choice(["torch", "nsys"]),
               help="torch: torch.profiler, one rank<R>.json.gz per rank. nsys: Nsight Systems "
                    "(`nsys profile -t nvtx,osrt`), one scrubbed nsys_report.sqlite for all ranks.")
+@click.option("--replace", is_flag=True,
+              help="Delete the traces of an earlier capture in --out first (default: refuse to touch them).")
 @click.pass_context
 def command(ctx, out, schedule, ranks, microbatches, stages_per_rank, steps, compute, layer_ms,
-            layers, hidden, microbatch_size, slow_stage, slow_factor, p2p_delay_ms, seed, profiler):
+            layers, hidden, microbatch_size, slow_stage, slow_factor, p2p_delay_ms, seed, profiler,
+            replace):
     """Record a real pipeline-parallel training run (needs torch).
 
     \b
@@ -71,6 +76,8 @@ def command(ctx, out, schedule, ranks, microbatches, stages_per_rank, steps, com
         slow_factor=slow_factor, p2p_delay_ms=p2p_delay_ms, seed=seed,
     )
     cfg.validate()  # one-line CaptureError before torch is imported
+    if not replace:
+        _refuse_earlier_capture(Path(out))
     cfg.command = _command_line(ctx, out, cfg)
     if profiler == "nsys":
         from tracekit.capture.nsys import run_nsys_capture
@@ -81,6 +88,17 @@ def command(ctx, out, schedule, ranks, microbatches, stages_per_rank, steps, com
 
         folder = run_capture(cfg, out)
     click.echo(for_terminal(folder))
+
+
+def _refuse_earlier_capture(out: Path) -> None:
+    """A capture replaces a folder's traces: never those of a run the user did not name for it."""
+    if not out.is_dir():
+        return
+    earlier = sorted({*out.glob("rank*.json*"), *out.glob("nsys_report.*"), *out.glob("capture.json")})
+    if earlier:
+        names = ", ".join(p.name for p in earlier[:3]) + (" ..." if len(earlier) > 3 else "")
+        raise CaptureError(f"--out {out} already holds a capture ({names}); pick an empty folder, or pass "
+                           "--replace to delete those files first")
 
 
 def _command_line(ctx: click.Context, out: str, cfg: CaptureConfig) -> str:
