@@ -53,7 +53,7 @@ def _console(c) -> str:
     from tracekit.analyze.compare import CAUSE_NAMES, pct, points, signed_ms
     from tracekit.render.console import ms, table
 
-    out = [c.headline(), ""]
+    out = [*c.incomplete(), c.headline(), ""]
     for label, m in (("A", c.a), ("B", c.b)):
         out.append(f"  {label}: {m.source}  ({', '.join(m.formats)}; {m.schedule_label}; {m.n_steps} step(s))")
     out += [f"  note: {n}" for n in c.notes]

@@ -116,6 +116,10 @@ def _ranks_phrase(ranks: list[int]) -> str:
     return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {rank_ranges(ranks)}"
 
 
+# The schedule name of a run with ranks missing: never recognised from part of a pipeline.
+UNRECOGNISED = "unknown"
+
+
 @dataclass
 class ScheduleInfo:
     """The pipeline schedule recognised from the action order alone."""

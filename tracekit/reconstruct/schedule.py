@@ -3,10 +3,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from tracekit.model.run import Completeness, ScheduleInfo
-
-# The name of the schedule of a run with ranks missing: never recognised from part of it.
-UNRECOGNISED = "unknown"
+from tracekit.model.run import UNRECOGNISED, Completeness, ScheduleInfo
 
 
 def recognise(actions: pd.DataFrame, overlap_labels: bool = False,
