@@ -11,7 +11,7 @@ from tracekit.reconstruct.schedule import recognise, unrecognised
 from tracekit.reconstruct.steps import find_steps
 
 ONE_RANK = ("one rank: no pipeline to analyse (a single rank's trace, and no file says the job had "
-            "more); per-rank busy/idle only")
+            "more): this is not a pipeline run; per-rank busy/idle only")
 
 
 def reconstruct(run: Run) -> Run:
