@@ -102,9 +102,15 @@ class Completeness:
         if self.complete:
             return ""
         n = len(self.ranks_present)
-        return (f"INCOMPLETE RUN: {self.missing_text()}; world size {self.world_size} from "
-                f"{self.world_size_source}: figures cover the {n} rank{'s' if n != 1 else ''} present; "
-                "the schedule is not recognised from a partial pipeline")
+        return (f"INCOMPLETE RUN: {self.missing_text()}; world size {self.world_size_text()}: figures "
+                f"cover the {n} rank{'s' if n != 1 else ''} present; the schedule is not recognised "
+                "from a partial pipeline")
+
+    def world_size_text(self) -> str:
+        """"4 from distributedInfo", "at least 3 (no file states it ...)"."""
+        if self.world_size_source == INFERRED_WORLD_SIZE:
+            return f"at least {self.world_size} (no file states it; that is the highest rank present + 1)"
+        return f"{self.world_size} from {self.world_size_source}"
 
     def to_dict(self) -> dict:
         return {"complete": self.complete, "world_size": self.world_size,

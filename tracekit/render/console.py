@@ -66,7 +66,7 @@ def render(doc: dict) -> str:
                    f"{pct(theory.get('bubble_ratio'))} theory {theory.get('formula', '')}   "
                    f"{pct(theory.get('balanced_replay_bubble_ratio'))} balanced replay")
     else:
-        out.append(f"  schedule: not recognised (ranks missing; world size {completeness['world_size']}, "
+        out.append(f"  schedule: not recognised (ranks missing; {sched['p']} ranks in the job, "
                    f"m={sched['m']} seen)")
         out.append("")
         out.append(f"bubble ratio  {pct(s['bubble_ratio'])} measured on the ranks present   "
