@@ -355,3 +355,20 @@ def test_every_ratio_is_a_share_with_and_without_attribution(sample):
         doc = json.loads(cli("analyze", str(SAMPLES / sample), "--json", *flags).output)
         jsonschema.validate(doc, SCHEMA)   # ratios and cost shares are bounded by [0, 1] there
         assert all(0 <= f["cost_share"] <= 1 for f in doc["findings"])
+
+
+def test_imbalance_cost_without_attribution_stays_a_share():
+    """generated in memory: sample_traces/interleaved1f1b (8 stages on 4 ranks) with stage 5's
+    compute stretched 4x. The cost without attribution was the slow stage's excess times
+    (stages - 1) over the summed compute: 170% of the device time here."""
+    from tracekit import load
+    from tracekit.analyze import analyze
+    from tracekit.analyze.diagnosis import diagnose
+
+    run = load(SAMPLES / "interleaved1f1b")
+    slow = run.actions["stage"] == 5
+    spans = run.actions.loc[slow, "end_ns"] - run.actions.loc[slow, "start_ns"]
+    run.actions.loc[slow, "end_ns"] = run.actions.loc[slow, "start_ns"] + 4 * spans
+    imbalance = next(f for f in diagnose(analyze(run, attribution=False)) if f.cause == "imbalance")
+    assert imbalance.figures["stage"] == 5
+    assert 0.5 < imbalance.cost_share < 1
