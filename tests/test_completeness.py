@@ -264,6 +264,11 @@ def _first_action_only(events: list[dict]) -> list[dict]:
     return kept
 
 
+def _steps_shrunk(events: list[dict]) -> list[dict]:
+    """Every ProfilerStep mark cut to 1 us: the actions all fall outside the steps."""
+    return [{**e, "dur": 1} if _is_step_mark(e) else e for e in events]
+
+
 # name -> (sample cut down, which events each rank file keeps)
 SHAPES = {
     "no_events": ("1f1b", lambda events: []),
@@ -275,6 +280,7 @@ SHAPES = {
         e for e in events if not str(e.get("name", "")).startswith(_COMM)
         and not re.match(r"^PP:\d+(SEND|RECV)", str(e.get("name", "")))]),
     "one_action": ("interleaved1f1b", _first_action_only),
+    "actions_outside_steps": ("interleaved1f1b", _steps_shrunk),
 }
 
 
@@ -319,6 +325,7 @@ def test_every_command_on_a_nearly_empty_run_answers_or_refuses_in_one_line(tmp_
     ("no_events", "no events were read from rank0.json.gz"),
     ("metadata_only", "no events were read from rank0.json.gz"),
     ("steps_no_compute", "no work recorded"),
+    ("actions_outside_steps", "every pipeline action lies outside the profiled steps"),
 ])
 def test_a_run_with_nothing_to_measure_is_one_line_for_every_command(tmp_path, shape, message):
     run_dir = generated_shape(tmp_path, shape)
