@@ -210,8 +210,7 @@ def run_completeness(files: list[TraceFile], capture: dict | None) -> tuple[Comp
     warnings: list[str] = []
     stated = _stated_world_sizes(files)
     world, source = None, ""
-    captured = capture.get("p") if isinstance(capture, dict) else None
-    captured = captured if isinstance(captured, int) and not isinstance(captured, bool) and captured > 0 else None
+    captured = _captured_ranks(capture)
     if stated:
         world = next(iter(stated))
         source = " and ".join(sorted({_WORLD_SIZE_SOURCES.get(t.format, t.format) for t in files
@@ -225,6 +224,12 @@ def run_completeness(files: list[TraceFile], capture: dict | None) -> tuple[Comp
         world, source = present[-1] + 1, INFERRED_WORLD_SIZE
     missing = sorted(set(range(world)) - set(present)) if world else []
     return Completeness(world, source, present, missing), warnings
+
+
+def _captured_ranks(capture: dict | None) -> int | None:
+    """The rank count ``tracekit capture`` wrote into capture.json (``p``), if it is one."""
+    ranks = capture.get("p") if isinstance(capture, dict) else None
+    return ranks if isinstance(ranks, int) and not isinstance(ranks, bool) and ranks > 0 else None
 
 
 def refuse_empty(path: Path, files: list[TraceFile], events: pd.DataFrame) -> None:

@@ -27,20 +27,16 @@ def reconstruct(run: Run) -> Run:
     run.steps = find_steps(run.events)
     actions, labelling = find_actions(run.events, run.steps)
     run.actions = actions
+    run.steps["n_actions"] = _actions_per_step(run)
     if run.completeness is not None and run.completeness.single_rank:
         run.warn(ONE_RANK)
-        counts = actions.groupby(["rank", "step"]).size()
-        run.steps["n_actions"] = [int(counts.get((r, s), 0)) for r, s in zip(run.steps["rank"], run.steps["step"])]
         return run
     if actions.empty:
         run.warn(
             "no pipeline-parallel actions found (no PP:/Forward/Backward labels, no segmentable "
             "send/recv pattern): this is not a pipeline run; per-rank busy/idle only"
         )
-        run.steps["n_actions"] = 0
         return run
-    counts = actions.groupby(["rank", "step"]).size()
-    run.steps["n_actions"] = [int(counts.get((r, s), 0)) for r, s in zip(run.steps["rank"], run.steps["step"])]
     messages, warnings = match_messages(run.events, run.steps, actions)
     for message in warnings:
         run.warn(message)
@@ -63,6 +59,11 @@ def reconstruct(run: Run) -> Run:
     if run.schedule is not None:
         run.schedule.evidence.insert(0, f"actions from {labelling}")
     return run
+
+
+def _actions_per_step(run: Run) -> list[int]:
+    counts = run.actions.groupby(["rank", "step"]).size()
+    return [int(counts.get((r, s), 0)) for r, s in zip(run.steps["rank"], run.steps["step"])]
 
 
 def _align(run: Run, shifts: dict[int, int]) -> None:
