@@ -109,7 +109,7 @@ def test_missing_ranks_are_reported(tmp_path):
     run_dir = _copy_sample(tmp_path)
     (run_dir / "rank3.json.gz").unlink()
     run = load(run_dir)
-    assert any("1 of 4 ranks have no trace" in w for w in run.warnings)
+    assert run.warnings[0].startswith("INCOMPLETE RUN: rank 3 of 4 has no trace")
 
 
 def test_rank_from_regex_overrides(tmp_path):

@@ -53,11 +53,11 @@ def test_two_replicas_read_as_two_pipelines_of_p_ranks(tmp_path, sample, labelle
 
 def test_a_broken_pipeline_is_not_mistaken_for_replicas(tmp_path):
     """Rank 2's trace missing: ranks {0,1} and {3} exchange no messages with each other,
-    yet that is one damaged pipeline, not replicas (groups differ in size)."""
+    yet that is one damaged pipeline, not replicas, and not a p=3 pipeline either."""
     import shutil
 
     folder = tmp_path / "missing_rank"
     shutil.copytree(SAMPLES / "1f1b", folder)
     (folder / "rank2.json.gz").unlink()
     run = load_run(folder, jobs=1, rows="analysis")
-    assert run.schedule.replicas == 1 and run.schedule.p == 3
+    assert run.schedule.replicas == 1 and run.schedule.p == 4 and run.schedule.name == "unknown"

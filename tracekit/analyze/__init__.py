@@ -7,7 +7,9 @@ import pandas as pd
 
 from tracekit.analyze.attribution import Attribution, attribute
 from tracekit.analyze.bubbles import measure_pipeline, measure_plain, summarise
+from tracekit.analyze.shares import ShareError, share
 from tracekit.analyze.theory import Theory, theoretical_bubble
+from tracekit.errors import TracekitError
 from tracekit.model.run import Run
 
 # Replay residual (|measured - replayed makespan|) above this share of the step is flagged.
@@ -38,16 +40,42 @@ def typical_durations(actions: pd.DataFrame) -> dict[str, int]:
 
 
 def analyze(run: Run, attribution: bool = True) -> Analysis:
-    """Measure bubbles, compare with theory and attribute idle time."""
+    """Measure bubbles, compare with theory and attribute idle time.
+
+    A run with ranks missing is measured on the ranks present only: no closed form and no
+    replay, which both need the whole pipeline. Raises :class:`TracekitError` for a run with
+    no work to measure, and where a share would fall outside [0, 1]."""
+    try:
+        return _analyze(run, attribution)
+    except ShareError as err:
+        raise ShareError(f"{run.source}: {err}") from None
+
+
+def _analyze(run: Run, attribution: bool) -> Analysis:
     if not run.is_pipeline:
         bubbles = measure_plain(run.events, run.steps)
-        return Analysis(run=run, bubbles=bubbles, summary=summarise(bubbles))
+        summary = summarise(bubbles)
+        if not summary["busy_ns"]:
+            raise TracekitError(
+                f"{run.source}: no work recorded: {len(run.events)} event(s) and no op, kernel or "
+                "annotation inside any step window; nothing to measure (profile a window with training "
+                "steps in it)")
+        return Analysis(run=run, bubbles=bubbles, summary=summary)
     actions = run.actions[run.actions["step"] >= 0]
+    if actions.empty:
+        raise TracekitError(
+            f"{run.source}: every pipeline action lies outside the profiled steps (ProfilerStep#N): "
+            "nothing to measure; profile whole steps")
     bubbles = measure_pipeline(actions)
     _warn_overlapping_steps(run, actions)
     result = Analysis(run=run, bubbles=bubbles, summary=summarise(bubbles),
                       durations_ns=typical_durations(actions))
     sched = run.schedule
+    if not run.is_complete:
+        result.theory = Theory(sched.name, "", None, "not computed: the run has ranks missing ("
+                               f"{run.completeness.missing_text()}), and the closed form and the replay need "
+                               "the whole pipeline")
+        return result
     d = result.durations_ns
     t_f = d.get("F", 1)
     t_b = d.get("B", d.get("I", 0) + d.get("W", 0)) or 2 * t_f
@@ -61,7 +89,7 @@ def analyze(run: Run, attribution: bool = True) -> Analysis:
         ideal_window = sum(s.ideal_makespan_ns * len(s.ideal_idle_ns) for s in steps)
         if ideal_window:
             ideal_idle = sum(sum(s.ideal_idle_ns.values()) for s in steps)
-            result.balanced_replay_ratio = ideal_idle / ideal_window
+            result.balanced_replay_ratio = share(ideal_idle, ideal_window, "the balanced replay's bubble ratio")
         for s in result.attribution.steps:
             if s.measured_makespan_ns and abs(s.residual_ns) > FIDELITY_WARN_SHARE * s.measured_makespan_ns:
                 run.warn(f"step {s.step}: replay differs from the measured step by "

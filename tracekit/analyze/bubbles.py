@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from tracekit.analyze.shares import share, shares
+
 BUBBLE_COLUMNS = ["rank", "step", "window_start_ns", "window_end_ns", "window_ns", "busy_ns",
                   "idle_ns", "bubble_ratio"]
 
@@ -83,18 +85,22 @@ def measure_plain(events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
 def _finish(rows: list[tuple]) -> pd.DataFrame:
     table = pd.DataFrame(rows, columns=BUBBLE_COLUMNS[:6])
     table["idle_ns"] = table["window_ns"] - table["busy_ns"]
-    table["bubble_ratio"] = np.where(table["window_ns"] > 0, table["idle_ns"] / table["window_ns"].clip(lower=1), 0.0)
+    ranks, steps = table["rank"].to_numpy(), table["step"].to_numpy()
+    table["bubble_ratio"] = shares(table["idle_ns"].to_numpy(), table["window_ns"].to_numpy(),
+                                   lambda i: f"rank {ranks[i]} step {steps[i]}: bubble ratio")
     return table
 
 
 def summarise(bubbles: pd.DataFrame) -> dict:
     """Run-level and per-rank totals: idle over window, summed across steps."""
     per_rank = bubbles.groupby("rank")[["window_ns", "busy_ns", "idle_ns"]].sum()
-    per_rank["bubble_ratio"] = per_rank["idle_ns"] / per_rank["window_ns"].clip(lower=1)
+    ranks = per_rank.index.to_numpy()
+    per_rank["bubble_ratio"] = shares(per_rank["idle_ns"].to_numpy(), per_rank["window_ns"].to_numpy(),
+                                      lambda i: f"rank {ranks[i]}: bubble ratio")
     total_window = int(per_rank["window_ns"].sum())
     total_idle = int(per_rank["idle_ns"].sum())
     return {
-        "bubble_ratio": total_idle / total_window if total_window else 0.0,
+        "bubble_ratio": share(total_idle, total_window, "the run's bubble ratio"),
         "window_ns": total_window,
         "idle_ns": total_idle,
         "busy_ns": int(per_rank["busy_ns"].sum()),

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from tracekit import __version__
 from tracekit.analyze import Analysis
 from tracekit.analyze.attribution import CATEGORIES
+from tracekit.analyze.shares import share
+from tracekit.model.run import UNRECOGNISED
 from tracekit.render.console import CAUSE_NAMES
 
 # A change smaller than this share of the step window is capture noise, not a finding.
@@ -35,6 +37,7 @@ class Measures:
     stage_imbalance_ns: dict[int, float] = field(default_factory=dict)   # per step, by stage
     stage_rank: dict[int, int] = field(default_factory=dict)
     link_comm_ns: dict[tuple[int, int], float] = field(default_factory=dict)  # per step, by link
+    incomplete: str = ""       # the ranks missing ("rank 2 of 4 has no trace (...)"); "" when complete
 
     @property
     def schedule_label(self) -> str:
@@ -56,6 +59,8 @@ class Measures:
 def schedule_label(schedule: dict | None) -> str:
     if not schedule:
         return "no pipeline schedule"
+    if schedule["name"] == UNRECOGNISED:
+        return f"schedule not recognised: ranks missing, world size {schedule['p']}, m={schedule['m']}"
     replicas = schedule.get("replicas", 1)
     return (f"{schedule['name']} p={schedule['p']} v={schedule['v']} m={schedule['m']}"
             + (f" x{replicas} replicas" if replicas > 1 else ""))
@@ -82,17 +87,21 @@ def measure(analysis: Analysis) -> Measures:
         n_steps=n_steps, step_ns=step_ns,
         bubble_ratio=float(analysis.summary["bubble_ratio"]),
         rank_bubble={int(r): float(info["bubble_ratio"]) for r, info in per_rank.items()},
+        incomplete="" if run.is_complete else run.completeness.missing_text(),
     )
     attribution = analysis.attribution
     if attribution is None or not attribution.steps:
         return out
     table = attribution.table
-    total_window = analysis.summary["window_ns"] or 1
+    total_window = analysis.summary["window_ns"]
     for cause in CATEGORIES:
-        out.cause_share[cause] = float(table[f"{cause}_ns"].sum()) / total_window
+        out.cause_share[cause] = share(float(table[f"{cause}_ns"].sum()), total_window,
+                                       f"{run.source}: the {cause} share of the step window")
     for rank, rows in table.groupby("rank"):
-        window = per_rank[int(rank)]["window_ns"] or 1
-        out.rank_cause_share[int(rank)] = {c: float(rows[f"{c}_ns"].sum()) / window for c in CATEGORIES}
+        window = per_rank[int(rank)]["window_ns"]
+        out.rank_cause_share[int(rank)] = {
+            c: share(float(rows[f"{c}_ns"].sum()), window, f"{run.source}: rank {rank}'s {c} share")
+            for c in CATEGORIES}
     stages = attribution.stage_blame
     for stage, ns in stages.groupby("stage")["imbalance_ns"].sum().items():
         out.stage_imbalance_ns[int(stage)] = float(ns) / n_steps
@@ -153,6 +162,11 @@ class Comparison:
     def bubble_delta(self) -> float:
         return self.b.bubble_ratio - self.a.bubble_ratio
 
+    def incomplete(self) -> list[str]:
+        """One line per run with ranks missing: said before anything else."""
+        return [f"INCOMPLETE RUN {label}: {m.source}: {m.incomplete}: its figures cover the ranks present"
+                for label, m in (("A", self.a), ("B", self.b)) if m.incomplete]
+
     def matters_most(self) -> Change | None:
         """The change that explains most of the difference, or None if nothing moved."""
         if self.causes:
@@ -200,6 +214,7 @@ class Comparison:
             "tracekit_version": __version__,
             "a": _side(self.a), "b": _side(self.b),
             "same_schedule": self.same_schedule, "same_ranks": self.same_ranks,
+            "incomplete": self.incomplete(),
             "notes": list(self.notes),
             "headline": self.headline(),
             "matters_most": top.to_dict() if top else None,
@@ -263,7 +278,7 @@ def _largest_first(changes: list[Change]) -> list[Change]:
 def _side(m: Measures) -> dict:
     return {"source": m.source, "formats": m.formats, "schedule": m.schedule, "n_steps": m.n_steps,
             "step_ns": round(m.step_ns), "bubble_ratio": _round(m.bubble_ratio),
-            "causes": {c: _round(v) for c, v in m.cause_share.items()}}
+            "causes": {c: _round(v) for c, v in m.cause_share.items()}, "incomplete": m.incomplete or None}
 
 
 def _round(x: float) -> float:

@@ -13,11 +13,12 @@ inform (a fill/drain with nothing to gain, no pipeline found) come last.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 import pandas as pd
 
+from tracekit.analyze.shares import share
 from tracekit.analyze.theory import theoretical_bubble
 
 # Severity by cost (share of the device time): "high" at or above HIGH_SHARE, "medium" at
@@ -73,7 +74,20 @@ def diagnose(analysis) -> list[Finding]:
     findings = faults + ([schedule] if schedule else [])
     urgent = sorted((f for f in faults if f.cost_share >= HIGH_SHARE), key=lambda f: -f.cost_share)
     rest = sorted((f for f in findings if f not in urgent and f.severity != "info"), key=lambda f: -f.cost_share)
-    return urgent + rest + [f for f in findings if f.severity == "info"]
+    ranked = urgent + rest + [f for f in findings if f.severity == "info"]
+    if not analysis.run.is_complete:
+        return [_from_partial_data(f, analysis.run) for f in ranked]
+    return ranked
+
+
+def _from_partial_data(finding: Finding, run) -> Finding:
+    """A finding from a run with ranks missing: said to cover the ranks present, and never
+    high: the missing ranks may hold the real cause (a slow stage, a late link)."""
+    present = len(run.completeness.ranks_present)
+    severity = "medium" if finding.severity == "high" else finding.severity
+    headline = (f"On the {present} ranks present (the run is incomplete): "
+                f"{finding.headline[:1].lower()}{finding.headline[1:]}")
+    return replace(finding, severity=severity, headline=headline, figures={**finding.figures, "partial": True})
 
 
 def _cause_totals(analysis) -> dict[str, int]:
@@ -113,11 +127,17 @@ def _imbalance(analysis, idle_ns: int, window_ns: int) -> Finding | None:
     balanced = float(compute.mean())
     move_share = max(0.0, (compute[stage] - balanced) / compute[stage]) if compute[stage] > 0 else 0.0
     rank = run.schedule.stage_to_rank.get(stage, -1) if run.schedule else -1
-    cost = idle_ns / window_ns
     if analysis.attribution is None:
         # Without attribution only the compute split is known: cost is the slow stage's
-        # excess over the balanced split, idle on every other rank while it works.
-        cost = max(0.0, (compute[stage] - balanced)) * (len(compute) - 1) / max(compute.sum(), 1.0)
+        # excess over the balanced split, idle on every other rank while it works, over the
+        # device time of a step (every rank's window). The excess fits in a window, so at
+        # most (ranks - 1) / ranks of it.
+        n_ranks = len(analysis.summary["per_rank"])
+        n_steps = max(int(analysis.bubbles["step"].nunique()), 1)
+        excess_idle = max(0.0, compute[stage] - balanced) * (n_ranks - 1)
+        cost = share(excess_idle, window_ns / n_steps, f"{run.source}: the stage imbalance's cost")
+    else:
+        cost = share(idle_ns, window_ns, f"{run.source}: the stage imbalance's cost")
     ranks = run.schedule.ranks_of_stage(stage) if run.schedule else []
     from tracekit.render.console import rank_list
 
@@ -161,7 +181,7 @@ def message_latencies(analysis) -> pd.DataFrame:
 def _comm(analysis, idle_ns: int, window_ns: int, n_steps: int) -> Finding | None:
     if idle_ns <= 0:
         return None
-    cost = idle_ns / window_ns
+    cost = share(idle_ns, window_ns, f"{analysis.run.source}: the comm latency's cost")
     links = analysis.attribution.link_blame
     latencies = message_latencies(analysis)
     figures: dict = {"idle_ns": int(idle_ns), "cost_share": round(cost, 4)}
@@ -195,7 +215,7 @@ def _comm(analysis, idle_ns: int, window_ns: int, n_steps: int) -> Finding | Non
 def _overhead(analysis, idle_ns: int, window_ns: int) -> Finding | None:
     if idle_ns <= 0:
         return None
-    cost = idle_ns / window_ns
+    cost = share(idle_ns, window_ns, f"{analysis.run.source}: the host overhead's cost")
     actions = analysis.run.actions
     n_actions = max(int((actions["step"] >= 0).sum()), 1)
     per_action = idle_ns / n_actions
@@ -243,7 +263,8 @@ def _fill_drain(analysis, totals: dict[str, int], window_ns: int) -> Finding | N
     if theory is None or theory.bubble_ratio is None:
         return None
     idle_ns = totals.get("warmup", 0) + totals.get("drain", 0) + totals.get("schedule_gaps", 0)
-    measured = idle_ns / window_ns if totals else theory.bubble_ratio
+    measured = share(idle_ns, window_ns, f"{analysis.run.source}: the fill/drain's cost") if totals \
+        else theory.bubble_ratio
     new_m, new_ratio = m_what_if(analysis)
     figures = {"schedule": sched.name, "p": sched.p, "v": sched.v, "m": sched.m,
                "theory_bubble": round(theory.bubble_ratio, 4), "idle_ns": int(idle_ns),
@@ -326,8 +347,12 @@ def _no_pipeline(analysis) -> Finding:
     summary = analysis.summary
     idle = float(summary.get("bubble_ratio", 0.0))
     n_ranks = len(summary.get("per_rank", {}))
-    headline = (f"No pipeline-parallel schedule found in these traces; the {n_ranks} rank(s) sat idle "
-                f"{_pct(idle)} of their step windows.")
+    completeness = analysis.run.completeness
+    if completeness is not None and completeness.single_rank:
+        headline = f"One rank: no pipeline to analyse; it sat idle {_pct(idle)} of its step windows."
+    else:
+        headline = (f"No pipeline-parallel schedule found in these traces; the {n_ranks} rank(s) sat idle "
+                    f"{_pct(idle)} of their step windows.")
     advice = ("Record a pipeline-parallel run (torch.distributed.pipelining, PP: labels) to have "
               "idle time attributed to causes.")
     return Finding("no_pipeline", "info", headline, advice, idle,

@@ -124,9 +124,15 @@ class WhatIf:
 def cost_model(run: Run, graphs: list[StepGraph] | None = None) -> CostModel:
     """The cost samples of a reconstructed pipeline run (from its step ``graphs`` when the
     caller has them already)."""
+    if run.completeness is not None and run.completeness.single_rank:
+        raise TracekitError(f"{run.source}: one rank: no pipeline to vary; what-if needs every rank of a "
+                            "pipeline-parallel run")
     if not run.is_pipeline:
         raise TracekitError(f"{run.source}: no pipeline actions found, so there is no schedule to vary; "
                             "what-if needs a pipeline-parallel run")
+    if not run.is_complete:
+        raise TracekitError(f"{run.source}: incomplete run: {run.completeness.missing_text()}; what-if "
+                            "replays the whole pipeline, so it needs every rank's trace")
     sched = run.schedule
     graphs = list(step_graphs(run).values()) if graphs is None else list(graphs)
     per_kind: dict[tuple[int, str], list[int]] = {}

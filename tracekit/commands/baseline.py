@@ -13,8 +13,10 @@ from tracekit.commands.common import load_with_progress, rank_options
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True,
               help="The baseline file to write (JSON), e.g. baselines/train.json.")
+@click.option("--allow-incomplete", is_flag=True,
+              help="Record a run with ranks missing, on the ranks present (default: refuse it, exit 2).")
 @rank_options
-def command(run_dir: Path, output: Path, rank_from: str | None, rank_map: str | None,
+def command(run_dir: Path, output: Path, allow_incomplete: bool, rank_from: str | None, rank_map: str | None,
             progress: bool | None) -> None:
     """Record a good run's bubble ratios as the baseline later runs are checked against.
 
@@ -33,10 +35,13 @@ def command(run_dir: Path, output: Path, rank_from: str | None, rank_map: str | 
     from tracekit.analyze.compare import measure, pct
     from tracekit.commands.outputs import run_output
     from tracekit.gate.baseline import to_document
+    from tracekit.gate.checks import refuse_incomplete
 
     target = run_output(output, "-o", run_dir)
     run = load_with_progress(run_dir, rank_from, rank_map, progress)
     measures = measure(analyze(run))
+    if not allow_incomplete:
+        refuse_incomplete(measures, "baseline")
     target.write((json.dumps(to_document(measures), indent=1) + "\n").encode())
     causes = "per-cause shares" if measures.cause_share else "no per-cause shares (not a pipeline run)"
     click.echo(target.wrote(f"{measures.schedule_label}, bubble ratio {pct(measures.bubble_ratio)}, "

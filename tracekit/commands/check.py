@@ -33,11 +33,14 @@ from tracekit.text import for_terminal
 @click.option("--markdown", "markdown_path", type=click.Path(path_type=Path),
               help="Also write a Markdown summary (for a PR comment) to this file.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (failure lines go to stderr).")
+@click.option("--allow-incomplete", is_flag=True,
+              help="Check a run with ranks missing on the ranks present (default: refuse it, exit 2).")
 @rank_options
 def command(run_dir: Path, max_bubble: str | None, max_rank_bubble: str | None, max_cause: tuple[str, ...],
             baseline: Path | None, tolerance: str | None, cause_tolerance: tuple[str, ...],
             config_file: Path | None, no_config: bool, junit_path: Path | None, markdown_path: Path | None,
-            as_json: bool, rank_from: str | None, rank_map: str | None, progress: bool | None) -> None:
+            as_json: bool, allow_incomplete: bool, rank_from: str | None, rank_map: str | None,
+            progress: bool | None) -> None:
     """Fail a CI build when a pipeline's bubbles regress.
 
     Measures RUN_DIR as tracekit analyze does, then holds it to limits (a ratio is idle
@@ -59,7 +62,8 @@ def command(run_dir: Path, max_bubble: str | None, max_rank_bubble: str | None, 
     \b
     Exit status: 0 every check passed, 1 a check failed (one line per failure says
     which and by how much), 2 the input or the options are unusable (no such run, bad
-    baseline file, baseline of another schedule, an output file that cannot be written).
+    baseline file, baseline of another schedule, a rank's trace missing without
+    --allow-incomplete, an output file that cannot be written).
     If $GITHUB_STEP_SUMMARY is set, the Markdown summary is appended to it.
 
     \b
@@ -82,7 +86,7 @@ def command(run_dir: Path, max_bubble: str | None, max_rank_bubble: str | None, 
     found = None if no_config else (config_file or find_config(Path.cwd()))
     config = with_flags(load_config(found) if found else CheckConfig(), max_bubble=max_bubble,
                         max_rank_bubble=max_rank_bubble, max_cause=max_cause, baseline=baseline,
-                        tolerance=tolerance, cause_tolerance=cause_tolerance)
+                        tolerance=tolerance, cause_tolerance=cause_tolerance, allow_incomplete=allow_incomplete)
     # every usage error before the (slow) load
     config.require_checks()
     baseline_measures = read_baseline(config.baseline) if config.baseline else None

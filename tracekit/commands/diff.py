@@ -54,7 +54,7 @@ def _console(c) -> str:
     from tracekit.render.console import ms, table
     from tracekit.text import for_terminal
 
-    out = [c.headline(), ""]
+    out = [*c.incomplete(), c.headline(), ""]
     for label, m in (("A", c.a), ("B", c.b)):
         out.append(f"  {label}: {for_terminal(m.source)}  ({', '.join(m.formats)}; {m.schedule_label}; {m.n_steps} step(s))")
     out += [f"  note: {for_terminal(n)}" for n in c.notes]

@@ -43,6 +43,7 @@ def to_document(measures: Measures) -> dict:
         "bubble_ratio": round(measures.bubble_ratio, 6),
         "ranks": {str(r): round(v, 6) for r, v in sorted(measures.rank_bubble.items())},
         "causes": {c: round(v, 6) for c, v in measures.cause_share.items()},
+        "incomplete": measures.incomplete or None,
     }
 
 
@@ -87,7 +88,7 @@ def _measures(doc: dict) -> Measures:
         n_steps=int(doc.get("n_steps", 0)), step_ns=float(doc.get("step_ns", 0)),
         bubble_ratio=_share(doc["bubble_ratio"]),
         rank_bubble={int(r): _share(v) for r, v in doc["ranks"].items()},
-        cause_share=causes,
+        cause_share=causes, incomplete=str(doc.get("incomplete") or ""),
     )
 
 

@@ -89,6 +89,7 @@ class GateResult:
             "exit_code": self.exit_code,
             "summary": self.summary(),
             "config_file": str(self.config.config_file) if self.config.config_file else None,
+            "incomplete": m.incomplete or None,
             "baseline": None if self.config.baseline is None else {
                 "path": str(self.config.baseline), "source": self.baseline.source if self.baseline else None},
             "measures": {"bubble_ratio": round(m.bubble_ratio, 6),
@@ -99,22 +100,40 @@ class GateResult:
         }
 
 
+def refuse_incomplete(measures: Measures, command: str, also: str = "") -> None:
+    """A gate on a run with ranks missing would pass or fail on figures of part of a pipeline:
+    one line saying so (``also``: another way to allow it)."""
+    if measures.incomplete:
+        raise TracekitError(
+            f"{measures.source}: incomplete run: {measures.incomplete}; tracekit {command} needs every rank: "
+            f"add the missing traces, or pass --allow-incomplete{also} to use the ranks present")
+
+
 def evaluate(measures: Measures, config: CheckConfig, baseline: Measures | None = None) -> GateResult:
     """Every configured check against ``measures`` (``baseline``: the measures read from
     ``config.baseline``). Raises :class:`TracekitError` when the checks cannot be made:
-    nothing configured, no attribution for a cause limit, a baseline of another schedule."""
+    nothing configured, ranks missing (unless ``config.allow_incomplete``), no attribution
+    for a cause limit, a baseline of another schedule."""
     config.require_checks()
+    if not config.allow_incomplete:
+        refuse_incomplete(measures, "check", " (or set allow-incomplete = true in [tool.tracekit.check])")
     if config.baseline and baseline is None:
         baseline = read_baseline(config.baseline)
     if config.max_cause and not measures.cause_share:
-        raise TracekitError(f"{measures.source}: cause limits need the idle time attributed, and this run has "
-                            "no pipeline schedule to attribute it by; drop the --max-cause limits")
-    if baseline is not None and schedule_key(baseline.schedule) != schedule_key(measures.schedule):
+        why = ("a run with ranks missing is not attributed (the replay needs the whole pipeline)"
+               if measures.incomplete else "this run has no pipeline schedule to attribute it by")
+        raise TracekitError(f"{measures.source}: cause limits need the idle time attributed, and {why}; "
+                            "drop the --max-cause limits")
+    notes = []
+    if measures.incomplete:
+        notes.append(f"incomplete run allowed: {measures.incomplete}; checked on the ranks present"
+                     + (", its schedule not compared with the baseline's" if baseline is not None else ""))
+    elif baseline is not None and schedule_key(baseline.schedule) != schedule_key(measures.schedule):
         raise TracekitError(
             f"schedule differs from the baseline: {config.baseline} was made from a {baseline.schedule_label} "
             f"run, {measures.source} is {measures.schedule_label}; bubble ratios of different schedules are "
             "not comparable: remake the baseline (tracekit baseline RUN_DIR -o FILE) if the change is intended")
-    result = GateResult(measures=measures, config=config, checks=[], baseline=baseline)
+    result = GateResult(measures=measures, config=config, checks=[], baseline=baseline, notes=notes)
     checks = result.checks
     if config.max_bubble:
         checks.append(_against_limit("bubble_ratio", "bubble ratio", measures.bubble_ratio, config.max_bubble))

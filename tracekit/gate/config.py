@@ -8,6 +8,7 @@ that has one (or in the file given with ``--config``)::
     max-rank-bubble = 0.40       # every rank's bubble ratio
     baseline = "baselines/train.json"   # relative to this file
     tolerance = 0.02             # absolute: baseline 0.31 fails above 0.33
+    allow-incomplete = true      # check a run with ranks missing, on the ranks present
 
     [tool.tracekit.check.max-cause]      # a cause's share of the step window
     comm = 0.10
@@ -37,7 +38,8 @@ else:  # pragma: no cover - Python 3.10
 
 DEFAULT_TOLERANCE = 0.02
 TABLE = "[tool.tracekit.check]"
-_KEYS = ("max-bubble", "max-rank-bubble", "max-cause", "baseline", "tolerance", "cause-tolerance")
+_KEYS = ("max-bubble", "max-rank-bubble", "max-cause", "baseline", "tolerance", "cause-tolerance",
+         "allow-incomplete")
 _CAUSE_ALIASES = {"gaps": "schedule_gaps", "schedule-gaps": "schedule_gaps", "warm-up": "warmup",
                   "imbal": "imbalance", "ovhd": "overhead", "other": "overhead"}
 
@@ -58,6 +60,7 @@ class CheckConfig:
     baseline: Path | None = None
     tolerance: Limit = Limit(DEFAULT_TOLERANCE, "default")
     cause_tolerance: dict[str, Limit] = field(default_factory=dict)
+    allow_incomplete: bool = False     # check a run with ranks missing (on the ranks present)
     config_file: Path | None = None
 
     @property
@@ -156,6 +159,10 @@ def load_config(path: Path) -> CheckConfig:
                 config.max_cause = limits
             else:
                 config.cause_tolerance = limits
+        elif key == "allow-incomplete":
+            if not isinstance(value, bool):
+                raise TracekitError(f"{path}: allow-incomplete must be true or false, not {value!r}")
+            config.allow_incomplete = value
         elif key == "baseline":
             if not isinstance(value, str):
                 raise TracekitError(f"{path}: baseline must be a path (a string)")
@@ -167,7 +174,7 @@ def load_config(path: Path) -> CheckConfig:
 
 def with_flags(config: CheckConfig, *, max_bubble: str | None, max_rank_bubble: str | None,
                max_cause: tuple[str, ...], baseline: Path | None, tolerance: str | None,
-               cause_tolerance: tuple[str, ...]) -> CheckConfig:
+               cause_tolerance: tuple[str, ...], allow_incomplete: bool = False) -> CheckConfig:
     """``config`` with the command-line flags laid over it (flags win, key by key)."""
     out = replace(config, max_cause=dict(config.max_cause), cause_tolerance=dict(config.cause_tolerance))
     if max_bubble is not None:
@@ -180,4 +187,5 @@ def with_flags(config: CheckConfig, *, max_bubble: str | None, max_rank_bubble: 
     if tolerance is not None:
         out.tolerance = Limit(share(tolerance, "--tolerance"), "--tolerance")
     out.cause_tolerance.update(cause_items(cause_tolerance, "--cause-tolerance"))
+    out.allow_incomplete = out.allow_incomplete or allow_incomplete
     return out

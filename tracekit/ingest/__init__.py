@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Callable
 if TYPE_CHECKING:  # pandas loads on first use: parser workers never import it
     import pandas as pd
 
-    from tracekit.model.run import Run
+    from tracekit.model.run import Completeness, Run
 
 from tracekit.errors import RunLayoutError, TraceFormatError
 from tracekit.ingest.columns import EventColumns, events_frame
@@ -154,24 +154,93 @@ def check_layout(files: list[TraceFile]) -> list[str]:
                     "folder must hold one trace per rank (move one of them out)"
                 )
             seen[rank] = trace.path
-    world_sizes = {t.world_size for t in files if t.world_size}
-    if len(world_sizes) > 1:
+    stated = _stated_world_sizes(files)
+    if len(stated) > 1:
+        says = "; ".join(f"{_name_list(names)} {'say' if len(names) > 1 else 'says'} {size}"
+                         for size, names in sorted(stated.items()))
         raise RunLayoutError(
-            f"files disagree on world size ({sorted(world_sizes)}): they come from different "
-            "jobs; keep one job's traces per folder"
+            f"files disagree on world size ({says}): they come from different jobs; keep one "
+            "job's traces per folder"
         )
-    if world_sizes:
-        world = world_sizes.pop()
-        missing = sorted(set(range(world)) - set(seen))
-        if missing and len(missing) < world:
-            shown = ", ".join(map(str, missing[:10])) + (" ..." if len(missing) > 10 else "")
-            warnings.append(
-                f"{len(missing)} of {world} ranks have no trace here (ranks {shown}); "
-                "analysis covers the ranks present"
+    if stated:
+        world = next(iter(stated))
+        beyond = sorted(rank for rank in seen if rank >= world)
+        if beyond:
+            raise RunLayoutError(
+                f"{seen[beyond[0]].name} holds rank {beyond[0]}, yet the files say the world size is "
+                f"{world} (ranks 0-{world - 1}): it comes from another job, or --rank-from / "
+                "--rank-map read the wrong number; keep one job's traces per folder"
             )
     for trace in files:
         warnings.extend(trace.warnings)
     return warnings
+
+
+# Where a file's world size comes from, by its format.
+_WORLD_SIZE_SOURCES = {"kineto": "distributedInfo", "nsys-sqlite": "the nsys report's rank marks",
+                       "nsys-json": "the nsys report's rank marks"}
+
+
+def _stated_world_sizes(files: list[TraceFile]) -> dict[int, list[str]]:
+    """Each world size the files state, with the names of the files that state it."""
+    stated: dict[int, list[str]] = {}
+    for trace in files:
+        if trace.world_size:
+            names = stated.setdefault(int(trace.world_size), [])
+            if trace.path.name not in names:  # an nsys report holds several ranks
+                names.append(trace.path.name)
+    return stated
+
+
+def _name_list(names: list[str], shown: int = 3) -> str:
+    more = len(names) - shown
+    return ", ".join(names[:shown]) + (f" and {more} more" if more > 0 else "")
+
+
+def run_completeness(files: list[TraceFile], capture: dict | None) -> tuple[Completeness, list[str]]:
+    """Which ranks of the job left a trace here, and warnings about conflicting sources.
+
+    The world size is the one the files state (after :func:`check_layout`, at most one),
+    else ``capture.json``'s rank count, else, when the ranks present have a gap, at least
+    the highest rank + 1. A run whose ranks are 0..n-1 and that states nothing is complete.
+    """
+    from tracekit.model.run import INFERRED_WORLD_SIZE, Completeness
+
+    present = sorted({int(r) for t in files for r in (t.ranks or [t.rank])})
+    warnings: list[str] = []
+    stated = _stated_world_sizes(files)
+    world, source = None, ""
+    captured = _captured_ranks(capture)
+    if stated:
+        world = next(iter(stated))
+        source = " and ".join(sorted({_WORLD_SIZE_SOURCES.get(t.format, t.format) for t in files
+                                      if t.world_size}))
+        if captured is not None and captured != world:
+            warnings.append(f"capture.json says {captured} ranks, the traces say world size {world}: "
+                            "capture.json is from another run; the traces' world size is used")
+    elif captured is not None and (not present or present[-1] < captured):
+        world, source = captured, "capture.json"
+    elif present and present != list(range(len(present))):
+        world, source = present[-1] + 1, INFERRED_WORLD_SIZE
+    missing = sorted(set(range(world)) - set(present)) if world else []
+    return Completeness(world, source, present, missing), warnings
+
+
+def _captured_ranks(capture: dict | None) -> int | None:
+    """The rank count ``tracekit capture`` wrote into capture.json (``p``), if it is one."""
+    ranks = capture.get("p") if isinstance(capture, dict) else None
+    return ranks if isinstance(ranks, int) and not isinstance(ranks, bool) and ranks > 0 else None
+
+
+def refuse_empty(path: Path, files: list[TraceFile], events: pd.DataFrame) -> None:
+    """No events at all in any file: nothing any command can say about the run."""
+    if len(events):
+        return
+    names = _name_list(sorted({t.path.name for t in files}))
+    raise RunLayoutError(
+        f"{path}: no events were read from {names}: the traces hold no profiled intervals "
+        "(was the profiler's active window empty?); profile at least one step"
+    )
 
 
 def load_capture_manifest(folder: Path) -> dict | None:
@@ -207,6 +276,12 @@ def load_run(path, rank_from: str | None = None, rank_map: dict[int, int] | None
               capture=load_capture_manifest(path))
     for message in settle_unknown_ranks(files, events) + check_layout(files):
         run.warn(message)
+    refuse_empty(path, files, events)
+    run.completeness, notes = run_completeness(files, run.capture)
+    if not run.completeness.complete:  # said first: every figure after it covers only the ranks present
+        run.warnings.insert(0, run.completeness.message())
+    for note in notes:
+        run.warn(note)
     if reconstruct:
         from tracekit.reconstruct import reconstruct as build
 

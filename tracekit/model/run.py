@@ -22,6 +22,9 @@ analyses and renderers. Tables are pandas DataFrames (ns integers everywhere).
 ``steps`` (one row per rank and step):
     rank, step, step_start_ns / step_end_ns (``ProfilerStep#N`` on that rank),
     n_actions.
+
+``completeness`` says whether every rank of the job left a trace (see :class:`Completeness`):
+a run with a rank missing is never read as a smaller pipeline.
 """
 from __future__ import annotations
 
@@ -41,6 +44,86 @@ MESSAGE_COLUMNS = [
     "src_file_id", "src_source_index", "dst_file_id", "dst_source_index",
 ]
 STEP_COLUMNS = ["rank", "step", "step_start_ns", "step_end_ns", "n_actions"]
+
+
+def rank_ranges(ranks: list[int], most: int = 8) -> str:
+    """"0-3, 5, 7-9": ranks in order, runs of consecutive ranks as ranges, at most ``most``
+    parts (then " ...")."""
+    runs: list[list[int]] = []
+    for rank in sorted(ranks):
+        if runs and rank == runs[-1][1] + 1:
+            runs[-1][1] = rank
+        else:
+            runs.append([rank, rank])
+    parts = [str(a) if a == b else f"{a}-{b}" for a, b in runs]
+    return ", ".join(parts[:most]) + (" ..." if len(parts) > most else "")
+
+
+# The world size's source when no file states it and the ranks present have a gap.
+INFERRED_WORLD_SIZE = "the highest rank present (no file states the world size)"
+
+
+@dataclass
+class Completeness:
+    """Which ranks of the job left a trace: decided once, when the run is loaded.
+
+    ``world_size`` is what the files state (Kineto ``distributedInfo``, an nsys report's
+    rank marks), else what ``capture.json`` says, else, when the rank numbers present have a
+    gap, at least the highest rank + 1; ``None`` when nothing says (ranks 0..n-1 present).
+    """
+
+    world_size: int | None
+    world_size_source: str          # "distributedInfo", "capture.json", "highest rank present", ...
+    ranks_present: list[int]
+    missing_ranks: list[int] = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        return not self.missing_ranks
+
+    @property
+    def single_rank(self) -> bool:
+        """One rank, and nothing says the job had more: there is no pipeline to analyse."""
+        return self.complete and len(self.ranks_present) == 1
+
+    def missing_text(self) -> str:
+        """"rank 2 of 4 has no trace (found ranks 0-1, 3)"; "" for a complete run."""
+        if self.complete:
+            return ""
+        n = len(self.missing_ranks)
+        which = f"rank {self.missing_ranks[0]}" if n == 1 else f"{n} ranks ({rank_ranges(self.missing_ranks)})"
+        of = f"of at least {self.world_size}" if self.world_size_source == INFERRED_WORLD_SIZE else \
+            f"of {self.world_size}"
+        verb = "has" if n == 1 else "have"
+        return f"{which} {of} {verb} no trace (found {_ranks_phrase(self.ranks_present)})"
+
+    def message(self) -> str:
+        """The line an incomplete run is announced with, before anything else."""
+        if self.complete:
+            return ""
+        n = len(self.ranks_present)
+        return (f"INCOMPLETE RUN: {self.missing_text()}; world size {self.world_size_text()}: figures "
+                f"cover the {n} rank{'s' if n != 1 else ''} present; the schedule is not recognised "
+                "from a partial pipeline")
+
+    def world_size_text(self) -> str:
+        """"4 from distributedInfo", "at least 3 (no file states it ...)"."""
+        if self.world_size_source == INFERRED_WORLD_SIZE:
+            return f"at least {self.world_size} (no file states it; that is the highest rank present + 1)"
+        return f"{self.world_size} from {self.world_size_source}"
+
+    def to_dict(self) -> dict:
+        return {"complete": self.complete, "world_size": self.world_size,
+                "world_size_source": self.world_size_source, "ranks_present": list(self.ranks_present),
+                "missing_ranks": list(self.missing_ranks), "message": self.message()}
+
+
+def _ranks_phrase(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {rank_ranges(ranks)}"
+
+
+# The schedule name of a run with ranks missing: never recognised from part of a pipeline.
+UNRECOGNISED = "unknown"
 
 
 @dataclass
@@ -97,11 +180,17 @@ class Run:
     steps: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=STEP_COLUMNS))
     schedule: ScheduleInfo | None = None
     capture: dict | None = None                   # capture.json beside the traces, if any
+    completeness: Completeness | None = None      # set by the loader; None: not checked
     warnings: list[str] = field(default_factory=list)
 
     @property
     def ranks(self) -> list[int]:
         return sorted(int(r) for r in self.events["rank"].unique()) if len(self.events) else []
+
+    @property
+    def is_complete(self) -> bool:
+        """Every rank of the job left a trace (or nothing says otherwise)."""
+        return self.completeness is None or self.completeness.complete
 
     @property
     def is_pipeline(self) -> bool:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from tracekit.model.run import ScheduleInfo
+from tracekit.model.run import UNRECOGNISED, Completeness, ScheduleInfo
 
 
 def recognise(actions: pd.DataFrame, overlap_labels: bool = False,
@@ -61,6 +61,31 @@ def recognise(actions: pd.DataFrame, overlap_labels: bool = False,
     return ScheduleInfo(name=name, p=p, v=v, m=m, placement=placement, stage_to_rank=stage_to_rank,
                         split_backward=split_backward, evidence=evidence,
                         pipelines=[list(g) for g in pipelines])
+
+
+def unrecognised(actions: pd.DataFrame, completeness: Completeness) -> ScheduleInfo:
+    """The schedule of a run with ranks missing: what the ranks present show (their stages,
+    microbatches per step), with p the job's world size and no name.
+
+    The missing ranks' stages, their messages and their place in the order are unknown, so
+    the name, the placement and a replica split read from the rest would describe another
+    pipeline (three ranks of four look like a complete p=3 1F1B)."""
+    stage_to_rank = {int(stage): int(rank) for (stage, rank), _ in actions.groupby(["stage", "rank"])}
+    per_step = actions[actions["kind"] == "F"].groupby(["step", "stage"])["microbatch"].nunique()
+    m = int(per_step.max()) if len(per_step) else 0
+    present = completeness.ranks_present
+    v = max(1, len(stage_to_rank) // max(len(present), 1))
+    evidence = [
+        f"incomplete run: {completeness.missing_text()}; the schedule is not recognised from a "
+        "partial pipeline",
+        f"p={completeness.world_size} is the job's world size ({completeness.world_size_source}); "
+        "data-parallel replicas cannot be told apart with ranks missing",
+        f"{len(stage_to_rank)} stages seen on the {len(present)} ranks present, {m} microbatches per step",
+    ]
+    return ScheduleInfo(name=UNRECOGNISED, p=int(completeness.world_size or len(present)), v=v, m=m,
+                        placement="custom", stage_to_rank=stage_to_rank,
+                        split_backward=bool((actions["kind"] == "W").any()), evidence=evidence,
+                        pipelines=[list(present)])
 
 
 def _span(ranks: list[int]) -> str:

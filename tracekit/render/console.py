@@ -39,7 +39,9 @@ def render(doc: dict) -> str:
     # Paths, host and event names in the document are someone else's text: every string is
     # made inert for the terminal here, once, so no field can be missed further down.
     doc = map_strings(doc, for_terminal)
-    out: list[str] = []
+    completeness = doc.get("completeness") or {}
+    # An incomplete run says so before any figure: they cover only the ranks present.
+    out: list[str] = [completeness["message"]] if completeness.get("message") else []
     s = doc["summary"]
     formats = sorted({f["format"] for f in doc["files"]})
     n_files = len({f["path"] for f in doc["files"]})
@@ -49,36 +51,50 @@ def render(doc: dict) -> str:
     sched = doc["schedule"]
     if not doc["pipeline"]:
         out.append("")
-        out.append("No pipeline-parallel schedule found in these traces (no PP:/Forward/Backward "
-                   "actions, no send/recv pattern). Per-rank busy/idle of the device work:")
+        if len(completeness.get("ranks_present", [])) == 1 and completeness.get("complete"):
+            out.append("One rank: no pipeline to analyse. Busy/idle of its device work:")
+        else:
+            out.append("No pipeline-parallel schedule found in these traces (no PP:/Forward/Backward "
+                       "actions, no send/recv pattern). Per-rank busy/idle of the device work:")
         out.append("")
         out.append(_plain_rank_table(doc))
         out.extend(_warnings(doc))
         return "\n".join(out)
     replicas = sched.get("replicas", 1)
-    out.append(f"  schedule: {sched['name']}  p={sched['p']} v={sched['v']} m={sched['m']}  "
-               f"({sched['placement']} placement{', split backward' if sched['split_backward'] else ''})"
-               + (f"  x {replicas} data-parallel pipelines" if replicas > 1 else ""))
     theory = doc["theory"] or {}
+    if completeness.get("complete", True):
+        out.append(f"  schedule: {sched['name']}  p={sched['p']} v={sched['v']} m={sched['m']}  "
+                   f"({sched['placement']} placement{', split backward' if sched['split_backward'] else ''})"
+                   + (f"  x {replicas} data-parallel pipelines" if replicas > 1 else ""))
+        out.append("")
+        out.append(f"bubble ratio  {pct(s['bubble_ratio'])} measured   "
+                   f"{pct(theory.get('bubble_ratio'))} theory {theory.get('formula', '')}   "
+                   f"{pct(theory.get('balanced_replay_bubble_ratio'))} balanced replay")
+    else:
+        out.append(f"  schedule: not recognised (ranks missing; {sched['p']} ranks in the job, "
+                   f"m={sched['m']} seen)")
+        out.append("")
+        out.append(f"bubble ratio  {pct(s['bubble_ratio'])} measured on the ranks present   "
+                   "(no theory, no replay: they need the whole pipeline)")
     out.append("")
-    out.append(f"bubble ratio  {pct(s['bubble_ratio'])} measured   "
-               f"{pct(theory.get('bubble_ratio'))} theory {theory.get('formula', '')}   "
-               f"{pct(theory.get('balanced_replay_bubble_ratio'))} balanced replay")
-    out.append("")
-    headers = ["rank", "busy ms", "idle ms", "bubble", *[_LABELS[c] for c in CATEGORIES]]
+    # Without attribution (--no-attribution, an incomplete run) there are no causes to show.
+    shown = CATEGORIES if any("causes" in r for r in doc["ranks"]) else ()
+    headers = ["rank", "busy ms", "idle ms", "bubble", *[_LABELS[c] for c in shown]]
     rows = []
     for r in doc["ranks"]:
         causes = r.get("causes", {})
         rows.append([str(r["rank"]), ms(r["busy_ns"]), ms(r["idle_ns"]), pct(r["bubble_ratio"]),
-                     *[ms(causes.get(f"{c}_ns", 0)) for c in CATEGORIES]])
-    totals = {c: sum(r.get("causes", {}).get(f"{c}_ns", 0) for r in doc["ranks"]) for c in CATEGORIES}
+                     *[ms(causes.get(f"{c}_ns", 0)) for c in shown]])
+    totals = {c: sum(r.get("causes", {}).get(f"{c}_ns", 0) for r in doc["ranks"]) for c in shown}
     rows.append(["all", ms(s["busy_ns"]), ms(s["idle_ns"]), pct(s["bubble_ratio"]),
-                 *[ms(totals[c]) for c in CATEGORIES]])
+                 *[ms(totals[c]) for c in shown]])
     out.append(table(headers, rows))
-    out.append("  (idle ms per cause, summed over steps; causes add up to idle exactly)")
+    if shown:
+        out.append("  (idle ms per cause, summed over steps; causes add up to idle exactly)")
     out.append("")
     out.extend(_findings(doc))
-    out.extend(_causes(doc, totals))
+    if shown:
+        out.extend(_causes(doc, totals))
     out.extend(_replay(doc))
     out.extend(_warnings(doc))
     return "\n".join(out)

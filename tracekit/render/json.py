@@ -13,7 +13,7 @@ from tracekit.analyze import Analysis
 from tracekit.analyze.attribution import CATEGORIES
 from tracekit.analyze.diagnosis import diagnose
 
-SCHEMA_VERSION = "1.1"
+SCHEMA_VERSION = "1.2"
 
 
 def _causes(row) -> dict[str, int]:
@@ -35,6 +35,7 @@ def to_document(analysis: Analysis) -> dict:
         "source": run.source,
         "files": [f.describe() for f in run.files],
         "warnings": list(run.warnings),
+        "completeness": run.completeness.to_dict() if run.completeness else None,
         "pipeline": analysis.is_pipeline,
         "schedule": run.schedule.to_dict() if run.schedule else None,
         "capture": _capture_summary(run.capture),
