@@ -379,3 +379,16 @@ def test_imbalance_cost_without_attribution_stays_a_share():
     imbalance = next(f for f in diagnose(analyze(run, attribution=False)) if f.cause == "imbalance")
     assert imbalance.figures["stage"] == 5
     assert 0.5 < imbalance.cost_share < 1
+
+
+def test_export_and_report_of_an_incomplete_run_say_so_at_the_top(tmp_path):
+    run = generated_missing_rank2(tmp_path)
+    merged, page = tmp_path / "merged.json", tmp_path / "page.html"
+    exported = cli("export", str(run), "-o", str(merged))
+    assert exported.exit_code == 0, exported.output
+    assert "rank 2 of 4 has no trace" in exported.stderr
+    assert json.loads(merged.read_text())["otherData"]["warnings"][0].startswith("INCOMPLETE RUN: rank 2 of 4")
+    reported = cli("report", str(run), "-o", str(page))
+    assert reported.exit_code == 0, reported.output
+    html = page.read_text()
+    assert html.index('id="incomplete"') < html.index('class="facts"')  # above the verdict and the facts

@@ -138,6 +138,8 @@ def to_chrome_trace(analysis: Analysis) -> dict:
     timeline = sorted([e for _, e in slices] + [e for _, e in flows], key=lambda e: e["ts"])
     clocks = sorted({f.clock for f in run.files})
     warnings = []
+    if run.completeness is not None and not run.completeness.complete:
+        warnings.append(run.completeness.message())
     if clocks != ["unix"] and len(run.files) > 1:
         warnings.append(f"the files' clocks are {', '.join(clocks)}, not all wall-clock time: ranks may not "
                         "line up in time")

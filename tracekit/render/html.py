@@ -531,6 +531,7 @@ def _page_context(analysis: Analysis, findings: list[Finding], notes: list[str])
         "schedule": sched.to_dict() if sched else None, "theory": theory, "capture": _capture_rows(run.capture),
         "profiler": _profiler_rows(run.files), "warnings": list(run.warnings), "fold_rows": FOLD_ROWS,
         "pipeline": analysis.is_pipeline, "whatif": _whatif_rows(analysis),
+        "incomplete": run.completeness.message() if run.completeness is not None else "",
     }
 
 
@@ -680,6 +681,7 @@ code { background: #f0f0f0; padding: 0 3px; border-radius: 2px; }
 <body>
 <main>
 <h1>tracekit report: <code>{{ source }}</code></h1>
+{% if incomplete %}<div class="verdict high" id="incomplete"><p><b>{{ incomplete }}</b></p></div>{% endif %}
 {% if top %}
 <div class="verdict {{ top.severity }}" id="verdict">
 <p><b>{{ top.headline }}</b></p>
