@@ -34,6 +34,7 @@ from typing import Callable
 import numpy as np
 
 from tracekit import __version__
+from tracekit.errors import TracekitError
 from tracekit.ingest.columns import EventColumns
 from tracekit.model.events import TraceFile, event_schema
 
@@ -44,6 +45,29 @@ _RACY_NS = 1_000_000_000
 _META_KEY = b"tracekit"
 
 Parsed = list[tuple[TraceFile, EventColumns]]
+
+
+def _filesystem(url: str):
+    """The fsspec filesystem and path of a cache URL, or one line on what to install."""
+    try:
+        import fsspec
+    except ImportError:
+        raise TracekitError(f"{url}: a cache URL needs fsspec and the filesystem's package (e.g. pip "
+                            "install fsspec s3fs); or give a local folder") from None
+    try:
+        return fsspec.core.url_to_fs(url)
+    except ImportError as err:  # a known protocol whose package is not installed
+        raise TracekitError(f"{url}: {_first_line(err)} (e.g. pip install s3fs); or give a local folder") from None
+    except ValueError as err:  # an unknown protocol
+        raise TracekitError(f"{url}: not a cache location fsspec knows ({_first_line(err)}); give a "
+                            "local folder or a URL such as s3://bucket/tracekit") from None
+    except Exception as err:  # a filesystem plugin failing to start (no JVM for hdfs, ...)
+        raise TracekitError(f"{url}: the cache cannot be opened ({type(err).__name__}: {_first_line(err)}); "
+                            "give a local folder") from None
+
+
+def _first_line(err: Exception) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
 
 
 def default_cache_dir() -> str:
@@ -90,9 +114,7 @@ class ParseCache:
     def __init__(self, root: str | os.PathLike):
         root = str(root)
         if "://" in root:
-            import fsspec
-
-            self.fs, base = fsspec.core.url_to_fs(root)
+            self.fs, base = _filesystem(root)
         else:
             self.fs, base = None, str(Path(root).expanduser())
         self.base = base.rstrip("/")
@@ -121,6 +143,20 @@ class ParseCache:
         }, sort_keys=True, default=str)
         return hashlib.sha256(ident.encode()).hexdigest()
 
+    def digest(self, path: Path) -> str:
+        """The SHA-256 of ``path``'s bytes, from the memo when it can be trusted."""
+        stamp = file_stamp(Path(path))
+        return self._remembered_digest(Path(path), stamp) or self._hash(Path(path), stamp)
+
+    @staticmethod
+    def content_digest(path: Path) -> str:
+        """The SHA-256 of ``path``'s bytes, read now (no memo)."""
+        digest = hashlib.sha256()
+        with open(path, "rb") as fh:
+            while block := fh.read(_HASH_BLOCK):
+                digest.update(block)
+        return digest.hexdigest()
+
     def _memo_path(self, path: Path) -> str:
         return self._path("hashes", hashlib.sha256(str(path.resolve()).encode()).hexdigest() + ".json")
 
@@ -132,11 +168,7 @@ class ParseCache:
 
     def _hash(self, path: Path, stamp: list[int]) -> str:
         hashed_at = time.time_ns()
-        digest = hashlib.sha256()
-        with open(path, "rb") as fh:
-            while block := fh.read(_HASH_BLOCK):
-                digest.update(block)
-        sha = digest.hexdigest()
+        sha = self.content_digest(path)
         if file_stamp(path) == stamp:  # unchanged while read: worth remembering
             trusted = max(stamp[3], stamp[4]) < hashed_at - _RACY_NS
             memo = {"stamp": stamp, "sha256": sha, "trusted": trusted}
@@ -222,6 +254,10 @@ class ParseCache:
             return value if isinstance(value, dict) else None
         except (OSError, ValueError):
             return None
+
+    def write_file(self, path: str, data: bytes) -> None:
+        """Write ``data`` to ``path`` in the cache, whole or not at all."""
+        self._write(path, lambda fh: fh.write(data))
 
     def _write(self, path: str, write: Callable) -> None:
         """Write ``path`` through a temporary file and a rename: readers see the old entry

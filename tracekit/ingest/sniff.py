@@ -1,0 +1,99 @@
+"""Which kind of trace a file is, from its name and its first bytes (never the whole file).
+
+A run folder holds more than traces: a ``config.json``, a tracekit ``--json`` document, a
+baseline. Those are told apart from traces by a look at the start of each file (the start
+of a ``.gz`` is decompressed), so a stray file is skipped, while a file that claims to be a
+trace, by its name or by its content, is parsed and fails loudly when it is broken.
+"""
+from __future__ import annotations
+
+import re
+import zlib
+from pathlib import Path
+
+from tracekit.errors import TraceFormatError
+
+KINETO = "kineto"
+NSYS_SQLITE = "nsys-sqlite"
+NSYS_JSON = "nsys-json"
+NSYS_REPORT = "nsys-rep"
+
+KINETO_SUFFIXES = (".json", ".json.gz")
+NSYS_SUFFIXES = (".sqlite", ".nsys.sqlite")
+# Nsight Systems' own report (".qdrep" before 2021.3): read through its SQLite export.
+REPORT_SUFFIXES = (".nsys-rep", ".qdrep")
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+_GZIP_MAGIC = b"\x1f\x8b"
+# Enough for a Kineto header (deviceProperties of 8 GPUs come before traceEvents) and for
+# the start of an nsys JSON export's second line.
+_SNIFF_BYTES = 64 << 10
+
+# Names that say "trace": rank3.json.gz, rank-3, worker_3, *.pt.trace.json.gz, *trace*.json.
+_TRACE_NAME = re.compile(r"(?:rank|worker)[-_.]?\d|trace", re.IGNORECASE)
+# Top-level keys a Kineto (Chrome trace) document starts with.
+_KINETO_KEYS = (b'"traceEvents"', b'"schemaVersion"', b'"deviceProperties"', b'"distributedInfo"',
+                b'"displayTimeUnit"', b'"baseTimeNanoseconds"')
+
+
+def trace_format(path: Path, rank_pattern: re.Pattern | None = None, claimed: bool = False) -> str | None:
+    """The format of ``path`` (:data:`KINETO`, :data:`NSYS_SQLITE`, :data:`NSYS_JSON`,
+    :data:`NSYS_REPORT`), or None when it is not a trace.
+
+    A file claims to be a trace by its name (a trace suffix for SQLite and reports; for
+    JSON a name like ``rank3``, ``*trace*`` or one ``rank_pattern`` finds) or by its
+    content; ``claimed`` says the user named this very file. A claimed file is never None:
+    if it is broken, its parser says how."""
+    path = Path(path)
+    name = path.name.lower()
+    if name.endswith(REPORT_SUFFIXES):
+        return NSYS_REPORT
+    head = _head(path)
+    if head.startswith(SQLITE_MAGIC) or name.endswith(NSYS_SUFFIXES):
+        return NSYS_SQLITE
+    if not (claimed or name.endswith(KINETO_SUFFIXES)):
+        return None
+    text = _decompressed_start(head)
+    if text is None:  # gzip that does not even start to decompress: a broken file, not a stray one
+        return KINETO
+    if _is_nsys_json(text):
+        return NSYS_JSON
+    named = bool(_TRACE_NAME.search(path.name) or (rank_pattern is not None and rank_pattern.search(path.name)))
+    if claimed or named or _is_kineto(text):
+        return KINETO
+    return None
+
+
+def _head(path: Path) -> bytes:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(_SNIFF_BYTES)
+    except OSError as err:
+        raise TraceFormatError(f"{path}: cannot be read ({err.strerror}); check its permissions") from None
+
+
+def _decompressed_start(head: bytes) -> bytes | None:
+    if not head.startswith(_GZIP_MAGIC):
+        return head
+    try:
+        return zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(head, _SNIFF_BYTES)
+    except zlib.error:
+        return None
+
+
+def _is_kineto(text: bytes) -> bool:
+    start = text.lstrip()
+    if start.startswith(b"{"):
+        return any(key in start for key in _KINETO_KEYS)
+    # the bare event-array form of the Chrome trace format
+    return start.startswith(b"[") and b'"ph"' in start
+
+
+def _is_nsys_json(text: bytes) -> bool:
+    """``nsys export --type json``: one object a line, a string table first, then records
+    with a "Type"; the string table can be longer than the bytes looked at."""
+    start = text.lstrip()
+    if start.startswith(b'{"Type":'):
+        return True
+    one_long_line = b"\n" not in start and len(text) >= _SNIFF_BYTES
+    return start.startswith(b'{"data": [') and (b'\n{"Type":' in start or one_long_line)
