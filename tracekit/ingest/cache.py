@@ -243,17 +243,23 @@ class ParseCache:
     def _path(self, *parts: str) -> str:
         return "/".join([self.base, f"v{CACHE_FORMAT}", *parts])
 
-    def _read_json(self, path: str) -> dict | None:
+    def read_file(self, path: str) -> bytes | None:
+        """The bytes of ``path`` in the cache, or None when it cannot be read."""
         try:
             if self.fs is None:
-                data = Path(path).read_bytes()
-            else:
-                with self.fs.open(path, "rb") as fh:
-                    data = fh.read()
-            value = json.loads(data)
-            return value if isinstance(value, dict) else None
-        except (OSError, ValueError):
+                return Path(path).read_bytes()
+            with self.fs.open(path, "rb") as fh:
+                return fh.read()
+        except OSError:
             return None
+
+    def _read_json(self, path: str) -> dict | None:
+        data = self.read_file(path)
+        try:
+            value = json.loads(data) if data is not None else None
+        except ValueError:
+            return None
+        return value if isinstance(value, dict) else None
 
     def write_file(self, path: str, data: bytes) -> None:
         """Write ``data`` to ``path`` in the cache, whole or not at all."""
@@ -302,27 +308,63 @@ def package_fingerprint() -> str:
     return digest.hexdigest()[:16]
 
 
-def analysis_key(cache: ParseCache, paths: list[Path], options: dict, extra_files: list[Path]) -> str | None:
-    """The key of a whole analysis: every trace file's content (from the digest memo only,
-    so the lookup reads no trace), ``extra_files``' bytes (capture.json), the options and
-    the code. None when some file's digest is not remembered yet."""
+def analysis_key(cache: ParseCache, run: Path, paths: list[Path], options: dict,
+                 extra_files: list[Path]) -> str | None:
+    """The key of a whole analysis: every trace file's content and place in the run (from
+    the digest memo only, so the lookup reads no trace), ``extra_files``' bytes
+    (capture.json), the options and the code; not where the run is, so a copy of a run
+    shares its analysis. None when some file's digest is not remembered yet."""
     parts = []
     for path in paths:
         digest = cache._remembered_digest(Path(path), file_stamp(Path(path)))
         if digest is None:
             return None
-        parts.append([Path(path).name, digest])
+        parts.append([_place_in_run(Path(path), Path(run)), digest])
     extras = [[p.name, hashlib.sha256(p.read_bytes()).hexdigest()] for p in extra_files if p.is_file()]
     ident = json.dumps({"format": CACHE_FORMAT, "files": parts, "extra": extras, "options": options,
                         "code": package_fingerprint()}, sort_keys=True, default=str)
     return hashlib.sha256(ident.encode()).hexdigest()
 
 
-def load_document(cache: ParseCache, key: str) -> dict | None:
-    """A stored analysis document, or None (missing or unreadable: analyse again)."""
-    return cache._read_json(cache._path("analyses", key[:2], key + ".json"))
+def _place_in_run(path: Path, run: Path) -> str:
+    return path.relative_to(run).as_posix() if path != run else path.name
 
 
-def store_document(cache: ParseCache, key: str, document: dict) -> None:
-    data = json.dumps(document).encode()
-    cache._write(cache._path("analyses", key[:2], key + ".json"), lambda fh: fh.write(data))
+# A stored document is "<SHA-256 of the rest>\n<the document as JSON>", with its "source"
+# and each "files[].path" left out (null, and the index of the file among the run's trace
+# files): the answer names the folder it is asked about, not the one it was computed for.
+
+def store_document(cache: ParseCache, key: str, document: dict, source: str, files: list[Path]) -> None:
+    """Store ``document`` (the analysis of the run ``source`` made of ``files``) under
+    ``key``, without its paths; a document naming other paths is not stored."""
+    index = {str(path): number for number, path in enumerate(files)}
+    described = document.get("files")
+    if document.get("source") != source or not isinstance(described, list) or \
+            any(not isinstance(f, dict) or f.get("path") not in index for f in described):
+        return
+    stored = {**document, "source": None, "files": [{**f, "path": index[f["path"]]} for f in described]}
+    body = json.dumps(stored).encode()
+    cache.write_file(_document_path(cache, key), hashlib.sha256(body).hexdigest().encode() + b"\n" + body)
+
+
+def load_document(cache: ParseCache, key: str, source: str, files: list[Path]) -> dict | None:
+    """The document stored under ``key``, naming ``source`` and ``files``; None when there
+    is none or it is not exactly what was stored (cut short, altered): analyse again."""
+    data = cache.read_file(_document_path(cache, key))
+    if data is None:
+        return None
+    checksum, _, body = data.partition(b"\n")
+    if hashlib.sha256(body).hexdigest().encode() != checksum:
+        return None
+    try:
+        document = json.loads(body)
+        document["source"] = source
+        for described in document["files"]:
+            described["path"] = str(files[described["path"]])
+    except (ValueError, TypeError, KeyError, IndexError):
+        return None
+    return document
+
+
+def _document_path(cache: ParseCache, key: str) -> str:
+    return cache._path("analyses", key[:2], key + ".json")
