@@ -31,9 +31,10 @@ _SNIFF_BYTES = 64 << 10
 
 # Names that say "trace": rank3.json.gz, rank-3, worker_3, *.pt.trace.json.gz, *trace*.json.
 _TRACE_NAME = re.compile(r"(?:rank|worker)[-_.]?\d|trace", re.IGNORECASE)
-# Top-level keys a Kineto (Chrome trace) document starts with.
-_KINETO_KEYS = (b'"traceEvents"', b'"schemaVersion"', b'"deviceProperties"', b'"distributedInfo"',
-                b'"displayTimeUnit"', b'"baseTimeNanoseconds"')
+# Top-level keys a Kineto (Chrome trace) document starts with, as keys: a tracekit document
+# holds "distributedInfo" as a value (rank_source).
+_KINETO_KEY = re.compile(rb'(?<!\\)"(?:traceEvents|schemaVersion|deviceProperties|distributedInfo|'
+                         rb'displayTimeUnit|baseTimeNanoseconds)"\s*:')
 
 
 def trace_format(path: Path, rank_pattern: re.Pattern | None = None, claimed: bool = False) -> str | None:
@@ -84,7 +85,7 @@ def _decompressed_start(head: bytes) -> bytes | None:
 def _is_kineto(text: bytes) -> bool:
     start = text.lstrip()
     if start.startswith(b"{"):
-        return any(key in start for key in _KINETO_KEYS)
+        return _KINETO_KEY.search(start) is not None
     # the bare event-array form of the Chrome trace format
     return start.startswith(b"[") and b'"ph"' in start
 
