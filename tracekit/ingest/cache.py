@@ -209,6 +209,8 @@ class ParseCache:
         if meta.get("key") != key or table.schema.names != event_schema().names:
             raise ValueError("entry does not match its key or the event schema")
         files = meta["files"]
+        if meta.get("files_sha256") != _facts_digest(files):
+            raise ValueError("the entry's file facts are not the ones stored")
         if sum(f["rows"][1] - f["rows"][0] for f in files) != table.num_rows:
             raise ValueError("entry rows do not add up")
         field_names = {f.name for f in dataclasses.fields(TraceFile)} - {"path"}
@@ -234,7 +236,9 @@ class ParseCache:
             files.append(facts)
             tables.append(columns.to_arrow())
         table = pa.concat_tables(tables) if tables else event_schema().empty_table()
-        meta = json.dumps({"key": key, "version": __version__, "files": files}, default=str).encode()
+        files = json.loads(json.dumps(files, default=str))  # as they will read back
+        meta = json.dumps({"key": key, "version": __version__, "files": files,
+                           "files_sha256": _facts_digest(files)}).encode()
         table = table.replace_schema_metadata({_META_KEY: meta})
         self._write(self.entry_path(key),
                     lambda fh: pq.write_table(table, fh, compression="snappy", write_page_checksum=True))
@@ -292,6 +296,12 @@ class ParseCache:
                 self.fs.rm(path)
         except OSError:
             pass
+
+
+def _facts_digest(files: list) -> str:
+    """Parquet checksums cover the column pages, not the footer's metadata, where the file
+    facts (rank, world size, ...) are: they carry their own digest."""
+    return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
 
 
 # -- whole analyses ---------------------------------------------------------------------
