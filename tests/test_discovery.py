@@ -4,6 +4,7 @@ reports are read through an export into the cache, and bad --rank-from / --cache
 values are one line before anything is read."""
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
@@ -83,6 +84,20 @@ def test_a_file_that_claims_to_be_a_trace_by_content_fails(tmp_path, name, conte
     run = _run_copy(tmp_path / "run", ranks=(1, 2, 3))
     (run / name).write_bytes(content)
     _one_error_line(_run("analyze", str(run)), name)
+
+
+def test_another_tools_sqlite_database_is_skipped_a_broken_one_fails(tmp_path):
+    import sqlite3
+
+    run = _run_copy(tmp_path / "run")
+    with contextlib.closing(sqlite3.connect(run / "optuna.sqlite")) as db:
+        db.execute("CREATE TABLE trials (id INTEGER, value REAL)")
+        db.commit()
+    doc = _analysis(str(run), "--no-cache")
+    assert "skipped 1 file that is not a trace: optuna.sqlite" in doc["warnings"]
+    (run / "optuna.sqlite").unlink()
+    (run / "report.sqlite").write_bytes(b"not a database")
+    _one_error_line(_run("analyze", str(run), "-j", "1"), "report.sqlite")
 
 
 def test_only_json_that_is_not_a_trace_in_the_folder_is_a_clear_error(tmp_path):

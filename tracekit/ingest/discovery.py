@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 
 from tracekit.errors import RunLayoutError, TracekitError
-from tracekit.ingest.sniff import KINETO, trace_format
+from tracekit.ingest.sniff import KINETO, KINETO_SUFFIXES, NSYS_SUFFIXES, trace_format
 
 # tracekit's own files: never traces. capture.json is the run's manifest, read as such.
 IGNORED_NAMES = {"capture.json", "baseline.json", "tracekit.json"}
@@ -119,7 +119,7 @@ def _traces_in(folder: Path, run: Path, pattern: re.Pattern | None) -> tuple[dic
         kind = trace_format(entry, pattern)
         if kind is not None:
             formats[entry] = kind
-        elif entry.name.lower().endswith((".json", ".json.gz")):
+        elif entry.name.lower().endswith(KINETO_SUFFIXES + NSYS_SUFFIXES):
             skipped.append(_relative(entry, run))
     return formats, skipped
 

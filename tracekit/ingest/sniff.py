@@ -7,6 +7,7 @@ trace, by its name or by its content, is parsed and fails loudly when it is brok
 """
 from __future__ import annotations
 
+import contextlib
 import re
 import zlib
 from pathlib import Path
@@ -24,6 +25,9 @@ NSYS_SUFFIXES = (".sqlite", ".nsys.sqlite")
 REPORT_SUFFIXES = (".nsys-rep", ".qdrep")
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
+# Tables of an nsys SQLite export, as tracekit.ingest.nsys tells an export from other databases.
+_NSYS_TABLES = {"NVTX_EVENTS", "StringIds", "META_DATA_EXPORT", "EXPORT_META_DATA"}
+_NSYS_TABLE_PREFIXES = ("CUPTI_ACTIVITY_KIND_", "TARGET_INFO_")
 _GZIP_MAGIC = b"\x1f\x8b"
 # Enough for a Kineto header (deviceProperties of 8 GPUs come before traceEvents) and for
 # the start of an nsys JSON export's second line.
@@ -50,8 +54,12 @@ def trace_format(path: Path, rank_pattern: re.Pattern | None = None, claimed: bo
     if name.endswith(REPORT_SUFFIXES):
         return NSYS_REPORT
     head = _head(path)
-    if head.startswith(SQLITE_MAGIC) or name.endswith(NSYS_SUFFIXES):
-        return NSYS_SQLITE
+    named = bool(_TRACE_NAME.search(path.name) or (rank_pattern is not None and rank_pattern.search(path.name)))
+    if head.startswith(SQLITE_MAGIC):
+        # some other tool's database (optuna.sqlite) beside the traces is a stray file
+        return NSYS_SQLITE if claimed or named or _holds_nsys_tables(path) else None
+    if name.endswith(NSYS_SUFFIXES):
+        return NSYS_SQLITE  # not SQLite at all: broken, and the parser says so
     if not (claimed or name.endswith(KINETO_SUFFIXES)):
         return None
     text = _decompressed_start(head)
@@ -59,7 +67,6 @@ def trace_format(path: Path, rank_pattern: re.Pattern | None = None, claimed: bo
         return KINETO
     if _is_nsys_json(text):
         return NSYS_JSON
-    named = bool(_TRACE_NAME.search(path.name) or (rank_pattern is not None and rank_pattern.search(path.name)))
     if claimed or named or _is_kineto(text):
         return KINETO
     return None
@@ -71,6 +78,20 @@ def _head(path: Path) -> bytes:
             return fh.read(_SNIFF_BYTES)
     except OSError as err:
         raise TraceFormatError(f"{path}: cannot be read ({err.strerror}); check its permissions") from None
+
+
+def _holds_nsys_tables(path: Path) -> bool:
+    """An SQLite file with a table only nsys exports write, or one that cannot be read
+    (damaged: its parser says how)."""
+    import sqlite3
+
+    uri = Path(path).resolve().as_uri() + "?mode=ro&immutable=1"  # nothing written beside it
+    try:
+        with contextlib.closing(sqlite3.connect(uri, uri=True)) as conn:
+            names = [row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+    except sqlite3.Error:
+        return True
+    return any(n in _NSYS_TABLES or n.startswith(_NSYS_TABLE_PREFIXES) for n in names)
 
 
 def _decompressed_start(head: bytes) -> bytes | None:
