@@ -8,8 +8,13 @@ so a changed file, option or parser never meets an old entry.
 
 Entries are written to a temporary name and renamed into place, so a reader never sees half
 an entry. A missing, stale, truncated or corrupt entry (Parquet page checksums are written
-and verified) is a miss: the file is parsed again and the entry rewritten, never trusted.
-A file that changes while it is parsed is not stored.
+and verified; the file facts in the footer carry their own SHA-256) is a miss: the file is
+parsed again and the entry rewritten, never trusted. A file that changes while it is parsed
+is not stored.
+
+Whole analyses (``tracekit analyze``'s document) are kept too, keyed by the same digests,
+stored without the run's paths and with a SHA-256 checked on every read; see
+:func:`store_document`.
 
 The cache lives in ``$TRACEKIT_CACHE_DIR`` or ``~/.cache/tracekit``, never beside the input
 files. A root with a scheme (``s3://bucket/tracekit``, ``file:///shared/cache``) goes through
