@@ -105,6 +105,24 @@ def test_corrupt_entry_is_rebuilt_with_no_wrong_answer(run_dir, tmp_path, parse_
     assert parse_counter == [], "the rebuilt entry is not used"
 
 
+def test_entry_with_altered_file_facts_is_rebuilt(run_dir, tmp_path, parse_counter):
+    """Parquet's checksums cover the pages, not the footer where the file facts are: an
+    entry rewritten whole with another rank in its facts is still refused."""
+    import json
+
+    cache_dir = tmp_path / "cache"
+    reference = _load(run_dir, cache_dir)
+    for victim in _entries(cache_dir):
+        table = pq.read_table(victim)
+        meta = json.loads(table.schema.metadata[b"tracekit"])
+        meta["files"][0]["rank"] += 10
+        pq.write_table(table.replace_schema_metadata({b"tracekit": json.dumps(meta).encode()}), victim,
+                       write_page_checksum=True)
+    parse_counter.clear()
+    _same(reference, _load(run_dir, cache_dir))
+    assert len(parse_counter) == 4, "an entry with altered facts was trusted"
+
+
 def test_changed_file_misses_even_with_the_same_size_and_mtime(run_dir, tmp_path, parse_counter):
     cache_dir = tmp_path / "cache"
     _load(run_dir, cache_dir)

@@ -12,15 +12,15 @@ from tracekit.errors import TracekitError
 
 # Where rank_options leaves the loading options for load_with_progress (click's ctx.meta).
 _LOAD_META = "tracekit.load"
-_LOAD_OPTIONS = ("executor", "scheduler", "jobs", "cache_dir", "no_cache")
+_LOAD_OPTIONS = ("executor", "scheduler", "jobs", "cache_dir", "no_cache", "iteration")
 
 
 def rank_options(func):
-    """--rank-from, --rank-map, --progress/--no-progress, and how to load: --jobs,
-    --executor, --scheduler, --cache-dir, --no-cache.
+    """--rank-from, --rank-map, --progress/--no-progress, --iteration, and how to load:
+    --jobs, --executor, --scheduler, --cache-dir, --no-cache.
 
     The loading options do not reach the command function: they are kept in the click
-    context for :func:`load_with_progress`.
+    context for :func:`load_with_progress`. All are checked before any file is read.
     """
 
     @click.option("--rank-from", metavar="REGEX",
@@ -41,10 +41,17 @@ def rank_options(func):
                   help="Keep parsed files here (a path or an fsspec URL such as s3://bucket/tracekit; "
                        "default: $TRACEKIT_CACHE_DIR or ~/.cache/tracekit). Never beside the traces.")
     @click.option("--no-cache", is_flag=True, help="Parse every file again; read and write no cache.")
+    @click.option("--iteration", type=click.IntRange(min=0), metavar="N",
+                  help="With traces in iteration_N folders (profiling/traces/iteration_N/...): read "
+                       "iteration N. Default: the highest.")
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
+        from tracekit.ingest.discovery import compile_rank_pattern
+
         ctx = click.get_current_context()
         ctx.meta[_LOAD_META] = {name: kwargs.pop(name) for name in _LOAD_OPTIONS}
+        compile_rank_pattern(kwargs.get("rank_from"))
+        _load_settings()  # a bad --cache-dir or --scheduler fails here, before any file is read
         try:
             return func(*args, **kwargs)
         finally:
@@ -72,18 +79,27 @@ def _load_settings() -> dict:
     """The loading options of the running command (defaults outside a command)."""
     ctx = click.get_current_context(silent=True)
     settings = dict(ctx.meta.get(_LOAD_META, {})) if ctx is not None else {}
-    if settings.get("no_cache"):
-        cache_dir = None
-    else:
-        from tracekit.ingest.cache import default_cache_dir
-
-        cache_dir = settings.get("cache_dir") or default_cache_dir()
+    cache_dir = None if settings.get("no_cache") else _cache_dir(settings.get("cache_dir"))
     if settings.get("scheduler") and settings.get("executor", "local") != "dask":
         raise TracekitError("--scheduler is for --executor dask; add --executor dask or drop --scheduler")
     # Commands read only the working set of each file (tracekit.ingest.working_set).
     return {"executor": settings.get("executor") or "local", "jobs": settings.get("jobs"),
             "scheduler": settings.get("scheduler"), "cache_dir": cache_dir, "rows": "analysis",
-            "defer_cache_writes": True}
+            "defer_cache_writes": True, "iteration": settings.get("iteration")}
+
+
+def _cache_dir(option: str | None) -> str:
+    """--cache-dir, else the default; a URL must be one this installation can open."""
+    from tracekit.ingest.cache import ParseCache, default_cache_dir
+
+    cache_dir = option or default_cache_dir()
+    if "://" in cache_dir:
+        try:
+            ParseCache(cache_dir)
+        except TracekitError as err:
+            given = "--cache-dir" if option else "$TRACEKIT_CACHE_DIR"
+            raise TracekitError(f"{given} {err}") from None
+    return cache_dir
 
 
 def load_with_progress(path: Path, rank_from: str | None, rank_map: str | None, progress: bool | None):
@@ -92,12 +108,11 @@ def load_with_progress(path: Path, rank_from: str | None, rank_map: str | None, 
 
     settings = _load_settings()
     show = sys.stderr.isatty() if progress is None else progress
-    files = discover(path)
     if not show:
         return load_run(path, rank_from=rank_from, rank_map=parse_rank_map(rank_map), **settings)
     from tqdm import tqdm
 
-    total = sum(os.path.getsize(f) for f in files)
+    total = sum(os.path.getsize(f) for f in discover(path, settings["iteration"], rank_from))
     # No monitor thread: a process pool forks only while this process has no other thread.
     tqdm.monitor_interval = 0
     with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="reading traces",
@@ -107,30 +122,36 @@ def load_with_progress(path: Path, rank_from: str | None, rank_map: str | None, 
 
 
 def _document_cache(run_dir: Path, options: dict):
-    """The parse cache and this analysis's key in it, or (None, None) without a cache."""
-    from tracekit.ingest import discover
+    """The parse cache, this analysis's key in it and the run's trace files, or Nones
+    without a cache (or before every file's digest is known)."""
     from tracekit.ingest.cache import ParseCache, analysis_key
+    from tracekit.ingest.discovery import find_traces
 
     settings = _load_settings()
     if not settings["cache_dir"]:
-        return None, None
+        return None, None, None
     cache = ParseCache(settings["cache_dir"])
+    found = find_traces(run_dir, settings["iteration"], options.get("rank_from"))
     folder = Path(run_dir) if Path(run_dir).is_dir() else Path(run_dir).parent
-    return cache, analysis_key(cache, discover(run_dir), options, [folder / "capture.json"])
+    # What discovery decided (which files are traces, which iteration) is part of the answer.
+    decided = {**options, "iteration": settings["iteration"], "skipped": found.skipped}
+    key = analysis_key(cache, Path(run_dir), found.files, decided, [folder / "capture.json"])
+    return cache, key, found.files
 
 
 def cached_document(run_dir: Path, options: dict) -> dict | None:
-    """The stored analysis of this unchanged run with these options, if any."""
+    """The stored analysis of this unchanged run with these options, if any, naming this
+    run's own folder and files (a copy of a run elsewhere is the same analysis)."""
     from tracekit.ingest.cache import load_document
 
-    cache, key = _document_cache(run_dir, options)
-    return load_document(cache, key) if key is not None else None
+    cache, key, files = _document_cache(run_dir, options)
+    return load_document(cache, key, str(Path(run_dir)), files) if key is not None else None
 
 
 def remember_document(run_dir: Path, options: dict, document: dict) -> None:
     """Store an analysis for the next run (its files' digests are known by now)."""
     from tracekit.ingest.cache import store_document
 
-    cache, key = _document_cache(run_dir, options)
+    cache, key, files = _document_cache(run_dir, options)
     if key is not None:
-        store_document(cache, key, document)
+        store_document(cache, key, document, str(Path(run_dir)), files)

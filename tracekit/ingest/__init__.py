@@ -17,31 +17,16 @@ if TYPE_CHECKING:  # pandas loads on first use: parser workers never import it
 
 from tracekit.errors import RunLayoutError, TraceFormatError
 from tracekit.ingest.columns import EventColumns, events_frame
+# IGNORED_NAMES and the suffixes are also tracekit.gate.output's: what may be written into a run folder.
+from tracekit.ingest.discovery import IGNORED_NAMES, Discovery, find_traces
+from tracekit.ingest.sniff import KINETO_SUFFIXES, NSYS_JSON, NSYS_REPORT, NSYS_SUFFIXES, trace_format
 from tracekit.model.events import TraceFile
 
-KINETO_SUFFIXES = (".json", ".json.gz")
-NSYS_SUFFIXES = (".sqlite", ".nsys.sqlite")
-IGNORED_NAMES = {"capture.json", "baseline.json", "tracekit.json"}
 
-
-def discover(path: Path) -> list[Path]:
-    """The trace files of a run folder (or the one file given), in a stable order."""
-    path = Path(path)
-    if not path.exists():
-        raise RunLayoutError(f"{path}: no such file or folder; give a run folder of trace files")
-    if path.is_file():
-        return [path]
-    files = sorted(
-        p for p in path.iterdir()
-        if p.is_file() and p.name not in IGNORED_NAMES and not p.name.startswith(".")
-        and (p.name.endswith(KINETO_SUFFIXES) or p.name.endswith(NSYS_SUFFIXES))
-    )
-    if not files:
-        raise RunLayoutError(
-            f"{path}: no trace files found (looked for *.json, *.json.gz, *.sqlite); point at "
-            "the folder your profiler wrote"
-        )
-    return files
+def discover(path: Path, iteration: int | None = None, rank_pattern: str | None = None) -> list[Path]:
+    """The trace files of a run folder (or the one file given), in a stable order; see
+    :func:`tracekit.ingest.discovery.find_traces` for how they are found."""
+    return find_traces(path, iteration, rank_pattern).files
 
 
 def _parse_file(path: Path, file_id: int, rank_pattern: str | None,
@@ -74,11 +59,7 @@ def _is_sqlite(path: Path) -> bool:
 
 def _looks_like_nsys_json(path: Path) -> bool:
     """nsys JSON exports are line-delimited objects, not a Chrome trace document."""
-    if path.name.endswith(".gz"):
-        return False
-    with open(path, "rb") as fh:
-        head = fh.read(4096)
-    return head.lstrip().startswith(b"{") and b'"traceEvents"' not in head and b'"type"' in head
+    return trace_format(path, claimed=True) == NSYS_JSON
 
 
 def parse_files(paths: list[Path], rank_pattern: str | None = None,
@@ -257,24 +238,31 @@ def load_run(path, rank_from: str | None = None, rank_map: dict[int, int] | None
              progress: Callable[[Path], None] | None = None, reconstruct: bool = True, *,
              executor: str = "local", jobs: int | None = None, scheduler=None,
              cache_dir: str | None = None, bytes_read: Callable[[int], None] | None = None,
-             rows: str = "all", defer_cache_writes: bool = False) -> Run:
+             rows: str = "all", defer_cache_writes: bool = False, iteration: int | None = None) -> Run:
     """Load a run folder (or one file) and, by default, reconstruct its pipeline.
 
     ``executor``, ``jobs``, ``scheduler``, ``cache_dir``, ``bytes_read``, ``rows`` and
     ``defer_cache_writes``: see
     :func:`parse_files` (no cache unless ``cache_dir`` is given; ``rows="analysis"`` gives
     the same analysis from a fraction of the events: what the command line uses).
+    ``iteration``: which ``iteration_N`` folder to read (default: the highest); see
+    :mod:`tracekit.ingest.discovery`.
     """
     path = Path(path)
-    paths = discover(path)
+    found = find_traces(path, iteration, rank_from)
+    paths = _readable_paths(found, cache_dir)
     files, events = parse_files(paths, rank_from, rank_map, progress, executor=executor, jobs=jobs,
                                 scheduler=scheduler, cache_dir=cache_dir, bytes_read=bytes_read, rows=rows,
                                 defer_cache_writes=defer_cache_writes)
+    # Files read through an export are named by the user's file, not the export in the cache.
+    exported = {read: given for read, given in zip(paths, found.files) if read != given}
+    for trace in files:
+        trace.path = exported.get(trace.path, trace.path)
     from tracekit.model.run import Run
 
     run = Run(source=str(path), files=files, events=events,
               capture=load_capture_manifest(path))
-    for message in settle_unknown_ranks(files, events) + check_layout(files):
+    for message in found.warnings + settle_unknown_ranks(files, events) + check_layout(files):
         run.warn(message)
     refuse_empty(path, files, events)
     run.completeness, notes = run_completeness(files, run.capture)
@@ -287,3 +275,12 @@ def load_run(path, rank_from: str | None = None, rank_map: dict[int, int] | None
 
         build(run)
     return run
+
+
+def _readable_paths(found: Discovery, cache_dir: str | None) -> list[Path]:
+    """The files to parse: each one found, or for an Nsight Systems report its SQLite export."""
+    if NSYS_REPORT not in found.formats.values():
+        return list(found.files)
+    from tracekit.ingest.nsys_report import sqlite_export
+
+    return [sqlite_export(f, cache_dir) if found.formats[f] == NSYS_REPORT else f for f in found.files]

@@ -8,8 +8,13 @@ so a changed file, option or parser never meets an old entry.
 
 Entries are written to a temporary name and renamed into place, so a reader never sees half
 an entry. A missing, stale, truncated or corrupt entry (Parquet page checksums are written
-and verified) is a miss: the file is parsed again and the entry rewritten, never trusted.
-A file that changes while it is parsed is not stored.
+and verified; the file facts in the footer carry their own SHA-256) is a miss: the file is
+parsed again and the entry rewritten, never trusted. A file that changes while it is parsed
+is not stored.
+
+Whole analyses (``tracekit analyze``'s document) are kept too, keyed by the same digests,
+stored without the run's paths and with a SHA-256 checked on every read; see
+:func:`store_document`.
 
 The cache lives in ``$TRACEKIT_CACHE_DIR`` or ``~/.cache/tracekit``, never beside the input
 files. A root with a scheme (``s3://bucket/tracekit``, ``file:///shared/cache``) goes through
@@ -34,6 +39,7 @@ from typing import Callable
 import numpy as np
 
 from tracekit import __version__
+from tracekit.errors import TracekitError
 from tracekit.ingest.columns import EventColumns
 from tracekit.model.events import TraceFile, event_schema
 
@@ -44,6 +50,29 @@ _RACY_NS = 1_000_000_000
 _META_KEY = b"tracekit"
 
 Parsed = list[tuple[TraceFile, EventColumns]]
+
+
+def _filesystem(url: str):
+    """The fsspec filesystem and path of a cache URL, or one line on what to install."""
+    try:
+        import fsspec
+    except ImportError:
+        raise TracekitError(f"{url}: a cache URL needs fsspec and the filesystem's package (e.g. pip "
+                            "install fsspec s3fs); or give a local folder") from None
+    try:
+        return fsspec.core.url_to_fs(url)
+    except ImportError as err:  # a known protocol whose package is not installed
+        raise TracekitError(f"{url}: {_first_line(err)} (e.g. pip install s3fs); or give a local folder") from None
+    except ValueError as err:  # an unknown protocol
+        raise TracekitError(f"{url}: not a cache location fsspec knows ({_first_line(err)}); give a "
+                            "local folder or a URL such as s3://bucket/tracekit") from None
+    except Exception as err:  # a filesystem plugin failing to start (no JVM for hdfs, ...)
+        raise TracekitError(f"{url}: the cache cannot be opened ({type(err).__name__}: {_first_line(err)}); "
+                            "give a local folder") from None
+
+
+def _first_line(err: Exception) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
 
 
 def default_cache_dir() -> str:
@@ -90,9 +119,7 @@ class ParseCache:
     def __init__(self, root: str | os.PathLike):
         root = str(root)
         if "://" in root:
-            import fsspec
-
-            self.fs, base = fsspec.core.url_to_fs(root)
+            self.fs, base = _filesystem(root)
         else:
             self.fs, base = None, str(Path(root).expanduser())
         self.base = base.rstrip("/")
@@ -121,6 +148,20 @@ class ParseCache:
         }, sort_keys=True, default=str)
         return hashlib.sha256(ident.encode()).hexdigest()
 
+    def digest(self, path: Path) -> str:
+        """The SHA-256 of ``path``'s bytes, from the memo when it can be trusted."""
+        stamp = file_stamp(Path(path))
+        return self._remembered_digest(Path(path), stamp) or self._hash(Path(path), stamp)
+
+    @staticmethod
+    def content_digest(path: Path) -> str:
+        """The SHA-256 of ``path``'s bytes, read now (no memo)."""
+        digest = hashlib.sha256()
+        with open(path, "rb") as fh:
+            while block := fh.read(_HASH_BLOCK):
+                digest.update(block)
+        return digest.hexdigest()
+
     def _memo_path(self, path: Path) -> str:
         # os.fsencode: a folder name need not be UTF-8 (str.encode fails on its surrogates)
         return self._path("hashes", hashlib.sha256(os.fsencode(path.resolve())).hexdigest() + ".json")
@@ -133,11 +174,7 @@ class ParseCache:
 
     def _hash(self, path: Path, stamp: list[int]) -> str:
         hashed_at = time.time_ns()
-        digest = hashlib.sha256()
-        with open(path, "rb") as fh:
-            while block := fh.read(_HASH_BLOCK):
-                digest.update(block)
-        sha = digest.hexdigest()
+        sha = self.content_digest(path)
         if file_stamp(path) == stamp:  # unchanged while read: worth remembering
             trusted = max(stamp[3], stamp[4]) < hashed_at - _RACY_NS
             memo = {"stamp": stamp, "sha256": sha, "trusted": trusted}
@@ -178,6 +215,8 @@ class ParseCache:
         if meta.get("key") != key or table.schema.names != event_schema().names:
             raise ValueError("entry does not match its key or the event schema")
         files = meta["files"]
+        if meta.get("files_sha256") != _facts_digest(files):
+            raise ValueError("the entry's file facts are not the ones stored")
         if sum(f["rows"][1] - f["rows"][0] for f in files) != table.num_rows:
             raise ValueError("entry rows do not add up")
         field_names = {f.name for f in dataclasses.fields(TraceFile)} - {"path"}
@@ -203,7 +242,9 @@ class ParseCache:
             files.append(facts)
             tables.append(columns.to_arrow())
         table = pa.concat_tables(tables) if tables else event_schema().empty_table()
-        meta = json.dumps({"key": key, "version": __version__, "files": files}, default=str).encode()
+        files = json.loads(json.dumps(files, default=str))  # as they will read back
+        meta = json.dumps({"key": key, "version": __version__, "files": files,
+                           "files_sha256": _facts_digest(files)}).encode()
         table = table.replace_schema_metadata({_META_KEY: meta})
         self._write(self.entry_path(key),
                     lambda fh: pq.write_table(table, fh, compression="snappy", write_page_checksum=True))
@@ -212,17 +253,27 @@ class ParseCache:
     def _path(self, *parts: str) -> str:
         return "/".join([self.base, f"v{CACHE_FORMAT}", *parts])
 
-    def _read_json(self, path: str) -> dict | None:
+    def read_file(self, path: str) -> bytes | None:
+        """The bytes of ``path`` in the cache, or None when it cannot be read."""
         try:
             if self.fs is None:
-                data = Path(path).read_bytes()
-            else:
-                with self.fs.open(path, "rb") as fh:
-                    data = fh.read()
-            value = json.loads(data)
-            return value if isinstance(value, dict) else None
-        except (OSError, ValueError):
+                return Path(path).read_bytes()
+            with self.fs.open(path, "rb") as fh:
+                return fh.read()
+        except OSError:
             return None
+
+    def _read_json(self, path: str) -> dict | None:
+        data = self.read_file(path)
+        try:
+            value = json.loads(data) if data is not None else None
+        except ValueError:
+            return None
+        return value if isinstance(value, dict) else None
+
+    def write_file(self, path: str, data: bytes) -> None:
+        """Write ``data`` to ``path`` in the cache, whole or not at all."""
+        self._write(path, lambda fh: fh.write(data))
 
     def _write(self, path: str, write: Callable) -> None:
         """Write ``path`` through a temporary file and a rename: readers see the old entry
@@ -253,6 +304,12 @@ class ParseCache:
             pass
 
 
+def _facts_digest(files: list) -> str:
+    """Parquet checksums cover the column pages, not the footer's metadata, where the file
+    facts (rank, world size, ...) are: they carry their own digest."""
+    return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
+
+
 # -- whole analyses ---------------------------------------------------------------------
 # ``tracekit analyze`` renders from its JSON document, so an unchanged run with the same
 # options can be answered from the document alone: no parsing, no reconstruction, no replay.
@@ -267,27 +324,63 @@ def package_fingerprint() -> str:
     return digest.hexdigest()[:16]
 
 
-def analysis_key(cache: ParseCache, paths: list[Path], options: dict, extra_files: list[Path]) -> str | None:
-    """The key of a whole analysis: every trace file's content (from the digest memo only,
-    so the lookup reads no trace), ``extra_files``' bytes (capture.json), the options and
-    the code. None when some file's digest is not remembered yet."""
+def analysis_key(cache: ParseCache, run: Path, paths: list[Path], options: dict,
+                 extra_files: list[Path]) -> str | None:
+    """The key of a whole analysis: every trace file's content and place in the run (from
+    the digest memo only, so the lookup reads no trace), ``extra_files``' bytes
+    (capture.json), the options and the code; not where the run is, so a copy of a run
+    shares its analysis. None when some file's digest is not remembered yet."""
     parts = []
     for path in paths:
         digest = cache._remembered_digest(Path(path), file_stamp(Path(path)))
         if digest is None:
             return None
-        parts.append([Path(path).name, digest])
+        parts.append([_place_in_run(Path(path), Path(run)), digest])
     extras = [[p.name, hashlib.sha256(p.read_bytes()).hexdigest()] for p in extra_files if p.is_file()]
     ident = json.dumps({"format": CACHE_FORMAT, "files": parts, "extra": extras, "options": options,
                         "code": package_fingerprint()}, sort_keys=True, default=str)
     return hashlib.sha256(ident.encode()).hexdigest()
 
 
-def load_document(cache: ParseCache, key: str) -> dict | None:
-    """A stored analysis document, or None (missing or unreadable: analyse again)."""
-    return cache._read_json(cache._path("analyses", key[:2], key + ".json"))
+def _place_in_run(path: Path, run: Path) -> str:
+    return path.relative_to(run).as_posix() if path != run else path.name
 
 
-def store_document(cache: ParseCache, key: str, document: dict) -> None:
-    data = json.dumps(document).encode()
-    cache._write(cache._path("analyses", key[:2], key + ".json"), lambda fh: fh.write(data))
+# A stored document is "<SHA-256 of the rest>\n<the document as JSON>", with its "source"
+# and each "files[].path" left out (null, and the index of the file among the run's trace
+# files): the answer names the folder it is asked about, not the one it was computed for.
+
+def store_document(cache: ParseCache, key: str, document: dict, source: str, files: list[Path]) -> None:
+    """Store ``document`` (the analysis of the run ``source`` made of ``files``) under
+    ``key``, without its paths; a document naming other paths is not stored."""
+    index = {str(path): number for number, path in enumerate(files)}
+    described = document.get("files")
+    if document.get("source") != source or not isinstance(described, list) or \
+            any(not isinstance(f, dict) or f.get("path") not in index for f in described):
+        return
+    stored = {**document, "source": None, "files": [{**f, "path": index[f["path"]]} for f in described]}
+    body = json.dumps(stored).encode()
+    cache.write_file(_document_path(cache, key), hashlib.sha256(body).hexdigest().encode() + b"\n" + body)
+
+
+def load_document(cache: ParseCache, key: str, source: str, files: list[Path]) -> dict | None:
+    """The document stored under ``key``, naming ``source`` and ``files``; None when there
+    is none or it is not exactly what was stored (cut short, altered): analyse again."""
+    data = cache.read_file(_document_path(cache, key))
+    if data is None:
+        return None
+    checksum, _, body = data.partition(b"\n")
+    if hashlib.sha256(body).hexdigest().encode() != checksum:
+        return None
+    try:
+        document = json.loads(body)
+        document["source"] = source
+        for described in document["files"]:
+            described["path"] = str(files[described["path"]])
+    except (ValueError, TypeError, KeyError, IndexError):
+        return None
+    return document
+
+
+def _document_path(cache: ParseCache, key: str) -> str:
+    return cache._path("analyses", key[:2], key + ".json")
