@@ -372,3 +372,28 @@ def test_capture_never_deletes_an_earlier_capture_unasked(tmp_path):
     assert "already holds a capture" in result.stderr and "--replace" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
     assert {p.name: p.read_bytes() for p in run.iterdir()} == before
+
+
+def test_no_output_over_a_trace_of_another_iteration(tmp_path):
+    """A run folder of iteration_N subfolders: the command reads the highest, but no output
+    may replace a trace of any iteration, nor drop a trace-looking file beside them."""
+    import shutil
+
+    from click.testing import CliRunner
+
+    from conftest import SAMPLES
+    from tracekit.cli import main
+
+    run = tmp_path / "job"
+    for n in (2, 6):
+        folder = run / "profiling" / "traces" / f"iteration_{n}"
+        folder.mkdir(parents=True)
+        for trace in sorted((SAMPLES / "1f1b").glob("rank*.json.gz")):
+            shutil.copy(trace, folder / trace.name.replace(".json.gz", "_trace.json.gz"))
+    older = run / "profiling" / "traces" / "iteration_2" / "rank0_trace.json.gz"
+    before = older.read_bytes()
+    for target in (older, older.parent / "analysis.json", run / "profiling" / "traces" / "iteration_6" / "a.json"):
+        result = CliRunner().invoke(main, ["analyze", str(run), "--no-cache", "-o", str(target)])
+        assert result.exit_code == 2, (target, result.output)
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert older.read_bytes() == before

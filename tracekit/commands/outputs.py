@@ -5,7 +5,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from tracekit.errors import TracekitError
-from tracekit.ingest import IGNORED_NAMES, KINETO_SUFFIXES, NSYS_SUFFIXES, discover
+from tracekit.ingest import IGNORED_NAMES, KINETO_SUFFIXES, NSYS_SUFFIXES
+from tracekit.ingest.discovery import every_trace
 from tracekit.output import OutputTarget
 
 
@@ -16,11 +17,13 @@ def run_output(path: Path, option: str, run_dir: Path, also_protect: Mapping[Pat
     read as one more trace."""
     run_dir = Path(run_dir)
     folder = run_dir if run_dir.is_dir() else run_dir.parent
-    protect = {trace: "one of the run's input traces" for trace in discover(run_dir)}
+    traces = every_trace(run_dir)  # every iteration's, not only the one this command reads
+    protect = {trace: "one of the run's input traces" for trace in traces}
     protect[folder / "capture.json"] = "the run's capture manifest"
     protect.update(also_protect or {})
     target = OutputTarget(path, option, protect)
-    if run_dir.is_dir() and target.kind == "file" and target.resolved.parent == folder.resolve():
+    trace_folders = {folder.resolve()} | {trace.resolve().parent for trace in traces}
+    if run_dir.is_dir() and target.kind == "file" and target.resolved.parent in trace_folders:
         name = target.resolved.name
         if name not in IGNORED_NAMES and not name.startswith(".") and name.endswith(KINETO_SUFFIXES + NSYS_SUFFIXES):
             raise TracekitError(f"{option} {path}: inside the run folder it would be read as one more "

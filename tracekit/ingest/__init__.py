@@ -17,7 +17,7 @@ if TYPE_CHECKING:  # pandas loads on first use: parser workers never import it
 
 from tracekit.errors import RunLayoutError, TraceFormatError
 from tracekit.ingest.columns import EventColumns, events_frame
-# IGNORED_NAMES and the suffixes are also tracekit.gate.output's: what may be written into a run folder.
+# IGNORED_NAMES and the suffixes are also tracekit.commands.outputs': what may be written into a run folder.
 from tracekit.ingest.discovery import IGNORED_NAMES, Discovery, find_traces
 from tracekit.ingest.sniff import KINETO_SUFFIXES, NSYS_JSON, NSYS_REPORT, NSYS_SUFFIXES, trace_format
 from tracekit.model.events import TraceFile

@@ -74,6 +74,18 @@ def find_traces(path: Path, iteration: int | None = None, rank_pattern: str | No
     return found
 
 
+def every_trace(path: Path) -> list[Path]:
+    """Every trace under a run folder, of every iteration and subfolder, not only those a
+    load would take: what no output may be written over."""
+    path = Path(path)
+    if not path.is_dir():
+        return [path] if path.exists() else []
+    traces = set(_traces_in(path, path, None)[0])
+    for found, _ in _trace_folders(path, None).values():
+        traces.update(found)
+    return sorted(traces)
+
+
 def _search(run: Path, iteration: int | None, pattern: re.Pattern | None) -> Discovery:
     formats, skipped = _traces_in(run, run, pattern)
     warnings: list[str] = []
