@@ -117,8 +117,13 @@ def _salvage(raw: bytes, path: Path) -> dict:
     head_text = text[:start].rstrip().rstrip(",") + "}"
     try:
         header = json.loads(head_text)
-    except (json.JSONDecodeError, RecursionError):  # damaged, or nested beyond any header
+    except json.JSONDecodeError:
         header = {}
+    except RecursionError:
+        raise TraceFormatError(
+            f"{path}: the fields before 'traceEvents' nest deeper than Python can read; no profiler "
+            "writes such a header: the file is damaged or not a PyTorch profiler trace"
+        ) from None
     if not isinstance(header, dict):
         header = {}
     header["traceEvents"] = events
@@ -216,9 +221,11 @@ def _header_count(path: Path, info: dict, key: str, least: int, warnings: list[s
     value = info.get(key)
     if value is None:
         return None
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+    if isinstance(value, str) and value.strip().lstrip("-").isdecimal():
         value = int(value)
-    if type(value) is not int:
+    elif isinstance(value, float) and (math.isinf(value) or value.is_integer()):
+        value = value if math.isinf(value) else int(value)  # JSON decoders read huge ints as floats
+    if type(value) is not int and not (isinstance(value, float) and math.isinf(value)):
         warnings.append(f"{path.name}: distributedInfo.{key} is {_shown(value)}, not a number; ignored it")
         return None
     if not least <= value < _MAX_RANKS:
