@@ -326,3 +326,37 @@ def test_html_of_an_nsys_run_whose_names_carry_a_suffix(tmp_path):
     result = _analyze(run, "--html", str(html))
     assert result.exit_code == 0, result.output[-800:]
     assert "No rank has device work to show." in html.read_text(encoding="utf-8")
+
+
+def _first_p2p(doc: dict) -> dict:
+    return next(e for e in doc["traceEvents"] if e.get("name") == "c10d::send" and e.get("ph") == "X")
+
+
+@pytest.mark.parametrize("mutation", [
+    "cat as a list", "name as a dict", "ts as a list", "Concrete Inputs as a number",
+    "Input Dims with a lone surrogate",
+])
+def test_odd_event_values_found_by_fuzzing_are_no_crash(tmp_path, mutation):
+    """Each of these ended in exit 3 (TypeError, ValueError, UnicodeEncodeError)."""
+    def mutate(doc):
+        kept = _complete_kept(doc)
+        event = doc["traceEvents"][kept[4]]
+        if mutation == "cat as a list":
+            event["cat"] = ["cpu_op"]
+        elif mutation == "name as a dict":
+            event["name"] = {"a": 1}
+        elif mutation == "ts as a list":
+            event["ts"] = [1, [2]]
+        elif mutation == "Concrete Inputs as a number":
+            _first_p2p(doc)["args"]["Concrete Inputs"] = 7
+        else:
+            _first_p2p(doc)["args"]["Input Dims"] = ["\ud800"]
+    doc = _sample_doc()
+    mutate(doc)
+    text = json.dumps(doc).encode()
+    if mutation == "Input Dims with a lone surrogate":
+        text = text[: len(text) - 100]   # damaged: read by Python's decoder, which keeps the escape
+    path = generated_trace(tmp_path, None, text=text)
+    result = _analyze(path.parent, "--json")
+    assert result.exit_code == 0, (result.output[-800:], result.exception)
+    json.loads(result.output)

@@ -269,7 +269,10 @@ class _Irregular(Exception):
 def _numbers(values: list) -> np.ndarray:
     """``ts`` or ``dur`` values as an int64 or float64 array; irregular unless all are
     numbers and converting them to float loses nothing the exact path would keep."""
-    arr = np.array(values)
+    try:
+        arr = np.array(values)
+    except (ValueError, OverflowError):  # ragged lists, ints of no numpy type
+        raise _Irregular from None
     kind = arr.dtype.kind
     if kind == "b":
         return arr.astype(np.int64)
@@ -357,7 +360,11 @@ class _RowBuilder:
         try:
             codes = [cat_of[c] for c in raw_cats]
         except KeyError:
-            for c in set(raw_cats):
+            try:
+                new_cats = set(raw_cats)
+            except TypeError:  # an unhashable cat (list, dict)
+                raise _Irregular from None
+            for c in new_cats:
                 if c not in cat_of:
                     cat = _normal_category(c)
                     cat_of[c] = -1 if cat is None else self.cat_codes[cat]
@@ -373,7 +380,11 @@ class _RowBuilder:
         try:
             name_idx = [name_codes[n] for n in names]
         except KeyError:
-            for n in set(names):
+            try:
+                new_names = set(names)
+            except TypeError:  # an unhashable name (list, dict)
+                raise _Irregular from None
+            for n in new_names:
                 if n not in name_codes:
                     if type(n) is not str:
                         raise _Irregular from None
@@ -618,7 +629,7 @@ def _gloo_p2p_args(args: dict, default_group: list[int] | None) -> tuple[int, in
     """Peer, tag and size of a c10d::send / c10d::recv_ (present with record_shapes=True)."""
     concrete = args.get("Concrete Inputs") or []
     peer = tag = nbytes = -1
-    if len(concrete) > 3:
+    if isinstance(concrete, list) and len(concrete) > 3:
         peer = _int_or(concrete[2], -1)
         tag = _int_or(concrete[3], -1)
         if peer >= 0 and default_group and peer < len(default_group):

@@ -131,7 +131,7 @@ def event_from_object(obj: Any, unknown_phases: Counter | None = None) -> RawEve
     raw_args = None
     if isinstance(args, dict) and args:
         raw_args = RawArgs(**{
-            attr: (msgspec.Raw(msgspec.json.encode(args[key])) if attr in _RAW_ATTRS else args[key])
+            attr: (_raw_json(args[key]) if attr in _RAW_ATTRS else args[key])
             for key, attr in _ARG_KEYS if key in args
         })
     return RawEvent(cat=obj.get("cat", ""), name=obj.get("name", ""),
@@ -140,6 +140,15 @@ def event_from_object(obj: Any, unknown_phases: Counter | None = None) -> RawEve
 
 
 _RAW_ATTRS = {"concrete_inputs", "input_dims", "input_type"}
+
+
+def _raw_json(value: Any) -> msgspec.Raw:
+    """A decoded value as raw JSON again; empty (absent) when it cannot be encoded (a lone
+    surrogate, which Python's decoder of damaged files lets through)."""
+    try:
+        return msgspec.Raw(msgspec.json.encode(value))
+    except (UnicodeEncodeError, msgspec.EncodeError, TypeError, OverflowError):
+        return msgspec.Raw(b"")
 
 
 def _shown(value: Any) -> str:
