@@ -276,12 +276,13 @@ def test_capture_manifest_that_cannot_be_read_is_a_warning(tmp_path, content, pr
 
 # ---------------------------------------------------------------------------- nsys
 
-def generated_nsys(tmp_path: Path, *statements: str) -> Path:
-    """A copy of sample_traces/nsys_1f1b with SQL ``statements`` applied, in its own folder."""
+def generated_nsys(tmp_path: Path, *statements: str, source: Path = NSYS) -> Path:
+    """A copy of ``source`` (sample_traces/nsys_1f1b) with SQL ``statements`` applied, in
+    its own folder of tmp_path."""
     run = tmp_path / "nsys_run"
     run.mkdir()
     target = run / "nsys_report.sqlite"
-    shutil.copyfile(NSYS, target)
+    shutil.copyfile(source, target)
     conn = sqlite3.connect(target)
     for statement in statements:
         conn.execute(statement)
@@ -358,5 +359,16 @@ def test_odd_event_values_found_by_fuzzing_are_no_crash(tmp_path, mutation):
         text = text[: len(text) - 100]   # damaged: read by Python's decoder, which keeps the escape
     path = generated_trace(tmp_path, None, text=text)
     result = _analyze(path.parent, "--json")
+    assert result.exit_code == 0, (result.output[-800:], result.exception)
+    json.loads(result.output)
+
+
+def test_nsys_cuda_call_whose_name_is_missing_is_no_crash(tmp_path):
+    """A runtime row whose nameId is in no string table read as NaN and ended in exit 3."""
+    source = shared_or_skip("nsys", "nsysai_mfu_2gpu_before.sqlite")
+    run = generated_nsys(tmp_path, "UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET nameId = -5 "
+                                   "WHERE rowid IN (SELECT rowid FROM CUPTI_ACTIVITY_KIND_RUNTIME LIMIT 3)",
+                         source=source)
+    result = _analyze(run, "--json")
     assert result.exit_code == 0, (result.output[-800:], result.exception)
     json.loads(result.output)

@@ -184,7 +184,8 @@ def _string_expr(schema: Schema, table_alias: str, column: str, join_alias: str)
     if not schema.has("StringIds"):
         return inline, ""
     join = f" LEFT JOIN StringIds {join_alias} ON {join_alias}.id = {raw}"
-    return f"COALESCE({join_alias}.value, {inline})", join
+    # CAST: a damaged string table may hold numbers; a name is text all the same
+    return f"COALESCE(CAST({join_alias}.value AS TEXT), {inline})", join
 
 
 def _select(conn: sqlite3.Connection, path: Path, sql: str) -> pd.DataFrame:
@@ -272,7 +273,8 @@ def read_runtime(conn, path: Path, schema: Schema) -> pd.DataFrame:
         return pd.DataFrame()
     name_sql, join = ("'cuda_api'", "")
     if "nameId" in schema.cols(t):
-        name_sql, join = _string_expr(schema, "r", "nameId", "sn")
+        expr, join = _string_expr(schema, "r", "nameId", "sn")
+        name_sql = f"COALESCE({expr}, 'cuda_api')"
     sql = (
         f"SELECT r.rowid AS row, {_times(schema, t, 'r')}, "
         f"{_col(schema, t, 'r', 'globalTid', 'gtid', '0')}, {_col(schema, t, 'r', 'correlationId', 'correlation', '-1')}, "
