@@ -223,9 +223,9 @@ def _header_count(path: Path, info: dict, key: str, least: int, warnings: list[s
         return None
     if isinstance(value, str) and value.strip().lstrip("-").isdecimal():
         value = int(value)
-    elif isinstance(value, float) and (math.isinf(value) or value.is_integer()):
-        value = value if math.isinf(value) else int(value)  # JSON decoders read huge ints as floats
-    if type(value) is not int and not (isinstance(value, float) and math.isinf(value)):
+    elif isinstance(value, float) and value.is_integer():
+        value = int(value)  # orjson reads an integer beyond 64 bits as a float
+    if type(value) is not int:
         warnings.append(f"{path.name}: distributedInfo.{key} is {_shown(value)}, not a number; ignored it")
         return None
     if not least <= value < _MAX_RANKS:

@@ -153,7 +153,9 @@ def _raw_json(value: Any) -> msgspec.Raw:
 
 def _shown(value: Any) -> str:
     """A short printable form of an odd field value, for a warning."""
-    text = json.dumps(value, ensure_ascii=True, default=str) if not isinstance(value, (dict, list)) else type(value).__name__
+    if isinstance(value, (dict, list)):
+        return type(value).__name__
+    text = json.dumps(value, ensure_ascii=True, default=str)
     return text if len(text) <= 12 else text[:12] + "..."
 
 

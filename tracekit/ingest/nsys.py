@@ -39,7 +39,7 @@ from tracekit.ingest import nsys_names as names
 from tracekit.ingest import nsys_sqlite as db
 from tracekit.ingest.kineto import ASYNC_SPANS
 from tracekit.ingest.nesting import nesting_depth
-from tracekit.ingest.validate import NOT_A_TIME, add_ns, drop_impossible, valid_text
+from tracekit.ingest.validate import NOT_A_TIME, add_ns, drop_impossible
 from tracekit.model.events import EVENT_COLUMNS, TraceFile, conform
 
 _PID_MASK = 0xFFFFFF

@@ -128,7 +128,8 @@ def memcpy_name(copy_kind: int) -> str:
 
 
 # Ranks and world sizes of at most 7 digits: a longer number is no rank any job has.
-_RANK_TEXT = re.compile(r"^(?:tracekit[:.]\s*)?rank\s*[=:]?\s*(\d{1,7})(?:[\s,;/]+(?:world_size\s*[=:]?\s*)?(\d{1,7}))?\s*$",
+_RANK_TEXT = re.compile(r"^(?:tracekit[:.]\s*)?rank\s*[=:]?\s*(\d{1,7})"
+                        r"(?:[\s,;/]+(?:world_size\s*[=:]?\s*)?(\d{1,7}))?\s*$",
                         re.IGNORECASE)
 _RANK_TOKEN = re.compile(r"(?:^|[\s,;(])(?:mpi\s+)?rank\s*[=:#]?\s*(\d{1,7})\b", re.IGNORECASE)
 

@@ -277,7 +277,8 @@ def read_runtime(conn, path: Path, schema: Schema) -> pd.DataFrame:
         name_sql = f"COALESCE({expr}, 'cuda_api')"
     sql = (
         f"SELECT r.rowid AS row, {_times(schema, t, 'r')}, "
-        f"{_col(schema, t, 'r', 'globalTid', 'gtid', '0')}, {_col(schema, t, 'r', 'correlationId', 'correlation', '-1')}, "
+        f"{_col(schema, t, 'r', 'globalTid', 'gtid', '0')}, "
+        f"{_col(schema, t, 'r', 'correlationId', 'correlation', '-1')}, "
         f"{name_sql} AS name FROM {t} r{join}"
     )
     return _select(conn, path, sql)
