@@ -372,3 +372,12 @@ def test_nsys_cuda_call_whose_name_is_missing_is_no_crash(tmp_path):
     result = _analyze(run, "--json")
     assert result.exit_code == 0, (result.output[-800:], result.exception)
     json.loads(result.output)
+
+
+def test_nsys_json_export_given_as_a_file_is_read_as_one():
+    """Its first line (the string table) is longer than the head the format is told from:
+    it was taken for a broken Chrome trace ("no 'traceEvents' found")."""
+    path = shared_or_skip("nsys", "cpu-only-nvtx", "pp_sim_cpuonly_export2023.4.json")
+    result = _analyze(path, "--json")
+    assert result.exit_code == 0, result.output[-800:]
+    assert {f["format"] for f in json.loads(result.output)["files"]} == {"nsys-json"}

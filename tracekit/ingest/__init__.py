@@ -77,8 +77,12 @@ def _looks_like_nsys_json(path: Path) -> bool:
     if path.name.endswith(".gz"):
         return False
     with open(path, "rb") as fh:
-        head = fh.read(4096)
-    return head.lstrip().startswith(b"{") and b'"traceEvents"' not in head and b'"type"' in head
+        head = fh.read(4096).lstrip()
+    if not head.startswith(b"{") or b'"traceEvents"' in head:
+        return False
+    # Its first line is the string table ({"data": [...]}, often longer than the head read
+    # here) or a record ({"Type": 27, ...}).
+    return head.startswith(b'{"data"') or b'"Type"' in head or b'"type"' in head
 
 
 def parse_files(paths: list[Path], rank_pattern: str | None = None,
