@@ -224,14 +224,40 @@ def refuse_empty(path: Path, files: list[TraceFile], events: pd.DataFrame) -> No
     )
 
 
-def load_capture_manifest(folder: Path) -> dict | None:
+def load_capture_manifest(folder: Path, warnings: list[str] | None = None) -> dict | None:
+    """``capture.json`` beside the traces (what ran: optional metadata), or None. One that
+    cannot be read (not UTF-8, not JSON, not an object) is ignored with a warning."""
     manifest = folder / "capture.json"
-    if folder.is_dir() and manifest.is_file():
-        try:
-            return json.loads(manifest.read_text())
-        except json.JSONDecodeError:
-            return None
+    if not (folder.is_dir() and manifest.is_file()):
+        return None
+    try:
+        document = json.loads(manifest.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError:
+        problem = "is not UTF-8 text"
+    except (json.JSONDecodeError, RecursionError):
+        problem = "is not JSON (or nests deeper than any manifest)"
+    except OSError as err:
+        problem = f"cannot be read ({err.strerror or err})"
+    else:
+        if isinstance(document, dict):
+            return _encodable(document)
+        problem = f"holds a JSON {type(document).__name__}, not an object"
+    if warnings is not None:
+        warnings.append(f"{manifest.name} {problem}; ignored it (it only describes the capture)")
     return None
+
+
+def _encodable(document: dict) -> dict:
+    """The manifest with every string encodable as UTF-8 (JSON's escapes allow lone
+    surrogates; the writers that show the manifest do not)."""
+    text = json.dumps(document, ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        from tracekit.ingest.validate import valid_text
+
+        return json.loads(valid_text(text))
+    return document
 
 
 def load_run(path, rank_from: str | None = None, rank_map: dict[int, int] | None = None,
@@ -260,9 +286,10 @@ def load_run(path, rank_from: str | None = None, rank_map: dict[int, int] | None
         trace.path = exported.get(trace.path, trace.path)
     from tracekit.model.run import Run
 
+    capture_warnings: list[str] = []
     run = Run(source=str(path), files=files, events=events,
-              capture=load_capture_manifest(path))
-    for message in found.warnings + settle_unknown_ranks(files, events) + check_layout(files):
+              capture=load_capture_manifest(path, capture_warnings))
+    for message in found.warnings + settle_unknown_ranks(files, events) + check_layout(files) + capture_warnings:
         run.warn(message)
     refuse_empty(path, files, events)
     run.completeness, notes = run_completeness(files, run.capture)

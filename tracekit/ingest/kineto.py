@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import re
 import zlib
 from pathlib import Path
@@ -26,6 +27,9 @@ from tracekit.errors import TraceFormatError
 from tracekit.ingest.columns import EventColumns
 from tracekit.ingest.kineto_stream import ChromeTraceStream, RawEvent, complete_elements
 from tracekit.ingest.nesting import nesting_depth
+from tracekit.ingest.validate import (
+    DroppedRows, add_ns, drop_impossible, ns_from_us, ns_of_us, offset_fits, plural, valid_text,
+)
 from tracekit.model.events import TraceFile
 
 # Categories kept; everything else (python_function, cuda_runtime, flows, instants) is dropped.
@@ -67,7 +71,19 @@ def read_json_document(path: Path) -> tuple[dict, bool]:
             f"{path}: JSON without 'traceEvents' is not a Chrome trace; pass PyTorch profiler "
             "exports (export_chrome_trace / tensorboard_trace_handler)"
         )
+    if not isinstance(doc["traceEvents"], list):
+        raise TraceFormatError(
+            f"{path}: 'traceEvents' is {_json_kind(doc['traceEvents'])}, not a list of events; "
+            "the file is damaged or not a PyTorch profiler trace: re-export it"
+        )
     return doc, truncated
+
+
+def _json_kind(value) -> str:
+    if value is None:
+        return "null"
+    return {bool: "a boolean", int: "a number", float: "a number", str: "a string",
+            dict: "an object"}.get(type(value), type(value).__name__)
 
 
 def _read_bytes(path: Path) -> tuple[bytes, bool]:
@@ -102,6 +118,13 @@ def _salvage(raw: bytes, path: Path) -> dict:
     try:
         header = json.loads(head_text)
     except json.JSONDecodeError:
+        header = {}
+    except RecursionError:
+        raise TraceFormatError(
+            f"{path}: the fields before 'traceEvents' nest deeper than Python can read; no profiler "
+            "writes such a header: the file is damaged or not a PyTorch profiler trace"
+        ) from None
+    if not isinstance(header, dict):
         header = {}
     header["traceEvents"] = events
     return header
@@ -140,31 +163,92 @@ def read_kineto(path: Path, file_id: int, rank_pattern: str | None = None,
             f"read the {stream.n_elements} complete events before that point; re-export the trace "
             "if you need the rest"
         )
+    if stream.n_elements and not rows.n_rows and "schemaVersion" not in doc:
+        # A rank that recorded nothing still writes Kineto's header; this file has neither.
+        raise TraceFormatError(
+            f"{path}: {stream.n_elements:,} events but none tracekit reads ({rows.why_none()}); "
+            f"tracekit reads {_WHAT_WE_READ}"
+        )
+    if stream.unknown_phases:
+        shown = ", ".join(f"{what} x{n:,}" for what, n in stream.unknown_phases.most_common(4))
+        trace.warnings.append(
+            f"{path.name}: skipped {plural(sum(stream.unknown_phases.values()), 'event')} of no "
+            f"Chrome-trace phase ({shown}); read the rest"
+        )
     info = doc.get("distributedInfo") or {}
     if not isinstance(info, dict):
+        trace.warnings.append(f"{path.name}: distributedInfo is not an object; ignored it")
         info = {}
-    trace.rank, trace.rank_source = _decide_rank(path, info, rank_pattern)
+    trace.rank, trace.rank_source = _decide_rank(path, info, rank_pattern, trace.warnings)
     trace.ranks = [trace.rank]
-    trace.world_size = info.get("world_size")
-    trace.backend = info.get("backend")
-    trace.host = doc.get("host_name")
+    trace.world_size = _header_count(path, info, "world_size", 1, trace.warnings)
+    trace.backend = _header_text(info.get("backend"))
+    trace.host = _header_text(doc.get("host_name"))
     trace.profiler = {
         k: doc[k] for k in ("schemaVersion", "trace_id", "record_shapes", "displayTimeUnit")
         if k in doc
     }
     if info.get("nccl_version"):
         trace.profiler["nccl_version"] = info["nccl_version"]
-    base_ns, trace.clock = _time_base(doc, rows.first_x_ts)
+    base_ns, trace.clock = _time_base(path, doc, rows.first_x_ts, trace.warnings)
     if trace.clock == "relative":
         trace.warnings.append(
             f"{path.name}: no baseTimeNanoseconds and timestamps are not epoch times; they are "
             "aligned across ranks only if all ranks share this file's origin"
         )
     trace.n_events_raw = stream.n_elements
-    return trace, rows.columns(base_ns, _group_rank_maps(info), trace.rank, file_id)
+    columns = rows.columns(base_ns, _group_rank_maps(path, info, trace.warnings), trace.rank, file_id)
+    if rows.dropped.total and not len(columns):
+        raise TraceFormatError(
+            f"{path}: none of its {rows.dropped.of_rows:,} events tracekit reads can be real "
+            f"({rows.dropped.reasons()}); the file is damaged: re-export the trace"
+        )
+    dropped = rows.dropped.warning(path.name)
+    if dropped:
+        trace.warnings.append(dropped)
+    return trace, columns
+
+
+_WHAT_WE_READ = "PyTorch profiler (Kineto) traces and Nsight Systems SQLite exports"
+# More ranks than any job has run: a larger rank or world size in a header is damage.
+_MAX_RANKS = 1 << 24
+
+
+def _header_count(path: Path, info: dict, key: str, least: int, warnings: list[str]) -> int | None:
+    """An integer of ``distributedInfo`` (``world_size``, ``rank``): a number written as
+    text is read as one; a value of another type is ignored with a warning; a number no
+    job can have is a damaged header (one line)."""
+    value = info.get(key)
+    if value is None:
+        return None
+    if isinstance(value, str) and value.strip().lstrip("-").isdecimal():
+        value = int(value)
+    elif isinstance(value, float) and value.is_integer():
+        value = int(value)  # orjson reads an integer beyond 64 bits as a float
+    if type(value) is not int:
+        warnings.append(f"{path.name}: distributedInfo.{key} is {_shown(value)}, not a number; ignored it")
+        return None
+    if not least <= value < _MAX_RANKS:
+        raise TraceFormatError(
+            f"{path}: distributedInfo.{key} is {value}, which no job can have; the file's header is "
+            "damaged: re-export the trace"
+        )
+    return value
+
+
+def _shown(value) -> str:
+    text = valid_text(repr(value))
+    return text if len(text) <= 40 else text[:40] + "..."
+
+
+def _header_text(value) -> str | None:
+    """A header string (host name, backend) as text every writer can encode; None if absent
+    or not a string."""
+    return valid_text(value) if isinstance(value, str) else None
 
 
 _NUMBER = (int, float)
+_INT64_MIN, _INT64_MAX = -(2 ** 63), 2 ** 63 - 1
 _MISSING = msgspec.UNSET
 _SPECIAL_OPS = sorted(_P2P_CPU_OPS | {"record_param_comms"})
 # Below this, an integer ts in microseconds times 1000 is exact in a float64.
@@ -185,15 +269,16 @@ class _Irregular(Exception):
 def _numbers(values: list) -> np.ndarray:
     """``ts`` or ``dur`` values as an int64 or float64 array; irregular unless all are
     numbers and converting them to float loses nothing the exact path would keep."""
-    arr = np.array(values)
+    try:
+        arr = np.array(values)
+    except (ValueError, OverflowError):  # ragged lists, ints of no numpy type
+        raise _Irregular from None
     kind = arr.dtype.kind
     if kind == "b":
         return arr.astype(np.int64)
-    if kind == "i":
-        if len(arr) and np.abs(arr).max() >= 2 ** 63 // 1000:
-            raise _Irregular
-        return arr
-    if kind == "f":
+    if kind == "i" and arr.ndim == 1:
+        return arr  # values beyond int64 ns become NOT_A_TIME in ns_from_us
+    if kind == "f" and arr.ndim == 1:
         if len(arr) and np.abs(arr).max() >= _EXACT_FLOAT_US and any(type(v) is not float for v in values):
             raise _Irregular  # big integers mixed with floats: float math would round them
         return arr
@@ -202,25 +287,33 @@ def _numbers(values: list) -> np.ndarray:
     raise _Irregular  # a missing or non-numeric value: that event is skipped, event by event
 
 
-def _ns(us: np.ndarray) -> np.ndarray:
-    """Microseconds to integer ns, rounding as Python's ``round(us * 1000)`` does."""
-    if us.dtype.kind == "f":
-        return np.rint(us * 1000.0).astype(np.int64)
-    return us.astype(np.int64) * 1000
+def _int_array(values: list) -> np.ndarray | None:
+    """``values`` as an int64 array when they are all plain ints that fit, else None."""
+    try:
+        arr = np.array(values)
+    except (ValueError, OverflowError):  # ragged lists, ints of no numpy type
+        return None
+    if arr.dtype.kind == "i" and arr.ndim == 1:
+        return arr.astype(np.int64)
+    return None
 
 
 def _ints_or_minus_one(values: list) -> np.ndarray:
-    arr = np.array(values)
-    if arr.dtype.kind == "i":
-        return arr.astype(np.int64)
-    return np.array([v if isinstance(v, int) else -1 for v in values], dtype=np.int64)
+    arr = _int_array(values)
+    if arr is not None:
+        return arr
+    return np.array([_int64_or_minus_one(v) for v in values], dtype=np.int64)
+
+
+def _int64_or_minus_one(value) -> int:
+    return value if type(value) is int and _INT64_MIN <= value <= _INT64_MAX else -1
 
 
 def _ids(values: list) -> np.ndarray:
-    arr = np.array(values)
-    if arr.dtype.kind == "i":
-        return arr.astype(np.int64)
-    return np.array([v if type(v) is int else _as_int(v) for v in values], dtype=np.int64)
+    arr = _int_array(values)
+    if arr is not None:
+        return arr
+    return np.array([_as_int(v) for v in values], dtype=np.int64)
 
 
 def _normal_category(cat) -> str | None:
@@ -244,6 +337,8 @@ class _RowBuilder:
         self.parts: list[tuple[np.ndarray, ...]] = []
         self.n_rows = 0
         self.special: list[tuple[int, str, dict]] = []   # (row, name, args) of P2P/comm ops
+        self.dropped = DroppedRows()        # rows that cannot be real (see columns())
+        self.n_complete = 0                 # complete ("X") events seen, kept or not
 
     def add(self, batch: list) -> None:
         """Keep the rows of one batch of events."""
@@ -265,7 +360,11 @@ class _RowBuilder:
         try:
             codes = [cat_of[c] for c in raw_cats]
         except KeyError:
-            for c in set(raw_cats):
+            try:
+                new_cats = set(raw_cats)
+            except TypeError:  # an unhashable cat (list, dict)
+                raise _Irregular from None
+            for c in new_cats:
                 if c not in cat_of:
                     cat = _normal_category(c)
                     cat_of[c] = -1 if cat is None else self.cat_codes[cat]
@@ -274,14 +373,18 @@ class _RowBuilder:
             raise _Irregular from None
         rows = [k for k, c in enumerate(codes) if c >= 0]
         kept = [xs[k] for k in rows]
-        starts = _ns(_numbers([e.ts for e in kept]))
-        durs = np.maximum(_ns(_numbers([e.dur for e in kept])), 0)
+        starts = ns_from_us(_numbers([e.ts for e in kept]))
+        durs = ns_from_us(_numbers([e.dur for e in kept]))
         names = [e.name for e in kept]
         name_codes = self.name_codes
         try:
             name_idx = [name_codes[n] for n in names]
         except KeyError:
-            for n in set(names):
+            try:
+                new_names = set(names)
+            except TypeError:  # an unhashable name (list, dict)
+                raise _Irregular from None
+            for n in new_names:
                 if n not in name_codes:
                     if type(n) is not str:
                         raise _Irregular from None
@@ -303,6 +406,7 @@ class _RowBuilder:
                 if isinstance(batch[i].ts, _NUMBER):
                     self.first_x_ts = batch[i].ts
                     break
+        self.n_complete += len(xs)
         if not kept:
             return
         cat_arr = np.array([codes[k] for k in rows], dtype=np.int8)
@@ -328,6 +432,7 @@ class _RowBuilder:
         for offset, event in enumerate(batch):
             if type(event) is not RawEvent:
                 continue
+            self.n_complete += 1
             ts = event.ts
             if probing and isinstance(ts, _NUMBER) and base + offset < 200:
                 self.first_x_ts, probing = ts, False
@@ -352,26 +457,21 @@ class _RowBuilder:
             if args is None:
                 seq = corr = -1
             else:
-                seq = args.sequence
-                if not isinstance(seq, int):
-                    seq = -1
+                seq = _int64_or_minus_one(args.sequence)
                 corr = args.external_id
                 if corr is _MISSING:
                     corr = args.correlation
-                if not isinstance(corr, int):
-                    corr = -1
+                corr = _int64_or_minus_one(corr)
             code = name_codes.get(name)
             if code is None:
                 code = name_codes[name] = len(name_codes)
-            dur_ns = round(dur * 1000)
-            pid, tid = event.pid, event.tid
             src.append(base + offset)
             cats.append(cat_codes[cat])
             names.append(code)
-            starts.append(round(ts * 1000))
-            durs.append(dur_ns if dur_ns > 0 else 0)
-            pids.append(pid if type(pid) is int else _as_int(pid))
-            tids.append(tid if type(tid) is int else _as_int(tid))
+            starts.append(ns_of_us(ts))
+            durs.append(ns_of_us(dur))
+            pids.append(_as_int(event.pid))
+            tids.append(_as_int(event.tid))
             seqs.append(seq)
             corrs.append(corr)
         if src:
@@ -383,6 +483,16 @@ class _RowBuilder:
                 np.array(corrs, dtype=np.int64),
             ))
             self.n_rows += len(src)
+
+    def why_none(self) -> str:
+        """Why no event was kept, for a file that has events."""
+        if not self.n_complete:
+            return "no complete ('ph': 'X') events: not a profiler timeline?"
+        seen = {str(c) for c in list(self.cat_of) + list(self.cat_code_of)}
+        if seen <= {""}:
+            return "no 'cat' field: a Chrome trace not written by the PyTorch profiler?"
+        shown = ", ".join(sorted(valid_text(c)[:30] for c in seen if c)[:5])
+        return f"categories {shown}; none is one tracekit reads"
 
     def columns(self, base_ns: int, group_to_global: dict[str, list[int]], rank: int,
                 file_id: int) -> EventColumns:
@@ -410,8 +520,16 @@ class _RowBuilder:
                 names[row] = code
             else:
                 peer[row], tag[row], nbytes[row] = _gloo_p2p_args(args, default_group)
-        start_ns = starts + base_ns
-        end_ns = start_ns + durs
+        start_ns = add_ns(starts, base_ns)
+        end_ns = add_ns(start_ns, durs)
+        keep, self.dropped = drop_impossible(start_ns, end_ns,
+                                             [pids, tids, cats, names, seqs, corrs, peer, tag, nbytes])
+        if keep is not None:
+            src, cats, names, start_ns, end_ns, pids, tids, seqs, corrs, peer, tag, nbytes = (
+                col[keep] for col in (src, cats, names, start_ns, end_ns, pids, tids, seqs, corrs,
+                                      peer, tag, nbytes))
+            n = len(src)
+        name_list = [valid_text(name) for name in name_list]
         async_codes = [self.name_codes[s] for s in ASYNC_SPANS if s in self.name_codes]
         depth = nesting_depth(pids, tids, start_ns, end_ns, transparent=np.isin(names, async_codes))
         numbers = {
@@ -438,17 +556,20 @@ class _RowBuilder:
 _EPOCH_US_FLOOR = 9.0e14
 
 
-def _time_base(doc: dict, first_x_ts) -> tuple[int, str]:
+def _time_base(path: Path, doc: dict, first_x_ts, warnings: list[str]) -> tuple[int, str]:
     """The ns to add to ``ts * 1000``, and whether the result is Unix time."""
     base_ns = doc.get("baseTimeNanoseconds")
-    if isinstance(base_ns, (int, float)) and base_ns > 0:
-        return int(base_ns), "unix"
-    if first_x_ts is not None:
+    if isinstance(base_ns, (int, float)) and not isinstance(base_ns, bool) and base_ns > 0:
+        if math.isfinite(base_ns) and offset_fits(int(base_ns)):
+            return int(base_ns), "unix"
+        warnings.append(f"{path.name}: baseTimeNanoseconds {_shown(base_ns)} is beyond any clock; ignored it")
+    if isinstance(first_x_ts, _NUMBER) and math.isfinite(first_x_ts):
         return 0, ("unix" if first_x_ts > _EPOCH_US_FLOOR else "relative")
     return 0, "relative"
 
 
-def _decide_rank(path: Path, info: dict, rank_pattern: str | None) -> tuple[int, str]:
+def _decide_rank(path: Path, info: dict, rank_pattern: str | None,
+                 warnings: list[str] | None = None) -> tuple[int, str]:
     if rank_pattern:
         match = re.search(rank_pattern, path.name)
         if not match or not match.groups():
@@ -457,35 +578,50 @@ def _decide_rank(path: Path, info: dict, rank_pattern: str | None) -> tuple[int,
                 "with a group; give a regex like 'rank(\\d+)'"
             )
         return int(match.group(1)), "--rank-from"
-    if isinstance(info.get("rank"), int):
-        return int(info["rank"]), "distributedInfo"
+    stated = _header_count(path, info, "rank", 0, [] if warnings is None else warnings)
+    if stated is not None:
+        return stated, "distributedInfo"
     from_name = rank_from_name(path)
     if from_name is not None:
         return from_name, "file name"
     return -1, "unknown"
 
 
-def _group_rank_maps(info: dict) -> dict[str, list[int]]:
+def _group_rank_maps(path: Path, info: dict, warnings: list[str]) -> dict[str, list[int]]:
+    """Process group name -> its global ranks, from ``distributedInfo.pg_config``; entries
+    that are not a group with a list of ranks are ignored (with one warning)."""
+    groups = info.get("pg_config") or []
+    if not isinstance(groups, list):
+        warnings.append(f"{path.name}: distributedInfo.pg_config is not a list; ignored it")
+        return {}
     maps = {}
-    for pg in info.get("pg_config") or []:
-        ranks = pg.get("ranks")
-        if isinstance(ranks, list):
-            maps[str(pg.get("pg_name"))] = ranks
+    ignored = 0
+    for pg in groups:
+        ranks = pg.get("ranks") if isinstance(pg, dict) else None
+        if isinstance(ranks, list) and all(type(r) is int and 0 <= r < _MAX_RANKS for r in ranks):
+            maps[valid_text(str(pg.get("pg_name")))] = ranks
+        elif not (isinstance(pg, dict) and ranks is None):
+            ignored += 1
+    if ignored:
+        warnings.append(f"{path.name}: ignored {ignored} entries of distributedInfo.pg_config that are "
+                        "not a process group with a list of ranks")
     return maps
 
 
 def _as_int(value) -> int:
-    """Kineto pids/tids are usually ints, but some exporters write labels ("stream 7")."""
+    """Kineto pids/tids are usually ints, but some exporters write labels ("stream 7").
+    Anything else (a list, a number beyond int64) gets an id of its own from its text."""
+    if type(value) is int and _INT64_MIN <= value <= _INT64_MAX:
+        return value
     if isinstance(value, bool):
         return int(value)
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float):
+    if isinstance(value, float) and abs(value) < 2.0 ** 63:
         return int(value)
-    text = str(value)
-    digits = re.search(r"-?\d+", text)
-    if digits:
-        return int(digits.group(0))
+    if isinstance(value, str):
+        digits = re.search(r"-?\d+", value)
+        if digits and _INT64_MIN <= int(digits.group(0)) <= _INT64_MAX:
+            return int(digits.group(0))
+    text = valid_text(str(value))
     return -(zlib.crc32(text.encode()) & 0x7FFFFFFF)
 
 
@@ -493,42 +629,61 @@ def _gloo_p2p_args(args: dict, default_group: list[int] | None) -> tuple[int, in
     """Peer, tag and size of a c10d::send / c10d::recv_ (present with record_shapes=True)."""
     concrete = args.get("Concrete Inputs") or []
     peer = tag = nbytes = -1
-    if len(concrete) > 3:
+    if isinstance(concrete, list) and len(concrete) > 3:
         peer = _int_or(concrete[2], -1)
         tag = _int_or(concrete[3], -1)
         if peer >= 0 and default_group and peer < len(default_group):
             peer = int(default_group[peer])
     dims = args.get("Input Dims") or []
     types = args.get("Input type") or []
+    if not isinstance(dims, list) or not isinstance(types, list):
+        return peer, tag, nbytes
     if dims and isinstance(dims[0], list) and dims[0] and isinstance(dims[0][0], list):
         # send/recv_ take a list of tensors: dims[0] is a list of shapes
         shapes = dims[0]
         dtype = types[0] if types else "float"
-        nbytes = sum(int(np.prod(s)) for s in shapes if isinstance(s, list)) * _DTYPE_BYTES.get(
+        nbytes = sum(_elements(s) for s in shapes if isinstance(s, list)) * _DTYPE_BYTES.get(
             str(dtype).replace("TensorList", "").strip() or "float", 4)
     elif dims and isinstance(dims[0], list):
         dtype = types[0] if types else "float"
-        nbytes = int(np.prod(dims[0])) * _DTYPE_BYTES.get(str(dtype), 4)
-    return peer, tag, nbytes
+        nbytes = _elements(dims[0]) * _DTYPE_BYTES.get(str(dtype), 4)
+    return peer, tag, (nbytes if 0 <= nbytes < _MAX_BYTES else -1)
+
+
+# A message larger than this (an exabyte) is a damaged shape, not a tensor.
+_MAX_BYTES = 1 << 60
+
+
+def _elements(shape: list) -> int:
+    """Elements of a tensor shape; a huge number where a dimension is not a size."""
+    count = 1
+    for dim in shape:
+        if type(dim) is not int or dim < 0:
+            return _MAX_BYTES
+        count *= dim
+    return min(count, _MAX_BYTES)
 
 
 def _nccl_comm_args(args: dict, group_to_global: dict[str, list[int]]) -> tuple[str, int, int]:
     """NCCL's record_param_comms: name it by collective, find the P2P peer where given."""
-    collective = str(args.get("Collective name", "unknown"))
+    collective = valid_text(str(args.get("Collective name", "unknown")))
     name = f"record_param_comms:{collective}"
     peer = -1
     if collective == "send":
         peer = _int_or(args.get("Dst Rank"), -1)
     elif collective in ("recv", "recv_"):
         peer = _int_or(args.get("Src Rank"), -1)
-    nelems = _int_or(args.get("In msg nelems") if collective == "send" else args.get("Out msg nelems"), -1)
+    nelems = _int_or(args.get("In msg nelems") if collective == "send" else args.get("Out msg nelems"), -1,
+                     limit=_MAX_BYTES // 8)
     dtype = str(args.get("dtype", "Float"))
     nbytes = nelems * _DTYPE_BYTES.get(dtype, 4) if nelems >= 0 else -1
     return name, peer, nbytes
 
 
-def _int_or(value, default: int) -> int:
+def _int_or(value, default: int, limit: int = 2 ** 31) -> int:
+    """``value`` as an int in ``[-limit, limit)`` (peers and tags are int32), else ``default``."""
     try:
-        return int(value)
-    except (TypeError, ValueError):
+        number = int(value)
+    except (TypeError, ValueError, OverflowError):
         return default
+    return number if -limit <= number < limit else default

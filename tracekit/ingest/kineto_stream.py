@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import zlib
+from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Iterator, Union
 
@@ -75,7 +76,10 @@ class RawArgs(msgspec.Struct, gc=False):
             for key, attr in _RAW_KEYS:
                 value = getattr(self, attr)
                 if len(value):
-                    out[key] = msgspec.json.decode(value)
+                    try:
+                        out[key] = msgspec.json.decode(value)
+                    except msgspec.DecodeError:  # nested deeper than msgspec decodes: unusable
+                        continue
         return out
 
 
@@ -107,18 +111,27 @@ OTHER_PHASES = ("B", "E", "i", "I", "C", "b", "n", "e", "s", "t", "f", "P", "N",
 _OTHERS = tuple(msgspec.defstruct(f"Phase_{n}", [], tag_field="ph", tag=ph, gc=False)
                 for n, ph in enumerate(OTHER_PHASES))
 _DECODER = msgspec.json.Decoder(list[Union[(RawEvent, *_OTHERS)]])
+KNOWN_PHASES = frozenset(("X",) + OTHER_PHASES)
 
 
-def event_from_object(obj: Any) -> RawEvent | None:
+def event_from_object(obj: Any, unknown_phases: Counter | None = None) -> RawEvent | None:
     """A generically decoded element as a :class:`RawEvent` (None unless it is an object
-    with ``"ph": "X"``: the parser reads nothing else)."""
-    if not isinstance(obj, dict) or obj.get("ph") != "X":
+    with ``"ph": "X"``: the parser reads nothing else). Elements of no phase of the format
+    are counted in ``unknown_phases`` by what they hold."""
+    if not isinstance(obj, dict):
+        if unknown_phases is not None:
+            unknown_phases["not an object"] += 1
+        return None
+    phase = obj.get("ph")
+    if phase != "X":
+        if unknown_phases is not None and not (isinstance(phase, str) and phase in KNOWN_PHASES):
+            unknown_phases["no ph" if phase is None else f"ph {_shown(phase)}"] += 1
         return None
     args = obj.get("args")
     raw_args = None
     if isinstance(args, dict) and args:
         raw_args = RawArgs(**{
-            attr: (msgspec.Raw(msgspec.json.encode(args[key])) if attr in _RAW_ATTRS else args[key])
+            attr: (_raw_json(args[key]) if attr in _RAW_ATTRS else args[key])
             for key, attr in _ARG_KEYS if key in args
         })
     return RawEvent(cat=obj.get("cat", ""), name=obj.get("name", ""),
@@ -129,12 +142,30 @@ def event_from_object(obj: Any) -> RawEvent | None:
 _RAW_ATTRS = {"concrete_inputs", "input_dims", "input_type"}
 
 
+def _raw_json(value: Any) -> msgspec.Raw:
+    """A decoded value as raw JSON again; empty (absent) when it cannot be encoded (a lone
+    surrogate, which Python's decoder of damaged files lets through)."""
+    try:
+        return msgspec.Raw(msgspec.json.encode(value))
+    except (UnicodeEncodeError, msgspec.EncodeError, TypeError, OverflowError):
+        return msgspec.Raw(b"")
+
+
+def _shown(value: Any) -> str:
+    """A short printable form of an odd field value, for a warning."""
+    if isinstance(value, (dict, list)):
+        return type(value).__name__
+    text = json.dumps(value, ensure_ascii=True, default=str)
+    return text if len(text) <= 12 else text[:12] + "..."
+
+
 class _BadCut(Exception):
     """The bytes before a candidate cut are not a run of whole elements."""
 
 
-def decode_elements(array_text: bytes) -> list[RawEvent | None]:
-    """Decode ``[ ... ]`` into events; typed fast path, generic path for odd elements."""
+def decode_elements(array_text: bytes, unknown_phases: Counter | None = None) -> list[RawEvent | None]:
+    """Decode ``[ ... ]`` into events; typed fast path, generic path for odd elements
+    (those of no known phase are counted in ``unknown_phases``)."""
     try:
         return _DECODER.decode(array_text)
     except msgspec.ValidationError:
@@ -145,7 +176,7 @@ def decode_elements(array_text: bytes) -> list[RawEvent | None]:
         items = orjson.loads(array_text)
     except orjson.JSONDecodeError:
         raise _BadCut from None
-    return [event_from_object(item) for item in items]
+    return [event_from_object(item, unknown_phases) for item in items]
 
 
 class ChromeTraceStream:
@@ -153,7 +184,8 @@ class ChromeTraceStream:
 
     After iteration: ``header`` holds every top-level field but ``traceEvents`` (from
     before and after the array), ``truncated`` says the file ended early (its complete
-    events were read), ``n_elements`` counts the array's elements.
+    events were read), ``n_elements`` counts the array's elements, ``unknown_phases``
+    those of no phase the Chrome trace format has (by phase).
     """
 
     def __init__(self, path: Path, chunk_bytes: int | None = None,
@@ -166,6 +198,7 @@ class ChromeTraceStream:
         self.header: dict = {}
         self.truncated = False
         self.n_elements = 0
+        self.unknown_phases: Counter = Counter()
         self.streamed = True
         self.peak_buffer = 0          # most bytes of the document held at once
         self._bare = False
@@ -304,7 +337,7 @@ class ChromeTraceStream:
         """The events of ``run`` (array elements without the brackets), counted; None when
         it is not a run of whole elements."""
         try:
-            batch = decode_elements(b"[" + run + b"]")
+            batch = decode_elements(b"[" + run + b"]", self.unknown_phases)
         except _BadCut:
             return None
         self.n_elements += len(batch)
@@ -334,7 +367,7 @@ class ChromeTraceStream:
         if batch is None:
             batch, _ = self._cut(body)  # counts what it decodes
             if batch is None:
-                batch = _salvage_elements(body)
+                batch = _salvage_elements(body, self.unknown_phases)
                 self.n_elements += len(batch)
         if batch:
             yield batch
@@ -367,7 +400,7 @@ class ChromeTraceStream:
         self.n_elements = len(events)
         batch_size = 50_000
         for start in range(0, len(events), batch_size):
-            yield [event_from_object(e) for e in events[start:start + batch_size]]
+            yield [event_from_object(e, self.unknown_phases) for e in events[start:start + batch_size]]
 
 
 def _skip_ws(data: bytes, pos: int) -> int:
@@ -391,12 +424,13 @@ def complete_elements(text: str, pos: int = 0) -> list:
             break
         try:
             value, pos = decoder.raw_decode(text, pos)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):  # damaged, or nested beyond any trace
             break
         values.append(value)
     return values
 
 
-def _salvage_elements(body: bytes) -> list:
+def _salvage_elements(body: bytes, unknown_phases: Counter) -> list:
     """Every complete element at the front of ``body``, as events."""
-    return [event_from_object(e) for e in complete_elements(body.decode("utf-8", errors="replace"))]
+    return [event_from_object(e, unknown_phases)
+            for e in complete_elements(body.decode("utf-8", errors="replace"))]

@@ -39,6 +39,7 @@ from tracekit.ingest import nsys_names as names
 from tracekit.ingest import nsys_sqlite as db
 from tracekit.ingest.kineto import ASYNC_SPANS
 from tracekit.ingest.nesting import nesting_depth
+from tracekit.ingest.validate import NOT_A_TIME, add_ns, drop_impossible
 from tracekit.model.events import EVENT_COLUMNS, TraceFile, conform
 
 _PID_MASK = 0xFFFFFF
@@ -47,7 +48,7 @@ _ROW_KEYS = ["source_index", "cat", "name", "start_ns", "end_ns", "pid", "tid", 
 _RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID",
               "MV2_COMM_WORLD_RANK", "PALS_RANKID")
 _WORLD_VARS = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS", "MV2_COMM_WORLD_SIZE")
-_RANK_ARG = re.compile(r"^--(local[_-])?rank[=\s](\d+)$")
+_RANK_ARG = re.compile(r"^--(local[_-])?rank[=\s](\d{1,7})$")
 _COLLECTIVE_CALL = re.compile(r"^nccl(All|Reduce|Broadcast|Bcast)")
 
 
@@ -138,7 +139,7 @@ def parse_nsys_json(path, file_id: int, rank_map: dict[int, int] | None = None) 
             if text is None and isinstance(event.get("TextId"), int) and event["TextId"] < len(strings):
                 text = strings[event["TextId"]]
             rows["row"].append(line_no)
-            rows["start"].append(_int(event.get("Timestamp"), 0))
+            rows["start"].append(_int(event.get("Timestamp"), NOT_A_TIME))
             rows["end_"].append(_int(event.get("EndTimestamp"), db.NO_END))
             rows["event_type"].append(_int(event.get("Type", obj.get("Type")), -1))
             rows["gtid"].append(_int(event.get("GlobalTid"), 0))
@@ -166,10 +167,12 @@ def parse_nsys_json(path, file_id: int, rank_map: dict[int, int] | None = None) 
 
 
 def _int(value, default: int) -> int:
+    """``value`` as an int64, else ``default`` (times that are not, are dropped later)."""
     try:
-        return int(value)
-    except (TypeError, ValueError):
+        number = int(value)
+    except (TypeError, ValueError, OverflowError):
         return default
+    return number if -(2 ** 63) < number < 2 ** 63 else default
 
 
 # ---------------------------------------------------------------------------------------
@@ -196,7 +199,8 @@ def _read_sqlite(conn: sqlite3.Connection, path: Path) -> _Report:
     report.memset = db.read_memory_ops(conn, path, schema, db.MEMSET_TABLE)
     report.runtime = db.read_runtime(conn, path, schema)
     report.nvtx = db.read_nvtx(conn, path, schema)
-    starts = [f["start"].min() for f in (report.kernels, report.nvtx, report.memcpy) if len(f)]
+    starts = [f["start"][f["start"] != NOT_A_TIME].min() for f in (report.kernels, report.nvtx, report.memcpy)
+              if (len(f) and (f["start"] != NOT_A_TIME).any())]
     earliest = int(min(starts)) if starts else None
     base = db.time_base(conn, schema, earliest)
     report.offset_ns, report.clock = base.offset_ns, base.clock
@@ -268,8 +272,8 @@ def _gpu_rows(frame: pd.DataFrame, cat: str, names_: pd.Series, offset: int) -> 
     return _frame(
         source_index=frame["row"].to_numpy(np.int64), cat=np.full(len(frame), cat, dtype=object),
         name=names_.to_numpy(object),
-        start_ns=frame["start"].to_numpy(np.int64) + offset,
-        end_ns=np.maximum(frame["end_"].to_numpy(np.int64), frame["start"].to_numpy(np.int64)) + offset,
+        start_ns=add_ns(frame["start"].to_numpy(np.int64), offset),
+        end_ns=add_ns(frame["end_"].to_numpy(np.int64), offset),
         pid=frame["device"].to_numpy(np.int64), tid=frame["stream"].to_numpy(np.int64),
         on_gpu=np.ones(len(frame), dtype=bool),
         correlation=frame["correlation"].to_numpy(np.int64),
@@ -296,7 +300,9 @@ def _domain_names(nvtx: pd.DataFrame) -> dict[tuple[int, int], str]:
 
 
 def _nvtx_rows(nvtx: pd.DataFrame, offset: int, domains: dict[tuple[int, int], str]) -> pd.DataFrame:
-    ranges = nvtx[nvtx["event_type"].isin(db.NVTX_RANGE_TYPES) & (nvtx["end_"] >= nvtx["start"])]
+    # A range with no end was still open when the capture stopped: not a row. One that
+    # ends before it starts goes on, to be dropped and counted with the other impossible rows.
+    ranges = nvtx[nvtx["event_type"].isin(db.NVTX_RANGE_TYPES) & (nvtx["end_"] != db.NO_END)]
     pids, tids = pid_of(ranges["gtid"]), tid_of(ranges["gtid"])
     cats, labels, seqs, peers, sizes = [], [], [], [], []
     for pid, dom, text, payload in zip(pids, ranges["domain"], ranges["text"], ranges["json"]):
@@ -313,7 +319,8 @@ def _nvtx_rows(nvtx: pd.DataFrame, offset: int, domains: dict[tuple[int, int], s
     return _frame(
         source_index=ranges["row"].to_numpy(np.int64), cat=np.array(cats, dtype=object),
         name=np.array(labels, dtype=object),
-        start_ns=ranges["start"].to_numpy(np.int64) + offset, end_ns=ranges["end_"].to_numpy(np.int64) + offset,
+        start_ns=add_ns(ranges["start"].to_numpy(np.int64), offset),
+        end_ns=add_ns(ranges["end_"].to_numpy(np.int64), offset),
         pid=pids, tid=tids, on_gpu=np.zeros(len(ranges), dtype=bool),
         seq=np.array(seqs, dtype=np.int64), peer=np.array(peers, dtype=np.int64),
         nbytes=np.array(sizes, dtype=np.int64), os_pid=pids,
@@ -413,8 +420,8 @@ def _launch_table(runtime: pd.DataFrame, offset: int) -> pd.DataFrame:
     return pd.DataFrame({
         "pid": pid_of(runtime["gtid"]), "tid": tid_of(runtime["gtid"]),
         "correlation": runtime["correlation"].to_numpy(np.int64),
-        "start_ns": runtime["start"].to_numpy(np.int64) + offset,
-        "end_ns": np.maximum(runtime["end_"].to_numpy(np.int64), runtime["start"].to_numpy(np.int64)) + offset,
+        "start_ns": add_ns(runtime["start"].to_numpy(np.int64), offset),
+        "end_ns": add_ns(runtime["end_"].to_numpy(np.int64), offset),
         "row": runtime["row"].to_numpy(np.int64), "name": runtime["name"].astype(str).to_numpy(object),
     }).drop_duplicates(["pid", "correlation"])
 
@@ -549,7 +556,11 @@ def _env_rank(env: dict[str, str], args: list[str]) -> tuple[int, str, int | Non
 
 
 def _is_int(text) -> bool:
-    return text is not None and str(text).strip().lstrip("-").isdigit()
+    """A rank or world size written as decimal digits, within what any job has."""
+    return text is not None and _DECIMAL.match(str(text).strip()) is not None
+
+
+_DECIMAL = re.compile(r"^[0-9]{1,7}$")
 
 
 # ---------------------------------------------------------------------------------------
@@ -575,12 +586,13 @@ def _build(report: _Report, file_id: int, rank_map: dict[int, int] | None) -> Pa
         parts.append(_gpu_rows(report.memset, "gpu_memset", memset_names, offset))
     gpu = pd.concat(parts, ignore_index=True) if parts else _empty()
     events = pd.concat([gpu, _runtime_rows(launches, gpu), nvtx_rows], ignore_index=True)
+    events, dropped = _drop_impossible(report, events)
     events = events.sort_values(["start_ns", "end_ns"], kind="stable").reset_index(drop=True)
 
     pids = sorted(int(p) for p in pd.unique(pd.concat([gpu["os_pid"], nvtx_rows["os_pid"]])))
     devices = {int(p): set(g["pid"].astype(int)) for p, g in gpu[gpu["cat"] == "kernel"].groupby("os_pid")}
     decision = _decide_ranks(report, pids, devices, rank_map)
-    report_warnings = list(report.warnings) + decision.warnings
+    report_warnings = list(report.warnings) + decision.warnings + ([dropped] if dropped else [])
     by_name = int((p2p_how["how"] == "name").sum())
     if by_name:
         report_warnings.append(
@@ -615,6 +627,25 @@ def _build(report: _Report, file_id: int, rank_map: dict[int, int] | None) -> Pa
         first = False
         out.append((trace, conform(_finish(rows, rank, file_id))))
     return out
+
+
+def _drop_impossible(report: _Report, events: pd.DataFrame) -> tuple[pd.DataFrame, str | None]:
+    """The rows that can be real, and the report's one warning about the rest."""
+    identity = [events["os_pid"].to_numpy(np.int64), events["pid"].to_numpy(np.int64),
+                events["tid"].to_numpy(np.int64), pd.factorize(events["cat"])[0],
+                pd.factorize(events["name"])[0], events["correlation"].to_numpy(np.int64),
+                events["seq"].to_numpy(np.int64), events["peer"].to_numpy(np.int64),
+                events["nbytes"].to_numpy(np.int64)]
+    keep, dropped = drop_impossible(events["start_ns"].to_numpy(np.int64), events["end_ns"].to_numpy(np.int64),
+                                    identity)
+    if keep is None:
+        return events, None
+    if not keep.any():
+        raise TraceFormatError(
+            f"{report.path}: none of its {dropped.of_rows:,} kernels, copies and NVTX ranges can be "
+            f"real ({dropped.reasons()}); the report is damaged: export it again"
+        )
+    return events[keep], dropped.warning(report.path.name)
 
 
 def _finish(rows: pd.DataFrame, rank: int, file_id: int) -> pd.DataFrame:

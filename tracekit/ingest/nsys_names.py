@@ -77,16 +77,21 @@ def nccl_payload(json_text: str | None) -> tuple[int, int]:
         return -1, -1
     try:
         doc = json.loads(json_text)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RecursionError):  # not JSON, or nested beyond any payload
         return -1, -1
     peer = nbytes = -1
     for key, value in _walk(doc):
         low = key.lower()
-        if low.startswith("peer") and isinstance(value, (int, float)):
+        if low.startswith("peer") and _count(value, 1 << 24):
             peer = int(value)
-        elif low.startswith("message size") and isinstance(value, (int, float)):
+        elif low.startswith("message size") and _count(value, 1 << 60):
             nbytes = int(value)
     return peer, nbytes
+
+
+def _count(value, limit: int) -> bool:
+    """A JSON number usable as a peer rank or a size (finite, 0 <= value < limit)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < limit
 
 
 def _walk(doc):
@@ -122,9 +127,11 @@ def memcpy_name(copy_kind: int) -> str:
     return f"Memcpy {MEMCPY_KINDS.get(int(copy_kind), 'Unknown')}"
 
 
-_RANK_TEXT = re.compile(r"^(?:tracekit[:.]\s*)?rank\s*[=:]?\s*(\d+)(?:[\s,;/]+(?:world_size\s*[=:]?\s*)?(\d+))?\s*$",
+# Ranks and world sizes of at most 7 digits: a longer number is no rank any job has.
+_RANK_TEXT = re.compile(r"^(?:tracekit[:.]\s*)?rank\s*[=:]?\s*(\d{1,7})"
+                        r"(?:[\s,;/]+(?:world_size\s*[=:]?\s*)?(\d{1,7}))?\s*$",
                         re.IGNORECASE)
-_RANK_TOKEN = re.compile(r"(?:^|[\s,;(])(?:mpi\s+)?rank\s*[=:#]?\s*(\d+)\b", re.IGNORECASE)
+_RANK_TOKEN = re.compile(r"(?:^|[\s,;(])(?:mpi\s+)?rank\s*[=:#]?\s*(\d{1,7})\b", re.IGNORECASE)
 
 
 def rank_marker(text: str) -> tuple[int, int | None] | None:

@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from tracekit.errors import TraceFormatError
+from tracekit.ingest.validate import NOT_A_TIME, offset_fits
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
@@ -66,6 +67,8 @@ def connect_read_only(path: Path) -> sqlite3.Connection:
         conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
     except sqlite3.DatabaseError as err:
         raise damaged(path, err) from None
+    # Text that is not UTF-8 (a damaged string table) reads with U+FFFD, not as an error.
+    conn.text_factory = lambda raw: raw.decode("utf-8", errors="replace")
     return conn
 
 
@@ -131,11 +134,18 @@ def time_base(conn: sqlite3.Connection, schema: Schema, earliest_ns: int | None)
     normalized = (meta.get("EXPORT_PARAM_TIME_NORMALIZE") or meta.get("EXPORT_TIME_NORMALIZE") or "").lower() == "true"
     user_shift = _int_or_zero(meta.get("EXPORT_PARAM_TIME_SHIFT"))
     start = None
+    unreadable = ""
     table = "TARGET_INFO_SESSION_START_TIME"
     if "utcEpochNs" in schema.cols(table):
         row = conn.execute(f"SELECT utcEpochNs FROM {table} LIMIT 1").fetchone()
         if row and row[0] is not None:
-            start = int(row[0])
+            start = _int_or_none(row[0])
+            if start is None or not offset_fits(start - user_shift):
+                unreadable, start = f"its utcEpochNs {str(row[0])[:40]!r} is not a time", None
+    if not offset_fits(user_shift):
+        unreadable, user_shift = f"EXPORT_PARAM_TIME_SHIFT {user_shift} is not a time shift", 0
+    if unreadable:
+        return TimeBase(0, "relative", False, None, unreadable)
     if normalized:
         return TimeBase(-user_shift, "unix", True, start, "export made with --ts-normalize")
     if earliest_ns is not None and earliest_ns > _EPOCH_NS_FLOOR:
@@ -152,6 +162,21 @@ def _int_or_zero(text: str | None) -> int:
         return 0
 
 
+def _int_or_none(value) -> int | None:
+    """An integer stored as an integer, a real or text; None when it is none of these."""
+    if isinstance(value, int):
+        return value
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        pass
+    try:
+        number = float(value)
+    except ValueError:
+        return None
+    return int(number) if abs(number) < 2.0 ** 63 else None
+
+
 def _string_expr(schema: Schema, table_alias: str, column: str, join_alias: str) -> tuple[str, str]:
     """SQL for a name column that is an id into StringIds (or, in some exports, text)."""
     raw = f"{table_alias}.{_q(column)}"
@@ -159,7 +184,8 @@ def _string_expr(schema: Schema, table_alias: str, column: str, join_alias: str)
     if not schema.has("StringIds"):
         return inline, ""
     join = f" LEFT JOIN StringIds {join_alias} ON {join_alias}.id = {raw}"
-    return f"COALESCE({join_alias}.value, {inline})", join
+    # CAST: a damaged string table may hold numbers; a name is text all the same
+    return f"COALESCE(CAST({join_alias}.value AS TEXT), {inline})", join
 
 
 def _select(conn: sqlite3.Connection, path: Path, sql: str) -> pd.DataFrame:
@@ -173,13 +199,25 @@ def _col(schema: Schema, table: str, alias: str, column: str, as_name: str, defa
     """An integer column, never NULL: pandas would turn a column with NULLs into float64,
     which cannot hold epoch nanoseconds exactly."""
     if column in schema.cols(table):
-        return f"COALESCE({alias}.{_q(column)}, {default}) AS {as_name}"
+        return f"{_integer(f'{alias}.{_q(column)}', default, default)} AS {as_name}"
     return f"{default} AS {as_name}"
 
 
-def _times(alias: str) -> str:
-    """start and end (end -1 where the row has none: marks, unfinished ranges)."""
-    return f'COALESCE({alias}.start, 0) AS start, COALESCE({alias}."end", -1) AS end_'
+def _integer(expr: str, if_null: str, if_not_a_number: str) -> str:
+    """SQL for an integer column whatever the file stored: a real is truncated (SQLite
+    saturates it at the int64 limits), text or a blob is ``if_not_a_number``. One text
+    value would otherwise make pandas read the whole column as objects."""
+    return (f"CASE typeof({expr}) WHEN 'integer' THEN {expr} WHEN 'real' THEN CAST({expr} AS INTEGER) "
+            f"WHEN 'null' THEN {if_null} ELSE {if_not_a_number} END")
+
+
+def _times(schema: Schema, table: str, alias: str) -> str:
+    """start and end (end -1 where the row has none: marks, unfinished ranges); a time that
+    is not a number, or a missing time column, is NOT_A_TIME (the row is dropped, counted)."""
+    cols = schema.cols(table)
+    start = _integer(f"{alias}.start", "0", str(NOT_A_TIME)) if "start" in cols else str(NOT_A_TIME)
+    end = _integer(f'{alias}."end"', str(NO_END), str(NOT_A_TIME)) if "end" in cols else str(NO_END)
+    return f"{start} AS start, {end} AS end_"
 
 
 NO_END = -1
@@ -202,7 +240,7 @@ def read_kernels(conn, path: Path, schema: Schema) -> pd.DataFrame:
     name_sql = f"COALESCE({', '.join(readable)}, 'kernel')" if readable else "'kernel'"
     short_sql = f"COALESCE({', '.join(short)}, 'kernel')" if short else "'kernel'"
     sql = (
-        f"SELECT k.rowid AS row, {_times('k')}, "
+        f"SELECT k.rowid AS row, {_times(schema, t, 'k')}, "
         f"{_col(schema, t, 'k', 'deviceId', 'device', '0')}, "
         f"{_col(schema, t, 'k', 'streamId', 'stream', '0')}, "
         f"{_col(schema, t, 'k', 'correlationId', 'correlation', '-1')}, "
@@ -218,7 +256,7 @@ def read_memory_ops(conn, path: Path, schema: Schema, table: str) -> pd.DataFram
         return pd.DataFrame()
     copy_kind = _col(schema, table, "m", "copyKind", "copy_kind", "-1")
     sql = (
-        f"SELECT m.rowid AS row, {_times('m')}, "
+        f"SELECT m.rowid AS row, {_times(schema, table, 'm')}, "
         f"{_col(schema, table, 'm', 'deviceId', 'device', '0')}, "
         f"{_col(schema, table, 'm', 'streamId', 'stream', '0')}, "
         f"{_col(schema, table, 'm', 'correlationId', 'correlation', '-1')}, "
@@ -235,10 +273,12 @@ def read_runtime(conn, path: Path, schema: Schema) -> pd.DataFrame:
         return pd.DataFrame()
     name_sql, join = ("'cuda_api'", "")
     if "nameId" in schema.cols(t):
-        name_sql, join = _string_expr(schema, "r", "nameId", "sn")
+        expr, join = _string_expr(schema, "r", "nameId", "sn")
+        name_sql = f"COALESCE({expr}, 'cuda_api')"
     sql = (
-        f"SELECT r.rowid AS row, {_times('r')}, "
-        f"{_col(schema, t, 'r', 'globalTid', 'gtid', '0')}, COALESCE(r.correlationId, -1) AS correlation, "
+        f"SELECT r.rowid AS row, {_times(schema, t, 'r')}, "
+        f"{_col(schema, t, 'r', 'globalTid', 'gtid', '0')}, "
+        f"{_col(schema, t, 'r', 'correlationId', 'correlation', '-1')}, "
         f"{name_sql} AS name FROM {t} r{join}"
     )
     return _select(conn, path, sql)
@@ -266,7 +306,7 @@ def read_nvtx(conn, path: Path, schema: Schema) -> pd.DataFrame:
             join += " LEFT JOIN StringIds sj ON sj.id = n.jsonTextId"
     kinds = (NVTX_MARK, NVTX_THREAD_NAME, NVTX_DOMAIN_CREATE) + NVTX_RANGE_TYPES
     sql = (
-        f"SELECT n.rowid AS row, {_times('n')}, COALESCE(n.eventType, -1) AS event_type, "
+        f"SELECT n.rowid AS row, {_times(schema, t, 'n')}, {_col(schema, t, 'n', 'eventType', 'event_type')}, "
         f"{_col(schema, t, 'n', 'globalTid', 'gtid', '0')}, "
         f"{_col(schema, t, 'n', 'domainId', 'domain', '0')}, "
         f"{text_sql} AS text, {json_sql} AS json FROM {t} n{join} "

@@ -460,6 +460,10 @@ def _causes_root(analysis: Analysis):
                 rows.append((str(rank), CAUSE_NAMES[cause], float(sums[f"{cause}_ns"].sum()) / 1e6))
         else:
             rows.append((str(rank), CAUSE_NAMES["idle"], info["idle_ns"] / 1e6))
+    if not rows:  # no rank has device work (a CPU-only capture that is no pipeline): no bars to draw
+        from bokeh.models import Div
+
+        return Div(text="No rank has device work to show.", name="causes")
     frame = pd.DataFrame(rows, columns=["rank", "part", "ms"])
     order = [CAUSE_NAMES[c] for c in CAUSE_COLORS if CAUSE_NAMES[c] in set(frame["part"])]
     colors = {CAUSE_NAMES[c]: CAUSE_COLORS[c] for c in CAUSE_COLORS}
