@@ -381,3 +381,15 @@ def test_nsys_json_export_given_as_a_file_is_read_as_one():
     result = _analyze(path, "--json")
     assert result.exit_code == 0, result.output[-800:]
     assert {f["format"] for f in json.loads(result.output)["files"]} == {"nsys-json"}
+
+
+@pytest.mark.parametrize("text", [b"[\x0b\xd7\xa6\x0f0\x0e\x0f\xd6\x1b\x9fV", b'{"schemaVersion": 1, "traceEvents": [',
+                                  b'[{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 1'])
+def test_a_rank_damaged_before_its_first_event_is_refused_not_read_as_idle(tmp_path, text):
+    """Found by the pool tests: random bytes that happen to start with '[' read as a bare
+    event array cut short with 0 events, so the run went on as if that rank had done nothing
+    (a 4-rank run analysed as p=3, exit 0)."""
+    run = tmp_path / "run"
+    shutil.copytree(SAMPLES / "1f1b", run)
+    (run / "rank3.json.gz").write_bytes(gzip.compress(text))
+    _one_line_error(_analyze(run), "rank3.json.gz")

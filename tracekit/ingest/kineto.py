@@ -157,6 +157,13 @@ def read_kineto(path: Path, file_id: int, rank_pattern: str | None = None,
         rows.add(batch)
     doc = stream.header
     trace = TraceFile(path=path, format="kineto", rank=-1, truncated=stream.truncated)
+    if stream.truncated and not stream.n_elements:
+        # Nothing salvageable: analysing the run without this rank's events would read it as
+        # a rank that did nothing (or a smaller pipeline), a wrong answer rather than a warning.
+        raise TraceFormatError(
+            f"{path}: damaged before its first complete event (not a whole JSON trace, nothing "
+            "to salvage); copy the file again or re-export it from the profiler"
+        )
     if stream.truncated:
         trace.warnings.append(
             f"{path.name}: the file ends early or is damaged (profiler stopped mid-write?); "
