@@ -503,10 +503,16 @@ def nsys_schema(rng: random.Random) -> dict:
                         rng.choice(sorted(tables))))
     db = _open_sqlite(nsys_files()[NSYS_REPORT])
     how = rng.choice(("drop table", "drop column", "rename table", "empty table"))
-    if how == "drop column" and len(tables[table]) > 1:
-        column = rng.choice(tables[table])
-        db.execute(f'ALTER TABLE "{table}" DROP COLUMN "{column}"')
-        how = f"drop column {column}"
+    # SQLite drops no key, unique or indexed column: those tables lose the whole table instead.
+    droppable = [row[1] for row in db.execute(f'PRAGMA table_info("{table}")') if not row[5]]
+    if how == "drop column" and len(droppable) > 1:
+        column = rng.choice(droppable)
+        try:
+            db.execute(f'ALTER TABLE "{table}" DROP COLUMN "{column}"')
+            how = f"drop column {column}"
+        except sqlite3.OperationalError:
+            db.execute(f'DROP TABLE "{table}"')
+            how = f"drop table (column {column} cannot be dropped)"
     elif how == "rename table":
         db.execute(f'ALTER TABLE "{table}" RENAME TO "{table}_old"')
     elif how == "empty table":
