@@ -26,7 +26,7 @@ import io
 import json
 import random
 import sqlite3
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,7 +74,7 @@ class Case:
     expect: str  # "same", "flagged" or "any" (see the module docstring)
     target: str | None = None  # the file the mutation touched: an error should name it
     options: tuple[str, ...] = ()  # extra command-line options
-    names: tuple[str, ...] = field(default=())  # other strings that identify the culprit
+    names: tuple[str, ...] = ()  # other strings that identify the culprit
 
     @property
     def replay_id(self) -> str:
