@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from fuzz.mutate import CATEGORIES, make_case, unmutated_case
 from fuzz.oracle import Oracle, _Invocation
 
-# Per category; 16 categories x 5 cases is about 40 s on a 2-core machine.
+# Per category: 16 categories x 5 cases take about 30 s on a shared 2-core machine.
 CASES_PER_CATEGORY = 5
 
 
@@ -34,7 +34,9 @@ def oracle(tmp_path_factory) -> Oracle:
 @settings(max_examples=CASES_PER_CATEGORY, deadline=None, derandomize=True, database=None,
           phases=(Phase.explicit, Phase.generate),  # an index is not made smaller by shrinking it
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(seed=st.integers(0, 2**31), index=st.integers(0, 2**31))
+# sampled_from, not integers: hypothesis mixes into integers() constants found in the modules
+# loaded at the time, so the whole suite would draw other cases than this file alone.
+@given(seed=st.sampled_from(range(2**31)), index=st.sampled_from(range(2**31)))
 def test_mutated_run_answers_or_fails_in_one_line(oracle, category, seed, index):
     case = make_case(seed, index, category)
     outcome = oracle.run(case)
