@@ -75,6 +75,7 @@ class Case:
     target: str | None = None  # the file the mutation touched: an error should name it
     options: tuple[str, ...] = ()  # extra command-line options
     names: tuple[str, ...] = ()  # other strings that identify the culprit
+    folder_suffix: str = ""  # ends the run folder's name (a hostile folder name reaches every output)
 
     @property
     def replay_id(self) -> str:
@@ -290,8 +291,12 @@ def kineto_strings(rng: random.Random) -> dict:
     """A hostile string in a name, a host name, a label, a metadata value or a file name."""
     hostile = rng.choice(HOSTILE_STRINGS)
     where = rng.choice(("host_name", "backend", "pg_desc", "event name", "PP label", "thread name",
-                        "process name", "traceName", "arg", "file name"))
+                        "process name", "traceName", "arg", "file name", "folder name"))
     victim = _pick_rank_file(rng)
+    if where == "folder name":
+        part = rng.choice(HOSTILE_FILE_PARTS)
+        return dict(category="kineto-strings", detail=f"run folder name ends {part!r}", base="kineto",
+                    files=dict(kineto_files()), expect="same", folder_suffix=part)
     if where == "file name":
         part = rng.choice(HOSTILE_FILE_PARTS)
         rank = victim.split(".")[0]

@@ -111,7 +111,7 @@ class Oracle:
         if self._cases_run % self.cache_every == 0:
             shutil.rmtree(self.cache_dir, ignore_errors=True)
         base_answer, base_warnings = self._base(case.base)
-        run_dir = self.workdir / f"fuzzrun-{case.seed}-{case.index}"
+        run_dir = self.workdir / f"{_folder_stem(case)}{case.folder_suffix}"
         out_dir = self.workdir / f"out-{case.seed}-{case.index}"
         for stale in (run_dir, out_dir):
             shutil.rmtree(stale, ignore_errors=True)
@@ -201,7 +201,7 @@ class Oracle:
             lines = [line for line in run.stderr.splitlines() if line.strip()]
             if len(lines) != 1 or not lines[0].startswith("tracekit: error: "):
                 return Outcome("multi-line error", " | ".join(lines)[:300] or "(no message)", run.command)
-            culprits = [run_dir.name, *case.names] + ([case.target] if case.target else [])
+            culprits = [_folder_stem(case), *case.names] + ([case.target] if case.target else [])
             if not any(name in lines[0] for name in culprits):
                 return Outcome("unnamed error", lines[0], run.command)
             if raw:
@@ -282,6 +282,11 @@ def tracekit_command() -> list[str]:
     """The tracekit executable beside this interpreter (a venv's), else the module through it."""
     script = Path(sys.executable).parent / "tracekit"
     return [str(script)] if script.exists() else [sys.executable, "-c", "from tracekit.cli import run; run()"]
+
+
+def _folder_stem(case: Case) -> str:
+    """The start of a case's run folder name (unique in the work folder, and safe to print)."""
+    return f"fuzzrun-{case.seed}-{case.index}"
 
 
 def _first(text: str) -> str:

@@ -197,7 +197,7 @@ def replay(replay_id: str, into: Path | None, timeout_s: float) -> int:
     except ValueError:
         raise SystemExit(f"--replay {replay_id!r}: give SEED:INDEX, e.g. 1:4711") from None
     case = make_case(seed, index)
-    folder = into or Path(f"fuzz-replay-{seed}-{index}")
+    folder = into or Path(f"fuzz-replay-{seed}-{index}{case.folder_suffix}")
     if folder.exists():
         raise SystemExit(f"{folder} exists; give another folder with --into")
     write_case(case, folder)
