@@ -76,10 +76,7 @@ class Case:
     options: tuple[str, ...] = ()  # extra command-line options
     names: tuple[str, ...] = ()  # other strings that identify the culprit
     folder_suffix: str = ""  # ends the run folder's name (a hostile folder name reaches every output)
-
-    @property
-    def replay_id(self) -> str:
-        return f"{self.seed}:{self.index}"
+    replay_id: str = ""  # what fuzz/run.py --replay takes: SEED:INDEX, or SEED:INDEX:CATEGORY when forced
 
 
 def write_case(case: Case, folder: Path) -> Path:
@@ -693,11 +690,13 @@ CATEGORIES = tuple(MUTATORS)
 def make_case(seed: int, index: int, category: str | None = None) -> Case:
     """The case ``index`` of the run with ``seed`` (a category forced, for the test's draws)."""
     rng = random.Random(f"{seed}:{index}")
+    forced = category is not None
     if category is None:
         names = list(MUTATORS)
         category = rng.choices(names, weights=[MUTATORS[n][1] for n in names])[0]
+    replay_id = f"{seed}:{index}:{category}" if forced else f"{seed}:{index}"
     fields = MUTATORS[category][0](rng)
-    return Case(seed=seed, index=index, **fields)
+    return Case(seed=seed, index=index, replay_id=replay_id, **fields)
 
 
 def unmutated_case(base: str) -> Case:

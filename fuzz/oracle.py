@@ -140,7 +140,7 @@ class Oracle:
                                         "--junit", str(junit_path), "--markdown", str(markdown_path),
                                         *common, "--jobs", "1"])
             results.append(self._verdict(case, run_dir, checked, ok_codes=(0, 1)))
-            results.append(self._ci_files(junit_path, markdown_path))
+            results.extend(self._ci_files(junit_path, markdown_path))
         results.append(self._inputs_intact(case, run_dir))
         if analyzed.exit_code == 0:
             results.append(self._compare(case, run_dir, doc_path, base_answer, base_warnings))
@@ -214,22 +214,23 @@ class Oracle:
         return Outcome("ok", "", run.command)
 
     @staticmethod
-    def _ci_files(junit_path: Path, markdown_path: Path) -> Outcome | None:
+    def _ci_files(junit_path: Path, markdown_path: Path) -> list[Outcome]:
+        found = []
         if junit_path.exists():
             try:
                 ET.parse(junit_path)
             except ET.ParseError as err:
-                return Outcome("bad output", f"JUnit file does not parse: {err}", "check")
+                found.append(Outcome("bad output", f"JUnit file does not parse: {err}", "check"))
         if markdown_path.exists():
             try:
                 text = markdown_path.read_bytes().decode("utf-8")
             except UnicodeDecodeError as err:
-                return Outcome("bad output", f"Markdown file is not UTF-8: {err}", "check")
+                return found + [Outcome("bad output", f"Markdown file is not UTF-8: {err}", "check")]
             raw = RAW_CONTROL.search(text)
             if raw:
-                return Outcome("raw control chars", f"{raw.group()!r} in the Markdown file: "
-                               f"{text[max(0, raw.start() - 60):raw.start() + 20]!r}", "check")
-        return None
+                found.append(Outcome("raw control chars", f"{raw.group()!r} in the Markdown file: "
+                                     f"{text[max(0, raw.start() - 60):raw.start() + 20]!r}", "check"))
+        return found
 
     @staticmethod
     def _inputs_intact(case: Case, run_dir: Path) -> Outcome | None:

@@ -3,6 +3,7 @@ table by mutation category and outcome, and a JSON report of every failing case.
 
     python fuzz/run.py --cases 10000 --seed 1 --jobs 2 --out fuzz-report.json
     python fuzz/run.py --replay 1:4711            # one case again, its input kept in a folder
+    python fuzz/run.py --replay 27:143324:kineto-events   # a case of tests/test_fuzz.py
 
 Each case is made by fuzz/mutate.py from (seed, index) and judged by fuzz/oracle.py. Cases
 run in ``--jobs`` worker processes; a worker that gives no answer well past the case's own
@@ -16,6 +17,7 @@ import argparse
 import json
 import multiprocessing
 import re
+import shlex
 import sys
 import tempfile
 import time
@@ -192,18 +194,24 @@ def fuzz(cases: int, seed: int, jobs: int, out: Path | None, timeout_s: float, s
 
 def replay(replay_id: str, into: Path | None, timeout_s: float) -> int:
     """Make one case again, write its run folder to ``into`` and judge it."""
+    parts = replay_id.split(":")
     try:
-        seed, index = (int(part) for part in replay_id.split(":"))
-    except ValueError:
-        raise SystemExit(f"--replay {replay_id!r}: give SEED:INDEX, e.g. 1:4711") from None
-    case = make_case(seed, index)
+        seed, index = int(parts[0]), int(parts[1])
+        category = parts[2] if len(parts) == 3 else None
+        if len(parts) > 3 or (category is not None and category not in CATEGORIES):
+            raise ValueError(replay_id)
+    except (ValueError, IndexError):
+        raise SystemExit(f"--replay {replay_id!r}: give SEED:INDEX or SEED:INDEX:CATEGORY, e.g. 1:4711") from None
+    case = make_case(seed, index, category)
     folder = into or Path(f"fuzz-replay-{seed}-{index}{case.folder_suffix}")
     if folder.exists():
         raise SystemExit(f"{folder} exists; give another folder with --into")
     write_case(case, folder)
     print(f"case {case.replay_id}: {case.category}: {case.detail} (expect: {case.expect})")
     print(f"  input: {folder}/  (files: {', '.join(sorted(ascii(n)[1:-1] for n in case.files))})")
-    print(f"  try:   tracekit analyze {folder} --no-cache {' '.join(map(repr, case.options))}".rstrip())
+    options = [o.replace("{run}", str(folder)).replace("{out}", str(folder.parent)) for o in case.options]
+    cache = [] if "--cache-dir" in options else ["--no-cache"]
+    print(f"  try:   {shlex.join(['tracekit', 'analyze', str(folder), *cache, *options])}")
     with tempfile.TemporaryDirectory(prefix="tracekit-fuzz-") as workdir:
         outcome: Outcome = Oracle(Path(workdir), timeout_s=timeout_s, subprocess_every=0).run(case)
     print(f"  outcome: {outcome.outcome} ({outcome.command}) {outcome.message}")
@@ -221,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=20.0, help="seconds before a case counts as a hang")
     parser.add_argument("--subprocess-every", type=int, default=20,
                         help="run every Nth case's analysis as a real tracekit process with -j 2 (0: never)")
-    parser.add_argument("--replay", metavar="SEED:INDEX", help="make and judge one case, keeping its input")
+    parser.add_argument("--replay", metavar="SEED:INDEX[:CATEGORY]",
+                        help="make and judge one case, keeping its input (the test names its cases with a category)")
     parser.add_argument("--into", type=Path, help="with --replay: the folder to write the case's run to")
     args = parser.parse_args(argv)
     if args.replay:
