@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from fuzz.mutate import CATEGORIES, make_case, unmutated_case
+from fuzz.mutate import CATEGORIES, Case, kineto_files, make_case, unmutated_case
 from fuzz.oracle import Oracle, _Invocation
 
 # Per category: 16 categories x 5 cases take about 30 s on a shared 2-core machine.
@@ -42,6 +42,15 @@ def test_mutated_run_answers_or_fails_in_one_line(oracle, category, seed, index)
     outcome = oracle.run(case)
     assert not outcome.failed, (f"replay {case.replay_id} ({category}): {case.detail}: "
                                 f"{outcome.outcome} in {outcome.command}: {outcome.message}")
+
+
+@pytest.mark.parametrize("index, hostile", list(enumerate(["\x1b[31m", "\x07", "\x9b2J", "`x`|<b>"])))
+def test_a_hostile_run_folder_name_reaches_no_output_raw(oracle, index, hostile):
+    """The folder name is in the console header, the Markdown summary and the JUnit file."""
+    case = Case(seed=0, index=index, category="kineto-strings", detail=f"run folder name ends {hostile!r}",
+                base="kineto", files=dict(kineto_files()), expect="same", folder_suffix=hostile)
+    outcome = oracle.run(case)
+    assert not outcome.failed, f"{outcome.outcome} in {outcome.command}: {outcome.message}"
 
 
 @pytest.mark.parametrize("category", CATEGORIES)
