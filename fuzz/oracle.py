@@ -106,7 +106,7 @@ class Oracle:
 
     # -- one case ------------------------------------------------------------------------
 
-    def run(self, case: Case, keep: bool = False) -> Outcome:
+    def run(self, case: Case) -> Outcome:
         self._cases_run += 1
         if self._cases_run % self.cache_every == 0:
             shutil.rmtree(self.cache_dir, ignore_errors=True)
@@ -120,9 +120,8 @@ class Oracle:
         try:
             return self._judge(case, run_dir, out_dir, base_answer, base_warnings)
         finally:
-            if not keep:
-                shutil.rmtree(run_dir, ignore_errors=True)
-                shutil.rmtree(out_dir, ignore_errors=True)
+            shutil.rmtree(run_dir, ignore_errors=True)
+            shutil.rmtree(out_dir, ignore_errors=True)
 
     def _judge(self, case: Case, run_dir: Path, out_dir: Path, base_answer: dict, base_warnings: set[str]) -> Outcome:
         doc_path = out_dir / "analysis.json"
