@@ -262,6 +262,8 @@ def test_lone_surrogate_in_a_name_reaches_every_writer(tmp_path):
     (b"[1, 2]", "holds a JSON list, not an object"),
     (b'"a string"', "holds a JSON str, not an object"),
     (b"[" * 100_000, "is not JSON"),
+    (b'{"p": NaN, "v": -Infinity}', "is not JSON (NaN"),
+    (b'{"p": 1e999}', "is not JSON (NaN"),  # found by fuzz/ (replay 2749:22977:capture)
 ])
 def test_capture_manifest_that_cannot_be_read_is_a_warning(tmp_path, content, problem):
     run = tmp_path / "run"

@@ -7,6 +7,7 @@ ranks, one job) and hands the events to the reconstructor.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -231,11 +232,12 @@ def load_capture_manifest(folder: Path, warnings: list[str] | None = None) -> di
     if not (folder.is_dir() and manifest.is_file()):
         return None
     try:
-        document = json.loads(manifest.read_bytes().decode("utf-8"))
+        document = json.loads(manifest.read_bytes().decode("utf-8"), parse_constant=_not_json,
+                              parse_float=_finite)
     except UnicodeDecodeError:
         problem = "is not UTF-8 text"
-    except (json.JSONDecodeError, RecursionError):
-        problem = "is not JSON (or nests deeper than any manifest)"
+    except (ValueError, RecursionError):  # JSONDecodeError, or NaN / Infinity (not JSON)
+        problem = "is not JSON (NaN, Infinity or 1e999 in it, or it nests deeper than any manifest)"
     except OSError as err:
         problem = f"cannot be read ({err.strerror or err})"
     else:
@@ -245,6 +247,20 @@ def load_capture_manifest(folder: Path, warnings: list[str] | None = None) -> di
     if warnings is not None:
         warnings.append(f"{manifest.name} {problem}; ignored it (it only describes the capture)")
     return None
+
+
+def _not_json(token: str):
+    """Python's json reads NaN and Infinity; JSON has no such numbers, and the documents
+    that carry the manifest on must stay JSON."""
+    raise ValueError(f"{token} is not JSON")
+
+
+def _finite(token: str) -> float:
+    """A JSON number, refused when it does not fit a float (1e999 would read as Infinity)."""
+    value = float(token)
+    if not math.isfinite(value):
+        raise ValueError(f"{token} is beyond any float")
+    return value
 
 
 def _encodable(document: dict) -> dict:
