@@ -7,6 +7,7 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from conftest import SAMPLES
@@ -122,3 +123,15 @@ def test_a_stray_file_added_later_is_reported_not_served_stale(tmp_path, monkeyp
     (run / "config.json").write_text('{"lr": 0.1}')
     warnings = json.loads(_analyze(str(run), "--json"))["warnings"]
     assert any("config.json" in w for w in warnings)
+
+
+@pytest.mark.parametrize("inside", [".", "cache", ".hidden/cache"])
+def test_a_cache_inside_the_run_folder_is_refused(tmp_path, inside):
+    """Found by fuzz/ (replay 7:1): --cache-dir pointing into the run wrote v1/ there."""
+    run = tmp_path / "run"
+    shutil.copytree(SAMPLES / "1f1b", run)
+    before = sorted(p.name for p in run.iterdir())
+    result = CliRunner().invoke(main, ["analyze", str(run), "--cache-dir", str(run / inside)])
+    assert result.exit_code == 2 and "inside the run folder" in result.stderr, result.output
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert sorted(p.name for p in run.iterdir()) == before

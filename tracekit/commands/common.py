@@ -102,11 +102,24 @@ def _cache_dir(option: str | None) -> str:
     return cache_dir
 
 
+def _refuse_cache_in_run(cache_dir: str | None, run_dir: Path) -> None:
+    """The cache writes folders of its own: never inside the run it reads (inputs are never
+    modified, and the next load would search them for traces)."""
+    if not cache_dir or "://" in cache_dir:
+        return
+    folder = Path(run_dir) if Path(run_dir).is_dir() else Path(run_dir).parent
+    cache, run = Path(cache_dir).resolve(), folder.resolve()
+    if cache == run or run in cache.parents:
+        raise TracekitError(f"--cache-dir {cache_dir}: is inside the run folder {run_dir}; tracekit never "
+                            "writes into a run it reads: give a cache folder elsewhere (or --no-cache)")
+
+
 def load_with_progress(path: Path, rank_from: str | None, rank_map: str | None, progress: bool | None):
     """Load and reconstruct a run, with a progress bar (bytes read) on long loads."""
     from tracekit.ingest import discover, load_run
 
     settings = _load_settings()
+    _refuse_cache_in_run(settings["cache_dir"], path)
     show = sys.stderr.isatty() if progress is None else progress
     if not show:
         return load_run(path, rank_from=rank_from, rank_map=parse_rank_map(rank_map), **settings)
@@ -130,6 +143,7 @@ def _document_cache(run_dir: Path, options: dict):
     settings = _load_settings()
     if not settings["cache_dir"]:
         return None, None, None
+    _refuse_cache_in_run(settings["cache_dir"], run_dir)
     cache = ParseCache(settings["cache_dir"])
     found = find_traces(run_dir, settings["iteration"], options.get("rank_from"))
     folder = Path(run_dir) if Path(run_dir).is_dir() else Path(run_dir).parent

@@ -168,8 +168,10 @@ def decode_elements(array_text: bytes, unknown_phases: Counter | None = None) ->
     (those of no known phase are counted in ``unknown_phases``)."""
     try:
         return _DECODER.decode(array_text)
-    except msgspec.ValidationError:
-        pass  # valid JSON so far, but an element is not an event-shaped object
+    except (msgspec.ValidationError, RecursionError):
+        # valid JSON so far, but an element is not an event-shaped object, or nests deeper
+        # than msgspec recurses (orjson refuses past its own depth limit: damage, below)
+        pass
     except msgspec.DecodeError:
         raise _BadCut from None
     try:
