@@ -50,3 +50,15 @@ def loaded_runs():
         return cache[run_dir]
 
     return get
+
+
+@pytest.fixture(scope="module")
+def dask_client():
+    """An in-process Dask cluster (two workers, one thread each) for one test module."""
+    distributed = pytest.importorskip("distributed", reason="dask[distributed] is not installed (pip install 'tracekit[dask]')")
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                                       dashboard_address=None)
+    client = distributed.Client(cluster)
+    yield client
+    client.close()
+    cluster.close()

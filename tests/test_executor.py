@@ -79,17 +79,6 @@ def test_cli_jobs_do_not_change_the_analysis(tmp_path):
     assert one.stdout == two.stdout
 
 
-@pytest.fixture(scope="module")
-def dask_client():
-    distributed = pytest.importorskip("distributed", reason="dask[distributed] is not installed (pip install 'tracekit[dask]')")
-    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
-                                       dashboard_address=None)
-    client = distributed.Client(cluster)
-    yield client
-    client.close()
-    cluster.close()
-
-
 def test_dask_executor_equals_local(tmp_path, dask_client):
     paths = discover(_mixed_run(tmp_path))
     _same(parse_files(paths, jobs=1), parse_files(paths, executor="dask", scheduler=dask_client))

@@ -166,17 +166,6 @@ def test_a_rank_pattern_that_matches_no_file_ends_the_command(tmp_path):
     assert _survivors(str(run)) == []
 
 
-@pytest.fixture(scope="module")
-def dask_client():
-    distributed = pytest.importorskip("distributed", reason="dask[distributed] is not installed (pip install 'tracekit[dask]')")
-    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
-                                       dashboard_address=None)
-    client = distributed.Client(cluster)
-    yield client
-    client.close()
-    cluster.close()
-
-
 @pytest.mark.parametrize("position", [0, 1, 2, 3])
 def test_a_bad_file_anywhere_under_dask_is_one_clear_error(tmp_path, dask_client, position):
     from tracekit.errors import TracekitError

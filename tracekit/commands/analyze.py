@@ -22,7 +22,9 @@ def command(run_dir: Path, as_json: bool, output: Path | None, html_path: Path |
     """Where and why a pipeline-parallel run sat idle.
 
     RUN_DIR is a folder of per-rank traces (PyTorch profiler *.json / *.json.gz, Nsight
-    Systems *.sqlite; mixed is fine) or a single trace file. tracekit finds each rank's
+    Systems *.sqlite or *.nsys-rep; mixed is fine; in subfolders such as torchtitan's
+    profiling/traces/iteration_N/, the highest iteration unless --iteration N) or a single
+    trace file. Other files there are skipped with a warning. tracekit finds each rank's
     compute actions and messages, recognises the schedule (GPipe, 1F1B, interleaved,
     zero-bubble, DualPipeV) with its p, v, m, and measures each rank's bubble ratio: idle
     time over the step window (first compute start to last compute end, all ranks).
