@@ -212,11 +212,21 @@ def test_bad_pg_config_entries_are_ignored_with_a_warning(tmp_path):
     assert any("ignored 2 entries of distributedInfo.pg_config" in w for w in warnings), warnings
 
 
-def test_base_time_beyond_any_clock_is_ignored_with_a_warning(tmp_path):
+@pytest.mark.parametrize("base, shown", [(1e30, "1e+30"), (12, "12")])
+def test_base_time_beyond_any_clock_is_ignored_with_a_warning(tmp_path, base, shown):
     def mutate(doc):
-        doc["baseTimeNanoseconds"] = 1e30
+        doc["baseTimeNanoseconds"] = base
     warnings = _warnings_of(generated_trace(tmp_path, mutate))
-    assert any("baseTimeNanoseconds 1e+30 is beyond any clock; ignored it" in w for w in warnings), warnings
+    assert any(f"baseTimeNanoseconds {shown} is no wall-clock time (not 2000-2100); ignored it" in w
+               for w in warnings), warnings
+
+
+def test_nsys_session_start_that_is_no_wall_clock_time_is_a_warning(tmp_path):
+    """Found by fuzz/ (replay 1:89): utcEpochNs '12' moved every absolute time to 1970 silently."""
+    run = generated_nsys(tmp_path, "UPDATE TARGET_INFO_SESSION_START_TIME SET utcEpochNs = '12'")
+    result = _analyze(run, "--json")
+    assert result.exit_code == 0, result.output[-800:]
+    assert "utcEpochNs 12 is no wall-clock time" in result.output
 
 
 def test_tid_as_a_list_gets_an_id_of_its_own(tmp_path):

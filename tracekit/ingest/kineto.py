@@ -28,7 +28,8 @@ from tracekit.ingest.columns import EventColumns
 from tracekit.ingest.kineto_stream import ChromeTraceStream, RawEvent, complete_elements
 from tracekit.ingest.nesting import nesting_depth
 from tracekit.ingest.validate import (
-    DroppedRows, add_ns, drop_impossible, ns_from_us, ns_of_us, offset_fits, plural, valid_text,
+    DroppedRows, add_ns, drop_impossible, is_wall_clock, ns_from_us, ns_of_us, offset_fits, plural,
+    valid_text,
 )
 from tracekit.model.events import TraceFile
 
@@ -567,9 +568,10 @@ def _time_base(path: Path, doc: dict, first_x_ts, warnings: list[str]) -> tuple[
     """The ns to add to ``ts * 1000``, and whether the result is Unix time."""
     base_ns = doc.get("baseTimeNanoseconds")
     if isinstance(base_ns, (int, float)) and not isinstance(base_ns, bool) and base_ns > 0:
-        if math.isfinite(base_ns) and offset_fits(int(base_ns)):
+        if math.isfinite(base_ns) and offset_fits(int(base_ns)) and is_wall_clock(int(base_ns)):
             return int(base_ns), "unix"
-        warnings.append(f"{path.name}: baseTimeNanoseconds {_shown(base_ns)} is beyond any clock; ignored it")
+        warnings.append(f"{path.name}: baseTimeNanoseconds {_shown(base_ns)} is no wall-clock time "
+                        "(not 2000-2100); ignored it")
     if isinstance(first_x_ts, _NUMBER) and math.isfinite(first_x_ts):
         return 0, ("unix" if first_x_ts > _EPOCH_US_FLOOR else "relative")
     return 0, "relative"

@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from tracekit.errors import TraceFormatError
-from tracekit.ingest.validate import NOT_A_TIME, offset_fits
+from tracekit.ingest.validate import NOT_A_TIME, is_wall_clock, offset_fits
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
@@ -142,6 +142,8 @@ def time_base(conn: sqlite3.Connection, schema: Schema, earliest_ns: int | None)
             start = _int_or_none(row[0])
             if start is None or not offset_fits(start - user_shift):
                 unreadable, start = f"its utcEpochNs {str(row[0])[:40]!r} is not a time", None
+            elif not is_wall_clock(start):
+                unreadable, start = f"its utcEpochNs {start} is no wall-clock time (not 2000-2100)", None
     if not offset_fits(user_shift):
         unreadable, user_shift = f"EXPORT_PARAM_TIME_SHIFT {user_shift} is not a time shift", 0
     if unreadable:

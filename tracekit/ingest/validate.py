@@ -70,6 +70,15 @@ def add_ns(times: np.ndarray, offset) -> np.ndarray:
     return total
 
 
+# A profiler's clock origin is a wall-clock time: 2000-01-01 to 2100-01-01 in Unix ns.
+_WALL_CLOCK_NS = (946_684_800 * 10**9, 4_102_444_800 * 10**9)
+
+
+def is_wall_clock(ns: int) -> bool:
+    """Whether ``ns`` can be the Unix time of a capture (a session start of 12 ns cannot)."""
+    return _WALL_CLOCK_NS[0] <= ns < _WALL_CLOCK_NS[1]
+
+
 def offset_fits(offset: int) -> bool:
     """Whether a clock offset (ns) can be added to times at all."""
     return -_INT64_MAX <= offset <= _INT64_MAX
