@@ -339,3 +339,14 @@ def test_cache_url_without_fsspec_installed_is_one_line():
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "--cache-dir s3://bucket/tk" in lines[0] and "pip install fsspec s3fs" in lines[0]
+
+
+@pytest.mark.parametrize("pattern", ["(.*)", "(rank)", "(r)ank"])
+def test_a_rank_pattern_whose_group_is_no_number_is_one_line(tmp_path, pattern):
+    """Found by fuzz/ (replay 1:1001): --rank-from '(.*)' was an internal error (int('rank0.json.gz'))."""
+    run = tmp_path / "run"
+    shutil.copytree(SAMPLES / "1f1b", run)
+    result = CliRunner().invoke(main, ["analyze", str(run), "--no-cache", "--rank-from", pattern])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tracekit: error: --rank-from"), lines

@@ -405,3 +405,14 @@ def test_a_rank_damaged_before_its_first_event_is_refused_not_read_as_idle(tmp_p
     shutil.copytree(SAMPLES / "1f1b", run)
     (run / "rank3.json.gz").write_bytes(gzip.compress(text))
     _one_line_error(_analyze(run), "rank3.json.gz")
+
+
+@pytest.mark.parametrize("field, value", [("ts", {}), ("dur", []), ("ts", None), ("dur", "12")])
+def test_an_event_time_that_is_no_number_is_dropped_and_counted(tmp_path, field, value):
+    """Found by fuzz/ (replays 1:820, 1:5943): such events vanished without a word and the
+    bubble ratio moved."""
+    def mutate(doc):
+        for i in _complete_kept(doc)[:5]:
+            doc["traceEvents"][i][field] = value
+    warnings = _warnings_of(generated_trace(tmp_path, mutate))
+    assert any("dropped 5 of" in w and "not a number" in w for w in warnings), warnings

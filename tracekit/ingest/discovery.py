@@ -234,6 +234,11 @@ def _check_rank_pattern(found: Discovery, text: str | None, pattern: re.Pattern 
     if unmatched:
         raise TracekitError(f"--rank-from {text!r}: finds no rank in {_listing(unmatched)}; give a "
                             "regex whose group matches the rank number in each file name")
+    for trace in found.files:
+        match = pattern.search(trace.name)
+        if match and match.group(1) and not match.group(1).isdecimal():
+            raise TracekitError(f"--rank-from {text!r}: its group matches {match.group(1)!r} in {trace.name}, "
+                                "not a rank number; make the group match digits only, e.g. 'rank(\\d+)'")
 
 
 def _relative(path: Path, run: Path) -> str:

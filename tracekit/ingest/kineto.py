@@ -454,8 +454,12 @@ class _RowBuilder:
             if cat is None:
                 continue
             dur = event.dur
-            if not isinstance(ts, _NUMBER) or not isinstance(dur, _NUMBER):
-                continue
+            # A time that is no number (absent, a list, an object) is kept as "not a time":
+            # the validation step drops the row and counts it in the file's warning.
+            if not isinstance(ts, _NUMBER):
+                ts = math.nan
+            if not isinstance(dur, _NUMBER):
+                dur = math.nan
             name = event.name
             if type(name) is not str:
                 name = str(name)
@@ -586,6 +590,9 @@ def _decide_rank(path: Path, info: dict, rank_pattern: str | None,
                 f"{path}: --rank-from pattern {rank_pattern!r} does not match this file name "
                 "with a group; give a regex like 'rank(\\d+)'"
             )
+        if not (match.group(1) or "").isdecimal():
+            raise TraceFormatError(f"{path}: --rank-from pattern {rank_pattern!r} matches {match.group(1)!r} "
+                                   "here, not a rank number; make its group match digits only")
         return int(match.group(1)), "--rank-from"
     stated = _header_count(path, info, "rank", 0, [] if warnings is None else warnings)
     if stated is not None:
