@@ -416,3 +416,13 @@ def test_an_event_time_that_is_no_number_is_dropped_and_counted(tmp_path, field,
             doc["traceEvents"][i][field] = value
     warnings = _warnings_of(generated_trace(tmp_path, mutate))
     assert any("dropped 5 of" in w and "not a number" in w for w in warnings), warnings
+
+
+@pytest.mark.parametrize("value", [True, 2, ["cpu_op"]])
+def test_an_event_category_that_is_no_text_is_counted(tmp_path, value):
+    """Found by fuzz/ (replay 1:1654): events with cat true were skipped without a word."""
+    def mutate(doc):
+        for i in _complete_kept(doc)[:3]:
+            doc["traceEvents"][i]["cat"] = value
+    warnings = _warnings_of(generated_trace(tmp_path, mutate))
+    assert any("dropped 3 of" in w and "category ('cat') that is not text" in w for w in warnings), warnings

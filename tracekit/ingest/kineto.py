@@ -347,6 +347,7 @@ class _RowBuilder:
         self.special: list[tuple[int, str, dict]] = []   # (row, name, args) of P2P/comm ops
         self.dropped = DroppedRows()        # rows that cannot be real (see columns())
         self.n_complete = 0                 # complete ("X") events seen, kept or not
+        self.bad_categories = 0             # complete events whose cat is no text (true, 2, [])
 
     def add(self, batch: list) -> None:
         """Keep the rows of one batch of events."""
@@ -355,6 +356,7 @@ class _RowBuilder:
         except _Irregular:
             self._add_each(batch)
         self.n_elements += len(batch)
+        self.bad_categories += sum(1 for e in batch if type(e) is RawEvent and type(e.cat) is not str)
 
     def _add_columns(self, batch: list) -> None:
         """The fast way: one pass per field, numbers converted by numpy. Raises
@@ -536,6 +538,9 @@ class _RowBuilder:
         end_ns = add_ns(start_ns, durs)
         keep, self.dropped = drop_impossible(start_ns, end_ns,
                                              [pids, tids, cats, names, seqs, corrs, peer, tag, nbytes])
+        if self.bad_categories:  # never rows: skipped at decoding, counted here
+            self.dropped.counts["category_not_text"] = self.bad_categories
+            self.dropped.of_rows += self.bad_categories
         if keep is not None:
             src, cats, names, start_ns, end_ns, pids, tids, seqs, corrs, peer, tag, nbytes = (
                 col[keep] for col in (src, cats, names, start_ns, end_ns, pids, tids, seqs, corrs,

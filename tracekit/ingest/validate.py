@@ -29,6 +29,7 @@ _REASONS = {
     "end_before_start": "with end before start",
     "far": "reaching more than 24 h from the file's other events",
     "duplicate": "exact repeats of another event",
+    "category_not_text": "with a category ('cat') that is not text",
 }
 
 
