@@ -426,3 +426,15 @@ def test_an_event_category_that_is_no_text_is_counted(tmp_path, value):
             doc["traceEvents"][i]["cat"] = value
     warnings = _warnings_of(generated_trace(tmp_path, mutate))
     assert any("dropped 3 of" in w and "category ('cat') that is not text" in w for w in warnings), warnings
+
+
+@pytest.mark.parametrize("field, value", [("name", {}), ("name", -1e30), ("pid", 1e30), ("tid", [1])])
+def test_an_event_name_or_id_of_an_odd_type_is_read_with_a_warning(tmp_path, field, value):
+    """Found by fuzz/ (replays 1:5957, 1:6551, 1:7269): such events were renamed or moved to
+    another thread without a word."""
+    def mutate(doc):
+        for i in _complete_kept(doc)[:3]:
+            doc["traceEvents"][i][field] = value
+    warnings = _warnings_of(generated_trace(tmp_path, mutate))
+    assert any("3 events with a name that is not text or a pid/tid that is no integer" in w
+               for w in warnings), warnings

@@ -214,6 +214,10 @@ def read_kineto(path: Path, file_id: int, rank_pattern: str | None = None,
     dropped = rows.dropped.warning(path.name)
     if dropped:
         trace.warnings.append(dropped)
+    if rows.odd_identities:
+        trace.warnings.append(f"{path.name}: {plural(rows.odd_identities, 'event')} with a name that is not text "
+                              "or a pid/tid that is no integer (a number beyond int64, a float, an object); "
+                              "read them with their value's text as name or id")
     return trace, columns
 
 
@@ -348,6 +352,7 @@ class _RowBuilder:
         self.dropped = DroppedRows()        # rows that cannot be real (see columns())
         self.n_complete = 0                 # complete ("X") events seen, kept or not
         self.bad_categories = 0             # complete events whose cat is no text (true, 2, [])
+        self.odd_identities = 0             # complete events whose name is no text or pid/tid no int or text
 
     def add(self, batch: list) -> None:
         """Keep the rows of one batch of events."""
@@ -357,6 +362,8 @@ class _RowBuilder:
             self._add_each(batch)
         self.n_elements += len(batch)
         self.bad_categories += sum(1 for e in batch if type(e) is RawEvent and type(e.cat) is not str)
+        self.odd_identities += sum(1 for e in batch if type(e) is RawEvent and (
+            type(e.name) is not str or not _plain_id(e.pid) or not _plain_id(e.tid)))
 
     def _add_columns(self, batch: list) -> None:
         """The fast way: one pass per field, numbers converted by numpy. Raises
@@ -627,6 +634,11 @@ def _group_rank_maps(path: Path, info: dict, warnings: list[str]) -> dict[str, l
         warnings.append(f"{path.name}: ignored {ignored} entries of distributedInfo.pg_config that are "
                         "not a process group with a list of ranks")
     return maps
+
+
+def _plain_id(value) -> bool:
+    """A pid or tid as profilers write them: an int64, or a label such as "stream 7"."""
+    return isinstance(value, str) or (type(value) is int and _INT64_MIN <= value <= _INT64_MAX)
 
 
 def _as_int(value) -> int:
