@@ -321,11 +321,8 @@ def _int64_or_minus_one(value) -> int:
     return value if type(value) is int and _INT64_MIN <= value <= _INT64_MAX else -1
 
 
-def _ids(values: list) -> np.ndarray:
-    arr = _int_array(values)
-    if arr is not None:
-        return arr
-    return np.array([_as_int(v) for v in values], dtype=np.int64)
+# The cat code of a category that is not text (true, 2, []): dropped like an unknown one, counted.
+_CAT_NOT_TEXT = -2
 
 
 def _normal_category(cat) -> str | None:
@@ -352,7 +349,7 @@ class _RowBuilder:
         self.dropped = DroppedRows()        # rows that cannot be real (see columns())
         self.n_complete = 0                 # complete ("X") events seen, kept or not
         self.bad_categories = 0             # complete events whose cat is no text (true, 2, [])
-        self.odd_identities = 0             # complete events whose name is no text or pid/tid no int or text
+        self.odd_identities = 0             # kept events whose name is no text or pid/tid no int or label
 
     def add(self, batch: list) -> None:
         """Keep the rows of one batch of events."""
@@ -361,9 +358,6 @@ class _RowBuilder:
         except _Irregular:
             self._add_each(batch)
         self.n_elements += len(batch)
-        self.bad_categories += sum(1 for e in batch if type(e) is RawEvent and type(e.cat) is not str)
-        self.odd_identities += sum(1 for e in batch if type(e) is RawEvent and (
-            type(e.name) is not str or not _plain_id(e.pid) or not _plain_id(e.tid)))
 
     def _add_columns(self, batch: list) -> None:
         """The fast way: one pass per field, numbers converted by numpy. Raises
@@ -384,7 +378,8 @@ class _RowBuilder:
             for c in new_cats:
                 if c not in cat_of:
                     cat = _normal_category(c)
-                    cat_of[c] = -1 if cat is None else self.cat_codes[cat]
+                    cat_of[c] = (_CAT_NOT_TEXT if type(c) is not str else
+                                 -1 if cat is None else self.cat_codes[cat])
             codes = [cat_of[c] for c in raw_cats]
         except TypeError:
             raise _Irregular from None
@@ -414,8 +409,9 @@ class _RowBuilder:
         corrs = _ints_or_minus_one([
             -1 if a is None else (a.correlation if a.external_id is _MISSING else a.external_id)
             for a in args])
-        pids = _ids([e.pid for e in kept])
-        tids = _ids([e.tid for e in kept])
+        pids = self._ids([e.pid for e in kept])
+        tids = self._ids([e.tid for e in kept])
+        self.bad_categories += codes.count(_CAT_NOT_TEXT)  # nothing raises _Irregular past here
         if self.first_x_ts is None and base < 200:
             for i in xi:
                 if base + i >= 200:
@@ -440,6 +436,14 @@ class _RowBuilder:
         ))
         self.n_rows += len(kept)
 
+    def _ids(self, values: list) -> np.ndarray:
+        """pids or tids as int64; odd ones (a float, a number beyond int64, an object) counted."""
+        arr = _int_array(values)
+        if arr is not None:
+            return arr
+        self.odd_identities += sum(1 for v in values if not _plain_id(v))
+        return np.array([_as_int(v) for v in values], dtype=np.int64)
+
     def _add_each(self, batch: list) -> None:
         """The general way, event by event: any JSON types, exactly as the format allows."""
         src, cats, names, starts, durs, pids, tids, seqs, corrs = ([] for _ in range(9))
@@ -454,6 +458,8 @@ class _RowBuilder:
             if probing and isinstance(ts, _NUMBER) and base + offset < 200:
                 self.first_x_ts, probing = ts, False
             raw_cat = event.cat
+            if type(raw_cat) is not str:
+                self.bad_categories += 1
             try:
                 cat = cat_of[raw_cat]
             except KeyError:
@@ -470,6 +476,8 @@ class _RowBuilder:
             if not isinstance(dur, _NUMBER):
                 dur = math.nan
             name = event.name
+            if type(name) is not str or not _plain_id(event.pid) or not _plain_id(event.tid):
+                self.odd_identities += 1
             if type(name) is not str:
                 name = str(name)
             args = event.args
