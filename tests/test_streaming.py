@@ -20,7 +20,7 @@ from tracekit.ingest import kineto, kineto_stream
 from tracekit.ingest.kineto import parse_kineto
 from tracekit.ingest.kineto_stream import ChromeTraceStream
 
-KEPT = {"cpu_op", "user_annotation", "gpu_user_annotation", "kernel", "gpu_memcpy", "gpu_memset"}
+KEPT = {"cpu_op", "user_annotation", "gpu_user_annotation", "kernel", "gpu_memcpy", "gpu_memset", "runtime"}
 
 
 def _expected_rows(doc: dict) -> pd.DataFrame:
