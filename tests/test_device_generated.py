@@ -142,3 +142,19 @@ def test_the_host_view_differs_when_the_host_runs_ahead(analysed):
     assert host_doc["timeline"] == "host"
     assert {r["rank"]: r["bubble_ratio"] for r in host_doc["ranks"]} == {
         rank: row["bubble_ratio"] for rank, row in host.items()}
+
+
+@pytest.mark.parametrize("name", ["host_ahead", "slow_stage", "launch_bound", "interleaved", "unlabelled_1f1b",
+                                  "clock_offset"])
+def test_comm_is_no_more_than_the_transfers_a_rank_waits_for(analysed, name):
+    """Waiting for a producer that is late is not comm; only the transfer is (issue #12). A
+    rank's device idles for comm at most while the messages it receives are in transfer."""
+    doc, truth = analysed(name)
+    received = defaultdict(int)
+    for pair in truth["p2p_pairs"]:
+        received[pair["dst_rank"]] += pair["transfer_ns"]
+    windows = {row["rank"]: row["window_ns"] for row in truth["ranks"]}
+    wrong = [f"rank {row['rank']}: comm {row['causes']['comm_ns']} ns, transfers {received[row['rank']]} ns"
+             for row in doc["ranks"]
+             if row["causes"]["comm_ns"] > received[row["rank"]] + BUBBLE_TOLERANCE * windows[row["rank"]]]
+    assert not wrong, f"{name}: " + "; ".join(wrong)
