@@ -146,15 +146,15 @@ def test_the_host_view_differs_when_the_host_runs_ahead(analysed):
 
 @pytest.mark.parametrize("name", ["host_ahead", "slow_stage", "launch_bound", "interleaved", "unlabelled_1f1b",
                                   "clock_offset"])
-def test_comm_is_no_more_than_the_transfers_a_rank_waits_for(analysed, name):
-    """Waiting for a producer that is late is not comm; only the transfer is (issue #12). A
-    rank's device idles for comm at most while the messages it receives are in transfer."""
+def test_comm_is_no_more_than_the_run_spent_in_transfer(analysed, name):
+    """Waiting for a producer that is late is not comm; only the transfer is (issue #12).
+    A link's time propagates down the pipeline (a rank waits for a chain of messages), so a
+    rank's comm can exceed what its own messages spent in transfer, but never what all the
+    run's messages did: freeing every link shortens no rank's idle by more than that."""
     doc, truth = analysed(name)
-    received = defaultdict(int)
-    for pair in truth["p2p_pairs"]:
-        received[pair["dst_rank"]] += pair["transfer_ns"]
+    all_transfers = sum(pair["transfer_ns"] for pair in truth["p2p_pairs"])
     windows = {row["rank"]: row["window_ns"] for row in truth["ranks"]}
-    wrong = [f"rank {row['rank']}: comm {row['causes']['comm_ns']} ns, transfers {received[row['rank']]} ns"
+    wrong = [f"rank {row['rank']}: comm {row['causes']['comm_ns']} ns, all transfers {all_transfers} ns"
              for row in doc["ranks"]
-             if row["causes"]["comm_ns"] > received[row["rank"]] + BUBBLE_TOLERANCE * windows[row["rank"]]]
+             if row["causes"]["comm_ns"] > all_transfers + BUBBLE_TOLERANCE * windows[row["rank"]]]
     assert not wrong, f"{name}: " + "; ".join(wrong)

@@ -13,7 +13,7 @@ from tracekit.analyze.device import (
 from tracekit.analyze.shares import ShareError, share
 from tracekit.analyze.theory import Theory, theoretical_bubble
 from tracekit.errors import TracekitError
-from tracekit.model.run import Run
+from tracekit.model.run import Run, compute_ns
 
 # Replay residual (|measured - replayed makespan|) above this share of the step is flagged.
 FIDELITY_WARN_SHARE = 0.01
@@ -44,7 +44,7 @@ class Analysis:
 
 def typical_durations(actions: pd.DataFrame) -> dict[str, int]:
     """Median compute time of each action kind (one microbatch, one stage)."""
-    durations = actions["end_ns"] - actions["start_ns"]
+    durations = compute_ns(actions)
     return {str(k): int(v) for k, v in durations.groupby(actions["kind"]).median().items()}
 
 

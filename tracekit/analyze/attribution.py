@@ -121,8 +121,9 @@ def shapley(values: dict[frozenset, dict[int, int]], players: tuple[str, ...], r
 def _scenario(graph: StepGraph, balanced: np.ndarray, present: frozenset):
     dur = graph.dur if "imbalance" in present else balanced
     lat = graph.edge_lat if "comm" in present else np.zeros_like(graph.edge_lat)
+    xfer = graph.edge_xfer if "comm" in present else np.zeros_like(graph.edge_xfer)
     ovh = graph.ovh if "overhead" in present else np.zeros_like(graph.ovh)
-    return dur, lat, ovh
+    return dur, lat, xfer, ovh
 
 
 def attribute_step(graph: StepGraph, measured_idle: dict[int, int], measured_makespan: int) -> StepAttribution:
@@ -134,8 +135,8 @@ def attribute_step(graph: StepGraph, measured_idle: dict[int, int], measured_mak
     for size in range(len(CAUSES) + 1):
         for coalition in combinations(CAUSES, size):
             present = frozenset(coalition)
-            dur, lat, ovh = _scenario(graph, balanced, present)
-            result = replay(graph, dur=dur, ovh=ovh, lat=lat)
+            dur, lat, xfer, ovh = _scenario(graph, balanced, present)
+            result = replay(graph, dur=dur, ovh=ovh, lat=lat, xfer=xfer)
             results[present] = result
             values[present] = idle_per_rank(graph, result, dur)
     full, none = frozenset(CAUSES), frozenset()
@@ -228,8 +229,8 @@ def _stage_gains(graph: StepGraph, full_idle: dict[int, int], balanced: np.ndarr
 def _link_latency(graph: StepGraph) -> dict[tuple[int, int], int]:
     """Total measured latency of each link (src rank, dst rank) in the step."""
     total: dict[tuple[int, int], int] = {}
-    for link, lat in zip(graph.edge_links(), graph.edge_lat):
-        total[link] = total.get(link, 0) + int(lat)
+    for link, lat, xfer in zip(graph.edge_links(), graph.edge_lat, graph.edge_xfer):
+        total[link] = total.get(link, 0) + int(lat) + int(xfer)
     return total
 
 
@@ -244,7 +245,8 @@ def _link_gains(graph: StepGraph, full_idle: dict[int, int],
     for link in ranked[:MAX_BLAME_REPLAYS]:
         mask = np.array([l == link for l in links])
         lat = np.where(mask, 0, graph.edge_lat)
-        idle = idle_per_rank(graph, replay(graph, lat=lat))
+        xfer = np.where(mask, 0, graph.edge_xfer)
+        idle = idle_per_rank(graph, replay(graph, lat=lat, xfer=xfer))
         gains[link] = {r: full_idle[r] - idle[r] for r in full_idle}
     return gains
 

@@ -20,6 +20,7 @@ import pandas as pd
 
 from tracekit.analyze.shares import share
 from tracekit.analyze.theory import theoretical_bubble
+from tracekit.model.run import compute_ns
 
 # Severity by cost (share of the device time): "high" at or above HIGH_SHARE, "medium" at
 # or above MEDIUM_SHARE: a fix gains at most that much throughput.
@@ -110,7 +111,7 @@ def _ms(ns: float) -> str:
 def stage_compute_ns(actions: pd.DataFrame) -> pd.Series:
     """Mean compute time per step of each stage (index: stage)."""
     actions = actions[actions["step"] >= 0]
-    per_step = (actions["end_ns"] - actions["start_ns"]).groupby([actions["stage"], actions["step"]]).sum()
+    per_step = compute_ns(actions).groupby([actions["stage"], actions["step"]]).sum()
     return per_step.groupby(level="stage").mean().astype(float)
 
 
@@ -368,7 +369,8 @@ def _launch_bound(analysis) -> list[Finding]:
     cost = share(min(waited, total_window), total_window, f"{analysis.run.source}: the launch waits' cost")
     named = ", ".join(f"rank {r}'s GPU waited for the host {_pct(x)} of the step" for r, _, x in bound[:4])
     more = f" (and {len(bound) - 4} more ranks)" if len(bound) > 4 else ""
-    headline = f"Launch-bound: {named}{more}: the host had not launched the next kernel yet."
+    headline = (f"The host does not keep the GPU fed: {named}{more}: launch-bound (the next kernel "
+                "was not launched yet; that idle is counted as overhead).")
     advice = ("Cut host time per kernel: CUDA graphs (torch.compile mode='reduce-overhead'), fused or larger "
               "kernels, fewer small ops, less Python between launches, no host syncs (.item(), .cpu()) in the step.")
     figures_out = {"ranks": [{"rank": r, "launch_wait_ns": w, "share": round(x, 4)} for r, w, x in bound],

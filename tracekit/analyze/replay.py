@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tracekit.model.run import Run
+from tracekit.model.run import Run, compute_ns
 
 
 @dataclass
@@ -44,8 +44,14 @@ class StepGraph:
     measured_start: np.ndarray | None = None
     measured_end: np.ndarray | None = None
     notes: list[str] = field(default_factory=list)
+    # Rendezvous transfer of each edge (NCCL on the device: the data moves only once both
+    # kernels run, so it takes this long after the later of the producer's data leaving and
+    # the consumer's rank being free); zeros: the latency is all there is.
+    edge_xfer: np.ndarray | None = None
 
     def __post_init__(self) -> None:
+        if self.edge_xfer is None:
+            self.edge_xfer = np.zeros(len(self.edge_src), dtype=np.int64)
         self._in_edges: list[list[int]] = [[] for _ in range(len(self.action_id))]
         for e, dst in enumerate(self.edge_dst):
             self._in_edges[int(dst)].append(e)
@@ -80,11 +86,14 @@ class Replay:
 
 
 def replay(graph: StepGraph, dur: np.ndarray | None = None, ovh: np.ndarray | None = None,
-           lat: np.ndarray | None = None) -> Replay:
-    """Replay the graph; any ingredient not given is the measured one."""
+           lat: np.ndarray | None = None, xfer: np.ndarray | None = None) -> Replay:
+    """Replay the graph; any ingredient not given is the measured one. A message arrives
+    ``lat`` after its producer ends, plus ``xfer`` counted from when both that and the
+    consumer's rank are ready (rendezvous)."""
     dur = graph.dur if dur is None else dur
     ovh = graph.ovh if ovh is None else ovh
     lat = graph.edge_lat if lat is None else lat
+    xfer = graph.edge_xfer if xfer is None else xfer
     n = len(graph.action_id)
     start = np.zeros(n, dtype=np.int64)
     end = np.zeros(n, dtype=np.int64)
@@ -92,10 +101,12 @@ def replay(graph: StepGraph, dur: np.ndarray | None = None, ovh: np.ndarray | No
     prev = graph.prev
     src = graph.edge_src
     for i in range(n):
-        ready = graph.t0 if prev[i] < 0 else end[prev[i]]
+        free = ready = graph.t0 if prev[i] < 0 else end[prev[i]]
         bind = -1
         for e in graph._in_edges[i]:
             arrival = end[src[e]] + lat[e]
+            if xfer[e]:
+                arrival = max(arrival, free) + xfer[e]
             if arrival > ready:
                 ready, bind = arrival, e
         start[i] = ready + ovh[i]
@@ -235,19 +246,29 @@ def graph_from_run(run: Run, step: int, acts=None, msgs=None) -> StepGraph:
     if msgs is None:
         msgs = run.messages[(run.messages["step"] == step) & (run.messages["producer_action"] >= 0)
                             & (run.messages["consumer_action"] >= 0)]
-    edges: dict[tuple[int, int], tuple[int, int]] = {}   # (src, dst) -> (lat, msg_id)
-    for msg_id, producer, consumer, arrival in zip(
+    edges: dict[tuple[int, int], tuple[int, int, int]] = {}   # (src, dst) -> (lat, msg_id, xfer)
+    # Device messages: the data leaves at ``leave_ns`` and moves for ``transfer_ns`` once
+    # both sides run (rendezvous); host messages: all latency up to ``arrival_ns``.
+    rendezvous = "leave_ns" in msgs
+    leaves = msgs["leave_ns"].tolist() if rendezvous else [-1] * len(msgs)
+    transfers = msgs["transfer_ns"].tolist() if rendezvous else [-1] * len(msgs)
+    for msg_id, producer, consumer, arrival, leave, transfer in zip(
             msgs["msg_id"].tolist(), msgs["producer_action"].tolist(), msgs["consumer_action"].tolist(),
-            msgs["arrival_ns"].tolist()):
+            msgs["arrival_ns"].tolist(), leaves, transfers):
         s, d = pos.get(int(producer)), pos.get(int(consumer))
         if s is None or d is None or rank[s] == rank[d]:
             continue
         if end[s] > start[d]:
             notes.append(f"message {msg_id} arrives after its consumer started; ignored")
             continue
-        lat = int(min(max(arrival - end[s], 0), start[d] - end[s]))
-        if (s, d) not in edges or lat > edges[(s, d)][0]:
-            edges[(s, d)] = (lat, int(msg_id))
+        room = int(start[d] - end[s])
+        if leave >= 0 and transfer >= 0:
+            lat = int(min(max(leave - end[s], 0), room))
+            xfer = int(min(transfer, room - lat))
+        else:
+            lat, xfer = int(min(max(arrival - end[s], 0), room)), 0
+        if (s, d) not in edges or lat + xfer > edges[(s, d)][0] + edges[(s, d)][2]:
+            edges[(s, d)] = (lat, int(msg_id), xfer)
     kind = acts["kind"].to_numpy()
     stage = acts["stage"].to_numpy(dtype=np.int64)
     mb = acts["microbatch"].to_numpy(dtype=np.int64)
@@ -256,7 +277,7 @@ def graph_from_run(run: Run, step: int, acts=None, msgs=None) -> StepGraph:
     replica = np.array([replica_of.get(int(r), 0) for r in rank], dtype=np.int64)
     for s, d in dependency_pairs(rank, stage, kind, mb, replica):
         if (s, d) not in edges and end[s] <= start[d]:
-            edges[(s, d)] = (0, -1)
+            edges[(s, d)] = (0, -1, 0)
             unmessaged += 1
     if unmessaged:
         notes.append(f"{unmessaged} cross-rank dependencies have no matched message; their wait "
@@ -266,17 +287,25 @@ def graph_from_run(run: Run, step: int, acts=None, msgs=None) -> StepGraph:
     edge_dst = np.array([k[1] for k in edge_keys], dtype=np.int64)
     edge_lat = np.array([edges[k][0] for k in edge_keys], dtype=np.int64)
     edge_msg = np.array([edges[k][1] for k in edge_keys], dtype=np.int64)
+    edge_xfer = np.array([edges[k][2] for k in edge_keys], dtype=np.int64)
     t0 = int(start.min()) if n else 0
+    # Compute time (on the device: the union of the action's kernels); an action's idle
+    # stretches between its kernels fall, in the replay, into the overhead of what follows.
+    dur = np.minimum(compute_ns(acts).to_numpy(dtype=np.int64), end - start)
+    done = start + dur
     ovh = np.zeros(n, dtype=np.int64)
     in_edges: list[list[int]] = [[] for _ in range(n)]
     for e, d in enumerate(edge_dst):
         in_edges[d].append(e)
     for i in range(n):
-        ready = t0 if prev[i] < 0 else end[prev[i]]
+        free = ready = t0 if prev[i] < 0 else done[prev[i]]
         for e in in_edges[i]:
-            ready = max(ready, end[edge_src[e]] + edge_lat[e])
+            arrival = done[edge_src[e]] + edge_lat[e]
+            if edge_xfer[e]:
+                arrival = max(arrival, free) + edge_xfer[e]
+            ready = max(ready, arrival)
         ovh[i] = max(0, start[i] - ready)
     return StepGraph(step=step, t0=t0, action_id=ids, rank=rank, stage=stage, kind=kind,
-                     microbatch=mb, prev=prev, dur=end - start, ovh=ovh, edge_src=edge_src,
+                     microbatch=mb, prev=prev, dur=dur, ovh=ovh, edge_src=edge_src,
                      edge_dst=edge_dst, edge_lat=edge_lat, edge_msg=edge_msg,
-                     measured_start=start, measured_end=end, notes=notes)
+                     measured_start=start, measured_end=end, notes=notes, edge_xfer=edge_xfer)

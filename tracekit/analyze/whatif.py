@@ -148,7 +148,8 @@ def cost_model(run: Run, graphs: list[StepGraph] | None = None) -> CostModel:
             (fused_overhead if f else overhead).setdefault(r, []).append(o)
         for s, k, d in zip(g.stage.tolist(), g.kind.tolist(), g.dur.tolist()):
             per_stage.setdefault((s, k), []).append(d)
-        for s, d, lat, msg in zip(g.edge_src, g.edge_dst, g.edge_lat, g.edge_msg):
+        # A rendezvous transfer is replayed as latency: generated orders have no rank to wait for.
+        for s, d, lat, msg in zip(g.edge_src, g.edge_dst, g.edge_lat + g.edge_xfer, g.edge_msg):
             if msg >= 0:  # into the second half of a fused label: its own pool (see _fused)
                 key = (int(g.rank[s]), int(g.rank[d])) if not fused[d] else (int(g.rank[s]), int(g.rank[d]), "fused")
                 latency.setdefault(key, []).append(int(lat))
@@ -236,7 +237,7 @@ def _replay_many(graph: StepGraph, model: CostModel, rng, samples: int, scale, v
                                model.all_overhead())
         lat = _draw(rng, model.latency, links, model.all_latency)
         if by_stage:  # dependencies the measured run passed no message on keep their latency
-            lat = np.where(graph.edge_msg >= 0, lat, graph.edge_lat)
+            lat = np.where(graph.edge_msg >= 0, lat, graph.edge_lat + graph.edge_xfer)
         result = replay(graph, dur=dur, ovh=ovh, lat=lat)
         window = int(result.end.max() - result.start.min())
         steps[i] = window

@@ -33,7 +33,8 @@ analyses and renderers. Tables are pandas DataFrames (ns integers everywhere).
 ``timeline`` says which clock the actions and messages are on: ``device`` (spans of the
 kernels each action launched, messages by their SendRecv kernels) or ``host`` (CPU op
 spans: CPU runs, and GPU runs read with ``--timeline host``). On the device timeline the
-actions keep their host spans as ``host_start_ns`` / ``host_end_ns``.
+actions keep their host spans as ``host_start_ns`` / ``host_end_ns``, and ``busy_ns`` is the
+union of the kernels each launched (see :func:`compute_ns`).
 
 ``completeness`` says whether every rank of the job left a trace (see :class:`Completeness`):
 a run with a rank missing is never read as a smaller pipeline.
@@ -66,6 +67,15 @@ TIMELINES = ("auto", "device", "host")
 # the k-th of b for a (direction "?" when the trace does not say which side sent).
 DEVICE_PAIR_COLUMNS = ["msg_id", "step", "src_rank", "dst_rank", "direction", "send_start_ns", "send_end_ns",
                        "recv_start_ns", "recv_end_ns", "waiting_rank", "wait_ns", "transfer_ns"]
+
+
+def compute_ns(actions: pd.DataFrame) -> pd.Series:
+    """Each action's compute time: on the device timeline the union of its kernels
+    (``busy_ns``: device idle between them, the host still launching, is not compute),
+    else its span."""
+    if "busy_ns" in actions:
+        return actions["busy_ns"]
+    return actions["end_ns"] - actions["start_ns"]
 
 
 def rank_ranges(ranks: list[int], most: int = 8) -> str:

@@ -42,7 +42,7 @@ def reconstruct(run: Run, timeline: str = "auto") -> Run:
     run.timeline = "device" if use_device else "host"
     # CUDA API calls only link device work to the host: never an action's op.
     host_events = run.events[(run.events["cat"] != "runtime").to_numpy()] if on_device else run.events
-    run.steps = find_steps(host_events)
+    run.steps = find_steps(run.events)   # a rank without step marks spans all it recorded
     if on_device:
         run.device = dev.device_ops(run.events, run.steps)
     actions, labelling = find_actions(host_events, run.steps)
@@ -97,9 +97,11 @@ def _on_device(run: Run, messages, host_events) -> None:
         _align(run, shifts)
         run.device = shift_ranks(run.device, shifts, "rank", ["start_ns", "end_ns"])
         run.device = shift_ranks(run.device, shifts, "rank", ["launch_ns", "launch_end_ns"])
-        messages = shift_ranks(messages, shifts, "src_rank", ["send_post_ns", "send_start_ns", "send_end_ns"])
-        messages = shift_ranks(messages, shifts, "dst_rank", ["recv_post_ns", "recv_done_ns", "recv_start_ns",
-                                                              "recv_end_ns"])
+        messages = shift_ranks(messages, shifts, "src_rank", ["send_post_ns"])
+        messages = shift_ranks(messages, shifts, "dst_rank", ["recv_post_ns", "recv_done_ns"])
+        # wait and transfer compare both sides' kernels: measured again on the one clock
+        messages = dev.device_messages(messages[[c for c in messages if c not in dev.MESSAGE_DEVICE_COLUMNS]],
+                                       run.device, _host_events(run))
     run.actions = dev.device_actions(run.actions, run.device)
     unlinked = int((messages["send_kernel"] < 0).sum()) if len(messages) else 0
     if unlinked:
@@ -108,6 +110,10 @@ def _on_device(run: Run, messages, host_events) -> None:
     # Producer and consumer stay those of the host's program order (match_messages).
     run.messages = dev.apply_device_times(messages)
     run.device_pairs = dev.pairs_from_messages(messages)
+
+
+def _host_events(run: Run):
+    return run.events[(run.events["cat"] != "runtime").to_numpy()]
 
 
 def _actions_per_step(run: Run) -> list[int]:

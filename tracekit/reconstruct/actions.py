@@ -54,10 +54,12 @@ def find_actions(events: pd.DataFrame, steps: pd.DataFrame) -> tuple[pd.DataFram
         keys = pd.MultiIndex.from_arrays([events["rank"], events["pid"], events["tid"]])
         wanted = on_cpu & (keys.isin(threads) | (events["name"] == "gloo:recv").to_numpy())
         cpu = events[wanted]
+        engine = events[on_cpu & ~wanted & (events["depth"].to_numpy() == 0)
+                        & events["name"].str.startswith("autograd::engine").to_numpy(dtype=bool)]
     if len(pp):
-        rows, labelling = _from_labels(cpu, pp, steps, _parse_pp), "PP: labels"
+        rows, labelling = _from_labels(cpu, pp, steps, _parse_pp, engine), "PP: labels"
     elif len(native):
-        rows, labelling = _from_labels(cpu, native, steps, _parse_native), "Forward/Backward labels"
+        rows, labelling = _from_labels(cpu, native, steps, _parse_native, engine), "Forward/Backward labels"
     else:
         rows, labelling = _segment_unlabelled(events, on_cpu, steps), "unlabelled (segmented at c10d ops)"
     actions = pd.DataFrame(rows, columns=[c for c in ACTION_COLUMNS if c not in ("action_id", "order")])
@@ -87,8 +89,14 @@ def _parse_native(name: str, rank: int) -> list[tuple[str, int, int]]:
     return [("F" if match.group(1) == "Forward" else "B", rank, int(match.group(2)))]
 
 
-def _from_labels(cpu: pd.DataFrame, labels: pd.DataFrame, steps: pd.DataFrame, parse) -> list[tuple]:
+def _from_labels(cpu: pd.DataFrame, labels: pd.DataFrame, steps: pd.DataFrame, parse,
+                 engine: pd.DataFrame) -> list[tuple]:
+    """Actions from labels. ``engine``: top-level autograd ops on other threads (on GPUs the
+    autograd engine runs backward on a thread of its own while the labelled thread waits):
+    those inside a label are its compute too."""
     rows = []
+    engine_spans = {int(r): (np.sort(g["start_ns"].to_numpy()), g.sort_values("start_ns")["end_ns"].to_numpy())
+                    for r, g in engine.groupby("rank")}
     for (rank, pid, tid), thread in cpu.groupby(["rank", "pid", "tid"], sort=False):
         thread_labels = labels[(labels["rank"] == rank) & (labels["pid"] == pid) & (labels["tid"] == tid)]
         if thread_labels.empty:
@@ -113,6 +121,7 @@ def _from_labels(cpu: pd.DataFrame, labels: pd.DataFrame, steps: pd.DataFrame, p
                 if ends[i] <= label.end_ns and depths[i] == label.depth + 1
             ]
             span = _compute_span(label, inside, starts, ends, names, waits)
+            span = _with_engine(span, label, engine_spans.get(int(rank)))
             if len(parts) == 1:
                 kind, stage, mb = parts[0]
                 rows.append((int(rank), step, kind, stage, mb, span.start, span.end,
@@ -125,6 +134,23 @@ def _from_labels(cpu: pd.DataFrame, labels: pd.DataFrame, steps: pd.DataFrame, p
                                  int(label.end_ns), label.name, int(label.file_id),
                                  int(label.source_index)))
     return rows
+
+
+def _with_engine(span: _Span, label, engine) -> _Span:
+    """The span widened to the autograd engine's ops that ran inside the label."""
+    if engine is None:
+        return span
+    e_start, e_end = engine
+    lo = np.searchsorted(e_start, label.start_ns, side="left")
+    hi = np.searchsorted(e_start, label.end_ns, side="right")
+    ends = e_end[lo:hi]
+    ends = ends[ends <= label.end_ns]
+    if not len(ends):
+        return span
+    first, last = int(e_start[lo]), int(ends.max())
+    if span.end <= span.start:  # nothing on the labelled thread: the engine's ops are the compute
+        return _Span(first, last)
+    return _Span(min(span.start, first), max(span.end, last))
 
 
 def _compute_span(label, inside: list[int], starts, ends, names, waits) -> _Span:

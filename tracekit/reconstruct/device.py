@@ -39,7 +39,7 @@ _P2P_KERNEL = re.compile(r"SendRecv", re.IGNORECASE)
 NSYS_P2P_PREFIX = "nccl:SendRecv|"
 
 MESSAGE_DEVICE_COLUMNS = ["send_kernel", "recv_kernel", "send_start_ns", "send_end_ns", "recv_start_ns",
-                          "recv_end_ns", "waiting_rank", "wait_ns", "transfer_ns"]
+                          "recv_end_ns", "waiting_rank", "wait_ns", "transfer_ns", "recv_queued", "leave_ns"]
 
 
 def has_device_work(events: pd.DataFrame) -> bool:
@@ -155,8 +155,28 @@ def device_actions(actions: pd.DataFrame, ops: pd.DataFrame) -> pd.DataFrame:
     end = actions["action_id"].map(spans["dev_end"])
     actions["start_ns"] = start.fillna(-1).astype("int64")
     actions["end_ns"] = end.fillna(-1).astype("int64")
+    actions["busy_ns"] = actions["action_id"].map(_union_per_group(owned, "action_id")).fillna(0).astype("int64")
     _fill_empty(actions)
     return actions
+
+
+def _union_per_group(ops: pd.DataFrame, key: str) -> pd.Series:
+    """Length of the union of the ops' [start, end) intervals, per value of ``key``."""
+    ops = ops.sort_values([key, "start_ns"])
+    keys = ops[key].to_numpy()
+    starts, ends = ops["start_ns"].to_numpy(np.int64), ops["end_ns"].to_numpy(np.int64)
+    total: dict[int, int] = {}
+    cur_key, lo, hi = None, 0, 0
+    for k, a, b in zip(keys.tolist(), starts.tolist(), ends.tolist()):
+        if k != cur_key or a > hi:
+            if cur_key is not None:
+                total[cur_key] = total.get(cur_key, 0) + hi - lo
+            cur_key, lo, hi = k, a, b
+        else:
+            hi = max(hi, b)
+    if cur_key is not None:
+        total[cur_key] = total.get(cur_key, 0) + hi - lo
+    return pd.Series(total, dtype="int64")
 
 
 def _fill_empty(actions: pd.DataFrame) -> None:
@@ -221,19 +241,58 @@ def device_messages(messages: pd.DataFrame, ops: pd.DataFrame, events: pd.DataFr
     out["transfer_ns"] = np.where(known, np.maximum(np.minimum(s_end, r_end) - later, 0), -1)
     out["waiting_rank"] = np.where(known & (s_start < r_start), out["src_rank"],
                                    np.where(known & (r_start < s_start), out["dst_rank"], -1))
+    out["recv_queued"] = _queued_behind_p2p(ops, recv_k)
+    out["leave_ns"] = -1
+    return out
+
+
+# A kernel that starts within this of the previous kernel's end on its stream waited for it.
+_QUEUE_SLACK_NS = 2_000
+
+
+def _queued_behind_p2p(ops: pd.DataFrame, op_ids: np.ndarray) -> np.ndarray:
+    """Whether each op (by ``op_id``, -1 for none) started only when the P2P kernel before it
+    on its stream ended: a receive queued behind the link's earlier traffic was held up by
+    the link, not by its own rank."""
+    out = np.zeros(len(op_ids), dtype=bool)
+    if not len(op_ids) or ops.empty:
+        return out
+    ordered = ops.sort_values(["rank", "stream", "start_ns"])
+    same_stream = (ordered["rank"].to_numpy()[1:] == ordered["rank"].to_numpy()[:-1]) & (
+        ordered["stream"].to_numpy()[1:] == ordered["stream"].to_numpy()[:-1])
+    prev_end = np.full(len(ordered), -1, dtype=np.int64)
+    prev_p2p = np.zeros(len(ordered), dtype=bool)
+    prev_end[1:] = np.where(same_stream, ordered["end_ns"].to_numpy(np.int64)[:-1], -1)
+    prev_p2p[1:] = same_stream & (ordered["kind"].to_numpy()[:-1] == "p2p")
+    queued = prev_p2p & (ordered["start_ns"].to_numpy(np.int64) <= prev_end + _QUEUE_SLACK_NS)
+    by_id = pd.Series(queued, index=ordered["op_id"].to_numpy())
+    known = op_ids >= 0
+    out[known] = by_id.reindex(op_ids[known]).fillna(False).to_numpy(dtype=bool)
     return out
 
 
 def apply_device_times(messages: pd.DataFrame) -> pd.DataFrame:
     """Messages with their device kernels take device times: posted at the send kernel's
-    start, there at the receive kernel's end; the receiver waited while its kernel spun."""
+    start, there (``arrival_ns``) at the receive kernel's end, ``leave_ns`` when the data could
+    leave (see below); the receiver waited while its kernel spun."""
     out = messages.copy()
     known = out["send_kernel"].to_numpy() >= 0
     if not known.any():
         return out
     for col, src in (("send_post_ns", "send_start_ns"), ("recv_post_ns", "recv_start_ns"),
-                     ("recv_done_ns", "recv_end_ns"), ("arrival_ns", "recv_end_ns")):
+                     ("recv_done_ns", "recv_end_ns")):
         out.loc[known, col] = out.loc[known, src]
+    # The data could be there one transfer after the send kernel began: what the receiver's
+    # kernel spent spinning past that, it spent waiting for its own rank to post the receive
+    # (the receiver was late, not the link).
+    out.loc[known, "arrival_ns"] = out.loc[known, "recv_end_ns"]
+    # The data leaves when the send kernel starts, and moves once the receive kernel runs too
+    # (rendezvous: the replay adds ``transfer_ns`` from the later of the two). A receive queued
+    # behind the link's earlier messages on its stream was held by the link, not its rank: the
+    # data could leave only when that queue let it.
+    leave = out["send_start_ns"].where(~out["recv_queued"].astype(bool),
+                                       np.maximum(out["send_start_ns"], out["recv_start_ns"]))
+    out["leave_ns"] = np.where(known, leave, -1)
     spin = np.where(out["waiting_rank"].to_numpy() == out["dst_rank"].to_numpy(), out["wait_ns"].to_numpy(), 0)
     out.loc[known, "recv_wait_ns"] = spin[known]
     return out
