@@ -20,7 +20,7 @@ from tracekit.ingest import kineto, kineto_stream
 from tracekit.ingest.kineto import parse_kineto
 from tracekit.ingest.kineto_stream import ChromeTraceStream
 
-KEPT = {"cpu_op", "user_annotation", "gpu_user_annotation", "kernel", "gpu_memcpy", "gpu_memset"}
+KEPT = {"cpu_op", "user_annotation", "gpu_user_annotation", "kernel", "gpu_memcpy", "gpu_memset", "runtime"}
 
 
 def _expected_rows(doc: dict) -> pd.DataFrame:
@@ -31,6 +31,7 @@ def _expected_rows(doc: dict) -> pd.DataFrame:
         if not isinstance(e, dict) or e.get("ph") != "X":
             continue
         cat = str(e.get("cat", "")).lower()
+        cat = {"cuda_runtime": "runtime", "cuda_driver": "runtime"}.get(cat, cat)  # CUDA API calls
         ts, dur = e.get("ts"), e.get("dur", 0)
         if cat not in KEPT or not isinstance(ts, (int, float)) or not isinstance(dur, (int, float)):
             continue

@@ -7,6 +7,9 @@ import pandas as pd
 
 from tracekit.analyze.attribution import Attribution, attribute
 from tracekit.analyze.bubbles import measure_pipeline, measure_plain, summarise
+from tracekit.analyze.device import (
+    DeviceFigures, device_figures, measure_device_pipeline, measure_device_plain,
+)
 from tracekit.analyze.shares import ShareError, share
 from tracekit.analyze.theory import Theory, theoretical_bubble
 from tracekit.errors import TracekitError
@@ -27,6 +30,12 @@ class Analysis:
     theory: Theory | None = None
     balanced_replay_ratio: float | None = None
     attribution: Attribution | None = None
+    device: DeviceFigures | None = None    # device-timeline figures (GPU runs read on the device)
+    host_view: dict | None = None          # summarise() of the host-side spans, where they differ
+
+    @property
+    def timeline(self) -> str:
+        return self.run.timeline
 
     @property
     def is_pipeline(self) -> bool:
@@ -51,25 +60,38 @@ def analyze(run: Run, attribution: bool = True) -> Analysis:
         raise ShareError(f"{run.source}: {err}") from None
 
 
+def _host_spans(actions: pd.DataFrame) -> pd.DataFrame:
+    return actions.assign(start_ns=actions["host_start_ns"], end_ns=actions["host_end_ns"])
+
+
 def _analyze(run: Run, attribution: bool) -> Analysis:
+    on_device = run.timeline == "device"
     if not run.is_pipeline:
-        bubbles = measure_plain(run.events, run.steps)
-        summary = summarise(bubbles)
+        bubbles = measure_device_plain(run.device) if on_device else measure_plain(run.events, run.steps)
+        summary = summarise(bubbles) if len(bubbles) else {"busy_ns": 0}
         if not summary["busy_ns"]:
             raise TracekitError(
                 f"{run.source}: no work recorded: {len(run.events)} event(s) and no op, kernel or "
                 "annotation inside any step window; nothing to measure (profile a window with training "
                 "steps in it)")
-        return Analysis(run=run, bubbles=bubbles, summary=summary)
+        result = Analysis(run=run, bubbles=bubbles, summary=summary)
+        if on_device:
+            result.device = device_figures(run, bubbles)
+            host = measure_plain(run.events[(run.events["cat"] != "runtime").to_numpy()], run.steps)
+            result.host_view = summarise(host) if len(host) else None
+        return result
     actions = run.actions[run.actions["step"] >= 0]
     if actions.empty:
         raise TracekitError(
             f"{run.source}: every pipeline action lies outside the profiled steps (ProfilerStep#N): "
             "nothing to measure; profile whole steps")
-    bubbles = measure_pipeline(actions)
+    bubbles = measure_device_pipeline(actions, run.device) if on_device else measure_pipeline(actions)
     _warn_overlapping_steps(run, actions)
     result = Analysis(run=run, bubbles=bubbles, summary=summarise(bubbles),
                       durations_ns=typical_durations(actions))
+    if on_device:
+        result.device = device_figures(run, bubbles)
+        result.host_view = summarise(measure_pipeline(_host_spans(actions)))
     sched = run.schedule
     if not run.is_complete:
         result.theory = Theory(sched.name, "", None, "not computed: the run has ranks missing ("

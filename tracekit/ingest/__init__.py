@@ -280,7 +280,8 @@ def load_run(path, rank_from: str | None = None, rank_map: dict[int, int] | None
              progress: Callable[[Path], None] | None = None, reconstruct: bool = True, *,
              executor: str = "local", jobs: int | None = None, scheduler=None,
              cache_dir: str | None = None, bytes_read: Callable[[int], None] | None = None,
-             rows: str = "all", defer_cache_writes: bool = False, iteration: int | None = None) -> Run:
+             rows: str = "all", defer_cache_writes: bool = False, iteration: int | None = None,
+             timeline: str = "auto") -> Run:
     """Load a run folder (or one file) and, by default, reconstruct its pipeline.
 
     ``executor``, ``jobs``, ``scheduler``, ``cache_dir``, ``bytes_read``, ``rows`` and
@@ -288,7 +289,8 @@ def load_run(path, rank_from: str | None = None, rank_map: dict[int, int] | None
     :func:`parse_files` (no cache unless ``cache_dir`` is given; ``rows="analysis"`` gives
     the same analysis from a fraction of the events: what the command line uses).
     ``iteration``: which ``iteration_N`` folder to read (default: the highest); see
-    :mod:`tracekit.ingest.discovery`.
+    :mod:`tracekit.ingest.discovery`. ``timeline``: ``auto`` (the device wherever the traces
+    record device work), ``device`` or ``host``; see :func:`tracekit.reconstruct.reconstruct`.
     """
     path = Path(path)
     found = find_traces(path, iteration, rank_from)
@@ -316,7 +318,7 @@ def load_run(path, rank_from: str | None = None, rank_map: dict[int, int] | None
     if reconstruct:
         from tracekit.reconstruct import reconstruct as build
 
-        build(run)
+        build(run, timeline=timeline)
     return run
 
 

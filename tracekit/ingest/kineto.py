@@ -33,10 +33,14 @@ from tracekit.ingest.validate import (
 )
 from tracekit.model.events import TraceFile
 
-# Categories kept; everything else (python_function, cuda_runtime, flows, instants) is dropped.
+# Categories kept; everything else (python_function, flows, instants) is dropped. CUDA API
+# calls are kept as ``runtime`` (as Nsight Systems' are): a kernel's launch, joined on the
+# ``correlation`` id, says on which host thread and when the host asked for it, so device
+# work can be put in the step and the action that launched it.
 KEPT_CATEGORIES = {
-    "cpu_op", "user_annotation", "gpu_user_annotation", "kernel", "gpu_memcpy", "gpu_memset",
+    "cpu_op", "user_annotation", "gpu_user_annotation", "kernel", "gpu_memcpy", "gpu_memset", "runtime",
 }
+_CATEGORY_ALIASES = {"cuda_runtime": "runtime", "cuda_driver": "runtime"}
 # Annotations that span from posting a message to its wait's return, across other ops.
 ASYNC_SPANS = ("gloo:send", "gloo:recv")
 _GPU_CATEGORIES = {"gpu_user_annotation", "kernel", "gpu_memcpy", "gpu_memset"}
@@ -261,7 +265,6 @@ def _header_text(value) -> str | None:
 
 _NUMBER = (int, float)
 _INT64_MIN, _INT64_MAX = -(2 ** 63), 2 ** 63 - 1
-_MISSING = msgspec.UNSET
 _SPECIAL_OPS = sorted(_P2P_CPU_OPS | {"record_param_comms"})
 # Below this, an integer ts in microseconds times 1000 is exact in a float64.
 _EXACT_FLOAT_US = 2.0 ** 53 / 1000
@@ -327,6 +330,7 @@ _CAT_NOT_TEXT = -2
 
 def _normal_category(cat) -> str | None:
     text = str(cat).lower()
+    text = _CATEGORY_ALIASES.get(text, text)
     return text if text in KEPT_CATEGORIES else None
 
 
@@ -407,8 +411,7 @@ class _RowBuilder:
         args = [e.args for e in kept]
         seqs = _ints_or_minus_one([-1 if a is None else a.sequence for a in args])
         corrs = _ints_or_minus_one([
-            -1 if a is None else (a.correlation if a.external_id is _MISSING else a.external_id)
-            for a in args])
+            -1 if a is None else (a.external_id if a.correlation == -1 else a.correlation) for a in args])
         pids = self._ids([e.pid for e in kept])
         tids = self._ids([e.tid for e in kept])
         self.bad_categories += codes.count(_CAT_NOT_TEXT)  # nothing raises _Irregular past here
@@ -487,10 +490,7 @@ class _RowBuilder:
                 seq = corr = -1
             else:
                 seq = _int64_or_minus_one(args.sequence)
-                corr = args.external_id
-                if corr is _MISSING:
-                    corr = args.correlation
-                corr = _int64_or_minus_one(corr)
+                corr = _int64_or_minus_one(args.external_id if args.correlation == -1 else args.correlation)
             code = name_codes.get(name)
             if code is None:
                 code = name_codes[name] = len(name_codes)

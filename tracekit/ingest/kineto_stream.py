@@ -52,7 +52,7 @@ class RawArgs(msgspec.Struct, gc=False):
 
     # -1 when absent, so a batch's values are all ints and convert to an array at once.
     sequence: Any = msgspec.field(name="Sequence number", default=-1)
-    external_id: Any = msgspec.field(name="External id", default=_UNSET)
+    external_id: Any = msgspec.field(name="External id", default=-1)
     correlation: Any = msgspec.field(name="correlation", default=-1)
     concrete_inputs: msgspec.Raw = msgspec.field(name="Concrete Inputs", default=msgspec.Raw(b""))
     input_dims: msgspec.Raw = msgspec.field(name="Input Dims", default=msgspec.Raw(b""))

@@ -11,7 +11,8 @@ means a worker sends back and the parent holds a fraction of the file (16% of a 
 
 What is kept, per file (numpy only: this runs in the parser workers):
 
-- every GPU row (kernels, copies, sets, GPU annotations) and every user annotation
+- every GPU row (kernels, copies, sets, GPU annotations) and the CUDA API call that launched
+  it (``runtime``, same ``correlation``), and every user annotation
   (``ProfilerStep#N`` marks, ``PP:`` / ``Forward i`` labels, user ranges);
 - every communication row (``c10d::``, ``gloo:``, ``record_param_comms``, ``nccl:``, ...);
 - CPU ops at depth <= 1 + the deepest step mark or label on their thread (depth 0 on a
@@ -78,7 +79,15 @@ def _kept(columns: EventColumns) -> np.ndarray:
         deepest = np.full(len(threads), -1, dtype=np.int64)
         np.maximum.at(deepest, inverse[anchor], depth[anchor])
         limit_of_row = deepest[inverse] + 1
-    keep |= ~on_gpu & (depth <= limit_of_row)
+    # The CUDA API calls that launched the GPU rows (how device work finds its host thread,
+    # step and action); the many other API calls (stream queries, events) are not read.
+    runtime = np.array([c == "runtime" for c in cats], dtype=bool)[cat_code] \
+        if len(cats) else np.zeros(len(cat_code), dtype=bool)
+    keep |= ~on_gpu & ~runtime & (depth <= limit_of_row)
+    if runtime.any() and on_gpu.any():
+        corr = nums["correlation"]
+        launched = np.unique(corr[on_gpu & (corr >= 0)])
+        keep |= runtime & np.isin(corr, launched)
 
     if by_name(lambda s: s in SEND_NAMES or s in RECV_NAMES).any():
         keep |= by_name(lambda s: s.startswith(_BACKWARD_PREFIX)) & (nums["seq"] >= 0)

@@ -13,7 +13,8 @@ Columns (see ``EVENT_SCHEMA`` for types):
                     nsys: the row id in its table), for tracing figures back
 - ``cat``           normalised category: ``cpu_op``, ``user_annotation``,
                     ``gpu_user_annotation``, ``kernel``, ``gpu_memcpy``, ``gpu_memset``,
-                    ``nvtx`` (nsys ranges), ``runtime``
+                    ``nvtx`` (nsys ranges), ``runtime`` (CUDA API calls: Kineto's
+                    ``cuda_runtime``/``cuda_driver``, Nsight Systems' CUPTI runtime table)
 - ``name``          event name as recorded
 - ``start_ns``, ``end_ns``  absolute times, ``end_ns >= start_ns``
 - ``pid``, ``tid``  process and thread (for GPU rows: device and stream)
@@ -23,7 +24,9 @@ Columns (see ``EVENT_SCHEMA`` for types):
 - ``peer``          P2P peer rank for send/recv ops (-1 when unknown / not P2P)
 - ``tag``           P2P tag (-1 when unknown)
 - ``nbytes``        message size in bytes for P2P ops (-1 when unknown)
-- ``correlation``   launch<->kernel correlation id (-1 when absent)
+- ``correlation``   CUDA correlation id: the same on a device row (kernel, copy, set) and
+                    the ``runtime`` row of the API call that launched it (-1 when absent;
+                    Kineto CPU ops carry their ``External id`` here instead)
 """
 from __future__ import annotations
 

@@ -23,6 +23,18 @@ analyses and renderers. Tables are pandas DataFrames (ns integers everywhere).
     rank, step, step_start_ns / step_end_ns (``ProfilerStep#N`` on that rank),
     n_actions.
 
+``device`` (one row per GPU kernel, memcpy or memset; empty for CPU runs):
+    op_id, rank, step (of the host call that launched it, else where it ran), kind
+    (``compute``, ``p2p`` NCCL point-to-point, ``collective`` other NCCL/RCCL), start_ns /
+    end_ns (on the device), stream, launch_ns / launch_end_ns / launch_tid (the CUDA API
+    call that launched it, -1 when unknown), action_id (the action whose label span holds
+    the launch, -1 for none), name, file_id, source_index.
+
+``timeline`` says which clock the actions and messages are on: ``device`` (spans of the
+kernels each action launched, messages by their SendRecv kernels) or ``host`` (CPU op
+spans: CPU runs, and GPU runs read with ``--timeline host``). On the device timeline the
+actions keep their host spans as ``host_start_ns`` / ``host_end_ns``.
+
 ``completeness`` says whether every rank of the job left a trace (see :class:`Completeness`):
 a run with a rank missing is never read as a smaller pipeline.
 """
@@ -44,6 +56,16 @@ MESSAGE_COLUMNS = [
     "src_file_id", "src_source_index", "dst_file_id", "dst_source_index",
 ]
 STEP_COLUMNS = ["rank", "step", "step_start_ns", "step_end_ns", "n_actions"]
+DEVICE_OP_COLUMNS = [
+    "op_id", "rank", "step", "kind", "start_ns", "end_ns", "stream", "launch_ns", "launch_end_ns",
+    "launch_tid", "action_id", "name", "file_id", "source_index",
+]
+TIMELINES = ("auto", "device", "host")
+# One row per pair of device P2P kernels (a send's and its receive's): from matched messages
+# (msg_id >= 0) or, in runs without pipeline actions, the k-th P2P kernel of rank a for b with
+# the k-th of b for a (direction "?" when the trace does not say which side sent).
+DEVICE_PAIR_COLUMNS = ["msg_id", "step", "src_rank", "dst_rank", "direction", "send_start_ns", "send_end_ns",
+                       "recv_start_ns", "recv_end_ns", "waiting_rank", "wait_ns", "transfer_ns"]
 
 
 def rank_ranges(ranks: list[int], most: int = 8) -> str:
@@ -179,6 +201,9 @@ class Run:
     messages: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=MESSAGE_COLUMNS))
     steps: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=STEP_COLUMNS))
     schedule: ScheduleInfo | None = None
+    device: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=DEVICE_OP_COLUMNS))
+    device_pairs: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=DEVICE_PAIR_COLUMNS))
+    timeline: str = "host"                        # "device" or "host": see the module doc
     capture: dict | None = None                   # capture.json beside the traces, if any
     completeness: Completeness | None = None      # set by the loader; None: not checked
     warnings: list[str] = field(default_factory=list)

@@ -2,9 +2,11 @@
 schedule). Works in place on a :class:`tracekit.model.Run`."""
 from __future__ import annotations
 
-from tracekit.model.run import Run
+from tracekit.errors import TracekitError
+from tracekit.model.run import TIMELINES, Run
+from tracekit.reconstruct import device as dev
 from tracekit.reconstruct.actions import find_actions
-from tracekit.reconstruct.clock import estimate_offsets, shift_ranks
+from tracekit.reconstruct.clock import estimate_offsets, host_of_rank, shift_ranks
 from tracekit.reconstruct.p2p import estimate_arrivals, match_messages
 from tracekit.reconstruct.pipelines import pipeline_groups, restage, stage_is_rank
 from tracekit.reconstruct.schedule import recognise, unrecognised
@@ -14,40 +16,63 @@ ONE_RANK = ("one rank: no pipeline to analyse (a single rank's trace, and no fil
             "more): this is not a pipeline run; per-rank busy/idle only")
 
 
-def reconstruct(run: Run) -> Run:
-    """Fill ``run.steps``, ``run.actions``, ``run.messages`` and ``run.schedule``.
+def reconstruct(run: Run, timeline: str = "auto") -> Run:
+    """Fill ``run.steps``, ``run.actions``, ``run.messages``, ``run.device`` and ``run.schedule``.
+
+    ``timeline``: ``auto`` measures on the device wherever the trace records device work
+    (kernels, copies), else on the host; ``device`` insists (an error for a trace with no
+    device work); ``host`` reads CPU op spans even where kernels exist (what tracekit did
+    before it read the device; the host runs ahead of a GPU, so those figures are the
+    host's, not the GPU's).
 
     A run with ranks missing (``run.completeness``) gets its actions and messages but no
     recognised schedule: read from part of a pipeline, p, the placement and the schedule's
     name would describe a smaller pipeline that never ran. One rank alone is no pipeline.
     """
+    if timeline not in TIMELINES:
+        raise ValueError(f"timeline must be one of {TIMELINES}, not {timeline!r}")
     if run.events.empty:
         run.warn("no events were read: nothing to analyse")
         return run
-    run.steps = find_steps(run.events)
-    actions, labelling = find_actions(run.events, run.steps)
+    on_device = dev.has_device_work(run.events)
+    if timeline == "device" and not on_device:
+        raise TracekitError(f"{run.source}: --timeline device, but the traces record no device work (no "
+                            "kernel, memcpy or memset): profile with CUDA activity, or use --timeline host")
+    use_device = on_device and timeline != "host"
+    run.timeline = "device" if use_device else "host"
+    # CUDA API calls only link device work to the host: never an action's op.
+    host_events = run.events[(run.events["cat"] != "runtime").to_numpy()] if on_device else run.events
+    run.steps = find_steps(host_events)
+    if on_device:
+        run.device = dev.device_ops(run.events, run.steps)
+    actions, labelling = find_actions(host_events, run.steps)
     run.actions = actions
     run.steps["n_actions"] = _actions_per_step(run)
     if run.completeness is not None and run.completeness.single_rank:
         run.warn(ONE_RANK)
         return run
     if actions.empty:
+        if use_device:
+            run.device_pairs = dev.pair_p2p_kernels(run.device, host_events)
         run.warn(
             "no pipeline-parallel actions found (no PP:/Forward/Backward labels, no segmentable "
             "send/recv pattern): this is not a pipeline run; per-rank busy/idle only"
         )
         return run
-    messages, warnings = match_messages(run.events, run.steps, actions)
+    messages, warnings = match_messages(host_events, run.steps, actions)
     for message in warnings:
         run.warn(message)
-    shifts, notes = estimate_offsets(run.files, messages)
-    for note in notes:
-        run.warn(note)
-    if shifts:
-        _align(run, shifts)
-        messages = shift_ranks(messages, shifts, "src_rank", ["send_post_ns"])
-        messages = shift_ranks(messages, shifts, "dst_rank", ["recv_post_ns", "recv_done_ns"])
-    run.messages = estimate_arrivals(messages, run.actions, run.events)
+    if use_device:
+        _on_device(run, messages, host_events)
+    else:
+        shifts, notes = estimate_offsets(run.files, messages)
+        for note in notes:
+            run.warn(note)
+        if shifts:
+            _align(run, shifts)
+            messages = shift_ranks(messages, shifts, "src_rank", ["send_post_ns"])
+            messages = shift_ranks(messages, shifts, "dst_rank", ["recv_post_ns", "recv_done_ns"])
+        run.messages = estimate_arrivals(messages, run.actions, run.events)
     if not run.is_complete:
         run.schedule = unrecognised(run.actions, run.completeness)
     else:
@@ -59,6 +84,30 @@ def reconstruct(run: Run) -> Run:
     if run.schedule is not None:
         run.schedule.evidence.insert(0, f"actions from {labelling}")
     return run
+
+
+def _on_device(run: Run, messages, host_events) -> None:
+    """Put the actions and messages on the device timeline, clocks aligned from the device
+    P2P kernels."""
+    messages = dev.device_messages(messages, run.device, host_events)
+    shifts, notes = dev.device_clock_offsets(messages, host_of_rank(run.files))
+    for note in notes:
+        run.warn(note)
+    if shifts:
+        _align(run, shifts)
+        run.device = shift_ranks(run.device, shifts, "rank", ["start_ns", "end_ns"])
+        run.device = shift_ranks(run.device, shifts, "rank", ["launch_ns", "launch_end_ns"])
+        messages = shift_ranks(messages, shifts, "src_rank", ["send_post_ns", "send_start_ns", "send_end_ns"])
+        messages = shift_ranks(messages, shifts, "dst_rank", ["recv_post_ns", "recv_done_ns", "recv_start_ns",
+                                                              "recv_end_ns"])
+    run.actions = dev.device_actions(run.actions, run.device)
+    unlinked = int((messages["send_kernel"] < 0).sum()) if len(messages) else 0
+    if unlinked:
+        run.warn(f"{unlinked} of {len(messages)} messages have no SendRecv kernel on both sides in the trace; "
+                 "their times are the host's")
+    # Producer and consumer stay those of the host's program order (match_messages).
+    run.messages = dev.apply_device_times(messages)
+    run.device_pairs = dev.pairs_from_messages(messages)
 
 
 def _actions_per_step(run: Run) -> list[int]:

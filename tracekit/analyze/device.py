@@ -1,0 +1,131 @@
+"""Figures of the device timeline: busy time from kernels, and what kept a GPU idle that a
+bubble table alone does not say.
+
+Busy is the union of a rank's device work over all its streams: compute kernels, copies
+and sets, and collectives launched inside an action (tensor-parallel collectives are part
+of the action's work). Point-to-point kernels are never busy: a SendRecv kernel that starts
+before its peer spins until the peer arrives, and the device does no work meanwhile. Each op
+counts in the step whose host span holds its launch (``run.device.step``), so work the host
+launched in step N and the GPU ran after the host had moved on is step N's.
+
+Per rank and step, beside busy and idle:
+
+- ``launch_wait_ns``: device idle while the host had not yet launched the next op (the gap
+  before an op up to its launch call's end): the GPU waited for the host, launch-bound.
+- ``step_end_ns``: device work of the step after the pipeline's window closed (optimizer,
+  data-parallel gradient collectives): its own share, not pipeline bubble.
+- ``p2p_wait_ns`` / ``p2p_transfer_ns``: time the rank's SendRecv kernels spun waiting for
+  their peer, and moved data.
+- ``host_ahead_ns`` (per rank): how far the host ran ahead: the longest time from a
+  launch call's end to its op's start.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from tracekit.analyze.bubbles import _finish, union_length
+
+DEVICE_RANK_COLUMNS = ["rank", "step", "launch_wait_ns", "step_end_ns", "p2p_wait_ns", "p2p_transfer_ns"]
+# A rank whose GPU waits for the host at least this share of its window is launch-bound.
+LAUNCH_BOUND_SHARE = 0.10
+
+
+@dataclass
+class DeviceFigures:
+    """What :func:`device_figures` measured (see the module doc)."""
+
+    per_step: pd.DataFrame                        # DEVICE_RANK_COLUMNS
+    host_ahead_ns: dict[int, int] = field(default_factory=dict)
+    pairs: pd.DataFrame = field(default_factory=pd.DataFrame)   # messages with device kernels
+
+    def per_rank(self) -> pd.DataFrame:
+        return self.per_step.groupby("rank")[DEVICE_RANK_COLUMNS[2:]].sum()
+
+    @property
+    def host_ahead_max_ns(self) -> int:
+        return max(self.host_ahead_ns.values(), default=0)
+
+
+def busy_ops(device: pd.DataFrame) -> pd.DataFrame:
+    """The device ops that count as busy (see the module doc)."""
+    kind = device["kind"].to_numpy()
+    inside = device["action_id"].to_numpy() >= 0
+    return device[(kind == "compute") | ((kind == "collective") & inside)]
+
+
+def measure_device_pipeline(actions: pd.DataFrame, device: pd.DataFrame) -> pd.DataFrame:
+    """Bubble table of a pipeline run on the device: each step's window is its actions'
+    device spans over all ranks; busy is the union of the rank's busy ops of that step."""
+    windows = actions.groupby("step").agg(lo=("start_ns", "min"), hi=("end_ns", "max"))
+    ops = _by_rank_step(busy_ops(device))
+    rows = []
+    for rank, step in sorted({(int(r), int(s)) for r, s in zip(actions["rank"], actions["step"])}):
+        lo, hi = int(windows.at[step, "lo"]), int(windows.at[step, "hi"])
+        starts, ends = ops.get((rank, step), (np.zeros(0, np.int64), np.zeros(0, np.int64)))
+        rows.append((rank, step, lo, hi, hi - lo, union_length(starts, ends, lo, hi)))
+    return _finish(rows)
+
+
+def measure_device_plain(device: pd.DataFrame) -> pd.DataFrame:
+    """Bubble table of a run without pipeline actions, on the device: each step's window
+    runs from its first to its last compute op over all ranks."""
+    compute = device[(device["kind"] == "compute").to_numpy() & (device["step"].to_numpy() >= 0)]
+    windows = compute.groupby("step").agg(lo=("start_ns", "min"), hi=("end_ns", "max"))
+    ops = _by_rank_step(compute)
+    rows = []
+    for (rank, step), (starts, ends) in sorted(ops.items()):
+        lo, hi = int(windows.at[step, "lo"]), int(windows.at[step, "hi"])
+        rows.append((rank, step, lo, hi, hi - lo, union_length(starts, ends, lo, hi)))
+    return _finish(rows)
+
+
+def _by_rank_step(ops: pd.DataFrame) -> dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]:
+    return {(int(r), int(s)): (g["start_ns"].to_numpy(np.int64), g["end_ns"].to_numpy(np.int64))
+            for (r, s), g in ops.groupby(["rank", "step"], sort=False)}
+
+
+def device_figures(run, bubbles: pd.DataFrame) -> DeviceFigures:
+    """Launch waits, step-end work, P2P wait and transfer per rank and step (module doc)."""
+    device = run.device
+    rows = []
+    by_rank_step = {(int(r), int(s)): g for (r, s), g in device.groupby(["rank", "step"], sort=False)}
+    busy_kinds = busy_ops(device).index
+    messages = run.messages
+    paired = run.device_pairs
+    for row in bubbles.itertuples(index=False):
+        rank, step, lo, hi = int(row.rank), int(row.step), int(row.window_start_ns), int(row.window_end_ns)
+        ops = by_rank_step.get((rank, step))
+        if ops is None:
+            rows.append((rank, step, 0, 0, 0, 0))
+            continue
+        launch_wait = _launch_wait(ops, lo, hi)
+        work = ops[ops.index.isin(busy_kinds)]
+        after = union_length(work["start_ns"].to_numpy(np.int64), work["end_ns"].to_numpy(np.int64),
+                             hi, max(hi, int(work["end_ns"].max()) if len(work) else hi))
+        mine = paired[(paired["step"] == step) & (paired["waiting_rank"] == rank)]
+        sides = paired[(paired["step"] == step) & ((paired["src_rank"] == rank) | (paired["dst_rank"] == rank))]
+        rows.append((rank, step, launch_wait, after, int(mine["wait_ns"].sum()), int(sides["transfer_ns"].sum())))
+    per_step = pd.DataFrame(rows, columns=DEVICE_RANK_COLUMNS)
+    launched = device[device["launch_end_ns"].to_numpy() >= 0]
+    ahead = (launched["start_ns"] - launched["launch_end_ns"]).groupby(launched["rank"]).max()
+    return DeviceFigures(per_step=per_step, host_ahead_ns={int(r): max(0, int(v)) for r, v in ahead.items()},
+                         pairs=paired)
+
+
+def _launch_wait(ops: pd.DataFrame, lo: int, hi: int) -> int:
+    """Device idle in [lo, hi) before ops the host had not launched yet: for each gap in the
+    rank's device activity (any op, any stream), the part before the next op's launch ended."""
+    ops = ops.sort_values("start_ns")
+    starts, ends = ops["start_ns"].to_numpy(np.int64), ops["end_ns"].to_numpy(np.int64)
+    launched = ops["launch_end_ns"].to_numpy(np.int64)
+    total = 0
+    covered = lo
+    for start, end, launch in zip(starts.tolist(), ends.tolist(), launched.tolist()):
+        gap_lo, gap_hi = max(covered, lo), min(start, hi)
+        if gap_hi > gap_lo and launch >= 0:
+            total += max(0, min(launch, gap_hi) - gap_lo)
+        covered = max(covered, end)
+    return total

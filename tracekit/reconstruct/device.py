@@ -1,0 +1,348 @@
+"""The device timeline: what each GPU did, tied to the host call that launched it.
+
+On a GPU the host only launches kernels, asynchronously, and runs ahead of the device;
+NCCL's sends and receives do not block it. So wherever a trace records device work, the
+pipeline is measured on the device:
+
+- **Device ops** (:func:`device_ops`): every kernel, memcpy and memset, joined to the CUDA
+  API call that launched it (``runtime`` row, same rank and ``correlation`` id). The
+  launch says which host thread asked for it and when, so an op belongs to the step (and
+  the action) whose host span holds its launch, however late the device ran it: work
+  launched inside ``ProfilerStep#N`` is step N's even when it runs after that span ends.
+  Kinds: ``p2p`` (an NCCL kernel launched for point-to-point host ops), ``collective``
+  (any other NCCL/RCCL kernel) and ``compute`` (the rest).
+- **Device actions** (:func:`device_actions`): an action's device span runs from the first
+  to the last compute or collective op launched inside its host label (any thread of the
+  rank: on GPUs the autograd engine launches backward kernels from its own thread).
+- **Device messages** (:func:`device_messages`): each matched send and receive's SendRecv
+  kernel. A kernel that starts before its peer's spins until the peer arrives; then both
+  move the data and end together. ``wait_ns`` = later start - earlier start (on the side
+  that started first), ``transfer_ns`` = earlier end - later start.
+- **Clocks** (:func:`device_clock_offsets`): the two kernels of one message end together,
+  which bounds each rank's clock against its peer's far tighter than host-side timing.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pandas as pd
+
+from tracekit.model.run import DEVICE_OP_COLUMNS, DEVICE_PAIR_COLUMNS
+from tracekit.reconstruct.p2p import host_p2p_ops
+from tracekit.reconstruct.steps import step_of
+
+DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+_COMM_KERNEL = re.compile(r"nccl|rccl", re.IGNORECASE)
+_P2P_KERNEL = re.compile(r"SendRecv", re.IGNORECASE)
+# Nsight Systems' reader names the kernels it proved P2P by their launch this way.
+NSYS_P2P_PREFIX = "nccl:SendRecv|"
+
+MESSAGE_DEVICE_COLUMNS = ["send_kernel", "recv_kernel", "send_start_ns", "send_end_ns", "recv_start_ns",
+                          "recv_end_ns", "waiting_rank", "wait_ns", "transfer_ns"]
+
+
+def has_device_work(events: pd.DataFrame) -> bool:
+    return bool((events["on_gpu"].to_numpy() & events["cat"].isin(DEVICE_CATEGORIES).to_numpy()).any())
+
+
+def device_ops(events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """One row per device op (see :data:`tracekit.model.run.DEVICE_OP_COLUMNS`), sorted by
+    rank and start; ``action_id`` is -1 until :func:`device_actions` fills it."""
+    on_device = events["on_gpu"].to_numpy() & events["cat"].isin(DEVICE_CATEGORIES).to_numpy()
+    ops = events.loc[on_device, ["rank", "name", "start_ns", "end_ns", "tid", "correlation", "file_id",
+                                 "source_index"]]
+    launches = events.loc[(events["cat"] == "runtime").to_numpy() & (events["correlation"].to_numpy() >= 0),
+                          ["rank", "correlation", "start_ns", "end_ns", "tid"]]
+    launches = launches.drop_duplicates(["rank", "correlation"]).rename(
+        columns={"start_ns": "launch_ns", "end_ns": "launch_end_ns", "tid": "launch_tid"})
+    ops = ops.reset_index(drop=True)
+    linked = ops[ops["correlation"] >= 0].reset_index().merge(launches, on=["rank", "correlation"], how="inner")
+    n = len(ops)
+    launch_ns = np.full(n, -1, dtype=np.int64)
+    launch_end_ns = np.full(n, -1, dtype=np.int64)
+    launch_tid = np.full(n, -1, dtype=np.int64)
+    launch_ns[linked["index"].to_numpy()] = linked["launch_ns"].to_numpy(np.int64)
+    launch_end_ns[linked["index"].to_numpy()] = linked["launch_end_ns"].to_numpy(np.int64)
+    launch_tid[linked["index"].to_numpy()] = linked["launch_tid"].to_numpy(np.int64)
+    ranks = ops["rank"].to_numpy(np.int64)
+    starts = ops["start_ns"].to_numpy(np.int64)
+    # An op's step is where its launch was; without a launch, where it ran.
+    when = np.where(launch_ns >= 0, launch_ns, starts)
+    step = step_of(ranks, when, steps)
+    names = ops["name"].astype(str)
+    comm = names.str.contains(_COMM_KERNEL).to_numpy(dtype=bool)
+    kind = np.where(comm, "collective", "compute").astype(object)
+    nsys_p2p = names.str.startswith(NSYS_P2P_PREFIX).to_numpy(dtype=bool)
+    kind[nsys_p2p] = "p2p"
+    table = pd.DataFrame({
+        "rank": ranks, "step": step, "kind": kind, "start_ns": starts,
+        "end_ns": ops["end_ns"].to_numpy(np.int64), "stream": ops["tid"].to_numpy(np.int64),
+        "launch_ns": launch_ns, "launch_end_ns": launch_end_ns, "launch_tid": launch_tid,
+        "action_id": np.full(n, -1, dtype=np.int64), "name": names.to_numpy(object),
+        "file_id": ops["file_id"].to_numpy(np.int64), "source_index": ops["source_index"].to_numpy(np.int64),
+    })
+    table = table.sort_values(["rank", "start_ns", "end_ns"], kind="stable").reset_index(drop=True)
+    table.insert(0, "op_id", np.arange(len(table), dtype=np.int64))
+    return table[DEVICE_OP_COLUMNS]
+
+
+def link_p2p_kernels(ops: pd.DataFrame, host_p2p: pd.DataFrame) -> np.ndarray:
+    """For each host P2P side, the device op it launched (``op_id``, -1 if none): the first
+    NCCL kernel its thread launched at or after the call began. ``batch_isend_irecv`` posts
+    several sides and launches one fused kernel when the group closes: all of them map to
+    it. Marks those kernels ``p2p`` in ``ops`` (in place)."""
+    out = np.full(len(host_p2p), -1, dtype=np.int64)
+    comm = ops[(ops["kind"] != "compute").to_numpy() & (ops["launch_ns"].to_numpy() >= 0)]
+    if comm.empty or host_p2p.empty:
+        return out
+    comm = comm.sort_values("launch_ns")
+    by_thread = {key: (g["launch_ns"].to_numpy(np.int64), g["op_id"].to_numpy(np.int64))
+                 for key, g in comm.groupby(["rank", "launch_tid"])}
+    ranks, tids = host_p2p["rank"].to_numpy(), host_p2p["tid"].to_numpy()
+    starts, ends = host_p2p["start_ns"].to_numpy(np.int64), host_p2p["end_ns"].to_numpy(np.int64)
+    for i in range(len(host_p2p)):
+        found = by_thread.get((int(ranks[i]), int(tids[i])))
+        if found is None:
+            continue
+        times, op_ids = found
+        k = int(np.searchsorted(times, starts[i], side="left"))
+        if k < len(times):
+            out[i] = op_ids[k]
+    linked = np.unique(out[out >= 0])
+    if len(linked):
+        names = ops["name"].to_numpy()
+        position = pd.Index(ops["op_id"]).get_indexer(linked)
+        sendrecv = np.array([bool(_P2P_KERNEL.search(str(names[p]))) or str(names[p]).startswith(NSYS_P2P_PREFIX)
+                             for p in position], dtype=bool)
+        ops.loc[ops.index[position[sendrecv]], "kind"] = "p2p"
+        valid = set(linked[sendrecv].tolist())
+        out = np.array([o if o in valid else -1 for o in out], dtype=np.int64)
+    return out
+
+
+def device_actions(actions: pd.DataFrame, ops: pd.DataFrame) -> pd.DataFrame:
+    """Each action's device span, and ``ops.action_id`` for the ops it launched (in place).
+
+    An op is the action's when its launch falls inside the action's host label span on the
+    same rank and step. Returns ``actions`` with ``start_ns``/``end_ns`` on the device and
+    the host span kept as ``host_start_ns``/``host_end_ns``. An action that launched nothing
+    is given an empty span where its rank's device was when it ran (after its previous
+    action), so the order stays whole.
+    """
+    actions = actions.copy()
+    actions["host_start_ns"] = actions["start_ns"]
+    actions["host_end_ns"] = actions["end_ns"]
+    if actions.empty:
+        return actions
+    launched = ops[(ops["kind"] != "p2p").to_numpy() & (ops["launch_ns"].to_numpy() >= 0)]
+    owner = np.full(len(ops), -1, dtype=np.int64)
+    position = pd.Series(np.arange(len(ops)), index=ops.index)
+    for (rank, step), acts in actions.groupby(["rank", "step"], sort=False):
+        mine = launched[(launched["rank"].to_numpy() == rank) & (launched["step"].to_numpy() == step)]
+        if mine.empty:
+            continue
+        acts = acts.sort_values("label_start_ns")
+        lo, hi = acts["label_start_ns"].to_numpy(np.int64), acts["label_end_ns"].to_numpy(np.int64)
+        t = mine["launch_ns"].to_numpy(np.int64)
+        k = np.searchsorted(lo, t, side="right") - 1
+        inside = (k >= 0) & (t <= hi[np.clip(k, 0, None)])
+        owner[position[mine.index[inside]].to_numpy()] = acts["action_id"].to_numpy()[k[inside]]
+    ops["action_id"] = owner
+    owned = ops[owner >= 0]
+    spans = owned.groupby("action_id").agg(dev_start=("start_ns", "min"), dev_end=("end_ns", "max"))
+    start = actions["action_id"].map(spans["dev_start"])
+    end = actions["action_id"].map(spans["dev_end"])
+    actions["start_ns"] = start.fillna(-1).astype("int64")
+    actions["end_ns"] = end.fillna(-1).astype("int64")
+    _fill_empty(actions)
+    return actions
+
+
+def _fill_empty(actions: pd.DataFrame) -> None:
+    """Empty device spans for actions that launched nothing: at their rank's device time."""
+    missing = actions["start_ns"].to_numpy() < 0
+    if not missing.any():
+        return
+    for _, group in actions.groupby("rank", sort=False):
+        group = group.sort_values(["step", "order"])
+        last = -1
+        pending: list = []
+        for idx, start, end in zip(group.index, group["start_ns"], group["end_ns"]):
+            if start < 0:
+                if last >= 0:
+                    actions.at[idx, "start_ns"] = actions.at[idx, "end_ns"] = last
+                else:
+                    pending.append(idx)
+                continue
+            for p in pending:
+                actions.at[p, "start_ns"] = actions.at[p, "end_ns"] = int(start)
+            pending = []
+            last = max(last, int(end))
+        for p in pending:  # a rank that launched nothing at all: its host span
+            actions.at[p, "start_ns"] = actions.at[p, "host_start_ns"]
+            actions.at[p, "end_ns"] = actions.at[p, "host_start_ns"]
+
+
+def device_messages(messages: pd.DataFrame, ops: pd.DataFrame, events: pd.DataFrame) -> pd.DataFrame:
+    """Each matched message's SendRecv kernels on both sides, and its wait and transfer.
+
+    ``messages`` holds the host's (file_id, source_index) of both calls; their kernels come
+    from :func:`link_p2p_kernels`. A message whose kernels are both known gets its device
+    times: posted when the send kernel started, there when the receive kernel ended.
+    """
+    out = messages.copy()
+    for col in MESSAGE_DEVICE_COLUMNS:
+        out[col] = -1
+    if out.empty:
+        return out
+    host = host_p2p_ops(events)
+    kernels = link_p2p_kernels(ops, host)
+    side = pd.Series(kernels, index=pd.MultiIndex.from_arrays(
+        [host["file_id"].to_numpy(), host["source_index"].to_numpy()]))
+    side = side[~side.index.duplicated()]
+    send_k = side.reindex(pd.MultiIndex.from_arrays([out["src_file_id"], out["src_source_index"]])).to_numpy()
+    recv_k = side.reindex(pd.MultiIndex.from_arrays([out["dst_file_id"], out["dst_source_index"]])).to_numpy()
+    send_k = np.where(np.isnan(send_k.astype(float)), -1, send_k).astype(np.int64)
+    recv_k = np.where(np.isnan(recv_k.astype(float)), -1, recv_k).astype(np.int64)
+    known = (send_k >= 0) & (recv_k >= 0)
+    by_id = ops.set_index("op_id")
+    s_start = np.full(len(out), -1, dtype=np.int64)
+    s_end, r_start, r_end = s_start.copy(), s_start.copy(), s_start.copy()
+    s_start[known] = by_id.loc[send_k[known], "start_ns"].to_numpy(np.int64)
+    s_end[known] = by_id.loc[send_k[known], "end_ns"].to_numpy(np.int64)
+    r_start[known] = by_id.loc[recv_k[known], "start_ns"].to_numpy(np.int64)
+    r_end[known] = by_id.loc[recv_k[known], "end_ns"].to_numpy(np.int64)
+    out["send_kernel"], out["recv_kernel"] = np.where(known, send_k, -1), np.where(known, recv_k, -1)
+    out["send_start_ns"], out["send_end_ns"] = s_start, s_end
+    out["recv_start_ns"], out["recv_end_ns"] = r_start, r_end
+    later = np.maximum(s_start, r_start)
+    out["wait_ns"] = np.where(known, later - np.minimum(s_start, r_start), -1)
+    out["transfer_ns"] = np.where(known, np.maximum(np.minimum(s_end, r_end) - later, 0), -1)
+    out["waiting_rank"] = np.where(known & (s_start < r_start), out["src_rank"],
+                                   np.where(known & (r_start < s_start), out["dst_rank"], -1))
+    return out
+
+
+def apply_device_times(messages: pd.DataFrame) -> pd.DataFrame:
+    """Messages with their device kernels take device times: posted at the send kernel's
+    start, there at the receive kernel's end; the receiver waited while its kernel spun."""
+    out = messages.copy()
+    known = out["send_kernel"].to_numpy() >= 0
+    if not known.any():
+        return out
+    for col, src in (("send_post_ns", "send_start_ns"), ("recv_post_ns", "recv_start_ns"),
+                     ("recv_done_ns", "recv_end_ns"), ("arrival_ns", "recv_end_ns")):
+        out.loc[known, col] = out.loc[known, src]
+    spin = np.where(out["waiting_rank"].to_numpy() == out["dst_rank"].to_numpy(), out["wait_ns"].to_numpy(), 0)
+    out.loc[known, "recv_wait_ns"] = spin[known]
+    return out
+
+
+def device_clock_offsets(messages: pd.DataFrame, hosts: dict[int, str]) -> tuple[dict[int, int], list[str]]:
+    """ns to subtract from each rank's times to put it on the lowest rank's clock, from the
+    device P2P kernels of matched messages (a send and its receive end together).
+
+    Ranks on one named host share its clock; a rank of unknown host is its own clock only
+    when a message to or from it arrives before it was sent (the older GPU traces name no
+    host, so the host name cannot be the test). Offsets come from the median end difference
+    of each pair of clocks, walked outwards from the lowest rank."""
+    known = messages[messages["send_kernel"] >= 0] if "send_kernel" in messages else messages.iloc[0:0]
+    if known.empty:
+        return {}, []
+    src, dst = known["src_rank"].to_numpy(np.int64), known["dst_rank"].to_numpy(np.int64)
+    acausal = known["recv_end_ns"].to_numpy() < known["send_start_ns"].to_numpy()
+    ranks = sorted(set(src.tolist()) | set(dst.tolist()))
+    named = {r: hosts.get(r) for r in ranks if hosts.get(r) not in (None, "unknown-host")}
+    separate = {int(r) for r in np.concatenate((src[acausal], dst[acausal]))}
+    clock = {}
+    for r in ranks:
+        clock[r] = f"host:{named[r]}" if r in named and r not in separate else (
+            f"rank:{r}" if r in separate else "shared")
+    if len(set(clock.values())) <= 1:
+        return {}, []
+    diff = known["recv_end_ns"].to_numpy(np.int64) - known["send_end_ns"].to_numpy(np.int64)
+    pair_offsets: dict[tuple[str, str], list[int]] = {}
+    for s, d, x in zip(src, dst, diff):
+        a, b = clock[int(s)], clock[int(d)]
+        if a != b:
+            pair_offsets.setdefault((a, b), []).append(int(x))
+            pair_offsets.setdefault((b, a), []).append(-int(x))
+    reference = clock[ranks[0]]
+    offset = {reference: 0}
+    queue = [reference]
+    while queue:
+        a = queue.pop(0)
+        for (here, there), values in sorted(pair_offsets.items()):
+            if here == a and there not in offset:
+                offset[there] = offset[a] + int(np.median(values))
+                queue.append(there)
+    shifts = {r: offset[c] for r, c in clock.items() if offset.get(c, 0)}
+    notes = []
+    unreached = sorted({c for c in clock.values() if c not in offset})
+    if unreached:
+        notes.append(f"clocks {', '.join(unreached)} exchanged no device message with the others: not aligned")
+    if shifts:
+        why = (f"{len(separate)} rank(s) received messages before they were sent" if separate
+               else "ranks are on different hosts")
+        notes.append("aligned clocks from device P2P kernels (a send and its receive end together; " + why + "): "
+                     + ", ".join(f"rank {r} {s / 1e3:+.1f} us" for r, s in sorted(shifts.items())))
+    return shifts, notes
+
+
+def pairs_from_messages(messages: pd.DataFrame) -> pd.DataFrame:
+    """The device P2P pairs of matched messages whose kernels are known on both sides."""
+    known = messages[messages["send_kernel"] >= 0] if "send_kernel" in messages else messages.iloc[0:0]
+    out = known.assign(direction=known.get("direction", "?"))
+    return out[DEVICE_PAIR_COLUMNS].reset_index(drop=True) if len(out) else pd.DataFrame(columns=DEVICE_PAIR_COLUMNS)
+
+
+def pair_p2p_kernels(ops: pd.DataFrame, events: pd.DataFrame) -> pd.DataFrame:
+    """Device P2P pairs of a run without matched messages: each rank's P2P kernels for a
+    peer, in start order, paired one-to-one with the peer's for that rank (NCCL runs a send
+    and its receive as one kernel on each side). Sides come from the host calls that
+    launched them (send or recv, with the peer), else from the kernel's own peer (Nsight
+    Systems names it from the NCCL range around the launch; with two ranks the peer is the
+    other one) with the direction unknown."""
+    host = host_p2p_ops(events)
+    linked = link_p2p_kernels(ops, host)
+    p2p = ops[ops["kind"] == "p2p"]
+    if p2p.empty:
+        return pd.DataFrame(columns=DEVICE_PAIR_COLUMNS)
+    sides = []
+    seen: set[int] = set()
+    for op_id, rank, peer, direction in zip(linked, host["rank"], host["peer"], host["direction"]):
+        if op_id >= 0 and peer >= 0:
+            sides.append((int(op_id), int(rank), int(peer), str(direction)))
+            seen.add(int(op_id))
+    peer_of = events.set_index(["file_id", "source_index"])["peer"]
+    peer_of = peer_of[~peer_of.index.duplicated()]
+    ranks = sorted(int(r) for r in ops["rank"].unique())
+    for row in p2p[~p2p["op_id"].isin(seen)].itertuples(index=False):
+        peer = int(peer_of.get((row.file_id, row.source_index), -1))
+        if peer < 0 and len(ranks) == 2:
+            peer = ranks[1] if row.rank == ranks[0] else ranks[0]
+        if peer >= 0:
+            sides.append((int(row.op_id), int(row.rank), peer, "?"))
+    if not sides:
+        return pd.DataFrame(columns=DEVICE_PAIR_COLUMNS)
+    table = pd.DataFrame(sides, columns=["op_id", "rank", "peer", "direction"]).merge(
+        ops[["op_id", "start_ns", "end_ns", "step"]], on="op_id").sort_values("start_ns", kind="stable")
+    groups = {k: g for k, g in table.groupby(["rank", "peer", "direction"])}
+    rows = []
+    for (a, b, direction), side_a in sorted(groups.items()):
+        if direction == "send":
+            side_b = groups.get((b, a, "recv"))
+        elif direction == "?" and a < b:
+            side_b = groups.get((b, a, "?"))
+        else:
+            continue
+        if side_b is None:
+            continue
+        for s, r in zip(side_a.itertuples(index=False), side_b.itertuples(index=False)):
+            later = max(s.start_ns, r.start_ns)
+            waiting = a if s.start_ns < r.start_ns else b if r.start_ns < s.start_ns else -1
+            rows.append((-1, int(s.step), a, b, "?" if direction == "?" else "", int(s.start_ns), int(s.end_ns),
+                         int(r.start_ns), int(r.end_ns), waiting, int(later - min(s.start_ns, r.start_ns)),
+                         int(max(0, min(s.end_ns, r.end_ns) - later))))
+    return pd.DataFrame(rows, columns=DEVICE_PAIR_COLUMNS)
