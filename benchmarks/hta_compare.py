@@ -22,7 +22,10 @@ The figures are not the same quantity, and the columns say how far apart the def
 * "HTA rules on tracekit's rows": HTA's compute definition applied to tracekit's own event
   table (with HTA's launch filter when tracekit kept the launches: "filter" yes/no). When it
   equals HTA's compute to within HTA's microsecond rounding, the gap between the first two is
-  definitional, not a misread trace.
+  definitional, not a misread trace. On traces with fractional-microsecond times (the NCCL
+  2.17.1 and MI250 ones) HTA rounds each op inward to whole microseconds (start up, end down:
+  hta/common/trace_parser.py ``round_down_time_stamps``), so its compute comes out ~1 us per
+  kernel short; on integer-microsecond traces the two agree to the microsecond.
 """
 from __future__ import annotations
 
