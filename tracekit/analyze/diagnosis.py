@@ -37,7 +37,7 @@ class Finding:
     """One cause of idle time: what is wrong (headline), what to try (advice), and the
     figures both sentences were built from."""
 
-    cause: str            # "imbalance" | "comm" | "overhead" | "fill_drain" | "no_pipeline"
+    cause: str            # "imbalance" | "comm" | "overhead" | "launch_bound" | "fill_drain" | "no_pipeline"
     severity: str         # "high" | "medium" | "low" | "info"
     headline: str
     advice: str
@@ -56,8 +56,9 @@ def severity_of(cost_share: float) -> str:
 
 def diagnose(analysis) -> list[Finding]:
     """Ranked findings for ``analysis`` (most important first)."""
+    launch = _launch_bound(analysis)
     if not analysis.is_pipeline:
-        return [_no_pipeline(analysis)]
+        return launch + [_no_pipeline(analysis)]
     window_ns = max(int(analysis.summary["window_ns"]), 1)
     totals = _cause_totals(analysis)
     n_steps = max(int(analysis.bubbles["step"].nunique()), 1)
@@ -71,6 +72,7 @@ def diagnose(analysis) -> list[Finding]:
             if finding:
                 faults.append(finding)
     schedule = _fill_drain(analysis, totals, window_ns)
+    faults += launch
     findings = faults + ([schedule] if schedule else [])
     urgent = sorted((f for f in faults if f.cost_share >= HIGH_SHARE), key=lambda f: -f.cost_share)
     rest = sorted((f for f in findings if f not in urgent and f.severity != "info"), key=lambda f: -f.cost_share)
@@ -341,6 +343,37 @@ def _replayed(analysis, new_m: int, figures: dict) -> str:
         figures[f"{key}_step_change"] = round(change, 4)
     return (" Replayed with this run's own overheads, latencies and spread (tracekit whatif): "
             + "; ".join(parts) + ".")
+
+
+def _launch_bound(analysis) -> list[Finding]:
+    """Ranks whose GPU waited for the host to launch the next op for at least
+    ``LAUNCH_BOUND_SHARE`` of their window (device timeline only): one finding naming them."""
+    from tracekit.analyze.device import LAUNCH_BOUND_SHARE
+
+    figures = analysis.device
+    if figures is None:
+        return []
+    per_rank = figures.per_rank()
+    windows = analysis.summary["per_rank"]
+    bound = []
+    for rank, row in per_rank.iterrows():
+        window = windows.get(int(rank), {}).get("window_ns", 0)
+        if window and row["launch_wait_ns"] / window >= LAUNCH_BOUND_SHARE:
+            bound.append((int(rank), int(row["launch_wait_ns"]), row["launch_wait_ns"] / window))
+    if not bound:
+        return []
+    bound.sort(key=lambda b: -b[2])
+    total_window = max(int(analysis.summary["window_ns"]), 1)
+    waited = sum(b[1] for b in bound)
+    cost = share(min(waited, total_window), total_window, f"{analysis.run.source}: the launch waits' cost")
+    named = ", ".join(f"rank {r}'s GPU waited for the host {_pct(x)} of the step" for r, _, x in bound[:4])
+    more = f" (and {len(bound) - 4} more ranks)" if len(bound) > 4 else ""
+    headline = f"Launch-bound: {named}{more}: the host had not launched the next kernel yet."
+    advice = ("Cut host time per kernel: CUDA graphs (torch.compile mode='reduce-overhead'), fused or larger "
+              "kernels, fewer small ops, less Python between launches, no host syncs (.item(), .cpu()) in the step.")
+    figures_out = {"ranks": [{"rank": r, "launch_wait_ns": w, "share": round(x, 4)} for r, w, x in bound],
+                   "cost_share": round(cost, 4)}
+    return [Finding("launch_bound", severity_of(cost), headline, advice, cost, figures_out)]
 
 
 def _no_pipeline(analysis) -> Finding:

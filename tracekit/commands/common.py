@@ -12,11 +12,11 @@ from tracekit.errors import TracekitError
 
 # Where rank_options leaves the loading options for load_with_progress (click's ctx.meta).
 _LOAD_META = "tracekit.load"
-_LOAD_OPTIONS = ("executor", "scheduler", "jobs", "cache_dir", "no_cache", "iteration")
+_LOAD_OPTIONS = ("executor", "scheduler", "jobs", "cache_dir", "no_cache", "iteration", "timeline")
 
 
 def rank_options(func):
-    """--rank-from, --rank-map, --progress/--no-progress, --iteration, and how to load:
+    """--rank-from, --rank-map, --progress/--no-progress, --iteration, --timeline, and how to load:
     --jobs, --executor, --scheduler, --cache-dir, --no-cache.
 
     The loading options do not reach the command function: they are kept in the click
@@ -44,6 +44,11 @@ def rank_options(func):
     @click.option("--iteration", type=click.IntRange(min=0), metavar="N",
                   help="With traces in iteration_N folders (profiling/traces/iteration_N/...): read "
                        "iteration N. Default: the highest.")
+    @click.option("--timeline", type=click.Choice(["auto", "device", "host"]), default="auto", show_default=True,
+                  help="Which clock to measure on. auto: the GPU's own timeline wherever the traces record "
+                       "kernels (each action spans the kernels it launched; NCCL P2P by its SendRecv kernels), "
+                       "else the host's. host: CPU op spans even on a GPU run (the host runs ahead of the GPU, so "
+                       "those are the host's figures). device: insist on kernels.")
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
         from tracekit.ingest.discovery import compile_rank_pattern
@@ -85,7 +90,8 @@ def _load_settings() -> dict:
     # Commands read only the working set of each file (tracekit.ingest.working_set).
     return {"executor": settings.get("executor") or "local", "jobs": settings.get("jobs"),
             "scheduler": settings.get("scheduler"), "cache_dir": cache_dir, "rows": "analysis",
-            "defer_cache_writes": True, "iteration": settings.get("iteration")}
+            "defer_cache_writes": True, "iteration": settings.get("iteration"),
+            "timeline": settings.get("timeline") or "auto"}
 
 
 def _cache_dir(option: str | None) -> str:
@@ -148,7 +154,8 @@ def _document_cache(run_dir: Path, options: dict):
     found = find_traces(run_dir, settings["iteration"], options.get("rank_from"))
     folder = Path(run_dir) if Path(run_dir).is_dir() else Path(run_dir).parent
     # What discovery decided (which files are traces, which iteration) is part of the answer.
-    decided = {**options, "iteration": settings["iteration"], "skipped": found.skipped}
+    decided = {**options, "iteration": settings["iteration"], "timeline": settings["timeline"],
+               "skipped": found.skipped}
     key = analysis_key(cache, Path(run_dir), found.files, decided, [folder / "capture.json"])
     return cache, key, found.files
 

@@ -171,6 +171,9 @@ def _segment_unlabelled(events: pd.DataFrame, on_cpu: np.ndarray, steps: pd.Data
     columns["class"] = classes
     is_mark, is_backward, is_p2p = is_mark & on_cpu, is_backward & on_cpu, is_p2p & on_cpu
     by_key = _sorted_groups(columns, on_cpu, ("rank", "pid", "tid", "depth"))
+    # On GPUs the autograd engine runs backward on a thread of its own: its top-level ops
+    # join the main thread's in time order (while they run, the main thread waits in them).
+    engine_top = _sorted_groups(columns, is_backward & (columns["depth"] == 0), ("rank", "pid", "tid"))
     marks = _sorted_groups(columns, is_mark, ("rank",))
     backward = _sorted_groups(columns, is_backward, ("rank",))
     p2p = _sorted_groups(columns, is_p2p, ("rank",))
@@ -185,6 +188,9 @@ def _segment_unlabelled(events: pd.DataFrame, on_cpu: np.ndarray, steps: pd.Data
         if key not in by_key:
             continue
         ops = _slice(by_key[key], lo_t, hi_t)
+        for (e_rank, _, e_tid), engine in engine_top.items():
+            if e_rank == rank and e_tid != key[2]:
+                ops = _merged(ops, _slice(engine, lo_t, hi_t))
         inside = ops["end_ns"] <= hi_t
         ops = {c: v[inside] for c, v in ops.items()}
         back = _slice(backward[rank], lo_t, hi_t) if rank in backward else {"seq": [], "end_ns": []}
@@ -226,6 +232,15 @@ def _sorted_groups(columns: dict, mask: np.ndarray, keys: tuple[str, ...]) -> di
         key = tuple(int(x) for x in key_cols[lo])
         groups[key[0] if len(keys) == 1 else key] = {c: v[lo:hi] for c, v in picked.items()}
     return groups
+
+
+def _merged(a: dict, b: dict) -> dict:
+    """Two sorted groups of rows as one, sorted by start."""
+    if not len(b["start_ns"]):
+        return a
+    joined = {c: np.concatenate((a[c], b[c])) for c in a}
+    order = np.argsort(joined["start_ns"], kind="stable")
+    return {c: v[order] for c, v in joined.items()}
 
 
 def _slice(group: dict, lo: int, hi: int) -> dict:

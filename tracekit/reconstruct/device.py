@@ -342,7 +342,7 @@ def pair_p2p_kernels(ops: pd.DataFrame, events: pd.DataFrame) -> pd.DataFrame:
         for s, r in zip(side_a.itertuples(index=False), side_b.itertuples(index=False)):
             later = max(s.start_ns, r.start_ns)
             waiting = a if s.start_ns < r.start_ns else b if r.start_ns < s.start_ns else -1
-            rows.append((-1, int(s.step), a, b, "?" if direction == "?" else "", int(s.start_ns), int(s.end_ns),
+            rows.append((-1, int(s.step), a, b, "?", int(s.start_ns), int(s.end_ns),
                          int(r.start_ns), int(r.end_ns), waiting, int(later - min(s.start_ns, r.start_ns)),
                          int(max(0, min(s.end_ns, r.end_ns) - later))))
     return pd.DataFrame(rows, columns=DEVICE_PAIR_COLUMNS)

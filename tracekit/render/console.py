@@ -48,6 +48,7 @@ def render(doc: dict) -> str:
     out.append(f"tracekit {doc['tracekit_version']}: {doc['source']}")
     out.append(f"  {n_files} file(s) ({', '.join(formats)}), {s['n_ranks']} rank(s), "
                f"{s['n_steps']} step(s), {s['n_actions']} actions, {s['n_messages']} messages matched")
+    out.extend(_timeline(doc))
     sched = doc["schedule"]
     if not doc["pipeline"]:
         out.append("")
@@ -58,6 +59,8 @@ def render(doc: dict) -> str:
                        "actions, no send/recv pattern). Per-rank busy/idle of the device work:")
         out.append("")
         out.append(_plain_rank_table(doc))
+        findings = _findings(doc)
+        out.extend([""] + findings[:-1] if findings else [])
         out.extend(_warnings(doc))
         return "\n".join(out)
     replicas = sched.get("replicas", 1)
@@ -98,6 +101,25 @@ def render(doc: dict) -> str:
     out.extend(_replay(doc))
     out.extend(_warnings(doc))
     return "\n".join(out)
+
+
+def _timeline(doc: dict) -> list[str]:
+    """Which clock the figures are on, and how far the host-side figure is from them."""
+    device = doc.get("device")
+    if doc.get("timeline") != "device" or not device:
+        return []
+    lines = [f"  device timeline from kernels; host runs ahead by up to {ms(device['host_ahead_max_ns'])} ms"]
+    host = doc.get("host_view") or {}
+    if host.get("bubble_ratio") is not None and doc["summary"].get("bubble_ratio") is not None:
+        lines.append(f"  (host-side spans would say idle {pct(host['bubble_ratio'])}; --timeline host for "
+                     "that view)")
+    pairs = device.get("p2p_pairs") or []
+    if pairs:
+        wait = sum(p["wait_ns"] for p in pairs)
+        transfer = sum(p["transfer_ns"] for p in pairs)
+        lines.append(f"  {len(pairs)} device P2P kernel pairs: {ms(wait)} ms spinning for the peer, "
+                     f"{ms(transfer)} ms moving data")
+    return lines
 
 
 def _findings(doc: dict) -> list[str]:

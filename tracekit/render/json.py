@@ -13,7 +13,7 @@ from tracekit.analyze import Analysis
 from tracekit.analyze.attribution import CATEGORIES
 from tracekit.analyze.diagnosis import diagnose
 
-SCHEMA_VERSION = "1.2"
+SCHEMA_VERSION = "1.3"
 
 
 def _causes(row) -> dict[str, int]:
@@ -37,6 +37,7 @@ def to_document(analysis: Analysis) -> dict:
         "warnings": list(run.warnings),
         "completeness": run.completeness.to_dict() if run.completeness else None,
         "pipeline": analysis.is_pipeline,
+        "timeline": run.timeline,
         "schedule": run.schedule.to_dict() if run.schedule else None,
         "capture": _capture_summary(run.capture),
         "summary": {
@@ -55,6 +56,8 @@ def to_document(analysis: Analysis) -> dict:
         "steps": [],
         "blame": {"stages": [], "links": []},
     }
+    doc["host_view"] = _host_view(analysis)
+    doc["device"] = _device(analysis)
     if analysis.theory is not None:
         doc["theory"] = {
             **analysis.theory.to_dict(),
@@ -113,6 +116,35 @@ def to_document(analysis: Analysis) -> dict:
             doc["blame"]["links"] = [{"src_rank": int(s), "dst_rank": int(d), "comm_ns": int(v)}
                                      for (s, d), v in grouped.items()]
     return doc
+
+
+def _host_view(analysis: Analysis) -> dict | None:
+    """The host-side figures of a run measured on the device (what CPU op spans say)."""
+    view = analysis.host_view
+    if view is None:
+        return None
+    return {"timeline": "host", "bubble_ratio": _ratio(view["bubble_ratio"]),
+            "ranks": [{"rank": r, "window_ns": v["window_ns"], "busy_ns": v["busy_ns"], "idle_ns": v["idle_ns"],
+                       "bubble_ratio": _ratio(v["bubble_ratio"])} for r, v in view["per_rank"].items()]}
+
+
+def _device(analysis: Analysis) -> dict | None:
+    """Device-timeline figures: launch waits, step-end work, P2P wait vs transfer."""
+    figures = analysis.device
+    if figures is None:
+        return None
+    per_rank = figures.per_rank()
+    windows = analysis.summary["per_rank"]
+    ranks = []
+    for rank, row in per_rank.iterrows():
+        window = windows.get(int(rank), {}).get("window_ns", 0)
+        ranks.append({"rank": int(rank), **{k: int(v) for k, v in row.items()},
+                      "launch_wait_share": _ratio(row["launch_wait_ns"] / window) if window else None,
+                      "host_ahead_ns": int(figures.host_ahead_ns.get(int(rank), 0))})
+    pairs = [{k: (v if isinstance(v, str) else int(v)) for k, v in row.items()}
+             for row in figures.pairs.to_dict("records")]
+    return {"host_ahead_max_ns": figures.host_ahead_max_ns, "ranks": ranks, "p2p_pairs": pairs,
+            "n_ops": int(len(analysis.run.device))}
 
 
 def _capture_summary(capture: dict | None) -> dict | None:

@@ -1,0 +1,708 @@
+"""GENERATED GPU pipeline traces with known ground truth, for unit tests. Not real traces.
+
+A small simulator of a pipeline-parallel training job on GPUs (one rank per GPU, NCCL P2P)
+and a writer of one Kineto (PyTorch profiler) JSON file per rank, ``rank{R}.json.gz``, in a
+folder named ``generated_<name>``. Nothing here was captured on a GPU: every number comes from
+the simulation, and :func:`generate` returns (and writes as ``generated_<name>.truth.json``
+beside the folder) what the simulation knows, so tests can hold tracekit to it.
+
+What is simulated, per rank:
+
+- The host walks the schedule's action order and launches each action's kernels; each launch
+  costs ``launch_ns`` of host time (the op span), the ``cudaLaunchKernel`` sits inside it.
+  Forward ops run on the main thread; backward ops on the autograd device thread
+  (``autograd::engine::evaluate_function: ...Backward0``, as in real GPU traces, where the
+  engine runs CUDA backward on ``pt_autograd_<device>``), with the forward's "Sequence number".
+- The compute stream runs kernels in launch order: start = max(launch end + latency, previous
+  kernel end on the stream, data dependency). A forward on stage s > 0 waits for the receive
+  of its activations, a backward on its gradient (``cudaStreamWaitEvent`` on the recv's end).
+- P2P: after a producer action the host launches a send, before a consumer action a recv
+  (``c10d::send`` / ``c10d::recv_`` > ``record_param_comms`` > ``nccl:send a->b`` /
+  ``nccl:recv b<-a`` > ``cudaLaunchKernel`` of ``ncclDevKernel_SendRecv``). As in
+  ProcessGroupNCCL's syncStreams, the NCCL stream first waits for everything already launched
+  on the compute stream. A SendRecv kernel starts when its stream lets it, spins until its
+  peer's kernel has started, then both transfer: both end at
+  max(send start, recv start) + transfer_ns(link).
+- Step end: optimizer kernels (``Optimizer.step#SGD.step``) after the last action; with
+  ``host_sync`` a ``cudaDeviceSynchronize`` ends the step. Without it the host runs ahead of
+  the device: at the start of step N it only waits (``cudaEventSynchronize``) for the device
+  to finish step N-2, so it is up to about one step ahead.
+
+Guesses and simplifications (not read off a real multi-GPU pipeline trace; there is none here):
+
+- One NCCL stream per peer AND direction. ProcessGroupNCCL keeps one stream per peer pair and
+  torch.distributed.pipelining fuses a send and a receive with ``batch_isend_irecv`` where
+  they would deadlock on that stream; here every SendRecv kernel is one send or one recv.
+- ``record_param_comms`` args follow torch's ParamCommsUtils / profiler util keys
+  ("Collective name", "In/Out msg nelems", "dtype", "Group size", "Process Group Ranks",
+  "Rank", "Dst Rank" / "Src Rank", "Seq"); the NCCL kernel carries the same metadata, as the
+  real NCCL kernels in ``shared/real-traces/kineto-gpu`` do. "Seq" counts P2P calls per rank.
+- ``c10d::send`` / ``c10d::recv_`` carry "Input Dims" / "Concrete Inputs" as with
+  ``record_shapes=True`` (peer = group rank, tag 0), like the CPU gloo sample traces.
+- The main thread records nothing while the autograd thread runs a backward (the engine's
+  caller only waits); the ``PP:`` label, when labelled, spans the whole backward.
+- No ``gpu_user_annotation`` for ``PP:`` labels (whether Kineto gives one to a label whose
+  kernels are launched from another thread is not known here); one for each ``nccl:`` range
+  and ``Optimizer.step``, as in the real NCCL trace.
+- Device index = rank (one node, one GPU per rank); host pid/tid values are made up.
+
+Schema (field names, cats, args keys, pid/tid conventions, ac2g flows) copied from
+``shared/real-traces/kineto-gpu/hta_nccl_parser_config_nccl_data.json.gz``; no ``host_name``
+(the real GPU traces have none).
+
+Run ``python tests/gpu_tracegen.py --scenario slow_link --out /tmp/x`` to write one by hand.
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import random
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+COMPUTE_STREAM = 7
+LAUNCH_LATENCY_NS = 2_000  # cudaLaunchKernel end -> earliest kernel start
+P2P_HOST_NS = 30_000  # host time of one c10d::send / c10d::recv_ call
+OPTIMIZER_KERNELS = 3
+OPTIMIZER_KERNEL_NS = 10_000
+FIRST_STEP = 2  # ProfilerStep numbering as with schedule(wait=1, warmup=1, ...)
+STEP_GAP_NS = 20_000  # host time between one ProfilerStep and the next
+ORIGIN_NS = 5_000_000_000  # trace ts origin (ns); ts = (ORIGIN_NS + t + offset) / 1000 us
+BASE_TIME_NS = 1_790_000_000_000_000_000
+MESSAGE_SHAPE = [8, 1024]  # activations / gradients, float32
+NCCL_KERNEL = "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"
+_CBID = {"cudaLaunchKernel": 211, "cudaEventRecord": 135, "cudaStreamWaitEvent": 147,
+         "cudaDeviceSynchronize": 165, "cudaEventSynchronize": 137}
+_GEMM = "sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x32_warpgroupsize1x1x1_execute_kernel__5x_cublas"
+_GELU = ("void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl(at::TensorIteratorBase&, "
+         "at::native::GeluType)::{lambda()#2}::operator()() const::{lambda()#2}::operator()() const::"
+         "{lambda(float)#1}, at::detail::Array<char*, 2> >(int, at::native::GeluCUDAKernelImpl"
+         "(at::TensorIteratorBase&, at::native::GeluType)::{lambda()#2}::operator()() const::"
+         "{lambda()#2}::operator()() const::{lambda(float)#1}, at::detail::Array<char*, 2>)")
+_GELU_BWD = ("void at::native::vectorized_elementwise_kernel<4, at::native::GeluBackwardCUDAKernelImpl"
+             "(at::TensorIteratorBase&, at::native::GeluType)::{lambda()#2}::operator()() const::"
+             "{lambda()#2}::operator()() const::{lambda(float, float)#1}, at::detail::Array<char*, 3> >"
+             "(int, at::native::GeluBackwardCUDAKernelImpl(at::TensorIteratorBase&, at::native::GeluType)"
+             "::{lambda()#2}::operator()() const::{lambda()#2}::operator()() const::"
+             "{lambda(float, float)#1}, at::detail::Array<char*, 3>)")
+_OPTIM_KERNEL = ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous "
+                 "namespace)::TensorListMetadata<2>, at::native::(anonymous namespace)::BinaryOpListAlphaFunctor"
+                 "<float, 2, 2, 0>, std::plus<float>, float>(at::native::(anonymous namespace)::"
+                 "TensorListMetadata<2>, at::native::(anonymous namespace)::BinaryOpListAlphaFunctor<float, 2, 2, 0>, "
+                 "std::plus<float>, float)")
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One generated pipeline job. Times in ns. ``v`` is 2 for Interleaved1F1B, else 1."""
+
+    name: str
+    schedule: str = "1F1B"  # "1F1B", "GPipe" or "Interleaved1F1B"
+    p: int = 4
+    m: int = 8
+    steps: int = 2
+    v: int = 1
+    kernels_f: int = 4
+    kernels_b: int = 8  # a multiple of kernels_f: each backward op launches kernels_b // kernels_f
+    kernel_ns: int = 50_000
+    stage_factor: dict[int, float] = field(default_factory=dict)  # slow stage: stage -> factor
+    transfer_ns: int = 10_000
+    link_transfer_ns: dict[tuple[int, int], int] = field(default_factory=dict)  # (src, dst) -> ns
+    launch_ns: int = 5_000  # host cost of one kernel launch
+    rank_launch_ns: dict[int, int] = field(default_factory=dict)  # launch-bound rank -> ns
+    host_sync: bool = True
+    clock_offset_ns: dict[int, int] = field(default_factory=dict)  # rank -> ns added to its ts
+    labelled: bool = True
+    jitter: float = 0.05  # kernel durations vary by up to this fraction (seeded)
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.steps < 2:
+            raise ValueError("steps must be >= 2")
+        if self.kernels_b % self.kernels_f:
+            raise ValueError("kernels_b must be a multiple of kernels_f")
+        if self.schedule == "Interleaved1F1B" and (self.v < 2 or self.m % self.p):
+            raise ValueError("Interleaved1F1B needs v >= 2 and m a multiple of p")
+        if self.schedule != "Interleaved1F1B" and self.v != 1:
+            raise ValueError(f"{self.schedule} has v = 1")
+        if not self.labelled and self.schedule != "1F1B":
+            raise ValueError("unlabelled traces model native Schedule1F1B only")
+
+    @property
+    def n_stages(self) -> int:
+        return self.p * self.v
+
+    def rank_of(self, stage: int) -> int:
+        return stage % self.p  # "loop" placement
+
+    def launch_cost(self, rank: int) -> int:
+        return self.rank_launch_ns.get(rank, self.launch_ns)
+
+    def transfer(self, src: int, dst: int) -> int:
+        return self.link_transfer_ns.get((src, dst), self.transfer_ns)
+
+    def injected(self) -> dict:
+        """The cause this scenario injects and who is to blame."""
+        if self.stage_factor:
+            return {"cause": "imbalance", "stage": max(self.stage_factor, key=self.stage_factor.get)}
+        if self.link_transfer_ns:
+            src, dst = max(self.link_transfer_ns, key=self.link_transfer_ns.get)
+            return {"cause": "comm", "link": [src, dst]}
+        if self.rank_launch_ns:
+            return {"cause": "overhead", "rank": max(self.rank_launch_ns, key=self.rank_launch_ns.get)}
+        return {"cause": "fill_drain"}
+
+
+Action = tuple[int, str, int]  # (stage, "F" | "B", microbatch)
+
+
+def schedule_order(sc: Scenario, rank: int) -> list[Action]:
+    """The actions rank ``rank`` runs in one step, in order."""
+    p, m = sc.p, sc.m
+    if sc.schedule == "GPipe":
+        return [(rank, "F", mb) for mb in range(m)] + [(rank, "B", mb) for mb in range(m)]
+    if sc.schedule == "1F1B":
+        warmup = min(p - 1 - rank, m)
+        order: list[Action] = [(rank, "F", mb) for mb in range(warmup)]
+        for i in range(m - warmup):
+            order += [(rank, "F", warmup + i), (rank, "B", i)]
+        return order + [(rank, "B", mb) for mb in range(m - warmup, m)]
+    if sc.schedule == "Interleaved1F1B":
+        # Megatron-style interleaving: microbatches in groups of p, chunk by chunk.
+        total = m * sc.v
+        warmup = min((sc.v - 1) * p + 2 * (p - 1 - rank), total)
+
+        def unit(k: int, kind: str) -> Action:
+            chunk = (k // p) % sc.v
+            if kind == "B":
+                chunk = sc.v - 1 - chunk
+            return (chunk * p + rank, kind, (k // (p * sc.v)) * p + k % p)
+
+        order = [unit(k, "F") for k in range(warmup)]
+        for i in range(total - warmup):
+            order += [unit(warmup + i, "F"), unit(i, "B")]
+        return order + [unit(k, "B") for k in range(total - warmup, total)]
+    raise ValueError(f"unknown schedule {sc.schedule!r}")
+
+
+@dataclass
+class Kernel:
+    """One device kernel and the launch that queued it (host times, ns, reference clock)."""
+
+    rank: int
+    stream: int
+    name: str
+    kind: str  # "compute", "optimizer", "send" or "recv"
+    step: int
+    dur_ns: int  # compute: its run time; P2P: its transfer time
+    launch_start_ns: int
+    launch_end_ns: int
+    tid: int
+    external_id: int
+    correlation: int
+    action: Action | None = None
+    deps: list[Kernel] = field(default_factory=list)  # kernels that must end before it starts
+    message: tuple | None = None  # P2P: (step, kind, sender stage, microbatch)
+    peer: int = -1
+    args: dict = field(default_factory=dict)
+    ready_ns: int | None = None  # P2P: when its stream let it start (it spins from here)
+    start_ns: int | None = None
+    end_ns: int | None = None
+
+
+@dataclass
+class _HostEvent:
+    cat: str
+    name: str
+    tid: int
+    start_ns: int
+    end_ns: int
+    args: dict
+
+
+class _Rank:
+    """One rank's host program: walks the schedule, records host events and launched kernels."""
+
+    def __init__(self, sc: Scenario, rank: int, rng: random.Random):
+        self.sc, self.rank, self.rng = sc, rank, rng
+        self.pid = 4000 + 100 * rank
+        self.main_tid = self.pid  # Linux main thread: tid == pid
+        self.autograd_tid = self.pid + 11
+        self.events: list[_HostEvent] = []
+        self.kernels: list[Kernel] = []
+        self.flows: list[tuple[int, int, int]] = []  # fwdbwd: (id, forward ext id, backward ext id)
+        self.next_external = 1
+        self.next_correlation = 1
+        self.next_sequence = 1
+        self.p2p_calls = 0
+        self.t = 0
+        self.last_compute: Kernel | None = None
+        self.forward_ops: dict[tuple[int, int], list[tuple[int, int]]] = {}  # (stage, mb) -> [(seq, ext)]
+        self.step_spans: dict[int, tuple[int, int]] = {}
+        self.host_compute: dict[int, list[tuple[int, int]]] = {}  # step -> top-level compute op spans
+
+    # -- host events -------------------------------------------------------------------------
+    def _event(self, cat: str, name: str, tid: int, start: int, end: int, **args) -> int:
+        ext = self.next_external
+        self.next_external += 1
+        self.events.append(_HostEvent(cat, name, tid, start, end, {"External id": ext, **args}))
+        return ext
+
+    def _runtime(self, name: str, tid: int, start: int, end: int, external_id: int) -> int:
+        corr = self.next_correlation
+        self.next_correlation += 1
+        self.events.append(_HostEvent("cuda_runtime", name, tid, start, end,
+                                      {"External id": external_id, "cbid": _CBID[name], "correlation": corr}))
+        return corr
+
+    def _launch(self, name: str, kind: str, stream: int, tid: int, start: int, end: int, external_id: int,
+                step: int, dur_ns: int, **extra) -> Kernel:
+        corr = self._runtime("cudaLaunchKernel", tid, start, end, external_id)
+        kernel = Kernel(self.rank, stream, name, kind, step, dur_ns, start, end, tid, external_id, corr, **extra)
+        self.kernels.append(kernel)
+        if kind in ("compute", "optimizer"):
+            self.last_compute = kernel
+        return kernel
+
+    def _kernel_ns(self, stage: int) -> int:
+        factor = self.sc.stage_factor.get(stage, 1.0)
+        return round(self.sc.kernel_ns * factor * (1 + self.rng.uniform(-self.sc.jitter, self.sc.jitter)))
+
+    # -- one step ----------------------------------------------------------------------------
+    def run_step(self, step: int, wait_until_ns: int | None) -> None:
+        """Launch one step's work; the host span ends in :meth:`end_step`."""
+        step_start = self.t
+        if wait_until_ns is not None:  # the host waits for the device two steps back
+            end = max(self.t + 3_000, wait_until_ns + 3_000)
+            self._runtime("cudaEventSynchronize", self.main_tid, self.t, end, 0)
+            self.t = end + 2_000
+        self.step_spans[step] = (step_start, -1)
+        self.host_compute[step] = []
+        for action in schedule_order(self.sc, self.rank):
+            self._action(step, action)
+        self._optimizer(step)
+
+    def end_step(self, step: int, device_end_ns: int | None) -> None:
+        if device_end_ns is not None:  # cudaDeviceSynchronize: until this rank's device is done
+            end = max(self.t + 3_000, device_end_ns + 5_000)
+            self._runtime("cudaDeviceSynchronize", self.main_tid, self.t, end, 0)
+            self.t = end
+        self.t += 5_000
+        start, _ = self.step_spans[step]
+        self.step_spans[step] = (start, self.t)
+        self.events.append(_HostEvent("user_annotation", f"ProfilerStep#{step}", self.main_tid, start, self.t,
+                                      {"External id": self._take_external()}))
+        self.t += STEP_GAP_NS
+
+    def _take_external(self) -> int:
+        ext = self.next_external
+        self.next_external += 1
+        return ext
+
+    def _action(self, step: int, action: Action) -> None:
+        sc = self.sc
+        stage, kind, mb = action
+        label_start = self.t
+        # A forward on stage s > 0 receives activations, a backward on stage < last gradients.
+        source = stage - 1 if kind == "F" else stage + 1
+        wait_on: Kernel | None = None
+        if 0 <= source < sc.n_stages:
+            wait_on = self._p2p(step, "recv", sc.rank_of(source), (step, kind, source, mb))
+            # work.wait(): the compute stream waits for the recv kernel's end.
+            self._runtime("cudaStreamWaitEvent", self.main_tid, self.t, self.t + 1_000, 0)
+            self.t += 2_000
+        if kind == "F":
+            self._forward(step, action, wait_on)
+        else:
+            self._backward(step, action, wait_on)
+        target = stage + 1 if kind == "F" else stage - 1
+        if 0 <= target < sc.n_stages:
+            self._p2p(step, "send", sc.rank_of(target), (step, kind, stage, mb))
+        if sc.labelled:
+            self.events.append(_HostEvent("user_annotation", f"PP:{stage}{kind}{mb}", self.main_tid, label_start,
+                                          self.t, {"External id": self._take_external()}))
+
+    def _forward(self, step: int, action: Action, wait_on: Kernel | None) -> None:
+        stage, _, mb = action
+        cost = self.launch_cost()
+        ops = self.forward_ops[(stage, mb)] = []
+        for k in range(self.sc.kernels_f):
+            start, end = self.t, self.t + cost
+            seq = self.next_sequence
+            self.next_sequence += 1
+            top_name, inner_name, kernel_name = (("aten::linear", "aten::addmm", _GEMM) if k % 2 == 0
+                                                 else ("aten::gelu", None, _GELU))
+            top = self._event("cpu_op", top_name, self.main_tid, start, end, **{
+                "Sequence number": seq, "Fwd thread id": 0, "Record function id": 0})
+            ops.append((seq, top))
+            owner = top
+            if inner_name:
+                owner = self._event("cpu_op", inner_name, self.main_tid, start + cost // 8, end - cost // 8,
+                                    **{"Sequence number": seq, "Fwd thread id": 0, "Record function id": 0})
+            self._launch(kernel_name, "compute", COMPUTE_STREAM, self.main_tid, start + cost // 4,
+                         start + 3 * cost // 4, owner, step, self._kernel_ns(stage), action=action,
+                         deps=[wait_on] if (k == 0 and wait_on) else [])
+            self.host_compute[step].append((start, end))
+            self.t = end
+
+    def _backward(self, step: int, action: Action, wait_on: Kernel | None) -> None:
+        stage, _, mb = action
+        cost = self.launch_cost()
+        per_op = self.sc.kernels_b // self.sc.kernels_f
+        self.t += 3_000  # hand-off to the autograd device thread
+        first = True
+        for k, (seq, forward_ext) in reversed(list(enumerate(self.forward_ops.pop((stage, mb))))):
+            start, end = self.t, self.t + per_op * cost
+            node = "AddmmBackward0" if k % 2 == 0 else "GeluBackward0"
+            top = self._event("cpu_op", f"autograd::engine::evaluate_function: {node}", self.autograd_tid,
+                              start, end, **{"Sequence number": seq, "Fwd thread id": 1, "Record function id": 0})
+            self.flows.append((seq, forward_ext, top))
+            self._event("cpu_op", node, self.autograd_tid, start + 200, end - 200,
+                        **{"Sequence number": seq, "Fwd thread id": 1, "Record function id": 0})
+            for j in range(per_op):
+                op_start = start + j * cost
+                owner = self._event("cpu_op", "aten::mm" if k % 2 == 0 else "aten::gelu_backward",
+                                    self.autograd_tid, op_start + cost // 8, op_start + cost - cost // 8,
+                                    **{"Record function id": 0})
+                self._launch(_GEMM if k % 2 == 0 else _GELU_BWD, "compute", COMPUTE_STREAM, self.autograd_tid,
+                             op_start + cost // 4, op_start + 3 * cost // 4, owner, step, self._kernel_ns(stage),
+                             action=action, deps=[wait_on] if (first and wait_on) else [])
+                first = False
+            self.host_compute[step].append((start, end))
+            self.t = end
+        self.t += 3_000  # back on the main thread
+
+    def launch_cost(self) -> int:
+        return self.sc.launch_cost(self.rank)
+
+    def _p2p(self, step: int, direction: str, peer: int, message: tuple) -> Kernel:
+        """One c10d::send / c10d::recv_ call and its NCCL kernel on the (peer, direction) stream."""
+        sc = self.sc
+        start, end = self.t, self.t + P2P_HOST_NS
+        nelems = MESSAGE_SHAPE[0] * MESSAGE_SHAPE[1]
+        op = "c10d::send" if direction == "send" else "c10d::recv_"
+        self._event("cpu_op", op, self.main_tid, start, end, **{
+            "Sequence number": self.next_sequence, "Fwd thread id": 0, "Record function id": 0,
+            "Concrete Inputs": ["", "", str(peer), "0"], "Input type": ["TensorList", "", "Scalar", "Scalar"],
+            "Input Strides": [[[MESSAGE_SHAPE[1], 1]], [], [], []], "Input Dims": [[list(MESSAGE_SHAPE)], [], [], []]})
+        self.p2p_calls += 1
+        meta = {"Collective name": direction, "In msg nelems": nelems, "Out msg nelems": nelems,
+                "Group size": sc.p, "dtype": "Float", "In split size": "[]", "Out split size": "[]",
+                "Process Group Name": "0", "Process Group Description": "default_pg",
+                "Process Group Ranks": str(list(range(sc.p))), "Rank": peer,
+                ("Dst Rank" if direction == "send" else "Src Rank"): peer, "Seq": self.p2p_calls}
+        comms = self._event("cpu_op", "record_param_comms", self.main_tid, start + 2_000, end - 2_000,
+                            **{"Record function id": 0, "Global rank start": 0, "Global rank stride": 1, **meta})
+        # syncStreams: the NCCL stream waits for the work already queued on the compute stream.
+        self._runtime("cudaEventRecord", self.main_tid, start + 4_000, start + 5_000, comms)
+        self._runtime("cudaStreamWaitEvent", self.main_tid, start + 6_000, start + 7_000, comms)
+        title = f"nccl:send {self.rank}->{peer}" if direction == "send" else f"nccl:recv {self.rank}<-{peer}"
+        annotation = self._event("user_annotation", title, self.main_tid, start + 9_000, end - 6_000,
+                                 **{"Record function id": 0})
+        stream = 20 + 2 * peer + (0 if direction == "send" else 1)
+        src, dst = (self.rank, peer) if direction == "send" else (peer, self.rank)
+        kernel = self._launch(NCCL_KERNEL, direction, stream, self.main_tid, start + 12_000, start + 20_000, comms,
+                              step, sc.transfer(src, dst), message=message, peer=peer,
+                              deps=[self.last_compute] if self.last_compute else [],
+                              args={**meta, "_annotation": (title, annotation)})
+        self.t = end
+        return kernel
+
+    def _optimizer(self, step: int) -> None:
+        start = self.t
+        cost = self.launch_cost()
+        ext = self._take_external()
+        for k in range(OPTIMIZER_KERNELS):
+            op_start = start + 10_000 + k * cost
+            owner = self._event("cpu_op", "aten::_foreach_add_", self.main_tid, op_start, op_start + cost,
+                                **{"Record function id": 0})
+            self._launch(_OPTIM_KERNEL, "optimizer", COMPUTE_STREAM, self.main_tid, op_start + cost // 4,
+                         op_start + 3 * cost // 4, owner, step, OPTIMIZER_KERNEL_NS)
+        self.t = start + 10_000 + OPTIMIZER_KERNELS * cost + 10_000
+        self.events.append(_HostEvent("user_annotation", "Optimizer.step#SGD.step", self.main_tid, start, self.t,
+                                      {"External id": ext, "Record function id": 0}))
+
+
+def _resolve(kernels: list[Kernel], latency_ns: int = LAUNCH_LATENCY_NS) -> None:
+    """Device start/end of every kernel launched so far: streams in FIFO order, P2P paired."""
+    streams: dict[tuple[int, int], list[Kernel]] = {}
+    for k in kernels:
+        streams.setdefault((k.rank, k.stream), []).append(k)
+    peers: dict[tuple, dict[str, Kernel]] = {}
+    for k in kernels:
+        if k.message is not None:
+            peers.setdefault(k.message, {})[k.kind] = k
+    heads = {key: 0 for key in streams}
+    for key, queue in streams.items():  # skip what an earlier call already resolved
+        while heads[key] < len(queue) and queue[heads[key]].end_ns is not None:
+            heads[key] += 1
+    progress = True
+    while progress:
+        progress = False
+        for key, queue in streams.items():
+            while heads[key] < len(queue):
+                k = queue[heads[key]]
+                previous_end = queue[heads[key] - 1].end_ns if heads[key] else 0
+                if any(d.end_ns is None for d in k.deps):
+                    break
+                ready = max([k.launch_end_ns + latency_ns, previous_end] + [d.end_ns for d in k.deps])
+                if k.message is None:
+                    k.start_ns, k.end_ns = ready, ready + k.dur_ns
+                else:
+                    k.ready_ns = k.start_ns = ready
+                    other = peers[k.message].get("recv" if k.kind == "send" else "send")
+                    if other is None or other.ready_ns is None:
+                        break  # spins until its peer's kernel starts
+                    end = max(k.ready_ns, other.ready_ns) + k.dur_ns
+                    k.end_ns = other.end_ns = end
+                heads[key] += 1
+                progress = True
+    stuck = sum(k.end_ns is None for k in kernels)
+    if stuck:
+        raise RuntimeError(f"the generated schedule deadlocks on the device: {stuck} kernels never run")
+
+
+def _union_in(spans: list[tuple[int, int]], lo: int, hi: int) -> int:
+    """Length of the union of ``spans`` clipped to [lo, hi]."""
+    total, reach = 0, lo
+    for start, end in sorted(spans):
+        start, end = max(start, reach), min(end, hi)
+        if end > start:
+            total += end - start
+            reach = end
+    return total
+
+
+def simulate(sc: Scenario) -> tuple[list[_Rank], list[Kernel]]:
+    """Run the scenario; every kernel's device times are filled in."""
+    rng = random.Random(sc.seed)
+    ranks = [_Rank(sc, r, rng) for r in range(sc.p)]
+    kernels: list[Kernel] = []
+    device_end: dict[tuple[int, int], int] = {}  # (rank, step) -> its last kernel's end
+    steps = [FIRST_STEP + i for i in range(sc.steps)]
+    for i, step in enumerate(steps):
+        for host in ranks:
+            behind = None if sc.host_sync or i < 2 else device_end[(host.rank, steps[i - 2])]
+            host.run_step(step, behind)
+        kernels = [k for host in ranks for k in host.kernels]
+        _resolve(kernels)
+        for host in ranks:
+            device_end[(host.rank, step)] = max(k.end_ns for k in host.kernels if k.step == step)
+            host.end_step(step, device_end[(host.rank, step)] if sc.host_sync else None)
+    return ranks, kernels
+
+
+def ground_truth(sc: Scenario, ranks: list[_Rank], kernels: list[Kernel]) -> dict:
+    """What the simulation knows, from its own numbers (never from the written files)."""
+    steps = sorted({k.step for k in kernels})
+    per_step: list[dict] = []
+    per_rank = {r: {"window_ns": 0, "busy_ns": 0, "action_busy_ns": 0, "host_wait_ns": 0,
+                    "host_window_ns": 0, "host_busy_ns": 0} for r in range(sc.p)}
+    for step in steps:
+        actions = [k for k in kernels if k.step == step and k.kind == "compute"]
+        lo, hi = min(k.start_ns for k in actions), max(k.end_ns for k in actions)
+        host_spans = {h.rank: h.host_compute[step] for h in ranks}
+        host_lo = min(s for spans in host_spans.values() for s, _ in spans)
+        host_hi = max(e for spans in host_spans.values() for _, e in spans)
+        for r in range(sc.p):
+            mine = [k for k in kernels if k.rank == r and k.step == step and k.kind in ("compute", "optimizer")]
+            busy = _union_in([(k.start_ns, k.end_ns) for k in mine], lo, hi)
+            action_busy = _union_in([(k.start_ns, k.end_ns) for k in mine if k.kind == "compute"], lo, hi)
+            host_busy = _union_in(host_spans[r], host_lo, host_hi)
+            row = {"rank": r, "step": step, "window_start_ns": lo, "window_end_ns": hi, "window_ns": hi - lo,
+                   "busy_ns": busy, "action_busy_ns": action_busy, "idle_ns": hi - lo - busy,
+                   "bubble_ratio": (hi - lo - busy) / (hi - lo), "host_wait_ns": _host_wait(r, step, kernels, lo, hi),
+                   "host_window_ns": host_hi - host_lo, "host_busy_ns": host_busy,
+                   "host_bubble_ratio": (host_hi - host_lo - host_busy) / (host_hi - host_lo),
+                   "host_step_start_ns": ranks[r].step_spans[step][0], "host_step_end_ns": ranks[r].step_spans[step][1],
+                   "device_end_ns": max(k.end_ns for k in kernels if k.rank == r and k.step == step)}
+            per_step.append(row)
+            for key in ("window_ns", "busy_ns", "action_busy_ns", "host_wait_ns", "host_window_ns", "host_busy_ns"):
+                per_rank[r][key] += row[key]
+    rank_rows = []
+    for r, tot in per_rank.items():
+        idle = tot["window_ns"] - tot["busy_ns"]
+        rank_rows.append({"rank": r, **tot, "idle_ns": idle, "bubble_ratio": idle / tot["window_ns"],
+                          "host_bubble_ratio": (tot["host_window_ns"] - tot["host_busy_ns"]) / tot["host_window_ns"],
+                          "clock_offset_ns": sc.clock_offset_ns.get(r, 0)})
+    pairs = []
+    sends = {k.message: k for k in kernels if k.kind == "send"}
+    for recv in (k for k in kernels if k.kind == "recv"):
+        send = sends[recv.message]
+        step, kind, stage, mb = recv.message
+        later = max(send.start_ns, recv.start_ns)
+        waiting = None if send.start_ns == recv.start_ns else (
+            send.rank if send.start_ns < recv.start_ns else recv.rank)
+        pairs.append({"src_rank": send.rank, "dst_rank": recv.rank, "step": step, "microbatch": mb,
+                      "src_stage": stage, "payload": "activation" if kind == "F" else "gradient",
+                      "send_start_ns": send.start_ns, "send_end_ns": send.end_ns,
+                      "recv_start_ns": recv.start_ns, "recv_end_ns": recv.end_ns, "waiting_rank": waiting,
+                      "wait_ns": later - min(send.start_ns, recv.start_ns), "transfer_ns": send.end_ns - later})
+    pairs.sort(key=lambda row: (row["step"], row["src_rank"], row["dst_rank"], row["send_start_ns"]))
+    return {"what": "GENERATED by tests/gpu_tracegen.py: ground truth of a simulated GPU pipeline, not a real trace",
+            "times": "ns on the simulation's reference clock (a rank's file adds its clock_offset_ns to every ts)",
+            "scenario": _scenario_json(sc), "injected": sc.injected(), "steps": steps,
+            "ranks": rank_rows, "per_step": per_step, "p2p_pairs": pairs}
+
+
+def _host_wait(rank: int, step: int, kernels: list[Kernel], lo: int, hi: int) -> int:
+    """Device idle while the next compute kernel had not been launched yet.
+
+    For each compute-stream kernel whose start was set by its launch (launch end + latency
+    later than the previous kernel's end and its dependencies' ends), the idle gap from the
+    latest of those to its start, clipped to the step window.
+    """
+    stream = [k for k in kernels if k.rank == rank and k.stream == COMPUTE_STREAM]
+    total = 0
+    for previous, k in zip(stream, stream[1:]):
+        if k.step != step:
+            continue
+        other_ready = max([previous.end_ns] + [d.end_ns for d in k.deps])
+        if k.start_ns > other_ready:  # only the launch held it back
+            total += max(0, min(k.start_ns, hi) - max(other_ready, lo))
+    return total
+
+
+def _scenario_json(sc: Scenario) -> dict:
+    out = asdict(sc)
+    out["link_transfer_ns"] = [[s, d, ns] for (s, d), ns in sc.link_transfer_ns.items()]
+    for key in ("stage_factor", "rank_launch_ns", "clock_offset_ns"):
+        out[key] = {str(k): v for k, v in out[key].items()}
+    return out
+
+
+# -- writer ----------------------------------------------------------------------------------
+def _us(t_ns: int) -> float:
+    return round(t_ns / 1000, 3)
+
+
+def _rank_document(sc: Scenario, host: _Rank, kernels: list[Kernel]) -> dict:
+    offset = ORIGIN_NS + sc.clock_offset_ns.get(host.rank, 0)
+    device = host.rank
+    events: list[dict] = []
+
+    def x(cat: str, name: str, pid, tid, start: int, end: int, args: dict) -> None:
+        events.append({"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid,
+                       "ts": _us(start + offset), "dur": _us(end - start), "args": args})
+
+    def meta(name: str, pid, tid, args: dict) -> None:
+        events.append({"name": name, "ph": "M", "ts": _us(offset), "pid": pid, "tid": tid, "args": args})
+
+    meta("process_name", host.pid, 0, {"name": "python3.11"})
+    meta("process_labels", host.pid, 0, {"labels": "CPU"})
+    meta("process_sort_index", host.pid, 0, {"sort_index": host.pid})
+    meta("process_name", device, 0, {"name": "python3.11"})
+    meta("process_labels", device, 0, {"labels": f"GPU {device}"})
+    meta("process_sort_index", device, 0, {"sort_index": 16777216 + device})
+    for tid, label in ((host.main_tid, "pt_main_thread"), (host.autograd_tid, f"pt_autograd_{device}")):
+        meta("thread_name", host.pid, tid, {"name": f"thread {tid} ({label})"})
+        meta("thread_sort_index", host.pid, tid, {"sort_index": tid})
+    for stream in sorted({k.stream for k in kernels}):
+        meta("thread_name", device, stream, {"name": f"stream {stream} "})
+        meta("thread_sort_index", device, stream, {"sort_index": stream})
+    for ev in host.events:
+        x(ev.cat, ev.name, host.pid, ev.tid, ev.start_ns, ev.end_ns, dict(ev.args))
+    by_external = {ev.args["External id"]: ev for ev in host.events if ev.cat != "cuda_runtime"}
+    for k in kernels:
+        args = {"External id": k.external_id, "queued": 0, "device": device, "context": 1, "stream": k.stream,
+                "correlation": k.correlation, "registers per thread": 96 if k.message else 128,
+                "shared memory": 0, "blocks per SM": 0.5, "warps per SM": 2.0,
+                "grid": [2, 1, 1] if k.message else [132, 1, 1], "block": [640, 1, 1] if k.message else [384, 1, 1],
+                "est. achieved occupancy %": 0 if k.message else 19}
+        extra = dict(k.args)
+        annotation = extra.pop("_annotation", None)
+        args.update(extra)
+        x("kernel", k.name, device, k.stream, k.start_ns, k.end_ns, args)
+        events.append({"ph": "s", "id": k.correlation, "pid": host.pid, "tid": k.tid,
+                       "ts": _us(k.launch_start_ns + offset), "cat": "ac2g", "name": "ac2g"})
+        events.append({"ph": "f", "id": k.correlation, "pid": device, "tid": k.stream,
+                       "ts": _us(k.start_ns + offset), "cat": "ac2g", "name": "ac2g", "bp": "e"})
+        if annotation:
+            title, ext = annotation
+            x("gpu_user_annotation", title, device, k.stream, k.start_ns, k.end_ns, {"External id": ext})
+    for ev in host.events:  # the optimizer's device extent, as Kineto records it
+        if ev.name.startswith("Optimizer.step"):
+            mine = [k for k in kernels if k.kind == "optimizer" and ev.start_ns <= k.launch_start_ns <= ev.end_ns]
+            x("gpu_user_annotation", ev.name, device, COMPUTE_STREAM, min(k.start_ns for k in mine),
+              max(k.end_ns for k in mine), {"External id": ev.args["External id"]})
+    for flow_id, forward_ext, backward_ext in host.flows:
+        fwd, bwd = by_external[forward_ext], by_external[backward_ext]
+        events.append({"ph": "s", "id": flow_id, "pid": host.pid, "tid": fwd.tid, "ts": _us(fwd.start_ns + offset),
+                       "cat": "fwdbwd", "name": "fwdbwd"})
+        events.append({"ph": "f", "id": flow_id, "pid": host.pid, "tid": bwd.tid, "ts": _us(bwd.start_ns + offset),
+                       "cat": "fwdbwd", "name": "fwdbwd", "bp": "e"})
+    first = min(ev.start_ns for ev in host.events)
+    last = max([ev.end_ns for ev in host.events] + [k.end_ns for k in kernels])
+    x("Trace", "PyTorch Profiler (0)", "Spans", "PyTorch Profiler", first - 1_000, last + 1_000, {"Op count": 0})
+    # Time order, metadata first, a parent before the children that start with it.
+    events.sort(key=lambda e: (e["ph"] != "M", e["ts"], -e.get("dur", 0)))
+    props = {"name": "NVIDIA H100 80GB HBM3 (generated)", "totalGlobalMem": 85_024_112_640, "computeMajor": 9,
+             "computeMinor": 0, "maxThreadsPerBlock": 1024, "maxThreadsPerMultiprocessor": 2048,
+             "regsPerBlock": 65536, "warpSize": 32, "sharedMemPerBlock": 49152, "numSms": 132,
+             "regsPerMultiprocessor": 65536, "sharedMemPerBlockOptin": 232448, "sharedMemPerMultiprocessor": 233472}
+    return {
+        "schemaVersion": 1,
+        "deviceProperties": [{"id": d, **props} for d in range(sc.p)],
+        "distributedInfo": {"backend": "nccl", "rank": host.rank, "world_size": sc.p, "pg_count": 1,
+                            "pg_config": [{"pg_name": "0", "pg_desc": "default_pg", "backend_config": "cuda:nccl",
+                                           "pg_size": sc.p, "ranks": list(range(sc.p))}],
+                            "nccl_version": "2.21.5"},
+        "record_shapes": 1,
+        "traceEvents": events,
+        "traceName": f"generated_{sc.name}/rank{host.rank}.json",
+        "displayTimeUnit": "ms",
+        "baseTimeNanoseconds": BASE_TIME_NS,
+    }
+
+
+def generate(sc: Scenario, out_dir: Path | str) -> tuple[Path, dict]:
+    """Simulate ``sc`` and write ``generated_<name>/rank{R}.json.gz`` and, beside that folder,
+    ``generated_<name>.truth.json`` (outside it, so tracekit does not see a stray file).
+
+    Returns the run folder and the ground truth (the same dict as the truth file).
+    """
+    ranks, kernels = simulate(sc)
+    truth = ground_truth(sc, ranks, kernels)
+    folder = Path(out_dir) / f"generated_{sc.name}"
+    folder.mkdir(parents=True, exist_ok=True)
+    for host in ranks:
+        doc = _rank_document(sc, host, [k for k in kernels if k.rank == host.rank])
+        # mtime=0: the same scenario gives the same bytes
+        (folder / f"rank{host.rank}.json.gz").write_bytes(gzip.compress(json.dumps(doc).encode(), mtime=0))
+    truth_path(folder).write_text(json.dumps(truth, indent=1))
+    return folder, truth
+
+
+def truth_path(folder: Path) -> Path:
+    """Where :func:`generate` writes the ground truth of the run in ``folder``."""
+    return folder.with_name(folder.name + ".truth.json")
+
+
+# The scenarios of tracekit issue #12's acceptance tests (p=4, m=8, small and fast).
+SCENARIOS: dict[str, Scenario] = {
+    "host_ahead": Scenario("host_ahead", steps=3, host_sync=False),
+    "slow_stage": Scenario("slow_stage", stage_factor={2: 2.0}),
+    "slow_link": Scenario("slow_link", link_transfer_ns={(1, 2): 400_000}),
+    "launch_bound": Scenario("launch_bound", rank_launch_ns={1: 80_000}),
+    "interleaved": Scenario("interleaved", schedule="Interleaved1F1B", v=2, kernel_ns=25_000),
+    "unlabelled_1f1b": Scenario("unlabelled_1f1b", labelled=False),
+    "clock_offset": Scenario("clock_offset", clock_offset_ns={1: 3_000_000, 3: -2_000_000}),
+    "gpipe": Scenario("gpipe", schedule="GPipe"),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Write a GENERATED GPU pipeline trace (not a real one).")
+    parser.add_argument("--scenario", choices=sorted(SCENARIOS), required=True)
+    parser.add_argument("--out", type=Path, required=True, help="folder to write generated_<name>/ into")
+    args = parser.parse_args()
+    folder, truth = generate(SCENARIOS[args.scenario], args.out)
+    print(folder)
+    for row in truth["ranks"]:
+        print(f"rank {row['rank']}: bubble {row['bubble_ratio']:.3f} (host view {row['host_bubble_ratio']:.3f}), "
+              f"host wait {row['host_wait_ns'] / 1e6:.2f} ms")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,223 @@
+"""The GENERATED GPU pipeline traces of tests/gpu_tracegen.py are what their truth says.
+
+The written files are read back with plain gzip/json (never tracekit) and busy, idle and the
+P2P kernel pairs are recomputed from the raw events; tracekit's parser must read them cleanly.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from gpu_tracegen import LAUNCH_LATENCY_NS, NCCL_KERNEL, ORIGIN_NS, SCENARIOS, Scenario, generate, truth_path
+
+CHECKED = ["host_ahead", "slow_stage", "slow_link", "launch_bound", "interleaved", "unlabelled_1f1b",
+           "clock_offset"]
+
+
+def _ns(us: float) -> int:
+    return round(us * 1000)
+
+
+class RawRank:
+    """One rank file's events, times in ns on the reference clock (the rank's offset removed)."""
+
+    def __init__(self, path: Path, offset_ns: int):
+        self.doc = json.loads(gzip.decompress(path.read_bytes()))
+        self.rank = self.doc["distributedInfo"]["rank"]
+        self.events = self.doc["traceEvents"]
+        xs = [e for e in self.events if e["ph"] == "X"]
+        for e in xs:
+            e["start"] = _ns(e["ts"]) - ORIGIN_NS - offset_ns
+            e["end"] = e["start"] + _ns(e["dur"])
+        launches = {e["args"]["correlation"]: e for e in xs if e["name"] == "cudaLaunchKernel"}
+        self.steps = {int(e["name"].split("#")[1]): e for e in xs if e["name"].startswith("ProfilerStep#")}
+        optim = [e for e in xs if e["cat"] == "user_annotation" and e["name"].startswith("Optimizer.step")]
+        self.kernels = []
+        for k in (e for e in xs if e["cat"] == "kernel"):
+            launch = launches[k["args"]["correlation"]]
+            k["launch"] = launch
+            k["step"] = next(n for n, s in self.steps.items() if s["start"] <= launch["start"] < s["end"])
+            k["optimizer"] = any(o["start"] <= launch["start"] < o["end"] for o in optim)
+            self.kernels.append(k)
+
+    def compute(self, step: int, with_optimizer: bool = True) -> list[dict]:
+        return [k for k in self.kernels if k["step"] == step and k["name"] != NCCL_KERNEL
+                and (with_optimizer or not k["optimizer"])]
+
+
+def _read(folder: Path, sc: Scenario) -> list[RawRank]:
+    return [RawRank(folder / f"rank{r}.json.gz", sc.clock_offset_ns.get(r, 0)) for r in range(sc.p)]
+
+
+def _union_in(spans, lo: int, hi: int) -> int:
+    total, reach = 0, lo
+    for start, end in sorted(spans):
+        start, end = max(start, reach), min(end, hi)
+        if end > start:
+            total += end - start
+            reach = end
+    return total
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu_tracegen")
+    made = {}
+
+    def get(name: str):
+        if name not in made:
+            folder, truth = generate(SCENARIOS[name], out)
+            made[name] = (folder, truth, _read(folder, SCENARIOS[name]))
+        return made[name]
+
+    return get
+
+
+@pytest.mark.parametrize("name", CHECKED)
+def test_busy_and_idle_from_the_raw_kernels_equal_the_truth(generated, name):
+    folder, truth, ranks = generated(name)
+    expected = {(row["rank"], row["step"]): row for row in truth["per_step"]}
+    for step in truth["steps"]:
+        actions = [k for raw in ranks for k in raw.compute(step, with_optimizer=False)]
+        lo, hi = min(k["start"] for k in actions), max(k["end"] for k in actions)
+        for raw in ranks:
+            busy = _union_in([(k["start"], k["end"]) for k in raw.compute(step)], lo, hi)
+            row = expected[(raw.rank, step)]
+            assert (hi - lo, busy, hi - lo - busy) == (row["window_ns"], row["busy_ns"], row["idle_ns"]), (
+                f"{name} rank {raw.rank} step {step}")
+    for row in truth["ranks"]:
+        assert row["bubble_ratio"] == pytest.approx(row["idle_ns"] / row["window_ns"])
+
+
+@pytest.mark.parametrize("name", CHECKED)
+def test_p2p_kernel_pairs_from_the_raw_kernels_equal_the_truth(generated, name):
+    folder, truth, ranks = generated(name)
+    sends, recvs = defaultdict(list), defaultdict(list)
+    for raw in ranks:
+        for k in raw.kernels:
+            if k["name"] != NCCL_KERNEL:
+                continue
+            args = k["args"]
+            if args["Collective name"] == "send":
+                sends[(raw.rank, args["Dst Rank"])].append(k)
+            else:
+                recvs[(args["Src Rank"], raw.rank)].append(k)
+    found = []
+    for link, sent in sends.items():
+        got = recvs[link]
+        assert len(sent) == len(got), f"{name}: link {link} has {len(sent)} sends, {len(got)} recvs"
+        # Each direction has its own stream, so the n-th send pairs with the n-th recv.
+        for send, recv in zip(sorted(sent, key=lambda k: k["start"]), sorted(got, key=lambda k: k["start"])):
+            assert send["end"] == recv["end"], "paired SendRecv kernels end together"
+            later = max(send["start"], recv["start"])
+            found.append((link[0], link[1], send["step"], send["start"], recv["start"],
+                          later - min(send["start"], recv["start"]), send["end"] - later))
+    expected = [(p["src_rank"], p["dst_rank"], p["step"], p["send_start_ns"], p["recv_start_ns"], p["wait_ns"],
+                 p["transfer_ns"]) for p in truth["p2p_pairs"]]
+    assert sorted(found) == sorted(expected)
+    assert len(expected) == sum(1 for raw in ranks for k in raw.kernels if k["name"] == NCCL_KERNEL) // 2
+
+
+def test_the_slow_link_is_the_one_whose_pairs_transfer_long(generated):
+    _, truth, _ = generated("slow_link")
+    slow = {(p["src_rank"], p["dst_rank"]) for p in truth["p2p_pairs"] if p["transfer_ns"] > 100_000}
+    assert slow == {(1, 2)}
+
+
+def test_host_runs_ahead_of_the_device_by_a_step(generated):
+    _, truth, ranks = generated("host_ahead")
+    later_steps = truth["steps"][1:]
+    for step in later_steps:
+        actions = [k for raw in ranks for k in raw.compute(step, with_optimizer=False)]
+        window_ns = max(k["end"] for k in actions) - min(k["start"] for k in actions)
+        for raw in ranks:
+            host_end = raw.steps[step]["end"]
+            mine = [k for k in raw.kernels if k["step"] == step]
+            assert max(k["end"] for k in mine) - host_end >= window_ns, f"rank {raw.rank} step {step}"
+            assert min(k["start"] for k in mine) > host_end, (
+                f"rank {raw.rank}: a kernel of step {step} ran before ProfilerStep#{step} ended")
+
+
+def test_with_a_host_sync_the_device_does_not_outlive_the_host_step(generated):
+    _, truth, ranks = generated("slow_stage")
+    for raw in ranks:
+        for step in truth["steps"]:
+            assert max(k["end"] for k in raw.kernels if k["step"] == step) <= raw.steps[step]["end"]
+
+
+def test_the_launch_bound_rank_alone_waits_for_its_host(generated):
+    _, truth, ranks = generated("launch_bound")
+    waits = {row["rank"]: row["host_wait_ns"] for row in truth["ranks"]}
+    assert waits[1] > 0.2 * truth["ranks"][1]["window_ns"]
+    assert [waits[r] for r in (0, 2, 3)] == [0, 0, 0]
+    # On the raw events: rank 1's compute kernels start right at their launch's end.
+    stream = sorted(ranks[1].compute(truth["steps"][-1]), key=lambda k: k["start"])
+    at_launch = [k for k in stream if k["start"] == k["launch"]["end"] + LAUNCH_LATENCY_NS]
+    assert len(at_launch) > 0.6 * len(stream)
+
+
+def test_injected_causes_move_the_truth_the_way_they_should(generated):
+    _, slow, _ = generated("slow_stage")
+    bubbles = [row["bubble_ratio"] for row in slow["ranks"]]
+    assert bubbles[2] < min(bubbles[r] for r in (0, 1, 3)) - 0.2  # the slow stage is the busy one
+    assert slow["injected"] == {"cause": "imbalance", "stage": 2}
+    _, plain, _ = generated("unlabelled_1f1b")
+    theory = (4 - 1) / (8 + 4 - 1)  # 1F1B fill/drain for p=4, m=8
+    assert all(theory <= row["bubble_ratio"] < theory + 0.05 for row in plain["ranks"])
+    _, interleaved, _ = generated("interleaved")
+    assert max(row["bubble_ratio"] for row in interleaved["ranks"]) < theory
+
+
+@pytest.mark.parametrize("name", CHECKED)
+def test_the_events_follow_the_real_gpu_trace_schema(generated, name):
+    folder, _, ranks = generated(name)
+    sc = SCENARIOS[name]
+    for raw in ranks:
+        doc = raw.doc
+        assert "host_name" not in doc
+        assert doc["distributedInfo"]["backend"] == "nccl" and doc["distributedInfo"]["world_size"] == sc.p
+        assert {"schemaVersion", "deviceProperties", "baseTimeNanoseconds", "traceEvents"} <= set(doc)
+        flows = defaultdict(dict)
+        for e in raw.events:
+            if e.get("cat") == "ac2g":
+                flows[e["id"]][e["ph"]] = e
+        main_tid = next(iter(raw.steps.values()))["tid"]
+        assert main_tid == next(iter(raw.steps.values()))["pid"]
+        for k in raw.kernels:
+            assert k["pid"] == raw.rank and k["tid"] == k["args"]["stream"]
+            assert k["args"]["External id"] == k["launch"]["args"]["External id"]
+            assert flows[k["args"]["correlation"]]["f"]["tid"] == k["tid"]
+            assert flows[k["args"]["correlation"]]["s"]["tid"] == k["launch"]["tid"]
+        xs = [e for e in raw.events if e["ph"] == "X"]
+        forward = {e["args"]["Sequence number"] for e in xs if e["name"] == "aten::linear"}
+        backward = [e for e in xs if e["name"].startswith("autograd::engine::evaluate_function: AddmmBackward0")]
+        assert backward and all(e["tid"] != main_tid for e in backward)
+        assert {e["args"]["Sequence number"] for e in backward} == forward
+        comms = [e for e in xs if e["name"] == "record_param_comms"]
+        assert comms and all(("Dst Rank" if e["args"]["Collective name"] == "send" else "Src Rank") in e["args"]
+                             for e in comms)
+        labels = [e for e in xs if e["name"].startswith("PP:")]
+        assert bool(labels) == sc.labelled
+
+
+@pytest.mark.parametrize("name", CHECKED)
+def test_tracekit_reads_every_generated_file_without_warnings(generated, name):
+    from tracekit.ingest import load_run
+
+    folder, _, _ = generated(name)
+    run = load_run(folder, reconstruct=False)
+    assert sorted(f.rank for f in run.files) == list(range(SCENARIOS[name].p))
+    assert [w for f in run.files for w in f.warnings] == []
+    assert run.warnings == []
+
+
+def test_the_same_scenario_writes_the_same_bytes(tmp_path):
+    sc = Scenario("twice", p=2, m=2)
+    first, _ = generate(sc, tmp_path / "a")
+    second, _ = generate(sc, tmp_path / "b")
+    assert (first / "rank1.json.gz").read_bytes() == (second / "rank1.json.gz").read_bytes()
+    assert json.loads(truth_path(first).read_text()) == json.loads(truth_path(second).read_text())
