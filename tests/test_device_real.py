@@ -193,7 +193,6 @@ def test_all_to_all_sendrecv_kernels_give_no_device_p2p_pairs(name):
     assert not (run.device["kind"] == "p2p").any()
 
 
-@pytest.mark.xfail(strict=True, reason="tracekit analyze --json has no device.p2p_pairs yet")
 @pytest.mark.parametrize("name", P2P_FREE)
 def test_analysis_json_lists_no_p2p_pairs_for_all_to_all(name):
     path = _path_of(name)
