@@ -14,8 +14,12 @@ NCCL point-to-point kernels are told apart by where they were launched, not by n
 kernel whose launch (joined on correlation id AND process: ids collide across processes)
 falls inside an NCCL-domain ``ncclSend``/``ncclRecv`` range, or inside an ``ncclGroupEnd``
 closing a group of sends/receives, on the same thread, is P2P and is renamed
-``nccl:SendRecv|<kernel short name>``. The kernel-name pattern is used only when the launch
-cannot be placed. :func:`match_nccl_p2p` pairs such kernels across ranks.
+``nccl:SendRecv|<kernel short name>``, unless that call sits inside an all_to_all
+(``nccl:all_to_all`` / ``c10d::alltoall*`` on the same thread): torch runs all_to_all as a
+group of sends and receives, one per peer, and it is a collective. The kernel-name pattern
+is used only when the launch cannot be placed, and not in a process where kernels of that
+pattern were placed in collectives (there the name says nothing).
+:func:`match_nccl_p2p` pairs P2P kernels across ranks.
 
 Processes become ranks by, in order: the caller's ``rank_map`` {pid: rank}; what the report
 states (NVTX marks or thread names such as ``tracekit:rank=3 world_size=4`` or ``MPI Rank 0``,
@@ -50,6 +54,9 @@ _RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PR
 _WORLD_VARS = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS", "MV2_COMM_WORLD_SIZE")
 _RANK_ARG = re.compile(r"^--(local[_-])?rank[=\s](\d{1,7})$")
 _COLLECTIVE_CALL = re.compile(r"^nccl(All|Reduce|Broadcast|Bcast)")
+# host ranges around NCCL calls that make their sends/receives an all_to_all (ProcessGroupNCCL's
+# title, c10d's op): a collective, however its NCCL calls look
+_ALL_TO_ALL_RANGE = re.compile(r"^(nccl:all_to_all|c10d::alltoall)")
 
 
 def pid_of(gtid) -> np.ndarray:
@@ -332,11 +339,16 @@ def _nccl_groups(nvtx_rows: pd.DataFrame) -> pd.DataFrame:
     """NCCL calls that can launch kernels, each flagged P2P or not, per thread.
 
     Kernels of a group are launched inside its ``ncclGroupEnd``; the group is P2P when
-    its calls were sends/receives only. A lone ``ncclSend``/``ncclRecv`` launches its own.
+    its calls were sends/receives only and it is not inside an all_to_all range of the same
+    thread. A lone ``ncclSend``/``ncclRecv`` launches its own.
     """
     nccl = nvtx_rows[nvtx_rows["name"].str.startswith("nccl:nccl")].sort_values("start_ns")
+    all_to_all = nvtx_rows[nvtx_rows["name"].str.match(_ALL_TO_ALL_RANGE)]
+    spans = {key: (g["start_ns"].to_numpy(np.int64), g["end_ns"].to_numpy(np.int64))
+             for key, g in all_to_all.groupby(["pid", "tid"])}
     out = {k: [] for k in ("pid", "tid", "start_ns", "end_ns", "p2p", "peer", "nbytes")}
     for (pid, tid), thread in nccl.groupby(["pid", "tid"]):
+        a2a_start, a2a_end = spans.get((pid, tid), (np.zeros(0, np.int64), np.zeros(0, np.int64)))
         depth = 0
         calls: list[tuple[str, int, int]] = []
         for row in thread.itertuples(index=False):
@@ -357,7 +369,8 @@ def _nccl_groups(nvtx_rows: pd.DataFrame) -> pd.DataFrame:
             else:
                 launched = [(call, row.peer, row.nbytes)]
             sends = [c for c in launched if c[0] in names.NCCL_P2P_CALLS]
-            p2p = bool(sends) and not any(_COLLECTIVE_CALL.match(c[0]) for c in launched)
+            p2p = (bool(sends) and not any(_COLLECTIVE_CALL.match(c[0]) for c in launched)
+                   and not ((a2a_start <= row.start_ns) & (row.end_ns <= a2a_end)).any())
             peers = {c[1] for c in sends if c[1] >= 0}
             out["pid"].append(pid)
             out["tid"].append(tid)
@@ -374,7 +387,9 @@ def _classify_p2p(kernels: pd.DataFrame, short_names: np.ndarray, launches: pd.D
     """Rename P2P kernels ``nccl:SendRecv|<short name>`` and fill peer where known (in place).
 
     Returns how each kernel was decided: "launch" (P2P by its launch), "name" (P2P by name
-    alone), "collective" (SendRecv-named but launched by a collective), or "".
+    alone), "collective" (SendRecv-named but launched by a collective), "unplaced"
+    (SendRecv-named, launch not found, in a process whose placed SendRecv-named kernels
+    include collectives: not taken as P2P), or "".
     """
     by_name = np.array([bool(names.NCCL_P2P_KERNEL.search(str(s))) for s in short_names])
     decided = np.zeros(len(kernels), dtype=bool)
@@ -403,8 +418,12 @@ def _classify_p2p(kernels: pd.DataFrame, short_names: np.ndarray, launches: pd.D
                     peer[k], nbytes[k] = g["peer"].iloc[p], g["nbytes"].iloc[p]
     how = np.full(len(kernels), "", dtype=object)
     how[decided & is_p2p] = "launch"
-    how[decided & ~is_p2p & by_name] = "collective"
-    fallback = ~decided & by_name
+    collective = decided & ~is_p2p & by_name
+    how[collective] = "collective"
+    # where the name was seen on collectives it cannot tell a P2P kernel from them
+    ambiguous = kernels["os_pid"].isin(kernels.loc[collective, "os_pid"]).to_numpy()
+    how[~decided & by_name & ambiguous] = "unplaced"
+    fallback = ~decided & by_name & ~ambiguous
     how[fallback] = "name"
     is_p2p |= fallback
     renamed = [f"{names.NCCL_P2P_NAME}|{s}" for s in short_names[is_p2p]]
@@ -598,6 +617,11 @@ def _build(report: _Report, file_id: int, rank_map: dict[int, int] | None) -> Pa
         report_warnings.append(
             f"{report.path.name}: {by_name} NCCL kernels were taken as P2P by their name alone "
             "(their launch or an NCCL NVTX range around it is not in the report)")
+    unplaced = int((p2p_how["how"] == "unplaced").sum())
+    if unplaced:
+        report_warnings.append(
+            f"{report.path.name}: {unplaced} SendRecv-named NCCL kernels whose launch is not in the "
+            "report were not taken as P2P: kernels of that name ran collectives in the same process")
     raw_counts = _raw_counts(report)
     nccl_pids = set(events.loc[events["name"].str.startswith("nccl:"), "os_pid"].astype(int))
     gloo_pids = set(events.loc[events["name"].str.startswith("gloo:"), "os_pid"].astype(int))
@@ -616,7 +640,8 @@ def _build(report: _Report, file_id: int, rank_map: dict[int, int] | None) -> Pa
         counts = p2p_how.loc[p2p_how["os_pid"] == pid, "how"].value_counts()
         profiler = dict(report.profiler, pid=pid, processes_in_report=len(pids), nccl_p2p_kernels={
             "by_launch": int(counts.get("launch", 0)), "by_name": int(counts.get("name", 0)),
-            "sendrecv_named_in_collectives": int(counts.get("collective", 0))})
+            "sendrecv_named_in_collectives": int(counts.get("collective", 0)),
+            "sendrecv_named_unplaced": int(counts.get("unplaced", 0))})
         trace = TraceFile(
             path=report.path, format=report.format, rank=rank, ranks=[rank],
             world_size=decision.world_size, host=report.host, clock=report.clock,
@@ -684,9 +709,13 @@ def match_nccl_p2p(events: pd.DataFrame) -> pd.DataFrame:
     NCCL runs a send and its receive as one kernel on each side, so the k-th P2P kernel
     between ranks a and b on a pairs with the k-th on b. Kernels with a known peer are
     grouped by (rank, peer); with exactly two ranks the peer is the other one. Returns one
-    row per pair (``index_*`` are index labels into ``events``): the transfer is taken as
-    the shorter kernel, the rest of each kernel as waiting for the peer. Kernels left
-    unpaired (unknown peer among 3+ ranks, a window that cut one side) are not returned.
+    row per pair (``index_*`` are index labels into ``events``). The kernel that starts
+    first spins until its peer's starts: its ``wait_*_ns`` is the later start minus the
+    earlier (the other side's is 0); ``transfer_ns`` runs from the later start to the first
+    end (``min(end_a, end_b) - max(start_a, start_b)``), when both kernels run. A negative
+    transfer means the two kernels never overlap: a wrong pairing or clocks that disagree.
+    Kernels left unpaired (unknown peer among 3+ ranks, a window that cut one side) are not
+    returned.
     """
     p2p = events[events["on_gpu"] & events["name"].str.startswith(names.NCCL_P2P_NAME)]
     if p2p.empty:
@@ -704,8 +733,8 @@ def match_nccl_p2p(events: pd.DataFrame) -> pd.DataFrame:
             continue
         side_b = groups[(b, a)]
         for ka, kb in zip(side_a.itertuples(), side_b.itertuples()):
-            dur_a, dur_b = ka.end_ns - ka.start_ns, kb.end_ns - kb.start_ns
-            transfer = min(dur_a, dur_b)
+            later_start = max(ka.start_ns, kb.start_ns)
+            transfer = min(ka.end_ns, kb.end_ns) - later_start
             rows.append([len(rows), a, b, ka.Index, kb.Index, ka.start_ns, ka.end_ns, kb.start_ns,
-                         kb.end_ns, transfer, dur_a - transfer, dur_b - transfer])
+                         kb.end_ns, transfer, later_start - ka.start_ns, later_start - kb.start_ns])
     return pd.DataFrame(rows, columns=P2P_PAIR_COLUMNS)
