@@ -152,13 +152,10 @@ def test_negative_queue_trace_keeps_the_tail_in_tracekit():
     assert got[-1][3] - ops.host_step_end_ns[554] == 158_246_000
 
 
-# The unmarked step 0 spans the rank's host events without its CUDA API calls
-# (tracekit/reconstruct/__init__.py: find_steps(host_events)), so an op whose launch is the
-# rank's earliest event gets no step and is dropped: flameox's memcpy (cudaMemcpyAsync at
-# 339216533 ns, 864 ns copy), nsysai_mock's first kernel (launch at 1517.7 ms, 1440 ns).
-_STEP0_BUG = "tracekit's unmarked step 0 leaves out CUDA API calls: an op launched before every other event is dropped"
-NSYS_CASES = [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=_STEP0_BUG))
-              if n in ("flameox_nsight-2025.5.2.sqlite", "nsysai_mock.sqlite") else n for n in NSYS_REPORTS]
+# An unmarked rank's step 0 spans everything it recorded, CUDA API calls included: flameox's
+# first copy (cudaMemcpyAsync at 339216533 ns) and nsysai_mock's first kernel (launched at
+# 1517.7 ms) were launched before any other event and were once dropped.
+NSYS_CASES = NSYS_REPORTS
 
 
 @pytest.mark.parametrize("name", NSYS_CASES)
