@@ -90,27 +90,40 @@ def test_two_gpu_report_sendrecv_kernels_are_all_to_all_not_p2p(name, per_gpu):
         launches = events[(events["cat"] == "runtime") & events["correlation"].isin(sendrecv["correlation"])]
         assert len(launches) == per_gpu - 1
     assert any("were not taken as P2P" in w for w in pairs[0][0].warnings)
-    assert nsys.match_nccl_p2p(_all_events(pairs)).empty
+    assert _kernel_pairs(_all_events(pairs)).empty
+
+
+def _kernel_pairs(events: pd.DataFrame) -> pd.DataFrame:
+    """The device P2P kernel pairs tracekit finds in a run without pipeline actions."""
+    from tracekit.reconstruct.device import device_ops, pair_p2p_kernels
+    from tracekit.reconstruct.steps import find_steps
+
+    return pair_p2p_kernels(device_ops(events, find_steps(events)), events)
 
 
 def _generated_p2p_events(kernels: list[tuple[int, int, int]]) -> pd.DataFrame:
     """generated_ P2P kernel rows (rank, start_ns, end_ns) between ranks 0 and 1: made up here."""
-    return pd.DataFrame({
-        "on_gpu": True, "name": "nccl:SendRecv|ncclDevKernel_SendRecv", "peer": -1,
-        "rank": [k[0] for k in kernels], "start_ns": [k[1] for k in kernels], "end_ns": [k[2] for k in kernels]})
+    from tracekit.model.events import conform
+
+    n = len(kernels)
+    return conform(pd.DataFrame({
+        "rank": [k[0] for k in kernels], "file_id": [k[0] for k in kernels], "source_index": range(n),
+        "cat": "kernel", "name": "nccl:SendRecv|ncclDevKernel_SendRecv",
+        "start_ns": [k[1] for k in kernels], "end_ns": [k[2] for k in kernels], "pid": 0, "tid": 20,
+        "on_gpu": True, "depth": 0, "seq": -1, "peer": -1, "tag": -1, "nbytes": -1, "correlation": -1}))
 
 
-def test_match_nccl_p2p_wait_is_on_the_side_that_started_first():
-    table = nsys.match_nccl_p2p(_generated_p2p_events([
+def test_kernel_pairs_wait_is_on_the_side_that_started_first():
+    table = _kernel_pairs(_generated_p2p_events([
         (0, 100, 500), (1, 300, 505),      # rank 0 starts 200 ns early, rank 0 ends first
         (0, 1_000, 1_300), (1, 900, 1_310),  # rank 1 starts 100 ns early
         (0, 2_000, 2_100), (1, 2_000, 2_400),  # both start together: nobody waits
     ]))
-    assert table[["wait_a_ns", "wait_b_ns", "transfer_ns"]].values.tolist() == [
-        [200, 0, 200], [0, 100, 300], [0, 0, 100]]  # "the shorter kernel" would say 205 for the first
+    assert table[["waiting_rank", "wait_ns", "transfer_ns"]].values.tolist() == [
+        [0, 200, 200], [1, 100, 300], [-1, 0, 100]]  # "the shorter kernel" would say 205 for the first
 
 
-def test_match_nccl_p2p_on_real_kernel_times_agrees_with_the_reference():
+def test_kernel_pairs_on_real_kernel_times_agree_with_the_reference():
     # The real all_to_all SendRecv kernels of a 2-GPU report, renamed as P2P here only to run
     # the pairing on real device times; tests/device_reference.py pairs them from the raw SQLite.
     import device_reference
@@ -119,7 +132,9 @@ def test_match_nccl_p2p_on_real_kernel_times_agrees_with_the_reference():
     events = _all_events(_parse(path))
     sendrecv = events["on_gpu"] & events["name"].str.startswith("ncclDevKernel_SendRecv")
     events = events.assign(name=events["name"].astype(object).where(~sendrecv, "nccl:SendRecv|ncclDevKernel_SendRecv"))
-    table = nsys.match_nccl_p2p(events)
+    table = _kernel_pairs(events).rename(columns={
+        "send_start_ns": "start_a_ns", "send_end_ns": "end_a_ns", "recv_start_ns": "start_b_ns",
+        "recv_end_ns": "end_b_ns"})
     kernels = device_reference.nsys_reference(path).nccl_kernels
     expected = device_reference.kernel_pairs(*[[(k.start_ns, k.end_ns) for k in kernels if k.rank == r]
                                                for r in (0, 1)])
@@ -127,8 +142,7 @@ def test_match_nccl_p2p_on_real_kernel_times_agrees_with_the_reference():
     got = table[["start_a_ns", "end_a_ns", "start_b_ns", "end_b_ns", "transfer_ns"]].values.tolist()
     assert got == [[p["start_a_ns"], p["end_a_ns"], p["start_b_ns"], p["end_b_ns"], p["transfer_ns"]]
                    for p in expected]
-    assert (table["wait_a_ns"] + table["wait_b_ns"]).tolist() == [p["wait_ns"] for p in expected]
-    assert ((table["wait_a_ns"] == 0) | (table["wait_b_ns"] == 0)).all()
+    assert table["wait_ns"].tolist() == [p["wait_ns"] for p in expected]
     # one transfer, one clock: the two sides end within 30 us, every transfer is positive
     assert (table["end_a_ns"] - table["end_b_ns"]).abs().max() < 30_000
     assert (table["transfer_ns"] > 0).all()

@@ -93,7 +93,6 @@ def device_figures(run, bubbles: pd.DataFrame) -> DeviceFigures:
     rows = []
     by_rank_step = {(int(r), int(s)): g for (r, s), g in device.groupby(["rank", "step"], sort=False)}
     busy_kinds = busy_ops(device).index
-    messages = run.messages
     paired = run.device_pairs
     for row in bubbles.itertuples(index=False):
         rank, step, lo, hi = int(row.rank), int(row.step), int(row.window_start_ns), int(row.window_end_ns)

@@ -16,7 +16,6 @@ import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-import msgspec
 import numpy as np
 import orjson
 

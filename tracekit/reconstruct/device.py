@@ -100,7 +100,7 @@ def link_p2p_kernels(ops: pd.DataFrame, host_p2p: pd.DataFrame) -> np.ndarray:
     by_thread = {key: (g["launch_ns"].to_numpy(np.int64), g["op_id"].to_numpy(np.int64))
                  for key, g in comm.groupby(["rank", "launch_tid"])}
     ranks, tids = host_p2p["rank"].to_numpy(), host_p2p["tid"].to_numpy()
-    starts, ends = host_p2p["start_ns"].to_numpy(np.int64), host_p2p["end_ns"].to_numpy(np.int64)
+    starts = host_p2p["start_ns"].to_numpy(np.int64)
     for i in range(len(host_p2p)):
         found = by_thread.get((int(ranks[i]), int(tids[i])))
         if found is None:
