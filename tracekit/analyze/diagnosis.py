@@ -73,7 +73,7 @@ def diagnose(analysis) -> list[Finding]:
             if finding:
                 faults.append(finding)
     schedule = _fill_drain(analysis, totals, window_ns)
-    faults += launch
+    faults = _with_launch_bound(faults, launch)
     findings = faults + ([schedule] if schedule else [])
     urgent = sorted((f for f in faults if f.cost_share >= HIGH_SHARE), key=lambda f: -f.cost_share)
     rest = sorted((f for f in findings if f not in urgent and f.severity != "info"), key=lambda f: -f.cost_share)
@@ -344,6 +344,23 @@ def _replayed(analysis, new_m: int, figures: dict) -> str:
         figures[f"{key}_step_change"] = round(change, 4)
     return (" Replayed with this run's own overheads, latencies and spread (tracekit whatif): "
             + "; ".join(parts) + ".")
+
+
+def _with_launch_bound(faults: list[Finding], launch: list[Finding]) -> list[Finding]:
+    """A launch-bound rank is where the host overhead comes from: one finding says both, with
+    the overhead's attributed cost (its wait reaches every rank down the pipeline)."""
+    if not launch:
+        return faults
+    bound = launch[0]
+    overhead = next((f for f in faults if f.cause == "overhead"), None)
+    if overhead is None:
+        return faults + launch
+    cost = max(bound.cost_share, overhead.cost_share)
+    headline = (f"{bound.headline} Host overhead idles {_pct(overhead.cost_share)} of the device time, "
+                "on the other ranks too: they wait for it down the pipeline.")
+    merged = replace(bound, severity=severity_of(cost), headline=headline, cost_share=cost,
+                     figures={**bound.figures, "overhead": overhead.figures, "cost_share": round(cost, 4)})
+    return [merged if f is overhead else f for f in faults]
 
 
 def _launch_bound(analysis) -> list[Finding]:

@@ -62,6 +62,9 @@ class CostModel:
     overhead: dict[int, np.ndarray]                  # rank -> ns (actions that start a label)
     latency: dict[tuple, np.ndarray]                 # (src rank, dst rank[, "fused"]) -> ns
     all_latency: np.ndarray
+    # Device messages' rendezvous transfers (see replay), pooled like latency; empty on the host.
+    transfer: dict[tuple, np.ndarray] = field(default_factory=dict)
+    all_transfer: np.ndarray = field(default_factory=lambda: np.zeros(1, dtype=np.int64))
     fused_overhead: dict[int, np.ndarray] = field(default_factory=dict)   # rank -> ns, second halves of fused labels
     stage_work: dict[tuple[int, str], np.ndarray] = field(default_factory=dict)  # (stage, kind) -> one chunk, ns
     graphs: list[StepGraph] = field(default_factory=list)   # the measured steps
@@ -140,6 +143,7 @@ def cost_model(run: Run, graphs: list[StepGraph] | None = None) -> CostModel:
     fused_overhead: dict[int, list[int]] = {}
     per_stage: dict[tuple[int, str], list[int]] = {}
     latency: dict[tuple[int, int], list[int]] = {}
+    transfer: dict[tuple[int, int], list[int]] = {}
     labels = run.actions.set_index("action_id")[["label", "label_start_ns"]]
     fused_of_graph = [_fused(labels, g) for g in graphs]
     for g, fused in zip(graphs, fused_of_graph):
@@ -148,11 +152,11 @@ def cost_model(run: Run, graphs: list[StepGraph] | None = None) -> CostModel:
             (fused_overhead if f else overhead).setdefault(r, []).append(o)
         for s, k, d in zip(g.stage.tolist(), g.kind.tolist(), g.dur.tolist()):
             per_stage.setdefault((s, k), []).append(d)
-        # A rendezvous transfer is replayed as latency: generated orders have no rank to wait for.
-        for s, d, lat, msg in zip(g.edge_src, g.edge_dst, g.edge_lat + g.edge_xfer, g.edge_msg):
+        for s, d, lat, xfer, msg in zip(g.edge_src, g.edge_dst, g.edge_lat, g.edge_xfer, g.edge_msg):
             if msg >= 0:  # into the second half of a fused label: its own pool (see _fused)
                 key = (int(g.rank[s]), int(g.rank[d])) if not fused[d] else (int(g.rank[s]), int(g.rank[d]), "fused")
                 latency.setdefault(key, []).append(int(lat))
+                transfer.setdefault(key, []).append(int(xfer))
     # Generated orders place stages on the first replica's ranks (the others repeat it).
     ranks = sorted(sched.pipelines[0]) if sched.pipelines else sorted(set(overhead) | set(fused_overhead))
     for r in ranks:  # a rank whose every action continues a fused label: use those
@@ -180,6 +184,8 @@ def cost_model(run: Run, graphs: list[StepGraph] | None = None) -> CostModel:
         stage_work={k: np.array(v, dtype=np.int64) for k, v in per_stage.items()},
         latency={k: np.array(v, dtype=np.int64) for k, v in latency.items()},
         all_latency=all_latency, graphs=graphs,
+        transfer={k: np.array(v, dtype=np.int64) for k, v in transfer.items() if any(v)},
+        all_transfer=np.array([x for k, v in transfer.items() if len(k) == 2 for x in v] or [0], dtype=np.int64),
         n_actions=sum(len(g.action_id) for g in graphs),
         n_messages=int(sum((g.edge_msg >= 0).sum() for g in graphs)),
     )
@@ -236,9 +242,14 @@ def _replay_many(graph: StepGraph, model: CostModel, rng, samples: int, scale, v
             ovh[fused] = _draw(rng, model.fused_overhead, [ranks[i] for i in np.flatnonzero(fused)],
                                model.all_overhead())
         lat = _draw(rng, model.latency, links, model.all_latency)
+        xfer = None
+        if model.transfer:  # device messages (host runs draw nothing more: same answers as before)
+            xfer = _draw(rng, model.transfer, links, model.all_transfer)
         if by_stage:  # dependencies the measured run passed no message on keep their latency
-            lat = np.where(graph.edge_msg >= 0, lat, graph.edge_lat + graph.edge_xfer)
-        result = replay(graph, dur=dur, ovh=ovh, lat=lat)
+            lat = np.where(graph.edge_msg >= 0, lat, graph.edge_lat)
+            xfer = None if xfer is None else np.where(graph.edge_msg >= 0, xfer, graph.edge_xfer)
+        result = replay(graph, dur=dur, ovh=ovh, lat=lat,
+                        xfer=np.zeros_like(lat) if xfer is None else xfer)
         window = int(result.end.max() - result.start.min())
         steps[i] = window
         bubbles[i] = 1.0 - dur.sum() / (n_ranks * window) if window > 0 else 0.0
