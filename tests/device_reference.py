@@ -12,9 +12,11 @@ definitions (tracekit issue #12) are restated here from the issue, not from trac
 * step: the rank's host ``ProfilerStep#N`` whose closed span holds the launch's start (the
   earlier step where two touch); without a launch, the one holding the op's own start; else
   no step. A rank without ProfilerStep marks is one step, 0, over everything.
-* per step: window = first start to last end of the step's compute ops over all ranks; per
-  rank, busy = length of the union of its compute ops of the step (inside the window by
-  construction), idle = window - busy.
+* per step: window = from the step's first compute op (over all ranks), or from where the
+  previous step's window ended if that is later, to its last compute op's end: consecutive
+  windows never overlap (with the host a step ahead, a side stream runs step N+1 while the
+  main stream still runs step N), so their sum is the device's span. Per rank, busy = length
+  of the union of all its compute ops clipped to the window, idle = window - busy.
 * a P2P kernel pair: wait = later start - earlier start (on the side that started first),
   transfer = min(end_a, end_b) - later start.
 
@@ -85,14 +87,19 @@ def bubble_rows(ranks: list[DeviceOps]) -> list[BubbleRow]:
     """Per step (with compute ops on some rank) and per rank of the run: window, busy, idle."""
     steps = sorted({int(s) for ops in ranks for s in ops.step[~ops.is_comm] if s != NO_STEP})
     rows = []
+    previous_end = None
     for step in steps:
         picked = [(ops, (ops.step == step) & ~ops.is_comm) for ops in ranks]
-        window_start = min(int(ops.start_ns[m].min()) for ops, m in picked if m.any())
         window_end = max(int(ops.end_ns[m].max()) for ops, m in picked if m.any())
+        window_start = min(int(ops.start_ns[m].min()) for ops, m in picked if m.any())
+        if previous_end is not None:
+            window_start = min(max(window_start, previous_end), window_end)
+        previous_end = max(window_end, previous_end or window_end)
         window = window_end - window_start
         for ops, m in sorted(picked, key=lambda p: p[0].rank):
-            starts = np.clip(ops.start_ns[m], window_start, window_end)
-            ends = np.clip(ops.end_ns[m], window_start, window_end)
+            compute = ~ops.is_comm
+            starts = np.clip(ops.start_ns[compute], window_start, window_end)
+            ends = np.clip(ops.end_ns[compute], window_start, window_end)
             busy = union_ns(starts, ends)
             rows.append(BubbleRow(ops.rank, step, window_start, window_end, window, busy, window - busy))
     return rows

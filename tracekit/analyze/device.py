@@ -71,14 +71,30 @@ def measure_device_pipeline(actions: pd.DataFrame, device: pd.DataFrame) -> pd.D
 
 def measure_device_plain(device: pd.DataFrame) -> pd.DataFrame:
     """Bubble table of a run without pipeline actions, on the device: each step's window
-    runs from its first to its last compute op over all ranks."""
-    compute = device[(device["kind"] == "compute").to_numpy() & (device["step"].to_numpy() >= 0)]
-    windows = compute.groupby("step").agg(lo=("start_ns", "min"), hi=("end_ns", "max"))
-    ops = _by_rank_step(compute)
+    runs from its first compute op over all ranks (or from the end of the previous step's
+    window, if later) to its last; busy is the union of the rank's compute ops in it.
+
+    Windows never overlap: with the host a step ahead, side streams run step N+1's work
+    while the main stream still runs step N's, and per-step spans that overlapped would
+    count that stretch's idle twice. So the windows add up to the device's span, and busy
+    counts what the device did in each, whichever step launched it."""
+    compute = device[(device["kind"] == "compute").to_numpy()]
+    stepped = compute[compute["step"].to_numpy() >= 0]
+    spans = stepped.groupby("step").agg(lo=("start_ns", "min"), hi=("end_ns", "max")).sort_index()
+    present = {(int(r), int(s)) for r, s in zip(stepped["rank"], stepped["step"])}
+    per_rank = {int(r): (g["start_ns"].to_numpy(np.int64), g["end_ns"].to_numpy(np.int64))
+                for r, g in compute.groupby("rank")}
     rows = []
-    for (rank, step), (starts, ends) in sorted(ops.items()):
-        lo, hi = int(windows.at[step, "lo"]), int(windows.at[step, "hi"])
-        rows.append((rank, step, lo, hi, hi - lo, union_length(starts, ends, lo, hi)))
+    previous_end = None
+    for step, span in spans.iterrows():
+        lo, hi = int(span["lo"]), int(span["hi"])
+        if previous_end is not None:
+            lo = min(max(lo, previous_end), hi)
+        previous_end = hi if previous_end is None else max(previous_end, hi)
+        for rank in sorted(r for r, s in present if s == step):
+            starts, ends = per_rank[rank]
+            inside = (ends > lo) & (starts < hi)
+            rows.append((rank, int(step), lo, hi, hi - lo, union_length(starts[inside], ends[inside], lo, hi)))
     return _finish(rows)
 
 

@@ -105,6 +105,8 @@ def _pct(x: float) -> str:
 
 
 def _ms(ns: float) -> str:
+    if 0 < abs(ns) < 50_000:  # below 0.05 ms "0.0 ms" would say nothing
+        return f"{ns / 1e3:.0f} us"
     return f"{ns / 1e6:.1f} ms"
 
 
@@ -175,8 +177,19 @@ def message_latencies(analysis) -> pd.DataFrame:
     known = messages[messages["producer_action"].isin(producer_end.index)]
     end = producer_end.loc[known["producer_action"]].to_numpy()
     out = known[["src_rank", "dst_rank", "step"]].copy()
-    out["latency_ns"] = np.maximum(known["arrival_ns"].to_numpy() - end, 0)
-    out["post_delay_ns"] = np.clip(known["send_post_ns"].to_numpy() - end, 0, out["latency_ns"])
+    if "leave_ns" in known and (known["leave_ns"] >= 0).any():
+        # device messages: posted when the data could leave, then one rendezvous transfer
+        # (what the receiving kernel spun before its sender came is not the link's)
+        device = (known["leave_ns"] >= 0).to_numpy()
+        post = np.maximum(known["leave_ns"].to_numpy() - end, 0)
+        wire = known["transfer_ns"].to_numpy()
+        host_latency = np.maximum(known["arrival_ns"].to_numpy() - end, 0)
+        out["latency_ns"] = np.where(device, post + wire, host_latency)
+        out["post_delay_ns"] = np.where(device, post, np.clip(known["send_post_ns"].to_numpy() - end, 0,
+                                                              host_latency))
+    else:
+        out["latency_ns"] = np.maximum(known["arrival_ns"].to_numpy() - end, 0)
+        out["post_delay_ns"] = np.clip(known["send_post_ns"].to_numpy() - end, 0, out["latency_ns"])
     out["wire_ns"] = out["latency_ns"] - out["post_delay_ns"]
     return out
 
@@ -194,6 +207,10 @@ def _comm(analysis, idle_ns: int, window_ns: int, n_steps: int) -> Finding | Non
         src, dst = (int(x) for x in by_link.index[0])
         link_text = f"link {src}->{dst}"
         figures.update(src_rank=src, dst_rank=dst, link_idle_ns_per_step=int(by_link.iloc[0] / n_steps))
+    if "src_rank" in figures:  # the blamed link's own messages, where it has any
+        on_link = latencies[(latencies["src_rank"] == figures["src_rank"])
+                            & (latencies["dst_rank"] == figures["dst_rank"])]
+        latencies = on_link if len(on_link) else latencies
     if len(latencies):
         median_latency = float(latencies["latency_ns"].median())
         median_post = float(latencies["post_delay_ns"].median())
