@@ -113,6 +113,11 @@ def _timeline(doc: dict) -> list[str]:
     if host.get("bubble_ratio") is not None and doc["summary"].get("bubble_ratio") is not None:
         lines.append(f"  (host-side spans would say idle {pct(host['bubble_ratio'])}; --timeline host for "
                      "that view)")
+    step_end = sum(r["step_end_ns"] for r in device.get("ranks", []))
+    n_steps = max(doc["summary"].get("n_steps") or 1, 1)
+    if step_end:
+        lines.append(f"  {ms(step_end / n_steps)} ms of device work per step after the pipeline's window "
+                     "(optimizer, gradient collectives; all ranks): its own share, not bubble")
     pairs = device.get("p2p_pairs") or []
     if pairs:
         wait = sum(p["wait_ns"] for p in pairs)

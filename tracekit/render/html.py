@@ -524,6 +524,13 @@ def _page_context(analysis: Analysis, findings: list[Finding], notes: list[str])
     if sched is not None:
         facts.append(("schedule", f"{sched.name}  p={sched.p} v={sched.v} m={sched.m}"
                       + (f"  x {sched.replicas} replicas" if sched.replicas > 1 else "")))
+    if analysis.device is not None:
+        facts.append(("timeline", f"device (kernels); host runs ahead by up to "
+                                  f"{_ms(analysis.device.host_ahead_max_ns)} ms"))
+        if analysis.host_view is not None:
+            facts.append(("host-side spans would say", _pct(analysis.host_view["bubble_ratio"])))
+    else:
+        facts.append(("timeline", "host (CPU op spans)"))
     facts += [("ranks", str(len(summary["per_rank"]))), ("steps", str(n_steps)),
               ("actions", str(len(run.actions))), ("messages", str(len(run.messages)))]
     return {
