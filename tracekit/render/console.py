@@ -115,7 +115,7 @@ def _timeline(doc: dict) -> list[str]:
                      "that view)")
     step_end = sum(r["step_end_ns"] for r in device.get("ranks", []))
     n_steps = max(doc["summary"].get("n_steps") or 1, 1)
-    if step_end:
+    if step_end >= 50_000 * n_steps:  # 0.05 ms a step: "0.0 ms" would say nothing
         lines.append(f"  {ms(step_end / n_steps)} ms of device work per step after the pipeline's window "
                      "(optimizer, gradient collectives; all ranks): its own share, not bubble")
     pairs = device.get("p2p_pairs") or []
