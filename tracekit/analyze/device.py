@@ -136,11 +136,10 @@ def _launch_wait(ops: pd.DataFrame, lo: int, hi: int) -> int:
     ops = ops.sort_values("start_ns")
     starts, ends = ops["start_ns"].to_numpy(np.int64), ops["end_ns"].to_numpy(np.int64)
     launched = ops["launch_end_ns"].to_numpy(np.int64)
-    total = 0
-    covered = lo
-    for start, end, launch in zip(starts.tolist(), ends.tolist(), launched.tolist()):
-        gap_lo, gap_hi = max(covered, lo), min(start, hi)
-        if gap_hi > gap_lo and launch >= 0:
-            total += max(0, min(launch, gap_hi) - gap_lo)
-        covered = max(covered, end)
-    return total
+    if not len(starts):
+        return 0
+    # device activity covers up to the latest end so far; op i is preceded by a gap from there
+    covered = np.maximum(np.concatenate(([lo], np.maximum.accumulate(ends)[:-1])), lo)
+    gap_hi = np.minimum(starts, hi)
+    waited = np.minimum(launched, gap_hi) - covered
+    return int(waited[(gap_hi > covered) & (launched >= 0) & (waited > 0)].sum())

@@ -70,16 +70,19 @@ def device_ops(events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     # An op's step is where its launch was; without a launch, where it ran.
     when = np.where(launch_ns >= 0, launch_ns, starts)
     step = step_of(ranks, when, steps)
-    names = ops["name"].astype(str)
-    comm = names.str.contains(_COMM_KERNEL).to_numpy(dtype=bool)
-    kind = np.where(comm, "collective", "compute").astype(object)
-    nsys_p2p = names.str.startswith(NSYS_P2P_PREFIX).to_numpy(dtype=bool)
-    kind[nsys_p2p] = "p2p"
+    names = ops["name"]
+    if not isinstance(names.dtype, pd.CategoricalDtype):
+        names = names.astype(str).astype("category")
+    # decided once per distinct name (a few hundred) rather than per op (tens of thousands)
+    kinds = np.array(["p2p" if str(c).startswith(NSYS_P2P_PREFIX) else
+                      "collective" if _COMM_KERNEL.search(str(c)) else "compute"
+                      for c in names.cat.categories] or ["compute"], dtype=object)
+    kind = kinds[names.cat.codes.to_numpy()] if n else np.zeros(0, dtype=object)
     table = pd.DataFrame({
         "rank": ranks, "step": step, "kind": kind, "start_ns": starts,
         "end_ns": ops["end_ns"].to_numpy(np.int64), "stream": ops["tid"].to_numpy(np.int64),
         "launch_ns": launch_ns, "launch_end_ns": launch_end_ns, "launch_tid": launch_tid,
-        "action_id": np.full(n, -1, dtype=np.int64), "name": names.to_numpy(object),
+        "action_id": np.full(n, -1, dtype=np.int64), "name": names.to_numpy(),
         "file_id": ops["file_id"].to_numpy(np.int64), "source_index": ops["source_index"].to_numpy(np.int64),
     })
     table = table.sort_values(["rank", "start_ns", "end_ns"], kind="stable").reset_index(drop=True)
