@@ -470,3 +470,26 @@ def test_mixed_folder_of_kineto_and_nsys_ranks(tmp_path):
     # Kineto's sends carry tags, nsys's receives none: they still pair across formats
     cross = loaded.messages[(loaded.messages["src_rank"] == 1) & (loaded.messages["dst_rank"] == 2)]
     assert len(cross) == 24
+
+
+def test_all_to_all_sendrecv_kernels_are_paired_as_collectives_with_the_reference_times():
+    # The 2-GPU report's SendRecv kernels ran all_to_alls: tracekit pairs them as collectives
+    # (never pipeline messages), with wait and transfer as tests/device_reference.py has them.
+    import device_reference
+    from tracekit.analyze import analyze
+    from tracekit.ingest import load_run
+
+    path = shared("nsysai_mfu_2gpu_before.sqlite")
+    run = load_run(path, rows="analysis")
+    assert run.device_pairs.empty
+    pairs = run.collective_pairs
+    kernels = device_reference.nsys_reference(path).nccl_kernels
+    expected = device_reference.kernel_pairs(*[[(k.start_ns, k.end_ns) for k in kernels if k.rank == r]
+                                               for r in (0, 1)])
+    assert len(pairs) == len(expected) == 33
+    assert set(pairs["direction"]) == {"collective"}
+    assert pairs[["send_start_ns", "send_end_ns", "recv_start_ns", "recv_end_ns", "wait_ns", "transfer_ns"]
+                 ].values.tolist() == [[p["start_a_ns"], p["end_a_ns"], p["start_b_ns"], p["end_b_ns"],
+                                        p["wait_ns"], p["transfer_ns"]] for p in expected]
+    doc_device = analyze(run).device
+    assert doc_device.pairs.empty

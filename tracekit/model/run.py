@@ -213,6 +213,8 @@ class Run:
     schedule: ScheduleInfo | None = None
     device: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=DEVICE_OP_COLUMNS))
     device_pairs: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=DEVICE_PAIR_COLUMNS))
+    # SendRecv kernels of collectives (all_to_all) paired across a two-rank run: not messages
+    collective_pairs: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=DEVICE_PAIR_COLUMNS))
     timeline: str = "host"                        # "device" or "host": see the module doc
     capture: dict | None = None                   # capture.json beside the traces, if any
     completeness: Completeness | None = None      # set by the loader; None: not checked

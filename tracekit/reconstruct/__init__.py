@@ -54,6 +54,7 @@ def reconstruct(run: Run, timeline: str = "auto") -> Run:
     if actions.empty:
         if use_device:
             run.device_pairs = dev.pair_p2p_kernels(run.device, host_events)
+            run.collective_pairs = dev.pair_collective_sendrecv(run.device)   # after P2P kernels are known
         run.warn(
             "no pipeline-parallel actions found (no PP:/Forward/Backward labels, no segmentable "
             "send/recv pattern): this is not a pipeline run; per-rank busy/idle only"
@@ -110,6 +111,7 @@ def _on_device(run: Run, messages, host_events) -> None:
     # Producer and consumer stay those of the host's program order (match_messages).
     run.messages = dev.apply_device_times(messages)
     run.device_pairs = dev.pairs_from_messages(messages)
+    run.collective_pairs = dev.pair_collective_sendrecv(run.device)   # after P2P kernels are known
 
 
 def _host_events(run: Run):

@@ -401,10 +401,33 @@ def pair_p2p_kernels(ops: pd.DataFrame, events: pd.DataFrame) -> pd.DataFrame:
             continue
         if side_b is None:
             continue
-        for s, r in zip(side_a.itertuples(index=False), side_b.itertuples(index=False)):
-            later = max(s.start_ns, r.start_ns)
-            waiting = a if s.start_ns < r.start_ns else b if r.start_ns < s.start_ns else -1
-            rows.append((-1, int(s.step), a, b, "?", int(s.start_ns), int(s.end_ns),
-                         int(r.start_ns), int(r.end_ns), waiting, int(later - min(s.start_ns, r.start_ns)),
-                         int(max(0, min(s.end_ns, r.end_ns) - later))))
+        rows += [_pair_row(a, b, s, r, "?") for s, r in zip(side_a.itertuples(index=False),
+                                                           side_b.itertuples(index=False))]
+    return pd.DataFrame(rows, columns=DEVICE_PAIR_COLUMNS)
+
+
+def _pair_row(a: int, b: int, s, r, direction: str) -> tuple:
+    """One pair of kernels (``s`` on rank a, ``r`` on rank b) as a DEVICE_PAIR_COLUMNS row."""
+    later = max(s.start_ns, r.start_ns)
+    waiting = a if s.start_ns < r.start_ns else b if r.start_ns < s.start_ns else -1
+    return (-1, int(s.step), a, b, direction, int(s.start_ns), int(s.end_ns), int(r.start_ns), int(r.end_ns),
+            waiting, int(later - min(s.start_ns, r.start_ns)), int(max(0, min(s.end_ns, r.end_ns) - later)))
+
+
+def pair_collective_sendrecv(ops: pd.DataFrame) -> pd.DataFrame:
+    """SendRecv-named kernels that ran collectives (all_to_all launches them too), paired
+    between the two ranks of a two-rank run in start order: they spin for each other like
+    P2P kernels do, so wait and transfer mean the same, but they are collectives, never
+    pipeline messages (``direction`` "collective"). Runs of other sizes: none (which rank's
+    kernel meets which is not in the trace)."""
+    sendrecv = ops[(ops["kind"] == "collective").to_numpy()
+                   & ops["name"].astype(str).str.contains(_P2P_KERNEL).to_numpy(dtype=bool)]
+    ranks = sorted(int(r) for r in ops["rank"].unique())
+    if sendrecv.empty or len(ranks) != 2:
+        return pd.DataFrame(columns=DEVICE_PAIR_COLUMNS)
+    a, b = ranks
+    side_a = sendrecv[sendrecv["rank"] == a].sort_values("start_ns")
+    side_b = sendrecv[sendrecv["rank"] == b].sort_values("start_ns")
+    rows = [_pair_row(a, b, s, r, "collective") for s, r in zip(side_a.itertuples(index=False),
+                                                                   side_b.itertuples(index=False))]
     return pd.DataFrame(rows, columns=DEVICE_PAIR_COLUMNS)

@@ -118,6 +118,11 @@ def _timeline(doc: dict) -> list[str]:
     if step_end >= 50_000 * n_steps:  # 0.05 ms a step: "0.0 ms" would say nothing
         lines.append(f"  {ms(step_end / n_steps)} ms of device work per step after the pipeline's window "
                      "(optimizer, gradient collectives; all ranks): its own share, not bubble")
+    collective = device.get("collective_pairs") or []
+    if collective:
+        lines.append(f"  {len(collective)} SendRecv kernel pairs of collectives (such as all_to_all; not P2P): "
+                     f"{ms(sum(p['wait_ns'] for p in collective))} ms spinning for the peer, "
+                     f"{ms(sum(p['transfer_ns'] for p in collective))} ms moving data")
     pairs = device.get("p2p_pairs") or []
     if pairs:
         wait = sum(p["wait_ns"] for p in pairs)

@@ -141,9 +141,11 @@ def _device(analysis: Analysis) -> dict | None:
         ranks.append({"rank": int(rank), **{k: int(v) for k, v in row.items()},
                       "launch_wait_share": _ratio(row["launch_wait_ns"] / window) if window else None,
                       "host_ahead_ns": int(figures.host_ahead_ns.get(int(rank), 0))})
-    pairs = [{k: (v if isinstance(v, str) else int(v)) for k, v in row.items()}
-             for row in figures.pairs.to_dict("records")]
-    return {"host_ahead_max_ns": figures.host_ahead_max_ns, "ranks": ranks, "p2p_pairs": pairs,
+    def rows(table) -> list[dict]:
+        return [{k: (v if isinstance(v, str) else int(v)) for k, v in row.items()} for row in table.to_dict("records")]
+
+    return {"host_ahead_max_ns": figures.host_ahead_max_ns, "ranks": ranks, "p2p_pairs": rows(figures.pairs),
+            "collective_pairs": rows(analysis.run.collective_pairs),
             "n_ops": int(len(analysis.run.device))}
 
 
