@@ -30,9 +30,27 @@ What is simulated, per rank:
 
 Guesses and simplifications (not read off a real multi-GPU pipeline trace; there is none here):
 
-- One NCCL stream per peer AND direction. ProcessGroupNCCL keeps one stream per peer pair and
-  torch.distributed.pipelining fuses a send and a receive with ``batch_isend_irecv`` where
-  they would deadlock on that stream; here every SendRecv kernel is one send or one recv.
+- By default, one NCCL stream per peer AND direction and every SendRecv kernel one send or one
+  recv (a simplification). With ``fused_p2p`` (scenarios ``fused_*``), what torch's native
+  ``Schedule1F1B`` does on NCCL, read off torch's source (pipelining/schedules.py,
+  distributed_c10d.py ``batch_isend_irecv`` / ``_coalescing_manager``, ProcessGroupNCCL
+  ``pointToPoint`` / ``endCoalescing``): every P2P op goes through ``batch_isend_irecv``; the
+  last warmup forward's send and the 1B1F phase's sends are held and posted with the next
+  action's recv (``fwd_send_bwd_recv``, ``bwd_send_fwd_recv``: one peer, a send and a recv),
+  the others alone. Each op's ``c10d::send`` / ``c10d::recv_`` > ``record_param_comms`` and
+  syncStreams happen as usual but launch nothing and open no ``nccl:send``/``nccl:recv`` range;
+  the group's end, a ``nccl:coalesced`` range, launches ONE SendRecv kernel on the process
+  group's NCCL stream (batch P2P takes the group's communicator, "like a collective", so all
+  of a rank's batches share one stream; posted one by one on it, 1F1B deadlocks, which is why
+  torch fuses). The compute stream waits on the group (``_wait_batch_p2p``), on a send posted
+  alone after the next action, and on the last send before the optimizer. The fused kernel
+  starts when its stream lets it; each direction moves once the peer's kernel of the matching
+  group has started, taking that link's transfer; the kernel ends when all are done. Truth per
+  message is still kernel-level (wait = later start - earlier start, transfer = min(ends) -
+  later start): both messages of a fused kernel get its times, so a message on a fast link
+  fused with one on a slow link shows the slow transfer (no trace says when each direction's
+  data landed). Not modelled: whether newer torch also records a ``record_param_comms`` named
+  "coalesced" at the group end; the fused kernel carries no comm metadata args.
 - ``record_param_comms`` args follow torch's ParamCommsUtils / profiler util keys
   ("Collective name", "In/Out msg nelems", "dtype", "Group size", "Process Group Ranks",
   "Rank", "Dst Rank" / "Src Rank", "Seq"); the NCCL kernel carries the same metadata, as the
