@@ -30,9 +30,27 @@ What is simulated, per rank:
 
 Guesses and simplifications (not read off a real multi-GPU pipeline trace; there is none here):
 
-- One NCCL stream per peer AND direction. ProcessGroupNCCL keeps one stream per peer pair and
-  torch.distributed.pipelining fuses a send and a receive with ``batch_isend_irecv`` where
-  they would deadlock on that stream; here every SendRecv kernel is one send or one recv.
+- By default, one NCCL stream per peer AND direction and every SendRecv kernel one send or one
+  recv (a simplification). With ``fused_p2p`` (scenarios ``fused_*``), what torch's native
+  ``Schedule1F1B`` does on NCCL, read off torch's source (pipelining/schedules.py,
+  distributed_c10d.py ``batch_isend_irecv`` / ``_coalescing_manager``, ProcessGroupNCCL
+  ``pointToPoint`` / ``endCoalescing``): every P2P op goes through ``batch_isend_irecv``; the
+  last warmup forward's send and the 1B1F phase's sends are held and posted with the next
+  action's recv (``fwd_send_bwd_recv``, ``bwd_send_fwd_recv``: one peer, a send and a recv),
+  the others alone. Each op's ``c10d::send`` / ``c10d::recv_`` > ``record_param_comms`` and
+  syncStreams happen as usual but launch nothing and open no ``nccl:send``/``nccl:recv`` range;
+  the group's end, a ``nccl:coalesced`` range, launches ONE SendRecv kernel on the process
+  group's NCCL stream (batch P2P takes the group's communicator, "like a collective", so all
+  of a rank's batches share one stream; posted one by one on it, 1F1B deadlocks, which is why
+  torch fuses). The compute stream waits on the group (``_wait_batch_p2p``), on a send posted
+  alone after the next action, and on the last send before the optimizer. The fused kernel
+  starts when its stream lets it; each direction moves once the peer's kernel of the matching
+  group has started, taking that link's transfer; the kernel ends when all are done. Truth per
+  message is still kernel-level (wait = later start - earlier start, transfer = min(ends) -
+  later start): both messages of a fused kernel get its times, so a message on a fast link
+  fused with one on a slow link shows the slow transfer (no trace says when each direction's
+  data landed). Not modelled: whether newer torch also records a ``record_param_comms`` named
+  "coalesced" at the group end; the fused kernel carries no comm metadata args.
 - ``record_param_comms`` args follow torch's ParamCommsUtils / profiler util keys
   ("Collective name", "In/Out msg nelems", "dtype", "Group size", "Process Group Ranks",
   "Rank", "Dst Rank" / "Src Rank", "Seq"); the NCCL kernel carries the same metadata, as the
@@ -62,6 +80,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 COMPUTE_STREAM = 7
+FUSED_STREAM = 17  # the process group's NCCL stream, where every batched P2P kernel of a rank runs
 LAUNCH_LATENCY_NS = 2_000  # cudaLaunchKernel end -> earliest kernel start
 P2P_HOST_NS = 30_000  # host time of one c10d::send / c10d::recv_ call
 OPTIMIZER_KERNELS = 3
@@ -114,6 +133,7 @@ class Scenario:
     host_sync: bool = True
     clock_offset_ns: dict[int, int] = field(default_factory=dict)  # rank -> ns added to its ts
     labelled: bool = True
+    fused_p2p: bool = False  # torch's Schedule1F1B: batch_isend_irecv groups, one fused kernel each
     jitter: float = 0.05  # kernel durations vary by up to this fraction (seeded)
     seed: int = 0
 
@@ -128,6 +148,9 @@ class Scenario:
             raise ValueError(f"{self.schedule} has v = 1")
         if not self.labelled and self.schedule != "1F1B":
             raise ValueError("unlabelled traces model native Schedule1F1B only")
+        if self.fused_p2p and self.schedule != "1F1B":
+            # GPipe posts every op in a batch of its own; only Schedule1F1B fuses a send and a recv.
+            raise ValueError("fused_p2p models torch's Schedule1F1B only")
 
     @property
     def n_stages(self) -> int:
@@ -203,8 +226,9 @@ class Kernel:
     correlation: int
     action: Action | None = None
     deps: list[Kernel] = field(default_factory=list)  # kernels that must end before it starts
-    message: tuple | None = None  # P2P: (step, kind, sender stage, microbatch)
-    peer: int = -1
+    # P2P: what the kernel moves, (direction, message, transfer_ns) per op, message = (step, kind,
+    # sender stage, microbatch); one op for a plain send/recv, a group's ops for a fused kernel.
+    ops: list[tuple[str, tuple, int]] = field(default_factory=list)
     args: dict = field(default_factory=dict)
     ready_ns: int | None = None  # P2P: when its stream let it start (it spins from here)
     start_ns: int | None = None
@@ -236,6 +260,9 @@ class _Rank:
         self.next_correlation = 1
         self.next_sequence = 1
         self.p2p_calls = 0
+        self.pending_sends: list[tuple[str, int, tuple]] = []  # fused: sends held for the next group
+        self.send_work: Kernel | None = None  # fused: a send posted alone, waited on later
+        self.stream_waits: list[Kernel] = []  # P2P kernels the next compute kernel waits for
         self.t = 0
         self.last_compute: Kernel | None = None
         self.forward_ops: dict[tuple[int, int], list[tuple[int, int]]] = {}  # (stage, mb) -> [(seq, ext)]
@@ -262,6 +289,8 @@ class _Rank:
         kernel = Kernel(self.rank, stream, name, kind, step, dur_ns, start, end, tid, external_id, corr, **extra)
         self.kernels.append(kernel)
         if kind in ("compute", "optimizer"):
+            kernel.deps += self.stream_waits
+            self.stream_waits = []
             self.last_compute = kernel
         return kernel
 
@@ -279,8 +308,12 @@ class _Rank:
             self.t = end + 2_000
         self.step_spans[step] = (step_start, -1)
         self.host_compute[step] = []
-        for action in schedule_order(self.sc, self.rank):
-            self._action(step, action)
+        order = schedule_order(self.sc, self.rank)
+        for i, action in enumerate(order):
+            self._action(step, action, order[i + 1] if i + 1 < len(order) else None)
+        if self.send_work is not None:  # "Wait for the last backward send to finish"
+            self._stream_wait(self.send_work)
+            self.send_work = None
         self._optimizer(step)
 
     def end_step(self, step: int, device_end_ns: int | None) -> None:
@@ -300,30 +333,33 @@ class _Rank:
         self.next_external += 1
         return ext
 
-    def _action(self, step: int, action: Action) -> None:
+    def _action(self, step: int, action: Action, next_action: Action | None) -> None:
         sc = self.sc
         stage, kind, mb = action
         label_start = self.t
         # A forward on stage s > 0 receives activations, a backward on stage < last gradients.
         source = stage - 1 if kind == "F" else stage + 1
-        wait_on: Kernel | None = None
-        if 0 <= source < sc.n_stages:
-            wait_on = self._p2p(step, "recv", sc.rank_of(source), (step, kind, source, mb))
-            # work.wait(): the compute stream waits for the recv kernel's end.
-            self._runtime("cudaStreamWaitEvent", self.main_tid, self.t, self.t + 1_000, 0)
-            self.t += 2_000
-        if kind == "F":
-            self._forward(step, action, wait_on)
-        else:
-            self._backward(step, action, wait_on)
+        recv = ("recv", sc.rank_of(source), (step, kind, source, mb)) if 0 <= source < sc.n_stages else None
         target = stage + 1 if kind == "F" else stage - 1
-        if 0 <= target < sc.n_stages:
-            self._p2p(step, "send", sc.rank_of(target), (step, kind, stage, mb))
+        send = ("send", sc.rank_of(target), (step, kind, stage, mb)) if 0 <= target < sc.n_stages else None
+        if sc.fused_p2p:
+            self._fused_before(step, recv)
+        elif recv:
+            # work.wait(): the compute stream waits for the recv kernel's end.
+            self._stream_wait(self._p2p(step, *recv))
+        if kind == "F":
+            self._forward(step, action)
+        else:
+            self._backward(step, action)
+        if sc.fused_p2p:
+            self._fused_after(step, send, next_action)
+        elif send:
+            self._p2p(step, *send)
         if sc.labelled:
             self.events.append(_HostEvent("user_annotation", f"PP:{stage}{kind}{mb}", self.main_tid, label_start,
                                           self.t, {"External id": self._take_external()}))
 
-    def _forward(self, step: int, action: Action, wait_on: Kernel | None) -> None:
+    def _forward(self, step: int, action: Action) -> None:
         stage, _, mb = action
         cost = self.launch_cost()
         ops = self.forward_ops[(stage, mb)] = []
@@ -341,17 +377,15 @@ class _Rank:
                 owner = self._event("cpu_op", inner_name, self.main_tid, start + cost // 8, end - cost // 8,
                                     **{"Sequence number": seq, "Fwd thread id": 0, "Record function id": 0})
             self._launch(kernel_name, "compute", COMPUTE_STREAM, self.main_tid, start + cost // 4,
-                         start + 3 * cost // 4, owner, step, self._kernel_ns(stage), action=action,
-                         deps=[wait_on] if (k == 0 and wait_on) else [])
+                         start + 3 * cost // 4, owner, step, self._kernel_ns(stage), action=action)
             self.host_compute[step].append((start, end))
             self.t = end
 
-    def _backward(self, step: int, action: Action, wait_on: Kernel | None) -> None:
+    def _backward(self, step: int, action: Action) -> None:
         stage, _, mb = action
         cost = self.launch_cost()
         per_op = self.sc.kernels_b // self.sc.kernels_f
         self.t += 3_000  # hand-off to the autograd device thread
-        first = True
         for k, (seq, forward_ext) in reversed(list(enumerate(self.forward_ops.pop((stage, mb))))):
             start, end = self.t, self.t + per_op * cost
             node = "AddmmBackward0" if k % 2 == 0 else "GeluBackward0"
@@ -367,8 +401,7 @@ class _Rank:
                                     **{"Record function id": 0})
                 self._launch(_GEMM if k % 2 == 0 else _GELU_BWD, "compute", COMPUTE_STREAM, self.autograd_tid,
                              op_start + cost // 4, op_start + 3 * cost // 4, owner, step, self._kernel_ns(stage),
-                             action=action, deps=[wait_on] if (first and wait_on) else [])
-                first = False
+                             action=action)
             self.host_compute[step].append((start, end))
             self.t = end
         self.t += 3_000  # back on the main thread
@@ -376,8 +409,16 @@ class _Rank:
     def launch_cost(self) -> int:
         return self.sc.launch_cost(self.rank)
 
-    def _p2p(self, step: int, direction: str, peer: int, message: tuple) -> Kernel:
-        """One c10d::send / c10d::recv_ call and its NCCL kernel on the (peer, direction) stream."""
+    def _stream_wait(self, kernel: Kernel) -> None:
+        """work.wait() on NCCL: the compute stream waits for the kernel's end (the host goes on)."""
+        self._runtime("cudaStreamWaitEvent", self.main_tid, self.t, self.t + 1_000, 0)
+        self.t += 2_000
+        self.stream_waits.append(kernel)
+
+    def _p2p_call(self, direction: str, peer: int) -> tuple[int, int, dict]:
+        """The host side of one send/recv: ``c10d::send`` / ``c10d::recv_`` > ``record_param_comms``,
+        and syncStreams (the NCCL stream waits for the work already queued on the compute stream).
+        Returns the call's start, the record_param_comms External id and its comm metadata."""
         sc = self.sc
         start, end = self.t, self.t + P2P_HOST_NS
         nelems = MESSAGE_SHAPE[0] * MESSAGE_SHAPE[1]
@@ -394,19 +435,69 @@ class _Rank:
                 ("Dst Rank" if direction == "send" else "Src Rank"): peer, "Seq": self.p2p_calls}
         comms = self._event("cpu_op", "record_param_comms", self.main_tid, start + 2_000, end - 2_000,
                             **{"Record function id": 0, "Global rank start": 0, "Global rank stride": 1, **meta})
-        # syncStreams: the NCCL stream waits for the work already queued on the compute stream.
         self._runtime("cudaEventRecord", self.main_tid, start + 4_000, start + 5_000, comms)
         self._runtime("cudaStreamWaitEvent", self.main_tid, start + 6_000, start + 7_000, comms)
+        self.t = end
+        return start, comms, meta
+
+    def _p2p(self, step: int, direction: str, peer: int, message: tuple) -> Kernel:
+        """One c10d::send / c10d::recv_ call and its NCCL kernel on the (peer, direction) stream."""
+        sc = self.sc
+        start, comms, meta = self._p2p_call(direction, peer)
+        end = self.t
         title = f"nccl:send {self.rank}->{peer}" if direction == "send" else f"nccl:recv {self.rank}<-{peer}"
         annotation = self._event("user_annotation", title, self.main_tid, start + 9_000, end - 6_000,
                                  **{"Record function id": 0})
         stream = 20 + 2 * peer + (0 if direction == "send" else 1)
         src, dst = (self.rank, peer) if direction == "send" else (peer, self.rank)
         kernel = self._launch(NCCL_KERNEL, direction, stream, self.main_tid, start + 12_000, start + 20_000, comms,
-                              step, sc.transfer(src, dst), message=message, peer=peer,
+                              step, sc.transfer(src, dst), ops=[(direction, message, sc.transfer(src, dst))],
                               deps=[self.last_compute] if self.last_compute else [],
                               args={**meta, "_annotation": (title, annotation)})
-        self.t = end
+        return kernel
+
+    def _fused_before(self, step: int, recv: tuple | None) -> None:
+        """Schedule1F1B before an action: the held sends and the action's recv go out as one
+        group (``fwd_send_bwd_recv`` / ``bwd_send_fwd_recv``), and the compute waits for it."""
+        group = self.pending_sends + ([recv] if recv else [])
+        self.pending_sends = []
+        if group:
+            self._stream_wait(self._p2p_group(step, group))
+
+    def _fused_after(self, step: int, send: tuple | None, next_action: Action | None) -> None:
+        """Schedule1F1B after an action: a send is held to fuse with the next action's recv when
+        that action is of the other kind (the 1B1F phase and the last warmup forward); otherwise
+        it goes out alone, once the send posted alone before it is waited on."""
+        if self.send_work is not None:
+            self._stream_wait(self.send_work)
+            self.send_work = None
+        if send is None:
+            return
+        if next_action is not None and next_action[1] != send[2][1]:
+            self.pending_sends.append(send)
+        else:
+            self.send_work = self._p2p_group(step, [send])
+
+    def _p2p_group(self, step: int, group: list[tuple[str, int, tuple]]) -> Kernel:
+        """batch_isend_irecv on NCCL (``_coalescing_manager``): each op's ``c10d::send`` /
+        ``c10d::recv_`` call enqueues it inside ncclGroupStart/End and launches nothing; the
+        group's end (``nccl:coalesced``) launches ONE fused SendRecv kernel for all of them on
+        the process group's stream (batch P2P takes the group's communicator, not a per-peer one)."""
+        sc = self.sc
+        ops = []
+        for direction, peer, message in group:
+            self._p2p_call(direction, peer)
+            src, dst = (self.rank, peer) if direction == "send" else (peer, self.rank)
+            ops.append((direction, message, sc.transfer(src, dst)))
+            self.t += 1_000
+        start = self.t
+        annotation = self._event("user_annotation", "nccl:coalesced", self.main_tid, start, start + 12_000,
+                                 **{"Record function id": 0})
+        kernel = self._launch(NCCL_KERNEL, "sendrecv", FUSED_STREAM, self.main_tid, start + 2_000, start + 10_000,
+                              annotation, step, max(t for _, _, t in ops), ops=ops,
+                              deps=[self.last_compute] if self.last_compute else [],
+                              args={"_annotation": ("nccl:coalesced", annotation)})
+        self.t = start + 14_000
         return kernel
 
     def _optimizer(self, step: int) -> None:
@@ -429,10 +520,10 @@ def _resolve(kernels: list[Kernel], latency_ns: int = LAUNCH_LATENCY_NS) -> None
     streams: dict[tuple[int, int], list[Kernel]] = {}
     for k in kernels:
         streams.setdefault((k.rank, k.stream), []).append(k)
-    peers: dict[tuple, dict[str, Kernel]] = {}
+    peers: dict[tuple, dict[str, Kernel]] = {}  # message -> {"send": kernel, "recv": kernel}
     for k in kernels:
-        if k.message is not None:
-            peers.setdefault(k.message, {})[k.kind] = k
+        for direction, message, _ in k.ops:
+            peers.setdefault(message, {})[direction] = k
     heads = {key: 0 for key in streams}
     for key, queue in streams.items():  # skip what an earlier call already resolved
         while heads[key] < len(queue) and queue[heads[key]].end_ns is not None:
@@ -447,15 +538,17 @@ def _resolve(kernels: list[Kernel], latency_ns: int = LAUNCH_LATENCY_NS) -> None
                 if any(d.end_ns is None for d in k.deps):
                     break
                 ready = max([k.launch_end_ns + latency_ns, previous_end] + [d.end_ns for d in k.deps])
-                if k.message is None:
+                if not k.ops:
                     k.start_ns, k.end_ns = ready, ready + k.dur_ns
                 else:
                     k.ready_ns = k.start_ns = ready
-                    other = peers[k.message].get("recv" if k.kind == "send" else "send")
-                    if other is None or other.ready_ns is None:
-                        break  # spins until its peer's kernel starts
-                    end = max(k.ready_ns, other.ready_ns) + k.dur_ns
-                    k.end_ns = other.end_ns = end
+                    others = [peers[message].get("recv" if direction == "send" else "send")
+                              for direction, message, _ in k.ops]
+                    if any(other is None or other.ready_ns is None for other in others):
+                        break  # spins until every peer kernel it moves data with has started
+                    # Each direction moves once both sides run; the kernel ends with the last.
+                    k.end_ns = max(max(k.ready_ns, other.ready_ns) + transfer
+                                   for other, (_, _, transfer) in zip(others, k.ops))
                 heads[key] += 1
                 progress = True
     stuck = sum(k.end_ns is None for k in kernels)
@@ -527,10 +620,11 @@ def ground_truth(sc: Scenario, ranks: list[_Rank], kernels: list[Kernel]) -> dic
                           "host_bubble_ratio": (tot["host_window_ns"] - tot["host_busy_ns"]) / tot["host_window_ns"],
                           "clock_offset_ns": sc.clock_offset_ns.get(r, 0)})
     pairs = []
-    sends = {k.message: k for k in kernels if k.kind == "send"}
-    for recv in (k for k in kernels if k.kind == "recv"):
-        send = sends[recv.message]
-        step, kind, stage, mb = recv.message
+    sends = {message: k for k in kernels for direction, message, _ in k.ops if direction == "send"}
+    recvs = [(message, k) for k in kernels for direction, message, _ in k.ops if direction == "recv"]
+    for message, recv in recvs:
+        send = sends[message]
+        step, kind, stage, mb = message
         later = max(send.start_ns, recv.start_ns)
         waiting = None if send.start_ns == recv.start_ns else (
             send.rank if send.start_ns < recv.start_ns else recv.rank)
@@ -606,10 +700,10 @@ def _rank_document(sc: Scenario, host: _Rank, kernels: list[Kernel]) -> dict:
     by_external = {ev.args["External id"]: ev for ev in host.events if ev.cat != "cuda_runtime"}
     for k in kernels:
         args = {"External id": k.external_id, "queued": 0, "device": device, "context": 1, "stream": k.stream,
-                "correlation": k.correlation, "registers per thread": 96 if k.message else 128,
+                "correlation": k.correlation, "registers per thread": 96 if k.ops else 128,
                 "shared memory": 0, "blocks per SM": 0.5, "warps per SM": 2.0,
-                "grid": [2, 1, 1] if k.message else [132, 1, 1], "block": [640, 1, 1] if k.message else [384, 1, 1],
-                "est. achieved occupancy %": 0 if k.message else 19}
+                "grid": [2, 1, 1] if k.ops else [132, 1, 1], "block": [640, 1, 1] if k.ops else [384, 1, 1],
+                "est. achieved occupancy %": 0 if k.ops else 19}
         extra = dict(k.args)
         annotation = extra.pop("_annotation", None)
         args.update(extra)
@@ -689,6 +783,10 @@ SCENARIOS: dict[str, Scenario] = {
     "unlabelled_1f1b": Scenario("unlabelled_1f1b", labelled=False),
     "clock_offset": Scenario("clock_offset", clock_offset_ns={1: 3_000_000, 3: -2_000_000}),
     "gpipe": Scenario("gpipe", schedule="GPipe"),
+    # torch's native Schedule1F1B (no labels) on NCCL: batch_isend_irecv, fused SendRecv kernels
+    "fused_1f1b": Scenario("fused_1f1b", labelled=False, fused_p2p=True),
+    "fused_slow_link": Scenario("fused_slow_link", labelled=False, fused_p2p=True,
+                                link_transfer_ns={(1, 2): 400_000}),
 }
 
 

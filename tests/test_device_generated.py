@@ -15,11 +15,13 @@ from collections import defaultdict
 import pytest
 from click.testing import CliRunner
 
-from gpu_tracegen import SCENARIOS, generate
+from gpu_tracegen import BASE_TIME_NS, ORIGIN_NS, SCENARIOS, generate
 from tracekit.cli import main
 
+# fused_*: torch's native Schedule1F1B with batch_isend_irecv (one fused SendRecv kernel per group)
+FUSED = ["fused_1f1b", "fused_slow_link"]
 ACCEPTANCE = ["host_ahead", "slow_stage", "slow_link", "launch_bound", "interleaved", "unlabelled_1f1b",
-              "clock_offset"]
+              "clock_offset", *FUSED]
 BUBBLE_TOLERANCE = 0.01
 PAIR_TOLERANCE_NS = 1_000
 OTHER_CAUSES = ("schedule_gaps_ns", "imbalance_ns", "comm_ns", "overhead_ns")
@@ -80,8 +82,12 @@ def test_a_slow_stage_is_imbalance_blamed_on_that_stage(analysed):
             assert _dominant(row["causes"]) == "imbalance_ns", (row["rank"], row["causes"])
 
 
-def test_a_slow_link_is_comm_blamed_on_that_link(analysed):
-    doc, truth = analysed("slow_link")
+@pytest.mark.parametrize("name", ["slow_link", "fused_slow_link"])
+def test_a_slow_link_is_comm_blamed_on_that_link(analysed, name):
+    """With fused kernels the reverse link's messages that share a kernel with the slow link's
+    take as long (the kernel ends with its slower direction); the blame must still name the
+    slow link alone."""
+    doc, truth = analysed(name)
     src, dst = truth["injected"]["link"]
     top = doc["blame"]["links"][0]
     assert (top["src_rank"], top["dst_rank"]) == (src, dst)
@@ -101,7 +107,7 @@ def test_a_launch_bound_rank_is_overhead_and_said_so(analysed):
         f"launch wait of rank {rank}: expected {expected['host_wait_ns']} ns, got {got} ns")
 
 
-@pytest.mark.parametrize("name", ["host_ahead", "interleaved", "unlabelled_1f1b", "clock_offset"])
+@pytest.mark.parametrize("name", ["host_ahead", "interleaved", "unlabelled_1f1b", "clock_offset", "fused_1f1b"])
 def test_a_plain_schedule_idles_in_fill_and_drain(analysed, name):
     doc, _ = analysed(name)
     for row in doc["ranks"]:
@@ -145,7 +151,7 @@ def test_the_host_view_differs_when_the_host_runs_ahead(analysed):
 
 
 @pytest.mark.parametrize("name", ["host_ahead", "slow_stage", "launch_bound", "interleaved", "unlabelled_1f1b",
-                                  "clock_offset"])
+                                  "clock_offset", "fused_1f1b"])
 def test_comm_is_no_more_than_the_run_spent_in_transfer(analysed, name):
     """Waiting for a producer that is late is not comm; only the transfer is (issue #12).
     A link's time propagates down the pipeline (a rank waits for a chain of messages), so a
@@ -158,3 +164,26 @@ def test_comm_is_no_more_than_the_run_spent_in_transfer(analysed, name):
              for row in doc["ranks"]
              if row["causes"]["comm_ns"] > all_transfers + BUBBLE_TOLERANCE * windows[row["rank"]]]
     assert not wrong, f"{name}: " + "; ".join(wrong)
+
+
+@pytest.mark.parametrize("name", FUSED)
+def test_a_fused_kernel_gives_one_pair_per_message(analysed, name):
+    """batch_isend_irecv launches one kernel for a send and a receive: each of the two messages
+    it moves is its own row, with its own ranks, and both rows carry that kernel's times."""
+    doc, truth = analysed(name)
+
+    def key(row: dict, origin_ns: int) -> tuple:
+        return (row["step"], row["src_rank"], row["dst_rank"], row["send_start_ns"] - origin_ns,
+                row["recv_start_ns"] - origin_ns)
+
+    # tracekit reports absolute ns; the truth is on the simulation's clock (no offsets here)
+    got = sorted(key(row, BASE_TIME_NS + ORIGIN_NS) for row in doc["device"]["p2p_pairs"])
+    assert got == sorted(key(row, 0) for row in truth["p2p_pairs"])
+    sharing = defaultdict(list)  # one rank's kernel (rank, start) -> the messages it moved
+    for row in doc["device"]["p2p_pairs"]:
+        sharing[(row["src_rank"], row["send_start_ns"])].append(row)
+        sharing[(row["dst_rank"], row["recv_start_ns"])].append(row)
+    fused = [rows for rows in sharing.values() if len(rows) == 2]
+    assert fused, f"{name}: no kernel moved two messages"
+    for a, b in fused:  # a send and a receive with one peer, in opposite directions
+        assert (a["src_rank"], a["dst_rank"]) == (b["dst_rank"], b["src_rank"]), (a, b)

@@ -16,6 +16,7 @@ from gpu_tracegen import LAUNCH_LATENCY_NS, NCCL_KERNEL, ORIGIN_NS, SCENARIOS, S
 
 CHECKED = ["host_ahead", "slow_stage", "slow_link", "launch_bound", "interleaved", "unlabelled_1f1b",
            "clock_offset"]
+FUSED = ["fused_1f1b", "fused_slow_link"]  # batch_isend_irecv: one SendRecv kernel per group
 
 
 def _ns(us: float) -> int:
@@ -77,7 +78,7 @@ def generated(tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("name", CHECKED)
+@pytest.mark.parametrize("name", CHECKED + FUSED)
 def test_busy_and_idle_from_the_raw_kernels_equal_the_truth(generated, name):
     folder, truth, ranks = generated(name)
     expected = {(row["rank"], row["step"]): row for row in truth["per_step"]}
@@ -120,6 +121,66 @@ def test_p2p_kernel_pairs_from_the_raw_kernels_equal_the_truth(generated, name):
                  p["transfer_ns"]) for p in truth["p2p_pairs"]]
     assert sorted(found) == sorted(expected)
     assert len(expected) == sum(1 for raw in ranks for k in raw.kernels if k["name"] == NCCL_KERNEL) // 2
+
+
+def _fused_sides(raw: RawRank) -> list[tuple[str, int, dict]]:
+    """Each host send/recv call of a rank and the fused kernel it went out in: ProcessGroupNCCL
+    launches a batch's one kernel when the group ends, so a call's kernel is the first NCCL
+    kernel its thread launched after the call began. (direction, peer, kernel) in call order."""
+    calls = sorted((e for e in raw.events if e["ph"] == "X" and e["name"] in ("c10d::send", "c10d::recv_")),
+                   key=lambda e: e["start"])
+    nccl = sorted((k for k in raw.kernels if k["name"] == NCCL_KERNEL), key=lambda k: k["launch"]["start"])
+    sides = []
+    for call in calls:
+        kernel = next(k for k in nccl if k["launch"]["start"] >= call["start"] and k["launch"]["tid"] == call["tid"])
+        sides.append(("send" if call["name"] == "c10d::send" else "recv", int(call["args"]["Concrete Inputs"][2]),
+                      kernel))
+    return sides
+
+
+@pytest.mark.parametrize("name", FUSED)
+def test_fused_kernels_from_the_raw_events_equal_the_truth(generated, name):
+    folder, truth, ranks = generated(name)
+    sends, recvs = defaultdict(list), defaultdict(list)
+    fused = 0
+    for raw in ranks:
+        sides = _fused_sides(raw)
+        per_kernel = defaultdict(list)
+        for direction, peer, kernel in sides:
+            per_kernel[id(kernel)].append((direction, peer))
+            (sends[(raw.rank, peer)] if direction == "send" else recvs[(peer, raw.rank)]).append(kernel)
+        # One kernel per group, each group with one peer, at most a send and a recv.
+        for ops in per_kernel.values():
+            assert len({peer for _, peer in ops}) == 1 and len(ops) == len({d for d, _ in ops}), ops
+            fused += len(ops) == 2
+        nccl = [k for k in raw.kernels if k["name"] == NCCL_KERNEL]
+        assert len(per_kernel) == len(nccl), f"rank {raw.rank}: a kernel no host call launched"
+        assert len({k["tid"] for k in nccl}) == 1, "batch P2P runs on the process group's one NCCL stream"
+        titles = {e["name"] for e in raw.events if e.get("cat") == "user_annotation" and e["name"].startswith("nccl:")}
+        assert titles == {"nccl:coalesced"}
+    assert fused > 0, f"{name}: no kernel fused a send and a recv"
+    found = []
+    for link, sent in sends.items():
+        got = recvs[link]
+        assert len(sent) == len(got), f"{name}: link {link} has {len(sent)} sends, {len(got)} recvs"
+        for send, recv in zip(sent, got):  # NCCL matches a peer's sends and recvs in call order
+            assert send["end"] == recv["end"], "a group's two kernels end together"
+            later = max(send["start"], recv["start"])
+            found.append((link[0], link[1], send["step"], send["start"], recv["start"],
+                          later - min(send["start"], recv["start"]), send["end"] - later))
+    expected = [(p["src_rank"], p["dst_rank"], p["step"], p["send_start_ns"], p["recv_start_ns"], p["wait_ns"],
+                 p["transfer_ns"]) for p in truth["p2p_pairs"]]
+    assert sorted(found) == sorted(expected)
+
+
+def test_a_fused_kernel_lasts_as_long_as_its_slower_direction(generated):
+    _, truth, _ = generated("fused_slow_link")
+    slow = {(p["src_rank"], p["dst_rank"]) for p in truth["p2p_pairs"] if p["transfer_ns"] > 100_000}
+    # gradients 2->1 that share a kernel with activations 1->2 take the slow link's time too
+    assert slow == {(1, 2), (2, 1)}
+    reverse = [p for p in truth["p2p_pairs"] if (p["src_rank"], p["dst_rank"]) == (2, 1)]
+    assert any(p["transfer_ns"] == SCENARIOS["fused_slow_link"].transfer_ns for p in reverse), (
+        "the gradients sent alone (cooldown) move at the normal speed")
 
 
 def test_the_slow_link_is_the_one_whose_pairs_transfer_long(generated):
@@ -172,7 +233,7 @@ def test_injected_causes_move_the_truth_the_way_they_should(generated):
     assert max(row["bubble_ratio"] for row in interleaved["ranks"]) < theory
 
 
-@pytest.mark.parametrize("name", CHECKED)
+@pytest.mark.parametrize("name", CHECKED + FUSED)
 def test_the_events_follow_the_real_gpu_trace_schema(generated, name):
     folder, _, ranks = generated(name)
     sc = SCENARIOS[name]
@@ -204,7 +265,7 @@ def test_the_events_follow_the_real_gpu_trace_schema(generated, name):
         assert bool(labels) == sc.labelled
 
 
-@pytest.mark.parametrize("name", CHECKED)
+@pytest.mark.parametrize("name", CHECKED + FUSED)
 def test_tracekit_reads_every_generated_file_without_warnings(generated, name):
     from tracekit.ingest import load_run
 
