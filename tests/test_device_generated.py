@@ -187,3 +187,23 @@ def test_a_fused_kernel_gives_one_pair_per_message(analysed, name):
     assert fused, f"{name}: no kernel moved two messages"
     for a, b in fused:  # a send and a receive with one peer, in opposite directions
         assert (a["src_rank"], a["dst_rank"]) == (b["dst_rank"], b["src_rank"]), (a, b)
+
+
+def test_a_baseline_keeps_its_timeline_and_a_check_on_the_other_one_is_refused(tmp_path):
+    folder, _ = generate(SCENARIOS["slow_link"], tmp_path)
+    baseline = tmp_path / "baseline.json"
+    made = CliRunner().invoke(main, ["baseline", str(folder), "-o", str(baseline), "--no-cache"])
+    assert made.exit_code == 0, made.output
+    assert json.loads(baseline.read_text())["timeline"] == "device"
+    same = CliRunner().invoke(main, ["check", str(folder), "--baseline", str(baseline), "--no-cache"])
+    assert same.exit_code == 0, same.output
+    other = CliRunner().invoke(main, ["check", str(folder), "--baseline", str(baseline), "--no-cache",
+                                      "--timeline", "host"])
+    assert other.exit_code == 2
+    assert "timeline differs from the baseline" in other.output and "--timeline device" in other.output
+    # a baseline written before the device timeline has no "timeline": it was the host's
+    old = json.loads(baseline.read_text())
+    del old["timeline"]
+    baseline.write_text(json.dumps(old))
+    refused = CliRunner().invoke(main, ["check", str(folder), "--baseline", str(baseline), "--no-cache"])
+    assert refused.exit_code == 2 and "measured on the host" in refused.output

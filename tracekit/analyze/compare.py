@@ -38,6 +38,7 @@ class Measures:
     stage_rank: dict[int, int] = field(default_factory=dict)
     link_comm_ns: dict[tuple[int, int], float] = field(default_factory=dict)  # per step, by link
     incomplete: str = ""       # the ranks missing ("rank 2 of 4 has no trace (...)"); "" when complete
+    timeline: str = "host"     # "device" (GPU kernels) or "host" (CPU op spans): figures of the two differ
 
     @property
     def schedule_label(self) -> str:
@@ -88,6 +89,7 @@ def measure(analysis: Analysis) -> Measures:
         bubble_ratio=float(analysis.summary["bubble_ratio"]),
         rank_bubble={int(r): float(info["bubble_ratio"]) for r, info in per_rank.items()},
         incomplete="" if run.is_complete else run.completeness.missing_text(),
+        timeline=run.timeline,
     )
     attribution = analysis.attribution
     if attribution is None or not attribution.steps:
@@ -234,6 +236,9 @@ class Comparison:
 def compare(a: Measures, b: Measures) -> Comparison:
     """What changed from ``a`` to ``b``."""
     notes = []
+    if a.timeline != b.timeline:
+        notes.append(f"timelines differ (A on the {a.timeline}, B on the {b.timeline}): the host runs ahead of a "
+                     "GPU, so the figures are not comparable; read both with the same --timeline")
     same_schedule = schedule_key(a.schedule) == schedule_key(b.schedule)
     same_ranks = set(a.rank_bubble) == set(b.rank_bubble)
     both_attributed = bool(a.cause_share and b.cause_share)

@@ -6,7 +6,8 @@ Written by ``tracekit baseline RUN -o FILE``, read by ``tracekit check --baselin
      "analysis_schema_version": "1.0", "created": "...", "source": "runs/nightly",
      "formats": ["kineto"], "schedule": {"name": "1F1B", "p": 4, "v": 1, "m": 8},
      "n_steps": 3, "step_ns": 521857560, "bubble_ratio": 0.329,
-     "ranks": {"0": 0.326, ...}, "causes": {"warmup": 0.125, ..., "comm": 0.038, ...}}
+     "ranks": {"0": 0.326, ...}, "causes": {"warmup": 0.125, ..., "comm": 0.038, ...},
+     "timeline": "host"}
 
 Cause values are shares of the step window (they add up to ``bubble_ratio``). Bump the
 major ``schema_version`` on any change that removes or renames a field.
@@ -44,6 +45,7 @@ def to_document(measures: Measures) -> dict:
         "ranks": {str(r): round(v, 6) for r, v in sorted(measures.rank_bubble.items())},
         "causes": {c: round(v, 6) for c, v in measures.cause_share.items()},
         "incomplete": measures.incomplete or None,
+        "timeline": measures.timeline,
     }
 
 
@@ -89,6 +91,8 @@ def _measures(doc: dict) -> Measures:
         bubble_ratio=_share(doc["bubble_ratio"]),
         rank_bubble={int(r): _share(v) for r, v in doc["ranks"].items()},
         cause_share=causes, incomplete=str(doc.get("incomplete") or ""),
+        # baselines from before the device timeline were all measured on the host
+        timeline=str(doc.get("timeline") or "host"),
     )
 
 

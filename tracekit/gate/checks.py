@@ -124,6 +124,12 @@ def evaluate(measures: Measures, config: CheckConfig, baseline: Measures | None 
                if measures.incomplete else "this run has no pipeline schedule to attribute it by")
         raise TracekitError(f"{measures.source}: cause limits need the idle time attributed, and {why}; "
                             "drop the --max-cause limits")
+    if baseline is not None and baseline.timeline != measures.timeline:
+        raise TracekitError(
+            f"timeline differs from the baseline: {config.baseline} was measured on the {baseline.timeline}, "
+            f"{measures.source} on the {measures.timeline} (the host runs ahead of a GPU: the figures are not "
+            f"comparable); check with --timeline {baseline.timeline}, or remake the baseline (tracekit baseline "
+            "RUN_DIR -o FILE)")
     notes = []
     if measures.incomplete:
         notes.append(f"incomplete run allowed: {measures.incomplete}; checked on the ranks present"
