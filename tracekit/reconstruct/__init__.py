@@ -41,7 +41,7 @@ def reconstruct(run: Run, timeline: str = "auto") -> Run:
     use_device = on_device and timeline != "host"
     run.timeline = "device" if use_device else "host"
     # CUDA API calls only link device work to the host: never an action's op.
-    host_events = run.events[(run.events["cat"] != "runtime").to_numpy()] if on_device else run.events
+    host_events = _host_events(run) if on_device else run.events
     run.steps = find_steps(run.events)   # a rank without step marks spans all it recorded
     if on_device:
         run.device = dev.device_ops(run.events, run.steps)
@@ -115,6 +115,7 @@ def _on_device(run: Run, messages, host_events) -> None:
 
 
 def _host_events(run: Run):
+    """The events without CUDA API calls (they link device work to the host, nothing more)."""
     return run.events[(run.events["cat"] != "runtime").to_numpy()]
 
 
