@@ -403,6 +403,14 @@ def _figure(**kwargs):
     return figure(output_backend="canvas", tools=[], toolbar_location="right", **kwargs)
 
 
+def _source(frame: pd.DataFrame):
+    """The frame's columns as arrays (bokeh's own DataFrame path adds an index column, and
+    calls a reset_index(inplace=True) that pandas deprecates)."""
+    from bokeh.models import ColumnDataSource
+
+    return ColumnDataSource({c: frame[c].to_numpy() for c in frame.columns})
+
+
 def _hover(fig, renderer, tooltips) -> None:
     from bokeh.models import HoverTool
 
@@ -437,7 +445,7 @@ def _timeline_root(views: list[StepView]):
 
 
 def _timeline_figure(view: StepView):
-    from bokeh.models import ColumnDataSource, FixedTicker, PanTool, Range1d, ResetTool, SaveTool, WheelZoomTool
+    from bokeh.models import FixedTicker, PanTool, Range1d, ResetTool, SaveTool, WheelZoomTool
 
     n = len(view.lanes)
     window_ms = view.window_ns / 1e6
@@ -460,7 +468,7 @@ def _timeline_figure(view: StepView):
     items: dict[str, list] = {}
 
     def quads(frame: pd.DataFrame, label: str, tooltips, **style):
-        renderer = fig.quad(left="x0", right="x1", bottom="y0", top="y1", source=ColumnDataSource(frame), **style)
+        renderer = fig.quad(left="x0", right="x1", bottom="y0", top="y1", source=_source(frame), **style)
         items.setdefault(label, []).append(renderer)
         if tooltips:
             _hover(fig, renderer, tooltips)
@@ -479,16 +487,16 @@ def _timeline_figure(view: StepView):
                   fill_color=KIND_COLORS[kind], line_color="white", line_width=0.5)
     text = _bar_text(view)
     if len(text):
-        fig.text(x="x", y="y", text="text", source=ColumnDataSource(text), text_color="white", text_font_size="8pt",
+        fig.text(x="x", y="y", text="text", source=_source(text), text_color="white", text_font_size="8pt",
                  text_alpha=0.95, text_align="center", text_baseline="middle")
     if len(view.messages):
-        renderer = fig.segment(x0="x0", y0="y0", x1="x1", y1="y1", source=ColumnDataSource(view.messages),
+        renderer = fig.segment(x0="x0", y0="y0", x1="x1", y1="y1", source=_source(view.messages),
                                line_color=MESSAGE_COLOR, line_width=1, line_alpha=0.55)
         items["message (send -> arrival)"] = [renderer]
         _hover(fig, renderer, [("message", "@link (@direction)"), ("send left after", "@post_ms{0.000} ms"),
                                ("in flight", "@wire_ms{0.000} ms"), ("receiver waited", "@wait_ms{0.000} ms")])
     if view.critical_bars is not None and len(view.critical_bars):
-        links = fig.segment(x0="x0", y0="y0", x1="x1", y1="y1", source=ColumnDataSource(view.critical_links),
+        links = fig.segment(x0="x0", y0="y0", x1="x1", y1="y1", source=_source(view.critical_links),
                             line_color=CRITICAL_COLOR, line_width=2.5, line_alpha=0.9)
         items["critical path"] = [links]
         quads(view.critical_bars, "critical path",
