@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("holoviews")
 pytest.importorskip("bokeh")
 
 from click.testing import CliRunner  # noqa: E402
