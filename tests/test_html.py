@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import html
+import html.parser
 import json
 import re
 import shutil
@@ -14,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("holoviews")
 pytest.importorskip("bokeh")
 
 from click.testing import CliRunner  # noqa: E402
@@ -333,3 +333,107 @@ def test_report_carries_the_what_if_table(rendered):
     row = re.search(r'<td class="l">1F1B v=1 m=8 balanced</td><td>([\d.]+)%', page)
     assert row and 28.0 < float(row.group(1)) < 32.5       # the balanced 1f1b capture: 30.2%
     assert '<td class="l">model of the measured run</td>' in page
+
+
+# ------------------------------------------------------------------ self-contained, and what a person sees
+
+class _Links(html.parser.HTMLParser):
+    """Every src and href attribute of the page's elements."""
+
+    def __init__(self):
+        super().__init__()
+        self.links: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.links += [value or "" for name, value in attrs if name in ("src", "href")]
+
+
+def test_report_points_nowhere_and_never_imports_panel(tmp_path):
+    """Rendered in a fresh interpreter: no src/href leaves the file (panel's es-module-shims
+    once did, as a relative path that 404s), and panel (0.4 s, 119 MB) is never imported."""
+    import sys
+
+    run_dir = SAMPLES / "1f1b"
+    if run_dir not in ready_samples():
+        pytest.skip(f"{run_dir} holds no traces")
+    out = tmp_path / "r.html"
+    script = ("import sys\nfrom pathlib import Path\nfrom tracekit import load\nfrom tracekit.analyze import analyze\n"
+              "from tracekit.render.html import render_report\n"
+              f"Path({str(out)!r}).write_text(render_report(analyze(load({str(run_dir)!r}))), encoding='utf-8')\n"
+              "print(sorted(m for m in sys.modules if m.split('.')[0] in ('panel', 'holoviews')))\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                            cwd=Path(report.__file__).parents[2])
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-1] == "[]"
+    parser = _Links()
+    parser.feed(out.read_text(encoding="utf-8"))
+    assert parser.links == [link for link in parser.links if link.startswith(("data:", "#"))]
+    assert "es-module-shims" not in out.read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def dualpipev_views(loaded_runs):
+    run_dir = SAMPLES / "dualpipev"
+    if run_dir not in ready_samples():
+        pytest.skip(f"{run_dir} holds no traces")
+    _, analysis = loaded_runs(run_dir)
+    return analysis, report.step_views(analysis)[0]
+
+
+def test_timeline_wheel_zooms_time_only_and_leaves_the_page_scroll(dualpipev_views):
+    from bokeh.models import PanTool, Scroll
+
+    _, views = dualpipev_views
+    fig = report._timeline_figure(views[0])
+    scrolls = [t for t in fig.toolbar.tools if isinstance(t, Scroll)]
+    assert len(scrolls) == 1 and fig.toolbar.active_scroll is scrolls[0]
+    assert scrolls[0].dimensions == "width"                      # ranks never zoom out of view
+    assert scrolls[0].modifiers == {"ctrl": True}                # a bare wheel scrolls the page
+    assert [t.dimensions for t in fig.toolbar.tools if isinstance(t, PanTool)] == ["width"]
+    assert (fig.x_range.bounds[0], fig.x_range.bounds[1]) == (fig.x_range.start, fig.x_range.end)
+
+
+def test_timeline_legend_grows_the_figure_instead_of_spilling(dualpipev_views):
+    """DualPipeV has 12 legend entries on 4 lanes: inside a fixed-height plot they ran into the
+    next section. Below the plotting area, with the figure sized by that area, they cannot."""
+    _, views = dualpipev_views
+    fig = report._timeline_figure(views[0])
+    (legend,) = fig.legend
+    assert legend in fig.below and legend not in fig.center and legend not in fig.right
+    assert fig.frame_height is not None                          # the canvas is the area plus its panels
+    assert len(legend.items) >= 12 and legend.ncols <= report.LEGEND_COLUMNS
+
+
+def test_idle_spans_name_the_stage_or_link_they_are_blamed_on(dualpipev_views):
+    analysis, views = dualpipev_views
+    idle = pd_concat([v.idle.assign(step=v.step) for v in views])
+    imbalance, comm = idle[idle["cause"] == "imbalance"], idle[idle["cause"] == "comm"]
+    assert len(imbalance) and len(comm)
+    by_step = {s.step: s for s in analysis.attribution.steps}
+    for row in imbalance.itertuples():
+        blame = by_step[row.step].stage_blame
+        top = blame[blame["rank"] == row.rank].sort_values("imbalance_ns").iloc[-1]
+        assert row.blame.startswith(f"stage {int(top['stage'])} (rank ")
+    for row in comm.itertuples():
+        blame = by_step[row.step].link_blame
+        top = blame[blame["rank"] == row.rank].sort_values("comm_ns").iloc[-1]
+        assert row.blame.startswith(f"link {int(top['src_rank'])} -> {int(top['dst_rank'])} ")
+    warmup = idle[idle["cause"] == "warmup"]
+    assert len(warmup) and set(warmup["blame"]) == {"the schedule: pipeline fill"}
+
+
+def pd_concat(frames):
+    import pandas as pd
+
+    return pd.concat(frames, ignore_index=True)
+
+
+def test_a_step_with_two_roles_is_named_once():
+    """The first step is often the slowest (warm-up, compilation): it was listed twice."""
+    steps = list(range(8))
+    lengths = {s: 100 + s for s in steps}
+    lengths[0] = 500
+    chosen, notes = report.chosen_steps(steps, lengths)
+    assert chosen == [0, 5, 7]
+    assert notes[0].count("step 0") == 1 and "step 0 (first, slowest)" in notes[0]
+    assert "3 of 8 steps" in notes[0]

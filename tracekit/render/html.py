@@ -7,8 +7,8 @@ actions coloured by kind, P2P messages from send to arrival, idle time shaded by
 critical path drawn through it), per-rank busy and idle by cause, measured against
 theoretical bubble, blame tables per stage and per link, and the run's metadata.
 
-Figures are made with holoviews on the bokeh backend and embedded statically (one tab per
-step), so the file works offline without a server. Large runs are thinned before drawing:
+Figures are made with bokeh and embedded statically with its inline resources (one tab per
+step), so the file works offline without a server and fetches nothing. Large runs are thinned before drawing:
 at most ``MAX_BARS`` bars, ``MAX_IDLE`` idle spans and ``MAX_MESSAGES`` messages per step,
 and ``MAX_DETAILED_STEPS`` steps; the report says where it did so.
 
@@ -69,7 +69,7 @@ class StepView:
     bubble_ratio: float          # idle over window, all ranks
     lanes: list[str]
     bars: pd.DataFrame           # x0 x1 y0 y1 kind rank stage microbatch dur_ms n label
-    idle: pd.DataFrame           # x0 x1 y0 y1 cause rank dur_ms
+    idle: pd.DataFrame           # x0 x1 y0 y1 cause rank dur_ms blame
     messages: pd.DataFrame       # x0 y0 x1 y1 link post_ms wire_ms wait_ms direction
     critical_links: pd.DataFrame | None = None   # x0 y0 x1 y1: one action's end to the next's start
     critical_bars: pd.DataFrame | None = None    # outlines of the critical path's actions
@@ -119,7 +119,8 @@ def chosen_steps(steps: list[int], step_ns: dict[int, int]) -> tuple[list[int], 
     picks = {"first": steps[0], "slowest": by_length[-1], "median": by_length[len(by_length) // 2],
              "last": steps[-1]}
     chosen = sorted(set(picks.values()))
-    named = ", ".join(f"{k} (step {v})" for k, v in picks.items())
+    # one step can hold several roles (the first is often the slowest): name it once
+    named = ", ".join(f"step {s} ({', '.join(k for k, v in picks.items() if v == s)})" for s in chosen)
     return chosen, [f"Timeline: {len(chosen)} of {len(steps)} steps drawn in detail: {named}; "
                     "the tables and bars cover every step."]
 
@@ -135,14 +136,50 @@ def step_views(analysis: Analysis) -> tuple[list[StepView], list[str]]:
     ranks = sorted(int(r) for r in bubbles["rank"].unique())
     lanes, rank_lane, stream_lane = _lanes(analysis, ranks)
     intervals = idle_intervals(analysis) if analysis.is_pipeline else pd.DataFrame()
+    blame = idle_blame(analysis)
     views = []
     for step in steps:
         lo, hi = int(windows.at[step, "lo"]), int(windows.at[step, "hi"])
-        views.append(_step_view(analysis, step, lo, hi, lanes, rank_lane, stream_lane, intervals))
+        views.append(_step_view(analysis, step, lo, hi, lanes, rank_lane, stream_lane, intervals, blame))
     return views, notes
 
 
-def _step_view(analysis, step, lo, hi, lanes, rank_lane, stream_lane, intervals) -> StepView:
+# What an idle span of a cause without a stage or link to blame is put down to.
+_BLAMED_ON = {"warmup": "the schedule: pipeline fill", "drain": "the schedule: pipeline drain",
+              "schedule_gaps": "the schedule: waits between its actions",
+              "overhead": "host overhead between this rank's actions"}
+# Culprits named per idle span, largest first; the rest are counted.
+MAX_BLAMED = 3
+
+
+def idle_blame(analysis: Analysis) -> dict[tuple[int, int, str], str]:
+    """(rank, step, cause) -> who the rank's idle of that cause in that step is blamed on:
+    the stages behind its imbalance and the links behind its comm latency, each with its
+    share (the attribution's stage_blame and link_blame), largest first."""
+    if analysis.attribution is None:
+        return {}
+    to_rank = analysis.run.schedule.stage_to_rank if analysis.run.schedule is not None else {}
+    out: dict[tuple[int, int, str], str] = {}
+    for step in analysis.attribution.steps:
+        for rank, rows in step.stage_blame.groupby("rank"):
+            rows = rows.sort_values("imbalance_ns", ascending=False)
+            out[(int(rank), step.step, "imbalance")] = _culprits(
+                [f"stage {int(s)} (rank {to_rank.get(int(s), '?')}) {_ms3(ns)} ms"
+                 for s, ns in zip(rows["stage"], rows["imbalance_ns"])])
+        for rank, rows in step.link_blame.groupby("rank"):
+            rows = rows.sort_values("comm_ns", ascending=False)
+            out[(int(rank), step.step, "comm")] = _culprits(
+                [f"link {int(a)} -> {int(b)} {_ms3(ns)} ms"
+                 for a, b, ns in zip(rows["src_rank"], rows["dst_rank"], rows["comm_ns"])])
+    return out
+
+
+def _culprits(named: list[str]) -> str:
+    rest = len(named) - MAX_BLAMED
+    return ", ".join(named[:MAX_BLAMED]) + (f" and {rest} more" if rest > 0 else "")
+
+
+def _step_view(analysis, step, lo, hi, lanes, rank_lane, stream_lane, intervals, blame) -> StepView:
     run = analysis.run
     thinned: dict[str, tuple[int, int]] = {}
     pixel_ns = max((hi - lo) / TIMELINE_WIDTH_PX, 1.0)
@@ -154,7 +191,7 @@ def _step_view(analysis, step, lo, hi, lanes, rank_lane, stream_lane, intervals)
     if merge_gap:
         thinned["bars"] = (len(work), len(bars))
     bars = _to_view_bars(bars, lo)
-    idle = _idle_view(intervals, step, lo, rank_lane, merge_gap, thinned)
+    idle = _idle_view(intervals, step, lo, rank_lane, merge_gap, thinned, blame)
     messages = _message_view(analysis, step, lo, rank_lane, thinned)
     critical_links, critical_bars = _critical_view(analysis, step, lo, rank_lane)
     rows = analysis.bubbles[analysis.bubbles["step"] == step]
@@ -278,8 +315,8 @@ def _visible_labels(labels: pd.Series) -> np.ndarray:
 
 
 def _idle_view(intervals: pd.DataFrame, step: int, lo: int, rank_lane: dict, merge_gap: float,
-               thinned: dict) -> pd.DataFrame:
-    columns = ["x0", "y0", "x1", "y1", "cause", "rank", "dur_ms"]
+               thinned: dict, blame: dict[tuple[int, int, str], str]) -> pd.DataFrame:
+    columns = ["x0", "y0", "x1", "y1", "cause", "rank", "dur_ms", "blame"]
     if len(intervals) == 0:
         return pd.DataFrame(columns=columns)
     spans = intervals[intervals["step"] == step]
@@ -293,7 +330,9 @@ def _idle_view(intervals: pd.DataFrame, step: int, lo: int, rank_lane: dict, mer
     return pd.DataFrame({"x0": (spans["start_ns"].to_numpy() - lo) / 1e6, "y0": lane - 0.45,
                          "x1": (spans["end_ns"].to_numpy() - lo) / 1e6, "y1": lane + 0.45,
                          "cause": spans["cause"].to_numpy(), "rank": spans["rank"].to_numpy(),
-                         "dur_ms": (spans["end_ns"] - spans["start_ns"]).to_numpy() / 1e6})
+                         "dur_ms": (spans["end_ns"] - spans["start_ns"]).to_numpy() / 1e6,
+                         "blame": [blame.get((int(r), step, c), _BLAMED_ON.get(c, "")) for r, c in
+                                   zip(spans["rank"], spans["cause"])]})
 
 
 def _message_view(analysis: Analysis, step: int, lo: int, rank_lane: dict, thinned: dict) -> pd.DataFrame:
@@ -343,13 +382,52 @@ def _critical_view(analysis: Analysis, step: int, lo: int, rank_lane: dict):
 
 
 # ---------------------------------------------------------------------------- figures
+# Plain bokeh, not holoviews: holoviews' bokeh backend imports panel (~0.4 s, ~120 MB), and
+# bokeh's resources then carry every registered model's script, among them panel's
+# es-module-shims as a relative <script src> that 404s in a file meant to be self-contained.
 
-def _hv():
-    import holoviews as hv
-    import holoviews.plotting.bokeh  # noqa: F401  (registers the bokeh backend)
+# The wheel zooms only with this key held: a bare wheel scrolls the page (bokeh says so on the plot).
+ZOOM_MODIFIERS = {"ctrl": True}
+# Legend entries per row under the timeline: ~170 px each fits the plotting area's width.
+LEGEND_COLUMNS = 6
+IDLE_TOOLTIPS = [("idle", "@cause"), ("rank", "@rank"), ("length", "@dur_ms{0.000} ms"),
+                 ("blamed on (rank, step)", "@blame")]
 
-    hv.Store.set_current_backend("bokeh")
-    return hv
+
+def _figure(**kwargs):
+    """A figure drawn on canvas (WebGL is absent from many headless and remote browsers, and
+    these plots are small enough for canvas), sized by its plotting area so that axes and a
+    legend outside it grow the figure instead of spilling over what follows."""
+    from bokeh.plotting import figure
+
+    return figure(output_backend="canvas", tools=[], toolbar_location="right", **kwargs)
+
+
+def _source(frame: pd.DataFrame):
+    """The frame's columns as arrays (bokeh's own DataFrame path adds an index column, and
+    calls a reset_index(inplace=True) that pandas deprecates)."""
+    from bokeh.models import ColumnDataSource
+
+    return ColumnDataSource({c: frame[c].to_numpy() for c in frame.columns})
+
+
+def _hover(fig, renderer, tooltips) -> None:
+    from bokeh.models import HoverTool
+
+    fig.add_tools(HoverTool(renderers=[renderer], tooltips=tooltips))
+
+
+def _legend(fig, items: list[tuple[str, list]], place: str, columns: int | None = None) -> None:
+    """One legend entry per label (renderers sharing a label toggle together), outside the
+    plotting area; a click hides the entry's layers."""
+    from bokeh.models import Legend, LegendItem
+
+    legend = Legend(items=[LegendItem(label=label, renderers=rs) for label, rs in items], click_policy="hide",
+                    label_text_font_size="9pt", glyph_height=14, glyph_width=18, spacing=2, padding=6)
+    if columns is not None:
+        legend.orientation = "horizontal"
+        legend.ncols = min(columns, len(items))
+    fig.add_layout(legend, place)
 
 
 def _timeline_root(views: list[StepView]):
@@ -367,63 +445,66 @@ def _timeline_root(views: list[StepView]):
 
 
 def _timeline_figure(view: StepView):
-    hv = _hv()
+    from bokeh.models import FixedTicker, PanTool, Range1d, ResetTool, SaveTool, WheelZoomTool
+
     n = len(view.lanes)
-    height = int(min(max(110 + 34 * n, 260), 1500))
-    rect_dims = ["x0", "y0", "x1", "y1"]
-    layers = []
+    window_ms = view.window_ns / 1e6
+    x_lo, x_hi = -0.01 * window_ms, 1.01 * window_ms
+    # y is fixed (every lane stays in view); x zooms and pans inside the step's window only
+    fig = _figure(frame_width=TIMELINE_WIDTH_PX, frame_height=int(min(max(34 * n, 150), 1400)),
+                  x_range=Range1d(x_lo, x_hi, bounds=(x_lo, x_hi)), y_range=Range1d(n - 0.4, -0.6),
+                  x_axis_label="ms since the step window's start",
+                  title=f"step {view.step}: {window_ms:.1f} ms, {100 * view.bubble_ratio:.1f}% idle")
+    wheel = WheelZoomTool(dimensions="width", modifiers=ZOOM_MODIFIERS)
+    pan = PanTool(dimensions="width")
+    fig.add_tools(pan, wheel, ResetTool(), SaveTool())
+    fig.toolbar.active_drag, fig.toolbar.active_scroll = pan, wheel
+    fig.grid.visible = False
+    fig.title.text_font_size = "12pt"
+    # one tick label per lane while they fit (about 14 px each), else every k-th lane
+    every = max(1, int(np.ceil(n / max(1, fig.frame_height // 14))))
+    fig.yaxis.ticker = FixedTicker(ticks=list(range(0, n, every)))
+    fig.yaxis.major_label_overrides = {i: view.lanes[i] for i in range(0, n, every)}
+    items: dict[str, list] = {}
+
+    def quads(frame: pd.DataFrame, label: str, tooltips, **style):
+        renderer = fig.quad(left="x0", right="x1", bottom="y0", top="y1", source=_source(frame), **style)
+        items.setdefault(label, []).append(renderer)
+        if tooltips:
+            _hover(fig, renderer, tooltips)
+
     for cause in CATEGORIES:
         part = view.idle[view.idle["cause"] == cause]
         if len(part):
-            layers.append(hv.Rectangles(part, kdims=rect_dims, vdims=["cause", "rank", "dur_ms"],
-                                        label=f"idle: {CAUSE_NAMES[cause]}").opts(
-                color=CAUSE_COLORS[cause], line_alpha=0, fill_alpha=0.55,
-                hover_tooltips=[("idle", "@cause"), ("rank", "@rank"), ("length", "@dur_ms{0.000} ms")]))
+            quads(part, f"idle: {CAUSE_NAMES[cause]}", IDLE_TOOLTIPS,
+                  fill_color=CAUSE_COLORS[cause], line_alpha=0, fill_alpha=0.55)
     for kind in KIND_COLORS:
         part = view.bars[view.bars["kind"] == kind]
         if len(part):
-            layers.append(hv.Rectangles(part, kdims=rect_dims,
-                                        vdims=["kind", "rank", "stage", "microbatch", "dur_ms", "n", "label"],
-                                        label=KIND_NAMES[kind]).opts(
-                color=KIND_COLORS[kind], line_color="white", line_width=0.5,
-                hover_tooltips=[("action", "@kind"), ("rank", "@rank"), ("stage", "@stage"),
-                                ("microbatch", "@microbatch"), ("compute", "@dur_ms{0.000} ms"),
-                                ("start", "@x0{0.000} ms"), ("label", "@label")]))
+            quads(part, KIND_NAMES[kind], [("action", "@kind"), ("rank", "@rank"), ("stage", "@stage"),
+                                           ("microbatch", "@microbatch"), ("compute", "@dur_ms{0.000} ms"),
+                                           ("start", "@x0{0.000} ms"), ("label", "@label")],
+                  fill_color=KIND_COLORS[kind], line_color="white", line_width=0.5)
     text = _bar_text(view)
     if len(text):
-        layers.append(hv.Labels(text, kdims=["x", "y"], vdims=["text"]).opts(
-            text_color="white", text_font_size="8pt", text_alpha=0.95))
+        fig.text(x="x", y="y", text="text", source=_source(text), text_color="white", text_font_size="8pt",
+                 text_alpha=0.95, text_align="center", text_baseline="middle")
     if len(view.messages):
-        layers.append(hv.Segments(view.messages, kdims=rect_dims,
-                                  vdims=["link", "post_ms", "wire_ms", "wait_ms", "direction"],
-                                  label="message (send -> arrival)").opts(
-            color=MESSAGE_COLOR, line_width=1, alpha=0.55,
-            hover_tooltips=[("message", "@link (@direction)"), ("send left after", "@post_ms{0.000} ms"),
-                            ("in flight", "@wire_ms{0.000} ms"), ("receiver waited", "@wait_ms{0.000} ms")]))
+        renderer = fig.segment(x0="x0", y0="y0", x1="x1", y1="y1", source=_source(view.messages),
+                               line_color=MESSAGE_COLOR, line_width=1, line_alpha=0.55)
+        items["message (send -> arrival)"] = [renderer]
+        _hover(fig, renderer, [("message", "@link (@direction)"), ("send left after", "@post_ms{0.000} ms"),
+                               ("in flight", "@wire_ms{0.000} ms"), ("receiver waited", "@wait_ms{0.000} ms")])
     if view.critical_bars is not None and len(view.critical_bars):
-        layers.append(hv.Segments(view.critical_links, kdims=rect_dims, label="critical path").opts(
-            color=CRITICAL_COLOR, line_width=2.5, alpha=0.9))
-        layers.append(hv.Rectangles(view.critical_bars, kdims=rect_dims,
-                                    vdims=["action", "rank", "compute_ms", "comm_ms", "via", "link"],
-                                    label="critical path").opts(
-            fill_alpha=0, line_color=CRITICAL_COLOR, line_width=2.5,
-            hover_tooltips=[("critical path", "@action on rank @rank"), ("compute", "@compute_ms{0.000} ms"),
-                            ("waited on", "@via @link"), ("comm", "@comm_ms{0.000} ms")]))
-    if not layers:
-        layers.append(hv.Rectangles([], kdims=rect_dims))
-    # one tick label per lane while they fit (about 14 px each), else every k-th lane
-    every = max(1, int(np.ceil(n / max(1, (height - 80) // 14))))
-    overlay = hv.Overlay(layers).opts(
-        width=TIMELINE_WIDTH_PX + 200, height=height, xlabel="ms since the step window's start",
-        ylabel="", yticks=[(i, view.lanes[i]) for i in range(0, n, every)], invert_yaxis=True, ylim=(-0.6, n - 0.4),
-        xlim=(-0.01 * view.window_ns / 1e6, 1.01 * view.window_ns / 1e6), legend_position="right",
-        title=f"step {view.step}: {view.window_ns / 1e6:.1f} ms, {100 * view.bubble_ratio:.1f}% idle",
-        tools=["xwheel_zoom", "xpan"], active_tools=["xwheel_zoom", "xpan"], show_grid=False,
-        fontscale=1.1)
-    fig = _bokeh(overlay)
-    if fig.legend:
-        fig.legend.click_policy = "hide"
-        fig.legend.location = "top_left"
+        links = fig.segment(x0="x0", y0="y0", x1="x1", y1="y1", source=_source(view.critical_links),
+                            line_color=CRITICAL_COLOR, line_width=2.5, line_alpha=0.9)
+        items["critical path"] = [links]
+        quads(view.critical_bars, "critical path",
+              [("critical path", "@action on rank @rank"), ("compute", "@compute_ms{0.000} ms"),
+               ("waited on", "@via @link"), ("comm", "@comm_ms{0.000} ms")],
+              fill_alpha=0, line_color=CRITICAL_COLOR, line_width=2.5)
+    if items:
+        _legend(fig, list(items.items()), "below", columns=LEGEND_COLUMNS)
     return fig
 
 
@@ -439,63 +520,64 @@ def _bar_text(view: StepView) -> pd.DataFrame:
                          "text": [f"{k}{s}.{m}" for k, s, m in zip(wide["kind"], wide["stage"], wide["microbatch"])]})
 
 
-def _bokeh(element):
-    """Render with the canvas backend: WebGL is absent from many headless and remote
-    browsers, and these plots are small enough for canvas."""
-    fig = _hv().render(element, backend="bokeh")
-    fig.output_backend = "canvas"
-    return fig
-
-
 def _causes_root(analysis: Analysis):
     """Per-rank stacked bars: busy, then idle by cause (ms, all steps)."""
-    hv = _hv()
+    from bokeh.models import ColumnDataSource
+
     table = analysis.attribution.table if analysis.attribution is not None else None
-    rows = []
+    attributed = table is not None and len(table) > 0
+    parts = ["busy", *CATEGORIES] if attributed else ["busy", "idle"]
+    columns: dict[str, list] = {"rank": [], **{p: [] for p in parts}}
     for rank, info in analysis.summary["per_rank"].items():
-        rows.append((str(rank), CAUSE_NAMES["busy"], info["busy_ns"] / 1e6))
-        if table is not None and len(table):
+        columns["rank"].append(str(rank))
+        columns["busy"].append(info["busy_ns"] / 1e6)
+        if attributed:
             sums = table[table["rank"] == rank]
             for cause in CATEGORIES:
-                rows.append((str(rank), CAUSE_NAMES[cause], float(sums[f"{cause}_ns"].sum()) / 1e6))
+                columns[cause].append(float(sums[f"{cause}_ns"].sum()) / 1e6)
         else:
-            rows.append((str(rank), CAUSE_NAMES["idle"], info["idle_ns"] / 1e6))
-    if not rows:  # no rank has device work (a CPU-only capture that is no pipeline): no bars to draw
+            columns["idle"].append(info["idle_ns"] / 1e6)
+    if not columns["rank"]:  # no rank has device work (a CPU-only capture that is no pipeline): no bars to draw
         from bokeh.models import Div
 
         return Div(text="No rank has device work to show.", name="causes")
-    frame = pd.DataFrame(rows, columns=["rank", "part", "ms"])
-    order = [CAUSE_NAMES[c] for c in CAUSE_COLORS if CAUSE_NAMES[c] in set(frame["part"])]
-    colors = {CAUSE_NAMES[c]: CAUSE_COLORS[c] for c in CAUSE_COLORS}
-    n_ranks = frame["rank"].nunique()
-    bars = hv.Bars(frame, kdims=["rank", hv.Dimension("part", values=order)], vdims=["ms"]).opts(
-        stacked=True, cmap=colors, width=min(max(420, 24 * n_ranks + 260), 1350), height=380,
-        xlabel="rank", ylabel="ms (all steps)", title="Each rank's time: busy, then idle by cause",
-        legend_position="right", tools=["hover"], line_color="white",
-        xrotation=90 if n_ranks > 24 else 0, show_grid=True)
-    fig = _bokeh(bars)
+    n_ranks = len(columns["rank"])
+    fig = _figure(frame_width=min(max(160, 24 * n_ranks), 1100), frame_height=300, x_range=columns["rank"],
+                  x_axis_label="rank", y_axis_label="ms (all steps)", title="Each rank's time: busy, then idle by cause")
+    fig.y_range.start = 0
+    fig.xgrid.visible = False
+    if n_ranks > 24:
+        fig.xaxis.major_label_orientation = np.pi / 2
+    renderers = fig.vbar_stack(parts, x="rank", width=0.8, source=ColumnDataSource(columns),
+                               color=[CAUSE_COLORS[p] for p in parts], line_color="white")
+    for part, renderer in zip(parts, renderers):
+        _hover(fig, renderer, [("rank", "@rank"), (CAUSE_NAMES[part], f"@{{{part}}}{{0.0}} ms")])
+    _legend(fig, [(CAUSE_NAMES[p], [r]) for p, r in zip(parts, renderers)], "right")
     fig.name = "causes"
     return fig
 
 
 def _bubble_root(analysis: Analysis):
     """Measured bubble against the closed form and the balanced replay."""
-    hv = _hv()
+    from bokeh.models import ColumnDataSource
+
     theory = analysis.theory
     rows = [("measured", 100 * float(analysis.summary["bubble_ratio"]))]
     if analysis.balanced_replay_ratio is not None:
         rows.append(("balanced replay", 100 * analysis.balanced_replay_ratio))
     if theory is not None and theory.bubble_ratio is not None:
         rows.append(("theory", 100 * theory.bubble_ratio))
-    frame = pd.DataFrame(rows, columns=["what", "bubble %"])
     colors = {"measured": "#4C78A8", "balanced replay": "#72B7B2", "theory": "#BAB0AC"}
-    bars = hv.Bars(frame, kdims=["what"], vdims=["bubble %"]).opts(
-        color="what", cmap=colors, width=420, height=380, ylim=(0, max(5.0, frame["bubble %"].max() * 1.15)),
-        title="Bubble: idle share of the step window", xlabel="", tools=["hover"], show_legend=False,
-        show_grid=True)
-    labels = hv.Labels(frame.assign(text=[f"{v:.1f}%" for v in frame["bubble %"]]),
-                       kdims=["what", "bubble %"], vdims=["text"]).opts(text_baseline="bottom", text_font_size="11pt")
-    fig = _bokeh(bars * labels)
+    source = ColumnDataSource({"what": [w for w, _ in rows], "bubble": [v for _, v in rows],
+                               "color": [colors[w] for w, _ in rows], "text": [f"{v:.1f}%" for _, v in rows]})
+    top = max(5.0, max(v for _, v in rows) * 1.15)
+    fig = _figure(frame_width=300, frame_height=300, x_range=[w for w, _ in rows], y_range=(0, top),
+                  y_axis_label="bubble %", title="Bubble: idle share of the step window")
+    fig.xgrid.visible = False
+    bars = fig.vbar(x="what", top="bubble", width=0.8, color="color", source=source)
+    fig.text(x="what", y="bubble", text="text", source=source, text_align="center", text_baseline="bottom",
+             text_font_size="11pt")
+    _hover(fig, bars, [("", "@what"), ("bubble", "@bubble{0.0}%")])
     fig.name = "bubble"
     return fig
 
@@ -504,6 +586,10 @@ def _bubble_root(analysis: Analysis):
 
 def _ms(ns: float) -> str:
     return f"{ns / 1e6:,.1f}"
+
+
+def _ms3(ns: float) -> str:
+    return f"{ns / 1e6:,.3f}"
 
 
 def _pct(x: float | None) -> str:
@@ -713,8 +799,8 @@ code { background: #f0f0f0; padding: 0 3px; border-radius: 2px; }
 <h2>Timeline</h2>
 <p class="muted">One row per rank{% if pipeline %}: compute actions coloured by kind (hover for stage, microbatch and
 duration), idle time shaded by the cause it is attributed to, messages drawn from the moment the send left to the
-moment the data was at the receiver, and the step's critical path in red{% endif %}. Scroll to zoom, drag to pan;
-click a legend entry to hide it.</p>
+moment the data was at the receiver, and the step's critical path in red{% endif %}. Ctrl + scroll zooms in time,
+drag pans; click a legend entry to hide it.</p>
 <div id="timeline">{{ root_div(roots.timeline) }}</div>
 {% endif %}
 
