@@ -43,6 +43,24 @@ _CAUSE_DOCS = {
     "overhead": "idle with the data there and the rank free (host overhead, replay residual)",
 }
 
+_PAIR_COLUMNS: dict[str, tuple[str, str]] = {
+    "msg_id": ("int64", "the message (messages.msg_id); -1 for pairs matched by order, without actions"),
+    "step": ("int64", "profiler step"),
+    "src_rank": ("int64", "sending rank"),
+    "dst_rank": ("int64", "receiving rank"),
+    "direction": ("string", "fwd, bwd, or ? when the trace does not say which side sent"),
+    "send_start_ns": ("int64", "start of the send kernel on the device, ns"),
+    "send_end_ns": ("int64", "end of the send kernel, ns"),
+    "recv_start_ns": ("int64", "start of the receive kernel, ns"),
+    "recv_end_ns": ("int64", "end of the receive kernel, ns"),
+    "waiting_rank": ("int64", "the rank whose kernel started first and spun for its peer; -1 when both "
+                              "started together or a kernel is unknown"),
+    "wait_ns": ("int64", "later kernel start - earlier kernel start: how long the first one spun; -1 when "
+                         "a kernel is unknown, ns"),
+    "transfer_ns": ("int64", "earlier kernel end - later kernel start: data movement; -1 when a kernel is "
+                             "unknown, ns"),
+}
+
 TABLES: dict[str, TableSpec] = {
     "actions": TableSpec("One row per pipeline compute action (forward, backward, input- or weight-grad) "
                          "on one rank in one step.", {
@@ -121,20 +139,11 @@ TABLES: dict[str, TableSpec] = {
         "comm_ns": ("int64", "the share of the rank's comm idle charged to that link, ns"),
     }),
     "device_pairs": TableSpec("GPU runs: one row per pair of point-to-point kernels (a send's and its "
-                              "receive's), split into waiting for the peer and moving data.", {
-        "msg_id": ("int64", "the message (messages.msg_id); -1 for pairs matched by order, without actions"),
-        "step": ("int64", "profiler step"),
-        "src_rank": ("int64", "sending rank"),
-        "dst_rank": ("int64", "receiving rank"),
-        "direction": ("string", "fwd, bwd, or ? when the trace does not say which side sent"),
-        "send_start_ns": ("int64", "start of the send kernel on the device, ns"),
-        "send_end_ns": ("int64", "end of the send kernel, ns"),
-        "recv_start_ns": ("int64", "start of the receive kernel, ns"),
-        "recv_end_ns": ("int64", "end of the receive kernel, ns"),
-        "waiting_rank": ("int64", "the rank whose kernel started first and spun for its peer"),
-        "wait_ns": ("int64", "how long it spun, ns"),
-        "transfer_ns": ("int64", "data movement: the shorter of the two kernels' times once both ran, ns"),
-    }, device_only=True),
+                              "receive's), split into waiting for the peer and moving data.", _PAIR_COLUMNS,
+                              device_only=True),
+    "collective_pairs": TableSpec("GPU runs: SendRecv kernels of collectives (all_to_all) paired across a "
+                                  "two-rank run; not pipeline messages (msg_id -1).", _PAIR_COLUMNS,
+                                  device_only=True),
     "device_steps": TableSpec("GPU runs: per rank and step, what the device timeline adds to the bubbles.", {
         "rank": ("int64", "global rank"),
         "step": ("int64", "profiler step"),
@@ -180,7 +189,8 @@ def tables(analysis: Analysis) -> dict[str, pd.DataFrame]:
     if figures is not None:
         per_rank = figures.per_rank().reset_index()
         per_rank["host_ahead_ns"] = [figures.host_ahead_ns.get(int(r), 0) for r in per_rank["rank"]]
-        raw.update(device_pairs=run.device_pairs, device_steps=figures.per_step, device_ranks=per_rank)
+        raw.update(device_pairs=run.device_pairs, collective_pairs=run.collective_pairs, device_steps=figures.per_step,
+                   device_ranks=per_rank)
     return {name: _typed(raw[name], TABLES[name]) for name in table_names(figures is not None)}
 
 

@@ -39,9 +39,9 @@ def command(run_dir: Path, output: Path | None, tables_dir: Path | None, with_cs
     event.
 
     --tables DIR writes actions, messages, bubbles (per rank and step), attribution,
-    stage_blame and link_blame, and on GPU runs device_pairs, device_steps and device_ranks,
-    as DIR/<table>.parquet (and .csv with --csv): integers in ns, ratios 0..1, each column
-    documented in the Parquet schema. tracekit.analyze.tables.tables(analysis) returns the
+    stage_blame and link_blame, and on GPU runs device_pairs, collective_pairs, device_steps
+    and device_ranks, as DIR/<table>.parquet (and .csv with --csv): integers in ns, ratios
+    0..1, each column documented in the Parquet schema. tracekit.analyze.tables.tables(analysis) returns the
     same DataFrames in Python.
 
     --tensorboard LOGDIR writes, per profiler step, pipeline/step_ms, pipeline/bubble_ratio,
@@ -49,7 +49,8 @@ def command(run_dir: Path, output: Path | None, tables_dir: Path | None, with_cs
     every subfolder of its --logdir: give the training's log dir a sibling, e.g.
     logs/pipeline beside logs/train, to see both on one dashboard.
 
-    Every file is written whole or not at all, and never over or beside the run's own files.
+    Every file is written whole or not at all, and never over one of the run's own files;
+    the tables and the event file never go into the run folder.
 
     \b
     Examples:
