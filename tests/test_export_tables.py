@@ -1,4 +1,4 @@
-"""tracekit export --tables / --tensorboard, and tracekit.analyze.tables: the files and the
+"""tracekit export --tables / --tensorboard, and tracekit.analyze.tabular: the files and the
 DataFrames carry the analysis's own figures (the JSON report's), typed and documented.
 
 Runs: the captured sample run sample_traces/1f1b_slow_stage2 (CPU, gloo) and a GENERATED GPU
@@ -18,7 +18,7 @@ from conftest import SAMPLES, shared_or_skip
 from gpu_tracegen import SCENARIOS, generate
 from tracekit.analyze import analyze
 from tracekit.analyze.attribution import CATEGORIES
-from tracekit.analyze.tables import TABLES, step_scalars, table_names, tables
+from tracekit.analyze.tabular import TABLES, step_scalars, table_names, tables
 from tracekit.cli import main
 from tracekit.render.json import to_document
 
@@ -72,7 +72,8 @@ def _check_against_document(frames: dict[str, pd.DataFrame], doc: dict) -> None:
         for key, total in sums.items():
             assert total == by_rank_step.at[key, column]
     stage_totals = frames["stage_blame"].groupby("stage")["imbalance_ns"].sum()
-    assert {s["stage"]: s["imbalance_ns"] for s in doc["blame"]["stages"]} == {int(k): int(v) for k, v in stage_totals.items()}
+    assert {s["stage"]: s["imbalance_ns"] for s in doc["blame"]["stages"]} == \
+        {int(k): int(v) for k, v in stage_totals.items()}
 
 
 def _check_types(frames: dict[str, pd.DataFrame]) -> None:
@@ -112,7 +113,8 @@ def test_export_writes_parquet_and_csv_that_pandas_reads_back(tmp_path, cached, 
     for name, frame in expected.items():
         from_parquet = pd.read_parquet(out / f"{name}.parquet")
         pd.testing.assert_frame_equal(from_parquet, frame, check_dtype=True)
-        from_csv = pd.read_csv(out / f"{name}.csv", dtype={c: PANDAS_DTYPES[t] for c, (t, _) in TABLES[name].columns.items()},
+        dtypes = {column: PANDAS_DTYPES[dtype] for column, (dtype, _) in TABLES[name].columns.items()}
+        from_csv = pd.read_csv(out / f"{name}.csv", dtype=dtypes,
                                keep_default_na=False)
         pd.testing.assert_frame_equal(from_csv, frame, check_dtype=True)
         schema = pq.read_schema(out / f"{name}.parquet")
@@ -202,7 +204,8 @@ def test_a_real_two_gpu_report_gives_its_collective_pairs_and_device_figures(tmp
     for rank in doc["device"]["ranks"]:
         assert ranks.at[rank["rank"], "launch_wait_ns"] == rank["launch_wait_ns"] > 0
         assert ranks.at[rank["rank"], "host_ahead_ns"] == rank["host_ahead_ns"]
-    assert frames["bubbles"].groupby("rank")["idle_ns"].sum().to_dict() == {r["rank"]: r["idle_ns"] for r in doc["ranks"]}
+    idle_per_rank = frames["bubbles"].groupby("rank")["idle_ns"].sum().to_dict()
+    assert idle_per_rank == {r["rank"]: r["idle_ns"] for r in doc["ranks"]}
 
 
 @pytest.mark.parametrize("where", ["run", "inside", "file"])

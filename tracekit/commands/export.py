@@ -41,8 +41,8 @@ def command(run_dir: Path, output: Path | None, tables_dir: Path | None, with_cs
     --tables DIR writes actions, messages, bubbles (per rank and step), attribution,
     stage_blame and link_blame, and on GPU runs device_pairs, collective_pairs, device_steps
     and device_ranks, as DIR/<table>.parquet (and .csv with --csv): integers in ns, ratios
-    0..1, each column documented in the Parquet schema. tracekit.analyze.tables.tables(analysis) returns the
-    same DataFrames in Python.
+    0..1, each column documented in the Parquet schema. In Python,
+    tracekit.analyze.tabular.tables(analysis) returns the same DataFrames.
 
     --tensorboard LOGDIR writes, per profiler step, pipeline/step_ms, pipeline/bubble_ratio,
     pipeline/stage_<s>/compute_ms and pipeline/rank_<r>/idle_<cause>_ms. TensorBoard reads
@@ -104,7 +104,7 @@ def _write_chrome_trace(analysis, target: OutputTarget, output: Path) -> None:
 def _table_targets(folder: Path, run_dir: Path, with_csv: bool) -> dict[str, OutputTarget]:
     """Every file --tables may write (the device tables too: a GPU run is known only once
     loaded), checked now, before the run is read. Keyed by file name."""
-    from tracekit.analyze.tables import TABLES
+    from tracekit.analyze.tabular import TABLES
     from tracekit.commands.outputs import run_output
 
     _check_folder(folder, "--tables", run_dir)
@@ -114,7 +114,7 @@ def _table_targets(folder: Path, run_dir: Path, with_csv: bool) -> dict[str, Out
 
 
 def _write_tables(analysis, folder: Path, targets: dict[str, OutputTarget], with_csv: bool) -> None:
-    from tracekit.analyze.tables import tables
+    from tracekit.analyze.tabular import tables
     from tracekit.render.tables import csv_bytes, parquet_bytes
 
     run = analysis.run
@@ -132,7 +132,7 @@ def _write_tables(analysis, folder: Path, targets: dict[str, OutputTarget], with
 def _write_tensorboard(analysis, logdir: Path, run_dir: Path) -> None:
     import time
 
-    from tracekit.analyze.tables import step_scalars
+    from tracekit.analyze.tabular import step_scalars
     from tracekit.commands.outputs import run_output
     from tracekit.render.tensorboard import event_file_bytes, event_file_name
 
@@ -166,7 +166,8 @@ def _check_folder(folder: Path, option: str, run_dir: Path) -> None:
     trace_folders = {Path(os.path.realpath(trace)).parent for trace in every_trace(run_dir)}
     for inside in sorted({run_folder} | trace_folders):
         if resolved == inside:
-            raise TracekitError(f"{option} {folder}: is the run folder (or holds its traces); write into a folder outside the run")
+            raise TracekitError(f"{option} {folder}: is the run folder (or holds its traces); write into a "
+                                "folder outside the run")
         if run_dir.is_dir() and inside in resolved.parents:
             raise TracekitError(f"{option} {folder}: lies inside the run folder {inside}; write into a folder "
                                 "outside the run")

@@ -1,4 +1,4 @@
-"""The tables of :func:`tracekit.analyze.tables.tables` as file contents: Parquet and CSV bytes.
+"""The tables of :func:`tracekit.analyze.tabular.tables` as file contents: Parquet and CSV bytes.
 
 Parquet keeps the types (``int64``, ``double``, ``string``; no pandas index, no pandas-only
 types) so pandas, polars and DuckDB read the same columns, and carries the documentation:
@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tracekit import __version__
-from tracekit.analyze.tables import TABLES
+from tracekit.analyze.tabular import TABLES
 
 _ARROW_TYPES = {"int64": pa.int64(), "float64": pa.float64(), "string": pa.string()}
 

@@ -1,4 +1,4 @@
-"""Per-step scalars (:func:`tracekit.analyze.tables.step_scalars`) as one TensorBoard event file.
+"""Per-step scalars (:func:`tracekit.analyze.tabular.step_scalars`) as one TensorBoard event file.
 
 Encoded with tensorboard's own pieces (its ``Event``/``Summary`` protos and its record
 writer, the framing and CRCs TensorBoard reads), into bytes: the file itself is written by
@@ -47,7 +47,8 @@ def event_file_bytes(scalars: pd.DataFrame, now_s: float | None = None) -> bytes
     first_wall_s = _wall_s(int(scalars["wall_time_ns"].min()), now_s) if len(scalars) else now_s
     records.write(event_pb2.Event(wall_time=first_wall_s, file_version="brain.Event:2").SerializeToString())
     for row in scalars.sort_values(["step", "tag"], kind="stable").itertuples(index=False):
-        summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=str(row.tag), simple_value=float(row.value))])
+        value = summary_pb2.Summary.Value(tag=str(row.tag), simple_value=float(row.value))
+        summary = summary_pb2.Summary(value=[value])
         event = event_pb2.Event(wall_time=_wall_s(int(row.wall_time_ns), now_s), step=int(row.step), summary=summary)
         records.write(event.SerializeToString())
     return buffer.getvalue()
