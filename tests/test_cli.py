@@ -131,3 +131,64 @@ def test_executable_loads_pandas_without_pyarrow_and_answers_the_same(tmp_path):
     for doc in (here, there):
         doc.pop("generated_at", None)
     assert there == json.loads(json.dumps(here))
+
+
+def _this_checkout_env(**extra: str) -> dict:
+    """A child process's environment that imports tracekit from this checkout."""
+    import os
+
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path, **extra}
+
+
+def test_python_m_tracekit_is_the_command():
+    import subprocess
+    import sys
+
+    version = subprocess.run([sys.executable, "-m", "tracekit", "--version"], capture_output=True, text=True,
+                             env=_this_checkout_env(), cwd=ROOT)
+    from tracekit import __version__
+
+    assert version.returncode == 0, version.stderr
+    assert version.stdout == f"tracekit, version {__version__}\n"
+    listed = subprocess.run([sys.executable, "-m", "tracekit", "--help"], capture_output=True, text=True,
+                            env=_this_checkout_env(), cwd=ROOT)
+    assert listed.returncode == 0 and "cache" in listed.stdout and "diff" in listed.stdout
+    bad = subprocess.run([sys.executable, "-m", "tracekit", "analyze", str(ROOT / "no-such-run")],
+                         capture_output=True, text=True, env=_this_checkout_env(), cwd=ROOT)
+    assert bad.returncode == 2 and bad.stderr.startswith("tracekit: error:") and len(bad.stderr.splitlines()) == 1
+
+
+def test_version_names_the_package_version():
+    from tracekit import __version__
+
+    result = run("--version")
+    assert result.exit_code == 0 and result.output == f"tracekit, version {__version__}\n"
+
+
+def _complete(words: str) -> list[str]:
+    """What bash completion offers after ``words`` (click's protocol: "type,value" lines)."""
+    result = CliRunner().invoke(main, [], prog_name="tracekit", env={
+        "_TRACEKIT_COMPLETE": "bash_complete", "COMP_WORDS": words, "COMP_CWORD": str(len(words.split()) - 1)})
+    assert result.exit_code == 0, result.output
+    return [line.split(",", 1)[1] for line in result.output.splitlines()]
+
+
+def test_shell_completion_offers_commands_subcommands_and_options():
+    assert {"cache", "capture"} <= set(_complete("tracekit ca"))
+    assert _complete("tracekit cache i") == ["info"]
+    assert "--max-step-ms" in _complete("tracekit check --max-st")
+    assert "--markdown" in _complete("tracekit diff --mark")
+
+
+def test_the_executable_prints_its_bash_completion_script():
+    """What the README tells users to put in ~/.bashrc: eval "$(_TRACEKIT_COMPLETE=bash_source tracekit)"."""
+    import subprocess
+    import sys
+
+    code = "import sys\nsys.argv = ['tracekit']\nfrom tracekit.cli import run\nrun()\n"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=_this_checkout_env(_TRACEKIT_COMPLETE="bash_source"), cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert "_TRACEKIT_COMPLETE=bash_complete" in done.stdout
+    assert "complete -o nosort -F _tracekit_completion tracekit" in done.stdout

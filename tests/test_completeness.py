@@ -303,6 +303,8 @@ COMMANDS = {
     "check": lambda run, out: ["check", str(run), "--max-bubble", "0.9"],
     "baseline": lambda run, out: ["baseline", str(run), "-o", str(out / "b.json")],
     "diff": lambda run, out: ["diff", str(run), str(run)],
+    "diff_markdown": lambda run, out: ["diff", str(run), str(run), "--markdown", "-"],
+    "check_step": lambda run, out: ["check", str(run), "--max-step-ms", "1000"],
     "whatif": lambda run, out: ["whatif", str(run), "--replays", "4"],
     "export": lambda run, out: ["export", str(run), "-o", str(out / "m.json")],
 }

@@ -102,3 +102,69 @@ def test_small_changes_are_noise():
     assert c.matters_most() is None
     moved = compare(_measures({0: 0.25, 1: 0.25}, shares), _measures({0: 0.26, 1: 0.26}, {**shares, "comm": 0.06}))
     assert moved.matters_most().key == "comm"
+
+
+# --- diff --markdown: the comparison for a pull-request comment ------------------------------
+
+def _markdown_rows(text: str, header: str) -> list[list[str]]:
+    """The cells of the Markdown table whose header row starts with ``header``."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split(" | ")])
+    return rows
+
+
+def test_markdown_to_stdout_has_the_headline_and_the_figures_of_json(cached):
+    a, b = SAMPLES / "1f1b", SAMPLES / "1f1b_slow_stage2"
+    result = cli("diff", a, b, "--markdown", "-")
+    assert result.exit_code == 0, result.output
+    text = result.stdout
+    doc = json.loads(cli("diff", a, b, "--json").stdout)
+    assert text.startswith("### tracekit diff: matters most\\: stage imbalance \\+")
+    figures = {row[0]: row[1:] for row in _markdown_rows(text, "| | A | B | change |")}
+    assert figures["bubble ratio"] == ["30.2%", "44.6%", "+14.4 points"]
+    assert figures["step time"] == [f"{doc['step_ns']['a'] / 1e6:.1f} ms", f"{doc['step_ns']['b'] / 1e6:.1f} ms",
+                                    "+261.9 ms (+55.2%)"]
+    causes = _markdown_rows(text, "| cause |")
+    # every cause, in the order (and with the changes) of --json
+    assert [row[3] for row in causes] == [f"{100 * c['delta']:+.1f} points" for c in doc["causes"]]
+    assert causes[0][0] == "stage imbalance"
+    ranks = _markdown_rows(text, "| rank |")
+    assert [int(row[0]) for row in ranks] == [c["rank"] for c in doc["ranks"]]
+    assert _markdown_rows(text, "| stage / link |")[0][0] == "stage 2 \\(rank 2\\)"
+    assert "matters most:" not in result.stderr      # no console text besides
+
+
+def test_markdown_to_a_file_keeps_the_console_text(cached, tmp_path):
+    a, b = SAMPLES / "1f1b", SAMPLES / "1f1b_p2p_delay5ms"
+    path = tmp_path / "pr" / "comment.md"
+    result = cli("diff", a, b, "--markdown", path)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("matters most: comm latency +")
+    assert f"wrote {path}" in result.stderr
+    assert path.read_text() == cli("diff", a, b, "--markdown", "-").stdout
+
+
+def test_markdown_without_attribution_or_same_ranks_says_so():
+    c = compare(_measures({0: 0.2, 1: 0.2}), _measures({0: 0.3, 1: 0.3, 2: 0.25, 3: 0.25}, p=4))
+    from tracekit.render.diff_markdown import render
+
+    text = render(c)
+    assert "| cause |" not in text and "| rank |" not in text
+    assert "> ranks differ \\(2 vs 4\\)\\: no per\\-rank comparison" in text
+    assert "no per\\-cause comparison" in text
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--markdown", "-", "--json"], "both print to stdout"),
+    (["--markdown", SAMPLES / "1f1b_p2p_delay5ms" / "rank0.json.gz"], "one of the run's input traces"),
+])
+def test_markdown_output_problems_are_one_line_before_loading(args, message):
+    result = cli("diff", SAMPLES / "1f1b", SAMPLES / "1f1b_p2p_delay5ms", *args)
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and message in lines[0], lines

@@ -258,3 +258,109 @@ def test_committed_baselines_cover_the_sample_runs():
         capture = capture_of(run)
         assert baseline.schedule["p"] == capture["p"] and baseline.schedule["m"] == capture["m"], run.name
         assert baseline.cause_share, run.name
+
+
+# --- step time: --max-step-ms and --step-tolerance ----------------------------------------
+# sample_traces/1f1b_p2p_delay5ms steps in 576.8 ms, baselines of sample_traces/1f1b in 474.4 ms (+21.6%).
+
+def test_step_time_is_not_compared_with_a_baseline_by_default(cached, baseline_1f1b):
+    # bubbles within a loose tolerance; the 21.6% slower step alone does not fail the gate
+    result = cli("check", SAMPLES / "1f1b_p2p_delay5ms", "--baseline", baseline_1f1b, "--tolerance", "0.5",
+                 "--no-config", "--json")
+    assert result.exit_code == 0, result.output
+    assert not any(c["id"].endswith("step_time") for c in json.loads(result.stdout)["checks"])
+
+
+def test_step_tolerance_fails_a_slower_step_and_says_by_how_much(cached, baseline_1f1b):
+    args = ["check", SAMPLES / "1f1b_p2p_delay5ms", "--baseline", baseline_1f1b, "--tolerance", "0.5", "--no-config"]
+    tight = cli(*args, "--step-tolerance", "10%")
+    assert tight.exit_code == 1, tight.output
+    assert failures(tight.output) == [
+        "FAIL mean step time 576.8 ms > baseline 474.4 ms + 10.0% (--step-tolerance): +102.5 ms (+21.6%) "
+        "over the baseline"]
+    loose = cli(*args, "--step-tolerance", "0.25")
+    assert loose.exit_code == 0, loose.output
+    assert "ok   mean step time 576.8 ms <= baseline 474.4 ms + 25.0% (--step-tolerance)" in loose.output
+
+
+def test_max_step_ms_from_the_flag_and_from_pyproject(cached, tmp_path, monkeypatch):
+    run = SAMPLES / "1f1b"          # 474.4 ms a step
+    over = cli("check", run, "--max-step-ms", "470", "--no-config")
+    assert over.exit_code == 1 and failures(over.output) == ["FAIL mean step time 474.4 ms > max 470.0 ms (--max-step-ms)"]
+    assert cli("check", run, "--max-step-ms", "480", "--no-config").exit_code == 0
+    (tmp_path / "pyproject.toml").write_text("[tool.tracekit.check]\nmax-step-ms = 470\n")
+    monkeypatch.chdir(tmp_path)
+    from_file = cli("check", run)
+    assert from_file.exit_code == 1 and "(pyproject.toml max-step-ms)" in failures(from_file.output)[0]
+    assert cli("check", run, "--max-step-ms", "480.5").exit_code == 0      # the flag wins
+
+
+def test_step_tolerance_from_pyproject(cached, baseline_1f1b, tmp_path, monkeypatch):
+    (tmp_path / "base.json").write_text(baseline_1f1b.read_text())
+    (tmp_path / "pyproject.toml").write_text(
+        "[tool.tracekit.check]\nbaseline = 'base.json'\ntolerance = 0.5\nstep-tolerance = '10%'\n")
+    monkeypatch.chdir(tmp_path)
+    result = cli("check", SAMPLES / "1f1b_p2p_delay5ms")
+    assert result.exit_code == 1
+    assert [line.split(":")[0] for line in failures(result.output)] == [
+        "FAIL mean step time 576.8 ms > baseline 474.4 ms + 10.0% (pyproject.toml step-tolerance)"]
+
+
+def test_step_time_in_junit_markdown_and_json(cached, baseline_1f1b, tmp_path):
+    junit, markdown = tmp_path / "check.xml", tmp_path / "check.md"
+    result = cli("check", SAMPLES / "1f1b_p2p_delay5ms", "--baseline", baseline_1f1b, "--tolerance", "0.5",
+                 "--step-tolerance", "0.1", "--max-step-ms", "600", "--junit", junit, "--markdown", markdown,
+                 "--json", "--no-config")
+    assert result.exit_code == 1
+    doc = json.loads(result.stdout)
+    steps = {c["id"]: c for c in doc["checks"] if c["unit"] == "ns"}
+    assert set(steps) == {"step_time", "baseline.step_time"}
+    assert steps["baseline.step_time"]["baseline"] == 474359598 and not steps["baseline.step_time"]["passed"]
+    assert steps["step_time"]["limit"] == 600_000_000 and steps["step_time"]["passed"]
+    assert doc["measures"]["step_ns"] == steps["step_time"]["value"]
+    cases = {c.get("name"): c for c in ET.parse(junit).getroot().iter("testcase")}
+    assert cases["baseline.step_time"].find("failure").get("message") == steps["baseline.step_time"]["line"]
+    assert cases["step_time"].find("failure") is None
+    text = markdown.read_text()
+    assert "| mean step time | 576.8 ms | 521.8 ms |" in text and text.count("| **FAIL** |") == 1
+    assert "- **mean step time** 576.8 ms >" in text
+
+
+def test_step_time_at_the_tolerance_passes_and_a_faster_step_asks_for_a_refresh():
+    config = CheckConfig(baseline=Path("b.json"), step_tolerance=Limit(0.10, "--step-tolerance"))
+    base = _measures(step_ns=500e6)
+    assert evaluate(_measures(step_ns=550e6), config, base).passed
+    over = evaluate(_measures(step_ns=550.1e6), config, base)
+    assert [c.id for c in over.failures] == ["baseline.step_time"]
+    faster = evaluate(_measures(step_ns=440e6), config, base)
+    step = next(c for c in faster.checks if c.id == "baseline.step_time")
+    assert step.passed and "-60.0 ms (-12.0%), faster than the baseline" in step.line() and "refresh it" in step.line()
+
+
+def test_no_step_time_to_check_is_refused():
+    with pytest.raises(TracekitError, match="no step measured"):
+        evaluate(_measures(n_steps=0, step_ns=0.0), CheckConfig(max_step_ns=Limit(5e8, "--max-step-ms")))
+    config = CheckConfig(baseline=Path("b.json"), step_tolerance=Limit(0.1, "--step-tolerance"))
+    with pytest.raises(TracekitError, match="records no step time"):
+        evaluate(_measures(), config, _measures(step_ns=0.0))
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--max-step-ms", "0"], "not a step time"),
+    (["--max-step-ms", "-5"], "not a step time"),
+    (["--max-step-ms", "inf"], "not a step time"),
+    (["--max-step-ms", "fast"], "not a number"),
+    (["--max-bubble", "0.9", "--step-tolerance", "10"], "between 0 and 1"),
+    (["--max-bubble", "0.9", "--step-tolerance", "5%"], "--step-tolerance compares the step time with a baseline"),
+])
+def test_unusable_step_limits_are_one_line_and_exit_2(args, message):
+    result = cli("check", SAMPLES / "1f1b", *args, "--no-config")
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("tracekit: error:") and message in lines[0], lines
+
+
+def test_max_step_ms_in_pyproject_must_be_milliseconds(tmp_path):
+    config = _write(tmp_path, "p.toml", "[tool.tracekit.check]\nmax-step-ms = true\n")
+    result = cli("check", SAMPLES / "1f1b", "--config", config)
+    assert result.exit_code == 2 and "max-step-ms: True is not a number" in result.output

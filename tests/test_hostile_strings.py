@@ -261,3 +261,13 @@ def _html_text(text: str) -> str:
 def _assert_no_live_markup(html: str) -> None:
     for tag in ("<a ", "<img", "<script", "<h1", "<h2"):
         assert tag not in html, tag
+
+
+def test_diff_markdown_is_inert(hostile_run, tmp_path):
+    done = tracekit("diff", SAMPLES / "1f1b", hostile_run, "--markdown", "-", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    text = assert_inert(done.stdout)
+    assert f"- **B**: {for_markdown_code(str(hostile_run))} · kineto" in text
+    html = _github_html(text)
+    assert f"<code>{_html_text(for_terminal(hostile_run))}</code>" in html
+    _assert_no_live_markup(html)

@@ -56,6 +56,7 @@ def main() -> None:
       tracekit diff run_a/ run_b/                 # what changed, what matters most
       tracekit export run/ -o merged.json.gz      # one timeline for Perfetto
       tracekit capture -o run/ --schedule 1F1B    # record a real PP run (needs torch)
+      tracekit cache info                         # where parsed traces are kept, how much
     """
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import importlib
 
-_MODULES = ["analyze", "whatif", "report", "check", "baseline", "diff", "export", "capture"]
+_MODULES = ["analyze", "whatif", "report", "check", "baseline", "diff", "export", "capture", "cache"]
 
 
 def _collect():

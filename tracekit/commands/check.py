@@ -25,6 +25,11 @@ from tracekit.text import for_terminal
               help="How far above the baseline a ratio may go, absolute (0.02 = 2 points; default 0.02).")
 @click.option("--cause-tolerance", metavar="CAUSE=POINTS", multiple=True,
               help="The tolerance for one cause, e.g. overhead=0.05. Repeatable.")
+@click.option("--max-step-ms", metavar="MS",
+              help="Fail when the mean step time (the step window, slowest rank) is above MS milliseconds.")
+@click.option("--step-tolerance", metavar="PCT",
+              help="With --baseline: fail when the mean step time is above the baseline's by more than PCT, "
+                   "relative (5% or 0.05). Default: step time not compared with the baseline.")
 @click.option("--config", "config_file", type=click.Path(path_type=Path),
               help="Read [tool.tracekit.check] from this file instead of the closest pyproject.toml.")
 @click.option("--no-config", is_flag=True, help="Ignore [tool.tracekit.check] in pyproject.toml.")
@@ -38,7 +43,7 @@ from tracekit.text import for_terminal
 @rank_options
 def command(run_dir: Path, max_bubble: str | None, max_rank_bubble: str | None, max_cause: tuple[str, ...],
             baseline: Path | None, tolerance: str | None, cause_tolerance: tuple[str, ...],
-            config_file: Path | None, no_config: bool, junit_path: Path | None, markdown_path: Path | None,
+            max_step_ms: str | None, step_tolerance: str | None, config_file: Path | None, no_config: bool, junit_path: Path | None, markdown_path: Path | None,
             as_json: bool, allow_incomplete: bool, rank_from: str | None, rank_map: str | None,
             progress: bool | None) -> None:
     """Fail a CI build when a pipeline's bubbles regress.
@@ -54,10 +59,15 @@ def command(run_dir: Path, max_bubble: str | None, max_rank_bubble: str | None, 
       max-bubble = 0.35
       baseline = "baselines/train.json"
       tolerance = 0.05
+      max-step-ms = 520          # mean step time, milliseconds
+      step-tolerance = "10%"     # step time vs the baseline's, relative
       [tool.tracekit.check.max-cause]
       comm = 0.10
 
     Causes: warmup, drain, schedule_gaps, imbalance, comm, overhead.
+
+    Step time is compared with a baseline only with --step-tolerance: it depends on the
+    GPU and the node's load, which the baseline does not record.
 
     \b
     Exit status: 0 every check passed, 1 a check failed (one line per failure says
@@ -71,6 +81,7 @@ def command(run_dir: Path, max_bubble: str | None, max_rank_bubble: str | None, 
       tracekit check run/ --max-bubble 0.35 --max-cause comm=0.10
       tracekit baseline run/ -o baselines/train.json      # once, on a good run
       tracekit check run/ --baseline baselines/train.json --tolerance 0.05 --junit check.xml
+      tracekit check run/ --baseline baselines/train.json --step-tolerance 10% --max-step-ms 600
     """
     from tracekit.analyze import analyze
     from tracekit.analyze.compare import measure
@@ -86,7 +97,8 @@ def command(run_dir: Path, max_bubble: str | None, max_rank_bubble: str | None, 
     found = None if no_config else (config_file or find_config(Path.cwd()))
     config = with_flags(load_config(found) if found else CheckConfig(), max_bubble=max_bubble,
                         max_rank_bubble=max_rank_bubble, max_cause=max_cause, baseline=baseline,
-                        tolerance=tolerance, cause_tolerance=cause_tolerance, allow_incomplete=allow_incomplete)
+                        tolerance=tolerance, cause_tolerance=cause_tolerance, allow_incomplete=allow_incomplete,
+                        max_step_ms=max_step_ms, step_tolerance=step_tolerance)
     # every usage error before the (slow) load
     config.require_checks()
     baseline_measures = read_baseline(config.baseline) if config.baseline else None

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from tracekit.commands.common import load_with_progress, rank_options
+from tracekit.errors import TracekitError
 
 # Blame rows shown on the console (all of them are in --json).
 _BLAME_ROWS = 5
@@ -17,9 +18,12 @@ _BLAME_ROWS = 5
 @click.argument("run_a", type=click.Path(path_type=Path))
 @click.argument("run_b", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
+@click.option("--markdown", "markdown_path", metavar="FILE",
+              help="Also write the comparison as Markdown (for a pull-request comment) to FILE; "
+                   "- prints it instead of the console text.")
 @rank_options
-def command(run_a: Path, run_b: Path, as_json: bool, rank_from: str | None, rank_map: str | None,
-            progress: bool | None) -> None:
+def command(run_a: Path, run_b: Path, as_json: bool, markdown_path: str | None, rank_from: str | None,
+            rank_map: str | None, progress: bool | None) -> None:
     """What changed from RUN_A to RUN_B, per cause and per rank, largest change first.
 
     Both runs are analysed as tracekit analyze does. The first line names the change that
@@ -37,14 +41,30 @@ def command(run_a: Path, run_b: Path, as_json: bool, rank_from: str | None, rank
     Examples:
       tracekit diff runs/before runs/after
       tracekit diff runs/1f1b runs/interleaved --json > diff.json
+      tracekit diff runs/main runs/pr-123 --markdown - > comment.md
     """
     from tracekit.analyze import analyze
     from tracekit.analyze.compare import compare, measure
+    from tracekit.commands.outputs import run_output
+    from tracekit.render import diff_markdown
+
+    to_stdout = markdown_path == "-"
+    if to_stdout and as_json:
+        raise TracekitError("--json and --markdown - both print to stdout; give --markdown a file name")
+    markdown_target = None
+    if markdown_path and not to_stdout:
+        # checked against both runs' files before either is loaded
+        markdown_target = [run_output(Path(markdown_path), "--markdown", run) for run in (run_a, run_b)][-1]
 
     measures = [measure(analyze(load_with_progress(path, rank_from, rank_map, progress))) for path in (run_a, run_b)]
     comparison = compare(*measures)
+    if markdown_target:
+        markdown_target.write(diff_markdown.render(comparison).encode())
+        click.echo(markdown_target.wrote(), err=True)
     if as_json:
         sys.stdout.write(json.dumps(comparison.to_dict(), indent=1) + "\n")
+    elif to_stdout:
+        sys.stdout.write(diff_markdown.render(comparison))
     else:
         click.echo(_console(comparison))
 

@@ -1,8 +1,8 @@
 """The checks of ``tracekit check``: each limit or baseline figure against the run's measures.
 
-A check passes when the measured share is at most its limit: the fixed limit for
-``max-*`` settings, the baseline's figure plus the tolerance (absolute points) for a
-baseline. Only rises fail; a fall past the tolerance passes with a hint to refresh the
+A check passes when the measured figure is at most its limit: the fixed limit for
+``max-*`` settings, the baseline's figure plus the tolerance for a baseline (absolute
+points for a share, a fraction of the baseline's step for the step time). Only rises fail; a fall past the tolerance passes with a hint to refresh the
 baseline, so that the gate keeps what was won.
 """
 from __future__ import annotations
@@ -30,20 +30,27 @@ class Check:
     rule: str               # "max 35.0% (--max-bubble)", "baseline 32.9% + 5.0 points (--tolerance)"
     baseline: float | None = None
     note: str = ""
+    unit: str = "share"     # "share" (of the step window, 0..1) or "ns" (the step time)
 
     @property
     def passed(self) -> bool:
         return self.value <= self.limit + _EPSILON
 
+    def shown(self, value: float) -> str:
+        """One of this check's figures as people read it: ``30.2%`` or ``474.4 ms``."""
+        return _ms(value) if self.unit == "ns" else pct(value)
+
     def line(self) -> str:
         """One line that says what was checked and, for a failure, by how much it failed."""
         status, op = ("ok  ", "<=") if self.passed else ("FAIL", ">")
-        text = f"{status} {self.name} {pct(self.value)} {op} {self.rule}"
+        text = f"{status} {self.name} {self.shown(self.value)} {op} {self.rule}"
         return f"{text}: {self.note}" if self.note else text
 
     def to_dict(self) -> dict:
-        return {"id": self.id, "name": self.name, "passed": self.passed, "value": round(self.value, 6),
-                "limit": round(self.limit, 6), "baseline": None if self.baseline is None else round(self.baseline, 6),
+        digits = 0 if self.unit == "ns" else 6
+        return {"id": self.id, "name": self.name, "unit": self.unit, "passed": self.passed,
+                "value": round(self.value, digits), "limit": round(self.limit, digits),
+                "baseline": None if self.baseline is None else round(self.baseline, digits),
                 "rule": self.rule, "line": self.line()}
 
 
@@ -92,7 +99,7 @@ class GateResult:
             "incomplete": m.incomplete or None,
             "baseline": None if self.config.baseline is None else {
                 "path": str(self.config.baseline), "source": self.baseline.source if self.baseline else None},
-            "measures": {"bubble_ratio": round(m.bubble_ratio, 6),
+            "measures": {"bubble_ratio": round(m.bubble_ratio, 6), "step_ns": round(m.step_ns),
                          "ranks": {str(r): round(v, 6) for r, v in sorted(m.rank_bubble.items())},
                          "causes": {c: round(v, 6) for c, v in m.cause_share.items()}},
             "checks": [c.to_dict() for c in self.checks],
@@ -146,6 +153,7 @@ def evaluate(measures: Measures, config: CheckConfig, baseline: Measures | None 
     if baseline is not None:
         checks.append(_against_baseline("baseline.bubble_ratio", "bubble ratio", measures.bubble_ratio,
                                         baseline.bubble_ratio, config.tolerance))
+    _check_step_time(result)
     for rank, ratio in sorted(measures.rank_bubble.items()):
         name = f"rank {rank} bubble ratio"
         if config.max_rank_bubble:
@@ -165,6 +173,42 @@ def evaluate(measures: Measures, config: CheckConfig, baseline: Measures | None 
             checks.append(_against_baseline(f"baseline.cause.{cause}", name, share, baseline.cause_share[cause],
                                             config.tolerance_for(cause), where))
     return result
+
+
+def _check_step_time(result: GateResult) -> None:
+    """The mean step window against --max-step-ms and, with --step-tolerance, the baseline's."""
+    measures, config, baseline = result.measures, result.config, result.baseline
+    against_baseline = baseline is not None and config.step_tolerance is not None
+    if not (config.max_step_ns or against_baseline):
+        return
+    if measures.n_steps == 0 or measures.step_ns <= 0:
+        raise TracekitError(f"{measures.source}: no step measured, so no step time to check; drop "
+                            "--max-step-ms and --step-tolerance")
+    name = "mean step time"
+    if config.max_step_ns:
+        limit = config.max_step_ns
+        result.checks.append(Check("step_time", name, measures.step_ns, limit.value,
+                                   f"max {_ms(limit.value)} ({limit.origin})", unit="ns"))
+    if not against_baseline:
+        return
+    base, tolerance = baseline.step_ns, config.step_tolerance
+    if base <= 0:
+        raise TracekitError(f"baseline {config.baseline}: records no step time; remake it (tracekit baseline "
+                            f"RUN_DIR -o FILE) or drop the step tolerance ({tolerance.origin})")
+    rule = f"baseline {_ms(base)} + {100 * tolerance.value:.1f}% ({tolerance.origin})"
+    check = Check("baseline.step_time", name, measures.step_ns, base * (1 + tolerance.value), rule,
+                  baseline=base, unit="ns")
+    change = f"{measures.step_ns / 1e6 - base / 1e6:+.1f} ms ({100 * (measures.step_ns / base - 1):+.1f}%)"
+    if not check.passed:
+        check.note = f"{change} over the baseline"
+    elif measures.step_ns < base * (1 - tolerance.value):
+        check.note = (f"{change}, faster than the baseline by more than the tolerance; refresh it "
+                      "(tracekit baseline RUN_DIR -o FILE) to keep the gain")
+    result.checks.append(check)
+
+
+def _ms(ns: float) -> str:
+    return f"{ns / 1e6:.1f} ms"
 
 
 def _against_limit(check_id: str, name: str, value: float, limit: Limit, where: str = "") -> Check:

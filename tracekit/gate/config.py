@@ -9,6 +9,8 @@ that has one (or in the file given with ``--config``)::
     baseline = "baselines/train.json"   # relative to this file
     tolerance = 0.02             # absolute: baseline 0.31 fails above 0.33
     allow-incomplete = true      # check a run with ranks missing, on the ranks present
+    max-step-ms = 520            # the mean step window, in milliseconds
+    step-tolerance = 0.10        # relative: baseline step 500 ms fails above 550 ms (default: off)
 
     [tool.tracekit.check.max-cause]      # a cause's share of the step window
     comm = 0.10
@@ -18,6 +20,11 @@ that has one (or in the file given with ``--config``)::
 
 Flags given on the command line win over the file, key by key. Every limit remembers where
 it came from, so a failure line can say which setting it broke.
+
+Step time is held to a baseline only when ``step-tolerance`` is set: unlike a bubble ratio
+(a share of the step, much the same on any machine) it moves with the GPU model, clocks and
+the neighbours on a shared node, which a baseline does not record, so a gate on it is a
+choice made for one known machine, never a default that turns existing gates red.
 """
 from __future__ import annotations
 
@@ -39,14 +46,15 @@ else:  # pragma: no cover - Python 3.10
 DEFAULT_TOLERANCE = 0.02
 TABLE = "[tool.tracekit.check]"
 _KEYS = ("max-bubble", "max-rank-bubble", "max-cause", "baseline", "tolerance", "cause-tolerance",
-         "allow-incomplete")
+         "allow-incomplete", "max-step-ms", "step-tolerance")
 _CAUSE_ALIASES = {"gaps": "schedule_gaps", "schedule-gaps": "schedule_gaps", "warm-up": "warmup",
                   "imbal": "imbalance", "ovhd": "overhead", "other": "overhead"}
 
 
 @dataclass(frozen=True)
 class Limit:
-    """A number and where it was set (``--max-bubble``, ``pyproject.toml max-bubble``)."""
+    """A number and where it was set (``--max-bubble``, ``pyproject.toml max-bubble``): a share
+    of the step window, except ``max_step_ns`` (ns) and ``step_tolerance`` (of the baseline's step)."""
 
     value: float
     origin: str
@@ -61,16 +69,23 @@ class CheckConfig:
     tolerance: Limit = Limit(DEFAULT_TOLERANCE, "default")
     cause_tolerance: dict[str, Limit] = field(default_factory=dict)
     allow_incomplete: bool = False     # check a run with ranks missing (on the ranks present)
+    max_step_ns: Limit | None = None   # the mean step window
+    step_tolerance: Limit | None = None   # relative to the baseline's step; None: step time not compared
     config_file: Path | None = None
 
     @property
     def has_checks(self) -> bool:
-        return bool(self.max_bubble or self.max_rank_bubble or self.max_cause or self.baseline)
+        return bool(self.max_bubble or self.max_rank_bubble or self.max_cause or self.baseline or self.max_step_ns)
 
     def require_checks(self) -> None:
         if not self.has_checks:
-            raise TracekitError("nothing to check: give --max-bubble, --max-rank-bubble, --max-cause or "
-                                f"--baseline, or put them in {TABLE} in pyproject.toml")
+            raise TracekitError("nothing to check: give --max-bubble, --max-rank-bubble, --max-cause, "
+                                f"--max-step-ms or --baseline, or put them in {TABLE} in pyproject.toml")
+        if self.step_tolerance is not None and self.step_tolerance.origin == "--step-tolerance" \
+                and self.baseline is None:
+            # a tolerance from the file may wait for a --baseline; one typed now would do nothing
+            raise TracekitError("--step-tolerance compares the step time with a baseline: add --baseline FILE "
+                                "(or baseline = ... in pyproject.toml), or give a fixed --max-step-ms")
 
     def tolerance_for(self, cause: str) -> Limit:
         return self.cause_tolerance.get(cause, self.tolerance)
@@ -95,6 +110,19 @@ def share(value, where: str) -> float:
     if isinstance(value, bool) or not 0.0 <= number <= 1.0:
         raise TracekitError(f"{where}: {value!r} is not a share between 0 and 1; write 0.10 (or 10%) for 10 percent")
     return number
+
+
+def step_ms(value, where: str) -> int:
+    """A step time limit in milliseconds (``520``, ``520.5``), as ns."""
+    try:
+        number = float(str(value).strip())  # TOML's true reads "True": not a number
+    except ValueError:
+        raise TracekitError(f"{where}: {value!r} is not a number; give the step time in milliseconds, "
+                            "e.g. 520") from None
+    if not 0.0 < number < float("inf"):
+        raise TracekitError(f"{where}: {value!r} is not a step time; give a positive number of milliseconds, "
+                            "e.g. 520")
+    return round(number * 1e6)
 
 
 def cause_items(items, where: str) -> dict[str, Limit]:
@@ -163,6 +191,8 @@ def load_config(path: Path) -> CheckConfig:
             if not isinstance(value, bool):
                 raise TracekitError(f"{path}: allow-incomplete must be true or false, not {value!r}")
             config.allow_incomplete = value
+        elif key == "max-step-ms":
+            config.max_step_ns = Limit(step_ms(value, f"{where} {key}"), origin)
         elif key == "baseline":
             if not isinstance(value, str):
                 raise TracekitError(f"{path}: baseline must be a path (a string)")
@@ -174,7 +204,8 @@ def load_config(path: Path) -> CheckConfig:
 
 def with_flags(config: CheckConfig, *, max_bubble: str | None, max_rank_bubble: str | None,
                max_cause: tuple[str, ...], baseline: Path | None, tolerance: str | None,
-               cause_tolerance: tuple[str, ...], allow_incomplete: bool = False) -> CheckConfig:
+               cause_tolerance: tuple[str, ...], allow_incomplete: bool = False,
+               max_step_ms: str | None = None, step_tolerance: str | None = None) -> CheckConfig:
     """``config`` with the command-line flags laid over it (flags win, key by key)."""
     out = replace(config, max_cause=dict(config.max_cause), cause_tolerance=dict(config.cause_tolerance))
     if max_bubble is not None:
@@ -188,4 +219,8 @@ def with_flags(config: CheckConfig, *, max_bubble: str | None, max_rank_bubble: 
         out.tolerance = Limit(share(tolerance, "--tolerance"), "--tolerance")
     out.cause_tolerance.update(cause_items(cause_tolerance, "--cause-tolerance"))
     out.allow_incomplete = out.allow_incomplete or allow_incomplete
+    if max_step_ms is not None:
+        out.max_step_ns = Limit(step_ms(max_step_ms, "--max-step-ms"), "--max-step-ms")
+    if step_tolerance is not None:
+        out.step_tolerance = Limit(share(step_tolerance, "--step-tolerance"), "--step-tolerance")
     return out

@@ -20,18 +20,20 @@ def render(result: GateResult) -> str:
     else:
         head = f"### ❌ tracekit check failed: {len(result.failures)} of {len(result.checks)} checks regressed"
     context = f"{for_markdown_code(m.source)} · {m.schedule_label} · bubble ratio {pct(m.bubble_ratio)}"
+    if m.n_steps:
+        context += f" · step {m.step_ns / 1e6:.1f} ms"
     if result.config.baseline:
         context += f" · baseline {for_markdown_code(str(result.config.baseline))}"
     out = [head, "", context, ""]
     for check in result.failures:
-        out.append(f"- **{_cell(check.name)}** {pct(check.value)} > {_cell(check.rule)}"
+        out.append(f"- **{_cell(check.name)}** {check.shown(check.value)} > {_cell(check.rule)}"
                    + (f": {_cell(check.note)}" if check.note else ""))
     if result.failures:
         out.append("")
     out += ["<details><summary>all checks</summary>", "",
             "| check | measured | limit | rule | result |", "|---|---:|---:|---|---|"]
     for check in result.checks:
-        out.append(f"| {_cell(check.name)} | {pct(check.value)} | {pct(check.limit)} | {_cell(check.rule)} | "
+        out.append(f"| {_cell(check.name)} | {check.shown(check.value)} | {check.shown(check.limit)} | {_cell(check.rule)} | "
                    f"{'pass' if check.passed else '**FAIL**'} |")
     out += ["", "</details>"]
     if result.notes:
