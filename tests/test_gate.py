@@ -364,3 +364,13 @@ def test_max_step_ms_in_pyproject_must_be_milliseconds(tmp_path):
     config = _write(tmp_path, "p.toml", "[tool.tracekit.check]\nmax-step-ms = true\n")
     result = cli("check", SAMPLES / "1f1b", "--config", config)
     assert result.exit_code == 2 and "max-step-ms: True is not a number" in result.output
+
+
+@pytest.mark.parametrize("flags, named", [(["--tolerance", "0.05"], "--tolerance"),
+                                          (["--cause-tolerance", "comm=0.02"], "--cause-tolerance")])
+def test_a_tolerance_without_a_baseline_is_refused_not_ignored(cached, flags, named):
+    # it used to do nothing, silently: the run passed on --max-bubble alone
+    result = cli("check", SAMPLES / "1f1b", "--max-bubble", "0.9", *flags, "--no-config")
+    assert result.exit_code == 2, result.output
+    assert named in result.output and "add --baseline FILE" in result.output
+    assert len(result.output.strip().splitlines()) == 1

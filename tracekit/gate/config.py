@@ -86,6 +86,14 @@ class CheckConfig:
             # a tolerance from the file may wait for a --baseline; one typed now would do nothing
             raise TracekitError("--step-tolerance compares the step time with a baseline: add --baseline FILE "
                                 "(or baseline = ... in pyproject.toml), or give a fixed --max-step-ms")
+        if self.baseline is None:
+            typed = (["--tolerance"] if self.tolerance.origin == "--tolerance" else []) + \
+                (["--cause-tolerance"] if any(t.origin.startswith("--cause-tolerance") for t in self.cause_tolerance.values())
+                 else [])
+            if typed:  # it would have done nothing, silently
+                raise TracekitError(f"{' and '.join(typed)} set how far a run may move from a baseline, and "
+                                    "there is none: add --baseline FILE (or baseline = ... in pyproject.toml), "
+                                    "or give fixed limits (--max-bubble, --max-cause CAUSE=SHARE)")
 
     def tolerance_for(self, cause: str) -> Limit:
         return self.cause_tolerance.get(cause, self.tolerance)
