@@ -58,14 +58,10 @@ def _has_hta(python: str) -> bool:
 
 
 def _union_ns(starts: np.ndarray, ends: np.ndarray) -> int:
-    if len(starts) == 0:
-        return 0
-    order = np.argsort(starts, kind="stable")
-    starts, ends = starts[order], ends[order]
-    reach = np.maximum.accumulate(ends)
-    opens = np.r_[True, starts[1:] > reach[:-1]]
-    run_end = np.maximum.reduceat(ends, np.flatnonzero(opens))
-    return int((run_end - starts[opens]).sum())
+    """tracekit's own union of intervals over their whole extent."""
+    from tracekit.model.intervals import union_length
+
+    return union_length(starts, ends, int(starts.min()), int(ends.max())) if len(starts) else 0
 
 
 def tracekit_figures(folder: Path) -> dict[int, dict]:

@@ -107,19 +107,8 @@ def test_p2p_kernel_pairs_from_the_raw_kernels_equal_the_truth(generated, name):
                 sends[(raw.rank, args["Dst Rank"])].append(k)
             else:
                 recvs[(args["Src Rank"], raw.rank)].append(k)
-    found = []
-    for link, sent in sends.items():
-        got = recvs[link]
-        assert len(sent) == len(got), f"{name}: link {link} has {len(sent)} sends, {len(got)} recvs"
-        # Each direction has its own stream, so the n-th send pairs with the n-th recv.
-        for send, recv in zip(sorted(sent, key=lambda k: k["start"]), sorted(got, key=lambda k: k["start"])):
-            assert send["end"] == recv["end"], "paired SendRecv kernels end together"
-            later = max(send["start"], recv["start"])
-            found.append((link[0], link[1], send["step"], send["start"], recv["start"],
-                          later - min(send["start"], recv["start"]), send["end"] - later))
-    expected = [(p["src_rank"], p["dst_rank"], p["step"], p["send_start_ns"], p["recv_start_ns"], p["wait_ns"],
-                 p["transfer_ns"]) for p in truth["p2p_pairs"]]
-    assert sorted(found) == sorted(expected)
+    # Each direction has its own stream, so the n-th send pairs with the n-th recv.
+    expected = _assert_pairs_are_the_truth(name, sends, recvs, truth, by_start=True)
     assert len(expected) == sum(1 for raw in ranks for k in raw.kernels if k["name"] == NCCL_KERNEL) // 2
 
 
@@ -159,18 +148,8 @@ def test_fused_kernels_from_the_raw_events_equal_the_truth(generated, name):
         titles = {e["name"] for e in raw.events if e.get("cat") == "user_annotation" and e["name"].startswith("nccl:")}
         assert titles == {"nccl:coalesced"}
     assert fused > 0, f"{name}: no kernel fused a send and a recv"
-    found = []
-    for link, sent in sends.items():
-        got = recvs[link]
-        assert len(sent) == len(got), f"{name}: link {link} has {len(sent)} sends, {len(got)} recvs"
-        for send, recv in zip(sent, got):  # NCCL matches a peer's sends and recvs in call order
-            assert send["end"] == recv["end"], "a group's two kernels end together"
-            later = max(send["start"], recv["start"])
-            found.append((link[0], link[1], send["step"], send["start"], recv["start"],
-                          later - min(send["start"], recv["start"]), send["end"] - later))
-    expected = [(p["src_rank"], p["dst_rank"], p["step"], p["send_start_ns"], p["recv_start_ns"], p["wait_ns"],
-                 p["transfer_ns"]) for p in truth["p2p_pairs"]]
-    assert sorted(found) == sorted(expected)
+    # NCCL matches a peer's sends and recvs in call order
+    _assert_pairs_are_the_truth(name, sends, recvs, truth, by_start=False)
 
 
 def test_a_fused_kernel_lasts_as_long_as_its_slower_direction(generated):
@@ -282,3 +261,24 @@ def test_the_same_scenario_writes_the_same_bytes(tmp_path):
     second, _ = generate(sc, tmp_path / "b")
     assert (first / "rank1.json.gz").read_bytes() == (second / "rank1.json.gz").read_bytes()
     assert json.loads(truth_path(first).read_text()) == json.loads(truth_path(second).read_text())
+
+
+def _assert_pairs_are_the_truth(name: str, sends: dict, recvs: dict, truth: dict, by_start: bool) -> list:
+    """The n-th send kernel of each link (src, dst) with the n-th recv kernel of it (in start
+    order, or in the order given): both end together, and their wait and transfer, worked out
+    here from the raw kernels, are the truth's pairs (returned)."""
+    found = []
+    for link, sent in sends.items():
+        got = recvs[link]
+        assert len(sent) == len(got), f"{name}: link {link} has {len(sent)} sends, {len(got)} recvs"
+        if by_start:
+            sent, got = sorted(sent, key=lambda k: k["start"]), sorted(got, key=lambda k: k["start"])
+        for send, recv in zip(sent, got):
+            assert send["end"] == recv["end"], "paired SendRecv kernels end together"
+            later = max(send["start"], recv["start"])
+            found.append((link[0], link[1], send["step"], send["start"], recv["start"],
+                          later - min(send["start"], recv["start"]), send["end"] - later))
+    expected = [(p["src_rank"], p["dst_rank"], p["step"], p["send_start_ns"], p["recv_start_ns"], p["wait_ns"],
+                 p["transfer_ns"]) for p in truth["p2p_pairs"]]
+    assert sorted(found) == sorted(expected)
+    return expected

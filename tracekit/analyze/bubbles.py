@@ -11,28 +11,10 @@ import numpy as np
 import pandas as pd
 
 from tracekit.analyze.shares import share, shares
+from tracekit.model.intervals import union_length
 
 BUBBLE_COLUMNS = ["rank", "step", "window_start_ns", "window_end_ns", "window_ns", "busy_ns",
                   "idle_ns", "bubble_ratio"]
-
-
-def union_length(starts: np.ndarray, ends: np.ndarray, lo: int, hi: int) -> int:
-    """Total length of the union of [start, end) intervals clipped to [lo, hi)."""
-    if len(starts) == 0:
-        return 0
-    s = np.clip(starts, lo, hi)
-    e = np.clip(ends, lo, hi)
-    order = np.argsort(s, kind="stable")
-    s, e = s[order], e[order]
-    total = 0
-    cur_s, cur_e = int(s[0]), int(e[0])
-    for a, b in zip(s[1:], e[1:]):
-        if a > cur_e:
-            total += cur_e - cur_s
-            cur_s, cur_e = int(a), int(b)
-        elif b > cur_e:
-            cur_e = int(b)
-    return total + (cur_e - cur_s)
 
 
 def step_windows(actions: pd.DataFrame) -> pd.DataFrame:
@@ -53,7 +35,7 @@ def measure_pipeline(actions: pd.DataFrame) -> pd.DataFrame:
         hi = int(windows.at[step, "window_end_ns"])
         busy = union_length(group["start_ns"].to_numpy(), group["end_ns"].to_numpy(), lo, hi)
         rows.append((int(rank), int(step), lo, hi, hi - lo, busy))
-    return _finish(rows)
+    return bubble_table(rows)
 
 
 def measure_plain(events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
@@ -79,10 +61,11 @@ def measure_plain(events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
             inside = (ends > lo) & (starts < hi)
             busy = union_length(starts[inside], ends[inside], lo, hi)
             rows.append((int(rank), int(step.step), lo, hi, hi - lo, busy))
-    return _finish(rows)
+    return bubble_table(rows)
 
 
-def _finish(rows: list[tuple]) -> pd.DataFrame:
+def bubble_table(rows: list[tuple]) -> pd.DataFrame:
+    """The bubble table (BUBBLE_COLUMNS) from (rank, step, window start, end, window, busy) rows."""
     table = pd.DataFrame(rows, columns=BUBBLE_COLUMNS[:6])
     table["idle_ns"] = table["window_ns"] - table["busy_ns"]
     ranks, steps = table["rank"].to_numpy(), table["step"].to_numpy()

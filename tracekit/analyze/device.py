@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from tracekit.analyze.bubbles import _finish, union_length
+from tracekit.analyze.bubbles import bubble_table
+from tracekit.model.intervals import union_length
 
 DEVICE_RANK_COLUMNS = ["rank", "step", "launch_wait_ns", "step_end_ns", "p2p_wait_ns", "p2p_transfer_ns"]
 # A rank whose GPU waits for the host at least this share of its window is launch-bound.
@@ -66,7 +67,7 @@ def measure_device_pipeline(actions: pd.DataFrame, device: pd.DataFrame) -> pd.D
         lo, hi = int(windows.at[step, "lo"]), int(windows.at[step, "hi"])
         starts, ends = ops.get((rank, step), (np.zeros(0, np.int64), np.zeros(0, np.int64)))
         rows.append((rank, step, lo, hi, hi - lo, union_length(starts, ends, lo, hi)))
-    return _finish(rows)
+    return bubble_table(rows)
 
 
 def measure_device_plain(device: pd.DataFrame) -> pd.DataFrame:
@@ -95,7 +96,7 @@ def measure_device_plain(device: pd.DataFrame) -> pd.DataFrame:
             starts, ends = per_rank[rank]
             inside = (ends > lo) & (starts < hi)
             rows.append((rank, int(step), lo, hi, hi - lo, union_length(starts[inside], ends[inside], lo, hi)))
-    return _finish(rows)
+    return bubble_table(rows)
 
 
 def _by_rank_step(ops: pd.DataFrame) -> dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]:
@@ -107,8 +108,9 @@ def device_figures(run, bubbles: pd.DataFrame) -> DeviceFigures:
     """Launch waits, step-end work, P2P wait and transfer per rank and step (module doc)."""
     device = run.device
     rows = []
+    # which ops count as busy: decided once for the run, not once per rank and step
+    device = device.assign(busy=device.index.isin(busy_ops(device).index))
     by_rank_step = {(int(r), int(s)): g for (r, s), g in device.groupby(["rank", "step"], sort=False)}
-    busy_kinds = busy_ops(device).index
     paired = run.device_pairs
     for row in bubbles.itertuples(index=False):
         rank, step, lo, hi = int(row.rank), int(row.step), int(row.window_start_ns), int(row.window_end_ns)
@@ -117,7 +119,7 @@ def device_figures(run, bubbles: pd.DataFrame) -> DeviceFigures:
             rows.append((rank, step, 0, 0, 0, 0))
             continue
         launch_wait = _launch_wait(ops, lo, hi)
-        work = ops[ops.index.isin(busy_kinds)]
+        work = ops[ops["busy"].to_numpy()]
         after = union_length(work["start_ns"].to_numpy(np.int64), work["end_ns"].to_numpy(np.int64),
                              hi, max(hi, int(work["end_ns"].max()) if len(work) else hi))
         mine = paired[(paired["step"] == step) & (paired["waiting_rank"] == rank)]

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 import pandas as pd
 
+from tracekit.analyze.device import LAUNCH_BOUND_SHARE
 from tracekit.analyze.shares import share
 from tracekit.analyze.theory import theoretical_bubble
 from tracekit.model.run import compute_ns
@@ -383,8 +384,6 @@ def _with_launch_bound(faults: list[Finding], launch: list[Finding]) -> list[Fin
 def _launch_bound(analysis) -> list[Finding]:
     """Ranks whose GPU waited for the host to launch the next op for at least
     ``LAUNCH_BOUND_SHARE`` of their window (device timeline only): one finding naming them."""
-    from tracekit.analyze.device import LAUNCH_BOUND_SHARE
-
     figures = analysis.device
     if figures is None:
         return []

@@ -248,8 +248,7 @@ def _replay_many(graph: StepGraph, model: CostModel, rng, samples: int, scale, v
         if by_stage:  # dependencies the measured run passed no message on keep their latency
             lat = np.where(graph.edge_msg >= 0, lat, graph.edge_lat)
             xfer = None if xfer is None else np.where(graph.edge_msg >= 0, xfer, graph.edge_xfer)
-        result = replay(graph, dur=dur, ovh=ovh, lat=lat,
-                        xfer=np.zeros_like(lat) if xfer is None else xfer)
+        result = replay(graph, dur=dur, ovh=ovh, lat=lat, xfer=xfer)   # None: the graph's (zeros on the host)
         window = int(result.end.max() - result.start.min())
         steps[i] = window
         bubbles[i] = 1.0 - dur.sum() / (n_ranks * window) if window > 0 else 0.0

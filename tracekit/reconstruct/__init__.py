@@ -101,8 +101,7 @@ def _on_device(run: Run, messages, host_events) -> None:
         messages = shift_ranks(messages, shifts, "src_rank", ["send_post_ns"])
         messages = shift_ranks(messages, shifts, "dst_rank", ["recv_post_ns", "recv_done_ns"])
         # wait and transfer compare both sides' kernels: measured again on the one clock
-        messages = dev.device_messages(messages[[c for c in messages if c not in dev.MESSAGE_DEVICE_COLUMNS]],
-                                       run.device, _host_events(run))
+        messages = dev.kernel_times(messages, run.device)
     run.actions = dev.device_actions(run.actions, run.device)
     unlinked = int((messages["send_kernel"] < 0).sum()) if len(messages) else 0
     if unlinked:

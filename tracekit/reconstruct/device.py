@@ -28,6 +28,7 @@ import re
 import numpy as np
 import pandas as pd
 
+from tracekit.model.intervals import union_length
 from tracekit.model.run import DEVICE_OP_COLUMNS, DEVICE_PAIR_COLUMNS
 from tracekit.reconstruct.p2p import host_p2p_ops
 from tracekit.reconstruct.steps import step_of
@@ -116,11 +117,10 @@ def link_p2p_kernels(ops: pd.DataFrame, host_p2p: pd.DataFrame) -> np.ndarray:
     if len(linked):
         names = ops["name"].to_numpy()
         position = pd.Index(ops["op_id"]).get_indexer(linked)
-        sendrecv = np.array([bool(_P2P_KERNEL.search(str(names[p]))) or str(names[p]).startswith(NSYS_P2P_PREFIX)
-                             for p in position], dtype=bool)
+        # (Nsight Systems' "nccl:SendRecv|..." names say SendRecv too)
+        sendrecv = np.array([bool(_P2P_KERNEL.search(str(names[p]))) for p in position], dtype=bool)
         ops.loc[ops.index[position[sendrecv]], "kind"] = "p2p"
-        valid = set(linked[sendrecv].tolist())
-        out = np.array([o if o in valid else -1 for o in out], dtype=np.int64)
+        out = np.where(np.isin(out, linked[sendrecv]), out, -1)
     return out
 
 
@@ -165,21 +165,9 @@ def device_actions(actions: pd.DataFrame, ops: pd.DataFrame) -> pd.DataFrame:
 
 def _union_per_group(ops: pd.DataFrame, key: str) -> pd.Series:
     """Length of the union of the ops' [start, end) intervals, per value of ``key``."""
-    ops = ops.sort_values([key, "start_ns"])
-    keys = ops[key].to_numpy()
-    starts, ends = ops["start_ns"].to_numpy(np.int64), ops["end_ns"].to_numpy(np.int64)
-    total: dict[int, int] = {}
-    cur_key, lo, hi = None, 0, 0
-    for k, a, b in zip(keys.tolist(), starts.tolist(), ends.tolist()):
-        if k != cur_key or a > hi:
-            if cur_key is not None:
-                total[cur_key] = total.get(cur_key, 0) + hi - lo
-            cur_key, lo, hi = k, a, b
-        else:
-            hi = max(hi, b)
-    if cur_key is not None:
-        total[cur_key] = total.get(cur_key, 0) + hi - lo
-    return pd.Series(total, dtype="int64")
+    return pd.Series({k: union_length(g["start_ns"].to_numpy(np.int64), g["end_ns"].to_numpy(np.int64),
+                                      int(g["start_ns"].min()), int(g["end_ns"].max()))
+                      for k, g in ops.groupby(key, sort=False)}, dtype="int64")
 
 
 def _fill_empty(actions: pd.DataFrame) -> None:
@@ -229,24 +217,44 @@ def device_messages(messages: pd.DataFrame, ops: pd.DataFrame, events: pd.DataFr
     send_k = np.where(np.isnan(send_k.astype(float)), -1, send_k).astype(np.int64)
     recv_k = np.where(np.isnan(recv_k.astype(float)), -1, recv_k).astype(np.int64)
     known = (send_k >= 0) & (recv_k >= 0)
-    by_id = ops.set_index("op_id")
-    s_start = np.full(len(out), -1, dtype=np.int64)
-    s_end, r_start, r_end = s_start.copy(), s_start.copy(), s_start.copy()
-    s_start[known] = by_id.loc[send_k[known], "start_ns"].to_numpy(np.int64)
-    s_end[known] = by_id.loc[send_k[known], "end_ns"].to_numpy(np.int64)
-    r_start[known] = by_id.loc[recv_k[known], "start_ns"].to_numpy(np.int64)
-    r_end[known] = by_id.loc[recv_k[known], "end_ns"].to_numpy(np.int64)
     out["send_kernel"], out["recv_kernel"] = np.where(known, send_k, -1), np.where(known, recv_k, -1)
-    out["send_start_ns"], out["send_end_ns"] = s_start, s_end
-    out["recv_start_ns"], out["recv_end_ns"] = r_start, r_end
-    later = np.maximum(s_start, r_start)
-    out["wait_ns"] = np.where(known, later - np.minimum(s_start, r_start), -1)
-    out["transfer_ns"] = np.where(known, np.maximum(np.minimum(s_end, r_end) - later, 0), -1)
-    out["waiting_rank"] = np.where(known & (s_start < r_start), out["src_rank"],
-                                   np.where(known & (r_start < s_start), out["dst_rank"], -1))
-    out["recv_queued"] = _queued_behind_p2p(ops, recv_k)
+    out = kernel_times(out, ops)
+    out["recv_queued"] = _queued_behind_p2p(ops, out["recv_kernel"].to_numpy())
     out["leave_ns"] = -1
     return out
+
+
+def kernel_times(messages: pd.DataFrame, ops: pd.DataFrame) -> pd.DataFrame:
+    """Messages with the times of their linked kernels (``send_kernel``/``recv_kernel``),
+    and the wait and transfer those give; -1 where a side has no kernel."""
+    out = messages.copy()
+    send_k, recv_k = out["send_kernel"].to_numpy(np.int64), out["recv_kernel"].to_numpy(np.int64)
+    known = (send_k >= 0) & (recv_k >= 0)
+    by_id = ops.set_index("op_id")
+    times = {}
+    for side, ids in (("send", send_k), ("recv", recv_k)):
+        for edge in ("start", "end"):
+            column = np.full(len(out), -1, dtype=np.int64)
+            column[known] = by_id.loc[ids[known], f"{edge}_ns"].to_numpy(np.int64)
+            times[f"{side}_{edge}_ns"] = out[f"{side}_{edge}_ns"] = column
+    waiting, wait, transfer = wait_and_transfer(times["send_start_ns"], times["send_end_ns"], times["recv_start_ns"],
+                                                times["recv_end_ns"], out["src_rank"].to_numpy(),
+                                                out["dst_rank"].to_numpy())
+    out["waiting_rank"] = np.where(known, waiting, -1)
+    out["wait_ns"] = np.where(known, wait, -1)
+    out["transfer_ns"] = np.where(known, transfer, -1)
+    return out
+
+
+def wait_and_transfer(a_start, a_end, b_start, b_end, a_rank, b_rank) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For pairs of kernels (one on rank a, its peer's on rank b): the rank that waited (the
+    one whose kernel started first, -1 for neither), the wait (later start - earlier start)
+    and the transfer (earlier end - later start, at least 0)."""
+    a_start, a_end, b_start, b_end = (np.asarray(x, dtype=np.int64) for x in (a_start, a_end, b_start, b_end))
+    later = np.maximum(a_start, b_start)
+    waiting = np.where(a_start < b_start, a_rank, np.where(b_start < a_start, b_rank, -1))
+    return (waiting.astype(np.int64), later - np.minimum(a_start, b_start),
+            np.maximum(np.minimum(a_end, b_end) - later, 0))
 
 
 # A kernel that starts within this of the previous kernel's end on its stream waited for it.
@@ -354,9 +362,8 @@ def device_clock_offsets(messages: pd.DataFrame, hosts: dict[int, str]) -> tuple
 
 def pairs_from_messages(messages: pd.DataFrame) -> pd.DataFrame:
     """The device P2P pairs of matched messages whose kernels are known on both sides."""
-    known = messages[messages["send_kernel"] >= 0] if "send_kernel" in messages else messages.iloc[0:0]
-    out = known.assign(direction=known.get("direction", "?"))
-    return out[DEVICE_PAIR_COLUMNS].reset_index(drop=True) if len(out) else pd.DataFrame(columns=DEVICE_PAIR_COLUMNS)
+    known = messages[messages["send_kernel"] >= 0]
+    return known[DEVICE_PAIR_COLUMNS].reset_index(drop=True) if len(known) else pd.DataFrame(columns=DEVICE_PAIR_COLUMNS)
 
 
 def pair_p2p_kernels(ops: pd.DataFrame, events: pd.DataFrame) -> pd.DataFrame:
@@ -408,10 +415,9 @@ def pair_p2p_kernels(ops: pd.DataFrame, events: pd.DataFrame) -> pd.DataFrame:
 
 def _pair_row(a: int, b: int, s, r, direction: str) -> tuple:
     """One pair of kernels (``s`` on rank a, ``r`` on rank b) as a DEVICE_PAIR_COLUMNS row."""
-    later = max(s.start_ns, r.start_ns)
-    waiting = a if s.start_ns < r.start_ns else b if r.start_ns < s.start_ns else -1
+    waiting, wait, transfer = wait_and_transfer(s.start_ns, s.end_ns, r.start_ns, r.end_ns, a, b)
     return (-1, int(s.step), a, b, direction, int(s.start_ns), int(s.end_ns), int(r.start_ns), int(r.end_ns),
-            waiting, int(later - min(s.start_ns, r.start_ns)), int(max(0, min(s.end_ns, r.end_ns) - later)))
+            int(waiting), int(wait), int(transfer))
 
 
 def pair_collective_sendrecv(ops: pd.DataFrame) -> pd.DataFrame:
