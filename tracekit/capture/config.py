@@ -31,6 +31,14 @@ SPLIT_BACKWARD = {"InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"}
 
 COMPUTE_MODES = ("emulated", "real")
 
+#: training frameworks a capture can run, with the schedules each one has
+FRAMEWORK_SCHEDULES: dict[str, tuple[str, ...]] = {
+    "torch": tuple(SCHEDULES),
+    "deepspeed": ("1F1B",),  # PipelineEngine's TrainSchedule
+    "megatron": ("1F1B", "Interleaved1F1B"),  # forward_backward_pipelining_{without,with}_interleaving
+}
+FRAMEWORKS = tuple(FRAMEWORK_SCHEDULES)
+
 DEFAULT_HIDDEN = {"emulated": 256, "real": 1024}
 
 
@@ -49,6 +57,7 @@ class CaptureConfig:
     """Everything that decides what a capture runs. ``validate()`` fills defaults."""
 
     schedule: str = "1F1B"
+    framework: str = "torch"  # torch.distributed.pipelining, DeepSpeed's PipelineEngine, Megatron-core
     ranks: int = 4
     microbatches: int = 8
     stages_per_rank: int | None = None  # None: 1 for GPipe/1F1B, else 2
@@ -96,6 +105,13 @@ class CaptureConfig:
     def validate(self) -> "CaptureConfig":
         """Fill defaults and raise CaptureError (one line) for impossible combinations."""
         self.schedule = schedule_by_name(self.schedule)
+        if self.framework not in FRAMEWORK_SCHEDULES:
+            raise CaptureError(f"unknown framework {self.framework!r}; choose one of {', '.join(FRAMEWORKS)}")
+        if self.schedule not in FRAMEWORK_SCHEDULES[self.framework]:
+            raise CaptureError(
+                f"--framework {self.framework} has no {self.schedule} schedule; it has "
+                f"{', '.join(FRAMEWORK_SCHEDULES[self.framework])}"
+            )
         if self.compute not in COMPUTE_MODES:
             raise CaptureError(
                 f"unknown compute mode {self.compute!r}; use --compute emulated or --compute real"
@@ -176,8 +192,10 @@ class CaptureConfig:
     # ---- provenance ----------------------------------------------------------------
     def command_line(self, out: str) -> str:
         """A command line that reproduces this capture (explicit about everything non-default)."""
-        parts = ["tracekit", "capture", "-o", str(out), "--schedule", self.schedule,
-                 "-p", str(self.ranks), "-m", str(self.microbatches)]
+        parts = ["tracekit", "capture", "-o", str(out)]
+        if self.framework != "torch":
+            parts += ["--framework", self.framework]
+        parts += ["--schedule", self.schedule, "-p", str(self.ranks), "-m", str(self.microbatches)]
         default_v = 1 if self.schedule in SINGLE_STAGE else 2
         if self.stages_per_rank != default_v:
             parts += ["-v", str(self.stages_per_rank)]
@@ -218,6 +236,7 @@ def manifest_head(config: CaptureConfig, command: str, torch_version: str) -> di
         "torch_version": torch_version,
         "python_version": platform.python_version(),
         "platform": platform.platform(),
+        "framework": config.framework,
         "schedule": config.schedule,
         "schedule_class": f"torch.distributed.pipelining.{SCHEDULES[config.schedule]}",
         "p": config.ranks,

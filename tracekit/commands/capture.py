@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from tracekit.capture.config import COMPUTE_MODES, SCHEDULES, CaptureConfig, schedule_by_name
+from tracekit.capture.config import COMPUTE_MODES, FRAMEWORKS, SCHEDULES, CaptureConfig, schedule_by_name
 from tracekit.errors import CaptureError
 from tracekit.text import for_terminal
 
@@ -20,6 +20,10 @@ def _schedule(ctx, param, value):
               help="Folder to write rank<R>.json.gz and capture.json into.")
 @click.option("--schedule", default="1F1B", show_default=True, callback=_schedule,
               help="Pipeline schedule: " + ", ".join(SCHEDULES) + ".")
+@click.option("--framework", default="torch", show_default=True, type=click.Choice(FRAMEWORKS),
+              help="What runs the pipeline: torch (torch.distributed.pipelining), deepspeed "
+                   "(PipelineEngine, 1F1B) or megatron (Megatron-core schedules: 1F1B, Interleaved1F1B). "
+                   "deepspeed and megatron must be installed.")
 @click.option("-p", "--ranks", default=4, show_default=True, type=int,
               help="Pipeline ranks (local processes).")
 @click.option("-m", "--microbatches", default=8, show_default=True, type=int,
@@ -51,7 +55,7 @@ def _schedule(ctx, param, value):
 @click.option("--replace", is_flag=True,
               help="Delete the traces of an earlier capture in --out first (default: refuse to touch them).")
 @click.pass_context
-def command(ctx, out, schedule, ranks, microbatches, stages_per_rank, steps, compute, layer_ms,
+def command(ctx, out, schedule, framework, ranks, microbatches, stages_per_rank, steps, compute, layer_ms,
             layers, hidden, microbatch_size, slow_stage, slow_factor, p2p_delay_ms, seed, profiler,
             replace):
     """Record a real pipeline-parallel training run (needs torch).
@@ -70,7 +74,7 @@ def command(ctx, out, schedule, ranks, microbatches, stages_per_rank, steps, com
       tracekit capture -o nsys_run/ --profiler nsys     # needs Nsight Systems' nsys
     """
     cfg = CaptureConfig(
-        schedule=schedule, ranks=ranks, microbatches=microbatches,
+        schedule=schedule, framework=framework, ranks=ranks, microbatches=microbatches,
         stages_per_rank=stages_per_rank, steps=steps, compute=compute, layer_ms=layer_ms,
         layers=layers, hidden=hidden, microbatch_size=microbatch_size, slow_stage=slow_stage,
         slow_factor=slow_factor, p2p_delay_ms=p2p_delay_ms, seed=seed,
@@ -79,7 +83,11 @@ def command(ctx, out, schedule, ranks, microbatches, stages_per_rank, steps, com
     if not replace:
         _refuse_earlier_capture(Path(out))
     cfg.command = _command_line(ctx, out, cfg)
-    if profiler == "nsys":
+    if framework != "torch":
+        from tracekit.capture.frameworks import run_framework_capture
+
+        folder = run_framework_capture(cfg, out, profiler)
+    elif profiler == "nsys":
         from tracekit.capture.nsys import run_nsys_capture
 
         folder = run_nsys_capture(cfg, out)
@@ -107,7 +115,7 @@ def _command_line(ctx: click.Context, out: str, cfg: CaptureConfig) -> str:
 
     parts = ["tracekit", "capture", "-o", out]
     flags = {
-        "schedule": "--schedule", "ranks": "-p", "microbatches": "-m", "stages_per_rank": "-v",
+        "schedule": "--schedule", "framework": "--framework", "ranks": "-p", "microbatches": "-m", "stages_per_rank": "-v",
         "steps": "--steps", "compute": "--compute", "layer_ms": "--layer-ms", "layers": "--layers",
         "hidden": "--hidden", "microbatch_size": "--microbatch-size", "slow_stage": "--slow-stage",
         "slow_factor": "--slow-factor", "p2p_delay_ms": "--p2p-delay-ms", "seed": "--seed",
