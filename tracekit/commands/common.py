@@ -5,19 +5,23 @@ import functools
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from tracekit.errors import TracekitError
 
+if TYPE_CHECKING:
+    from tracekit.reconstruct.labels import LabelSet
+
 # Where rank_options leaves the loading options for load_with_progress (click's ctx.meta).
 _LOAD_META = "tracekit.load"
-_LOAD_OPTIONS = ("executor", "scheduler", "jobs", "cache_dir", "no_cache", "iteration", "timeline")
+_LOAD_OPTIONS = ("executor", "scheduler", "jobs", "cache_dir", "no_cache", "iteration", "timeline", "label_rule")
 
 
 def rank_options(func):
-    """--rank-from, --rank-map, --progress/--no-progress, --iteration, --timeline, and how to load:
-    --jobs, --executor, --scheduler, --cache-dir, --no-cache.
+    """--rank-from, --rank-map, --progress/--no-progress, --iteration, --timeline, --label-rule,
+    and how to load: --jobs, --executor, --scheduler, --cache-dir, --no-cache.
 
     The loading options do not reach the command function: they are kept in the click
     context for :func:`load_with_progress`. All are checked before any file is read.
@@ -49,6 +53,13 @@ def rank_options(func):
                        "kernels (each action spans the kernels it launched; NCCL P2P by its SendRecv kernels), "
                        "else the host's. host: CPU op spans even on a GPU run (the host runs ahead of the GPU, so "
                        "those are the host's figures). device: insist on kernels.")
+    @click.option("--label-rule", multiple=True, metavar="REGEX=KIND",
+                  help="Read annotations named by REGEX as pipeline actions (repeatable; tried before the "
+                       "built-in tables, and added to [tool.tracekit.labels] in pyproject.toml). KIND: F, B, "
+                       "I, W, kind (the kind is the group (?P<kind>F|B|I|W)), FB, comm or marker. Groups "
+                       "(?P<stage>N) and (?P<mb>N) give stage and microbatch; without (?P<mb>..) consecutive "
+                       "ranges of one kind are one action (per-layer labels). "
+                       "E.g. --label-rule '^fwd_mb(?P<mb>\\d+)$=F' --label-rule '^bwd_mb(?P<mb>\\d+)$=B'")
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
         from tracekit.ingest.discovery import compile_rank_pattern
@@ -56,7 +67,7 @@ def rank_options(func):
         ctx = click.get_current_context()
         ctx.meta[_LOAD_META] = {name: kwargs.pop(name) for name in _LOAD_OPTIONS}
         compile_rank_pattern(kwargs.get("rank_from"))
-        _load_settings()  # a bad --cache-dir or --scheduler fails here, before any file is read
+        _load_settings()  # a bad --cache-dir, --scheduler or --label-rule fails here, before any file is read
         try:
             return func(*args, **kwargs)
         finally:
@@ -91,7 +102,29 @@ def _load_settings() -> dict:
     return {"executor": settings.get("executor") or "local", "jobs": settings.get("jobs"),
             "scheduler": settings.get("scheduler"), "cache_dir": cache_dir, "rows": "analysis",
             "defer_cache_writes": True, "iteration": settings.get("iteration"),
-            "timeline": settings.get("timeline") or "auto"}
+            "timeline": settings.get("timeline") or "auto",
+            "labels": label_rules(settings.get("label_rule") or ())}
+
+
+def label_rules(flags) -> LabelSet | None:
+    """The user's label rules: ``[tool.tracekit.labels]`` of the closest pyproject.toml, then
+    each ``--label-rule`` (a bad one is one line, before any file is read)."""
+    from tracekit.pyproject import find_table, tracekit_table
+    from tracekit.reconstruct.labels import custom_set, parse_rule, rule_of
+
+    rules = []
+    found = find_table(Path.cwd(), "labels")
+    if found is not None:
+        table = tracekit_table(found, "labels")
+        if not isinstance(table, dict):
+            raise TracekitError(f"{found}: [tool.tracekit.labels] must be a table of \"REGEX\" = \"KIND\" lines")
+        for pattern, role in table.items():
+            if not isinstance(role, str):
+                raise TracekitError(f"{found} [tool.tracekit.labels] {pattern!r}: the kind must be a string "
+                                    "such as \"F\"")
+            rules.append(rule_of(pattern, role.strip(), f"{found} [tool.tracekit.labels]"))
+    rules += [parse_rule(text, "--label-rule") for text in flags]
+    return custom_set(rules)
 
 
 def _cache_dir(option: str | None) -> str:
@@ -154,8 +187,10 @@ def _document_cache(run_dir: Path, options: dict):
     found = find_traces(run_dir, settings["iteration"], options.get("rank_from"))
     folder = Path(run_dir) if Path(run_dir).is_dir() else Path(run_dir).parent
     # What discovery decided (which files are traces, which iteration) is part of the answer.
+    labels = settings["labels"]
     decided = {**options, "iteration": settings["iteration"], "timeline": settings["timeline"],
-               "skipped": found.skipped}
+               "skipped": found.skipped,
+               "labels": [(r.pattern, r.role) for r in labels.rules] if labels is not None else []}
     key = analysis_key(cache, Path(run_dir), found.files, decided, [folder / "capture.json"])
     return cache, key, found.files
 

@@ -28,20 +28,12 @@ choice made for one known machine, never a default that turns existing gates red
 """
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tracekit.analyze.attribution import CATEGORIES
 from tracekit.errors import TracekitError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    try:
-        import tomli as tomllib
-    except ModuleNotFoundError:
-        tomllib = None
+from tracekit.pyproject import find_table, read_toml
 
 DEFAULT_TOLERANCE = 0.02
 TABLE = "[tool.tracekit.check]"
@@ -152,29 +144,12 @@ def _split(item: str, where: str) -> tuple[str, str]:
 
 def find_config(start: Path) -> Path | None:
     """The closest pyproject.toml at or above ``start`` that has a [tool.tracekit.check] table."""
-    for folder in (start, *start.parents):
-        candidate = folder / "pyproject.toml"
-        if candidate.is_file() and "check" in _read_toml(candidate).get("tool", {}).get("tracekit", {}):
-            return candidate
-    return None
-
-
-def _read_toml(path: Path) -> dict:
-    if tomllib is None:  # pragma: no cover - Python 3.10 without tomli
-        raise TracekitError(f"{path}: reading TOML on Python < 3.11 needs tomli (pip install tomli), "
-                            "or give the limits as flags")
-    try:
-        with open(path, "rb") as fh:
-            return tomllib.load(fh)
-    except OSError as err:
-        raise TracekitError(f"{path}: cannot read it ({err.strerror})") from None
-    except tomllib.TOMLDecodeError as err:
-        raise TracekitError(f"{path}: not valid TOML ({err})") from None
+    return find_table(start, "check")
 
 
 def load_config(path: Path) -> CheckConfig:
     """The limits in ``path``'s [tool.tracekit.check] table."""
-    tracekit_table = _read_toml(path).get("tool", {}).get("tracekit")
+    tracekit_table = read_toml(path).get("tool", {}).get("tracekit")
     if tracekit_table is None or "check" not in tracekit_table:
         raise TracekitError(f"{path}: has no {TABLE} table; add one or give the limits as flags")
     table = tracekit_table["check"]

@@ -281,7 +281,7 @@ def load_run(path, rank_from: str | None = None, rank_map: dict[int, int] | None
              executor: str = "local", jobs: int | None = None, scheduler=None,
              cache_dir: str | None = None, bytes_read: Callable[[int], None] | None = None,
              rows: str = "all", defer_cache_writes: bool = False, iteration: int | None = None,
-             timeline: str = "auto") -> Run:
+             timeline: str = "auto", labels=None) -> Run:
     """Load a run folder (or one file) and, by default, reconstruct its pipeline.
 
     ``executor``, ``jobs``, ``scheduler``, ``cache_dir``, ``bytes_read``, ``rows`` and
@@ -291,6 +291,7 @@ def load_run(path, rank_from: str | None = None, rank_map: dict[int, int] | None
     ``iteration``: which ``iteration_N`` folder to read (default: the highest); see
     :mod:`tracekit.ingest.discovery`. ``timeline``: ``auto`` (the device wherever the traces
     record device work), ``device`` or ``host``; see :func:`tracekit.reconstruct.reconstruct`.
+    ``labels``: the user's label rules (a :class:`tracekit.reconstruct.labels.LabelSet`).
     """
     path = Path(path)
     found = find_traces(path, iteration, rank_from)
@@ -318,7 +319,7 @@ def load_run(path, rank_from: str | None = None, rank_map: dict[int, int] | None
     if reconstruct:
         from tracekit.reconstruct import reconstruct as build
 
-        build(run, timeline=timeline)
+        build(run, timeline=timeline, labels=labels)
     return run
 
 

@@ -15,8 +15,9 @@ What is kept, per file (numpy only: this runs in the parser workers):
   it (``runtime``, same ``correlation``), and every user annotation
   (``ProfilerStep#N`` marks, ``PP:`` / ``Forward i`` labels, user ranges);
 - every communication row (``c10d::``, ``gloo:``, ``record_param_comms``, ``nccl:``, ...);
-- CPU ops at depth <= 1 + the deepest step mark or label on their thread (depth 0 on a
-  thread with neither): the top-level compute ops of every label and step;
+- CPU ops at depth <= 1 + the deepest user annotation on their thread (depth 0 on a
+  thread with none): the top-level compute ops of every label and step, whichever label
+  table (built-in or the user's ``--label-rule``) names the actions;
 - ``autograd::engine`` backward ops with a sequence number, anywhere, when the file holds
   point-to-point ops (unlabelled 1F1B reads them to tie backwards to forwards);
 - each rank's earliest-starting and latest-ending row (a rank without step marks is one
@@ -30,10 +31,9 @@ from __future__ import annotations
 import numpy as np
 
 from tracekit.ingest.columns import EventColumns
-from tracekit.model.names import COMM_PREFIXES, RECV_NAMES, SEND_NAMES, STEP_MARK_PREFIX
+from tracekit.model.names import COMM_PREFIXES, RECV_NAMES, SEND_NAMES
 
 _BACKWARD_PREFIX = "autograd::engine"
-_LABEL_PREFIXES = ("PP:", "Forward ", "Backward ")
 ROWS = ("all", "analysis")
 
 
@@ -68,7 +68,8 @@ def _kept(columns: EventColumns) -> np.ndarray:
 
     # Top-level compute of every step and label: depth <= deepest mark/label + 1 per thread.
     depth = nums["depth"].astype(np.int64)
-    anchor = annotation & ~on_gpu & by_name(lambda s: s.startswith(STEP_MARK_PREFIX) or s.startswith(_LABEL_PREFIXES))
+    # Any annotation may be a label: which ones are is decided later, by the label rules.
+    anchor = annotation & ~on_gpu
     limit_of_row = np.zeros(len(depth), dtype=np.int64)
     if anchor.any():
         _, pid_code = np.unique(nums["pid"], return_inverse=True)

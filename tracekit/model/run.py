@@ -216,6 +216,11 @@ class Run:
     # SendRecv kernels of collectives (all_to_all) paired across a two-rank run: not messages
     collective_pairs: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=DEVICE_PAIR_COLUMNS))
     timeline: str = "host"                        # "device" or "host": see the module doc
+    # The label table the actions came from ("torch-pp", "megatron-nvtx", "custom", "none":
+    # tracekit.reconstruct.labels) and how many ranges each table matched.
+    labels: str = "none"
+    actions_from: str = "segmentation"           # "labels" (a table's action rules) or "segmentation"
+    label_counts: dict[str, int] = field(default_factory=dict)
     capture: dict | None = None                   # capture.json beside the traces, if any
     completeness: Completeness | None = None      # set by the loader; None: not checked
     warnings: list[str] = field(default_factory=list)

@@ -2,10 +2,13 @@
 schedule). Works in place on a :class:`tracekit.model.Run`."""
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from tracekit.errors import TracekitError
 from tracekit.model.run import TIMELINES, Run
 from tracekit.reconstruct import device as dev
-from tracekit.reconstruct.actions import find_actions
+from tracekit.reconstruct.actions import annotation_counts, find_actions
+from tracekit.reconstruct.labels import LabelSet, custom_set, describe_annotations, parse_rule
 from tracekit.reconstruct.clock import estimate_offsets, host_of_rank, shift_ranks
 from tracekit.reconstruct.p2p import estimate_arrivals, match_messages
 from tracekit.reconstruct.pipelines import pipeline_groups, restage, stage_is_rank
@@ -16,7 +19,7 @@ ONE_RANK = ("one rank: no pipeline to analyse (a single rank's trace, and no fil
             "more): this is not a pipeline run; per-rank busy/idle only")
 
 
-def reconstruct(run: Run, timeline: str = "auto") -> Run:
+def reconstruct(run: Run, timeline: str = "auto", labels: LabelSet | Sequence[str] | None = None) -> Run:
     """Fill ``run.steps``, ``run.actions``, ``run.messages``, ``run.device`` and ``run.schedule``.
 
     ``timeline``: ``auto`` measures on the device wherever the trace records device work
@@ -25,10 +28,15 @@ def reconstruct(run: Run, timeline: str = "auto") -> Run:
     before it read the device; the host runs ahead of a GPU, so those figures are the
     host's, not the GPU's).
 
+    ``labels``: the user's label rules, as ``"REGEX=KIND"`` strings or a
+    :class:`~tracekit.reconstruct.labels.LabelSet`, tried before the built-in tables.
+
     A run with ranks missing (``run.completeness``) gets its actions and messages but no
     recognised schedule: read from part of a pipeline, p, the placement and the schedule's
     name would describe a smaller pipeline that never ran. One rank alone is no pipeline.
     """
+    if labels is not None and not isinstance(labels, LabelSet):
+        labels = custom_set([parse_rule(text, "label rule") for text in labels])
     if timeline not in TIMELINES:
         raise ValueError(f"timeline must be one of {TIMELINES}, not {timeline!r}")
     if run.events.empty:
@@ -45,20 +53,21 @@ def reconstruct(run: Run, timeline: str = "auto") -> Run:
     run.steps = find_steps(run.events)   # a rank without step marks spans all it recorded
     if on_device:
         run.device = dev.device_ops(run.events, run.steps)
-    actions, labelling = find_actions(host_events, run.steps)
+    actions, choice, labelling = find_actions(host_events, run.steps, labels)
+    run.labels, run.label_counts = choice.name, dict(choice.counts)
+    run.actions_from = "labels" if choice.used is not None else "segmentation"
+    for note in choice.notes:
+        run.warn(note)
     run.actions = actions
     run.steps["n_actions"] = _actions_per_step(run)
     if run.completeness is not None and run.completeness.single_rank:
-        run.warn(ONE_RANK)
+        run.warn(f"{ONE_RANK} ({describe_annotations(annotation_counts(host_events))})")
         return run
     if actions.empty:
         if use_device:
             run.device_pairs = dev.pair_p2p_kernels(run.device, host_events)
             run.collective_pairs = dev.pair_collective_sendrecv(run.device)   # after P2P kernels are known
-        run.warn(
-            "no pipeline-parallel actions found (no PP:/Forward/Backward labels, no segmentable "
-            "send/recv pattern): this is not a pipeline run; per-rank busy/idle only"
-        )
+        run.warn(no_pipeline_message(run, host_events))
         return run
     messages, warnings = match_messages(host_events, run.steps, actions)
     for message in warnings:
@@ -85,6 +94,20 @@ def reconstruct(run: Run, timeline: str = "auto") -> Run:
     if run.schedule is not None:
         run.schedule.evidence.insert(0, f"actions from {labelling}")
     return run
+
+
+def no_pipeline_message(run: Run, events) -> str:
+    """What was seen where no pipeline was found, and what to do about it."""
+    from tracekit.model.names import RECV_NAMES, SEND_NAMES
+
+    n_ranks = len(run.ranks)
+    expected = run.completeness.world_size if run.completeness is not None else None
+    ranks = f"{n_ranks} rank(s)" + (f" of {expected}" if expected and expected != n_ranks else "")
+    n_p2p = int(events["name"].isin(SEND_NAMES + RECV_NAMES).sum())
+    return (f"no pipeline-parallel actions found: {ranks}; {describe_annotations(annotation_counts(events))}; "
+            f"{n_p2p} point-to-point op(s). If the annotations name your pipeline's actions, add a rule: "
+            "--label-rule 'REGEX=KIND' (KIND F, B, I, W or kind; groups (?P<stage>..), (?P<mb>..)); "
+            "else this is not a pipeline run: per-rank busy/idle only")
 
 
 def _on_device(run: Run, messages, host_events) -> None:

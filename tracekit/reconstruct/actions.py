@@ -1,12 +1,11 @@
 """Compute actions (F / B / I / W with stage and microbatch) from each rank's events.
 
-Three labellings are understood (see shared/docs/trace-formats.md):
-
-- ``PP:<stage><F|I|B|W><mb>`` from torch.distributed.pipelining's runtime schedules, and
-  ``PP:(<s>F<mb>;<s>B<mb>)OVERLAP_F_B`` (DualPipeV), split at the first autograd op;
-- ``Forward <mb>`` / ``Backward <mb>`` from the native ScheduleGPipe (stage = rank);
-- nothing at all (native Schedule1F1B): the main thread's top-level ops are segmented at
-  ``c10d::`` ops, forward runs being non-autograd ops and backward runs autograd ones.
+Labelled runs: the ranges named by a label table (:mod:`.labels`: torch.distributed.
+pipelining's ``PP:<stage><kind><mb>`` and ``OVERLAP_F_B``, ScheduleGPipe's ``Forward <mb>``,
+hand-labelled layers such as ``attn(F)``, or the user's own rules). Unlabelled runs (native
+Schedule1F1B, Megatron-core, DeepSpeed): the main thread's top-level ops are segmented at
+its point-to-point and other communication ops, forward runs being non-autograd ops and
+backward runs autograd ones.
 
 A label's span includes the receive wait at its start and sends at its end; the compute
 span is that of the top-level compute ops inside it (host time around them, between the
@@ -14,7 +13,6 @@ wait's return and the first op, counts as idle and is attributed as overhead).
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,13 +20,12 @@ import pandas as pd
 
 from tracekit.model.names import COMM_PREFIXES, RECV_NAMES, SEND_NAMES, STEP_MARK_PREFIX
 from tracekit.model.run import ACTION_COLUMNS
+from tracekit.reconstruct.labels import LabelChoice, LabelSet, choose
 from tracekit.reconstruct.steps import step_of
 
-PP_ACTION = re.compile(r"^PP:(\d+)(F|I|B|W)(\d+)$")
-PP_OVERLAP = re.compile(r"^PP:\((\d+)F(\d+);(\d+)B(\d+)\)OVERLAP_F_B$")
-NATIVE_LABEL = re.compile(r"^(Forward|Backward) (\d+)$")
 _LABEL_CATS = ("user_annotation",)
 _OPTIMIZER_PREFIXES = ("Optimizer.", "Optimizer#")
+UNLABELLED = "unlabelled (segmented at P2P ops)"
 
 
 def is_comm(name: str) -> bool:
@@ -41,14 +38,30 @@ class _Span:
     end: int
 
 
-def find_actions(events: pd.DataFrame, steps: pd.DataFrame) -> tuple[pd.DataFrame, str]:
-    """All compute actions of the run, and which labelling they came from."""
+def annotation_counts(events: pd.DataFrame) -> dict[str, int]:
+    """Each distinct CPU annotation name (step marks aside) and how often it occurs."""
     on_cpu = ~events["on_gpu"].to_numpy()
-    labels = events[on_cpu & events["cat"].isin(_LABEL_CATS).to_numpy()]
-    pp = labels[labels["name"].str.match(r"^PP:(\d+[FIBW]\d+|\(.*\)OVERLAP_F_B)$")]
-    native = labels[labels["name"].str.match(NATIVE_LABEL.pattern)]
-    if len(pp) or len(native):
-        found = pp if len(pp) else native
+    names = events.loc[on_cpu & events["cat"].isin(_LABEL_CATS).to_numpy(), "name"]
+    counts = names.value_counts(sort=False)
+    return {str(n): int(c) for n, c in counts.items() if c and not str(n).startswith(STEP_MARK_PREFIX)}
+
+
+def find_actions(events: pd.DataFrame, steps: pd.DataFrame,
+                 custom: LabelSet | None = None) -> tuple[pd.DataFrame, LabelChoice, str]:
+    """All compute actions of the run, the label table chosen (:mod:`.labels`), and how the
+    actions were found (a phrase for the schedule's evidence)."""
+    on_cpu = ~events["on_gpu"].to_numpy()
+    choice = choose(annotation_counts(events), custom)
+    labelling = UNLABELLED
+    if choice.used is not None:
+        table = choice.used
+        labels = events[on_cpu & events["cat"].isin(_LABEL_CATS).to_numpy()]
+        rule_of_name = {}
+        for name in labels["name"].unique():
+            rule = table.match(str(name))
+            if rule is not None and rule.is_action:
+                rule_of_name[str(name)] = rule
+        found = labels[labels["name"].isin(list(rule_of_name))]
         # Only the labelled threads' ops and the receive waits matter: no copy of the rest.
         threads = pd.MultiIndex.from_frame(found[["rank", "pid", "tid"]].drop_duplicates())
         keys = pd.MultiIndex.from_arrays([events["rank"], events["pid"], events["tid"]])
@@ -56,40 +69,35 @@ def find_actions(events: pd.DataFrame, steps: pd.DataFrame) -> tuple[pd.DataFram
         cpu = events[wanted]
         engine = events[on_cpu & ~wanted & (events["depth"].to_numpy() == 0)
                         & events["name"].str.startswith("autograd::engine").to_numpy(dtype=bool)]
-    if len(pp):
-        rows, labelling = _from_labels(cpu, pp, steps, _parse_pp, engine), "PP: labels"
-    elif len(native):
-        rows, labelling = _from_labels(cpu, native, steps, _parse_native, engine), "Forward/Backward labels"
+        rows = _from_labels(cpu, found, steps, rule_of_name, engine)
+        if any(rule.layer_level for rule in rule_of_name.values()):
+            rows = _group_layers(rows, events[on_cpu], rule_of_name)
+        labelling = f"{table.name} labels ({table.what})"
     else:
-        rows, labelling = _segment_unlabelled(events, on_cpu, steps), "unlabelled (segmented at c10d ops)"
+        rows = _segment_unlabelled(events, on_cpu, steps)
     actions = pd.DataFrame(rows, columns=[c for c in ACTION_COLUMNS if c not in ("action_id", "order")])
     if len(actions) == 0:
-        return pd.DataFrame(columns=ACTION_COLUMNS), labelling
+        return pd.DataFrame(columns=ACTION_COLUMNS), choice, labelling
     actions = actions.sort_values(["rank", "step", "start_ns"]).reset_index(drop=True)
+    actions = _count_microbatches(actions)
     actions["order"] = actions.groupby(["rank", "step"]).cumcount()
     actions["action_id"] = np.arange(len(actions))
-    return actions[ACTION_COLUMNS], labelling
+    return actions[ACTION_COLUMNS], choice, labelling
 
 
-def _parse_pp(name: str, rank: int) -> list[tuple[str, int, int]]:
-    match = PP_ACTION.match(name)
-    if match:
-        return [(match.group(2), int(match.group(1)), int(match.group(3)))]
-    match = PP_OVERLAP.match(name)
-    if match:
-        return [("F", int(match.group(1)), int(match.group(2))),
-                ("B", int(match.group(3)), int(match.group(4)))]
-    return []
+def _count_microbatches(actions: pd.DataFrame) -> pd.DataFrame:
+    """Microbatches a label did not name (-1): the order of appearance per rank, step, stage
+    and kind (forwards and backwards both run microbatches in order in every schedule that
+    hand-labelled layer ranges come from: GPipe, 1F1B)."""
+    unknown = actions["microbatch"] < 0
+    if not unknown.any():
+        return actions
+    counted = actions[unknown].groupby(["rank", "step", "stage", "kind"]).cumcount()
+    actions.loc[unknown, "microbatch"] = counted.to_numpy()
+    return actions
 
 
-def _parse_native(name: str, rank: int) -> list[tuple[str, int, int]]:
-    match = NATIVE_LABEL.match(name)
-    if not match:
-        return []
-    return [("F" if match.group(1) == "Forward" else "B", rank, int(match.group(2)))]
-
-
-def _from_labels(cpu: pd.DataFrame, labels: pd.DataFrame, steps: pd.DataFrame, parse,
+def _from_labels(cpu: pd.DataFrame, labels: pd.DataFrame, steps: pd.DataFrame, rule_of_name: dict,
                  engine: pd.DataFrame) -> list[tuple]:
     """Actions from labels. ``engine``: top-level autograd ops on other threads (on GPUs the
     autograd engine runs backward on a thread of its own while the labelled thread waits):
@@ -111,7 +119,7 @@ def _from_labels(cpu: pd.DataFrame, labels: pd.DataFrame, steps: pd.DataFrame, p
         waits = np.sort(rank_events.loc[rank_events["name"] == "gloo:recv", "end_ns"].to_numpy())
         label_steps = step_of(thread_labels["rank"].to_numpy(), thread_labels["start_ns"].to_numpy(), steps)
         for label, step in zip(thread_labels.itertuples(index=False), label_steps.tolist()):
-            parts = parse(label.name, int(rank))
+            parts = rule_of_name[label.name].parse(label.name, int(rank))
             if not parts:
                 continue
             lo = np.searchsorted(starts, label.start_ns, side="left")
@@ -134,6 +142,35 @@ def _from_labels(cpu: pd.DataFrame, labels: pd.DataFrame, steps: pd.DataFrame, p
                                  int(label.end_ns), label.name, int(label.file_id),
                                  int(label.source_index)))
     return rows
+
+
+def _group_layers(rows: list[tuple], cpu: pd.DataFrame, rule_of_name: dict) -> list[tuple]:
+    """Layer-level ranges (no microbatch in the name) as actions: consecutive ranges of one
+    kind and stage in one step of a rank, with no point-to-point op starting between them,
+    are one action (a run of ``attn(F)``, ``mlp(F)`` is one forward)."""
+    p2p = cpu[cpu["name"].isin(SEND_NAMES + RECV_NAMES)]
+    p2p_starts = {int(r): np.sort(g["start_ns"].to_numpy()) for r, g in p2p.groupby("rank")}
+    out: list[tuple] = []
+    layer_rows = sorted((r for r in rows if rule_of_name[r[9]].layer_level), key=lambda r: (r[0], r[7]))
+    out.extend(r for r in rows if not rule_of_name[r[9]].layer_level)
+    current: list | None = None
+    for row in layer_rows:
+        rank, step, kind, stage = row[0], row[1], row[2], row[3]
+        if current is not None and (current[0], current[1], current[2], current[3]) == (rank, step, kind, stage):
+            starts = p2p_starts.get(rank)
+            between = starts is not None and bool(
+                np.searchsorted(starts, row[7], side="left") - np.searchsorted(starts, current[8], side="left"))
+            if not between:
+                current[5] = min(current[5], row[5])
+                current[6] = max(current[6], row[6])
+                current[8] = max(current[8], row[8])
+                continue
+        if current is not None:
+            out.append(tuple(current))
+        current = list(row)
+    if current is not None:
+        out.append(tuple(current))
+    return out
 
 
 def _with_engine(span: _Span, label, engine) -> _Span:

@@ -55,8 +55,8 @@ def render(doc: dict) -> str:
         if len(completeness.get("ranks_present", [])) == 1 and completeness.get("complete"):
             out.append("One rank: no pipeline to analyse. Busy/idle of its device work:")
         else:
-            out.append("No pipeline-parallel schedule found in these traces (no PP:/Forward/Backward "
-                       "actions, no send/recv pattern). Per-rank busy/idle of the device work:")
+            out.append("No pipeline-parallel schedule found in these traces (see the warning below for "
+                       "what was seen). Per-rank busy/idle of the device work:")
         out.append("")
         out.append(_plain_rank_table(doc))
         findings = _findings(doc)
@@ -69,6 +69,7 @@ def render(doc: dict) -> str:
         out.append(f"  schedule: {sched['name']}  p={sched['p']} v={sched['v']} m={sched['m']}  "
                    f"({sched['placement']} placement{', split backward' if sched['split_backward'] else ''})"
                    + (f"  x {replicas} data-parallel pipelines" if replicas > 1 else ""))
+        out.append(f"  labels: {_labels_line(doc)}")
         out.append("")
         out.append(f"bubble ratio  {pct(s['bubble_ratio'])} measured   "
                    f"{pct(theory.get('bubble_ratio'))} theory {theory.get('formula', '')}   "
@@ -142,6 +143,15 @@ def _findings(doc: dict) -> list[str]:
         out.append(f"         {f['advice']}")
     out.append("")
     return out
+
+
+def _labels_line(doc: dict) -> str:
+    """"torch-pp" or "none (actions segmented between point-to-point ops)"."""
+    labels = doc.get("labels") or {}
+    table = labels.get("table", "none")
+    if labels.get("actions_from") == "labels":
+        return table
+    return f"{table} (actions segmented between point-to-point ops)"
 
 
 def _plain_rank_table(doc: dict) -> str:

@@ -13,7 +13,7 @@ from tracekit.analyze import Analysis
 from tracekit.analyze.attribution import CATEGORIES
 from tracekit.analyze.diagnosis import diagnose
 
-SCHEMA_VERSION = "1.3"
+SCHEMA_VERSION = "1.4"
 
 
 def _causes(row) -> dict[str, int]:
@@ -38,6 +38,7 @@ def to_document(analysis: Analysis) -> dict:
         "completeness": run.completeness.to_dict() if run.completeness else None,
         "pipeline": analysis.is_pipeline,
         "timeline": run.timeline,
+        "labels": {"table": run.labels, "actions_from": run.actions_from, "matched": dict(run.label_counts)},
         "schedule": run.schedule.to_dict() if run.schedule else None,
         "capture": _capture_summary(run.capture),
         "summary": {

@@ -1,0 +1,42 @@
+"""``[tool.tracekit.*]`` tables in the closest ``pyproject.toml``: read once, by whoever needs one."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from tracekit.errors import TracekitError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    try:
+        import tomli as tomllib
+    except ModuleNotFoundError:
+        tomllib = None
+
+
+def find_table(start: Path, name: str) -> Path | None:
+    """The closest pyproject.toml at or above ``start`` that has a [tool.tracekit.<name>] table."""
+    for folder in (start, *start.parents):
+        candidate = folder / "pyproject.toml"
+        if candidate.is_file() and name in read_toml(candidate).get("tool", {}).get("tracekit", {}):
+            return candidate
+    return None
+
+
+def tracekit_table(path: Path, name: str) -> dict | None:
+    """``[tool.tracekit.<name>]`` of ``path``, None where it has none."""
+    return read_toml(path).get("tool", {}).get("tracekit", {}).get(name)
+
+
+def read_toml(path: Path) -> dict:
+    if tomllib is None:  # pragma: no cover - Python 3.10 without tomli
+        raise TracekitError(f"{path}: reading TOML on Python < 3.11 needs tomli (pip install tomli), "
+                            "or give the settings as flags")
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except OSError as err:
+        raise TracekitError(f"{path}: cannot read it ({err.strerror})") from None
+    except tomllib.TOMLDecodeError as err:
+        raise TracekitError(f"{path}: not valid TOML ({err})") from None
