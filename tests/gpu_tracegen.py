@@ -146,8 +146,8 @@ class Scenario:
             raise ValueError("Interleaved1F1B needs v >= 2 and m a multiple of p")
         if self.schedule != "Interleaved1F1B" and self.v != 1:
             raise ValueError(f"{self.schedule} has v = 1")
-        if not self.labelled and self.schedule != "1F1B":
-            raise ValueError("unlabelled traces model native Schedule1F1B only")
+        if not self.labelled and self.schedule == "GPipe":
+            raise ValueError("unlabelled traces model Schedule1F1B and Megatron-style interleaving only")
         if self.fused_p2p and self.schedule != "1F1B":
             # GPipe posts every op in a batch of its own; only Schedule1F1B fuses a send and a recv.
             raise ValueError("fused_p2p models torch's Schedule1F1B only")
@@ -781,6 +781,9 @@ SCENARIOS: dict[str, Scenario] = {
     "launch_bound": Scenario("launch_bound", rank_launch_ns={1: 80_000}),
     "interleaved": Scenario("interleaved", schedule="Interleaved1F1B", v=2, kernel_ns=25_000),
     "unlabelled_1f1b": Scenario("unlabelled_1f1b", labelled=False),
+    # Megatron-core's interleaved schedule leaves no labels either: stages from the message chains.
+    "unlabelled_interleaved": Scenario("unlabelled_interleaved", schedule="Interleaved1F1B", v=2,
+                                       kernel_ns=25_000, labelled=False),
     "clock_offset": Scenario("clock_offset", clock_offset_ns={1: 3_000_000, 3: -2_000_000}),
     "gpipe": Scenario("gpipe", schedule="GPipe"),
     # torch's native Schedule1F1B (no labels) on NCCL: batch_isend_irecv, fused SendRecv kernels

@@ -15,13 +15,13 @@ from collections import defaultdict
 import pytest
 from click.testing import CliRunner
 
-from gpu_tracegen import BASE_TIME_NS, ORIGIN_NS, SCENARIOS, generate
+from gpu_tracegen import BASE_TIME_NS, ORIGIN_NS, SCENARIOS, generate, schedule_order
 from tracekit.cli import main
 
 # fused_*: torch's native Schedule1F1B with batch_isend_irecv (one fused SendRecv kernel per group)
 FUSED = ["fused_1f1b", "fused_slow_link"]
 ACCEPTANCE = ["host_ahead", "slow_stage", "slow_link", "launch_bound", "interleaved", "unlabelled_1f1b",
-              "clock_offset", *FUSED]
+              "unlabelled_interleaved", "clock_offset", *FUSED]
 BUBBLE_TOLERANCE = 0.01
 PAIR_TOLERANCE_NS = 1_000
 OTHER_CAUSES = ("schedule_gaps_ns", "imbalance_ns", "comm_ns", "overhead_ns")
@@ -73,6 +73,21 @@ def _dominant(causes: dict) -> str:
     return max(causes, key=causes.get)
 
 
+@pytest.mark.parametrize("name, schedule, v", [("unlabelled_1f1b", "1F1B", 1),
+                                               ("unlabelled_interleaved", "Interleaved1F1B", 2)])
+def test_an_unlabelled_run_has_every_action_with_its_stage_and_microbatch(tmp_path, name, schedule, v):
+    from tracekit import load
+
+    sc = SCENARIOS[name]
+    folder, _ = generate(sc, tmp_path)
+    run = load(folder)
+    assert (run.schedule.name, run.schedule.p, run.schedule.v, run.schedule.m) == (schedule, sc.p, v, sc.m)
+    assert run.actions_from == "segmentation"
+    for (rank, step), got in run.actions.sort_values("start_ns").groupby(["rank", "step"]):
+        found = [(int(a.stage), a.kind, int(a.microbatch)) for a in got.itertuples()]
+        assert found == schedule_order(sc, int(rank)), f"{name}: rank {rank} step {step}"
+
+
 def test_a_slow_stage_is_imbalance_blamed_on_that_stage(analysed):
     doc, truth = analysed("slow_stage")
     slow = truth["injected"]["stage"]
@@ -107,7 +122,8 @@ def test_a_launch_bound_rank_is_overhead_and_said_so(analysed):
         f"launch wait of rank {rank}: expected {expected['host_wait_ns']} ns, got {got} ns")
 
 
-@pytest.mark.parametrize("name", ["host_ahead", "interleaved", "unlabelled_1f1b", "clock_offset", "fused_1f1b"])
+@pytest.mark.parametrize("name", ["host_ahead", "interleaved", "unlabelled_1f1b", "unlabelled_interleaved",
+                                  "clock_offset", "fused_1f1b"])
 def test_a_plain_schedule_idles_in_fill_and_drain(analysed, name):
     doc, _ = analysed(name)
     for row in doc["ranks"]:

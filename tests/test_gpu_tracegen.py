@@ -15,6 +15,7 @@ import pytest
 from gpu_tracegen import LAUNCH_LATENCY_NS, NCCL_KERNEL, ORIGIN_NS, SCENARIOS, Scenario, generate, truth_path
 
 CHECKED = ["host_ahead", "slow_stage", "slow_link", "launch_bound", "interleaved", "unlabelled_1f1b",
+           "unlabelled_interleaved",
            "clock_offset"]
 FUSED = ["fused_1f1b", "fused_slow_link"]  # batch_isend_irecv: one SendRecv kernel per group
 

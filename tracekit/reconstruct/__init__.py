@@ -8,6 +8,8 @@ from tracekit.errors import TracekitError
 from tracekit.model.run import TIMELINES, Run
 from tracekit.reconstruct import device as dev
 from tracekit.reconstruct.actions import annotation_counts, find_actions
+from tracekit.reconstruct.chains import restage_from_chains
+from tracekit.reconstruct.counts import count_problems
 from tracekit.reconstruct.labels import LabelSet, custom_set, describe_annotations, parse_rule
 from tracekit.reconstruct.clock import estimate_offsets, host_of_rank, shift_ranks
 from tracekit.reconstruct.p2p import estimate_arrivals, match_messages
@@ -69,9 +71,15 @@ def reconstruct(run: Run, timeline: str = "auto", labels: LabelSet | Sequence[st
             run.collective_pairs = dev.pair_collective_sendrecv(run.device)   # after P2P kernels are known
         run.warn(no_pipeline_message(run, host_events))
         return run
-    messages, warnings = match_messages(host_events, run.steps, actions)
+    messages, warnings = match_messages(host_events, run.steps, actions,
+                                        consumer_by_kind=run.actions_from == "segmentation")
     for message in warnings:
         run.warn(message)
+    chain_note = None
+    if run.actions_from == "segmentation":
+        # rank alone names no stage when a rank holds several (a virtual pipeline)
+        run.actions, chain_note = restage_from_chains(run.actions, messages)
+        actions = run.actions
     if use_device:
         _on_device(run, messages, host_events)
     else:
@@ -91,7 +99,11 @@ def reconstruct(run: Run, timeline: str = "auto", labels: LabelSet | Sequence[st
         if len(pipelines) > 1 and stage_is_rank(run.actions):
             run.actions = restage(run.actions, pipelines)
         run.schedule = recognise(run.actions, overlap_labels=bool(overlap), pipelines=pipelines)
+        for problem in count_problems(run.actions, run.schedule):
+            run.warn(problem)
     if run.schedule is not None:
+        if chain_note:
+            run.schedule.evidence.insert(0, chain_note)
         run.schedule.evidence.insert(0, f"actions from {labelling}")
     return run
 

@@ -202,8 +202,13 @@ def choose(names_and_counts: dict[str, int], custom: LabelSet | None) -> LabelCh
     return choice
 
 
+# Communication library ranges (gloo:send, nccl:recv 1<-0, ...) are no candidates for a rule.
+_LIBRARY_RANGES = ("gloo:", "nccl:", "c10d::", "record_param_comms", "tracekit:p2p")
+
+
 def _top_names(names_and_counts: dict[str, int], k: int = 3) -> str:
-    top = sorted(names_and_counts.items(), key=lambda kv: (-kv[1], kv[0]))[:k]
+    candidates = {n: c for n, c in names_and_counts.items() if not n.startswith(_LIBRARY_RANGES)}
+    top = sorted(candidates.items(), key=lambda kv: (-kv[1], kv[0]))[:k]
     if not top:
         return "the traces hold no user annotations"
     return "top annotations: " + ", ".join(f"`{n}` ×{c}" for n, c in top)

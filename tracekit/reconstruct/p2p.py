@@ -95,8 +95,16 @@ def host_p2p_ops(events: pd.DataFrame) -> pd.DataFrame:
     return ops.assign(peer=peer, nbytes=nbytes)[keep]
 
 
-def match_messages(events: pd.DataFrame, steps: pd.DataFrame, actions: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
-    """Pair sends with receives; return the messages table and warnings."""
+def match_messages(events: pd.DataFrame, steps: pd.DataFrame, actions: pd.DataFrame,
+                   consumer_by_kind: bool = False) -> tuple[pd.DataFrame, list[str]]:
+    """Pair sends with receives; return the messages table and warnings.
+
+    ``consumer_by_kind``: an activation's consumer is the receiver's next forward and a
+    gradient's its next backward, not just its next action (segmented runs, where every
+    action is one forward or one backward: schedules that receive ahead, Megatron's
+    ``send_forward_recv_backward``, would otherwise feed a forward's input to a backward).
+    Labelled runs keep the next action: a fused ``OVERLAP_F_B`` range sends both an
+    activation and a gradient after its backward part, so its kind says nothing."""
     warnings: list[str] = []
     sides = host_p2p_ops(events)
     sends = _with_steps(sides[sides["direction"] == "send"], steps).sort_values("start_ns")
@@ -151,7 +159,7 @@ def match_messages(events: pd.DataFrame, steps: pd.DataFrame, actions: pd.DataFr
         return pd.DataFrame(columns=MESSAGE_COLUMNS), warnings
     messages = messages.sort_values(["step", "send_post_ns"]).reset_index(drop=True)
     messages["msg_id"] = np.arange(len(messages))
-    _link_actions(messages, actions)
+    _link_actions(messages, actions, consumer_by_kind)
     messages["recv_wait_ns"] = 0
     messages["arrival_ns"] = messages["recv_done_ns"]
     return messages[MESSAGE_COLUMNS + ["dst_tid"]], warnings
@@ -189,8 +197,11 @@ def _infer_peers(sends: pd.DataFrame, recvs: pd.DataFrame, actions: pd.DataFrame
     return sends, recvs
 
 
-def _link_actions(messages: pd.DataFrame, actions: pd.DataFrame) -> None:
-    """Fill producer/consumer action ids and direction."""
+def _link_actions(messages: pd.DataFrame, actions: pd.DataFrame, consumer_by_kind: bool) -> None:
+    """Fill producer/consumer action ids and direction: the producer is the last action on
+    the sender that ended before the send was posted (its kind gives the direction), the
+    consumer the first action on the receiver once the data was there (of the matching kind
+    with ``consumer_by_kind``)."""
     n = len(messages)
     producer = np.full(n, -1, dtype=np.int64)
     consumer = np.full(n, -1, dtype=np.int64)
@@ -213,8 +224,15 @@ def _link_actions(messages: pd.DataFrame, actions: pd.DataFrame) -> None:
                 direction[i] = "fwd" if kinds[k] == "F" else "bwd"
         found = by_rank_step.get((dst[i], step[i]))
         if found is not None:
-            starts, _, ids, _ = found
-            after = np.flatnonzero(starts >= done[i] - _TOLERANCE_NS)
+            starts, _, ids, kinds = found
+            fits = starts >= done[i] - _TOLERANCE_NS
+            # An activation feeds a forward, a gradient a backward (B or I), whatever runs
+            # first on the receiver (a schedule may receive ahead of its next use).
+            if consumer_by_kind and direction[i] == "fwd":
+                fits &= kinds == "F"
+            elif consumer_by_kind and direction[i] == "bwd":
+                fits &= (kinds == "B") | (kinds == "I")
+            after = np.flatnonzero(fits)
             if len(after):
                 consumer[i] = ids[after[0]]
     messages["producer_action"] = producer

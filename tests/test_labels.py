@@ -1,0 +1,143 @@
+"""Label rules as data: built-in tables chosen from the trace, user rules, and what a run
+with no pipeline says."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import SAMPLES, shared_or_skip
+from tracekit import load
+from tracekit.cli import main
+from tracekit.errors import TracekitError
+from tracekit.reconstruct.counts import count_problems
+from tracekit.reconstruct.labels import BUILTIN, choose, parse_rule
+
+
+def _analyze(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, ["analyze", *args])
+    return result.exit_code, result.output
+
+
+@pytest.mark.parametrize("sample, table", [("gpipe", "torch-gpipe"), ("interleaved1f1b", "torch-pp"),
+                                           ("dualpipev", "torch-pp"), ("1f1b", "none")])
+def test_each_sample_reports_the_table_its_actions_came_from(loaded_runs, sample, table):
+    run, _ = loaded_runs(SAMPLES / sample)
+    assert run.labels == table
+    assert run.actions_from == ("segmentation" if table == "none" else "labels")
+
+
+def test_the_console_and_json_name_the_labels():
+    code, out = _analyze(str(SAMPLES / "gpipe"))
+    assert code == 0 and "  labels: torch-gpipe\n" in out
+    code, out = _analyze(str(SAMPLES / "1f1b"), "--json")
+    assert code == 0
+    labels = json.loads(out)["labels"]
+    assert labels == {"table": "none", "actions_from": "segmentation", "matched": {}}
+
+
+def test_user_rules_that_say_what_a_builtin_says_give_the_same_analysis():
+    code, builtin = _analyze(str(SAMPLES / "gpipe"), "--json")
+    assert code == 0
+    code, custom = _analyze(str(SAMPLES / "gpipe"), "--json",
+                            "--label-rule", r"^Forward (?P<mb>\d+)$=F", "--label-rule", r"^Backward (?P<mb>\d+)$=B")
+    assert code == 0
+    a, b = json.loads(builtin), json.loads(custom)
+    assert b["labels"]["table"] == "custom"
+    assert a["ranks"] == b["ranks"]
+    assert a["summary"]["bubble_ratio"] == b["summary"]["bubble_ratio"]
+
+
+def test_rules_from_pyproject_are_used(tmp_path, monkeypatch):
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.tracekit.labels]\n"^Forward (?P<mb>\\\\d+)$" = "F"\n"^Backward (?P<mb>\\\\d+)$" = "B"\n')
+    monkeypatch.chdir(tmp_path)
+    code, out = _analyze(str(SAMPLES / "gpipe"), "--json")
+    assert code == 0, out
+    doc = json.loads(out)
+    assert doc["labels"]["table"] == "custom"
+    assert doc["schedule"]["name"] == "GPipe"
+
+
+@pytest.mark.parametrize("rule, said", [
+    ("fwd(=F", "not a regular expression"),
+    ("fwd_(?P<mb>\\d+)=X", "unknown kind 'X'"),
+    ("fwd_(?P<micro>\\d+)=F", "unknown group(s) micro"),
+    ("fwd=kind", "needs a group (?P<kind>"),
+    (".*=F", "matches the empty name"),
+    ("no-kind-given", "write REGEX=KIND"),
+])
+def test_a_bad_rule_is_one_line_and_exit_2(rule, said):
+    code, out = _analyze(str(SAMPLES / "gpipe"), "--label-rule", rule)
+    assert code == 2
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert len(lines) == 1 and said in lines[0], out
+    assert "Traceback" not in out
+
+
+def test_a_bad_pyproject_rule_names_the_file(tmp_path, monkeypatch):
+    (tmp_path / "pyproject.toml").write_text('[tool.tracekit.labels]\n"fwd(" = "F"\n')
+    monkeypatch.chdir(tmp_path)
+    code, out = _analyze(str(SAMPLES / "gpipe"))
+    assert code == 2 and "pyproject.toml" in out and "not a regular expression" in out
+
+
+def test_user_rules_that_match_nothing_fall_back_to_the_builtins_and_say_so():
+    run = load(SAMPLES / "gpipe", labels=[r"^step_fwd(?P<mb>\d+)$=F"])
+    assert run.labels == "torch-gpipe"
+    assert any("no rule matched an action range" in w and "ward 0` ×12" in w and "gloo:" not in w for w in run.warnings)
+
+
+def test_builtin_tables_read_the_names_the_frameworks_write():
+    """The names as shared/docs/trace-formats.md quotes them from the frameworks' sources."""
+    table = {t.name: t for t in BUILTIN}
+    assert table["torch-pp"].match("PP:3B7").parse("PP:3B7", 1) == [("B", 3, 7)]
+    assert table["torch-pp"].match("PP:(0F5;7B2)OVERLAP_F_B").parse("PP:(0F5;7B2)OVERLAP_F_B", 0) == \
+        [("F", 0, 5), ("B", 7, 2)]
+    assert table["torch-pp"].match("PP:1SEND_F3").role == "comm"
+    assert table["torch-pp"].match("PP:2REDUCE_GRAD").role == "comm"
+    assert table["torch-gpipe"].match("Backward 4").parse("Backward 4", 2) == [("B", 2, 4)]
+    assert table["layer-suffix"].match("attn(F)").parse("attn(F)", 1) == [("F", 1, -1)]
+    assert table["layer-suffix"].match("mlp(W)").layer_level
+    megatron = "megatron.core.pipeline_parallel.schedules.forward_backward_pipelining_with_interleaving.warmup"
+    assert table["megatron-nvtx"].match(megatron).role == "marker"
+    assert table["megatron-nvtx"].match(
+        "megatron.core.pipeline_parallel.p2p_communication.send_forward_recv_backward").role == "comm"
+    assert table["deepspeed-nvtx"].match("DeepSpeedEngine.forward").role == "marker"
+
+
+def test_a_table_of_markers_only_is_reported_beside_segmentation():
+    names = {"megatron.core.pipeline_parallel.schedules.forward_backward_pipelining_with_interleaving.steady": 3,
+             "megatron.core.pipeline_parallel.p2p_communication.recv_forward": 12}
+    choice = choose(names, None)
+    assert choice.used is None and choice.name == "megatron-nvtx"
+
+
+def test_user_rules_come_before_the_builtins():
+    custom = parse_rule(r"^PP:(?P<stage>\d+)F(?P<mb>\d+)$=F", "--label-rule")
+    from tracekit.reconstruct.labels import custom_set
+
+    choice = choose({"PP:0F1": 1, "PP:0B1": 1}, custom_set([custom]))
+    assert choice.used.name == "custom"
+
+
+def test_rule_errors_are_tracekit_errors():
+    with pytest.raises(TracekitError):
+        parse_rule("x(=F", "--label-rule")
+
+
+def test_a_run_with_no_pipeline_says_what_it_saw():
+    path = shared_or_skip("kineto-gpu", "hta_nccl_parser_config_nccl_data.json.gz")
+    run = load(path)
+    said = [w for w in run.warnings if w.startswith("no pipeline-parallel actions found")]
+    assert len(said) == 1, run.warnings
+    assert "1 rank(s) of 2" in said[0] and "`## forward ##` ×3" in said[0] and "--label-rule" in said[0]
+
+
+def test_actions_that_do_not_add_up_are_said(loaded_runs):
+    run, _ = loaded_runs(SAMPLES / "1f1b")
+    assert count_problems(run.actions, run.schedule) == []
+    dropped = run.actions.drop(run.actions.index[(run.actions["stage"] == 2) & (run.actions["kind"] == "B")][:1])
+    problems = count_problems(dropped, run.schedule)
+    assert len(problems) == 1 and "stage 2: 7 B of 8" in problems[0]
