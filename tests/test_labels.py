@@ -141,3 +141,23 @@ def test_actions_that_do_not_add_up_are_said(loaded_runs):
     dropped = run.actions.drop(run.actions.index[(run.actions["stage"] == 2) & (run.actions["kind"] == "B")][:1])
     problems = count_problems(dropped, run.schedule)
     assert len(problems) == 1 and "stage 2: 7 B of 8" in problems[0]
+
+
+def test_late_posting_is_the_senders_and_a_slow_wire_the_links(loaded_runs, tmp_path):
+    """1f1b_p2p_delay5ms (real): every send is posted 5 ms after it was requested (a sender
+    thread holding it), so the latency is the sender's. The generated slow_link GPU run
+    (tests/gpu_tracegen.py) moves data slowly on one link: the wire's."""
+    from gpu_tracegen import SCENARIOS, generate
+    from tracekit.analyze import analyze
+    from tracekit.analyze.diagnosis import diagnose
+
+    _, analysis = loaded_runs(SAMPLES / "1f1b_p2p_delay5ms")
+    comm = next(f for f in diagnose(analysis) if f.cause == "comm")
+    assert comm.figures["post_delay_share"] > 0.5
+    assert comm.advice.startswith(f"The latency is rank {comm.figures['src_rank']}'s, not the link's")
+    assert comm.figures["median_post_delay_ns"] >= 5_000_000
+    folder, truth = generate(SCENARIOS["slow_link"], tmp_path)
+    comm = next(f for f in diagnose(analyze(load(folder))) if f.cause == "comm")
+    src, dst = truth["injected"]["link"]
+    assert comm.figures["post_delay_share"] < 0.5
+    assert comm.advice.startswith(f"The latency is link {src}->{dst}'s")

@@ -169,15 +169,18 @@ def _imbalance(analysis, idle_ns: int, window_ns: int) -> Finding | None:
 
 def message_latencies(analysis) -> pd.DataFrame:
     """Per message: link, post delay (producer end -> send posted) and wire time (send
-    posted -> data at the receiver), in ns. Messages without a known producer are left out."""
+    posted -> data at the receiver), in ns, with the message and its producer. Messages
+    without a known producer are left out."""
     run = analysis.run
     messages = run.messages
+    columns = ["msg_id", "producer_action", "src_rank", "dst_rank", "step", "post_delay_ns", "wire_ns",
+               "latency_ns"]
     if len(messages) == 0:
-        return pd.DataFrame(columns=["src_rank", "dst_rank", "step", "post_delay_ns", "wire_ns", "latency_ns"])
+        return pd.DataFrame(columns=columns)
     producer_end = run.actions.set_index("action_id")["end_ns"]
     known = messages[messages["producer_action"].isin(producer_end.index)]
     end = producer_end.loc[known["producer_action"]].to_numpy()
-    out = known[["src_rank", "dst_rank", "step"]].copy()
+    out = known[["msg_id", "producer_action", "src_rank", "dst_rank", "step"]].copy()
     if "leave_ns" in known and (known["leave_ns"] >= 0).any():
         # device messages: posted when the data could leave, then one rendezvous transfer
         # (what the receiving kernel spun before its sender came is not the link's)
@@ -192,10 +195,36 @@ def message_latencies(analysis) -> pd.DataFrame:
         out["latency_ns"] = np.maximum(known["arrival_ns"].to_numpy() - end, 0)
         out["post_delay_ns"] = np.clip(known["send_post_ns"].to_numpy() - end, 0, out["latency_ns"])
     out["wire_ns"] = out["latency_ns"] - out["post_delay_ns"]
-    return out
+    return out[columns]
+
+
+# A send posted this much later than the link's typical one is the sender's doing, worth naming.
+LATE_POST_FACTOR = 3
+
+
+def _worst_late_post(analysis, latencies: pd.DataFrame) -> dict | None:
+    """The message whose send was posted latest after its producer ended, where that delay
+    stands out (``LATE_POST_FACTOR`` x the median wire time and over 1 ms): an engine or host
+    holding one send back, not a slow link."""
+    if not len(latencies):
+        return None
+    worst = latencies.loc[latencies["post_delay_ns"].idxmax()]
+    floor = max(LATE_POST_FACTOR * float(latencies["wire_ns"].median()), 1e6)
+    if float(worst["post_delay_ns"]) < floor:
+        return None
+    producer = analysis.run.actions.set_index("action_id").loc[int(worst["producer_action"])]
+    return {"msg_id": int(worst["msg_id"]), "step": int(worst["step"]), "src_rank": int(worst["src_rank"]),
+            "dst_rank": int(worst["dst_rank"]), "kind": str(producer["kind"]), "stage": int(producer["stage"]),
+            "microbatch": int(producer["microbatch"]), "post_delay_ns": int(worst["post_delay_ns"])}
+
+
+_KIND_WORD = {"F": "forward", "B": "backward", "I": "input-grad", "W": "weight-grad"}
 
 
 def _comm(analysis, idle_ns: int, window_ns: int, n_steps: int) -> Finding | None:
+    """Messages: whose the latency is. A send posted late after its producer ended is the
+    sender's (its engine or host held it back); the time from the post to the data being
+    there is the link's. The advice names the one that dominates on the blamed link."""
     if idle_ns <= 0:
         return None
     cost = share(idle_ns, window_ns, f"{analysis.run.source}: the comm latency's cost")
@@ -208,28 +237,48 @@ def _comm(analysis, idle_ns: int, window_ns: int, n_steps: int) -> Finding | Non
         src, dst = (int(x) for x in by_link.index[0])
         link_text = f"link {src}->{dst}"
         figures.update(src_rank=src, dst_rank=dst, link_idle_ns_per_step=int(by_link.iloc[0] / n_steps))
+    worst = _worst_late_post(analysis, latencies)
     if "src_rank" in figures:  # the blamed link's own messages, where it has any
         on_link = latencies[(latencies["src_rank"] == figures["src_rank"])
                             & (latencies["dst_rank"] == figures["dst_rank"])]
         latencies = on_link if len(on_link) else latencies
+    post_share = 0.0
     if len(latencies):
         median_latency = float(latencies["latency_ns"].median())
         median_post = float(latencies["post_delay_ns"].median())
+        median_wire = float(latencies["wire_ns"].median())
+        total = float(latencies["latency_ns"].sum())
+        post_share = float(latencies["post_delay_ns"].sum()) / total if total > 0 else 0.0
         figures.update(median_latency_ns=int(median_latency), median_post_delay_ns=int(median_post),
+                       median_wire_ns=int(median_wire), post_delay_share=round(post_share, 4),
                        n_messages=int(len(latencies)))
     else:
-        median_latency = median_post = 0.0
+        median_latency = median_post = median_wire = 0.0
+    if worst is not None:
+        figures["worst_late_post"] = worst
     headline = f"Messages cost {_pct(cost)} of the device time in waiting"
     if "link_idle_ns_per_step" in figures:
         headline += f"; those on {link_text} cost {_ms(figures['link_idle_ns_per_step'])} of idle per step"
     if median_latency:
         headline += f" (a message arrives {_ms(median_latency)} after its producer ends, median)"
     headline += "."
-    if median_latency and median_post >= 0.5 * median_latency:
-        advice = (f"Post sends as soon as the data is ready: they leave {_ms(median_post)} after the "
-                  f"producing action ends (median), which is most of the latency; check {link_text} first.")
+    late = ""
+    if worst is not None:
+        late = (f" The latest: rank {worst['src_rank']} posts its {_KIND_WORD.get(worst['kind'], worst['kind'])} "
+                f"send of microbatch {worst['microbatch']} (stage {worst['stage']}, step {worst['step']}) to rank "
+                f"{worst['dst_rank']} {_ms(worst['post_delay_ns'])} after that action ended.")
+    if median_latency and post_share >= 0.5:
+        sender = figures.get("src_rank")
+        who = f"rank {sender}" if sender is not None else "the senders"
+        advice = (f"The latency is {who}'s, not the link's: sends are posted {_ms(median_post)} after the producing "
+                  f"action ends (median; {_pct(post_share)} of the latency on {link_text}), while the wire takes "
+                  f"{_ms(median_wire)}.{late} Post sends as soon as the data is ready (an engine or host thread "
+                  "holding them back, or a sender that runs behind).")
     else:
-        advice = f"Overlap communication with compute or speed up {link_text}."
+        advice = (f"The latency is {link_text}'s: a message spends {_ms(median_wire)} on the wire "
+                  f"(median; posted {_ms(median_post)} after its producer ends).{late} Overlap communication with "
+                  f"compute or speed up {link_text}." if median_latency else
+                  f"Overlap communication with compute or speed up {link_text}.")
     return Finding("comm", severity_of(cost), headline, advice, cost, figures)
 
 

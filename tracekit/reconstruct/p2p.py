@@ -200,8 +200,8 @@ def _infer_peers(sends: pd.DataFrame, recvs: pd.DataFrame, actions: pd.DataFrame
 def _link_actions(messages: pd.DataFrame, actions: pd.DataFrame, consumer_by_kind: bool) -> None:
     """Fill producer/consumer action ids and direction: the producer is the last action on
     the sender that ended before the send was posted (its kind gives the direction), the
-    consumer the first action on the receiver once the data was there (of the matching kind
-    with ``consumer_by_kind``)."""
+    consumer the first action on the receiver once the data was there. With
+    ``consumer_by_kind`` (segmented runs) both are of the kind the message's way needs."""
     n = len(messages)
     producer = np.full(n, -1, dtype=np.int64)
     consumer = np.full(n, -1, dtype=np.int64)
@@ -213,11 +213,18 @@ def _link_actions(messages: pd.DataFrame, actions: pd.DataFrame, consumer_by_kin
                              group["action_id"].to_numpy(), group["kind"].to_numpy())
     src, dst, step = (messages[c].tolist() for c in ("src_rank", "dst_rank", "step"))
     posted, done = messages["send_post_ns"].to_numpy(), messages["recv_done_ns"].to_numpy()
+    last_rank = int(actions["rank"].max()) if len(actions) else -1
     for i in range(n):
         found = by_rank_step.get((src[i], step[i]))
         if found is not None:
             _, ends, ids, kinds = found
-            before = np.flatnonzero(ends <= posted[i] + _TOLERANCE_NS)
+            ended = ends <= posted[i] + _TOLERANCE_NS
+            way = _way_by_rank(src[i], dst[i], last_rank) if consumer_by_kind else None
+            if way == "fwd":
+                ended &= kinds == "F"
+            elif way == "bwd":
+                ended &= (kinds == "B") | (kinds == "I")
+            before = np.flatnonzero(ended)
             if len(before):
                 k = before[-1]
                 producer[i] = ids[k]
@@ -238,6 +245,23 @@ def _link_actions(messages: pd.DataFrame, actions: pd.DataFrame, consumer_by_kin
     messages["producer_action"] = producer
     messages["consumer_action"] = consumer
     messages["direction"] = direction
+
+
+def _way_by_rank(src: int, dst: int, last_rank: int) -> str | None:
+    """Which way a message of a segmented run goes, where the ranks alone say it: to the next
+    rank (or from the last back to the first, a virtual pipeline's wrap) activations, to the
+    previous one gradients. None where they do not (two ranks: 1 -> 0 is either; ranks of a
+    pipeline that are not consecutive numbers): the producer's kind decides then.
+
+    A send an engine holds back (DeepSpeed posts some activations after its next action) is
+    still its forward's output, not that of whatever ran last before it was posted."""
+    if last_rank < 2:
+        return None
+    if dst == src + 1 or (src == last_rank and dst == 0):
+        return "fwd"
+    if dst == src - 1 or (src == 0 and dst == last_rank):
+        return "bwd"
+    return None
 
 
 def estimate_arrivals(messages: pd.DataFrame, actions: pd.DataFrame, events: pd.DataFrame) -> pd.DataFrame:
