@@ -260,7 +260,7 @@ def _segment_unlabelled(events: pd.DataFrame, on_cpu: np.ndarray, steps: pd.Data
         has_backward = {int(q) for q, e in zip(back["seq"], back["end_ns"]) if e <= hi_t}
         forward_of_seq: dict[int, int] = {}
         n_forward = 0
-        for kind, lo, hi in _runs(ops["class"]):
+        for kind, lo, hi in _split_by_autograd(_runs(ops["class"]), ops["seq"]):
             seqs = {int(q) for q in ops["seq"][lo:hi] if q >= 0}
             if kind == "F":
                 if not seqs & has_backward:
@@ -278,6 +278,62 @@ def _segment_unlabelled(events: pd.DataFrame, on_cpu: np.ndarray, steps: pd.Data
             rows.append((rank, int(step.step), kind, rank, mb, first, last, first, last, "",
                          int(ops["file_id"][lo]), int(ops["source_index"][lo])))
     return rows
+
+
+def _split_by_autograd(runs: list[tuple[str, int, int]], seq: np.ndarray) -> list[tuple[str, int, int]]:
+    """Runs that hold two actions, split where the autograd sequence numbers say so.
+
+    Runs break at communication ops on the segmented thread. A send posted from another
+    thread (async communication, a sender thread) leaves no break there, so two forwards in
+    a row (warm-up on the first stage) would read as one. Autograd numbers its nodes in
+    creation order and a backward visits its forward's nodes from the last: so a new
+    backward starts where a node's number exceeds every number of the backward so far
+    (gradient accumulators, numbered once at the first forward, never do), and a forward
+    run splits where its ops' nodes start belonging to another backward."""
+    pieces: list[tuple[str, int, int]] = []
+    for kind, lo, hi in runs:
+        if kind != "B":
+            pieces.append((kind, lo, hi))
+            continue
+        start, top = lo, -1
+        for i in range(lo, hi):
+            q = int(seq[i])
+            if q < 0:
+                continue
+            if top >= 0 and q > top:
+                pieces.append(("B", start, i))
+                start = i
+            top = q if start == i or top < 0 else max(top, q)
+        pieces.append(("B", start, hi))
+    owner: dict[int, int] = {}
+    for n, (kind, lo, hi) in enumerate(pieces):
+        if kind == "B":
+            owner.update((int(q), n) for q in seq[lo:hi] if q >= 0)
+    # An op that creates no node records the number the next node will get (the detach
+    # after a forward's last layer carries the next microbatch's first number): only the
+    # last op with a number, the one that created its node, says whose it is.
+    creator: dict[int, int] = {}
+    for kind, lo, hi in pieces:
+        if kind == "F":
+            creator.update((int(seq[i]), i) for i in range(lo, hi) if seq[i] >= 0)
+    out: list[tuple[str, int, int]] = []
+    for kind, lo, hi in pieces:
+        if kind != "F":
+            out.append((kind, lo, hi))
+            continue
+        start, current = lo, None
+        for i in range(lo, hi):
+            if creator.get(int(seq[i])) != i:
+                continue
+            who = owner.get(int(seq[i]))
+            if who is None:
+                continue
+            if current is not None and who != current:
+                out.append(("F", start, i))
+                start = i
+            current = who
+        out.append(("F", start, hi))
+    return out
 
 
 def _sorted_groups(columns: dict, mask: np.ndarray, keys: tuple[str, ...]) -> dict:
