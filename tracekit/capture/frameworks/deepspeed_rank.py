@@ -150,6 +150,9 @@ def _train_and_profile(rank: int, cfg: CaptureConfig, out: Path, deepspeed) -> N
     }
     xs, ys = training_data(cfg)
     mbs = cfg.microbatch_size
+    # sliced before profiling starts: slicing inside a step would put tiny ops at its start
+    microbatches = [[(x[i * mbs:(i + 1) * mbs], y[i * mbs:(i + 1) * mbs]) for i in range(cfg.microbatches)]
+                    for x, y in zip(xs, ys)]
 
     prof = make_profiler(cfg.steps, out / f"rank{rank}.json")
     step_losses: list[float] = []
@@ -160,9 +163,7 @@ def _train_and_profile(rank: int, cfg: CaptureConfig, out: Path, deepspeed) -> N
             _log(rank, f"step {step}: {phase}")
             t0 = time.perf_counter()
             log.start_step(step)
-            batches = iter([(xs[step][i * mbs:(i + 1) * mbs], ys[step][i * mbs:(i + 1) * mbs])
-                            for i in range(cfg.microbatches)])
-            loss = engine.train_batch(data_iter=batches)
+            loss = engine.train_batch(data_iter=iter(microbatches[step]))
             step_losses.append(float(loss))
             prof.step()
             _log(rank, f"step {step} took {(time.perf_counter() - t0) * 1000:.0f} ms on rank 0")
