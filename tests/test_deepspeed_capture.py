@@ -328,6 +328,30 @@ def test_without_deepspeed_the_command_says_how_to_install_it(tmp_path):
     assert not out.exists()
 
 
+def _one_line_refusal(tmp_path, *args: str) -> str:
+    from click.testing import CliRunner
+
+    from tracekit.cli import main
+
+    out = tmp_path / "run"
+    result = CliRunner().invoke(main, ["capture", "--framework", "deepspeed", "-o", str(out), *args])
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert result.exit_code == 2 and len(lines) == 1 and lines[0].startswith("tracekit: error:"), result.output
+    assert not out.exists()
+    return lines[0]
+
+
+def test_injected_link_latency_is_refused_before_anything_starts(tmp_path):
+    # the delay patches torch.distributed.isend, which DeepSpeed's blocking P2P never calls
+    assert "--p2p-delay-ms is not available with --framework deepspeed" in _one_line_refusal(
+        tmp_path, "--p2p-delay-ms", "5")
+
+
+def test_nsys_profiler_is_refused(tmp_path):
+    pytest.importorskip("deepspeed", reason="the refusal comes after the check that deepspeed is installed")
+    assert "drop --profiler nsys" in _one_line_refusal(tmp_path, "--profiler", "nsys")
+
+
 def test_live_deepspeed_capture(tmp_path):
     pytest.importorskip("deepspeed", reason="needs DeepSpeed: pip install 'tracekit[deepspeed]' (DS_BUILD_OPS=0)")
     from click.testing import CliRunner

@@ -91,9 +91,9 @@ def _check_python_side() -> None:
         import nvtx  # noqa: F401
     except ImportError:
         raise CaptureError(f"an nsys capture needs the Python 'nvtx' package: {NVTX_PACKAGE_HINT}") from None
-    from tracekit.capture.runner import _import_torch
+    from tracekit.capture.runner import import_torch
 
-    _import_torch()
+    import_torch()
 
 
 def _run(cmd: list[str], what: str, env: dict | None = None, cwd: Path | None = None,

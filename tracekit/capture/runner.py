@@ -40,7 +40,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _import_torch():
+def import_torch():
     try:
         import torch  # noqa: F401
         import torch.distributed  # noqa: F401
@@ -70,7 +70,7 @@ def run_capture(config: CaptureConfig, out_dir, *, command_out: str | None = Non
     returns that folder. Raises CaptureError (one line) for anything the user can fix.
     """
     config.validate()
-    torch = _import_torch()
+    torch = import_torch()
 
     from tracekit.capture import worker
 

@@ -15,16 +15,16 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 from tracekit.capture.config import CaptureConfig, manifest_head
 from tracekit.capture.runner import (
-    _import_torch,
-    _log,
     compute_manifest,
     faults_manifest,
+    import_torch,
     prepare_out_dir,
     profiler_manifest,
     spawn_ranks,
@@ -54,17 +54,17 @@ ENGINE_HOW = (
 )
 
 
+def _log(msg: str) -> None:
+    print(f"tracekit capture (deepspeed): {msg}", file=sys.stderr, flush=True)
+
+
 def run_capture(config: CaptureConfig, out_dir, profiler: str) -> Path:
     """Run the capture of ``config`` under DeepSpeed; writes rank<R>.json.gz + capture.json."""
     config.validate()
     if profiler != "torch":
         raise CaptureError(f"--framework deepspeed records with the PyTorch profiler only; "
                            f"drop --profiler {profiler}")
-    if config.p2p_delay_ms:
-        # the delay is injected into torch.distributed.isend; DeepSpeed's P2P is a blocking send
-        raise CaptureError("--p2p-delay-ms is not available with --framework deepspeed "
-                           "(its P2P is blocking deepspeed.comm send/recv); drop it")
-    torch = _import_torch()
+    torch = import_torch()
     import deepspeed
 
     from tracekit.capture.frameworks import deepspeed_rank
