@@ -176,6 +176,10 @@ class CaptureConfig:
             raise CaptureError(f"--slow-factor must be > 0 (got {self.slow_factor})")
         if self.p2p_delay_ms < 0:
             raise CaptureError(f"--p2p-delay-ms must be >= 0 (got {self.p2p_delay_ms})")
+        if self.p2p_delay_ms and self.framework == "deepspeed":
+            # the delay is injected into torch.distributed.isend, which DeepSpeed's blocking P2P never calls
+            raise CaptureError("--p2p-delay-ms is not available with --framework deepspeed "
+                               "(its P2P is blocking deepspeed.comm send/recv); drop it")
         if self.hidden < 1 or self.microbatch_size < 1:
             raise CaptureError("--hidden and --microbatch-size must be at least 1")
         return self

@@ -91,9 +91,9 @@ def _check_python_side() -> None:
         import nvtx  # noqa: F401
     except ImportError:
         raise CaptureError(f"an nsys capture needs the Python 'nvtx' package: {NVTX_PACKAGE_HINT}") from None
-    from tracekit.capture.runner import _import_torch
+    from tracekit.capture.runner import import_torch
 
-    _import_torch()
+    import_torch()
 
 
 def _run(cmd: list[str], what: str, env: dict | None = None, cwd: Path | None = None,
@@ -623,19 +623,17 @@ def _train_with_nvtx(rank: int, cfg: CaptureConfig, out: Path) -> list[float] | 
     from torch.profiler import record_function
 
     from tracekit.capture import worker
+    from tracekit.capture.model import build_layers, build_stage_module, training_data
 
     my_stages = cfg.stages_of_rank(rank)
-    layers = worker.build_layers(cfg)
-    stages = [PipelineStage(worker.build_stage_module(cfg, s, layers), s, cfg.n_stages, torch.device("cpu"))
+    layers = build_layers(cfg)
+    stages = [PipelineStage(build_stage_module(cfg, s, layers), s, cfg.n_stages, torch.device("cpu"))
               for s in my_stages]
     del layers
     optimizer = torch.optim.SGD([p for st in stages for p in st.submod.parameters()], lr=1e-3)
     schedule = worker._make_schedule(cfg, stages, nn.MSELoss())
     first, last = 0 in my_stages, (cfg.n_stages - 1) in my_stages
-    gen = torch.Generator().manual_seed(cfg.seed + 1)
-    batch = cfg.microbatches * cfg.microbatch_size
-    xs = [torch.randn(batch, cfg.hidden, generator=gen) for _ in range(cfg.steps + 2)]
-    ys = [torch.randn(batch, cfg.hidden, generator=gen) for _ in range(cfg.steps + 2)]
+    xs, ys = training_data(cfg)
     emitter, how = _emitter_for_this_torch()
     if rank == 0:
         (out / "emitter.txt").write_text(how)

@@ -40,7 +40,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _import_torch():
+def import_torch():
     try:
         import torch  # noqa: F401
         import torch.distributed  # noqa: F401
@@ -70,20 +70,11 @@ def run_capture(config: CaptureConfig, out_dir, *, command_out: str | None = Non
     returns that folder. Raises CaptureError (one line) for anything the user can fix.
     """
     config.validate()
-    torch = _import_torch()
-    import torch.multiprocessing as mp
+    torch = import_torch()
 
     from tracekit.capture import worker
 
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise CaptureError(f"--out {out} exists and is not a folder; pick a folder path")
-    out.mkdir(parents=True, exist_ok=True)
-    stale = sorted(out.glob("rank*.json*")) + sorted(out.glob(".losses.rank*.json"))
-    for f in stale:  # never leave a mix of two captures in one folder
-        f.unlink()
-    if stale:
-        _log(f"removed {len(stale)} trace file(s) of an earlier capture in {out}")
+    out = prepare_out_dir(out_dir)
     cmd = config.command or config.command_line(command_out if command_out is not None else str(out))
 
     _log(
@@ -92,18 +83,54 @@ def run_capture(config: CaptureConfig, out_dir, *, command_out: str | None = Non
         f"{config.compute} compute, gloo on 127.0.0.1"
     )
     t0 = time.perf_counter()
+    spawn_ranks(worker.run_rank, (config.to_dict(), str(out.resolve())), config.ranks)
+    _log(f"ranks finished in {time.perf_counter() - t0:.1f} s; writing capture.json")
+    files = trace_files(out, config.ranks)
+    losses = take_losses(out)
+
+    meta = {
+        **manifest_head(config, cmd, torch.__version__),
+        "profiler": profiler_manifest(config.steps),
+        "backend": "gloo",
+        "compute": compute_manifest(config),
+        "faults": faults_manifest(config),
+        "seed": config.seed,
+        "losses_per_step": losses,
+        "created": utc_now(),
+        "files": files,
+    }
+    write_manifest(out, meta, files)
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# the parts every capture runner shares (this one and tracekit.capture.frameworks)
+# ---------------------------------------------------------------------------------------
+def prepare_out_dir(out_dir) -> Path:
+    """The output folder, made if missing and emptied of an earlier capture's traces."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise CaptureError(f"--out {out} exists and is not a folder; pick a folder path")
+    out.mkdir(parents=True, exist_ok=True)
+    stale = sorted(out.glob("rank*.json*")) + sorted(out.glob(".*.rank*.json"))
+    for f in stale:  # never leave a mix of two captures in one folder
+        f.unlink()
+    if stale:
+        _log(f"removed {len(stale)} trace file(s) of an earlier capture in {out}")
+    return out
+
+
+def spawn_ranks(entry, args: tuple, nprocs: int) -> None:
+    """``torch.multiprocessing.spawn(entry, args + (port,))`` on a free port, retried when
+    another process takes the port first; a failed rank becomes one CaptureError line."""
+    import torch.multiprocessing as mp
+
     last_err: Exception | None = None
-    for attempt in range(3):
+    for _attempt in range(3):
         port = _free_port()
         try:
-            mp.spawn(
-                worker.run_rank,
-                args=(config.to_dict(), str(out.resolve()), port),
-                nprocs=config.ranks,
-                join=True,
-            )
-            last_err = None
-            break
+            mp.spawn(entry, args=(*args, port), nprocs=nprocs, join=True)
+            return
         except Exception as err:  # ProcessRaisedException / ProcessExitedException
             last_err = err
             text = str(err)
@@ -111,26 +138,48 @@ def run_capture(config: CaptureConfig, out_dir, *, command_out: str | None = Non
                 _log(f"port {port} was taken, retrying")
                 continue
             break
-    if last_err is not None:
-        lines = [ln.strip() for ln in str(last_err).strip().splitlines() if ln.strip()]
-        summary = lines[-1] if lines else type(last_err).__name__
-        raise CaptureError(
-            f"a rank failed during capture ({summary}); see the traceback above, "
-            "or try fewer --ranks / another --schedule"
-        ) from None
+    assert last_err is not None
+    lines = [ln.strip() for ln in str(last_err).strip().splitlines() if ln.strip()]
+    summary = lines[-1] if lines else type(last_err).__name__
+    raise CaptureError(
+        f"a rank failed during capture ({summary}); see the traceback above, "
+        "or try fewer --ranks / another --schedule"
+    ) from None
 
-    _log(f"ranks finished in {time.perf_counter() - t0:.1f} s; writing capture.json")
-    files = [f"rank{r}.json.gz" for r in range(config.ranks)]
+
+def trace_files(out: Path, ranks: int) -> list[str]:
+    """The names of the ranks' traces, all of which must have been written."""
+    files = [f"rank{r}.json.gz" for r in range(ranks)]
     missing = [f for f in files if not (out / f).exists()]
     if missing:
         raise CaptureError(f"capture finished but {', '.join(missing)} were not written to {out}")
+    return files
+
+
+def take_losses(out: Path) -> list[float]:
+    """The per-step losses the last stage left in ``.losses.rank<R>.json`` (the file is removed)."""
     losses: list[float] = []
     for f in sorted(out.glob(".losses.rank*.json")):
         losses = json.loads(f.read_text())
         f.unlink()
+    return losses
 
+
+def profiler_manifest(steps: int) -> dict:
+    """capture.json's account of :func:`tracekit.capture.profiling.make_profiler`."""
+    return {
+        "activities": ["CPU"],
+        "record_shapes": True,
+        "with_stack": False,
+        "profile_all_threads": True,
+        "schedule": {"wait": 1, "warmup": 1, "active": steps},
+    }
+
+
+def compute_manifest(config: CaptureConfig) -> dict:
+    """capture.json's account of the model and its costs (:mod:`tracekit.capture.model`)."""
     per_layer = config.layer_costs_ms(0)
-    compute = {
+    return {
         "mode": config.compute,
         "layer_ms": config.layer_ms if config.compute == "emulated" else None,
         "per_layer_ms": (
@@ -150,33 +199,25 @@ def run_capture(config: CaptureConfig, out_dir, *, command_out: str | None = Non
         "split_backward": config.schedule in SPLIT_BACKWARD,
         "how": EMULATED_HOW if config.compute == "emulated" else REAL_HOW,
     }
-    faults = {
+
+
+def faults_manifest(config: CaptureConfig) -> dict:
+    return {
         "slow_stage": config.slow_stage,
         "slow_factor": config.slow_factor if config.slow_stage is not None else None,
         "p2p_delay_ms": config.p2p_delay_ms,
         "how": _fault_how(config),
     }
-    meta = {
-        **manifest_head(config, cmd, torch.__version__),
-        "profiler": {
-            "activities": ["CPU"],
-            "record_shapes": True,
-            "with_stack": False,
-            "profile_all_threads": True,
-            "schedule": {"wait": 1, "warmup": 1, "active": config.steps},
-        },
-        "backend": "gloo",
-        "compute": compute,
-        "faults": faults,
-        "seed": config.seed,
-        "losses_per_step": losses,
-        "created": datetime.now(timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z"),
-        "files": files,
-    }
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def write_manifest(out: Path, meta: dict, files: list[str]) -> None:
     (out / "capture.json").write_text(json.dumps(meta, indent=2) + "\n")
     size = sum((out / f).stat().st_size for f in files)
     _log(f"wrote {len(files)} traces ({size / 1e6:.2f} MB) and capture.json to {out}")
-    return out
 
 
 def _fault_how(config: CaptureConfig) -> str:

@@ -10,27 +10,12 @@ What each rank does:
     ``schedule(wait=1, warmup=1, active=steps)`` so step 0 (shape inference) is not traced,
   * writes ``rank<R>.json.gz`` (Chrome trace, gzip) into the output folder.
 
-Emulated compute: every Linear layer runs its real (small) matmul, and two tiny autograd
-Functions add fixed sleeps so that a layer's cost is set by the user, not by how four
-processes share two cores:
-  * ``TracekitEmuCompute`` wraps the layer OUTPUT: forward sleeps the forward cost, backward
-    sleeps the input-grad cost. Its backward runs whenever the gradient w.r.t. the layer's
-    output is needed, i.e. in a full backward (B) and in the input-grad pass (I,
-    ``stage_backward_input``).
-  * ``TracekitEmuWeightGrad`` wraps the WEIGHT before the matmul: identity forward, backward
-    sleeps the weight-grad cost. It sits only on the weight path, so autograd runs it in a
-    full backward (B) and in the weight pass (W, ``stage_backward_weight``), never in I.
-So B costs 2x forward and, for split schedules, I and W cost 1x forward each.
-(torch quirk, recorded honestly: in split schedules torch skips I on stage 0 when its input
-needs no grad and runs stage 0's whole backward in W.)
+The model and its emulated compute live in :mod:`tracekit.capture.model`.
 """
 from __future__ import annotations
 
-import gzip
 import json
-import os
 import queue
-import shutil
 import sys
 import threading
 import time
@@ -40,10 +25,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-import torch.nn.functional as F
 from torch.profiler import record_function
 
 from tracekit.capture.config import SCHEDULES, CaptureConfig
+from tracekit.capture.model import build_layers, build_stage_module, training_data
+from tracekit.capture.profiling import gzip_trace, make_profiler
 
 P2P_DELAY_MARKER = "tracekit:p2p_delay"
 P2P_DELAY_SLEEP = "tracekit:p2p_delay_sleep"
@@ -52,86 +38,6 @@ P2P_DELAY_SLEEP = "tracekit:p2p_delay_sleep"
 def _log(rank: int, msg: str) -> None:
     if rank == 0:
         print(f"tracekit capture: {msg}", file=sys.stderr, flush=True)
-
-
-# ---------------------------------------------------------------------------------------
-# emulated compute
-# ---------------------------------------------------------------------------------------
-def _sleep_ms(ms: float) -> None:
-    if ms > 0:
-        time.sleep(ms / 1000.0)
-
-
-class TracekitEmuCompute(torch.autograd.Function):
-    """Identity on a layer's output; forward sleeps ``fwd_ms``, backward ``igrad_ms``."""
-
-    @staticmethod
-    def forward(ctx, y, fwd_ms: float, igrad_ms: float):
-        _sleep_ms(fwd_ms)
-        ctx.igrad_ms = igrad_ms
-        return y.view_as(y)
-
-    @staticmethod
-    def backward(ctx, grad):
-        _sleep_ms(ctx.igrad_ms)
-        return grad, None, None
-
-
-class TracekitEmuWeightGrad(torch.autograd.Function):
-    """Identity on a weight; backward sleeps ``wgrad_ms`` (only on the weight-grad path)."""
-
-    @staticmethod
-    def forward(ctx, w, wgrad_ms: float):
-        ctx.wgrad_ms = wgrad_ms
-        return w.view_as(w)
-
-    @staticmethod
-    def backward(ctx, grad):
-        _sleep_ms(ctx.wgrad_ms)
-        return grad, None
-
-
-class EmulatedLinear(nn.Linear):
-    """A real Linear layer whose forward / input-grad / weight-grad costs are fixed sleeps."""
-
-    def __init__(self, hidden: int, fwd_ms: float, igrad_ms: float, wgrad_ms: float):
-        super().__init__(hidden, hidden)
-        self.fwd_ms, self.igrad_ms, self.wgrad_ms = fwd_ms, igrad_ms, wgrad_ms
-
-    def forward(self, x):
-        w = TracekitEmuWeightGrad.apply(self.weight, self.wgrad_ms)
-        y = F.linear(x, w, self.bias)
-        return TracekitEmuCompute.apply(y, self.fwd_ms, self.igrad_ms)
-
-
-def build_stage_module(cfg: CaptureConfig, stage: int, layers: list[nn.Module]) -> nn.Module:
-    mods: list[nn.Module] = []
-    last_layer = cfg.layers - 1
-    for i in cfg.layers_of_stage(stage):
-        mods.append(layers[i])
-        if i != last_layer:
-            mods.append(nn.ReLU())
-    return nn.Sequential(*mods)
-
-
-def build_layers(cfg: CaptureConfig) -> list[nn.Module]:
-    """All layers of the model, identical on every rank (same seed)."""
-    torch.manual_seed(cfg.seed)
-    layers: list[nn.Module] = []
-    for i in range(cfg.layers):
-        stage = i // (cfg.layers // cfg.n_stages)
-        if cfg.compute == "emulated":
-            c = cfg.layer_costs_ms(stage)
-            layers.append(EmulatedLinear(cfg.hidden, c["forward"], c["input_grad"], c["weight_grad"]))
-        else:
-            layers.append(nn.Linear(cfg.hidden, cfg.hidden))
-    for layer in layers:
-        # He init keeps activations and gradients O(1) through the ReLU stack; with torch's
-        # default init they shrink into float32 denormals by the first stage, and CPU matmuls
-        # on denormals run ~40x slower (seen: 20 ms instead of 0.5 ms per backward mm).
-        nn.init.kaiming_normal_(layer.weight, nonlinearity="relu")
-        nn.init.zeros_(layer.bias)
-    return layers
 
 
 # ---------------------------------------------------------------------------------------
@@ -273,26 +179,9 @@ def _train_and_profile(rank: int, cfg: CaptureConfig, out: Path) -> None:
     schedule = _make_schedule(cfg, stages, nn.MSELoss())
 
     first, last = 0 in my_stages, (cfg.n_stages - 1) in my_stages
-    gen = torch.Generator().manual_seed(cfg.seed + 1)
-    batch = cfg.microbatches * cfg.microbatch_size
-    # same data on every rank (the generator is seeded alike); only the holders use it
-    xs = [torch.randn(batch, cfg.hidden, generator=gen) for _ in range(cfg.steps + 2)]
-    ys = [torch.randn(batch, cfg.hidden, generator=gen) for _ in range(cfg.steps + 2)]
+    xs, ys = training_data(cfg)
 
-    trace_json = out / f"rank{rank}.json"
-
-    def on_trace_ready(prof):
-        prof.export_chrome_trace(str(trace_json))
-
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    prof = torch.profiler.profile(
-        activities=activities,
-        schedule=torch.profiler.schedule(wait=1, warmup=1, active=cfg.steps, repeat=1),
-        record_shapes=True,
-        with_stack=False,
-        experimental_config=torch.profiler._ExperimentalConfig(profile_all_threads=True),
-        on_trace_ready=on_trace_ready,
-    )
+    prof = make_profiler(cfg.steps, out / f"rank{rank}.json")
     step_losses: list[float] = []
     with prof:
         for step in range(cfg.steps + 2):
@@ -308,10 +197,7 @@ def _train_and_profile(rank: int, cfg: CaptureConfig, out: Path) -> None:
                        f"({(time.process_time() - c0) * 1000:.0f} ms CPU)")
     dist.barrier()
     _log(rank, "writing traces")
-    gz = out / f"rank{rank}.json.gz"
-    with open(trace_json, "rb") as src, gzip.open(gz, "wb", compresslevel=9) as dst:
-        shutil.copyfileobj(src, dst)
-    os.remove(trace_json)
+    gzip_trace(out / f"rank{rank}.json")
     if last:
         (out / f".losses.rank{rank}.json").write_text(json.dumps(step_losses))
 

@@ -1,0 +1,116 @@
+"""The model every capture trains, identical on every rank, with emulated compute.
+
+Shared by the torch.distributed.pipelining ranks (:mod:`tracekit.capture.worker`) and the
+framework ranks (:mod:`tracekit.capture.frameworks`), so every sample runs the same maths at
+the same costs. Imports torch at module level: only the capture code path may import it.
+
+Emulated compute: every Linear layer runs its real (small) matmul, and two tiny autograd
+Functions add fixed sleeps so that a layer's cost is set by the user, not by how four
+processes share two cores:
+  * ``TracekitEmuCompute`` wraps the layer OUTPUT: forward sleeps the forward cost, backward
+    sleeps the input-grad cost. Its backward runs whenever the gradient w.r.t. the layer's
+    output is needed, i.e. in a full backward (B) and in the input-grad pass (I,
+    ``stage_backward_input``).
+  * ``TracekitEmuWeightGrad`` wraps the WEIGHT before the matmul: identity forward, backward
+    sleeps the weight-grad cost. It sits only on the weight path, so autograd runs it in a
+    full backward (B) and in the weight pass (W, ``stage_backward_weight``), never in I.
+So B costs 2x forward and, for split schedules, I and W cost 1x forward each.
+(torch quirk, recorded honestly: in split schedules torch skips I on stage 0 when its input
+needs no grad and runs stage 0's whole backward in W.)
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from tracekit.capture.config import CaptureConfig
+
+
+def _sleep_ms(ms: float) -> None:
+    if ms > 0:
+        time.sleep(ms / 1000.0)
+
+
+class TracekitEmuCompute(torch.autograd.Function):
+    """Identity on a layer's output; forward sleeps ``fwd_ms``, backward ``igrad_ms``."""
+
+    @staticmethod
+    def forward(ctx, y, fwd_ms: float, igrad_ms: float):
+        _sleep_ms(fwd_ms)
+        ctx.igrad_ms = igrad_ms
+        return y.view_as(y)
+
+    @staticmethod
+    def backward(ctx, grad):
+        _sleep_ms(ctx.igrad_ms)
+        return grad, None, None
+
+
+class TracekitEmuWeightGrad(torch.autograd.Function):
+    """Identity on a weight; backward sleeps ``wgrad_ms`` (only on the weight-grad path)."""
+
+    @staticmethod
+    def forward(ctx, w, wgrad_ms: float):
+        ctx.wgrad_ms = wgrad_ms
+        return w.view_as(w)
+
+    @staticmethod
+    def backward(ctx, grad):
+        _sleep_ms(ctx.wgrad_ms)
+        return grad, None
+
+
+class EmulatedLinear(nn.Linear):
+    """A real Linear layer whose forward / input-grad / weight-grad costs are fixed sleeps."""
+
+    def __init__(self, hidden: int, fwd_ms: float, igrad_ms: float, wgrad_ms: float):
+        super().__init__(hidden, hidden)
+        self.fwd_ms, self.igrad_ms, self.wgrad_ms = fwd_ms, igrad_ms, wgrad_ms
+
+    def forward(self, x):
+        w = TracekitEmuWeightGrad.apply(self.weight, self.wgrad_ms)
+        y = F.linear(x, w, self.bias)
+        return TracekitEmuCompute.apply(y, self.fwd_ms, self.igrad_ms)
+
+
+def build_stage_module(cfg: CaptureConfig, stage: int, layers: list[nn.Module]) -> nn.Module:
+    mods: list[nn.Module] = []
+    last_layer = cfg.layers - 1
+    for i in cfg.layers_of_stage(stage):
+        mods.append(layers[i])
+        if i != last_layer:
+            mods.append(nn.ReLU())
+    return nn.Sequential(*mods)
+
+
+def build_layers(cfg: CaptureConfig) -> list[nn.Module]:
+    """All layers of the model, identical on every rank (same seed)."""
+    torch.manual_seed(cfg.seed)
+    layers: list[nn.Module] = []
+    for i in range(cfg.layers):
+        stage = i // (cfg.layers // cfg.n_stages)
+        if cfg.compute == "emulated":
+            c = cfg.layer_costs_ms(stage)
+            layers.append(EmulatedLinear(cfg.hidden, c["forward"], c["input_grad"], c["weight_grad"]))
+        else:
+            layers.append(nn.Linear(cfg.hidden, cfg.hidden))
+    for layer in layers:
+        # He init keeps activations and gradients O(1) through the ReLU stack; with torch's
+        # default init they shrink into float32 denormals by the first stage, and CPU matmuls
+        # on denormals run ~40x slower (seen: 20 ms instead of 0.5 ms per backward mm).
+        nn.init.kaiming_normal_(layer.weight, nonlinearity="relu")
+        nn.init.zeros_(layer.bias)
+    return layers
+
+
+def training_data(cfg: CaptureConfig) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Inputs and targets of every step (``steps + 2``: two unprofiled steps run first),
+    the same on every rank (the generator is seeded alike); only the end stages use them."""
+    gen = torch.Generator().manual_seed(cfg.seed + 1)
+    batch = cfg.microbatches * cfg.microbatch_size
+    xs = [torch.randn(batch, cfg.hidden, generator=gen) for _ in range(cfg.steps + 2)]
+    ys = [torch.randn(batch, cfg.hidden, generator=gen) for _ in range(cfg.steps + 2)]
+    return xs, ys

@@ -1,0 +1,41 @@
+"""How every capture's ranks profile themselves and write their trace (torch.profiler).
+
+Shared by :mod:`tracekit.capture.worker` and the framework ranks, so every sample folder is
+recorded alike: CPU activity, shapes (they carry P2P peers and sizes), all threads, and
+``schedule(wait=1, warmup=1, active=steps)`` so the first two steps (shape inference,
+warm-up) are not in the trace. :func:`tracekit.capture.runner.profiler_manifest` says the
+same in capture.json. Imports torch: only the capture code path may import this module.
+"""
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+
+def make_profiler(steps: int, trace_json: Path) -> torch.profiler.profile:
+    """A profiler that records ``steps`` steps after two unrecorded ones into ``trace_json``."""
+
+    def on_trace_ready(prof):
+        prof.export_chrome_trace(str(trace_json))
+
+    return torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU],
+        schedule=torch.profiler.schedule(wait=1, warmup=1, active=steps, repeat=1),
+        record_shapes=True,
+        with_stack=False,
+        experimental_config=torch.profiler._ExperimentalConfig(profile_all_threads=True),
+        on_trace_ready=on_trace_ready,
+    )
+
+
+def gzip_trace(trace_json: Path) -> Path:
+    """Replace ``rank<R>.json`` by ``rank<R>.json.gz`` (level 9: sample folders are committed)."""
+    gz = trace_json.with_name(trace_json.name + ".gz")
+    with open(trace_json, "rb") as src, gzip.open(gz, "wb", compresslevel=9) as dst:
+        shutil.copyfileobj(src, dst)
+    os.remove(trace_json)
+    return gz
