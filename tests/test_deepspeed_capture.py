@@ -292,12 +292,10 @@ def test_tracekit_finds_every_action_with_its_microbatch(loaded_runs):
             assert (got["stage"] == rank).all()
 
 
-# Today ranks 0-2 agree within 0.6 points; rank 3 (the last stage) reads 31.3% against 32.5%
-# here: tracekit's last-stage forward spans every non-autograd op between two c10d ops, so it
-# starts at DeepSpeed's LoadMicroBatch / forward preamble (up to 2.2 ms before the first layer)
-# and runs on through the backward's prologue (loss scaling, ~0.8 ms past the loss), engine
-# host time counted as compute.
-@pytest.mark.xfail(strict=True, reason="needs lead's reconstruct rewrite")
+# The last stage's forward is the ops whose autograd nodes a backward ran: DeepSpeed's
+# LoadMicroBatch and forward preamble before the first layer (up to 2.2 ms) and the loss
+# scaling after it are engine host time, not the stage's compute (before tracekit trimmed
+# them, rank 3 read 31.3% here against 32.5%).
 def test_tracekit_bubble_per_rank_is_within_a_point_of_the_independent_one(loaded_runs):
     _, analysis = loaded_runs(SAMPLE)
     ours = independent_bubbles(SAMPLE, P)

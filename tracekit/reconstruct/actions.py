@@ -260,11 +260,22 @@ def _segment_unlabelled(events: pd.DataFrame, on_cpu: np.ndarray, steps: pd.Data
         has_backward = {int(q) for q, e in zip(back["seq"], back["end_ns"]) if e <= hi_t}
         forward_of_seq: dict[int, int] = {}
         n_forward = 0
-        for kind, lo, hi in _split_by_autograd(_runs(ops["class"]), ops["seq"]):
+        seq = ops["seq"]
+        # the last forward op with a number made its node (a backward op has its node's number too)
+        creator = {int(q): i for i, (q, c) in enumerate(zip(seq, ops["class"])) if q >= 0 and c == _FORWARD}
+        for kind, lo, hi in _split_by_autograd(_runs(ops["class"]), seq):
             seqs = {int(q) for q in ops["seq"][lo:hi] if q >= 0}
             if kind == "F":
-                if not seqs & has_backward:
-                    continue  # bookkeeping between actions, not a stage forward
+                # The forward proper: from the first to the last op whose node a backward
+                # ran. Host work around it on the same thread (a framework loading the
+                # batch, scaling the loss, seeding the gradient) is not the stage's compute;
+                # a run with no such op is bookkeeping between actions, no stage forward.
+                core = [i for i in range(lo, hi) if seq[i] >= 0 and creator.get(int(seq[i])) == i
+                        and int(seq[i]) in has_backward]
+                if not core:
+                    continue
+                lo, hi = core[0], core[-1] + 1
+                seqs = {int(q) for q in seq[lo:hi] if q >= 0}
                 mb = n_forward
                 n_forward += 1
                 for q in seqs:
