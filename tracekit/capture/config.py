@@ -70,6 +70,8 @@ class CaptureConfig:
     slow_stage: int | None = None
     slow_factor: float = 2.0
     p2p_delay_ms: float = 0.0
+    # hand-written per-layer ranges (linear3(F), linear3(B)) inside a whole-step "1F1B" range
+    layer_labels: bool = False
     seed: int = 0
     #: the command line to record in capture.json (filled by the CLI; else reconstructed)
     command: str | None = field(default=None, compare=False)
@@ -174,6 +176,10 @@ class CaptureConfig:
             )
         if self.slow_factor <= 0:
             raise CaptureError(f"--slow-factor must be > 0 (got {self.slow_factor})")
+        if self.layer_labels and (self.schedule != "1F1B" or self.framework != "torch"
+                                  or self.compute != "emulated"):
+            raise CaptureError("--layer-labels labels the emulated layers of torch's 1F1B (which leaves no labels "
+                               "of its own); use it with --schedule 1F1B and --compute emulated")
         if self.p2p_delay_ms < 0:
             raise CaptureError(f"--p2p-delay-ms must be >= 0 (got {self.p2p_delay_ms})")
         if self.p2p_delay_ms and self.framework == "deepspeed":
@@ -218,6 +224,8 @@ class CaptureConfig:
             parts += ["--slow-stage", str(self.slow_stage), "--slow-factor", _num(self.slow_factor)]
         if self.p2p_delay_ms:
             parts += ["--p2p-delay-ms", _num(self.p2p_delay_ms)]
+        if self.layer_labels:
+            parts += ["--layer-labels"]
         if self.seed != 0:
             parts += ["--seed", str(self.seed)]
         return shlex.join(parts)

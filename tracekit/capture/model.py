@@ -20,11 +20,13 @@ needs no grad and runs stage 0's whole backward in W.)
 """
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.profiler import record_function
 
 from tracekit.capture.config import CaptureConfig
 
@@ -35,45 +37,57 @@ def _sleep_ms(ms: float) -> None:
 
 
 class TracekitEmuCompute(torch.autograd.Function):
-    """Identity on a layer's output; forward sleeps ``fwd_ms``, backward ``igrad_ms``."""
+    """Identity on a layer's output; forward sleeps ``fwd_ms``, backward ``igrad_ms``
+    (inside a ``<label>(B)`` range when the layer is labelled)."""
 
     @staticmethod
-    def forward(ctx, y, fwd_ms: float, igrad_ms: float):
+    def forward(ctx, y, fwd_ms: float, igrad_ms: float, label: str | None = None):
         _sleep_ms(fwd_ms)
-        ctx.igrad_ms = igrad_ms
+        ctx.igrad_ms, ctx.label = igrad_ms, label
         return y.view_as(y)
 
     @staticmethod
     def backward(ctx, grad):
-        _sleep_ms(ctx.igrad_ms)
-        return grad, None, None
+        with _labelled(ctx.label, "B"):
+            _sleep_ms(ctx.igrad_ms)
+        return grad, None, None, None
 
 
 class TracekitEmuWeightGrad(torch.autograd.Function):
     """Identity on a weight; backward sleeps ``wgrad_ms`` (only on the weight-grad path)."""
 
     @staticmethod
-    def forward(ctx, w, wgrad_ms: float):
-        ctx.wgrad_ms = wgrad_ms
+    def forward(ctx, w, wgrad_ms: float, label: str | None = None):
+        ctx.wgrad_ms, ctx.label = wgrad_ms, label
         return w.view_as(w)
 
     @staticmethod
     def backward(ctx, grad):
-        _sleep_ms(ctx.wgrad_ms)
-        return grad, None
+        with _labelled(ctx.label, "B"):
+            _sleep_ms(ctx.wgrad_ms)
+        return grad, None, None
+
+
+def _labelled(label: str | None, kind: str):
+    """A hand-written per-layer range, ``linear3(F)``, or nothing for an unlabelled layer."""
+    return record_function(f"{label}({kind})") if label else contextlib.nullcontext()
 
 
 class EmulatedLinear(nn.Linear):
-    """A real Linear layer whose forward / input-grad / weight-grad costs are fixed sleeps."""
+    """A real Linear layer whose forward / input-grad / weight-grad costs are fixed sleeps.
 
-    def __init__(self, hidden: int, fwd_ms: float, igrad_ms: float, wgrad_ms: float):
+    ``label``: leave per-layer ranges with the action kind in a suffix, as hand-instrumented
+    models do (``linear3(F)`` around the forward, ``linear3(B)`` around each backward part)."""
+
+    def __init__(self, hidden: int, fwd_ms: float, igrad_ms: float, wgrad_ms: float, label: str | None = None):
         super().__init__(hidden, hidden)
-        self.fwd_ms, self.igrad_ms, self.wgrad_ms = fwd_ms, igrad_ms, wgrad_ms
+        self.fwd_ms, self.igrad_ms, self.wgrad_ms, self.label = fwd_ms, igrad_ms, wgrad_ms, label
 
     def forward(self, x):
-        w = TracekitEmuWeightGrad.apply(self.weight, self.wgrad_ms)
-        y = F.linear(x, w, self.bias)
-        return TracekitEmuCompute.apply(y, self.fwd_ms, self.igrad_ms)
+        with _labelled(self.label, "F"):
+            w = TracekitEmuWeightGrad.apply(self.weight, self.wgrad_ms, self.label)
+            y = F.linear(x, w, self.bias)
+            return TracekitEmuCompute.apply(y, self.fwd_ms, self.igrad_ms, self.label)
 
 
 def build_stage_module(cfg: CaptureConfig, stage: int, layers: list[nn.Module]) -> nn.Module:
@@ -94,7 +108,8 @@ def build_layers(cfg: CaptureConfig) -> list[nn.Module]:
         stage = i // (cfg.layers // cfg.n_stages)
         if cfg.compute == "emulated":
             c = cfg.layer_costs_ms(stage)
-            layers.append(EmulatedLinear(cfg.hidden, c["forward"], c["input_grad"], c["weight_grad"]))
+            layers.append(EmulatedLinear(cfg.hidden, c["forward"], c["input_grad"], c["weight_grad"],
+                                         label=f"linear{i}" if cfg.layer_labels else None))
         else:
             layers.append(nn.Linear(cfg.hidden, cfg.hidden))
     for layer in layers:

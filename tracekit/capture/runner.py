@@ -94,6 +94,10 @@ def run_capture(config: CaptureConfig, out_dir, *, command_out: str | None = Non
         "backend": "gloo",
         "compute": compute_manifest(config),
         "faults": faults_manifest(config),
+        "labels": ("hand-written per-layer ranges: record_function('linear<i>(F)') around each layer's "
+                   "forward, 'linear<i>(B)' around each of its two backward sleeps, and one "
+                   f"'{config.schedule}' range around every training step" if config.layer_labels
+                   else "none added by the capture (the schedule's own, if any)"),
         "seed": config.seed,
         "losses_per_step": losses,
         "created": utc_now(),

@@ -14,6 +14,7 @@ The model and its emulated compute live in :mod:`tracekit.capture.model`.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import sys
@@ -189,7 +190,8 @@ def _train_and_profile(rank: int, cfg: CaptureConfig, out: Path) -> None:
                 "warm-up (not recorded)" if step == 1 else f"profiling {step - 1}/{cfg.steps}")
             _log(rank, f"step {step}: {phase}")
             t0, c0 = time.perf_counter(), time.process_time()
-            loss = train_step(schedule, optimizer, xs[step], ys[step], first, last)
+            with (record_function(cfg.schedule) if cfg.layer_labels else contextlib.nullcontext()):
+                loss = train_step(schedule, optimizer, xs[step], ys[step], first, last)
             if loss is not None:
                 step_losses.append(loss)
             prof.step()

@@ -48,6 +48,9 @@ def _schedule(ctx, param, value):
               help="Factor for --slow-stage.")
 @click.option("--p2p-delay-ms", default=0.0, show_default=True, type=float,
               help="Inject link latency: every send leaves this many ms after it is posted.")
+@click.option("--layer-labels", is_flag=True,
+              help="Leave hand-written per-layer ranges (linear3(F), linear3(B)) inside a whole-step '1F1B' "
+                   "range, as hand-instrumented models do (1F1B, emulated compute).")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--profiler", default="torch", show_default=True, type=click.Choice(["torch", "nsys"]),
               help="torch: torch.profiler, one rank<R>.json.gz per rank. nsys: Nsight Systems "
@@ -56,7 +59,7 @@ def _schedule(ctx, param, value):
               help="Delete the traces of an earlier capture in --out first (default: refuse to touch them).")
 @click.pass_context
 def command(ctx, out, schedule, framework, ranks, microbatches, stages_per_rank, steps, compute, layer_ms,
-            layers, hidden, microbatch_size, slow_stage, slow_factor, p2p_delay_ms, seed, profiler,
+            layers, hidden, microbatch_size, slow_stage, slow_factor, p2p_delay_ms, layer_labels, seed, profiler,
             replace):
     """Record a real pipeline-parallel training run (needs torch).
 
@@ -77,7 +80,7 @@ def command(ctx, out, schedule, framework, ranks, microbatches, stages_per_rank,
         schedule=schedule, framework=framework, ranks=ranks, microbatches=microbatches,
         stages_per_rank=stages_per_rank, steps=steps, compute=compute, layer_ms=layer_ms,
         layers=layers, hidden=hidden, microbatch_size=microbatch_size, slow_stage=slow_stage,
-        slow_factor=slow_factor, p2p_delay_ms=p2p_delay_ms, seed=seed,
+        slow_factor=slow_factor, p2p_delay_ms=p2p_delay_ms, layer_labels=layer_labels, seed=seed,
     )
     cfg.validate()  # one-line CaptureError before torch is imported
     if not replace:
@@ -118,13 +121,16 @@ def _command_line(ctx: click.Context, out: str, cfg: CaptureConfig) -> str:
         "schedule": "--schedule", "framework": "--framework", "ranks": "-p", "microbatches": "-m", "stages_per_rank": "-v",
         "steps": "--steps", "compute": "--compute", "layer_ms": "--layer-ms", "layers": "--layers",
         "hidden": "--hidden", "microbatch_size": "--microbatch-size", "slow_stage": "--slow-stage",
-        "slow_factor": "--slow-factor", "p2p_delay_ms": "--p2p-delay-ms", "seed": "--seed",
+        "slow_factor": "--slow-factor", "p2p_delay_ms": "--p2p-delay-ms", "layer_labels": "--layer-labels", "seed": "--seed",
         "profiler": "--profiler",
     }
     for name, flag in flags.items():
         if ctx.get_parameter_source(name) in (ParameterSource.DEFAULT, None):
             continue
         value = ctx.params[name]
+        if isinstance(value, bool):
+            parts += [flag] if value else []
+            continue
         if isinstance(value, float) and value.is_integer():
             value = int(value)
         parts += [flag, str(value)]

@@ -232,6 +232,10 @@ def _segment_unlabelled(events: pd.DataFrame, on_cpu: np.ndarray, steps: pd.Data
     columns = {c: events[c].to_numpy() for c in ("rank", "pid", "tid", "depth", "start_ns", "end_ns", "seq",
                                                    "file_id", "source_index")}
     columns["class"] = classes
+    # Ranges a user or framework wraps around work (a whole-step "train_step" or "1F1B",
+    # Megatron's warmup / steady / cooldown phases) hold the ops to segment, not an op.
+    columns["wrapper"] = ((events["cat"] == "user_annotation").to_numpy() & (classes == _FORWARD)
+                          & ~is_mark)
     is_mark, is_backward, is_p2p = is_mark & on_cpu, is_backward & on_cpu, is_p2p & on_cpu
     by_key = _sorted_groups(columns, on_cpu, ("rank", "pid", "tid", "depth"))
     # On GPUs the autograd engine runs backward on a thread of its own: its top-level ops
@@ -250,7 +254,7 @@ def _segment_unlabelled(events: pd.DataFrame, on_cpu: np.ndarray, steps: pd.Data
         key = (rank, int(mark["pid"][0]), int(mark["tid"][0]), int(mark["depth"][0]) + 1)
         if key not in by_key:
             continue
-        ops = _slice(by_key[key], lo_t, hi_t)
+        ops = _unwrapped(_slice(by_key[key], lo_t, hi_t), by_key, key)
         for (e_rank, _, e_tid), engine in engine_top.items():
             if e_rank == rank and e_tid != key[2]:
                 ops = _merged(ops, _slice(engine, lo_t, hi_t))
@@ -289,6 +293,26 @@ def _segment_unlabelled(events: pd.DataFrame, on_cpu: np.ndarray, steps: pd.Data
             rows.append((rank, int(step.step), kind, rank, mb, first, last, first, last, "",
                          int(ops["file_id"][lo]), int(ops["source_index"][lo])))
     return rows
+
+
+def _unwrapped(ops: dict, by_key: dict, key: tuple, limit: int = 8) -> dict:
+    """The ops of a thread's level with every wrapping range replaced by what it holds
+    (the ops one level down inside it), down to ``limit`` levels."""
+    rank, pid, tid, depth = key
+    for level in range(depth + 1, depth + 1 + limit):
+        wrap = ops["wrapper"]
+        if not wrap.any():
+            return ops
+        inner = by_key.get((rank, pid, tid, level))
+        kept = {c: v[~wrap] for c, v in ops.items()}
+        if inner is None:
+            return kept
+        for start, end in zip(ops["start_ns"][wrap], ops["end_ns"][wrap]):
+            held = _slice(inner, int(start), int(end))
+            inside = held["end_ns"] <= end
+            kept = _merged(kept, {c: v[inside] for c, v in held.items()})
+        ops = kept
+    return ops
 
 
 def _split_by_autograd(runs: list[tuple[str, int, int]], seq: np.ndarray) -> list[tuple[str, int, int]]:
