@@ -43,7 +43,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.profiler import record_function
 
-from tracekit.capture.config import SCHEDULES, CaptureConfig
+from tracekit.capture.config import DESIGNS, SCHEDULES, CaptureConfig
 
 P2P_DELAY_MARKER = "tracekit:p2p_delay"
 P2P_DELAY_SLEEP = "tracekit:p2p_delay_sleep"
@@ -258,6 +258,40 @@ def run_rank(rank: int, cfg_dict: dict, out_dir: str, port: int) -> None:
 
 
 def _train_and_profile(rank: int, cfg: CaptureConfig, out: Path) -> None:
+    trace_json = out / f"rank{rank}.json"
+
+    def on_trace_ready(prof):
+        prof.export_chrome_trace(str(trace_json))
+
+    prof = torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU],
+        schedule=torch.profiler.schedule(**cfg.profiler_schedule(), repeat=1),
+        record_shapes=True,
+        with_stack=False,
+        experimental_config=torch.profiler._ExperimentalConfig(profile_all_threads=True),
+        on_trace_ready=on_trace_ready,
+    )
+    with prof:
+        if cfg.schedule in DESIGNS:
+            from tracekit.capture import designs
+
+            step_losses = designs.RUNNERS[cfg.schedule](rank, cfg, prof, lambda msg: _log(rank, msg))
+            last = rank == cfg.ranks - 1
+        else:
+            step_losses, last = _run_torch_schedule(rank, cfg, prof)
+    dist.barrier()
+    _log(rank, "writing traces")
+    gz = out / f"rank{rank}.json.gz"
+    with open(trace_json, "rb") as src, gzip.open(gz, "wb", compresslevel=9) as dst:
+        shutil.copyfileobj(src, dst)
+    os.remove(trace_json)
+    if last:
+        (out / f".losses.rank{rank}.json").write_text(json.dumps(step_losses))
+
+
+def _run_torch_schedule(rank: int, cfg: CaptureConfig, prof) -> tuple[list[float], bool]:
+    """``2 + steps`` training steps of a torch.distributed.pipelining schedule; the step
+    losses (last stage) and whether this rank holds the last stage."""
     from torch.distributed.pipelining import PipelineStage
 
     my_stages = cfg.stages_of_rank(rank)
@@ -278,42 +312,19 @@ def _train_and_profile(rank: int, cfg: CaptureConfig, out: Path) -> None:
     # same data on every rank (the generator is seeded alike); only the holders use it
     xs = [torch.randn(batch, cfg.hidden, generator=gen) for _ in range(cfg.steps + 2)]
     ys = [torch.randn(batch, cfg.hidden, generator=gen) for _ in range(cfg.steps + 2)]
-
-    trace_json = out / f"rank{rank}.json"
-
-    def on_trace_ready(prof):
-        prof.export_chrome_trace(str(trace_json))
-
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    prof = torch.profiler.profile(
-        activities=activities,
-        schedule=torch.profiler.schedule(wait=1, warmup=1, active=cfg.steps, repeat=1),
-        record_shapes=True,
-        with_stack=False,
-        experimental_config=torch.profiler._ExperimentalConfig(profile_all_threads=True),
-        on_trace_ready=on_trace_ready,
-    )
     step_losses: list[float] = []
-    with prof:
-        for step in range(cfg.steps + 2):
-            phase = "shape inference + warm-up" if step == 0 else (
-                "warm-up (not recorded)" if step == 1 else f"profiling {step - 1}/{cfg.steps}")
-            _log(rank, f"step {step}: {phase}")
-            t0, c0 = time.perf_counter(), time.process_time()
-            loss = train_step(schedule, optimizer, xs[step], ys[step], first, last)
-            if loss is not None:
-                step_losses.append(loss)
-            prof.step()
-            _log(rank, f"step {step} took {(time.perf_counter() - t0) * 1000:.0f} ms on rank 0 "
-                       f"({(time.process_time() - c0) * 1000:.0f} ms CPU)")
-    dist.barrier()
-    _log(rank, "writing traces")
-    gz = out / f"rank{rank}.json.gz"
-    with open(trace_json, "rb") as src, gzip.open(gz, "wb", compresslevel=9) as dst:
-        shutil.copyfileobj(src, dst)
-    os.remove(trace_json)
-    if last:
-        (out / f".losses.rank{rank}.json").write_text(json.dumps(step_losses))
+    for step in range(cfg.steps + 2):
+        phase = "shape inference + warm-up" if step == 0 else (
+            "warm-up (not recorded)" if step == 1 else f"profiling {step - 1}/{cfg.steps}")
+        _log(rank, f"step {step}: {phase}")
+        t0, c0 = time.perf_counter(), time.process_time()
+        loss = train_step(schedule, optimizer, xs[step], ys[step], first, last)
+        if loss is not None:
+            step_losses.append(loss)
+        prof.step()
+        _log(rank, f"step {step} took {(time.perf_counter() - t0) * 1000:.0f} ms on rank 0 "
+                   f"({(time.process_time() - c0) * 1000:.0f} ms CPU)")
+    return step_losses, last
 
 
 def train_step(schedule, optimizer, x, y, first: bool, last: bool) -> float | None:
