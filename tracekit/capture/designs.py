@@ -52,8 +52,13 @@ class _Links:
         self.rank, self.p, self.shape = rank, p, shape
         self.sends: list = []
 
-    def recv(self, src: int, tag: int) -> torch.Tensor:
-        buf = torch.empty(self.shape)
+    def buffer(self) -> torch.Tensor:
+        """A receive buffer, made before the action's label opens (as torch's stages make
+        theirs ahead): an op before the wait would count as the action's compute."""
+        return torch.empty(self.shape)
+
+    @staticmethod
+    def recv(buf: torch.Tensor, src: int, tag: int) -> torch.Tensor:
         dist.irecv(buf, src=src, tag=tag).wait()
         return buf
 
@@ -74,10 +79,10 @@ class _Links:
         if self.rank + 1 < self.p:
             self.send(probe, self.rank + 1, tag=0)
         if self.rank > 0:
-            self.recv(self.rank - 1, tag=0)
+            self.recv(self.buffer(), self.rank - 1, tag=0)
             self.send(probe, self.rank - 1, tag=0)
         if self.rank + 1 < self.p:
-            self.recv(self.rank + 1, tag=0)
+            self.recv(self.buffer(), self.rank + 1, tag=0)
         self.wait_sends()
 
 
@@ -161,9 +166,10 @@ def pipedream_2bw(rank: int, cfg: CaptureConfig, prof, log: Callable[[str], None
     prof.step()   # warm-up step done: the next one is recorded
     backwards = 0
     for kind, mb in one_f_one_b_no_flush(rank, p, n):
+        buf = links.buffer()
         with record_function(_label(rank, kind, mb)):
             if kind == "F":
-                x = xs[mb] if first else links.recv(rank - 1, tag=mb).requires_grad_()
+                x = xs[mb] if first else links.recv(buf, rank - 1, tag=mb).requires_grad_()
                 out = weights.forward(mb, x)
                 if last:
                     out = loss_fn(out, ys[mb])
@@ -173,7 +179,7 @@ def pipedream_2bw(rank: int, cfg: CaptureConfig, prof, log: Callable[[str], None
                 live[mb] = (x, out)
             else:
                 x, out = live.pop(mb)
-                grad = None if last else links.recv(rank + 1, tag=mb)
+                grad = None if last else links.recv(buf, rank + 1, tag=mb)
                 torch.autograd.backward(out, grad)
                 weights.backward_done(mb)
                 if not first:
@@ -262,9 +268,10 @@ def terapipe(rank: int, cfg: CaptureConfig, prof, log: Callable[[str], None]) ->
         live: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         step_losses: list[float] = []
         for kind, i in terapipe_order(m):
+            buf = links.buffer()
             with record_function(_label(rank, kind, i)):
                 if kind == "F":
-                    x = xs[i] if first else links.recv(rank - 1, tag=i).requires_grad_()
+                    x = xs[i] if first else links.recv(buf, rank - 1, tag=i).requires_grad_()
                     out = stage.forward_slice(i, x, cfg.slice_factor(i))
                     if last:
                         out = loss_fn(out, ys[i])
@@ -274,7 +281,7 @@ def terapipe(rank: int, cfg: CaptureConfig, prof, log: Callable[[str], None]) ->
                     live[i] = (x, out)
                 else:
                     x, out = live.pop(i)
-                    grad = None if last else links.recv(rank + 1, tag=i)
+                    grad = None if last else links.recv(buf, rank + 1, tag=i)
                     stage.backward_slice(i, out, grad)
                     if not first:
                         links.send(x.grad, rank - 1, tag=i)
