@@ -13,7 +13,7 @@ from tracekit.analyze import Analysis
 from tracekit.analyze.attribution import CATEGORIES
 from tracekit.analyze.diagnosis import diagnose
 
-SCHEMA_VERSION = "1.3"
+SCHEMA_VERSION = "1.4"
 
 
 def _causes(row) -> dict[str, int]:
@@ -55,6 +55,7 @@ def to_document(analysis: Analysis) -> dict:
         "ranks": [],
         "steps": [],
         "blame": {"stages": [], "links": []},
+        "slices": analysis.slices.to_dict() if analysis.slices is not None else None,
     }
     doc["host_view"] = _host_view(analysis)
     doc["device"] = _device(analysis)

@@ -1,0 +1,99 @@
+"""Per-microbatch compute cost and the idle its spread causes (TeraPipe's token slices).
+
+In TeraPipe a step's microbatches are slices of one sequence, and a later slice's attention
+looks at a longer prefix, so it costs more. The pipeline's fill and drain are then set by
+the dearest slice, not the mean one (:func:`tracekit.analyze.theory.sliced_bubble`).
+
+Two figures:
+
+- the cost of each microbatch index: its forward and backward compute, averaged over
+  stages and steps, and the dearest one's cost over the first's (``growth``);
+- the idle the spread causes: every step's measured graph replayed with each stage's
+  actions of one kind at their mean over the step's microbatches (same work per stage,
+  no spread; stage imbalance, overheads and latencies kept), against the replay with the
+  measured durations. ``skew_idle_ns`` is the idle that goes away, and its share of the
+  replayed idle; negative where the spread shortens the idle.
+
+Microbatch ids must name the same slice in every step, so a flush-free run (ids counting
+on across steps) gets none.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from tracekit.analyze.replay import StepGraph, idle_per_rank, replay
+from tracekit.model.run import compute_ns
+
+
+@dataclass
+class SliceCosts:
+    microbatches: list[int]
+    forward_ns: list[int]            # per microbatch index: mean forward compute over stages and steps
+    backward_ns: list[int]           # B, or I + W
+    skew_idle_ns: int | None = None  # replayed idle removed when slices cost their stage's mean
+    replay_idle_ns: int | None = None
+
+    @property
+    def total_ns(self) -> list[int]:
+        return [f + b for f, b in zip(self.forward_ns, self.backward_ns)]
+
+    @property
+    def growth(self) -> float:
+        """The dearest microbatch's compute over the first's."""
+        total = self.total_ns
+        return max(total) / total[0] if total and total[0] > 0 else float("nan")
+
+    @property
+    def dearest(self) -> int:
+        total = self.total_ns
+        return self.microbatches[int(np.argmax(total))]
+
+    @property
+    def skew_idle_share(self) -> float | None:
+        if self.skew_idle_ns is None or not self.replay_idle_ns:
+            return None
+        return self.skew_idle_ns / self.replay_idle_ns
+
+    def to_dict(self) -> dict:
+        share = self.skew_idle_share
+        return {
+            "microbatches": list(self.microbatches), "forward_ns": list(self.forward_ns),
+            "backward_ns": list(self.backward_ns), "total_ns": self.total_ns,
+            "growth": round(self.growth, 6), "dearest": self.dearest,
+            "skew_idle_ns": self.skew_idle_ns, "replay_idle_ns": self.replay_idle_ns,
+            "skew_idle_share": None if share is None else round(share, 6),
+        }
+
+
+def slice_costs(actions: pd.DataFrame, graphs: dict[int, StepGraph] | None = None) -> SliceCosts | None:
+    """Per-microbatch costs of a run whose microbatch ids repeat per step, and, given the
+    measured step graphs, the idle their spread causes. None without two microbatches."""
+    known = actions[actions["microbatch"] >= 0]
+    if known["microbatch"].nunique() < 2:
+        return None
+    compute = known.assign(compute=compute_ns(known), phase=np.where(known["kind"] == "F", "F", "B"))
+    # one action per (stage, step, microbatch, phase): I and W add up to the backward
+    per_action = compute.groupby(["phase", "microbatch", "stage", "step"])["compute"].sum()
+    mean = per_action.groupby(["phase", "microbatch"]).mean()
+    microbatches = sorted(int(i) for i in known["microbatch"].unique())
+    forward = [int(round(mean.get(("F", i), 0.0))) for i in microbatches]
+    backward = [int(round(mean.get(("B", i), 0.0))) for i in microbatches]
+    costs = SliceCosts(microbatches, forward, backward)
+    if graphs:
+        measured_idle = equalised_idle = 0
+        for graph in graphs.values():
+            measured_idle += sum(idle_per_rank(graph, replay(graph)).values())
+            dur = equalised_durations(graph)
+            equalised_idle += sum(idle_per_rank(graph, replay(graph, dur=dur), dur).values())
+        costs.replay_idle_ns = int(measured_idle)
+        costs.skew_idle_ns = int(measured_idle - equalised_idle)
+    return costs
+
+
+def equalised_durations(graph: StepGraph) -> np.ndarray:
+    """Every action at the mean duration of its (stage, kind) in the step."""
+    means = pd.Series(graph.dur).groupby([graph.stage, graph.kind.astype(str)]).transform("mean")
+    return np.round(means.to_numpy()).astype(np.int64)
