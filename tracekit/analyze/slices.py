@@ -6,8 +6,8 @@ the dearest slice, not the mean one (:func:`tracekit.analyze.theory.sliced_bubbl
 
 Two figures:
 
-- the cost of each microbatch index: its forward and backward compute, averaged over
-  stages and steps, and the dearest one's cost over the first's (``growth``);
+- the cost of each microbatch index: its forward and backward compute, the median over
+  stages and steps (one stalled action does not move it), and the dearest one's cost over the first's (``growth``);
 - the idle the spread causes: every step's measured graph replayed with each stage's
   actions of one kind at their mean over the step's microbatches (same work per stage,
   no spread; stage imbalance, overheads and latencies kept), against the replay with the
@@ -31,7 +31,7 @@ from tracekit.model.run import compute_ns
 @dataclass
 class SliceCosts:
     microbatches: list[int]
-    forward_ns: list[int]            # per microbatch index: mean forward compute over stages and steps
+    forward_ns: list[int]            # per microbatch index: median forward compute over stages and steps
     backward_ns: list[int]           # B, or I + W
     skew_idle_ns: int | None = None  # replayed idle removed when slices cost their stage's mean
     replay_idle_ns: int | None = None
@@ -77,10 +77,10 @@ def slice_costs(actions: pd.DataFrame, graphs: dict[int, StepGraph] | None = Non
     compute = known.assign(compute=compute_ns(known), phase=np.where(known["kind"] == "F", "F", "B"))
     # one action per (stage, step, microbatch, phase): I and W add up to the backward
     per_action = compute.groupby(["phase", "microbatch", "stage", "step"])["compute"].sum()
-    mean = per_action.groupby(["phase", "microbatch"]).mean()
+    typical = per_action.groupby(["phase", "microbatch"]).median()
     microbatches = sorted(int(i) for i in known["microbatch"].unique())
-    forward = [int(round(mean.get(("F", i), 0.0))) for i in microbatches]
-    backward = [int(round(mean.get(("B", i), 0.0))) for i in microbatches]
+    forward = [int(round(typical.get(("F", i), 0.0))) for i in microbatches]
+    backward = [int(round(typical.get(("B", i), 0.0))) for i in microbatches]
     costs = SliceCosts(microbatches, forward, backward)
     if graphs:
         measured_idle = equalised_idle = 0

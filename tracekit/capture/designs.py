@@ -227,7 +227,8 @@ class SlicedAttentionStage(nn.Module):
             k = TracekitEmuCompute.apply(F.linear(h, w, lin.bias), lin.fwd_ms * factor, lin.igrad_ms * factor)
             context = torch.cat([*self.keys[layer_index], k]) if self.keys[layer_index] else k
             scores = k @ context.T / math.sqrt(k.shape[-1])
-            h = k + torch.softmax(scores, dim=-1) @ context
+            # the mean of the two keeps the scale of a plain layer (a sum doubles it per layer)
+            h = 0.5 * (k + torch.softmax(scores, dim=-1) @ context)
             own.append(k)
             self.keys[layer_index].append(k.detach().requires_grad_())
             last_layer = layer_index == len(self.linears) - 1

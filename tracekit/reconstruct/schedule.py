@@ -134,11 +134,12 @@ def _backwards_reversed(actions: pd.DataFrame) -> bool:
 
 
 def slice_growth(actions: pd.DataFrame) -> float | None:
-    """The smallest, over stages, of the last microbatch's compute (forward + backward, mean
-    over steps) over the first's, where every stage's compute rises with the microbatch
-    index (rank correlation > 0.9); None where some stage's does not."""
+    """The smallest, over stages, of the last microbatch's compute (forward + backward,
+    median over steps: one stalled action does not hide the trend) over the first's, where
+    every stage's compute rises with the microbatch index (rank correlation > 0.9); None
+    where some stage's does not."""
     cost = actions.assign(compute=compute_ns(actions))
-    per = cost.groupby(["stage", "microbatch", "step"])["compute"].sum().groupby(["stage", "microbatch"]).mean()
+    per = cost.groupby(["stage", "microbatch", "step"])["compute"].sum().groupby(["stage", "microbatch"]).median()
     growth = []
     for _, by_mb in per.groupby(level="stage"):
         values = by_mb.to_numpy(dtype=float)
