@@ -88,13 +88,14 @@ class StepGraph:
     def edge_links(self) -> list[tuple[int, int]]:
         return [(int(self.rank[s]), int(self.rank[d])) for s, d in zip(self.edge_src, self.edge_dst)]
 
-    def balanced_durations(self) -> np.ndarray:
+    def balanced_durations(self, by_microbatch: bool | None = None) -> np.ndarray:
         """Every action at its kind's typical duration: the median over stages of each
         stage's mean duration for that kind (a slow stage is the outlier, not the norm);
-        with ``balance_by_microbatch``, per kind and microbatch."""
+        per kind and microbatch with ``by_microbatch`` (default: ``balance_by_microbatch``)."""
         out = np.zeros(len(self.dur), dtype=np.int64)
+        by_microbatch = self.balance_by_microbatch if by_microbatch is None else by_microbatch
         groups = ([(k, m) for k, m in sorted(set(zip(self.kind.astype(str).tolist(), self.microbatch.tolist())))]
-                  if self.balance_by_microbatch else [(k, None) for k in np.unique(self.kind)])
+                  if by_microbatch else [(k, None) for k in np.unique(self.kind)])
         for kind, mb in groups:
             of_kind = (self.kind == kind) if mb is None else (self.kind == kind) & (self.microbatch == mb)
             stages, inverse = np.unique(self.stage[of_kind], return_inverse=True)

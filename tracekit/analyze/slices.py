@@ -8,11 +8,15 @@ Two figures:
 
 - the cost of each microbatch index: its forward and backward compute, the median over
   stages and steps (one stalled action does not move it), and the dearest one's cost over the first's (``growth``);
-- the idle the spread causes: every step's measured graph replayed with each stage's
-  actions of one kind at their mean over the step's microbatches (same work per stage,
-  no spread; stage imbalance, overheads and latencies kept), against the replay with the
-  measured durations. ``skew_idle_ns`` is the idle that goes away, and its share of the
-  replayed idle; negative where the spread shortens the idle.
+- the idle the spread causes: every step's graph replayed as the attribution's ideal
+  (stages balanced per microbatch, messages free, no overhead; see
+  :mod:`tracekit.analyze.attribution`), once with the slices' costs and once with every
+  slice at the step's mean slice cost (each kind's balanced duration averaged over the
+  microbatches: GPipe's uniform fill and drain). ``skew_idle_ns`` is the idle the profile adds, part of the
+  fill and drain (warmup + drain) of the attribution, and its share of the replayed
+  (= measured) idle; negative where the spread shortens the idle. Noise and stalls of
+  single actions are left out on both sides: they are imbalance or overhead, not the
+  slices' profile.
 
 Microbatch ids must name the same slice in every step, so a flush-free run (ids counting
 on across steps) gets none.
@@ -33,7 +37,7 @@ class SliceCosts:
     microbatches: list[int]
     forward_ns: list[int]            # per microbatch index: median forward compute over stages and steps
     backward_ns: list[int]           # B, or I + W
-    skew_idle_ns: int | None = None  # replayed idle removed when slices cost their stage's mean
+    skew_idle_ns: int | None = None  # ideal replay's idle that the slice profile adds
     replay_idle_ns: int | None = None
 
     @property
@@ -84,16 +88,22 @@ def slice_costs(actions: pd.DataFrame, graphs: dict[int, StepGraph] | None = Non
     costs = SliceCosts(microbatches, forward, backward)
     if graphs:
         measured_idle = equalised_idle = 0
+        skewed_idle = 0
         for graph in graphs.values():
             measured_idle += sum(idle_per_rank(graph, replay(graph)).values())
-            dur = equalised_durations(graph)
-            equalised_idle += sum(idle_per_rank(graph, replay(graph, dur=dur), dur).values())
+            free = {"ovh": np.zeros_like(graph.ovh), "lat": np.zeros_like(graph.edge_lat),
+                    "xfer": np.zeros_like(graph.edge_xfer)}
+            balanced = graph.balanced_durations(by_microbatch=True)
+            skewed_idle += sum(idle_per_rank(graph, replay(graph, dur=balanced, **free), balanced).values())
+            flat = equalised_durations(graph, balanced)
+            equalised_idle += sum(idle_per_rank(graph, replay(graph, dur=flat, **free), flat).values())
         costs.replay_idle_ns = int(measured_idle)
-        costs.skew_idle_ns = int(measured_idle - equalised_idle)
+        costs.skew_idle_ns = int(skewed_idle - equalised_idle)
     return costs
 
 
-def equalised_durations(graph: StepGraph) -> np.ndarray:
-    """Every action at the mean duration of its (stage, kind) in the step."""
-    means = pd.Series(graph.dur).groupby([graph.stage, graph.kind.astype(str)]).transform("mean")
+def equalised_durations(graph: StepGraph, dur: np.ndarray) -> np.ndarray:
+    """``dur`` with every action at the mean of its kind over the step's actions (the same
+    total work, no spread between microbatches)."""
+    means = pd.Series(dur).groupby(graph.kind.astype(str)).transform("mean")
     return np.round(means.to_numpy()).astype(np.int64)
