@@ -145,7 +145,7 @@ def test_2bw_is_recognised_as_one_continuous_pipeline(loaded_runs):
     assert theory.bubble_ratio == pytest.approx(3 / 51)
     doc = to_document(analysis)
     assert doc["schedule"]["flush_free"] is True and doc["slices"] is None
-    assert "no flush: each step is a rank's own stretch" in render_console(doc)
+    assert "no flush: a step is one rank's stretch between two of its weight updates" in render_console(doc)
 
 
 def test_2bw_schedule_idle_is_the_fill_only(loaded_runs):

@@ -112,8 +112,8 @@ def _design_lines(doc: dict) -> list[str]:
     """What a flush-free pipeline's steps are, and how much dearer later slices are."""
     lines = []
     if doc["schedule"].get("flush_free"):
-        lines.append("  no flush: each step is a rank's own stretch between weight updates (the ranks' "
-                     "overlap by design); only the pipeline's fill is schedule idle")
+        lines.append("  no flush: a step is one rank's stretch between two of its weight updates (steps of "
+                     "different ranks overlap by design); only the pipeline's fill is schedule idle")
     slices = doc.get("slices")
     if slices and (doc["schedule"]["name"].startswith("TeraPipe") or slices["growth"] >= SLICE_LINE_GROWTH):
         share = slices.get("skew_idle_share")
