@@ -85,7 +85,8 @@ def test_2bw_sample_is_a_flush_free_pipeline_with_running_microbatch_ids():
     _need(TWO_BW)
     meta = capture_of(TWO_BW)
     assert meta["schedule"] == "PipeDream2BW" and (meta["p"], meta["v"], meta["m"]) == (4, 1, 8)
-    assert meta["command"] == "tracekit capture -o sample_traces/pipedream_2bw --schedule PipeDream2BW -p 4 -m 8 --steps 3"
+    assert meta["command"] == ("tracekit capture -o sample_traces/pipedream_2bw --schedule PipeDream2BW "
+                               "-p 4 -m 8 --steps 3")
     assert meta["design"]["weight_versions"] == 2 and meta["design"]["weight_update_every_microbatches"] == 8
     assert meta["profiler"]["schedule"] == {"wait": 0, "warmup": 1, "active": 3}
     losses = meta["losses_per_step"]
@@ -157,6 +158,8 @@ def test_2bw_schedule_idle_is_the_fill_only(loaded_runs):
     acts = raw_actions(TWO_BW)
     first_compute = min(a["start"] for a in acts)
     table = analysis.attribution.table.merge(analysis.bubbles, on=["rank", "step"], suffixes=("", "_b"))
+    t_f = np.median([a["end"] - a["start"] for a in acts if a["kind"] == "F"])
+    t_b = np.median([a["end"] - a["start"] for a in acts if a["kind"] == "B"])
     for rank in range(4):
         mine = [a for a in acts if a["rank"] == rank]
         warm_last = next(a for a in mine if a["kind"] == "F" and a["mb"] == 4 - rank - 1)
@@ -165,7 +168,10 @@ def test_2bw_schedule_idle_is_the_fill_only(loaded_runs):
         fill = (mine[0]["start"] - window_start) + (first_b["start"] - warm_last["end"])
         row = table[(table["rank"] == rank) & (table["step"] == 1)].iloc[0]
         schedule_idle = row["warmup_ns"] + row["drain_ns"] + row["schedule_gaps_ns"]
+        # the measured fill holds overhead and latency too; the ideal one is r*t_f + (p-1-r)*t_b
         assert abs(row["warmup_ns"] - fill) <= 0.1 * fill + 3e6, (rank, row["warmup_ns"], fill)
+        ideal_fill = rank * t_f + (4 - 1 - rank) * t_b
+        assert row["warmup_ns"] == pytest.approx(ideal_fill, rel=0.05), (rank, row["warmup_ns"], ideal_fill)
         assert row["drain_ns"] == 0
         assert schedule_idle <= row["idle_ns"]
         for step in (2, 3):
@@ -296,3 +302,10 @@ def test_live_capture_terapipe(tmp_path):
     assert run.schedule.name == "TeraPipe (token slices)"
     analysis = analyze(run)
     assert analysis.slices.dearest == 1 and analysis.slices.growth > 1.2
+
+
+def test_whatif_refuses_a_flush_free_run_in_one_line():
+    _need(TWO_BW)
+    result = CliRunner().invoke(main, ["whatif", str(TWO_BW)])
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert result.exit_code == 2 and len(lines) == 1 and "has no flush" in lines[0], result.output

@@ -191,7 +191,7 @@ LOOP_HOW = (
 
 def design_manifest(config: CaptureConfig) -> dict:
     """capture.json's ``design``: what the design loop ran, its order and its costs."""
-    p, m, steps = config.ranks, config.microbatches, config.steps
+    m, steps = config.microbatches, config.steps
     per_layer = config.layer_costs_ms(0)["forward"]
     layers = config.layers // config.n_stages
     if config.schedule == "PipeDream2BW":
