@@ -6,14 +6,16 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from tracekit.analyze.attribution import Attribution, attribute
-from tracekit.analyze.bubbles import measure_pipeline, measure_plain, summarise
+from tracekit.analyze.bubbles import measure_continuous, measure_pipeline, measure_plain, summarise
 from tracekit.analyze.device import (
     DeviceFigures, device_figures, measure_device_pipeline, measure_device_plain,
 )
 from tracekit.analyze.shares import ShareError, share
-from tracekit.analyze.theory import Theory, theoretical_bubble
+from tracekit.analyze.slices import SliceCosts, slice_costs
+from tracekit.analyze.theory import Theory, flush_free_bubble, sliced_bubble, theoretical_bubble
 from tracekit.errors import TracekitError
 from tracekit.model.run import Run, compute_ns
+from tracekit.reconstruct.schedule import TERAPIPE_NAME
 
 # Replay residual (|measured - replayed makespan|) above this share of the step is flagged.
 FIDELITY_WARN_SHARE = 0.01
@@ -32,6 +34,7 @@ class Analysis:
     attribution: Attribution | None = None
     device: DeviceFigures | None = None    # device-timeline figures (GPU runs read on the device)
     host_view: dict | None = None          # summarise() of the host-side spans, where they differ
+    slices: SliceCosts | None = None       # per-microbatch cost and its idle (microbatch ids per step)
 
     @property
     def timeline(self) -> str:
@@ -85,8 +88,12 @@ def _analyze(run: Run, attribution: bool) -> Analysis:
         raise TracekitError(
             f"{run.source}: every pipeline action lies outside the profiled steps (ProfilerStep#N): "
             "nothing to measure; profile whole steps")
-    bubbles = measure_device_pipeline(actions, run.device) if on_device else measure_pipeline(actions)
-    _warn_overlapping_steps(run, actions)
+    flush_free = run.schedule is not None and run.schedule.flush_free
+    if flush_free and not on_device:
+        bubbles = measure_continuous(actions, run.steps)   # per-rank windows: steps do not overlap
+    else:
+        bubbles = measure_device_pipeline(actions, run.device) if on_device else measure_pipeline(actions)
+        _warn_overlapping_steps(run, actions)
     result = Analysis(run=run, bubbles=bubbles, summary=summarise(bubbles),
                       durations_ns=typical_durations(actions))
     if on_device:
@@ -104,7 +111,13 @@ def _analyze(run: Run, attribution: bool) -> Analysis:
     t_w = d.get("W")
     if "I" in d and "W" in d and "B" not in d:
         t_b = d["I"] + d["W"]
-    result.theory = theoretical_bubble(sched.name, sched.p, sched.v, sched.m, t_f, t_b, t_w)
+    if sched.flush_free:
+        first_stage = actions[actions["stage"] == actions["stage"].min()]
+        fill_recorded = bool((first_stage["microbatch"] == 0).any())
+        result.theory = flush_free_bubble(sched.name, sched.p, sched.m, int(actions["step"].nunique()),
+                                          fill_recorded)
+    else:
+        result.theory = theoretical_bubble(sched.name, sched.p, sched.v, sched.m, t_f, t_b, t_w)
     if attribution:
         result.attribution = attribute(run, bubbles)
         steps = result.attribution.steps
@@ -119,12 +132,18 @@ def _analyze(run: Run, attribution: bool) -> Analysis:
                          "attribution there is less certain")
             for note in s.notes:
                 run.warn(f"step {s.step}: {note}")
+    if not sched.flush_free:
+        result.slices = slice_costs(actions, result.attribution.graphs if result.attribution else None)
+        if result.slices is not None and sched.name == TERAPIPE_NAME and sched.p == sched.n_stages:
+            result.theory = sliced_bubble(sched.name, sched.p, result.slices.forward_ns, result.slices.backward_ns)
     return result
 
 
 def _warn_overlapping_steps(run: Run, actions: pd.DataFrame) -> None:
     """Step windows are global (first compute start to last compute end, all ranks), so a
-    rank that starts step N+1 before another finishes step N puts that stretch in both."""
+    rank that starts step N+1 before another finishes step N puts that stretch in both.
+    Not called for a flush-free pipeline: its steps are per-rank windows that tile each
+    rank's timeline (``measure_continuous``), and its steps overlap across ranks by design."""
     from tracekit.analyze.bubbles import step_windows
 
     windows = step_windows(actions)

@@ -5,8 +5,9 @@ Method (``shared/docs/pipeline-theory.md``, "What attribute idle time has to mea
 1. Build the step's measured dependency graph and replay it (fidelity: it must reproduce
    the measured step; the residual is reported and folded into overhead/other).
 2. Three causes can be switched off: **imbalance** (durations -> each kind's typical
-   duration), **comm** (message latencies -> 0) and **overhead** (gaps with data there and
-   the rank free -> 0). With all three off, what idle remains is what the schedule itself
+   duration; per kind and microbatch for TeraPipe, whose slices differ by design),
+   **comm** (message latencies -> 0) and **overhead** (gaps with data there and the rank
+   free -> 0). With all three off, what idle remains is what the schedule itself
    forces: split into **warmup** (before the rank's first action), **drain** (after its last)
    and **schedule gaps** (between).
 3. Each cause's share is its exact Shapley value over the 2^3 = 8 replays, so the result
@@ -30,6 +31,7 @@ import pandas as pd
 
 from tracekit.analyze.replay import StepGraph, critical_path, idle_per_rank, replay, step_graphs
 from tracekit.model.run import Run
+from tracekit.reconstruct.schedule import TERAPIPE_NAME
 
 CAUSES = ("imbalance", "comm", "overhead")
 # Blame replays one stage (or link) at a time: on big pipelines only the stages with the
@@ -142,13 +144,14 @@ def attribute_step(graph: StepGraph, measured_idle: dict[int, int], measured_mak
     full, none = frozenset(CAUSES), frozenset()
     signed = shapley(values, CAUSES, ranks)
     ideal = results[none]
-    ideal_end = int(ideal.end.max())
     stage_gain = _stage_gains(graph, values[full], balanced)
     link_latency = _link_latency(graph)
     link_gain = _link_gains(graph, values[full], link_latency)
     rows, stage_rows, link_rows = [], [], []
+    ideal_windows = graph.window_ns(ideal)
     for r in ranks:
-        warmup, drain, gaps = _schedule_idle(graph, ideal, r, ideal_end)
+        window_start = graph.origin(int(np.flatnonzero(graph.rank == r)[0]))
+        warmup, drain, gaps = _schedule_idle(graph, ideal, r, window_start, window_start + ideal_windows[r])
         residual = measured_idle[r] - values[full][r]
         raw = [warmup, drain, gaps, signed[r]["imbalance"], signed[r]["comm"],
                signed[r]["overhead"] + residual]
@@ -178,27 +181,35 @@ def attribute_step(graph: StepGraph, measured_idle: dict[int, int], measured_mak
         stage_blame=pd.DataFrame(stage_rows, columns=["rank", "stage", "imbalance_ns"]),
         link_blame=pd.DataFrame(link_rows, columns=["rank", "src_rank", "dst_rank", "comm_ns"]),
         critical_path=critical_path(graph, full_result),
-        replay_makespan_ns=full_result.makespan(graph.t0), measured_makespan_ns=measured_makespan,
-        ideal_makespan_ns=ideal.makespan(graph.t0), ideal_idle_ns=dict(values[none]), notes=list(graph.notes),
+        replay_makespan_ns=_makespan(graph, full_result), measured_makespan_ns=measured_makespan,
+        ideal_makespan_ns=_makespan(graph, ideal), ideal_idle_ns=dict(values[none]), notes=list(graph.notes),
     )
 
 
-def _schedule_idle(graph: StepGraph, ideal, rank: int, ideal_end: int) -> tuple[int, int, int]:
-    """Split a rank's idle in the all-causes-removed replay by pipeline phase: warmup is
-    idle before its first backward (the pipeline filling), drain is idle after its last
-    forward (emptying), schedule gaps are idle in between (steady-state holes of
-    interleaved and zero-bubble schedules)."""
+def _makespan(graph: StepGraph, result) -> int:
+    """The replayed step's length: t0 to its last end; with per-rank windows (flush-free)
+    the longest rank window, as the bubble table's ``window_ns`` is then per rank."""
+    return max(graph.window_ns(result).values(), default=0)
+
+
+def _schedule_idle(graph: StepGraph, ideal, rank: int, window_start: int, window_end: int) -> tuple[int, int, int]:
+    """Split a rank's idle in the all-causes-removed replay, over its window
+    [window_start, window_end], by pipeline phase: warmup is idle before its first backward
+    (the pipeline filling), drain is idle after its last forward (emptying), schedule gaps
+    are idle in between (steady-state holes of interleaved and zero-bubble schedules).
+    In a flush-free pipeline a step after the pipeline's first starts in steady state, so
+    its schedule idle is ~0; the pipeline's first step (where recorded) holds the fill."""
     on_rank = np.flatnonzero(graph.rank == rank)
     order = on_rank[np.argsort(ideal.start[on_rank], kind="stable")]
     starts, ends = ideal.start[order], ideal.end[order]
     kinds = graph.kind[order]
     backward = np.isin(kinds, ("B", "I"))
     forward = np.isin(kinds, ("F",))
-    first_bwd = int(starts[backward].min()) if backward.any() else ideal_end
-    last_fwd = int(ends[forward].max()) if forward.any() else graph.t0
+    first_bwd = int(starts[backward].min()) if backward.any() else window_end
+    last_fwd = int(ends[forward].max()) if forward.any() else window_start
     drain_from = max(last_fwd, first_bwd)
-    holes_lo = np.concatenate(([graph.t0], ends))
-    holes_hi = np.concatenate((starts, [ideal_end]))
+    holes_lo = np.concatenate(([window_start], ends))
+    holes_hi = np.concatenate((starts, [window_end]))
     warmup = drain = gaps = 0
     for lo, hi in zip(holes_lo, holes_hi):
         lo, hi = int(lo), int(hi)
@@ -257,9 +268,16 @@ def _excess_work(graph: StepGraph, balanced: np.ndarray, stage: int) -> float:
 
 
 def attribute(run: Run, bubbles: pd.DataFrame) -> Attribution:
-    """Attribute every pipeline step of the run."""
+    """Attribute every pipeline step of the run (a flush-free one over its per-rank
+    windows, those of ``bubbles``)."""
     steps = []
-    graphs = step_graphs(run)
+    flush_free = run.schedule is not None and run.schedule.flush_free
+    graphs = step_graphs(run, bubbles[["rank", "step", "window_start_ns"]] if flush_free else None)
+    if run.schedule is not None and run.schedule.name == TERAPIPE_NAME:
+        # token slices cost more by design: that spread is the workload's, not a stage's
+        # (reported on its own by tracekit.analyze.slices), so balancing keeps it
+        for graph in graphs.values():
+            graph.balance_by_microbatch = True
     for step, graph in graphs.items():
         rows = bubbles[bubbles["step"] == step]
         measured_idle = {int(r): int(i) for r, i in zip(rows["rank"], rows["idle_ns"])}

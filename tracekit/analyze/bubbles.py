@@ -1,7 +1,8 @@
 """Measured bubbles: per rank and step, the window, busy time, idle time and bubble ratio.
 
 The step window is global: from the first compute start to the last compute end over all
-ranks in that step (``pipeline-theory.md``). Busy is the union of the rank's compute spans
+ranks in that step (``pipeline-theory.md``). A flush-free pipeline (PipeDream-2BW) has no
+global step: see :func:`measure_continuous`. Busy is the union of the rank's compute spans
 inside it; idle is the rest. For runs with no pipeline actions, each rank's busy time is
 its GPU kernels (or, without a GPU, any CPU op or annotation) inside its own step windows.
 """
@@ -33,6 +34,50 @@ def measure_pipeline(actions: pd.DataFrame) -> pd.DataFrame:
     for (rank, step), group in actions.groupby(["rank", "step"], sort=True):
         lo = int(windows.at[step, "window_start_ns"])
         hi = int(windows.at[step, "window_end_ns"])
+        busy = union_length(group["start_ns"].to_numpy(), group["end_ns"].to_numpy(), lo, hi)
+        rows.append((int(rank), int(step), lo, hi, hi - lo, busy))
+    return bubble_table(rows)
+
+
+def continuous_windows(actions: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """Per-rank step windows of a flush-free pipeline (rank, step, window_start_ns,
+    window_end_ns).
+
+    With no flush, a rank's step is the stretch between two of its own weight updates and
+    the ranks' updates are staggered (the last stage's come first), so one global window
+    per step would put the same stretch in two steps. Instead each rank's windows tile its
+    own timeline: step N runs from the end of the rank's last compute in step N-1 to the
+    end of its last compute in step N, so the wait for the step's first input and the
+    weight update itself fall into it. The rank's first recorded step starts at its
+    ``ProfilerStep`` start, but no earlier than the first compute over all ranks: where the
+    trace holds the pipeline's start, the ranks' wait for their first inputs (the fill)
+    is idle, and a profiler started early on one rank is not."""
+    first_compute = int(actions["start_ns"].min())
+    step_start = {(int(r), int(s)): int(t) for r, s, t in
+                  zip(steps["rank"], steps["step"], steps["step_start_ns"])}
+    last_end = actions.groupby(["rank", "step"])["end_ns"].max()
+    first_start = actions.groupby(["rank", "step"])["start_ns"].min()
+    rows = []
+    for rank, ends in last_end.groupby(level="rank"):
+        previous_end = None
+        for (_, step), end in ends.items():
+            if previous_end is None:
+                start = max(step_start.get((int(rank), int(step)), first_compute), first_compute)
+                start = min(start, int(first_start[(rank, step)]))
+            else:
+                start = previous_end
+            rows.append((int(rank), int(step), start, int(end)))
+            previous_end = int(end)
+    return pd.DataFrame(rows, columns=["rank", "step", "window_start_ns", "window_end_ns"])
+
+
+def measure_continuous(actions: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """Bubble table of a flush-free pipeline: per-rank windows (:func:`continuous_windows`)."""
+    windows = continuous_windows(actions, steps).set_index(["rank", "step"])
+    rows = []
+    for (rank, step), group in actions.groupby(["rank", "step"], sort=True):
+        lo = int(windows.at[(rank, step), "window_start_ns"])
+        hi = int(windows.at[(rank, step), "window_end_ns"])
         busy = union_length(group["start_ns"].to_numpy(), group["end_ns"].to_numpy(), lo, hi)
         rows.append((int(rank), int(step), lo, hi, hi - lo, busy))
     return bubble_table(rows)

@@ -48,6 +48,16 @@ class StepGraph:
     # kernels run, so it takes this long after the later of the producer's data leaving and
     # the consumer's rank being free); zeros: the latency is all there is.
     edge_xfer: np.ndarray | None = None
+    # Flush-free pipelines (PipeDream-2BW): each rank's own window start, where its first
+    # action may begin (else t0 for every rank) and from which its idle is counted (else
+    # t0, and the step ends at its last action on any rank); see step_graphs.
+    rank_start: dict[int, int] | None = None
+    # Earliest start of each action from outside the graph: inputs that a previous step
+    # produced, taken as they arrived (0: none).
+    release: np.ndarray | None = None
+    # Microbatches that differ in cost by design (TeraPipe's token slices): balancing keeps
+    # each microbatch's cost and balances the stages per microbatch.
+    balance_by_microbatch: bool = False
 
     def __post_init__(self) -> None:
         if self.edge_xfer is None:
@@ -60,15 +70,34 @@ class StepGraph:
     def ranks(self) -> np.ndarray:
         return np.unique(self.rank)
 
+    def origin(self, i: int) -> int:
+        """Where action ``i``'s rank starts: its own window start, else t0."""
+        if self.rank_start is None:
+            return self.t0
+        return self.rank_start.get(int(self.rank[i]), self.t0)
+
+    def window_ns(self, result: "Replay") -> dict[int, int]:
+        """Each rank's replayed window: from t0 (or its own start) to the step's last end
+        (or, with per-rank windows, its own last end)."""
+        if self.rank_start is None:
+            makespan = result.makespan(self.t0)
+            return {int(r): makespan for r in self.ranks}
+        return {int(r): int(result.end[self.rank == r].max()) - self.rank_start.get(int(r), self.t0)
+                for r in self.ranks}
+
     def edge_links(self) -> list[tuple[int, int]]:
         return [(int(self.rank[s]), int(self.rank[d])) for s, d in zip(self.edge_src, self.edge_dst)]
 
-    def balanced_durations(self) -> np.ndarray:
+    def balanced_durations(self, by_microbatch: bool | None = None) -> np.ndarray:
         """Every action at its kind's typical duration: the median over stages of each
-        stage's mean duration for that kind (a slow stage is the outlier, not the norm)."""
+        stage's mean duration for that kind (a slow stage is the outlier, not the norm);
+        per kind and microbatch with ``by_microbatch`` (default: ``balance_by_microbatch``)."""
         out = np.zeros(len(self.dur), dtype=np.int64)
-        for kind in np.unique(self.kind):
-            of_kind = self.kind == kind
+        by_microbatch = self.balance_by_microbatch if by_microbatch is None else by_microbatch
+        groups = ([(k, m) for k, m in sorted(set(zip(self.kind.astype(str).tolist(), self.microbatch.tolist())))]
+                  if by_microbatch else [(k, None) for k in np.unique(self.kind)])
+        for kind, mb in groups:
+            of_kind = (self.kind == kind) if mb is None else (self.kind == kind) & (self.microbatch == mb)
             stages, inverse = np.unique(self.stage[of_kind], return_inverse=True)
             means = np.bincount(inverse, weights=self.dur[of_kind]) / np.bincount(inverse)
             out[of_kind] = int(round(float(np.median(means))))
@@ -101,7 +130,9 @@ def replay(graph: StepGraph, dur: np.ndarray | None = None, ovh: np.ndarray | No
     prev = graph.prev
     src = graph.edge_src
     for i in range(n):
-        free = ready = graph.t0 if prev[i] < 0 else end[prev[i]]
+        free = ready = graph.origin(i) if prev[i] < 0 else end[prev[i]]
+        if graph.release is not None:
+            ready = max(ready, int(graph.release[i]))
         bind = -1
         for e in graph._in_edges[i]:
             arrival = end[src[e]] + lat[e]
@@ -116,10 +147,11 @@ def replay(graph: StepGraph, dur: np.ndarray | None = None, ovh: np.ndarray | No
 
 
 def idle_per_rank(graph: StepGraph, result: Replay, dur: np.ndarray | None = None) -> dict[int, int]:
-    """Each rank's idle time in the replayed step window [t0, last end]."""
+    """Each rank's idle time in the replayed step window [t0, last end] (per-rank windows:
+    [its start, its last end])."""
     dur = graph.dur if dur is None else dur
-    makespan = result.makespan(graph.t0)
-    return {int(r): makespan - int(dur[graph.rank == r].sum()) for r in graph.ranks}
+    windows = graph.window_ns(result)
+    return {int(r): windows[int(r)] - int(dur[graph.rank == r].sum()) for r in graph.ranks}
 
 
 def critical_path(graph: StepGraph, result: Replay) -> list[dict]:
@@ -215,19 +247,35 @@ def dependency_pairs(rank: np.ndarray, stage: np.ndarray, kind: np.ndarray,
     return pairs
 
 
-def step_graphs(run: Run) -> dict[int, StepGraph]:
-    """The measured graph of every step (the run's tables split by step once)."""
+def step_graphs(run: Run, windows=None) -> dict[int, StepGraph]:
+    """The measured graph of every step (the run's tables split by step once).
+
+    ``windows``: per-rank step windows (rank, step, window_start_ns), given for flush-free
+    pipelines (:func:`tracekit.analyze.bubbles.continuous_windows`). A step's graph then
+    starts each rank at its own window, takes every message into one of its actions
+    (whichever step the message is filed under), and an input produced in the previous
+    step as a release time at its measured arrival: that step is not replayed again."""
     acts_by_step = {int(s): g for s, g in run.actions.groupby("step", sort=True) if s >= 0}
     msgs = run.messages[(run.messages["producer_action"] >= 0) & (run.messages["consumer_action"] >= 0)]
-    msgs_by_step = {int(s): g for s, g in msgs.groupby("step", sort=False)}
+    if windows is not None:
+        step_of_action = dict(zip(run.actions["action_id"], run.actions["step"]))
+        by_consumer = msgs["consumer_action"].map(step_of_action)
+        msgs_by_step = {int(s): g for s, g in msgs.groupby(by_consumer, sort=False)}
+        starts = {int(s): {int(r): int(t) for r, t in zip(g["rank"], g["window_start_ns"])}
+                  for s, g in windows.groupby("step")}
+    else:
+        msgs_by_step = {int(s): g for s, g in msgs.groupby("step", sort=False)}
+        starts = {}
     empty = msgs.iloc[0:0]
-    return {step: graph_from_run(run, step, acts, msgs_by_step.get(step, empty))
+    return {step: graph_from_run(run, step, acts, msgs_by_step.get(step, empty), starts.get(step))
             for step, acts in acts_by_step.items()}
 
 
-def graph_from_run(run: Run, step: int, acts=None, msgs=None) -> StepGraph:
+def graph_from_run(run: Run, step: int, acts=None, msgs=None,
+                   rank_start: dict[int, int] | None = None) -> StepGraph:
     """The measured dependency graph of one step of a reconstructed run (``acts`` and
-    ``msgs``: that step's actions and linked messages, when already split out)."""
+    ``msgs``: that step's actions and linked messages, when already split out;
+    ``rank_start``: per-rank window starts of a flush-free pipeline, see step_graphs)."""
     if acts is None:
         acts = run.actions[run.actions["step"] == step]
     acts = acts.sort_values(["start_ns", "end_ns"])
@@ -252,10 +300,14 @@ def graph_from_run(run: Run, step: int, acts=None, msgs=None) -> StepGraph:
     rendezvous = "leave_ns" in msgs
     leaves = msgs["leave_ns"].tolist() if rendezvous else [-1] * len(msgs)
     transfers = msgs["transfer_ns"].tolist() if rendezvous else [-1] * len(msgs)
+    release = np.zeros(n, dtype=np.int64) if rank_start is not None else None
     for msg_id, producer, consumer, arrival, leave, transfer in zip(
             msgs["msg_id"].tolist(), msgs["producer_action"].tolist(), msgs["consumer_action"].tolist(),
             msgs["arrival_ns"].tolist(), leaves, transfers):
         s, d = pos.get(int(producer)), pos.get(int(consumer))
+        if s is None and d is not None and release is not None:
+            release[d] = max(release[d], min(int(arrival), int(start[d])))
+            continue
         if s is None or d is None or rank[s] == rank[d]:
             continue
         if end[s] > start[d]:
@@ -289,6 +341,8 @@ def graph_from_run(run: Run, step: int, acts=None, msgs=None) -> StepGraph:
     edge_msg = np.array([edges[k][1] for k in edge_keys], dtype=np.int64)
     edge_xfer = np.array([edges[k][2] for k in edge_keys], dtype=np.int64)
     t0 = int(start.min()) if n else 0
+    if rank_start is not None:
+        t0 = min([t0, *rank_start.values()])
     # Compute time (on the device: the union of the action's kernels); an action's idle
     # stretches between its kernels fall, in the replay, into the overhead of what follows.
     dur = np.minimum(compute_ns(acts).to_numpy(dtype=np.int64), end - start)
@@ -298,7 +352,10 @@ def graph_from_run(run: Run, step: int, acts=None, msgs=None) -> StepGraph:
     for e, d in enumerate(edge_dst):
         in_edges[d].append(e)
     for i in range(n):
-        free = ready = t0 if prev[i] < 0 else done[prev[i]]
+        origin = t0 if rank_start is None else rank_start.get(int(rank[i]), t0)
+        free = ready = origin if prev[i] < 0 else done[prev[i]]
+        if release is not None:
+            ready = max(ready, int(release[i]))
         for e in in_edges[i]:
             arrival = done[edge_src[e]] + edge_lat[e]
             if edge_xfer[e]:
@@ -308,4 +365,5 @@ def graph_from_run(run: Run, step: int, acts=None, msgs=None) -> StepGraph:
     return StepGraph(step=step, t0=t0, action_id=ids, rank=rank, stage=stage, kind=kind,
                      microbatch=mb, prev=prev, dur=dur, ovh=ovh, edge_src=edge_src,
                      edge_dst=edge_dst, edge_lat=edge_lat, edge_msg=edge_msg,
-                     measured_start=start, measured_end=end, notes=notes, edge_xfer=edge_xfer)
+                     measured_start=start, measured_end=end, notes=notes, edge_xfer=edge_xfer,
+                     rank_start=rank_start, release=release)

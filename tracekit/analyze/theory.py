@@ -46,3 +46,45 @@ def theoretical_bubble(schedule: str, p: int, v: int, m: int, t_f: float = 1.0, 
         return Theory(schedule, "idle = (p/2-1)(t_F&B + t_B - 3t_W) per device", idle / (idle + work),
                       "DeepSeek-V3 DualPipe README")
     return Theory(schedule, "", None, f"no closed form known for {schedule}")
+
+
+def flush_free_bubble(schedule: str, p: int, m: int, steps: int, fill_recorded: bool) -> Theory:
+    """A pipeline with no flush (PipeDream-2BW), over ``steps`` recorded steps of m
+    microbatches each.
+
+    In steady state 1F1B with balanced stages keeps every rank busy: no bubble. The only
+    schedule idle is the initial fill, once per run: rank r waits r*t_f for its first input
+    and, after its p-r forwards, (p-1-r)*t_b for its first gradient, so
+    (p-1)(t_f+t_b)/2 per rank on average. Over a recorded window holding that fill, the
+    share is (p-1)/((p-1) + 2*steps*m) (t_f and t_b cancel); a window that starts later,
+    in steady state, has none. There is no drain until training ends."""
+    if p < 1 or m < 1 or steps < 1:
+        return Theory(schedule, "", None, "needs p, m and steps >= 1")
+    if not fill_recorded:
+        return Theory(schedule, "0 (steady state, no flush)", 0.0,
+                      "the trace starts after the pipeline's fill; a flush-free pipeline has no bubble in "
+                      "steady state")
+    return Theory(schedule, "fill once: (p-1)/((p-1)+2*steps*m)", (p - 1) / ((p - 1) + 2 * steps * m),
+                  f"no flush: only the initial fill idles (rank r: r*t_f + (p-1-r)*t_b), over the "
+                  f"{steps} recorded steps; steady state has no bubble")
+
+
+def sliced_bubble(schedule: str, p: int, t_f: list[float], t_b: list[float]) -> Theory:
+    """GPipe's order over microbatches that cost differently (TeraPipe's token slices),
+    backwards last slice first, stages balanced, messages free.
+
+    The fill and the drain are set by the dearest slice, not the mean: for costs growing
+    with the slice index, rank r's forward of slice i waits for rank r-1's (dearer slices
+    come later), so the last rank ends its forwards (p-1)*t_f[m-1] after the first; the
+    reversed backwards start with the dearest slice, adding (p-1)*t_b[m-1]. Idle per device
+    = (p-1)(max t_f + max t_b) (exact for monotone costs); uniform slices of the same mean
+    would idle (p-1)(mean t_f + mean t_b), GPipe's bubble."""
+    if p < 1 or not t_f or len(t_f) != len(t_b):
+        return Theory(schedule, "", None, "needs p >= 1 and per-slice forward and backward times")
+    work = sum(t_f) + sum(t_b)
+    idle = (p - 1) * (max(t_f) + max(t_b))
+    m = len(t_f)
+    uniform = (p - 1) * (work / m)
+    return Theory(schedule, "idle = (p-1)(max_i t_f[i] + max_i t_b[i]) per device", idle / (idle + work),
+                  f"uniform slices of the same mean cost: {uniform / (uniform + work):.1%} "
+                  "(GPipe's (p-1)/(m+p-1))")

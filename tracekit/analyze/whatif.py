@@ -137,6 +137,11 @@ def cost_model(run: Run, graphs: list[StepGraph] | None = None) -> CostModel:
         raise TracekitError(f"{run.source}: incomplete run: {run.completeness.missing_text()}; what-if "
                             "replays the whole pipeline, so it needs every rank's trace")
     sched = run.schedule
+    if sched is not None and sched.flush_free:
+        # the targets are flushed schedules replayed step by step; a flush-free run's steps
+        # hold microbatches of its neighbours' steps, so its "measured step" is no such thing
+        raise TracekitError(f"{run.source}: {sched.name} has no flush: what-if replays flushed steps, and "
+                            "this run's steps overlap by design; compare it with a flushed capture instead")
     graphs = list(step_graphs(run).values()) if graphs is None else list(graphs)
     per_kind: dict[tuple[int, str], list[int]] = {}
     overhead: dict[int, list[int]] = {}

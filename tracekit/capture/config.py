@@ -20,10 +20,17 @@ SCHEDULES: dict[str, str] = {
     "InterleavedZeroBubble": "ScheduleInterleavedZeroBubble",
     "ZBVZeroBubble": "ScheduleZBVZeroBubble",
     "DualPipeV": "ScheduleDualPipeV",
+    # designs torch.distributed.pipelining does not have: tracekit's own loops over the
+    # same model and torch.distributed P2P (tracekit/capture/designs.py)
+    "PipeDream2BW": "PipeDream2BWLoop",
+    "TeraPipe": "TeraPipeLoop",
 }
 
+#: schedules run by tracekit's own loops (tracekit.capture.designs), not by a torch schedule class
+DESIGNS = {"PipeDream2BW", "TeraPipe"}
+
 #: schedules that take one stage per rank (PipelineScheduleSingle)
-SINGLE_STAGE = {"GPipe", "1F1B"}
+SINGLE_STAGE = {"GPipe", "1F1B", "PipeDream2BW", "TeraPipe"}
 #: schedules that place stages in a V (rank r holds stages r and 2p-1-r)
 V_PLACEMENT = {"ZBVZeroBubble", "DualPipeV"}
 #: schedules that split backward into input-grad (I) and weight-grad (W) actions
@@ -31,9 +38,12 @@ SPLIT_BACKWARD = {"InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"}
 
 COMPUTE_MODES = ("emulated", "real")
 
+#: TeraPipe: share of a layer's mean cost that grows with the slice's prefix (attention)
+DEFAULT_ATTENTION_SHARE = 0.5
+
 #: training frameworks a capture can run, with the schedules each one has
 FRAMEWORK_SCHEDULES: dict[str, tuple[str, ...]] = {
-    "torch": tuple(SCHEDULES),
+    "torch": tuple(SCHEDULES),  # the designs are built on torch.distributed too
     "deepspeed": ("1F1B",),  # PipelineEngine's TrainSchedule
     "megatron": ("1F1B", "Interleaved1F1B"),  # forward_backward_pipelining_{without,with}_interleaving
 }
@@ -73,6 +83,7 @@ class CaptureConfig:
     # hand-written per-layer ranges (linear3(F), linear3(B)) inside a whole-step "1F1B" range
     layer_labels: bool = False
     seed: int = 0
+    attention_share: float | None = None  # TeraPipe only; None: DEFAULT_ATTENTION_SHARE
     #: the command line to record in capture.json (filled by the CLI; else reconstructed)
     command: str | None = field(default=None, compare=False)
 
@@ -188,7 +199,40 @@ class CaptureConfig:
                                "(its P2P is blocking deepspeed.comm send/recv); drop it")
         if self.hidden < 1 or self.microbatch_size < 1:
             raise CaptureError("--hidden and --microbatch-size must be at least 1")
+        if self.schedule == "PipeDream2BW" and m < p:
+            # two weight buffers suffice only while every microbatch in flight at an update
+            # (up to p-1 of them on stage 0) started after the previous update
+            raise CaptureError(
+                f"PipeDream2BW keeps two weight versions, which needs --microbatches >= --ranks "
+                f"(a weight update every m microbatches; got m={m}, p={p}); use -m {p} or more"
+            )
+        if self.attention_share is not None and self.schedule != "TeraPipe":
+            raise CaptureError("--attention-share sets TeraPipe's per-slice cost growth; use it with --schedule TeraPipe")
+        if self.schedule == "TeraPipe":
+            if self.attention_share is None:
+                self.attention_share = DEFAULT_ATTENTION_SHARE
+            if not 0 <= self.attention_share <= 1:
+                raise CaptureError(f"--attention-share must be within [0, 1] (got {self.attention_share:g})")
         return self
+
+    def profiler_schedule(self) -> dict[str, int]:
+        """torch.profiler.schedule arguments. torch schedules skip step 0 (PipelineStage
+        shape inference) and step 1 (warm-up). PipeDream-2BW's step 0 is no training step but
+        a warm-up exchange (one message each way per link, a barrier) with the profiler
+        warming up: its first recorded step is the pipeline's start, so the initial fill is
+        in the trace, which a flush-free pipeline only has once."""
+        if self.schedule == "PipeDream2BW":
+            return {"wait": 0, "warmup": 1, "active": self.steps}
+        return {"wait": 1, "warmup": 1, "active": self.steps}
+
+    def slice_factor(self, microbatch: int) -> float:
+        """TeraPipe: slice ``microbatch``'s cost relative to the mean slice,
+        ``a + b*(i+0.5)/m`` with ``a = 1 - s``, ``b = 2s`` (s = attention share): attention
+        over the prefix grows linearly with the slice's position, the rest does not."""
+        if self.schedule != "TeraPipe":
+            return 1.0
+        s = self.attention_share if self.attention_share is not None else DEFAULT_ATTENTION_SHARE
+        return (1 - s) + 2 * s * (microbatch + 0.5) / self.microbatches
 
     # ---- emulated costs (ms) -------------------------------------------------------
     def stage_factor(self, stage: int) -> float:
@@ -228,6 +272,8 @@ class CaptureConfig:
             parts += ["--layer-labels"]
         if self.seed != 0:
             parts += ["--seed", str(self.seed)]
+        if self.schedule == "TeraPipe" and self.attention_share != DEFAULT_ATTENTION_SHARE:
+            parts += ["--attention-share", _num(self.attention_share)]
         return shlex.join(parts)
 
     def to_dict(self) -> dict:
@@ -250,7 +296,8 @@ def manifest_head(config: CaptureConfig, command: str, torch_version: str) -> di
         "platform": platform.platform(),
         "framework": config.framework,
         "schedule": config.schedule,
-        "schedule_class": f"torch.distributed.pipelining.{SCHEDULES[config.schedule]}",
+        "schedule_class": (f"tracekit.capture.designs.{SCHEDULES[config.schedule]}" if config.schedule in DESIGNS
+                           else f"torch.distributed.pipelining.{SCHEDULES[config.schedule]}"),
         "p": config.ranks,
         "v": config.v,
         "m": config.microbatches,

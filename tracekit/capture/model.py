@@ -50,7 +50,7 @@ class TracekitEmuCompute(torch.autograd.Function):
     def backward(ctx, grad):
         with _labelled(ctx.label, "B"):
             _sleep_ms(ctx.igrad_ms)
-        return grad, None, None, None
+        return (grad,) + (None,) * (len(ctx.needs_input_grad) - 1)   # label given or not
 
 
 class TracekitEmuWeightGrad(torch.autograd.Function):
@@ -65,7 +65,7 @@ class TracekitEmuWeightGrad(torch.autograd.Function):
     def backward(ctx, grad):
         with _labelled(ctx.label, "B"):
             _sleep_ms(ctx.wgrad_ms)
-        return grad, None, None
+        return (grad,) + (None,) * (len(ctx.needs_input_grad) - 1)
 
 
 def _labelled(label: str | None, kind: str):

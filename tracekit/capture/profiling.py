@@ -16,15 +16,16 @@ from pathlib import Path
 import torch
 
 
-def make_profiler(steps: int, trace_json: Path) -> torch.profiler.profile:
-    """A profiler that records ``steps`` steps after two unrecorded ones into ``trace_json``."""
+def make_profiler(schedule: dict[str, int], trace_json: Path) -> torch.profiler.profile:
+    """A profiler with ``schedule`` (``CaptureConfig.profiler_schedule()``: ``steps`` steps
+    after unrecorded ones) writing into ``trace_json``."""
 
     def on_trace_ready(prof):
         prof.export_chrome_trace(str(trace_json))
 
     return torch.profiler.profile(
         activities=[torch.profiler.ProfilerActivity.CPU],
-        schedule=torch.profiler.schedule(wait=1, warmup=1, active=steps, repeat=1),
+        schedule=torch.profiler.schedule(**schedule, repeat=1),
         record_shapes=True,
         with_stack=False,
         experimental_config=torch.profiler._ExperimentalConfig(profile_all_threads=True),

@@ -8,7 +8,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from tracekit.capture.config import SPLIT_BACKWARD, CaptureConfig, manifest_head
+from tracekit.capture.config import DESIGNS, SPLIT_BACKWARD, CaptureConfig, manifest_head
 from tracekit.errors import CaptureError
 
 EMULATED_HOW = (
@@ -90,10 +90,11 @@ def run_capture(config: CaptureConfig, out_dir, *, command_out: str | None = Non
 
     meta = {
         **manifest_head(config, cmd, torch.__version__),
-        "profiler": profiler_manifest(config.steps),
+        "profiler": profiler_manifest(config),
         "backend": "gloo",
         "compute": compute_manifest(config),
         "faults": faults_manifest(config),
+        **({"design": design_manifest(config)} if config.schedule in DESIGNS else {}),
         "labels": ("hand-written per-layer ranges: record_function('linear<i>(F)') around each layer's "
                    "forward, 'linear<i>(B)' around each of its two backward sleeps, and one "
                    f"'{config.schedule}' range around every training step" if config.layer_labels
@@ -169,14 +170,14 @@ def take_losses(out: Path) -> list[float]:
     return losses
 
 
-def profiler_manifest(steps: int) -> dict:
+def profiler_manifest(config: CaptureConfig) -> dict:
     """capture.json's account of :func:`tracekit.capture.profiling.make_profiler`."""
     return {
         "activities": ["CPU"],
         "record_shapes": True,
         "with_stack": False,
         "profile_all_threads": True,
-        "schedule": {"wait": 1, "warmup": 1, "active": steps},
+        "schedule": config.profiler_schedule(),
     }
 
 
@@ -222,6 +223,66 @@ def write_manifest(out: Path, meta: dict, files: list[str]) -> None:
     (out / "capture.json").write_text(json.dumps(meta, indent=2) + "\n")
     size = sum((out / f).stat().st_size for f in files)
     _log(f"wrote {len(files)} traces ({size / 1e6:.2f} MB) and capture.json to {out}")
+
+
+LOOP_HOW = (
+    "tracekit's own loop (tracekit/capture/designs.py; torch.distributed.pipelining has no such "
+    "schedule): one stage per rank, real autograd, torch.distributed.isend/irecv over gloo "
+    "(tag = the microbatch id), SGD lr=1e-3; every action labelled record_function('PP:<stage>F<mb>') "
+    "/ 'PP:<stage>B<mb>' as torch's runtime schedules label theirs, the label holding the receive "
+    "wait, the compute and the send's post; sends waited on at the end of the run (2BW) or step (TeraPipe)"
+)
+
+
+def design_manifest(config: CaptureConfig) -> dict:
+    """capture.json's ``design``: what the design loop ran, its order and its costs."""
+    m, steps = config.microbatches, config.steps
+    per_layer = config.layer_costs_ms(0)["forward"]
+    layers = config.layers // config.n_stages
+    if config.schedule == "PipeDream2BW":
+        return {
+            "name": "PipeDream-2BW",
+            "paper": "Narayanan et al., Memory-Efficient Pipeline-Parallel DNN Training, ICML 2021",
+            "runtime": LOOP_HOW,
+            "order": ("per stage r: p-r-1 warm-up forwards, then one forward one backward with no flush "
+                      "between weight updates; microbatch ids count on across updates (0..n-1)"),
+            "microbatches_total": (steps + 1) * m,
+            "weight_update_every_microbatches": m,
+            "weight_versions": 2,
+            "update_rule": ("each stage keeps two weight buffers; a microbatch's forward runs on the newest "
+                            "version and its backward on the same (stashed) version; after every m-th "
+                            "backward the gradients of those m backwards (summed over both buffers) update a "
+                            "copy of the newest version written into the other buffer, which is free: every "
+                            "microbatch that used its version has finished (checked at run time; needs m >= p)"),
+            "profiler_steps": ("ProfilerStep#0 is a warm-up (one message each way per link, a barrier; "
+                               "profiler warming up, not recorded); ProfilerStep#1..#{0} each end at this "
+                               "rank's weight update 1..{0} (recorded); update {1} (not recorded) drains the "
+                               "pipeline").format(steps, steps + 1),
+            "losses_per_step": "mean MSE of the m microbatches before each weight update (last stage)",
+        }
+    factors = [config.slice_factor(i) for i in range(m)]
+    fwd = [round(per_layer * f * layers, 4) for f in factors]
+    return {
+        "name": "TeraPipe",
+        "paper": "Li et al., TeraPipe: Token-Level Pipeline Parallelism for Training Large-Scale Language "
+                 "Models, ICML 2021",
+        "runtime": LOOP_HOW,
+        "sequence": (f"each step is one sequence of {m * config.microbatch_size} tokens cut into m={m} "
+                     f"slices of {config.microbatch_size} tokens (microbatch i = slice i)"),
+        "attention": ("every layer is the emulated Linear followed by causal attention over the tokens "
+                      "seen so far (earlier slices' keys as detached leaves, then the slice's own); a "
+                      "later slice's backward leaves gradient on earlier slices' keys, which slice i's "
+                      "backward then pushes through its own graph"),
+        "order": "every stage: F0 F1 ... F(m-1), then B(m-1) ... B0 (backwards last slice first); "
+                 "one SGD update per sequence",
+        "attention_share": config.attention_share,
+        "cost_model": ("slice i's per-layer sleeps (forward, input-grad, weight-grad) = layer_ms x "
+                       "(a + b*(i+0.5)/m), a = 1 - attention_share, b = 2*attention_share: the mean slice "
+                       "costs layer_ms, attention's part grows with the prefix"),
+        "a": 1 - config.attention_share, "b": 2 * config.attention_share,
+        "slice_factor": [round(f, 6) for f in factors],
+        "per_slice_stage_ms": {"forward": fwd, "backward_full": [2 * x for x in fwd]},
+    }
 
 
 def _fault_how(config: CaptureConfig) -> str:

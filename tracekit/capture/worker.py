@@ -28,7 +28,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.profiler import record_function
 
-from tracekit.capture.config import SCHEDULES, CaptureConfig
+from tracekit.capture.config import DESIGNS, SCHEDULES, CaptureConfig
 from tracekit.capture.model import build_layers, build_stage_module, training_data
 from tracekit.capture.profiling import gzip_trace, make_profiler
 
@@ -165,6 +165,25 @@ def run_rank(rank: int, cfg_dict: dict, out_dir: str, port: int) -> None:
 
 
 def _train_and_profile(rank: int, cfg: CaptureConfig, out: Path) -> None:
+    prof = make_profiler(cfg.profiler_schedule(), out / f"rank{rank}.json")
+    with prof:
+        if cfg.schedule in DESIGNS:
+            from tracekit.capture import designs
+
+            step_losses = designs.RUNNERS[cfg.schedule](rank, cfg, prof, lambda msg: _log(rank, msg))
+            last = rank == cfg.ranks - 1
+        else:
+            step_losses, last = _run_torch_schedule(rank, cfg, prof)
+    dist.barrier()
+    _log(rank, "writing traces")
+    gzip_trace(out / f"rank{rank}.json")
+    if last:
+        (out / f".losses.rank{rank}.json").write_text(json.dumps(step_losses))
+
+
+def _run_torch_schedule(rank: int, cfg: CaptureConfig, prof) -> tuple[list[float], bool]:
+    """``2 + steps`` training steps of a torch.distributed.pipelining schedule; the step
+    losses (last stage) and whether this rank holds the last stage."""
     from torch.distributed.pipelining import PipelineStage
 
     my_stages = cfg.stages_of_rank(rank)
@@ -181,27 +200,20 @@ def _train_and_profile(rank: int, cfg: CaptureConfig, out: Path) -> None:
 
     first, last = 0 in my_stages, (cfg.n_stages - 1) in my_stages
     xs, ys = training_data(cfg)
-
-    prof = make_profiler(cfg.steps, out / f"rank{rank}.json")
     step_losses: list[float] = []
-    with prof:
-        for step in range(cfg.steps + 2):
-            phase = "shape inference + warm-up" if step == 0 else (
-                "warm-up (not recorded)" if step == 1 else f"profiling {step - 1}/{cfg.steps}")
-            _log(rank, f"step {step}: {phase}")
-            t0, c0 = time.perf_counter(), time.process_time()
-            with (record_function(cfg.schedule) if cfg.layer_labels else contextlib.nullcontext()):
-                loss = train_step(schedule, optimizer, xs[step], ys[step], first, last)
-            if loss is not None:
-                step_losses.append(loss)
-            prof.step()
-            _log(rank, f"step {step} took {(time.perf_counter() - t0) * 1000:.0f} ms on rank 0 "
-                       f"({(time.process_time() - c0) * 1000:.0f} ms CPU)")
-    dist.barrier()
-    _log(rank, "writing traces")
-    gzip_trace(out / f"rank{rank}.json")
-    if last:
-        (out / f".losses.rank{rank}.json").write_text(json.dumps(step_losses))
+    for step in range(cfg.steps + 2):
+        phase = "shape inference + warm-up" if step == 0 else (
+            "warm-up (not recorded)" if step == 1 else f"profiling {step - 1}/{cfg.steps}")
+        _log(rank, f"step {step}: {phase}")
+        t0, c0 = time.perf_counter(), time.process_time()
+        with (record_function(cfg.schedule) if cfg.layer_labels else contextlib.nullcontext()):
+            loss = train_step(schedule, optimizer, xs[step], ys[step], first, last)
+        if loss is not None:
+            step_losses.append(loss)
+        prof.step()
+        _log(rank, f"step {step} took {(time.perf_counter() - t0) * 1000:.0f} ms on rank 0 "
+                   f"({(time.process_time() - c0) * 1000:.0f} ms CPU)")
+    return step_losses, last
 
 
 def train_step(schedule, optimizer, x, y, first: bool, last: bool) -> float | None:

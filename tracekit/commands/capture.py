@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from tracekit.capture.config import COMPUTE_MODES, FRAMEWORKS, SCHEDULES, CaptureConfig, schedule_by_name
+from tracekit.capture.config import COMPUTE_MODES, DESIGNS, FRAMEWORKS, SCHEDULES, CaptureConfig, schedule_by_name
 from tracekit.errors import CaptureError
 from tracekit.text import for_terminal
 
@@ -52,6 +52,9 @@ def _schedule(ctx, param, value):
               help="Leave hand-written per-layer ranges (linear3(F), linear3(B)) inside a whole-step '1F1B' "
                    "range, as hand-instrumented models do (1F1B, emulated compute).")
 @click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--attention-share", default=None, type=float,
+              help="TeraPipe: share of a layer's mean cost that is attention over the prefix; slice i "
+                   "costs (1-s) + 2s(i+0.5)/m of it. Default 0.5.")
 @click.option("--profiler", default="torch", show_default=True, type=click.Choice(["torch", "nsys"]),
               help="torch: torch.profiler, one rank<R>.json.gz per rank. nsys: Nsight Systems "
                    "(`nsys profile -t nvtx,osrt`), one scrubbed nsys_report.sqlite for all ranks.")
@@ -59,8 +62,8 @@ def _schedule(ctx, param, value):
               help="Delete the traces of an earlier capture in --out first (default: refuse to touch them).")
 @click.pass_context
 def command(ctx, out, schedule, framework, ranks, microbatches, stages_per_rank, steps, compute, layer_ms,
-            layers, hidden, microbatch_size, slow_stage, slow_factor, p2p_delay_ms, layer_labels, seed, profiler,
-            replace):
+            layers, hidden, microbatch_size, slow_stage, slow_factor, p2p_delay_ms, layer_labels, seed,
+            attention_share, profiler, replace):
     """Record a real pipeline-parallel training run (needs torch).
 
     \b
@@ -74,6 +77,8 @@ def command(ctx, out, schedule, framework, ranks, microbatches, stages_per_rank,
       tracekit capture -o zbv/ --schedule ZBVZeroBubble -p 4 -m 8
       tracekit capture -o slow/ --slow-stage 2 --slow-factor 2
       tracekit capture -o lat/ --p2p-delay-ms 5
+      tracekit capture -o 2bw/ --schedule PipeDream2BW   # 1F1B, no flush, 2 weight versions
+      tracekit capture -o tera/ --schedule TeraPipe      # token slices, later ones cost more
       tracekit capture -o nsys_run/ --profiler nsys     # needs Nsight Systems' nsys
     """
     cfg = CaptureConfig(
@@ -81,8 +86,11 @@ def command(ctx, out, schedule, framework, ranks, microbatches, stages_per_rank,
         stages_per_rank=stages_per_rank, steps=steps, compute=compute, layer_ms=layer_ms,
         layers=layers, hidden=hidden, microbatch_size=microbatch_size, slow_stage=slow_stage,
         slow_factor=slow_factor, p2p_delay_ms=p2p_delay_ms, layer_labels=layer_labels, seed=seed,
+        attention_share=attention_share,
     )
     cfg.validate()  # one-line CaptureError before torch is imported
+    if profiler == "nsys" and cfg.schedule in DESIGNS:
+        raise CaptureError(f"--profiler nsys runs torch's schedules only; capture {cfg.schedule} with --profiler torch")
     if not replace:
         _refuse_earlier_capture(Path(out))
     cfg.command = _command_line(ctx, out, cfg)
@@ -121,8 +129,8 @@ def _command_line(ctx: click.Context, out: str, cfg: CaptureConfig) -> str:
         "schedule": "--schedule", "framework": "--framework", "ranks": "-p", "microbatches": "-m", "stages_per_rank": "-v",
         "steps": "--steps", "compute": "--compute", "layer_ms": "--layer-ms", "layers": "--layers",
         "hidden": "--hidden", "microbatch_size": "--microbatch-size", "slow_stage": "--slow-stage",
-        "slow_factor": "--slow-factor", "p2p_delay_ms": "--p2p-delay-ms", "layer_labels": "--layer-labels", "seed": "--seed",
-        "profiler": "--profiler",
+        "slow_factor": "--slow-factor", "p2p_delay_ms": "--p2p-delay-ms", "layer_labels": "--layer-labels",
+        "seed": "--seed", "attention_share": "--attention-share", "profiler": "--profiler",
     }
     for name, flag in flags.items():
         if ctx.get_parameter_source(name) in (ParameterSource.DEFAULT, None):

@@ -173,6 +173,9 @@ class ScheduleInfo:
     # Data-parallel replicas of the pipeline (ranks of each; one group for a single pipeline).
     # p, stage_to_rank and placement describe the first replica.
     pipelines: list[list[int]] = field(default_factory=list)
+    # No flush between steps (PipeDream-2BW): microbatches are in flight across a rank's
+    # step boundary, so steps are per-rank stretches between weight updates, not global windows.
+    flush_free: bool = False
 
     @property
     def replicas(self) -> int:
@@ -197,6 +200,7 @@ class ScheduleInfo:
             "stage_to_rank": {str(k): v for k, v in sorted(self.stage_to_rank.items())},
             "split_backward": self.split_backward, "evidence": list(self.evidence),
             "replicas": self.replicas, "pipelines": [list(g) for g in self.pipelines],
+            "flush_free": self.flush_free,
         }
 
 

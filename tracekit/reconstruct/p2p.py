@@ -171,12 +171,21 @@ def _infer_peers(sends: pd.DataFrame, recvs: pd.DataFrame, actions: pd.DataFrame
     from stage s-1, one feeding a backward from stage s+1."""
     stage_rank = actions.groupby("stage")["rank"].first().to_dict()
     by_rank = {r: g.sort_values("start_ns") for r, g in actions.groupby("rank")}
+    first, last = (min(stage_rank), max(stage_rank)) if stage_rank else (0, 0)
 
     def neighbour(action, towards_output: bool) -> int:
         step = 1 if towards_output else -1
-        peer = stage_rank.get(int(action["stage"]) + step, -1)
+        stage = int(action["stage"]) + step
+        if stage_is_rank_numbering and stage not in stage_rank:
+            # Past either end of a pipeline read by rank, a message still has a peer: the last
+            # rank's forward output goes back to the first rank (a virtual pipeline's next
+            # chunk), and the first rank's gradient to the last. A one-chunk pipeline never
+            # sends there, so such a send or receive is the wrap.
+            stage = first if towards_output else last
+        peer = stage_rank.get(stage, -1)
         return -1 if peer == action["rank"] else int(peer)
 
+    stage_is_rank_numbering = bool((actions["stage"] == actions["rank"]).all())
     sends, recvs = sends.copy(), recvs.copy()
     for idx in sends.index[sends["peer"] < 0]:
         rank_actions = by_rank.get(sends.at[idx, "rank"])

@@ -1,9 +1,30 @@
-"""Recognise the pipeline schedule (kind, p, v, m, placement) from the action order alone."""
+"""Recognise the pipeline schedule (kind, p, v, m, placement) from the action order alone
+(and, for TeraPipe, from how the microbatches' compute grows with their index).
+
+Two designs beyond torch's schedules:
+
+- **PipeDream-2BW (no flush)**: some microbatch's forward and backward on one stage lie in
+  two consecutive steps of its rank (in flight over the weight update). A flushed schedule
+  never does that: every microbatch of a step finishes inside it. Microbatch ids then count
+  on across steps, and m is the number of backwards per step (one weight update every m).
+  Original PipeDream (an update per microbatch) looks the same with m = 1.
+- **TeraPipe (token slices)**: GPipe's all-forwards-first order with the backwards last
+  microbatch first on every rank (a slice's backward needs the later slices' gradients on
+  its keys), and each microbatch's compute growing with its index on every stage
+  (attention over a longer prefix). Without that growth, the order alone is reported as
+  GPipe with the reversed backwards in the evidence.
+"""
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
-from tracekit.model.run import UNRECOGNISED, Completeness, ScheduleInfo
+from tracekit.model.run import UNRECOGNISED, Completeness, ScheduleInfo, compute_ns
+
+FLUSH_FREE_NAME = "PipeDream-2BW (no flush)"
+TERAPIPE_NAME = "TeraPipe (token slices)"
+# TeraPipe's slices: the last slice's compute at least this many times the first's on every stage
+SLICE_GROWTH_MIN = 1.2
 
 
 def recognise(actions: pd.DataFrame, overlap_labels: bool = False,
@@ -33,13 +54,28 @@ def recognise(actions: pd.DataFrame, overlap_labels: bool = False,
         stage_to_rank.setdefault(int(stage), int(rank))
     n_stages = len(stage_to_rank)
     v = max(1, n_stages // p) if p else 1
-    per_step = actions[actions["kind"] == "F"].groupby(["step", "stage"])["microbatch"].nunique()
+    crossing = _microbatches_across_steps(actions)
+    flush_free = crossing > 0
+    # flush-free: a step's forwards include the fill's; its backwards are the m of one update
+    counted = "B" if flush_free and (actions["kind"] == "B").any() else "F"
+    per_step = actions[actions["kind"] == counted].groupby(["step", "stage"])["microbatch"].nunique()
     m = int(per_step.max()) if len(per_step) else 0
     placement = _placement(stage_to_rank, ranks, p)
     kinds = set(actions["kind"].unique())
     split_backward = "W" in kinds
-    evidence.append(f"{n_stages} stages on {p} ranks ({placement} placement), {m} microbatches per step")
-    if overlap_labels:
+    evidence.append(f"{n_stages} stages on {p} ranks ({placement} placement), {m} microbatches per step"
+                    + (" (backwards per step: one weight update every m)" if flush_free else ""))
+    if flush_free:
+        ids = actions["microbatch"]
+        evidence.append(
+            f"no flush: {crossing} (stage, microbatch) pairs have their forward in one step and their "
+            f"backward in the next (in flight over the weight update); microbatch ids run on across steps "
+            f"({int(ids.min())}..{int(ids.max())})")
+    if flush_free and not split_backward and v == 1 and not overlap_labels:
+        name = FLUSH_FREE_NAME
+        evidence.append("one forward one backward in steady state with no flush between steps: PipeDream-2BW "
+                        "(weight versions are not in the trace; original PipeDream would show m=1)")
+    elif overlap_labels:
         name = "DualPipeV"
         evidence.append("OVERLAP_F_B actions (forward and backward fused) present")
     elif split_backward and placement == "v":
@@ -58,9 +94,62 @@ def recognise(actions: pd.DataFrame, overlap_labels: bool = False,
             "every rank runs all its forwards before any backward" if all_forward_first
             else "ranks interleave forwards and backwards (one-forward-one-backward steady state)"
         )
+        if all_forward_first and v == 1 and m > 1 and _backwards_reversed(actions):
+            evidence.append("every rank runs its backwards last microbatch first")
+            growth = slice_growth(actions)
+            if growth is not None and growth >= SLICE_GROWTH_MIN:
+                name = TERAPIPE_NAME
+                evidence.append(
+                    f"each microbatch's compute grows with its index on every stage (last / first >= "
+                    f"{growth:.2f}x): token slices of one sequence, attention over a growing prefix")
+    if flush_free and name != FLUSH_FREE_NAME:
+        evidence.append("no flush between steps although the order is that of a flushed schedule")
     return ScheduleInfo(name=name, p=p, v=v, m=m, placement=placement, stage_to_rank=stage_to_rank,
                         split_backward=split_backward, evidence=evidence,
-                        pipelines=[list(g) for g in pipelines])
+                        pipelines=[list(g) for g in pipelines], flush_free=flush_free)
+
+
+def _microbatches_across_steps(actions: pd.DataFrame) -> int:
+    """How many forwards have no backward of their (rank, stage, microbatch) in their own
+    step but one in the rank's next step (ids repeat per step in flushed schedules)."""
+    known = actions[actions["microbatch"] >= 0]
+    keys = ["rank", "stage", "microbatch", "step"]
+    fwd = known[known["kind"] == "F"][keys].drop_duplicates()
+    bwd = pd.MultiIndex.from_frame(known[known["kind"].isin(("B", "I", "W"))][keys].drop_duplicates())
+    same = pd.MultiIndex.from_frame(fwd).isin(bwd)
+    later = pd.MultiIndex.from_frame(fwd.assign(step=fwd["step"] + 1)).isin(bwd)
+    return int((~same & later).sum())
+
+
+def _backwards_reversed(actions: pd.DataFrame) -> bool:
+    """Whether every rank's backwards of every step run in strictly decreasing microbatch order."""
+    backward = actions[actions["kind"] == "B"]
+    if backward.empty:
+        return False
+    for _, group in backward.groupby(["rank", "step"]):
+        mbs = group.sort_values("order")["microbatch"].to_numpy()
+        if len(mbs) < 2 or not (np.diff(mbs) < 0).all():
+            return False
+    return True
+
+
+def slice_growth(actions: pd.DataFrame) -> float | None:
+    """The smallest, over stages, of the last microbatch's compute (forward + backward,
+    median over steps: one stalled action does not hide the trend) over the first's, where
+    every stage's compute rises with the microbatch index (rank correlation > 0.9); None
+    where some stage's does not."""
+    cost = actions.assign(compute=compute_ns(actions))
+    per = cost.groupby(["stage", "microbatch", "step"])["compute"].sum().groupby(["stage", "microbatch"]).median()
+    growth = []
+    for _, by_mb in per.groupby(level="stage"):
+        values = by_mb.to_numpy(dtype=float)
+        if len(values) < 2 or values[0] <= 0:
+            return None
+        ranks_of = pd.Series(values).rank().to_numpy()
+        if np.corrcoef(ranks_of, np.arange(len(values)))[0, 1] <= 0.9:
+            return None
+        growth.append(values[-1] / values[0])
+    return min(growth) if growth else None
 
 
 def unrecognised(actions: pd.DataFrame, completeness: Completeness) -> ScheduleInfo:

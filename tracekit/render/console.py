@@ -74,6 +74,7 @@ def render(doc: dict) -> str:
         out.append(f"bubble ratio  {pct(s['bubble_ratio'])} measured   "
                    f"{pct(theory.get('bubble_ratio'))} theory {theory.get('formula', '')}   "
                    f"{pct(theory.get('balanced_replay_bubble_ratio'))} balanced replay")
+        out.extend(_design_lines(doc))
     else:
         out.append(f"  schedule: not recognised (ranks missing; {sched['p']} ranks in the job, "
                    f"m={sched['m']} seen)")
@@ -102,6 +103,26 @@ def render(doc: dict) -> str:
     out.extend(_replay(doc))
     out.extend(_warnings(doc))
     return "\n".join(out)
+
+
+# A microbatch spread worth a line of its own (TeraPipe is always shown).
+SLICE_LINE_GROWTH = 1.2
+
+
+def _design_lines(doc: dict) -> list[str]:
+    """What a flush-free pipeline's steps are, and how much dearer later slices are."""
+    lines = []
+    if doc["schedule"].get("flush_free"):
+        lines.append("  no flush: a step is one rank's stretch between two of its weight updates (steps of "
+                     "different ranks overlap by design); only the pipeline's fill is schedule idle")
+    slices = doc.get("slices")
+    if slices and (doc["schedule"]["name"].startswith("TeraPipe") or slices["growth"] >= SLICE_LINE_GROWTH):
+        share = slices.get("skew_idle_share")
+        tail = f"; skew accounts for {pct(share)} of idle" if share is not None and share >= 0 else (
+            f"; skew shortens idle by {pct(-share)}" if share is not None else "")
+        lines.append(f"  slices: later slices cost up to {slices['growth']:.1f}x the first "
+                     f"(microbatch {slices['dearest']} the dearest){tail}")
+    return lines
 
 
 def _timeline(doc: dict) -> list[str]:

@@ -56,6 +56,7 @@ def to_document(analysis: Analysis) -> dict:
         "ranks": [],
         "steps": [],
         "blame": {"stages": [], "links": []},
+        "slices": analysis.slices.to_dict() if analysis.slices is not None else None,
     }
     doc["host_view"] = _host_view(analysis)
     doc["device"] = _device(analysis)

@@ -98,7 +98,7 @@ def run_capture(config: CaptureConfig, out_dir, profiler: str) -> Path:
             "config": deepspeed_rank.ds_config(config),
             "env": env | {"TORCH_EXTENSIONS_DIR": "<temp folder>"},
         },
-        "profiler": profiler_manifest(config.steps),
+        "profiler": profiler_manifest(config),
         "backend": "gloo",
         "compute": compute_manifest(config),
         "faults": faults_manifest(config),

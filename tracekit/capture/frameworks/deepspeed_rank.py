@@ -154,7 +154,7 @@ def _train_and_profile(rank: int, cfg: CaptureConfig, out: Path, deepspeed) -> N
     microbatches = [[(x[i * mbs:(i + 1) * mbs], y[i * mbs:(i + 1) * mbs]) for i in range(cfg.microbatches)]
                     for x, y in zip(xs, ys)]
 
-    prof = make_profiler(cfg.steps, out / f"rank{rank}.json")
+    prof = make_profiler(cfg.profiler_schedule(), out / f"rank{rank}.json")
     step_losses: list[float] = []
     with prof:
         for step in range(cfg.steps + 2):
