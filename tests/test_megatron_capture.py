@@ -199,7 +199,7 @@ def test_nsys_sample_holds_megatron_ranges_and_no_private_data():
     assert cap["command"].endswith("--profiler nsys")
     db = sqlite3.connect(f"file:{NSYS / 'nsys_report.sqlite'}?mode=ro", uri=True)
     try:
-        rows = db.execute("SELECT coalesce(e.text, s.value), e.globalTid >> 24 FROM NVTX_EVENTS e "
+        rows = db.execute("SELECT coalesce(e.text, s.value), (e.globalTid >> 24) & 16777215 FROM NVTX_EVENTS e "
                           "LEFT JOIN StringIds s ON s.id = e.textId").fetchall()
         text = " ".join(v for (v,) in db.execute("SELECT value FROM StringIds"))
     finally:
@@ -261,6 +261,17 @@ def test_tracekit_bubble_within_a_point_of_the_independent_one(name, loaded_runs
     assert measured.keys() == expected.keys()
     for rank in expected:
         assert measured[rank] == pytest.approx(expected[rank], abs=0.01), (rank, measured, expected)
+
+
+# Today the nsys report reads as GPipe on one rank: Megatron's phase and P2P ranges sit between
+# ProfilerStep#N and the ops, and unlabelled reconstruction looks for ops directly under the step.
+@pytest.mark.xfail(strict=True, reason=NEEDS_REWRITE)
+def test_tracekit_reads_the_nsys_sample_as_the_interleaved_schedule():
+    from tracekit import load
+
+    run = load(_sample(NSYS.name))
+    assert (run.schedule.name, run.schedule.p, run.schedule.v, run.schedule.m) == ("Interleaved1F1B", 4, 2, 8)
+    assert len(run.actions) == 4 * 3 * 2 * 2 * 8
 
 
 def test_union_length_counts_overlaps_once_and_gaps_not_at_all():
