@@ -301,3 +301,14 @@ def test_live_megatron_capture(tmp_path, schedule, v):
         assert len(actions) == 2 * v * 4
         kinds = "".join(k for k, _, _ in compute_actions(out, rank, cap["compute"]["layers_per_stage"])[2])
         assert kinds == "".join(a["kind"] for a in actions)
+
+
+def test_megatron_refuses_an_injected_link_delay_in_one_line(tmp_path):
+    pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip install 'tracekit[megatron]')")
+    from tracekit.cli import main
+
+    result = CliRunner().invoke(main, ["capture", "-o", str(tmp_path / "x"), "--framework", "megatron",
+                                       "--p2p-delay-ms", "5"])
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert result.exit_code == 2 and len(lines) == 1 and "--p2p-delay-ms is not supported" in lines[0], result.output
+    assert not list((tmp_path / "x").glob("rank*"))
