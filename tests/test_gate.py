@@ -256,8 +256,8 @@ def test_committed_baselines_cover_the_sample_runs():
     for run in runs:
         baseline = read_baseline(BASELINES / f"{run.name}.json")
         capture = capture_of(run)
-        assert baseline.schedule["p"] == capture["p"] and baseline.schedule["m"] == capture["m"], run.name
         assert baseline.cause_share, run.name
+        assert baseline.schedule["p"] == capture["p"] and baseline.schedule["m"] == capture["m"], run.name
 
 
 # --- step time: --max-step-ms and --step-tolerance ----------------------------------------

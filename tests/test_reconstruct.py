@@ -127,7 +127,11 @@ def _independent_bubbles(run_dir: Path) -> dict[int, float]:
     return ratios
 
 
-@pytest.mark.parametrize("run_dir", [r for r in RUNS if capture_of(r)["schedule"] in ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS")],
+# 1f1b_layer_labels puts its ops inside per-layer ranges in a whole-step range, which this
+# computation does not descend into; tests/test_labels.py reads it by labels and by
+# segmentation and compares the two.
+@pytest.mark.parametrize("run_dir", [r for r in RUNS if capture_of(r)["schedule"] in ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS")
+                                     and r.name != "1f1b_layer_labels"],
                          ids=lambda p: p.name)
 def test_bubble_ratio_agrees_with_independent_computation(run_dir: Path, loaded_runs):
     _, analysis = loaded_runs(run_dir)

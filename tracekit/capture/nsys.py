@@ -129,26 +129,10 @@ def run_nsys_capture(config: CaptureConfig, out_dir, *, command_out: str | None 
             stale.unlink()
     cmd_line = config.command or (
         config.command_line(command_out if command_out is not None else str(out)) + " --profiler nsys")
-    version = _run([str(nsys), "--version"], "nsys --version").stdout.strip()
 
     with tempfile.TemporaryDirectory(prefix="tracekit-nsys-") as tmp_name:
         tmp = Path(tmp_name)
-        (tmp / "config.json").write_text(json.dumps(config.to_dict()))
-        env = _child_env()
-        _log(f"{version}; running {config.ranks} ranks ({config.schedule}, m={config.microbatches}) under nsys")
-        t0 = time.perf_counter()
-        _run([str(nsys), "profile", *_TRACE_FLAGS, "--force-overwrite=true", "-o", str(tmp / "report"),
-              sys.executable, "-m", "tracekit.capture.nsys", str(tmp / "config.json"), str(tmp)],
-             "nsys profile", env=env, cwd=tmp, show_output=True)
-        if not (tmp / "rank_pids.json").exists():
-            raise CaptureError("the ranks did not finish under nsys (no rank_pids.json); run without nsys to see why")
-        report = tmp / "report.nsys-rep"
-        if not report.exists():
-            report = _import_qdstrm(nsys, tmp / "report.qdstrm")
-        _log(f"profiled in {time.perf_counter() - t0:.1f} s; exporting SQLite")
-        raw = tmp / "raw.sqlite"
-        _run([str(nsys), "export", "--type", "sqlite", "--force-overwrite=true", "-o", str(raw), str(report)],
-             "nsys export")
+        raw, version = record_report(nsys, "tracekit.capture.nsys", config, tmp)
         rank_pids = {int(k): int(v) for k, v in json.loads((tmp / "rank_pids.json").read_text()).items()}
         removed = scrub_report(raw, out / REPORT_NAME, set(rank_pids.values()))
         losses = json.loads((tmp / "losses.json").read_text()) if (tmp / "losses.json").exists() else []
@@ -159,6 +143,31 @@ def run_nsys_capture(config: CaptureConfig, out_dir, *, command_out: str | None 
     size = (out / REPORT_NAME).stat().st_size
     _log(f"wrote {REPORT_NAME} ({size / 1e6:.2f} MB, scrubbed) and capture.json to {out}")
     return out
+
+
+def record_report(nsys: Path, program_module: str, config: CaptureConfig, tmp: Path) -> tuple[Path, str]:
+    """Run ``python -m program_module CONFIG_JSON TMP`` under ``nsys profile`` and export SQLite.
+
+    The program spawns the ranks and must leave ``rank_pids.json`` in ``tmp``. Returns the
+    raw (unscrubbed) SQLite export inside ``tmp`` and nsys's version line.
+    """
+    version = _run([str(nsys), "--version"], "nsys --version").stdout.strip()
+    (tmp / "config.json").write_text(json.dumps(config.to_dict()))
+    _log(f"{version}; running {config.ranks} ranks ({config.schedule}, m={config.microbatches}) under nsys")
+    t0 = time.perf_counter()
+    _run([str(nsys), "profile", *_TRACE_FLAGS, "--force-overwrite=true", "-o", str(tmp / "report"),
+          sys.executable, "-m", program_module, str(tmp / "config.json"), str(tmp)],
+         "nsys profile", env=_child_env(), cwd=tmp, show_output=True)
+    if not (tmp / "rank_pids.json").exists():
+        raise CaptureError("the ranks did not finish under nsys (no rank_pids.json); run without nsys to see why")
+    report = tmp / "report.nsys-rep"
+    if not report.exists():
+        report = _import_qdstrm(nsys, tmp / "report.qdstrm")
+    _log(f"profiled in {time.perf_counter() - t0:.1f} s; exporting SQLite")
+    raw = tmp / "raw.sqlite"
+    _run([str(nsys), "export", "--type", "sqlite", "--force-overwrite=true", "-o", str(raw), str(report)],
+         "nsys export")
+    return raw, version
 
 
 def _child_env() -> dict[str, str]:

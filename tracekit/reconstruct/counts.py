@@ -12,8 +12,8 @@ from tracekit.model.run import ScheduleInfo
 def count_problems(actions: pd.DataFrame, schedule: ScheduleInfo, limit: int = 3) -> list[str]:
     """One warning when some step's actions are not p·v·m per kind, naming the first few
     (step, stage, kind) that differ; [] when they add up."""
-    if actions.empty or schedule is None or schedule.m <= 0:
-        return []
+    if actions.empty or schedule is None or schedule.m <= 0 or schedule.flush_free:
+        return []  # a flush-free pipeline (PipeDream-2BW) runs microbatches across its steps
     # A split schedule may still run some backwards whole (DualPipeV's fused F+B): a B
     # counts as both an input-grad and a weight-grad.
     parts = {"F": ("F",), "I": ("B", "I"), "W": ("B", "W")} if schedule.split_backward else {"F": ("F",), "B": ("B",)}

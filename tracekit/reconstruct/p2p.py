@@ -135,6 +135,8 @@ def match_messages(events: pd.DataFrame, steps: pd.DataFrame, actions: pd.DataFr
     pairs = known_sends[keys + ["start_ns", "nbytes", "file_id", "source_index"]].merge(
         known_recvs[keys + ["start_ns", "done_ns", "nbytes", "file_id", "source_index", "tid"]],
         on=keys, suffixes=("_s", "_r"))
+    pairs = pairs.assign(dst_step=pairs["step"])
+    pairs = pd.concat([pairs, _across_steps(known_sends, known_recvs, pairs)], ignore_index=True)
     unmatched_sends = len(known_sends) - len(pairs)
     unmatched_recvs = len(known_recvs) - len(pairs)
     size_mismatch = int(((pairs["nbytes_s"] >= 0) & (pairs["nbytes_r"] >= 0)
@@ -146,7 +148,7 @@ def match_messages(events: pd.DataFrame, steps: pd.DataFrame, actions: pd.DataFr
         "recv_done_ns": pairs["done_ns"],
         "src_file_id": pairs["file_id_s"], "src_source_index": pairs["source_index_s"],
         "dst_file_id": pairs["file_id_r"], "dst_source_index": pairs["source_index_r"],
-        "dst_tid": pairs["tid"],
+        "dst_tid": pairs["tid"], "dst_step": pairs["dst_step"],
     }).astype("int64")
     if unmatched_sends or unmatched_recvs:
         warnings.append(
@@ -163,6 +165,28 @@ def match_messages(events: pd.DataFrame, steps: pd.DataFrame, actions: pd.DataFr
     messages["recv_wait_ns"] = 0
     messages["arrival_ns"] = messages["recv_done_ns"]
     return messages[MESSAGE_COLUMNS + ["dst_tid"]], warnings
+
+
+def _across_steps(sends: pd.DataFrame, recvs: pd.DataFrame, pairs: pd.DataFrame) -> pd.DataFrame:
+    """Pairs of the sends and receives left over by per-step pairing, where the receive is
+    in the sender's next step: a pipeline without a flush (PipeDream-2BW) sends the last
+    activations of a step to a rank that has begun its next one. Only tagged messages
+    (the tag tells them apart across steps), in posting order per (src, dst, tag)."""
+    keys = ["src_rank", "dst_rank", "tag", "step", "k"]
+    left_s = sends.merge(pairs[keys], on=keys, how="left", indicator=True)
+    left_s = left_s[(left_s["_merge"] == "left_only") & (left_s["tag"] >= 0)].drop(columns="_merge")
+    left_r = recvs.merge(pairs[keys], on=keys, how="left", indicator=True)
+    left_r = left_r[(left_r["_merge"] == "left_only") & (left_r["tag"] >= 0)].drop(columns="_merge")
+    if left_s.empty or left_r.empty:
+        return pairs.iloc[0:0]
+    by = ["src_rank", "dst_rank", "tag"]
+    left_s = left_s.sort_values("start_ns").assign(j=lambda f: f.groupby(by).cumcount())
+    left_r = left_r.sort_values("start_ns").assign(j=lambda f: f.groupby(by).cumcount())
+    cross = left_s[by + ["j", "step", "k", "start_ns", "nbytes", "file_id", "source_index"]].merge(
+        left_r[by + ["j", "step", "start_ns", "done_ns", "nbytes", "file_id", "source_index", "tid"]],
+        on=by + ["j"], suffixes=("_s", "_r"))
+    cross = cross[cross["step_r"] == cross["step_s"] + 1]
+    return cross.rename(columns={"step_s": "step", "step_r": "dst_step"}).drop(columns="j")
 
 
 def _infer_peers(sends: pd.DataFrame, recvs: pd.DataFrame, actions: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -221,6 +245,7 @@ def _link_actions(messages: pd.DataFrame, actions: pd.DataFrame, consumer_by_kin
         by_rank_step[key] = (group["start_ns"].to_numpy(), group["end_ns"].to_numpy(),
                              group["action_id"].to_numpy(), group["kind"].to_numpy())
     src, dst, step = (messages[c].tolist() for c in ("src_rank", "dst_rank", "step"))
+    dst_step = messages["dst_step"].tolist() if "dst_step" in messages else step
     posted, done = messages["send_post_ns"].to_numpy(), messages["recv_done_ns"].to_numpy()
     last_rank = int(actions["rank"].max()) if len(actions) else -1
     for i in range(n):
@@ -238,7 +263,7 @@ def _link_actions(messages: pd.DataFrame, actions: pd.DataFrame, consumer_by_kin
                 k = before[-1]
                 producer[i] = ids[k]
                 direction[i] = "fwd" if kinds[k] == "F" else "bwd"
-        found = by_rank_step.get((dst[i], step[i]))
+        found = by_rank_step.get((dst[i], dst_step[i]))
         if found is not None:
             starts, _, ids, kinds = found
             fits = starts >= done[i] - _TOLERANCE_NS
