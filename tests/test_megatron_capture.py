@@ -263,15 +263,22 @@ def test_tracekit_bubble_within_a_point_of_the_independent_one(name, loaded_runs
         assert measured[rank] == pytest.approx(expected[rank], abs=0.01), (rank, measured, expected)
 
 
-# Today the nsys report reads as GPipe on one rank: Megatron's phase and P2P ranges sit between
-# ProfilerStep#N and the ops, and unlabelled reconstruction looks for ops directly under the step.
-@pytest.mark.xfail(strict=True, reason=NEEDS_REWRITE)
+# Under nsys the ops sit inside Megatron's phase and P2P ranges (wrappers the segmentation looks
+# into), and no op names its peer: the p2p_communication range around it says which way it goes.
 def test_tracekit_reads_the_nsys_sample_as_the_interleaved_schedule():
     from tracekit import load
 
     run = load(_sample(NSYS.name))
     assert (run.schedule.name, run.schedule.p, run.schedule.v, run.schedule.m) == ("Interleaved1F1B", 4, 2, 8)
     assert len(run.actions) == 4 * 3 * 2 * 2 * 8
+    assert len(run.messages) == 3 * 112 and not any("no partner" in w for w in run.warnings)
+    truth = capture_of(_sample(NSYS.name))["executed_order"]
+    acts = run.actions.sort_values(["rank", "step", "order"])
+    for rank, steps in truth.items():
+        for step, actions in steps.items():
+            got = acts[(acts["rank"] == int(rank)) & (acts["step"] == int(step))]
+            assert list(zip(got["kind"], got["stage"], got["microbatch"])) == [
+                (a["kind"], a["stage"], a["microbatch"]) for a in actions], (rank, step)
 
 
 def test_union_length_counts_overlaps_once_and_gaps_not_at_all():

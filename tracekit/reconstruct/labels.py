@@ -220,3 +220,23 @@ def describe_annotations(names_and_counts: dict[str, int]) -> str:
     if not total:
         return "no user annotations"
     return f"{total} user annotation(s) of {len(names_and_counts)} name(s), {_top_names(names_and_counts)}"
+
+
+# Megatron-core's p2p_communication functions (NVTX ranges under nsys): where each one's
+# sends and receives go, in the order batch_isend_irecv posts them (send to the previous
+# rank, receive from it, send to the next, receive from it; _batched_p2p_ops).
+MEGATRON_P2P = re.compile(r"pipeline_parallel\.p2p_communication\.(?P<fn>\w+)$")
+_MEGATRON_WAYS = {
+    "recv_forward": ((), ("prev",)), "recv_backward": ((), ("next",)),
+    "send_forward": (("next",), ()), "send_backward": (("prev",), ()),
+    "send_forward_recv_backward": (("next",), ("next",)), "send_backward_recv_forward": (("prev",), ("prev",)),
+    "send_forward_recv_forward": (("next",), ("prev",)), "send_backward_recv_backward": (("prev",), ("next",)),
+    "send_forward_backward_recv_forward_backward": (("prev", "next"), ("prev", "next")),
+}
+
+
+def p2p_ways(name: str) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+    """(the ways of the sends, of the receives) a range's name says its P2P ops go, each
+    "next" or "prev" pipeline rank; None for a name that says nothing."""
+    match = MEGATRON_P2P.search(name)
+    return _MEGATRON_WAYS.get(match.group("fn")) if match else None

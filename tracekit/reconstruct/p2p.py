@@ -19,6 +19,7 @@ import pandas as pd
 
 from tracekit.model.names import RECV_NAMES, SEND_NAMES
 from tracekit.model.run import MESSAGE_COLUMNS
+from tracekit.reconstruct.labels import p2p_ways
 from tracekit.reconstruct.steps import step_of
 
 # A receive's wait may return a hair after its consumer's first op is recorded as started.
@@ -112,6 +113,10 @@ def match_messages(events: pd.DataFrame, steps: pd.DataFrame, actions: pd.DataFr
     if sends.empty and recvs.empty:
         return pd.DataFrame(columns=MESSAGE_COLUMNS), warnings
     recvs = recvs.assign(done_ns=_recv_done_times(events, recvs))
+    sends, recvs, named = _peers_from_ranges(sends, recvs, events)
+    if named:
+        warnings.append(f"{named} send/recv ops name no peer rank; their peers are read from the framework's "
+                        "P2P ranges around them (Megatron's p2p_communication functions)")
     unknown_before = int((sends["peer"] < 0).sum() + (recvs["peer"] < 0).sum())
     if unknown_before:
         sends, recvs = _infer_peers(sends, recvs, actions)
@@ -187,6 +192,125 @@ def _across_steps(sends: pd.DataFrame, recvs: pd.DataFrame, pairs: pd.DataFrame)
         on=by + ["j"], suffixes=("_s", "_r"))
     cross = cross[cross["step_r"] == cross["step_s"] + 1]
     return cross.rename(columns={"step_s": "step", "step_r": "dst_step"}).drop(columns="j")
+
+
+def _peers_from_ranges(sends: pd.DataFrame, recvs: pd.DataFrame,
+                       events: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, int]:
+    """Peers of P2P ops that name none, from a framework range around them that says which
+    way they go (:func:`tracekit.reconstruct.labels.p2p_ways`): the next or previous rank of
+    the pipeline, wrapping around as Megatron's ranks do. A range whose op count differs
+    from what its name says is left to inference."""
+    if not ((sends["peer"] < 0).any() or (recvs["peer"] < 0).any()):
+        return sends, recvs, 0
+    annotations = events[(events["cat"] == "user_annotation").to_numpy() & ~events["on_gpu"].to_numpy()]
+    ways = {str(n): p2p_ways(str(n)) for n in annotations["name"].unique()}
+    ranges = annotations[annotations["name"].map(lambda n: ways.get(str(n)) is not None).to_numpy(dtype=bool)]
+    if ranges.empty:
+        return sends, recvs, 0
+    ranks = sorted(set(sends["rank"].tolist()) | set(recvs["rank"].tolist()))
+    place = {r: i for i, r in enumerate(ranks)}
+
+    def peer_of(rank: int, way: str) -> int:
+        i = place[rank] + (1 if way == "next" else -1)
+        return ranks[i % len(ranks)]
+
+    sends, recvs = sends.copy(), recvs.copy()
+    named = 0
+    ambiguous: list[tuple[int, int, int]] = []   # (side, row, rank) of lone ops either way
+    for (rank, tid), group in ranges.groupby(["rank", "tid"]):
+        group = group.sort_values("start_ns")
+        r_start, r_end = group["start_ns"].to_numpy(), group["end_ns"].to_numpy()
+        r_ways = [ways[str(n)] for n in group["name"]]
+        for side, table in ((0, sends), (1, recvs)):
+            mine = table[(table["rank"] == rank) & (table["tid"] == tid) & (table["peer"] < 0)].sort_values("start_ns")
+            if mine.empty:
+                continue
+            k = np.searchsorted(r_start, mine["start_ns"].to_numpy(), side="right") - 1
+            inside = (k >= 0) & (mine["start_ns"].to_numpy() <= r_end[np.maximum(k, 0)])
+            for j in np.unique(k[inside]):
+                ops = mine.index[inside & (k == j)]
+                wanted = r_ways[j][side]
+                if len(wanted) == len(ops):
+                    table.loc[ops, "peer"] = [peer_of(int(rank), w) for w in wanted]
+                    named += len(ops)
+                elif len(set(wanted)) == 1 and wanted:
+                    table.loc[ops, "peer"] = peer_of(int(rank), wanted[0])
+                    named += len(ops)
+                elif len(ops) == 1 and len(wanted) == 2:
+                    way = _one_of_two(side, place[int(rank)] == len(ranks) - 1)
+                    if way is None:
+                        ambiguous.append((side, ops[0], int(rank)))
+                    else:
+                        table.loc[ops, "peer"] = peer_of(int(rank), way)
+                        named += 1
+    named += _settle_by_counts(ambiguous, sends, recvs, peer_of)
+    return sends, recvs, named
+
+
+def _settle_by_counts(ambiguous: list[tuple[int, int, int]], sends: pd.DataFrame, recvs: pd.DataFrame,
+                      peer_of, max_choices: int = 256) -> int:
+    """Peers of lone ops that could go either way, from the other side: a rank's peer
+    posted as many matching ops as it has partners. Of the ways to pick which ops go to the
+    next rank, the one whose pairs (in posting order) never deliver before the send was
+    posted. Left unknown where the counts or the times do not settle it."""
+    from itertools import combinations
+
+    settled = 0
+    groups: dict[tuple[int, int, int], list[int]] = {}
+    for side, row, rank in ambiguous:
+        table = sends if side == 0 else recvs
+        groups.setdefault((side, rank, int(table.at[row, "step"])), []).append(row)
+    for (side, rank, step), rows in groups.items():
+        mine, theirs = (sends, recvs) if side == 0 else (recvs, sends)
+        nxt, prv = peer_of(rank, "next"), peer_of(rank, "prev")
+        in_step = (mine["rank"] == rank) & (mine["step"] == step)
+        counterpart = (theirs["peer"] == rank) & (theirs["step"] == step)
+        need = int(((theirs["rank"] == nxt) & counterpart).sum()) - int((in_step & (mine["peer"] == nxt)).sum())
+        if not 0 <= need <= len(rows):
+            continue
+        choices = list(combinations(rows, need))
+        if len(choices) > max_choices:
+            continue
+        best, best_bad = None, None
+        for chosen in choices:
+            trial = mine.copy()
+            trial.loc[list(rows), "peer"] = prv
+            trial.loc[list(chosen), "peer"] = nxt
+            bad = sum(_acausal(trial, theirs, rank, peer, step, side) for peer in {nxt, prv})
+            if best_bad is None or bad < best_bad:
+                best, best_bad = chosen, bad
+        if best is None or best_bad:
+            continue
+        mine.loc[list(rows), "peer"] = prv
+        mine.loc[list(best), "peer"] = nxt
+        settled += len(rows)
+    return settled
+
+
+def _acausal(mine: pd.DataFrame, theirs: pd.DataFrame, rank: int, peer: int, step: int, side: int) -> int:
+    """Pairs of link rank<->peer in ``step`` (k-th with k-th, in posting order) whose
+    receive returned before its send was posted."""
+    a = mine[(mine["rank"] == rank) & (mine["peer"] == peer) & (mine["step"] == step)].sort_values("start_ns")
+    b = theirs[(theirs["rank"] == peer) & (theirs["peer"] == rank) & (theirs["step"] == step)].sort_values("start_ns")
+    n = min(len(a), len(b))
+    if side == 0:
+        post, done = a["start_ns"].to_numpy()[:n], b["done_ns"].to_numpy()[:n]
+    else:
+        post, done = b["start_ns"].to_numpy()[:n], a["done_ns"].to_numpy()[:n]
+    return int((done < post).sum()) + abs(len(a) - len(b))
+
+
+def _one_of_two(side: int, last_rank: bool) -> str | None:
+    """Which way the one op of a send-both-ways call goes (Megatron's interleaved steady
+    state passes None for a tensor with nowhere to go). A middle rank's lone send is an
+    activation (next rank): its backwards always have a gradient to send; rank 0's backward
+    of stage 0 sends nothing, so its lone send is an activation too. A lone receive off the
+    last rank is a gradient (next rank): once the forwards are done no activation comes. On
+    the last rank either can be missing (its last stage neither sends activations nor
+    receives gradients): None, settled by counts (``side``: 0 send, 1 receive)."""
+    if last_rank:
+        return None
+    return "next"
 
 
 def _infer_peers(sends: pd.DataFrame, recvs: pd.DataFrame, actions: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
