@@ -126,7 +126,7 @@ def test_markdown_to_stdout_has_the_headline_and_the_figures_of_json(cached):
     doc = json.loads(cli("diff", a, b, "--json").stdout)
     assert text.startswith("### tracekit diff: matters most\\: stage imbalance \\+")
     figures = {row[0]: row[1:] for row in _markdown_rows(text, "| | A | B | change |")}
-    assert figures["bubble ratio"] == ["30.2%", "44.6%", "+14.4 points"]
+    assert figures["bubble ratio"] == ["30.4%", "44.8%", "+14.4 points"]
     assert figures["step time"] == [f"{doc['step_ns']['a'] / 1e6:.1f} ms", f"{doc['step_ns']['b'] / 1e6:.1f} ms",
                                     "+261.9 ms (+55.2%)"]
     causes = _markdown_rows(text, "| cause |")

@@ -261,7 +261,7 @@ def test_committed_baselines_cover_the_sample_runs():
 
 
 # --- step time: --max-step-ms and --step-tolerance ----------------------------------------
-# sample_traces/1f1b_p2p_delay5ms steps in 576.8 ms, baselines of sample_traces/1f1b in 474.4 ms (+21.6%).
+# sample_traces/1f1b_p2p_delay5ms steps in 576.6 ms, baselines of sample_traces/1f1b in 474.2 ms (+21.6%).
 
 def test_step_time_is_not_compared_with_a_baseline_by_default(cached, baseline_1f1b):
     # bubbles within a loose tolerance; the 21.6% slower step alone does not fail the gate
@@ -276,17 +276,17 @@ def test_step_tolerance_fails_a_slower_step_and_says_by_how_much(cached, baselin
     tight = cli(*args, "--step-tolerance", "10%")
     assert tight.exit_code == 1, tight.output
     assert failures(tight.output) == [
-        "FAIL mean step time 576.8 ms > baseline 474.4 ms + 10.0% (--step-tolerance): +102.5 ms (+21.6%) "
+        "FAIL mean step time 576.6 ms > baseline 474.2 ms + 10.0% (--step-tolerance): +102.5 ms (+21.6%) "
         "over the baseline"]
     loose = cli(*args, "--step-tolerance", "0.25")
     assert loose.exit_code == 0, loose.output
-    assert "ok   mean step time 576.8 ms <= baseline 474.4 ms + 25.0% (--step-tolerance)" in loose.output
+    assert "ok   mean step time 576.6 ms <= baseline 474.2 ms + 25.0% (--step-tolerance)" in loose.output
 
 
 def test_max_step_ms_from_the_flag_and_from_pyproject(cached, tmp_path, monkeypatch):
-    run = SAMPLES / "1f1b"          # 474.4 ms a step
+    run = SAMPLES / "1f1b"          # 474.2 ms a step
     over = cli("check", run, "--max-step-ms", "470", "--no-config")
-    assert over.exit_code == 1 and failures(over.output) == ["FAIL mean step time 474.4 ms > max 470.0 ms (--max-step-ms)"]
+    assert over.exit_code == 1 and failures(over.output) == ["FAIL mean step time 474.2 ms > max 470.0 ms (--max-step-ms)"]
     assert cli("check", run, "--max-step-ms", "480", "--no-config").exit_code == 0
     (tmp_path / "pyproject.toml").write_text("[tool.tracekit.check]\nmax-step-ms = 470\n")
     monkeypatch.chdir(tmp_path)
@@ -303,7 +303,7 @@ def test_step_tolerance_from_pyproject(cached, baseline_1f1b, tmp_path, monkeypa
     result = cli("check", SAMPLES / "1f1b_p2p_delay5ms")
     assert result.exit_code == 1
     assert [line.split(":")[0] for line in failures(result.output)] == [
-        "FAIL mean step time 576.8 ms > baseline 474.4 ms + 10.0% (pyproject.toml step-tolerance)"]
+        "FAIL mean step time 576.6 ms > baseline 474.2 ms + 10.0% (pyproject.toml step-tolerance)"]
 
 
 def test_step_time_in_junit_markdown_and_json(cached, baseline_1f1b, tmp_path):
@@ -315,15 +315,15 @@ def test_step_time_in_junit_markdown_and_json(cached, baseline_1f1b, tmp_path):
     doc = json.loads(result.stdout)
     steps = {c["id"]: c for c in doc["checks"] if c["unit"] == "ns"}
     assert set(steps) == {"step_time", "baseline.step_time"}
-    assert steps["baseline.step_time"]["baseline"] == 474359598 and not steps["baseline.step_time"]["passed"]
+    assert steps["baseline.step_time"]["baseline"] == 474184897 and not steps["baseline.step_time"]["passed"]
     assert steps["step_time"]["limit"] == 600_000_000 and steps["step_time"]["passed"]
     assert doc["measures"]["step_ns"] == steps["step_time"]["value"]
     cases = {c.get("name"): c for c in ET.parse(junit).getroot().iter("testcase")}
     assert cases["baseline.step_time"].find("failure").get("message") == steps["baseline.step_time"]["line"]
     assert cases["step_time"].find("failure") is None
     text = markdown.read_text()
-    assert "| mean step time | 576.8 ms | 521.8 ms |" in text and text.count("| **FAIL** |") == 1
-    assert "- **mean step time** 576.8 ms >" in text
+    assert "| mean step time | 576.6 ms | 521.6 ms |" in text and text.count("| **FAIL** |") == 1
+    assert "- **mean step time** 576.6 ms >" in text
 
 
 def test_step_time_at_the_tolerance_passes_and_a_faster_step_asks_for_a_refresh():

@@ -206,3 +206,22 @@ def test_layer_labels_and_segmentation_read_the_same_run_alike(loaded_runs):
     by_labels = labelled.summary["per_rank"]
     for rank in range(4):
         assert abs(segmented[rank]["bubble_ratio"] - by_labels[rank]["bubble_ratio"]) < 0.01, rank
+
+
+def test_the_readmes_label_rules_are_valid():
+    """The README's [tool.tracekit.labels] example and --label-rule examples are rules tracekit takes."""
+    import re
+    import tomllib
+    from pathlib import Path
+
+    from tracekit.reconstruct.labels import rule_of
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    block = re.search(r"```toml\n(\[tool\.tracekit\.labels\]\n.*?)```", readme, re.S).group(1)
+    table = tomllib.loads(block)["tool"]["tracekit"]["labels"]
+    rules = [rule_of(pattern, kind, "README") for pattern, kind in table.items()]
+    assert rules[0].parse("F_3", 1) == [("F", 1, 3)]
+    flags = re.findall(r"--label-rule '([^']+)'", readme)
+    assert len(flags) >= 2
+    forward = parse_rule(flags[0], "README")
+    assert forward.parse("fwd_s2_mb5", 0) == [("F", 2, 5)]

@@ -29,9 +29,11 @@ def _same_analysis(path) -> tuple[int, int]:
 @pytest.mark.parametrize("name", SAMPLE_RUNS)
 def test_sample_runs_analyse_the_same_from_the_working_set(name):
     n_all, n_kept = _same_analysis(SAMPLES / name)
-    # and it is a real reduction, except where ranges label every layer: the ops inside
-    # each label are its compute, so nearly everything is read
-    assert n_kept < (0.95 if name == "1f1b_layer_labels" else 0.7) * n_all
+    # and it is a real reduction, less so where ranges label every layer (the ops inside each
+    # label are its compute, so nearly everything is read) or wrap the ops (Megatron's phase
+    # and P2P ranges under nsys put the ops one level deeper)
+    limit = {"1f1b_layer_labels": 0.95, "megatron_interleaved_nsys": 0.8}.get(name, 0.7)
+    assert n_kept < limit * n_all
 
 
 def _shared_gpu_traces():

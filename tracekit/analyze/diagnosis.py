@@ -373,8 +373,14 @@ def _fill_drain(analysis, totals: dict[str, int], window_ns: int) -> Finding | N
         alternative = f"an interleaved schedule with v=2 gives {_pct(interleaved)} at m={sched.m}"
         advice = f"{advice}; {alternative}" if advice else alternative[0].upper() + alternative[1:]
     if not advice:
-        advice = "Run more microbatches per step or more virtual stages per rank."
+        advice = "Run more microbatches per step or more virtual stages per rank"
     advice += "." + _replayed(analysis, new_m, figures)
+    changes = [figures[k] for k in ("replay_what_if_step_change", "replay_interleaved_v2_step_change") if k in figures]
+    if changes and min(changes) >= 0:
+        # the closed form ignores this run's overheads and latencies; its own replay does not
+        advice += (" So on this run neither pays as it stands: every suggestion replays slower (more, smaller "
+                   "actions pay the per-action overheads and latencies more often); fix those first.")
+        figures["replay_contradicts_closed_form"] = True
     return Finding("fill_drain", severity_of(measured), headline, advice, measured, figures)
 
 

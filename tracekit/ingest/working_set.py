@@ -35,6 +35,7 @@ from tracekit.model.names import COMM_PREFIXES, RECV_NAMES, SEND_NAMES
 
 _BACKWARD_PREFIX = "autograd::engine"
 ROWS = ("all", "analysis")
+_LIBRARY_RANGES = ("gloo:", "nccl:", "record_param_comms", "c10d::", "tracekit:p2p")
 
 
 def working_set(columns: EventColumns) -> EventColumns:
@@ -69,7 +70,8 @@ def _kept(columns: EventColumns) -> np.ndarray:
     # Top-level compute of every step and label: depth <= deepest mark/label + 1 per thread.
     depth = nums["depth"].astype(np.int64)
     # Any annotation may be a label: which ones are is decided later, by the label rules.
-    anchor = annotation & ~on_gpu
+    # Communication libraries' ranges (gloo:recv spans posting to the wait's return) are not.
+    anchor = annotation & ~on_gpu & ~by_name(lambda s: s.startswith(_LIBRARY_RANGES))
     limit_of_row = np.zeros(len(depth), dtype=np.int64)
     if anchor.any():
         _, pid_code = np.unique(nums["pid"], return_inverse=True)
