@@ -239,10 +239,8 @@ def test_tracekit_names_the_schedule(name, loaded_runs):
     assert (run.schedule.name, run.schedule.p, run.schedule.v, run.schedule.m) == (schedule, 4, v, 8)
 
 
-@pytest.mark.parametrize("name", READS)
-def test_tracekit_finds_every_action_with_stage_and_microbatch(name, loaded_runs):
-    run_dir = _sample(name)
-    run, _ = loaded_runs(run_dir)
+def _matches_the_executed_order(run, run_dir) -> None:
+    """Every action (kind, stage, microbatch, in order) as the capture recorded Megatron ran it."""
     truth = capture_of(run_dir)["executed_order"]
     acts = run.actions.sort_values(["rank", "step", "order"])
     for rank, steps in truth.items():
@@ -250,6 +248,13 @@ def test_tracekit_finds_every_action_with_stage_and_microbatch(name, loaded_runs
             got = acts[(acts["rank"] == int(rank)) & (acts["step"] == int(step))]
             assert list(zip(got["kind"], got["stage"], got["microbatch"])) == [
                 (a["kind"], a["stage"], a["microbatch"]) for a in actions], (rank, step)
+
+
+@pytest.mark.parametrize("name", READS)
+def test_tracekit_finds_every_action_with_stage_and_microbatch(name, loaded_runs):
+    run_dir = _sample(name)
+    run, _ = loaded_runs(run_dir)
+    _matches_the_executed_order(run, run_dir)
 
 
 @pytest.mark.parametrize("name", READS)
@@ -272,13 +277,7 @@ def test_tracekit_reads_the_nsys_sample_as_the_interleaved_schedule():
     assert (run.schedule.name, run.schedule.p, run.schedule.v, run.schedule.m) == ("Interleaved1F1B", 4, 2, 8)
     assert len(run.actions) == 4 * 3 * 2 * 2 * 8
     assert len(run.messages) == 3 * 112 and not any("no partner" in w for w in run.warnings)
-    truth = capture_of(_sample(NSYS.name))["executed_order"]
-    acts = run.actions.sort_values(["rank", "step", "order"])
-    for rank, steps in truth.items():
-        for step, actions in steps.items():
-            got = acts[(acts["rank"] == int(rank)) & (acts["step"] == int(step))]
-            assert list(zip(got["kind"], got["stage"], got["microbatch"])) == [
-                (a["kind"], a["stage"], a["microbatch"]) for a in actions], (rank, step)
+    _matches_the_executed_order(run, _sample(NSYS.name))
 
 
 def test_union_length_counts_overlaps_once_and_gaps_not_at_all():
