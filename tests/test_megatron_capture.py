@@ -57,6 +57,22 @@ def _main_thread_ops(doc: dict) -> tuple[list[dict], dict[int, tuple[float, floa
     return [e for e in events if e["tid"] == main_tid], steps
 
 
+def _nsys_main_thread_ops(run_dir: Path, rank: int) -> tuple[list[dict], dict[int, tuple[float, float]]]:
+    """The same from the nsys report (sqlite3 only): the rank's NVTX ranges on the thread that
+    left its `tracekit:rank=R` mark, named as the op they stand for (the text before
+    ", seq = ..."), in µs."""
+    db = sqlite3.connect(f"file:{run_dir / 'nsys_report.sqlite'}?mode=ro", uri=True)
+    rows = db.execute("SELECT e.start, e.end, COALESCE(e.text, s.value), e.globalTid FROM NVTX_EVENTS e "
+                      "LEFT JOIN StringIds s ON e.textId = s.id").fetchall()
+    db.close()
+    tid = next(g for _, _, text, g in rows if text and text.startswith(f"tracekit:rank={rank} "))
+    ops = [{"name": text.split(",")[0], "ts": a / 1e3, "dur": (b - a) / 1e3}
+           for a, b, text, g in rows if g == tid and b is not None and text]
+    steps = {int(e["name"].split("#")[1]): (e["ts"], e["ts"] + e["dur"])
+             for e in ops if e["name"].startswith("ProfilerStep#")}
+    return ops, steps
+
+
 def _in_step(e: dict, window: tuple[float, float]) -> bool:
     return window[0] <= e["ts"] and e["ts"] + e["dur"] <= window[1]
 
@@ -68,7 +84,10 @@ def compute_actions(run_dir: Path, rank: int, layers_per_stage: int) -> dict[int
     thread, the ReLUs and the last stage's loss with them; an action spans its first to its
     last such op (the layers' matmuls and the host time between them inside; batch slicing,
     loss scaling and Megatron's bookkeeping, such as its token counter, outside)."""
-    ops, steps = _main_thread_ops(_trace(run_dir, rank))
+    if (run_dir / "nsys_report.sqlite").exists():
+        ops, steps = _nsys_main_thread_ops(run_dir, rank)
+    else:
+        ops, steps = _main_thread_ops(_trace(run_dir, rank))
     actions = {}
     for step, window in steps.items():
         runs: list[list] = []  # [kind, start, end, layer ops seen]
@@ -272,12 +291,22 @@ def test_tracekit_bubble_within_a_point_of_the_independent_one(name, loaded_runs
 # into), and no op names its peer: the p2p_communication range around it says which way it goes.
 def test_tracekit_reads_the_nsys_sample_as_the_interleaved_schedule():
     from tracekit import load
+    from tracekit.analyze import analyze
 
     run = load(_sample(NSYS.name))
     assert (run.schedule.name, run.schedule.p, run.schedule.v, run.schedule.m) == ("Interleaved1F1B", 4, 2, 8)
     assert len(run.actions) == 4 * 3 * 2 * 2 * 8
     assert len(run.messages) == 3 * 112 and not any("no partner" in w for w in run.warnings)
     _matches_the_executed_order(run, _sample(NSYS.name))
+    # The independent count spans each action from its first to its last emulated-layer op;
+    # tracekit's also holds the autograd nodes around them (the output's and the first layer's
+    # matmul and bias gradients, the loss scaling on the last stage). Under nsys each of those
+    # small ops costs ~0.2-1 ms of Python-emitted NVTX, so the two differ by 1-3 points here
+    # (0.8 on the Kineto captures), tracekit always the busier.
+    expected = independent_bubbles(NSYS)
+    measured = {r: v["bubble_ratio"] for r, v in analyze(run).summary["per_rank"].items()}
+    for rank in expected:
+        assert expected[rank] - 0.035 <= measured[rank] <= expected[rank] + 0.002, (rank, measured, expected)
 
 
 def test_union_length_counts_overlaps_once_and_gaps_not_at_all():
