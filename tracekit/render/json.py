@@ -154,6 +154,7 @@ def _device(analysis: Analysis) -> dict | None:
 def _capture_summary(capture: dict | None) -> dict | None:
     if not capture:
         return None
-    keys = ("command", "torch_version", "schedule", "p", "v", "m", "steps", "compute", "faults", "created")
+    keys = ("command", "framework", "torch_version", "deepspeed_version", "megatron_core_version", "schedule",
+            "p", "v", "m", "steps", "compute", "faults", "created")
     return {k: capture[k] for k in keys if k in capture}
 
