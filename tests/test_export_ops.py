@@ -116,3 +116,24 @@ def test_with_ops_needs_the_merged_trace(tmp_path):
                                        "--with-ops"])
     assert result.exit_code == 2
     assert result.output.strip() == "tracekit: error: --with-ops: nests the ops in the merged trace; give -o FILE"
+
+
+def test_on_a_gpu_run_the_kernels_go_under_their_action(tmp_path):
+    """A GENERATED GPU pipeline (tests/gpu_tracegen.py; not a real trace): on the device
+    timeline an action is its kernels' span, and they nest under it."""
+    from gpu_tracegen import SCENARIOS, generate
+
+    folder, _ = generate(SCENARIOS["interleaved"], tmp_path / "gpu")
+    out = tmp_path / "ops.json"
+    result = CliRunner().invoke(main, ["export", str(folder), "-o", str(out), "--no-progress", "--with-ops"])
+    assert result.exit_code == 0, (result.output, result.exception)
+    doc = json.loads(out.read_bytes())
+    under = _ops_under(doc)
+    actions = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["cat"] == "compute"]
+    assert len(under) == len(actions)
+    assert {op["cat"] for ops in under.values() for op in ops} == {"device"}
+    assert {op["args"]["kind"] for ops in under.values() for op in ops} == {"compute"}   # P2P kernels: not an action's
+    for action in actions:   # the action's span is its kernels': the first starts it, the last ends it
+        ops = under[action["args"]["action_id"]]
+        assert min(_ns(op)[0] for op in ops) == _ns(action)[0]
+        assert max(_ns(op)[1] for op in ops) == _ns(action)[1]

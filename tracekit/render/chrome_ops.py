@@ -78,8 +78,8 @@ def _device_ops(run: Run, add: Add, action_track: dict[int, tuple]) -> tuple[int
             if int(op.start_ns) < busy_until:      # overlaps the op before it (another stream)
                 left_out += 1
                 continue
-            add(key[0], key[1], key[2], int(op.start_ns), int(op.end_ns), str(op.name), str(op.kind),
-                {"action_id": int(action_id), "stream": int(op.stream), "source_file": names[int(op.file_id)],
+            add(key[0], key[1], key[2], int(op.start_ns), int(op.end_ns), str(op.name), "device",
+                {"action_id": int(action_id), "kind": str(op.kind), "stream": int(op.stream), "source_file": names[int(op.file_id)],
                  "source_index": int(op.source_index)})
             busy_until = int(op.end_ns)
             added += 1
