@@ -73,7 +73,7 @@ def lanes(starts: list[int], ends: list[int]) -> list[int]:
     lane_end: list[int] = []
     out = [0] * len(starts)
     for i in sorted(range(len(starts)), key=lambda k: (starts[k], ends[k])):
-        for lane, end in enumerate(lane_end):
+        for lane, end in enumerate(lane_end):  # noqa: B007 (the lane found is used after the loop)
             if end <= starts[i]:
                 break
         else:
