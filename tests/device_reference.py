@@ -96,7 +96,7 @@ def bubble_rows(ranks: list[DeviceOps]) -> list[BubbleRow]:
             window_start = min(max(window_start, previous_end), window_end)
         previous_end = max(window_end, previous_end or window_end)
         window = window_end - window_start
-        for ops, m in sorted(picked, key=lambda p: p[0].rank):
+        for ops, _m in sorted(picked, key=lambda p: p[0].rank):
             compute = ~ops.is_comm
             starts = np.clip(ops.start_ns[compute], window_start, window_end)
             ends = np.clip(ops.end_ns[compute], window_start, window_end)

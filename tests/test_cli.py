@@ -75,7 +75,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, setup, message):
     result = run("analyze", str(target))
     assert result.exit_code == 2
     assert "Traceback" not in result.output
-    lines = [l for l in result.output.splitlines() if l.strip()]
+    lines = [line for line in result.output.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("tracekit: error:") and message in lines[0]
 
 

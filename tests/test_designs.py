@@ -45,7 +45,7 @@ def raw_actions(run_dir: Path, p: int = 4) -> list[dict]:
         base = int(trace["baseTimeNanoseconds"])
         events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
 
-        def ns(us: float) -> int:
+        def ns(us: float, base: int = base) -> int:
             return base + int(round(us * 1000))
 
         steps = [(int(e["name"].split("#")[1]), ns(e["ts"]), ns(e["ts"] + e["dur"]))

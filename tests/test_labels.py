@@ -172,7 +172,7 @@ def test_hand_labelled_layers_group_into_the_schedules_actions(loaded_runs):
     run, _ = loaded_runs(SAMPLES / "1f1b_layer_labels")
     assert run.labels == "layer-suffix" and run.actions_from == "labels"
     assert (run.schedule.name, run.schedule.p, run.schedule.v, run.schedule.m) == ("1F1B", 4, 1, 8)
-    for (rank, step), got in run.actions.sort_values("start_ns").groupby(["rank", "step"]):
+    for (rank, _step), got in run.actions.sort_values("start_ns").groupby(["rank", "step"]):
         assert [(k, int(mb)) for k, mb in zip(got["kind"], got["microbatch"])] == one_f_one_b(int(rank), 4, 8)
 
 

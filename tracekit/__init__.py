@@ -12,4 +12,15 @@ def load(path, **kwargs):
     return load_run(path, **kwargs)
 
 
-__all__ = ["__version__", "load"]
+def trace_handler(run_dir, schedule=None, *, rank=None):
+    """``on_trace_ready`` for ``torch.profiler.profile``: writes each rank's trace, and the
+    schedule's facts, into ``run_dir`` as ``tracekit analyze`` reads them.
+
+    See :func:`tracekit.handler.trace_handler`.
+    """
+    from tracekit.handler import trace_handler as make
+
+    return make(run_dir, schedule, rank=rank)
+
+
+__all__ = ["__version__", "load", "trace_handler"]

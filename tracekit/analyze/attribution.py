@@ -168,9 +168,9 @@ def attribute_step(graph: StepGraph, measured_idle: dict[int, int], measured_mak
                     stage_rows.append((r, s, share))
         if comm_ns:
             links = sorted(link_gain)
-            weights = [max(link_gain[l].get(r, 0), 0) for l in links]
+            weights = [max(link_gain[link].get(r, 0), 0) for link in links]
             if sum(weights) <= 0:
-                weights = [link_latency.get(l, 0) for l in links]
+                weights = [link_latency.get(link, 0) for link in links]
             for (src, dst), share in zip(links, apportion(comm_ns, weights)):
                 if share:
                     link_rows.append((r, src, dst, share))
@@ -250,11 +250,11 @@ def _link_gains(graph: StepGraph, full_idle: dict[int, int],
     """Per link: how much each rank's idle shrinks when only that link is free."""
     links = graph.edge_links()
     gains = {}
-    ranked = sorted(total_latency, key=lambda l: -total_latency[l])
+    ranked = sorted(total_latency, key=lambda link: -total_latency[link])
     for link in ranked[MAX_BLAME_REPLAYS:]:
         gains[link] = {r: 0 for r in full_idle}
     for link in ranked[:MAX_BLAME_REPLAYS]:
-        mask = np.array([l == link for l in links])
+        mask = np.array([each == link for each in links])
         lat = np.where(mask, 0, graph.edge_lat)
         xfer = np.where(mask, 0, graph.edge_xfer)
         idle = idle_per_rank(graph, replay(graph, lat=lat, xfer=xfer))

@@ -153,11 +153,15 @@ def _refuse_cache_in_run(cache_dir: str | None, run_dir: Path) -> None:
                             "writes into a run it reads: give a cache folder elsewhere (or --no-cache)")
 
 
-def load_with_progress(path: Path, rank_from: str | None, rank_map: str | None, progress: bool | None):
-    """Load and reconstruct a run, with a progress bar (bytes read) on long loads."""
+def load_with_progress(path: Path, rank_from: str | None, rank_map: str | None, progress: bool | None,
+                       rows: str = "analysis"):
+    """Load and reconstruct a run, with a progress bar (bytes read) on long loads.
+
+    ``rows="all"``: every event, not only the analysis's working set (an output that shows
+    the trace's own ops)."""
     from tracekit.ingest import discover, load_run
 
-    settings = _load_settings()
+    settings = {**_load_settings(), "rows": rows}
     _refuse_cache_in_run(settings["cache_dir"], path)
     show = sys.stderr.isatty() if progress is None else progress
     if not show:

@@ -18,6 +18,8 @@ from tracekit.text import for_terminal
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.option("-o", "--output", type=click.Path(path_type=Path),
               help="The merged Chrome trace to write; gzip-compressed when the name ends in .gz.")
+@click.option("--with-ops", is_flag=True,
+              help="With -o: nest each action's own ops (two top levels; GPU runs: its kernels) under it.")
 @click.option("--tables", "tables_dir", type=click.Path(path_type=Path), metavar="DIR",
               help="Write the analysis as Parquet tables into DIR (made if absent; never the run folder).")
 @click.option("--csv", "with_csv", is_flag=True, help="With --tables: write each table as CSV too.")
@@ -25,8 +27,8 @@ from tracekit.text import for_terminal
               help="Write per-step pipeline scalars as a TensorBoard event file into LOGDIR "
                    "(pip install 'tracekit[tensorboard]').")
 @rank_options
-def command(run_dir: Path, output: Path | None, tables_dir: Path | None, with_csv: bool, logdir: Path | None,
-            rank_from: str | None, rank_map: str | None, progress: bool | None) -> None:
+def command(run_dir: Path, output: Path | None, with_ops: bool, tables_dir: Path | None, with_csv: bool,
+            logdir: Path | None, rank_from: str | None, rank_map: str | None, progress: bool | None) -> None:
     """Export a run for the tools people already use: Perfetto, pandas/polars/DuckDB, TensorBoard.
 
     -o FILE merges the run's ranks into one Chrome trace, with the idle time drawn by cause.
@@ -36,7 +38,9 @@ def command(run_dir: Path, output: Path | None, tables_dir: Path | None, with_cs
     slices named by cause: warmup, drain, schedule_gaps, imbalance, comm, overhead), p2p
     (send and receive ops) and steps. Arrows run from the action that produced each message
     to the action that consumed it. All ranks share one clock, in time since the run's first
-    event.
+    event. --with-ops nests under each action the ops its rank's trace recorded inside it:
+    the two top levels (e.g. aten::linear and the aten::addmm in it; deeper ones stay in the
+    rank traces), or on a GPU run the kernels it launched.
 
     --tables DIR writes actions, messages, bubbles (per rank and step), attribution,
     stage_blame and link_blame, and on GPU runs device_pairs, collective_pairs, device_steps
@@ -56,6 +60,7 @@ def command(run_dir: Path, output: Path | None, tables_dir: Path | None, with_cs
     Examples:
       tracekit export run/ -o merged.json.gz
       tracekit export run/ -o /tmp/run.json       # uncompressed
+      tracekit export run/ -o ops.json.gz --with-ops
       tracekit export run/ --tables tables/ --csv
       tracekit export run/ --tensorboard logs/pipeline
     """
@@ -64,6 +69,8 @@ def command(run_dir: Path, output: Path | None, tables_dir: Path | None, with_cs
 
     if output is None and tables_dir is None and logdir is None:
         raise TracekitError("export: nothing to write; give -o FILE, --tables DIR or --tensorboard LOGDIR")
+    if with_ops and output is None:
+        raise TracekitError("--with-ops: nests the ops in the merged trace; give -o FILE")
     if with_csv and tables_dir is None:
         raise TracekitError("--csv: writes the --tables as CSV too; give --tables DIR")
     if logdir is not None:
@@ -75,10 +82,11 @@ def command(run_dir: Path, output: Path | None, tables_dir: Path | None, with_cs
     if logdir is not None:
         _check_folder(logdir, "--tensorboard", run_dir)
     distinct(target, *table_targets.values())
-    run = load_with_progress(run_dir, rank_from, rank_map, progress)
+    # the ops nested under actions lie deeper than the analysis reads
+    run = load_with_progress(run_dir, rank_from, rank_map, progress, "all" if with_ops else "analysis")
     analysis = analyze(run)
     if target is not None:
-        _write_chrome_trace(analysis, target, output)
+        _write_chrome_trace(analysis, target, output, with_ops)
     elif run.completeness is not None and not run.completeness.complete:
         click.echo(f"tracekit: warning: {for_terminal(run.completeness.message())}", err=True)
     if tables_dir is not None:
@@ -87,16 +95,17 @@ def command(run_dir: Path, output: Path | None, tables_dir: Path | None, with_cs
         _write_tensorboard(analysis, logdir, run_dir)
 
 
-def _write_chrome_trace(analysis, target: OutputTarget, output: Path) -> None:
+def _write_chrome_trace(analysis, target: OutputTarget, output: Path, with_ops: bool) -> None:
     from tracekit.render.chrome_trace import encode_chrome_trace, to_chrome_trace
 
-    document = to_chrome_trace(analysis)
+    document = to_chrome_trace(analysis, with_ops=with_ops)
     target.write(encode_chrome_trace(document, compressed=output.name.endswith(".gz")))
     info = document["otherData"]
     for warning in info["warnings"]:
         click.echo(f"tracekit: warning: {for_terminal(warning)}", err=True)
     counts = info["counts"]
-    click.echo(target.wrote(f"{counts['ranks']} ranks, {counts['actions']} actions, {counts['flows']} message "
+    ops = f"{counts['ops']} ops in them, " if with_ops else ""
+    click.echo(target.wrote(f"{counts['ranks']} ranks, {counts['actions']} actions, {ops}{counts['flows']} message "
                             f"arrows, {counts['idle_intervals']} idle slices; open it in https://ui.perfetto.dev"),
                err=True)
 

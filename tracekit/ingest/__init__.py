@@ -209,8 +209,9 @@ def run_completeness(files: list[TraceFile], capture: dict | None) -> tuple[Comp
 
 
 def _captured_ranks(capture: dict | None) -> int | None:
-    """The rank count ``tracekit capture`` wrote into capture.json (``p``), if it is one."""
-    ranks = capture.get("p") if isinstance(capture, dict) else None
+    """The rank count capture.json states: ``world_size`` (tracekit.trace_handler; it counts
+    data-parallel replicas too), else ``p`` (tracekit capture runs one pipeline), if it is one."""
+    ranks = capture.get("world_size", capture.get("p")) if isinstance(capture, dict) else None
     return ranks if isinstance(ranks, int) and not isinstance(ranks, bool) and ranks > 0 else None
 
 

@@ -96,7 +96,7 @@ def _search(run: Path, iteration: int | None, pattern: re.Pattern | None) -> Dis
     else:
         folders = _trace_folders(run, pattern)
         chosen, warnings = _choose(run, folders, iteration)
-        for folder, (found, skipped_there) in chosen.items():
+        for found, skipped_there in chosen.values():
             formats.update(found)
             skipped += skipped_there
         _refuse_one_rank_in_two_folders(run, chosen, pattern)

@@ -30,8 +30,14 @@ Columns (see ``EVENT_SCHEMA`` for types):
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import pyarrow as pa
 
 # Plain Python and numpy only at import: parser worker processes import this module and
 # must not pay for pandas and pyarrow (~75 MB and 0.4 s each); those load on first use.
@@ -43,11 +49,12 @@ _FIELDS = [
 ]
 EVENT_COLUMNS = [name for name, _ in _FIELDS]
 STRING_COLUMNS = ("cat", "name")
-_NUMPY_DTYPES = {name: kind for name, kind in _FIELDS if kind != "string"}
-_SCHEMA = None
+# Any: the names are numpy dtype names, which pandas-stubs types as literals only
+_NUMPY_DTYPES: dict[str, Any] = {name: kind for name, kind in _FIELDS if kind != "string"}
+_SCHEMA: pa.Schema | None = None
 
 
-def event_schema():
+def event_schema() -> pa.Schema:
     """The event table as an Arrow schema (what the parse cache stores)."""
     global _SCHEMA
     if _SCHEMA is None:
@@ -58,20 +65,20 @@ def event_schema():
     return _SCHEMA
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> object:
     if name == "EVENT_SCHEMA":  # built on first use (imports pyarrow)
         return event_schema()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def empty_events():
+def empty_events() -> pd.DataFrame:
     """An events table with the right columns and no rows."""
     import pandas as pd
 
     return conform(pd.DataFrame({c: [] for c in EVENT_COLUMNS}))
 
 
-def canonical_strings(column):
+def canonical_strings(column: Iterable[Any]) -> pd.Series:
     """A string column as a categorical whose categories are the values present, sorted:
     few distinct names over many rows are small and fast to compare, and two tables with
     the same values have the same dtype however they were built."""
@@ -84,7 +91,7 @@ def canonical_strings(column):
     return column.cat.reorder_categories(sorted(column.cat.categories))
 
 
-def conform(df):
+def conform(df: pd.DataFrame) -> pd.DataFrame:
     """Return ``df`` with exactly the event columns, in order, with their dtypes."""
     missing = [c for c in EVENT_COLUMNS if c not in df.columns]
     if missing:
@@ -112,10 +119,10 @@ class TraceFile:
     rank_source: str = ""          # how the rank was decided: "distributedInfo", "file name", ...
     n_events_raw: int = 0          # events in the file before filtering
     truncated: bool = False        # file ended early; what it held was read
-    profiler: dict = field(default_factory=dict)     # versions and settings the file names
+    profiler: dict[str, Any] = field(default_factory=dict)     # versions and settings the file names
     warnings: list[str] = field(default_factory=list)
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         return {
             "path": str(self.path), "format": self.format, "rank": self.rank,
             "ranks": self.ranks or [self.rank], "world_size": self.world_size,

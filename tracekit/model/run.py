@@ -42,6 +42,7 @@ a run with a rank missing is never read as a smaller pipeline.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import pandas as pd
 
@@ -144,7 +145,7 @@ class Completeness:
             return f"at least {self.world_size} (no file states it; that is the highest rank present + 1)"
         return f"{self.world_size} from {self.world_size_source}"
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"complete": self.complete, "world_size": self.world_size,
                 "world_size_source": self.world_size_source, "ranks_present": list(self.ranks_present),
                 "missing_ranks": list(self.missing_ranks), "message": self.message()}
@@ -193,7 +194,7 @@ class ScheduleInfo:
     def n_stages(self) -> int:
         return self.p * self.v
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name, "p": self.p, "v": self.v, "m": self.m,
             "placement": self.placement,
@@ -225,7 +226,7 @@ class Run:
     labels: str = "none"
     actions_from: str = "segmentation"           # "labels" (a table's action rules) or "segmentation"
     label_counts: dict[str, int] = field(default_factory=dict)
-    capture: dict | None = None                   # capture.json beside the traces, if any
+    capture: dict[str, Any] | None = None         # capture.json beside the traces, if any
     completeness: Completeness | None = None      # set by the loader; None: not checked
     warnings: list[str] = field(default_factory=list)
 

@@ -10,6 +10,7 @@ from tracekit.reconstruct import device as dev
 from tracekit.reconstruct.actions import annotation_counts, find_actions
 from tracekit.reconstruct.chains import restage_from_chains
 from tracekit.reconstruct.counts import count_problems
+from tracekit.reconstruct.declared import declared_mismatch
 from tracekit.reconstruct.labels import LabelSet, custom_set, describe_annotations, parse_rule
 from tracekit.reconstruct.clock import estimate_offsets, host_of_rank, shift_ranks
 from tracekit.reconstruct.p2p import estimate_arrivals, match_messages
@@ -101,6 +102,9 @@ def reconstruct(run: Run, timeline: str = "auto", labels: LabelSet | Sequence[st
         run.schedule = recognise(run.actions, overlap_labels=bool(overlap), pipelines=pipelines)
         for problem in count_problems(run.actions, run.schedule):
             run.warn(problem)
+        mismatch = declared_mismatch(run.capture, run.schedule)
+        if mismatch:
+            run.warn(mismatch)
     if run.schedule is not None:
         if chain_note:
             run.schedule.evidence.insert(0, chain_note)

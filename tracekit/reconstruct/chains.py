@@ -35,7 +35,7 @@ def restage_from_chains(actions: pd.DataFrame, messages: pd.DataFrame) -> tuple[
     stage: dict[int, int] = {}
     mb: dict[int, int] = {}
     forwards = actions[actions["kind"] == "F"].sort_values(["step", "start_ns"])
-    for step, group in forwards.groupby("step", sort=False):
+    for _step, group in forwards.groupby("step", sort=False):
         first_rank_seen: dict[int, int] = {}
         for aid, rank in zip(group["action_id"].tolist(), group["rank"].tolist()):
             if aid not in fed_by:  # a chain's head: microbatches count up in its order

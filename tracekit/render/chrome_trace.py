@@ -73,7 +73,7 @@ def lanes(starts: list[int], ends: list[int]) -> list[int]:
     lane_end: list[int] = []
     out = [0] * len(starts)
     for i in sorted(range(len(starts)), key=lambda k: (starts[k], ends[k])):
-        for lane, end in enumerate(lane_end):
+        for lane, end in enumerate(lane_end):  # noqa: B007 (the lane found is used after the loop)
             if end <= starts[i]:
                 break
         else:
@@ -84,8 +84,9 @@ def lanes(starts: list[int], ends: list[int]) -> list[int]:
     return out
 
 
-def to_chrome_trace(analysis: Analysis) -> dict:
-    """The merged trace document (``traceEvents`` plus ``otherData``)."""
+def to_chrome_trace(analysis: Analysis, with_ops: bool = False) -> dict:
+    """The merged trace document (``traceEvents`` plus ``otherData``); ``with_ops``: each
+    action's original ops nested under it (:mod:`tracekit.render.chrome_ops`)."""
     run = analysis.run
     if not run.is_pipeline:
         raise TracekitError(f"{run.source}: no pipeline actions found, so there is nothing to merge; "
@@ -115,6 +116,13 @@ def to_chrome_trace(analysis: Analysis) -> dict:
                 "duration_ns": int(row.end_ns - row.start_ns), "label": row.label,
                 "source_file": names[int(row.file_id)], "source_index": int(row.source_index)})
             action_track[int(row.action_id)] = ((int(rank), "compute", lane), int(row.start_ns), int(row.end_ns))
+
+    op_counts = {}
+    if with_ops:
+        from tracekit.render.chrome_ops import add_action_ops
+
+        added, left_out = add_action_ops(run, add, action_track)
+        op_counts = {"ops": added, "ops_left_out": left_out}
 
     intervals = idle_intervals(analysis)
     for rank, group in intervals.groupby("rank", sort=True):
@@ -153,7 +161,7 @@ def to_chrome_trace(analysis: Analysis) -> dict:
             "schedule": run.schedule.to_dict() if run.schedule else None,
             "bubble_ratio": round(float(analysis.summary["bubble_ratio"]), 6),
             "counts": {"ranks": len(run.ranks), "actions": int(len(run.actions)), "messages": int(len(run.messages)),
-                       "flows": len(flows) // 2, "idle_intervals": int(len(intervals))},
+                       "flows": len(flows) // 2, "idle_intervals": int(len(intervals)), **op_counts},
             "warnings": warnings,
         },
     }
