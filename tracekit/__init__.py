@@ -1,5 +1,5 @@
 """tracekit: where pipeline-parallel training sits idle, and why."""
-__version__ = "0.1.0"
+from tracekit.version import __version__
 
 
 def load(path, **kwargs):

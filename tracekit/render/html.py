@@ -26,12 +26,12 @@ import jinja2
 import numpy as np
 import pandas as pd
 
-from tracekit import __version__
 from tracekit.analyze import Analysis
 from tracekit.analyze.attribution import CATEGORIES
 from tracekit.analyze.diagnosis import Finding, diagnose, message_latencies, stage_compute_ns
 from tracekit.analyze.intervals import idle_intervals
 from tracekit.text import for_xml
+from tracekit.version import __version__
 
 # Glyph budgets per step timeline; past them the timeline merges and drops (and says so).
 MAX_BARS = 3000
