@@ -40,14 +40,18 @@ FORWARD_RGB = tuple(int(report.KIND_COLORS["F"][i:i + 2], 16) for i in (1, 3, 5)
 
 
 @pytest.fixture(scope="session")
-def rendered(loaded_runs, tmp_path_factory):
-    """Each sample run's report, rendered once: run folder -> (analysis, html path)."""
+def rendered(tmp_path_factory):
+    """Each sample run's report, rendered once: run folder -> (analysis, html path). Analysed
+    as ``tracekit report`` does, what-if table included."""
+    from tracekit import load
+    from tracekit.analyze import analyze
+
     out = tmp_path_factory.mktemp("reports")
     cache = {}
 
     def get(run_dir: Path):
         if run_dir not in cache:
-            _, analysis = loaded_runs(run_dir)
+            analysis = analyze(load(run_dir), whatif=True)
             cache[run_dir] = (analysis, write_report(analysis, out / f"{run_dir.name}.html"))
         return cache[run_dir]
 
@@ -333,6 +337,38 @@ def test_report_carries_the_what_if_table(rendered):
     row = re.search(r'<td class="l">1F1B v=1 m=8 balanced</td><td>([\d.]+)%', page)
     assert row and 28.0 < float(row.group(1)) < 32.5       # the balanced 1f1b capture: 30.2%
     assert '<td class="l">model of the measured run</td>' in page
+    assert 'id="whatif-note"' not in page
+
+
+def test_report_says_why_it_has_no_what_if(rendered):
+    """A run the what-if cannot vary (PipeDream-2BW has no flush) gets the reason in the
+    report, where the table would be, instead of a silently missing section."""
+    run_dir = SAMPLES / "pipedream_2bw"
+    if run_dir not in ready_samples():
+        pytest.skip(f"{run_dir} holds no traces")
+    analysis, path = rendered(run_dir)
+    assert analysis.whatif is not None and analysis.whatif.result is None
+    note = re.search(r'<div class="note" id="whatif-note">([^<]*)</div>', path.read_text())
+    assert note and "What if: not computed" in note.group(1) and "has no flush" in note.group(1)
+
+
+def test_renderers_show_the_analysis_findings(tmp_path):
+    """The JSON document and the page show the findings the analysis holds: neither
+    diagnoses the run again (``analyze -o x.json --html x.html`` once diagnosed twice)."""
+    from tracekit import load
+    from tracekit.analyze import analyze
+    from tracekit.analyze.diagnosis import Finding
+    from tracekit.render.json import to_document
+
+    run_dir = SAMPLES / "1f1b_slow_stage2"
+    if run_dir not in ready_samples():
+        pytest.skip(f"{run_dir} holds no traces")
+    analysis = analyze(load(run_dir))
+    assert analysis.findings and analysis.findings[0].cause == "imbalance"
+    marked = Finding("overhead", "low", "HEADLINE-FROM-THE-ANALYSIS", "advice", 0.01, {})
+    analysis = dataclasses.replace(analysis, findings=[marked])
+    assert [f["headline"] for f in to_document(analysis)["findings"]] == ["HEADLINE-FROM-THE-ANALYSIS"]
+    assert "HEADLINE-FROM-THE-ANALYSIS" in write_report(analysis, tmp_path / "r.html").read_text()
 
 
 # ------------------------------------------------------------------ self-contained, and what a person sees

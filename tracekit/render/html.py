@@ -28,7 +28,7 @@ import pandas as pd
 
 from tracekit.analyze import Analysis
 from tracekit.analyze.attribution import CATEGORIES
-from tracekit.analyze.diagnosis import Finding, diagnose, message_latencies, stage_compute_ns
+from tracekit.analyze.diagnosis import message_latencies, stage_compute_ns
 from tracekit.analyze.intervals import idle_intervals
 from tracekit.text import for_xml
 from tracekit.version import __version__
@@ -82,12 +82,11 @@ def render_report(analysis: Analysis) -> str:
     from bokeh.embed import file_html
     from bokeh.resources import INLINE
 
-    findings = diagnose(analysis)
     views, step_notes = step_views(analysis)
     timeline = _timeline_root(views)
     bubble = _bubble_root(analysis) if analysis.is_pipeline else None
     roots = [r for r in (timeline, _causes_root(analysis), bubble) if r is not None]
-    context = _page_context(analysis, findings, step_notes + thinning_notes(views))
+    context = _page_context(analysis, step_notes + thinning_notes(views))
     context["has_timeline"] = timeline is not None
     context["has_bubble"] = bubble is not None
     return file_html(roots, resources=INLINE, title=f"tracekit report: {analysis.run.source}",
@@ -596,8 +595,9 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.1f}%"
 
 
-def _page_context(analysis: Analysis, findings: list[Finding], notes: list[str]) -> dict:
+def _page_context(analysis: Analysis, notes: list[str]) -> dict:
     run = analysis.run
+    findings = analysis.findings
     sched = run.schedule
     summary = analysis.summary
     theory = analysis.theory
@@ -628,26 +628,15 @@ def _page_context(analysis: Analysis, findings: list[Finding], notes: list[str])
         "schedule": sched.to_dict() if sched else None, "theory": theory, "capture": _capture_rows(run.capture),
         "profiler": _profiler_rows(run.files), "warnings": list(run.warnings), "fold_rows": FOLD_ROWS,
         "pipeline": analysis.is_pipeline, "whatif": _whatif_rows(analysis),
+        "whatif_note": analysis.whatif.note if analysis.whatif is not None else "",
         "incomplete": run.completeness.message() if run.completeness is not None else "",
     }
 
 
 def _whatif_rows(analysis: Analysis) -> dict | None:
-    """The default what-if table (tracekit whatif, with --balanced), or None."""
-    if not analysis.is_pipeline or analysis.attribution is None:
-        return None
-    from tracekit.analyze.whatif import cost_model, default_targets, replays_within, what_if
-
-    try:
-        model = cost_model(analysis.run, list(analysis.attribution.graphs.values()))
-        targets = default_targets(model)
-        # Each target twice (as is and balanced), within ~1M replayed actions in all.
-        samples = replays_within(1_000_000, model.p, targets, rows_per_target=2, most=16)
-        if samples < 4:
-            return None
-        result = what_if(analysis.run, targets, samples=samples, balanced=True, model=model,
-                         bubbles=analysis.bubbles)
-    except Exception:  # noqa: BLE001 - the report never fails on a prediction; whatif says why
+    """The rows of the analysis's what-if table, or None where it has none."""
+    result = analysis.whatif.result if analysis.whatif is not None else None
+    if result is None:
         return None
     measured = result.measured_step_ns
 
@@ -812,6 +801,10 @@ drag pans; click a legend entry to hide it.</p>
 {% if theory %}<p class="muted">Theory: {{ theory.schedule }}, {{ theory.formula or "no closed form" }}{% if theory.note %} ({{ theory.note }}){% endif %}.
 Balanced replay: this run's own dependency graph replayed with every stage at its kind's typical duration, free messages and no overhead.</p>{% endif %}
 
+{% if whatif_note %}
+<h2>What if: other schedules, m, a balanced split</h2>
+<div class="note" id="whatif-note">{{ whatif_note }}</div>
+{% endif %}
 {% if whatif %}
 <h2>What if: other schedules, m, a balanced split</h2>
 <p class="muted">Each configuration's dependency graph replayed up to 16 times with compute, overheads and latencies drawn from

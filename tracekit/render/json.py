@@ -9,7 +9,6 @@ import math
 
 from tracekit.analyze import Analysis
 from tracekit.analyze.attribution import CATEGORIES
-from tracekit.analyze.diagnosis import diagnose
 from tracekit.schemas import ANALYSIS_SCHEMA_VERSION
 from tracekit.version import __version__
 
@@ -50,7 +49,7 @@ def to_document(analysis: Analysis) -> dict:
             "n_messages": int(len(run.messages)),
         },
         "theory": None,
-        "findings": [f.to_dict() for f in diagnose(analysis)],
+        "findings": [f.to_dict() for f in analysis.findings],
         "ranks": [],
         "steps": [],
         "blame": {"stages": [], "links": []},
