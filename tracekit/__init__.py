@@ -1,15 +1,17 @@
-"""tracekit: where pipeline-parallel training sits idle, and why."""
+"""tracekit: where pipeline-parallel training sits idle, and why.
+
+``tracekit.load(path, LoadOptions(...))`` reads a run and reconstructs its pipeline
+(:mod:`tracekit.loading`); both load on first use, so ``import tracekit`` stays light.
+"""
 from tracekit.version import __version__
 
-
-def load(path, **kwargs):
-    """Load a run folder (or one trace file) and reconstruct its pipeline.
-
-    Returns a :class:`tracekit.model.Run`. See :func:`tracekit.ingest.load_run`.
-    """
-    from tracekit.ingest import load_run
-
-    return load_run(path, **kwargs)
+_WHERE = {"load": "tracekit.loading", "LoadOptions": "tracekit.loading"}
+__all__ = ["LoadOptions", "__version__", "load"]
 
 
-__all__ = ["__version__", "load"]
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(_WHERE[name]), name)
