@@ -112,7 +112,7 @@ def tracekit_cmd(run_dir: Path, *extra: str) -> list[str]:
 
 def tracekit_load_cmd(run_dir: Path) -> list[str]:
     """Loading only, what HTA's TraceAnalysis does: parse every rank into tables."""
-    code = "import sys; from tracekit.ingest import load_run; load_run(sys.argv[1], reconstruct=False)"
+    code = "import sys; from tracekit.ingest import read_run; read_run(sys.argv[1])"
     return [sys.executable, "-c", code, str(run_dir)]
 
 

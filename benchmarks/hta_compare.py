@@ -68,9 +68,9 @@ def tracekit_figures(folder: Path) -> dict[int, dict]:
     """Per rank: tracekit's device windows and busy summed over steps, and HTA's compute rule
     applied to tracekit's event rows."""
     from tracekit.analyze import analyze
-    from tracekit.ingest import load_run
+    from tracekit import LoadOptions, load
 
-    run = load_run(folder, rows="all")
+    run = load(folder, LoadOptions(rows="all"))
     bubbles = analyze(run).bubbles
     events = run.events
     names = events["name"].astype(str)

@@ -112,7 +112,7 @@ def test_executable_loads_pandas_without_pyarrow_and_answers_the_same(tmp_path):
     import sys
 
     from tracekit.analyze import analyze
-    from tracekit.ingest import load_run
+    from tracekit import LoadOptions, load
     from tracekit.render.json import to_document
 
     flag = tmp_path / "modules.txt"
@@ -126,7 +126,7 @@ def test_executable_loads_pandas_without_pyarrow_and_answers_the_same(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert flag.read_text() == "False"
-    here = to_document(analyze(load_run(SAMPLES / "1f1b_slow_stage2", rows="analysis")))
+    here = to_document(analyze(load(SAMPLES / "1f1b_slow_stage2", LoadOptions(rows="analysis"))))
     there = json.loads(done.stdout)
     for doc in (here, there):
         doc.pop("generated_at", None)

@@ -62,9 +62,9 @@ def _rows(reference: list[ref.BubbleRow]) -> list[tuple[int, ...]]:
 
 def _tracekit_rows(path: Path) -> list[tuple[int, ...]]:
     from tracekit.analyze import analyze
-    from tracekit.ingest import load_run
+    from tracekit import LoadOptions, load
 
-    bubbles = analyze(load_run(path, rows="analysis")).bubbles
+    bubbles = analyze(load(path, LoadOptions(rows="analysis"))).bubbles
     assert np.allclose(bubbles["bubble_ratio"], bubbles["idle_ns"] / bubbles["window_ns"])
     return sorted(tuple(int(v) for v in row) for row in bubbles[COLUMNS].itertuples(index=False))
 
@@ -181,11 +181,11 @@ def _check_no_reference_p2p(name: str) -> None:
 
 @pytest.mark.parametrize("name", P2P_FREE)
 def test_all_to_all_sendrecv_kernels_give_no_device_p2p_pairs(name):
-    from tracekit.ingest import load_run
+    from tracekit import LoadOptions, load
 
     path = _path_of(name)
     _check_no_reference_p2p(name)
-    run = load_run(path, rows="analysis")
+    run = load(path, LoadOptions(rows="analysis"))
     assert run.device_pairs.empty
     assert not (run.device["kind"] == "p2p").any()
 

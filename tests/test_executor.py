@@ -12,7 +12,8 @@ from click.testing import CliRunner
 from conftest import SAMPLES, shared_or_skip
 from tracekit.cli import main
 from tracekit.errors import TraceFormatError, TracekitError
-from tracekit.ingest import discover, load_run, parse_files
+from tracekit import LoadOptions, load
+from tracekit.ingest import discover, parse_files
 
 
 def _mixed_run(tmp_path: Path) -> Path:
@@ -88,10 +89,10 @@ def test_dask_by_scheduler_address_with_a_shared_cache(tmp_path, dask_client):
     run = _mixed_run(tmp_path)
     cache = tmp_path / "shared-cache"
     address = dask_client.scheduler.address
-    first = load_run(run, executor="dask", scheduler=address, cache_dir=str(cache))
+    first = load(run, LoadOptions(executor="dask", scheduler=address, cache_dir=str(cache)))
     assert len(list(cache.rglob("*.parquet"))) == 4  # written by the workers
-    second = load_run(run, executor="dask", scheduler=address, cache_dir=str(cache))
-    local = load_run(run, jobs=1)
+    second = load(run, LoadOptions(executor="dask", scheduler=address, cache_dir=str(cache)))
+    local = load(run, LoadOptions(jobs=1))
     pd.testing.assert_frame_equal(first.events, local.events)
     pd.testing.assert_frame_equal(second.events, local.events)
     pd.testing.assert_frame_equal(second.actions, local.actions)

@@ -247,10 +247,10 @@ def test_the_events_follow_the_real_gpu_trace_schema(generated, name):
 
 @pytest.mark.parametrize("name", CHECKED + FUSED)
 def test_tracekit_reads_every_generated_file_without_warnings(generated, name):
-    from tracekit.ingest import load_run
+    from tracekit.ingest import read_run
 
     folder, _, _ = generated(name)
-    run = load_run(folder, reconstruct=False)
+    run = read_run(folder)
     assert sorted(f.rank for f in run.files) == list(range(SCENARIOS[name].p))
     assert [w for f in run.files for w in f.warnings] == []
     assert run.warnings == []

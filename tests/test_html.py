@@ -23,6 +23,7 @@ from markupsafe import escape  # noqa: E402
 from conftest import SAMPLES, sample_runs, shared_or_skip  # noqa: E402
 from tracekit.analyze.diagnosis import diagnose  # noqa: E402
 from tracekit.render import html as report  # noqa: E402
+from tracekit.render.html import charts, views as timeline  # noqa: E402
 
 CHROMIUM = next((p for p in (shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome")) if p), None)
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (Debian: apt-get install chromium)")
@@ -36,18 +37,22 @@ def write_report(analysis, path: Path) -> Path:
 EVIL = "<script>alert(1)</script>"
 # Runs script that leaves a mark in the DOM if it ever executes: proof by --dump-dom.
 EVIL_DOM = "<img src=x onerror=document.body.setAttribute('data-pwned','1')>"
-FORWARD_RGB = tuple(int(report.KIND_COLORS["F"][i:i + 2], 16) for i in (1, 3, 5))
+FORWARD_RGB = tuple(int(charts.KIND_COLORS["F"][i:i + 2], 16) for i in (1, 3, 5))
 
 
 @pytest.fixture(scope="session")
-def rendered(loaded_runs, tmp_path_factory):
-    """Each sample run's report, rendered once: run folder -> (analysis, html path)."""
+def rendered(tmp_path_factory):
+    """Each sample run's report, rendered once: run folder -> (analysis, html path). Analysed
+    as ``tracekit report`` does, what-if table included."""
+    from tracekit import load
+    from tracekit.analyze import analyze
+
     out = tmp_path_factory.mktemp("reports")
     cache = {}
 
     def get(run_dir: Path):
         if run_dir not in cache:
-            _, analysis = loaded_runs(run_dir)
+            analysis = analyze(load(run_dir), whatif=True)
             cache[run_dir] = (analysis, write_report(analysis, out / f"{run_dir.name}.html"))
         return cache[run_dir]
 
@@ -240,12 +245,12 @@ def synthetic_256_ranks(loaded_runs):
 def test_large_run_is_thinned_and_says_so(synthetic_256_ranks, tmp_path):
     big = synthetic_256_ranks
     assert len(big.run.ranks) == 256 and len(big.run.actions) > 10_000
-    views, _ = report.step_views(big)
+    views, _ = timeline.step_views(big)
     for view in views:
         assert len(view.lanes) == 256
-        assert len(view.bars) <= report.MAX_BARS
-        assert len(view.idle) <= report.MAX_IDLE
-        assert len(view.messages) <= report.MAX_MESSAGES
+        assert len(view.bars) <= timeline.MAX_BARS
+        assert len(view.idle) <= timeline.MAX_IDLE
+        assert len(view.messages) <= timeline.MAX_MESSAGES
         assert view.bars["n"].sum() == (big.run.actions["step"] == view.step).sum()   # merged, not lost
     path = write_report(big, tmp_path / "big.html")
     page = path.read_text()
@@ -259,12 +264,12 @@ def test_large_run_is_thinned_and_says_so(synthetic_256_ranks, tmp_path):
 def test_many_steps_are_sampled():
     steps = list(range(10, 30))
     lengths = {s: 100 + (s * 37) % 23 for s in steps}
-    chosen, notes = report.chosen_steps(steps, lengths)
+    chosen, notes = timeline.chosen_steps(steps, lengths)
     slowest = max(steps, key=lengths.get)
-    assert chosen == sorted(chosen) and len(chosen) <= report.MAX_DETAILED_STEPS
+    assert chosen == sorted(chosen) and len(chosen) <= timeline.MAX_DETAILED_STEPS
     assert {10, 29, slowest} <= set(chosen)
     assert notes and "of 20 steps" in notes[0]
-    assert report.chosen_steps([1, 2], {1: 5, 2: 6}) == ([1, 2], [])
+    assert timeline.chosen_steps([1, 2], {1: 5, 2: 6}) == ([1, 2], [])
 
 
 def test_decimate_merges_neighbours_only_when_needed():
@@ -273,9 +278,9 @@ def test_decimate_merges_neighbours_only_when_needed():
     work = pd.DataFrame({"lane": [0] * 6 + [1] * 2, "start": [0, 10, 20, 100, 110, 120, 0, 50],
                          "end": [9, 19, 29, 109, 119, 129, 40, 90], "kind": ["F", "F", "B", "B", "B", "B", "F", "F"],
                          "rank": [0] * 6 + [1] * 2, "stage": 0, "microbatch": range(8), "label": ""})
-    same, gap = report.decimate(work, cap=8, pixel_ns=1)
+    same, gap = timeline.decimate(work, cap=8, pixel_ns=1)
     assert gap == 0 and len(same) == 8
-    merged, gap = report.decimate(work, cap=4, pixel_ns=1)
+    merged, gap = timeline.decimate(work, cap=4, pixel_ns=1)
     assert len(merged) <= 4 and gap >= 1
     assert merged["n"].sum() == 8
     assert set(merged["kind"]) <= {"F", "B", "merged"}
@@ -314,7 +319,7 @@ def test_run_without_pipeline_shows_gpu_streams(tmp_path):
     trace = shared_or_skip("kineto-gpu", "hta_trace_filter_sampled_rank-0.json.gz")
     analysis = analyze(load(trace))
     assert not analysis.is_pipeline
-    views, _ = report.step_views(analysis)
+    views, _ = timeline.step_views(analysis)
     assert views and any("stream" in lane for lane in views[0].lanes)
     page = write_report(analysis, tmp_path / "gpu.html").read_text()
     assert "No pipeline-parallel schedule found" in page and external_references(page) == []
@@ -333,6 +338,38 @@ def test_report_carries_the_what_if_table(rendered):
     row = re.search(r'<td class="l">1F1B v=1 m=8 balanced</td><td>([\d.]+)%', page)
     assert row and 28.0 < float(row.group(1)) < 32.5       # the balanced 1f1b capture: 30.2%
     assert '<td class="l">model of the measured run</td>' in page
+    assert 'id="whatif-note"' not in page
+
+
+def test_report_says_why_it_has_no_what_if(rendered):
+    """A run the what-if cannot vary (PipeDream-2BW has no flush) gets the reason in the
+    report, where the table would be, instead of a silently missing section."""
+    run_dir = SAMPLES / "pipedream_2bw"
+    if run_dir not in ready_samples():
+        pytest.skip(f"{run_dir} holds no traces")
+    analysis, path = rendered(run_dir)
+    assert analysis.whatif is not None and analysis.whatif.result is None
+    note = re.search(r'<div class="note" id="whatif-note">([^<]*)</div>', path.read_text())
+    assert note and "What if: not computed" in note.group(1) and "has no flush" in note.group(1)
+
+
+def test_renderers_show_the_analysis_findings(tmp_path):
+    """The JSON document and the page show the findings the analysis holds: neither
+    diagnoses the run again (``analyze -o x.json --html x.html`` once diagnosed twice)."""
+    from tracekit import load
+    from tracekit.analyze import analyze
+    from tracekit.analyze.diagnosis import Finding
+    from tracekit.render.json import to_document
+
+    run_dir = SAMPLES / "1f1b_slow_stage2"
+    if run_dir not in ready_samples():
+        pytest.skip(f"{run_dir} holds no traces")
+    analysis = analyze(load(run_dir))
+    assert analysis.findings and analysis.findings[0].cause == "imbalance"
+    marked = Finding("overhead", "low", "HEADLINE-FROM-THE-ANALYSIS", "advice", 0.01, {})
+    analysis = dataclasses.replace(analysis, findings=[marked])
+    assert [f["headline"] for f in to_document(analysis)["findings"]] == ["HEADLINE-FROM-THE-ANALYSIS"]
+    assert "HEADLINE-FROM-THE-ANALYSIS" in write_report(analysis, tmp_path / "r.html").read_text()
 
 
 # ------------------------------------------------------------------ self-contained, and what a person sees
@@ -362,7 +399,7 @@ def test_report_points_nowhere_and_never_imports_panel(tmp_path):
               f"Path({str(out)!r}).write_text(render_report(analyze(load({str(run_dir)!r}))), encoding='utf-8')\n"
               "print(sorted(m for m in sys.modules if m.split('.')[0] in ('panel', 'holoviews')))\n")
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                            cwd=Path(report.__file__).parents[2])
+                            cwd=Path(report.__file__).parents[3])
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().splitlines()[-1] == "[]"
     parser = _Links()
@@ -377,14 +414,14 @@ def dualpipev_views(loaded_runs):
     if run_dir not in ready_samples():
         pytest.skip(f"{run_dir} holds no traces")
     _, analysis = loaded_runs(run_dir)
-    return analysis, report.step_views(analysis)[0]
+    return analysis, timeline.step_views(analysis)[0]
 
 
 def test_timeline_wheel_zooms_time_only_and_leaves_the_page_scroll(dualpipev_views):
     from bokeh.models import PanTool, Scroll
 
     _, views = dualpipev_views
-    fig = report._timeline_figure(views[0])
+    fig = charts._timeline_figure(views[0])
     scrolls = [t for t in fig.toolbar.tools if isinstance(t, Scroll)]
     assert len(scrolls) == 1 and fig.toolbar.active_scroll is scrolls[0]
     assert scrolls[0].dimensions == "width"                      # ranks never zoom out of view
@@ -397,11 +434,11 @@ def test_timeline_legend_grows_the_figure_instead_of_spilling(dualpipev_views):
     """DualPipeV has 12 legend entries on 4 lanes: inside a fixed-height plot they ran into the
     next section. Below the plotting area, with the figure sized by that area, they cannot."""
     _, views = dualpipev_views
-    fig = report._timeline_figure(views[0])
+    fig = charts._timeline_figure(views[0])
     (legend,) = fig.legend
     assert legend in fig.below and legend not in fig.center and legend not in fig.right
     assert fig.frame_height is not None                          # the canvas is the area plus its panels
-    assert len(legend.items) >= 12 and legend.ncols <= report.LEGEND_COLUMNS
+    assert len(legend.items) >= 12 and legend.ncols <= charts.LEGEND_COLUMNS
 
 
 def test_idle_spans_name_the_stage_or_link_they_are_blamed_on(dualpipev_views):
@@ -433,7 +470,7 @@ def test_a_step_with_two_roles_is_named_once():
     steps = list(range(8))
     lengths = {s: 100 + s for s in steps}
     lengths[0] = 500
-    chosen, notes = report.chosen_steps(steps, lengths)
+    chosen, notes = timeline.chosen_steps(steps, lengths)
     assert chosen == [0, 5, 7]
     assert notes[0].count("step 0") == 1 and "step 0 (first, slowest)" in notes[0]
     assert "3 of 8 steps" in notes[0]

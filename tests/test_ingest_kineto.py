@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from conftest import SAMPLES, shared_or_skip
-from tracekit import load
+from tracekit import LoadOptions, load
 from tracekit.analyze import analyze
 from tracekit.errors import RunLayoutError, TraceFormatError
-from tracekit.ingest import load_run
+from tracekit.ingest import read_run
 
 
 def _gpu_traces() -> list[Path]:
@@ -33,7 +33,7 @@ def test_every_shared_gpu_trace_loads_and_says_it_is_not_a_pipeline():
 
 def test_gpu_trace_keeps_kernels_and_nccl_comm_ops():
     path = shared_or_skip("kineto-gpu", "hta_nccl_parser_config_nccl_data.json.gz")
-    run = load_run(path, reconstruct=False)
+    run = read_run(path)
     events = run.events
     assert (events["cat"] == "kernel").sum() == 2700  # every kernel in the file
     comm = events[events["name"].str.startswith("record_param_comms:")]
@@ -44,7 +44,7 @@ def test_gpu_trace_keeps_kernels_and_nccl_comm_ops():
 
 def test_old_trace_without_base_time_is_read_as_epoch_microseconds():
     path = shared_or_skip("kineto-gpu", "hta_trace_filter_sampled_rank-1.json.gz")
-    run = load_run(path, reconstruct=False)
+    run = read_run(path)
     assert run.files[0].clock == "unix"
     # 2023-04-29 in epoch ns
     assert 1.6e18 < run.events["start_ns"].min() < 1.8e18
@@ -52,7 +52,7 @@ def test_old_trace_without_base_time_is_read_as_epoch_microseconds():
 
 def test_lone_file_without_rank_is_rank_zero_with_a_warning():
     path = shared_or_skip("kineto-gpu", "hta_distributed_info_unavailable_distributed_info_not_found.json.gz")
-    run = load_run(path, reconstruct=False)
+    run = read_run(path)
     assert run.files[0].rank == 0
     assert any("read as rank 0" in w for w in run.warnings)
 
@@ -116,7 +116,7 @@ def test_rank_from_regex_overrides(tmp_path):
     run_dir = _copy_sample(tmp_path)
     for f in run_dir.glob("rank*.json.gz"):
         f.rename(run_dir / f.name.replace("rank", "worker-"))
-    run = load(run_dir, rank_from=r"worker-(\d+)")
+    run = load(run_dir, LoadOptions(rank_from=r"worker-(\d+)"))
     assert sorted(t.rank for t in run.files) == [0, 1, 2, 3]
     assert {t.rank_source for t in run.files} == {"--rank-from"}
 

@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import SAMPLES, shared_or_skip
-from tracekit import load
+from tracekit import LoadOptions, load
 from tracekit.cli import main
 from tracekit.errors import TracekitError
 from tracekit.reconstruct.counts import count_problems
@@ -84,7 +84,7 @@ def test_a_bad_pyproject_rule_names_the_file(tmp_path, monkeypatch):
 
 
 def test_user_rules_that_match_nothing_fall_back_to_the_builtins_and_say_so():
-    run = load(SAMPLES / "gpipe", labels=[r"^step_fwd(?P<mb>\d+)$=F"])
+    run = load(SAMPLES / "gpipe", LoadOptions(labels=(r"^step_fwd(?P<mb>\d+)$=F",)))
     assert run.labels == "torch-gpipe"
     assert any("no rule matched an action range" in w and "ward 0` ×12" in w and "gloo:" not in w for w in run.warnings)
 
@@ -180,13 +180,13 @@ def test_layer_labels_and_segmentation_read_the_same_run_alike(loaded_runs):
     """The same real trace read twice: by its layer labels, and with every label dropped
     (in memory, before reconstruction) by segmentation between P2P ops."""
     from tracekit.analyze import analyze
-    from tracekit.ingest import load_run
+    from tracekit.ingest import read_run
     from tracekit.reconstruct import reconstruct
 
     _, labelled = loaded_runs(SAMPLES / "1f1b_layer_labels")
     from tracekit.ingest.nesting import nesting_depth
 
-    run = load_run(SAMPLES / "1f1b_layer_labels", reconstruct=False)
+    run = read_run(SAMPLES / "1f1b_layer_labels")
     names = run.events["name"].astype(str)
     labels = names.str.fullmatch(r"linear\d+\([FB]\)")
     assert labels.sum() > 0 and (names == "1F1B").sum() == 12

@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 
 from tracekit.errors import TraceFormatError
-from tracekit.ingest import load_run, nsys
+from tracekit import LoadOptions, load
+from tracekit.ingest import nsys, read_run
 from tracekit.ingest.nsys_names import classify
 from tracekit.model.events import EVENT_COLUMNS
 
@@ -348,7 +349,7 @@ def test_committed_nsys_sample_reads_as_the_same_run_as_kineto():
             assert capture[key]["layer_ms"] == kineto[key]["layer_ms"]
         else:
             assert capture[key] == kineto[key], key
-    run = load_run(SAMPLE, reconstruct=False)
+    run = read_run(SAMPLE)
     assert sorted(t.rank for t in run.files) == [0, 1, 2, 3]
     assert {t.rank_source for t in run.files} == {"NVTX rank marker"}
     assert {t.world_size for t in run.files} == {4}
@@ -428,7 +429,7 @@ def test_live_nsys_capture(tmp_path):
     texts = _all_text(out / REPORT_NAME)
     for needle in PRIVATE + (str(tmp_path),):
         assert not any(needle in t for t in texts), needle
-    run = load_run(out, reconstruct=False)
+    run = read_run(out)
     assert sorted(t.rank for t in run.files) == [0, 1]
     names = set(run.events["name"])
     assert {"ProfilerStep#2", "Forward 0", "Backward 1", "c10d::send", "c10d::recv_", "gloo:recv"} <= names
@@ -439,8 +440,8 @@ def test_nsys_sample_gives_the_kineto_schedule_and_bubbles_within_two_points():
     bubble ratios within 2 points (run and every rank), messages matched in both."""
     from tracekit.analyze import analyze
 
-    kineto = analyze(load_run(ROOT / "sample_traces" / "1f1b"))
-    nsys = analyze(load_run(SAMPLE))
+    kineto = analyze(load(ROOT / "sample_traces" / "1f1b"))
+    nsys = analyze(load(SAMPLE))
     k_sched, n_sched = kineto.run.schedule, nsys.run.schedule
     assert (n_sched.name, n_sched.p, n_sched.v, n_sched.m) == (k_sched.name, k_sched.p, k_sched.v, k_sched.m)
     assert abs(nsys.summary["bubble_ratio"] - kineto.summary["bubble_ratio"]) <= 0.02
@@ -461,7 +462,7 @@ def test_mixed_folder_of_kineto_and_nsys_ranks(tmp_path):
     shutil.copy(SAMPLE / "nsys_report.sqlite", run)
     rank_of_pid = json.loads((SAMPLE / "capture.json").read_text())["profiler"]["rank_of_pid"]
     keep = {int(pid): rank for pid, rank in rank_of_pid.items() if rank in (2, 3)}
-    loaded = load_run(run, rank_map=keep)
+    loaded = load(run, LoadOptions(rank_map=keep))
     formats = {t.rank: t.format for t in loaded.files}
     assert formats == {0: "kineto", 1: "kineto", 2: "nsys-sqlite", 3: "nsys-sqlite"}
     assert sorted(loaded.events["rank"].unique().tolist()) == [0, 1, 2, 3]
@@ -476,11 +477,11 @@ def test_all_to_all_sendrecv_kernels_are_paired_as_collectives_with_the_referenc
     # The 2-GPU report's SendRecv kernels ran all_to_alls: tracekit pairs them as collectives
     # (never pipeline messages), with wait and transfer as tests/device_reference.py has them.
     import device_reference
+    from tracekit import LoadOptions, load
     from tracekit.analyze import analyze
-    from tracekit.ingest import load_run
 
     path = shared("nsysai_mfu_2gpu_before.sqlite")
-    run = load_run(path, rows="analysis")
+    run = load(path, LoadOptions(rows="analysis"))
     assert run.device_pairs.empty
     pairs = run.collective_pairs
     kernels = device_reference.nsys_reference(path).nccl_kernels

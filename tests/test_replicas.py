@@ -12,7 +12,7 @@ import pytest
 
 from conftest import ROOT, SAMPLES
 from tracekit.analyze import analyze
-from tracekit.ingest import load_run
+from tracekit import LoadOptions, load
 from tracekit.render.json import to_document
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -27,8 +27,8 @@ def _replicated(tmp_path, sample: str):
 
 @pytest.mark.parametrize("sample,labelled", [("1f1b", False), ("interleaved1f1b", True)])
 def test_two_replicas_read_as_two_pipelines_of_p_ranks(tmp_path, sample, labelled):
-    single = load_run(SAMPLES / sample, jobs=1, rows="analysis")
-    double = load_run(_replicated(tmp_path, sample), jobs=1, rows="analysis")
+    single = load(SAMPLES / sample, LoadOptions(jobs=1, rows="analysis"))
+    double = load(_replicated(tmp_path, sample), LoadOptions(jobs=1, rows="analysis"))
     s1, s2 = single.schedule, double.schedule
     assert (single.actions["label"] != "").any() == labelled   # both labellings are covered
     assert (s2.name, s2.p, s2.v, s2.m) == (s1.name, s1.p, s1.v, s1.m)
@@ -59,5 +59,5 @@ def test_a_broken_pipeline_is_not_mistaken_for_replicas(tmp_path):
     folder = tmp_path / "missing_rank"
     shutil.copytree(SAMPLES / "1f1b", folder)
     (folder / "rank2.json.gz").unlink()
-    run = load_run(folder, jobs=1, rows="analysis")
+    run = load(folder, LoadOptions(jobs=1, rows="analysis"))
     assert run.schedule.replicas == 1 and run.schedule.p == 4 and run.schedule.name == "unknown"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import SAMPLES, capture_of
-from tracekit.ingest import load_run
+from tracekit.ingest import read_run
 from tracekit.reconstruct import reconstruct
 
 UNLABELLED_1F1B = ["1f1b", "1f1b_slow_stage2", "1f1b_p2p_delay5ms", "1f1b_real", "nsys_1f1b"]
@@ -51,7 +51,7 @@ def test_sends_from_a_sender_thread_never_merge_neighbouring_actions():
     here from the real trace before reconstruction, as a framework with an async sender
     would leave it) nothing on the main thread separates rank 0's warm-up forwards: the
     autograd numbers must."""
-    run = load_run(SAMPLES / "1f1b_p2p_delay5ms", reconstruct=False)
+    run = read_run(SAMPLES / "1f1b_p2p_delay5ms")
     markers = run.events["name"] == "tracekit:p2p_delay"
     assert markers.sum() > 0
     run.events = run.events[~markers].reset_index(drop=True)

@@ -14,7 +14,7 @@ from tracekit.analyze.theory import theoretical_bubble
 from tracekit.analyze.whatif import CostModel, predict, what_if
 from tracekit.cli import main
 from tracekit.errors import TracekitError
-from tracekit.ingest import load_run
+from tracekit import LoadOptions, load
 
 
 def _ideal_model(p: int, t_f: int = 1000, t_b: int = 2000) -> CostModel:
@@ -46,7 +46,7 @@ def test_ideal_costs_give_the_closed_form_exactly(schedule, p, v, m):
 
 @pytest.fixture(scope="module")
 def samples():
-    return {name: load_run(SAMPLES / name, jobs=1, rows="analysis")
+    return {name: load(SAMPLES / name, LoadOptions(jobs=1, rows="analysis"))
             for name in ("1f1b", "gpipe", "interleaved1f1b", "looped_bfs", "zbv", "interleaved_zb",
                          "dualpipev", "1f1b_slow_stage2")}
 

@@ -6,14 +6,14 @@ import pytest
 
 from conftest import SAMPLES, SHARED_TRACES
 from tracekit.analyze import analyze
-from tracekit.ingest import load_run
+from tracekit import LoadOptions, load
 from tracekit.render.json import to_document
 
 SAMPLE_RUNS = sorted(p.name for p in SAMPLES.iterdir() if p.is_dir())
 
 
 def _document(path, rows: str) -> tuple[dict, int]:
-    run = load_run(path, jobs=1, rows=rows)
+    run = load(path, LoadOptions(jobs=1, rows=rows))
     doc = to_document(analyze(run))
     doc.pop("generated_at", None)
     return doc, len(run.events)

@@ -1,26 +1,19 @@
-"""tracekit: where pipeline-parallel training sits idle, and why."""
-__version__ = "0.1.0"
+"""tracekit: where pipeline-parallel training sits idle, and why.
+
+``tracekit.load(path, LoadOptions(...))`` reads a run and reconstructs its pipeline
+(:mod:`tracekit.loading`); ``tracekit.trace_handler(run_dir, schedule=...)`` is an
+``on_trace_ready`` for torch.profiler (:mod:`tracekit.handler`). All load on first use, so
+``import tracekit`` stays light.
+"""
+from tracekit.version import __version__
+
+_WHERE = {"load": "tracekit.loading", "LoadOptions": "tracekit.loading", "trace_handler": "tracekit.handler"}
+__all__ = ["LoadOptions", "__version__", "load", "trace_handler"]
 
 
-def load(path, **kwargs):
-    """Load a run folder (or one trace file) and reconstruct its pipeline.
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
 
-    Returns a :class:`tracekit.model.Run`. See :func:`tracekit.ingest.load_run`.
-    """
-    from tracekit.ingest import load_run
-
-    return load_run(path, **kwargs)
-
-
-def trace_handler(run_dir, schedule=None, *, rank=None):
-    """``on_trace_ready`` for ``torch.profiler.profile``: writes each rank's trace, and the
-    schedule's facts, into ``run_dir`` as ``tracekit analyze`` reads them.
-
-    See :func:`tracekit.handler.trace_handler`.
-    """
-    from tracekit.handler import trace_handler as make
-
-    return make(run_dir, schedule, rank=rank)
-
-
-__all__ = ["__version__", "load", "trace_handler"]
+    return getattr(importlib.import_module(_WHERE[name]), name)

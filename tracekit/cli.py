@@ -6,9 +6,9 @@ import sys
 
 import click
 
-from tracekit import __version__
 from tracekit.errors import TracekitError
 from tracekit.text import for_terminal
+from tracekit.version import __version__
 
 
 class _Group(click.Group):

@@ -10,9 +10,11 @@ from tracekit.analyze.bubbles import measure_continuous, measure_pipeline, measu
 from tracekit.analyze.device import (
     DeviceFigures, device_figures, measure_device_pipeline, measure_device_plain,
 )
+from tracekit.analyze.diagnosis import Finding, diagnose
 from tracekit.analyze.shares import ShareError, share
 from tracekit.analyze.slices import SliceCosts, slice_costs
 from tracekit.analyze.theory import Theory, flush_free_bubble, sliced_bubble, theoretical_bubble
+from tracekit.analyze.whatif import ReportWhatIf, report_what_if
 from tracekit.errors import TracekitError
 from tracekit.model.run import Run, compute_ns
 from tracekit.reconstruct.schedule import TERAPIPE_NAME
@@ -23,7 +25,8 @@ FIDELITY_WARN_SHARE = 0.01
 
 @dataclass
 class Analysis:
-    """Everything tracekit computes about one run, ready for the renderers."""
+    """Everything tracekit computes about one run, ready for the renderers: they only
+    render it, and compute nothing of their own."""
 
     run: Run
     bubbles: pd.DataFrame                  # rank, step, window, busy, idle, ratio
@@ -35,6 +38,8 @@ class Analysis:
     device: DeviceFigures | None = None    # device-timeline figures (GPU runs read on the device)
     host_view: dict | None = None          # summarise() of the host-side spans, where they differ
     slices: SliceCosts | None = None       # per-microbatch cost and its idle (microbatch ids per step)
+    findings: list[Finding] = field(default_factory=list)   # what is wrong and what to try, ranked
+    whatif: ReportWhatIf | None = None     # the report's what-if table (asked for with whatif=True)
 
     @property
     def timeline(self) -> str:
@@ -51,16 +56,22 @@ def typical_durations(actions: pd.DataFrame) -> dict[str, int]:
     return {str(k): int(v) for k, v in durations.groupby(actions["kind"]).median().items()}
 
 
-def analyze(run: Run, attribution: bool = True) -> Analysis:
-    """Measure bubbles, compare with theory and attribute idle time.
+def analyze(run: Run, attribution: bool = True, whatif: bool = False) -> Analysis:
+    """Measure bubbles, compare with theory, attribute idle time and diagnose the run.
 
-    A run with ranks missing is measured on the ranks present only: no closed form and no
-    replay, which both need the whole pipeline. Raises :class:`TracekitError` for a run with
-    no work to measure, and where a share would fall outside [0, 1]."""
+    ``whatif``: also predict the default what-if table of the HTML report (replays other
+    schedules and m; on a pipeline with attribution only). A run with ranks missing is
+    measured on the ranks present only: no closed form and no replay, which both need the
+    whole pipeline. Raises :class:`TracekitError` for a run with no work to measure, and
+    where a share would fall outside [0, 1]."""
     try:
-        return _analyze(run, attribution)
+        result = _analyze(run, attribution)
+        result.findings = diagnose(result)
     except ShareError as err:
         raise ShareError(f"{run.source}: {err}") from None
+    if whatif and result.is_pipeline and result.attribution is not None:
+        result.whatif = report_what_if(run, list(result.attribution.graphs.values()), result.bubbles)
+    return result
 
 
 def _host_spans(actions: pd.DataFrame) -> pd.DataFrame:

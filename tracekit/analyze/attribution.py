@@ -32,12 +32,12 @@ import pandas as pd
 from tracekit.analyze.replay import StepGraph, critical_path, idle_per_rank, replay, step_graphs
 from tracekit.model.run import Run
 from tracekit.reconstruct.schedule import TERAPIPE_NAME
+from tracekit.vocab import CATEGORIES
 
 CAUSES = ("imbalance", "comm", "overhead")
 # Blame replays one stage (or link) at a time: on big pipelines only the stages with the
 # most excess work (links with the most latency) are replayed; the rest share by that amount.
 MAX_BLAME_REPLAYS = 32
-CATEGORIES = ("warmup", "drain", "schedule_gaps", "imbalance", "comm", "overhead")
 ATTRIBUTION_COLUMNS = ["rank", "step", "idle_ns", *[f"{c}_ns" for c in CATEGORIES]]
 
 

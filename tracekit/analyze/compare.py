@@ -11,12 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tracekit import __version__
 from tracekit.analyze import Analysis
-from tracekit.analyze.attribution import CATEGORIES
 from tracekit.analyze.shares import share
 from tracekit.model.run import UNRECOGNISED
-from tracekit.render.console import CAUSE_NAMES
+from tracekit.version import __version__
+from tracekit.vocab import CATEGORIES, CAUSE_NAMES, pct, points, signed_ms
 
 # A change smaller than this share of the step window is capture noise, not a finding.
 NOTABLE_SHARE = 0.005
@@ -288,16 +287,3 @@ def _side(m: Measures) -> dict:
 
 def _round(x: float) -> float:
     return round(float(x), 6)
-
-
-def pct(share: float) -> str:
-    return f"{100 * share:.1f}%"
-
-
-def points(delta: float) -> str:
-    """A change of a share in percentage points, signed: ``+10.3 points``."""
-    return f"{100 * delta:+.1f} points"
-
-
-def signed_ms(ns: float) -> str:
-    return f"{ns / 1e6:+.1f}"

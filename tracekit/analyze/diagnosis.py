@@ -22,6 +22,7 @@ from tracekit.analyze.device import LAUNCH_BOUND_SHARE
 from tracekit.analyze.shares import share
 from tracekit.analyze.theory import theoretical_bubble
 from tracekit.model.run import compute_ns
+from tracekit.vocab import rank_list
 
 # Severity by cost (share of the device time): "high" at or above HIGH_SHARE, "medium" at
 # or above MEDIUM_SHARE: a fix gains at most that much throughput.
@@ -145,8 +146,6 @@ def _imbalance(analysis, idle_ns: int, window_ns: int) -> Finding | None:
     else:
         cost = share(idle_ns, window_ns, f"{run.source}: the stage imbalance's cost")
     ranks = run.schedule.ranks_of_stage(stage) if run.schedule else []
-    from tracekit.render.console import rank_list
-
     where = f"stage {stage}" + (f" (rank {rank})" if len(ranks) == 1 else
                                 f" ({rank_list(ranks)})" if ranks else "")
     figures = {"stage": stage, "rank": rank, "stage_compute_ns": int(compute[stage]),

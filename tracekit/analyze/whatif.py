@@ -379,3 +379,40 @@ def what_if(run: Run, targets: list[tuple[str, int, int]] | None = None, keep: s
                            + ", ".join(f"rank {r} x{f:.2f}" for r, f in factors.items()))
     return WhatIf(run.source, model, measured_bubble, measured_step, as_measured(model, samples, seed),
                   predictions, skipped, keep, samples, assumptions)
+
+
+# The report's what-if: each default target twice (as is and balanced), within about this
+# many replayed actions in all, and at most this many replays per row.
+REPORT_REPLAY_BUDGET = 1_000_000
+REPORT_REPLAYS = 16
+# Fewer replays per row than this say too little about the spread to be worth a table.
+REPORT_MIN_REPLAYS = 4
+
+
+@dataclass(frozen=True)
+class ReportWhatIf:
+    """The what-if table of a report (the default targets, as is and balanced), or why
+    there is none: ``note`` says what a reader of the report should know instead."""
+
+    result: WhatIf | None
+    note: str = ""
+
+
+def report_what_if(run: Run, graphs: list[StepGraph], bubbles) -> ReportWhatIf:
+    """The default what-if (``tracekit whatif --balanced``) on the step graphs the
+    attribution replayed; a run that cannot be varied gets the reason instead."""
+    try:
+        model = cost_model(run, graphs)
+    except TracekitError as err:
+        return ReportWhatIf(None, f"What if: not computed: {err}")
+    targets = default_targets(model)
+    samples = replays_within(REPORT_REPLAY_BUDGET, model.p, targets, rows_per_target=2, most=REPORT_REPLAYS)
+    if samples < REPORT_MIN_REPLAYS:
+        return ReportWhatIf(None, f"What if: not computed here: {model.p} ranks and m={model.m} are too large "
+                                  f"to replay {REPORT_MIN_REPLAYS} times per row within the report's budget; "
+                                  "run tracekit whatif with the targets you want")
+    try:
+        result = what_if(run, targets, samples=samples, balanced=True, model=model, bubbles=bubbles)
+    except TracekitError as err:
+        return ReportWhatIf(None, f"What if: not computed: {err}")
+    return ReportWhatIf(result)

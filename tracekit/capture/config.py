@@ -286,7 +286,7 @@ def _num(x: float) -> str:
 
 def manifest_head(config: CaptureConfig, command: str, torch_version: str) -> dict:
     """The part of capture.json every profiler writes alike: what ran, where, how shaped."""
-    from tracekit import __version__
+    from tracekit.version import __version__
 
     return {
         "tracekit_version": __version__,

@@ -60,7 +60,7 @@ def command(run_dir: Path, as_json: bool, output: Path | None, html_path: Path |
         from tracekit.analyze import analyze
         from tracekit.render.json import to_document
 
-        analysis = analyze(run, attribution=not no_attribution)
+        analysis = analyze(run, attribution=not no_attribution, whatif=html_target is not None)
         doc = to_document(analysis)
         remember_document(run_dir, options, doc)
     if json_target:

@@ -33,7 +33,8 @@ def command(run_dir: Path, output: Path, allow_incomplete: bool, rank_from: str 
       tracekit check runs/pr-123 --baseline baselines/nightly.json --tolerance 0.05
     """
     from tracekit.analyze import analyze
-    from tracekit.analyze.compare import measure, pct
+    from tracekit.analyze.compare import measure
+    from tracekit.vocab import pct
     from tracekit.commands.outputs import run_output
     from tracekit.gate.baseline import to_document
     from tracekit.gate.checks import refuse_incomplete

@@ -12,6 +12,7 @@ import click
 from tracekit.errors import TracekitError
 
 if TYPE_CHECKING:
+    from tracekit.loading import LoadOptions
     from tracekit.reconstruct.labels import LabelSet
 
 # Where rank_options leaves the loading options for load_with_progress (click's ctx.meta).
@@ -67,7 +68,7 @@ def rank_options(func):
         ctx = click.get_current_context()
         ctx.meta[_LOAD_META] = {name: kwargs.pop(name) for name in _LOAD_OPTIONS}
         compile_rank_pattern(kwargs.get("rank_from"))
-        _load_settings()  # a bad --cache-dir, --scheduler or --label-rule fails here, before any file is read
+        load_options()  # a bad --cache-dir, --scheduler or --label-rule fails here, before any file is read
         try:
             return func(*args, **kwargs)
         finally:
@@ -91,19 +92,23 @@ def parse_rank_map(text: str | None) -> dict[int, int] | None:
     return mapping
 
 
-def _load_settings() -> dict:
-    """The loading options of the running command (defaults outside a command)."""
+def load_options(rank_from: str | None = None, rank_map: str | None = None) -> LoadOptions:
+    """The loading options of the running command (defaults outside a command), with its
+    --rank-from and --rank-map."""
+    from tracekit.loading import LoadOptions
+
     ctx = click.get_current_context(silent=True)
     settings = dict(ctx.meta.get(_LOAD_META, {})) if ctx is not None else {}
     cache_dir = None if settings.get("no_cache") else _cache_dir(settings.get("cache_dir"))
     if settings.get("scheduler") and settings.get("executor", "local") != "dask":
         raise TracekitError("--scheduler is for --executor dask; add --executor dask or drop --scheduler")
     # Commands read only the working set of each file (tracekit.ingest.working_set).
-    return {"executor": settings.get("executor") or "local", "jobs": settings.get("jobs"),
-            "scheduler": settings.get("scheduler"), "cache_dir": cache_dir, "rows": "analysis",
-            "defer_cache_writes": True, "iteration": settings.get("iteration"),
-            "timeline": settings.get("timeline") or "auto",
-            "labels": label_rules(settings.get("label_rule") or ())}
+    return LoadOptions(rank_from=rank_from, rank_map=parse_rank_map(rank_map),
+                       executor=settings.get("executor") or "local", jobs=settings.get("jobs"),
+                       scheduler=settings.get("scheduler"), cache_dir=cache_dir, rows="analysis",
+                       defer_cache_writes=True, iteration=settings.get("iteration"),
+                       timeline=settings.get("timeline") or "auto",
+                       labels=label_rules(settings.get("label_rule") or ()))
 
 
 def label_rules(flags) -> LabelSet | None:
@@ -159,22 +164,24 @@ def load_with_progress(path: Path, rank_from: str | None, rank_map: str | None, 
 
     ``rows="all"``: every event, not only the analysis's working set (an output that shows
     the trace's own ops)."""
-    from tracekit.ingest import discover, load_run
+    from dataclasses import replace
 
-    settings = {**_load_settings(), "rows": rows}
-    _refuse_cache_in_run(settings["cache_dir"], path)
+    from tracekit.ingest import discover
+    from tracekit.loading import load
+
+    options = replace(load_options(rank_from, rank_map), rows=rows)
+    _refuse_cache_in_run(options.cache_dir, path)
     show = sys.stderr.isatty() if progress is None else progress
     if not show:
-        return load_run(path, rank_from=rank_from, rank_map=parse_rank_map(rank_map), **settings)
+        return load(path, options)
     from tqdm import tqdm
 
-    total = sum(os.path.getsize(f) for f in discover(path, settings["iteration"], rank_from))
+    total = sum(os.path.getsize(f) for f in discover(path, options.iteration, rank_from))
     # No monitor thread: a process pool forks only while this process has no other thread.
     tqdm.monitor_interval = 0
     with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="reading traces",
               file=sys.stderr, leave=False) as bar:
-        return load_run(path, rank_from=rank_from, rank_map=parse_rank_map(rank_map),
-                        bytes_read=bar.update, **settings)
+        return load(path, options, bytes_read=bar.update)
 
 
 def _document_cache(run_dir: Path, options: dict):
@@ -183,16 +190,16 @@ def _document_cache(run_dir: Path, options: dict):
     from tracekit.ingest.cache import ParseCache, analysis_key
     from tracekit.ingest.discovery import find_traces
 
-    settings = _load_settings()
-    if not settings["cache_dir"]:
+    settings = load_options()
+    if not settings.cache_dir:
         return None, None, None
-    _refuse_cache_in_run(settings["cache_dir"], run_dir)
-    cache = ParseCache(settings["cache_dir"])
-    found = find_traces(run_dir, settings["iteration"], options.get("rank_from"))
+    _refuse_cache_in_run(settings.cache_dir, run_dir)
+    cache = ParseCache(settings.cache_dir)
+    found = find_traces(run_dir, settings.iteration, options.get("rank_from"))
     folder = Path(run_dir) if Path(run_dir).is_dir() else Path(run_dir).parent
     # What discovery decided (which files are traces, which iteration) is part of the answer.
-    labels = settings["labels"]
-    decided = {**options, "iteration": settings["iteration"], "timeline": settings["timeline"],
+    labels = settings.labels
+    decided = {**options, "iteration": settings.iteration, "timeline": settings.timeline,
                "skipped": found.skipped,
                "labels": [(r.pattern, r.role) for r in labels.rules] if labels is not None else []}
     key = analysis_key(cache, Path(run_dir), found.files, decided, [folder / "capture.json"])

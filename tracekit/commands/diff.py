@@ -70,9 +70,9 @@ def command(run_a: Path, run_b: Path, as_json: bool, markdown_path: str | None, 
 
 
 def _console(c) -> str:
-    from tracekit.analyze.compare import CAUSE_NAMES, pct, points, signed_ms
-    from tracekit.render.console import ms, table
+    from tracekit.render.console import table
     from tracekit.text import for_terminal
+    from tracekit.vocab import CAUSE_NAMES, ms, pct, points, signed_ms
 
     out = [*c.incomplete(), c.headline(), ""]
     for label, m in (("A", c.a), ("B", c.b)):

@@ -40,6 +40,6 @@ def command(run_dir: Path, output: Path | None, rank_from: str | None, rank_map:
 
     target = run_output(output or Path("reports") / f"{default_name(run_dir)}.html", "-o", run_dir)
     run = load_with_progress(run_dir, rank_from, rank_map, progress)
-    data = render_report(analyze(run)).encode()
+    data = render_report(analyze(run, whatif=True)).encode()
     target.write(data)
     click.echo(target.wrote(f"{len(data) / 1e6:.1f} MB"), err=True)

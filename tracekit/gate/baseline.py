@@ -18,11 +18,11 @@ import json
 from datetime import datetime, timezone
 from pathlib import Path
 
-from tracekit import __version__
 from tracekit.analyze.attribution import CATEGORIES
 from tracekit.analyze.compare import Measures
 from tracekit.errors import TracekitError
-from tracekit.render.json import SCHEMA_VERSION as ANALYSIS_SCHEMA_VERSION
+from tracekit.schemas import ANALYSIS_SCHEMA_VERSION
+from tracekit.version import __version__
 
 KIND = "tracekit-baseline"
 SCHEMA_VERSION = "1.0"

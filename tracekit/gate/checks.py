@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tracekit import __version__
-from tracekit.analyze.compare import Measures, pct, points, schedule_key
+from tracekit.analyze.compare import Measures, schedule_key
 from tracekit.errors import TracekitError
 from tracekit.gate.baseline import read_baseline
 from tracekit.gate.config import CheckConfig, Limit
+from tracekit.version import __version__
+from tracekit.vocab import pct, points
 
 # Ratios are stored to 6 decimals: equal to the limit within that is at the limit.
 _EPSILON = 1e-6

@@ -1,8 +1,8 @@
-"""Ingest: find the trace files of a run, parse each, and build one :class:`Run`.
+"""Ingest: find the trace files of a run, parse each, and build one :class:`Run` of their events.
 
 Each parser turns one file into ``(TraceFile, events)`` pairs (an nsys report may hold
 several ranks); this module checks that the files make one run (no duplicate or missing
-ranks, one job) and hands the events to the reconstructor.
+ranks, one job). :func:`tracekit.load` then hands the run to the reconstructor.
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from tracekit.errors import RunLayoutError, TraceFormatError
 from tracekit.ingest.columns import EventColumns, events_frame
 # IGNORED_NAMES and the suffixes are also tracekit.commands.outputs': what may be written into a run folder.
 from tracekit.ingest.discovery import IGNORED_NAMES, Discovery, find_traces
+from tracekit.ingest.options import ReadOptions
 from tracekit.ingest.sniff import KINETO_SUFFIXES, NSYS_JSON, NSYS_REPORT, NSYS_SUFFIXES, trace_format
 from tracekit.model.events import TraceFile
 
@@ -277,35 +278,29 @@ def _encodable(document: dict) -> dict:
     return document
 
 
-def load_run(path, rank_from: str | None = None, rank_map: dict[int, int] | None = None,
-             progress: Callable[[Path], None] | None = None, reconstruct: bool = True, *,
-             executor: str = "local", jobs: int | None = None, scheduler=None,
-             cache_dir: str | None = None, bytes_read: Callable[[int], None] | None = None,
-             rows: str = "all", defer_cache_writes: bool = False, iteration: int | None = None,
-             timeline: str = "auto", labels=None) -> Run:
-    """Load a run folder (or one file) and, by default, reconstruct its pipeline.
+def read_run(path, options: ReadOptions | None = None, *, progress: Callable[[Path], None] | None = None,
+             bytes_read: Callable[[int], None] | None = None) -> Run:
+    """Read a run folder (or one file) into a :class:`Run` of its events, checked to be one
+    run; not yet reconstructed (:func:`tracekit.load` does both).
 
-    ``executor``, ``jobs``, ``scheduler``, ``cache_dir``, ``bytes_read``, ``rows`` and
-    ``defer_cache_writes``: see
-    :func:`parse_files` (no cache unless ``cache_dir`` is given; ``rows="analysis"`` gives
-    the same analysis from a fraction of the events: what the command line uses).
-    ``iteration``: which ``iteration_N`` folder to read (default: the highest); see
-    :mod:`tracekit.ingest.discovery`. ``timeline``: ``auto`` (the device wherever the traces
-    record device work), ``device`` or ``host``; see :func:`tracekit.reconstruct.reconstruct`.
-    ``labels``: the user's label rules (a :class:`tracekit.reconstruct.labels.LabelSet`).
+    ``options``: which files and how (:class:`~tracekit.ingest.options.ReadOptions`; a
+    :class:`tracekit.loading.LoadOptions` is one). ``progress`` is called with each file's
+    path when it is done, ``bytes_read`` with counts of input bytes consumed.
     """
+    from tracekit.model.run import Run
+
+    options = options or ReadOptions()
     path = Path(path)
-    found = find_traces(path, iteration, rank_from)
-    paths = _readable_paths(found, cache_dir)
-    files, events = parse_files(paths, rank_from, rank_map, progress, executor=executor, jobs=jobs,
-                                scheduler=scheduler, cache_dir=cache_dir, bytes_read=bytes_read, rows=rows,
-                                defer_cache_writes=defer_cache_writes)
+    found = find_traces(path, options.iteration, options.rank_from)
+    paths = _readable_paths(found, options.cache_dir)
+    files, events = parse_files(paths, options.rank_from, options.rank_map, progress, executor=options.executor,
+                                jobs=options.jobs, scheduler=options.scheduler, cache_dir=options.cache_dir,
+                                bytes_read=bytes_read, rows=options.rows,
+                                defer_cache_writes=options.defer_cache_writes)
     # Files read through an export are named by the user's file, not the export in the cache.
     exported = {read: given for read, given in zip(paths, found.files) if read != given}
     for trace in files:
         trace.path = exported.get(trace.path, trace.path)
-    from tracekit.model.run import Run
-
     capture_warnings: list[str] = []
     run = Run(source=str(path), files=files, events=events,
               capture=load_capture_manifest(path, capture_warnings))
@@ -317,10 +312,6 @@ def load_run(path, rank_from: str | None = None, rank_map: dict[int, int] | None
         run.warnings.insert(0, run.completeness.message())
     for note in notes:
         run.warn(note)
-    if reconstruct:
-        from tracekit.reconstruct import reconstruct as build
-
-        build(run, timeline=timeline, labels=labels)
     return run
 
 

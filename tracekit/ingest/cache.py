@@ -42,10 +42,10 @@ from typing import Callable
 
 import numpy as np
 
-from tracekit import __version__
 from tracekit.errors import TracekitError
 from tracekit.ingest.columns import EventColumns
 from tracekit.model.events import TraceFile, event_schema
+from tracekit.version import __version__
 
 # Bump when the meaning of a cached table changes in a way the code fingerprint would miss.
 CACHE_FORMAT = 1

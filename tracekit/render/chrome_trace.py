@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 import orjson
 import pandas as pd
 
-from tracekit import __version__
 from tracekit.analyze import Analysis
 from tracekit.analyze.intervals import idle_intervals
 from tracekit.errors import TracekitError
+from tracekit.version import __version__
 
 TRACKS = ("compute", "bubbles", "p2p", "steps")   # top to bottom within a rank
 

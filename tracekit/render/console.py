@@ -6,23 +6,11 @@ shown is one a script can read too.
 from __future__ import annotations
 
 from tracekit.text import for_terminal, map_strings
+from tracekit.vocab import CATEGORIES, CAUSE_NAMES, ms, pct, rank_list
 
-# The causes, in the order the JSON document lists them (kept here so that rendering a
-# stored document imports no analysis code).
-CATEGORIES = ("warmup", "drain", "schedule_gaps", "imbalance", "comm", "overhead")
-
+# Column headings of the causes in the per-rank table (narrow: the table has one per cause).
 _LABELS = {"warmup": "warmup", "drain": "drain", "schedule_gaps": "gaps", "imbalance": "imbal",
            "comm": "comm", "overhead": "ovhd"}
-CAUSE_NAMES = {"warmup": "pipeline warm-up", "drain": "pipeline drain", "schedule_gaps": "schedule gaps",
-               "imbalance": "stage imbalance", "comm": "comm latency", "overhead": "overhead/other"}
-
-
-def ms(ns: float) -> str:
-    return f"{ns / 1e6:.1f}"
-
-
-def pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{100 * x:.1f}%"
 
 
 def table(headers: list[str], rows: list[list[str]]) -> str:
@@ -233,10 +221,3 @@ def _ranks(blame: dict) -> str:
     """"rank 2", or "ranks 2,6" where data-parallel replicas run the stage too."""
     ranks = blame.get("ranks") or [blame["rank"]]
     return f"rank {ranks[0]}" if len(ranks) == 1 else rank_list(ranks)
-
-
-def rank_list(ranks: list[int], shown: int = 4) -> str:
-    """"ranks 2,6" or, for many replicas, "32 ranks 2,6,10,...,126"."""
-    if len(ranks) <= shown:
-        return "ranks " + ",".join(map(str, ranks))
-    return f"{len(ranks)} ranks " + ",".join(map(str, ranks[:shown - 1])) + f",...,{ranks[-1]}"

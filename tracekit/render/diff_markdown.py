@@ -9,8 +9,8 @@ outside (the runs' paths, the notes that quote them) is made inert as in
 """
 from __future__ import annotations
 
-from tracekit.analyze.compare import Comparison, pct, points, signed_ms
-from tracekit.render.console import CAUSE_NAMES, ms
+from tracekit.analyze.compare import Comparison
+from tracekit.vocab import CAUSE_NAMES, ms, pct, points, signed_ms
 from tracekit.text import for_markdown_code, for_markdown_text
 
 # Blame rows shown (all of them are in --json), as on the console.

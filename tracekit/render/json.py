@@ -1,19 +1,16 @@
 """The JSON document (``tracekit analyze --json``): a versioned schema, described by
 ``tracekit/schemas/analysis.schema.json``. Times are integer nanoseconds; ratios are 0..1.
 
-Bump ``SCHEMA_VERSION`` on any change that removes or renames a field; adding fields is a
-minor change (``1.x``).
+Its version is :data:`tracekit.schemas.ANALYSIS_SCHEMA_VERSION` (bump it there).
 """
 from __future__ import annotations
 
 import math
 
-from tracekit import __version__
 from tracekit.analyze import Analysis
 from tracekit.analyze.attribution import CATEGORIES
-from tracekit.analyze.diagnosis import diagnose
-
-SCHEMA_VERSION = "1.4"
+from tracekit.schemas import ANALYSIS_SCHEMA_VERSION
+from tracekit.version import __version__
 
 
 def _causes(row) -> dict[str, int]:
@@ -30,7 +27,7 @@ def to_document(analysis: Analysis) -> dict:
     """The whole analysis as plain JSON-able data."""
     run = analysis.run
     doc: dict = {
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": ANALYSIS_SCHEMA_VERSION,
         "tracekit_version": __version__,
         "source": run.source,
         "files": [f.describe() for f in run.files],
@@ -52,7 +49,7 @@ def to_document(analysis: Analysis) -> dict:
             "n_messages": int(len(run.messages)),
         },
         "theory": None,
-        "findings": [f.to_dict() for f in diagnose(analysis)],
+        "findings": [f.to_dict() for f in analysis.findings],
         "ranks": [],
         "steps": [],
         "blame": {"stages": [], "links": []},

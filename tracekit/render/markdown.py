@@ -7,7 +7,7 @@ Markdown and HTML special escaped, so that a name cannot become a link, an image
 """
 from __future__ import annotations
 
-from tracekit.analyze.compare import pct
+from tracekit.vocab import pct
 from tracekit.gate.checks import GateResult
 from tracekit.text import for_markdown_code, for_markdown_text
 

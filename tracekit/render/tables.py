@@ -11,8 +11,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tracekit import __version__
 from tracekit.analyze.tabular import TABLES
+from tracekit.version import __version__
 
 _ARROW_TYPES = {"int64": pa.int64(), "float64": pa.float64(), "string": pa.string()}
 

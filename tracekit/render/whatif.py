@@ -1,8 +1,8 @@
 """Console table of a what-if (:mod:`tracekit.analyze.whatif`)."""
 from __future__ import annotations
 
-from tracekit import __version__
 from tracekit.text import for_terminal
+from tracekit.version import __version__
 
 
 def _ms(ns: float) -> str:

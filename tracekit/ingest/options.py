@@ -1,0 +1,36 @@
+"""How to read a run: the options of :func:`tracekit.ingest.read_run`.
+
+A plain dataclass (parser workers import this package too: no pandas). :func:`tracekit.load`
+takes a :class:`tracekit.loading.LoadOptions`: these and the reconstructor's.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """Which files to read, and how to parse them.
+
+    ``rank_from``: a regex with one group that takes each file's rank from its name;
+    ``rank_map``: Nsight Systems process id -> rank. ``executor`` ``"local"`` parses in this
+    process (``jobs=1``) or a pool of ``jobs`` processes (default: one per core, at most one
+    per file); ``"dask"`` on the Dask cluster at ``scheduler`` (see
+    :mod:`tracekit.ingest.executor`). ``cache_dir``: the parse cache (none unless given; see
+    :mod:`tracekit.ingest.cache`); ``defer_cache_writes``: entries of files parsed by pool
+    workers are written by a background thread while the caller goes on (the command line
+    waits for it after its output). ``rows``: ``"analysis"`` keeps only the rows the analysis
+    reads (the same analysis from a fraction of the events: what the command line uses; see
+    :mod:`tracekit.ingest.working_set`). ``iteration``: which ``iteration_N`` folder to read
+    (default: the highest; see :mod:`tracekit.ingest.discovery`).
+    """
+
+    rank_from: str | None = None
+    rank_map: dict[int, int] | None = None
+    executor: str = "local"
+    jobs: int | None = None
+    scheduler: str | None = None
+    cache_dir: str | None = None
+    rows: str = "all"
+    defer_cache_writes: bool = False
+    iteration: int | None = None

@@ -1,0 +1,68 @@
+"""The HTML report: one self-contained file (bokeh's JavaScript inlined, nothing fetched)
+that shows where a run sat idle and why, for a browser with no network.
+
+Sections: the diagnosis (:func:`tracekit.analyze.diagnosis.diagnose`), an interactive
+timeline per step (one row per rank, and per GPU stream where the trace has kernels; compute
+actions coloured by kind, P2P messages from send to arrival, idle time shaded by cause, the
+critical path drawn through it), per-rank busy and idle by cause, measured against
+theoretical bubble, blame tables per stage and per link, and the run's metadata.
+
+Figures are made with bokeh and embedded statically with its inline resources (one tab per
+step), so the file works offline without a server and fetches nothing. Large runs are thinned before drawing:
+at most ``MAX_BARS`` bars, ``MAX_IDLE`` idle spans and ``MAX_MESSAGES`` messages per step,
+and ``MAX_DETAILED_STEPS`` steps; the report says where it did so.
+
+Every string that comes from a trace (labels, file names, hosts, warnings, capture.json)
+reaches the page escaped: the page template autoescapes, bokeh escapes its JSON data, and
+hover tooltips insert values as text. Controls and bidi overrides in those strings (which
+a browser would show as nothing, or use to draw the text after them reversed) are shown as
+visible escapes (:func:`tracekit.text.for_xml`), on the page and in the timeline's labels.
+"""
+from __future__ import annotations
+
+from importlib.resources import files
+
+import jinja2
+
+from tracekit.analyze import Analysis
+from tracekit.render.html.charts import bubble_root, causes_root, timeline_root
+from tracekit.render.html.page import page_context
+from tracekit.render.html.views import step_views, thinning_notes
+from tracekit.text import for_xml
+
+# The page: a Jinja template shipped as package data beside the renderers.
+TEMPLATE = "report.html.j2"
+
+
+def render_report(analysis: Analysis) -> str:
+    """The report as one HTML document."""
+    from bokeh.embed import file_html
+    from bokeh.resources import INLINE
+
+    views, step_notes = step_views(analysis)
+    timeline = timeline_root(views)
+    bubble = bubble_root(analysis) if analysis.is_pipeline else None
+    roots = [r for r in (timeline, causes_root(analysis), bubble) if r is not None]
+    context = page_context(analysis, step_notes + thinning_notes(views))
+    context["has_timeline"] = timeline is not None
+    context["has_bubble"] = bubble is not None
+    return file_html(roots, resources=INLINE, title=f"tracekit report: {analysis.run.source}",
+                     template=_page_template(), template_variables=context)
+
+
+_ROOT_DIV = '<div id="{}" data-root-id="{}" style="display: contents;"></div>'
+
+
+def _visible_controls(value):
+    """Each value the page shows, with controls as visible escapes (markup is bokeh's own)."""
+    return for_xml(value) if isinstance(value, str) and not hasattr(value, "__html__") else value
+
+
+def _page_template() -> jinja2.Template:
+    """The page, autoescaped: only bokeh's own output is marked safe."""
+    from markupsafe import Markup, escape
+
+    env = jinja2.Environment(autoescape=True, trim_blocks=True, lstrip_blocks=True,
+                             undefined=jinja2.StrictUndefined, finalize=_visible_controls)
+    env.globals["root_div"] = lambda root: Markup(_ROOT_DIV.format(escape(root.elementid), escape(root.id)))
+    return env.from_string(files("tracekit.render").joinpath("templates", TEMPLATE).read_text(encoding="utf-8"))

@@ -1,0 +1,228 @@
+"""The HTML report's bokeh figures: the step timelines, each rank's time by cause, and the
+bubble against theory."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from tracekit.analyze import Analysis
+from tracekit.render.html.views import TIMELINE_WIDTH_PX, StepView
+from tracekit.vocab import CATEGORIES
+
+
+KIND_COLORS = {"F": "#4C78A8", "B": "#F58518", "I": "#E45756", "W": "#54A24B", "merged": "#8C8C8C",
+               "cpu": "#8C8C8C", "kernel": "#17BECF"}
+KIND_NAMES = {"F": "forward", "B": "backward", "I": "input-grad", "W": "weight-grad",
+              "merged": "merged actions", "cpu": "CPU ops (top level)", "kernel": "GPU work"}
+# Bars at least this wide (pixels, unzoomed) carry their action as text, up to this many.
+LABEL_MIN_PX = 30
+MAX_TEXT_LABELS = 600
+CAUSE_COLORS = {"busy": "#4C78A8", "warmup": "#C7C7C7", "drain": "#A5A5A5", "schedule_gaps": "#EECA3B",
+                "imbalance": "#FF6B8A", "comm": "#B279A2", "overhead": "#9C755F", "idle": "#D9D9D9"}
+CAUSE_NAMES = {"busy": "busy", "warmup": "warm-up", "drain": "drain", "schedule_gaps": "schedule gaps",
+               "imbalance": "imbalance", "comm": "comm latency", "overhead": "overhead/other",
+               "idle": "idle"}
+CRITICAL_COLOR = "#D62728"
+MESSAGE_COLOR = "#333333"
+
+
+# ---------------------------------------------------------------------------- figures
+# Plain bokeh, not holoviews: holoviews' bokeh backend imports panel (~0.4 s, ~120 MB), and
+# bokeh's resources then carry every registered model's script, among them panel's
+# es-module-shims as a relative <script src> that 404s in a file meant to be self-contained.
+
+# The wheel zooms only with this key held: a bare wheel scrolls the page (bokeh says so on the plot).
+ZOOM_MODIFIERS = {"ctrl": True}
+# Legend entries per row under the timeline: ~170 px each fits the plotting area's width.
+LEGEND_COLUMNS = 6
+IDLE_TOOLTIPS = [("idle", "@cause"), ("rank", "@rank"), ("length", "@dur_ms{0.000} ms"),
+                 ("blamed on (rank, step)", "@blame")]
+
+
+def _figure(**kwargs):
+    """A figure drawn on canvas (WebGL is absent from many headless and remote browsers, and
+    these plots are small enough for canvas), sized by its plotting area so that axes and a
+    legend outside it grow the figure instead of spilling over what follows."""
+    from bokeh.plotting import figure
+
+    return figure(output_backend="canvas", tools=[], toolbar_location="right", **kwargs)
+
+
+def _source(frame: pd.DataFrame):
+    """The frame's columns as arrays (bokeh's own DataFrame path adds an index column, and
+    calls a reset_index(inplace=True) that pandas deprecates)."""
+    from bokeh.models import ColumnDataSource
+
+    return ColumnDataSource({c: frame[c].to_numpy() for c in frame.columns})
+
+
+def _hover(fig, renderer, tooltips) -> None:
+    from bokeh.models import HoverTool
+
+    fig.add_tools(HoverTool(renderers=[renderer], tooltips=tooltips))
+
+
+def _legend(fig, items: list[tuple[str, list]], place: str, columns: int | None = None) -> None:
+    """One legend entry per label (renderers sharing a label toggle together), outside the
+    plotting area; a click hides the entry's layers."""
+    from bokeh.models import Legend, LegendItem
+
+    legend = Legend(items=[LegendItem(label=label, renderers=rs) for label, rs in items], click_policy="hide",
+                    label_text_font_size="9pt", glyph_height=14, glyph_width=18, spacing=2, padding=6)
+    if columns is not None:
+        legend.orientation = "horizontal"
+        legend.ncols = min(columns, len(items))
+    fig.add_layout(legend, place)
+
+
+def timeline_root(views: list[StepView]):
+    if not views:
+        return None
+    from bokeh.models import TabPanel, Tabs
+
+    figures = [_timeline_figure(v) for v in views]
+    if len(figures) == 1:
+        root = figures[0]
+    else:
+        root = Tabs(tabs=[TabPanel(child=f, title=f"step {v.step}") for f, v in zip(figures, views)])
+    root.name = "timeline"
+    return root
+
+
+def _timeline_figure(view: StepView):
+    from bokeh.models import FixedTicker, PanTool, Range1d, ResetTool, SaveTool, WheelZoomTool
+
+    n = len(view.lanes)
+    window_ms = view.window_ns / 1e6
+    x_lo, x_hi = -0.01 * window_ms, 1.01 * window_ms
+    # y is fixed (every lane stays in view); x zooms and pans inside the step's window only
+    fig = _figure(frame_width=TIMELINE_WIDTH_PX, frame_height=int(min(max(34 * n, 150), 1400)),
+                  x_range=Range1d(x_lo, x_hi, bounds=(x_lo, x_hi)), y_range=Range1d(n - 0.4, -0.6),
+                  x_axis_label="ms since the step window's start",
+                  title=f"step {view.step}: {window_ms:.1f} ms, {100 * view.bubble_ratio:.1f}% idle")
+    wheel = WheelZoomTool(dimensions="width", modifiers=ZOOM_MODIFIERS)
+    pan = PanTool(dimensions="width")
+    fig.add_tools(pan, wheel, ResetTool(), SaveTool())
+    fig.toolbar.active_drag, fig.toolbar.active_scroll = pan, wheel
+    fig.grid.visible = False
+    fig.title.text_font_size = "12pt"
+    # one tick label per lane while they fit (about 14 px each), else every k-th lane
+    every = max(1, int(np.ceil(n / max(1, fig.frame_height // 14))))
+    fig.yaxis.ticker = FixedTicker(ticks=list(range(0, n, every)))
+    fig.yaxis.major_label_overrides = {i: view.lanes[i] for i in range(0, n, every)}
+    items: dict[str, list] = {}
+
+    def quads(frame: pd.DataFrame, label: str, tooltips, **style):
+        renderer = fig.quad(left="x0", right="x1", bottom="y0", top="y1", source=_source(frame), **style)
+        items.setdefault(label, []).append(renderer)
+        if tooltips:
+            _hover(fig, renderer, tooltips)
+
+    for cause in CATEGORIES:
+        part = view.idle[view.idle["cause"] == cause]
+        if len(part):
+            quads(part, f"idle: {CAUSE_NAMES[cause]}", IDLE_TOOLTIPS,
+                  fill_color=CAUSE_COLORS[cause], line_alpha=0, fill_alpha=0.55)
+    for kind in KIND_COLORS:
+        part = view.bars[view.bars["kind"] == kind]
+        if len(part):
+            quads(part, KIND_NAMES[kind], [("action", "@kind"), ("rank", "@rank"), ("stage", "@stage"),
+                                           ("microbatch", "@microbatch"), ("compute", "@dur_ms{0.000} ms"),
+                                           ("start", "@x0{0.000} ms"), ("label", "@label")],
+                  fill_color=KIND_COLORS[kind], line_color="white", line_width=0.5)
+    text = _bar_text(view)
+    if len(text):
+        fig.text(x="x", y="y", text="text", source=_source(text), text_color="white", text_font_size="8pt",
+                 text_alpha=0.95, text_align="center", text_baseline="middle")
+    if len(view.messages):
+        renderer = fig.segment(x0="x0", y0="y0", x1="x1", y1="y1", source=_source(view.messages),
+                               line_color=MESSAGE_COLOR, line_width=1, line_alpha=0.55)
+        items["message (send -> arrival)"] = [renderer]
+        _hover(fig, renderer, [("message", "@link (@direction)"), ("send left after", "@post_ms{0.000} ms"),
+                               ("in flight", "@wire_ms{0.000} ms"), ("receiver waited", "@wait_ms{0.000} ms")])
+    if view.critical_bars is not None and len(view.critical_bars):
+        links = fig.segment(x0="x0", y0="y0", x1="x1", y1="y1", source=_source(view.critical_links),
+                            line_color=CRITICAL_COLOR, line_width=2.5, line_alpha=0.9)
+        items["critical path"] = [links]
+        quads(view.critical_bars, "critical path",
+              [("critical path", "@action on rank @rank"), ("compute", "@compute_ms{0.000} ms"),
+               ("waited on", "@via @link"), ("comm", "@comm_ms{0.000} ms")],
+              fill_alpha=0, line_color=CRITICAL_COLOR, line_width=2.5)
+    if items:
+        _legend(fig, list(items.items()), "below", columns=LEGEND_COLUMNS)
+    return fig
+
+
+def _bar_text(view: StepView) -> pd.DataFrame:
+    """Kind, stage and microbatch written on the bars wide enough to hold them."""
+    bars = view.bars
+    ms_per_px = view.window_ns / 1e6 / TIMELINE_WIDTH_PX
+    wide = bars[(bars["n"] == 1) & bars["kind"].isin(["F", "B", "I", "W"])
+                & (bars["x1"] - bars["x0"] >= LABEL_MIN_PX * ms_per_px)]
+    if len(wide) > MAX_TEXT_LABELS:
+        return pd.DataFrame(columns=["x", "y", "text"])
+    return pd.DataFrame({"x": (wide["x0"] + wide["x1"]) / 2, "y": (wide["y0"] + wide["y1"]) / 2,
+                         "text": [f"{k}{s}.{m}" for k, s, m in zip(wide["kind"], wide["stage"], wide["microbatch"])]})
+
+
+def causes_root(analysis: Analysis):
+    """Per-rank stacked bars: busy, then idle by cause (ms, all steps)."""
+    from bokeh.models import ColumnDataSource
+
+    table = analysis.attribution.table if analysis.attribution is not None else None
+    attributed = table is not None and len(table) > 0
+    parts = ["busy", *CATEGORIES] if attributed else ["busy", "idle"]
+    columns: dict[str, list] = {"rank": [], **{p: [] for p in parts}}
+    for rank, info in analysis.summary["per_rank"].items():
+        columns["rank"].append(str(rank))
+        columns["busy"].append(info["busy_ns"] / 1e6)
+        if attributed:
+            sums = table[table["rank"] == rank]
+            for cause in CATEGORIES:
+                columns[cause].append(float(sums[f"{cause}_ns"].sum()) / 1e6)
+        else:
+            columns["idle"].append(info["idle_ns"] / 1e6)
+    if not columns["rank"]:  # no rank has device work (a CPU-only capture that is no pipeline): no bars to draw
+        from bokeh.models import Div
+
+        return Div(text="No rank has device work to show.", name="causes")
+    n_ranks = len(columns["rank"])
+    fig = _figure(frame_width=min(max(160, 24 * n_ranks), 1100), frame_height=300, x_range=columns["rank"],
+                  x_axis_label="rank", y_axis_label="ms (all steps)", title="Each rank's time: busy, then idle by cause")
+    fig.y_range.start = 0
+    fig.xgrid.visible = False
+    if n_ranks > 24:
+        fig.xaxis.major_label_orientation = np.pi / 2
+    renderers = fig.vbar_stack(parts, x="rank", width=0.8, source=ColumnDataSource(columns),
+                               color=[CAUSE_COLORS[p] for p in parts], line_color="white")
+    for part, renderer in zip(parts, renderers):
+        _hover(fig, renderer, [("rank", "@rank"), (CAUSE_NAMES[part], f"@{{{part}}}{{0.0}} ms")])
+    _legend(fig, [(CAUSE_NAMES[p], [r]) for p, r in zip(parts, renderers)], "right")
+    fig.name = "causes"
+    return fig
+
+
+def bubble_root(analysis: Analysis):
+    """Measured bubble against the closed form and the balanced replay."""
+    from bokeh.models import ColumnDataSource
+
+    theory = analysis.theory
+    rows = [("measured", 100 * float(analysis.summary["bubble_ratio"]))]
+    if analysis.balanced_replay_ratio is not None:
+        rows.append(("balanced replay", 100 * analysis.balanced_replay_ratio))
+    if theory is not None and theory.bubble_ratio is not None:
+        rows.append(("theory", 100 * theory.bubble_ratio))
+    colors = {"measured": "#4C78A8", "balanced replay": "#72B7B2", "theory": "#BAB0AC"}
+    source = ColumnDataSource({"what": [w for w, _ in rows], "bubble": [v for _, v in rows],
+                               "color": [colors[w] for w, _ in rows], "text": [f"{v:.1f}%" for _, v in rows]})
+    top = max(5.0, max(v for _, v in rows) * 1.15)
+    fig = _figure(frame_width=300, frame_height=300, x_range=[w for w, _ in rows], y_range=(0, top),
+                  y_axis_label="bubble %", title="Bubble: idle share of the step window")
+    fig.xgrid.visible = False
+    bars = fig.vbar(x="what", top="bubble", width=0.8, color="color", source=source)
+    fig.text(x="what", y="bubble", text="text", source=source, text_align="center", text_baseline="bottom",
+             text_font_size="11pt")
+    _hover(fig, bars, [("", "@what"), ("bubble", "@bubble{0.0}%")])
+    fig.name = "bubble"
+    return fig
+
