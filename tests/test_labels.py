@@ -67,6 +67,7 @@ def test_rules_from_pyproject_are_used(tmp_path, monkeypatch):
     ("fwd=kind", "needs a group (?P<kind>"),
     (".*=F", "matches the empty name"),
     ("no-kind-given", "write REGEX=KIND"),
+    ("^(a+)+$=F", "exponential time"),   # a hang on a near-miss, refused before any file is read
 ])
 def test_a_bad_rule_is_one_line_and_exit_2(rule, said):
     code, out = _analyze(str(SAMPLES / "gpipe"), "--label-rule", rule)

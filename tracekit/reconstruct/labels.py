@@ -123,6 +123,9 @@ BUILTIN: tuple[LabelSet, ...] = (
 )
 
 
+_NESTED_REPEAT = re.compile(r"\((?:[^()\\]|\\.)*[+*](?:[^()\\]|\\.)*\)[+*{]")
+
+
 def parse_rule(text: str, origin: str) -> LabelRule:
     """``REGEX=KIND`` (split at the last ``=``) as a rule; a bad one is one line."""
     pattern, sep, role = text.rpartition("=")
@@ -145,6 +148,10 @@ def rule_of(pattern: str, role: str, origin: str) -> LabelRule:
                             f"name groups {', '.join(sorted(_GROUPS))} (or use (?:...))")
     if role == "kind" and "kind" not in rule.regex.groupindex:
         raise TracekitError(f"{origin} {pattern!r}: KIND 'kind' needs a group (?P<kind>...) holding F, B, I or W")
+    if _NESTED_REPEAT.search(pattern):
+        # (a+)+ style patterns backtrack exponentially on a near-miss: a hang, not an answer
+        raise TracekitError(f"{origin} {pattern!r}: a repeated group that repeats inside ((x+)+, (x*)*) can take "
+                            "exponential time on names that almost match; repeat the group once, e.g. (x+)")
     if rule.regex.search("") is not None:
         raise TracekitError(f"{origin} {pattern!r}: matches the empty name, so every range; anchor it, "
                             "e.g. '^fwd_(?P<mb>\\d+)$'")
