@@ -41,7 +41,7 @@ import pandas as pd
 from tracekit.errors import TraceFormatError
 from tracekit.ingest import nsys_names as names
 from tracekit.ingest import nsys_sqlite as db
-from tracekit.ingest.kineto import ASYNC_SPANS
+from tracekit.ingest.kineto_rows import ASYNC_SPANS
 from tracekit.ingest.nesting import nesting_depth
 from tracekit.ingest.validate import NOT_A_TIME, add_ns, drop_impossible
 from tracekit.model.events import EVENT_COLUMNS, TraceFile, conform
