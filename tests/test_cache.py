@@ -3,8 +3,11 @@ entry is rebuilt, never trusted; entries appear whole (temporary file + rename).
 from __future__ import annotations
 
 import io
+import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -221,3 +224,30 @@ def test_cli_caches_in_the_cache_dir_never_beside_the_traces(run_dir, tmp_path, 
     other = tmp_path / "other"
     result = runner.invoke(main, ["analyze", str(run_dir), "--json", "--no-cache", "--cache-dir", str(other)])
     assert result.exit_code == 0 and result.stdout == first.stdout and not other.exists()
+
+
+# Imported by the parsers but deciding no row: the package roots, error classes, and the
+# version (which is a part of the key by itself).
+_NOT_PARSER_CODE = {"tracekit", "tracekit.errors", "tracekit.version", "tracekit.model"}
+
+
+def test_code_fingerprint_covers_every_module_the_parsers_load():
+    """A parser split across files must not leave one outside the fingerprint: a change
+    there would meet rows parsed by the old code."""
+    program = (
+        "import json, sys\n"
+        "from pathlib import Path\n"
+        "from tracekit.ingest import _parse_file\n"
+        "for i, p in enumerate(sys.argv[1:]):\n"
+        "    _parse_file(Path(p), i, None, None)\n"
+        "print(json.dumps({m: getattr(sys.modules[m], '__file__', None) for m in sys.modules "
+        "if m.startswith('tracekit')}))\n"
+    )
+    files = [SAMPLES / "nsys_1f1b" / "nsys_report.sqlite", sorted((SAMPLES / "1f1b").glob("rank*.json*"))[0]]
+    out = subprocess.run([sys.executable, "-c", program, *map(str, files)], capture_output=True, text=True,
+                         check=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    loaded = {name: Path(f).resolve() for name, f in json.loads(out.stdout).items()
+              if f and name not in _NOT_PARSER_CODE}
+    covered = set(cache_mod.fingerprint_sources())
+    assert "tracekit.ingest.kineto_rows" in loaded and "tracekit.ingest.nsys" in loaded
+    assert {name for name, f in loaded.items() if f not in covered} == set()

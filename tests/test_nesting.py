@@ -7,7 +7,8 @@ import pytest
 
 from conftest import SAMPLES, SHARED_TRACES
 from tracekit.ingest import nesting
-from tracekit.ingest.kineto import ASYNC_SPANS, read_kineto
+from tracekit.ingest.kineto import read_kineto
+from tracekit.ingest.kineto_rows import ASYNC_SPANS
 
 
 def _generated_nested(rng, n: int) -> list[tuple[int, int]]:

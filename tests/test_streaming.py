@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from conftest import SAMPLES, shared_or_skip
 from tracekit.cli import main
 from tracekit.errors import TraceFormatError
-from tracekit.ingest import kineto, kineto_stream
+from tracekit.ingest import kineto_rows, kineto_stream
 from tracekit.ingest.kineto import parse_kineto
 from tracekit.ingest.kineto_stream import ChromeTraceStream
 
@@ -94,9 +94,9 @@ def test_column_and_event_by_event_paths_agree(monkeypatch):
 
     def irregular(self, batch):
         calls.append(len(batch))
-        raise kineto._Irregular
+        raise kineto_rows._Irregular
 
-    monkeypatch.setattr(kineto._RowBuilder, "_add_columns", irregular)
+    monkeypatch.setattr(kineto_rows._RowBuilder, "_add_columns", irregular)
     trace_slow, slow = parse_kineto(path, 0)
     assert calls, "the event-by-event path was not taken"
     pd.testing.assert_frame_equal(fast, slow)

@@ -8,12 +8,12 @@ same in capture.json. Imports torch: only the capture code path may import this 
 """
 from __future__ import annotations
 
-import gzip
 import os
-import shutil
 from pathlib import Path
 
 import torch
+
+from tracekit.capture.files import gzip_file
 
 
 def make_profiler(schedule: dict[str, int], trace_json: Path) -> torch.profiler.profile:
@@ -36,7 +36,6 @@ def make_profiler(schedule: dict[str, int], trace_json: Path) -> torch.profiler.
 def gzip_trace(trace_json: Path) -> Path:
     """Replace ``rank<R>.json`` by ``rank<R>.json.gz`` (level 9: sample folders are committed)."""
     gz = trace_json.with_name(trace_json.name + ".gz")
-    with open(trace_json, "rb") as src, gzip.open(gz, "wb", compresslevel=9) as dst:
-        shutil.copyfileobj(src, dst)
+    gzip_file(trace_json, gz)
     os.remove(trace_json)
     return gz

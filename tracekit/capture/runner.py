@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from tracekit.capture.config import DESIGNS, SPLIT_BACKWARD, CaptureConfig, manifest_head
+from tracekit.capture.files import write_text
 from tracekit.errors import CaptureError
 
 EMULATED_HOW = (
@@ -220,7 +221,7 @@ def utc_now() -> str:
 
 
 def write_manifest(out: Path, meta: dict, files: list[str]) -> None:
-    (out / "capture.json").write_text(json.dumps(meta, indent=2) + "\n")
+    write_text(out / "capture.json", json.dumps(meta, indent=2) + "\n")
     size = sum((out / f).stat().st_size for f in files)
     _log(f"wrote {len(files)} traces ({size / 1e6:.2f} MB) and capture.json to {out}")
 

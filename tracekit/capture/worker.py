@@ -15,6 +15,7 @@ The model and its emulated compute live in :mod:`tracekit.capture.model`.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import queue
 import sys
@@ -29,6 +30,7 @@ import torch.nn as nn
 from torch.profiler import record_function
 
 from tracekit.capture.config import DESIGNS, SCHEDULES, CaptureConfig
+from tracekit.capture.files import write_text
 from tracekit.capture.model import build_layers, build_stage_module, training_data
 from tracekit.capture.profiling import gzip_trace, make_profiler
 
@@ -178,12 +180,49 @@ def _train_and_profile(rank: int, cfg: CaptureConfig, out: Path) -> None:
     _log(rank, "writing traces")
     gzip_trace(out / f"rank{rank}.json")
     if last:
-        (out / f".losses.rank{rank}.json").write_text(json.dumps(step_losses))
+        write_text(out / f".losses.rank{rank}.json", json.dumps(step_losses))
 
 
 def _run_torch_schedule(rank: int, cfg: CaptureConfig, prof) -> tuple[list[float], bool]:
     """``2 + steps`` training steps of a torch.distributed.pipelining schedule; the step
     losses (last stage) and whether this rank holds the last stage."""
+    pipeline = build_pipeline(rank, cfg)
+    step_losses: list[float] = []
+    for step in range(cfg.steps + 2):
+        phase = "shape inference + warm-up" if step == 0 else (
+            "warm-up (not recorded)" if step == 1 else f"profiling {step - 1}/{cfg.steps}")
+        _log(rank, f"step {step}: {phase}")
+        t0, c0 = time.perf_counter(), time.process_time()
+        with (record_function(cfg.schedule) if cfg.layer_labels else contextlib.nullcontext()):
+            loss = pipeline.step(step)
+        if loss is not None:
+            step_losses.append(loss)
+        prof.step()
+        _log(rank, f"step {step} took {(time.perf_counter() - t0) * 1000:.0f} ms on rank 0 "
+                   f"({(time.process_time() - c0) * 1000:.0f} ms CPU)")
+    return step_losses, pipeline.last
+
+
+@dataclasses.dataclass
+class RankPipeline:
+    """One rank's share of the training: its stages' schedule and optimizer, the run's data,
+    and whether it holds the first and the last stage. Every torch.distributed.pipelining
+    capture (Kineto here, nsys in :mod:`tracekit.capture.nsys.ranks`) trains through it."""
+
+    schedule: object
+    optimizer: torch.optim.Optimizer
+    xs: list
+    ys: list
+    first: bool
+    last: bool
+
+    def step(self, step: int) -> float | None:
+        """Training step ``step``; its mean microbatch loss on the last stage."""
+        return train_step(self.schedule, self.optimizer, self.xs[step], self.ys[step], self.first, self.last)
+
+
+def build_pipeline(rank: int, cfg: CaptureConfig) -> RankPipeline:
+    """This rank's stages of the same model every rank builds (same seed), on the CPU."""
     from torch.distributed.pipelining import PipelineStage
 
     my_stages = cfg.stages_of_rank(rank)
@@ -197,23 +236,8 @@ def _run_torch_schedule(rank: int, cfg: CaptureConfig, prof) -> tuple[list[float
     params = [p for st in stages for p in st.submod.parameters()]
     optimizer = torch.optim.SGD(params, lr=1e-3)
     schedule = _make_schedule(cfg, stages, nn.MSELoss())
-
-    first, last = 0 in my_stages, (cfg.n_stages - 1) in my_stages
     xs, ys = training_data(cfg)
-    step_losses: list[float] = []
-    for step in range(cfg.steps + 2):
-        phase = "shape inference + warm-up" if step == 0 else (
-            "warm-up (not recorded)" if step == 1 else f"profiling {step - 1}/{cfg.steps}")
-        _log(rank, f"step {step}: {phase}")
-        t0, c0 = time.perf_counter(), time.process_time()
-        with (record_function(cfg.schedule) if cfg.layer_labels else contextlib.nullcontext()):
-            loss = train_step(schedule, optimizer, xs[step], ys[step], first, last)
-        if loss is not None:
-            step_losses.append(loss)
-        prof.step()
-        _log(rank, f"step {step} took {(time.perf_counter() - t0) * 1000:.0f} ms on rank 0 "
-                   f"({(time.process_time() - c0) * 1000:.0f} ms CPU)")
-    return step_losses, last
+    return RankPipeline(schedule, optimizer, xs, ys, 0 in my_stages, (cfg.n_stages - 1) in my_stages)
 
 
 def train_step(schedule, optimizer, x, y, first: bool, last: bool) -> float | None:

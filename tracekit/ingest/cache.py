@@ -87,15 +87,22 @@ def default_cache_dir() -> str:
 _FINGERPRINT: str | None = None
 
 
+def fingerprint_sources() -> list[Path]:
+    """The code :func:`code_fingerprint` digests: every module of :mod:`tracekit.ingest`, in
+    any subfolder (the parsers are split across files by job), and the event schema."""
+    here = Path(__file__).resolve().parent
+    return sorted(here.rglob("*.py")) + [here.parent / "model" / "events.py"]
+
+
 def code_fingerprint() -> str:
     """A digest of the code that turns a file into rows: a changed parser misses the cache
     even when the version number did not move (development, local patches)."""
     global _FINGERPRINT
     if _FINGERPRINT is None:
-        here = Path(__file__).resolve().parent
+        root = Path(__file__).resolve().parents[1]
         digest = hashlib.sha256()
-        for source in sorted(here.glob("*.py")) + [here.parent / "model" / "events.py"]:
-            digest.update(source.name.encode())
+        for source in fingerprint_sources():
+            digest.update(source.relative_to(root).as_posix().encode())
             digest.update(source.read_bytes())
         _FINGERPRINT = digest.hexdigest()[:16]
     return _FINGERPRINT

@@ -4,7 +4,7 @@ Every nsys release moves tables and columns (``EXPORT_META_DATA`` became ``META_
 columns come and go, empty tables are omitted since 2022.4, tools such as pipit add their
 own columns). So this module asks the file what it holds (``sqlite_master``, ``PRAGMA
 table_info``) and builds each query from the columns that are there. It returns raw rows
-as DataFrames with times still in the file's own clock; :mod:`tracekit.ingest.nsys` turns
+as DataFrames with times still in the file's own clock; :mod:`tracekit.ingest.nsys_events` turns
 them into the event table.
 """
 from __future__ import annotations

@@ -31,6 +31,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from tracekit.capture.config import CaptureConfig
+from tracekit.capture.files import write_text
 from tracekit.capture.model import build_layers, build_stage_module, training_data
 from tracekit.capture.profiling import gzip_trace, make_profiler
 
@@ -182,6 +183,6 @@ def _train_and_profile(rank: int, cfg: CaptureConfig, out: Path, deepspeed) -> N
         # ProfilerStep#N is training step N: steps 0 and 1 are not in the trace
         "steps": {str(s): log.steps[s] for s in range(2, cfg.steps + 2)},
     }
-    (out / f".engine.rank{rank}.json").write_text(json.dumps(record))
+    write_text(out / f".engine.rank{rank}.json", json.dumps(record))
     if engine.is_last_stage():
-        (out / f".losses.rank{rank}.json").write_text(json.dumps(step_losses))
+        write_text(out / f".losses.rank{rank}.json", json.dumps(step_losses))

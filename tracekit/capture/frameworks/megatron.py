@@ -55,6 +55,7 @@ from importlib.metadata import version as package_version
 from pathlib import Path
 
 from tracekit.capture.config import CaptureConfig, manifest_head
+from tracekit.capture.files import gzip_file, write_text
 from tracekit.errors import CaptureError
 
 SCHEDULE_FUNCTIONS = {
@@ -117,7 +118,7 @@ def run_capture(cfg: CaptureConfig, out: str, profiler: str) -> Path:
     else:
         meta = _capture_with_torch_profiler(cfg, folder)
     meta = {**_manifest(cfg, cmd), **meta}
-    (folder / "capture.json").write_text(json.dumps(meta, indent=2) + "\n")
+    write_text(folder / "capture.json", json.dumps(meta, indent=2) + "\n")
     _log(f"done in {time.perf_counter() - t0:.1f} s; wrote {', '.join(meta['files'])} and capture.json to {folder}")
     return folder
 
@@ -192,7 +193,7 @@ def _capture_under_nsys(cfg: CaptureConfig, folder: Path) -> dict:
         executed, losses = _collect_order(cfg, tmp)
     return {
         "profiler": {
-            "tool": "nsys", "nsys_version": nsys_version, "nsys_flags": " ".join(nsys._TRACE_FLAGS),
+            "tool": "nsys", "nsys_version": nsys_version, "nsys_flags": " ".join(nsys.TRACE_FLAGS),
             "nvtx": {
                 "megatron": NVTX_HOW,
                 "ops": "tracekit NvtxOpEmitter: emit_nvtx(record_shapes=True)'s range texts written from "
@@ -396,9 +397,9 @@ def _run_rank(rank: int, cfg_dict: dict, out_dir: str, port: int, profiler: str)
             from tracekit.capture.nsys import RANK_MARK
 
             nvtx.mark(RANK_MARK.format(rank=rank, world=cfg.ranks))
-            (out / f"pid.rank{rank}").write_text(str(os.getpid()))
+            write_text(out / f"pid.rank{rank}", str(os.getpid()))
         steps, losses = _train(rank, cfg, out, _schedules_module(with_nvtx), profiler)
-        (out / ORDER_FILE.format(rank=rank)).write_text(json.dumps({"steps": steps, "losses": losses}))
+        write_text(out / ORDER_FILE.format(rank=rank), json.dumps({"steps": steps, "losses": losses}))
         dist.barrier()
     finally:
         parallel_state.destroy_model_parallel()
@@ -505,9 +506,6 @@ def _profiling(rank: int, cfg: CaptureConfig, out: Path, profiler: str):
             emitter.__exit__(None, None, None)
         return
 
-    import gzip
-    import shutil
-
     trace_json = out / f"rank{rank}.json"
     prof = torch.profiler.profile(
         activities=[torch.profiler.ProfilerActivity.CPU],
@@ -525,8 +523,7 @@ def _profiling(rank: int, cfg: CaptureConfig, out: Path, profiler: str):
 
     with prof:
         yield kineto_step
-    with open(trace_json, "rb") as src, gzip.open(out / f"rank{rank}.json.gz", "wb", compresslevel=9) as dst:
-        shutil.copyfileobj(src, dst)
+    gzip_file(trace_json, out / f"rank{rank}.json.gz")
     os.remove(trace_json)
 
 
@@ -536,7 +533,7 @@ def _spawn_under_nsys(config_path: str, out_dir: str) -> None:
     out = Path(out_dir)
     _spawn(cfg, out, "nsys")
     pids = {r: int((out / f"pid.rank{r}").read_text()) for r in range(cfg.ranks)}
-    (out / "rank_pids.json").write_text(json.dumps(pids))
+    write_text(out / "rank_pids.json", json.dumps(pids))
 
 
 if __name__ == "__main__":

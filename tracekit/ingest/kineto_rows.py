@@ -1,0 +1,372 @@
+"""The normalised event table of a Kineto trace, built batch by batch as the stream is decoded:
+which categories are kept, typed arrays per batch (:class:`_RowBuilder`), and the columns
+(absolute times, P2P fields, nesting depth) once the file is read."""
+from __future__ import annotations
+
+import math
+import re
+import zlib
+
+import numpy as np
+
+from tracekit.ingest.columns import EventColumns
+from tracekit.ingest.kineto_stream import RawEvent
+from tracekit.ingest.nesting import nesting_depth
+from tracekit.ingest.validate import DroppedRows, add_ns, drop_impossible, ns_from_us, ns_of_us, valid_text
+from tracekit.ingest.kineto_comm import _gloo_p2p_args, _nccl_comm_args
+
+# Categories kept; everything else (python_function, flows, instants) is dropped. CUDA API
+# calls are kept as ``runtime`` (as Nsight Systems' are): a kernel's launch, joined on the
+# ``correlation`` id, says on which host thread and when the host asked for it, so device
+# work can be put in the step and the action that launched it.
+KEPT_CATEGORIES = {
+    "cpu_op", "user_annotation", "gpu_user_annotation", "kernel", "gpu_memcpy", "gpu_memset", "runtime",
+}
+_CATEGORY_ALIASES = {"cuda_runtime": "runtime", "cuda_driver": "runtime"}
+# Annotations that span from posting a message to its wait's return, across other ops.
+ASYNC_SPANS = ("gloo:send", "gloo:recv")
+_GPU_CATEGORIES = {"gpu_user_annotation", "kernel", "gpu_memcpy", "gpu_memset"}
+_P2P_CPU_OPS = {"c10d::send", "c10d::recv_", "c10d::recv_any_source_"}
+
+
+_NUMBER = (int, float)
+_INT64_MIN, _INT64_MAX = -(2 ** 63), 2 ** 63 - 1
+_SPECIAL_OPS = sorted(_P2P_CPU_OPS | {"record_param_comms"})
+# Below this, an integer ts in microseconds times 1000 is exact in a float64.
+_EXACT_FLOAT_US = 2.0 ** 53 / 1000
+
+
+def _special_args(name: str, args) -> dict:
+    """The args a P2P or collective op's fields come from (NCCL's need no shape lists)."""
+    if args is None:
+        return {}
+    return args.to_dict(shapes=name != "record_param_comms")
+
+
+class _Irregular(Exception):
+    """A batch with values the column-wise path does not handle (odd types)."""
+
+
+def _numbers(values: list) -> np.ndarray:
+    """``ts`` or ``dur`` values as an int64 or float64 array; irregular unless all are
+    numbers and converting them to float loses nothing the exact path would keep."""
+    try:
+        arr = np.array(values)
+    except (ValueError, OverflowError):  # ragged lists, ints of no numpy type
+        raise _Irregular from None
+    kind = arr.dtype.kind
+    if kind == "b":
+        return arr.astype(np.int64)
+    if kind == "i" and arr.ndim == 1:
+        return arr  # values beyond int64 ns become NOT_A_TIME in ns_from_us
+    if kind == "f" and arr.ndim == 1:
+        if len(arr) and np.abs(arr).max() >= _EXACT_FLOAT_US and any(type(v) is not float for v in values):
+            raise _Irregular  # big integers mixed with floats: float math would round them
+        return arr
+    if len(arr) == 0:
+        return np.zeros(0, dtype=np.int64)
+    raise _Irregular  # a missing or non-numeric value: that event is skipped, event by event
+
+
+def _int_array(values: list) -> np.ndarray | None:
+    """``values`` as an int64 array when they are all plain ints that fit, else None."""
+    try:
+        arr = np.array(values)
+    except (ValueError, OverflowError):  # ragged lists, ints of no numpy type
+        return None
+    if arr.dtype.kind == "i" and arr.ndim == 1:
+        return arr.astype(np.int64)
+    return None
+
+
+def _ints_or_minus_one(values: list) -> np.ndarray:
+    arr = _int_array(values)
+    if arr is not None:
+        return arr
+    return np.array([_int64_or_minus_one(v) for v in values], dtype=np.int64)
+
+
+def _int64_or_minus_one(value) -> int:
+    return value if type(value) is int and _INT64_MIN <= value <= _INT64_MAX else -1
+
+
+# The cat code of a category that is not text (true, 2, []): dropped like an unknown one, counted.
+_CAT_NOT_TEXT = -2
+
+
+def _normal_category(cat) -> str | None:
+    text = str(cat).lower()
+    text = _CATEGORY_ALIASES.get(text, text)
+    return text if text in KEPT_CATEGORIES else None
+
+
+class _RowBuilder:
+    """Accumulates the kept events of a stream as typed arrays (~60 bytes a row), batch by
+    batch, so a file's rows cost far less than its decoded events would."""
+
+    _CATS = sorted(KEPT_CATEGORIES)
+
+    def __init__(self) -> None:
+        self.n_elements = 0                 # elements of traceEvents seen so far
+        self.first_x_ts = None              # ts of the first complete event (time base probe)
+        self.name_codes: dict[str, int] = {}
+        self.cat_codes = {c: i for i, c in enumerate(self._CATS)}
+        self.cat_of: dict = {}              # raw cat value -> normalised cat (None: dropped)
+        self.cat_code_of: dict = {}         # raw cat value -> cat code (-1: dropped)
+        self.parts: list[tuple[np.ndarray, ...]] = []
+        self.n_rows = 0
+        self.special: list[tuple[int, str, dict]] = []   # (row, name, args) of P2P/comm ops
+        self.dropped = DroppedRows()        # rows that cannot be real (see columns())
+        self.n_complete = 0                 # complete ("X") events seen, kept or not
+        self.bad_categories = 0             # complete events whose cat is no text (true, 2, [])
+        self.odd_identities = 0             # kept events whose name is no text or pid/tid no int or label
+
+    def add(self, batch: list) -> None:
+        """Keep the rows of one batch of events."""
+        try:
+            self._add_columns(batch)
+        except _Irregular:
+            self._add_each(batch)
+        self.n_elements += len(batch)
+
+    def _add_columns(self, batch: list) -> None:
+        """The fast way: one pass per field, numbers converted by numpy. Raises
+        :class:`_Irregular` (having changed nothing that matters) on anything unusual, for
+        :meth:`_add_each` to handle event by event."""
+        base = self.n_elements
+        xi = [i for i, e in enumerate(batch) if type(e) is RawEvent]
+        xs = [batch[i] for i in xi]
+        cat_of = self.cat_code_of
+        raw_cats = [e.cat for e in xs]
+        try:
+            codes = [cat_of[c] for c in raw_cats]
+        except KeyError:
+            try:
+                new_cats = set(raw_cats)
+            except TypeError:  # an unhashable cat (list, dict)
+                raise _Irregular from None
+            for c in new_cats:
+                if c not in cat_of:
+                    cat = _normal_category(c)
+                    cat_of[c] = (_CAT_NOT_TEXT if type(c) is not str else
+                                 -1 if cat is None else self.cat_codes[cat])
+            codes = [cat_of[c] for c in raw_cats]
+        except TypeError:
+            raise _Irregular from None
+        rows = [k for k, c in enumerate(codes) if c >= 0]
+        kept = [xs[k] for k in rows]
+        starts = ns_from_us(_numbers([e.ts for e in kept]))
+        durs = ns_from_us(_numbers([e.dur for e in kept]))
+        names = [e.name for e in kept]
+        name_codes = self.name_codes
+        try:
+            name_idx = [name_codes[n] for n in names]
+        except KeyError:
+            try:
+                new_names = set(names)
+            except TypeError:  # an unhashable name (list, dict)
+                raise _Irregular from None
+            for n in new_names:
+                if n not in name_codes:
+                    if type(n) is not str:
+                        raise _Irregular from None
+                    name_codes[n] = len(name_codes)
+            name_idx = [name_codes[n] for n in names]
+        except TypeError:
+            raise _Irregular from None
+        args = [e.args for e in kept]
+        seqs = _ints_or_minus_one([-1 if a is None else a.sequence for a in args])
+        corrs = _ints_or_minus_one([
+            -1 if a is None else (a.external_id if a.correlation == -1 else a.correlation) for a in args])
+        pids = self._ids([e.pid for e in kept])
+        tids = self._ids([e.tid for e in kept])
+        self.bad_categories += codes.count(_CAT_NOT_TEXT)  # nothing raises _Irregular past here
+        if self.first_x_ts is None and base < 200:
+            for i in xi:
+                if base + i >= 200:
+                    break
+                if isinstance(batch[i].ts, _NUMBER):
+                    self.first_x_ts = batch[i].ts
+                    break
+        self.n_complete += len(xs)
+        if not kept:
+            return
+        cat_arr = np.array([codes[k] for k in rows], dtype=np.int8)
+        name_arr = np.array(name_idx, dtype=np.int32)
+        special = [name_codes[n] for n in _SPECIAL_OPS if n in name_codes]
+        if special:
+            hits = np.flatnonzero(np.isin(name_arr, special) & (cat_arr == self.cat_codes["cpu_op"]))
+            for k in hits:
+                a, name = args[k], names[k]
+                self.special.append((self.n_rows + int(k), name, _special_args(name, a)))
+        self.parts.append((
+            np.array([base + xi[k] for k in rows], dtype=np.int64), cat_arr, name_arr,
+            starts, durs, pids, tids, seqs, corrs,
+        ))
+        self.n_rows += len(kept)
+
+    def _ids(self, values: list) -> np.ndarray:
+        """pids or tids as int64; odd ones (a float, a number beyond int64, an object) counted."""
+        arr = _int_array(values)
+        if arr is not None:
+            return arr
+        self.odd_identities += sum(1 for v in values if not _plain_id(v))
+        return np.array([_as_int(v) for v in values], dtype=np.int64)
+
+    def _add_each(self, batch: list) -> None:
+        """The general way, event by event: any JSON types, exactly as the format allows."""
+        src, cats, names, starts, durs, pids, tids, seqs, corrs = ([] for _ in range(9))
+        cat_of, name_codes, cat_codes = self.cat_of, self.name_codes, self.cat_codes
+        base = self.n_elements
+        probing = self.first_x_ts is None and base < 200
+        for offset, event in enumerate(batch):
+            if type(event) is not RawEvent:
+                continue
+            self.n_complete += 1
+            ts = event.ts
+            if probing and isinstance(ts, _NUMBER) and base + offset < 200:
+                self.first_x_ts, probing = ts, False
+            raw_cat = event.cat
+            if type(raw_cat) is not str:
+                self.bad_categories += 1
+            try:
+                cat = cat_of[raw_cat]
+            except KeyError:
+                cat = cat_of[raw_cat] = _normal_category(raw_cat)
+            except TypeError:  # an unhashable cat (list, dict): never a kept one
+                cat = _normal_category(raw_cat)
+            if cat is None:
+                continue
+            dur = event.dur
+            # A time that is no number (absent, a list, an object) is kept as "not a time":
+            # the validation step drops the row and counts it in the file's warning.
+            if not isinstance(ts, _NUMBER):
+                ts = math.nan
+            if not isinstance(dur, _NUMBER):
+                dur = math.nan
+            name = event.name
+            if type(name) is not str or not _plain_id(event.pid) or not _plain_id(event.tid):
+                self.odd_identities += 1
+            if type(name) is not str:
+                name = str(name)
+            args = event.args
+            if cat == "cpu_op" and (name in _P2P_CPU_OPS or name == "record_param_comms"):
+                self.special.append((self.n_rows + len(src), name, _special_args(name, args)))
+            if args is None:
+                seq = corr = -1
+            else:
+                seq = _int64_or_minus_one(args.sequence)
+                corr = _int64_or_minus_one(args.external_id if args.correlation == -1 else args.correlation)
+            code = name_codes.get(name)
+            if code is None:
+                code = name_codes[name] = len(name_codes)
+            src.append(base + offset)
+            cats.append(cat_codes[cat])
+            names.append(code)
+            starts.append(ns_of_us(ts))
+            durs.append(ns_of_us(dur))
+            pids.append(_as_int(event.pid))
+            tids.append(_as_int(event.tid))
+            seqs.append(seq)
+            corrs.append(corr)
+        if src:
+            self.parts.append((
+                np.array(src, dtype=np.int64), np.array(cats, dtype=np.int8),
+                np.array(names, dtype=np.int32), np.array(starts, dtype=np.int64),
+                np.array(durs, dtype=np.int64), np.array(pids, dtype=np.int64),
+                np.array(tids, dtype=np.int64), np.array(seqs, dtype=np.int64),
+                np.array(corrs, dtype=np.int64),
+            ))
+            self.n_rows += len(src)
+
+    def why_none(self) -> str:
+        """Why no event was kept, for a file that has events."""
+        if not self.n_complete:
+            return "no complete ('ph': 'X') events: not a profiler timeline?"
+        seen = {str(c) for c in list(self.cat_of) + list(self.cat_code_of)}
+        if seen <= {""}:
+            return "no 'cat' field: a Chrome trace not written by the PyTorch profiler?"
+        shown = ", ".join(sorted(valid_text(c)[:30] for c in seen if c)[:5])
+        return f"categories {shown}; none is one tracekit reads"
+
+    def columns(self, base_ns: int, group_to_global: dict[str, list[int]], rank: int,
+                file_id: int) -> EventColumns:
+        """The rows as event columns: times made absolute, P2P fields filled in, depth found."""
+        if self.parts:
+            src, cats, names, starts, durs, pids, tids, seqs, corrs = (
+                np.concatenate(col) for col in zip(*self.parts))
+        else:
+            src, starts, durs, pids, tids, seqs, corrs = (np.zeros(0, np.int64) for _ in range(7))
+            cats, names = np.zeros(0, np.int8), np.zeros(0, np.int32)
+        self.parts = []
+        n = len(src)
+        peer = np.full(n, -1, dtype=np.int64)
+        tag = np.full(n, -1, dtype=np.int64)
+        nbytes = np.full(n, -1, dtype=np.int64)
+        default_group = group_to_global.get("0")
+        name_list = list(self.name_codes)
+        for row, name, args in self.special:
+            if name == "record_param_comms":
+                new_name, peer[row], nbytes[row] = _nccl_comm_args(args, group_to_global)
+                code = self.name_codes.get(new_name)
+                if code is None:
+                    code = self.name_codes[new_name] = len(name_list)
+                    name_list.append(new_name)
+                names[row] = code
+            else:
+                peer[row], tag[row], nbytes[row] = _gloo_p2p_args(args, default_group)
+        start_ns = add_ns(starts, base_ns)
+        end_ns = add_ns(start_ns, durs)
+        keep, self.dropped = drop_impossible(start_ns, end_ns,
+                                             [pids, tids, cats, names, seqs, corrs, peer, tag, nbytes])
+        if self.bad_categories:  # never rows: skipped at decoding, counted here
+            self.dropped.counts["category_not_text"] = self.bad_categories
+            self.dropped.of_rows += self.bad_categories
+        if keep is not None:
+            src, cats, names, start_ns, end_ns, pids, tids, seqs, corrs, peer, tag, nbytes = (
+                col[keep] for col in (src, cats, names, start_ns, end_ns, pids, tids, seqs, corrs,
+                                      peer, tag, nbytes))
+            n = len(src)
+        name_list = [valid_text(name) for name in name_list]
+        async_codes = [self.name_codes[s] for s in ASYNC_SPANS if s in self.name_codes]
+        depth = nesting_depth(pids, tids, start_ns, end_ns, transparent=np.isin(names, async_codes))
+        numbers = {
+            "rank": np.full(n, rank, dtype=np.int32),
+            "file_id": np.full(n, file_id, dtype=np.int32),
+            "source_index": src,
+            "start_ns": start_ns,
+            "end_ns": end_ns,
+            "pid": pids,
+            "tid": tids,
+            "on_gpu": np.isin(cats, [self.cat_codes[c] for c in _GPU_CATEGORIES]),
+            "depth": depth,
+            "seq": seqs,
+            "peer": peer,
+            "tag": tag,
+            "nbytes": nbytes,
+            "correlation": corrs,
+        }
+        return EventColumns(numbers, {"cat": cats.astype(np.int32), "name": names},
+                            {"cat": list(self._CATS), "name": name_list})
+
+
+def _plain_id(value) -> bool:
+    """A pid or tid as profilers write them: an int64, or a label such as "stream 7"."""
+    return isinstance(value, str) or (type(value) is int and _INT64_MIN <= value <= _INT64_MAX)
+
+
+def _as_int(value) -> int:
+    """Kineto pids/tids are usually ints, but some exporters write labels ("stream 7").
+    Anything else (a list, a number beyond int64) gets an id of its own from its text."""
+    if type(value) is int and _INT64_MIN <= value <= _INT64_MAX:
+        return value
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, float) and abs(value) < 2.0 ** 63:
+        return int(value)
+    if isinstance(value, str):
+        digits = re.search(r"-?\d+", value)
+        if digits and _INT64_MIN <= int(digits.group(0)) <= _INT64_MAX:
+            return int(digits.group(0))
+    text = valid_text(str(value))
+    return -(zlib.crc32(text.encode()) & 0x7FFFFFFF)
