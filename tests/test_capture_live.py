@@ -148,7 +148,7 @@ def test_live_capture_gpipe(tmp_path):
     assert (table[[c for c in table.columns if c.endswith("_ns") and c != "idle_ns"]].sum(axis=1)
             == table["idle_ns"]).all()
     # GPipe p=2, m=4: theory 1/5; real overheads only add idle
-    assert 0.15 <= analysis.summary["bubble_ratio"] <= 0.5
+    assert 0.15 <= analysis.summary.bubble_ratio <= 0.5
 
 
 def test_live_capture_zero_bubble_i_and_w_take_time(tmp_path):

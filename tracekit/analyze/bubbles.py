@@ -8,6 +8,8 @@ its GPU kernels (or, without a GPU, any CPU op or annotation) inside its own ste
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 
@@ -119,7 +121,32 @@ def bubble_table(rows: list[tuple]) -> pd.DataFrame:
     return table
 
 
-def summarise(bubbles: pd.DataFrame) -> dict:
+@dataclass(frozen=True)
+class RankSummary:
+    """One rank's totals over the measured steps."""
+
+    window_ns: int
+    busy_ns: int
+    idle_ns: int
+    bubble_ratio: float                    # idle over window
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """The run's totals over all ranks and steps, and each rank's (in rank order)."""
+
+    bubble_ratio: float                    # idle over window, summed across ranks and steps
+    window_ns: int
+    busy_ns: int
+    idle_ns: int
+    per_rank: dict[int, RankSummary]
+
+    @property
+    def n_ranks(self) -> int:
+        return len(self.per_rank)
+
+
+def summarise(bubbles: pd.DataFrame) -> RunSummary:
     """Run-level and per-rank totals: idle over window, summed across steps."""
     per_rank = bubbles.groupby("rank")[["window_ns", "busy_ns", "idle_ns"]].sum()
     ranks = per_rank.index.to_numpy()
@@ -127,12 +154,12 @@ def summarise(bubbles: pd.DataFrame) -> dict:
                                       lambda i: f"rank {ranks[i]}: bubble ratio")
     total_window = int(per_rank["window_ns"].sum())
     total_idle = int(per_rank["idle_ns"].sum())
-    return {
-        "bubble_ratio": share(total_idle, total_window, "the run's bubble ratio"),
-        "window_ns": total_window,
-        "idle_ns": total_idle,
-        "busy_ns": int(per_rank["busy_ns"].sum()),
-        "per_rank": {int(r): {"bubble_ratio": float(row.bubble_ratio), "window_ns": int(row.window_ns),
-                              "busy_ns": int(row.busy_ns), "idle_ns": int(row.idle_ns)}
-                     for r, row in per_rank.iterrows()},
-    }
+    return RunSummary(
+        bubble_ratio=share(total_idle, total_window, "the run's bubble ratio"),
+        window_ns=total_window,
+        idle_ns=total_idle,
+        busy_ns=int(per_rank["busy_ns"].sum()),
+        per_rank={int(r): RankSummary(window_ns=int(w), busy_ns=int(b), idle_ns=int(i), bubble_ratio=float(x))
+                  for r, w, b, i, x in zip(per_rank.index, per_rank["window_ns"], per_rank["busy_ns"],
+                                           per_rank["idle_ns"], per_rank["bubble_ratio"])},
+    )

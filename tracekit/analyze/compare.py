@@ -77,7 +77,7 @@ def measure(analysis: Analysis) -> Measures:
     bubbles = analysis.bubbles
     n_steps = int(bubbles["step"].nunique()) if len(bubbles) else 0
     step_ns = float(bubbles.groupby("step")["window_ns"].max().mean()) if n_steps else 0.0
-    per_rank = analysis.summary["per_rank"]
+    per_rank = analysis.summary.per_rank
     sched = run.schedule if analysis.is_pipeline else None
     out = Measures(
         source=run.source,
@@ -85,8 +85,8 @@ def measure(analysis: Analysis) -> Measures:
         schedule=None if sched is None else {"name": sched.name, "p": sched.p, "v": sched.v, "m": sched.m,
                                              **({"replicas": sched.replicas} if sched.replicas > 1 else {})},
         n_steps=n_steps, step_ns=step_ns,
-        bubble_ratio=float(analysis.summary["bubble_ratio"]),
-        rank_bubble={int(r): float(info["bubble_ratio"]) for r, info in per_rank.items()},
+        bubble_ratio=analysis.summary.bubble_ratio,
+        rank_bubble={int(r): info.bubble_ratio for r, info in per_rank.items()},
         incomplete="" if run.is_complete else run.completeness.missing_text(),
         timeline=run.timeline,
     )
@@ -94,12 +94,12 @@ def measure(analysis: Analysis) -> Measures:
     if attribution is None or not attribution.steps:
         return out
     table = attribution.table
-    total_window = analysis.summary["window_ns"]
+    total_window = analysis.summary.window_ns
     for cause in CATEGORIES:
         out.cause_share[cause] = share(float(table[f"{cause}_ns"].sum()), total_window,
                                        f"{run.source}: the {cause} share of the step window")
     for rank, rows in table.groupby("rank"):
-        window = per_rank[int(rank)]["window_ns"]
+        window = per_rank[int(rank)].window_ns
         out.rank_cause_share[int(rank)] = {
             c: share(float(rows[f"{c}_ns"].sum()), window, f"{run.source}: rank {rank}'s {c} share")
             for c in CATEGORIES}

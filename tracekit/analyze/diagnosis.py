@@ -62,7 +62,7 @@ def diagnose(analysis) -> list[Finding]:
     launch = _launch_bound(analysis)
     if not analysis.is_pipeline:
         return launch + [_no_pipeline(analysis)]
-    window_ns = max(int(analysis.summary["window_ns"]), 1)
+    window_ns = max(analysis.summary.window_ns, 1)
     totals = _cause_totals(analysis)
     n_steps = max(int(analysis.bubbles["step"].nunique()), 1)
     faults: list[Finding] = []
@@ -139,7 +139,7 @@ def _imbalance(analysis, idle_ns: int, window_ns: int) -> Finding | None:
         # excess over the balanced split, idle on every other rank while it works, over the
         # device time of a step (every rank's window). The excess fits in a window, so at
         # most (ranks - 1) / ranks of it.
-        n_ranks = len(analysis.summary["per_rank"])
+        n_ranks = analysis.summary.n_ranks
         n_steps = max(int(analysis.bubbles["step"].nunique()), 1)
         excess_idle = max(0.0, compute[stage] - balanced) * (n_ranks - 1)
         cost = share(excess_idle, window_ns / n_steps, f"{run.source}: the stage imbalance's cost")
@@ -442,16 +442,16 @@ def _launch_bound(analysis) -> list[Finding]:
     if figures is None:
         return []
     per_rank = figures.per_rank()
-    windows = analysis.summary["per_rank"]
+    windows = analysis.summary.per_rank
     bound = []
     for rank, row in per_rank.iterrows():
-        window = windows.get(int(rank), {}).get("window_ns", 0)
+        window = windows[int(rank)].window_ns if int(rank) in windows else 0
         if window and row["launch_wait_ns"] / window >= LAUNCH_BOUND_SHARE:
             bound.append((int(rank), int(row["launch_wait_ns"]), row["launch_wait_ns"] / window))
     if not bound:
         return []
     bound.sort(key=lambda b: -b[2])
-    total_window = max(int(analysis.summary["window_ns"]), 1)
+    total_window = max(analysis.summary.window_ns, 1)
     waited = sum(b[1] for b in bound)
     cost = share(min(waited, total_window), total_window, f"{analysis.run.source}: the launch waits' cost")
     named = ", ".join(f"rank {r}'s GPU waited for the host {_pct(x)} of the step" for r, _, x in bound[:4])
@@ -467,8 +467,8 @@ def _launch_bound(analysis) -> list[Finding]:
 
 def _no_pipeline(analysis) -> Finding:
     summary = analysis.summary
-    idle = float(summary.get("bubble_ratio", 0.0))
-    n_ranks = len(summary.get("per_rank", {}))
+    idle = summary.bubble_ratio
+    n_ranks = summary.n_ranks
     completeness = analysis.run.completeness
     if completeness is not None and completeness.single_rank:
         headline = f"One rank: no pipeline to analyse; it sat idle {_pct(idle)} of its step windows."
