@@ -96,13 +96,14 @@ def _analyze(run: Run, attribution: bool) -> Analysis:
             host = measure_plain(run.events[(run.events["cat"] != "runtime").to_numpy()], run.steps)
             result.host_view = summarise(host) if len(host) else None
         return result
+    sched = run.schedule
+    assert sched is not None   # is_pipeline: a schedule and its actions
     actions = run.actions[run.actions["step"] >= 0]
     if actions.empty:
         raise TracekitError(
             f"{run.source}: every pipeline action lies outside the profiled steps (ProfilerStep#N): "
             "nothing to measure; profile whole steps")
-    flush_free = run.schedule is not None and run.schedule.flush_free
-    if flush_free and not on_device:
+    if sched.flush_free and not on_device:
         bubbles = measure_continuous(actions, run.steps)   # per-rank windows: steps do not overlap
     else:
         bubbles = measure_device_pipeline(actions, run.device) if on_device else measure_pipeline(actions)
@@ -112,10 +113,10 @@ def _analyze(run: Run, attribution: bool) -> Analysis:
     if on_device:
         result.device = device_figures(run, bubbles)
         result.host_view = summarise(measure_pipeline(_host_spans(actions)))
-    sched = run.schedule
-    if not run.is_complete:
+    completeness = run.completeness
+    if completeness is not None and not completeness.complete:
         result.theory = Theory(sched.name, "", None, "not computed: the run has ranks missing ("
-                               f"{run.completeness.missing_text()}), and the closed form and the replay need "
+                               f"{completeness.missing_text()}), and the closed form and the replay need "
                                "the whole pipeline")
         return result
     d = result.durations_ns

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from tracekit.analyze import Analysis
-from tracekit.analyze.attribution import CATEGORIES
+from tracekit.vocab import CATEGORIES
 from tracekit.analyze.shares import share
 from tracekit.model.run import compute_ns
 
