@@ -22,3 +22,8 @@ def int_items(series: pd.Series[Any]) -> Iterator[tuple[int, Any]]:
     """``series.items()`` of a series indexed by one integer id."""
     for key, value in series.items():
         yield int(cast(int, key)), value
+
+
+def int_idxmax(series: pd.Series[Any]) -> int:
+    """``series.idxmax()`` of a series indexed by one integer id."""
+    return int(cast(int, series.idxmax()))
