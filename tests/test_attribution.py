@@ -166,7 +166,7 @@ def test_captured_p2p_delay_shows_as_comm_on_the_delayed_links(loaded_runs):
     _, base = _fault_run("1f1b", loaded_runs)
     _, delayed = _fault_run("1f1b_p2p_delay5ms", loaded_runs)
     comm_growth = (delayed.attribution.table["comm_ns"].sum() - base.attribution.table["comm_ns"].sum())
-    window_growth = delayed.summary["window_ns"] - base.summary["window_ns"]   # summed over ranks
+    window_growth = delayed.summary.window_ns - base.summary.window_ns   # summed over ranks
     assert 0.6 * window_growth <= comm_growth <= 1.2 * window_growth
     links = delayed.attribution.link_blame.groupby(["src_rank", "dst_rank"])["comm_ns"].sum()
     # every send was delayed: every pipeline link carries blame
@@ -179,7 +179,7 @@ def test_captured_balanced_run_is_mostly_fill_and_drain(loaded_runs):
     idle = t["idle_ns"]
     assert (t["warmup_ns"] + t["drain_ns"]) / idle >= 0.75
     assert t["imbalance_ns"] / idle <= 0.1
-    measured = analysis.summary["bubble_ratio"]
+    measured = analysis.summary.bubble_ratio
     assert abs(measured - analysis.theory.bubble_ratio) <= 0.06
 
 

@@ -149,7 +149,7 @@ def test_live_capture_gpipe(tmp_path):
             == table["idle_ns"]).all()
     # GPipe p=2, m=4: theory 1/5; real overheads only add idle (with 1 ms layers on a loaded
     # two-core machine they add a lot: 0.52 seen while other test suites ran beside it)
-    assert 0.15 <= analysis.summary["bubble_ratio"] <= 0.65
+    assert 0.15 <= analysis.summary.bubble_ratio <= 0.65
 
 
 def test_live_capture_zero_bubble_i_and_w_take_time(tmp_path):

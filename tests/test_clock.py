@@ -32,8 +32,8 @@ def test_skewed_host_is_realigned(tmp_path, offset_ns):
     notes = [w for w in run.warnings if "aligned clocks" in w]
     assert notes and "hostB" in notes[0]
     skewed = analyze(run)
-    for rank, info in original.summary["per_rank"].items():
-        assert skewed.summary["per_rank"][rank]["bubble_ratio"] == pytest.approx(info["bubble_ratio"], abs=0.01)
+    for rank, info in original.summary.per_rank.items():
+        assert skewed.summary.per_rank[rank].bubble_ratio == pytest.approx(info.bubble_ratio, abs=0.01)
     # every message arrives after it was sent once aligned
     msgs = run.messages
     assert (msgs["recv_done_ns"] >= msgs["send_post_ns"]).all()

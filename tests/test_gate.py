@@ -54,7 +54,7 @@ def test_baseline_file_holds_ratios_schedule_and_versions(baseline_1f1b, loaded_
     assert doc["kind"] == "tracekit-baseline" and doc["schema_version"] == "1.0"
     assert doc["tracekit_version"] and doc["analysis_schema_version"]
     assert doc["schedule"] == {"name": "1F1B", "p": 4, "v": 1, "m": 8}
-    assert doc["bubble_ratio"] == pytest.approx(analysis.summary["bubble_ratio"], abs=1e-6)
+    assert doc["bubble_ratio"] == pytest.approx(analysis.summary.bubble_ratio, abs=1e-6)
     assert set(doc["ranks"]) == {"0", "1", "2", "3"}
     assert set(doc["causes"]) == {"warmup", "drain", "schedule_gaps", "imbalance", "comm", "overhead"}
     # shares of the window: the causes add up to the bubble ratio

@@ -203,10 +203,10 @@ def test_layer_labels_and_segmentation_read_the_same_run_alike(loaded_runs):
     run.events = events
     reconstruct(run)
     assert run.actions_from == "segmentation" and len(run.actions) == len(labelled.run.actions)
-    segmented = analyze(run).summary["per_rank"]
-    by_labels = labelled.summary["per_rank"]
+    segmented = analyze(run).summary.per_rank
+    by_labels = labelled.summary.per_rank
     for rank in range(4):
-        assert abs(segmented[rank]["bubble_ratio"] - by_labels[rank]["bubble_ratio"]) < 0.01, rank
+        assert abs(segmented[rank].bubble_ratio - by_labels[rank].bubble_ratio) < 0.01, rank
 
 
 def test_the_readmes_label_rules_are_valid():

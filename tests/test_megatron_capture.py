@@ -281,7 +281,7 @@ def test_tracekit_bubble_within_a_point_of_the_independent_one(name, loaded_runs
     run_dir = _sample(name)
     _, analysis = loaded_runs(run_dir)
     expected = independent_bubbles(run_dir)
-    measured = {r: v["bubble_ratio"] for r, v in analysis.summary["per_rank"].items()}
+    measured = {r: v.bubble_ratio for r, v in analysis.summary.per_rank.items()}
     assert measured.keys() == expected.keys()
     for rank in expected:
         assert measured[rank] == pytest.approx(expected[rank], abs=0.01), (rank, measured, expected)
@@ -304,7 +304,7 @@ def test_tracekit_reads_the_nsys_sample_as_the_interleaved_schedule():
     # small ops costs ~0.2-1 ms of Python-emitted NVTX, so the two differ by 1-3 points here
     # (0.8 on the Kineto captures), tracekit always the busier.
     expected = independent_bubbles(NSYS)
-    measured = {r: v["bubble_ratio"] for r, v in analyze(run).summary["per_rank"].items()}
+    measured = {r: v.bubble_ratio for r, v in analyze(run).summary.per_rank.items()}
     for rank in expected:
         assert expected[rank] - 0.035 <= measured[rank] <= expected[rank] + 0.002, (rank, measured, expected)
 

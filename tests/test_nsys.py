@@ -444,9 +444,9 @@ def test_nsys_sample_gives_the_kineto_schedule_and_bubbles_within_two_points():
     nsys = analyze(load(SAMPLE))
     k_sched, n_sched = kineto.run.schedule, nsys.run.schedule
     assert (n_sched.name, n_sched.p, n_sched.v, n_sched.m) == (k_sched.name, k_sched.p, k_sched.v, k_sched.m)
-    assert abs(nsys.summary["bubble_ratio"] - kineto.summary["bubble_ratio"]) <= 0.02
-    for rank, info in kineto.summary["per_rank"].items():
-        assert abs(nsys.summary["per_rank"][rank]["bubble_ratio"] - info["bubble_ratio"]) <= 0.02, rank
+    assert abs(nsys.summary.bubble_ratio - kineto.summary.bubble_ratio) <= 0.02
+    for rank, info in kineto.summary.per_rank.items():
+        assert abs(nsys.summary.per_rank[rank].bubble_ratio - info.bubble_ratio) <= 0.02, rank
     assert len(nsys.run.messages) == len(kineto.run.messages) == 144
 
 

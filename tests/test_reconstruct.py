@@ -132,7 +132,7 @@ def _independent_bubbles(run_dir: Path) -> dict[int, float]:
 def test_bubble_ratio_agrees_with_independent_computation(run_dir: Path, loaded_runs):
     _, analysis = loaded_runs(run_dir)
     expected = _independent_bubbles(run_dir)
-    measured = {r: v["bubble_ratio"] for r, v in analysis.summary["per_rank"].items()}
+    measured = {r: v.bubble_ratio for r, v in analysis.summary.per_rank.items()}
     assert measured.keys() == expected.keys()
     for rank in expected:
         assert measured[rank] == pytest.approx(expected[rank], abs=0.03), (rank, measured, expected)

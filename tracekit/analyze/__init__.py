@@ -6,7 +6,9 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from tracekit.analyze.attribution import Attribution, attribute
-from tracekit.analyze.bubbles import measure_continuous, measure_pipeline, measure_plain, summarise
+from tracekit.analyze.bubbles import (
+    RankSummary, RunSummary, measure_continuous, measure_pipeline, measure_plain, summarise,
+)
 from tracekit.analyze.device import (
     DeviceFigures, device_figures, measure_device_pipeline, measure_device_plain,
 )
@@ -30,13 +32,13 @@ class Analysis:
 
     run: Run
     bubbles: pd.DataFrame                  # rank, step, window, busy, idle, ratio
-    summary: dict
+    summary: RunSummary                    # run and per-rank totals of the bubble table
     durations_ns: dict[str, int] = field(default_factory=dict)   # typical t_F, t_B, t_I, t_W
     theory: Theory | None = None
     balanced_replay_ratio: float | None = None
     attribution: Attribution | None = None
     device: DeviceFigures | None = None    # device-timeline figures (GPU runs read on the device)
-    host_view: dict | None = None          # summarise() of the host-side spans, where they differ
+    host_view: RunSummary | None = None    # summarise() of the host-side spans, where they differ
     slices: SliceCosts | None = None       # per-microbatch cost and its idle (microbatch ids per step)
     findings: list[Finding] = field(default_factory=list)   # what is wrong and what to try, ranked
     whatif: ReportWhatIf | None = None     # the report's what-if table (asked for with whatif=True)
@@ -82,8 +84,8 @@ def _analyze(run: Run, attribution: bool) -> Analysis:
     on_device = run.timeline == "device"
     if not run.is_pipeline:
         bubbles = measure_device_plain(run.device) if on_device else measure_plain(run.events, run.steps)
-        summary = summarise(bubbles) if len(bubbles) else {"busy_ns": 0}
-        if not summary["busy_ns"]:
+        summary = summarise(bubbles)
+        if not summary.busy_ns:
             raise TracekitError(
                 f"{run.source}: no work recorded: {len(run.events)} event(s) and no op, kernel or "
                 "annotation inside any step window; nothing to measure (profile a window with training "
@@ -94,13 +96,14 @@ def _analyze(run: Run, attribution: bool) -> Analysis:
             host = measure_plain(run.events[(run.events["cat"] != "runtime").to_numpy()], run.steps)
             result.host_view = summarise(host) if len(host) else None
         return result
+    sched = run.schedule
+    assert sched is not None   # is_pipeline: a schedule and its actions
     actions = run.actions[run.actions["step"] >= 0]
     if actions.empty:
         raise TracekitError(
             f"{run.source}: every pipeline action lies outside the profiled steps (ProfilerStep#N): "
             "nothing to measure; profile whole steps")
-    flush_free = run.schedule is not None and run.schedule.flush_free
-    if flush_free and not on_device:
+    if sched.flush_free and not on_device:
         bubbles = measure_continuous(actions, run.steps)   # per-rank windows: steps do not overlap
     else:
         bubbles = measure_device_pipeline(actions, run.device) if on_device else measure_pipeline(actions)
@@ -110,10 +113,10 @@ def _analyze(run: Run, attribution: bool) -> Analysis:
     if on_device:
         result.device = device_figures(run, bubbles)
         result.host_view = summarise(measure_pipeline(_host_spans(actions)))
-    sched = run.schedule
-    if not run.is_complete:
+    completeness = run.completeness
+    if completeness is not None and not completeness.complete:
         result.theory = Theory(sched.name, "", None, "not computed: the run has ranks missing ("
-                               f"{run.completeness.missing_text()}), and the closed form and the replay need "
+                               f"{completeness.missing_text()}), and the closed form and the replay need "
                                "the whole pipeline")
         return result
     d = result.durations_ns
@@ -165,4 +168,4 @@ def _warn_overlapping_steps(run: Run, actions: pd.DataFrame) -> None:
                  "before others finish this one): idle there falls in both steps' windows")
 
 
-__all__ = ["Analysis", "analyze", "typical_durations"]
+__all__ = ["Analysis", "RankSummary", "RunSummary", "analyze", "typical_durations"]

@@ -23,18 +23,21 @@ Method (``shared/docs/pipeline-theory.md``, "What attribute idle time has to mea
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from tracekit.analyze.replay import StepGraph, critical_path, idle_per_rank, replay, step_graphs
+from tracekit.analyze.replay import Replay, StepGraph, critical_path, idle_per_rank, replay, step_graphs
 from tracekit.model.run import Run
 from tracekit.reconstruct.schedule import TERAPIPE_NAME
 from tracekit.vocab import CATEGORIES
 
 CAUSES = ("imbalance", "comm", "overhead")
+Coalition = frozenset[str]   # the causes present in one replay
 # Blame replays one stage (or link) at a time: on big pipelines only the stages with the
 # most excess work (links with the most latency) are replayed; the rest share by that amount.
 MAX_BLAME_REPLAYS = 32
@@ -48,7 +51,7 @@ class StepAttribution:
     signed_shapley: dict[int, dict[str, float]]  # rank -> cause -> signed Shapley value (ns)
     stage_blame: pd.DataFrame                    # rank, stage, imbalance_ns
     link_blame: pd.DataFrame                     # rank, src_rank, dst_rank, comm_ns
-    critical_path: list[dict]
+    critical_path: list[dict[str, Any]]
     replay_makespan_ns: int
     measured_makespan_ns: int
     ideal_makespan_ns: int                       # all causes removed
@@ -81,7 +84,7 @@ class Attribution:
         return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["rank", "src_rank", "dst_rank", "comm_ns", "step"])
 
 
-def apportion(total: int, weights: list[float]) -> list[int]:
+def apportion(total: int, weights: Sequence[float]) -> list[int]:
     """Split integer ``total`` in proportion to non-negative ``weights``; the parts are
     integers that sum to ``total`` exactly (largest remainder). All-zero weights put
     everything on the last part."""
@@ -100,7 +103,8 @@ def apportion(total: int, weights: list[float]) -> list[int]:
     return [int(x) for x in floors]
 
 
-def shapley(values: dict[frozenset, dict[int, int]], players: tuple[str, ...], ranks) -> dict[int, dict[str, float]]:
+def shapley(values: dict[Coalition, dict[int, int]], players: tuple[str, ...],
+            ranks: Sequence[int]) -> dict[int, dict[str, float]]:
     """Exact Shapley values per rank from the value of every coalition of present causes."""
     from math import factorial
 
@@ -120,7 +124,8 @@ def shapley(values: dict[frozenset, dict[int, int]], players: tuple[str, ...], r
     return out
 
 
-def _scenario(graph: StepGraph, balanced: np.ndarray, present: frozenset):
+def _scenario(graph: StepGraph, balanced: np.ndarray,
+              present: Coalition) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     dur = graph.dur if "imbalance" in present else balanced
     lat = graph.edge_lat if "comm" in present else np.zeros_like(graph.edge_lat)
     xfer = graph.edge_xfer if "comm" in present else np.zeros_like(graph.edge_xfer)
@@ -132,8 +137,8 @@ def attribute_step(graph: StepGraph, measured_idle: dict[int, int], measured_mak
     """Attribute one step's idle per rank (``measured_idle`` from the bubble table)."""
     ranks = [int(r) for r in graph.ranks]
     balanced = graph.balanced_durations()
-    values: dict[frozenset, dict[int, int]] = {}
-    results = {}
+    values: dict[Coalition, dict[int, int]] = {}
+    results: dict[Coalition, Replay] = {}
     for size in range(len(CAUSES) + 1):
         for coalition in combinations(CAUSES, size):
             present = frozenset(coalition)
@@ -141,7 +146,7 @@ def attribute_step(graph: StepGraph, measured_idle: dict[int, int], measured_mak
             result = replay(graph, dur=dur, ovh=ovh, lat=lat, xfer=xfer)
             results[present] = result
             values[present] = idle_per_rank(graph, result, dur)
-    full, none = frozenset(CAUSES), frozenset()
+    full, none = frozenset(CAUSES), Coalition()
     signed = shapley(values, CAUSES, ranks)
     ideal = results[none]
     stage_gain = _stage_gains(graph, values[full], balanced)
@@ -160,7 +165,7 @@ def attribute_step(graph: StepGraph, measured_idle: dict[int, int], measured_mak
         imbalance_ns, comm_ns = parts[3], parts[4]
         if imbalance_ns:
             stages = sorted(stage_gain)
-            weights = [max(stage_gain[s].get(r, 0), 0) for s in stages]
+            weights: list[float] = [max(stage_gain[s].get(r, 0), 0) for s in stages]
             if sum(weights) <= 0:
                 weights = [_excess_work(graph, balanced, s) for s in stages]
             for s, share in zip(stages, apportion(imbalance_ns, weights)):
@@ -186,13 +191,13 @@ def attribute_step(graph: StepGraph, measured_idle: dict[int, int], measured_mak
     )
 
 
-def _makespan(graph: StepGraph, result) -> int:
+def _makespan(graph: StepGraph, result: Replay) -> int:
     """The replayed step's length: t0 to its last end; with per-rank windows (flush-free)
     the longest rank window, as the bubble table's ``window_ns`` is then per rank."""
     return max(graph.window_ns(result).values(), default=0)
 
 
-def _schedule_idle(graph: StepGraph, ideal, rank: int, window_start: int, window_end: int) -> tuple[int, int, int]:
+def _schedule_idle(graph: StepGraph, ideal: Replay, rank: int, window_start: int, window_end: int) -> tuple[int, int, int]:
     """Split a rank's idle in the all-causes-removed replay, over its window
     [window_start, window_end], by pipeline phase: warmup is idle before its first backward
     (the pipeline filling), drain is idle after its last forward (emptying), schedule gaps

@@ -8,11 +8,17 @@ its GPU kernels (or, without a GPU, any CPU op or annotation) inside its own ste
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 
+from tracekit.analyze.grouping import int_groups
 from tracekit.analyze.shares import share, shares
 from tracekit.model.intervals import union_length
+
+# (rank, step, window start, window end, window, busy), all in ns but rank and step
+BubbleRow = tuple[int, int, int, int, int, int]
 
 BUBBLE_COLUMNS = ["rank", "step", "window_start_ns", "window_end_ns", "window_ns", "busy_ns",
                   "idle_ns", "bubble_ratio"]
@@ -29,13 +35,14 @@ def step_windows(actions: pd.DataFrame) -> pd.DataFrame:
 
 def measure_pipeline(actions: pd.DataFrame) -> pd.DataFrame:
     """Bubble table of a pipeline run (one row per rank and step)."""
-    windows = step_windows(actions).set_index("step")
-    rows = []
-    for (rank, step), group in actions.groupby(["rank", "step"], sort=True):
-        lo = int(windows.at[step, "window_start_ns"])
-        hi = int(windows.at[step, "window_end_ns"])
+    w = step_windows(actions)
+    windows = {int(s): (int(lo), int(hi)) for s, lo, hi in
+               zip(w["step"], w["window_start_ns"], w["window_end_ns"])}
+    rows: list[BubbleRow] = []
+    for (rank, step), group in int_groups(actions, ["rank", "step"]):
+        lo, hi = windows[step]
         busy = union_length(group["start_ns"].to_numpy(), group["end_ns"].to_numpy(), lo, hi)
-        rows.append((int(rank), int(step), lo, hi, hi - lo, busy))
+        rows.append((rank, step, lo, hi, hi - lo, busy))
     return bubble_table(rows)
 
 
@@ -55,45 +62,47 @@ def continuous_windows(actions: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFra
     first_compute = int(actions["start_ns"].min())
     step_start = {(int(r), int(s)): int(t) for r, s, t in
                   zip(steps["rank"], steps["step"], steps["step_start_ns"])}
-    last_end = actions.groupby(["rank", "step"])["end_ns"].max()
-    first_start = actions.groupby(["rank", "step"])["start_ns"].min()
+    spans = actions.groupby(["rank", "step"], sort=True).agg(
+        first_start_ns=("start_ns", "min"), last_end_ns=("end_ns", "max")).reset_index()
     rows = []
-    for rank, ends in last_end.groupby(level="rank"):
-        previous_end = None
-        for (_, step), end in ends.items():
-            if previous_end is None:
-                start = max(step_start.get((int(rank), int(step)), first_compute), first_compute)
-                start = min(start, int(first_start[(rank, step)]))
-            else:
-                start = previous_end
-            rows.append((int(rank), int(step), start, int(end)))
-            previous_end = int(end)
+    previous_end: dict[int, int] = {}    # rank: end of its last compute in the step before
+    for rank, step, first_start, last_end in zip(spans["rank"], spans["step"], spans["first_start_ns"],
+                                                 spans["last_end_ns"]):
+        rank, step = int(rank), int(step)
+        if rank in previous_end:
+            start = previous_end[rank]
+        else:
+            start = max(step_start.get((rank, step), first_compute), first_compute)
+            start = min(start, int(first_start))
+        rows.append((rank, step, start, int(last_end)))
+        previous_end[rank] = int(last_end)
     return pd.DataFrame(rows, columns=["rank", "step", "window_start_ns", "window_end_ns"])
 
 
 def measure_continuous(actions: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     """Bubble table of a flush-free pipeline: per-rank windows (:func:`continuous_windows`)."""
-    windows = continuous_windows(actions, steps).set_index(["rank", "step"])
-    rows = []
-    for (rank, step), group in actions.groupby(["rank", "step"], sort=True):
-        lo = int(windows.at[(rank, step), "window_start_ns"])
-        hi = int(windows.at[(rank, step), "window_end_ns"])
+    w = continuous_windows(actions, steps)
+    windows = {(int(r), int(s)): (int(lo), int(hi)) for r, s, lo, hi in
+               zip(w["rank"], w["step"], w["window_start_ns"], w["window_end_ns"])}
+    rows: list[BubbleRow] = []
+    for (rank, step), group in int_groups(actions, ["rank", "step"]):
+        lo, hi = windows[(rank, step)]
         busy = union_length(group["start_ns"].to_numpy(), group["end_ns"].to_numpy(), lo, hi)
-        rows.append((int(rank), int(step), lo, hi, hi - lo, busy))
+        rows.append((rank, step, lo, hi, hi - lo, busy))
     return bubble_table(rows)
 
 
 def measure_plain(events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     """Busy/idle of a run without pipeline actions: kernels if any, else any CPU op or
     annotation (the step markers themselves aside)."""
-    rows = []
+    rows: list[BubbleRow] = []
     ranks = events["rank"].to_numpy()
     all_starts, all_ends = events["start_ns"].to_numpy(), events["end_ns"].to_numpy()
     on_gpu = events["on_gpu"].to_numpy()
     gpu_work = on_gpu & (events["cat"] != "gpu_user_annotation").to_numpy()
     cpu_work = ~events["name"].str.startswith("ProfilerStep").to_numpy(dtype=bool)
     order = np.argsort(ranks, kind="stable")
-    for rank, rank_steps in steps.groupby("rank", sort=True):
+    for rank in np.unique(steps["rank"].to_numpy()):
         lo_i = np.searchsorted(ranks[order], rank, side="left")
         hi_i = np.searchsorted(ranks[order], rank, side="right")
         mine = order[lo_i:hi_i]
@@ -101,15 +110,17 @@ def measure_plain(events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
         if not len(work):
             work = mine[cpu_work[mine]]
         starts, ends = all_starts[work], all_ends[work]
-        for step in rank_steps.itertuples(index=False):
-            lo, hi = int(step.step_start_ns), int(step.step_end_ns)
+        rank_steps = steps[steps["rank"] == rank]
+        for step, step_start, step_end in zip(rank_steps["step"], rank_steps["step_start_ns"],
+                                              rank_steps["step_end_ns"]):
+            lo, hi = int(step_start), int(step_end)
             inside = (ends > lo) & (starts < hi)
             busy = union_length(starts[inside], ends[inside], lo, hi)
-            rows.append((int(rank), int(step.step), lo, hi, hi - lo, busy))
+            rows.append((int(rank), int(step), lo, hi, hi - lo, busy))
     return bubble_table(rows)
 
 
-def bubble_table(rows: list[tuple]) -> pd.DataFrame:
+def bubble_table(rows: list[BubbleRow]) -> pd.DataFrame:
     """The bubble table (BUBBLE_COLUMNS) from (rank, step, window start, end, window, busy) rows."""
     table = pd.DataFrame(rows, columns=BUBBLE_COLUMNS[:6])
     table["idle_ns"] = table["window_ns"] - table["busy_ns"]
@@ -119,7 +130,32 @@ def bubble_table(rows: list[tuple]) -> pd.DataFrame:
     return table
 
 
-def summarise(bubbles: pd.DataFrame) -> dict:
+@dataclass(frozen=True)
+class RankSummary:
+    """One rank's totals over the measured steps."""
+
+    window_ns: int
+    busy_ns: int
+    idle_ns: int
+    bubble_ratio: float                    # idle over window
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """The run's totals over all ranks and steps, and each rank's (in rank order)."""
+
+    bubble_ratio: float                    # idle over window, summed across ranks and steps
+    window_ns: int
+    busy_ns: int
+    idle_ns: int
+    per_rank: dict[int, RankSummary]
+
+    @property
+    def n_ranks(self) -> int:
+        return len(self.per_rank)
+
+
+def summarise(bubbles: pd.DataFrame) -> RunSummary:
     """Run-level and per-rank totals: idle over window, summed across steps."""
     per_rank = bubbles.groupby("rank")[["window_ns", "busy_ns", "idle_ns"]].sum()
     ranks = per_rank.index.to_numpy()
@@ -127,12 +163,12 @@ def summarise(bubbles: pd.DataFrame) -> dict:
                                       lambda i: f"rank {ranks[i]}: bubble ratio")
     total_window = int(per_rank["window_ns"].sum())
     total_idle = int(per_rank["idle_ns"].sum())
-    return {
-        "bubble_ratio": share(total_idle, total_window, "the run's bubble ratio"),
-        "window_ns": total_window,
-        "idle_ns": total_idle,
-        "busy_ns": int(per_rank["busy_ns"].sum()),
-        "per_rank": {int(r): {"bubble_ratio": float(row.bubble_ratio), "window_ns": int(row.window_ns),
-                              "busy_ns": int(row.busy_ns), "idle_ns": int(row.idle_ns)}
-                     for r, row in per_rank.iterrows()},
-    }
+    return RunSummary(
+        bubble_ratio=share(total_idle, total_window, "the run's bubble ratio"),
+        window_ns=total_window,
+        idle_ns=total_idle,
+        busy_ns=int(per_rank["busy_ns"].sum()),
+        per_rank={int(r): RankSummary(window_ns=int(w), busy_ns=int(b), idle_ns=int(i), bubble_ratio=float(x))
+                  for r, w, b, i, x in zip(per_rank.index, per_rank["window_ns"], per_rank["busy_ns"],
+                                           per_rank["idle_ns"], per_rank["bubble_ratio"])},
+    )

@@ -10,8 +10,10 @@ same schedule). The CI gate (:mod:`tracekit.gate`) checks the same measures.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from tracekit.analyze import Analysis
+from tracekit.analyze.grouping import int_groups, int_items
 from tracekit.analyze.shares import share
 from tracekit.model.run import UNRECOGNISED
 from tracekit.version import __version__
@@ -26,7 +28,7 @@ class Measures:
 
     source: str
     formats: list[str]
-    schedule: dict | None                   # name, p, v, m (None: no pipeline found)
+    schedule: dict[str, Any] | None         # name, p, v, m (None: no pipeline found)
     n_steps: int
     step_ns: float                          # mean step window
     bubble_ratio: float
@@ -46,17 +48,17 @@ class Measures:
     def top_stage(self) -> str | None:
         if not self.stage_imbalance_ns:
             return None
-        stage = max(self.stage_imbalance_ns, key=self.stage_imbalance_ns.get)
+        stage = max(self.stage_imbalance_ns, key=lambda s: self.stage_imbalance_ns[s])
         return f"stage {stage} (rank {self.stage_rank.get(stage, '?')})"  # first replica's rank
 
     def top_link(self) -> str | None:
         if not self.link_comm_ns:
             return None
-        src, dst = max(self.link_comm_ns, key=self.link_comm_ns.get)
+        src, dst = max(self.link_comm_ns, key=lambda link: self.link_comm_ns[link])
         return f"link {src}->{dst}"
 
 
-def schedule_label(schedule: dict | None) -> str:
+def schedule_label(schedule: dict[str, Any] | None) -> str:
     if not schedule:
         return "no pipeline schedule"
     if schedule["name"] == UNRECOGNISED:
@@ -66,7 +68,7 @@ def schedule_label(schedule: dict | None) -> str:
             + (f" x{replicas} replicas" if replicas > 1 else ""))
 
 
-def schedule_key(schedule: dict | None) -> tuple | None:
+def schedule_key(schedule: dict[str, Any] | None) -> tuple[str, int, int, int] | None:
     """What must match for two runs to have the same schedule."""
     return None if not schedule else (schedule["name"], schedule["p"], schedule["v"], schedule["m"])
 
@@ -77,7 +79,7 @@ def measure(analysis: Analysis) -> Measures:
     bubbles = analysis.bubbles
     n_steps = int(bubbles["step"].nunique()) if len(bubbles) else 0
     step_ns = float(bubbles.groupby("step")["window_ns"].max().mean()) if n_steps else 0.0
-    per_rank = analysis.summary["per_rank"]
+    per_rank = analysis.summary.per_rank
     sched = run.schedule if analysis.is_pipeline else None
     out = Measures(
         source=run.source,
@@ -85,32 +87,32 @@ def measure(analysis: Analysis) -> Measures:
         schedule=None if sched is None else {"name": sched.name, "p": sched.p, "v": sched.v, "m": sched.m,
                                              **({"replicas": sched.replicas} if sched.replicas > 1 else {})},
         n_steps=n_steps, step_ns=step_ns,
-        bubble_ratio=float(analysis.summary["bubble_ratio"]),
-        rank_bubble={int(r): float(info["bubble_ratio"]) for r, info in per_rank.items()},
-        incomplete="" if run.is_complete else run.completeness.missing_text(),
+        bubble_ratio=analysis.summary.bubble_ratio,
+        rank_bubble={int(r): info.bubble_ratio for r, info in per_rank.items()},
+        incomplete="" if run.completeness is None or run.completeness.complete else run.completeness.missing_text(),
         timeline=run.timeline,
     )
     attribution = analysis.attribution
     if attribution is None or not attribution.steps:
         return out
     table = attribution.table
-    total_window = analysis.summary["window_ns"]
+    total_window = analysis.summary.window_ns
     for cause in CATEGORIES:
         out.cause_share[cause] = share(float(table[f"{cause}_ns"].sum()), total_window,
                                        f"{run.source}: the {cause} share of the step window")
-    for rank, rows in table.groupby("rank"):
-        window = per_rank[int(rank)]["window_ns"]
-        out.rank_cause_share[int(rank)] = {
+    for (rank,), rows in int_groups(table, ["rank"]):
+        window = per_rank[rank].window_ns
+        out.rank_cause_share[rank] = {
             c: share(float(rows[f"{c}_ns"].sum()), window, f"{run.source}: rank {rank}'s {c} share")
             for c in CATEGORIES}
     stages = attribution.stage_blame
-    for stage, ns in stages.groupby("stage")["imbalance_ns"].sum().items():
-        out.stage_imbalance_ns[int(stage)] = float(ns) / n_steps
+    for stage, ns in int_items(stages.groupby("stage")["imbalance_ns"].sum()):
+        out.stage_imbalance_ns[stage] = float(ns) / n_steps
     if sched is not None:
         out.stage_rank = {int(s): int(r) for s, r in sched.stage_to_rank.items()}
     links = attribution.link_blame
-    for (src, dst), ns in links.groupby(["src_rank", "dst_rank"])["comm_ns"].sum().items():
-        out.link_comm_ns[(int(src), int(dst))] = float(ns) / n_steps
+    for (src, dst), rows in int_groups(links, ["src_rank", "dst_rank"]):
+        out.link_comm_ns[(src, dst)] = float(rows["comm_ns"].sum()) / n_steps
     return out
 
 
@@ -130,7 +132,7 @@ class Change:
     def delta(self) -> float:
         return self.b - self.a
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         out = {"scope": self.scope, "key": self.key, "unit": self.unit, "a": _round(self.a),
                "b": _round(self.b), "delta": _round(self.delta), "detail": self.detail}
         if self.rank is not None:
@@ -208,7 +210,7 @@ class Comparison:
             parts.append(f"{blame[0].key} {signed_ms(blame[0].delta)} ms idle/step")
         return ", ".join(parts)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         top = self.matters_most()
         return {
             "kind": "tracekit-diff",
@@ -279,7 +281,7 @@ def _largest_first(changes: list[Change]) -> list[Change]:
     return sorted(changes, key=lambda c: -abs(c.delta))
 
 
-def _side(m: Measures) -> dict:
+def _side(m: Measures) -> dict[str, Any]:
     return {"source": m.source, "formats": m.formats, "schedule": m.schedule, "n_steps": m.n_steps,
             "step_ns": round(m.step_ns), "bubble_ratio": _round(m.bubble_ratio),
             "causes": {c: _round(v) for c, v in m.cause_share.items()}, "incomplete": m.incomplete or None}

@@ -26,8 +26,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from tracekit.analyze.bubbles import bubble_table
+from tracekit.analyze.bubbles import BubbleRow, bubble_table
+from tracekit.analyze.grouping import int_groups, int_items
 from tracekit.model.intervals import union_length
+from tracekit.model.run import Run
 
 DEVICE_RANK_COLUMNS = ["rank", "step", "launch_wait_ns", "step_end_ns", "p2p_wait_ns", "p2p_transfer_ns"]
 # A rank whose GPU waits for the host at least this share of its window is launch-bound.
@@ -43,7 +45,8 @@ class DeviceFigures:
     pairs: pd.DataFrame = field(default_factory=pd.DataFrame)   # messages with device kernels
 
     def per_rank(self) -> pd.DataFrame:
-        return self.per_step.groupby("rank")[DEVICE_RANK_COLUMNS[2:]].sum()
+        per_rank: pd.DataFrame = self.per_step.groupby("rank")[DEVICE_RANK_COLUMNS[2:]].sum()
+        return per_rank
 
     @property
     def host_ahead_max_ns(self) -> int:
@@ -54,17 +57,19 @@ def busy_ops(device: pd.DataFrame) -> pd.DataFrame:
     """The device ops that count as busy (see the module doc)."""
     kind = device["kind"].to_numpy()
     inside = device["action_id"].to_numpy() >= 0
-    return device[(kind == "compute") | ((kind == "collective") & inside)]
+    busy: pd.DataFrame = device[(kind == "compute") | ((kind == "collective") & inside)]
+    return busy
 
 
 def measure_device_pipeline(actions: pd.DataFrame, device: pd.DataFrame) -> pd.DataFrame:
     """Bubble table of a pipeline run on the device: each step's window is its actions'
     device spans over all ranks; busy is the union of the rank's busy ops of that step."""
-    windows = actions.groupby("step").agg(lo=("start_ns", "min"), hi=("end_ns", "max"))
+    w = actions.groupby("step").agg(lo=("start_ns", "min"), hi=("end_ns", "max"))
+    windows = {int(s): (int(lo), int(hi)) for s, lo, hi in zip(w.index.to_numpy(), w["lo"], w["hi"])}
     ops = _by_rank_step(busy_ops(device))
-    rows = []
+    rows: list[BubbleRow] = []
     for rank, step in sorted({(int(r), int(s)) for r, s in zip(actions["rank"], actions["step"])}):
-        lo, hi = int(windows.at[step, "lo"]), int(windows.at[step, "hi"])
+        lo, hi = windows[step]
         starts, ends = ops.get((rank, step), (np.zeros(0, np.int64), np.zeros(0, np.int64)))
         rows.append((rank, step, lo, hi, hi - lo, union_length(starts, ends, lo, hi)))
     return bubble_table(rows)
@@ -83,12 +88,12 @@ def measure_device_plain(device: pd.DataFrame) -> pd.DataFrame:
     stepped = compute[compute["step"].to_numpy() >= 0]
     spans = stepped.groupby("step").agg(lo=("start_ns", "min"), hi=("end_ns", "max")).sort_index()
     present = {(int(r), int(s)) for r, s in zip(stepped["rank"], stepped["step"])}
-    per_rank = {int(r): (g["start_ns"].to_numpy(np.int64), g["end_ns"].to_numpy(np.int64))
-                for r, g in compute.groupby("rank")}
-    rows = []
+    per_rank = {r: (g["start_ns"].to_numpy(np.int64), g["end_ns"].to_numpy(np.int64))
+                for (r,), g in int_groups(compute, ["rank"])}
+    rows: list[BubbleRow] = []
     previous_end = None
-    for step, span in spans.iterrows():
-        lo, hi = int(span["lo"]), int(span["hi"])
+    for step, span_lo, span_hi in zip(spans.index.to_numpy(), spans["lo"], spans["hi"]):
+        lo, hi = int(span_lo), int(span_hi)
         if previous_end is not None:
             lo = min(max(lo, previous_end), hi)
         previous_end = hi if previous_end is None else max(previous_end, hi)
@@ -100,20 +105,20 @@ def measure_device_plain(device: pd.DataFrame) -> pd.DataFrame:
 
 
 def _by_rank_step(ops: pd.DataFrame) -> dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]:
-    return {(int(r), int(s)): (g["start_ns"].to_numpy(np.int64), g["end_ns"].to_numpy(np.int64))
-            for (r, s), g in ops.groupby(["rank", "step"], sort=False)}
+    return {(r, s): (g["start_ns"].to_numpy(np.int64), g["end_ns"].to_numpy(np.int64))
+            for (r, s), g in int_groups(ops, ["rank", "step"], sort=False)}
 
 
-def device_figures(run, bubbles: pd.DataFrame) -> DeviceFigures:
+def device_figures(run: Run, bubbles: pd.DataFrame) -> DeviceFigures:
     """Launch waits, step-end work, P2P wait and transfer per rank and step (module doc)."""
     device = run.device
     rows = []
     # which ops count as busy: decided once for the run, not once per rank and step
     device = device.assign(busy=device.index.isin(busy_ops(device).index))
-    by_rank_step = {(int(r), int(s)): g for (r, s), g in device.groupby(["rank", "step"], sort=False)}
+    by_rank_step = {(r, s): g for (r, s), g in int_groups(device, ["rank", "step"], sort=False)}
     paired = run.device_pairs
-    for row in bubbles.itertuples(index=False):
-        rank, step, lo, hi = int(row.rank), int(row.step), int(row.window_start_ns), int(row.window_end_ns)
+    windows = bubbles[["rank", "step", "window_start_ns", "window_end_ns"]].to_numpy(np.int64).tolist()
+    for rank, step, lo, hi in windows:
         ops = by_rank_step.get((rank, step))
         if ops is None:
             rows.append((rank, step, 0, 0, 0, 0))
@@ -128,7 +133,7 @@ def device_figures(run, bubbles: pd.DataFrame) -> DeviceFigures:
     per_step = pd.DataFrame(rows, columns=DEVICE_RANK_COLUMNS)
     launched = device[device["launch_end_ns"].to_numpy() >= 0]
     ahead = (launched["start_ns"] - launched["launch_end_ns"]).groupby(launched["rank"]).max()
-    return DeviceFigures(per_step=per_step, host_ahead_ns={int(r): max(0, int(v)) for r, v in ahead.items()},
+    return DeviceFigures(per_step=per_step, host_ahead_ns={r: max(0, int(v)) for r, v in int_items(ahead)},
                          pairs=paired)
 
 

@@ -14,15 +14,20 @@ inform (a fill/drain with nothing to gain, no pipeline found) come last.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from tracekit.analyze.device import LAUNCH_BOUND_SHARE
+from tracekit.analyze.grouping import int_idxmax, int_items
 from tracekit.analyze.shares import share
 from tracekit.analyze.theory import theoretical_bubble
-from tracekit.model.run import compute_ns
+from tracekit.model.run import Run, ScheduleInfo, compute_ns
 from tracekit.vocab import rank_list
+
+if TYPE_CHECKING:   # the package imports this module
+    from tracekit.analyze import Analysis
 
 # Severity by cost (share of the device time): "high" at or above HIGH_SHARE, "medium" at
 # or above MEDIUM_SHARE: a fix gains at most that much throughput.
@@ -45,9 +50,9 @@ class Finding:
     headline: str
     advice: str
     cost_share: float     # idle device time of this cause / all ranks' step windows
-    figures: dict = field(default_factory=dict)
+    figures: dict[str, Any] = field(default_factory=dict)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -57,12 +62,12 @@ def severity_of(cost_share: float) -> str:
     return "medium" if cost_share >= MEDIUM_SHARE else "low"
 
 
-def diagnose(analysis) -> list[Finding]:
+def diagnose(analysis: Analysis) -> list[Finding]:
     """Ranked findings for ``analysis`` (most important first)."""
     launch = _launch_bound(analysis)
     if not analysis.is_pipeline:
         return launch + [_no_pipeline(analysis)]
-    window_ns = max(int(analysis.summary["window_ns"]), 1)
+    window_ns = max(analysis.summary.window_ns, 1)
     totals = _cause_totals(analysis)
     n_steps = max(int(analysis.bubbles["step"].nunique()), 1)
     faults: list[Finding] = []
@@ -85,17 +90,19 @@ def diagnose(analysis) -> list[Finding]:
     return ranked
 
 
-def _from_partial_data(finding: Finding, run) -> Finding:
+def _from_partial_data(finding: Finding, run: Run) -> Finding:
     """A finding from a run with ranks missing: said to cover the ranks present, and never
     high: the missing ranks may hold the real cause (a slow stage, a late link)."""
-    present = len(run.completeness.ranks_present)
+    completeness = run.completeness
+    assert completeness is not None   # asked only for a run with ranks missing
+    present = len(completeness.ranks_present)
     severity = "medium" if finding.severity == "high" else finding.severity
     headline = (f"On the {present} ranks present (the run is incomplete): "
                 f"{finding.headline[:1].lower()}{finding.headline[1:]}")
     return replace(finding, severity=severity, headline=headline, figures={**finding.figures, "partial": True})
 
 
-def _cause_totals(analysis) -> dict[str, int]:
+def _cause_totals(analysis: Analysis) -> dict[str, int]:
     if analysis.attribution is None:
         return {}
     table = analysis.attribution.table
@@ -119,16 +126,16 @@ def stage_compute_ns(actions: pd.DataFrame) -> pd.Series:
     return per_step.groupby(level="stage").mean().astype(float)
 
 
-def _imbalance(analysis, idle_ns: int, window_ns: int) -> Finding | None:
+def _imbalance(analysis: Analysis, idle_ns: int, window_ns: int) -> Finding | None:
     run = analysis.run
     compute = stage_compute_ns(run.actions)
     if len(compute) < 2:
         return None
     blame = analysis.attribution.stage_blame if analysis.attribution is not None else pd.DataFrame()
     if len(blame):
-        stage = int(blame.groupby("stage")["imbalance_ns"].sum().idxmax())
+        stage = int_idxmax(blame.groupby("stage")["imbalance_ns"].sum())
     else:
-        stage = int(compute.idxmax())
+        stage = int_idxmax(compute)
     others = compute.drop(stage)
     ratio = float(compute[stage] / others.median()) if others.median() > 0 else float("inf")
     balanced = float(compute.mean())
@@ -139,7 +146,7 @@ def _imbalance(analysis, idle_ns: int, window_ns: int) -> Finding | None:
         # excess over the balanced split, idle on every other rank while it works, over the
         # device time of a step (every rank's window). The excess fits in a window, so at
         # most (ranks - 1) / ranks of it.
-        n_ranks = len(analysis.summary["per_rank"])
+        n_ranks = analysis.summary.n_ranks
         n_steps = max(int(analysis.bubbles["step"].nunique()), 1)
         excess_idle = max(0.0, compute[stage] - balanced) * (n_ranks - 1)
         cost = share(excess_idle, window_ns / n_steps, f"{run.source}: the stage imbalance's cost")
@@ -166,7 +173,7 @@ def _imbalance(analysis, idle_ns: int, window_ns: int) -> Finding | None:
     return Finding("imbalance", severity_of(cost), headline, advice, cost, figures)
 
 
-def message_latencies(analysis) -> pd.DataFrame:
+def message_latencies(analysis: Analysis) -> pd.DataFrame:
     """Per message: link, post delay (producer end -> send posted) and wire time (send
     posted -> data at the receiver), in ns, with the message and its producer. Messages
     without a known producer are left out."""
@@ -201,17 +208,18 @@ def message_latencies(analysis) -> pd.DataFrame:
 LATE_POST_FACTOR = 3
 
 
-def _worst_late_post(analysis, latencies: pd.DataFrame) -> dict | None:
+def _worst_late_post(analysis: Analysis, latencies: pd.DataFrame) -> dict[str, Any] | None:
     """The message whose send was posted latest after its producer ended, where that delay
     stands out (``LATE_POST_FACTOR`` x the median wire time and over 1 ms): an engine or host
     holding one send back, not a slow link."""
     if not len(latencies):
         return None
-    worst = latencies.loc[latencies["post_delay_ns"].idxmax()]
+    worst = latencies.iloc[int(np.argmax(latencies["post_delay_ns"].to_numpy()))]
     floor = max(LATE_POST_FACTOR * float(latencies["wire_ns"].median()), 1e6)
     if float(worst["post_delay_ns"]) < floor:
         return None
-    producer = analysis.run.actions.set_index("action_id").loc[int(worst["producer_action"])]
+    actions = analysis.run.actions
+    producer = actions[(actions["action_id"] == int(worst["producer_action"])).to_numpy()].iloc[0]
     return {"msg_id": int(worst["msg_id"]), "step": int(worst["step"]), "src_rank": int(worst["src_rank"]),
             "dst_rank": int(worst["dst_rank"]), "kind": str(producer["kind"]), "stage": int(producer["stage"]),
             "microbatch": int(producer["microbatch"]), "post_delay_ns": int(worst["post_delay_ns"])}
@@ -220,16 +228,16 @@ def _worst_late_post(analysis, latencies: pd.DataFrame) -> dict | None:
 _KIND_WORD = {"F": "forward", "B": "backward", "I": "input-grad", "W": "weight-grad"}
 
 
-def _comm(analysis, idle_ns: int, window_ns: int, n_steps: int) -> Finding | None:
+def _comm(analysis: Analysis, idle_ns: int, window_ns: int, n_steps: int) -> Finding | None:
     """Messages: whose the latency is. A send posted late after its producer ended is the
     sender's (its engine or host held it back); the time from the post to the data being
     there is the link's. The advice names the one that dominates on the blamed link."""
-    if idle_ns <= 0:
+    if idle_ns <= 0 or analysis.attribution is None:   # comm idle is attributed idle
         return None
     cost = share(idle_ns, window_ns, f"{analysis.run.source}: the comm latency's cost")
     links = analysis.attribution.link_blame
     latencies = message_latencies(analysis)
-    figures: dict = {"idle_ns": int(idle_ns), "cost_share": round(cost, 4)}
+    figures: dict[str, Any] = {"idle_ns": int(idle_ns), "cost_share": round(cost, 4)}
     link_text = "its links"
     if len(links):
         by_link = links.groupby(["src_rank", "dst_rank"])["comm_ns"].sum().sort_values(ascending=False)
@@ -281,7 +289,7 @@ def _comm(analysis, idle_ns: int, window_ns: int, n_steps: int) -> Finding | Non
     return Finding("comm", severity_of(cost), headline, advice, cost, figures)
 
 
-def _overhead(analysis, idle_ns: int, window_ns: int) -> Finding | None:
+def _overhead(analysis: Analysis, idle_ns: int, window_ns: int) -> Finding | None:
     if idle_ns <= 0:
         return None
     cost = share(idle_ns, window_ns, f"{analysis.run.source}: the host overhead's cost")
@@ -297,10 +305,17 @@ def _overhead(analysis, idle_ns: int, window_ns: int) -> Finding | None:
     return Finding("overhead", severity_of(cost), headline, advice, cost, figures)
 
 
-def m_what_if(analysis) -> tuple[int, float | None]:
+def _schedule(analysis: Analysis) -> ScheduleInfo:
+    """The run's schedule: the pipeline findings are only asked of a pipeline run."""
+    sched = analysis.run.schedule
+    assert sched is not None, f"{analysis.run.source}: a pipeline finding for a run with no schedule"
+    return sched
+
+
+def m_what_if(analysis: Analysis) -> tuple[int, float | None]:
     """The smallest doubling of m (at most ``MAX_M_FACTOR`` x) that brings the schedule's
     own bubble to ``TARGET_BUBBLE``, and that bubble."""
-    sched = analysis.run.schedule
+    sched = _schedule(analysis)
     d = analysis.durations_ns
     t_f, t_b, t_w = _durations(d)
     m = sched.m
@@ -326,8 +341,8 @@ def _durations(d: dict[str, int]) -> tuple[float, float, float | None]:
     return t_f, t_b, d.get("W")
 
 
-def _fill_drain(analysis, totals: dict[str, int], window_ns: int) -> Finding | None:
-    sched = analysis.run.schedule
+def _fill_drain(analysis: Analysis, totals: dict[str, int], window_ns: int) -> Finding | None:
+    sched = _schedule(analysis)
     theory = analysis.theory
     if theory is None or theory.bubble_ratio is None:
         return None
@@ -335,7 +350,7 @@ def _fill_drain(analysis, totals: dict[str, int], window_ns: int) -> Finding | N
     measured = share(idle_ns, window_ns, f"{analysis.run.source}: the fill/drain's cost") if totals \
         else theory.bubble_ratio
     new_m, new_ratio = m_what_if(analysis)
-    figures = {"schedule": sched.name, "p": sched.p, "v": sched.v, "m": sched.m,
+    figures: dict[str, Any] = {"schedule": sched.name, "p": sched.p, "v": sched.v, "m": sched.m,
                "theory_bubble": round(theory.bubble_ratio, 4), "idle_ns": int(idle_ns),
                "cost_share": round(measured, 4), "what_if_m": new_m,
                "what_if_bubble": None if new_ratio is None else round(new_ratio, 4)}
@@ -365,9 +380,9 @@ def _fill_drain(analysis, totals: dict[str, int], window_ns: int) -> Finding | N
     if new_ratio is not None and new_m > sched.m and new_ratio < theory.bubble_ratio:
         advice = (f"Raising m to {new_m} cuts the fill/drain bubble from {_pct(theory.bubble_ratio)} "
                   f"to {_pct(new_ratio)}")
-    if sched.name in ("GPipe", "1F1B"):
-        t_f, t_b, t_w = _durations(analysis.durations_ns)
-        interleaved = theoretical_bubble("Interleaved1F1B", sched.p, 2, sched.m, t_f, t_b, t_w).bubble_ratio
+    t_f, t_b, t_w = _durations(analysis.durations_ns)
+    interleaved = theoretical_bubble("Interleaved1F1B", sched.p, 2, sched.m, t_f, t_b, t_w).bubble_ratio
+    if sched.name in ("GPipe", "1F1B") and interleaved is not None:
         figures["what_if_interleaved_v2_bubble"] = round(interleaved, 4)
         alternative = f"an interleaved schedule with v=2 gives {_pct(interleaved)} at m={sched.m}"
         advice = f"{advice}; {alternative}" if advice else alternative[0].upper() + alternative[1:]
@@ -388,12 +403,12 @@ _FINDING_REPLAYS = 16
 _FINDING_REPLAY_BUDGET = 400_000
 
 
-def _replayed(analysis, new_m: int, figures: dict) -> str:
+def _replayed(analysis: Analysis, new_m: int, figures: dict[str, Any]) -> str:
     """The closed forms' suggestions replayed on this run's own costs (tracekit.analyze.whatif):
     a sentence to add to the advice ("" where the schedule cannot be generated)."""
     from tracekit.analyze.whatif import TARGETS, cost_model, predict, replays_within
 
-    sched = analysis.run.schedule
+    sched = _schedule(analysis)
     if analysis.attribution is None or sched.name not in TARGETS or new_m <= sched.m:
         return ""
     targets = [(sched.name, sched.v, new_m)]
@@ -435,23 +450,23 @@ def _with_launch_bound(faults: list[Finding], launch: list[Finding]) -> list[Fin
     return [merged if f is overhead else f for f in faults]
 
 
-def _launch_bound(analysis) -> list[Finding]:
+def _launch_bound(analysis: Analysis) -> list[Finding]:
     """Ranks whose GPU waited for the host to launch the next op for at least
     ``LAUNCH_BOUND_SHARE`` of their window (device timeline only): one finding naming them."""
     figures = analysis.device
     if figures is None:
         return []
     per_rank = figures.per_rank()
-    windows = analysis.summary["per_rank"]
+    windows = analysis.summary.per_rank
     bound = []
-    for rank, row in per_rank.iterrows():
-        window = windows.get(int(rank), {}).get("window_ns", 0)
-        if window and row["launch_wait_ns"] / window >= LAUNCH_BOUND_SHARE:
-            bound.append((int(rank), int(row["launch_wait_ns"]), row["launch_wait_ns"] / window))
+    for rank, wait_ns in int_items(per_rank["launch_wait_ns"]):
+        window = windows[rank].window_ns if rank in windows else 0
+        if window and wait_ns / window >= LAUNCH_BOUND_SHARE:
+            bound.append((rank, int(wait_ns), wait_ns / window))
     if not bound:
         return []
     bound.sort(key=lambda b: -b[2])
-    total_window = max(int(analysis.summary["window_ns"]), 1)
+    total_window = max(analysis.summary.window_ns, 1)
     waited = sum(b[1] for b in bound)
     cost = share(min(waited, total_window), total_window, f"{analysis.run.source}: the launch waits' cost")
     named = ", ".join(f"rank {r}'s GPU waited for the host {_pct(x)} of the step" for r, _, x in bound[:4])
@@ -465,10 +480,10 @@ def _launch_bound(analysis) -> list[Finding]:
     return [Finding("launch_bound", severity_of(cost), headline, advice, cost, figures_out)]
 
 
-def _no_pipeline(analysis) -> Finding:
+def _no_pipeline(analysis: Analysis) -> Finding:
     summary = analysis.summary
-    idle = float(summary.get("bubble_ratio", 0.0))
-    n_ranks = len(summary.get("per_rank", {}))
+    idle = summary.bubble_ratio
+    n_ranks = summary.n_ranks
     completeness = analysis.run.completeness
     if completeness is not None and completeness.single_rank:
         headline = f"One rank: no pipeline to analyse; it sat idle {_pct(idle)} of its step windows."

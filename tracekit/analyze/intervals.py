@@ -8,9 +8,15 @@ to the rank's shares. The shaded lengths per cause equal the attributed ones exa
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+import numpy as np
 import pandas as pd
 
-from tracekit.analyze.attribution import CATEGORIES
+from tracekit.vocab import CATEGORIES
+
+if TYPE_CHECKING:   # the package imports this module
+    from tracekit.analyze import Analysis
 
 INTERVAL_COLUMNS = ["rank", "step", "start_ns", "end_ns", "cause"]
 _MIDDLE = ("schedule_gaps", "imbalance", "comm", "overhead")
@@ -29,25 +35,27 @@ def gaps(actions: pd.DataFrame, window_start: int, window_end: int) -> list[tupl
     return out
 
 
-def idle_intervals(analysis) -> pd.DataFrame:
+def idle_intervals(analysis: Analysis) -> pd.DataFrame:
     """One row per shaded idle interval: rank, step, start_ns, end_ns, cause."""
     if analysis.attribution is None:
         return pd.DataFrame(columns=INTERVAL_COLUMNS)
     actions = analysis.run.actions
-    bubbles = analysis.bubbles.set_index(["rank", "step"])
-    rows = []
-    for row in analysis.attribution.table.itertuples(index=False):
-        key = (row.rank, row.step)
-        lo, hi = int(bubbles.at[key, "window_start_ns"]), int(bubbles.at[key, "window_end_ns"])
-        rank_actions = actions[(actions["rank"] == row.rank) & (actions["step"] == row.step)]
+    b = analysis.bubbles
+    windows = {(int(r), int(s)): (int(lo), int(hi)) for r, s, lo, hi in
+               zip(b["rank"], b["step"], b["window_start_ns"], b["window_end_ns"])}
+    rows: list[tuple[int, int, int, int, str]] = []
+    columns = ["rank", "step", *[f"{c}_ns" for c in CATEGORIES]]
+    for rank, step, *cause_ns in analysis.attribution.table[columns].to_numpy(dtype=np.int64).tolist():
+        lo, hi = windows[(rank, step)]
+        rank_actions = actions[(actions["rank"] == rank) & (actions["step"] == step)]
         stretches = gaps(rank_actions, lo, hi)
-        budget = {c: int(getattr(row, f"{c}_ns")) for c in CATEGORIES}
-        rows.extend(_lay_out(row.rank, row.step, stretches, budget))
+        rows.extend(_lay_out(rank, step, stretches, dict(zip(CATEGORIES, cause_ns))))
     return pd.DataFrame(rows, columns=INTERVAL_COLUMNS)
 
 
-def _lay_out(rank: int, step: int, stretches: list[tuple[int, int]], budget: dict[str, int]) -> list[tuple]:
-    rows = []
+def _lay_out(rank: int, step: int, stretches: list[tuple[int, int]],
+             budget: dict[str, int]) -> list[tuple[int, int, int, int, str]]:
+    rows: list[tuple[int, int, int, int, str]] = []
     # warm-up from the front
     remaining = budget["warmup"]
     front: list[tuple[int, int]] = []
@@ -71,7 +79,7 @@ def _lay_out(rank: int, step: int, stretches: list[tuple[int, int]], budget: dic
     middle.reverse()
     # The middle causes are laid end to end over the middle intervals as one running total,
     # so each cause's drawn length equals its budget exactly.
-    queue = [[c, budget[c]] for c in _MIDDLE if budget[c] > 0]
+    queue = [(c, budget[c]) for c in _MIDDLE if budget[c] > 0]
     for lo, hi in middle:
         cursor = lo
         while cursor < hi and queue:
@@ -79,7 +87,8 @@ def _lay_out(rank: int, step: int, stretches: list[tuple[int, int]], budget: dic
             take = min(left, hi - cursor)
             rows.append((rank, step, cursor, cursor + take, cause))
             cursor += take
-            queue[0][1] -= take
-            if queue[0][1] == 0:
+            if left == take:
                 queue.pop(0)
+            else:
+                queue[0] = (cause, left - take)
     return rows

@@ -17,9 +17,12 @@ The graph knows nothing about which schedule made it: any per-rank order plus da
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import numpy as np
+import pandas as pd
 
+from tracekit.analyze.grouping import int_groups
 from tracekit.model.run import Run, compute_ns
 
 
@@ -47,7 +50,7 @@ class StepGraph:
     # Rendezvous transfer of each edge (NCCL on the device: the data moves only once both
     # kernels run, so it takes this long after the later of the producer's data leaving and
     # the consumer's rank being free); zeros: the latency is all there is.
-    edge_xfer: np.ndarray | None = None
+    edge_xfer: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))   # empty: zeros
     # Flush-free pipelines (PipeDream-2BW): each rank's own window start, where its first
     # action may begin (else t0 for every rank) and from which its idle is counted (else
     # t0, and the step ends at its last action on any rank); see step_graphs.
@@ -60,7 +63,7 @@ class StepGraph:
     balance_by_microbatch: bool = False
 
     def __post_init__(self) -> None:
-        if self.edge_xfer is None:
+        if not len(self.edge_xfer):
             self.edge_xfer = np.zeros(len(self.edge_src), dtype=np.int64)
         self._in_edges: list[list[int]] = [[] for _ in range(len(self.action_id))]
         for e, dst in enumerate(self.edge_dst):
@@ -154,7 +157,7 @@ def idle_per_rank(graph: StepGraph, result: Replay, dur: np.ndarray | None = Non
     return {int(r): windows[int(r)] - int(dur[graph.rank == r].sum()) for r in graph.ranks}
 
 
-def critical_path(graph: StepGraph, result: Replay) -> list[dict]:
+def critical_path(graph: StepGraph, result: Replay) -> list[dict[str, Any]]:
     """The chain of actions and waits that set the step's length, last action first."""
     if len(result.end) == 0:
         return []
@@ -209,7 +212,7 @@ def topological_order(n: int, prev: np.ndarray, edge_src: np.ndarray, edge_dst: 
     return np.array(order, dtype=np.int64)
 
 
-def reorder(graph_fields: dict, order: np.ndarray) -> dict:
+def reorder(graph_fields: dict[str, np.ndarray], order: np.ndarray) -> dict[str, np.ndarray]:
     """Permute per-action arrays into ``order`` and remap indices that point at actions."""
     position = np.empty(len(order), dtype=np.int64)
     position[order] = np.arange(len(order))
@@ -247,7 +250,7 @@ def dependency_pairs(rank: np.ndarray, stage: np.ndarray, kind: np.ndarray,
     return pairs
 
 
-def step_graphs(run: Run, windows=None) -> dict[int, StepGraph]:
+def step_graphs(run: Run, windows: pd.DataFrame | None = None) -> dict[int, StepGraph]:
     """The measured graph of every step (the run's tables split by step once).
 
     ``windows``: per-rank step windows (rank, step, window_start_ns), given for flush-free
@@ -255,23 +258,24 @@ def step_graphs(run: Run, windows=None) -> dict[int, StepGraph]:
     starts each rank at its own window, takes every message into one of its actions
     (whichever step the message is filed under), and an input produced in the previous
     step as a release time at its measured arrival: that step is not replayed again."""
-    acts_by_step = {int(s): g for s, g in run.actions.groupby("step", sort=True) if s >= 0}
+    acts_by_step = {s: g for (s,), g in int_groups(run.actions, ["step"]) if s >= 0}
     msgs = run.messages[(run.messages["producer_action"] >= 0) & (run.messages["consumer_action"] >= 0)]
     if windows is not None:
         step_of_action = dict(zip(run.actions["action_id"], run.actions["step"]))
         by_consumer = msgs["consumer_action"].map(step_of_action)
-        msgs_by_step = {int(s): g for s, g in msgs.groupby(by_consumer, sort=False)}
-        starts = {int(s): {int(r): int(t) for r, t in zip(g["rank"], g["window_start_ns"])}
-                  for s, g in windows.groupby("step")}
+        # grouped by a mapped series (the consumer's step), not a column: its key is an int id too
+        msgs_by_step = {int(cast(int, s)): g for s, g in msgs.groupby(by_consumer, sort=False)}
+        starts = {s: {int(r): int(t) for r, t in zip(g["rank"], g["window_start_ns"])}
+                  for (s,), g in int_groups(windows, ["step"])}
     else:
-        msgs_by_step = {int(s): g for s, g in msgs.groupby("step", sort=False)}
+        msgs_by_step = {s: g for (s,), g in int_groups(msgs, ["step"], sort=False)}
         starts = {}
     empty = msgs.iloc[0:0]
     return {step: graph_from_run(run, step, acts, msgs_by_step.get(step, empty), starts.get(step))
             for step, acts in acts_by_step.items()}
 
 
-def graph_from_run(run: Run, step: int, acts=None, msgs=None,
+def graph_from_run(run: Run, step: int, acts: pd.DataFrame | None = None, msgs: pd.DataFrame | None = None,
                    rank_start: dict[int, int] | None = None) -> StepGraph:
     """The measured dependency graph of one step of a reconstructed run (``acts`` and
     ``msgs``: that step's actions and linked messages, when already split out;

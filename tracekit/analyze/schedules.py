@@ -100,5 +100,8 @@ def graph_from_orders(orders: dict[int, list[Action]], durations: dict[str, int]
                               tie_break=np.arange(len(kind)))
     fields = reorder(fields, order)
     n_edges = len(pairs)
-    return StepGraph(step=0, t0=0, edge_lat=np.full(n_edges, latency_ns, dtype=np.int64),
-                     edge_msg=np.full(n_edges, -1, dtype=np.int64), **fields)
+    return StepGraph(step=0, t0=0, action_id=fields["action_id"], rank=fields["rank"], stage=fields["stage"],
+                     kind=fields["kind"], microbatch=fields["microbatch"], prev=fields["prev"], dur=fields["dur"],
+                     ovh=fields["ovh"], edge_src=fields["edge_src"], edge_dst=fields["edge_dst"],
+                     edge_lat=np.full(n_edges, latency_ns, dtype=np.int64),
+                     edge_msg=np.full(n_edges, -1, dtype=np.int64))

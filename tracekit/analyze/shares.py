@@ -38,4 +38,6 @@ def shares(parts: np.ndarray, wholes: np.ndarray, what: Callable[[int], str]) ->
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         share(float(parts[i]), float(wholes[i]), what(i))
-    return np.divide(parts, wholes, out=np.zeros_like(parts), where=wholes > 0)
+    out = np.zeros_like(parts)
+    np.divide(parts, wholes, out=out, where=wholes > 0)
+    return out

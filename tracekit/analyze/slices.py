@@ -24,6 +24,7 @@ on across steps) gets none.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -61,7 +62,7 @@ class SliceCosts:
             return None
         return self.skew_idle_ns / self.replay_idle_ns
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         share = self.skew_idle_share
         return {
             "microbatches": list(self.microbatches), "forward_ns": list(self.forward_ns),

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 
 from tracekit.analyze import Analysis
-from tracekit.analyze.attribution import CATEGORIES
+from tracekit.analyze.grouping import int_groups
 from tracekit.analyze.shares import share
+from tracekit.vocab import CATEGORIES
 from tracekit.model.run import compute_ns
 
 _NS_PER_MS = 1_000_000
@@ -199,7 +201,9 @@ def _typed(frame: pd.DataFrame, spec: TableSpec) -> pd.DataFrame:
     out = pd.DataFrame(index=range(len(frame)))
     for name, (dtype, _) in spec.columns.items():
         column = pd.Series(frame[name].to_numpy() if len(frame) else [], index=out.index,
-                           dtype=object if dtype == "string" else None).astype(dtype)
+                           dtype=object if dtype == "string" else None)
+        # the stubs take a literal dtype name only; these come from TABLES ("int64", "string"...)
+        column = column.astype(dtype)  # type: ignore[call-overload]
         # the model's convention for "no label" is the empty string, never a missing value
         out[name] = column.fillna("") if dtype == "string" else column
     return out
@@ -216,10 +220,12 @@ def step_scalars(analysis: Analysis) -> pd.DataFrame:
     absolute = all(f.clock == "unix" for f in analysis.run.files)
     rows: list[tuple[int, str, float, int]] = []
     attributed = analysis.attribution.table if analysis.attribution else pd.DataFrame()
-    by_rank_step = attributed.set_index(["step", "rank"]) if len(attributed) else None
+    cause_columns = [f"{c}_ns" for c in CATEGORIES]
+    by_step_rank: dict[tuple[int, int], list[int]] = (
+        {(s, r): ns for s, r, *ns in attributed[["step", "rank", *cause_columns]].to_numpy(np.int64).tolist()}
+        if len(attributed) else {})
     compute = _stage_compute_ns(analysis)
-    for step, window in analysis.bubbles.groupby("step", sort=True):
-        step = int(step)
+    for (step,), window in int_groups(analysis.bubbles, ["step"]):
         start_ns = int(window["window_start_ns"].min())
         figures: list[tuple[str, float]] = [
             ("pipeline/step_ms", (int(window["window_end_ns"].max()) - start_ns) / _NS_PER_MS),
@@ -228,13 +234,12 @@ def step_scalars(analysis: Analysis) -> pd.DataFrame:
         ]
         figures += [(f"pipeline/stage_{stage}/compute_ms", value / _NS_PER_MS)
                     for stage, value in compute.get(step, {}).items()]
-        for row in window.sort_values("rank").itertuples(index=False):
-            rank = int(row.rank)
-            figures.append((f"pipeline/rank_{rank}/idle_ms", int(row.idle_ns) / _NS_PER_MS))
-            if by_rank_step is not None and (step, rank) in by_rank_step.index:
-                causes = by_rank_step.loc[(step, rank)]
-                figures += [(f"pipeline/rank_{rank}/idle_{cause}_ms", int(causes[f"{cause}_ns"]) / _NS_PER_MS)
-                            for cause in CATEGORIES]
+        ranks = window.sort_values("rank")
+        for rank, idle_ns in ranks[["rank", "idle_ns"]].to_numpy(np.int64).tolist():
+            figures.append((f"pipeline/rank_{rank}/idle_ms", idle_ns / _NS_PER_MS))
+            if (step, rank) in by_step_rank:
+                figures += [(f"pipeline/rank_{rank}/idle_{cause}_ms", ns / _NS_PER_MS)
+                            for cause, ns in zip(CATEGORIES, by_step_rank[(step, rank)])]
         rows += [(step, tag, float(value), start_ns if absolute else -1) for tag, value in figures]
     frame = pd.DataFrame(rows, columns=["step", "tag", "value", "wall_time_ns"])
     return frame.astype({"step": "int64", "tag": "string", "value": "float64", "wall_time_ns": "int64"})
@@ -247,9 +252,9 @@ def _stage_compute_ns(analysis: Analysis) -> dict[int, dict[int, float]]:
         return {}
     actions = actions[actions["step"] >= 0]
     per_rank = compute_ns(actions).groupby([actions["step"], actions["stage"], actions["rank"]]).sum()
-    per_stage = per_rank.groupby(level=["step", "stage"]).mean()
+    per_stage = per_rank.groupby(level=["step", "stage"]).mean().reset_index(name="compute_ns")
     out: dict[int, dict[int, float]] = {}
-    for (step, stage), value in sorted(per_stage.items()):
+    for step, stage, value in zip(per_stage["step"], per_stage["stage"], per_stage["compute_ns"]):
         out.setdefault(int(step), {})[int(stage)] = float(value)
     return out
 

@@ -6,7 +6,9 @@ forward and backward time on one stage (one model chunk).
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass
@@ -16,7 +18,7 @@ class Theory:
     bubble_ratio: float | None     # None when no closed form applies
     note: str = ""
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"schedule": self.schedule, "formula": self.formula,
                 "bubble_ratio": self.bubble_ratio, "note": self.note}
 
@@ -69,7 +71,7 @@ def flush_free_bubble(schedule: str, p: int, m: int, steps: int, fill_recorded: 
                   f"{steps} recorded steps; steady state has no bubble")
 
 
-def sliced_bubble(schedule: str, p: int, t_f: list[float], t_b: list[float]) -> Theory:
+def sliced_bubble(schedule: str, p: int, t_f: Sequence[float], t_b: Sequence[float]) -> Theory:
     """GPipe's order over microbatches that cost differently (TeraPipe's token slices),
     backwards last slice first, stages balanced, messages free.
 

@@ -34,9 +34,12 @@ changes with the microbatch, but its fixed cost dominates at these sizes; an ass
 """
 from __future__ import annotations
 
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import numpy as np
+import pandas as pd
 
 from tracekit.analyze.replay import StepGraph, replay, step_graphs
 from tracekit.analyze.schedules import GENERATORS, graph_from_orders
@@ -47,6 +50,10 @@ from tracekit.model.run import Run
 TARGETS = tuple(GENERATORS)          # schedules whose orders can be generated
 KEEPS = ("global-batch", "microbatch")
 DEFAULT_SAMPLES = 32
+# A message pool: (src rank, dst rank), or (src, dst, "fused") for messages into the second
+# half of a fused label (see _fused)
+LinkKey = tuple[int, int] | tuple[int, int, str]
+K = TypeVar("K", bound=Hashable)   # a cost pool's key
 
 
 @dataclass
@@ -60,10 +67,10 @@ class CostModel:
     ranks: list[int]
     work: dict[tuple[int, str], np.ndarray]          # (rank, kind) -> one microbatch on the rank, ns
     overhead: dict[int, np.ndarray]                  # rank -> ns (actions that start a label)
-    latency: dict[tuple, np.ndarray]                 # (src rank, dst rank[, "fused"]) -> ns
+    latency: dict[LinkKey, np.ndarray]               # (src rank, dst rank[, "fused"]) -> ns
     all_latency: np.ndarray
     # Device messages' rendezvous transfers (see replay), pooled like latency; empty on the host.
-    transfer: dict[tuple, np.ndarray] = field(default_factory=dict)
+    transfer: dict[LinkKey, np.ndarray] = field(default_factory=dict)
     all_transfer: np.ndarray = field(default_factory=lambda: np.zeros(1, dtype=np.int64))
     fused_overhead: dict[int, np.ndarray] = field(default_factory=dict)   # rank -> ns, second halves of fused labels
     stage_work: dict[tuple[int, str], np.ndarray] = field(default_factory=dict)  # (stage, kind) -> one chunk, ns
@@ -90,7 +97,7 @@ class Prediction:
     theory: float | None             # closed form, balanced and free messages
     basis: str                       # "measured order" | "generated order"
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"label": self.label, "schedule": self.schedule, "p": self.p, "v": self.v,
                 "m": self.m, "bubble_ratio": self.bubble_ratio, "bubble_sd": self.bubble_sd,
                 "step_ns": int(round(self.step_ns)), "step_sd_ns": int(round(self.step_sd)),
@@ -110,7 +117,7 @@ class WhatIf:
     samples: int
     assumptions: list[str]
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         m = self.model
         return {
             "source": self.source,
@@ -130,14 +137,14 @@ def cost_model(run: Run, graphs: list[StepGraph] | None = None) -> CostModel:
     if run.completeness is not None and run.completeness.single_rank:
         raise TracekitError(f"{run.source}: one rank: no pipeline to vary; what-if needs every rank of a "
                             "pipeline-parallel run")
-    if not run.is_pipeline:
+    sched = run.schedule
+    if sched is None or not run.is_pipeline:
         raise TracekitError(f"{run.source}: no pipeline actions found, so there is no schedule to vary; "
                             "what-if needs a pipeline-parallel run")
-    if not run.is_complete:
+    if run.completeness is not None and not run.completeness.complete:
         raise TracekitError(f"{run.source}: incomplete run: {run.completeness.missing_text()}; what-if "
                             "replays the whole pipeline, so it needs every rank's trace")
-    sched = run.schedule
-    if sched is not None and sched.flush_free:
+    if sched.flush_free:
         # the targets are flushed schedules replayed step by step; a flush-free run's steps
         # hold microbatches of its neighbours' steps, so its "measured step" is no such thing
         raise TracekitError(f"{run.source}: {sched.name} has no flush: what-if replays flushed steps, and "
@@ -147,8 +154,8 @@ def cost_model(run: Run, graphs: list[StepGraph] | None = None) -> CostModel:
     overhead: dict[int, list[int]] = {}
     fused_overhead: dict[int, list[int]] = {}
     per_stage: dict[tuple[int, str], list[int]] = {}
-    latency: dict[tuple[int, int], list[int]] = {}
-    transfer: dict[tuple[int, int], list[int]] = {}
+    latency: dict[LinkKey, list[int]] = {}
+    transfer: dict[LinkKey, list[int]] = {}
     labels = run.actions.set_index("action_id")[["label", "label_start_ns"]]
     fused_of_graph = [_fused(labels, g) for g in graphs]
     for g, fused in zip(graphs, fused_of_graph):
@@ -159,7 +166,8 @@ def cost_model(run: Run, graphs: list[StepGraph] | None = None) -> CostModel:
             per_stage.setdefault((s, k), []).append(d)
         for s, d, lat, xfer, msg in zip(g.edge_src, g.edge_dst, g.edge_lat, g.edge_xfer, g.edge_msg):
             if msg >= 0:  # into the second half of a fused label: its own pool (see _fused)
-                key = (int(g.rank[s]), int(g.rank[d])) if not fused[d] else (int(g.rank[s]), int(g.rank[d]), "fused")
+                key: LinkKey = ((int(g.rank[s]), int(g.rank[d])) if not fused[d]
+                                else (int(g.rank[s]), int(g.rank[d]), "fused"))
                 latency.setdefault(key, []).append(int(lat))
                 transfer.setdefault(key, []).append(int(xfer))
     # Generated orders place stages on the first replica's ranks (the others repeat it).
@@ -196,7 +204,7 @@ def cost_model(run: Run, graphs: list[StepGraph] | None = None) -> CostModel:
     )
 
 
-def _fused(labels, graph: StepGraph) -> np.ndarray:
+def _fused(labels: pd.DataFrame, graph: StepGraph) -> np.ndarray:
     """Per action: whether it is the second half of a fused label (DualPipeV's
     ``OVERLAP_F_B`` runs a forward and a backward in one label, back to back): its
     "overhead" is the gap inside the label, not a host gap between actions. ``labels``:
@@ -210,19 +218,23 @@ def _fused(labels, graph: StepGraph) -> np.ndarray:
     return out
 
 
-def _draw(rng, pools: dict, keys: list, fallback: np.ndarray | None = None) -> np.ndarray:
+def _draw(rng: np.random.Generator, pools: Mapping[K, np.ndarray], keys: Sequence[K],
+          fallback: np.ndarray | None = None) -> np.ndarray:
     """One draw per key from its pool (grouped, so each pool is sampled once)."""
     out = np.zeros(len(keys), dtype=np.int64)
-    by_key: dict = {}
+    by_key: dict[K, list[int]] = {}
     for i, key in enumerate(keys):
         by_key.setdefault(key, []).append(i)
     for key, rows in by_key.items():
         pool = pools.get(key, fallback)
+        if pool is None:
+            raise ValueError(f"no cost samples for {key!r} and no fallback pool")
         out[rows] = rng.choice(pool, len(rows))
     return out
 
 
-def _replay_many(graph: StepGraph, model: CostModel, rng, samples: int, scale, v: int,
+def _replay_many(graph: StepGraph, model: CostModel, rng: np.random.Generator, samples: int,
+                 scale: float | np.ndarray, v: int,
                  rank_of: np.ndarray, fused: np.ndarray | None = None,
                  by_stage: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Bubble ratios and step times of ``samples`` replays with freshly drawn costs;
@@ -234,10 +246,11 @@ def _replay_many(graph: StepGraph, model: CostModel, rng, samples: int, scale, v
     else:
         pools, work_keys = model.work, list(zip(rank_of.tolist(), graph.kind.tolist()))
     ranks = rank_of.tolist()
-    links = [(ranks[s], ranks[d]) for s, d in zip(graph.edge_src.tolist(), graph.edge_dst.tolist())]
+    pairs = [(ranks[s], ranks[d]) for s, d in zip(graph.edge_src.tolist(), graph.edge_dst.tolist())]
+    links: list[LinkKey] = list(pairs)
     if fused is not None and fused.any():  # messages into fused second halves: their own pool
         into_fused = fused[graph.edge_dst].tolist()
-        links = [(a, b, "fused") if f else (a, b) for (a, b), f in zip(links, into_fused)]
+        links = [(a, b, "fused") if f else (a, b) for (a, b), f in zip(pairs, into_fused)]
     n_ranks = len(set(ranks))
     bubbles, steps = np.zeros(samples), np.zeros(samples)
     for i in range(samples):
@@ -263,9 +276,11 @@ def _replay_many(graph: StepGraph, model: CostModel, rng, samples: int, scale, v
 def as_measured(model: CostModel, samples: int = DEFAULT_SAMPLES, seed: int = 0) -> Prediction:
     """The measured orders replayed with drawn costs: the model's own error."""
     rng = np.random.default_rng(seed)
-    bubbles, steps = [], []
+    bubbles: list[float] = []
+    steps: list[float] = []
     per_graph = max(1, -(-samples // max(1, len(model.graphs))))
-    for graph, fused in zip(model.graphs, model.fused or [None] * len(model.graphs)):
+    fused_of_graph: list[np.ndarray | None] = list(model.fused) or [None] * len(model.graphs)
+    for graph, fused in zip(model.graphs, fused_of_graph):
         b, s = _replay_many(graph, model, rng, per_graph, 1.0, 1, graph.rank, fused, by_stage=True)
         bubbles.extend(b)
         steps.extend(s)
@@ -294,7 +309,7 @@ def predict(model: CostModel, schedule: str, v: int, m: int, keep: str = "global
     orders = GENERATORS[schedule](model.p, v, m)
     graph = graph_from_orders(orders, {"F": 1, "B": 1})
     rank_of = np.array([model.ranks[r] for r in graph.rank.tolist()], dtype=np.int64)
-    scale = model.m / m if keep == "global-batch" else 1.0
+    scale: float | np.ndarray = model.m / m if keep == "global-batch" else 1.0
     if balanced:
         factors = balance_factors(model)
         scale = scale * np.array([factors[r] for r in rank_of.tolist()])
@@ -342,7 +357,7 @@ def replays_within(budget: int, p: int, targets: list[tuple[str, int, int]], row
 
 def what_if(run: Run, targets: list[tuple[str, int, int]] | None = None, keep: str = "global-batch",
             samples: int = DEFAULT_SAMPLES, seed: int = 0, balanced: bool = False,
-            model: CostModel | None = None, bubbles=None) -> WhatIf:
+            model: CostModel | None = None, bubbles: pd.DataFrame | None = None) -> WhatIf:
     """Predict every target (schedule, v, m); targets that cannot be generated are skipped
     with the reason. ``balanced``: every target also with stages re-split evenly.
     ``model`` and ``bubbles`` (the run's cost model and measured bubble table), when the
@@ -354,7 +369,8 @@ def what_if(run: Run, targets: list[tuple[str, int, int]] | None = None, keep: s
         bubbles = measure_pipeline(run.actions[run.actions["step"] >= 0])
     measured_bubble = float(bubbles["idle_ns"].sum() / max(1, bubbles["window_ns"].sum()))
     measured_step = float(bubbles.groupby("step")["window_ns"].first().mean())
-    predictions, skipped = [], []
+    predictions: list[Prediction] = []
+    skipped: list[str] = []
     for schedule, v, m in targets or default_targets(model):
         try:
             predictions.append(predict(model, schedule, v, m, keep, samples, seed))
@@ -398,7 +414,7 @@ class ReportWhatIf:
     note: str = ""
 
 
-def report_what_if(run: Run, graphs: list[StepGraph], bubbles) -> ReportWhatIf:
+def report_what_if(run: Run, graphs: list[StepGraph], bubbles: pd.DataFrame) -> ReportWhatIf:
     """The default what-if (``tracekit whatif --balanced``) on the step graphs the
     attribution replayed; a run that cannot be varied gets the reason instead."""
     try:

@@ -159,7 +159,7 @@ def to_chrome_trace(analysis: Analysis, with_ops: bool = False) -> dict:
             "source": run.source,
             "origin_ns": origin,
             "schedule": run.schedule.to_dict() if run.schedule else None,
-            "bubble_ratio": round(float(analysis.summary["bubble_ratio"]), 6),
+            "bubble_ratio": round(analysis.summary.bubble_ratio, 6),
             "counts": {"ranks": len(run.ranks), "actions": int(len(run.actions)), "messages": int(len(run.messages)),
                        "flows": len(flows) // 2, "idle_intervals": int(len(intervals)), **op_counts},
             "warnings": warnings,

@@ -39,11 +39,11 @@ def to_document(analysis: Analysis) -> dict:
         "schedule": run.schedule.to_dict() if run.schedule else None,
         "capture": _capture_summary(run.capture),
         "summary": {
-            "bubble_ratio": _ratio(analysis.summary["bubble_ratio"]),
-            "window_ns": analysis.summary["window_ns"],
-            "busy_ns": analysis.summary["busy_ns"],
-            "idle_ns": analysis.summary["idle_ns"],
-            "n_ranks": len(analysis.summary["per_rank"]),
+            "bubble_ratio": _ratio(analysis.summary.bubble_ratio),
+            "window_ns": analysis.summary.window_ns,
+            "busy_ns": analysis.summary.busy_ns,
+            "idle_ns": analysis.summary.idle_ns,
+            "n_ranks": analysis.summary.n_ranks,
             "n_steps": int(analysis.bubbles["step"].nunique()) if len(analysis.bubbles) else 0,
             "n_actions": int(len(run.actions)),
             "n_messages": int(len(run.messages)),
@@ -66,9 +66,9 @@ def to_document(analysis: Analysis) -> dict:
         }
     attribution = analysis.attribution
     table = attribution.table if attribution else None
-    for rank, info in analysis.summary["per_rank"].items():
-        entry = {"rank": rank, "window_ns": info["window_ns"], "busy_ns": info["busy_ns"],
-                 "idle_ns": info["idle_ns"], "bubble_ratio": _ratio(info["bubble_ratio"])}
+    for rank, info in analysis.summary.per_rank.items():
+        entry = {"rank": rank, "window_ns": info.window_ns, "busy_ns": info.busy_ns,
+                 "idle_ns": info.idle_ns, "bubble_ratio": _ratio(info.bubble_ratio)}
         if table is not None and len(table):
             sums = table[table["rank"] == rank][[f"{c}_ns" for c in CATEGORIES]].sum()
             entry["causes"] = {k: int(v) for k, v in sums.items()}
@@ -122,9 +122,9 @@ def _host_view(analysis: Analysis) -> dict | None:
     view = analysis.host_view
     if view is None:
         return None
-    return {"timeline": "host", "bubble_ratio": _ratio(view["bubble_ratio"]),
-            "ranks": [{"rank": r, "window_ns": v["window_ns"], "busy_ns": v["busy_ns"], "idle_ns": v["idle_ns"],
-                       "bubble_ratio": _ratio(v["bubble_ratio"])} for r, v in view["per_rank"].items()]}
+    return {"timeline": "host", "bubble_ratio": _ratio(view.bubble_ratio),
+            "ranks": [{"rank": r, "window_ns": v.window_ns, "busy_ns": v.busy_ns, "idle_ns": v.idle_ns,
+                       "bubble_ratio": _ratio(v.bubble_ratio)} for r, v in view.per_rank.items()]}
 
 
 def _device(analysis: Analysis) -> dict | None:
@@ -133,10 +133,10 @@ def _device(analysis: Analysis) -> dict | None:
     if figures is None:
         return None
     per_rank = figures.per_rank()
-    windows = analysis.summary["per_rank"]
+    windows = analysis.summary.per_rank
     ranks = []
     for rank, row in per_rank.iterrows():
-        window = windows.get(int(rank), {}).get("window_ns", 0)
+        window = windows[int(rank)].window_ns if int(rank) in windows else 0
         ranks.append({"rank": int(rank), **{k: int(v) for k, v in row.items()},
                       "launch_wait_share": _ratio(row["launch_wait_ns"] / window) if window else None,
                       "host_ahead_ns": int(figures.host_ahead_ns.get(int(rank), 0))})

@@ -173,15 +173,15 @@ def causes_root(analysis: Analysis):
     attributed = table is not None and len(table) > 0
     parts = ["busy", *CATEGORIES] if attributed else ["busy", "idle"]
     columns: dict[str, list] = {"rank": [], **{p: [] for p in parts}}
-    for rank, info in analysis.summary["per_rank"].items():
+    for rank, info in analysis.summary.per_rank.items():
         columns["rank"].append(str(rank))
-        columns["busy"].append(info["busy_ns"] / 1e6)
+        columns["busy"].append(info.busy_ns / 1e6)
         if attributed:
             sums = table[table["rank"] == rank]
             for cause in CATEGORIES:
                 columns[cause].append(float(sums[f"{cause}_ns"].sum()) / 1e6)
         else:
-            columns["idle"].append(info["idle_ns"] / 1e6)
+            columns["idle"].append(info.idle_ns / 1e6)
     if not columns["rank"]:  # no rank has device work (a CPU-only capture that is no pipeline): no bars to draw
         from bokeh.models import Div
 
@@ -207,7 +207,7 @@ def bubble_root(analysis: Analysis):
     from bokeh.models import ColumnDataSource
 
     theory = analysis.theory
-    rows = [("measured", 100 * float(analysis.summary["bubble_ratio"]))]
+    rows = [("measured", 100 * analysis.summary.bubble_ratio)]
     if analysis.balanced_replay_ratio is not None:
         rows.append(("balanced replay", 100 * analysis.balanced_replay_ratio))
     if theory is not None and theory.bubble_ratio is not None:

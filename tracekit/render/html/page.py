@@ -30,7 +30,7 @@ def page_context(analysis: Analysis, notes: list[str]) -> dict:
     summary = analysis.summary
     theory = analysis.theory
     n_steps = int(analysis.bubbles["step"].nunique()) if len(analysis.bubbles) else 0
-    facts = [("bubble (measured)", _pct(summary["bubble_ratio"]))]
+    facts = [("bubble (measured)", _pct(summary.bubble_ratio))]
     if theory is not None:
         facts.append(("theory", f"{_pct(theory.bubble_ratio)}  {theory.formula}"))
     if analysis.balanced_replay_ratio is not None:
@@ -42,10 +42,10 @@ def page_context(analysis: Analysis, notes: list[str]) -> dict:
         facts.append(("timeline", f"device (kernels); host runs ahead by up to "
                                   f"{_ms(analysis.device.host_ahead_max_ns)} ms"))
         if analysis.host_view is not None:
-            facts.append(("host-side spans would say", _pct(analysis.host_view["bubble_ratio"])))
+            facts.append(("host-side spans would say", _pct(analysis.host_view.bubble_ratio)))
     else:
         facts.append(("timeline", "host (CPU op spans)"))
-    facts += [("ranks", str(len(summary["per_rank"]))), ("steps", str(n_steps)),
+    facts += [("ranks", str(summary.n_ranks)), ("steps", str(n_steps)),
               ("actions", str(len(run.actions))), ("messages", str(len(run.messages)))]
     return {
         "source": run.source, "version": __version__, "findings": findings,
@@ -79,8 +79,8 @@ def _whatif_rows(analysis: Analysis) -> dict | None:
 def _rank_rows(analysis: Analysis) -> list[list[str]]:
     table = analysis.attribution.table if analysis.attribution is not None else None
     rows = []
-    for rank, info in analysis.summary["per_rank"].items():
-        row = [str(rank), _ms(info["busy_ns"]), _ms(info["idle_ns"]), _pct(info["bubble_ratio"])]
+    for rank, info in analysis.summary.per_rank.items():
+        row = [str(rank), _ms(info.busy_ns), _ms(info.idle_ns), _pct(info.bubble_ratio)]
         if table is not None and len(table):
             sums = table[table["rank"] == rank]
             row += [_ms(sums[f"{c}_ns"].sum()) for c in CATEGORIES]
@@ -93,7 +93,7 @@ def _stage_rows(analysis: Analysis) -> list[list[str]]:
         return []
     blame = analysis.attribution.stage_blame
     compute = stage_compute_ns(analysis.run.actions)
-    idle = max(int(analysis.summary["idle_ns"]), 1)
+    idle = max(analysis.summary.idle_ns, 1)
     to_rank = analysis.run.schedule.stage_to_rank
     by_stage = blame.groupby("stage")["imbalance_ns"].sum() if len(blame) else pd.Series(dtype=float)
     median = float(compute.median()) if len(compute) else 0.0
@@ -109,7 +109,7 @@ def _link_rows(analysis: Analysis) -> list[list[str]]:
     if analysis.attribution is None or not analysis.is_pipeline:
         return []
     blame = analysis.attribution.link_blame
-    idle = max(int(analysis.summary["idle_ns"]), 1)
+    idle = max(analysis.summary.idle_ns, 1)
     latencies = message_latencies(analysis)
     by_link = blame.groupby(["src_rank", "dst_rank"])["comm_ns"].sum() if len(blame) else pd.Series(dtype=float)
     stats = latencies.groupby(["src_rank", "dst_rank"]).agg(
