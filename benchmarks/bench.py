@@ -16,6 +16,7 @@ Then the growth of tracekit's time and memory with the number of ranks and with 
 events per rank. Run: ``python benchmarks/bench.py --hta-python /path/to/venv-hta/bin/python``
 (see benchmarks/README.md).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -121,8 +122,11 @@ def folder_mb(run_dir: Path) -> float:
 
 
 def hta_works(python: str) -> str | None:
-    probe = subprocess.run([python, "-c", "import hta, importlib.metadata as m; "
-                            "print(m.version('HolisticTraceAnalysis'))"], capture_output=True, text=True)
+    probe = subprocess.run(
+        [python, "-c", "import hta, importlib.metadata as m; print(m.version('HolisticTraceAnalysis'))"],
+        capture_output=True,
+        text=True,
+    )
     return probe.stdout.strip() if probe.returncode == 0 else None
 
 
@@ -139,8 +143,9 @@ def side_by_side(name: str, run_dir: Path, hta_python: str | None, cache_root: P
     rows.append(("tracekit analyze (full, no cache)", cold))
     cache = cache_root / name
     # Emptied before each of its two runs: the memory run must not find the first run's cache.
-    first = measure(tracekit_cmd(run_dir, "--cache-dir", str(cache)),
-                    before=lambda: shutil.rmtree(cache, ignore_errors=True))
+    first = measure(
+        tracekit_cmd(run_dir, "--cache-dir", str(cache)), before=lambda: shutil.rmtree(cache, ignore_errors=True)
+    )
     rows.append(("tracekit analyze (empty cache)", first))
     warm = measure(tracekit_cmd(run_dir, "--cache-dir", str(cache)))
     rows.append(("tracekit analyze (cache filled)", warm))
@@ -151,23 +156,44 @@ def side_by_side(name: str, run_dir: Path, hta_python: str | None, cache_root: P
     print(f"{'tool':38} {'wall s':>7} {'peak RSS MB':>12} {'peak PSS MB':>12} {'MB/s':>7}")
     for label, m in rows:
         print(f"{label:38} {m.wall_s:7.2f} {m.rss_mb:12.0f} {m.pss_mb:12.0f} {m.mb_per_s(mb):7.1f}")
-    result = {"input_mb": mb, "ranks": n_files, "tracekit_s": cold.wall_s, "tracekit_rss_mb": cold.rss_mb,
-              "tracekit_pss_mb": cold.pss_mb, "second_run_s": warm.wall_s, "cache_mb": _du(cache)}
+    result = {
+        "input_mb": mb,
+        "ranks": n_files,
+        "tracekit_s": cold.wall_s,
+        "tracekit_rss_mb": cold.rss_mb,
+        "tracekit_pss_mb": cold.pss_mb,
+        "second_run_s": warm.wall_s,
+        "cache_mb": _du(cache),
+    }
     print(f"cache: {result['cache_mb']:.1f} MB for {mb:.0f} MB of traces; second analysis {warm.wall_s:.2f} s")
     if hta:
         info = json.loads(hta.out.strip().splitlines()[-1])
         speed = hta.wall_s / cold.wall_s
         rss, pss = cold.rss_mb / hta.rss_mb, cold.pss_mb / hta.pss_mb
         print(f"HTA's load inside its process: {info['load_s']:.2f} s for {info['rows']} rows of {info['ranks']} ranks")
-        print(f"ratios: tracekit full analysis is {speed:.1f}x faster than HTA's load (target >= 5x: "
-              f"{'met' if speed >= 5 else 'NOT met'}); peak memory {rss:.2f} of HTA's by RSS, {pss:.2f} by PSS "
-              f"(target <= 0.33: {'met' if max(rss, pss) <= 1 / 3 else 'met by PSS only' if pss <= 1 / 3 else 'NOT met'})")
-        print(f"        tracekit's loading alone (what HTA's figure covers) is {hta.wall_s / load.wall_s:.1f}x "
-              f"faster, at {load.rss_mb / hta.rss_mb:.2f} of its memory (RSS)")
-        result.update(hta_s=hta.wall_s, hta_rss_mb=hta.rss_mb, hta_pss_mb=hta.pss_mb, speedup=speed,
-                      rss_ratio=rss, pss_ratio=pss, load_s=load.wall_s, load_rss_mb=load.rss_mb)
-    print(f"second analysis of the unchanged run: {warm.wall_s:.2f} s (target <= 1 s: "
-          f"{'met' if warm.wall_s <= 1 else 'NOT met'})")
+        print(
+            f"ratios: tracekit full analysis is {speed:.1f}x faster than HTA's load (target >= 5x: "
+            f"{'met' if speed >= 5 else 'NOT met'}); peak memory {rss:.2f} of HTA's by RSS, {pss:.2f} by PSS "
+            f"(target <= 0.33: {'met' if max(rss, pss) <= 1 / 3 else 'met by PSS only' if pss <= 1 / 3 else 'NOT met'})"
+        )
+        print(
+            f"        tracekit's loading alone (what HTA's figure covers) is {hta.wall_s / load.wall_s:.1f}x "
+            f"faster, at {load.rss_mb / hta.rss_mb:.2f} of its memory (RSS)"
+        )
+        result.update(
+            hta_s=hta.wall_s,
+            hta_rss_mb=hta.rss_mb,
+            hta_pss_mb=hta.pss_mb,
+            speedup=speed,
+            rss_ratio=rss,
+            pss_ratio=pss,
+            load_s=load.wall_s,
+            load_rss_mb=load.rss_mb,
+        )
+    print(
+        f"second analysis of the unchanged run: {warm.wall_s:.2f} s (target <= 1 s: "
+        f"{'met' if warm.wall_s <= 1 else 'NOT met'})"
+    )
     return result
 
 
@@ -189,9 +215,14 @@ def growth(title: str, points: list[tuple[str, Path]]) -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--hta-python", default=os.environ.get("HTA_PYTHON", sys.executable),
-                        help="a Python with HolisticTraceAnalysis installed (default: $HTA_PYTHON, else this one)")
-    parser.add_argument("--work-dir", type=Path, help="build the inputs here (default: a temporary folder, removed after)")
+    parser.add_argument(
+        "--hta-python",
+        default=os.environ.get("HTA_PYTHON", sys.executable),
+        help="a Python with HolisticTraceAnalysis installed (default: $HTA_PYTHON, else this one)",
+    )
+    parser.add_argument(
+        "--work-dir", type=Path, help="build the inputs here (default: a temporary folder, removed after)"
+    )
     parser.add_argument("--mb-per-rank", type=float, default=26.0)
     parser.add_argument("--quick", action="store_true", help="the side-by-side tables only, no growth series")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
@@ -200,13 +231,18 @@ def main() -> None:
         raise SystemExit("the benchmark needs psutil: pip install 'tracekit[bench]'")
     version = hta_works(args.hta_python)
     if version is None:
-        print(f"HTA is not importable by {args.hta_python}: the HTA column is left out "
-              "(pip install HolisticTraceAnalysis==0.5.0 into some venv and pass --hta-python)", file=sys.stderr)
+        print(
+            f"HTA is not importable by {args.hta_python}: the HTA column is left out "
+            "(pip install HolisticTraceAnalysis==0.5.0 into some venv and pass --hta-python)",
+            file=sys.stderr,
+        )
     from tracekit import __version__
 
-    print(f"tracekit {__version__} vs HolisticTraceAnalysis {version or '(absent)'}; "
-          f"{psutil.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB, "
-          f"Python {platform.python_version()}")
+    print(
+        f"tracekit {__version__} vs HolisticTraceAnalysis {version or '(absent)'}; "
+        f"{psutil.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB, "
+        f"Python {platform.python_version()}"
+    )
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="tracekit-bench-"))
     hta_python = args.hta_python if version else None
     try:

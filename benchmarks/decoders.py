@@ -16,6 +16,7 @@ and peak Python memory (tracemalloc, a separate run) of
 
 Run: ``python benchmarks/decoders.py`` (add file paths to measure others).
 """
+
 from __future__ import annotations
 
 import gc
@@ -47,8 +48,17 @@ def _pyarrow(ndjson: bytes):
     import pyarrow as pa
     import pyarrow.json as pj
 
-    schema = pa.schema([("ph", pa.string()), ("cat", pa.string()), ("name", pa.string()),
-                        ("ts", pa.float64()), ("dur", pa.float64()), ("pid", pa.int64()), ("tid", pa.int64())])
+    schema = pa.schema(
+        [
+            ("ph", pa.string()),
+            ("cat", pa.string()),
+            ("name", pa.string()),
+            ("ts", pa.float64()),
+            ("dur", pa.float64()),
+            ("pid", pa.int64()),
+            ("tid", pa.int64()),
+        ]
+    )
     options = pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
     return pj.read_json(io.BytesIO(ndjson), parse_options=options)
 
@@ -104,11 +114,15 @@ def measure(path: Path) -> None:
 def main() -> None:
     paths = [Path(p) for p in sys.argv[1:]]
     if not paths:
-        paths = [sorted((ROOT / "sample_traces" / run).glob("rank0.json.gz"))[0]
-                 for run in ("1f1b", "interleaved1f1b", "zbv")]
+        paths = [
+            sorted((ROOT / "sample_traces" / run).glob("rank0.json.gz"))[0]
+            for run in ("1f1b", "interleaved1f1b", "zbv")
+        ]
         shared = ROOT.parent / "shared" / "real-traces" / "kineto-gpu"
-        paths += [shared / "hta_df_index_resolver_df_index_resolver.json.gz",
-                  shared / "hta_negative_queue_length_values_check_rank0.json.gz"]
+        paths += [
+            shared / "hta_df_index_resolver_df_index_resolver.json.gz",
+            shared / "hta_negative_queue_length_values_check_rank0.json.gz",
+        ]
     for path in paths:
         if path.exists():
             measure(path)

@@ -27,6 +27,7 @@ The figures are not the same quantity, and the columns say how far apart the def
   hta/common/trace_parser.py ``round_down_time_stamps``), so its compute comes out ~1 us per
   kernel short; on integer-microsecond traces the two agree to the microsecond.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,8 +43,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 KINETO_GPU = ROOT.parent / "shared" / "real-traces" / "kineto-gpu"
 TRACE_SETS = {
-    "sampled ranks 0+1 (A100?, 2 of 128)": ["hta_trace_filter_sampled_rank-0.json.gz",
-                                            "hta_trace_filter_sampled_rank-1.json.gz"],
+    "sampled ranks 0+1 (A100?, 2 of 128)": [
+        "hta_trace_filter_sampled_rank-0.json.gz",
+        "hta_trace_filter_sampled_rank-1.json.gz",
+    ],
     "A100 rank 0 of 16 (GPU ~160 ms behind)": ["hta_negative_queue_length_values_check_rank0.json.gz"],
     "V100 DDP rank 1 of 2": ["hta_df_index_resolver_df_index_resolver.json.gz"],
     "NCCL 2.17.1 rank 0 of 2": ["hta_nccl_parser_config_nccl_data.json.gz"],
@@ -104,16 +107,21 @@ def tracekit_figures(folder: Path) -> dict[int, dict]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--hta-python", default=sys.executable,
-                        help="a Python that has HolisticTraceAnalysis installed (default: this one)")
+    parser.add_argument(
+        "--hta-python",
+        default=sys.executable,
+        help="a Python that has HolisticTraceAnalysis installed (default: this one)",
+    )
     args = parser.parse_args()
     if not KINETO_GPU.exists():
         print(f"skipped: {KINETO_GPU} is absent (the shared real traces are not beside this checkout)")
         return 0
     if not _has_hta(args.hta_python):
-        print(f"skipped: HolisticTraceAnalysis is not importable by {args.hta_python}; install it in a venv "
-              "of its own (python3 -m venv /tmp/hta-venv && /tmp/hta-venv/bin/pip install "
-              "HolisticTraceAnalysis) and pass --hta-python /tmp/hta-venv/bin/python")
+        print(
+            f"skipped: HolisticTraceAnalysis is not importable by {args.hta_python}; install it in a venv "
+            "of its own (python3 -m venv /tmp/hta-venv && /tmp/hta-venv/bin/pip install "
+            "HolisticTraceAnalysis) and pass --hta-python /tmp/hta-venv/bin/python"
+        )
         return 0
     with tempfile.TemporaryDirectory(prefix="hta-compare-") as work:
         folders = {}
@@ -123,14 +131,20 @@ def main() -> int:
             for name in files:
                 (folder / name).symlink_to(KINETO_GPU / name)
             folders[label] = folder
-        done = subprocess.run([args.hta_python, str(ROOT / "benchmarks" / "hta_breakdown.py"),
-                               *map(str, folders.values())], capture_output=True, text=True, check=True)
+        done = subprocess.run(
+            [args.hta_python, str(ROOT / "benchmarks" / "hta_breakdown.py"), *map(str, folders.values())],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         hta = json.loads(done.stdout.strip().splitlines()[-1])
         ms = 1e-6
         print("all figures in ms; tracekit sums over its steps; HTA is one span per rank (see the docstring)")
-        print(f"{'trace set':40} {'rank':>4} | {'HTA span':>9} {'idle':>9} {'compute':>9} {'non-comp':>9} | "
-              f"{'tk steps':>8} {'windows':>9} {'busy':>9} {'idle':>9} {'span':>9} {'union':>9} | "
-              f"{'HTA rules: filter':>17} {'span':>9} {'compute':>9} {'- HTA us':>8}")
+        print(
+            f"{'trace set':40} {'rank':>4} | {'HTA span':>9} {'idle':>9} {'compute':>9} {'non-comp':>9} | "
+            f"{'tk steps':>8} {'windows':>9} {'busy':>9} {'idle':>9} {'span':>9} {'union':>9} | "
+            f"{'HTA rules: filter':>17} {'span':>9} {'compute':>9} {'- HTA us':>8}"
+        )
         for label, folder in folders.items():
             theirs = hta[str(folder)]
             ours = tracekit_figures(folder)
@@ -143,12 +157,14 @@ def main() -> int:
                     print(f"{label:40} {row['rank']:>4} | tracekit has no device rows for this rank")
                     continue
                 diff_us = tk["hta_rule_compute_ns"] / 1000 - row["compute_us"]
-                print(f"{label:40} {row['rank']:>4} | {row['kernel_us'] / 1000:9.3f} {row['idle_us'] / 1000:9.3f} "
-                      f"{row['compute_us'] / 1000:9.3f} {row['non_compute_us'] / 1000:9.3f} | "
-                      f"{tk['steps']:>8} {tk['windows_ns'] * ms:9.3f} {tk['busy_ns'] * ms:9.3f} "
-                      f"{tk['idle_ns'] * ms:9.3f} {tk['span_ns'] * ms:9.3f} {tk['union_ns'] * ms:9.3f} | "
-                      f"{'yes' if tk['hta_rule_filtered'] else 'no':>17} {tk['hta_rule_span_ns'] * ms:9.3f} "
-                      f"{tk['hta_rule_compute_ns'] * ms:9.3f} {diff_us:8.1f}")
+                print(
+                    f"{label:40} {row['rank']:>4} | {row['kernel_us'] / 1000:9.3f} {row['idle_us'] / 1000:9.3f} "
+                    f"{row['compute_us'] / 1000:9.3f} {row['non_compute_us'] / 1000:9.3f} | "
+                    f"{tk['steps']:>8} {tk['windows_ns'] * ms:9.3f} {tk['busy_ns'] * ms:9.3f} "
+                    f"{tk['idle_ns'] * ms:9.3f} {tk['span_ns'] * ms:9.3f} {tk['union_ns'] * ms:9.3f} | "
+                    f"{'yes' if tk['hta_rule_filtered'] else 'no':>17} {tk['hta_rule_span_ns'] * ms:9.3f} "
+                    f"{tk['hta_rule_compute_ns'] * ms:9.3f} {diff_us:8.1f}"
+                )
     return 0
 
 

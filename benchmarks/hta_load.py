@@ -4,6 +4,7 @@ Prints one JSON line: the seconds ``TraceAnalysis(trace_dir=...)`` took (HTA's i
 excluded) and how many events it kept. Used by ``bench.py`` as a subprocess so each tool's
 process tree is measured alone.
 """
+
 import json
 import logging
 import sys

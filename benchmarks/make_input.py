@@ -15,6 +15,7 @@ written after ``traceEvents`` as newer Kineto does. Run as a script to build one
 
     python benchmarks/make_input.py pp /tmp/tk-bench/pp8 --ranks 8 --copies 16
 """
+
 from __future__ import annotations
 
 import argparse
@@ -82,10 +83,28 @@ def _span_us(docs: list[dict]) -> float:
 def _repeat_steps(events: list[dict], copies: int, period_us: float) -> list[dict]:
     steps = sorted({int(m.group(1)) for e in events if (m := _STEP.match(str(e.get("name", ""))))})
     n_steps = max(1, len(steps))
-    max_seq = max((e.get("args", {}).get("Sequence number", 0) for e in events
-                   if isinstance(e.get("args", {}).get("Sequence number"), int)), default=0) + 1
-    max_ext = max((e.get("args", {}).get("External id", 0) for e in events
-                   if isinstance(e.get("args", {}).get("External id"), int)), default=0) + 1
+    max_seq = (
+        max(
+            (
+                e.get("args", {}).get("Sequence number", 0)
+                for e in events
+                if isinstance(e.get("args", {}).get("Sequence number"), int)
+            ),
+            default=0,
+        )
+        + 1
+    )
+    max_ext = (
+        max(
+            (
+                e.get("args", {}).get("External id", 0)
+                for e in events
+                if isinstance(e.get("args", {}).get("External id"), int)
+            ),
+            default=0,
+        )
+        + 1
+    )
     max_flow = max((e["id"] for e in events if isinstance(e.get("id"), int)), default=0) + 1
     out = [e for e in events if e.get("ph") == "M"]
     body = [e for e in events if e.get("ph") != "M"]
@@ -112,8 +131,7 @@ def _repeat_steps(events: list[dict], copies: int, period_us: float) -> list[dic
     return out
 
 
-def build_pp(out_dir: Path, ranks: int = 8, copies: int = 11, sample: str = "1f1b",
-             gz: bool = False) -> list[Path]:
+def build_pp(out_dir: Path, ranks: int = 8, copies: int = 11, sample: str = "1f1b", gz: bool = False) -> list[Path]:
     """A pipeline run: ``sample``'s steps repeated ``copies`` times, ranks as DP replicas."""
     src = sorted((SAMPLES / sample).glob("rank*.json*"), key=lambda p: int(re.findall(r"\d+", p.name)[0]))
     docs = [_read(p) for p in src]
@@ -129,8 +147,7 @@ def build_pp(out_dir: Path, ranks: int = 8, copies: int = 11, sample: str = "1f1
         base = rank - rank % p
         info = dict(doc.get("distributedInfo") or {})
         info.update(rank=rank, world_size=ranks)
-        info["pg_config"] = [dict(pg, ranks=list(range(base, base + p)))
-                             for pg in info.get("pg_config") or []]
+        info["pg_config"] = [dict(pg, ranks=list(range(base, base + p))) for pg in info.get("pg_config") or []]
         doc["distributedInfo"] = info
         doc["traceName"] = f"rank{rank}.json"
         path = out_dir / f"rank{rank}.json{'.gz' if gz else ''}"
@@ -139,8 +156,9 @@ def build_pp(out_dir: Path, ranks: int = 8, copies: int = 11, sample: str = "1f1
     return written
 
 
-def build_gpu(out_dir: Path, ranks: int = 8, target_mb: float = 26.0, source: Path = GPU_TRACE,
-              gz: bool = False) -> list[Path]:
+def build_gpu(
+    out_dir: Path, ranks: int = 8, target_mb: float = 26.0, source: Path = GPU_TRACE, gz: bool = False
+) -> list[Path]:
     """A data-parallel GPU run: one real GPU trace cut (or repeated in time) to ``target_mb``
     of JSON, once per rank."""
     doc = _read(source)
@@ -149,7 +167,7 @@ def build_gpu(out_dir: Path, ranks: int = 8, target_mb: float = 26.0, source: Pa
     parts, size, copies = [], 0, 1
     while size < budget:
         if copies > 1:
-            events = _repeat_steps(doc["traceEvents"], copies, _span_us([doc]) + 1000.0)[len(parts):]
+            events = _repeat_steps(doc["traceEvents"], copies, _span_us([doc]) + 1000.0)[len(parts) :]
         for e in events:
             text = _kineto_layout(e)
             size += len(text) + 2

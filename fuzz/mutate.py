@@ -18,6 +18,7 @@ Each case says what its answer may do (:attr:`Case.expect`):
 - ``any``: valid but different data (deleted events, a changed name): only crashes, hangs,
   multi-line errors and raw control characters count.
 """
+
 from __future__ import annotations
 
 import functools
@@ -42,23 +43,66 @@ INT64_MIN = -(2**63)
 # are JSON tokens written verbatim into the document (NaN and Infinity are not JSON, but
 # Python's json writes them and some readers accept them).
 BAD_JSON_VALUES = (
-    "null", "true", "false", "0", "-1", '"2"', '"text"', '""', "[]", '["x"]', "{}", '{"a": 1}',
-    str(2**64), str(INT64_MIN), str(INT64_MAX), "1e30", "-1e30", "1e400", "NaN", "Infinity",
-    "-Infinity", "-0.0", "0.5", '"\\ud800"',
+    "null",
+    "true",
+    "false",
+    "0",
+    "-1",
+    '"2"',
+    '"text"',
+    '""',
+    "[]",
+    '["x"]',
+    "{}",
+    '{"a": 1}',
+    str(2**64),
+    str(INT64_MIN),
+    str(INT64_MAX),
+    "1e30",
+    "-1e30",
+    "1e400",
+    "NaN",
+    "Infinity",
+    "-Infinity",
+    "-0.0",
+    "0.5",
+    '"\\ud800"',
 )
 # Strings that must never reach a terminal, a JUnit file or a Markdown file raw.
 HOSTILE_STRINGS = (
-    "\x1b[31mred\x1b[0m", "\x1b]0;pwned\x07", "\x1b[2J\x1b[H", "bell\x07", "csi\x9b31m", "nul\x00byte",
-    "`rm -rf ~`", "| a | b |", "<script>alert(1)</script>", "]]><x/>", "&amp;&lt;", "cr\roverwrite",
-    "two\nlines", "tab\there", "del\x7f", "bidi\u202eevil", "lone\ud800surrogate", "x" * 5000,
-    "*bold* _it_ [link](http://x)", "<!-- -->", "\u0085nel", "${HOME}$(id)",
+    "\x1b[31mred\x1b[0m",
+    "\x1b]0;pwned\x07",
+    "\x1b[2J\x1b[H",
+    "bell\x07",
+    "csi\x9b31m",
+    "nul\x00byte",
+    "`rm -rf ~`",
+    "| a | b |",
+    "<script>alert(1)</script>",
+    "]]><x/>",
+    "&amp;&lt;",
+    "cr\roverwrite",
+    "two\nlines",
+    "tab\there",
+    "del\x7f",
+    "bidi\u202eevil",
+    "lone\ud800surrogate",
+    "x" * 5000,
+    "*bold* _it_ [link](http://x)",
+    "<!-- -->",
+    "\u0085nel",
+    "${HOME}$(id)",
 )
 # The same, for file names (no NUL or slash on a filesystem; no lone surrogate in a path).
 HOSTILE_FILE_PARTS = ("\x1b[31m", "\x07", "\x9b2J", "`x`", "|", "<b>", "\r", "\n", "\u202e", " ")
 DEEP_LEVELS = (1_000, 100_000)
-STRAY_NON_TRACE = {"train.log": b"step 1 loss 2.7\n", "notes.txt": b"run on vm\n",
-                   "loss.csv": b"step,loss\n1,2.7\n", ".DS_Store": bytes(range(256)),
-                   "events.out.tfevents.1": b"\x00\x01junk"}
+STRAY_NON_TRACE = {
+    "train.log": b"step 1 loss 2.7\n",
+    "notes.txt": b"run on vm\n",
+    "loss.csv": b"step,loss\n1,2.7\n",
+    ".DS_Store": bytes(range(256)),
+    "events.out.tfevents.1": b"\x00\x01junk",
+}
 
 
 @dataclass(frozen=True)
@@ -102,8 +146,9 @@ def kineto_files() -> dict[str, bytes]:
 @functools.lru_cache(maxsize=None)
 def kineto_documents() -> dict[str, dict]:
     """Each rank file of the 1f1b run, decoded (treat as read-only: mutators copy what they touch)."""
-    return {name: json.loads(gzip.decompress(data)) for name, data in kineto_files().items()
-            if name.endswith(".json.gz")}
+    return {
+        name: json.loads(gzip.decompress(data)) for name, data in kineto_files().items() if name.endswith(".json.gz")
+    }
 
 
 @functools.lru_cache(maxsize=None)
@@ -156,12 +201,12 @@ def _shallow(doc: dict) -> dict:
     return out
 
 
-def _kineto_case(rng: random.Random, category: str, detail: str, expect: str, victim: str,
-                 content: bytes, **extra) -> dict:
+def _kineto_case(
+    rng: random.Random, category: str, detail: str, expect: str, victim: str, content: bytes, **extra
+) -> dict:
     files = dict(kineto_files())
     files[victim] = content
-    return dict(category=category, detail=detail, base="kineto", files=files, expect=expect,
-                target=victim, **extra)
+    return dict(category=category, detail=detail, base="kineto", files=files, expect=expect, target=victim, **extra)
 
 
 def _pick_rank_file(rng: random.Random) -> str:
@@ -183,10 +228,21 @@ def _token(rng: random.Random) -> str:
 # -- (a) Kineto structure ---------------------------------------------------------------------
 
 HEADER_PATHS = (
-    ("traceEvents",), ("distributedInfo",), ("distributedInfo", "rank"), ("distributedInfo", "world_size"),
-    ("distributedInfo", "backend"), ("distributedInfo", "pg_config"), ("distributedInfo", "pg_count"),
-    ("baseTimeNanoseconds",), ("schemaVersion",), ("displayTimeUnit",), ("host_name",), ("record_shapes",),
-    ("deviceProperties",), ("traceName",), ("trace_id",),
+    ("traceEvents",),
+    ("distributedInfo",),
+    ("distributedInfo", "rank"),
+    ("distributedInfo", "world_size"),
+    ("distributedInfo", "backend"),
+    ("distributedInfo", "pg_config"),
+    ("distributedInfo", "pg_count"),
+    ("baseTimeNanoseconds",),
+    ("schemaVersion",),
+    ("displayTimeUnit",),
+    ("host_name",),
+    ("record_shapes",),
+    ("deviceProperties",),
+    ("traceName",),
+    ("trace_id",),
 )
 EVENT_KEYS = ("ts", "dur", "ph", "name", "pid", "tid", "cat", "args", "id")
 ARG_KEYS = ("Concrete Inputs", "Input Dims", "Input type", "Sequence number", "External id", "Fwd thread id")
@@ -208,8 +264,7 @@ def kineto_header(rng: random.Random) -> dict:
     token = _token(rng)
     holder[path[-1]] = "__FUZZ_TOKEN__"
     detail = f"{victim}: header {'.'.join(path)} = {token}"
-    return _kineto_case(rng, "kineto-header", detail, "flagged", victim,
-                        _gzip(_encode(doc, {"__FUZZ_TOKEN__": token})))
+    return _kineto_case(rng, "kineto-header", detail, "flagged", victim, _gzip(_encode(doc, {"__FUZZ_TOKEN__": token})))
 
 
 def kineto_event(rng: random.Random) -> dict:
@@ -237,8 +292,14 @@ def kineto_event(rng: random.Random) -> dict:
         events[i] = event
         touched.append(i)
     detail = f"{victim}: {n} event(s) (first #{touched[0]}) {where} = {token}"
-    return _kineto_case(rng, "kineto-event", detail, _event_expectation(key, where, token), victim,
-                        _gzip(_encode(doc, {"__FUZZ_TOKEN__": token})))
+    return _kineto_case(
+        rng,
+        "kineto-event",
+        detail,
+        _event_expectation(key, where, token),
+        victim,
+        _gzip(_encode(doc, {"__FUZZ_TOKEN__": token})),
+    )
 
 
 def _event_expectation(key: str, where: str, token: str) -> str:
@@ -272,7 +333,7 @@ def kineto_events(rng: random.Random) -> dict:
         for _ in range(rng.choice((1, 10, 500))):
             del events[rng.randrange(len(events))]
     elif how == "truncate":
-        del events[rng.randrange(len(events)):]
+        del events[rng.randrange(len(events)) :]
     elif how == "negate":
         for _ in range(rng.choice((1, 5))):
             i = _event_indices(doc, rng, ph="X")
@@ -303,21 +364,47 @@ def kineto_events(rng: random.Random) -> dict:
 def kineto_strings(rng: random.Random) -> dict:
     """A hostile string in a name, a host name, a label, a metadata value or a file name."""
     hostile = rng.choice(HOSTILE_STRINGS)
-    where = rng.choice(("host_name", "backend", "pg_desc", "event name", "PP label", "thread name",
-                        "process name", "traceName", "arg", "file name", "folder name"))
+    where = rng.choice(
+        (
+            "host_name",
+            "backend",
+            "pg_desc",
+            "event name",
+            "PP label",
+            "thread name",
+            "process name",
+            "traceName",
+            "arg",
+            "file name",
+            "folder name",
+        )
+    )
     victim = _pick_rank_file(rng)
     if where == "folder name":
         part = rng.choice(HOSTILE_FILE_PARTS)
-        return dict(category="kineto-strings", detail=f"run folder name ends {part!r}", base="kineto",
-                    files=dict(kineto_files()), expect="same", folder_suffix=part)
+        return dict(
+            category="kineto-strings",
+            detail=f"run folder name ends {part!r}",
+            base="kineto",
+            files=dict(kineto_files()),
+            expect="same",
+            folder_suffix=part,
+        )
     if where == "file name":
         part = rng.choice(HOSTILE_FILE_PARTS)
         rank = victim.split(".")[0]
         new_name = f"{rank}{part}.json.gz" if rng.random() < 0.5 else f"{part}{rank}.json.gz"
         files = dict(kineto_files())
         files[new_name] = files.pop(victim)
-        return dict(category="kineto-strings", detail=f"{victim} renamed {new_name!r}", base="kineto",
-                    files=files, expect="same", target=new_name, names=(ascii(new_name)[1:-1],))
+        return dict(
+            category="kineto-strings",
+            detail=f"{victim} renamed {new_name!r}",
+            base="kineto",
+            files=files,
+            expect="same",
+            target=new_name,
+            names=(ascii(new_name)[1:-1],),
+        )
     doc = _shallow(kineto_documents()[victim])
     events = doc["traceEvents"]
     expect = "any"
@@ -333,8 +420,15 @@ def kineto_strings(rng: random.Random) -> dict:
         meta = [i for i, e in enumerate(events) if e.get("ph") == "M"]
         i = rng.choice(meta)
         events[i] = dict(events[i], args={"name": hostile})
-        events.append({"ph": "M", "name": "thread_name", "pid": events[i]["pid"], "tid": events[i]["pid"],
-                       "args": {"name": hostile}})
+        events.append(
+            {
+                "ph": "M",
+                "name": "thread_name",
+                "pid": events[i]["pid"],
+                "tid": events[i]["pid"],
+                "args": {"name": hostile},
+            }
+        )
     elif where == "arg":
         i = _event_indices(doc, rng, ph="X")
         events[i] = dict(events[i], args=dict(events[i].get("args", {}), **{"Concrete Inputs": [hostile] * 4}))
@@ -365,8 +459,7 @@ def kineto_deep(rng: random.Random) -> dict:
         i = _event_indices(doc, rng, ph="X")
         doc["traceEvents"][i] = dict(doc["traceEvents"][i], args={"deep": "__FUZZ_DEEP__"})
     detail = f"{victim}: {depth}-deep {opener} in {where}"
-    return _kineto_case(rng, "kineto-deep", detail, "flagged", victim,
-                        _gzip(_encode(doc, {"__FUZZ_DEEP__": deep})))
+    return _kineto_case(rng, "kineto-deep", detail, "flagged", victim, _gzip(_encode(doc, {"__FUZZ_DEEP__": deep})))
 
 
 def kineto_same(rng: random.Random) -> dict:
@@ -374,9 +467,22 @@ def kineto_same(rng: random.Random) -> dict:
     victim = _pick_rank_file(rng)
     doc = _shallow(kineto_documents()[victim])
     events = doc["traceEvents"]
-    how = rng.choice(("shuffle events", "reverse events", "pretty-print", "header order", "gzip level 9",
-                      "gzip multi-member", "gzip with name", "plain json", "unknown fields",
-                      "unknown metadata", "unknown ph", "torch file name"))
+    how = rng.choice(
+        (
+            "shuffle events",
+            "reverse events",
+            "pretty-print",
+            "header order",
+            "gzip level 9",
+            "gzip multi-member",
+            "gzip with name",
+            "plain json",
+            "unknown fields",
+            "unknown metadata",
+            "unknown ph",
+            "torch file name",
+        )
+    )
     name = victim
     if how == "shuffle events":
         rng.shuffle(events)
@@ -392,13 +498,24 @@ def kineto_same(rng: random.Random) -> dict:
     elif how == "unknown metadata":
         pid = events[0]["pid"]
         for k in range(rng.choice((1, 20))):
-            events.insert(rng.randrange(len(events)), {"ph": "M", "name": f"fuzz_meta_{k}", "pid": pid,
-                                                        "tid": pid, "ts": events[0]["ts"], "args": {"v": k}})
+            events.insert(
+                rng.randrange(len(events)),
+                {"ph": "M", "name": f"fuzz_meta_{k}", "pid": pid, "tid": pid, "ts": events[0]["ts"], "args": {"v": k}},
+            )
     elif how == "unknown ph":
         pid = events[0]["pid"]
         for k in range(rng.choice((1, 20))):
-            events.insert(rng.randrange(len(events)), {"ph": rng.choice(("C", "i", "n", "O", "R")), "name": f"fuzz{k}",
-                                                        "pid": pid, "tid": pid, "ts": events[0]["ts"], "args": {"v": k}})
+            events.insert(
+                rng.randrange(len(events)),
+                {
+                    "ph": rng.choice(("C", "i", "n", "O", "R")),
+                    "name": f"fuzz{k}",
+                    "pid": pid,
+                    "tid": pid,
+                    "ts": events[0]["ts"],
+                    "args": {"v": k},
+                },
+            )
     text = _encode(doc, indent=rng.choice((1, 2, "\t")) if how == "pretty-print" else None)
     if how == "gzip level 9":
         content = _gzip(text, 9)
@@ -419,8 +536,14 @@ def kineto_same(rng: random.Random) -> dict:
     files = dict(kineto_files())
     del files[victim]
     files[name] = content
-    return dict(category="kineto-same", detail=f"{victim}: {how}" + (f" as {name}" if name != victim else ""),
-                base="kineto", files=files, expect="same", target=name)
+    return dict(
+        category="kineto-same",
+        detail=f"{victim}: {how}" + (f" as {name}" if name != victim else ""),
+        base="kineto",
+        files=files,
+        expect="same",
+        target=name,
+    )
 
 
 # -- (b) bytes --------------------------------------------------------------------------------
@@ -441,10 +564,10 @@ def _damage(data: bytes, how: str, rng: random.Random) -> bytes:
         return data[:at] + rng.choice(BYTE_INSERTS) + data[at:]
     if how == "splice":
         a = rng.randrange(len(data))
-        return data[:a] + data[a + rng.randrange(1, 5000):]
+        return data[:a] + data[a + rng.randrange(1, 5000) :]
     if how == "repeat":
         a = rng.randrange(len(data))
-        return data[:a] + data[a:a + rng.randrange(1, 5000)] * 2 + data[a:]
+        return data[:a] + data[a : a + rng.randrange(1, 5000)] * 2 + data[a:]
     raise ValueError(how)
 
 
@@ -475,14 +598,33 @@ def bytes_json(rng: random.Random) -> dict:
     files[name] = damaged if plain else _gzip(damaged)
     # A flipped digit is a valid, different value: only truncation must be noticed.
     expect = "flagged" if how == "truncate" else "any"
-    return dict(category="bytes-json", detail=f"{victim}: JSON bytes {how}" + (" (plain)" if plain else ""),
-                base="kineto", files=files, expect=expect, target=name)
+    return dict(
+        category="bytes-json",
+        detail=f"{victim}: JSON bytes {how}" + (" (plain)" if plain else ""),
+        base="kineto",
+        files=files,
+        expect=expect,
+        target=name,
+    )
 
 
 # -- (c) Nsight Systems SQLite ----------------------------------------------------------------
 
-NSYS_BAD_VALUES = (INT64_MAX, INT64_MIN, -1, 0, 2**53 + 1, 1e30, float("nan"), "text", "", "12", None,
-                   b"\x00\xff", *HOSTILE_STRINGS[:8])
+NSYS_BAD_VALUES = (
+    INT64_MAX,
+    INT64_MIN,
+    -1,
+    0,
+    2**53 + 1,
+    1e30,
+    float("nan"),
+    "text",
+    "",
+    "12",
+    None,
+    b"\x00\xff",
+    *HOSTILE_STRINGS[:8],
+)
 
 
 def _nsys_case(rng: random.Random, category: str, detail: str, expect: str, db: sqlite3.Connection) -> dict:
@@ -498,8 +640,16 @@ def nsys_cells(rng: random.Random) -> dict:
     tables = nsys_columns()
     db = _open_sqlite(nsys_files()[NSYS_REPORT])
     while True:
-        table = rng.choice(("NVTX_EVENTS", "NVTX_EVENTS", "StringIds", "TARGET_INFO_SESSION_START_TIME",
-                            "EXPORT_META_DATA", rng.choice(sorted(tables))))
+        table = rng.choice(
+            (
+                "NVTX_EVENTS",
+                "NVTX_EVENTS",
+                "StringIds",
+                "TARGET_INFO_SESSION_START_TIME",
+                "EXPORT_META_DATA",
+                rng.choice(sorted(tables)),
+            )
+        )
         column = rng.choice(tables[table])
         value = rng.choice(NSYS_BAD_VALUES)
         rows = rng.choice((1, 1, 5, "all"))
@@ -516,8 +666,9 @@ def nsys_cells(rng: random.Random) -> dict:
     # Text in a text column (SQLite stores an int there as text too) is another name; a
     # small integer where a time or id belongs (-1, 0: within a day of the capture) is
     # another plausible value. Neither is damage anyone can see.
-    plausible = ("TEXT" in declared.get(column, "") and isinstance(value, (str, int))) or \
-        (type(value) is int and abs(value) < 24 * 3600 * 10**9)
+    plausible = ("TEXT" in declared.get(column, "") and isinstance(value, (str, int))) or (
+        type(value) is int and abs(value) < 24 * 3600 * 10**9
+    )
     expect = "any" if plausible else "flagged"
     return _nsys_case(rng, "nsys-cells", detail, expect, db)
 
@@ -525,8 +676,9 @@ def nsys_cells(rng: random.Random) -> dict:
 def nsys_schema(rng: random.Random) -> dict:
     """DROP a table or a column; rename a table."""
     tables = nsys_columns()
-    table = rng.choice(("NVTX_EVENTS", "StringIds", "TARGET_INFO_SESSION_START_TIME", "EXPORT_META_DATA",
-                        rng.choice(sorted(tables))))
+    table = rng.choice(
+        ("NVTX_EVENTS", "StringIds", "TARGET_INFO_SESSION_START_TIME", "EXPORT_META_DATA", rng.choice(sorted(tables)))
+    )
     db = _open_sqlite(nsys_files()[NSYS_REPORT])
     how = rng.choice(("drop table", "drop column", "rename table", "empty table"))
     # SQLite drops no key, unique or indexed column: those tables lose the whole table instead.
@@ -569,8 +721,9 @@ def nsys_bytes(rng: random.Random) -> dict:
     how = rng.choice(("flip", "truncate", "insert"))
     files = dict(nsys_files())
     files[NSYS_REPORT] = _damage(files[NSYS_REPORT], how, rng)
-    return dict(category="nsys-bytes", detail=f"sqlite bytes {how}", base="nsys", files=files,
-                expect="any", target=NSYS_REPORT)
+    return dict(
+        category="nsys-bytes", detail=f"sqlite bytes {how}", base="nsys", files=files, expect="any", target=NSYS_REPORT
+    )
 
 
 # -- (d) the run folder -----------------------------------------------------------------------
@@ -580,8 +733,18 @@ def folder(rng: random.Random) -> dict:
     """A rank file missing, a rank twice, an empty or stray trace file, a folder where a file was."""
     files = dict(kineto_files())
     victim = _pick_rank_file(rng)
-    how = rng.choice(("remove rank", "remove rank", "duplicate rank", "zero-byte file", "stray json",
-                      "directory named like a trace", "only capture.json", "stray sqlite"))
+    how = rng.choice(
+        (
+            "remove rank",
+            "remove rank",
+            "duplicate rank",
+            "zero-byte file",
+            "stray json",
+            "directory named like a trace",
+            "only capture.json",
+            "stray sqlite",
+        )
+    )
     target = victim
     if how == "remove rank":
         del files[victim]
@@ -603,8 +766,14 @@ def folder(rng: random.Random) -> dict:
     else:
         files = {"capture.json": files["capture.json"]}
         target = None
-    return dict(category="folder", detail=f"{how} ({victim})" if how in ("remove rank", "duplicate rank",
-                "zero-byte file") else how, base="kineto", files=files, expect="flagged", target=target)
+    return dict(
+        category="folder",
+        detail=f"{how} ({victim})" if how in ("remove rank", "duplicate rank", "zero-byte file") else how,
+        base="kineto",
+        files=files,
+        expect="flagged",
+        target=target,
+    )
 
 
 def folder_same(rng: random.Random) -> dict:
@@ -612,28 +781,54 @@ def folder_same(rng: random.Random) -> dict:
     files = dict(kineto_files())
     name = rng.choice(sorted(STRAY_NON_TRACE))
     files[name] = STRAY_NON_TRACE[name]
-    return dict(category="folder-same", detail=f"stray {name}", base="kineto", files=files, expect="same",
-                target=name)
+    return dict(category="folder-same", detail=f"stray {name}", base="kineto", files=files, expect="same", target=name)
 
 
 # -- (e) capture.json -------------------------------------------------------------------------
 
-CAPTURE_KEYS = ("schedule", "p", "v", "m", "stage_to_rank", "steps", "placement", "files", "command",
-                "torch_version", "compute", "faults", "n_stages")
+CAPTURE_KEYS = (
+    "schedule",
+    "p",
+    "v",
+    "m",
+    "stage_to_rank",
+    "steps",
+    "placement",
+    "files",
+    "command",
+    "torch_version",
+    "compute",
+    "faults",
+    "n_stages",
+)
 
 
 def capture(rng: random.Random) -> dict:
     """capture.json with bad UTF-8, a bad number, a list, a string, a retyped or hostile value."""
     files = dict(kineto_files())
     original = files["capture.json"]
-    how = rng.choice(("bad utf-8", "bad number", "list", "string", "null", "truncate", "retype", "hostile",
-                      "delete key", "deep", "empty"))
+    how = rng.choice(
+        (
+            "bad utf-8",
+            "bad number",
+            "list",
+            "string",
+            "null",
+            "truncate",
+            "retype",
+            "hostile",
+            "delete key",
+            "deep",
+            "empty",
+        )
+    )
     if how == "bad utf-8":
         at = rng.randrange(len(original))
         files["capture.json"] = original[:at] + rng.choice((b"\xff", b"\xed\xa0\x80", b"\xc3")) + original[at:]
     elif how == "bad number":
-        files["capture.json"] = original.replace(b'"p": 4', rng.choice((b'"p": 4e', b'"p": 1e999', b'"p": 04',
-                                                                       b'"p": NaN', b'"p": 0x4')))
+        files["capture.json"] = original.replace(
+            b'"p": 4', rng.choice((b'"p": 4e', b'"p": 1e999', b'"p": 04', b'"p": NaN', b'"p": 0x4'))
+        )
     elif how == "list":
         files["capture.json"] = b"[" + original + b"]"
     elif how == "string":
@@ -661,21 +856,44 @@ def capture(rng: random.Random) -> dict:
             doc[key] = "__FUZZ_TOKEN__"
         files["capture.json"] = _encode(doc, {"__FUZZ_TOKEN__": token} if token else None)
         how = f"{how} {key}" + (f" = {token[:40]}" if token else "")
-    return dict(category="capture", detail=f"capture.json: {how}", base="kineto", files=files,
-                expect="flagged", target="capture.json")
+    return dict(
+        category="capture",
+        detail=f"capture.json: {how}",
+        base="kineto",
+        files=files,
+        expect="flagged",
+        target="capture.json",
+    )
 
 
 # -- command-line options ---------------------------------------------------------------------
 
 BAD_OPTIONS = (
-    ("--rank-from", "("), ("--rank-from", "(a)(b)"), ("--rank-from", ""), ("--rank-from", "rank"),
-    ("--rank-from", r"rank(\d+)"), ("--rank-from", r"(\d)(\d)?"), ("--rank-from", "(?P<x"),
-    ("--rank-from", r"(.*)"), ("--rank-from", "[z-a]"), ("--rank-from", "\x1b[31m("),
-    ("--rank-map", "x"), ("--rank-map", "1="), ("--rank-map", "=1"), ("--rank-map", "1=2=3"),
-    ("--rank-map", f"{2**70}=0"), ("--rank-map", "1=-1"), ("--rank-map", ",,,"),
-    ("--jobs", "0"), ("--jobs", "-1"),
-    ("--cache-dir", "/dev/null"), ("--cache-dir", "/dev/null/sub"), ("--cache-dir", ""),
-    ("--cache-dir", "{out}/\x1b[31mcache"), ("--cache-dir", "{run}"), ("--cache-dir", "{run}/rank0.json.gz"),
+    ("--rank-from", "("),
+    ("--rank-from", "(a)(b)"),
+    ("--rank-from", ""),
+    ("--rank-from", "rank"),
+    ("--rank-from", r"rank(\d+)"),
+    ("--rank-from", r"(\d)(\d)?"),
+    ("--rank-from", "(?P<x"),
+    ("--rank-from", r"(.*)"),
+    ("--rank-from", "[z-a]"),
+    ("--rank-from", "\x1b[31m("),
+    ("--rank-map", "x"),
+    ("--rank-map", "1="),
+    ("--rank-map", "=1"),
+    ("--rank-map", "1=2=3"),
+    ("--rank-map", f"{2**70}=0"),
+    ("--rank-map", "1=-1"),
+    ("--rank-map", ",,,"),
+    ("--jobs", "0"),
+    ("--jobs", "-1"),
+    ("--cache-dir", "/dev/null"),
+    ("--cache-dir", "/dev/null/sub"),
+    ("--cache-dir", ""),
+    ("--cache-dir", "{out}/\x1b[31mcache"),
+    ("--cache-dir", "{run}"),
+    ("--cache-dir", "{run}/rank0.json.gz"),
 )
 # In option values, {run} is the case's run folder and {out} a scratch folder beside it.
 
@@ -683,8 +901,16 @@ BAD_OPTIONS = (
 def options(rng: random.Random) -> dict:
     """A bad or odd value for a loading option, on the unmutated run."""
     option, value = rng.choice(BAD_OPTIONS)
-    return dict(category="options", detail=f"{option} {value!r}", base="kineto", files=dict(kineto_files()),
-                expect="any", target=None, options=(option, value), names=(option,))
+    return dict(
+        category="options",
+        detail=f"{option} {value!r}",
+        base="kineto",
+        files=dict(kineto_files()),
+        expect="any",
+        target=None,
+        options=(option, value),
+        names=(option,),
+    )
 
 
 # -- picking a case ---------------------------------------------------------------------------
@@ -726,6 +952,6 @@ def make_case(seed: int, index: int, category: str | None = None) -> Case:
 def unmutated_case(base: str) -> Case:
     """The run every case of this base is compared to."""
     files = kineto_files() if base == "kineto" else nsys_files()
-    return Case(seed=0, index=-1, category="unmutated", detail=f"unmutated {base}", base=base,
-                files=dict(files), expect="same")
-
+    return Case(
+        seed=0, index=-1, category="unmutated", detail=f"unmutated {base}", base=base, files=dict(files), expect="same"
+    )

@@ -14,6 +14,7 @@ JSON file that does not parse), ``changed answer`` (a mutation that must not cha
 answer changed it, or made the run unreadable), ``silent change`` (a mutation of bad input
 changed the answer without a new warning), then ``error`` and ``ok``.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,8 +31,19 @@ from pathlib import Path
 
 from fuzz.mutate import Case, unmutated_case, write_case
 
-OUTCOMES = ("hang", "traceback", "input modified", "multi-line error", "unnamed error", "raw control chars",
-            "bad output", "changed answer", "silent change", "error", "ok")
+OUTCOMES = (
+    "hang",
+    "traceback",
+    "input modified",
+    "multi-line error",
+    "unnamed error",
+    "raw control chars",
+    "bad output",
+    "changed answer",
+    "silent change",
+    "error",
+    "ok",
+)
 FAILURES = OUTCOMES[:-2]
 # C0 controls but newline and tab, DEL, C1 controls: what a terminal or a Markdown viewer
 # may act on (ESC starts a terminal escape; \x9b is the one-byte CSI).
@@ -71,7 +83,9 @@ def answer(doc: dict) -> dict:
     """The figures of an analysis document that a harmless mutation must leave alone."""
     figures = {key: doc.get(key) for key in ANSWER_KEYS}
     schedule = doc.get("schedule")
-    figures["schedule"] = {k: v for k, v in schedule.items() if k != "evidence"} if isinstance(schedule, dict) else schedule
+    figures["schedule"] = (
+        {k: v for k, v in schedule.items() if k != "evidence"} if isinstance(schedule, dict) else schedule
+    )
     return figures
 
 
@@ -93,8 +107,9 @@ def _strict_json(text: str):
 class Oracle:
     """Runs cases in ``workdir`` (each case's folder is removed after it ran)."""
 
-    def __init__(self, workdir: Path, timeout_s: float = 20.0, subprocess_every: int = 20,
-                 cache_every: int = 200) -> None:
+    def __init__(
+        self, workdir: Path, timeout_s: float = 20.0, subprocess_every: int = 20, cache_every: int = 200
+    ) -> None:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.cache_dir = self.workdir / "parse-cache"
@@ -130,22 +145,39 @@ class Oracle:
         analyze_args = ["analyze", str(run_dir), "-o", str(doc_path), *common]
         in_subprocess = self.subprocess_every and case.index % self.subprocess_every == 0
         results = []
-        analyzed = (self._subprocess(analyze_args + ["--jobs", "2"]) if in_subprocess
-                    else self._in_process(analyze_args + ["--jobs", "1"]))
+        analyzed = (
+            self._subprocess(analyze_args + ["--jobs", "2"])
+            if in_subprocess
+            else self._in_process(analyze_args + ["--jobs", "1"])
+        )
         results.append(self._verdict(case, run_dir, analyzed, ok_codes=(0,)))
         junit_path, markdown_path = out_dir / "check.xml", out_dir / "check.md"
         if analyzed.exit_code is not None and (case.category in CHECKED_CATEGORIES or case.index % 4 == 0):
-            checked = self._in_process(["check", str(run_dir), "--max-bubble", "0.5", "--no-config",
-                                        "--junit", str(junit_path), "--markdown", str(markdown_path),
-                                        *common, "--jobs", "1"])
+            checked = self._in_process(
+                [
+                    "check",
+                    str(run_dir),
+                    "--max-bubble",
+                    "0.5",
+                    "--no-config",
+                    "--junit",
+                    str(junit_path),
+                    "--markdown",
+                    str(markdown_path),
+                    *common,
+                    "--jobs",
+                    "1",
+                ]
+            )
             results.append(self._verdict(case, run_dir, checked, ok_codes=(0, 1)))
             results.extend(self._ci_files(junit_path, markdown_path))
         results.append(self._inputs_intact(case, run_dir))
         if analyzed.exit_code == 0:
             results.append(self._compare(case, run_dir, doc_path, base_answer, base_warnings))
         elif analyzed.exit_code == 2 and case.expect == "same":
-            results.append(Outcome("changed answer", f"a harmless mutation was refused: {_first(analyzed.stderr)}",
-                                   "analyze"))
+            results.append(
+                Outcome("changed answer", f"a harmless mutation was refused: {_first(analyzed.stderr)}", "analyze")
+            )
         found = [r for r in results if r is not None]
         return min(found, key=lambda r: OUTCOMES.index(r.outcome))
 
@@ -175,16 +207,25 @@ class Oracle:
     def _subprocess(self, args: list[str]) -> _Invocation:
         env = {k: v for k, v in os.environ.items() if k != "TRACEKIT_DEBUG"}
         env["TRACEKIT_CACHE_DIR"] = str(self.cache_dir)
-        proc = subprocess.Popen([*tracekit_command(), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                env=env, start_new_session=True)
+        proc = subprocess.Popen(
+            [*tracekit_command(), *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            start_new_session=True,
+        )
         try:
             stdout, stderr = proc.communicate(timeout=self.timeout_s * 2)  # process start-up and a pool
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)  # its own session: the run and its pool workers
             proc.communicate()
             return _Invocation(args[0] + " (subprocess)", None, "", f"no answer after {self.timeout_s * 2:g} s")
-        return _Invocation(args[0] + " (subprocess)", proc.returncode, stdout.decode("utf-8", "replace"),
-                           stderr.decode("utf-8", "replace"))
+        return _Invocation(
+            args[0] + " (subprocess)",
+            proc.returncode,
+            stdout.decode("utf-8", "replace"),
+            stderr.decode("utf-8", "replace"),
+        )
 
     # -- judging -------------------------------------------------------------------------
 
@@ -194,7 +235,9 @@ class Oracle:
         if run.exception is not None:
             return Outcome("traceback", f"{type(run.exception).__name__}: {_first(str(run.exception))}", run.command)
         if "Traceback (most recent call last)" in run.stdout + run.stderr or run.exit_code not in (*ok_codes, 2):
-            return Outcome("traceback", f"exit {run.exit_code}: {_first(run.stderr) or _first(run.stdout)}", run.command)
+            return Outcome(
+                "traceback", f"exit {run.exit_code}: {_first(run.stderr) or _first(run.stdout)}", run.command
+            )
         raw = RAW_CONTROL.search(run.stdout + run.stderr)
         if run.exit_code == 2:
             lines = [line for line in run.stderr.splitlines() if line.strip()]
@@ -209,7 +252,7 @@ class Oracle:
         if raw:
             at = raw.start()
             text = run.stdout + run.stderr
-            return Outcome("raw control chars", f"{raw.group()!r} in: {text[max(0, at - 60):at + 20]!r}", run.command)
+            return Outcome("raw control chars", f"{raw.group()!r} in: {text[max(0, at - 60) : at + 20]!r}", run.command)
         return Outcome("ok", "", run.command)
 
     @staticmethod
@@ -227,8 +270,13 @@ class Oracle:
                 return found + [Outcome("bad output", f"Markdown file is not UTF-8: {err}", "check")]
             raw = RAW_CONTROL.search(text)
             if raw:
-                found.append(Outcome("raw control chars", f"{raw.group()!r} in the Markdown file: "
-                                     f"{text[max(0, raw.start() - 60):raw.start() + 20]!r}", "check"))
+                found.append(
+                    Outcome(
+                        "raw control chars",
+                        f"{raw.group()!r} in the Markdown file: {text[max(0, raw.start() - 60) : raw.start() + 20]!r}",
+                        "check",
+                    )
+                )
         return found
 
     @staticmethod
@@ -245,8 +293,9 @@ class Oracle:
             return Outcome("input modified", f"written into the run folder: {extra[:3]}", "analyze")
         return None
 
-    def _compare(self, case: Case, run_dir: Path, doc_path: Path, base_answer: dict,
-                 base_warnings: set[str]) -> Outcome | None:
+    def _compare(
+        self, case: Case, run_dir: Path, doc_path: Path, base_answer: dict, base_warnings: set[str]
+    ) -> Outcome | None:
         try:
             doc = _strict_json(doc_path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as err:
@@ -269,8 +318,19 @@ class Oracle:
             shutil.rmtree(run_dir, ignore_errors=True)
             write_case(case, run_dir)
             doc_path = self.workdir / f"unmutated-{base}.json"
-            run = self._in_process(["analyze", str(run_dir), "-o", str(doc_path), "--no-progress", "--jobs", "1",
-                                    "--cache-dir", str(self.cache_dir)])
+            run = self._in_process(
+                [
+                    "analyze",
+                    str(run_dir),
+                    "-o",
+                    str(doc_path),
+                    "--no-progress",
+                    "--jobs",
+                    "1",
+                    "--cache-dir",
+                    str(self.cache_dir),
+                ]
+            )
             if run.exit_code != 0:
                 raise RuntimeError(f"the unmutated {base} run does not analyse: {run.stderr or run.exception}")
             doc = json.loads(doc_path.read_text())

@@ -11,6 +11,7 @@ deadline is killed (the case counts as a hang) and replaced. Exit status 1 when 
 failed (a traceback, hang, modified input, multi-line or unnamed error, raw control
 character, bad output file, changed answer or silent change), else 0.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,8 +45,16 @@ def _worker(conn, workdir: str, seed: int, timeout_s: float, subprocess_every: i
             return
         case = make_case(seed, index)
         outcome = oracle.run(case)
-        conn.send({"index": index, "category": case.category, "detail": case.detail,
-                   "outcome": outcome.outcome, "message": outcome.message, "command": outcome.command})
+        conn.send(
+            {
+                "index": index,
+                "category": case.category,
+                "detail": case.detail,
+                "outcome": outcome.outcome,
+                "message": outcome.message,
+                "command": outcome.command,
+            }
+        )
 
 
 class _Pool:
@@ -104,8 +113,16 @@ class _Pool:
         process.kill()
         process.join()
         case = make_case(self._args[0], index)
-        self._on_result({"index": index, "category": case.category, "detail": case.detail, "outcome": outcome,
-                         "message": message, "command": "worker"})
+        self._on_result(
+            {
+                "index": index,
+                "category": case.category,
+                "detail": case.detail,
+                "outcome": outcome,
+                "message": message,
+                "command": "worker",
+            }
+        )
         self._start()
 
     def close(self) -> None:
@@ -131,7 +148,9 @@ def summary_table(table: dict[str, Counter]) -> str:
     lines = ["  ".join(str(h).ljust(w) if i == 0 else str(h).rjust(w) for i, (h, w) in enumerate(zip(heads, widths)))]
     lines.append("  ".join("-" * w for w in widths))
     for row in rows:
-        lines.append("  ".join(str(v).ljust(w) if i == 0 else str(v).rjust(w) for i, (v, w) in enumerate(zip(row, widths))))
+        lines.append(
+            "  ".join(str(v).ljust(w) if i == 0 else str(v).rjust(w) for i, (v, w) in enumerate(zip(row, widths)))
+        )
     return "\n".join(lines)
 
 
@@ -143,14 +162,21 @@ def distinct_failures(failures: list[dict]) -> list[dict]:
         shape = re.sub(r"\d+(\.\d+)?", "N", shape)
         key = (failure["outcome"], shape)
         if key not in groups:
-            groups[key] = {"outcome": failure["outcome"], "message": failure["message"], "replay": failure["replay"],
-                           "category": failure["category"], "detail": failure["detail"], "cases": 0}
+            groups[key] = {
+                "outcome": failure["outcome"],
+                "message": failure["message"],
+                "replay": failure["replay"],
+                "category": failure["category"],
+                "detail": failure["detail"],
+                "cases": 0,
+            }
         groups[key]["cases"] += 1
     return sorted(groups.values(), key=lambda g: (OUTCOMES.index(g["outcome"]), -g["cases"]))
 
 
-def fuzz(cases: int, seed: int, jobs: int, out: Path | None, timeout_s: float, subprocess_every: int,
-         start: int) -> int:
+def fuzz(
+    cases: int, seed: int, jobs: int, out: Path | None, timeout_s: float, subprocess_every: int, start: int
+) -> int:
     table: dict[str, Counter] = defaultdict(Counter)
     failures: list[dict] = []
     started = time.monotonic()
@@ -179,14 +205,24 @@ def fuzz(cases: int, seed: int, jobs: int, out: Path | None, timeout_s: float, s
     if distinct:
         print(f"\n{len(distinct)} distinct failure(s) (replay with: python fuzz/run.py --replay SEED:INDEX):")
         for group in distinct:
-            print(f"  [{group['outcome']}] x{group['cases']}  {group['replay']}  {group['category']}: "
-                  f"{group['detail'][:70]}\n      {group['message'][:240]}")
+            print(
+                f"  [{group['outcome']}] x{group['cases']}  {group['replay']}  {group['category']}: "
+                f"{group['detail'][:70]}\n      {group['message'][:240]}"
+            )
     if out:
-        report = {"seed": seed, "cases": cases, "start": start, "jobs": jobs, "elapsed_s": round(elapsed, 1),
-                  "cases_per_s": round(cases / elapsed, 3), "categories": list(CATEGORIES), "outcomes": list(OUTCOMES),
-                  "table": {c: dict(counts) for c, counts in sorted(table.items())},
-                  "distinct_failures": distinct,
-                  "failures": sorted(failures, key=lambda f: f["index"])}
+        report = {
+            "seed": seed,
+            "cases": cases,
+            "start": start,
+            "jobs": jobs,
+            "elapsed_s": round(elapsed, 1),
+            "cases_per_s": round(cases / elapsed, 3),
+            "categories": list(CATEGORIES),
+            "outcomes": list(OUTCOMES),
+            "table": {c: dict(counts) for c, counts in sorted(table.items())},
+            "distinct_failures": distinct,
+            "failures": sorted(failures, key=lambda f: f["index"]),
+        }
         out.write_text(json.dumps(report, indent=1) + "\n")
         print(f"\nwrote {out}")
     return 1 if failures else 0
@@ -219,18 +255,26 @@ def replay(replay_id: str, into: Path | None, timeout_s: float) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--cases", type=int, default=10_000, help="how many cases (default 10000)")
     parser.add_argument("--seed", type=int, default=1, help="the seed; a case is reproducible from seed and index")
     parser.add_argument("--start", type=int, default=0, help="the first case index (to split a run)")
     parser.add_argument("--jobs", "-j", type=int, default=1, help="worker processes (default 1)")
     parser.add_argument("--out", type=Path, help="write the failing cases and the table here (JSON)")
     parser.add_argument("--timeout", type=float, default=20.0, help="seconds before a case counts as a hang")
-    parser.add_argument("--subprocess-every", type=int, default=20,
-                        help="run every Nth case's analysis as a real tracekit process with -j 2 (0: never)")
-    parser.add_argument("--replay", metavar="SEED:INDEX[:CATEGORY]",
-                        help="make and judge one case, keeping its input (the test names its cases with a category)")
+    parser.add_argument(
+        "--subprocess-every",
+        type=int,
+        default=20,
+        help="run every Nth case's analysis as a real tracekit process with -j 2 (0: never)",
+    )
+    parser.add_argument(
+        "--replay",
+        metavar="SEED:INDEX[:CATEGORY]",
+        help="make and judge one case, keeping its input (the test names its cases with a category)",
+    )
     parser.add_argument("--into", type=Path, help="with --replay: the folder to write the case's run to")
     args = parser.parse_args(argv)
     if args.replay:

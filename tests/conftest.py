@@ -1,4 +1,5 @@
 """Shared test fixtures: where the project's sample runs and the shared real traces live."""
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,9 @@ SHARED_TRACES = ROOT.parent / "shared" / "real-traces"
 
 def sample_runs() -> list[Path]:
     """Every captured Kineto sample run (a folder with capture.json and rank files)."""
-    return sorted(p for p in SAMPLES.iterdir()
-                  if p.is_dir() and (p / "capture.json").is_file() and list(p.glob("rank*.json.gz")))
+    return sorted(
+        p for p in SAMPLES.iterdir() if p.is_dir() and (p / "capture.json").is_file() and list(p.glob("rank*.json.gz"))
+    )
 
 
 def capture_of(run_dir: Path) -> dict:
@@ -55,9 +57,10 @@ def loaded_runs():
 @pytest.fixture(scope="module")
 def dask_client():
     """An in-process Dask cluster (two workers, one thread each) for one test module."""
-    distributed = pytest.importorskip("distributed", reason="dask[distributed] is not installed (pip install 'tracekit[dask]')")
-    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
-                                       dashboard_address=None)
+    distributed = pytest.importorskip(
+        "distributed", reason="dask[distributed] is not installed (pip install 'tracekit[dask]')"
+    )
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None)
     client = distributed.Client(cluster)
     yield client
     client.close()

@@ -24,6 +24,7 @@ Times are int ns as the formats define them: Kineto ``ns = round(ts * 1000)`` (t
 as float64 arithmetic gives them) plus ``baseTimeNanoseconds``, end = start + round(dur *
 1000); nsys ``TARGET_INFO_SESSION_START_TIME.utcEpochNs`` + the row's ns.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -50,7 +51,7 @@ class DeviceOps:
     start_ns: np.ndarray
     end_ns: np.ndarray
     is_comm: np.ndarray
-    step: np.ndarray               # NO_STEP where no step holds the op
+    step: np.ndarray  # NO_STEP where no step holds the op
     names: list[str]
     host_step_end_ns: dict[int, int] = field(default_factory=dict)  # ProfilerStep#N -> its host end
 
@@ -154,8 +155,15 @@ def kineto_rank_ops(path: Path) -> DeviceOps:
         step = _steps_of(anchor, spans)
     else:
         step = np.zeros(len(device), dtype=np.int64)
-    return DeviceOps(rank=rank, start_ns=starts, end_ns=ends, is_comm=_comm(names), step=step, names=names,
-                     host_step_end_ns={n: e for n, _, e in spans})
+    return DeviceOps(
+        rank=rank,
+        start_ns=starts,
+        end_ns=ends,
+        is_comm=_comm(names),
+        step=step,
+        names=names,
+        host_step_end_ns={n: e for n, _, e in spans},
+    )
 
 
 def _comm(names: list[str]) -> np.ndarray:
@@ -168,8 +176,7 @@ def _comm(names: list[str]) -> np.ndarray:
 _PID_SHIFT, _ID_MASK = 24, 0xFFFFFF
 # NCCL calls that launch kernels; ncclCommCount and the like launch none
 _P2P_CALLS = {"ncclSend", "ncclRecv"}
-_COLLECTIVE_CALLS = {"ncclAllReduce", "ncclAllGather", "ncclReduceScatter", "ncclBroadcast", "ncclBcast",
-                     "ncclReduce"}
+_COLLECTIVE_CALLS = {"ncclAllReduce", "ncclAllGather", "ncclReduceScatter", "ncclBroadcast", "ncclBcast", "ncclReduce"}
 # host ranges (torch emit_nvtx / ProcessGroupNCCL titles) that make an NCCL group an all_to_all
 _ALL_TO_ALL = re.compile(r"^(nccl:all_to_all|c10d::alltoall)")
 
@@ -182,8 +189,8 @@ class NsysKernelClass:
     start_ns: int
     end_ns: int
     name: str
-    by_send_recv_group: bool    # inside a lone ncclSend/ncclRecv or a group of sends/receives only
-    in_all_to_all: bool         # ... and that group sits inside an all_to_all host range
+    by_send_recv_group: bool  # inside a lone ncclSend/ncclRecv or a group of sends/receives only
+    in_all_to_all: bool  # ... and that group sits inside an all_to_all host range
 
 
 @dataclass
@@ -228,11 +235,12 @@ def _nsys_reference(conn: sqlite3.Connection) -> NsysReference:
     assert int(meta.get("EXPORT_PARAM_TIME_SHIFT", 0) or 0) == 0
     (session_start,) = conn.execute("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME").fetchone()
 
-    ops: dict[int, list[tuple[int, int, str, int]]] = {}   # pid -> (start, end, name, correlation)
+    ops: dict[int, list[tuple[int, int, str, int]]] = {}  # pid -> (start, end, name, correlation)
     devices: dict[int, set[int]] = {}
     kernel_rows = conn.execute(
         "SELECT start, end, globalPid, deviceId, correlationId, demangledName, shortName "
-        "FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchall()
+        "FROM CUPTI_ACTIVITY_KIND_KERNEL"
+    ).fetchall()
     for start, end, gpid, device, corr, demangled, short in kernel_rows:
         pid = (gpid >> _PID_SHIFT) & _ID_MASK
         name = strings.get(demangled) or strings.get(short) or "kernel"
@@ -243,9 +251,14 @@ def _nsys_reference(conn: sqlite3.Connection) -> NsysReference:
             for start, end, gpid, corr in conn.execute(f"SELECT start, end, globalPid, correlationId FROM {table}"):
                 ops.setdefault((gpid >> _PID_SHIFT) & _ID_MASK, []).append((start, end, label, corr))
 
-    nvtx = conn.execute(
-        "SELECT start, end, globalTid, domainId, coalesce(text, (SELECT value FROM StringIds WHERE id = textId)) "
-        "FROM NVTX_EVENTS WHERE eventType IN (59, 60) AND end IS NOT NULL").fetchall() if "NVTX_EVENTS" in tables else []
+    nvtx = (
+        conn.execute(
+            "SELECT start, end, globalTid, domainId, coalesce(text, (SELECT value FROM StringIds WHERE id = textId)) "
+            "FROM NVTX_EVENTS WHERE eventType IN (59, 60) AND end IS NOT NULL"
+        ).fetchall()
+        if "NVTX_EVENTS" in tables
+        else []
+    )
     # the reports here hold no ProfilerStep ranges: each rank is one step, 0
     assert not any(_STEP.match((text or "").split(",")[0]) for *_, text in nvtx)
 
@@ -264,8 +277,16 @@ def _nsys_reference(conn: sqlite3.Connection) -> NsysReference:
         starts = np.array([r[0] for r in rows], dtype=np.int64) + session_start
         ends = np.array([r[1] for r in rows], dtype=np.int64) + session_start
         names = [r[2] for r in rows]
-        ranks.append(DeviceOps(rank=rank_of[pid], start_ns=starts, end_ns=ends, is_comm=_comm(names),
-                               step=np.zeros(len(rows), dtype=np.int64), names=names))
+        ranks.append(
+            DeviceOps(
+                rank=rank_of[pid],
+                start_ns=starts,
+                end_ns=ends,
+                is_comm=_comm(names),
+                step=np.zeros(len(rows), dtype=np.int64),
+                names=names,
+            )
+        )
     ranks.sort(key=lambda r: r.rank)
 
     nccl_kernels = _classify_nccl(conn, kernel_rows, strings, nvtx, rank_of, session_start)
@@ -335,9 +356,16 @@ def _classify_nccl(conn, kernel_rows, strings, nvtx, rank_of, session_start) -> 
         if launch is not None:
             t, gtid = launch
             holder = next((r for r in ranges if r[0] == gtid and r[1] <= t <= r[2]), None)
-        out.append(NsysKernelClass(
-            rank=rank_of[pid], start_ns=start + session_start, end_ns=end + session_start, name=name,
-            by_send_recv_group=bool(holder and holder[3]), in_all_to_all=bool(holder and holder[4])))
+        out.append(
+            NsysKernelClass(
+                rank=rank_of[pid],
+                start_ns=start + session_start,
+                end_ns=end + session_start,
+                name=name,
+                by_send_recv_group=bool(holder and holder[3]),
+                in_all_to_all=bool(holder and holder[4]),
+            )
+        )
     out.sort(key=lambda k: (k.rank, k.start_ns))
     return out
 
@@ -348,7 +376,15 @@ def kernel_pairs(side_a: list[tuple[int, int]], side_b: list[tuple[int, int]]) -
     rows = []
     for (sa, ea), (sb, eb) in zip(sorted(side_a), sorted(side_b)):
         later = max(sa, sb)
-        rows.append({"start_a_ns": sa, "end_a_ns": ea, "start_b_ns": sb, "end_b_ns": eb,
-                     "waiting": "a" if sa < sb else ("b" if sb < sa else "none"),
-                     "wait_ns": later - min(sa, sb), "transfer_ns": min(ea, eb) - later})
+        rows.append(
+            {
+                "start_a_ns": sa,
+                "end_a_ns": ea,
+                "start_b_ns": sb,
+                "end_b_ns": eb,
+                "waiting": "a" if sa < sb else ("b" if sb < sa else "none"),
+                "wait_ns": later - min(sa, sb),
+                "transfer_ns": min(ea, eb) - later,
+            }
+        )
     return rows

@@ -70,6 +70,7 @@ Schema (field names, cats, args keys, pid/tid conventions, ac2g flows) copied fr
 
 Run ``python tests/gpu_tracegen.py --scenario slow_link --out /tmp/x`` to write one by hand.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -91,25 +92,36 @@ ORIGIN_NS = 5_000_000_000  # trace ts origin (ns); ts = (ORIGIN_NS + t + offset)
 BASE_TIME_NS = 1_790_000_000_000_000_000
 MESSAGE_SHAPE = [8, 1024]  # activations / gradients, float32
 NCCL_KERNEL = "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"
-_CBID = {"cudaLaunchKernel": 211, "cudaEventRecord": 135, "cudaStreamWaitEvent": 147,
-         "cudaDeviceSynchronize": 165, "cudaEventSynchronize": 137}
+_CBID = {
+    "cudaLaunchKernel": 211,
+    "cudaEventRecord": 135,
+    "cudaStreamWaitEvent": 147,
+    "cudaDeviceSynchronize": 165,
+    "cudaEventSynchronize": 137,
+}
 _GEMM = "sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x32_warpgroupsize1x1x1_execute_kernel__5x_cublas"
-_GELU = ("void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl(at::TensorIteratorBase&, "
-         "at::native::GeluType)::{lambda()#2}::operator()() const::{lambda()#2}::operator()() const::"
-         "{lambda(float)#1}, at::detail::Array<char*, 2> >(int, at::native::GeluCUDAKernelImpl"
-         "(at::TensorIteratorBase&, at::native::GeluType)::{lambda()#2}::operator()() const::"
-         "{lambda()#2}::operator()() const::{lambda(float)#1}, at::detail::Array<char*, 2>)")
-_GELU_BWD = ("void at::native::vectorized_elementwise_kernel<4, at::native::GeluBackwardCUDAKernelImpl"
-             "(at::TensorIteratorBase&, at::native::GeluType)::{lambda()#2}::operator()() const::"
-             "{lambda()#2}::operator()() const::{lambda(float, float)#1}, at::detail::Array<char*, 3> >"
-             "(int, at::native::GeluBackwardCUDAKernelImpl(at::TensorIteratorBase&, at::native::GeluType)"
-             "::{lambda()#2}::operator()() const::{lambda()#2}::operator()() const::"
-             "{lambda(float, float)#1}, at::detail::Array<char*, 3>)")
-_OPTIM_KERNEL = ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous "
-                 "namespace)::TensorListMetadata<2>, at::native::(anonymous namespace)::BinaryOpListAlphaFunctor"
-                 "<float, 2, 2, 0>, std::plus<float>, float>(at::native::(anonymous namespace)::"
-                 "TensorListMetadata<2>, at::native::(anonymous namespace)::BinaryOpListAlphaFunctor<float, 2, 2, 0>, "
-                 "std::plus<float>, float)")
+_GELU = (
+    "void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl(at::TensorIteratorBase&, "
+    "at::native::GeluType)::{lambda()#2}::operator()() const::{lambda()#2}::operator()() const::"
+    "{lambda(float)#1}, at::detail::Array<char*, 2> >(int, at::native::GeluCUDAKernelImpl"
+    "(at::TensorIteratorBase&, at::native::GeluType)::{lambda()#2}::operator()() const::"
+    "{lambda()#2}::operator()() const::{lambda(float)#1}, at::detail::Array<char*, 2>)"
+)
+_GELU_BWD = (
+    "void at::native::vectorized_elementwise_kernel<4, at::native::GeluBackwardCUDAKernelImpl"
+    "(at::TensorIteratorBase&, at::native::GeluType)::{lambda()#2}::operator()() const::"
+    "{lambda()#2}::operator()() const::{lambda(float, float)#1}, at::detail::Array<char*, 3> >"
+    "(int, at::native::GeluBackwardCUDAKernelImpl(at::TensorIteratorBase&, at::native::GeluType)"
+    "::{lambda()#2}::operator()() const::{lambda()#2}::operator()() const::"
+    "{lambda(float, float)#1}, at::detail::Array<char*, 3>)"
+)
+_OPTIM_KERNEL = (
+    "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous "
+    "namespace)::TensorListMetadata<2>, at::native::(anonymous namespace)::BinaryOpListAlphaFunctor"
+    "<float, 2, 2, 0>, std::plus<float>, float>(at::native::(anonymous namespace)::"
+    "TensorListMetadata<2>, at::native::(anonymous namespace)::BinaryOpListAlphaFunctor<float, 2, 2, 0>, "
+    "std::plus<float>, float)"
+)
 
 
 @dataclass(frozen=True)
@@ -279,12 +291,31 @@ class _Rank:
     def _runtime(self, name: str, tid: int, start: int, end: int, external_id: int) -> int:
         corr = self.next_correlation
         self.next_correlation += 1
-        self.events.append(_HostEvent("cuda_runtime", name, tid, start, end,
-                                      {"External id": external_id, "cbid": _CBID[name], "correlation": corr}))
+        self.events.append(
+            _HostEvent(
+                "cuda_runtime",
+                name,
+                tid,
+                start,
+                end,
+                {"External id": external_id, "cbid": _CBID[name], "correlation": corr},
+            )
+        )
         return corr
 
-    def _launch(self, name: str, kind: str, stream: int, tid: int, start: int, end: int, external_id: int,
-                step: int, dur_ns: int, **extra) -> Kernel:
+    def _launch(
+        self,
+        name: str,
+        kind: str,
+        stream: int,
+        tid: int,
+        start: int,
+        end: int,
+        external_id: int,
+        step: int,
+        dur_ns: int,
+        **extra,
+    ) -> Kernel:
         corr = self._runtime("cudaLaunchKernel", tid, start, end, external_id)
         kernel = Kernel(self.rank, stream, name, kind, step, dur_ns, start, end, tid, external_id, corr, **extra)
         self.kernels.append(kernel)
@@ -324,8 +355,16 @@ class _Rank:
         self.t += 5_000
         start, _ = self.step_spans[step]
         self.step_spans[step] = (start, self.t)
-        self.events.append(_HostEvent("user_annotation", f"ProfilerStep#{step}", self.main_tid, start, self.t,
-                                      {"External id": self._take_external()}))
+        self.events.append(
+            _HostEvent(
+                "user_annotation",
+                f"ProfilerStep#{step}",
+                self.main_tid,
+                start,
+                self.t,
+                {"External id": self._take_external()},
+            )
+        )
         self.t += STEP_GAP_NS
 
     def _take_external(self) -> int:
@@ -356,8 +395,16 @@ class _Rank:
         elif send:
             self._p2p(step, *send)
         if sc.labelled:
-            self.events.append(_HostEvent("user_annotation", f"PP:{stage}{kind}{mb}", self.main_tid, label_start,
-                                          self.t, {"External id": self._take_external()}))
+            self.events.append(
+                _HostEvent(
+                    "user_annotation",
+                    f"PP:{stage}{kind}{mb}",
+                    self.main_tid,
+                    label_start,
+                    self.t,
+                    {"External id": self._take_external()},
+                )
+            )
 
     def _forward(self, step: int, action: Action) -> None:
         stage, _, mb = action
@@ -367,17 +414,40 @@ class _Rank:
             start, end = self.t, self.t + cost
             seq = self.next_sequence
             self.next_sequence += 1
-            top_name, inner_name, kernel_name = (("aten::linear", "aten::addmm", _GEMM) if k % 2 == 0
-                                                 else ("aten::gelu", None, _GELU))
-            top = self._event("cpu_op", top_name, self.main_tid, start, end, **{
-                "Sequence number": seq, "Fwd thread id": 0, "Record function id": 0})
+            top_name, inner_name, kernel_name = (
+                ("aten::linear", "aten::addmm", _GEMM) if k % 2 == 0 else ("aten::gelu", None, _GELU)
+            )
+            top = self._event(
+                "cpu_op",
+                top_name,
+                self.main_tid,
+                start,
+                end,
+                **{"Sequence number": seq, "Fwd thread id": 0, "Record function id": 0},
+            )
             ops.append((seq, top))
             owner = top
             if inner_name:
-                owner = self._event("cpu_op", inner_name, self.main_tid, start + cost // 8, end - cost // 8,
-                                    **{"Sequence number": seq, "Fwd thread id": 0, "Record function id": 0})
-            self._launch(kernel_name, "compute", COMPUTE_STREAM, self.main_tid, start + cost // 4,
-                         start + 3 * cost // 4, owner, step, self._kernel_ns(stage), action=action)
+                owner = self._event(
+                    "cpu_op",
+                    inner_name,
+                    self.main_tid,
+                    start + cost // 8,
+                    end - cost // 8,
+                    **{"Sequence number": seq, "Fwd thread id": 0, "Record function id": 0},
+                )
+            self._launch(
+                kernel_name,
+                "compute",
+                COMPUTE_STREAM,
+                self.main_tid,
+                start + cost // 4,
+                start + 3 * cost // 4,
+                owner,
+                step,
+                self._kernel_ns(stage),
+                action=action,
+            )
             self.host_compute[step].append((start, end))
             self.t = end
 
@@ -389,19 +459,45 @@ class _Rank:
         for k, (seq, forward_ext) in reversed(list(enumerate(self.forward_ops.pop((stage, mb))))):
             start, end = self.t, self.t + per_op * cost
             node = "AddmmBackward0" if k % 2 == 0 else "GeluBackward0"
-            top = self._event("cpu_op", f"autograd::engine::evaluate_function: {node}", self.autograd_tid,
-                              start, end, **{"Sequence number": seq, "Fwd thread id": 1, "Record function id": 0})
+            top = self._event(
+                "cpu_op",
+                f"autograd::engine::evaluate_function: {node}",
+                self.autograd_tid,
+                start,
+                end,
+                **{"Sequence number": seq, "Fwd thread id": 1, "Record function id": 0},
+            )
             self.flows.append((seq, forward_ext, top))
-            self._event("cpu_op", node, self.autograd_tid, start + 200, end - 200,
-                        **{"Sequence number": seq, "Fwd thread id": 1, "Record function id": 0})
+            self._event(
+                "cpu_op",
+                node,
+                self.autograd_tid,
+                start + 200,
+                end - 200,
+                **{"Sequence number": seq, "Fwd thread id": 1, "Record function id": 0},
+            )
             for j in range(per_op):
                 op_start = start + j * cost
-                owner = self._event("cpu_op", "aten::mm" if k % 2 == 0 else "aten::gelu_backward",
-                                    self.autograd_tid, op_start + cost // 8, op_start + cost - cost // 8,
-                                    **{"Record function id": 0})
-                self._launch(_GEMM if k % 2 == 0 else _GELU_BWD, "compute", COMPUTE_STREAM, self.autograd_tid,
-                             op_start + cost // 4, op_start + 3 * cost // 4, owner, step, self._kernel_ns(stage),
-                             action=action)
+                owner = self._event(
+                    "cpu_op",
+                    "aten::mm" if k % 2 == 0 else "aten::gelu_backward",
+                    self.autograd_tid,
+                    op_start + cost // 8,
+                    op_start + cost - cost // 8,
+                    **{"Record function id": 0},
+                )
+                self._launch(
+                    _GEMM if k % 2 == 0 else _GELU_BWD,
+                    "compute",
+                    COMPUTE_STREAM,
+                    self.autograd_tid,
+                    op_start + cost // 4,
+                    op_start + 3 * cost // 4,
+                    owner,
+                    step,
+                    self._kernel_ns(stage),
+                    action=action,
+                )
             self.host_compute[step].append((start, end))
             self.t = end
         self.t += 3_000  # back on the main thread
@@ -423,18 +519,46 @@ class _Rank:
         start, end = self.t, self.t + P2P_HOST_NS
         nelems = MESSAGE_SHAPE[0] * MESSAGE_SHAPE[1]
         op = "c10d::send" if direction == "send" else "c10d::recv_"
-        self._event("cpu_op", op, self.main_tid, start, end, **{
-            "Sequence number": self.next_sequence, "Fwd thread id": 0, "Record function id": 0,
-            "Concrete Inputs": ["", "", str(peer), "0"], "Input type": ["TensorList", "", "Scalar", "Scalar"],
-            "Input Strides": [[[MESSAGE_SHAPE[1], 1]], [], [], []], "Input Dims": [[list(MESSAGE_SHAPE)], [], [], []]})
+        self._event(
+            "cpu_op",
+            op,
+            self.main_tid,
+            start,
+            end,
+            **{
+                "Sequence number": self.next_sequence,
+                "Fwd thread id": 0,
+                "Record function id": 0,
+                "Concrete Inputs": ["", "", str(peer), "0"],
+                "Input type": ["TensorList", "", "Scalar", "Scalar"],
+                "Input Strides": [[[MESSAGE_SHAPE[1], 1]], [], [], []],
+                "Input Dims": [[list(MESSAGE_SHAPE)], [], [], []],
+            },
+        )
         self.p2p_calls += 1
-        meta = {"Collective name": direction, "In msg nelems": nelems, "Out msg nelems": nelems,
-                "Group size": sc.p, "dtype": "Float", "In split size": "[]", "Out split size": "[]",
-                "Process Group Name": "0", "Process Group Description": "default_pg",
-                "Process Group Ranks": str(list(range(sc.p))), "Rank": peer,
-                ("Dst Rank" if direction == "send" else "Src Rank"): peer, "Seq": self.p2p_calls}
-        comms = self._event("cpu_op", "record_param_comms", self.main_tid, start + 2_000, end - 2_000,
-                            **{"Record function id": 0, "Global rank start": 0, "Global rank stride": 1, **meta})
+        meta = {
+            "Collective name": direction,
+            "In msg nelems": nelems,
+            "Out msg nelems": nelems,
+            "Group size": sc.p,
+            "dtype": "Float",
+            "In split size": "[]",
+            "Out split size": "[]",
+            "Process Group Name": "0",
+            "Process Group Description": "default_pg",
+            "Process Group Ranks": str(list(range(sc.p))),
+            "Rank": peer,
+            ("Dst Rank" if direction == "send" else "Src Rank"): peer,
+            "Seq": self.p2p_calls,
+        }
+        comms = self._event(
+            "cpu_op",
+            "record_param_comms",
+            self.main_tid,
+            start + 2_000,
+            end - 2_000,
+            **{"Record function id": 0, "Global rank start": 0, "Global rank stride": 1, **meta},
+        )
         self._runtime("cudaEventRecord", self.main_tid, start + 4_000, start + 5_000, comms)
         self._runtime("cudaStreamWaitEvent", self.main_tid, start + 6_000, start + 7_000, comms)
         self.t = end
@@ -446,14 +570,25 @@ class _Rank:
         start, comms, meta = self._p2p_call(direction, peer)
         end = self.t
         title = f"nccl:send {self.rank}->{peer}" if direction == "send" else f"nccl:recv {self.rank}<-{peer}"
-        annotation = self._event("user_annotation", title, self.main_tid, start + 9_000, end - 6_000,
-                                 **{"Record function id": 0})
+        annotation = self._event(
+            "user_annotation", title, self.main_tid, start + 9_000, end - 6_000, **{"Record function id": 0}
+        )
         stream = 20 + 2 * peer + (0 if direction == "send" else 1)
         src, dst = (self.rank, peer) if direction == "send" else (peer, self.rank)
-        kernel = self._launch(NCCL_KERNEL, direction, stream, self.main_tid, start + 12_000, start + 20_000, comms,
-                              step, sc.transfer(src, dst), ops=[(direction, message, sc.transfer(src, dst))],
-                              deps=[self.last_compute] if self.last_compute else [],
-                              args={**meta, "_annotation": (title, annotation)})
+        kernel = self._launch(
+            NCCL_KERNEL,
+            direction,
+            stream,
+            self.main_tid,
+            start + 12_000,
+            start + 20_000,
+            comms,
+            step,
+            sc.transfer(src, dst),
+            ops=[(direction, message, sc.transfer(src, dst))],
+            deps=[self.last_compute] if self.last_compute else [],
+            args={**meta, "_annotation": (title, annotation)},
+        )
         return kernel
 
     def _fused_before(self, step: int, recv: tuple | None) -> None:
@@ -491,12 +626,23 @@ class _Rank:
             ops.append((direction, message, sc.transfer(src, dst)))
             self.t += 1_000
         start = self.t
-        annotation = self._event("user_annotation", "nccl:coalesced", self.main_tid, start, start + 12_000,
-                                 **{"Record function id": 0})
-        kernel = self._launch(NCCL_KERNEL, "sendrecv", FUSED_STREAM, self.main_tid, start + 2_000, start + 10_000,
-                              annotation, step, max(t for _, _, t in ops), ops=ops,
-                              deps=[self.last_compute] if self.last_compute else [],
-                              args={"_annotation": ("nccl:coalesced", annotation)})
+        annotation = self._event(
+            "user_annotation", "nccl:coalesced", self.main_tid, start, start + 12_000, **{"Record function id": 0}
+        )
+        kernel = self._launch(
+            NCCL_KERNEL,
+            "sendrecv",
+            FUSED_STREAM,
+            self.main_tid,
+            start + 2_000,
+            start + 10_000,
+            annotation,
+            step,
+            max(t for _, _, t in ops),
+            ops=ops,
+            deps=[self.last_compute] if self.last_compute else [],
+            args={"_annotation": ("nccl:coalesced", annotation)},
+        )
         self.t = start + 14_000
         return kernel
 
@@ -506,13 +652,31 @@ class _Rank:
         ext = self._take_external()
         for k in range(OPTIMIZER_KERNELS):
             op_start = start + 10_000 + k * cost
-            owner = self._event("cpu_op", "aten::_foreach_add_", self.main_tid, op_start, op_start + cost,
-                                **{"Record function id": 0})
-            self._launch(_OPTIM_KERNEL, "optimizer", COMPUTE_STREAM, self.main_tid, op_start + cost // 4,
-                         op_start + 3 * cost // 4, owner, step, OPTIMIZER_KERNEL_NS)
+            owner = self._event(
+                "cpu_op", "aten::_foreach_add_", self.main_tid, op_start, op_start + cost, **{"Record function id": 0}
+            )
+            self._launch(
+                _OPTIM_KERNEL,
+                "optimizer",
+                COMPUTE_STREAM,
+                self.main_tid,
+                op_start + cost // 4,
+                op_start + 3 * cost // 4,
+                owner,
+                step,
+                OPTIMIZER_KERNEL_NS,
+            )
         self.t = start + 10_000 + OPTIMIZER_KERNELS * cost + 10_000
-        self.events.append(_HostEvent("user_annotation", "Optimizer.step#SGD.step", self.main_tid, start, self.t,
-                                      {"External id": ext, "Record function id": 0}))
+        self.events.append(
+            _HostEvent(
+                "user_annotation",
+                "Optimizer.step#SGD.step",
+                self.main_tid,
+                start,
+                self.t,
+                {"External id": ext, "Record function id": 0},
+            )
+        )
 
 
 def _resolve(kernels: list[Kernel], latency_ns: int = LAUNCH_LATENCY_NS) -> None:
@@ -542,13 +706,15 @@ def _resolve(kernels: list[Kernel], latency_ns: int = LAUNCH_LATENCY_NS) -> None
                     k.start_ns, k.end_ns = ready, ready + k.dur_ns
                 else:
                     k.ready_ns = k.start_ns = ready
-                    others = [peers[message].get("recv" if direction == "send" else "send")
-                              for direction, message, _ in k.ops]
+                    others = [
+                        peers[message].get("recv" if direction == "send" else "send") for direction, message, _ in k.ops
+                    ]
                     if any(other is None or other.ready_ns is None for other in others):
                         break  # spins until every peer kernel it moves data with has started
                     # Each direction moves once both sides run; the kernel ends with the last.
-                    k.end_ns = max(max(k.ready_ns, other.ready_ns) + transfer
-                                   for other, (_, _, transfer) in zip(others, k.ops))
+                    k.end_ns = max(
+                        max(k.ready_ns, other.ready_ns) + transfer for other, (_, _, transfer) in zip(others, k.ops)
+                    )
                 heads[key] += 1
                 progress = True
     stuck = sum(k.end_ns is None for k in kernels)
@@ -590,8 +756,17 @@ def ground_truth(sc: Scenario, ranks: list[_Rank], kernels: list[Kernel]) -> dic
     """What the simulation knows, from its own numbers (never from the written files)."""
     steps = sorted({k.step for k in kernels})
     per_step: list[dict] = []
-    per_rank = {r: {"window_ns": 0, "busy_ns": 0, "action_busy_ns": 0, "host_wait_ns": 0,
-                    "host_window_ns": 0, "host_busy_ns": 0} for r in range(sc.p)}
+    per_rank = {
+        r: {
+            "window_ns": 0,
+            "busy_ns": 0,
+            "action_busy_ns": 0,
+            "host_wait_ns": 0,
+            "host_window_ns": 0,
+            "host_busy_ns": 0,
+        }
+        for r in range(sc.p)
+    }
     for step in steps:
         actions = [k for k in kernels if k.step == step and k.kind == "compute"]
         lo, hi = min(k.start_ns for k in actions), max(k.end_ns for k in actions)
@@ -603,22 +778,40 @@ def ground_truth(sc: Scenario, ranks: list[_Rank], kernels: list[Kernel]) -> dic
             busy = _union_in([(k.start_ns, k.end_ns) for k in mine], lo, hi)
             action_busy = _union_in([(k.start_ns, k.end_ns) for k in mine if k.kind == "compute"], lo, hi)
             host_busy = _union_in(host_spans[r], host_lo, host_hi)
-            row = {"rank": r, "step": step, "window_start_ns": lo, "window_end_ns": hi, "window_ns": hi - lo,
-                   "busy_ns": busy, "action_busy_ns": action_busy, "idle_ns": hi - lo - busy,
-                   "bubble_ratio": (hi - lo - busy) / (hi - lo), "host_wait_ns": _host_wait(r, step, kernels, lo, hi),
-                   "host_window_ns": host_hi - host_lo, "host_busy_ns": host_busy,
-                   "host_bubble_ratio": (host_hi - host_lo - host_busy) / (host_hi - host_lo),
-                   "host_step_start_ns": ranks[r].step_spans[step][0], "host_step_end_ns": ranks[r].step_spans[step][1],
-                   "device_end_ns": max(k.end_ns for k in kernels if k.rank == r and k.step == step)}
+            row = {
+                "rank": r,
+                "step": step,
+                "window_start_ns": lo,
+                "window_end_ns": hi,
+                "window_ns": hi - lo,
+                "busy_ns": busy,
+                "action_busy_ns": action_busy,
+                "idle_ns": hi - lo - busy,
+                "bubble_ratio": (hi - lo - busy) / (hi - lo),
+                "host_wait_ns": _host_wait(r, step, kernels, lo, hi),
+                "host_window_ns": host_hi - host_lo,
+                "host_busy_ns": host_busy,
+                "host_bubble_ratio": (host_hi - host_lo - host_busy) / (host_hi - host_lo),
+                "host_step_start_ns": ranks[r].step_spans[step][0],
+                "host_step_end_ns": ranks[r].step_spans[step][1],
+                "device_end_ns": max(k.end_ns for k in kernels if k.rank == r and k.step == step),
+            }
             per_step.append(row)
             for key in ("window_ns", "busy_ns", "action_busy_ns", "host_wait_ns", "host_window_ns", "host_busy_ns"):
                 per_rank[r][key] += row[key]
     rank_rows = []
     for r, tot in per_rank.items():
         idle = tot["window_ns"] - tot["busy_ns"]
-        rank_rows.append({"rank": r, **tot, "idle_ns": idle, "bubble_ratio": idle / tot["window_ns"],
-                          "host_bubble_ratio": (tot["host_window_ns"] - tot["host_busy_ns"]) / tot["host_window_ns"],
-                          "clock_offset_ns": sc.clock_offset_ns.get(r, 0)})
+        rank_rows.append(
+            {
+                "rank": r,
+                **tot,
+                "idle_ns": idle,
+                "bubble_ratio": idle / tot["window_ns"],
+                "host_bubble_ratio": (tot["host_window_ns"] - tot["host_busy_ns"]) / tot["host_window_ns"],
+                "clock_offset_ns": sc.clock_offset_ns.get(r, 0),
+            }
+        )
     pairs = []
     sends = {message: k for k in kernels for direction, message, _ in k.ops if direction == "send"}
     recvs = [(message, k) for k in kernels for direction, message, _ in k.ops if direction == "recv"]
@@ -626,18 +819,37 @@ def ground_truth(sc: Scenario, ranks: list[_Rank], kernels: list[Kernel]) -> dic
         send = sends[message]
         step, kind, stage, mb = message
         later = max(send.start_ns, recv.start_ns)
-        waiting = None if send.start_ns == recv.start_ns else (
-            send.rank if send.start_ns < recv.start_ns else recv.rank)
-        pairs.append({"src_rank": send.rank, "dst_rank": recv.rank, "step": step, "microbatch": mb,
-                      "src_stage": stage, "payload": "activation" if kind == "F" else "gradient",
-                      "send_start_ns": send.start_ns, "send_end_ns": send.end_ns,
-                      "recv_start_ns": recv.start_ns, "recv_end_ns": recv.end_ns, "waiting_rank": waiting,
-                      "wait_ns": later - min(send.start_ns, recv.start_ns), "transfer_ns": send.end_ns - later})
+        waiting = (
+            None if send.start_ns == recv.start_ns else (send.rank if send.start_ns < recv.start_ns else recv.rank)
+        )
+        pairs.append(
+            {
+                "src_rank": send.rank,
+                "dst_rank": recv.rank,
+                "step": step,
+                "microbatch": mb,
+                "src_stage": stage,
+                "payload": "activation" if kind == "F" else "gradient",
+                "send_start_ns": send.start_ns,
+                "send_end_ns": send.end_ns,
+                "recv_start_ns": recv.start_ns,
+                "recv_end_ns": recv.end_ns,
+                "waiting_rank": waiting,
+                "wait_ns": later - min(send.start_ns, recv.start_ns),
+                "transfer_ns": send.end_ns - later,
+            }
+        )
     pairs.sort(key=lambda row: (row["step"], row["src_rank"], row["dst_rank"], row["send_start_ns"]))
-    return {"what": "GENERATED by tests/gpu_tracegen.py: ground truth of a simulated GPU pipeline, not a real trace",
-            "times": "ns on the simulation's reference clock (a rank's file adds its clock_offset_ns to every ts)",
-            "scenario": _scenario_json(sc), "injected": sc.injected(), "steps": steps,
-            "ranks": rank_rows, "per_step": per_step, "p2p_pairs": pairs}
+    return {
+        "what": "GENERATED by tests/gpu_tracegen.py: ground truth of a simulated GPU pipeline, not a real trace",
+        "times": "ns on the simulation's reference clock (a rank's file adds its clock_offset_ns to every ts)",
+        "scenario": _scenario_json(sc),
+        "injected": sc.injected(),
+        "steps": steps,
+        "ranks": rank_rows,
+        "per_step": per_step,
+        "p2p_pairs": pairs,
+    }
 
 
 def _host_wait(rank: int, step: int, kernels: list[Kernel], lo: int, hi: int) -> int:
@@ -677,8 +889,18 @@ def _rank_document(sc: Scenario, host: _Rank, kernels: list[Kernel]) -> dict:
     events: list[dict] = []
 
     def x(cat: str, name: str, pid, tid, start: int, end: int, args: dict) -> None:
-        events.append({"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid,
-                       "ts": _us(start + offset), "dur": _us(end - start), "args": args})
+        events.append(
+            {
+                "ph": "X",
+                "cat": cat,
+                "name": name,
+                "pid": pid,
+                "tid": tid,
+                "ts": _us(start + offset),
+                "dur": _us(end - start),
+                "args": args,
+            }
+        )
 
     def meta(name: str, pid, tid, args: dict) -> None:
         events.append({"name": name, "ph": "M", "ts": _us(offset), "pid": pid, "tid": tid, "args": args})
@@ -699,49 +921,127 @@ def _rank_document(sc: Scenario, host: _Rank, kernels: list[Kernel]) -> dict:
         x(ev.cat, ev.name, host.pid, ev.tid, ev.start_ns, ev.end_ns, dict(ev.args))
     by_external = {ev.args["External id"]: ev for ev in host.events if ev.cat != "cuda_runtime"}
     for k in kernels:
-        args = {"External id": k.external_id, "queued": 0, "device": device, "context": 1, "stream": k.stream,
-                "correlation": k.correlation, "registers per thread": 96 if k.ops else 128,
-                "shared memory": 0, "blocks per SM": 0.5, "warps per SM": 2.0,
-                "grid": [2, 1, 1] if k.ops else [132, 1, 1], "block": [640, 1, 1] if k.ops else [384, 1, 1],
-                "est. achieved occupancy %": 0 if k.ops else 19}
+        args = {
+            "External id": k.external_id,
+            "queued": 0,
+            "device": device,
+            "context": 1,
+            "stream": k.stream,
+            "correlation": k.correlation,
+            "registers per thread": 96 if k.ops else 128,
+            "shared memory": 0,
+            "blocks per SM": 0.5,
+            "warps per SM": 2.0,
+            "grid": [2, 1, 1] if k.ops else [132, 1, 1],
+            "block": [640, 1, 1] if k.ops else [384, 1, 1],
+            "est. achieved occupancy %": 0 if k.ops else 19,
+        }
         extra = dict(k.args)
         annotation = extra.pop("_annotation", None)
         args.update(extra)
         x("kernel", k.name, device, k.stream, k.start_ns, k.end_ns, args)
-        events.append({"ph": "s", "id": k.correlation, "pid": host.pid, "tid": k.tid,
-                       "ts": _us(k.launch_start_ns + offset), "cat": "ac2g", "name": "ac2g"})
-        events.append({"ph": "f", "id": k.correlation, "pid": device, "tid": k.stream,
-                       "ts": _us(k.start_ns + offset), "cat": "ac2g", "name": "ac2g", "bp": "e"})
+        events.append(
+            {
+                "ph": "s",
+                "id": k.correlation,
+                "pid": host.pid,
+                "tid": k.tid,
+                "ts": _us(k.launch_start_ns + offset),
+                "cat": "ac2g",
+                "name": "ac2g",
+            }
+        )
+        events.append(
+            {
+                "ph": "f",
+                "id": k.correlation,
+                "pid": device,
+                "tid": k.stream,
+                "ts": _us(k.start_ns + offset),
+                "cat": "ac2g",
+                "name": "ac2g",
+                "bp": "e",
+            }
+        )
         if annotation:
             title, ext = annotation
             x("gpu_user_annotation", title, device, k.stream, k.start_ns, k.end_ns, {"External id": ext})
     for ev in host.events:  # the optimizer's device extent, as Kineto records it
         if ev.name.startswith("Optimizer.step"):
             mine = [k for k in kernels if k.kind == "optimizer" and ev.start_ns <= k.launch_start_ns <= ev.end_ns]
-            x("gpu_user_annotation", ev.name, device, COMPUTE_STREAM, min(k.start_ns for k in mine),
-              max(k.end_ns for k in mine), {"External id": ev.args["External id"]})
+            x(
+                "gpu_user_annotation",
+                ev.name,
+                device,
+                COMPUTE_STREAM,
+                min(k.start_ns for k in mine),
+                max(k.end_ns for k in mine),
+                {"External id": ev.args["External id"]},
+            )
     for flow_id, forward_ext, backward_ext in host.flows:
         fwd, bwd = by_external[forward_ext], by_external[backward_ext]
-        events.append({"ph": "s", "id": flow_id, "pid": host.pid, "tid": fwd.tid, "ts": _us(fwd.start_ns + offset),
-                       "cat": "fwdbwd", "name": "fwdbwd"})
-        events.append({"ph": "f", "id": flow_id, "pid": host.pid, "tid": bwd.tid, "ts": _us(bwd.start_ns + offset),
-                       "cat": "fwdbwd", "name": "fwdbwd", "bp": "e"})
+        events.append(
+            {
+                "ph": "s",
+                "id": flow_id,
+                "pid": host.pid,
+                "tid": fwd.tid,
+                "ts": _us(fwd.start_ns + offset),
+                "cat": "fwdbwd",
+                "name": "fwdbwd",
+            }
+        )
+        events.append(
+            {
+                "ph": "f",
+                "id": flow_id,
+                "pid": host.pid,
+                "tid": bwd.tid,
+                "ts": _us(bwd.start_ns + offset),
+                "cat": "fwdbwd",
+                "name": "fwdbwd",
+                "bp": "e",
+            }
+        )
     first = min(ev.start_ns for ev in host.events)
     last = max([ev.end_ns for ev in host.events] + [k.end_ns for k in kernels])
     x("Trace", "PyTorch Profiler (0)", "Spans", "PyTorch Profiler", first - 1_000, last + 1_000, {"Op count": 0})
     # Time order, metadata first, a parent before the children that start with it.
     events.sort(key=lambda e: (e["ph"] != "M", e["ts"], -e.get("dur", 0)))
-    props = {"name": "NVIDIA H100 80GB HBM3 (generated)", "totalGlobalMem": 85_024_112_640, "computeMajor": 9,
-             "computeMinor": 0, "maxThreadsPerBlock": 1024, "maxThreadsPerMultiprocessor": 2048,
-             "regsPerBlock": 65536, "warpSize": 32, "sharedMemPerBlock": 49152, "numSms": 132,
-             "regsPerMultiprocessor": 65536, "sharedMemPerBlockOptin": 232448, "sharedMemPerMultiprocessor": 233472}
+    props = {
+        "name": "NVIDIA H100 80GB HBM3 (generated)",
+        "totalGlobalMem": 85_024_112_640,
+        "computeMajor": 9,
+        "computeMinor": 0,
+        "maxThreadsPerBlock": 1024,
+        "maxThreadsPerMultiprocessor": 2048,
+        "regsPerBlock": 65536,
+        "warpSize": 32,
+        "sharedMemPerBlock": 49152,
+        "numSms": 132,
+        "regsPerMultiprocessor": 65536,
+        "sharedMemPerBlockOptin": 232448,
+        "sharedMemPerMultiprocessor": 233472,
+    }
     return {
         "schemaVersion": 1,
         "deviceProperties": [{"id": d, **props} for d in range(sc.p)],
-        "distributedInfo": {"backend": "nccl", "rank": host.rank, "world_size": sc.p, "pg_count": 1,
-                            "pg_config": [{"pg_name": "0", "pg_desc": "default_pg", "backend_config": "cuda:nccl",
-                                           "pg_size": sc.p, "ranks": list(range(sc.p))}],
-                            "nccl_version": "2.21.5"},
+        "distributedInfo": {
+            "backend": "nccl",
+            "rank": host.rank,
+            "world_size": sc.p,
+            "pg_count": 1,
+            "pg_config": [
+                {
+                    "pg_name": "0",
+                    "pg_desc": "default_pg",
+                    "backend_config": "cuda:nccl",
+                    "pg_size": sc.p,
+                    "ranks": list(range(sc.p)),
+                }
+            ],
+            "nccl_version": "2.21.5",
+        },
         "record_shapes": 1,
         "traceEvents": events,
         "traceName": f"generated_{sc.name}/rank{host.rank}.json",
@@ -782,14 +1082,14 @@ SCENARIOS: dict[str, Scenario] = {
     "interleaved": Scenario("interleaved", schedule="Interleaved1F1B", v=2, kernel_ns=25_000),
     "unlabelled_1f1b": Scenario("unlabelled_1f1b", labelled=False),
     # Megatron-core's interleaved schedule leaves no labels either: stages from the message chains.
-    "unlabelled_interleaved": Scenario("unlabelled_interleaved", schedule="Interleaved1F1B", v=2,
-                                       kernel_ns=25_000, labelled=False),
+    "unlabelled_interleaved": Scenario(
+        "unlabelled_interleaved", schedule="Interleaved1F1B", v=2, kernel_ns=25_000, labelled=False
+    ),
     "clock_offset": Scenario("clock_offset", clock_offset_ns={1: 3_000_000, 3: -2_000_000}),
     "gpipe": Scenario("gpipe", schedule="GPipe"),
     # torch's native Schedule1F1B (no labels) on NCCL: batch_isend_irecv, fused SendRecv kernels
     "fused_1f1b": Scenario("fused_1f1b", labelled=False, fused_p2p=True),
-    "fused_slow_link": Scenario("fused_slow_link", labelled=False, fused_p2p=True,
-                                link_transfer_ns={(1, 2): 400_000}),
+    "fused_slow_link": Scenario("fused_slow_link", labelled=False, fused_p2p=True, link_transfer_ns={(1, 2): 400_000}),
 }
 
 
@@ -801,8 +1101,10 @@ def main() -> None:
     folder, truth = generate(SCENARIOS[args.scenario], args.out)
     print(folder)
     for row in truth["ranks"]:
-        print(f"rank {row['rank']}: bubble {row['bubble_ratio']:.3f} (host view {row['host_bubble_ratio']:.3f}), "
-              f"host wait {row['host_wait_ns'] / 1e6:.2f} ms")
+        print(
+            f"rank {row['rank']}: bubble {row['bubble_ratio']:.3f} (host view {row['host_bubble_ratio']:.3f}), "
+            f"host wait {row['host_wait_ns'] / 1e6:.2f} ms"
+        )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """Idle-time attribution: exact sums, theory on ideal schedules, and the injected faults."""
+
 from __future__ import annotations
 
 from fractions import Fraction
@@ -18,6 +19,7 @@ IDS = [p.name for p in RUNS]
 
 
 # --- exactness on every sample run -----------------------------------------------------
+
 
 @pytest.mark.parametrize("run_dir", RUNS, ids=IDS)
 def test_categories_sum_exactly_to_measured_idle(run_dir: Path, loaded_runs):
@@ -56,6 +58,7 @@ def test_blame_adds_up_to_the_shares_it_explains(run_dir: Path, loaded_runs):
 
 # --- theory: closed forms equal dependency-driven replays of ideal schedules ------------
 
+
 @pytest.mark.parametrize("schedule", ["GPipe", "1F1B", "Interleaved1F1B"])
 @pytest.mark.parametrize("p, v, m", [(2, 1, 4), (4, 1, 8), (4, 2, 8), (4, 4, 8), (8, 2, 16), (3, 3, 9)])
 def test_closed_form_bubble_equals_ideal_replay(schedule, p, v, m):
@@ -82,6 +85,7 @@ def test_theory_numbers_from_the_docs():
 
 # --- attribution on synthetic (generated) schedules with known faults --------------------
 
+
 def _attribute_synthetic(graph):
     result = replay(graph)
     idle = idle_per_rank(graph, result)
@@ -93,7 +97,7 @@ def test_synthetic_balanced_schedule_is_all_warmup_and_drain():
     t = att.table
     assert (t["imbalance_ns"] == 0).all() and (t["comm_ns"] == 0).all() and (t["overhead_ns"] == 0).all()
     assert (t["warmup_ns"] + t["drain_ns"] == t["idle_ns"]).all()
-    assert t["idle_ns"].tolist() == [900] * 4      # (p-1)(t_f+t_b)
+    assert t["idle_ns"].tolist() == [900] * 4  # (p-1)(t_f+t_b)
 
 
 def test_synthetic_slow_stage_is_blamed_for_the_others_idle():
@@ -141,6 +145,7 @@ def test_apportion_is_exact_and_proportional():
 
 # --- the captured runs with injected faults ---------------------------------------------
 
+
 def _fault_run(name, loaded_runs):
     run_dir = SAMPLES / name
     if not (run_dir / "capture.json").exists():
@@ -165,8 +170,8 @@ def test_captured_slow_stage_is_blamed(loaded_runs):
 def test_captured_p2p_delay_shows_as_comm_on_the_delayed_links(loaded_runs):
     _, base = _fault_run("1f1b", loaded_runs)
     _, delayed = _fault_run("1f1b_p2p_delay5ms", loaded_runs)
-    comm_growth = (delayed.attribution.table["comm_ns"].sum() - base.attribution.table["comm_ns"].sum())
-    window_growth = delayed.summary.window_ns - base.summary.window_ns   # summed over ranks
+    comm_growth = delayed.attribution.table["comm_ns"].sum() - base.attribution.table["comm_ns"].sum()
+    window_growth = delayed.summary.window_ns - base.summary.window_ns  # summed over ranks
     assert 0.6 * window_growth <= comm_growth <= 1.2 * window_growth
     links = delayed.attribution.link_blame.groupby(["src_rank", "dst_rank"])["comm_ns"].sum()
     # every send was delayed: every pipeline link carries blame

@@ -1,6 +1,7 @@
 """Broken input never ends in a traceback: damaged copies of a real sample trace (a
 generated fixture) either analyse, with a warning where data was lost, or fail with one
 line and exit status 2."""
+
 from __future__ import annotations
 
 import gzip

@@ -1,5 +1,6 @@
 """The parse cache: a second load reads it instead of parsing; a corrupt, stale or foreign
 entry is rebuilt, never trusted; entries appear whole (temporary file + rename)."""
+
 from __future__ import annotations
 
 import io
@@ -119,8 +120,9 @@ def test_entry_with_altered_file_facts_is_rebuilt(run_dir, tmp_path, parse_count
         table = pq.read_table(victim)
         meta = json.loads(table.schema.metadata[b"tracekit"])
         meta["files"][0]["rank"] += 10
-        pq.write_table(table.replace_schema_metadata({b"tracekit": json.dumps(meta).encode()}), victim,
-                       write_page_checksum=True)
+        pq.write_table(
+            table.replace_schema_metadata({b"tracekit": json.dumps(meta).encode()}), victim, write_page_checksum=True
+        )
     parse_counter.clear()
     _same(reference, _load(run_dir, cache_dir))
     assert len(parse_counter) == 4, "an entry with altered facts was trusted"
@@ -244,10 +246,16 @@ def test_code_fingerprint_covers_every_module_the_parsers_load():
         "if m.startswith('tracekit')}))\n"
     )
     files = [SAMPLES / "nsys_1f1b" / "nsys_report.sqlite", sorted((SAMPLES / "1f1b").glob("rank*.json*"))[0]]
-    out = subprocess.run([sys.executable, "-c", program, *map(str, files)], capture_output=True, text=True,
-                         check=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
-    loaded = {name: Path(f).resolve() for name, f in json.loads(out.stdout).items()
-              if f and name not in _NOT_PARSER_CODE}
+    out = subprocess.run(
+        [sys.executable, "-c", program, *map(str, files)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+    )
+    loaded = {
+        name: Path(f).resolve() for name, f in json.loads(out.stdout).items() if f and name not in _NOT_PARSER_CODE
+    }
     covered = set(cache_mod.fingerprint_sources())
     assert "tracekit.ingest.kineto_rows" in loaded and "tracekit.ingest.nsys" in loaded
     assert {name for name, f in loaded.items() if f not in covered} == set()

@@ -1,4 +1,5 @@
 """tracekit cache info|clear: what the parse cache holds, and removing tracekit's files only."""
+
 from __future__ import annotations
 
 import os
@@ -31,8 +32,9 @@ def filled(tmp_path) -> Path:
 
 
 def _files(folder: Path) -> dict[str, int]:
-    return {p.relative_to(folder).as_posix(): p.lstat().st_size
-            for p in folder.rglob("*") if p.is_file() or p.is_symlink()}
+    return {
+        p.relative_to(folder).as_posix(): p.lstat().st_size for p in folder.rglob("*") if p.is_file() or p.is_symlink()
+    }
 
 
 def test_info_says_where_how_many_and_how_big(filled):
@@ -53,25 +55,25 @@ def test_info_of_the_default_cache_and_of_none_yet(tmp_path, monkeypatch):
     result = cli("cache", "info")
     assert result.exit_code == 0, result.output
     assert result.output == f"cache: {tmp_path / 'not-made-yet'} ($TRACEKIT_CACHE_DIR)\n  empty: nothing cached yet\n"
-    assert not (tmp_path / "not-made-yet").exists()     # looking makes nothing
+    assert not (tmp_path / "not-made-yet").exists()  # looking makes nothing
 
 
 def test_clear_removes_tracekits_files_and_nothing_else(filled, tmp_path):
     outside = tmp_path / "precious.parquet"
     outside.write_text("the user's own")
     planted = {
-        "notes.txt": "mine",                                       # beside the format folders
-        "v1/entries/ab/readme.txt": "mine",                        # inside, not an entry's name
-        f"v1/entries/cd/{KEY}.parquet": "mine",                    # an entry's name in the wrong folder
-        f"backup/entries/ab/{KEY}.parquet": "mine",                # not under a format folder
+        "notes.txt": "mine",  # beside the format folders
+        "v1/entries/ab/readme.txt": "mine",  # inside, not an entry's name
+        f"v1/entries/cd/{KEY}.parquet": "mine",  # an entry's name in the wrong folder
+        f"backup/entries/ab/{KEY}.parquet": "mine",  # not under a format folder
         f"v1/hashes/{KEY}.json.bak": "mine",
     }
     for relative, text in planted.items():
         (filled / relative).parent.mkdir(parents=True, exist_ok=True)
         (filled / relative).write_text(text)
-    link = filled / "v1" / "entries" / "ab" / f"{KEY}.parquet"      # an entry's name, but a link
+    link = filled / "v1" / "entries" / "ab" / f"{KEY}.parquet"  # an entry's name, but a link
     link.symlink_to(outside)
-    leftover = filled / "v1" / "analyses" / "ab" / f"{KEY}.json.tmp-4242-0123abcd"   # a write cut short
+    leftover = filled / "v1" / "analyses" / "ab" / f"{KEY}.json.tmp-4242-0123abcd"  # a write cut short
     leftover.parent.mkdir(parents=True, exist_ok=True)
     leftover.write_text("{")
     before = cache_usage(filled)
@@ -80,12 +82,13 @@ def test_clear_removes_tracekits_files_and_nothing_else(filled, tmp_path):
 
     result = cli("cache", "clear", "--cache-dir", filled)
     assert result.exit_code == 0, result.output
-    assert result.output.startswith(f"removed from the cache {filled}: 4 parsed files, 1 analysis, 4 file digests, "
-                                    "1 unfinished write: ")
+    assert result.output.startswith(
+        f"removed from the cache {filled}: 4 parsed files, 1 analysis, 4 file digests, 1 unfinished write: "
+    )
     left = _files(filled)
     assert set(left) == set(planted) | {link.relative_to(filled).as_posix()}
     assert outside.read_text() == "the user's own" and link.is_symlink()
-    assert not (filled / "v1" / "analyses").exists()          # emptied folders go too
+    assert not (filled / "v1" / "analyses").exists()  # emptied folders go too
     again = cli("cache", "clear", "--cache-dir", filled)
     assert again.exit_code == 0 and "nothing removed" in again.output
 
@@ -99,7 +102,7 @@ def test_a_cleared_cache_parses_again_and_fills_again(tmp_path, monkeypatch):
     run, cache_dir = discover(SAMPLES / "1f1b"), str(tmp_path / "cache")
     for _ in range(2):
         parse_files(run, cache_dir=cache_dir, jobs=1)
-    assert len(parsed) == 4                                   # the second load: all from the cache
+    assert len(parsed) == 4  # the second load: all from the cache
     assert clear_cache(cache_dir).files["entries"] == 4
     parse_files(run, cache_dir=cache_dir, jobs=1)
     assert len(parsed) == 8 and cache_usage(cache_dir).files["entries"] == 4
@@ -137,15 +140,19 @@ def test_an_entry_that_cannot_be_removed_is_one_line(filled, monkeypatch):
     result = cli("cache", "clear", "--cache-dir", filled)
     assert result.exit_code == 2
     lines = result.output.splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"tracekit: error: cache {filled}: cannot remove {refused[0]} "
-                                                   "(Permission denied); removed ")
+    assert len(lines) == 1 and lines[0].startswith(
+        f"tracekit: error: cache {filled}: cannot remove {refused[0]} (Permission denied); removed "
+    )
     assert os.path.exists(refused[0])
 
 
-@pytest.mark.parametrize("make_root, message", [
-    (lambda d: (d / "file").write_text("x") and d / "file", "is a file, not a cache folder"),
-    (lambda d: "nosuchscheme://bucket/cache", "not a cache location fsspec knows"),
-])
+@pytest.mark.parametrize(
+    "make_root, message",
+    [
+        (lambda d: (d / "file").write_text("x") and d / "file", "is a file, not a cache folder"),
+        (lambda d: "nosuchscheme://bucket/cache", "not a cache location fsspec knows"),
+    ],
+)
 def test_a_cache_dir_that_is_no_cache_is_one_line(tmp_path, make_root, message):
     for action in ("info", "clear"):
         result = cli("cache", action, "--cache-dir", make_root(tmp_path))
@@ -158,9 +165,13 @@ def test_a_cache_url_through_fsspec():
     fsspec = pytest.importorskip("fsspec")
     fs = fsspec.filesystem("memory")
     root = "memory://tracekit-cache-test"
-    fs.pipe({f"/tracekit-cache-test/v1/entries/ab/{KEY}.parquet": b"12345",
-             f"/tracekit-cache-test/v1/hashes/{KEY}.json": b"{}",
-             "/tracekit-cache-test/mine.txt": b"keep me"})
+    fs.pipe(
+        {
+            f"/tracekit-cache-test/v1/entries/ab/{KEY}.parquet": b"12345",
+            f"/tracekit-cache-test/v1/hashes/{KEY}.json": b"{}",
+            "/tracekit-cache-test/mine.txt": b"keep me",
+        }
+    )
     try:
         info = cli("cache", "info", "--cache-dir", root)
         assert info.exit_code == 0, info.output

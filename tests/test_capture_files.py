@@ -1,4 +1,5 @@
 """A capture's files are written whole or not at all (tracekit.capture.files)."""
+
 from __future__ import annotations
 
 import gzip

@@ -2,6 +2,7 @@
 
 The live tests really spawn ranks (gloo over 127.0.0.1) and take ~10 s each on 2 cores.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -90,13 +91,29 @@ def test_missing_torch_says_how_to_install(tmp_path, monkeypatch):
 def test_live_capture_gpipe(tmp_path):
     pytest.importorskip("torch", reason="capture needs torch: pip install 'tracekit[capture]'")
     pytest.importorskip("numpy", reason="PipelineStage shape inference needs numpy")
-    out = _capture(tmp_path, "--schedule", "GPipe", "-p", "2", "-m", "4", "--steps", "1",
-                   "--layers", "4", "--layer-ms", "1")
+    out = _capture(
+        tmp_path, "--schedule", "GPipe", "-p", "2", "-m", "4", "--steps", "1", "--layers", "4", "--layer-ms", "1"
+    )
 
     meta = json.loads((out / "capture.json").read_text())
-    for key in ("tracekit_version", "command", "torch_version", "python_version", "platform",
-                "schedule", "p", "v", "m", "n_stages", "placement", "steps", "compute",
-                "faults", "created", "files"):
+    for key in (
+        "tracekit_version",
+        "command",
+        "torch_version",
+        "python_version",
+        "platform",
+        "schedule",
+        "p",
+        "v",
+        "m",
+        "n_stages",
+        "placement",
+        "steps",
+        "compute",
+        "faults",
+        "created",
+        "files",
+    ):
         assert key in meta, key
     assert meta["schedule"] == "GPipe" and (meta["p"], meta["v"], meta["m"]) == (2, 1, 4)
     assert meta["n_stages"] == 2 and meta["placement"] == "loop" and meta["steps"] == 1
@@ -145,8 +162,9 @@ def test_live_capture_gpipe(tmp_path):
     assert len(run.messages) == 8 and (run.messages["consumer_action"] >= 0).all()
     analysis = analyze(run)
     table = analysis.attribution.table
-    assert (table[[c for c in table.columns if c.endswith("_ns") and c != "idle_ns"]].sum(axis=1)
-            == table["idle_ns"]).all()
+    assert (
+        table[[c for c in table.columns if c.endswith("_ns") and c != "idle_ns"]].sum(axis=1) == table["idle_ns"]
+    ).all()
     # GPipe p=2, m=4: theory 1/5; real overheads only add idle (with 1 ms layers on a loaded
     # two-core machine they add a lot: 0.52 seen while other test suites ran beside it)
     assert 0.15 <= analysis.summary.bubble_ratio <= 0.65
@@ -155,8 +173,21 @@ def test_live_capture_gpipe(tmp_path):
 def test_live_capture_zero_bubble_i_and_w_take_time(tmp_path):
     pytest.importorskip("torch", reason="capture needs torch: pip install 'tracekit[capture]'")
     pytest.importorskip("numpy", reason="PipelineStage shape inference needs numpy")
-    out = _capture(tmp_path, "--schedule", "ZBVZeroBubble", "-p", "2", "-m", "4", "--steps", "1",
-                   "--layers", "4", "--layer-ms", "2")
+    out = _capture(
+        tmp_path,
+        "--schedule",
+        "ZBVZeroBubble",
+        "-p",
+        "2",
+        "-m",
+        "4",
+        "--steps",
+        "1",
+        "--layers",
+        "4",
+        "--layer-ms",
+        "2",
+    )
     meta = json.loads((out / "capture.json").read_text())
     assert meta["placement"] == "v" and meta["n_stages"] == 4 and meta["v"] == 2
     assert meta["compute"]["split_backward"] is True

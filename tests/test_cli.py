@@ -1,4 +1,5 @@
 """The command line, driven as a user would through click's CliRunner."""
+
 from __future__ import annotations
 
 import json
@@ -46,7 +47,7 @@ def test_json_follows_the_schema(tmp_path):
     out_file = tmp_path / "a.json"
     result = run("analyze", str(SAMPLES / "interleaved1f1b"), "--json", "-o", str(out_file))
     assert result.exit_code == 0
-    doc = json.loads(result.stdout)      # "wrote a.json" goes to stderr
+    doc = json.loads(result.stdout)  # "wrote a.json" goes to stderr
     jsonschema.validate(doc, SCHEMA)
     assert json.loads(out_file.read_text()) == doc
     assert doc["schedule"]["name"] == "Interleaved1F1B"
@@ -65,11 +66,14 @@ def test_json_of_a_non_pipeline_trace_follows_the_schema():
     assert doc["pipeline"] is False and doc["schedule"] is None
 
 
-@pytest.mark.parametrize("setup, message", [
-    (lambda d: d / "nothing-here", "no such file or folder"),
-    (lambda d: d, "no trace files found"),
-    (lambda d: ((d / "rank0.json").write_text("{ not json"), d)[1], "rank0.json"),
-])
+@pytest.mark.parametrize(
+    "setup, message",
+    [
+        (lambda d: d / "nothing-here", "no such file or folder"),
+        (lambda d: d, "no trace files found"),
+        (lambda d: ((d / "rank0.json").write_text("{ not json"), d)[1], "rank0.json"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(tmp_path, setup, message):
     target = setup(tmp_path)
     result = run("analyze", str(target))
@@ -91,8 +95,7 @@ def _executable(*args: str, env_extra: dict | None = None):
     import sys
 
     env = {**os.environ, **(env_extra or {})}
-    return subprocess.run([sys.executable, "-m", "tracekit.cli", *args], capture_output=True,
-                          text=True, env=env)
+    return subprocess.run([sys.executable, "-m", "tracekit.cli", *args], capture_output=True, text=True, env=env)
 
 
 def test_executable_flushes_everything_and_exits_with_the_right_status(tmp_path):
@@ -145,17 +148,28 @@ def test_python_m_tracekit_is_the_command():
     import subprocess
     import sys
 
-    version = subprocess.run([sys.executable, "-m", "tracekit", "--version"], capture_output=True, text=True,
-                             env=_this_checkout_env(), cwd=ROOT)
+    version = subprocess.run(
+        [sys.executable, "-m", "tracekit", "--version"],
+        capture_output=True,
+        text=True,
+        env=_this_checkout_env(),
+        cwd=ROOT,
+    )
     from tracekit import __version__
 
     assert version.returncode == 0, version.stderr
     assert version.stdout == f"tracekit, version {__version__}\n"
-    listed = subprocess.run([sys.executable, "-m", "tracekit", "--help"], capture_output=True, text=True,
-                            env=_this_checkout_env(), cwd=ROOT)
+    listed = subprocess.run(
+        [sys.executable, "-m", "tracekit", "--help"], capture_output=True, text=True, env=_this_checkout_env(), cwd=ROOT
+    )
     assert listed.returncode == 0 and "cache" in listed.stdout and "diff" in listed.stdout
-    bad = subprocess.run([sys.executable, "-m", "tracekit", "analyze", str(ROOT / "no-such-run")],
-                         capture_output=True, text=True, env=_this_checkout_env(), cwd=ROOT)
+    bad = subprocess.run(
+        [sys.executable, "-m", "tracekit", "analyze", str(ROOT / "no-such-run")],
+        capture_output=True,
+        text=True,
+        env=_this_checkout_env(),
+        cwd=ROOT,
+    )
     assert bad.returncode == 2 and bad.stderr.startswith("tracekit: error:") and len(bad.stderr.splitlines()) == 1
 
 
@@ -168,8 +182,12 @@ def test_version_names_the_package_version():
 
 def _complete(words: str) -> list[str]:
     """What bash completion offers after ``words`` (click's protocol: "type,value" lines)."""
-    result = CliRunner().invoke(main, [], prog_name="tracekit", env={
-        "_TRACEKIT_COMPLETE": "bash_complete", "COMP_WORDS": words, "COMP_CWORD": str(len(words.split()) - 1)})
+    result = CliRunner().invoke(
+        main,
+        [],
+        prog_name="tracekit",
+        env={"_TRACEKIT_COMPLETE": "bash_complete", "COMP_WORDS": words, "COMP_CWORD": str(len(words.split()) - 1)},
+    )
     assert result.exit_code == 0, result.output
     return [line.split(",", 1)[1] for line in result.output.splitlines()]
 
@@ -187,8 +205,13 @@ def test_the_executable_prints_its_bash_completion_script():
     import sys
 
     code = "import sys\nsys.argv = ['tracekit']\nfrom tracekit.cli import run\nrun()\n"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=_this_checkout_env(_TRACEKIT_COMPLETE="bash_source"), cwd=ROOT)
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=_this_checkout_env(_TRACEKIT_COMPLETE="bash_source"),
+        cwd=ROOT,
+    )
     assert done.returncode == 0, done.stderr
     assert "_TRACEKIT_COMPLETE=bash_complete" in done.stdout
     assert "complete -o nosort -F _tracekit_completion tracekit" in done.stdout

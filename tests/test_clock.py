@@ -1,5 +1,6 @@
 """Clock alignment across hosts, from message timing. The skewed runs here are copies of a
 real sample run with two ranks' clocks moved on purpose (a generated fixture)."""
+
 from __future__ import annotations
 
 import gzip

@@ -4,6 +4,7 @@ Fixtures are the project's real sample captures, copied into tmp_path and cut do
 a rank file removed, ``distributedInfo`` stripped or rewritten, events filtered out
 (``generated_*`` folders, each built by the function that names it).
 """
+
 from __future__ import annotations
 
 import gzip
@@ -55,6 +56,7 @@ def generated_missing_rank2(tmp_path: Path) -> Path:
 
 # ---------------------------------------------------------------- a rank missing
 
+
 def test_missing_rank_is_said_first_and_never_read_as_a_smaller_pipeline(tmp_path):
     result = cli("analyze", str(generated_missing_rank2(tmp_path)))
     assert result.exit_code == 0, result.output
@@ -71,11 +73,16 @@ def test_missing_rank_json_carries_completeness_and_no_whole_pipeline_figures(tm
     doc = json.loads(result.output)
     jsonschema.validate(doc, SCHEMA)
     assert doc["completeness"] == {
-        "complete": False, "world_size": 4, "world_size_source": "distributedInfo",
-        "ranks_present": [0, 1, 3], "missing_ranks": [2], "message": doc["warnings"][0]}
+        "complete": False,
+        "world_size": 4,
+        "world_size_source": "distributedInfo",
+        "ranks_present": [0, 1, 3],
+        "missing_ranks": [2],
+        "message": doc["warnings"][0],
+    }
     assert doc["schedule"]["name"] == "unknown" and doc["schedule"]["p"] == 4
     assert doc["theory"]["bubble_ratio"] is None and doc["theory"]["balanced_replay_bubble_ratio"] is None
-    assert all("replay" not in step for step in doc["steps"])      # no replay of part of a pipeline
+    assert all("replay" not in step for step in doc["steps"])  # no replay of part of a pipeline
     assert all("causes" not in rank for rank in doc["ranks"])
     assert {f["severity"] for f in doc["findings"]} <= {"medium", "low", "info"}
     assert all(f["headline"].startswith("On the 3 ranks present") for f in doc["findings"])
@@ -96,7 +103,7 @@ def test_check_refuses_an_incomplete_run_unless_allowed(tmp_path):
     assert allowed.exit_code == 0, allowed.output
     assert "incomplete run allowed: rank 2 of 4 has no trace" in allowed.output
     failing = cli("check", str(run_dir), "--max-bubble", "0.01", "--allow-incomplete")
-    assert failing.exit_code == 1   # an allowed incomplete run is still checked
+    assert failing.exit_code == 1  # an allowed incomplete run is still checked
 
 
 def test_check_allow_incomplete_from_pyproject(tmp_path):
@@ -104,14 +111,16 @@ def test_check_allow_incomplete_from_pyproject(tmp_path):
     config = tmp_path / "pyproject.toml"
     config.write_text("[tool.tracekit.check]\nmax-bubble = 0.9\nallow-incomplete = true\n")
     assert cli("check", str(run_dir), "--config", str(config)).exit_code == 0
-    config.write_text("[tool.tracekit.check]\nmax-bubble = 0.9\nallow-incomplete = \"yes\"\n")
-    assert "allow-incomplete must be true or false" in one_error_line(cli("check", str(run_dir), "--config",
-                                                                          str(config)))
+    config.write_text('[tool.tracekit.check]\nmax-bubble = 0.9\nallow-incomplete = "yes"\n')
+    assert "allow-incomplete must be true or false" in one_error_line(
+        cli("check", str(run_dir), "--config", str(config))
+    )
 
 
 def test_check_cause_limit_on_an_allowed_incomplete_run_says_why(tmp_path):
-    line = one_error_line(cli("check", str(generated_missing_rank2(tmp_path)), "--max-cause", "comm=0.1",
-                              "--allow-incomplete"))
+    line = one_error_line(
+        cli("check", str(generated_missing_rank2(tmp_path)), "--max-cause", "comm=0.1", "--allow-incomplete")
+    )
     assert "ranks missing is not attributed" in line
 
 
@@ -188,6 +197,7 @@ def test_capture_manifest_gives_the_world_size_when_the_files_do_not(tmp_path):
 
 # ---------------------------------------------------------------- one rank
 
+
 def generated_single_rank(tmp_path: Path, with_world_size: bool) -> Path:
     """rank0 of sample_traces/interleaved1f1b (PP: labels) alone, with its distributedInfo
     (world_size 4) or without it."""
@@ -220,6 +230,7 @@ def test_one_rank_of_a_larger_job_is_an_incomplete_run(tmp_path):
 
 # ---------------------------------------------------------------- files of different jobs
 
+
 def test_files_disagreeing_on_world_size_are_named(tmp_path):
     """generated_mixed_jobs: sample_traces/1f1b with rank3's distributedInfo saying world_size 8."""
     folder = tmp_path / "generated_mixed_jobs"
@@ -228,8 +239,9 @@ def test_files_disagreeing_on_world_size_are_named(tmp_path):
     doc["distributedInfo"]["world_size"] = 8
     _write(folder / "rank3.json.gz", doc)
     line = one_error_line(cli("analyze", str(folder)))
-    assert "files disagree on world size (rank0.json.gz, rank1.json.gz, rank2.json.gz say 4; " \
-           "rank3.json.gz says 8)" in line
+    assert (
+        "files disagree on world size (rank0.json.gz, rank1.json.gz, rank2.json.gz say 4; rank3.json.gz says 8)" in line
+    )
 
 
 def test_a_rank_beyond_the_world_size_is_refused(tmp_path):
@@ -276,9 +288,15 @@ SHAPES = {
     "one_event": ("1f1b", lambda events: [e for e in events if e.get("ph") == "X"][:1]),
     "steps_no_compute": ("1f1b", lambda events: [e for e in events if e.get("ph") != "X" or _is_step_mark(e)]),
     "no_steps": ("1f1b", lambda events: [e for e in events if not _is_step_mark(e)]),
-    "compute_no_messages": ("interleaved1f1b", lambda events: [
-        e for e in events if not str(e.get("name", "")).startswith(_COMM)
-        and not re.match(r"^PP:\d+(SEND|RECV)", str(e.get("name", "")))]),
+    "compute_no_messages": (
+        "interleaved1f1b",
+        lambda events: [
+            e
+            for e in events
+            if not str(e.get("name", "")).startswith(_COMM)
+            and not re.match(r"^PP:\d+(SEND|RECV)", str(e.get("name", "")))
+        ],
+    ),
     "one_action": ("interleaved1f1b", _first_action_only),
     "actions_outside_steps": ("interleaved1f1b", _steps_shrunk),
 }
@@ -323,17 +341,21 @@ def test_every_command_on_a_nearly_empty_run_answers_or_refuses_in_one_line(tmp_
             jsonschema.validate(json.loads(result.output), SCHEMA)
 
 
-@pytest.mark.parametrize("shape, message", [
-    ("no_events", "no events were read from rank0.json.gz"),
-    ("metadata_only", "no events were read from rank0.json.gz"),
-    ("steps_no_compute", "no work recorded"),
-    ("actions_outside_steps", "every pipeline action lies outside the profiled steps"),
-])
+@pytest.mark.parametrize(
+    "shape, message",
+    [
+        ("no_events", "no events were read from rank0.json.gz"),
+        ("metadata_only", "no events were read from rank0.json.gz"),
+        ("steps_no_compute", "no work recorded"),
+        ("actions_outside_steps", "every pipeline action lies outside the profiled steps"),
+    ],
+)
 def test_a_run_with_nothing_to_measure_is_one_line_for_every_command(tmp_path, shape, message):
     run_dir = generated_shape(tmp_path, shape)
     for name in ("analyze", "report", "check", "baseline"):
-        assert message in one_error_line(CliRunner().invoke(
-            main, [*COMMANDS[name](run_dir, tmp_path), "--no-cache", "--no-progress"])), name
+        assert message in one_error_line(
+            CliRunner().invoke(main, [*COMMANDS[name](run_dir, tmp_path), "--no-cache", "--no-progress"])
+        ), name
     assert not (tmp_path / "r.html").exists() and not (tmp_path / "b.json").exists()
 
 
@@ -344,6 +366,7 @@ def test_compute_without_messages_is_still_measured(tmp_path):
 
 
 # ---------------------------------------------------------------- ratios
+
 
 def test_a_share_outside_zero_and_one_is_refused_not_printed():
     from tracekit.analyze.shares import ShareError, share, shares
@@ -362,7 +385,7 @@ def test_a_share_outside_zero_and_one_is_refused_not_printed():
 def test_every_ratio_is_a_share_with_and_without_attribution(sample):
     for flags in ([], ["--no-attribution"]):
         doc = json.loads(cli("analyze", str(SAMPLES / sample), "--json", *flags).output)
-        jsonschema.validate(doc, SCHEMA)   # ratios and cost shares are bounded by [0, 1] there
+        jsonschema.validate(doc, SCHEMA)  # ratios and cost shares are bounded by [0, 1] there
         assert all(0 <= f["cost_share"] <= 1 for f in doc["findings"])
 
 

@@ -21,6 +21,7 @@ and numpy, without tracekit. What counts as compute (written down once, used thr
   to the ``ProfilerStep#N`` of their rank that holds their start); a rank's bubble is
   1 - sum(busy) / sum(window) over the profiled steps.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -82,8 +83,7 @@ def _direction(op: dict) -> str | None:
 def compute_runs(run_dir: Path, rank: int) -> list[dict]:
     """The rank's forward and backward runs: ``{step, kind, start, end, sleeps}``, in order."""
     ops = _main_ops(run_dir, rank)
-    steps = [(int(o["name"].split("#")[1]), o["start"], o["end"]) for o in ops
-             if o["name"].startswith("ProfilerStep#")]
+    steps = [(int(o["name"].split("#")[1]), o["start"], o["end"]) for o in ops if o["name"].startswith("ProfilerStep#")]
     runs: list[dict] = []
     current: dict | None = None
     for op in ops:
@@ -111,8 +111,10 @@ def independent_bubbles(run_dir: Path, ranks: int) -> dict[int, float]:
     window_ns = 0
     busy_ns = dict.fromkeys(runs, 0)
     for step in steps:
-        spans = {r: np.array([(x["start"], x["end"]) for x in rs if x["step"] == step], dtype=np.int64)
-                 for r, rs in runs.items()}
+        spans = {
+            r: np.array([(x["start"], x["end"]) for x in rs if x["step"] == step], dtype=np.int64)
+            for r, rs in runs.items()
+        }
         lo = min(int(s[:, 0].min()) for s in spans.values())
         hi = max(int(s[:, 1].max()) for s in spans.values())
         window_ns += hi - lo
@@ -136,8 +138,7 @@ def _union_ns(spans: np.ndarray) -> int:
 def _engine_steps(rank: int) -> dict[int, list[dict]]:
     engine = _capture()["engine"]
     fields = engine["instruction_fields"]
-    return {int(s): [dict(zip(fields, ins)) for ins in rows]
-            for s, rows in engine["ranks"][str(rank)]["steps"].items()}
+    return {int(s): [dict(zip(fields, ins)) for ins in rows] for s, rows in engine["ranks"][str(rank)]["steps"].items()}
 
 
 def _p2p(op: dict) -> tuple[str, int]:
@@ -149,8 +150,9 @@ def _p2p(op: dict) -> tuple[str, int]:
 # --------------------------------------------------------------------------------------
 def test_capture_json_says_what_ran():
     meta = _capture()
-    assert meta["command"] == ("tracekit capture -o sample_traces/deepspeed_1f1b --schedule 1F1B "
-                               "--framework deepspeed -p 4 -m 8 --steps 3")
+    assert meta["command"] == (
+        "tracekit capture -o sample_traces/deepspeed_1f1b --schedule 1F1B --framework deepspeed -p 4 -m 8 --steps 3"
+    )
     assert meta["framework"] == "deepspeed" and meta["deepspeed_version"] == "0.19.8"
     assert meta["torch_version"] == "2.13.0+cpu" and meta["backend"] == "gloo"
     assert meta["schedule"] == "1F1B"
@@ -176,10 +178,15 @@ def test_engine_log_is_a_whole_train_schedule_per_rank_and_step():
         assert sorted(steps) == list(PROFILED_STEPS)
         for rows in steps.values():
             kinds = [row["instruction"] for row in rows]
-            for kind, count in [("ForwardPass", M), ("BackwardPass", M),
-                                ("SendActivation", M if rank < P - 1 else 0), ("RecvGrad", M if rank < P - 1 else 0),
-                                ("RecvActivation", M if rank > 0 else 0), ("SendGrad", M if rank > 0 else 0),
-                                ("LoadMicroBatch", M if rank in (0, P - 1) else 0)]:
+            for kind, count in [
+                ("ForwardPass", M),
+                ("BackwardPass", M),
+                ("SendActivation", M if rank < P - 1 else 0),
+                ("RecvGrad", M if rank < P - 1 else 0),
+                ("RecvActivation", M if rank > 0 else 0),
+                ("SendGrad", M if rank > 0 else 0),
+                ("LoadMicroBatch", M if rank in (0, P - 1) else 0),
+            ]:
                 assert kinds.count(kind) == count, (rank, kind)
                 mbs = [row["microbatch"] for row in rows if row["instruction"] == kind]
                 assert mbs == list(range(count)), (rank, kind)
@@ -195,8 +202,11 @@ def test_traces_hold_steps_p2p_and_no_deepspeed_names():
         assert {n for n in names if n.startswith("ProfilerStep#")} == {f"ProfilerStep#{s}" for s in PROFILED_STEPS}
         assert {"c10d::send", "c10d::recv_", "gloo:send", "gloo:recv", "c10d::allreduce_"} <= names
         every_name = {e.get("name", "") for e in _trace(SAMPLE, rank)["traceEvents"]}
-        assert not [n for n in every_name if "deepspeed" in n.lower() or n.startswith("PP:")
-                    or n.startswith(("Forward ", "Backward "))]
+        assert not [
+            n
+            for n in every_name
+            if "deepspeed" in n.lower() or n.startswith("PP:") or n.startswith(("Forward ", "Backward "))
+        ]
         # per step: 8 activations to the next rank, 8 gradients to the previous, none elsewhere
         p2p = [o for o in ops if o["name"] in ("c10d::send", "c10d::recv_")]
         expected = []
@@ -222,8 +232,14 @@ def test_compute_runs_in_the_trace_are_the_engines_forward_and_backward_passes()
             assert sum(x["kind"] == "F" for x in in_step) == M and sum(x["kind"] == "B" for x in in_step) == M
             for run, row in zip(in_step, passes):
                 assert row["start_unix_ns"] <= run["start"] and run["end"] <= row["end_unix_ns"], (rank, step, row)
-                want = ({"TracekitEmuCompute": LAYERS_PER_STAGE} if run["kind"] == "F" else
-                        {"TracekitEmuComputeBackward": LAYERS_PER_STAGE, "TracekitEmuWeightGradBackward": LAYERS_PER_STAGE})
+                want = (
+                    {"TracekitEmuCompute": LAYERS_PER_STAGE}
+                    if run["kind"] == "F"
+                    else {
+                        "TracekitEmuComputeBackward": LAYERS_PER_STAGE,
+                        "TracekitEmuWeightGradBackward": LAYERS_PER_STAGE,
+                    }
+                )
                 assert run["sleeps"] == want, (rank, step, row)
 
 
@@ -238,14 +254,15 @@ def test_engine_holds_the_last_warmup_activation_until_the_first_gradient_arrive
         held = P - 1 - rank  # the microbatch of the last warm-up forward
         for i, step in enumerate(PROFILED_STEPS):
             rows = _engine_steps(rank)[step]
-            at = next(k for k, row in enumerate(rows) if row["instruction"] == "SendActivation"
-                      and row["microbatch"] == held)
+            at = next(
+                k for k, row in enumerate(rows) if row["instruction"] == "SendActivation" and row["microbatch"] == held
+            )
             assert (rows[at - 1]["instruction"], rows[at - 1]["microbatch"]) == ("RecvGrad", 0)
             fwd = [x for x in runs if x["step"] == step]
-            out = sends[i * M:(i + 1) * M]
+            out = sends[i * M : (i + 1) * M]
             late_ms = [(s["start"] - f["end"]) / 1e6 for s, f in zip(out, fwd)]
             assert all(ms < 5 for ms in late_ms[:held]), late_ms  # warm-up sends: right away
-            assert late_ms[held] > 15, late_ms                    # held back
+            assert late_ms[held] > 15, late_ms  # held back
             first_grad_done = min(g["end"] for g in grads if g["start"] > fwd[held]["end"])
             assert out[held]["start"] >= first_grad_done
 
@@ -286,8 +303,11 @@ def test_tracekit_finds_every_action_with_its_microbatch(loaded_runs):
     for rank in range(P):
         for step in PROFILED_STEPS:
             got = actions[(actions["rank"] == rank) & (actions["step"] == step)].sort_values("order")
-            want = [(row["instruction"][0], row["microbatch"]) for row in _engine_steps(rank)[step]
-                    if row["instruction"] in ("ForwardPass", "BackwardPass")]
+            want = [
+                (row["instruction"][0], row["microbatch"])
+                for row in _engine_steps(rank)[step]
+                if row["instruction"] in ("ForwardPass", "BackwardPass")
+            ]
             assert list(zip(got["kind"], got["microbatch"])) == want, (rank, step)
             assert (got["stage"] == rank).all()
 
@@ -317,8 +337,14 @@ def test_without_deepspeed_the_command_says_how_to_install_it(tmp_path):
         f"sys.argv = ['tracekit', 'capture', '--framework', 'deepspeed', '-o', {str(out)!r}]\n"
         "run()\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert done.returncode == 2, (done.stdout, done.stderr)
     lines = [ln for ln in (done.stdout + done.stderr).splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("tracekit: error:"), lines
@@ -342,7 +368,8 @@ def _one_line_refusal(tmp_path, *args: str) -> str:
 def test_injected_link_latency_is_refused_before_anything_starts(tmp_path):
     # the delay patches torch.distributed.isend, which DeepSpeed's blocking P2P never calls
     assert "--p2p-delay-ms is not available with --framework deepspeed" in _one_line_refusal(
-        tmp_path, "--p2p-delay-ms", "5")
+        tmp_path, "--p2p-delay-ms", "5"
+    )
 
 
 def test_nsys_profiler_is_refused(tmp_path):
@@ -357,8 +384,10 @@ def test_live_deepspeed_capture(tmp_path):
     from tracekit.cli import main
 
     out = tmp_path / "run"
-    result = CliRunner().invoke(main, ["capture", "--framework", "deepspeed", "-o", str(out), "-p", "2", "-m", "2",
-                                       "--steps", "1", "--layers", "4"])
+    result = CliRunner().invoke(
+        main,
+        ["capture", "--framework", "deepspeed", "-o", str(out), "-p", "2", "-m", "2", "--steps", "1", "--layers", "4"],
+    )
     assert result.exit_code == 0, (result.output, result.exception)
     meta = json.loads((out / "capture.json").read_text())
     assert (meta["framework"], meta["p"], meta["m"], meta["steps"]) == ("deepspeed", 2, 2, 1)

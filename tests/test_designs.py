@@ -4,6 +4,7 @@ reads them, and tiny live captures of each.
 Independent figures are computed here from the raw Kineto events (labels and the emulated
 sleeps' ops), never from tracekit's tables.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -48,22 +49,38 @@ def raw_actions(run_dir: Path, p: int = 4) -> list[dict]:
         def ns(us: float, base: int = base) -> int:
             return base + int(round(us * 1000))
 
-        steps = [(int(e["name"].split("#")[1]), ns(e["ts"]), ns(e["ts"] + e["dur"]))
-                 for e in events if e["name"].startswith("ProfilerStep#")]
-        sleeps = sorted((ns(e["ts"]), ns(e["ts"] + e["dur"])) for e in events
-                        if e["name"] in EMU or e["name"].split(": ")[-1] in EMU)
+        steps = [
+            (int(e["name"].split("#")[1]), ns(e["ts"]), ns(e["ts"] + e["dur"]))
+            for e in events
+            if e["name"].startswith("ProfilerStep#")
+        ]
+        sleeps = sorted(
+            (ns(e["ts"]), ns(e["ts"] + e["dur"]))
+            for e in events
+            if e["name"] in EMU or e["name"].split(": ")[-1] in EMU
+        )
         starts = np.array([s for s, _ in sleeps])
         for e in events:
             match = LABEL.match(e["name"])
             if not match:
                 continue
             lo, hi = ns(e["ts"]), ns(e["ts"] + e["dur"])
-            inside = [sleeps[i] for i in range(np.searchsorted(starts, lo), np.searchsorted(starts, hi))
-                      if sleeps[i][1] <= hi]
+            inside = [
+                sleeps[i] for i in range(np.searchsorted(starts, lo), np.searchsorted(starts, hi)) if sleeps[i][1] <= hi
+            ]
             step = next(s for s, a, b in steps if a <= lo <= b)
-            out.append({"rank": rank, "stage": int(match.group(1)), "kind": match.group(2),
-                        "mb": int(match.group(3)), "step": step, "label_start": lo,
-                        "start": min(s for s, _ in inside), "end": max(e_ for _, e_ in inside)})
+            out.append(
+                {
+                    "rank": rank,
+                    "stage": int(match.group(1)),
+                    "kind": match.group(2),
+                    "mb": int(match.group(3)),
+                    "step": step,
+                    "label_start": lo,
+                    "start": min(s for s, _ in inside),
+                    "end": max(e_ for _, e_ in inside),
+                }
+            )
     return sorted(out, key=lambda a: (a["rank"], a["label_start"]))
 
 
@@ -85,8 +102,9 @@ def test_2bw_sample_is_a_flush_free_pipeline_with_running_microbatch_ids():
     _need(TWO_BW)
     meta = capture_of(TWO_BW)
     assert meta["schedule"] == "PipeDream2BW" and (meta["p"], meta["v"], meta["m"]) == (4, 1, 8)
-    assert meta["command"] == ("tracekit capture -o sample_traces/pipedream_2bw --schedule PipeDream2BW "
-                               "-p 4 -m 8 --steps 3")
+    assert meta["command"] == (
+        "tracekit capture -o sample_traces/pipedream_2bw --schedule PipeDream2BW -p 4 -m 8 --steps 3"
+    )
     assert meta["design"]["weight_versions"] == 2 and meta["design"]["weight_update_every_microbatches"] == 8
     assert meta["profiler"]["schedule"] == {"wait": 0, "warmup": 1, "active": 3}
     losses = meta["losses_per_step"]
@@ -113,7 +131,7 @@ def test_terapipe_sample_runs_forwards_in_order_and_backwards_last_slice_first()
     assert design["slice_factor"] == pytest.approx([0.5 + (i + 0.5) / 8 for i in range(8)])
     assert all(np.isfinite(meta["losses_per_step"]))
     acts = raw_actions(TERAPIPE)
-    for (rank, step) in {(a["rank"], a["step"]) for a in acts}:
+    for rank, step in {(a["rank"], a["step"]) for a in acts}:
         order = [(a["kind"], a["mb"]) for a in acts if a["rank"] == rank and a["step"] == step]
         assert order == [("F", i) for i in range(8)] + [("B", i) for i in reversed(range(8))]
     # the sleeps follow the cost model: slice 7's forward sleeps ~2.56x slice 0's
@@ -141,7 +159,7 @@ def test_2bw_is_recognised_as_one_continuous_pipeline(loaded_runs):
         starts, ends = rows["window_start_ns"].to_numpy(), rows["window_end_ns"].to_numpy()
         assert (starts[1:] == ends[:-1]).all()
         expected = max(first_compute, raw_step_start(TWO_BW, rank, 1))
-        assert abs(starts[0] - expected) < 200_000   # tracekit's compute span vs the sleeps: <0.2 ms
+        assert abs(starts[0] - expected) < 200_000  # tracekit's compute span vs the sleeps: <0.2 ms
     theory = analysis.theory
     assert theory.bubble_ratio == pytest.approx(3 / 51)
     doc = to_document(analysis)
@@ -217,8 +235,9 @@ def test_sliced_theory_equals_a_replay_with_growing_slice_costs(p, m):
     orders = {r: [("F", r, i) for i in range(m)] + [("B", r, i) for i in reversed(range(m))] for r in range(p)}
     graph = graph_from_orders(orders, {"F": 1, "B": 2})
     cost_f = [100 + 30 * i for i in range(m)]
-    graph.dur = np.array([cost_f[mb] * (1 if k == "F" else 2) for k, mb in zip(graph.kind, graph.microbatch)],
-                         dtype=np.int64)
+    graph.dur = np.array(
+        [cost_f[mb] * (1 if k == "F" else 2) for k, mb in zip(graph.kind, graph.microbatch)], dtype=np.int64
+    )
     result = replay(graph)
     idle = idle_per_rank(graph, result)
     window = result.makespan(graph.t0)
@@ -238,13 +257,16 @@ def test_flush_free_theory():
 # --------------------------------------------------------------------------------------
 # options and tiny live captures
 # --------------------------------------------------------------------------------------
-@pytest.mark.parametrize("args, words", [
-    (["--schedule", "PipeDream2BW", "-p", "4", "-m", "2"], "needs --microbatches >= --ranks"),
-    (["--schedule", "1F1B", "--attention-share", "0.3"], "use it with --schedule TeraPipe"),
-    (["--schedule", "TeraPipe", "--attention-share", "1.5"], "must be within [0, 1]"),
-    (["--schedule", "TeraPipe", "--profiler", "nsys"], "runs torch's schedules only"),
-    (["--schedule", "PipeDream2BW", "-v", "2"], "one stage per rank"),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--schedule", "PipeDream2BW", "-p", "4", "-m", "2"], "needs --microbatches >= --ranks"),
+        (["--schedule", "1F1B", "--attention-share", "0.3"], "use it with --schedule TeraPipe"),
+        (["--schedule", "TeraPipe", "--attention-share", "1.5"], "must be within [0, 1]"),
+        (["--schedule", "TeraPipe", "--profiler", "nsys"], "runs torch's schedules only"),
+        (["--schedule", "PipeDream2BW", "-v", "2"], "one stage per rank"),
+    ],
+)
 def test_bad_design_options_are_one_line_errors(tmp_path, args, words):
     result = CliRunner().invoke(main, ["capture", "-o", str(tmp_path / "x"), *args])
     assert result.exit_code == 2
@@ -256,8 +278,9 @@ def test_bad_design_options_are_one_line_errors(tmp_path, args, words):
 def _live(tmp_path: Path, schedule: str) -> Path:
     pytest.importorskip("torch", reason="capture needs torch: pip install 'tracekit[capture]'")
     out = tmp_path / "run"
-    result = CliRunner().invoke(main, ["capture", "-o", str(out), "--schedule", schedule, "-p", "2", "-m", "2",
-                                       "--steps", "2", "--layers", "4"])
+    result = CliRunner().invoke(
+        main, ["capture", "-o", str(out), "--schedule", schedule, "-p", "2", "-m", "2", "--steps", "2", "--layers", "4"]
+    )
     assert result.exit_code == 0, (result.output, result.exception)
     return out
 
@@ -280,8 +303,9 @@ def test_live_capture_pipedream_2bw(tmp_path):
     analysis = analyze(run)
     assert not any("overlap" in w for w in run.warnings)
     table = analysis.attribution.table
-    assert (table[[c for c in table.columns if c.endswith("_ns") and c != "idle_ns"]].sum(axis=1)
-            == table["idle_ns"]).all()
+    assert (
+        table[[c for c in table.columns if c.endswith("_ns") and c != "idle_ns"]].sum(axis=1) == table["idle_ns"]
+    ).all()
 
 
 def test_live_capture_terapipe(tmp_path):

@@ -7,6 +7,7 @@ must measure the device timeline within 0.01 of it per rank, name the injected c
 the right blame, pair the SendRecv kernels with their wait and transfer, and still show the
 host-side figure where it differs.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,17 @@ from tracekit.cli import main
 
 # fused_*: torch's native Schedule1F1B with batch_isend_irecv (one fused SendRecv kernel per group)
 FUSED = ["fused_1f1b", "fused_slow_link"]
-ACCEPTANCE = ["host_ahead", "slow_stage", "slow_link", "launch_bound", "interleaved", "unlabelled_1f1b",
-              "unlabelled_interleaved", "clock_offset", *FUSED]
+ACCEPTANCE = [
+    "host_ahead",
+    "slow_stage",
+    "slow_link",
+    "launch_bound",
+    "interleaved",
+    "unlabelled_1f1b",
+    "unlabelled_interleaved",
+    "clock_offset",
+    *FUSED,
+]
 BUBBLE_TOLERANCE = 0.01
 PAIR_TOLERANCE_NS = 1_000
 OTHER_CAUSES = ("schedule_gaps_ns", "imbalance_ns", "comm_ns", "overhead_ns")
@@ -63,9 +73,11 @@ def test_the_device_timeline_is_measured(analysed, name):
 def test_bubble_per_rank_is_within_a_hundredth_of_the_truth(analysed, name):
     doc, truth = analysed(name)
     got = _by_rank(doc["ranks"])
-    wrong = [f"rank {row['rank']}: expected {row['bubble_ratio']:.4f}, got {got[row['rank']]['bubble_ratio']:.4f}"
-             for row in truth["ranks"]
-             if abs(got[row["rank"]]["bubble_ratio"] - row["bubble_ratio"]) > BUBBLE_TOLERANCE]
+    wrong = [
+        f"rank {row['rank']}: expected {row['bubble_ratio']:.4f}, got {got[row['rank']]['bubble_ratio']:.4f}"
+        for row in truth["ranks"]
+        if abs(got[row["rank"]]["bubble_ratio"] - row["bubble_ratio"]) > BUBBLE_TOLERANCE
+    ]
     assert not wrong, f"{name}: " + "; ".join(wrong)
 
 
@@ -73,8 +85,9 @@ def _dominant(causes: dict) -> str:
     return max(causes, key=causes.get)
 
 
-@pytest.mark.parametrize("name, schedule, v", [("unlabelled_1f1b", "1F1B", 1),
-                                               ("unlabelled_interleaved", "Interleaved1F1B", 2)])
+@pytest.mark.parametrize(
+    "name, schedule, v", [("unlabelled_1f1b", "1F1B", 1), ("unlabelled_interleaved", "Interleaved1F1B", 2)]
+)
 def test_an_unlabelled_run_has_every_action_with_its_stage_and_microbatch(tmp_path, name, schedule, v):
     from tracekit import load
 
@@ -119,11 +132,13 @@ def test_a_launch_bound_rank_is_overhead_and_said_so(analysed):
     expected = _by_rank(truth["ranks"])[rank]
     got = _by_rank(doc["device"]["ranks"])[rank]["launch_wait_ns"]
     assert abs(got - expected["host_wait_ns"]) <= BUBBLE_TOLERANCE * expected["window_ns"], (
-        f"launch wait of rank {rank}: expected {expected['host_wait_ns']} ns, got {got} ns")
+        f"launch wait of rank {rank}: expected {expected['host_wait_ns']} ns, got {got} ns"
+    )
 
 
-@pytest.mark.parametrize("name", ["host_ahead", "interleaved", "unlabelled_1f1b", "unlabelled_interleaved",
-                                  "clock_offset", "fused_1f1b"])
+@pytest.mark.parametrize(
+    "name", ["host_ahead", "interleaved", "unlabelled_1f1b", "unlabelled_interleaved", "clock_offset", "fused_1f1b"]
+)
 def test_a_plain_schedule_idles_in_fill_and_drain(analysed, name):
     doc, _ = analysed(name)
     for row in doc["ranks"]:
@@ -145,8 +160,11 @@ def test_p2p_kernel_pairs_have_the_true_wait_and_transfer(analysed, name):
     for key, rows in expected.items():
         assert len(got[key]) == len(rows), f"{name} link/step {key}: {len(got[key])} pairs, expected {len(rows)}"
         for n, (want, have) in enumerate(zip(rows, got[key])):
-            off = [f"{field} {want[field]} vs {have[field]}" for field in ("wait_ns", "transfer_ns")
-                   if abs(want[field] - have[field]) > PAIR_TOLERANCE_NS]
+            off = [
+                f"{field} {want[field]} vs {have[field]}"
+                for field in ("wait_ns", "transfer_ns")
+                if abs(want[field] - have[field]) > PAIR_TOLERANCE_NS
+            ]
             if want["waiting_rank"] is not None and have["waiting_rank"] != want["waiting_rank"]:
                 off.append(f"waiting rank {want['waiting_rank']} vs {have['waiting_rank']}")
             if off:
@@ -159,15 +177,18 @@ def test_the_host_view_differs_when_the_host_runs_ahead(analysed):
     host = _by_rank(doc["host_view"]["ranks"])
     for row in doc["ranks"]:
         assert abs(host[row["rank"]]["bubble_ratio"] - row["bubble_ratio"]) > 0.05, (
-            f"rank {row['rank']}: host {host[row['rank']]['bubble_ratio']} vs device {row['bubble_ratio']}")
+            f"rank {row['rank']}: host {host[row['rank']]['bubble_ratio']} vs device {row['bubble_ratio']}"
+        )
     host_doc, _ = analysed("host_ahead", "--timeline", "host")
     assert host_doc["timeline"] == "host"
     assert {r["rank"]: r["bubble_ratio"] for r in host_doc["ranks"]} == {
-        rank: row["bubble_ratio"] for rank, row in host.items()}
+        rank: row["bubble_ratio"] for rank, row in host.items()
+    }
 
 
-@pytest.mark.parametrize("name", ["host_ahead", "slow_stage", "launch_bound", "interleaved", "unlabelled_1f1b",
-                                  "clock_offset", "fused_1f1b"])
+@pytest.mark.parametrize(
+    "name", ["host_ahead", "slow_stage", "launch_bound", "interleaved", "unlabelled_1f1b", "clock_offset", "fused_1f1b"]
+)
 def test_comm_is_no_more_than_the_run_spent_in_transfer(analysed, name):
     """Waiting for a producer that is late is not comm; only the transfer is (issue #12).
     A link's time propagates down the pipeline (a rank waits for a chain of messages), so a
@@ -176,9 +197,11 @@ def test_comm_is_no_more_than_the_run_spent_in_transfer(analysed, name):
     doc, truth = analysed(name)
     all_transfers = sum(pair["transfer_ns"] for pair in truth["p2p_pairs"])
     windows = {row["rank"]: row["window_ns"] for row in truth["ranks"]}
-    wrong = [f"rank {row['rank']}: comm {row['causes']['comm_ns']} ns, all transfers {all_transfers} ns"
-             for row in doc["ranks"]
-             if row["causes"]["comm_ns"] > all_transfers + BUBBLE_TOLERANCE * windows[row["rank"]]]
+    wrong = [
+        f"rank {row['rank']}: comm {row['causes']['comm_ns']} ns, all transfers {all_transfers} ns"
+        for row in doc["ranks"]
+        if row["causes"]["comm_ns"] > all_transfers + BUBBLE_TOLERANCE * windows[row["rank"]]
+    ]
     assert not wrong, f"{name}: " + "; ".join(wrong)
 
 
@@ -189,8 +212,13 @@ def test_a_fused_kernel_gives_one_pair_per_message(analysed, name):
     doc, truth = analysed(name)
 
     def key(row: dict, origin_ns: int) -> tuple:
-        return (row["step"], row["src_rank"], row["dst_rank"], row["send_start_ns"] - origin_ns,
-                row["recv_start_ns"] - origin_ns)
+        return (
+            row["step"],
+            row["src_rank"],
+            row["dst_rank"],
+            row["send_start_ns"] - origin_ns,
+            row["recv_start_ns"] - origin_ns,
+        )
 
     # tracekit reports absolute ns; the truth is on the simulation's clock (no offsets here)
     got = sorted(key(row, BASE_TIME_NS + ORIGIN_NS) for row in doc["device"]["p2p_pairs"])
@@ -213,8 +241,9 @@ def test_a_baseline_keeps_its_timeline_and_a_check_on_the_other_one_is_refused(t
     assert json.loads(baseline.read_text())["timeline"] == "device"
     same = CliRunner().invoke(main, ["check", str(folder), "--baseline", str(baseline), "--no-cache"])
     assert same.exit_code == 0, same.output
-    other = CliRunner().invoke(main, ["check", str(folder), "--baseline", str(baseline), "--no-cache",
-                                      "--timeline", "host"])
+    other = CliRunner().invoke(
+        main, ["check", str(folder), "--baseline", str(baseline), "--no-cache", "--timeline", "host"]
+    )
     assert other.exit_code == 2
     assert "timeline differs from the baseline" in other.output and "--timeline device" in other.output
     # a baseline written before the device timeline has no "timeline": it was the host's

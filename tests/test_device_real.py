@@ -2,6 +2,7 @@
 computation from the raw kernel events (``tests/device_reference.py``: gzip, json, sqlite3
 and numpy only), and the NCCL kernel pairs of the 2-GPU Nsight Systems reports (issue #12).
 """
+
 from __future__ import annotations
 
 import functools
@@ -22,8 +23,12 @@ SAMPLED_RANKS = ("hta_trace_filter_sampled_rank-0.json.gz", "hta_trace_filter_sa
 # the 2-GPU nsys reports and their ncclDevKernel_SendRecv kernels per GPU (counted in the files;
 # the shared README's "33 per GPU" holds for "before" only)
 NSYS_2GPU = {"nsysai_mfu_2gpu_before.sqlite": 33, "nsysai_mfu_2gpu_after.sqlite": 31}
-NSYS_REPORTS = sorted(NSYS_2GPU) + ["nsysai_h100_2gpu_1s.sqlite", "flameox_nsight-2025.5.2.sqlite",
-                                    "pipit_saxpy-mpi-cuda_nsys_perlmutter0.sqlite", "nsysai_mock.sqlite"]
+NSYS_REPORTS = sorted(NSYS_2GPU) + [
+    "nsysai_h100_2gpu_1s.sqlite",
+    "flameox_nsight-2025.5.2.sqlite",
+    "pipit_saxpy-mpi-cuda_nsys_perlmutter0.sqlite",
+    "nsysai_mock.sqlite",
+]
 COLUMNS = ["rank", "step", "window_start_ns", "window_end_ns", "window_ns", "busy_ns", "idle_ns"]
 
 
@@ -51,8 +56,9 @@ def nsys_ref(name: str) -> ref.NsysReference:
 def _with_device_ops(name: str) -> ref.DeviceOps:
     ops = kineto_ops(name)
     if len(ops.start_ns) == 0:
-        pytest.skip(f"{name}: no kernel, gpu_memcpy or gpu_memset events (a CPU-side trace): "
-                    "no device timeline to check")
+        pytest.skip(
+            f"{name}: no kernel, gpu_memcpy or gpu_memset events (a CPU-side trace): no device timeline to check"
+        )
     return ops
 
 

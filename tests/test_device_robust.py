@@ -6,6 +6,7 @@ launches without kernels, kernels without launches, times out of order. Seeded m
 of a generated GPU pipeline (tests/gpu_tracegen.py) must end in an analysis or in one line
 and exit 2, on every timeline, never in a traceback.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -63,8 +64,9 @@ def test_mutated_device_events_end_in_an_answer_or_one_line(pristine, tmp_path, 
     for name, doc in pristine.items():
         (tmp_path / name).write_bytes(gzip.compress(json.dumps(_mutate(doc, rng)).encode()))
     for timeline in ("auto", "device", "host"):
-        result = CliRunner().invoke(main, ["analyze", str(tmp_path), "--json", "--no-cache", "-j", "1",
-                                           "--timeline", timeline])
+        result = CliRunner().invoke(
+            main, ["analyze", str(tmp_path), "--json", "--no-cache", "-j", "1", "--timeline", timeline]
+        )
         assert result.exit_code in (0, 2), (case, timeline, result.output[-2000:], result.exception)
         if result.exit_code == 0:
             doc = json.loads(result.output)

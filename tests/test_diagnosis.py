@@ -1,4 +1,5 @@
 """The diagnosis names the fault each sample run was recorded with, from its own numbers."""
+
 from __future__ import annotations
 
 import re
@@ -32,7 +33,7 @@ def test_slow_stage_is_named_first(loaded_runs):
     top = findings[0]
     assert top.cause == "imbalance"
     assert top.figures["stage"] == 2 and top.headline.startswith("Stage 2 (rank 2) is")
-    assert top.figures["slowdown"] > 1.4          # recorded with stage 2 at 2x its layers' time
+    assert top.figures["slowdown"] > 1.4  # recorded with stage 2 at 2x its layers' time
     assert "move layers off stage 2" in top.advice.lower()
     assert top.severity == "high"
 
@@ -70,8 +71,8 @@ def test_findings_are_ranked_and_sentences(loaded_runs):
         assert len(causes) == len(set(causes)) and "fill_drain" in causes
         # costly faults first, then everything else by cost, then what only informs
         urgent = [f for f in findings if f.cause in FAULTS and f.cost_share >= HIGH_SHARE]
-        assert findings[:len(urgent)] == sorted(urgent, key=lambda f: -f.cost_share)
-        rest = [f.cost_share for f in findings[len(urgent):] if f.severity != "info"]
+        assert findings[: len(urgent)] == sorted(urgent, key=lambda f: -f.cost_share)
+        rest = [f.cost_share for f in findings[len(urgent) :] if f.severity != "info"]
         assert rest == sorted(rest, reverse=True)
         info = [i for i, f in enumerate(findings) if f.severity == "info"]
         assert info == list(range(len(findings) - len(info), len(findings)))
@@ -98,8 +99,11 @@ def test_no_pipeline_says_so(loaded_runs):
     from tracekit.analyze.bubbles import summarise
 
     run, analysis = loaded_runs(sample("1f1b"))
-    plain = Analysis(run=type(run)(source=run.source, files=run.files, events=run.events, steps=run.steps),
-                     bubbles=analysis.bubbles, summary=summarise(analysis.bubbles))
+    plain = Analysis(
+        run=type(run)(source=run.source, files=run.files, events=run.events, steps=run.steps),
+        bubbles=analysis.bubbles,
+        summary=summarise(analysis.bubbles),
+    )
     [finding] = diagnose(plain)
     assert finding.cause == "no_pipeline" and finding.severity == "info"
     assert "No pipeline-parallel schedule" in finding.headline

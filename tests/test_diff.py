@@ -1,4 +1,5 @@
 """tracekit diff: what changed between two runs, the change that matters most first."""
+
 from __future__ import annotations
 
 import json
@@ -59,7 +60,7 @@ def test_different_schedules_compare_by_share_of_the_window(cached):
     doc = json.loads(result.stdout)
     assert doc["same_schedule"] is False
     assert any(n.startswith("schedules differ (1F1B p=4 v=1 m=8 vs Interleaved1F1B p=4 v=2 m=8)") for n in doc["notes"])
-    assert len(doc["causes"]) == 6 and doc["stages"] == []     # stage numbers mean other things
+    assert len(doc["causes"]) == 6 and doc["stages"] == []  # stage numbers mean other things
     console = cli("diff", SAMPLES / "1f1b", SAMPLES / "interleaved1f1b")
     assert "note: schedules differ" in console.output
 
@@ -81,9 +82,16 @@ def test_across_formats_kineto_against_nsys(cached):
 
 
 def _measures(ranks: dict[int, float], causes: dict[str, float] | None = None, name="1F1B", p=2) -> Measures:
-    return Measures(source=f"{name}-{len(ranks)}", formats=["kineto"], schedule={"name": name, "p": p, "v": 1, "m": 4},
-                    n_steps=1, step_ns=1e8, bubble_ratio=sum(ranks.values()) / len(ranks), rank_bubble=ranks,
-                    cause_share=causes or {})
+    return Measures(
+        source=f"{name}-{len(ranks)}",
+        formats=["kineto"],
+        schedule={"name": name, "p": p, "v": 1, "m": 4},
+        n_steps=1,
+        step_ns=1e8,
+        bubble_ratio=sum(ranks.values()) / len(ranks),
+        rank_bubble=ranks,
+        cause_share=causes or {},
+    )
 
 
 def test_different_pipeline_sizes_have_no_per_rank_rows():
@@ -106,12 +114,13 @@ def test_small_changes_are_noise():
 
 # --- diff --markdown: the comparison for a pull-request comment ------------------------------
 
+
 def _markdown_rows(text: str, header: str) -> list[list[str]]:
     """The cells of the Markdown table whose header row starts with ``header``."""
     lines = text.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith(header))
     rows = []
-    for line in lines[start + 2:]:
+    for line in lines[start + 2 :]:
         if not line.startswith("|"):
             break
         rows.append([cell.strip() for cell in line.strip("|").split(" | ")])
@@ -127,8 +136,11 @@ def test_markdown_to_stdout_has_the_headline_and_the_figures_of_json(cached):
     assert text.startswith("### tracekit diff: matters most\\: stage imbalance \\+")
     figures = {row[0]: row[1:] for row in _markdown_rows(text, "| | A | B | change |")}
     assert figures["bubble ratio"] == ["30.4%", "44.8%", "+14.4 points"]
-    assert figures["step time"] == [f"{doc['step_ns']['a'] / 1e6:.1f} ms", f"{doc['step_ns']['b'] / 1e6:.1f} ms",
-                                    "+261.9 ms (+55.2%)"]
+    assert figures["step time"] == [
+        f"{doc['step_ns']['a'] / 1e6:.1f} ms",
+        f"{doc['step_ns']['b'] / 1e6:.1f} ms",
+        "+261.9 ms (+55.2%)",
+    ]
     causes = _markdown_rows(text, "| cause |")
     # every cause, in the order (and with the changes) of --json
     assert [row[3] for row in causes] == [f"{100 * c['delta']:+.1f} points" for c in doc["causes"]]
@@ -136,7 +148,7 @@ def test_markdown_to_stdout_has_the_headline_and_the_figures_of_json(cached):
     ranks = _markdown_rows(text, "| rank |")
     assert [int(row[0]) for row in ranks] == [c["rank"] for c in doc["ranks"]]
     assert _markdown_rows(text, "| stage / link |")[0][0] == "stage 2 \\(rank 2\\)"
-    assert "matters most:" not in result.stderr      # no console text besides
+    assert "matters most:" not in result.stderr  # no console text besides
 
 
 def test_markdown_to_a_file_keeps_the_console_text(cached, tmp_path):
@@ -159,10 +171,13 @@ def test_markdown_without_attribution_or_same_ranks_says_so():
     assert "no per\\-cause comparison" in text
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--markdown", "-", "--json"], "both print to stdout"),
-    (["--markdown", SAMPLES / "1f1b_p2p_delay5ms" / "rank0.json.gz"], "one of the run's input traces"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--markdown", "-", "--json"], "both print to stdout"),
+        (["--markdown", SAMPLES / "1f1b_p2p_delay5ms" / "rank0.json.gz"], "one of the run's input traces"),
+    ],
+)
 def test_markdown_output_problems_are_one_line_before_loading(args, message):
     result = cli("diff", SAMPLES / "1f1b", SAMPLES / "1f1b_p2p_delay5ms", *args)
     assert result.exit_code == 2, result.output

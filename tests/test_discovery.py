@@ -2,6 +2,7 @@
 fail, framework layouts in subfolders are found (the iteration taken is said), .nsys-rep
 reports are read through an export into the cache, and bad --rank-from / --cache-dir
 values are one line before anything is read."""
+
 from __future__ import annotations
 
 import contextlib
@@ -21,6 +22,7 @@ from tracekit.cli import main
 from tracekit.errors import RunLayoutError
 from tracekit.ingest.discovery import find_traces
 from tracekit.ingest.sniff import KINETO, NSYS_JSON, NSYS_SQLITE, trace_format
+
 
 def _run(*args: str):
     return CliRunner().invoke(main, [*args, "--no-progress"])
@@ -52,6 +54,7 @@ def _run_copy(where: Path, ranks=range(4), name: str = "rank{}.json.gz") -> Path
 
 # -- files that are not traces ------------------------------------------------------------
 
+
 def test_stray_json_beside_the_traces_is_skipped_with_one_warning(tmp_path):
     run = _run_copy(tmp_path / "run")
     reference = _analysis(str(SAMPLES / "1f1b"), "--no-cache")
@@ -61,8 +64,7 @@ def test_stray_json_beside_the_traces_is_skipped_with_one_warning(tmp_path):
     (run / "meta.json.gz").write_bytes(gzip.compress(b'{"host": "vm"}'))
     doc = _analysis(str(run), "--no-cache")
     skipped = [w for w in doc["warnings"] if w.startswith("skipped")]
-    assert skipped == ["skipped 4 files that are not a trace: analysis.json, baseline.json, config.json, "
-                       "meta.json.gz"]
+    assert skipped == ["skipped 4 files that are not a trace: analysis.json, baseline.json, config.json, meta.json.gz"]
     assert doc["summary"] == reference["summary"]
 
 
@@ -73,13 +75,16 @@ def test_a_file_named_like_a_trace_that_is_broken_still_fails(tmp_path):
     _one_error_line(_run("analyze", str(run)), "rank2.json.gz")
 
 
-@pytest.mark.parametrize("name, content", [
-    # no trace-like name, but the start of a Kineto document
-    ("profile.json", b'{"schemaVersion": 1, "deviceProperties": [{"id": 0'),
-    # a gzip stream that does not decompress: broken, whatever its name
-    ("stuff.json.gz", b"\x1f\x8b\x08\x00" + b"\xff" * 64),
-    ("rank0.pt.trace.json", b"not json"),
-])
+@pytest.mark.parametrize(
+    "name, content",
+    [
+        # no trace-like name, but the start of a Kineto document
+        ("profile.json", b'{"schemaVersion": 1, "deviceProperties": [{"id": 0'),
+        # a gzip stream that does not decompress: broken, whatever its name
+        ("stuff.json.gz", b"\x1f\x8b\x08\x00" + b"\xff" * 64),
+        ("rank0.pt.trace.json", b"not json"),
+    ],
+)
 def test_a_file_that_claims_to_be_a_trace_by_content_fails(tmp_path, name, content):
     run = _run_copy(tmp_path / "run", ranks=(1, 2, 3))
     (run / name).write_bytes(content)
@@ -134,6 +139,7 @@ def test_generated_json_lookalikes_are_not_traces(tmp_path):
 
 # -- subfolders -----------------------------------------------------------------------------
 
+
 def _torchtitan(run: Path, iterations: list[int]) -> Path:
     for n in iterations:
         _run_copy(run / "profiling" / "traces" / f"iteration_{n}", name="rank{}_trace.json.gz")
@@ -144,8 +150,9 @@ def test_torchtitan_iterations_the_highest_is_taken_and_said(tmp_path):
     run = _torchtitan(tmp_path / "run", [2, 4, 6])
     doc = _analysis(str(run), "--no-cache")
     assert {Path(f["path"]).parent.name for f in doc["files"]} == {"iteration_6"}
-    assert ("3 iterations found (iteration_2, iteration_4, iteration_6): analysed iteration_6; "
-            "--iteration N to choose") in doc["warnings"]
+    assert (
+        "3 iterations found (iteration_2, iteration_4, iteration_6): analysed iteration_6; --iteration N to choose"
+    ) in doc["warnings"]
     assert doc["summary"]["n_ranks"] == 4
 
 
@@ -224,6 +231,7 @@ def test_a_huge_tree_with_no_traces_is_refused_not_searched_forever(tmp_path, mo
 
 # -- .nsys-rep -----------------------------------------------------------------------------
 
+
 def _report_run(tmp_path: Path) -> Path:
     """A run folder holding one generated stand-in for an Nsight Systems report."""
     run = tmp_path / "run"
@@ -295,8 +303,11 @@ def test_nsys_rep_without_a_cache_is_exported_to_a_temporary_folder(tmp_path, ge
 def test_nsys_export_that_fails_is_one_line(tmp_path, generated_nsys, monkeypatch):
     monkeypatch.setenv("GENERATED_NSYS_FAIL", "1")
     run = _report_run(tmp_path)
-    _one_error_line(_run("analyze", str(run), "--cache-dir", str(tmp_path / "cache")),
-                    "nsys_report.nsys-rep: nsys export failed", "generated failure")
+    _one_error_line(
+        _run("analyze", str(run), "--cache-dir", str(tmp_path / "cache")),
+        "nsys_report.nsys-rep: nsys export failed",
+        "generated failure",
+    )
 
 
 @pytest.mark.skipif(shutil.which("nsys") is None, reason="nsys (Nsight Systems CLI) is not on PATH")
@@ -313,32 +324,39 @@ def test_real_nsys_exports_a_report(tmp_path):
 
 # -- --rank-from, --cache-dir ----------------------------------------------------------------
 
+
 def test_rank_from_that_is_not_a_regex_is_one_line_before_any_parsing(tmp_path):
     run = _run_copy(tmp_path / "run")
     (run / "rank2.json.gz").write_bytes(b"x")  # parsing would fail on this file first
-    _one_error_line(_run("analyze", str(run), "--rank-from", "("),
-                    "--rank-from '(': not a regular expression (missing ), unterminated subpattern at position 0)")
+    _one_error_line(
+        _run("analyze", str(run), "--rank-from", "("),
+        "--rank-from '(': not a regular expression (missing ), unterminated subpattern at position 0)",
+    )
 
 
 def test_rank_from_without_a_group_or_matching_nothing_is_one_line(tmp_path):
     _one_error_line(_run("analyze", str(SAMPLES / "1f1b"), "--rank-from", r"rank\d"), "has no group")
     run = _run_copy(tmp_path / "run", ranks=(0, 1), name="worker-{}.json.gz")
     _run_copy(run, ranks=(2, 3))
-    _one_error_line(_run("analyze", str(run), "--rank-from", r"worker-(\d+)"),
-                    "finds no rank in rank2.json.gz, rank3.json.gz")
+    _one_error_line(
+        _run("analyze", str(run), "--rank-from", r"worker-(\d+)"), "finds no rank in rank2.json.gz, rank3.json.gz"
+    )
 
 
 def test_cache_url_of_an_unknown_kind_is_one_line(tmp_path, monkeypatch):
-    _one_error_line(_run("analyze", str(SAMPLES / "1f1b"), "--cache-dir", "nope://bucket/tk"),
-                    "--cache-dir nope://bucket/tk")
+    _one_error_line(
+        _run("analyze", str(SAMPLES / "1f1b"), "--cache-dir", "nope://bucket/tk"), "--cache-dir nope://bucket/tk"
+    )
     monkeypatch.setenv("TRACEKIT_CACHE_DIR", "nope://bucket/tk")
     _one_error_line(_run("check", str(SAMPLES / "1f1b")), "$TRACEKIT_CACHE_DIR nope://bucket/tk")
 
 
 def test_cache_url_without_fsspec_installed_is_one_line():
     """fsspec is blocked in a fresh process, as on an installation without it."""
-    code = ("import sys; sys.modules['fsspec'] = None; from tracekit.cli import run; "
-            f"sys.argv = ['tracekit', 'analyze', {str(SAMPLES / '1f1b')!r}, '--cache-dir', 's3://bucket/tk']; run()")
+    code = (
+        "import sys; sys.modules['fsspec'] = None; from tracekit.cli import run; "
+        f"sys.argv = ['tracekit', 'analyze', {str(SAMPLES / '1f1b')!r}, '--cache-dir', 's3://bucket/tk']; run()"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()

@@ -1,6 +1,7 @@
 """A second `tracekit analyze` of an unchanged run is answered from the stored document;
 anything that could change the answer misses; the answer names the run it is asked about;
 a stored document that is not exactly what was stored is recomputed, never trusted."""
+
 from __future__ import annotations
 
 import json

@@ -1,5 +1,6 @@
 """Where files are parsed: in process, in a local process pool, on a Dask cluster. Every
 executor must give exactly the rows of the plain in-process parse."""
+
 from __future__ import annotations
 
 import shutil

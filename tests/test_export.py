@@ -1,5 +1,6 @@
 """tracekit export: one Chrome trace of the whole run, checked the way Perfetto and
 chrome://tracing read it (slices, flow arrows and their binding, thread names)."""
+
 from __future__ import annotations
 
 import gzip
@@ -78,7 +79,7 @@ def validate(doc: dict) -> dict:
 
 def test_export_merges_every_rank_on_one_clock(tmp_path, loaded_runs):
     out = tmp_path / "merged.json.gz"
-    result = cli("export", SAMPLES / "1f1b", "-o", out, "--no-progress")   # the real command, no cache
+    result = cli("export", SAMPLES / "1f1b", "-o", out, "--no-progress")  # the real command, no cache
     assert result.exit_code == 0, result.output
     assert "wrote" in result.output and "ui.perfetto.dev" in result.output
     raw = out.read_bytes()
@@ -94,7 +95,7 @@ def test_export_merges_every_rank_on_one_clock(tmp_path, loaded_runs):
 
     events = doc["traceEvents"]
     actions = [e for e in events if e["ph"] == "X" and e["cat"] == "compute"]
-    assert len(actions) == len(run.actions)          # round trip: every action, once
+    assert len(actions) == len(run.actions)  # round trip: every action, once
     by_id = run.actions.set_index("action_id")
     for e in actions:
         assert ACTION_NAME.match(e["name"]), e["name"]
@@ -128,7 +129,7 @@ def test_export_merges_every_rank_on_one_clock(tmp_path, loaded_runs):
 def test_plain_json_when_the_name_has_no_gz(tmp_path, cached):
     out = tmp_path / "zbv.json"
     assert cli("export", SAMPLES / "zbv", "-o", out).exit_code == 0
-    doc = json.loads(out.read_text())          # not compressed
+    doc = json.loads(out.read_text())  # not compressed
     validate(doc)
     assert doc["otherData"]["schedule"]["name"] == "ZBVZeroBubble"
 
@@ -162,11 +163,14 @@ def run_copy(tmp_path) -> Path:
     return run
 
 
-@pytest.mark.parametrize("name, message", [
-    ("rank2.json.gz", "is one of the run's input traces"),
-    ("merged.json.gz", "would be read as one more trace"),
-    ("capture.json", "capture manifest"),
-])
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("rank2.json.gz", "is one of the run's input traces"),
+        ("merged.json.gz", "would be read as one more trace"),
+        ("capture.json", "capture manifest"),
+    ],
+)
 def test_never_writes_over_or_into_the_run(run_copy, name, message):
     target = run_copy / name
     before = target.read_bytes() if target.exists() else None
@@ -176,5 +180,5 @@ def test_never_writes_over_or_into_the_run(run_copy, name, message):
 
 
 def test_overlapping_slices_get_their_own_lanes():
-    assert lanes([0, 5, 10], [5, 10, 15]) == [0, 0, 0]       # touching is not overlapping
+    assert lanes([0, 5, 10], [5, 10, 15]) == [0, 0, 0]  # touching is not overlapping
     assert lanes([0, 2, 4, 12], [10, 3, 11, 13]) == [0, 1, 1, 0]

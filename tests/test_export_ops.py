@@ -1,5 +1,6 @@
 """tracekit export -o FILE --with-ops: each action's own ops nested under its slice, checked
 against the rank traces themselves (read with gzip and json, not with tracekit)."""
+
 from __future__ import annotations
 
 import gzip
@@ -37,7 +38,7 @@ def _nesting(doc: dict) -> dict[int, int]:
             threads[(e["pid"], e["tid"])].append((start, -end, index))
     parent: dict[int, int] = {}
     for key, slices in threads.items():
-        open_: list[tuple[int, int]] = []       # (end, index) of the enclosing slices
+        open_: list[tuple[int, int]] = []  # (end, index) of the enclosing slices
         for start, neg_end, index in sorted(slices):
             while open_ and open_[-1][0] <= start and not (open_[-1][0] == start == -neg_end):
                 open_.pop()
@@ -78,16 +79,23 @@ def test_labelled_actions_hold_their_two_top_levels_of_ops(tmp_path):
     label = next(e for e in raw if e.get("name") == "PP:0F0" and e.get("cat") == "user_annotation")
     first = next(a for a in actions.values() if a["pid"] == 1 and a["args"]["label"] == "PP:0F0")
     ops = under[first["args"]["action_id"]]
-    assert {op["args"]["depth"] for op in ops} == {2, 3}           # ProfilerStep 0 > PP: label 1 > ops
-    in_label = [e for e in raw if e.get("ph") == "X" and e.get("tid") == label["tid"] and e.get("cat") == "cpu_op"
-                and label["ts"] <= e["ts"] and e["ts"] + e["dur"] <= label["ts"] + label["dur"]]
+    assert {op["args"]["depth"] for op in ops} == {2, 3}  # ProfilerStep 0 > PP: label 1 > ops
+    in_label = [
+        e
+        for e in raw
+        if e.get("ph") == "X"
+        and e.get("tid") == label["tid"]
+        and e.get("cat") == "cpu_op"
+        and label["ts"] <= e["ts"]
+        and e["ts"] + e["dur"] <= label["ts"] + label["dur"]
+    ]
     counts = Counter(op["name"] for op in ops)
     raw_counts = Counter(e["name"] for e in in_label)
     # two layers per stage: their Linear and ReLU at the top, addmm inside each Linear
     assert counts["aten::linear"] == raw_counts["aten::linear"] == 2
     assert counts["aten::addmm"] == raw_counts["aten::addmm"] == 2
     assert counts["TracekitEmuCompute"] == raw_counts["TracekitEmuCompute"] == 2
-    assert raw_counts["aten::as_strided"] > 0 and "aten::as_strided" not in counts   # depth 5: left out
+    assert raw_counts["aten::as_strided"] > 0 and "aten::as_strided" not in counts  # depth 5: left out
 
 
 def test_unlabelled_actions_nest_their_segment_ops(tmp_path):
@@ -112,8 +120,7 @@ def test_without_with_ops_the_export_is_unchanged(tmp_path):
 
 
 def test_with_ops_needs_the_merged_trace(tmp_path):
-    result = CliRunner().invoke(main, ["export", str(SAMPLES / "1f1b"), "--tables", str(tmp_path / "t"),
-                                       "--with-ops"])
+    result = CliRunner().invoke(main, ["export", str(SAMPLES / "1f1b"), "--tables", str(tmp_path / "t"), "--with-ops"])
     assert result.exit_code == 2
     assert result.output.strip() == "tracekit: error: --with-ops: nests the ops in the merged trace; give -o FILE"
 
@@ -132,8 +139,8 @@ def test_on_a_gpu_run_the_kernels_go_under_their_action(tmp_path):
     actions = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["cat"] == "compute"]
     assert len(under) == len(actions)
     assert {op["cat"] for ops in under.values() for op in ops} == {"device"}
-    assert {op["args"]["kind"] for ops in under.values() for op in ops} == {"compute"}   # P2P kernels: not an action's
-    for action in actions:   # the action's span is its kernels': the first starts it, the last ends it
+    assert {op["args"]["kind"] for ops in under.values() for op in ops} == {"compute"}  # P2P kernels: not an action's
+    for action in actions:  # the action's span is its kernels': the first starts it, the last ends it
         ops = under[action["args"]["action_id"]]
         assert min(_ns(op)[0] for op in ops) == _ns(action)[0]
         assert max(_ns(op)[1] for op in ops) == _ns(action)[1]

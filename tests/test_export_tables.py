@@ -4,6 +4,7 @@ DataFrames carry the analysis's own figures (the JSON report's), typed and docum
 Runs: the captured sample run sample_traces/1f1b_slow_stage2 (CPU, gloo) and a GENERATED GPU
 run (tests/gpu_tracegen.py, scenario slow_link: the 1->2 link takes 400 us per message, not a
 real trace)."""
+
 from __future__ import annotations
 
 import os
@@ -63,8 +64,9 @@ def _check_against_document(frames: dict[str, pd.DataFrame], doc: dict) -> None:
     assert len(merged) == len(attribution) == len(bubbles)
     assert (merged["idle_ns"] == merged["idle_ns_bubbles"]).all()
     causes = attribution.groupby("rank")[CAUSE_COLUMNS].sum()
-    assert {r["rank"]: r["causes"] for r in doc["ranks"]} == \
-        {int(rank): {c: int(v) for c, v in row.items()} for rank, row in causes.iterrows()}
+    assert {r["rank"]: r["causes"] for r in doc["ranks"]} == {
+        int(rank): {c: int(v) for c, v in row.items()} for rank, row in causes.iterrows()
+    }
     # blame rows split the rank's imbalance and comm shares exactly, and add up to the report's blame
     by_rank_step = attribution.set_index(["rank", "step"])
     for blame, column in ((frames["stage_blame"], "imbalance_ns"), (frames["link_blame"], "comm_ns")):
@@ -72,8 +74,9 @@ def _check_against_document(frames: dict[str, pd.DataFrame], doc: dict) -> None:
         for key, total in sums.items():
             assert total == by_rank_step.at[key, column]
     stage_totals = frames["stage_blame"].groupby("stage")["imbalance_ns"].sum()
-    assert {s["stage"]: s["imbalance_ns"] for s in doc["blame"]["stages"]} == \
-        {int(k): int(v) for k, v in stage_totals.items()}
+    assert {s["stage"]: s["imbalance_ns"] for s in doc["blame"]["stages"]} == {
+        int(k): int(v) for k, v in stage_totals.items()
+    }
 
 
 def _check_types(frames: dict[str, pd.DataFrame]) -> None:
@@ -89,13 +92,13 @@ def test_the_tables_carry_the_reports_figures(loaded_runs):
     run, analysis = loaded_runs(SLOW_STAGE2)
     frames = tables(analysis)
     assert list(frames) == table_names(on_device=False)
-    assert "device_pairs" not in frames        # a CPU run has no device tables
+    assert "device_pairs" not in frames  # a CPU run has no device tables
     _check_types(frames)
     _check_against_document(frames, to_document(analysis))
     assert len(frames["actions"]) == len(run.actions) and len(frames["messages"]) == len(run.messages)
     actions = frames["actions"]
     assert (actions["compute_ns"] == actions["end_ns"] - actions["start_ns"]).all()
-    assert (actions["host_start_ns"] == actions["start_ns"]).all()   # host timeline: the spans are the host's
+    assert (actions["host_start_ns"] == actions["start_ns"]).all()  # host timeline: the spans are the host's
     assert set(actions["kind"]) == {"F", "B"}
     # 1f1b_slow_stage2: stage 2 runs slow, so it is the stage most blamed for imbalance
     blamed = frames["stage_blame"].groupby("stage")["imbalance_ns"].sum()
@@ -114,8 +117,7 @@ def test_export_writes_parquet_and_csv_that_pandas_reads_back(tmp_path, cached, 
         from_parquet = pd.read_parquet(out / f"{name}.parquet")
         pd.testing.assert_frame_equal(from_parquet, frame, check_dtype=True)
         dtypes = {column: PANDAS_DTYPES[dtype] for column, (dtype, _) in TABLES[name].columns.items()}
-        from_csv = pd.read_csv(out / f"{name}.csv", dtype=dtypes,
-                               keep_default_na=False)
+        from_csv = pd.read_csv(out / f"{name}.csv", dtype=dtypes, keep_default_na=False)
         pd.testing.assert_frame_equal(from_csv, frame, check_dtype=True)
         schema = pq.read_schema(out / f"{name}.parquet")
         assert schema.metadata[b"tracekit.table"] == name.encode()
@@ -123,8 +125,10 @@ def test_export_writes_parquet_and_csv_that_pandas_reads_back(tmp_path, cached, 
         assert schema.metadata[b"tracekit.timeline"] == b"host"
         for field in schema:
             assert field.metadata[b"doc"].decode() == TABLES[name].columns[field.name][1]
-            assert str(field.type) == {"int64": "int64", "float64": "double", "string": "string"}[
-                TABLES[name].columns[field.name][0]]
+            assert (
+                str(field.type)
+                == {"int64": "int64", "float64": "double", "string": "string"}[TABLES[name].columns[field.name][0]]
+            )
 
 
 def test_polars_and_duckdb_read_the_same_tables(tmp_path, cached, loaded_runs):
@@ -166,7 +170,7 @@ def test_a_gpu_run_adds_the_device_tables(tmp_path, gpu_run):
     _check_against_document(frames, doc)
     assert pq.read_schema(out / "actions.parquet").metadata[b"tracekit.timeline"] == b"device"
     actions = frames["actions"]
-    assert (actions["compute_ns"] <= actions["end_ns"] - actions["start_ns"]).all()   # union of its kernels
+    assert (actions["compute_ns"] <= actions["end_ns"] - actions["start_ns"]).all()  # union of its kernels
     assert (actions["host_start_ns"] != actions["start_ns"]).any()
     pairs = frames["device_pairs"]
     assert _records(pairs) == doc["device"]["p2p_pairs"]
@@ -179,7 +183,7 @@ def test_a_gpu_run_adds_the_device_tables(tmp_path, gpu_run):
             assert device_ranks.at[rank["rank"], column] == rank[column], (rank["rank"], column)
     steps = frames["device_steps"].groupby("rank")["p2p_wait_ns"].sum()
     assert steps.to_dict() == device_ranks["p2p_wait_ns"].to_dict()
-    assert frames["collective_pairs"].empty      # a pipeline's SendRecv kernels are its messages
+    assert frames["collective_pairs"].empty  # a pipeline's SendRecv kernels are its messages
 
 
 def _records(frame: pd.DataFrame) -> list[dict]:
@@ -213,7 +217,7 @@ def test_a_tables_folder_in_the_run_or_on_a_file_is_refused_before_any_work(tmp_
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     for trace in SLOW_STAGE2.iterdir():
-        (run_dir / trace.name).symlink_to(trace)      # the sample run read in place, through links
+        (run_dir / trace.name).symlink_to(trace)  # the sample run read in place, through links
     target = {"run": run_dir, "inside": run_dir / "tables", "file": run_dir / "rank0.json.gz"}[where]
     before = sorted(os.listdir(run_dir))
     result = cli("export", run_dir, "--tables", target, "--no-progress")
@@ -244,11 +248,12 @@ def test_export_needs_an_output_and_csv_needs_tables(cached):
 def test_without_tensorboard_the_error_says_what_to_install(tmp_path, cached, monkeypatch):
     import sys
 
-    monkeypatch.setitem(sys.modules, "tensorboard", None)    # as if not installed
+    monkeypatch.setitem(sys.modules, "tensorboard", None)  # as if not installed
     result = cli("export", SLOW_STAGE2, "--tensorboard", tmp_path / "logs")
     assert result.exit_code == 2
-    assert result.output.strip() == ("tracekit: error: --tensorboard needs the tensorboard package: "
-                                     "pip install 'tracekit[tensorboard]'")
+    assert result.output.strip() == (
+        "tracekit: error: --tensorboard needs the tensorboard package: pip install 'tracekit[tensorboard]'"
+    )
     assert not (tmp_path / "logs").exists()
 
 
@@ -260,7 +265,8 @@ def close(want: float):
 def _read_scalars(logdir: Path) -> dict[str, dict[int, float]]:
     event_accumulator = pytest.importorskip(
         "tensorboard.backend.event_processing.event_accumulator",
-        reason="tensorboard is not installed (pip install 'tracekit[tensorboard]')")
+        reason="tensorboard is not installed (pip install 'tracekit[tensorboard]')",
+    )
     accumulator = event_accumulator.EventAccumulator(str(logdir), size_guidance={event_accumulator.SCALARS: 0})
     accumulator.Reload()
     return {tag: {e.step: e.value for e in accumulator.Scalars(tag)} for tag in accumulator.Tags()["scalars"]}
@@ -293,7 +299,7 @@ def test_tensorboard_scalars_read_back_equal_the_analysis(tmp_path, cached, load
     actions = analysis.run.actions
     actions = actions[actions["step"] >= 0]
     compute = actions["busy_ns"] if "busy_ns" in actions else actions["end_ns"] - actions["start_ns"]
-    per_stage = compute.groupby([actions["step"], actions["stage"]]).sum()   # one pipeline: one rank a stage
+    per_stage = compute.groupby([actions["step"], actions["stage"]]).sum()  # one pipeline: one rank a stage
     for (s, stage), ns in per_stage.items():
         assert scalars[f"pipeline/stage_{stage}/compute_ms"][s] == close(ns / 1e6)
     assert all(sorted(series) == steps for series in scalars.values())
@@ -308,6 +314,6 @@ def test_step_scalars_name_every_stage_and_cause(loaded_runs):
     tags = set(scalars["tag"])
     assert {f"pipeline/stage_{s}/compute_ms" for s in range(4)} <= tags
     assert {f"pipeline/rank_{r}/idle_{c}_ms" for r in range(4) for c in CATEGORIES} <= tags
-    assert (scalars["wall_time_ns"] >= 0).all()    # the sample's traces are on the Unix clock
+    assert (scalars["wall_time_ns"] >= 0).all()  # the sample's traces are on the Unix clock
     per_step = scalars.groupby("step").size()
     assert per_step.nunique() == 1 and list(per_step.index) == sorted(analysis.bubbles["step"].unique())

@@ -8,6 +8,7 @@ the run folder: no traceback, no hang, no raw control character on the terminal 
 Markdown file, a JUnit file that parses, inputs left as they were, and an unchanged answer
 where the mutation must not change it. The long run is fuzz/run.py (10,000 cases).
 """
+
 from __future__ import annotations
 
 import gzip
@@ -31,24 +32,39 @@ def oracle(tmp_path_factory) -> Oracle:
 
 
 @pytest.mark.parametrize("category", CATEGORIES)
-@settings(max_examples=CASES_PER_CATEGORY, deadline=None, derandomize=True, database=None,
-          phases=(Phase.explicit, Phase.generate),  # an index is not made smaller by shrinking it
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=CASES_PER_CATEGORY,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    phases=(Phase.explicit, Phase.generate),  # an index is not made smaller by shrinking it
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 # sampled_from, not integers: hypothesis mixes into integers() constants found in the modules
 # loaded at the time, so the whole suite would draw other cases than this file alone.
 @given(seed=st.sampled_from(range(2**31)), index=st.sampled_from(range(2**31)))
 def test_mutated_run_answers_or_fails_in_one_line(oracle, category, seed, index):
     case = make_case(seed, index, category)
     outcome = oracle.run(case)
-    assert not outcome.failed, (f"replay {case.replay_id} ({category}): {case.detail}: "
-                                f"{outcome.outcome} in {outcome.command}: {outcome.message}")
+    assert not outcome.failed, (
+        f"replay {case.replay_id} ({category}): {case.detail}: "
+        f"{outcome.outcome} in {outcome.command}: {outcome.message}"
+    )
 
 
 @pytest.mark.parametrize("index, hostile", list(enumerate(["\x1b[31m", "\x07", "\x9b2J", "`x`|<b>"])))
 def test_a_hostile_run_folder_name_reaches_no_output_raw(oracle, index, hostile):
     """The folder name is in the console header, the Markdown summary and the JUnit file."""
-    case = Case(seed=0, index=index, category="kineto-strings", detail=f"run folder name ends {hostile!r}",
-                base="kineto", files=dict(kineto_files()), expect="same", folder_suffix=hostile)
+    case = Case(
+        seed=0,
+        index=index,
+        category="kineto-strings",
+        detail=f"run folder name ends {hostile!r}",
+        base="kineto",
+        files=dict(kineto_files()),
+        expect="same",
+        folder_suffix=hostile,
+    )
     outcome = oracle.run(case)
     assert not outcome.failed, f"{outcome.outcome} in {outcome.command}: {outcome.message}"
 

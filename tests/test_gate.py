@@ -1,4 +1,5 @@
 """tracekit check and tracekit baseline: limits, baselines, exit codes and the CI outputs."""
+
 from __future__ import annotations
 
 import json
@@ -17,7 +18,7 @@ from tracekit.gate.baseline import read_baseline
 from tracekit.gate.config import Limit
 
 BASELINES = ROOT / "baselines"
-TOLERANCE = "0.05"          # what .ci/run uses: generous to recapture noise
+TOLERANCE = "0.05"  # what .ci/run uses: generous to recapture noise
 
 
 def cli(*args: str, env: dict | None = None):
@@ -27,6 +28,7 @@ def cli(*args: str, env: dict | None = None):
 @pytest.fixture
 def cached(monkeypatch, loaded_runs):
     """The commands read sample runs from the session's cache: loading is most of their time."""
+
     def load(path, *_):
         return loaded_runs(Path(path))[0]
 
@@ -62,16 +64,20 @@ def test_baseline_file_holds_ratios_schedule_and_versions(baseline_1f1b, loaded_
 
 
 def test_a_run_passes_against_its_own_baseline(baseline_1f1b):
-    result = cli("check", SAMPLES / "1f1b", "--baseline", baseline_1f1b, "--tolerance", TOLERANCE, "--no-config",
-                 "--no-progress")
+    result = cli(
+        "check", SAMPLES / "1f1b", "--baseline", baseline_1f1b, "--tolerance", TOLERANCE, "--no-config", "--no-progress"
+    )
     assert result.exit_code == 0, result.output
     assert "passed, 11 checks" in result.output and not failures(result.output)
 
 
-@pytest.mark.parametrize("run, cause, blame", [
-    ("1f1b_p2p_delay5ms", "comm", "link"),          # 5 ms before each send leaves
-    ("1f1b_slow_stage2", "imbalance", "stage 2"),   # stage 2 computes twice as long
-])
+@pytest.mark.parametrize(
+    "run, cause, blame",
+    [
+        ("1f1b_p2p_delay5ms", "comm", "link"),  # 5 ms before each send leaves
+        ("1f1b_slow_stage2", "imbalance", "stage 2"),  # stage 2 computes twice as long
+    ],
+)
 def test_injected_regression_fails_naming_the_ratio_and_the_cause(cached, baseline_1f1b, run, cause, blame):
     result = cli("check", SAMPLES / run, "--baseline", baseline_1f1b, "--tolerance", TOLERANCE, "--no-config")
     assert result.exit_code == 1, result.output
@@ -87,8 +93,17 @@ def test_tolerance_decides_what_is_a_regression(cached, baseline_1f1b):
     loose = cli("check", regressed, "--baseline", baseline_1f1b, "--tolerance", "0.5", "--no-config")
     assert loose.exit_code == 0, loose.output
     # a per-cause tolerance lifts only that cause's check
-    result = cli("check", regressed, "--baseline", baseline_1f1b, "--tolerance", TOLERANCE,
-                 "--cause-tolerance", "comm=0.5", "--no-config")
+    result = cli(
+        "check",
+        regressed,
+        "--baseline",
+        baseline_1f1b,
+        "--tolerance",
+        TOLERANCE,
+        "--cause-tolerance",
+        "comm=0.5",
+        "--no-config",
+    )
     assert result.exit_code == 1
     lines = failures(result.output)
     assert lines and not any("comm share" in line for line in lines)
@@ -100,29 +115,47 @@ def test_limits_from_flags(cached, loaded_runs):
     measures = measure(loaded_runs(run)[1])
     ratio, comm = measures.bubble_ratio, measures.cause_share["comm"]
     worst_rank = max(measures.rank_bubble, key=measures.rank_bubble.get)
-    ok = cli("check", run, "--max-bubble", f"{ratio + 0.01:.4f}", "--max-rank-bubble", "0.99",
-             "--max-cause", f"comm={comm + 0.01:.4f}", "--no-config")
+    ok = cli(
+        "check",
+        run,
+        "--max-bubble",
+        f"{ratio + 0.01:.4f}",
+        "--max-rank-bubble",
+        "0.99",
+        "--max-cause",
+        f"comm={comm + 0.01:.4f}",
+        "--no-config",
+    )
     assert ok.exit_code == 0, ok.output
-    bad = cli("check", run, "--max-bubble", f"{ratio - 0.01:.4f}",
-              "--max-rank-bubble", f"{measures.rank_bubble[worst_rank] - 0.001:.4f}",
-              "--max-cause", f"comm={100 * (comm - 0.005):.2f}%", "--no-config")
+    bad = cli(
+        "check",
+        run,
+        "--max-bubble",
+        f"{ratio - 0.01:.4f}",
+        "--max-rank-bubble",
+        f"{measures.rank_bubble[worst_rank] - 0.001:.4f}",
+        "--max-cause",
+        f"comm={100 * (comm - 0.005):.2f}%",
+        "--no-config",
+    )
     assert bad.exit_code == 1
     lines = failures(bad.output)
     assert any(line.startswith("FAIL bubble ratio") and "(--max-bubble)" in line for line in lines)
     assert any(line.startswith(f"FAIL rank {worst_rank} bubble ratio") for line in lines)
-    assert any(line.startswith("FAIL comm share of the step window") and "(--max-cause comm)" in line
-               for line in lines)
+    assert any(line.startswith("FAIL comm share of the step window") and "(--max-cause comm)" in line for line in lines)
 
 
-def test_limits_from_pyproject_found_above_the_working_folder(cached, loaded_runs, baseline_1f1b,
-                                                              tmp_path, monkeypatch):
+def test_limits_from_pyproject_found_above_the_working_folder(
+    cached, loaded_runs, baseline_1f1b, tmp_path, monkeypatch
+):
     run = SAMPLES / "1f1b"
     ratio = measure(loaded_runs(run)[1]).bubble_ratio
     (tmp_path / "base.json").write_text(baseline_1f1b.read_text())
     (tmp_path / "pyproject.toml").write_text(
         "[project]\nname = 'train'\n\n"
         f"[tool.tracekit.check]\nmax-bubble = {ratio - 0.01:.4f}\nbaseline = 'base.json'\ntolerance = 0.05\n\n"
-        "[tool.tracekit.check.max-cause]\ncomm = 0.5\n")
+        "[tool.tracekit.check.max-cause]\ncomm = 0.5\n"
+    )
     work = tmp_path / "jobs" / "nightly"
     work.mkdir(parents=True)
     # a closer pyproject.toml without the table is passed over
@@ -146,23 +179,36 @@ def _write(tmp_path: Path, name: str, text: str) -> Path:
     return path
 
 
-@pytest.mark.parametrize("make_args, message", [
-    (lambda d, b: ["--baseline", d / "missing.json"], "no such file"),
-    (lambda d, b: ["--baseline", _write(d, "b.json", "{ nope")], "not JSON"),
-    (lambda d, b: ["--baseline", _write(d, "b.json", '{"kind": "something-else"}')], "not a tracekit baseline"),
-    (lambda d, b: ["--baseline", _write(d, "b.json", b.replace('"schema_version": "1.0"', '"schema_version": "2.0"'))],
-     "schema version 2.0"),
-    (lambda d, b: ["--baseline", _write(d, "b.json", b.replace('"bubble_ratio": 0.', '"bubble_ratio": 7'))],
-     "malformed"),
-    (lambda d, b: ["--max-cause", "latency=0.1"], "unknown cause 'latency'"),
-    (lambda d, b: ["--max-cause", "comm"], "not CAUSE=SHARE"),
-    (lambda d, b: ["--max-bubble", "35"], "between 0 and 1"),
-    (lambda d, b: ["--max-bubble", "lots"], "not a number"),
-    (lambda d, b: [], "nothing to check"),
-    (lambda d, b: ["--config", _write(d, "p.toml", "[tool.tracekit.check]\nmax-bubbles = 0.3\n")], "unknown key 'max-bubbles'"),
-    (lambda d, b: ["--config", _write(d, "p.toml", "[tool.tracekit.check\n")], "not valid TOML"),
-    (lambda d, b: ["--config", _write(d, "p.toml", "[tool.other]\nx = 1\n")], "has no [tool.tracekit.check] table"),
-])
+@pytest.mark.parametrize(
+    "make_args, message",
+    [
+        (lambda d, b: ["--baseline", d / "missing.json"], "no such file"),
+        (lambda d, b: ["--baseline", _write(d, "b.json", "{ nope")], "not JSON"),
+        (lambda d, b: ["--baseline", _write(d, "b.json", '{"kind": "something-else"}')], "not a tracekit baseline"),
+        (
+            lambda d, b: [
+                "--baseline",
+                _write(d, "b.json", b.replace('"schema_version": "1.0"', '"schema_version": "2.0"')),
+            ],
+            "schema version 2.0",
+        ),
+        (
+            lambda d, b: ["--baseline", _write(d, "b.json", b.replace('"bubble_ratio": 0.', '"bubble_ratio": 7'))],
+            "malformed",
+        ),
+        (lambda d, b: ["--max-cause", "latency=0.1"], "unknown cause 'latency'"),
+        (lambda d, b: ["--max-cause", "comm"], "not CAUSE=SHARE"),
+        (lambda d, b: ["--max-bubble", "35"], "between 0 and 1"),
+        (lambda d, b: ["--max-bubble", "lots"], "not a number"),
+        (lambda d, b: [], "nothing to check"),
+        (
+            lambda d, b: ["--config", _write(d, "p.toml", "[tool.tracekit.check]\nmax-bubbles = 0.3\n")],
+            "unknown key 'max-bubbles'",
+        ),
+        (lambda d, b: ["--config", _write(d, "p.toml", "[tool.tracekit.check\n")], "not valid TOML"),
+        (lambda d, b: ["--config", _write(d, "p.toml", "[tool.other]\nx = 1\n")], "has no [tool.tracekit.check] table"),
+    ],
+)
 def test_unusable_input_is_one_line_and_exit_2(tmp_path, baseline_1f1b, make_args, message):
     args = make_args(tmp_path, baseline_1f1b.read_text())
     extra = [] if "--config" in args else ["--no-config"]
@@ -185,9 +231,21 @@ def test_a_baseline_of_another_schedule_is_refused(cached, baseline_1f1b, tmp_pa
 def test_ci_outputs_junit_markdown_json_and_step_summary(cached, baseline_1f1b, tmp_path):
     summary = _write(tmp_path, "summary.md", "earlier step\n")
     junit, markdown = tmp_path / "out" / "check.xml", tmp_path / "out" / "check.md"
-    result = cli("check", SAMPLES / "1f1b_p2p_delay5ms", "--baseline", baseline_1f1b, "--tolerance", TOLERANCE,
-                 "--junit", junit, "--markdown", markdown, "--json", "--no-config",
-                 env={"GITHUB_STEP_SUMMARY": str(summary)})
+    result = cli(
+        "check",
+        SAMPLES / "1f1b_p2p_delay5ms",
+        "--baseline",
+        baseline_1f1b,
+        "--tolerance",
+        TOLERANCE,
+        "--junit",
+        junit,
+        "--markdown",
+        markdown,
+        "--json",
+        "--no-config",
+        env={"GITHUB_STEP_SUMMARY": str(summary)},
+    )
     assert result.exit_code == 1
     doc = json.loads(result.stdout)
     assert doc["passed"] is False and doc["exit_code"] == 1
@@ -224,10 +282,16 @@ def test_output_files_never_overwrite_the_run(tmp_path, baseline_1f1b):
 
 
 def _measures(**overrides) -> Measures:
-    values = dict(source="run", formats=["kineto"], schedule={"name": "1F1B", "p": 2, "v": 1, "m": 4},
-                  n_steps=1, step_ns=1e6, bubble_ratio=0.30, rank_bubble={0: 0.30, 1: 0.30},
-                  cause_share={"warmup": 0.1, "drain": 0.1, "schedule_gaps": 0.0, "imbalance": 0.0,
-                               "comm": 0.1, "overhead": 0.0})
+    values = dict(
+        source="run",
+        formats=["kineto"],
+        schedule={"name": "1F1B", "p": 2, "v": 1, "m": 4},
+        n_steps=1,
+        step_ns=1e6,
+        bubble_ratio=0.30,
+        rank_bubble={0: 0.30, 1: 0.30},
+        cause_share={"warmup": 0.1, "drain": 0.1, "schedule_gaps": 0.0, "imbalance": 0.0, "comm": 0.1, "overhead": 0.0},
+    )
     values.update(overrides)
     return Measures(**values)
 
@@ -263,10 +327,19 @@ def test_committed_baselines_cover_the_sample_runs():
 # --- step time: --max-step-ms and --step-tolerance ----------------------------------------
 # sample_traces/1f1b_p2p_delay5ms steps in 576.6 ms, baselines of sample_traces/1f1b in 474.2 ms (+21.6%).
 
+
 def test_step_time_is_not_compared_with_a_baseline_by_default(cached, baseline_1f1b):
     # bubbles within a loose tolerance; the 21.6% slower step alone does not fail the gate
-    result = cli("check", SAMPLES / "1f1b_p2p_delay5ms", "--baseline", baseline_1f1b, "--tolerance", "0.5",
-                 "--no-config", "--json")
+    result = cli(
+        "check",
+        SAMPLES / "1f1b_p2p_delay5ms",
+        "--baseline",
+        baseline_1f1b,
+        "--tolerance",
+        "0.5",
+        "--no-config",
+        "--json",
+    )
     assert result.exit_code == 0, result.output
     assert not any(c["id"].endswith("step_time") for c in json.loads(result.stdout)["checks"])
 
@@ -277,40 +350,60 @@ def test_step_tolerance_fails_a_slower_step_and_says_by_how_much(cached, baselin
     assert tight.exit_code == 1, tight.output
     assert failures(tight.output) == [
         "FAIL mean step time 576.6 ms > baseline 474.2 ms + 10.0% (--step-tolerance): +102.5 ms (+21.6%) "
-        "over the baseline"]
+        "over the baseline"
+    ]
     loose = cli(*args, "--step-tolerance", "0.25")
     assert loose.exit_code == 0, loose.output
     assert "ok   mean step time 576.6 ms <= baseline 474.2 ms + 25.0% (--step-tolerance)" in loose.output
 
 
 def test_max_step_ms_from_the_flag_and_from_pyproject(cached, tmp_path, monkeypatch):
-    run = SAMPLES / "1f1b"          # 474.2 ms a step
+    run = SAMPLES / "1f1b"  # 474.2 ms a step
     over = cli("check", run, "--max-step-ms", "470", "--no-config")
-    assert over.exit_code == 1 and failures(over.output) == ["FAIL mean step time 474.2 ms > max 470.0 ms (--max-step-ms)"]
+    assert over.exit_code == 1 and failures(over.output) == [
+        "FAIL mean step time 474.2 ms > max 470.0 ms (--max-step-ms)"
+    ]
     assert cli("check", run, "--max-step-ms", "480", "--no-config").exit_code == 0
     (tmp_path / "pyproject.toml").write_text("[tool.tracekit.check]\nmax-step-ms = 470\n")
     monkeypatch.chdir(tmp_path)
     from_file = cli("check", run)
     assert from_file.exit_code == 1 and "(pyproject.toml max-step-ms)" in failures(from_file.output)[0]
-    assert cli("check", run, "--max-step-ms", "480.5").exit_code == 0      # the flag wins
+    assert cli("check", run, "--max-step-ms", "480.5").exit_code == 0  # the flag wins
 
 
 def test_step_tolerance_from_pyproject(cached, baseline_1f1b, tmp_path, monkeypatch):
     (tmp_path / "base.json").write_text(baseline_1f1b.read_text())
     (tmp_path / "pyproject.toml").write_text(
-        "[tool.tracekit.check]\nbaseline = 'base.json'\ntolerance = 0.5\nstep-tolerance = '10%'\n")
+        "[tool.tracekit.check]\nbaseline = 'base.json'\ntolerance = 0.5\nstep-tolerance = '10%'\n"
+    )
     monkeypatch.chdir(tmp_path)
     result = cli("check", SAMPLES / "1f1b_p2p_delay5ms")
     assert result.exit_code == 1
     assert [line.split(":")[0] for line in failures(result.output)] == [
-        "FAIL mean step time 576.6 ms > baseline 474.2 ms + 10.0% (pyproject.toml step-tolerance)"]
+        "FAIL mean step time 576.6 ms > baseline 474.2 ms + 10.0% (pyproject.toml step-tolerance)"
+    ]
 
 
 def test_step_time_in_junit_markdown_and_json(cached, baseline_1f1b, tmp_path):
     junit, markdown = tmp_path / "check.xml", tmp_path / "check.md"
-    result = cli("check", SAMPLES / "1f1b_p2p_delay5ms", "--baseline", baseline_1f1b, "--tolerance", "0.5",
-                 "--step-tolerance", "0.1", "--max-step-ms", "600", "--junit", junit, "--markdown", markdown,
-                 "--json", "--no-config")
+    result = cli(
+        "check",
+        SAMPLES / "1f1b_p2p_delay5ms",
+        "--baseline",
+        baseline_1f1b,
+        "--tolerance",
+        "0.5",
+        "--step-tolerance",
+        "0.1",
+        "--max-step-ms",
+        "600",
+        "--junit",
+        junit,
+        "--markdown",
+        markdown,
+        "--json",
+        "--no-config",
+    )
     assert result.exit_code == 1
     doc = json.loads(result.stdout)
     steps = {c["id"]: c for c in doc["checks"] if c["unit"] == "ns"}
@@ -345,14 +438,17 @@ def test_no_step_time_to_check_is_refused():
         evaluate(_measures(), config, _measures(step_ns=0.0))
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--max-step-ms", "0"], "not a step time"),
-    (["--max-step-ms", "-5"], "not a step time"),
-    (["--max-step-ms", "inf"], "not a step time"),
-    (["--max-step-ms", "fast"], "not a number"),
-    (["--max-bubble", "0.9", "--step-tolerance", "10"], "between 0 and 1"),
-    (["--max-bubble", "0.9", "--step-tolerance", "5%"], "--step-tolerance compares the step time with a baseline"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--max-step-ms", "0"], "not a step time"),
+        (["--max-step-ms", "-5"], "not a step time"),
+        (["--max-step-ms", "inf"], "not a step time"),
+        (["--max-step-ms", "fast"], "not a number"),
+        (["--max-bubble", "0.9", "--step-tolerance", "10"], "between 0 and 1"),
+        (["--max-bubble", "0.9", "--step-tolerance", "5%"], "--step-tolerance compares the step time with a baseline"),
+    ],
+)
 def test_unusable_step_limits_are_one_line_and_exit_2(args, message):
     result = cli("check", SAMPLES / "1f1b", *args, "--no-config")
     assert result.exit_code == 2, result.output
@@ -366,8 +462,10 @@ def test_max_step_ms_in_pyproject_must_be_milliseconds(tmp_path):
     assert result.exit_code == 2 and "max-step-ms: True is not a number" in result.output
 
 
-@pytest.mark.parametrize("flags, named", [(["--tolerance", "0.05"], "--tolerance"),
-                                          (["--cause-tolerance", "comm=0.02"], "--cause-tolerance")])
+@pytest.mark.parametrize(
+    "flags, named",
+    [(["--tolerance", "0.05"], "--tolerance"), (["--cause-tolerance", "comm=0.02"], "--cause-tolerance")],
+)
 def test_a_tolerance_without_a_baseline_is_refused_not_ignored(cached, flags, named):
     # it used to do nothing, silently: the run passed on --max-bubble alone
     result = cli("check", SAMPLES / "1f1b", "--max-bubble", "0.9", *flags, "--no-config")

@@ -3,6 +3,7 @@
 The written files are read back with plain gzip/json (never tracekit) and busy, idle and the
 P2P kernel pairs are recomputed from the raw events; tracekit's parser must read them cleanly.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -14,9 +15,16 @@ import pytest
 
 from gpu_tracegen import LAUNCH_LATENCY_NS, NCCL_KERNEL, ORIGIN_NS, SCENARIOS, Scenario, generate, truth_path
 
-CHECKED = ["host_ahead", "slow_stage", "slow_link", "launch_bound", "interleaved", "unlabelled_1f1b",
-           "unlabelled_interleaved",
-           "clock_offset"]
+CHECKED = [
+    "host_ahead",
+    "slow_stage",
+    "slow_link",
+    "launch_bound",
+    "interleaved",
+    "unlabelled_1f1b",
+    "unlabelled_interleaved",
+    "clock_offset",
+]
 FUSED = ["fused_1f1b", "fused_slow_link"]  # batch_isend_irecv: one SendRecv kernel per group
 
 
@@ -47,8 +55,11 @@ class RawRank:
             self.kernels.append(k)
 
     def compute(self, step: int, with_optimizer: bool = True) -> list[dict]:
-        return [k for k in self.kernels if k["step"] == step and k["name"] != NCCL_KERNEL
-                and (with_optimizer or not k["optimizer"])]
+        return [
+            k
+            for k in self.kernels
+            if k["step"] == step and k["name"] != NCCL_KERNEL and (with_optimizer or not k["optimizer"])
+        ]
 
 
 def _read(folder: Path, sc: Scenario) -> list[RawRank]:
@@ -90,7 +101,8 @@ def test_busy_and_idle_from_the_raw_kernels_equal_the_truth(generated, name):
             busy = _union_in([(k["start"], k["end"]) for k in raw.compute(step)], lo, hi)
             row = expected[(raw.rank, step)]
             assert (hi - lo, busy, hi - lo - busy) == (row["window_ns"], row["busy_ns"], row["idle_ns"]), (
-                f"{name} rank {raw.rank} step {step}")
+                f"{name} rank {raw.rank} step {step}"
+            )
     for row in truth["ranks"]:
         assert row["bubble_ratio"] == pytest.approx(row["idle_ns"] / row["window_ns"])
 
@@ -117,14 +129,17 @@ def _fused_sides(raw: RawRank) -> list[tuple[str, int, dict]]:
     """Each host send/recv call of a rank and the fused kernel it went out in: ProcessGroupNCCL
     launches a batch's one kernel when the group ends, so a call's kernel is the first NCCL
     kernel its thread launched after the call began. (direction, peer, kernel) in call order."""
-    calls = sorted((e for e in raw.events if e["ph"] == "X" and e["name"] in ("c10d::send", "c10d::recv_")),
-                   key=lambda e: e["start"])
+    calls = sorted(
+        (e for e in raw.events if e["ph"] == "X" and e["name"] in ("c10d::send", "c10d::recv_")),
+        key=lambda e: e["start"],
+    )
     nccl = sorted((k for k in raw.kernels if k["name"] == NCCL_KERNEL), key=lambda k: k["launch"]["start"])
     sides = []
     for call in calls:
         kernel = next(k for k in nccl if k["launch"]["start"] >= call["start"] and k["launch"]["tid"] == call["tid"])
-        sides.append(("send" if call["name"] == "c10d::send" else "recv", int(call["args"]["Concrete Inputs"][2]),
-                      kernel))
+        sides.append(
+            ("send" if call["name"] == "c10d::send" else "recv", int(call["args"]["Concrete Inputs"][2]), kernel)
+        )
     return sides
 
 
@@ -160,7 +175,8 @@ def test_a_fused_kernel_lasts_as_long_as_its_slower_direction(generated):
     assert slow == {(1, 2), (2, 1)}
     reverse = [p for p in truth["p2p_pairs"] if (p["src_rank"], p["dst_rank"]) == (2, 1)]
     assert any(p["transfer_ns"] == SCENARIOS["fused_slow_link"].transfer_ns for p in reverse), (
-        "the gradients sent alone (cooldown) move at the normal speed")
+        "the gradients sent alone (cooldown) move at the normal speed"
+    )
 
 
 def test_the_slow_link_is_the_one_whose_pairs_transfer_long(generated):
@@ -180,7 +196,8 @@ def test_host_runs_ahead_of_the_device_by_a_step(generated):
             mine = [k for k in raw.kernels if k["step"] == step]
             assert max(k["end"] for k in mine) - host_end >= window_ns, f"rank {raw.rank} step {step}"
             assert min(k["start"] for k in mine) > host_end, (
-                f"rank {raw.rank}: a kernel of step {step} ran before ProfilerStep#{step} ended")
+                f"rank {raw.rank}: a kernel of step {step} ran before ProfilerStep#{step} ended"
+            )
 
 
 def test_with_a_host_sync_the_device_does_not_outlive_the_host_step(generated):
@@ -239,8 +256,9 @@ def test_the_events_follow_the_real_gpu_trace_schema(generated, name):
         assert backward and all(e["tid"] != main_tid for e in backward)
         assert {e["args"]["Sequence number"] for e in backward} == forward
         comms = [e for e in xs if e["name"] == "record_param_comms"]
-        assert comms and all(("Dst Rank" if e["args"]["Collective name"] == "send" else "Src Rank") in e["args"]
-                             for e in comms)
+        assert comms and all(
+            ("Dst Rank" if e["args"]["Collective name"] == "send" else "Src Rank") in e["args"] for e in comms
+        )
         labels = [e for e in xs if e["name"].startswith("PP:")]
         assert bool(labels) == sc.labelled
 
@@ -277,9 +295,28 @@ def _assert_pairs_are_the_truth(name: str, sends: dict, recvs: dict, truth: dict
         for send, recv in zip(sent, got):
             assert send["end"] == recv["end"], "paired SendRecv kernels end together"
             later = max(send["start"], recv["start"])
-            found.append((link[0], link[1], send["step"], send["start"], recv["start"],
-                          later - min(send["start"], recv["start"]), send["end"] - later))
-    expected = [(p["src_rank"], p["dst_rank"], p["step"], p["send_start_ns"], p["recv_start_ns"], p["wait_ns"],
-                 p["transfer_ns"]) for p in truth["p2p_pairs"]]
+            found.append(
+                (
+                    link[0],
+                    link[1],
+                    send["step"],
+                    send["start"],
+                    recv["start"],
+                    later - min(send["start"], recv["start"]),
+                    send["end"] - later,
+                )
+            )
+    expected = [
+        (
+            p["src_rank"],
+            p["dst_rank"],
+            p["step"],
+            p["send_start_ns"],
+            p["recv_start_ns"],
+            p["wait_ns"],
+            p["transfer_ns"],
+        )
+        for p in truth["p2p_pairs"]
+    ]
     assert sorted(found) == sorted(expected)
     return expected

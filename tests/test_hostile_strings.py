@@ -7,6 +7,7 @@ and more (NUL and ``</script>``, which a file name cannot hold), and rank 3's fi
 too and cut short by two bytes, so that a warning quotes its name. Every command runs as a
 subprocess, and what it prints is checked byte by byte.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -44,8 +45,18 @@ def _hostile_copy(folder: Path) -> Path:
     next(e for e in rank0["traceEvents"] if e.get("cat") == "cpu_op")["name"] = HOSTILE_EVENT
     step = next(e for e in rank0["traceEvents"] if e.get("name", "").startswith("ProfilerStep"))
     # a kernel: the report's timeline shows kernels by name
-    rank0["traceEvents"].append({"ph": "X", "cat": "kernel", "name": HOSTILE_EVENT, "pid": 0, "tid": 7,
-                                 "ts": step["ts"] + step["dur"] / 2, "dur": 5, "args": {"stream": 7}})
+    rank0["traceEvents"].append(
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "name": HOSTILE_EVENT,
+            "pid": 0,
+            "tid": 7,
+            "ts": step["ts"] + step["dur"] / 2,
+            "dur": 5,
+            "args": {"stream": 7},
+        }
+    )
     (run / "rank0.json.gz").write_bytes(gzip.compress(json.dumps(rank0).encode()))
     rank3 = gzip.decompress((source / "rank3.json.gz").read_bytes())
     (run / f"rank3{HOSTILE}.json").write_bytes(rank3.rstrip()[:-2])  # ends early: a warning names it
@@ -60,15 +71,21 @@ def hostile_run(tmp_path_factory) -> Path:
 def tracekit(*args: str | os.PathLike | bytes, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """The command line, as a user's shell runs it: bytes out, strict UTF-8."""
     env = {**os.environ, "PYTHONIOENCODING": "utf-8"}
-    return subprocess.run([sys.executable, "-m", "tracekit.cli", *args, "--no-progress"], capture_output=True,
-                          env=env, cwd=cwd, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "tracekit.cli", *args, "--no-progress"],
+        capture_output=True,
+        env=env,
+        cwd=cwd,
+        timeout=300,
+    )
 
 
 def assert_inert(printed: bytes) -> str:
     """What a command printed holds no character that a terminal acts on (newlines aside)."""
     text = printed.decode("utf-8")  # strict: a raw 0x9b byte, or a lone surrogate's, fails here
-    leaked = sorted({c for c in text if c != "\n" and (unicodedata.category(c) in ("Cc", "Cs")
-                                                         or c in BIDI or c in "\u2028\u2029")})
+    leaked = sorted(
+        {c for c in text if c != "\n" and (unicodedata.category(c) in ("Cc", "Cs") or c in BIDI or c in "\u2028\u2029")}
+    )
     assert not leaked, f"raw {[hex(ord(c)) for c in leaked]} reached the terminal"
     return text
 
@@ -107,8 +124,18 @@ def test_html_report_shows_names_as_text_and_controls_as_escapes(hostile_run, tm
 
 def test_check_junit_parses_and_shows_the_names(hostile_run, tmp_path):
     junit, markdown = tmp_path / "check.xml", tmp_path / f"check{HOSTILE}.md"
-    done = tracekit("check", hostile_run, "--max-bubble", "0.1", "--junit", junit, "--markdown", markdown,
-                    "--no-config", cwd=tmp_path)
+    done = tracekit(
+        "check",
+        hostile_run,
+        "--max-bubble",
+        "0.1",
+        "--junit",
+        junit,
+        "--markdown",
+        markdown,
+        "--no-config",
+        cwd=tmp_path,
+    )
     assert done.returncode == 1, done.stderr  # 30% > 10%: a failed check, printed
     out = assert_inert(done.stdout)
     err = assert_inert(done.stderr)
@@ -128,8 +155,7 @@ def test_check_json_mode_prints_failure_lines_escaped(hostile_run, tmp_path):
 
 def test_check_markdown_is_inert(hostile_run, tmp_path):
     markdown = tmp_path / "check.md"
-    done = tracekit("check", hostile_run, "--max-bubble", "0.1", "--markdown", markdown, "--no-config",
-                    cwd=tmp_path)
+    done = tracekit("check", hostile_run, "--max-bubble", "0.1", "--markdown", markdown, "--no-config", cwd=tmp_path)
     assert done.returncode == 1
     first_lines = markdown.read_text(encoding="utf-8").splitlines()
     context = first_lines[2]
@@ -139,12 +165,15 @@ def test_check_markdown_is_inert(hostile_run, tmp_path):
     _assert_no_live_markup(html.replace("<details><summary>all checks</summary>", ""))
 
 
-@pytest.mark.parametrize("command, options", [
-    ("diff", [SAMPLES / "1f1b"]),
-    ("whatif", ["-s", "1F1B", "-m", "8", "--replays", "4"]),
-    ("export", ["-o", f"merged{HOSTILE}.json.gz"]),
-    ("baseline", ["-o", f"base{HOSTILE}.json"]),
-])
+@pytest.mark.parametrize(
+    "command, options",
+    [
+        ("diff", [SAMPLES / "1f1b"]),
+        ("whatif", ["-s", "1F1B", "-m", "8", "--replays", "4"]),
+        ("export", ["-o", f"merged{HOSTILE}.json.gz"]),
+        ("baseline", ["-o", f"base{HOSTILE}.json"]),
+    ],
+)
 def test_diff_whatif_export_and_baseline_print_escaped(hostile_run, tmp_path, command, options):
     done = tracekit(command, hostile_run, *options, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
@@ -171,8 +200,9 @@ def test_undecodable_bytes_in_the_folder_name_print_as_escapes(tmp_path):
     run = base + b"/run\x9b\xff"
     shutil.copytree(SAMPLES / "1f1b", os.fsdecode(run))
     junit, markdown = base + b"/check\x9b.xml", base + b"/check\x9b.md"
-    done = tracekit("check", run, "--max-bubble", "0.1", "--junit", junit, "--markdown", markdown, "--no-config",
-                    cwd=tmp_path)
+    done = tracekit(
+        "check", run, "--max-bubble", "0.1", "--junit", junit, "--markdown", markdown, "--no-config", cwd=tmp_path
+    )
     assert done.returncode == 1, done.stderr
     assert "run\\udc9b\\udcff (1F1B" in assert_inert(done.stdout)
     assert "check\\udc9b.xml" in assert_inert(done.stderr)
@@ -185,8 +215,9 @@ def test_undecodable_bytes_in_the_folder_name_print_as_escapes(tmp_path):
 
 # ------------------------------------------------------------------ the escapes themselves
 
-UNSAFE_FOR_TERMINALS = [chr(c) for c in (*range(0x20), *range(0x7f, 0xa0))] + sorted(BIDI) + ["\u2028", "\u2029",
-                                                                                             "\udc9b"]
+UNSAFE_FOR_TERMINALS = (
+    [chr(c) for c in (*range(0x20), *range(0x7F, 0xA0))] + sorted(BIDI) + ["\u2028", "\u2029", "\udc9b"]
+)
 
 
 @pytest.mark.parametrize("char", UNSAFE_FOR_TERMINALS, ids=lambda c: f"U+{ord(c):04X}")
@@ -201,8 +232,11 @@ def test_for_terminal_keeps_printable_text():
     assert for_terminal(text) == text
 
 
-@pytest.mark.parametrize("char", [chr(c) for c in range(0x20)] + ["\x7f", "\x9b", "\ud800", "\ufffe", "\uffff",
-                                                                  "\u202e"], ids=lambda c: f"U+{ord(c):04X}")
+@pytest.mark.parametrize(
+    "char",
+    [chr(c) for c in range(0x20)] + ["\x7f", "\x9b", "\ud800", "\ufffe", "\uffff", "\u202e"],
+    ids=lambda c: f"U+{ord(c):04X}",
+)
 def test_for_xml_output_parses_and_round_trips_visibly(char):
     text = f"a{char}b<&\"'>"
     element = ET.Element("case", name=for_xml(text))
@@ -213,10 +247,27 @@ def test_for_xml_output_parses_and_round_trips_visibly(char):
 
 
 HOSTILE_MARKDOWN = [
-    "run`](http://x)", "a``b", "```", "`", " x ", "", "<img src=x>", "</details><script>alert(1)</script>",
-    "x](http://evil)", "[link](http://evil)", "![i](http://x/i.png)", "www.evil.com", "http://evil.com",
-    "mail@evil.com", "a|b", "line\n# heading\n- item\n\n<img src=x>", "*em* _em_ **b** ~~s~~", "&lt;img&gt;",
-    "\\`", HOSTILE, HOSTILE_EVENT,
+    "run`](http://x)",
+    "a``b",
+    "```",
+    "`",
+    " x ",
+    "",
+    "<img src=x>",
+    "</details><script>alert(1)</script>",
+    "x](http://evil)",
+    "[link](http://evil)",
+    "![i](http://x/i.png)",
+    "www.evil.com",
+    "http://evil.com",
+    "mail@evil.com",
+    "a|b",
+    "line\n# heading\n- item\n\n<img src=x>",
+    "*em* _em_ **b** ~~s~~",
+    "&lt;img&gt;",
+    "\\`",
+    HOSTILE,
+    HOSTILE_EVENT,
 ]
 
 

@@ -1,5 +1,6 @@
 """The HTML report: self-contained, renders in a real browser, escapes what traces say, and
 stays bounded on large runs."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,7 +27,9 @@ from tracekit.render import html as report  # noqa: E402
 from tracekit.render.html import charts, views as timeline  # noqa: E402
 
 CHROMIUM = next((p for p in (shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome")) if p), None)
-needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (Debian: apt-get install chromium)")
+needs_chromium = pytest.mark.skipif(
+    CHROMIUM is None, reason="chromium is not installed (Debian: apt-get install chromium)"
+)
 
 
 def write_report(analysis, path: Path) -> Path:
@@ -34,10 +37,11 @@ def write_report(analysis, path: Path) -> Path:
     path.write_text(report.render_report(analysis), encoding="utf-8")
     return path
 
+
 EVIL = "<script>alert(1)</script>"
 # Runs script that leaves a mark in the DOM if it ever executes: proof by --dump-dom.
 EVIL_DOM = "<img src=x onerror=document.body.setAttribute('data-pwned','1')>"
-FORWARD_RGB = tuple(int(charts.KIND_COLORS["F"][i:i + 2], 16) for i in (1, 3, 5))
+FORWARD_RGB = tuple(int(charts.KIND_COLORS["F"][i : i + 2], 16) for i in (1, 3, 5))
 
 
 @pytest.fixture(scope="session")
@@ -68,10 +72,23 @@ def external_references(page: str) -> list[str]:
 def chromium(*args: str, timeout: int = 120) -> subprocess.CompletedProcess:
     """Headless Chromium with a fresh profile, no network, console messages on stderr."""
     with tempfile.TemporaryDirectory() as profile:
-        command = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                   "--host-resolver-rules=MAP * ~NOTFOUND", f"--user-data-dir={profile}",
-                   "--enable-logging=stderr", "--v=0", "--virtual-time-budget=5000", *args]
+        command = [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--host-resolver-rules=MAP * ~NOTFOUND",
+            f"--user-data-dir={profile}",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--virtual-time-budget=5000",
+            *args,
+        ]
         return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
 
 
@@ -80,9 +97,14 @@ def console(stderr: str) -> list[str]:
 
 
 def console_errors(stderr: str) -> list[str]:
-    return [line for line in stderr.splitlines()
-            if "Uncaught" in line or "ERROR:CONSOLE" in line or "net::ERR" in line
-            or (":CONSOLE" in line and re.search(r"error|failed", line, flags=re.I))]
+    return [
+        line
+        for line in stderr.splitlines()
+        if "Uncaught" in line
+        or "ERROR:CONSOLE" in line
+        or "net::ERR" in line
+        or (":CONSOLE" in line and re.search(r"error|failed", line, flags=re.I))
+    ]
 
 
 def ready_samples() -> list[Path]:
@@ -100,14 +122,21 @@ def test_every_sample_renders_self_contained(run_dir, rendered):
     page = path.read_text()
     assert external_references(page) == []
     assert "cdn.bokeh.org" not in page
-    assert "Bokeh.embed.embed_items" in page                 # bokeh's data and JS are inline
+    assert "Bokeh.embed.embed_items" in page  # bokeh's data and JS are inline
     top = diagnose(analysis)[0]
     assert str(escape(top.headline)) in page
-    for section in ("Timeline", "Where the time goes", "Blame: stages", "Blame: links", "Critical path", "capture.json"):
+    for section in (
+        "Timeline",
+        "Where the time goes",
+        "Blame: stages",
+        "Blame: links",
+        "Critical path",
+        "capture.json",
+    ):
         assert section in page
     assert html.escape(analysis.run.schedule.name) in page
     if analysis.bubbles["step"].nunique() > 1:
-        assert '"type":"object","name":"Tabs"' in page      # a tab per step
+        assert '"type":"object","name":"Tabs"' in page  # a tab per step
     assert path.stat().st_size < 5e6
 
 
@@ -125,10 +154,13 @@ def test_report_renders_in_a_browser(rendered, tmp_path):
     assert console_errors(result.stderr) == []
     assert any("document idle" in line for line in console(result.stderr)), console(result.stderr)
     image = Image.open(shot).convert("RGB")
-    assert max(ImageStat.Stat(image).stddev) > 20                          # not blank
-    forward = sum(count for count, rgb in image.getcolors(maxcolors=1 << 24)
-                  if all(abs(a - b) < 12 for a, b in zip(rgb, FORWARD_RGB)))
-    assert forward > 2000                                                   # the timeline's canvas drew bars
+    assert max(ImageStat.Stat(image).stddev) > 20  # not blank
+    forward = sum(
+        count
+        for count, rgb in image.getcolors(maxcolors=1 << 24)
+        if all(abs(a - b) < 12 for a, b in zip(rgb, FORWARD_RGB))
+    )
+    assert forward > 2000  # the timeline's canvas drew bars
 
 
 def evil_run(tmp_path: Path) -> Path:
@@ -165,8 +197,8 @@ def test_trace_strings_are_escaped(tmp_path):
     page = path.read_text()
     for raw in (EVIL, EVIL_DOM, "<img src=x"):
         assert raw not in page
-    assert str(escape(EVIL)) in page                            # shown as text (capture command, warning)
-    assert str(escape(EVIL_DOM)) in page                        # host name and file name
+    assert str(escape(EVIL)) in page  # shown as text (capture command, warning)
+    assert str(escape(EVIL_DOM)) in page  # host name and file name
     if CHROMIUM is None:
         pytest.skip("chromium is not installed: the page was checked as text only")
     result = chromium("--dump-dom", "--window-size=1400,1000", path.as_uri())
@@ -179,6 +211,7 @@ def test_trace_strings_are_escaped(tmp_path):
 
 
 # ------------------------------------------------------------------ large runs
+
 
 def synthetic_large(analysis, copies: int):
     """A synthetic run: ``copies`` side-by-side replicas of a sample's pipeline (ranks,
@@ -209,28 +242,53 @@ def synthetic_large(analysis, copies: int):
         return pd.concat(parts, ignore_index=True)
 
     # the copies stand side by side like data-parallel replicas of one p-rank pipeline
-    schedule = dataclasses.replace(run.schedule, stage_to_rank={
-        s + k * n_stages: r + k * p for k in range(copies) for s, r in run.schedule.stage_to_rank.items()})
-    files = [dataclasses.replace(f, rank=f.rank + k * p, ranks=[f.rank + k * p],
-                                 path=Path(f"synthetic/rank{f.rank + k * p}.json.gz"))
-             for k in range(copies) for f in run.files]
+    schedule = dataclasses.replace(
+        run.schedule,
+        stage_to_rank={
+            s + k * n_stages: r + k * p for k in range(copies) for s, r in run.schedule.stage_to_rank.items()
+        },
+    )
+    files = [
+        dataclasses.replace(
+            f, rank=f.rank + k * p, ranks=[f.rank + k * p], path=Path(f"synthetic/rank{f.rank + k * p}.json.gz")
+        )
+        for k in range(copies)
+        for f in run.files
+    ]
     big = dataclasses.replace(
-        run, source="synthetic", files=files,
+        run,
+        source="synthetic",
+        files=files,
         events=replicate(run.events.groupby("rank").head(1), rank_cols=("rank",)),
         actions=replicate(run.actions, ("rank",), ("stage",), ("action_id",)),
-        messages=replicate(run.messages, ("src_rank", "dst_rank"), (), ("producer_action", "consumer_action"), ("msg_id",)),
-        steps=replicate(run.steps, ("rank",)), schedule=schedule, warnings=list(run.warnings))
-    steps = [dataclasses.replace(
-        s, table=replicate(s.table, ("rank",)),
-        signed_shapley={r + k * p: v for k in range(copies) for r, v in s.signed_shapley.items()},
-        stage_blame=replicate(s.stage_blame, ("rank",), ("stage",)),
-        link_blame=replicate(s.link_blame, ("rank", "src_rank", "dst_rank")),
-        ideal_idle_ns={r + k * p: v for k in range(copies) for r, v in s.ideal_idle_ns.items()})
-        for s in analysis.attribution.steps]
+        messages=replicate(
+            run.messages, ("src_rank", "dst_rank"), (), ("producer_action", "consumer_action"), ("msg_id",)
+        ),
+        steps=replicate(run.steps, ("rank",)),
+        schedule=schedule,
+        warnings=list(run.warnings),
+    )
+    steps = [
+        dataclasses.replace(
+            s,
+            table=replicate(s.table, ("rank",)),
+            signed_shapley={r + k * p: v for k in range(copies) for r, v in s.signed_shapley.items()},
+            stage_blame=replicate(s.stage_blame, ("rank",), ("stage",)),
+            link_blame=replicate(s.link_blame, ("rank", "src_rank", "dst_rank")),
+            ideal_idle_ns={r + k * p: v for k in range(copies) for r, v in s.ideal_idle_ns.items()},
+        )
+        for s in analysis.attribution.steps
+    ]
     bubbles = replicate(analysis.bubbles, ("rank",))
-    return Analysis(run=big, bubbles=bubbles, summary=summarise(bubbles), durations_ns=analysis.durations_ns,
-                    theory=analysis.theory, balanced_replay_ratio=analysis.balanced_replay_ratio,
-                    attribution=Attribution(steps))
+    return Analysis(
+        run=big,
+        bubbles=bubbles,
+        summary=summarise(bubbles),
+        durations_ns=analysis.durations_ns,
+        theory=analysis.theory,
+        balanced_replay_ratio=analysis.balanced_replay_ratio,
+        attribution=Attribution(steps),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -251,14 +309,14 @@ def test_large_run_is_thinned_and_says_so(synthetic_256_ranks, tmp_path):
         assert len(view.bars) <= timeline.MAX_BARS
         assert len(view.idle) <= timeline.MAX_IDLE
         assert len(view.messages) <= timeline.MAX_MESSAGES
-        assert view.bars["n"].sum() == (big.run.actions["step"] == view.step).sum()   # merged, not lost
+        assert view.bars["n"].sum() == (big.run.actions["step"] == view.step).sum()  # merged, not lost
     path = write_report(big, tmp_path / "big.html")
     page = path.read_text()
     assert path.stat().st_size < 15e6
     assert "timeline was thinned" in page
     assert "merged into one grey bar" in page and "slowest of" in page and "idle spans are shaded" in page
-    assert "256 ranks" in page                               # the long tables fold
-    assert "stage 2 (rank 2)" in page                        # the diagnosis still holds
+    assert "256 ranks" in page  # the long tables fold
+    assert "stage 2 (rank 2)" in page  # the diagnosis still holds
 
 
 def test_many_steps_are_sampled():
@@ -275,9 +333,18 @@ def test_many_steps_are_sampled():
 def test_decimate_merges_neighbours_only_when_needed():
     import pandas as pd
 
-    work = pd.DataFrame({"lane": [0] * 6 + [1] * 2, "start": [0, 10, 20, 100, 110, 120, 0, 50],
-                         "end": [9, 19, 29, 109, 119, 129, 40, 90], "kind": ["F", "F", "B", "B", "B", "B", "F", "F"],
-                         "rank": [0] * 6 + [1] * 2, "stage": 0, "microbatch": range(8), "label": ""})
+    work = pd.DataFrame(
+        {
+            "lane": [0] * 6 + [1] * 2,
+            "start": [0, 10, 20, 100, 110, 120, 0, 50],
+            "end": [9, 19, 29, 109, 119, 129, 40, 90],
+            "kind": ["F", "F", "B", "B", "B", "B", "F", "F"],
+            "rank": [0] * 6 + [1] * 2,
+            "stage": 0,
+            "microbatch": range(8),
+            "label": "",
+        }
+    )
     same, gap = timeline.decimate(work, cap=8, pixel_ns=1)
     assert gap == 0 and len(same) == 8
     merged, gap = timeline.decimate(work, cap=4, pixel_ns=1)
@@ -288,6 +355,7 @@ def test_decimate_merges_neighbours_only_when_needed():
 
 
 # ------------------------------------------------------------------ the command
+
 
 def test_report_command_writes_to_reports_by_default(tmp_path, monkeypatch):
     from tracekit.cli import main
@@ -336,7 +404,7 @@ def test_report_carries_the_what_if_table(rendered):
     page = path.read_text()
     assert "What if: other schedules, m, a balanced split" in page
     row = re.search(r'<td class="l">1F1B v=1 m=8 balanced</td><td>([\d.]+)%', page)
-    assert row and 28.0 < float(row.group(1)) < 32.5       # the balanced 1f1b capture: 30.2%
+    assert row and 28.0 < float(row.group(1)) < 32.5  # the balanced 1f1b capture: 30.2%
     assert '<td class="l">model of the measured run</td>' in page
     assert 'id="whatif-note"' not in page
 
@@ -374,6 +442,7 @@ def test_renderers_show_the_analysis_findings(tmp_path):
 
 # ------------------------------------------------------------------ self-contained, and what a person sees
 
+
 class _Links(html.parser.HTMLParser):
     """Every src and href attribute of the page's elements."""
 
@@ -394,12 +463,19 @@ def test_report_points_nowhere_and_never_imports_panel(tmp_path):
     if run_dir not in ready_samples():
         pytest.skip(f"{run_dir} holds no traces")
     out = tmp_path / "r.html"
-    script = ("import sys\nfrom pathlib import Path\nfrom tracekit import load\nfrom tracekit.analyze import analyze\n"
-              "from tracekit.render.html import render_report\n"
-              f"Path({str(out)!r}).write_text(render_report(analyze(load({str(run_dir)!r}))), encoding='utf-8')\n"
-              "print(sorted(m for m in sys.modules if m.split('.')[0] in ('panel', 'holoviews')))\n")
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                            cwd=Path(report.__file__).parents[3])
+    script = (
+        "import sys\nfrom pathlib import Path\nfrom tracekit import load\nfrom tracekit.analyze import analyze\n"
+        "from tracekit.render.html import render_report\n"
+        f"Path({str(out)!r}).write_text(render_report(analyze(load({str(run_dir)!r}))), encoding='utf-8')\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('panel', 'holoviews')))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(report.__file__).parents[3],
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().splitlines()[-1] == "[]"
     parser = _Links()
@@ -424,8 +500,8 @@ def test_timeline_wheel_zooms_time_only_and_leaves_the_page_scroll(dualpipev_vie
     fig = charts._timeline_figure(views[0])
     scrolls = [t for t in fig.toolbar.tools if isinstance(t, Scroll)]
     assert len(scrolls) == 1 and fig.toolbar.active_scroll is scrolls[0]
-    assert scrolls[0].dimensions == "width"                      # ranks never zoom out of view
-    assert scrolls[0].modifiers == {"ctrl": True}                # a bare wheel scrolls the page
+    assert scrolls[0].dimensions == "width"  # ranks never zoom out of view
+    assert scrolls[0].modifiers == {"ctrl": True}  # a bare wheel scrolls the page
     assert [t.dimensions for t in fig.toolbar.tools if isinstance(t, PanTool)] == ["width"]
     assert (fig.x_range.bounds[0], fig.x_range.bounds[1]) == (fig.x_range.start, fig.x_range.end)
 
@@ -437,7 +513,7 @@ def test_timeline_legend_grows_the_figure_instead_of_spilling(dualpipev_views):
     fig = charts._timeline_figure(views[0])
     (legend,) = fig.legend
     assert legend in fig.below and legend not in fig.center and legend not in fig.right
-    assert fig.frame_height is not None                          # the canvas is the area plus its panels
+    assert fig.frame_height is not None  # the canvas is the area plus its panels
     assert len(legend.items) >= 12 and legend.ncols <= charts.LEGEND_COLUMNS
 
 

@@ -1,4 +1,5 @@
 """Reading PyTorch profiler traces: real GPU traces, rank discovery, broken input."""
+
 from __future__ import annotations
 
 import gzip
@@ -84,11 +85,14 @@ def test_gzip_cut_mid_stream_is_salvaged(tmp_path):
     assert (run.events["rank"] == 1).sum() > 100
 
 
-@pytest.mark.parametrize("content, message", [
-    (b"", "empty"),
-    (b"this is not json at all", "traceEvents"),
-    (b'{"hello": 1}', "not a Chrome trace"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"", "empty"),
+        (b"this is not json at all", "traceEvents"),
+        (b'{"hello": 1}', "not a Chrome trace"),
+    ],
+)
 def test_bad_files_raise_one_line_errors(tmp_path, content, message):
     bad = tmp_path / "rank0.json"
     bad.write_bytes(content)

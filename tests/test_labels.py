@@ -1,5 +1,6 @@
 """Label rules as data: built-in tables chosen from the trace, user rules, and what a run
 with no pipeline says."""
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,10 @@ def _analyze(*args: str) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
-@pytest.mark.parametrize("sample, table", [("gpipe", "torch-gpipe"), ("interleaved1f1b", "torch-pp"),
-                                           ("dualpipev", "torch-pp"), ("1f1b", "none")])
+@pytest.mark.parametrize(
+    "sample, table",
+    [("gpipe", "torch-gpipe"), ("interleaved1f1b", "torch-pp"), ("dualpipev", "torch-pp"), ("1f1b", "none")],
+)
 def test_each_sample_reports_the_table_its_actions_came_from(loaded_runs, sample, table):
     run, _ = loaded_runs(SAMPLES / sample)
     assert run.labels == table
@@ -40,8 +43,14 @@ def test_the_console_and_json_name_the_labels():
 def test_user_rules_that_say_what_a_builtin_says_give_the_same_analysis():
     code, builtin = _analyze(str(SAMPLES / "gpipe"), "--json")
     assert code == 0
-    code, custom = _analyze(str(SAMPLES / "gpipe"), "--json",
-                            "--label-rule", r"^Forward (?P<mb>\d+)$=F", "--label-rule", r"^Backward (?P<mb>\d+)$=B")
+    code, custom = _analyze(
+        str(SAMPLES / "gpipe"),
+        "--json",
+        "--label-rule",
+        r"^Forward (?P<mb>\d+)$=F",
+        "--label-rule",
+        r"^Backward (?P<mb>\d+)$=B",
+    )
     assert code == 0
     a, b = json.loads(builtin), json.loads(custom)
     assert b["labels"]["table"] == "custom"
@@ -51,7 +60,8 @@ def test_user_rules_that_say_what_a_builtin_says_give_the_same_analysis():
 
 def test_rules_from_pyproject_are_used(tmp_path, monkeypatch):
     (tmp_path / "pyproject.toml").write_text(
-        '[tool.tracekit.labels]\n"^Forward (?P<mb>\\\\d+)$" = "F"\n"^Backward (?P<mb>\\\\d+)$" = "B"\n')
+        '[tool.tracekit.labels]\n"^Forward (?P<mb>\\\\d+)$" = "F"\n"^Backward (?P<mb>\\\\d+)$" = "B"\n'
+    )
     monkeypatch.chdir(tmp_path)
     code, out = _analyze(str(SAMPLES / "gpipe"), "--json")
     assert code == 0, out
@@ -60,15 +70,18 @@ def test_rules_from_pyproject_are_used(tmp_path, monkeypatch):
     assert doc["schedule"]["name"] == "GPipe"
 
 
-@pytest.mark.parametrize("rule, said", [
-    ("fwd(=F", "not a regular expression"),
-    ("fwd_(?P<mb>\\d+)=X", "unknown kind 'X'"),
-    ("fwd_(?P<micro>\\d+)=F", "unknown group(s) micro"),
-    ("fwd=kind", "needs a group (?P<kind>"),
-    (".*=F", "matches the empty name"),
-    ("no-kind-given", "write REGEX=KIND"),
-    ("^(a+)+$=F", "exponential time"),   # a hang on a near-miss, refused before any file is read
-])
+@pytest.mark.parametrize(
+    "rule, said",
+    [
+        ("fwd(=F", "not a regular expression"),
+        ("fwd_(?P<mb>\\d+)=X", "unknown kind 'X'"),
+        ("fwd_(?P<micro>\\d+)=F", "unknown group(s) micro"),
+        ("fwd=kind", "needs a group (?P<kind>"),
+        (".*=F", "matches the empty name"),
+        ("no-kind-given", "write REGEX=KIND"),
+        ("^(a+)+$=F", "exponential time"),  # a hang on a near-miss, refused before any file is read
+    ],
+)
 def test_a_bad_rule_is_one_line_and_exit_2(rule, said):
     code, out = _analyze(str(SAMPLES / "gpipe"), "--label-rule", rule)
     assert code == 2
@@ -94,8 +107,10 @@ def test_builtin_tables_read_the_names_the_frameworks_write():
     """The names as shared/docs/trace-formats.md quotes them from the frameworks' sources."""
     table = {t.name: t for t in BUILTIN}
     assert table["torch-pp"].match("PP:3B7").parse("PP:3B7", 1) == [("B", 3, 7)]
-    assert table["torch-pp"].match("PP:(0F5;7B2)OVERLAP_F_B").parse("PP:(0F5;7B2)OVERLAP_F_B", 0) == \
-        [("F", 0, 5), ("B", 7, 2)]
+    assert table["torch-pp"].match("PP:(0F5;7B2)OVERLAP_F_B").parse("PP:(0F5;7B2)OVERLAP_F_B", 0) == [
+        ("F", 0, 5),
+        ("B", 7, 2),
+    ]
     assert table["torch-pp"].match("PP:1SEND_F3").role == "comm"
     assert table["torch-pp"].match("PP:2REDUCE_GRAD").role == "comm"
     assert table["torch-gpipe"].match("Backward 4").parse("Backward 4", 2) == [("B", 2, 4)]
@@ -103,14 +118,20 @@ def test_builtin_tables_read_the_names_the_frameworks_write():
     assert table["layer-suffix"].match("mlp(W)").layer_level
     megatron = "megatron.core.pipeline_parallel.schedules.forward_backward_pipelining_with_interleaving.warmup"
     assert table["megatron-nvtx"].match(megatron).role == "marker"
-    assert table["megatron-nvtx"].match(
-        "megatron.core.pipeline_parallel.p2p_communication.send_forward_recv_backward").role == "comm"
+    assert (
+        table["megatron-nvtx"]
+        .match("megatron.core.pipeline_parallel.p2p_communication.send_forward_recv_backward")
+        .role
+        == "comm"
+    )
     assert table["deepspeed-nvtx"].match("DeepSpeedEngine.forward").role == "marker"
 
 
 def test_a_table_of_markers_only_is_reported_beside_segmentation():
-    names = {"megatron.core.pipeline_parallel.schedules.forward_backward_pipelining_with_interleaving.steady": 3,
-             "megatron.core.pipeline_parallel.p2p_communication.recv_forward": 12}
+    names = {
+        "megatron.core.pipeline_parallel.schedules.forward_backward_pipelining_with_interleaving.steady": 3,
+        "megatron.core.pipeline_parallel.p2p_communication.recv_forward": 12,
+    }
     choice = choose(names, None)
     assert choice.used is None and choice.name == "megatron-nvtx"
 
@@ -198,8 +219,13 @@ def test_layer_labels_and_segmentation_read_the_same_run_alike(loaded_runs):
     for rank in events["rank"].unique():
         mine = (events["rank"] == rank).to_numpy()
         e = events[mine]
-        events.loc[mine, "depth"] = nesting_depth(e["pid"].to_numpy(), e["tid"].to_numpy(), e["start_ns"].to_numpy(),
-                                                  e["end_ns"].to_numpy(), transparent=gloo[mine])
+        events.loc[mine, "depth"] = nesting_depth(
+            e["pid"].to_numpy(),
+            e["tid"].to_numpy(),
+            e["start_ns"].to_numpy(),
+            e["end_ns"].to_numpy(),
+            transparent=gloo[mine],
+        )
     run.events = events
     reconstruct(run)
     assert run.actions_from == "segmentation" and len(run.actions) == len(labelled.run.actions)

@@ -6,6 +6,7 @@ capture stands beside the stages: it records runs and reads nothing above recons
 only the command line imports it. Imports under ``if TYPE_CHECKING:`` are types only and
 run nowhere; imports inside functions run, and count.
 """
+
 from __future__ import annotations
 
 import ast
@@ -17,16 +18,25 @@ PACKAGE = Path(__file__).resolve().parents[1] / "tracekit"
 
 # Bottom (0) to top. A name is a module or a package (and everything in it).
 LAYERS: dict[str, int] = {
-    "tracekit.model": 0, "tracekit.errors": 0, "tracekit.text": 0, "tracekit.vocab": 0,
-    "tracekit.version": 0, "tracekit.schemas": 0, "tracekit.output": 0, "tracekit.pyproject": 0,
+    "tracekit.model": 0,
+    "tracekit.errors": 0,
+    "tracekit.text": 0,
+    "tracekit.vocab": 0,
+    "tracekit.version": 0,
+    "tracekit.schemas": 0,
+    "tracekit.output": 0,
+    "tracekit.pyproject": 0,
     "tracekit._lean": 0,
     "tracekit.ingest": 1,
     "tracekit.reconstruct": 2,
-    "tracekit.loading": 3, "tracekit": 3,      # the package face: tracekit.load
+    "tracekit.loading": 3,
+    "tracekit": 3,  # the package face: tracekit.load
     "tracekit.analyze": 4,
-    "tracekit.render": 5, "tracekit.gate": 5,
+    "tracekit.render": 5,
+    "tracekit.gate": 5,
     "tracekit.commands": 6,
-    "tracekit.cli": 7, "tracekit.__main__": 7,
+    "tracekit.cli": 7,
+    "tracekit.__main__": 7,
 }
 CAPTURE = "tracekit.capture"
 CAPTURE_READS_UP_TO = LAYERS["tracekit.reconstruct"]
@@ -43,7 +53,8 @@ def layer_of(module: str) -> tuple[str, int]:
 
 def _is_type_checking(test: ast.expr) -> bool:
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def runtime_imports(source: str, module: str, is_package: bool) -> list[tuple[str, int]]:
@@ -89,8 +100,9 @@ def violations(module: str, source: str, is_package: bool = False) -> list[str]:
         own_name, own = layer_of(module)
         name, level = layer_of(target)
         if level > own:
-            out.append(f"{module}:{line} imports {target}: {own_name} (layer {own}) may not import "
-                       f"{name} (layer {level})")
+            out.append(
+                f"{module}:{line} imports {target}: {own_name} (layer {own}) may not import {name} (layer {level})"
+            )
     return out
 
 
@@ -105,8 +117,11 @@ def _modules() -> list[tuple[str, Path]]:
 
 
 def test_no_import_runs_back_up_the_layers():
-    found = [v for module, path in _modules()
-             for v in violations(module, path.read_text(encoding="utf-8"), path.name == "__init__.py")]
+    found = [
+        v
+        for module, path in _modules()
+        for v in violations(module, path.read_text(encoding="utf-8"), path.name == "__init__.py")
+    ]
     assert found == [], "imports that run back up:\n" + "\n".join(found)
 
 
@@ -116,15 +131,30 @@ def test_every_module_has_a_layer():
             layer_of(module)
 
 
-@pytest.mark.parametrize(("module", "source", "expected"), [
-    ("tracekit.analyze.compare", "from tracekit.render.console import CAUSE_NAMES\n", "may not import tracekit.render"),
-    ("tracekit.ingest", "def f():\n    from tracekit.reconstruct import reconstruct\n", "may not import tracekit.reconstruct"),
-    ("tracekit.ingest.cache", "from tracekit import __version__\n", "may not import tracekit (layer 3)"),
-    ("tracekit.gate.baseline", "from tracekit.commands.common import x\n", "may not import tracekit.commands"),
-    ("tracekit.capture.runner", "from tracekit.analyze import analyze\n", "capture reads nothing above reconstruct"),
-    ("tracekit.analyze", "from tracekit.capture import config\n", "only the command line imports capture"),
-    ("tracekit.render.json", "from ..commands import common\n", "may not import tracekit.commands"),
-])
+@pytest.mark.parametrize(
+    ("module", "source", "expected"),
+    [
+        (
+            "tracekit.analyze.compare",
+            "from tracekit.render.console import CAUSE_NAMES\n",
+            "may not import tracekit.render",
+        ),
+        (
+            "tracekit.ingest",
+            "def f():\n    from tracekit.reconstruct import reconstruct\n",
+            "may not import tracekit.reconstruct",
+        ),
+        ("tracekit.ingest.cache", "from tracekit import __version__\n", "may not import tracekit (layer 3)"),
+        ("tracekit.gate.baseline", "from tracekit.commands.common import x\n", "may not import tracekit.commands"),
+        (
+            "tracekit.capture.runner",
+            "from tracekit.analyze import analyze\n",
+            "capture reads nothing above reconstruct",
+        ),
+        ("tracekit.analyze", "from tracekit.capture import config\n", "only the command line imports capture"),
+        ("tracekit.render.json", "from ..commands import common\n", "may not import tracekit.commands"),
+    ],
+)
 def test_the_check_catches_an_import_up(module, source, expected):
     """The checker itself: each of these would be an arrow back up."""
     found = violations(module, source, is_package=module == "tracekit.ingest")
@@ -132,7 +162,9 @@ def test_the_check_catches_an_import_up(module, source, expected):
 
 
 def test_types_only_and_downward_imports_pass():
-    source = ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from tracekit.reconstruct.labels import LabelSet\n"
-              "from tracekit.model.run import Run\nfrom tracekit.errors import TracekitError\n")
+    source = (
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from tracekit.reconstruct.labels import LabelSet\n"
+        "from tracekit.model.run import Run\nfrom tracekit.errors import TracekitError\n"
+    )
     assert violations("tracekit.ingest.options", source) == []
     assert violations("tracekit.render.junit", "from tracekit.gate.checks import GateResult\n") == []

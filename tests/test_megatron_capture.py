@@ -6,6 +6,7 @@ Megatron writes no label into a torch.profiler trace; the ground truth is
 ``backward_step`` (no profiler events). The samples are read in CI without megatron-core;
 the live capture test at the end needs it (``pip install 'tracekit[megatron]'``).
 """
+
 from __future__ import annotations
 
 import gzip
@@ -27,8 +28,10 @@ PROFILED_STEPS = [2, 3, 4]
 #: sleep (its last), in a backward the autograd nodes of the input-grad and weight-grad sleeps;
 #: compute_actions groups them into forwards and backwards
 FORWARD_OPS = {"TracekitEmuWeightGrad", "TracekitEmuCompute"}
-BACKWARD_OPS = {"autograd::engine::evaluate_function: TracekitEmuComputeBackward",
-                "autograd::engine::evaluate_function: TracekitEmuWeightGradBackward"}
+BACKWARD_OPS = {
+    "autograd::engine::evaluate_function: TracekitEmuComputeBackward",
+    "autograd::engine::evaluate_function: TracekitEmuWeightGradBackward",
+}
 #: and what closes a forward (the ReLU after a layer, the loss on the last stage) or opens a
 #: backward (the loss's autograd node)
 FORWARD_TAIL = {"aten::relu", "aten::mse_loss"}
@@ -51,8 +54,11 @@ def _trace(run_dir: Path, rank: int) -> dict:
 def _main_thread_ops(doc: dict) -> tuple[list[dict], dict[int, tuple[float, float]]]:
     """The main thread's complete events and each ProfilerStep#N's (start, end) in µs."""
     events = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
-    steps = {int(e["name"].split("#")[1]): (e["ts"], e["ts"] + e["dur"])
-             for e in events if e["name"].startswith("ProfilerStep#")}
+    steps = {
+        int(e["name"].split("#")[1]): (e["ts"], e["ts"] + e["dur"])
+        for e in events
+        if e["name"].startswith("ProfilerStep#")
+    }
     main_tid = next(e["tid"] for e in events if e["name"].startswith("ProfilerStep#"))
     return [e for e in events if e["tid"] == main_tid], steps
 
@@ -62,14 +68,22 @@ def _nsys_main_thread_ops(run_dir: Path, rank: int) -> tuple[list[dict], dict[in
     left its `tracekit:rank=R` mark, named as the op they stand for (the text before
     ", seq = ..."), in µs."""
     db = sqlite3.connect(f"file:{run_dir / 'nsys_report.sqlite'}?mode=ro", uri=True)
-    rows = db.execute("SELECT e.start, e.end, COALESCE(e.text, s.value), e.globalTid FROM NVTX_EVENTS e "
-                      "LEFT JOIN StringIds s ON e.textId = s.id").fetchall()
+    rows = db.execute(
+        "SELECT e.start, e.end, COALESCE(e.text, s.value), e.globalTid FROM NVTX_EVENTS e "
+        "LEFT JOIN StringIds s ON e.textId = s.id"
+    ).fetchall()
     db.close()
     tid = next(g for _, _, text, g in rows if text and text.startswith(f"tracekit:rank={rank} "))
-    ops = [{"name": text.split(",")[0], "ts": a / 1e3, "dur": (b - a) / 1e3}
-           for a, b, text, g in rows if g == tid and b is not None and text]
-    steps = {int(e["name"].split("#")[1]): (e["ts"], e["ts"] + e["dur"])
-             for e in ops if e["name"].startswith("ProfilerStep#")}
+    ops = [
+        {"name": text.split(",")[0], "ts": a / 1e3, "dur": (b - a) / 1e3}
+        for a, b, text, g in rows
+        if g == tid and b is not None and text
+    ]
+    steps = {
+        int(e["name"].split("#")[1]): (e["ts"], e["ts"] + e["dur"])
+        for e in ops
+        if e["name"].startswith("ProfilerStep#")
+    }
     return ops, steps
 
 
@@ -96,8 +110,12 @@ def compute_actions(run_dir: Path, rank: int, layers_per_stage: int) -> dict[int
                 continue
             kind = "F" if e["name"] in FORWARD_OPS | FORWARD_TAIL else "B"
             last = runs[-1] if runs else None
-            joins = (last is not None and last[0] == kind and e["name"] != LOSS_BACKWARD
-                     and (last[3] < 2 * layers_per_stage or e["name"] in FORWARD_TAIL))
+            joins = (
+                last is not None
+                and last[0] == kind
+                and e["name"] != LOSS_BACKWARD
+                and (last[3] < 2 * layers_per_stage or e["name"] in FORWARD_TAIL)
+            )
             if not joins:
                 runs.append([kind, e["ts"], e["ts"] + e["dur"], 0])
             run = runs[-1]
@@ -125,15 +143,20 @@ def independent_bubbles(run_dir: Path) -> dict[int, float]:
     op of each forward / backward); the window of step N = first action
     start to last action end over all ranks; ratio = 1 - busy/window over the profiled steps."""
     cap = capture_of(run_dir)
-    spans = {rank: {step: np.array([(a, b) for _, a, b in acts]) for step, acts in
-                    compute_actions(run_dir, rank, cap["compute"]["layers_per_stage"]).items()}
-             for rank in range(cap["p"])}
+    spans = {
+        rank: {
+            step: np.array([(a, b) for _, a, b in acts])
+            for step, acts in compute_actions(run_dir, rank, cap["compute"]["layers_per_stage"]).items()
+        }
+        for rank in range(cap["p"])
+    }
     ratios = {}
     for rank, per_step in spans.items():
         busy = window = 0.0
         for step, intervals in per_step.items():
-            window += (max(s[step][:, 1].max() for s in spans.values())
-                       - min(s[step][:, 0].min() for s in spans.values()))
+            window += max(s[step][:, 1].max() for s in spans.values()) - min(
+                s[step][:, 0].min() for s in spans.values()
+            )
             busy += union_length(intervals)
         ratios[rank] = 1 - busy / window
     return ratios
@@ -149,8 +172,10 @@ def test_capture_json_is_complete(name):
     assert (cap["framework"], cap["schedule"], cap["p"], cap["v"], cap["m"]) == ("megatron", schedule, 4, v, 8)
     assert cap["megatron_core_version"] == "0.16.1"
     assert cap["torch_version"].startswith("2.13.0")
-    assert cap["command"] == (f"tracekit capture -o sample_traces/{name} --schedule {schedule} --framework megatron "
-                              f"-p 4 -m 8 {'-v 2 ' if v == 2 else ''}--steps 3")
+    assert cap["command"] == (
+        f"tracekit capture -o sample_traces/{name} --schedule {schedule} --framework megatron "
+        f"-p 4 -m 8 {'-v 2 ' if v == 2 else ''}--steps 3"
+    )
     assert cap["schedule_class"].startswith("megatron.core.pipeline_parallel.schedules.forward_backward_pipelining_")
     assert cap["stage_to_rank"] == [s % 4 for s in range(4 * v)]  # chunk c of rank r is stage c*p + r
     assert cap["megatron"]["transformer_config"]["batch_p2p_sync"] is False
@@ -163,7 +188,8 @@ def test_capture_json_is_complete(name):
         for actions in steps.values():
             assert len(actions) == 2 * v * 8  # p·v·m·2 over the p ranks
             assert {(a["stage"], a["microbatch"], a["kind"]) for a in actions} == {
-                (s, mb, k) for s in range(4 * v) if s % 4 == int(rank) for mb in range(8) for k in "FB"}
+                (s, mb, k) for s in range(4 * v) if s % 4 == int(rank) for mb in range(8) for k in "FB"
+            }
 
 
 def test_same_maths_as_the_torch_captures():
@@ -171,7 +197,8 @@ def test_same_maths_as_the_torch_captures():
     # torch.distributed.pipelining's (sums in another order move the 7th digit)
     for megatron, torch_run in (("megatron_1f1b", "1f1b"), ("megatron_interleaved", "interleaved1f1b")):
         assert capture_of(_sample(megatron))["losses_per_step"] == pytest.approx(
-            capture_of(SAMPLES / torch_run)["losses_per_step"], rel=1e-6)
+            capture_of(SAMPLES / torch_run)["losses_per_step"], rel=1e-6
+        )
 
 
 @pytest.mark.parametrize("name", sorted(KINETO))
@@ -193,8 +220,11 @@ def test_raw_traces_hold_steps_p2p_and_no_labels(name):
 
 def test_interleaved_rank0_receives_activations_from_the_last_rank():
     doc = _trace(_sample("megatron_interleaved"), 0)
-    peers = {(e["name"], e["args"]["Concrete Inputs"][2]) for e in doc["traceEvents"]
-             if e.get("name") in ("c10d::send", "c10d::recv_")}
+    peers = {
+        (e["name"], e["args"]["Concrete Inputs"][2])
+        for e in doc["traceEvents"]
+        if e.get("name") in ("c10d::send", "c10d::recv_")
+    }
     assert peers == {("c10d::send", "1"), ("c10d::recv_", "1"), ("c10d::send", "3"), ("c10d::recv_", "3")}
 
 
@@ -203,8 +233,10 @@ def test_compute_runs_in_the_trace_are_the_recorded_order(name):
     run_dir = _sample(name)
     cap = capture_of(run_dir)
     for rank in range(4):
-        kinds = {step: "".join(k for k, _, _ in acts)
-                 for step, acts in compute_actions(run_dir, rank, cap["compute"]["layers_per_stage"]).items()}
+        kinds = {
+            step: "".join(k for k, _, _ in acts)
+            for step, acts in compute_actions(run_dir, rank, cap["compute"]["layers_per_stage"]).items()
+        }
         recorded = {int(s): "".join(a["kind"] for a in acts) for s, acts in cap["executed_order"][str(rank)].items()}
         assert kinds == recorded
         for text in kinds.values():  # 1F1B: 8 F + 8 B; interleaved v=2: 16 F + 16 B
@@ -215,12 +247,19 @@ def test_nsys_sample_holds_megatron_ranges_and_no_private_data():
     from tracekit.capture.nsys import FORBIDDEN
 
     cap = capture_of(_sample(NSYS.name))
-    assert (cap["framework"], cap["schedule"], cap["v"], cap["profiler"]["tool"]) == ("megatron", "Interleaved1F1B", 2, "nsys")
+    assert (cap["framework"], cap["schedule"], cap["v"], cap["profiler"]["tool"]) == (
+        "megatron",
+        "Interleaved1F1B",
+        2,
+        "nsys",
+    )
     assert cap["command"].endswith("--profiler nsys")
     db = sqlite3.connect(f"file:{NSYS / 'nsys_report.sqlite'}?mode=ro", uri=True)
     try:
-        rows = db.execute("SELECT coalesce(e.text, s.value), (e.globalTid >> 24) & 16777215 FROM NVTX_EVENTS e "
-                          "LEFT JOIN StringIds s ON s.id = e.textId").fetchall()
+        rows = db.execute(
+            "SELECT coalesce(e.text, s.value), (e.globalTid >> 24) & 16777215 FROM NVTX_EVENTS e "
+            "LEFT JOIN StringIds s ON s.id = e.textId"
+        ).fetchall()
         text = " ".join(v for (v,) in db.execute("SELECT value FROM StringIds"))
     finally:
         db.close()
@@ -234,8 +273,15 @@ def test_nsys_sample_holds_megatron_ranges_and_no_private_data():
     for pid in rank_pids:
         got = per_pid[pid]
         assert {phases + s for s in ("warmup", "steady", "cooldown")} <= got
-        assert {p2p + f for f in ("recv_forward", "send_forward_recv_forward",
-                                  "send_forward_backward_recv_forward_backward", "send_backward_recv_backward")} <= got
+        assert {
+            p2p + f
+            for f in (
+                "recv_forward",
+                "send_forward_recv_forward",
+                "send_forward_backward_recv_forward_backward",
+                "send_backward_recv_backward",
+            )
+        } <= got
         assert {f"ProfilerStep#{s}" for s in PROFILED_STEPS} <= {n.split(",")[0] for n in got}
     # 3 profiled steps of 4 ranks (+ 2 warm-up steps before the trace's op ranges start)
     assert sum(n == phases + "steady" for n in names) == 4 * 5
@@ -266,7 +312,8 @@ def _matches_the_executed_order(run, run_dir) -> None:
         for step, actions in steps.items():
             got = acts[(acts["rank"] == int(rank)) & (acts["step"] == int(step))]
             assert list(zip(got["kind"], got["stage"], got["microbatch"])) == [
-                (a["kind"], a["stage"], a["microbatch"]) for a in actions], (rank, step)
+                (a["kind"], a["stage"], a["microbatch"]) for a in actions
+            ], (rank, step)
 
 
 @pytest.mark.parametrize("name", READS)
@@ -322,9 +369,30 @@ def test_live_megatron_capture(tmp_path, schedule, v):
     from tracekit.cli import main
 
     out = tmp_path / "run"
-    result = CliRunner().invoke(main, ["capture", "-o", str(out), "--framework", "megatron", "--schedule", schedule,
-                                       "-p", "2", "-m", "4", "-v", str(v), "--steps", "1", "--layers", "4",
-                                       "--layer-ms", "1"])
+    result = CliRunner().invoke(
+        main,
+        [
+            "capture",
+            "-o",
+            str(out),
+            "--framework",
+            "megatron",
+            "--schedule",
+            schedule,
+            "-p",
+            "2",
+            "-m",
+            "4",
+            "-v",
+            str(v),
+            "--steps",
+            "1",
+            "--layers",
+            "4",
+            "--layer-ms",
+            "1",
+        ],
+    )
     assert result.exit_code == 0, (result.output, result.exception)
     cap = capture_of(out)
     assert cap["schedule"] == schedule and cap["v"] == v
@@ -339,8 +407,9 @@ def test_megatron_refuses_an_injected_link_delay_in_one_line(tmp_path):
     pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip install 'tracekit[megatron]')")
     from tracekit.cli import main
 
-    result = CliRunner().invoke(main, ["capture", "-o", str(tmp_path / "x"), "--framework", "megatron",
-                                       "--p2p-delay-ms", "5"])
+    result = CliRunner().invoke(
+        main, ["capture", "-o", str(tmp_path / "x"), "--framework", "megatron", "--p2p-delay-ms", "5"]
+    )
     lines = [ln for ln in result.output.splitlines() if ln.strip()]
     assert result.exit_code == 2 and len(lines) == 1 and "--p2p-delay-ms is not supported" in lines[0], result.output
     assert not list((tmp_path / "x").glob("rank*"))

@@ -1,5 +1,6 @@
 """Nesting depth: the array computation equals the stack walk on every input, real or
 generated (the generated intervals are a unit-test fixture, not a trace)."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -1,5 +1,6 @@
 """Nsight Systems reports: every real export in ../shared, NVTX naming, NCCL P2P kernels,
 ranks, time normalisation, broken input, and the scrubbed nsys capture."""
+
 from __future__ import annotations
 
 import json
@@ -60,16 +61,14 @@ def test_every_shared_nsys_file_loads(path):
         assert len(events) > 0
         assert (events["end_ns"] >= events["start_ns"]).all()
         assert (events["rank"] == trace.rank).all()
-        assert events["cat"].isin(["cpu_op", "user_annotation", "kernel", "gpu_memcpy", "gpu_memset",
-                                   "runtime"]).all()
+        assert events["cat"].isin(["cpu_op", "user_annotation", "kernel", "gpu_memcpy", "gpu_memset", "runtime"]).all()
         if trace.clock == "unix":
             assert events["start_ns"].min() > 1.5e18  # after 2017: really epoch ns
     ranks = [t.rank for t, _ in pairs]
     assert len(set(ranks)) == len(ranks)
 
 
-@pytest.mark.parametrize("name, per_gpu", [("nsysai_mfu_2gpu_before.sqlite", 33),
-                                           ("nsysai_mfu_2gpu_after.sqlite", 31)])
+@pytest.mark.parametrize("name, per_gpu", [("nsysai_mfu_2gpu_before.sqlite", 33), ("nsysai_mfu_2gpu_after.sqlite", 31)])
 def test_two_gpu_report_sendrecv_kernels_are_all_to_all_not_p2p(name, per_gpu):
     # README says 33 SendRecv kernels per GPU; the "after" window holds 31 (counted in the file).
     # Each runs an all_to_all: AllToAll4D -> c10d::alltoall_base_ -> nccl:all_to_all ->
@@ -86,8 +85,11 @@ def test_two_gpu_report_sendrecv_kernels_are_all_to_all_not_p2p(name, per_gpu):
         assert not kernels["name"].str.startswith("nccl:SendRecv|").any()
         assert set(kernels["pid"]) == {trace.rank}  # pid = CUDA device
         assert trace.profiler["nccl_p2p_kernels"] == {
-            "by_launch": 0, "by_name": 0, "sendrecv_named_in_collectives": per_gpu - 1,
-            "sendrecv_named_unplaced": 1}
+            "by_launch": 0,
+            "by_name": 0,
+            "sendrecv_named_in_collectives": per_gpu - 1,
+            "sendrecv_named_unplaced": 1,
+        }
         launches = events[(events["cat"] == "runtime") & events["correlation"].isin(sendrecv["correlation"])]
         assert len(launches) == per_gpu - 1
     assert any("were not taken as P2P" in w for w in pairs[0][0].warnings)
@@ -107,21 +109,48 @@ def _generated_p2p_events(kernels: list[tuple[int, int, int]]) -> pd.DataFrame:
     from tracekit.model.events import conform
 
     n = len(kernels)
-    return conform(pd.DataFrame({
-        "rank": [k[0] for k in kernels], "file_id": [k[0] for k in kernels], "source_index": range(n),
-        "cat": "kernel", "name": "nccl:SendRecv|ncclDevKernel_SendRecv",
-        "start_ns": [k[1] for k in kernels], "end_ns": [k[2] for k in kernels], "pid": 0, "tid": 20,
-        "on_gpu": True, "depth": 0, "seq": -1, "peer": -1, "tag": -1, "nbytes": -1, "correlation": -1}))
+    return conform(
+        pd.DataFrame(
+            {
+                "rank": [k[0] for k in kernels],
+                "file_id": [k[0] for k in kernels],
+                "source_index": range(n),
+                "cat": "kernel",
+                "name": "nccl:SendRecv|ncclDevKernel_SendRecv",
+                "start_ns": [k[1] for k in kernels],
+                "end_ns": [k[2] for k in kernels],
+                "pid": 0,
+                "tid": 20,
+                "on_gpu": True,
+                "depth": 0,
+                "seq": -1,
+                "peer": -1,
+                "tag": -1,
+                "nbytes": -1,
+                "correlation": -1,
+            }
+        )
+    )
 
 
 def test_kernel_pairs_wait_is_on_the_side_that_started_first():
-    table = _kernel_pairs(_generated_p2p_events([
-        (0, 100, 500), (1, 300, 505),      # rank 0 starts 200 ns early, rank 0 ends first
-        (0, 1_000, 1_300), (1, 900, 1_310),  # rank 1 starts 100 ns early
-        (0, 2_000, 2_100), (1, 2_000, 2_400),  # both start together: nobody waits
-    ]))
+    table = _kernel_pairs(
+        _generated_p2p_events(
+            [
+                (0, 100, 500),
+                (1, 300, 505),  # rank 0 starts 200 ns early, rank 0 ends first
+                (0, 1_000, 1_300),
+                (1, 900, 1_310),  # rank 1 starts 100 ns early
+                (0, 2_000, 2_100),
+                (1, 2_000, 2_400),  # both start together: nobody waits
+            ]
+        )
+    )
     assert table[["waiting_rank", "wait_ns", "transfer_ns"]].values.tolist() == [
-        [0, 200, 200], [1, 100, 300], [-1, 0, 100]]  # "the shorter kernel" would say 205 for the first
+        [0, 200, 200],
+        [1, 100, 300],
+        [-1, 0, 100],
+    ]  # "the shorter kernel" would say 205 for the first
 
 
 def test_kernel_pairs_on_real_kernel_times_agree_with_the_reference():
@@ -133,16 +162,21 @@ def test_kernel_pairs_on_real_kernel_times_agree_with_the_reference():
     events = _all_events(_parse(path))
     sendrecv = events["on_gpu"] & events["name"].str.startswith("ncclDevKernel_SendRecv")
     events = events.assign(name=events["name"].astype(object).where(~sendrecv, "nccl:SendRecv|ncclDevKernel_SendRecv"))
-    table = _kernel_pairs(events).rename(columns={
-        "send_start_ns": "start_a_ns", "send_end_ns": "end_a_ns", "recv_start_ns": "start_b_ns",
-        "recv_end_ns": "end_b_ns"})
+    table = _kernel_pairs(events).rename(
+        columns={
+            "send_start_ns": "start_a_ns",
+            "send_end_ns": "end_a_ns",
+            "recv_start_ns": "start_b_ns",
+            "recv_end_ns": "end_b_ns",
+        }
+    )
     kernels = device_reference.nsys_reference(path).nccl_kernels
-    expected = device_reference.kernel_pairs(*[[(k.start_ns, k.end_ns) for k in kernels if k.rank == r]
-                                               for r in (0, 1)])
+    expected = device_reference.kernel_pairs(
+        *[[(k.start_ns, k.end_ns) for k in kernels if k.rank == r] for r in (0, 1)]
+    )
     assert len(table) == len(expected) == 33
     got = table[["start_a_ns", "end_a_ns", "start_b_ns", "end_b_ns", "transfer_ns"]].values.tolist()
-    assert got == [[p["start_a_ns"], p["end_a_ns"], p["start_b_ns"], p["end_b_ns"], p["transfer_ns"]]
-                   for p in expected]
+    assert got == [[p["start_a_ns"], p["end_a_ns"], p["start_b_ns"], p["end_b_ns"], p["transfer_ns"]] for p in expected]
     assert table["wait_ns"].tolist() == [p["wait_ns"] for p in expected]
     # one transfer, one clock: the two sides end within 30 us, every transfer is positive
     assert (table["end_a_ns"] - table["end_b_ns"]).abs().max() < 30_000
@@ -160,19 +194,28 @@ def test_emit_nvtx_ranges_become_cpu_ops_with_seq():
     assert "record_param_comms" in set(ops["name"])
 
 
-@pytest.mark.parametrize("text, domain, expected", [
-    ("aten::mm, seq = 12, op_id = 3, sizes = [[8, 256], [256, 256]]", "", ("cpu_op", "aten::mm", 12)),
-    ("aten::view, op_id = 990742", "", ("cpu_op", "aten::view", -1)),
-    ("autograd::engine::evaluate_function: MmBackward0, seq = 5, op_id = 9", "",
-     ("cpu_op", "autograd::engine::evaluate_function: MmBackward0", 5)),
-    ("TracekitEmuCompute, seq = 352, op_id = 18, sizes = [[8, 256]]", "", ("cpu_op", "TracekitEmuCompute", 352)),
-    ("PP:1F0, op_id = 4", "", ("user_annotation", "PP:1F0", -1)),
-    ("ProfilerStep#3, op_id = 1", "", ("user_annotation", "ProfilerStep#3", -1)),
-    ("gloo:recv, op_id = 7, sizes = [[8, 256]]", "", ("user_annotation", "gloo:recv", -1)),
-    ("megatron.core.pipeline_parallel.schedules.forward_step", "", ("user_annotation",
-     "megatron.core.pipeline_parallel.schedules.forward_step", -1)),
-    ("ncclSend", "NCCL", ("user_annotation", "nccl:ncclSend", -1)),
-])
+@pytest.mark.parametrize(
+    "text, domain, expected",
+    [
+        ("aten::mm, seq = 12, op_id = 3, sizes = [[8, 256], [256, 256]]", "", ("cpu_op", "aten::mm", 12)),
+        ("aten::view, op_id = 990742", "", ("cpu_op", "aten::view", -1)),
+        (
+            "autograd::engine::evaluate_function: MmBackward0, seq = 5, op_id = 9",
+            "",
+            ("cpu_op", "autograd::engine::evaluate_function: MmBackward0", 5),
+        ),
+        ("TracekitEmuCompute, seq = 352, op_id = 18, sizes = [[8, 256]]", "", ("cpu_op", "TracekitEmuCompute", 352)),
+        ("PP:1F0, op_id = 4", "", ("user_annotation", "PP:1F0", -1)),
+        ("ProfilerStep#3, op_id = 1", "", ("user_annotation", "ProfilerStep#3", -1)),
+        ("gloo:recv, op_id = 7, sizes = [[8, 256]]", "", ("user_annotation", "gloo:recv", -1)),
+        (
+            "megatron.core.pipeline_parallel.schedules.forward_step",
+            "",
+            ("user_annotation", "megatron.core.pipeline_parallel.schedules.forward_step", -1),
+        ),
+        ("ncclSend", "NCCL", ("user_annotation", "nccl:ncclSend", -1)),
+    ],
+)
 def test_nvtx_names_follow_kineto_conventions(text, domain, expected):
     assert classify(text, domain) == expected
 
@@ -191,8 +234,11 @@ def test_pipit_2022_2_export_with_extra_columns():
     assert {"MPI_Send", "MPI_Recv", "saxpy"} <= names
 
 
-CPU_ONLY = ["pp_sim_cpuonly_export2022.4.sqlite", "pp_sim_cpuonly_export2023.4.sqlite",
-            "pp_sim_cpuonly_export2023.4_tsnormalize.sqlite"]
+CPU_ONLY = [
+    "pp_sim_cpuonly_export2022.4.sqlite",
+    "pp_sim_cpuonly_export2023.4.sqlite",
+    "pp_sim_cpuonly_export2023.4_tsnormalize.sqlite",
+]
 
 
 def test_cpu_only_exports_agree_on_absolute_times():
@@ -376,25 +422,43 @@ def test_scrub_removes_environment_paths_and_other_processes(tmp_path):
     raw = tmp_path / "raw.sqlite"
     with sqlite3.connect(raw) as conn:
         conn.execute("CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT)")
-        conn.executemany("INSERT INTO StringIds VALUES (?, ?)", [
-            (1, "aten::mm, op_id = 1"), (2, "/root/.config/nsys-config.ini"), (3, "HOME=/root"),
-            (4, "sshd"), (5, "python"),
-        ])
-        conn.execute("CREATE TABLE NVTX_EVENTS (start INT, end INT, eventType INT, text TEXT, "
-                     "globalTid INT, textId INT, domainId INT)")
+        conn.executemany(
+            "INSERT INTO StringIds VALUES (?, ?)",
+            [
+                (1, "aten::mm, op_id = 1"),
+                (2, "/root/.config/nsys-config.ini"),
+                (3, "HOME=/root"),
+                (4, "sshd"),
+                (5, "python"),
+            ],
+        )
+        conn.execute(
+            "CREATE TABLE NVTX_EVENTS (start INT, end INT, eventType INT, text TEXT, "
+            "globalTid INT, textId INT, domainId INT)"
+        )
         conn.execute("INSERT INTO NVTX_EVENTS VALUES (1, 2, 59, NULL, ?, 1, 0)", ((42 << 24) + 42,))
         conn.execute("CREATE TABLE META_DATA_CAPTURE (name TEXT, value TEXT)")
-        conn.executemany("INSERT INTO META_DATA_CAPTURE VALUES (?, ?)", [
-            ("PROCESS_0:ENVIRONMENT_VARIABLE", 'PATH="/usr/bin"'), ("PROCESS_0:ARGUMENT_0", "--secret"),
-            ("RATE_HZ", "0"),
-        ])
+        conn.executemany(
+            "INSERT INTO META_DATA_CAPTURE VALUES (?, ?)",
+            [
+                ("PROCESS_0:ENVIRONMENT_VARIABLE", 'PATH="/usr/bin"'),
+                ("PROCESS_0:ARGUMENT_0", "--secret"),
+                ("RATE_HZ", "0"),
+            ],
+        )
         conn.execute("CREATE TABLE TARGET_INFO_SYSTEM_ENV (name TEXT, value TEXT)")
-        conn.executemany("INSERT INTO TARGET_INFO_SYSTEM_ENV VALUES (?, ?)", [
-            ("DeviceEnvironment", "USER=me;HOME=/home/me"), ("Hostname", "my-laptop"), ("CpuCores", "2"),
-        ])
+        conn.executemany(
+            "INSERT INTO TARGET_INFO_SYSTEM_ENV VALUES (?, ?)",
+            [
+                ("DeviceEnvironment", "USER=me;HOME=/home/me"),
+                ("Hostname", "my-laptop"),
+                ("CpuCores", "2"),
+            ],
+        )
         conn.execute("CREATE TABLE PROCESSES (globalPid INT, pid INT, name TEXT)")
-        conn.executemany("INSERT INTO PROCESSES VALUES (?, ?, ?)", [(42 << 24, 42, "/opt/py/bin/python"),
-                                                                    (7 << 24, 7, "sshd")])
+        conn.executemany(
+            "INSERT INTO PROCESSES VALUES (?, ?, ?)", [(42 << 24, 42, "/opt/py/bin/python"), (7 << 24, 7, "sshd")]
+        )
         conn.execute("CREATE TABLE ThreadNames (nameId INT, priority INT, globalTid INT)")
         conn.executemany("INSERT INTO ThreadNames VALUES (?, ?, ?)", [(5, 0, (42 << 24) + 42), (4, 0, (7 << 24) + 7)])
         conn.execute("CREATE TABLE OSRT_API (start INT, end INT, nameId INT)")
@@ -485,12 +549,16 @@ def test_all_to_all_sendrecv_kernels_are_paired_as_collectives_with_the_referenc
     assert run.device_pairs.empty
     pairs = run.collective_pairs
     kernels = device_reference.nsys_reference(path).nccl_kernels
-    expected = device_reference.kernel_pairs(*[[(k.start_ns, k.end_ns) for k in kernels if k.rank == r]
-                                               for r in (0, 1)])
+    expected = device_reference.kernel_pairs(
+        *[[(k.start_ns, k.end_ns) for k in kernels if k.rank == r] for r in (0, 1)]
+    )
     assert len(pairs) == len(expected) == 33
     assert set(pairs["direction"]) == {"collective"}
-    assert pairs[["send_start_ns", "send_end_ns", "recv_start_ns", "recv_end_ns", "wait_ns", "transfer_ns"]
-                 ].values.tolist() == [[p["start_a_ns"], p["end_a_ns"], p["start_b_ns"], p["end_b_ns"],
-                                        p["wait_ns"], p["transfer_ns"]] for p in expected]
+    assert pairs[
+        ["send_start_ns", "send_end_ns", "recv_start_ns", "recv_end_ns", "wait_ns", "transfer_ns"]
+    ].values.tolist() == [
+        [p["start_a_ns"], p["end_a_ns"], p["start_b_ns"], p["end_b_ns"], p["wait_ns"], p["transfer_ns"]]
+        for p in expected
+    ]
     doc_device = analyze(run).device
     assert doc_device.pairs.empty

@@ -2,6 +2,7 @@
 over the run being read (by name, symlink or hard link), writes through /dev/stdout, FIFOs and
 devices, follows a symlink to its target, and on a full disk or an unwritable path ends in one
 line, exit 2, no partial or temporary file and no "wrote"."""
+
 from __future__ import annotations
 
 import contextlib
@@ -37,7 +38,7 @@ def _json_end(data: bytes, key: str, value=None) -> int | None:
         return None
     if not isinstance(doc, dict) or key not in doc or (value is not None and doc[key] != value):
         return None
-    return len(data.decode()[:end].encode())      # the decoder counts characters, not bytes
+    return len(data.decode()[:end].encode())  # the decoder counts characters, not bytes
 
 
 def _marked_end(data: bytes, start: bytes, end: bytes) -> int | None:
@@ -93,8 +94,9 @@ def cli_process(name: str, run: Path, out: Path | str, preexec_fn=None) -> subpr
     args, extra = invocation(name, run, out)
     env = {k: v for k, v in os.environ.items() if k != "GITHUB_STEP_SUMMARY"}
     env.update({k: v for k, v in extra.items() if v is not None})
-    return subprocess.run([sys.executable, "-m", "tracekit.cli", *args], capture_output=True, env=env,
-                          preexec_fn=preexec_fn, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "tracekit.cli", *args], capture_output=True, env=env, preexec_fn=preexec_fn, timeout=300
+    )
 
 
 def assert_one_error_line(output: str, *, says: str) -> None:
@@ -117,6 +119,7 @@ def _snapshot(folder: Path) -> dict[str, bytes]:
 
 
 # ------------------------------------------------------------------ never over the run
+
 
 @pytest.mark.parametrize("how", ["the trace itself", "a symlink to it", "a hard link to it", "the manifest"])
 @pytest.mark.parametrize("name", OUTPUTS)
@@ -144,8 +147,11 @@ def test_the_baseline_a_check_reads_is_refused_as_its_output(run, tmp_path):
     assert cli("baseline -o", run, baseline).exit_code == 0
     before = baseline.read_bytes()
     for option in ("--junit", "--markdown"):
-        result = CliRunner().invoke(main, ["check", str(run), "--baseline", str(baseline), "--no-config",
-                                           *LOADING, option, str(baseline)], env={"GITHUB_STEP_SUMMARY": None})
+        result = CliRunner().invoke(
+            main,
+            ["check", str(run), "--baseline", str(baseline), "--no-config", *LOADING, option, str(baseline)],
+            env={"GITHUB_STEP_SUMMARY": None},
+        )
         assert result.exit_code == 2
         assert_one_error_line(result.output, says="the baseline this check reads")
     assert baseline.read_bytes() == before
@@ -169,11 +175,12 @@ def test_a_trace_looking_name_inside_the_run_folder_is_refused(run):
 
 # ------------------------------------------------------------------ where it writes
 
+
 @pytest.mark.parametrize("name", OUTPUTS)
 def test_dev_stdout_gets_the_whole_document(name, run):
     done = cli_process(name, run, "/dev/stdout")
     assert done.returncode == 0, done.stderr.decode()
-    end = OUTPUTS[name][2](done.stdout)      # the document first, then what the command prints
+    end = OUTPUTS[name][2](done.stdout)  # the document first, then what the command prints
     assert end is not None, done.stdout[:300]
     assert b"wrote /dev/stdout" in done.stderr or name.endswith(SUMMARY)
 
@@ -219,15 +226,16 @@ def test_a_symlink_is_followed_to_its_target_and_stays_a_link(name, run, tmp_pat
     assert result.exit_code == 0, result.output
     assert link.is_symlink() and link.resolve() == target.resolve()
     data = target.read_bytes()
-    if OUTPUTS[name][1] is None:           # the step summary is appended to
+    if OUTPUTS[name][1] is None:  # the step summary is appended to
         assert data.startswith(b"old\n") and complete(name, data[4:])
     else:
         assert complete(name, data)
-    assert target.stat().st_mode & 0o777 == 0o640                   # the file's mode is kept
-    assert sorted(p.name for p in target.parent.iterdir()) == ["real.out"]   # no temporary file left
+    assert target.stat().st_mode & 0o777 == 0o640  # the file's mode is kept
+    assert sorted(p.name for p in target.parent.iterdir()) == ["real.out"]  # no temporary file left
 
 
 # ------------------------------------------------------------------ when it cannot
+
 
 @pytest.mark.parametrize("name", OUTPUTS)
 def test_a_full_device_ends_in_one_line_and_no_wrote(name, run):
@@ -242,6 +250,7 @@ def _file_size_limit(limit_bytes: int):
         # A write past the limit then fails with EFBIG instead of killing the process.
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+
     return apply
 
 
@@ -278,6 +287,7 @@ def test_a_folder_as_the_output_is_refused(name, run, tmp_path):
 
 # ------------------------------------------------------------------ the writer itself
 
+
 def test_a_new_file_gets_the_mode_open_would_give_it_and_missing_folders_are_made(tmp_path):
     out = tmp_path / "a" / "b" / "new.json"
     OutputTarget(out).write(b"{}")
@@ -288,7 +298,7 @@ def test_a_new_file_gets_the_mode_open_would_give_it_and_missing_folders_are_mad
 def test_a_write_into_a_missing_folder_is_checked_before_and_made_only_at_the_write(tmp_path):
     out = tmp_path / "later" / "x.json"
     target = OutputTarget(out)
-    assert not out.parent.exists()          # a refused or failed command leaves no empty folder
+    assert not out.parent.exists()  # a refused or failed command leaves no empty folder
     target.write(b"1")
     assert out.read_bytes() == b"1"
 
@@ -303,11 +313,13 @@ def test_a_dangling_symlink_makes_its_target(tmp_path):
 def test_an_append_that_fails_leaves_the_file_as_it_was(tmp_path):
     out = tmp_path / "summary.md"
     out.write_bytes(b"earlier step\n")
-    code = ("import resource, signal, sys\n"
-            "from tracekit.output import OutputTarget\n"
-            "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
-            "resource.setrlimit(resource.RLIMIT_FSIZE, (64, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))\n"
-            f"OutputTarget({str(out)!r}, 'summary').append(b'x' * 1000)\n")
+    code = (
+        "import resource, signal, sys\n"
+        "from tracekit.output import OutputTarget\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (64, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))\n"
+        f"OutputTarget({str(out)!r}, 'summary').append(b'x' * 1000)\n"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert "TracekitError" in done.stderr and "File too large" in done.stderr
     assert out.read_bytes() == b"earlier step\n"
@@ -341,6 +353,7 @@ def _umask() -> int:
 
 
 # ------------------------------------------------------------------ the report's default path
+
 
 def test_the_default_report_path_leaves_the_committed_examples_alone(run, tmp_path, monkeypatch):
     examples = tmp_path / "reports" / "examples"

@@ -8,6 +8,7 @@ line does). Faults a real file cannot cause on demand (a worker that never finis
 that is killed, Ctrl-C during a parse) are injected by wrapping the real ``parse_one`` in
 that fresh interpreter; the pool and its cleanup are the real code.
 """
+
 from __future__ import annotations
 
 import json
@@ -61,15 +62,20 @@ def _survivors(marker: str) -> list[int]:
 @pytest.mark.parametrize("position", [0, 1, 2, 3])
 def test_a_bad_file_anywhere_ends_the_command(tmp_path, position, jobs):
     run, victim = _run_with_bad_file(tmp_path, position)
-    done = subprocess.run(TRACEKIT + ["analyze", str(run), "--no-cache", "--no-progress", "-j", str(jobs)],
-                          capture_output=True, text=True, timeout=HANG_GUARD_S, stdin=subprocess.DEVNULL)
+    done = subprocess.run(
+        TRACEKIT + ["analyze", str(run), "--no-cache", "--no-progress", "-j", str(jobs)],
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+        stdin=subprocess.DEVNULL,
+    )
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("tracekit: error: ") and victim.name in lines[0], done.stderr
     assert _survivors(str(run)) == []
 
 
-DRIVER = textwrap.dedent('''
+DRIVER = textwrap.dedent("""
     import json, os, signal, sys, threading, multiprocessing
     from pathlib import Path
     from tracekit.ingest import discover, executor, parse_files
@@ -103,7 +109,7 @@ DRIVER = textwrap.dedent('''
     except Exception as err:
         outcome = f"{type(err).__name__}: {err}"
     print(json.dumps({"outcome": outcome, "children": len(multiprocessing.active_children())}))
-''')
+""")
 
 
 def _drive(tmp_path: Path, faults: dict[str, str], jobs: int = 2) -> dict:
@@ -111,8 +117,14 @@ def _drive(tmp_path: Path, faults: dict[str, str], jobs: int = 2) -> dict:
     if not run.exists():
         shutil.copytree(SAMPLES / "1f1b", run)
     config = {"run": str(run), "jobs": jobs, "faults": faults}
-    done = subprocess.run([sys.executable, "-c", DRIVER, json.dumps(config)], capture_output=True,
-                          text=True, timeout=HANG_GUARD_S, start_new_session=True, stdin=subprocess.DEVNULL)
+    done = subprocess.run(
+        [sys.executable, "-c", DRIVER, json.dumps(config)],
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+    )
     assert done.returncode == 0, done.stderr
     assert _survivors(str(run)) == []
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -159,9 +171,13 @@ def test_a_rank_pattern_that_matches_no_file_ends_the_command(tmp_path):
     for trace in run.glob("rank*.json.gz"):  # names without a rank, no distributedInfo needed
         trace.rename(run / trace.name.replace("rank", "part-"))
     for _ in range(3):
-        done = subprocess.run(TRACEKIT + ["analyze", str(run), "--no-cache", "--no-progress", "-j", "2",
-                                          "--rank-from", "x(\\d+)"],
-                              capture_output=True, text=True, timeout=HANG_GUARD_S, stdin=subprocess.DEVNULL)
+        done = subprocess.run(
+            TRACEKIT + ["analyze", str(run), "--no-cache", "--no-progress", "-j", "2", "--rank-from", "x(\\d+)"],
+            capture_output=True,
+            text=True,
+            timeout=HANG_GUARD_S,
+            stdin=subprocess.DEVNULL,
+        )
         assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert _survivors(str(run)) == []
 
@@ -183,9 +199,13 @@ def test_a_bad_file_anywhere_under_dask_is_one_clear_error(tmp_path, dask_client
 def test_a_bad_file_under_a_local_dask_cluster_ends_the_command(tmp_path):
     pytest.importorskip("distributed", reason="dask[distributed] is not installed (pip install 'tracekit[dask]')")
     run, victim = _run_with_bad_file(tmp_path, 0)
-    done = subprocess.run(TRACEKIT + ["analyze", str(run), "--no-cache", "--no-progress", "--executor", "dask",
-                                      "-j", "2"],
-                          capture_output=True, text=True, timeout=HANG_GUARD_S, stdin=subprocess.DEVNULL)
+    done = subprocess.run(
+        TRACEKIT + ["analyze", str(run), "--no-cache", "--no-progress", "--executor", "dask", "-j", "2"],
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+        stdin=subprocess.DEVNULL,
+    )
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()  # no worker log, no traceback: the one line
     assert len(lines) == 1 and lines[0].startswith("tracekit: error: ") and victim.name in lines[0], done.stderr

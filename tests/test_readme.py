@@ -1,4 +1,5 @@
 """The README's two commands are the ones CI runs and the ones that work."""
+
 from __future__ import annotations
 
 import re

@@ -1,5 +1,6 @@
 """The README's Python example (the block under "### Python API") runs as written, and the
 shell-completion scripts the README names are what click prints."""
+
 from __future__ import annotations
 
 import contextlib
@@ -21,7 +22,7 @@ def _python_api_example() -> str:
 
 
 def test_the_readme_python_example_runs(monkeypatch):
-    monkeypatch.chdir(ROOT)   # its paths are the checkout's (sample_traces/...)
+    monkeypatch.chdir(ROOT)  # its paths are the checkout's (sample_traces/...)
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         exec(compile(_python_api_example(), "README.md (### Python API)", "exec"), {"__name__": "readme"})
@@ -31,8 +32,10 @@ def test_the_readme_python_example_runs(monkeypatch):
     assert len(lines) > 3
 
 
-@pytest.mark.parametrize("shell, line", [("zsh", "compdef _tracekit_completion tracekit"),
-                                         ("fish", "complete --no-files --command tracekit")])
+@pytest.mark.parametrize(
+    "shell, line",
+    [("zsh", "compdef _tracekit_completion tracekit"), ("fish", "complete --no-files --command tracekit")],
+)
 def test_the_other_shells_completion_scripts(shell, line):
     code = "import sys\nsys.argv = ['tracekit']\nfrom tracekit.cli import run\nrun()\n"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "_TRACEKIT_COMPLETE": f"{shell}_source"}

@@ -1,5 +1,6 @@
 """The pipeline reconstructed from every sample run matches how it was captured, and the
 bubble ratios agree with an independent computation straight from the raw JSON."""
+
 from __future__ import annotations
 
 import gzip
@@ -72,8 +73,16 @@ def _independent_bubbles(run_dir: Path) -> dict[int, float]:
         events = [e for e in doc["traceEvents"] if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "user_annotation")]
         main_tid = next(e["tid"] for e in events if e["name"].startswith("ProfilerStep#"))
         events = [e for e in events if e["tid"] == main_tid]
-        steps = [(int(e["name"].split("#")[1]), e["ts"], e["ts"] + e["dur"]) for e in events if e["name"].startswith("ProfilerStep#")]
-        labels = [e for e in events if LABEL.match(e["name"]) and not re.match(r"^PP:\d+(SEND|RECV|UNSHARD|RESHARD|REDUCE_GRAD)", e["name"])]
+        steps = [
+            (int(e["name"].split("#")[1]), e["ts"], e["ts"] + e["dur"])
+            for e in events
+            if e["name"].startswith("ProfilerStep#")
+        ]
+        labels = [
+            e
+            for e in events
+            if LABEL.match(e["name"]) and not re.match(r"^PP:\d+(SEND|RECV|UNSHARD|RESHARD|REDUCE_GRAD)", e["name"])
+        ]
         parents = labels or [e for e in events if e["name"].startswith("ProfilerStep#")]
         per_step: dict[int, list[tuple[float, float]]] = {}
         # Unlabelled (native 1F1B): a forward op counts when some backward op of the same
@@ -88,17 +97,32 @@ def _independent_bubbles(run_dir: Path) -> dict[int, float]:
             p0, p1 = parent["ts"], parent["ts"] + parent["dur"]
             # gloo's send/recv annotations run from posting to the wait's return, across
             # other ops: they are nobody's parent
-            children = [e for e in events if e is not parent and p0 <= e["ts"] and e["ts"] + e["dur"] <= p1
-                        and not e["name"].startswith("gloo:")]
+            children = [
+                e
+                for e in events
+                if e is not parent and p0 <= e["ts"] and e["ts"] + e["dur"] <= p1 and not e["name"].startswith("gloo:")
+            ]
             # direct children only: not inside another child
-            direct = [c for c in children if not any(o is not c and o["ts"] <= c["ts"] and c["ts"] + c["dur"] <= o["ts"] + o["dur"]
-                                                     and o["dur"] > c["dur"] for o in children)]
+            direct = [
+                c
+                for c in children
+                if not any(
+                    o is not c
+                    and o["ts"] <= c["ts"]
+                    and c["ts"] + c["dur"] <= o["ts"] + o["dur"]
+                    and o["dur"] > c["dur"]
+                    for o in children
+                )
+            ]
             step = next(s for s, a, b in steps if a <= p0 <= b)
             for c in direct:
                 if COMM.match(c["name"]) or c["cat"] != "cpu_op":
                     continue
-                if not labels and not c["name"].startswith("autograd::engine") and \
-                        c.get("args", {}).get("Sequence number") not in backward_seqs.get(step, set()):
+                if (
+                    not labels
+                    and not c["name"].startswith("autograd::engine")
+                    and c.get("args", {}).get("Sequence number") not in backward_seqs.get(step, set())
+                ):
                     continue
                 per_step.setdefault(step, []).append((c["ts"], c["ts"] + c["dur"]))
         per_rank_ops[rank] = per_step
@@ -126,9 +150,16 @@ def _independent_bubbles(run_dir: Path) -> dict[int, float]:
 # 1f1b_layer_labels puts its ops inside per-layer ranges in a whole-step range, which this
 # computation does not descend into; tests/test_labels.py reads it by labels and by
 # segmentation and compares the two.
-@pytest.mark.parametrize("run_dir", [r for r in RUNS if capture_of(r)["schedule"] in ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS")
-                                     and r.name != "1f1b_layer_labels"],
-                         ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "run_dir",
+    [
+        r
+        for r in RUNS
+        if capture_of(r)["schedule"] in ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS")
+        and r.name != "1f1b_layer_labels"
+    ],
+    ids=lambda p: p.name,
+)
 def test_bubble_ratio_agrees_with_independent_computation(run_dir: Path, loaded_runs):
     _, analysis = loaded_runs(run_dir)
     expected = _independent_bubbles(run_dir)
@@ -150,5 +181,5 @@ def test_a_flush_free_run_pairs_messages_across_its_steps(loaded_runs):
     assert len(msgs) == len(recvs) == len(sends) - 3
     crossing = msgs[msgs["consumer_action"] >= 0]
     consumer_step = run.actions.set_index("action_id").loc[crossing["consumer_action"], "step"].to_numpy()
-    assert (consumer_step != crossing["step"].to_numpy()).sum() >= 6   # paired across a step boundary
+    assert (consumer_step != crossing["step"].to_numpy()).sum() >= 6  # paired across a step boundary
     assert (msgs["producer_action"] >= 0).all() and (msgs["consumer_action"] >= 0).all()

@@ -4,6 +4,7 @@ The fixtures are the project's real sample captures laid out as a DP x PP job by
 benchmark's input builder (`benchmarks/make_input.py`: each sample rank written again as
 rank r+4 of a second replica, its process-group ranks rewritten): real events, replicated.
 """
+
 from __future__ import annotations
 
 import sys
@@ -30,7 +31,7 @@ def test_two_replicas_read_as_two_pipelines_of_p_ranks(tmp_path, sample, labelle
     single = load(SAMPLES / sample, LoadOptions(jobs=1, rows="analysis"))
     double = load(_replicated(tmp_path, sample), LoadOptions(jobs=1, rows="analysis"))
     s1, s2 = single.schedule, double.schedule
-    assert (single.actions["label"] != "").any() == labelled   # both labellings are covered
+    assert (single.actions["label"] != "").any() == labelled  # both labellings are covered
     assert (s2.name, s2.p, s2.v, s2.m) == (s1.name, s1.p, s1.v, s1.m)
     assert s2.pipelines == [[0, 1, 2, 3], [4, 5, 6, 7]] and s2.replicas == 2
     assert any("data-parallel replicas" in line for line in s2.evidence)

@@ -1,5 +1,6 @@
 """Streaming Kineto reader: same rows as decoding the whole document, bounded memory,
 odd layouts, truncation at any point, progress in bytes."""
+
 from __future__ import annotations
 
 import gzip
@@ -43,9 +44,16 @@ def _expected_rows(doc: dict) -> pd.DataFrame:
             name = f"record_param_comms:{args.get('Collective name', 'unknown')}"
         if dur < 0:  # ends before it starts: cannot be real
             continue
-        rows.append({"source_index": index, "cat": cat, "name": name,
-                     "start_ns": start, "end_ns": start + round(dur * 1000),
-                     "seq": seq if isinstance(seq, int) else -1})
+        rows.append(
+            {
+                "source_index": index,
+                "cat": cat,
+                "name": name,
+                "start_ns": start,
+                "end_ns": start + round(dur * 1000),
+                "seq": seq if isinstance(seq, int) else -1,
+            }
+        )
     frame = pd.DataFrame(rows, columns=["source_index", "cat", "name", "start_ns", "end_ns", "seq"])
     # nor can a row more than a day from the file's median start
     median = frame["start_ns"].median()
@@ -110,8 +118,16 @@ def _write(path: Path, text: str | bytes) -> Path:
 
 
 def _event(i: int, **extra) -> dict:
-    event = {"ph": "X", "cat": "cpu_op", "name": f"op{i % 7}", "pid": 1, "tid": 1,
-             "ts": 1000.5 + i * 10, "dur": 5.25, "args": {"Sequence number": i, "Input Dims": [[i, 2]]}}
+    event = {
+        "ph": "X",
+        "cat": "cpu_op",
+        "name": f"op{i % 7}",
+        "pid": 1,
+        "tid": 1,
+        "ts": 1000.5 + i * 10,
+        "dur": 5.25,
+        "args": {"Sequence number": i, "Input Dims": [[i, 2]]},
+    }
     event.update(extra)
     return event
 
@@ -119,8 +135,10 @@ def _event(i: int, **extra) -> dict:
 def test_header_fields_after_trace_events_are_read(tmp_path):
     # Newer Kineto writes baseTimeNanoseconds after traceEvents: the clock comes from there.
     events = ",\n".join(json.dumps(_event(i)) for i in range(50))
-    text = ('{"schemaVersion": 1, "distributedInfo": {"rank": 3, "world_size": 4},\n'
-            f'"traceEvents": [\n{events}\n],\n"baseTimeNanoseconds": 1700000000000000000, "traceName": "x"}}')
+    text = (
+        '{"schemaVersion": 1, "distributedInfo": {"rank": 3, "world_size": 4},\n'
+        f'"traceEvents": [\n{events}\n],\n"baseTimeNanoseconds": 1700000000000000000, "traceName": "x"}}'
+    )
     path = _write(tmp_path / "trace.json", text)
     trace, got = parse_kineto(path, 0)
     assert trace.rank == 3 and trace.world_size == 4 and trace.clock == "unix"
@@ -134,22 +152,28 @@ def test_odd_layouts_and_values_follow_the_format_rules(tmp_path, monkeypatch, l
     events = [_event(i) for i in range(300)]
     if layout == "odd-values":
         events[5] = _event(5, pid="stream 7", tid="Trace 2")
-        events[6] = _event(6, cat="Kernel", ts=1669783687493315, dur=51)   # epoch us among relative: dropped
+        events[6] = _event(6, cat="Kernel", ts=1669783687493315, dur=51)  # epoch us among relative: dropped
         events[7] = _event(7, name=None, args=None)
-        events[8] = _event(8, ts=None)                                       # dropped
-        events[9] = 42                                                       # not an event
+        events[8] = _event(8, ts=None)  # dropped
+        events[9] = 42  # not an event
         events[10] = _event(10, args={"Sequence number": "x", "note": "a },{ b"})
         events[11] = {"ph": "i", "name": "instant", "ts": 1.0}
-        events[12] = _event(12, dur=-3.0)                                   # dropped
-    doc = {"schemaVersion": 1, "distributedInfo": {"rank": 1}, "traceEvents": events,
-           "baseTimeNanoseconds": 1_700_000_000_000_000_000}
+        events[12] = _event(12, dur=-3.0)  # dropped
+    doc = {
+        "schemaVersion": 1,
+        "distributedInfo": {"rank": 1},
+        "traceEvents": events,
+        "baseTimeNanoseconds": 1_700_000_000_000_000_000,
+    }
     if layout == "minified":
         text = json.dumps(doc, separators=(",", ":"))
     elif layout == "bare-array":
         text = json.dumps(events)
         doc = {"traceEvents": events}
     elif layout == "events-first":
-        text = json.dumps({"traceEvents": events, "distributedInfo": {"rank": 1}, "baseTimeNanoseconds": 1_700_000_000_000_000_000})
+        text = json.dumps(
+            {"traceEvents": events, "distributedInfo": {"rank": 1}, "baseTimeNanoseconds": 1_700_000_000_000_000_000}
+        )
     else:
         text = json.dumps(doc, indent=2)
     path = _write(tmp_path / ("rank1.json.gz" if layout == "minified" else "rank1.json"), text)
@@ -161,9 +185,11 @@ def test_odd_layouts_and_values_follow_the_format_rules(tmp_path, monkeypatch, l
         assert row.loc[5, "pid"] == 7 and row.loc[5, "tid"] == 2
         assert row.loc[7, "name"] == "None"
         assert not {6, 8, 9, 12} & set(row.index)
-        assert any("dropped 3 of 298 events that cannot be real (1 with a time that is not a number or "
-                   "overflows int64 ns, 1 with end before start, 1 reaching more than 24 h" in w
-                   for w in trace.warnings), trace.warnings
+        assert any(
+            "dropped 3 of 298 events that cannot be real (1 with a time that is not a number or "
+            "overflows int64 ns, 1 with end before start, 1 reaching more than 24 h" in w
+            for w in trace.warnings
+        ), trace.warnings
 
 
 def test_truncation_anywhere_keeps_every_complete_event(tmp_path, monkeypatch):

@@ -1,5 +1,6 @@
 """Unlabelled runs (native Schedule1F1B, and what Megatron-core and DeepSpeed leave): every
 action found, in the order the schedule ran, from op runs and P2P alone."""
+
 from __future__ import annotations
 
 import pytest
@@ -22,8 +23,10 @@ def one_f_one_b(rank: int, p: int, m: int) -> list[tuple[str, int]]:
 
 
 def _orders(run) -> dict[tuple[int, int], list[tuple[str, int]]]:
-    return {(int(r), int(s)): [(k, int(mb)) for k, mb in zip(g["kind"], g["microbatch"])]
-            for (r, s), g in run.actions.sort_values("start_ns").groupby(["rank", "step"])}
+    return {
+        (int(r), int(s)): [(k, int(mb)) for k, mb in zip(g["kind"], g["microbatch"])]
+        for (r, s), g in run.actions.sort_values("start_ns").groupby(["rank", "step"])
+    }
 
 
 def _check_every_action(run, p: int, m: int, name: str) -> None:

@@ -1,5 +1,6 @@
 """What-if predictions: exact against the closed forms on ideal costs, close to the project's
 real runs of the other schedules, honest about the model's own error."""
+
 from __future__ import annotations
 
 import json
@@ -24,17 +25,32 @@ def _ideal_model(p: int, t_f: int = 1000, t_b: int = 2000) -> CostModel:
     for r in range(p):
         work[(r, "F")] = np.array([t_f])
         work[(r, "B")] = np.array([t_b])
-    return CostModel(schedule="1F1B", p=p, v=1, m=8, ranks=list(range(p)), work=work,
-                     overhead={r: np.array([0]) for r in range(p)}, latency={},
-                     all_latency=np.array([0]))
+    return CostModel(
+        schedule="1F1B",
+        p=p,
+        v=1,
+        m=8,
+        ranks=list(range(p)),
+        work=work,
+        overhead={r: np.array([0]) for r in range(p)},
+        latency={},
+        all_latency=np.array([0]),
+    )
 
 
-@pytest.mark.parametrize("schedule,p,v,m", [
-    ("GPipe", 2, 1, 4), ("GPipe", 4, 1, 8), ("1F1B", 4, 1, 8), ("1F1B", 8, 1, 16),
-    ("Interleaved1F1B", 4, 2, 8), ("Interleaved1F1B", 2, 4, 8),
-])
+@pytest.mark.parametrize(
+    "schedule,p,v,m",
+    [
+        ("GPipe", 2, 1, 4),
+        ("GPipe", 4, 1, 8),
+        ("1F1B", 4, 1, 8),
+        ("1F1B", 8, 1, 16),
+        ("Interleaved1F1B", 4, 2, 8),
+        ("Interleaved1F1B", 2, 4, 8),
+    ],
+)
 def test_ideal_costs_give_the_closed_form_exactly(schedule, p, v, m):
-    model = _ideal_model(p, t_f=v * 1000, t_b=v * 2000)   # divisible by v: integer chunk times
+    model = _ideal_model(p, t_f=v * 1000, t_b=v * 2000)  # divisible by v: integer chunk times
     got = predict(model, schedule, v, m, keep="microbatch", samples=4)
     want = Fraction(p - 1, v * m + p - 1)
     assert got.bubble_sd == 0 and got.step_sd == 0
@@ -46,9 +62,19 @@ def test_ideal_costs_give_the_closed_form_exactly(schedule, p, v, m):
 
 @pytest.fixture(scope="module")
 def samples():
-    return {name: load(SAMPLES / name, LoadOptions(jobs=1, rows="analysis"))
-            for name in ("1f1b", "gpipe", "interleaved1f1b", "looped_bfs", "zbv", "interleaved_zb",
-                         "dualpipev", "1f1b_slow_stage2")}
+    return {
+        name: load(SAMPLES / name, LoadOptions(jobs=1, rows="analysis"))
+        for name in (
+            "1f1b",
+            "gpipe",
+            "interleaved1f1b",
+            "looped_bfs",
+            "zbv",
+            "interleaved_zb",
+            "dualpipev",
+            "1f1b_slow_stage2",
+        )
+    }
 
 
 def test_model_of_each_measured_run_is_within_two_points(samples):
@@ -70,8 +96,10 @@ def test_every_schedule_s_capture_predicts_the_1f1b_capture(samples):
 def test_predictions_from_1f1b_match_the_runs_captured_with_those_schedules(samples):
     """The 1F1B sample's costs predict the GPipe and Interleaved1F1B samples (same model,
     same global batch, captured separately with those schedules)."""
-    measured = {name: what_if(samples[name], [("1F1B", 1, 8)], samples=4).measured_bubble
-                for name in ("gpipe", "interleaved1f1b")}
+    measured = {
+        name: what_if(samples[name], [("1F1B", 1, 8)], samples=4).measured_bubble
+        for name in ("gpipe", "interleaved1f1b")
+    }
     result = what_if(samples["1f1b"], [("GPipe", 1, 8), ("1F1B", 1, 8), ("Interleaved1F1B", 2, 8)])
     by_schedule = {p.schedule: p for p in result.predictions}
     assert abs(by_schedule["GPipe"].bubble_ratio - measured["gpipe"]) < 0.03
@@ -110,13 +138,28 @@ def test_impossible_targets_are_refused_or_skipped_with_the_reason(samples):
 
 def test_cli_json_and_console():
     runner = CliRunner()
-    done = runner.invoke(main, ["whatif", str(SAMPLES / "1f1b"), "-s", "Interleaved1F1B", "-v", "2",
-                                "-m", "8", "--json", "--no-cache", "--no-progress"])
+    done = runner.invoke(
+        main,
+        [
+            "whatif",
+            str(SAMPLES / "1f1b"),
+            "-s",
+            "Interleaved1F1B",
+            "-v",
+            "2",
+            "-m",
+            "8",
+            "--json",
+            "--no-cache",
+            "--no-progress",
+        ],
+    )
     assert done.exit_code == 0, done.output
     doc = json.loads(done.output)
     import jsonschema
 
     from conftest import ROOT
+
     jsonschema.validate(doc, json.loads((ROOT / "tracekit" / "schemas" / "whatif.schema.json").read_text()))
     assert doc["measured"]["schedule"] == "1F1B" and len(doc["predictions"]) == 1
     assert doc["predictions"][0]["schedule"] == "Interleaved1F1B" and doc["predictions"][0]["v"] == 2

@@ -1,5 +1,6 @@
 """The working set (the rows the command line keeps of each file) gives exactly the analysis
 that all rows give, on every sample run and every shared real trace; and it is small."""
+
 from __future__ import annotations
 
 import pytest

@@ -5,6 +5,7 @@
 ``on_trace_ready`` for torch.profiler (:mod:`tracekit.handler`). All load on first use, so
 ``import tracekit`` stays light.
 """
+
 from tracekit.version import __version__
 
 _WHERE = {"load": "tracekit.loading", "LoadOptions": "tracekit.loading", "trace_handler": "tracekit.handler"}

@@ -9,6 +9,7 @@ itself stays importable: the parse cache loads it when it reads or writes Parque
 Only the ``tracekit`` command does this, and only if pandas is not imported yet; a program
 that imports tracekit as a library gets pandas exactly as it configured it.
 """
+
 from __future__ import annotations
 
 import importlib.abc

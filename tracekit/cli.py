@@ -1,4 +1,5 @@
 """The ``tracekit`` command: a thin click group; each subcommand lives in tracekit/commands/."""
+
 from __future__ import annotations
 
 import os
@@ -32,8 +33,11 @@ class _Group(click.Group):
         except Exception as err:  # a bug in tracekit, not the user's fault
             if os.environ.get("TRACEKIT_DEBUG"):
                 raise
-            click.echo(f"tracekit: internal error: {type(err).__name__}: {for_terminal(str(err))} (a tracekit bug: "
-                       "rerun with TRACEKIT_DEBUG=1 for the traceback and report it)", err=True)
+            click.echo(
+                f"tracekit: internal error: {type(err).__name__}: {for_terminal(str(err))} (a tracekit bug: "
+                "rerun with TRACEKIT_DEBUG=1 for the traceback and report it)",
+                err=True,
+            )
             sys.exit(3)
 
 

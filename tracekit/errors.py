@@ -3,6 +3,7 @@
 The CLI turns a :class:`TracekitError` into that line on stderr and a non-zero exit;
 it never shows a traceback for them.
 """
+
 from __future__ import annotations
 
 

@@ -18,6 +18,7 @@ the order it reads in the traces says otherwise (:mod:`tracekit.reconstruct.decl
 
 torch is not imported by ``import tracekit``; the handler uses the torch that calls it.
 """
+
 from __future__ import annotations
 
 import json
@@ -39,8 +40,9 @@ _PLACEMENTS = ("loop", "v")
 _FACT_KEYS = ("schedule", "schedule_class", "p", "v", "m", "n_stages", "placement", "stage_to_rank")
 
 
-def trace_handler(run_dir: str | os.PathLike[str], schedule: Any = None, *,
-                  rank: int | None = None) -> Callable[[Any], None]:
+def trace_handler(
+    run_dir: str | os.PathLike[str], schedule: Any = None, *, rank: int | None = None
+) -> Callable[[Any], None]:
     """``on_trace_ready`` for ``torch.profiler.profile``: each rank's trace into ``run_dir``.
 
     ``schedule``: the ``torch.distributed.pipelining`` schedule object the ranks step (e.g.
@@ -78,13 +80,18 @@ def schedule_facts(schedule: Any) -> dict[str, Any]:
     m = getattr(schedule, "_n_microbatches", None)
     n_stages = getattr(schedule, "_num_stages", None)
     if not isinstance(m, int) or not isinstance(n_stages, int):
-        raise TracekitError(f"trace_handler(schedule=...): a {cls.__name__} is not a torch.distributed.pipelining "
-                            "schedule (no microbatch or stage count); pass the schedule object, or a dict "
-                            "such as {'schedule': '1F1B', 'p': 4, 'v': 1, 'm': 8}")
-    facts: dict[str, Any] = {"schedule": re.sub(r"^_?Schedule", "", cls.__name__),
-                             # as tracekit capture names it: the package that exports the class
-                             "schedule_class": f"{cls.__module__.removesuffix('.schedules')}.{cls.__name__}",
-                             "m": m, "n_stages": n_stages}
+        raise TracekitError(
+            f"trace_handler(schedule=...): a {cls.__name__} is not a torch.distributed.pipelining "
+            "schedule (no microbatch or stage count); pass the schedule object, or a dict "
+            "such as {'schedule': '1F1B', 'p': 4, 'v': 1, 'm': 8}"
+        )
+    facts: dict[str, Any] = {
+        "schedule": re.sub(r"^_?Schedule", "", cls.__name__),
+        # as tracekit capture names it: the package that exports the class
+        "schedule_class": f"{cls.__module__.removesuffix('.schedules')}.{cls.__name__}",
+        "m": m,
+        "n_stages": n_stages,
+    }
     # Multi-stage schedules know every stage's group rank; a single-stage one has one stage per rank.
     stage_to_group_rank = getattr(schedule, "stage_index_to_group_rank", None)
     stage = getattr(schedule, "_stage", None)
@@ -118,8 +125,9 @@ def placement_of(stage_to_rank: list[int]) -> str:
 def _checked_facts(facts: dict[str, Any]) -> dict[str, Any]:
     unknown = sorted(set(facts) - set(_FACT_KEYS))
     if unknown:
-        raise TracekitError(f"trace_handler(schedule={{...}}): unknown key {unknown[0]!r}; the keys are "
-                            f"{', '.join(_FACT_KEYS)}")
+        raise TracekitError(
+            f"trace_handler(schedule={{...}}): unknown key {unknown[0]!r}; the keys are {', '.join(_FACT_KEYS)}"
+        )
     for key in ("p", "v", "m", "n_stages"):
         value = facts.get(key)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
@@ -128,20 +136,27 @@ def _checked_facts(facts: dict[str, Any]) -> dict[str, Any]:
         if key in facts and not isinstance(facts[key], str):
             raise TracekitError(f"trace_handler(schedule={{...}}): {key} must be a string, not {facts[key]!r}")
     if "placement" in facts and facts["placement"] not in _PLACEMENTS:
-        raise TracekitError(f"trace_handler(schedule={{...}}): placement must be 'loop' or 'v', not "
-                            f"{facts['placement']!r}")
+        raise TracekitError(
+            f"trace_handler(schedule={{...}}): placement must be 'loop' or 'v', not {facts['placement']!r}"
+        )
     if "stage_to_rank" in facts:
         listed = facts["stage_to_rank"]
         if isinstance(listed, Mapping):
             try:
                 listed = [listed[s] if s in listed else listed[str(s)] for s in range(len(listed))]
             except KeyError:
-                raise TracekitError("trace_handler(schedule={...}): stage_to_rank must name the rank of every "
-                                    "stage 0..n-1") from None
-        if not (isinstance(listed, list | tuple) and listed
-                and all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in listed)):
-            raise TracekitError("trace_handler(schedule={...}): stage_to_rank must be a list of ranks, one per "
-                                "stage (e.g. [0, 1, 2, 3])")
+                raise TracekitError(
+                    "trace_handler(schedule={...}): stage_to_rank must name the rank of every stage 0..n-1"
+                ) from None
+        if not (
+            isinstance(listed, list | tuple)
+            and listed
+            and all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in listed)
+        ):
+            raise TracekitError(
+                "trace_handler(schedule={...}): stage_to_rank must be a list of ranks, one per "
+                "stage (e.g. [0, 1, 2, 3])"
+            )
         facts["stage_to_rank"] = [int(r) for r in listed]
         facts.setdefault("n_stages", len(listed))
         facts.setdefault("placement", placement_of(facts["stage_to_rank"]))
@@ -191,14 +206,16 @@ def _refuse_earlier_files(folder: Path, rank: int) -> None:
     if rank == 0 and (folder / MANIFEST_NAME).exists():
         earlier.append(folder / MANIFEST_NAME)
     if earlier:
-        raise TracekitError(f"trace_handler: {earlier[0]} is already there, from an earlier run; give each "
-                            "run its own folder (tracekit never writes over a trace)")
+        raise TracekitError(
+            f"trace_handler: {earlier[0]} is already there, from an earlier run; give each "
+            "run its own folder (tracekit never writes over a trace)"
+        )
 
 
 def _write_trace(prof: Any, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     # Hidden (discovery skips dot files) and ending in .gz, so torch writes it compressed.
-    temporary = target.with_name(f".{target.name[:-len('.json.gz')]}.{os.getpid()}.tmp.json.gz")
+    temporary = target.with_name(f".{target.name[: -len('.json.gz')]}.{os.getpid()}.tmp.json.gz")
     try:
         prof.export_chrome_trace(str(temporary))
         _publish(temporary, target)
@@ -222,9 +239,11 @@ def _publish(temporary: Path, target: Path) -> None:
     try:
         os.link(temporary, target)
     except FileExistsError:
-        raise TracekitError(f"trace_handler: {target} appeared while this rank wrote its own: another "
-                            "process has the same rank; initialise torch.distributed before profiling, or "
-                            "pass rank=") from None
+        raise TracekitError(
+            f"trace_handler: {target} appeared while this rank wrote its own: another "
+            "process has the same rank; initialise torch.distributed before profiling, or "
+            "pass rank="
+        ) from None
 
 
 def _manifest(facts: dict[str, Any]) -> dict[str, Any]:
@@ -235,7 +254,9 @@ def _manifest(facts: dict[str, Any]) -> dict[str, Any]:
     except ImportError:
         torch_version = None
     manifest: dict[str, Any] = {
-        "written_by": WRITTEN_BY, "tracekit_version": __version__, "torch_version": torch_version,
+        "written_by": WRITTEN_BY,
+        "tracekit_version": __version__,
+        "torch_version": torch_version,
         "python_version": platform.python_version(),
         "created": datetime.now(timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z"),
     }

@@ -1,5 +1,6 @@
 """Loading a run: ingest (read and check the files), then reconstruct (steps, actions,
 messages, schedule). :func:`tracekit.load` is :func:`load`."""
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -29,8 +30,13 @@ class LoadOptions(ReadOptions):
     labels: LabelSet | Sequence[str] | None = None
 
 
-def load(path: str | PathLike[str], options: LoadOptions | None = None, *,
-         progress: Callable[[Path], None] | None = None, bytes_read: Callable[[int], None] | None = None) -> Run:
+def load(
+    path: str | PathLike[str],
+    options: LoadOptions | None = None,
+    *,
+    progress: Callable[[Path], None] | None = None,
+    bytes_read: Callable[[int], None] | None = None,
+) -> Run:
     """Load a run folder (or one trace file) and reconstruct its pipeline.
 
     ``options``: a :class:`LoadOptions` (default: every row, parsed in local processes, no

@@ -16,6 +16,7 @@ Every output a command writes (``analyze -o/--html``, ``report``, ``export``, ``
 
 Only the standard library and :mod:`tracekit.errors`: every layer may write through it.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -58,8 +59,7 @@ class OutputTarget:
     its manifest, the baseline a check reads) to what each is, for the error line.
     """
 
-    def __init__(self, path: str | os.PathLike, option: str = "-o",
-                 protect: Mapping[Path, str] | None = None) -> None:
+    def __init__(self, path: str | os.PathLike, option: str = "-o", protect: Mapping[Path, str] | None = None) -> None:
         self.path = Path(path)
         self.option = option
         text = os.fspath(path)
@@ -123,7 +123,7 @@ class OutputTarget:
                     _write_all(fd, data)
                     os.fsync(fd)
                 except OSError:
-                    os.ftruncate(fd, size_before)   # what was there stays, and nothing half-written
+                    os.ftruncate(fd, size_before)  # what was there stays, and nothing half-written
                     raise
             finally:
                 os.close(fd)
@@ -143,7 +143,7 @@ class OutputTarget:
         try:
             return os.stat(self.path)
         except FileNotFoundError:
-            return None          # a new file, or a symlink to one: made at the link's target
+            return None  # a new file, or a symlink to one: made at the link's target
         except OSError as err:
             raise self._failure(err) from None
 
@@ -159,8 +159,9 @@ class OutputTarget:
         try:
             return os.fstat(self.descriptor)
         except OSError:
-            raise TracekitError(f"{self.option} {self.path}: descriptor {self.descriptor} is not open "
-                                "in this process; give a file name") from None
+            raise TracekitError(
+                f"{self.option} {self.path}: descriptor {self.descriptor} is not open in this process; give a file name"
+            ) from None
 
     def _refuse_protected(self, existing: os.stat_result | None, protect: Mapping[Path, str]) -> None:
         for path, what in protect.items():
@@ -168,11 +169,15 @@ class OutputTarget:
                 other = os.stat(path)
             except OSError:
                 other = None
-            same_inode = (existing is not None and other is not None
-                          and (existing.st_dev, existing.st_ino) == (other.st_dev, other.st_ino))
+            same_inode = (
+                existing is not None
+                and other is not None
+                and (existing.st_dev, existing.st_ino) == (other.st_dev, other.st_ino)
+            )
             if same_inode or Path(os.path.realpath(path)) == self.resolved:
-                raise TracekitError(f"{self.option} {self.path}: is {what}; refusing to write over it "
-                                    "(choose another output file)")
+                raise TracekitError(
+                    f"{self.option} {self.path}: is {what}; refusing to write over it (choose another output file)"
+                )
 
     # ------------------------------------------------------------------ writing
 
@@ -182,7 +187,7 @@ class OutputTarget:
         try:
             mode = stat.S_IMODE(os.stat(target).st_mode)
         except FileNotFoundError:
-            mode = 0o666 & ~_umask()     # mkstemp's file is private (0600); give it open()'s mode
+            mode = 0o666 & ~_umask()  # mkstemp's file is private (0600); give it open()'s mode
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
         try:
             try:

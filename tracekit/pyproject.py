@@ -1,4 +1,5 @@
 """``[tool.tracekit.*]`` tables in the closest ``pyproject.toml``: read once, by whoever needs one."""
+
 from __future__ import annotations
 
 import sys
@@ -31,8 +32,9 @@ def tracekit_table(path: Path, name: str) -> dict | None:
 
 def read_toml(path: Path) -> dict:
     if tomllib is None:  # pragma: no cover - Python 3.10 without tomli
-        raise TracekitError(f"{path}: reading TOML on Python < 3.11 needs tomli (pip install tomli), "
-                            "or give the settings as flags")
+        raise TracekitError(
+            f"{path}: reading TOML on Python < 3.11 needs tomli (pip install tomli), or give the settings as flags"
+        )
     try:
         with open(path, "rb") as fh:
             return tomllib.load(fh)

@@ -10,6 +10,7 @@ A visible escape is written as Python writes it (``\\x1b``, ``\\u202e``). For a 
 XML a backslash that was in the name stays as it is (so escaping twice changes nothing):
 the text is for people to read, not to be decoded back.
 """
+
 from __future__ import annotations
 
 import re

@@ -5,12 +5,19 @@ Here, below the analyses and the renderers, so that an analysis that writes a se
 (a finding, a comparison's headline) and a renderer that writes a table say the same
 thing, and so that rendering a stored document imports no analysis code.
 """
+
 from __future__ import annotations
 
 # The causes idle time is attributed to, in the order every output lists them.
 CATEGORIES = ("warmup", "drain", "schedule_gaps", "imbalance", "comm", "overhead")
-CAUSE_NAMES = {"warmup": "pipeline warm-up", "drain": "pipeline drain", "schedule_gaps": "schedule gaps",
-               "imbalance": "stage imbalance", "comm": "comm latency", "overhead": "overhead/other"}
+CAUSE_NAMES = {
+    "warmup": "pipeline warm-up",
+    "drain": "pipeline drain",
+    "schedule_gaps": "schedule gaps",
+    "imbalance": "stage imbalance",
+    "comm": "comm latency",
+    "overhead": "overhead/other",
+}
 
 
 def ms(ns: float) -> str:
@@ -34,7 +41,7 @@ def points(delta: float) -> str:
 
 
 def rank_list(ranks: list[int], shown: int = 4) -> str:
-    """"ranks 2,6" or, for many replicas, "32 ranks 2,6,10,...,126"."""
+    """ "ranks 2,6" or, for many replicas, "32 ranks 2,6,10,...,126"."""
     if len(ranks) <= shown:
         return "ranks " + ",".join(map(str, ranks))
-    return f"{len(ranks)} ranks " + ",".join(map(str, ranks[:shown - 1])) + f",...,{ranks[-1]}"
+    return f"{len(ranks)} ranks " + ",".join(map(str, ranks[: shown - 1])) + f",...,{ranks[-1]}"

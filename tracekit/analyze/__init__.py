@@ -1,4 +1,5 @@
 """Analyses: pure functions over a reconstructed :class:`Run`, gathered in :func:`analyze`."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -7,10 +8,18 @@ import pandas as pd
 
 from tracekit.analyze.attribution import Attribution, attribute
 from tracekit.analyze.bubbles import (
-    RankSummary, RunSummary, measure_continuous, measure_pipeline, measure_plain, summarise,
+    RankSummary,
+    RunSummary,
+    measure_continuous,
+    measure_pipeline,
+    measure_plain,
+    summarise,
 )
 from tracekit.analyze.device import (
-    DeviceFigures, device_figures, measure_device_pipeline, measure_device_plain,
+    DeviceFigures,
+    device_figures,
+    measure_device_pipeline,
+    measure_device_plain,
 )
 from tracekit.analyze.diagnosis import Finding, diagnose
 from tracekit.analyze.shares import ShareError, share
@@ -31,17 +40,17 @@ class Analysis:
     render it, and compute nothing of their own."""
 
     run: Run
-    bubbles: pd.DataFrame                  # rank, step, window, busy, idle, ratio
-    summary: RunSummary                    # run and per-rank totals of the bubble table
-    durations_ns: dict[str, int] = field(default_factory=dict)   # typical t_F, t_B, t_I, t_W
+    bubbles: pd.DataFrame  # rank, step, window, busy, idle, ratio
+    summary: RunSummary  # run and per-rank totals of the bubble table
+    durations_ns: dict[str, int] = field(default_factory=dict)  # typical t_F, t_B, t_I, t_W
     theory: Theory | None = None
     balanced_replay_ratio: float | None = None
     attribution: Attribution | None = None
-    device: DeviceFigures | None = None    # device-timeline figures (GPU runs read on the device)
-    host_view: RunSummary | None = None    # summarise() of the host-side spans, where they differ
-    slices: SliceCosts | None = None       # per-microbatch cost and its idle (microbatch ids per step)
-    findings: list[Finding] = field(default_factory=list)   # what is wrong and what to try, ranked
-    whatif: ReportWhatIf | None = None     # the report's what-if table (asked for with whatif=True)
+    device: DeviceFigures | None = None  # device-timeline figures (GPU runs read on the device)
+    host_view: RunSummary | None = None  # summarise() of the host-side spans, where they differ
+    slices: SliceCosts | None = None  # per-microbatch cost and its idle (microbatch ids per step)
+    findings: list[Finding] = field(default_factory=list)  # what is wrong and what to try, ranked
+    whatif: ReportWhatIf | None = None  # the report's what-if table (asked for with whatif=True)
 
     @property
     def timeline(self) -> str:
@@ -89,7 +98,8 @@ def _analyze(run: Run, attribution: bool) -> Analysis:
             raise TracekitError(
                 f"{run.source}: no work recorded: {len(run.events)} event(s) and no op, kernel or "
                 "annotation inside any step window; nothing to measure (profile a window with training "
-                "steps in it)")
+                "steps in it)"
+            )
         result = Analysis(run=run, bubbles=bubbles, summary=summary)
         if on_device:
             result.device = device_figures(run, bubbles)
@@ -97,27 +107,32 @@ def _analyze(run: Run, attribution: bool) -> Analysis:
             result.host_view = summarise(host) if len(host) else None
         return result
     sched = run.schedule
-    assert sched is not None   # is_pipeline: a schedule and its actions
+    assert sched is not None  # is_pipeline: a schedule and its actions
     actions = run.actions[run.actions["step"] >= 0]
     if actions.empty:
         raise TracekitError(
             f"{run.source}: every pipeline action lies outside the profiled steps (ProfilerStep#N): "
-            "nothing to measure; profile whole steps")
+            "nothing to measure; profile whole steps"
+        )
     if sched.flush_free and not on_device:
-        bubbles = measure_continuous(actions, run.steps)   # per-rank windows: steps do not overlap
+        bubbles = measure_continuous(actions, run.steps)  # per-rank windows: steps do not overlap
     else:
         bubbles = measure_device_pipeline(actions, run.device) if on_device else measure_pipeline(actions)
         _warn_overlapping_steps(run, actions)
-    result = Analysis(run=run, bubbles=bubbles, summary=summarise(bubbles),
-                      durations_ns=typical_durations(actions))
+    result = Analysis(run=run, bubbles=bubbles, summary=summarise(bubbles), durations_ns=typical_durations(actions))
     if on_device:
         result.device = device_figures(run, bubbles)
         result.host_view = summarise(measure_pipeline(_host_spans(actions)))
     completeness = run.completeness
     if completeness is not None and not completeness.complete:
-        result.theory = Theory(sched.name, "", None, "not computed: the run has ranks missing ("
-                               f"{completeness.missing_text()}), and the closed form and the replay need "
-                               "the whole pipeline")
+        result.theory = Theory(
+            sched.name,
+            "",
+            None,
+            "not computed: the run has ranks missing ("
+            f"{completeness.missing_text()}), and the closed form and the replay need "
+            "the whole pipeline",
+        )
         return result
     d = result.durations_ns
     t_f = d.get("F", 1)
@@ -128,8 +143,7 @@ def _analyze(run: Run, attribution: bool) -> Analysis:
     if sched.flush_free:
         first_stage = actions[actions["stage"] == actions["stage"].min()]
         fill_recorded = bool((first_stage["microbatch"] == 0).any())
-        result.theory = flush_free_bubble(sched.name, sched.p, sched.m, int(actions["step"].nunique()),
-                                          fill_recorded)
+        result.theory = flush_free_bubble(sched.name, sched.p, sched.m, int(actions["step"].nunique()), fill_recorded)
     else:
         result.theory = theoretical_bubble(sched.name, sched.p, sched.v, sched.m, t_f, t_b, t_w)
     if attribution:
@@ -141,9 +155,11 @@ def _analyze(run: Run, attribution: bool) -> Analysis:
             result.balanced_replay_ratio = share(ideal_idle, ideal_window, "the balanced replay's bubble ratio")
         for s in result.attribution.steps:
             if s.measured_makespan_ns and abs(s.residual_ns) > FIDELITY_WARN_SHARE * s.measured_makespan_ns:
-                run.warn(f"step {s.step}: replay differs from the measured step by "
-                         f"{s.residual_ns / 1e6:.2f} ms ({s.residual_ns / s.measured_makespan_ns:.1%}); "
-                         "attribution there is less certain")
+                run.warn(
+                    f"step {s.step}: replay differs from the measured step by "
+                    f"{s.residual_ns / 1e6:.2f} ms ({s.residual_ns / s.measured_makespan_ns:.1%}); "
+                    "attribution there is less certain"
+                )
             for note in s.notes:
                 run.warn(f"step {s.step}: {note}")
     if not sched.flush_free:
@@ -164,8 +180,10 @@ def _warn_overlapping_steps(run: Run, actions: pd.DataFrame) -> None:
     overlap = (windows["window_end_ns"] - windows["window_start_ns"].shift(-1)).dropna()
     worst = overlap.max() if len(overlap) else 0
     if worst > FIDELITY_WARN_SHARE * (windows["window_end_ns"] - windows["window_start_ns"]).mean():
-        run.warn(f"consecutive steps overlap by up to {worst / 1e6:.1f} ms (ranks start the next step "
-                 "before others finish this one): idle there falls in both steps' windows")
+        run.warn(
+            f"consecutive steps overlap by up to {worst / 1e6:.1f} ms (ranks start the next step "
+            "before others finish this one): idle there falls in both steps' windows"
+        )
 
 
 __all__ = ["Analysis", "RankSummary", "RunSummary", "analyze", "typical_durations"]

@@ -21,6 +21,7 @@ Method (``shared/docs/pipeline-theory.md``, "What attribute idle time has to mea
    that stage alone shortens the rank's idle; within the comm share, each link (src->dst)
    by how much freeing that link alone does.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -37,7 +38,7 @@ from tracekit.reconstruct.schedule import TERAPIPE_NAME
 from tracekit.vocab import CATEGORIES
 
 CAUSES = ("imbalance", "comm", "overhead")
-Coalition = frozenset[str]   # the causes present in one replay
+Coalition = frozenset[str]  # the causes present in one replay
 # Blame replays one stage (or link) at a time: on big pipelines only the stages with the
 # most excess work (links with the most latency) are replayed; the rest share by that amount.
 MAX_BLAME_REPLAYS = 32
@@ -47,15 +48,15 @@ ATTRIBUTION_COLUMNS = ["rank", "step", "idle_ns", *[f"{c}_ns" for c in CATEGORIE
 @dataclass
 class StepAttribution:
     step: int
-    table: pd.DataFrame                          # one row per rank: idle and each category
+    table: pd.DataFrame  # one row per rank: idle and each category
     signed_shapley: dict[int, dict[str, float]]  # rank -> cause -> signed Shapley value (ns)
-    stage_blame: pd.DataFrame                    # rank, stage, imbalance_ns
-    link_blame: pd.DataFrame                     # rank, src_rank, dst_rank, comm_ns
+    stage_blame: pd.DataFrame  # rank, stage, imbalance_ns
+    link_blame: pd.DataFrame  # rank, src_rank, dst_rank, comm_ns
     critical_path: list[dict[str, Any]]
     replay_makespan_ns: int
     measured_makespan_ns: int
-    ideal_makespan_ns: int                       # all causes removed
-    ideal_idle_ns: dict[int, int]                # rank -> idle with all causes removed
+    ideal_makespan_ns: int  # all causes removed
+    ideal_idle_ns: dict[int, int]  # rank -> idle with all causes removed
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -66,22 +67,33 @@ class StepAttribution:
 @dataclass
 class Attribution:
     steps: list[StepAttribution]
-    graphs: dict[int, StepGraph] = field(default_factory=dict)   # the measured step graphs
+    graphs: dict[int, StepGraph] = field(default_factory=dict)  # the measured step graphs
 
     @property
     def table(self) -> pd.DataFrame:
-        return pd.concat([s.table for s in self.steps], ignore_index=True) if self.steps else \
-            pd.DataFrame(columns=ATTRIBUTION_COLUMNS)
+        return (
+            pd.concat([s.table for s in self.steps], ignore_index=True)
+            if self.steps
+            else pd.DataFrame(columns=ATTRIBUTION_COLUMNS)
+        )
 
     @property
     def stage_blame(self) -> pd.DataFrame:
         frames = [s.stage_blame.assign(step=s.step) for s in self.steps if len(s.stage_blame)]
-        return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["rank", "stage", "imbalance_ns", "step"])
+        return (
+            pd.concat(frames, ignore_index=True)
+            if frames
+            else pd.DataFrame(columns=["rank", "stage", "imbalance_ns", "step"])
+        )
 
     @property
     def link_blame(self) -> pd.DataFrame:
         frames = [s.link_blame.assign(step=s.step) for s in self.steps if len(s.link_blame)]
-        return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["rank", "src_rank", "dst_rank", "comm_ns", "step"])
+        return (
+            pd.concat(frames, ignore_index=True)
+            if frames
+            else pd.DataFrame(columns=["rank", "src_rank", "dst_rank", "comm_ns", "step"])
+        )
 
 
 def apportion(total: int, weights: Sequence[float]) -> list[int]:
@@ -103,8 +115,9 @@ def apportion(total: int, weights: Sequence[float]) -> list[int]:
     return [int(x) for x in floors]
 
 
-def shapley(values: dict[Coalition, dict[int, int]], players: tuple[str, ...],
-            ranks: Sequence[int]) -> dict[int, dict[str, float]]:
+def shapley(
+    values: dict[Coalition, dict[int, int]], players: tuple[str, ...], ranks: Sequence[int]
+) -> dict[int, dict[str, float]]:
     """Exact Shapley values per rank from the value of every coalition of present causes."""
     from math import factorial
 
@@ -124,8 +137,9 @@ def shapley(values: dict[Coalition, dict[int, int]], players: tuple[str, ...],
     return out
 
 
-def _scenario(graph: StepGraph, balanced: np.ndarray,
-              present: Coalition) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _scenario(
+    graph: StepGraph, balanced: np.ndarray, present: Coalition
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     dur = graph.dur if "imbalance" in present else balanced
     lat = graph.edge_lat if "comm" in present else np.zeros_like(graph.edge_lat)
     xfer = graph.edge_xfer if "comm" in present else np.zeros_like(graph.edge_xfer)
@@ -158,8 +172,7 @@ def attribute_step(graph: StepGraph, measured_idle: dict[int, int], measured_mak
         window_start = graph.origin(int(np.flatnonzero(graph.rank == r)[0]))
         warmup, drain, gaps = _schedule_idle(graph, ideal, r, window_start, window_start + ideal_windows[r])
         residual = measured_idle[r] - values[full][r]
-        raw = [warmup, drain, gaps, signed[r]["imbalance"], signed[r]["comm"],
-               signed[r]["overhead"] + residual]
+        raw = [warmup, drain, gaps, signed[r]["imbalance"], signed[r]["comm"], signed[r]["overhead"] + residual]
         parts = apportion(int(measured_idle[r]), raw)
         rows.append((r, graph.step, int(measured_idle[r]), *parts))
         imbalance_ns, comm_ns = parts[3], parts[4]
@@ -182,12 +195,17 @@ def attribute_step(graph: StepGraph, measured_idle: dict[int, int], measured_mak
     table = pd.DataFrame(rows, columns=ATTRIBUTION_COLUMNS)
     full_result = results[full]
     return StepAttribution(
-        step=graph.step, table=table, signed_shapley=signed,
+        step=graph.step,
+        table=table,
+        signed_shapley=signed,
         stage_blame=pd.DataFrame(stage_rows, columns=["rank", "stage", "imbalance_ns"]),
         link_blame=pd.DataFrame(link_rows, columns=["rank", "src_rank", "dst_rank", "comm_ns"]),
         critical_path=critical_path(graph, full_result),
-        replay_makespan_ns=_makespan(graph, full_result), measured_makespan_ns=measured_makespan,
-        ideal_makespan_ns=_makespan(graph, ideal), ideal_idle_ns=dict(values[none]), notes=list(graph.notes),
+        replay_makespan_ns=_makespan(graph, full_result),
+        measured_makespan_ns=measured_makespan,
+        ideal_makespan_ns=_makespan(graph, ideal),
+        ideal_idle_ns=dict(values[none]),
+        notes=list(graph.notes),
     )
 
 
@@ -197,7 +215,9 @@ def _makespan(graph: StepGraph, result: Replay) -> int:
     return max(graph.window_ns(result).values(), default=0)
 
 
-def _schedule_idle(graph: StepGraph, ideal: Replay, rank: int, window_start: int, window_end: int) -> tuple[int, int, int]:
+def _schedule_idle(
+    graph: StepGraph, ideal: Replay, rank: int, window_start: int, window_end: int
+) -> tuple[int, int, int]:
     """Split a rank's idle in the all-causes-removed replay, over its window
     [window_start, window_end], by pipeline phase: warmup is idle before its first backward
     (the pipeline filling), drain is idle after its last forward (emptying), schedule gaps
@@ -231,8 +251,7 @@ def _schedule_idle(graph: StepGraph, ideal: Replay, rank: int, window_start: int
 def _stage_gains(graph: StepGraph, full_idle: dict[int, int], balanced: np.ndarray) -> dict[int, dict[int, int]]:
     """Per stage: how much each rank's idle shrinks when only that stage is balanced."""
     gains = {}
-    stages = sorted((int(s) for s in np.unique(graph.stage)),
-                    key=lambda s: -_excess_work(graph, balanced, s))
+    stages = sorted((int(s) for s in np.unique(graph.stage)), key=lambda s: -_excess_work(graph, balanced, s))
     for s in stages[MAX_BLAME_REPLAYS:]:
         gains[s] = {r: 0 for r in full_idle}
     for s in stages[:MAX_BLAME_REPLAYS]:
@@ -250,8 +269,9 @@ def _link_latency(graph: StepGraph) -> dict[tuple[int, int], int]:
     return total
 
 
-def _link_gains(graph: StepGraph, full_idle: dict[int, int],
-                total_latency: dict[tuple[int, int], int]) -> dict[tuple[int, int], dict[int, int]]:
+def _link_gains(
+    graph: StepGraph, full_idle: dict[int, int], total_latency: dict[tuple[int, int], int]
+) -> dict[tuple[int, int], dict[int, int]]:
     """Per link: how much each rank's idle shrinks when only that link is free."""
     links = graph.edge_links()
     gains = {}

@@ -6,6 +6,7 @@ global step: see :func:`measure_continuous`. Busy is the union of the rank's com
 inside it; idle is the rest. For runs with no pipeline actions, each rank's busy time is
 its GPU kernels (or, without a GPU, any CPU op or annotation) inside its own step windows.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,24 +21,24 @@ from tracekit.model.intervals import union_length
 # (rank, step, window start, window end, window, busy), all in ns but rank and step
 BubbleRow = tuple[int, int, int, int, int, int]
 
-BUBBLE_COLUMNS = ["rank", "step", "window_start_ns", "window_end_ns", "window_ns", "busy_ns",
-                  "idle_ns", "bubble_ratio"]
+BUBBLE_COLUMNS = ["rank", "step", "window_start_ns", "window_end_ns", "window_ns", "busy_ns", "idle_ns", "bubble_ratio"]
 
 
 def step_windows(actions: pd.DataFrame) -> pd.DataFrame:
     """Global window of each step: first compute start to last compute end, all ranks."""
     grouped = actions.groupby("step")
-    return pd.DataFrame({
-        "window_start_ns": grouped["start_ns"].min(),
-        "window_end_ns": grouped["end_ns"].max(),
-    }).reset_index()
+    return pd.DataFrame(
+        {
+            "window_start_ns": grouped["start_ns"].min(),
+            "window_end_ns": grouped["end_ns"].max(),
+        }
+    ).reset_index()
 
 
 def measure_pipeline(actions: pd.DataFrame) -> pd.DataFrame:
     """Bubble table of a pipeline run (one row per rank and step)."""
     w = step_windows(actions)
-    windows = {int(s): (int(lo), int(hi)) for s, lo, hi in
-               zip(w["step"], w["window_start_ns"], w["window_end_ns"])}
+    windows = {int(s): (int(lo), int(hi)) for s, lo, hi in zip(w["step"], w["window_start_ns"], w["window_end_ns"])}
     rows: list[BubbleRow] = []
     for (rank, step), group in int_groups(actions, ["rank", "step"]):
         lo, hi = windows[step]
@@ -60,14 +61,17 @@ def continuous_windows(actions: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFra
     trace holds the pipeline's start, the ranks' wait for their first inputs (the fill)
     is idle, and a profiler started early on one rank is not."""
     first_compute = int(actions["start_ns"].min())
-    step_start = {(int(r), int(s)): int(t) for r, s, t in
-                  zip(steps["rank"], steps["step"], steps["step_start_ns"])}
-    spans = actions.groupby(["rank", "step"], sort=True).agg(
-        first_start_ns=("start_ns", "min"), last_end_ns=("end_ns", "max")).reset_index()
+    step_start = {(int(r), int(s)): int(t) for r, s, t in zip(steps["rank"], steps["step"], steps["step_start_ns"])}
+    spans = (
+        actions.groupby(["rank", "step"], sort=True)
+        .agg(first_start_ns=("start_ns", "min"), last_end_ns=("end_ns", "max"))
+        .reset_index()
+    )
     rows = []
-    previous_end: dict[int, int] = {}    # rank: end of its last compute in the step before
-    for rank, step, first_start, last_end in zip(spans["rank"], spans["step"], spans["first_start_ns"],
-                                                 spans["last_end_ns"]):
+    previous_end: dict[int, int] = {}  # rank: end of its last compute in the step before
+    for rank, step, first_start, last_end in zip(
+        spans["rank"], spans["step"], spans["first_start_ns"], spans["last_end_ns"]
+    ):
         rank, step = int(rank), int(step)
         if rank in previous_end:
             start = previous_end[rank]
@@ -82,8 +86,10 @@ def continuous_windows(actions: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFra
 def measure_continuous(actions: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     """Bubble table of a flush-free pipeline: per-rank windows (:func:`continuous_windows`)."""
     w = continuous_windows(actions, steps)
-    windows = {(int(r), int(s)): (int(lo), int(hi)) for r, s, lo, hi in
-               zip(w["rank"], w["step"], w["window_start_ns"], w["window_end_ns"])}
+    windows = {
+        (int(r), int(s)): (int(lo), int(hi))
+        for r, s, lo, hi in zip(w["rank"], w["step"], w["window_start_ns"], w["window_end_ns"])
+    }
     rows: list[BubbleRow] = []
     for (rank, step), group in int_groups(actions, ["rank", "step"]):
         lo, hi = windows[(rank, step)]
@@ -111,8 +117,9 @@ def measure_plain(events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
             work = mine[cpu_work[mine]]
         starts, ends = all_starts[work], all_ends[work]
         rank_steps = steps[steps["rank"] == rank]
-        for step, step_start, step_end in zip(rank_steps["step"], rank_steps["step_start_ns"],
-                                              rank_steps["step_end_ns"]):
+        for step, step_start, step_end in zip(
+            rank_steps["step"], rank_steps["step_start_ns"], rank_steps["step_end_ns"]
+        ):
             lo, hi = int(step_start), int(step_end)
             inside = (ends > lo) & (starts < hi)
             busy = union_length(starts[inside], ends[inside], lo, hi)
@@ -125,8 +132,11 @@ def bubble_table(rows: list[BubbleRow]) -> pd.DataFrame:
     table = pd.DataFrame(rows, columns=BUBBLE_COLUMNS[:6])
     table["idle_ns"] = table["window_ns"] - table["busy_ns"]
     ranks, steps = table["rank"].to_numpy(), table["step"].to_numpy()
-    table["bubble_ratio"] = shares(table["idle_ns"].to_numpy(), table["window_ns"].to_numpy(),
-                                   lambda i: f"rank {ranks[i]} step {steps[i]}: bubble ratio")
+    table["bubble_ratio"] = shares(
+        table["idle_ns"].to_numpy(),
+        table["window_ns"].to_numpy(),
+        lambda i: f"rank {ranks[i]} step {steps[i]}: bubble ratio",
+    )
     return table
 
 
@@ -137,14 +147,14 @@ class RankSummary:
     window_ns: int
     busy_ns: int
     idle_ns: int
-    bubble_ratio: float                    # idle over window
+    bubble_ratio: float  # idle over window
 
 
 @dataclass(frozen=True)
 class RunSummary:
     """The run's totals over all ranks and steps, and each rank's (in rank order)."""
 
-    bubble_ratio: float                    # idle over window, summed across ranks and steps
+    bubble_ratio: float  # idle over window, summed across ranks and steps
     window_ns: int
     busy_ns: int
     idle_ns: int
@@ -159,8 +169,9 @@ def summarise(bubbles: pd.DataFrame) -> RunSummary:
     """Run-level and per-rank totals: idle over window, summed across steps."""
     per_rank = bubbles.groupby("rank")[["window_ns", "busy_ns", "idle_ns"]].sum()
     ranks = per_rank.index.to_numpy()
-    per_rank["bubble_ratio"] = shares(per_rank["idle_ns"].to_numpy(), per_rank["window_ns"].to_numpy(),
-                                      lambda i: f"rank {ranks[i]}: bubble ratio")
+    per_rank["bubble_ratio"] = shares(
+        per_rank["idle_ns"].to_numpy(), per_rank["window_ns"].to_numpy(), lambda i: f"rank {ranks[i]}: bubble ratio"
+    )
     total_window = int(per_rank["window_ns"].sum())
     total_idle = int(per_rank["idle_ns"].sum())
     return RunSummary(
@@ -168,7 +179,14 @@ def summarise(bubbles: pd.DataFrame) -> RunSummary:
         window_ns=total_window,
         idle_ns=total_idle,
         busy_ns=int(per_rank["busy_ns"].sum()),
-        per_rank={int(r): RankSummary(window_ns=int(w), busy_ns=int(b), idle_ns=int(i), bubble_ratio=float(x))
-                  for r, w, b, i, x in zip(per_rank.index, per_rank["window_ns"], per_rank["busy_ns"],
-                                           per_rank["idle_ns"], per_rank["bubble_ratio"])},
+        per_rank={
+            int(r): RankSummary(window_ns=int(w), busy_ns=int(b), idle_ns=int(i), bubble_ratio=float(x))
+            for r, w, b, i, x in zip(
+                per_rank.index,
+                per_rank["window_ns"],
+                per_rank["busy_ns"],
+                per_rank["idle_ns"],
+                per_rank["bubble_ratio"],
+            )
+        },
     )

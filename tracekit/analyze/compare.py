@@ -7,6 +7,7 @@ schedule, the number of ranks or the trace format, so two runs can always be com
 them; per-rank, per-stage and per-link figures only when the runs line up (same ranks,
 same schedule). The CI gate (:mod:`tracekit.gate`) checks the same measures.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -22,24 +23,25 @@ from tracekit.vocab import CATEGORIES, CAUSE_NAMES, pct, points, signed_ms
 # A change smaller than this share of the step window is capture noise, not a finding.
 NOTABLE_SHARE = 0.005
 
+
 @dataclass
 class Measures:
     """The comparable figures of one run."""
 
     source: str
     formats: list[str]
-    schedule: dict[str, Any] | None         # name, p, v, m (None: no pipeline found)
+    schedule: dict[str, Any] | None  # name, p, v, m (None: no pipeline found)
     n_steps: int
-    step_ns: float                          # mean step window
+    step_ns: float  # mean step window
     bubble_ratio: float
     rank_bubble: dict[int, float]
-    cause_share: dict[str, float] = field(default_factory=dict)       # empty without attribution
+    cause_share: dict[str, float] = field(default_factory=dict)  # empty without attribution
     rank_cause_share: dict[int, dict[str, float]] = field(default_factory=dict)
-    stage_imbalance_ns: dict[int, float] = field(default_factory=dict)   # per step, by stage
+    stage_imbalance_ns: dict[int, float] = field(default_factory=dict)  # per step, by stage
     stage_rank: dict[int, int] = field(default_factory=dict)
     link_comm_ns: dict[tuple[int, int], float] = field(default_factory=dict)  # per step, by link
-    incomplete: str = ""       # the ranks missing ("rank 2 of 4 has no trace (...)"); "" when complete
-    timeline: str = "host"     # "device" (GPU kernels) or "host" (CPU op spans): figures of the two differ
+    incomplete: str = ""  # the ranks missing ("rank 2 of 4 has no trace (...)"); "" when complete
+    timeline: str = "host"  # "device" (GPU kernels) or "host" (CPU op spans): figures of the two differ
 
     @property
     def schedule_label(self) -> str:
@@ -64,8 +66,9 @@ def schedule_label(schedule: dict[str, Any] | None) -> str:
     if schedule["name"] == UNRECOGNISED:
         return f"schedule not recognised: ranks missing, world size {schedule['p']}, m={schedule['m']}"
     replicas = schedule.get("replicas", 1)
-    return (f"{schedule['name']} p={schedule['p']} v={schedule['v']} m={schedule['m']}"
-            + (f" x{replicas} replicas" if replicas > 1 else ""))
+    return f"{schedule['name']} p={schedule['p']} v={schedule['v']} m={schedule['m']}" + (
+        f" x{replicas} replicas" if replicas > 1 else ""
+    )
 
 
 def schedule_key(schedule: dict[str, Any] | None) -> tuple[str, int, int, int] | None:
@@ -84,9 +87,17 @@ def measure(analysis: Analysis) -> Measures:
     out = Measures(
         source=run.source,
         formats=sorted({f.format for f in run.files}),
-        schedule=None if sched is None else {"name": sched.name, "p": sched.p, "v": sched.v, "m": sched.m,
-                                             **({"replicas": sched.replicas} if sched.replicas > 1 else {})},
-        n_steps=n_steps, step_ns=step_ns,
+        schedule=None
+        if sched is None
+        else {
+            "name": sched.name,
+            "p": sched.p,
+            "v": sched.v,
+            "m": sched.m,
+            **({"replicas": sched.replicas} if sched.replicas > 1 else {}),
+        },
+        n_steps=n_steps,
+        step_ns=step_ns,
         bubble_ratio=analysis.summary.bubble_ratio,
         rank_bubble={int(r): info.bubble_ratio for r, info in per_rank.items()},
         incomplete="" if run.completeness is None or run.completeness.complete else run.completeness.missing_text(),
@@ -98,13 +109,14 @@ def measure(analysis: Analysis) -> Measures:
     table = attribution.table
     total_window = analysis.summary.window_ns
     for cause in CATEGORIES:
-        out.cause_share[cause] = share(float(table[f"{cause}_ns"].sum()), total_window,
-                                       f"{run.source}: the {cause} share of the step window")
+        out.cause_share[cause] = share(
+            float(table[f"{cause}_ns"].sum()), total_window, f"{run.source}: the {cause} share of the step window"
+        )
     for (rank,), rows in int_groups(table, ["rank"]):
         window = per_rank[rank].window_ns
         out.rank_cause_share[rank] = {
-            c: share(float(rows[f"{c}_ns"].sum()), window, f"{run.source}: rank {rank}'s {c} share")
-            for c in CATEGORIES}
+            c: share(float(rows[f"{c}_ns"].sum()), window, f"{run.source}: rank {rank}'s {c} share") for c in CATEGORIES
+        }
     stages = attribution.stage_blame
     for stage, ns in int_items(stages.groupby("stage")["imbalance_ns"].sum()):
         out.stage_imbalance_ns[stage] = float(ns) / n_steps
@@ -120,21 +132,28 @@ def measure(analysis: Analysis) -> Measures:
 class Change:
     """One figure in run A and run B. Shares are 0..1; blame figures are ns per step."""
 
-    scope: str          # "cause", "rank", "stage" or "link"
-    key: str            # "comm", "rank 2", "stage 2 (rank 2)", "link 1->2"
+    scope: str  # "cause", "rank", "stage" or "link"
+    key: str  # "comm", "rank 2", "stage 2 (rank 2)", "link 1->2"
     a: float
     b: float
-    unit: str = "share"   # "share" (of the window) or "ns" (per step)
+    unit: str = "share"  # "share" (of the window) or "ns" (per step)
     detail: str = ""
-    rank: int | None = None   # the rank a "rank" change is about
+    rank: int | None = None  # the rank a "rank" change is about
 
     @property
     def delta(self) -> float:
         return self.b - self.a
 
     def to_dict(self) -> dict[str, Any]:
-        out = {"scope": self.scope, "key": self.key, "unit": self.unit, "a": _round(self.a),
-               "b": _round(self.b), "delta": _round(self.delta), "detail": self.detail}
+        out = {
+            "scope": self.scope,
+            "key": self.key,
+            "unit": self.unit,
+            "a": _round(self.a),
+            "b": _round(self.b),
+            "delta": _round(self.delta),
+            "detail": self.detail,
+        }
         if self.rank is not None:
             out["rank"] = self.rank
         return out
@@ -146,11 +165,11 @@ class Comparison:
 
     a: Measures
     b: Measures
-    causes: list[Change]                 # share of the window per cause
-    ranks: list[Change]                  # bubble ratio per rank (same ranks only)
-    rank_causes: dict[int, dict[str, float]]   # rank -> cause -> change of its share
-    stages: list[Change]                 # imbalance ns per step (same schedule only)
-    links: list[Change]                  # comm ns per step (same ranks only)
+    causes: list[Change]  # share of the window per cause
+    ranks: list[Change]  # bubble ratio per rank (same ranks only)
+    rank_causes: dict[int, dict[str, float]]  # rank -> cause -> change of its share
+    stages: list[Change]  # imbalance ns per step (same schedule only)
+    links: list[Change]  # comm ns per step (same ranks only)
     notes: list[str]
 
     @property
@@ -167,8 +186,11 @@ class Comparison:
 
     def incomplete(self) -> list[str]:
         """One line per run with ranks missing: said before anything else."""
-        return [f"INCOMPLETE RUN {label}: {m.source}: {m.incomplete}: its figures cover the ranks present"
-                for label, m in (("A", self.a), ("B", self.b)) if m.incomplete]
+        return [
+            f"INCOMPLETE RUN {label}: {m.source}: {m.incomplete}: its figures cover the ranks present"
+            for label, m in (("A", self.a), ("B", self.b))
+            if m.incomplete
+        ]
 
     def matters_most(self) -> Change | None:
         """The change that explains most of the difference, or None if nothing moved."""
@@ -188,11 +210,15 @@ class Comparison:
         """The one line that says what matters most."""
         top = self.matters_most()
         if top is None:
-            return (f"matters most: nothing; no cause moved by {100 * NOTABLE_SHARE:.1f} points of the "
-                    f"step window or more (bubble ratio {pct(self.a.bubble_ratio)} -> {pct(self.b.bubble_ratio)})")
+            return (
+                f"matters most: nothing; no cause moved by {100 * NOTABLE_SHARE:.1f} points of the "
+                f"step window or more (bubble ratio {pct(self.a.bubble_ratio)} -> {pct(self.b.bubble_ratio)})"
+            )
         if top.scope == "cause":
-            line = (f"matters most: {CAUSE_NAMES[top.key]} {points(top.delta)} of the step window "
-                    f"({pct(top.a)} -> {pct(top.b)})")
+            line = (
+                f"matters most: {CAUSE_NAMES[top.key]} {points(top.delta)} of the step window "
+                f"({pct(top.a)} -> {pct(top.b)})"
+            )
         else:
             line = f"matters most: {top.key} {points(top.delta)} ({pct(top.a)} -> {pct(top.b)})"
         return f"{line}; {top.detail}" if top.detail else line
@@ -201,8 +227,10 @@ class Comparison:
         """Which rank, stage or link carries a cause's change (same direction as ``delta``)."""
         parts = []
         if self.rank_causes:
-            rank, change = max(((r, c.get(cause, 0.0)) for r, c in self.rank_causes.items()),
-                               key=lambda rc: rc[1] * (1 if delta >= 0 else -1))
+            rank, change = max(
+                ((r, c.get(cause, 0.0)) for r, c in self.rank_causes.items()),
+                key=lambda rc: rc[1] * (1 if delta >= 0 else -1),
+            )
             if change * delta > 0:
                 parts.append(f"most on rank {rank} ({points(change)})")
         blame = self.stages if cause == "imbalance" else self.links if cause == "comm" else []
@@ -215,20 +243,29 @@ class Comparison:
         return {
             "kind": "tracekit-diff",
             "tracekit_version": __version__,
-            "a": _side(self.a), "b": _side(self.b),
-            "same_schedule": self.same_schedule, "same_ranks": self.same_ranks,
+            "a": _side(self.a),
+            "b": _side(self.b),
+            "same_schedule": self.same_schedule,
+            "same_ranks": self.same_ranks,
             "incomplete": self.incomplete(),
             "notes": list(self.notes),
             "headline": self.headline(),
             "matters_most": top.to_dict() if top else None,
-            "bubble_ratio": {"a": _round(self.a.bubble_ratio), "b": _round(self.b.bubble_ratio),
-                             "delta": _round(self.bubble_delta)},
-            "step_ns": {"a": round(self.a.step_ns), "b": round(self.b.step_ns),
-                        "delta": round(self.b.step_ns - self.a.step_ns)},
+            "bubble_ratio": {
+                "a": _round(self.a.bubble_ratio),
+                "b": _round(self.b.bubble_ratio),
+                "delta": _round(self.bubble_delta),
+            },
+            "step_ns": {
+                "a": round(self.a.step_ns),
+                "b": round(self.b.step_ns),
+                "delta": round(self.b.step_ns - self.a.step_ns),
+            },
             "causes": [c.to_dict() for c in self.causes],
             "ranks": [c.to_dict() for c in self.ranks],
-            "rank_causes": {str(r): {c: _round(v) for c, v in causes.items()}
-                            for r, causes in self.rank_causes.items()},
+            "rank_causes": {
+                str(r): {c: _round(v) for c, v in causes.items()} for r, causes in self.rank_causes.items()
+            },
             "stages": [c.to_dict() for c in self.stages],
             "links": [c.to_dict() for c in self.links],
         }
@@ -238,8 +275,10 @@ def compare(a: Measures, b: Measures) -> Comparison:
     """What changed from ``a`` to ``b``."""
     notes = []
     if a.timeline != b.timeline:
-        notes.append(f"timelines differ (A on the {a.timeline}, B on the {b.timeline}): the host runs ahead of a "
-                     "GPU, so the figures are not comparable; read both with the same --timeline")
+        notes.append(
+            f"timelines differ (A on the {a.timeline}, B on the {b.timeline}): the host runs ahead of a "
+            "GPU, so the figures are not comparable; read both with the same --timeline"
+        )
     same_schedule = schedule_key(a.schedule) == schedule_key(b.schedule)
     same_ranks = set(a.rank_bubble) == set(b.rank_bubble)
     both_attributed = bool(a.cause_share and b.cause_share)
@@ -262,19 +301,38 @@ def compare(a: Measures, b: Measures) -> Comparison:
     if same_ranks:
         ranks = [Change("rank", f"rank {r}", a.rank_bubble[r], b.rank_bubble[r], rank=r) for r in sorted(a.rank_bubble)]
         if a.rank_cause_share and b.rank_cause_share:
-            rank_causes = {r: {c: b.rank_cause_share[r][c] - a.rank_cause_share[r][c] for c in CATEGORIES}
-                           for r in sorted(a.rank_cause_share) if r in b.rank_cause_share}
-        links = [Change("link", f"link {s}->{d}", a.link_comm_ns.get((s, d), 0.0), b.link_comm_ns.get((s, d), 0.0), "ns")
-                 for s, d in sorted(set(a.link_comm_ns) | set(b.link_comm_ns))]
+            rank_causes = {
+                r: {c: b.rank_cause_share[r][c] - a.rank_cause_share[r][c] for c in CATEGORIES}
+                for r in sorted(a.rank_cause_share)
+                if r in b.rank_cause_share
+            }
+        links = [
+            Change("link", f"link {s}->{d}", a.link_comm_ns.get((s, d), 0.0), b.link_comm_ns.get((s, d), 0.0), "ns")
+            for s, d in sorted(set(a.link_comm_ns) | set(b.link_comm_ns))
+        ]
     stages: list[Change] = []
     if same_schedule:
         stage_rank = {**a.stage_rank, **b.stage_rank}
-        stages = [Change("stage", f"stage {s} (rank {stage_rank.get(s, '?')})", a.stage_imbalance_ns.get(s, 0.0),
-                         b.stage_imbalance_ns.get(s, 0.0), "ns")
-                  for s in sorted(set(a.stage_imbalance_ns) | set(b.stage_imbalance_ns))]
-    return Comparison(a=a, b=b, causes=_largest_first(causes), ranks=_largest_first(ranks),
-                      rank_causes=rank_causes, stages=_largest_first(stages), links=_largest_first(links),
-                      notes=notes)
+        stages = [
+            Change(
+                "stage",
+                f"stage {s} (rank {stage_rank.get(s, '?')})",
+                a.stage_imbalance_ns.get(s, 0.0),
+                b.stage_imbalance_ns.get(s, 0.0),
+                "ns",
+            )
+            for s in sorted(set(a.stage_imbalance_ns) | set(b.stage_imbalance_ns))
+        ]
+    return Comparison(
+        a=a,
+        b=b,
+        causes=_largest_first(causes),
+        ranks=_largest_first(ranks),
+        rank_causes=rank_causes,
+        stages=_largest_first(stages),
+        links=_largest_first(links),
+        notes=notes,
+    )
 
 
 def _largest_first(changes: list[Change]) -> list[Change]:
@@ -282,9 +340,16 @@ def _largest_first(changes: list[Change]) -> list[Change]:
 
 
 def _side(m: Measures) -> dict[str, Any]:
-    return {"source": m.source, "formats": m.formats, "schedule": m.schedule, "n_steps": m.n_steps,
-            "step_ns": round(m.step_ns), "bubble_ratio": _round(m.bubble_ratio),
-            "causes": {c: _round(v) for c, v in m.cause_share.items()}, "incomplete": m.incomplete or None}
+    return {
+        "source": m.source,
+        "formats": m.formats,
+        "schedule": m.schedule,
+        "n_steps": m.n_steps,
+        "step_ns": round(m.step_ns),
+        "bubble_ratio": _round(m.bubble_ratio),
+        "causes": {c: _round(v) for c, v in m.cause_share.items()},
+        "incomplete": m.incomplete or None,
+    }
 
 
 def _round(x: float) -> float:

@@ -19,6 +19,7 @@ Per rank and step, beside busy and idle:
 - ``host_ahead_ns`` (per rank): how far the host ran ahead: the longest time from a
   launch call's end to its op's start.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -40,9 +41,9 @@ LAUNCH_BOUND_SHARE = 0.10
 class DeviceFigures:
     """What :func:`device_figures` measured (see the module doc)."""
 
-    per_step: pd.DataFrame                        # DEVICE_RANK_COLUMNS
+    per_step: pd.DataFrame  # DEVICE_RANK_COLUMNS
     host_ahead_ns: dict[int, int] = field(default_factory=dict)
-    pairs: pd.DataFrame = field(default_factory=pd.DataFrame)   # messages with device kernels
+    pairs: pd.DataFrame = field(default_factory=pd.DataFrame)  # messages with device kernels
 
     def per_rank(self) -> pd.DataFrame:
         per_rank: pd.DataFrame = self.per_step.groupby("rank")[DEVICE_RANK_COLUMNS[2:]].sum()
@@ -88,8 +89,10 @@ def measure_device_plain(device: pd.DataFrame) -> pd.DataFrame:
     stepped = compute[compute["step"].to_numpy() >= 0]
     spans = stepped.groupby("step").agg(lo=("start_ns", "min"), hi=("end_ns", "max")).sort_index()
     present = {(int(r), int(s)) for r, s in zip(stepped["rank"], stepped["step"])}
-    per_rank = {r: (g["start_ns"].to_numpy(np.int64), g["end_ns"].to_numpy(np.int64))
-                for (r,), g in int_groups(compute, ["rank"])}
+    per_rank = {
+        r: (g["start_ns"].to_numpy(np.int64), g["end_ns"].to_numpy(np.int64))
+        for (r,), g in int_groups(compute, ["rank"])
+    }
     rows: list[BubbleRow] = []
     previous_end = None
     for step, span_lo, span_hi in zip(spans.index.to_numpy(), spans["lo"], spans["hi"]):
@@ -105,8 +108,10 @@ def measure_device_plain(device: pd.DataFrame) -> pd.DataFrame:
 
 
 def _by_rank_step(ops: pd.DataFrame) -> dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]:
-    return {(r, s): (g["start_ns"].to_numpy(np.int64), g["end_ns"].to_numpy(np.int64))
-            for (r, s), g in int_groups(ops, ["rank", "step"], sort=False)}
+    return {
+        (r, s): (g["start_ns"].to_numpy(np.int64), g["end_ns"].to_numpy(np.int64))
+        for (r, s), g in int_groups(ops, ["rank", "step"], sort=False)
+    }
 
 
 def device_figures(run: Run, bubbles: pd.DataFrame) -> DeviceFigures:
@@ -125,16 +130,21 @@ def device_figures(run: Run, bubbles: pd.DataFrame) -> DeviceFigures:
             continue
         launch_wait = _launch_wait(ops, lo, hi)
         work = ops[ops["busy"].to_numpy()]
-        after = union_length(work["start_ns"].to_numpy(np.int64), work["end_ns"].to_numpy(np.int64),
-                             hi, max(hi, int(work["end_ns"].max()) if len(work) else hi))
+        after = union_length(
+            work["start_ns"].to_numpy(np.int64),
+            work["end_ns"].to_numpy(np.int64),
+            hi,
+            max(hi, int(work["end_ns"].max()) if len(work) else hi),
+        )
         mine = paired[(paired["step"] == step) & (paired["waiting_rank"] == rank)]
         sides = paired[(paired["step"] == step) & ((paired["src_rank"] == rank) | (paired["dst_rank"] == rank))]
         rows.append((rank, step, launch_wait, after, int(mine["wait_ns"].sum()), int(sides["transfer_ns"].sum())))
     per_step = pd.DataFrame(rows, columns=DEVICE_RANK_COLUMNS)
     launched = device[device["launch_end_ns"].to_numpy() >= 0]
     ahead = (launched["start_ns"] - launched["launch_end_ns"]).groupby(launched["rank"]).max()
-    return DeviceFigures(per_step=per_step, host_ahead_ns={r: max(0, int(v)) for r, v in int_items(ahead)},
-                         pairs=paired)
+    return DeviceFigures(
+        per_step=per_step, host_ahead_ns={r: max(0, int(v)) for r, v in int_items(ahead)}, pairs=paired
+    )
 
 
 def _launch_wait(ops: pd.DataFrame, lo: int, hi: int) -> int:

@@ -11,6 +11,7 @@ rest by cost, the schedule's own fill/drain among them: every pipeline pays it a
 change of configuration (more microbatches, interleaving) shrinks it. Findings that only
 inform (a fill/drain with nothing to gain, no pipeline found) come last.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
@@ -26,7 +27,7 @@ from tracekit.analyze.theory import theoretical_bubble
 from tracekit.model.run import Run, ScheduleInfo, compute_ns
 from tracekit.vocab import rank_list
 
-if TYPE_CHECKING:   # the package imports this module
+if TYPE_CHECKING:  # the package imports this module
     from tracekit.analyze import Analysis
 
 # Severity by cost (share of the device time): "high" at or above HIGH_SHARE, "medium" at
@@ -45,11 +46,11 @@ class Finding:
     """One cause of idle time: what is wrong (headline), what to try (advice), and the
     figures both sentences were built from."""
 
-    cause: str            # "imbalance" | "comm" | "overhead" | "launch_bound" | "fill_drain" | "no_pipeline"
-    severity: str         # "high" | "medium" | "low" | "info"
+    cause: str  # "imbalance" | "comm" | "overhead" | "launch_bound" | "fill_drain" | "no_pipeline"
+    severity: str  # "high" | "medium" | "low" | "info"
     headline: str
     advice: str
-    cost_share: float     # idle device time of this cause / all ranks' step windows
+    cost_share: float  # idle device time of this cause / all ranks' step windows
     figures: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -75,8 +76,10 @@ def diagnose(analysis: Analysis) -> list[Finding]:
     if imbalance:
         faults.append(imbalance)
     if analysis.attribution is not None:
-        for finding in (_comm(analysis, totals["comm"], window_ns, n_steps),
-                        _overhead(analysis, totals["overhead"], window_ns)):
+        for finding in (
+            _comm(analysis, totals["comm"], window_ns, n_steps),
+            _overhead(analysis, totals["overhead"], window_ns),
+        ):
             if finding:
                 faults.append(finding)
     schedule = _fill_drain(analysis, totals, window_ns)
@@ -94,11 +97,12 @@ def _from_partial_data(finding: Finding, run: Run) -> Finding:
     """A finding from a run with ranks missing: said to cover the ranks present, and never
     high: the missing ranks may hold the real cause (a slow stage, a late link)."""
     completeness = run.completeness
-    assert completeness is not None   # asked only for a run with ranks missing
+    assert completeness is not None  # asked only for a run with ranks missing
     present = len(completeness.ranks_present)
     severity = "medium" if finding.severity == "high" else finding.severity
-    headline = (f"On the {present} ranks present (the run is incomplete): "
-                f"{finding.headline[:1].lower()}{finding.headline[1:]}")
+    headline = (
+        f"On the {present} ranks present (the run is incomplete): {finding.headline[:1].lower()}{finding.headline[1:]}"
+    )
     return replace(finding, severity=severity, headline=headline, figures={**finding.figures, "partial": True})
 
 
@@ -153,23 +157,37 @@ def _imbalance(analysis: Analysis, idle_ns: int, window_ns: int) -> Finding | No
     else:
         cost = share(idle_ns, window_ns, f"{run.source}: the stage imbalance's cost")
     ranks = run.schedule.ranks_of_stage(stage) if run.schedule else []
-    where = f"stage {stage}" + (f" (rank {rank})" if len(ranks) == 1 else
-                                f" ({rank_list(ranks)})" if ranks else "")
-    figures = {"stage": stage, "rank": rank, "stage_compute_ns": int(compute[stage]),
-               "others_median_compute_ns": int(others.median()), "slowdown": round(ratio, 3),
-               "balanced_compute_ns": int(balanced), "move_share": round(move_share, 3),
-               "idle_ns": int(idle_ns), "cost_share": round(cost, 4)}
+    where = f"stage {stage}" + (f" (rank {rank})" if len(ranks) == 1 else f" ({rank_list(ranks)})" if ranks else "")
+    figures = {
+        "stage": stage,
+        "rank": rank,
+        "stage_compute_ns": int(compute[stage]),
+        "others_median_compute_ns": int(others.median()),
+        "slowdown": round(ratio, 3),
+        "balanced_compute_ns": int(balanced),
+        "move_share": round(move_share, 3),
+        "idle_ns": int(idle_ns),
+        "cost_share": round(cost, 4),
+    }
     if ratio >= 1.1:
-        headline = (f"{where[0].upper()}{where[1:]} is {ratio:.1f}x slower than the others ({_ms(compute[stage])} vs "
-                    f"{_ms(others.median())} of compute per step): the wait for it idles "
-                    f"{_pct(cost)} of the device time.")
-        advice = (f"Move layers off {where}: about {_pct(move_share)} of its work, so that every "
-                  f"stage computes about {_ms(balanced)} per step.")
+        headline = (
+            f"{where[0].upper()}{where[1:]} is {ratio:.1f}x slower than the others ({_ms(compute[stage])} vs "
+            f"{_ms(others.median())} of compute per step): the wait for it idles "
+            f"{_pct(cost)} of the device time."
+        )
+        advice = (
+            f"Move layers off {where}: about {_pct(move_share)} of its work, so that every "
+            f"stage computes about {_ms(balanced)} per step."
+        )
     else:
-        headline = (f"Stage imbalance idles {_pct(cost)} of the device time, most of it waiting on "
-                    f"{where}, whose compute per step is {ratio:.2f}x the others' median.")
-        advice = (f"Look for uneven work on {where} (slow microbatches, stragglers on its host); "
-                  "its mean compute is close to the others', so the variation, not the split, costs time.")
+        headline = (
+            f"Stage imbalance idles {_pct(cost)} of the device time, most of it waiting on "
+            f"{where}, whose compute per step is {ratio:.2f}x the others' median."
+        )
+        advice = (
+            f"Look for uneven work on {where} (slow microbatches, stragglers on its host); "
+            "its mean compute is close to the others', so the variation, not the split, costs time."
+        )
     return Finding("imbalance", severity_of(cost), headline, advice, cost, figures)
 
 
@@ -179,8 +197,7 @@ def message_latencies(analysis: Analysis) -> pd.DataFrame:
     without a known producer are left out."""
     run = analysis.run
     messages = run.messages
-    columns = ["msg_id", "producer_action", "src_rank", "dst_rank", "step", "post_delay_ns", "wire_ns",
-               "latency_ns"]
+    columns = ["msg_id", "producer_action", "src_rank", "dst_rank", "step", "post_delay_ns", "wire_ns", "latency_ns"]
     if len(messages) == 0:
         return pd.DataFrame(columns=columns)
     producer_end = run.actions.set_index("action_id")["end_ns"]
@@ -195,8 +212,7 @@ def message_latencies(analysis: Analysis) -> pd.DataFrame:
         wire = known["transfer_ns"].to_numpy()
         host_latency = np.maximum(known["arrival_ns"].to_numpy() - end, 0)
         out["latency_ns"] = np.where(device, post + wire, host_latency)
-        out["post_delay_ns"] = np.where(device, post, np.clip(known["send_post_ns"].to_numpy() - end, 0,
-                                                              host_latency))
+        out["post_delay_ns"] = np.where(device, post, np.clip(known["send_post_ns"].to_numpy() - end, 0, host_latency))
     else:
         out["latency_ns"] = np.maximum(known["arrival_ns"].to_numpy() - end, 0)
         out["post_delay_ns"] = np.clip(known["send_post_ns"].to_numpy() - end, 0, out["latency_ns"])
@@ -220,9 +236,16 @@ def _worst_late_post(analysis: Analysis, latencies: pd.DataFrame) -> dict[str, A
         return None
     actions = analysis.run.actions
     producer = actions[(actions["action_id"] == int(worst["producer_action"])).to_numpy()].iloc[0]
-    return {"msg_id": int(worst["msg_id"]), "step": int(worst["step"]), "src_rank": int(worst["src_rank"]),
-            "dst_rank": int(worst["dst_rank"]), "kind": str(producer["kind"]), "stage": int(producer["stage"]),
-            "microbatch": int(producer["microbatch"]), "post_delay_ns": int(worst["post_delay_ns"])}
+    return {
+        "msg_id": int(worst["msg_id"]),
+        "step": int(worst["step"]),
+        "src_rank": int(worst["src_rank"]),
+        "dst_rank": int(worst["dst_rank"]),
+        "kind": str(producer["kind"]),
+        "stage": int(producer["stage"]),
+        "microbatch": int(producer["microbatch"]),
+        "post_delay_ns": int(worst["post_delay_ns"]),
+    }
 
 
 _KIND_WORD = {"F": "forward", "B": "backward", "I": "input-grad", "W": "weight-grad"}
@@ -232,7 +255,7 @@ def _comm(analysis: Analysis, idle_ns: int, window_ns: int, n_steps: int) -> Fin
     """Messages: whose the latency is. A send posted late after its producer ended is the
     sender's (its engine or host held it back); the time from the post to the data being
     there is the link's. The advice names the one that dominates on the blamed link."""
-    if idle_ns <= 0 or analysis.attribution is None:   # comm idle is attributed idle
+    if idle_ns <= 0 or analysis.attribution is None:  # comm idle is attributed idle
         return None
     cost = share(idle_ns, window_ns, f"{analysis.run.source}: the comm latency's cost")
     links = analysis.attribution.link_blame
@@ -246,8 +269,9 @@ def _comm(analysis: Analysis, idle_ns: int, window_ns: int, n_steps: int) -> Fin
         figures.update(src_rank=src, dst_rank=dst, link_idle_ns_per_step=int(by_link.iloc[0] / n_steps))
     worst = _worst_late_post(analysis, latencies)
     if "src_rank" in figures:  # the blamed link's own messages, where it has any
-        on_link = latencies[(latencies["src_rank"] == figures["src_rank"])
-                            & (latencies["dst_rank"] == figures["dst_rank"])]
+        on_link = latencies[
+            (latencies["src_rank"] == figures["src_rank"]) & (latencies["dst_rank"] == figures["dst_rank"])
+        ]
         latencies = on_link if len(on_link) else latencies
     post_share = 0.0
     if len(latencies):
@@ -256,9 +280,13 @@ def _comm(analysis: Analysis, idle_ns: int, window_ns: int, n_steps: int) -> Fin
         median_wire = float(latencies["wire_ns"].median())
         total = float(latencies["latency_ns"].sum())
         post_share = float(latencies["post_delay_ns"].sum()) / total if total > 0 else 0.0
-        figures.update(median_latency_ns=int(median_latency), median_post_delay_ns=int(median_post),
-                       median_wire_ns=int(median_wire), post_delay_share=round(post_share, 4),
-                       n_messages=int(len(latencies)))
+        figures.update(
+            median_latency_ns=int(median_latency),
+            median_post_delay_ns=int(median_post),
+            median_wire_ns=int(median_wire),
+            post_delay_share=round(post_share, 4),
+            n_messages=int(len(latencies)),
+        )
     else:
         median_latency = median_post = median_wire = 0.0
     if worst is not None:
@@ -271,21 +299,28 @@ def _comm(analysis: Analysis, idle_ns: int, window_ns: int, n_steps: int) -> Fin
     headline += "."
     late = ""
     if worst is not None:
-        late = (f" The latest: rank {worst['src_rank']} posts its {_KIND_WORD.get(worst['kind'], worst['kind'])} "
-                f"send of microbatch {worst['microbatch']} (stage {worst['stage']}, step {worst['step']}) to rank "
-                f"{worst['dst_rank']} {_ms(worst['post_delay_ns'])} after that action ended.")
+        late = (
+            f" The latest: rank {worst['src_rank']} posts its {_KIND_WORD.get(worst['kind'], worst['kind'])} "
+            f"send of microbatch {worst['microbatch']} (stage {worst['stage']}, step {worst['step']}) to rank "
+            f"{worst['dst_rank']} {_ms(worst['post_delay_ns'])} after that action ended."
+        )
     if median_latency and post_share >= 0.5:
         sender = figures.get("src_rank")
         who = f"rank {sender}" if sender is not None else "the senders"
-        advice = (f"The latency is {who}'s, not the link's: sends are posted {_ms(median_post)} after the producing "
-                  f"action ends (median; {_pct(post_share)} of the latency on {link_text}), while the wire takes "
-                  f"{_ms(median_wire)}.{late} Post sends as soon as the data is ready (an engine or host thread "
-                  "holding them back, or a sender that runs behind).")
+        advice = (
+            f"The latency is {who}'s, not the link's: sends are posted {_ms(median_post)} after the producing "
+            f"action ends (median; {_pct(post_share)} of the latency on {link_text}), while the wire takes "
+            f"{_ms(median_wire)}.{late} Post sends as soon as the data is ready (an engine or host thread "
+            "holding them back, or a sender that runs behind)."
+        )
     else:
-        advice = (f"The latency is {link_text}'s: a message spends {_ms(median_wire)} on the wire "
-                  f"(median; posted {_ms(median_post)} after its producer ends).{late} Overlap communication with "
-                  f"compute or speed up {link_text}." if median_latency else
-                  f"Overlap communication with compute or speed up {link_text}.")
+        advice = (
+            f"The latency is {link_text}'s: a message spends {_ms(median_wire)} on the wire "
+            f"(median; posted {_ms(median_post)} after its producer ends).{late} Overlap communication with "
+            f"compute or speed up {link_text}."
+            if median_latency
+            else f"Overlap communication with compute or speed up {link_text}."
+        )
     return Finding("comm", severity_of(cost), headline, advice, cost, figures)
 
 
@@ -296,12 +331,20 @@ def _overhead(analysis: Analysis, idle_ns: int, window_ns: int) -> Finding | Non
     actions = analysis.run.actions
     n_actions = max(int((actions["step"] >= 0).sum()), 1)
     per_action = idle_ns / n_actions
-    headline = (f"Host overhead idles {_pct(cost)} of the device time: ranks sat idle with their "
-                f"input there and the previous action done, {_ms(per_action)} per action on average.")
-    advice = ("Cut per-action host work: fewer, larger microbatches, CUDA graphs or less Python "
-              "between actions, and keep data loading and the optimizer off the step's critical path.")
-    figures = {"idle_ns": int(idle_ns), "cost_share": round(cost, 4), "n_actions": n_actions,
-               "idle_ns_per_action": int(per_action)}
+    headline = (
+        f"Host overhead idles {_pct(cost)} of the device time: ranks sat idle with their "
+        f"input there and the previous action done, {_ms(per_action)} per action on average."
+    )
+    advice = (
+        "Cut per-action host work: fewer, larger microbatches, CUDA graphs or less Python "
+        "between actions, and keep data loading and the optimizer off the step's critical path."
+    )
+    figures = {
+        "idle_ns": int(idle_ns),
+        "cost_share": round(cost, 4),
+        "n_actions": n_actions,
+        "idle_ns_per_action": int(per_action),
+    }
     return Finding("overhead", severity_of(cost), headline, advice, cost, figures)
 
 
@@ -347,39 +390,55 @@ def _fill_drain(analysis: Analysis, totals: dict[str, int], window_ns: int) -> F
     if theory is None or theory.bubble_ratio is None:
         return None
     idle_ns = totals.get("warmup", 0) + totals.get("drain", 0) + totals.get("schedule_gaps", 0)
-    measured = share(idle_ns, window_ns, f"{analysis.run.source}: the fill/drain's cost") if totals \
-        else theory.bubble_ratio
+    measured = (
+        share(idle_ns, window_ns, f"{analysis.run.source}: the fill/drain's cost") if totals else theory.bubble_ratio
+    )
     new_m, new_ratio = m_what_if(analysis)
-    figures: dict[str, Any] = {"schedule": sched.name, "p": sched.p, "v": sched.v, "m": sched.m,
-               "theory_bubble": round(theory.bubble_ratio, 4), "idle_ns": int(idle_ns),
-               "cost_share": round(measured, 4), "what_if_m": new_m,
-               "what_if_bubble": None if new_ratio is None else round(new_ratio, 4)}
+    figures: dict[str, Any] = {
+        "schedule": sched.name,
+        "p": sched.p,
+        "v": sched.v,
+        "m": sched.m,
+        "theory_bubble": round(theory.bubble_ratio, 4),
+        "idle_ns": int(idle_ns),
+        "cost_share": round(measured, 4),
+        "what_if_m": new_m,
+        "what_if_bubble": None if new_ratio is None else round(new_ratio, 4),
+    }
     name = f"{sched.name} (p={sched.p}, v={sched.v}, m={sched.m})"
     replay = analysis.balanced_replay_ratio
     if theory.bubble_ratio <= TARGET_BUBBLE:
         if replay is None or replay <= TARGET_BUBBLE:
-            headline = (f"The schedule's own fill/drain is small: {name} leaves {_pct(theory.bubble_ratio)} "
-                        f"of the step idle in theory ({_pct(measured)} of the device time measured).")
+            headline = (
+                f"The schedule's own fill/drain is small: {name} leaves {_pct(theory.bubble_ratio)} "
+                f"of the step idle in theory ({_pct(measured)} of the device time measured)."
+            )
             advice = "Nothing to gain from the schedule itself; the other findings say where the rest goes."
             return Finding("fill_drain", "info", headline, advice, measured, figures)
         # Fill and drain last as long at any m while the steady state grows with it, so
         # doubling m turns a share s into s / (s + 2 (1 - s)).
         doubled = replay / (replay + 2 * (1 - replay))
-        figures.update(balanced_replay_bubble=round(replay, 4), what_if_m=2 * sched.m,
-                       what_if_bubble=round(doubled, 4))
-        headline = (f"{name} as run leaves {_pct(replay)} of each step idle even with balanced stages and "
-                    f"free messages, against {_pct(theory.bubble_ratio)} in its closed form "
-                    f"({_pct(measured)} of the device time measured in fill, drain and schedule gaps).")
-        advice = (f"Raising m to {2 * sched.m} would cut that share to about {_pct(doubled)}: fill and drain "
-                  "last as long while the steady state doubles.")
+        figures.update(balanced_replay_bubble=round(replay, 4), what_if_m=2 * sched.m, what_if_bubble=round(doubled, 4))
+        headline = (
+            f"{name} as run leaves {_pct(replay)} of each step idle even with balanced stages and "
+            f"free messages, against {_pct(theory.bubble_ratio)} in its closed form "
+            f"({_pct(measured)} of the device time measured in fill, drain and schedule gaps)."
+        )
+        advice = (
+            f"Raising m to {2 * sched.m} would cut that share to about {_pct(doubled)}: fill and drain "
+            "last as long while the steady state doubles."
+        )
         return Finding("fill_drain", severity_of(measured), headline, advice, measured, figures)
-    headline = (f"m={sched.m} is small for p={sched.p}: {name} fills and drains the pipeline for "
-                f"{_pct(theory.bubble_ratio)} of each step in theory ({_pct(measured)} of the device "
-                "time measured).")
+    headline = (
+        f"m={sched.m} is small for p={sched.p}: {name} fills and drains the pipeline for "
+        f"{_pct(theory.bubble_ratio)} of each step in theory ({_pct(measured)} of the device "
+        "time measured)."
+    )
     advice = ""
     if new_ratio is not None and new_m > sched.m and new_ratio < theory.bubble_ratio:
-        advice = (f"Raising m to {new_m} cuts the fill/drain bubble from {_pct(theory.bubble_ratio)} "
-                  f"to {_pct(new_ratio)}")
+        advice = (
+            f"Raising m to {new_m} cuts the fill/drain bubble from {_pct(theory.bubble_ratio)} to {_pct(new_ratio)}"
+        )
     t_f, t_b, t_w = _durations(analysis.durations_ns)
     interleaved = theoretical_bubble("Interleaved1F1B", sched.p, 2, sched.m, t_f, t_b, t_w).bubble_ratio
     if sched.name in ("GPipe", "1F1B") and interleaved is not None:
@@ -392,8 +451,10 @@ def _fill_drain(analysis: Analysis, totals: dict[str, int], window_ns: int) -> F
     changes = [figures[k] for k in ("replay_what_if_step_change", "replay_interleaved_v2_step_change") if k in figures]
     if changes and min(changes) >= 0:
         # the closed form ignores this run's overheads and latencies; its own replay does not
-        advice += (" So on this run neither pays as it stands: every suggestion replays slower (more, smaller "
-                   "actions pay the per-action overheads and latencies more often); fix those first.")
+        advice += (
+            " So on this run neither pays as it stands: every suggestion replays slower (more, smaller "
+            "actions pay the per-action overheads and latencies more often); fix those first."
+        )
         figures["replay_contradicts_closed_form"] = True
     return Finding("fill_drain", severity_of(measured), headline, advice, measured, figures)
 
@@ -429,8 +490,7 @@ def _replayed(analysis: Analysis, new_m: int, figures: dict[str, Any]) -> str:
         key = "replay_what_if" if p.schedule == sched.name else "replay_interleaved_v2"
         figures[f"{key}_bubble"] = round(p.bubble_ratio, 4)
         figures[f"{key}_step_change"] = round(change, 4)
-    return (" Replayed with this run's own overheads, latencies and spread (tracekit whatif): "
-            + "; ".join(parts) + ".")
+    return " Replayed with this run's own overheads, latencies and spread (tracekit whatif): " + "; ".join(parts) + "."
 
 
 def _with_launch_bound(faults: list[Finding], launch: list[Finding]) -> list[Finding]:
@@ -443,10 +503,17 @@ def _with_launch_bound(faults: list[Finding], launch: list[Finding]) -> list[Fin
     if overhead is None:
         return faults + launch
     cost = max(bound.cost_share, overhead.cost_share)
-    headline = (f"{bound.headline} Host overhead idles {_pct(overhead.cost_share)} of the device time, "
-                "on the other ranks too: they wait for it down the pipeline.")
-    merged = replace(bound, severity=severity_of(cost), headline=headline, cost_share=cost,
-                     figures={**bound.figures, "overhead": overhead.figures, "cost_share": round(cost, 4)})
+    headline = (
+        f"{bound.headline} Host overhead idles {_pct(overhead.cost_share)} of the device time, "
+        "on the other ranks too: they wait for it down the pipeline."
+    )
+    merged = replace(
+        bound,
+        severity=severity_of(cost),
+        headline=headline,
+        cost_share=cost,
+        figures={**bound.figures, "overhead": overhead.figures, "cost_share": round(cost, 4)},
+    )
     return [merged if f is overhead else f for f in faults]
 
 
@@ -471,12 +538,18 @@ def _launch_bound(analysis: Analysis) -> list[Finding]:
     cost = share(min(waited, total_window), total_window, f"{analysis.run.source}: the launch waits' cost")
     named = ", ".join(f"rank {r}'s GPU waited for the host {_pct(x)} of the step" for r, _, x in bound[:4])
     more = f" (and {len(bound) - 4} more ranks)" if len(bound) > 4 else ""
-    headline = (f"The host does not keep the GPU fed: {named}{more}: launch-bound (the next kernel "
-                "was not launched yet; that idle is counted as overhead).")
-    advice = ("Cut host time per kernel: CUDA graphs (torch.compile mode='reduce-overhead'), fused or larger "
-              "kernels, fewer small ops, less Python between launches, no host syncs (.item(), .cpu()) in the step.")
-    figures_out = {"ranks": [{"rank": r, "launch_wait_ns": w, "share": round(x, 4)} for r, w, x in bound],
-                   "cost_share": round(cost, 4)}
+    headline = (
+        f"The host does not keep the GPU fed: {named}{more}: launch-bound (the next kernel "
+        "was not launched yet; that idle is counted as overhead)."
+    )
+    advice = (
+        "Cut host time per kernel: CUDA graphs (torch.compile mode='reduce-overhead'), fused or larger "
+        "kernels, fewer small ops, less Python between launches, no host syncs (.item(), .cpu()) in the step."
+    )
+    figures_out = {
+        "ranks": [{"rank": r, "launch_wait_ns": w, "share": round(x, 4)} for r, w, x in bound],
+        "cost_share": round(cost, 4),
+    }
     return [Finding("launch_bound", severity_of(cost), headline, advice, cost, figures_out)]
 
 
@@ -488,12 +561,15 @@ def _no_pipeline(analysis: Analysis) -> Finding:
     if completeness is not None and completeness.single_rank:
         headline = f"One rank: no pipeline to analyse; it sat idle {_pct(idle)} of its step windows."
     else:
-        headline = (f"No pipeline-parallel schedule found in these traces; the {n_ranks} rank(s) sat idle "
-                    f"{_pct(idle)} of their step windows.")
-    advice = ("Record a pipeline-parallel run (torch.distributed.pipelining, PP: labels) to have "
-              "idle time attributed to causes.")
-    return Finding("no_pipeline", "info", headline, advice, idle,
-                   {"idle_share": round(idle, 4), "n_ranks": n_ranks})
+        headline = (
+            f"No pipeline-parallel schedule found in these traces; the {n_ranks} rank(s) sat idle "
+            f"{_pct(idle)} of their step windows."
+        )
+    advice = (
+        "Record a pipeline-parallel run (torch.distributed.pipelining, PP: labels) to have "
+        "idle time attributed to causes."
+    )
+    return Finding("no_pipeline", "info", headline, advice, idle, {"idle_share": round(idle, 4), "n_ranks": n_ranks})
 
 
 __all__ = ["Finding", "diagnose", "message_latencies", "m_what_if", "stage_compute_ns"]

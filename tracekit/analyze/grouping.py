@@ -4,6 +4,7 @@ pandas-stubs type a groupby key or an index label as ``Hashable`` (a key could b
 label); the columns tracekit groups on are integer ids, so the keys are typed once here
 instead of at each call site.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator

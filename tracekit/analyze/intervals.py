@@ -6,6 +6,7 @@ intervals in time order: warm-up on the earliest idle time, drain on the latest,
 middle intervals split among schedule gaps, imbalance, comm and overhead in proportion
 to the rank's shares. The shaded lengths per cause equal the attributed ones exactly.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -15,7 +16,7 @@ import pandas as pd
 
 from tracekit.vocab import CATEGORIES
 
-if TYPE_CHECKING:   # the package imports this module
+if TYPE_CHECKING:  # the package imports this module
     from tracekit.analyze import Analysis
 
 INTERVAL_COLUMNS = ["rank", "step", "start_ns", "end_ns", "cause"]
@@ -41,8 +42,10 @@ def idle_intervals(analysis: Analysis) -> pd.DataFrame:
         return pd.DataFrame(columns=INTERVAL_COLUMNS)
     actions = analysis.run.actions
     b = analysis.bubbles
-    windows = {(int(r), int(s)): (int(lo), int(hi)) for r, s, lo, hi in
-               zip(b["rank"], b["step"], b["window_start_ns"], b["window_end_ns"])}
+    windows = {
+        (int(r), int(s)): (int(lo), int(hi))
+        for r, s, lo, hi in zip(b["rank"], b["step"], b["window_start_ns"], b["window_end_ns"])
+    }
     rows: list[tuple[int, int, int, int, str]] = []
     columns = ["rank", "step", *[f"{c}_ns" for c in CATEGORIES]]
     for rank, step, *cause_ns in analysis.attribution.table[columns].to_numpy(dtype=np.int64).tolist():
@@ -53,8 +56,9 @@ def idle_intervals(analysis: Analysis) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=INTERVAL_COLUMNS)
 
 
-def _lay_out(rank: int, step: int, stretches: list[tuple[int, int]],
-             budget: dict[str, int]) -> list[tuple[int, int, int, int, str]]:
+def _lay_out(
+    rank: int, step: int, stretches: list[tuple[int, int]], budget: dict[str, int]
+) -> list[tuple[int, int, int, int, str]]:
     rows: list[tuple[int, int, int, int, str]] = []
     # warm-up from the front
     remaining = budget["warmup"]

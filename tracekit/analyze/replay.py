@@ -14,6 +14,7 @@ Counterfactuals replace one ingredient (balanced durations, free messages, no ov
 what-if questions build a graph from another schedule (:mod:`tracekit.analyze.schedules`).
 The graph knows nothing about which schedule made it: any per-rank order plus data edges.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -31,26 +32,26 @@ class StepGraph:
     """One step's actions (in a topological order) and their dependencies."""
 
     step: int
-    t0: int                                  # replay origin: the step window's start
-    action_id: np.ndarray                    # id in run.actions (or synthetic index)
+    t0: int  # replay origin: the step window's start
+    action_id: np.ndarray  # id in run.actions (or synthetic index)
     rank: np.ndarray
     stage: np.ndarray
-    kind: np.ndarray                         # "F" | "B" | "I" | "W"
+    kind: np.ndarray  # "F" | "B" | "I" | "W"
     microbatch: np.ndarray
-    prev: np.ndarray                         # index of the previous action on its rank, -1
-    dur: np.ndarray                          # measured compute duration, ns
-    ovh: np.ndarray                          # measured overhead before the action, ns
-    edge_src: np.ndarray                     # producer index
-    edge_dst: np.ndarray                     # consumer index
-    edge_lat: np.ndarray                     # measured latency (producer end -> data there), ns
-    edge_msg: np.ndarray                     # msg_id, -1 for a dependency with no message
+    prev: np.ndarray  # index of the previous action on its rank, -1
+    dur: np.ndarray  # measured compute duration, ns
+    ovh: np.ndarray  # measured overhead before the action, ns
+    edge_src: np.ndarray  # producer index
+    edge_dst: np.ndarray  # consumer index
+    edge_lat: np.ndarray  # measured latency (producer end -> data there), ns
+    edge_msg: np.ndarray  # msg_id, -1 for a dependency with no message
     measured_start: np.ndarray | None = None
     measured_end: np.ndarray | None = None
     notes: list[str] = field(default_factory=list)
     # Rendezvous transfer of each edge (NCCL on the device: the data moves only once both
     # kernels run, so it takes this long after the later of the producer's data leaving and
     # the consumer's rank being free); zeros: the latency is all there is.
-    edge_xfer: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))   # empty: zeros
+    edge_xfer: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # empty: zeros
     # Flush-free pipelines (PipeDream-2BW): each rank's own window start, where its first
     # action may begin (else t0 for every rank) and from which its idle is counted (else
     # t0, and the step ends at its last action on any rank); see step_graphs.
@@ -85,8 +86,9 @@ class StepGraph:
         if self.rank_start is None:
             makespan = result.makespan(self.t0)
             return {int(r): makespan for r in self.ranks}
-        return {int(r): int(result.end[self.rank == r].max()) - self.rank_start.get(int(r), self.t0)
-                for r in self.ranks}
+        return {
+            int(r): int(result.end[self.rank == r].max()) - self.rank_start.get(int(r), self.t0) for r in self.ranks
+        }
 
     def edge_links(self) -> list[tuple[int, int]]:
         return [(int(self.rank[s]), int(self.rank[d])) for s, d in zip(self.edge_src, self.edge_dst)]
@@ -97,8 +99,11 @@ class StepGraph:
         per kind and microbatch with ``by_microbatch`` (default: ``balance_by_microbatch``)."""
         out = np.zeros(len(self.dur), dtype=np.int64)
         by_microbatch = self.balance_by_microbatch if by_microbatch is None else by_microbatch
-        groups = ([(k, m) for k, m in sorted(set(zip(self.kind.astype(str).tolist(), self.microbatch.tolist())))]
-                  if by_microbatch else [(k, None) for k in np.unique(self.kind)])
+        groups = (
+            [(k, m) for k, m in sorted(set(zip(self.kind.astype(str).tolist(), self.microbatch.tolist())))]
+            if by_microbatch
+            else [(k, None) for k in np.unique(self.kind)]
+        )
         for kind, mb in groups:
             of_kind = (self.kind == kind) if mb is None else (self.kind == kind) & (self.microbatch == mb)
             stages, inverse = np.unique(self.stage[of_kind], return_inverse=True)
@@ -111,14 +116,19 @@ class StepGraph:
 class Replay:
     start: np.ndarray
     end: np.ndarray
-    binding: np.ndarray          # per action: -1 = previous action on the rank / t0, else edge index
+    binding: np.ndarray  # per action: -1 = previous action on the rank / t0, else edge index
 
     def makespan(self, t0: int) -> int:
         return int(self.end.max() - t0) if len(self.end) else 0
 
 
-def replay(graph: StepGraph, dur: np.ndarray | None = None, ovh: np.ndarray | None = None,
-           lat: np.ndarray | None = None, xfer: np.ndarray | None = None) -> Replay:
+def replay(
+    graph: StepGraph,
+    dur: np.ndarray | None = None,
+    ovh: np.ndarray | None = None,
+    lat: np.ndarray | None = None,
+    xfer: np.ndarray | None = None,
+) -> Replay:
     """Replay the graph; any ingredient not given is the measured one. A message arrives
     ``lat`` after its producer ends, plus ``xfer`` counted from when both that and the
     consumer's rank are ready (rendezvous)."""
@@ -165,10 +175,15 @@ def critical_path(graph: StepGraph, result: Replay) -> list[dict[str, Any]]:
     path = []
     while i >= 0:
         e = int(result.binding[i])
-        entry = {"action_id": int(graph.action_id[i]), "rank": int(graph.rank[i]),
-                 "kind": str(graph.kind[i]), "stage": int(graph.stage[i]),
-                 "microbatch": int(graph.microbatch[i]), "compute_ns": int(result.end[i] - result.start[i]),
-                 "overhead_ns": int(graph.ovh[i]) if result.start[i] >= graph.ovh[i] else 0}
+        entry = {
+            "action_id": int(graph.action_id[i]),
+            "rank": int(graph.rank[i]),
+            "kind": str(graph.kind[i]),
+            "stage": int(graph.stage[i]),
+            "microbatch": int(graph.microbatch[i]),
+            "compute_ns": int(result.end[i] - result.start[i]),
+            "overhead_ns": int(graph.ovh[i]) if result.start[i] >= graph.ovh[i] else 0,
+        }
         if e >= 0:
             entry["via"] = "message"
             entry["msg_id"] = int(graph.edge_msg[e])
@@ -183,8 +198,9 @@ def critical_path(graph: StepGraph, result: Replay) -> list[dict[str, Any]]:
     return path
 
 
-def topological_order(n: int, prev: np.ndarray, edge_src: np.ndarray, edge_dst: np.ndarray,
-                      tie_break: np.ndarray) -> np.ndarray:
+def topological_order(
+    n: int, prev: np.ndarray, edge_src: np.ndarray, edge_dst: np.ndarray, tie_break: np.ndarray
+) -> np.ndarray:
     """Kahn's order over rank-order and message edges; ties broken by ``tie_break``."""
     import heapq
 
@@ -217,8 +233,7 @@ def reorder(graph_fields: dict[str, np.ndarray], order: np.ndarray) -> dict[str,
     position = np.empty(len(order), dtype=np.int64)
     position[order] = np.arange(len(order))
     out = dict(graph_fields)
-    for key in ("action_id", "rank", "stage", "kind", "microbatch", "dur", "ovh",
-                "measured_start", "measured_end"):
+    for key in ("action_id", "rank", "stage", "kind", "microbatch", "dur", "ovh", "measured_start", "measured_end"):
         if out.get(key) is not None:
             out[key] = np.asarray(out[key])[order]
     prev = np.asarray(graph_fields["prev"])[order]
@@ -228,14 +243,14 @@ def reorder(graph_fields: dict[str, np.ndarray], order: np.ndarray) -> dict[str,
     return out
 
 
-def dependency_pairs(rank: np.ndarray, stage: np.ndarray, kind: np.ndarray,
-                     microbatch: np.ndarray, replica: np.ndarray | None = None) -> list[tuple[int, int]]:
+def dependency_pairs(
+    rank: np.ndarray, stage: np.ndarray, kind: np.ndarray, microbatch: np.ndarray, replica: np.ndarray | None = None
+) -> list[tuple[int, int]]:
     """Cross-rank data dependencies implied by stage adjacency: activations flow from
     stage s to s+1, gradients from s+1 to s (through I when backward is split), inside one
     data-parallel ``replica`` (all one pipeline when not given)."""
     group = np.zeros(len(kind), dtype=np.int64) if replica is None else replica
-    index = {(int(g), str(k), int(s), int(m)): i
-             for i, (g, k, s, m) in enumerate(zip(group, kind, stage, microbatch))}
+    index = {(int(g), str(k), int(s), int(m)): i for i, (g, k, s, m) in enumerate(zip(group, kind, stage, microbatch))}
     pairs = []
     for i, (g, k, s, m) in enumerate(zip(group, kind, stage, microbatch)):
         g, k, s, m = int(g), str(k), int(s), int(m)
@@ -265,18 +280,27 @@ def step_graphs(run: Run, windows: pd.DataFrame | None = None) -> dict[int, Step
         by_consumer = msgs["consumer_action"].map(step_of_action)
         # grouped by a mapped series (the consumer's step), not a column: its key is an int id too
         msgs_by_step = {int(cast(int, s)): g for s, g in msgs.groupby(by_consumer, sort=False)}
-        starts = {s: {int(r): int(t) for r, t in zip(g["rank"], g["window_start_ns"])}
-                  for (s,), g in int_groups(windows, ["step"])}
+        starts = {
+            s: {int(r): int(t) for r, t in zip(g["rank"], g["window_start_ns"])}
+            for (s,), g in int_groups(windows, ["step"])
+        }
     else:
         msgs_by_step = {s: g for (s,), g in int_groups(msgs, ["step"], sort=False)}
         starts = {}
     empty = msgs.iloc[0:0]
-    return {step: graph_from_run(run, step, acts, msgs_by_step.get(step, empty), starts.get(step))
-            for step, acts in acts_by_step.items()}
+    return {
+        step: graph_from_run(run, step, acts, msgs_by_step.get(step, empty), starts.get(step))
+        for step, acts in acts_by_step.items()
+    }
 
 
-def graph_from_run(run: Run, step: int, acts: pd.DataFrame | None = None, msgs: pd.DataFrame | None = None,
-                   rank_start: dict[int, int] | None = None) -> StepGraph:
+def graph_from_run(
+    run: Run,
+    step: int,
+    acts: pd.DataFrame | None = None,
+    msgs: pd.DataFrame | None = None,
+    rank_start: dict[int, int] | None = None,
+) -> StepGraph:
     """The measured dependency graph of one step of a reconstructed run (``acts`` and
     ``msgs``: that step's actions and linked messages, when already split out;
     ``rank_start``: per-rank window starts of a flush-free pipeline, see step_graphs)."""
@@ -296,9 +320,12 @@ def graph_from_run(run: Run, step: int, acts: pd.DataFrame | None = None, msgs: 
         last_on_rank[int(r)] = i
     notes: list[str] = []
     if msgs is None:
-        msgs = run.messages[(run.messages["step"] == step) & (run.messages["producer_action"] >= 0)
-                            & (run.messages["consumer_action"] >= 0)]
-    edges: dict[tuple[int, int], tuple[int, int, int]] = {}   # (src, dst) -> (lat, msg_id, xfer)
+        msgs = run.messages[
+            (run.messages["step"] == step)
+            & (run.messages["producer_action"] >= 0)
+            & (run.messages["consumer_action"] >= 0)
+        ]
+    edges: dict[tuple[int, int], tuple[int, int, int]] = {}  # (src, dst) -> (lat, msg_id, xfer)
     # Device messages: the data leaves at ``leave_ns`` and moves for ``transfer_ns`` once
     # both sides run (rendezvous); host messages: all latency up to ``arrival_ns``.
     rendezvous = "leave_ns" in msgs
@@ -306,8 +333,13 @@ def graph_from_run(run: Run, step: int, acts: pd.DataFrame | None = None, msgs: 
     transfers = msgs["transfer_ns"].tolist() if rendezvous else [-1] * len(msgs)
     release = np.zeros(n, dtype=np.int64) if rank_start is not None else None
     for msg_id, producer, consumer, arrival, leave, transfer in zip(
-            msgs["msg_id"].tolist(), msgs["producer_action"].tolist(), msgs["consumer_action"].tolist(),
-            msgs["arrival_ns"].tolist(), leaves, transfers):
+        msgs["msg_id"].tolist(),
+        msgs["producer_action"].tolist(),
+        msgs["consumer_action"].tolist(),
+        msgs["arrival_ns"].tolist(),
+        leaves,
+        transfers,
+    ):
         s, d = pos.get(int(producer)), pos.get(int(consumer))
         if s is None and d is not None and release is not None:
             release[d] = max(release[d], min(int(arrival), int(start[d])))
@@ -336,8 +368,7 @@ def graph_from_run(run: Run, step: int, acts: pd.DataFrame | None = None, msgs: 
             edges[(s, d)] = (0, -1, 0)
             unmessaged += 1
     if unmessaged:
-        notes.append(f"{unmessaged} cross-rank dependencies have no matched message; their wait "
-                     "counts as overhead")
+        notes.append(f"{unmessaged} cross-rank dependencies have no matched message; their wait counts as overhead")
     edge_keys = sorted(edges)
     edge_src = np.array([k[0] for k in edge_keys], dtype=np.int64)
     edge_dst = np.array([k[1] for k in edge_keys], dtype=np.int64)
@@ -366,8 +397,25 @@ def graph_from_run(run: Run, step: int, acts: pd.DataFrame | None = None, msgs: 
                 arrival = max(arrival, free) + edge_xfer[e]
             ready = max(ready, arrival)
         ovh[i] = max(0, start[i] - ready)
-    return StepGraph(step=step, t0=t0, action_id=ids, rank=rank, stage=stage, kind=kind,
-                     microbatch=mb, prev=prev, dur=dur, ovh=ovh, edge_src=edge_src,
-                     edge_dst=edge_dst, edge_lat=edge_lat, edge_msg=edge_msg,
-                     measured_start=start, measured_end=end, notes=notes, edge_xfer=edge_xfer,
-                     rank_start=rank_start, release=release)
+    return StepGraph(
+        step=step,
+        t0=t0,
+        action_id=ids,
+        rank=rank,
+        stage=stage,
+        kind=kind,
+        microbatch=mb,
+        prev=prev,
+        dur=dur,
+        ovh=ovh,
+        edge_src=edge_src,
+        edge_dst=edge_dst,
+        edge_lat=edge_lat,
+        edge_msg=edge_msg,
+        measured_start=start,
+        measured_end=end,
+        notes=notes,
+        edge_xfer=edge_xfer,
+        rank_start=rank_start,
+        release=release,
+    )

@@ -4,13 +4,14 @@ Used to check the closed-form bubbles against dependency-driven replays, and as 
 starting point of what-if questions (another schedule, m, v): generate the order, give
 it durations and latencies, replay.
 """
+
 from __future__ import annotations
 
 import numpy as np
 
 from tracekit.analyze.replay import StepGraph, dependency_pairs, reorder, topological_order
 
-Action = tuple[str, int, int]   # (kind, stage, microbatch)
+Action = tuple[str, int, int]  # (kind, stage, microbatch)
 
 
 def gpipe(p: int, m: int) -> dict[int, list[Action]]:
@@ -71,8 +72,9 @@ GENERATORS = {
 }
 
 
-def graph_from_orders(orders: dict[int, list[Action]], durations: dict[str, int],
-                      latency_ns: int = 0, overhead_ns: int = 0) -> StepGraph:
+def graph_from_orders(
+    orders: dict[int, list[Action]], durations: dict[str, int], latency_ns: int = 0, overhead_ns: int = 0
+) -> StepGraph:
     """A replayable graph of an ideal schedule: per-kind durations, one latency for every
     cross-rank message, one overhead before every action."""
     kind, stage, mb, rank, prev = [], [], [], [], []
@@ -89,19 +91,35 @@ def graph_from_orders(orders: dict[int, list[Action]], durations: dict[str, int]
     kind_a = np.array(kind, dtype=object)
     pairs = dependency_pairs(rank_a, stage_a, kind_a, mb_a)
     fields = {
-        "action_id": np.arange(len(kind)), "rank": rank_a, "stage": stage_a, "kind": kind_a,
-        "microbatch": mb_a, "prev": np.array(prev, dtype=np.int64),
+        "action_id": np.arange(len(kind)),
+        "rank": rank_a,
+        "stage": stage_a,
+        "kind": kind_a,
+        "microbatch": mb_a,
+        "prev": np.array(prev, dtype=np.int64),
         "dur": np.array([durations[k] for k in kind], dtype=np.int64),
         "ovh": np.full(len(kind), overhead_ns, dtype=np.int64),
         "edge_src": np.array([s for s, _ in pairs], dtype=np.int64),
         "edge_dst": np.array([d for _, d in pairs], dtype=np.int64),
     }
-    order = topological_order(len(kind), fields["prev"], fields["edge_src"], fields["edge_dst"],
-                              tie_break=np.arange(len(kind)))
+    order = topological_order(
+        len(kind), fields["prev"], fields["edge_src"], fields["edge_dst"], tie_break=np.arange(len(kind))
+    )
     fields = reorder(fields, order)
     n_edges = len(pairs)
-    return StepGraph(step=0, t0=0, action_id=fields["action_id"], rank=fields["rank"], stage=fields["stage"],
-                     kind=fields["kind"], microbatch=fields["microbatch"], prev=fields["prev"], dur=fields["dur"],
-                     ovh=fields["ovh"], edge_src=fields["edge_src"], edge_dst=fields["edge_dst"],
-                     edge_lat=np.full(n_edges, latency_ns, dtype=np.int64),
-                     edge_msg=np.full(n_edges, -1, dtype=np.int64))
+    return StepGraph(
+        step=0,
+        t0=0,
+        action_id=fields["action_id"],
+        rank=fields["rank"],
+        stage=fields["stage"],
+        kind=fields["kind"],
+        microbatch=fields["microbatch"],
+        prev=fields["prev"],
+        dur=fields["dur"],
+        ovh=fields["ovh"],
+        edge_src=fields["edge_src"],
+        edge_dst=fields["edge_dst"],
+        edge_lat=np.full(n_edges, latency_ns, dtype=np.int64),
+        edge_msg=np.full(n_edges, -1, dtype=np.int64),
+    )

@@ -6,6 +6,7 @@ construction (a window that ends before it starts, a part larger than its whole)
 print a ratio such as 130% or -4%; :func:`share` refuses them instead, in one line that
 names what was being divided.
 """
+
 from __future__ import annotations
 
 from typing import Callable
@@ -24,9 +25,11 @@ def share(part: float, whole: float, what: str) -> float:
     if whole <= 0 and part == 0:
         return 0.0
     if not 0 <= part <= whole:
-        raise ShareError(f"{what} would be {part:.0f} of {whole:.0f} ns, not a share between 0 and 1 "
-                         "(the trace's clocks or step marks contradict each other); check the traces' "
-                         "timestamps, or report it if they look right")
+        raise ShareError(
+            f"{what} would be {part:.0f} of {whole:.0f} ns, not a share between 0 and 1 "
+            "(the trace's clocks or step marks contradict each other); check the traces' "
+            "timestamps, or report it if they look right"
+        )
     return float(part / whole)
 
 

@@ -21,6 +21,7 @@ Two figures:
 Microbatch ids must name the same slice in every step, so a flush-free run (ids counting
 on across steps) gets none.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -36,8 +37,8 @@ from tracekit.model.run import compute_ns
 @dataclass
 class SliceCosts:
     microbatches: list[int]
-    forward_ns: list[int]            # per microbatch index: median forward compute over stages and steps
-    backward_ns: list[int]           # B, or I + W
+    forward_ns: list[int]  # per microbatch index: median forward compute over stages and steps
+    backward_ns: list[int]  # B, or I + W
     skew_idle_ns: int | None = None  # ideal replay's idle that the slice profile adds
     replay_idle_ns: int | None = None
 
@@ -65,10 +66,14 @@ class SliceCosts:
     def to_dict(self) -> dict[str, Any]:
         share = self.skew_idle_share
         return {
-            "microbatches": list(self.microbatches), "forward_ns": list(self.forward_ns),
-            "backward_ns": list(self.backward_ns), "total_ns": self.total_ns,
-            "growth": round(self.growth, 6), "dearest": self.dearest,
-            "skew_idle_ns": self.skew_idle_ns, "replay_idle_ns": self.replay_idle_ns,
+            "microbatches": list(self.microbatches),
+            "forward_ns": list(self.forward_ns),
+            "backward_ns": list(self.backward_ns),
+            "total_ns": self.total_ns,
+            "growth": round(self.growth, 6),
+            "dearest": self.dearest,
+            "skew_idle_ns": self.skew_idle_ns,
+            "replay_idle_ns": self.replay_idle_ns,
             "skew_idle_share": None if share is None else round(share, 6),
         }
 
@@ -92,8 +97,11 @@ def slice_costs(actions: pd.DataFrame, graphs: dict[int, StepGraph] | None = Non
         skewed_idle = 0
         for graph in graphs.values():
             measured_idle += sum(idle_per_rank(graph, replay(graph)).values())
-            free = {"ovh": np.zeros_like(graph.ovh), "lat": np.zeros_like(graph.edge_lat),
-                    "xfer": np.zeros_like(graph.edge_xfer)}
+            free = {
+                "ovh": np.zeros_like(graph.ovh),
+                "lat": np.zeros_like(graph.edge_lat),
+                "xfer": np.zeros_like(graph.edge_xfer),
+            }
             balanced = graph.balanced_durations(by_microbatch=True)
             skewed_idle += sum(idle_per_rank(graph, replay(graph, dur=balanced, **free), balanced).values())
             flat = equalised_durations(graph, balanced)

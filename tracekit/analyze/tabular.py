@@ -11,6 +11,7 @@ the Parquet files carry the same text in their schema metadata.
 :func:`step_scalars` is what ``export --tensorboard`` writes: per step, per-stage compute,
 per-rank idle by cause, the bubble ratio and the step time, in ms.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -32,8 +33,8 @@ class TableSpec:
     """What a table holds (``doc``) and each column's type and meaning, in column order."""
 
     doc: str
-    columns: dict[str, tuple[str, str]]     # name -> (dtype: "int64" | "float64" | "string", doc)
-    device_only: bool = False               # written only for runs measured on the GPU timeline
+    columns: dict[str, tuple[str, str]]  # name -> (dtype: "int64" | "float64" | "string", doc)
+    device_only: bool = False  # written only for runs measured on the GPU timeline
 
 
 _CAUSE_DOCS = {
@@ -55,115 +56,161 @@ _PAIR_COLUMNS: dict[str, tuple[str, str]] = {
     "send_end_ns": ("int64", "end of the send kernel, ns"),
     "recv_start_ns": ("int64", "start of the receive kernel, ns"),
     "recv_end_ns": ("int64", "end of the receive kernel, ns"),
-    "waiting_rank": ("int64", "the rank whose kernel started first and spun for its peer; -1 when both "
-                              "started together or a kernel is unknown"),
-    "wait_ns": ("int64", "later kernel start - earlier kernel start: how long the first one spun; -1 when "
-                         "a kernel is unknown, ns"),
-    "transfer_ns": ("int64", "earlier kernel end - later kernel start: data movement; -1 when a kernel is "
-                             "unknown, ns"),
+    "waiting_rank": (
+        "int64",
+        "the rank whose kernel started first and spun for its peer; -1 when both "
+        "started together or a kernel is unknown",
+    ),
+    "wait_ns": (
+        "int64",
+        "later kernel start - earlier kernel start: how long the first one spun; -1 when a kernel is unknown, ns",
+    ),
+    "transfer_ns": ("int64", "earlier kernel end - later kernel start: data movement; -1 when a kernel is unknown, ns"),
 }
 
 TABLES: dict[str, TableSpec] = {
-    "actions": TableSpec("One row per pipeline compute action (forward, backward, input- or weight-grad) "
-                         "on one rank in one step.", {
-        "action_id": ("int64", "the action's id; messages refer to it"),
-        "rank": ("int64", "global rank that ran it"),
-        "step": ("int64", "profiler step (ProfilerStep#N); -1 outside every profiled step"),
-        "order": ("int64", "position on its rank within the step, from 0"),
-        "kind": ("string", "F forward, B full backward, I input-grad backward, W weight-grad backward"),
-        "stage": ("int64", "pipeline stage (not rank)"),
-        "microbatch": ("int64", "microbatch index; -1 when unknown"),
-        "start_ns": ("int64", "start of the compute span (on the run's timeline), ns"),
-        "end_ns": ("int64", "end of the compute span, ns"),
-        "compute_ns": ("int64", "compute time: the span on the host timeline, the union of the action's "
-                                "kernels on the device timeline"),
-        "label_start_ns": ("int64", "start of the action's label (PP:... range), including its receive wait, ns"),
-        "label_end_ns": ("int64", "end of the action's label, ns"),
-        "host_start_ns": ("int64", "start of the host-side span (= start_ns on the host timeline), ns"),
-        "host_end_ns": ("int64", "end of the host-side span (= end_ns on the host timeline), ns"),
-        "label": ("string", "the label as recorded; empty for actions reconstructed from unlabelled ops"),
-        "file_id": ("int64", "index of the trace file it came from (the JSON report's files list)"),
-        "source_index": ("int64", "index of the source event in that file"),
-    }),
-    "messages": TableSpec("One row per matched point-to-point message between two ranks.", {
-        "msg_id": ("int64", "the message's id"),
-        "step": ("int64", "profiler step"),
-        "src_rank": ("int64", "sending rank"),
-        "dst_rank": ("int64", "receiving rank"),
-        "tag": ("int64", "P2P tag; -1 when unknown"),
-        "nbytes": ("int64", "message size in bytes; -1 when unknown"),
-        "direction": ("string", "fwd activations, bwd gradients, ? unknown"),
-        "send_post_ns": ("int64", "when the sender posted the send, ns"),
-        "recv_post_ns": ("int64", "when the receiver posted the receive, ns"),
-        "recv_done_ns": ("int64", "when the receiver's wait returned (data there), ns"),
-        "recv_wait_ns": ("int64", "how long the receiver was blocked on it, ns"),
-        "arrival_ns": ("int64", "when the data was at the receiver (recv_done_ns if it blocked, else an "
-                                "estimate no later than its wait call), ns"),
-        "producer_action": ("int64", "action_id of the action that produced the data; -1 when unknown"),
-        "consumer_action": ("int64", "action_id of the action that consumed it; -1 when unknown"),
-        "src_file_id": ("int64", "trace file of the send op"),
-        "src_source_index": ("int64", "index of the send op in that file"),
-        "dst_file_id": ("int64", "trace file of the receive op"),
-        "dst_source_index": ("int64", "index of the receive op in that file"),
-    }),
-    "bubbles": TableSpec("One row per rank and step: the step window, busy and idle time, bubble ratio.", {
-        "rank": ("int64", "global rank"),
-        "step": ("int64", "profiler step"),
-        "window_start_ns": ("int64", "start of the step window (pipeline runs: first compute start over all "
-                                     "ranks), ns"),
-        "window_end_ns": ("int64", "end of the step window (pipeline runs: last compute end over all ranks), ns"),
-        "window_ns": ("int64", "window length, ns"),
-        "busy_ns": ("int64", "union of the rank's compute inside the window, ns"),
-        "idle_ns": ("int64", "window_ns - busy_ns"),
-        "bubble_ratio": ("float64", "idle_ns / window_ns, 0..1"),
-    }),
-    "attribution": TableSpec("One row per rank and step of a whole pipeline: its idle time split by cause; "
-                             "the causes sum to idle_ns exactly. Empty where not attributed (no pipeline, "
-                             "ranks missing).", {
-        "rank": ("int64", "global rank"),
-        "step": ("int64", "profiler step"),
-        "idle_ns": ("int64", "the rank's idle in the step window (as in bubbles), ns"),
-        **{f"{c}_ns": ("int64", f"{_CAUSE_DOCS[c]}, ns") for c in CATEGORIES},
-    }),
-    "stage_blame": TableSpec("Who the imbalance idle is charged to: per rank and step, the stages whose "
-                             "excess work made that rank wait; sums to the rank's imbalance_ns.", {
-        "step": ("int64", "profiler step"),
-        "rank": ("int64", "the rank that waited"),
-        "stage": ("int64", "the stage blamed"),
-        "imbalance_ns": ("int64", "the share of the rank's imbalance idle charged to that stage, ns"),
-    }),
-    "link_blame": TableSpec("Who the comm idle is charged to: per rank and step, the links whose latency "
-                            "made that rank wait; sums to the rank's comm_ns.", {
-        "step": ("int64", "profiler step"),
-        "rank": ("int64", "the rank that waited"),
-        "src_rank": ("int64", "sending end of the link blamed"),
-        "dst_rank": ("int64", "receiving end of the link blamed"),
-        "comm_ns": ("int64", "the share of the rank's comm idle charged to that link, ns"),
-    }),
-    "device_pairs": TableSpec("GPU runs: one row per pair of point-to-point kernels (a send's and its "
-                              "receive's), split into waiting for the peer and moving data.", _PAIR_COLUMNS,
-                              device_only=True),
-    "collective_pairs": TableSpec("GPU runs: SendRecv kernels of collectives (all_to_all) paired across a "
-                                  "two-rank run; not pipeline messages (msg_id -1).", _PAIR_COLUMNS,
-                                  device_only=True),
-    "device_steps": TableSpec("GPU runs: per rank and step, what the device timeline adds to the bubbles.", {
-        "rank": ("int64", "global rank"),
-        "step": ("int64", "profiler step"),
-        "launch_wait_ns": ("int64", "device idle while the host had not launched the next op yet, ns"),
-        "step_end_ns": ("int64", "device work of the step after the pipeline window closed (optimizer, "
-                                 "gradient collectives), ns"),
-        "p2p_wait_ns": ("int64", "time the rank's P2P kernels spun waiting for their peer, ns"),
-        "p2p_transfer_ns": ("int64", "time the rank's P2P kernels moved data, ns"),
-    }, device_only=True),
-    "device_ranks": TableSpec("GPU runs: the device figures per rank, summed over steps.", {
-        "rank": ("int64", "global rank"),
-        "launch_wait_ns": ("int64", "device_steps.launch_wait_ns summed, ns"),
-        "step_end_ns": ("int64", "device_steps.step_end_ns summed, ns"),
-        "p2p_wait_ns": ("int64", "device_steps.p2p_wait_ns summed, ns"),
-        "p2p_transfer_ns": ("int64", "device_steps.p2p_transfer_ns summed, ns"),
-        "host_ahead_ns": ("int64", "how far the host ran ahead: the longest time from a launch call's end to "
-                                   "its op's start, ns"),
-    }, device_only=True),
+    "actions": TableSpec(
+        "One row per pipeline compute action (forward, backward, input- or weight-grad) on one rank in one step.",
+        {
+            "action_id": ("int64", "the action's id; messages refer to it"),
+            "rank": ("int64", "global rank that ran it"),
+            "step": ("int64", "profiler step (ProfilerStep#N); -1 outside every profiled step"),
+            "order": ("int64", "position on its rank within the step, from 0"),
+            "kind": ("string", "F forward, B full backward, I input-grad backward, W weight-grad backward"),
+            "stage": ("int64", "pipeline stage (not rank)"),
+            "microbatch": ("int64", "microbatch index; -1 when unknown"),
+            "start_ns": ("int64", "start of the compute span (on the run's timeline), ns"),
+            "end_ns": ("int64", "end of the compute span, ns"),
+            "compute_ns": (
+                "int64",
+                "compute time: the span on the host timeline, the union of the action's kernels on the device timeline",
+            ),
+            "label_start_ns": ("int64", "start of the action's label (PP:... range), including its receive wait, ns"),
+            "label_end_ns": ("int64", "end of the action's label, ns"),
+            "host_start_ns": ("int64", "start of the host-side span (= start_ns on the host timeline), ns"),
+            "host_end_ns": ("int64", "end of the host-side span (= end_ns on the host timeline), ns"),
+            "label": ("string", "the label as recorded; empty for actions reconstructed from unlabelled ops"),
+            "file_id": ("int64", "index of the trace file it came from (the JSON report's files list)"),
+            "source_index": ("int64", "index of the source event in that file"),
+        },
+    ),
+    "messages": TableSpec(
+        "One row per matched point-to-point message between two ranks.",
+        {
+            "msg_id": ("int64", "the message's id"),
+            "step": ("int64", "profiler step"),
+            "src_rank": ("int64", "sending rank"),
+            "dst_rank": ("int64", "receiving rank"),
+            "tag": ("int64", "P2P tag; -1 when unknown"),
+            "nbytes": ("int64", "message size in bytes; -1 when unknown"),
+            "direction": ("string", "fwd activations, bwd gradients, ? unknown"),
+            "send_post_ns": ("int64", "when the sender posted the send, ns"),
+            "recv_post_ns": ("int64", "when the receiver posted the receive, ns"),
+            "recv_done_ns": ("int64", "when the receiver's wait returned (data there), ns"),
+            "recv_wait_ns": ("int64", "how long the receiver was blocked on it, ns"),
+            "arrival_ns": (
+                "int64",
+                "when the data was at the receiver (recv_done_ns if it blocked, else an "
+                "estimate no later than its wait call), ns",
+            ),
+            "producer_action": ("int64", "action_id of the action that produced the data; -1 when unknown"),
+            "consumer_action": ("int64", "action_id of the action that consumed it; -1 when unknown"),
+            "src_file_id": ("int64", "trace file of the send op"),
+            "src_source_index": ("int64", "index of the send op in that file"),
+            "dst_file_id": ("int64", "trace file of the receive op"),
+            "dst_source_index": ("int64", "index of the receive op in that file"),
+        },
+    ),
+    "bubbles": TableSpec(
+        "One row per rank and step: the step window, busy and idle time, bubble ratio.",
+        {
+            "rank": ("int64", "global rank"),
+            "step": ("int64", "profiler step"),
+            "window_start_ns": (
+                "int64",
+                "start of the step window (pipeline runs: first compute start over all ranks), ns",
+            ),
+            "window_end_ns": ("int64", "end of the step window (pipeline runs: last compute end over all ranks), ns"),
+            "window_ns": ("int64", "window length, ns"),
+            "busy_ns": ("int64", "union of the rank's compute inside the window, ns"),
+            "idle_ns": ("int64", "window_ns - busy_ns"),
+            "bubble_ratio": ("float64", "idle_ns / window_ns, 0..1"),
+        },
+    ),
+    "attribution": TableSpec(
+        "One row per rank and step of a whole pipeline: its idle time split by cause; "
+        "the causes sum to idle_ns exactly. Empty where not attributed (no pipeline, "
+        "ranks missing).",
+        {
+            "rank": ("int64", "global rank"),
+            "step": ("int64", "profiler step"),
+            "idle_ns": ("int64", "the rank's idle in the step window (as in bubbles), ns"),
+            **{f"{c}_ns": ("int64", f"{_CAUSE_DOCS[c]}, ns") for c in CATEGORIES},
+        },
+    ),
+    "stage_blame": TableSpec(
+        "Who the imbalance idle is charged to: per rank and step, the stages whose "
+        "excess work made that rank wait; sums to the rank's imbalance_ns.",
+        {
+            "step": ("int64", "profiler step"),
+            "rank": ("int64", "the rank that waited"),
+            "stage": ("int64", "the stage blamed"),
+            "imbalance_ns": ("int64", "the share of the rank's imbalance idle charged to that stage, ns"),
+        },
+    ),
+    "link_blame": TableSpec(
+        "Who the comm idle is charged to: per rank and step, the links whose latency "
+        "made that rank wait; sums to the rank's comm_ns.",
+        {
+            "step": ("int64", "profiler step"),
+            "rank": ("int64", "the rank that waited"),
+            "src_rank": ("int64", "sending end of the link blamed"),
+            "dst_rank": ("int64", "receiving end of the link blamed"),
+            "comm_ns": ("int64", "the share of the rank's comm idle charged to that link, ns"),
+        },
+    ),
+    "device_pairs": TableSpec(
+        "GPU runs: one row per pair of point-to-point kernels (a send's and its "
+        "receive's), split into waiting for the peer and moving data.",
+        _PAIR_COLUMNS,
+        device_only=True,
+    ),
+    "collective_pairs": TableSpec(
+        "GPU runs: SendRecv kernels of collectives (all_to_all) paired across a "
+        "two-rank run; not pipeline messages (msg_id -1).",
+        _PAIR_COLUMNS,
+        device_only=True,
+    ),
+    "device_steps": TableSpec(
+        "GPU runs: per rank and step, what the device timeline adds to the bubbles.",
+        {
+            "rank": ("int64", "global rank"),
+            "step": ("int64", "profiler step"),
+            "launch_wait_ns": ("int64", "device idle while the host had not launched the next op yet, ns"),
+            "step_end_ns": (
+                "int64",
+                "device work of the step after the pipeline window closed (optimizer, gradient collectives), ns",
+            ),
+            "p2p_wait_ns": ("int64", "time the rank's P2P kernels spun waiting for their peer, ns"),
+            "p2p_transfer_ns": ("int64", "time the rank's P2P kernels moved data, ns"),
+        },
+        device_only=True,
+    ),
+    "device_ranks": TableSpec(
+        "GPU runs: the device figures per rank, summed over steps.",
+        {
+            "rank": ("int64", "global rank"),
+            "launch_wait_ns": ("int64", "device_steps.launch_wait_ns summed, ns"),
+            "step_end_ns": ("int64", "device_steps.step_end_ns summed, ns"),
+            "p2p_wait_ns": ("int64", "device_steps.p2p_wait_ns summed, ns"),
+            "p2p_transfer_ns": ("int64", "device_steps.p2p_transfer_ns summed, ns"),
+            "host_ahead_ns": (
+                "int64",
+                "how far the host ran ahead: the longest time from a launch call's end to its op's start, ns",
+            ),
+        },
+        device_only=True,
+    ),
 }
 
 
@@ -191,8 +238,12 @@ def tables(analysis: Analysis) -> dict[str, pd.DataFrame]:
     if figures is not None:
         per_rank = figures.per_rank().reset_index()
         per_rank["host_ahead_ns"] = [figures.host_ahead_ns.get(int(r), 0) for r in per_rank["rank"]]
-        raw.update(device_pairs=run.device_pairs, collective_pairs=run.collective_pairs, device_steps=figures.per_step,
-                   device_ranks=per_rank)
+        raw.update(
+            device_pairs=run.device_pairs,
+            collective_pairs=run.collective_pairs,
+            device_steps=figures.per_step,
+            device_ranks=per_rank,
+        )
     return {name: _typed(raw[name], TABLES[name]) for name in table_names(figures is not None)}
 
 
@@ -200,8 +251,9 @@ def _typed(frame: pd.DataFrame, spec: TableSpec) -> pd.DataFrame:
     """``frame``'s documented columns, in order, with their types (an empty frame gets them all)."""
     out = pd.DataFrame(index=range(len(frame)))
     for name, (dtype, _) in spec.columns.items():
-        column = pd.Series(frame[name].to_numpy() if len(frame) else [], index=out.index,
-                           dtype=object if dtype == "string" else None)
+        column = pd.Series(
+            frame[name].to_numpy() if len(frame) else [], index=out.index, dtype=object if dtype == "string" else None
+        )
         # the stubs take a literal dtype name only; these come from TABLES ("int64", "string"...)
         column = column.astype(dtype)  # type: ignore[call-overload]
         # the model's convention for "no label" is the empty string, never a missing value
@@ -223,23 +275,30 @@ def step_scalars(analysis: Analysis) -> pd.DataFrame:
     cause_columns = [f"{c}_ns" for c in CATEGORIES]
     by_step_rank: dict[tuple[int, int], list[int]] = (
         {(s, r): ns for s, r, *ns in attributed[["step", "rank", *cause_columns]].to_numpy(np.int64).tolist()}
-        if len(attributed) else {})
+        if len(attributed)
+        else {}
+    )
     compute = _stage_compute_ns(analysis)
     for (step,), window in int_groups(analysis.bubbles, ["step"]):
         start_ns = int(window["window_start_ns"].min())
         figures: list[tuple[str, float]] = [
             ("pipeline/step_ms", (int(window["window_end_ns"].max()) - start_ns) / _NS_PER_MS),
-            ("pipeline/bubble_ratio", share(int(window["idle_ns"].sum()), int(window["window_ns"].sum()),
-                                            f"step {step}: bubble ratio")),
+            (
+                "pipeline/bubble_ratio",
+                share(int(window["idle_ns"].sum()), int(window["window_ns"].sum()), f"step {step}: bubble ratio"),
+            ),
         ]
-        figures += [(f"pipeline/stage_{stage}/compute_ms", value / _NS_PER_MS)
-                    for stage, value in compute.get(step, {}).items()]
+        figures += [
+            (f"pipeline/stage_{stage}/compute_ms", value / _NS_PER_MS) for stage, value in compute.get(step, {}).items()
+        ]
         ranks = window.sort_values("rank")
         for rank, idle_ns in ranks[["rank", "idle_ns"]].to_numpy(np.int64).tolist():
             figures.append((f"pipeline/rank_{rank}/idle_ms", idle_ns / _NS_PER_MS))
             if (step, rank) in by_step_rank:
-                figures += [(f"pipeline/rank_{rank}/idle_{cause}_ms", ns / _NS_PER_MS)
-                            for cause, ns in zip(CATEGORIES, by_step_rank[(step, rank)])]
+                figures += [
+                    (f"pipeline/rank_{rank}/idle_{cause}_ms", ns / _NS_PER_MS)
+                    for cause, ns in zip(CATEGORIES, by_step_rank[(step, rank)])
+                ]
         rows += [(step, tag, float(value), start_ns if absolute else -1) for tag, value in figures]
     frame = pd.DataFrame(rows, columns=["step", "tag", "value", "wall_time_ns"])
     return frame.astype({"step": "int64", "tag": "string", "value": "float64", "wall_time_ns": "int64"})

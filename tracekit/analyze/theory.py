@@ -4,6 +4,7 @@ Each formula gives the idle time per device and the bubble share of the step for
 stages and free communication. ``t_f``, ``t_b`` (= ``t_I + t_W``) are one microbatch's
 forward and backward time on one stage (one model chunk).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -15,16 +16,21 @@ from typing import Any
 class Theory:
     schedule: str
     formula: str
-    bubble_ratio: float | None     # None when no closed form applies
+    bubble_ratio: float | None  # None when no closed form applies
     note: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schedule": self.schedule, "formula": self.formula,
-                "bubble_ratio": self.bubble_ratio, "note": self.note}
+        return {
+            "schedule": self.schedule,
+            "formula": self.formula,
+            "bubble_ratio": self.bubble_ratio,
+            "note": self.note,
+        }
 
 
-def theoretical_bubble(schedule: str, p: int, v: int, m: int, t_f: float = 1.0, t_b: float = 2.0,
-                       t_w: float | None = None) -> Theory:
+def theoretical_bubble(
+    schedule: str, p: int, v: int, m: int, t_f: float = 1.0, t_b: float = 2.0, t_w: float | None = None
+) -> Theory:
     """The bubble share of a step for ``schedule`` with p ranks, v chunks, m microbatches."""
     if p < 1 or m < 1:
         return Theory(schedule, "", None, "needs p >= 1 and m >= 1")
@@ -35,18 +41,26 @@ def theoretical_bubble(schedule: str, p: int, v: int, m: int, t_f: float = 1.0, 
         return Theory(schedule, "(p-1)/(v*m+p-1)", (p - 1) / (v * m + p - 1), note)
     t_w = t_b / 2 if t_w is None else t_w
     t_i = t_b - t_w
-    work = v * m * (t_f + t_b)          # one device's compute in a step
+    work = v * m * (t_f + t_b)  # one device's compute in a step
     if schedule in ("ZeroBubble (ZB-H1)", "InterleavedZeroBubble"):
         idle = max(0.0, (p - 1) * (t_f + t_i - t_w)) / v
-        return Theory(schedule, "idle = (p-1)(t_f+t_I-t_W)/v per device", idle / (idle + work),
-                      "ZB-H1 bound; torch's interleaved zero-bubble schedule aims lower")
+        return Theory(
+            schedule,
+            "idle = (p-1)(t_f+t_I-t_W)/v per device",
+            idle / (idle + work),
+            "ZB-H1 bound; torch's interleaved zero-bubble schedule aims lower",
+        )
     if schedule == "ZBVZeroBubble":
         idle = max(0.0, (p - 1) * (t_f + t_i - 2 * t_w))
         return Theory(schedule, "idle = max(0, (p-1)(t_f+t_I-2t_W)) per device", idle / (idle + work))
     if schedule == "DualPipeV":
         idle = max(0.0, (p / 2 - 1) * ((t_f + t_b) + t_b - 3 * t_w))
-        return Theory(schedule, "idle = (p/2-1)(t_F&B + t_B - 3t_W) per device", idle / (idle + work),
-                      "DeepSeek-V3 DualPipe README")
+        return Theory(
+            schedule,
+            "idle = (p/2-1)(t_F&B + t_B - 3t_W) per device",
+            idle / (idle + work),
+            "DeepSeek-V3 DualPipe README",
+        )
     return Theory(schedule, "", None, f"no closed form known for {schedule}")
 
 
@@ -63,12 +77,19 @@ def flush_free_bubble(schedule: str, p: int, m: int, steps: int, fill_recorded: 
     if p < 1 or m < 1 or steps < 1:
         return Theory(schedule, "", None, "needs p, m and steps >= 1")
     if not fill_recorded:
-        return Theory(schedule, "0 (steady state, no flush)", 0.0,
-                      "the trace starts after the pipeline's fill; a flush-free pipeline has no bubble in "
-                      "steady state")
-    return Theory(schedule, "fill once: (p-1)/((p-1)+2*steps*m)", (p - 1) / ((p - 1) + 2 * steps * m),
-                  f"no flush: only the initial fill idles (rank r: r*t_f + (p-1-r)*t_b), over the "
-                  f"{steps} recorded steps; steady state has no bubble")
+        return Theory(
+            schedule,
+            "0 (steady state, no flush)",
+            0.0,
+            "the trace starts after the pipeline's fill; a flush-free pipeline has no bubble in steady state",
+        )
+    return Theory(
+        schedule,
+        "fill once: (p-1)/((p-1)+2*steps*m)",
+        (p - 1) / ((p - 1) + 2 * steps * m),
+        f"no flush: only the initial fill idles (rank r: r*t_f + (p-1-r)*t_b), over the "
+        f"{steps} recorded steps; steady state has no bubble",
+    )
 
 
 def sliced_bubble(schedule: str, p: int, t_f: Sequence[float], t_b: Sequence[float]) -> Theory:
@@ -87,6 +108,9 @@ def sliced_bubble(schedule: str, p: int, t_f: Sequence[float], t_b: Sequence[flo
     idle = (p - 1) * (max(t_f) + max(t_b))
     m = len(t_f)
     uniform = (p - 1) * (work / m)
-    return Theory(schedule, "idle = (p-1)(max_i t_f[i] + max_i t_b[i]) per device", idle / (idle + work),
-                  f"uniform slices of the same mean cost: {uniform / (uniform + work):.1%} "
-                  "(GPipe's (p-1)/(m+p-1))")
+    return Theory(
+        schedule,
+        "idle = (p-1)(max_i t_f[i] + max_i t_b[i]) per device",
+        idle / (idle + work),
+        f"uniform slices of the same mean cost: {uniform / (uniform + work):.1%} (GPipe's (p-1)/(m+p-1))",
+    )

@@ -32,6 +32,7 @@ compute scales with measured m / target m; ``keep="microbatch"``: microbatches k
 size and the step does more work. Latencies are kept as measured in both (a message's size
 changes with the microbatch, but its fixed cost dominates at these sizes; an assumption).
 """
+
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
@@ -47,13 +48,13 @@ from tracekit.analyze.theory import theoretical_bubble
 from tracekit.errors import TracekitError
 from tracekit.model.run import Run
 
-TARGETS = tuple(GENERATORS)          # schedules whose orders can be generated
+TARGETS = tuple(GENERATORS)  # schedules whose orders can be generated
 KEEPS = ("global-batch", "microbatch")
 DEFAULT_SAMPLES = 32
 # A message pool: (src rank, dst rank), or (src, dst, "fused") for messages into the second
 # half of a fused label (see _fused)
 LinkKey = tuple[int, int] | tuple[int, int, str]
-K = TypeVar("K", bound=Hashable)   # a cost pool's key
+K = TypeVar("K", bound=Hashable)  # a cost pool's key
 
 
 @dataclass
@@ -65,17 +66,17 @@ class CostModel:
     v: int
     m: int
     ranks: list[int]
-    work: dict[tuple[int, str], np.ndarray]          # (rank, kind) -> one microbatch on the rank, ns
-    overhead: dict[int, np.ndarray]                  # rank -> ns (actions that start a label)
-    latency: dict[LinkKey, np.ndarray]               # (src rank, dst rank[, "fused"]) -> ns
+    work: dict[tuple[int, str], np.ndarray]  # (rank, kind) -> one microbatch on the rank, ns
+    overhead: dict[int, np.ndarray]  # rank -> ns (actions that start a label)
+    latency: dict[LinkKey, np.ndarray]  # (src rank, dst rank[, "fused"]) -> ns
     all_latency: np.ndarray
     # Device messages' rendezvous transfers (see replay), pooled like latency; empty on the host.
     transfer: dict[LinkKey, np.ndarray] = field(default_factory=dict)
     all_transfer: np.ndarray = field(default_factory=lambda: np.zeros(1, dtype=np.int64))
-    fused_overhead: dict[int, np.ndarray] = field(default_factory=dict)   # rank -> ns, second halves of fused labels
+    fused_overhead: dict[int, np.ndarray] = field(default_factory=dict)  # rank -> ns, second halves of fused labels
     stage_work: dict[tuple[int, str], np.ndarray] = field(default_factory=dict)  # (stage, kind) -> one chunk, ns
-    graphs: list[StepGraph] = field(default_factory=list)   # the measured steps
-    fused: list[np.ndarray] = field(default_factory=list)   # per graph: action continues its predecessor's label
+    graphs: list[StepGraph] = field(default_factory=list)  # the measured steps
+    fused: list[np.ndarray] = field(default_factory=list)  # per graph: action continues its predecessor's label
     n_actions: int = 0
     n_messages: int = 0
 
@@ -90,18 +91,27 @@ class Prediction:
     p: int
     v: int
     m: int
-    bubble_ratio: float              # mean over the replays
+    bubble_ratio: float  # mean over the replays
     bubble_sd: float
-    step_ns: float                   # mean step time (first compute start to last compute end)
+    step_ns: float  # mean step time (first compute start to last compute end)
     step_sd: float
-    theory: float | None             # closed form, balanced and free messages
-    basis: str                       # "measured order" | "generated order"
+    theory: float | None  # closed form, balanced and free messages
+    basis: str  # "measured order" | "generated order"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"label": self.label, "schedule": self.schedule, "p": self.p, "v": self.v,
-                "m": self.m, "bubble_ratio": self.bubble_ratio, "bubble_sd": self.bubble_sd,
-                "step_ns": int(round(self.step_ns)), "step_sd_ns": int(round(self.step_sd)),
-                "theory_bubble_ratio": self.theory, "basis": self.basis}
+        return {
+            "label": self.label,
+            "schedule": self.schedule,
+            "p": self.p,
+            "v": self.v,
+            "m": self.m,
+            "bubble_ratio": self.bubble_ratio,
+            "bubble_sd": self.bubble_sd,
+            "step_ns": int(round(self.step_ns)),
+            "step_sd_ns": int(round(self.step_sd)),
+            "theory_bubble_ratio": self.theory,
+            "basis": self.basis,
+        }
 
 
 @dataclass
@@ -121,12 +131,22 @@ class WhatIf:
         m = self.model
         return {
             "source": self.source,
-            "measured": {"schedule": m.schedule, "p": m.p, "v": m.v, "m": m.m,
-                         "bubble_ratio": self.measured_bubble, "step_ns": int(round(self.measured_step_ns)),
-                         "steps": len(m.graphs), "actions": m.n_actions, "messages": m.n_messages},
+            "measured": {
+                "schedule": m.schedule,
+                "p": m.p,
+                "v": m.v,
+                "m": m.m,
+                "bubble_ratio": self.measured_bubble,
+                "step_ns": int(round(self.measured_step_ns)),
+                "steps": len(m.graphs),
+                "actions": m.n_actions,
+                "messages": m.n_messages,
+            },
             "model_of_measured": self.as_measured.to_dict(),
             "predictions": [p.to_dict() for p in self.predictions],
-            "skipped": list(self.skipped), "keep": self.keep, "replays_per_row": self.samples,
+            "skipped": list(self.skipped),
+            "keep": self.keep,
+            "replays_per_row": self.samples,
             "assumptions": list(self.assumptions),
         }
 
@@ -135,20 +155,27 @@ def cost_model(run: Run, graphs: list[StepGraph] | None = None) -> CostModel:
     """The cost samples of a reconstructed pipeline run (from its step ``graphs`` when the
     caller has them already)."""
     if run.completeness is not None and run.completeness.single_rank:
-        raise TracekitError(f"{run.source}: one rank: no pipeline to vary; what-if needs every rank of a "
-                            "pipeline-parallel run")
+        raise TracekitError(
+            f"{run.source}: one rank: no pipeline to vary; what-if needs every rank of a pipeline-parallel run"
+        )
     sched = run.schedule
     if sched is None or not run.is_pipeline:
-        raise TracekitError(f"{run.source}: no pipeline actions found, so there is no schedule to vary; "
-                            "what-if needs a pipeline-parallel run")
+        raise TracekitError(
+            f"{run.source}: no pipeline actions found, so there is no schedule to vary; "
+            "what-if needs a pipeline-parallel run"
+        )
     if run.completeness is not None and not run.completeness.complete:
-        raise TracekitError(f"{run.source}: incomplete run: {run.completeness.missing_text()}; what-if "
-                            "replays the whole pipeline, so it needs every rank's trace")
+        raise TracekitError(
+            f"{run.source}: incomplete run: {run.completeness.missing_text()}; what-if "
+            "replays the whole pipeline, so it needs every rank's trace"
+        )
     if sched.flush_free:
         # the targets are flushed schedules replayed step by step; a flush-free run's steps
         # hold microbatches of its neighbours' steps, so its "measured step" is no such thing
-        raise TracekitError(f"{run.source}: {sched.name} has no flush: what-if replays flushed steps, and "
-                            "this run's steps overlap by design; compare it with a flushed capture instead")
+        raise TracekitError(
+            f"{run.source}: {sched.name} has no flush: what-if replays flushed steps, and "
+            "this run's steps overlap by design; compare it with a flushed capture instead"
+        )
     graphs = list(step_graphs(run).values()) if graphs is None else list(graphs)
     per_kind: dict[tuple[int, str], list[int]] = {}
     overhead: dict[int, list[int]] = {}
@@ -166,8 +193,9 @@ def cost_model(run: Run, graphs: list[StepGraph] | None = None) -> CostModel:
             per_stage.setdefault((s, k), []).append(d)
         for s, d, lat, xfer, msg in zip(g.edge_src, g.edge_dst, g.edge_lat, g.edge_xfer, g.edge_msg):
             if msg >= 0:  # into the second half of a fused label: its own pool (see _fused)
-                key: LinkKey = ((int(g.rank[s]), int(g.rank[d])) if not fused[d]
-                                else (int(g.rank[s]), int(g.rank[d]), "fused"))
+                key: LinkKey = (
+                    (int(g.rank[s]), int(g.rank[d])) if not fused[d] else (int(g.rank[s]), int(g.rank[d]), "fused")
+                )
                 latency.setdefault(key, []).append(int(lat))
                 transfer.setdefault(key, []).append(int(xfer))
     # Generated orders place stages on the first replica's ranks (the others repeat it).
@@ -183,20 +211,25 @@ def cost_model(run: Run, graphs: list[StepGraph] | None = None) -> CostModel:
         if (r, "B") not in work and (r, "I") in work and (r, "W") in work:
             i_s, w_s = work[(r, "I")], work[(r, "W")]
             n = max(len(i_s), len(w_s))
-            work[(r, "B")] = rng.choice(i_s, n) + rng.choice(w_s, n)   # I and W paired at random
+            work[(r, "B")] = rng.choice(i_s, n) + rng.choice(w_s, n)  # I and W paired at random
         for kind, name in (("F", "forward"), ("B", "backward")):
             if (r, kind) not in work:
-                raise TracekitError(f"{run.source}: rank {r} has no {name} actions; what-if needs "
-                                    "both on every rank")
+                raise TracekitError(f"{run.source}: rank {r} has no {name} actions; what-if needs both on every rank")
     all_latency = np.array([x for k, v in latency.items() if len(k) == 2 for x in v] or [0], dtype=np.int64)
     return CostModel(
-        schedule=sched.name, p=sched.p, v=sched.v, m=sched.m, ranks=ranks, work=work,
+        schedule=sched.name,
+        p=sched.p,
+        v=sched.v,
+        m=sched.m,
+        ranks=ranks,
+        work=work,
         overhead={r: np.array(v, dtype=np.int64) for r, v in overhead.items()},
         fused_overhead={r: np.array(v, dtype=np.int64) for r, v in fused_overhead.items()},
         fused=fused_of_graph,
         stage_work={k: np.array(v, dtype=np.int64) for k, v in per_stage.items()},
         latency={k: np.array(v, dtype=np.int64) for k, v in latency.items()},
-        all_latency=all_latency, graphs=graphs,
+        all_latency=all_latency,
+        graphs=graphs,
         transfer={k: np.array(v, dtype=np.int64) for k, v in transfer.items() if any(v)},
         all_transfer=np.array([x for k, v in transfer.items() if len(k) == 2 for x in v] or [0], dtype=np.int64),
         n_actions=sum(len(g.action_id) for g in graphs),
@@ -218,8 +251,9 @@ def _fused(labels: pd.DataFrame, graph: StepGraph) -> np.ndarray:
     return out
 
 
-def _draw(rng: np.random.Generator, pools: Mapping[K, np.ndarray], keys: Sequence[K],
-          fallback: np.ndarray | None = None) -> np.ndarray:
+def _draw(
+    rng: np.random.Generator, pools: Mapping[K, np.ndarray], keys: Sequence[K], fallback: np.ndarray | None = None
+) -> np.ndarray:
     """One draw per key from its pool (grouped, so each pool is sampled once)."""
     out = np.zeros(len(keys), dtype=np.int64)
     by_key: dict[K, list[int]] = {}
@@ -233,10 +267,17 @@ def _draw(rng: np.random.Generator, pools: Mapping[K, np.ndarray], keys: Sequenc
     return out
 
 
-def _replay_many(graph: StepGraph, model: CostModel, rng: np.random.Generator, samples: int,
-                 scale: float | np.ndarray, v: int,
-                 rank_of: np.ndarray, fused: np.ndarray | None = None,
-                 by_stage: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def _replay_many(
+    graph: StepGraph,
+    model: CostModel,
+    rng: np.random.Generator,
+    samples: int,
+    scale: float | np.ndarray,
+    v: int,
+    rank_of: np.ndarray,
+    fused: np.ndarray | None = None,
+    by_stage: bool = False,
+) -> tuple[np.ndarray, np.ndarray]:
     """Bubble ratios and step times of ``samples`` replays with freshly drawn costs;
     ``scale`` multiplies the compute (a number, or one per action); ``fused`` marks actions
     whose overhead comes from the fused-label pool; ``by_stage``: compute drawn per stage
@@ -257,8 +298,9 @@ def _replay_many(graph: StepGraph, model: CostModel, rng: np.random.Generator, s
         dur = np.rint(_draw(rng, pools, work_keys) * scale / v).astype(np.int64)
         ovh = _draw(rng, model.overhead, ranks)
         if fused is not None and fused.any():
-            ovh[fused] = _draw(rng, model.fused_overhead, [ranks[i] for i in np.flatnonzero(fused)],
-                               model.all_overhead())
+            ovh[fused] = _draw(
+                rng, model.fused_overhead, [ranks[i] for i in np.flatnonzero(fused)], model.all_overhead()
+            )
         lat = _draw(rng, model.latency, links, model.all_latency)
         xfer = None
         if model.transfer:  # device messages (host runs draw nothing more: same answers as before)
@@ -266,7 +308,7 @@ def _replay_many(graph: StepGraph, model: CostModel, rng: np.random.Generator, s
         if by_stage:  # dependencies the measured run passed no message on keep their latency
             lat = np.where(graph.edge_msg >= 0, lat, graph.edge_lat)
             xfer = None if xfer is None else np.where(graph.edge_msg >= 0, xfer, graph.edge_xfer)
-        result = replay(graph, dur=dur, ovh=ovh, lat=lat, xfer=xfer)   # None: the graph's (zeros on the host)
+        result = replay(graph, dur=dur, ovh=ovh, lat=lat, xfer=xfer)  # None: the graph's (zeros on the host)
         window = int(result.end.max() - result.start.min())
         steps[i] = window
         bubbles[i] = 1.0 - dur.sum() / (n_ranks * window) if window > 0 else 0.0
@@ -285,22 +327,39 @@ def as_measured(model: CostModel, samples: int = DEFAULT_SAMPLES, seed: int = 0)
         bubbles.extend(b)
         steps.extend(s)
     theory = theoretical_bubble(model.schedule, model.p, model.v, model.m).bubble_ratio
-    return Prediction("model of the measured run", model.schedule, model.p, model.v, model.m,
-                      float(np.mean(bubbles)), float(np.std(bubbles)), float(np.mean(steps)),
-                      float(np.std(steps)), theory, "measured order")
+    return Prediction(
+        "model of the measured run",
+        model.schedule,
+        model.p,
+        model.v,
+        model.m,
+        float(np.mean(bubbles)),
+        float(np.std(bubbles)),
+        float(np.mean(steps)),
+        float(np.std(steps)),
+        theory,
+        "measured order",
+    )
 
 
 def balance_factors(model: CostModel) -> dict[int, float]:
     """Per rank, what its compute is multiplied by when stages are re-split so that every
     rank computes the same (the total kept): mean over ranks / the rank's own, by medians."""
-    per_rank = {r: float(np.median(model.work[(r, "F")]) + np.median(model.work[(r, "B")]))
-                for r in model.ranks}
+    per_rank = {r: float(np.median(model.work[(r, "F")]) + np.median(model.work[(r, "B")])) for r in model.ranks}
     mean = sum(per_rank.values()) / len(per_rank)
     return {r: (mean / c if c > 0 else 1.0) for r, c in per_rank.items()}
 
 
-def predict(model: CostModel, schedule: str, v: int, m: int, keep: str = "global-batch",
-            samples: int = DEFAULT_SAMPLES, seed: int = 0, balanced: bool = False) -> Prediction:
+def predict(
+    model: CostModel,
+    schedule: str,
+    v: int,
+    m: int,
+    keep: str = "global-batch",
+    samples: int = DEFAULT_SAMPLES,
+    seed: int = 0,
+    balanced: bool = False,
+) -> Prediction:
     """Replay ``schedule`` with ``v`` chunks a rank and ``m`` microbatches on the measured
     costs; ``balanced``: with layers moved between stages so every rank computes the same."""
     check_target(model, schedule, v, m)
@@ -317,16 +376,28 @@ def predict(model: CostModel, schedule: str, v: int, m: int, keep: str = "global
     bubbles, steps = _replay_many(graph, model, rng, samples, scale, v, rank_of)
     theory = theoretical_bubble(schedule, model.p, v, m).bubble_ratio
     label = f"{schedule} v={v} m={m}" + (" balanced" if balanced else "")
-    return Prediction(label, schedule, model.p, v, m, float(bubbles.mean()),
-                      float(bubbles.std()), float(steps.mean()), float(steps.std()), theory,
-                      "generated order")
+    return Prediction(
+        label,
+        schedule,
+        model.p,
+        v,
+        m,
+        float(bubbles.mean()),
+        float(bubbles.std()),
+        float(steps.mean()),
+        float(steps.std()),
+        theory,
+        "generated order",
+    )
 
 
 def check_target(model: CostModel, schedule: str, v: int, m: int) -> None:
     """Raise a one-line error for a configuration that cannot be generated."""
     if schedule not in TARGETS:
-        raise TracekitError(f"{schedule}: what-if generates {', '.join(TARGETS)} so far; "
-                            "zero-bubble and DualPipeV orders are not generated yet")
+        raise TracekitError(
+            f"{schedule}: what-if generates {', '.join(TARGETS)} so far; "
+            "zero-bubble and DualPipeV orders are not generated yet"
+        )
     if m < 1 or v < 1:
         raise TracekitError(f"{schedule} v={v} m={m}: v and m must be 1 or more")
     if schedule in ("GPipe", "1F1B") and v != 1:
@@ -347,17 +418,25 @@ def default_targets(model: CostModel) -> list[tuple[str, int, int]]:
     return out
 
 
-def replays_within(budget: int, p: int, targets: list[tuple[str, int, int]], rows_per_target: int = 1,
-                   most: int = DEFAULT_SAMPLES) -> int:
+def replays_within(
+    budget: int, p: int, targets: list[tuple[str, int, int]], rows_per_target: int = 1, most: int = DEFAULT_SAMPLES
+) -> int:
     """Replays per prediction that keep ``targets`` (each ``rows_per_target`` times) within
     ``budget`` replayed actions in all (a replay costs Python time per action), at most ``most``."""
     size = rows_per_target * sum(2 * v * m * p for _, v, m in targets)
     return min(most, budget // max(size, 1))
 
 
-def what_if(run: Run, targets: list[tuple[str, int, int]] | None = None, keep: str = "global-batch",
-            samples: int = DEFAULT_SAMPLES, seed: int = 0, balanced: bool = False,
-            model: CostModel | None = None, bubbles: pd.DataFrame | None = None) -> WhatIf:
+def what_if(
+    run: Run,
+    targets: list[tuple[str, int, int]] | None = None,
+    keep: str = "global-batch",
+    samples: int = DEFAULT_SAMPLES,
+    seed: int = 0,
+    balanced: bool = False,
+    model: CostModel | None = None,
+    bubbles: pd.DataFrame | None = None,
+) -> WhatIf:
     """Predict every target (schedule, v, m); targets that cannot be generated are skipped
     with the reason. ``balanced``: every target also with stages re-split evenly.
     ``model`` and ``bubbles`` (the run's cost model and measured bubble table), when the
@@ -385,16 +464,31 @@ def what_if(run: Run, targets: list[tuple[str, int, int]] | None = None, keep: s
         f"compute per microbatch and rank, overheads and latencies drawn from {model.n_actions} "
         f"measured actions and {model.n_messages} messages; {samples} replays per row",
         "a rank's layers split evenly over its chunks (compute per chunk = rank compute / v)",
-        ("global batch kept: compute per microbatch scales with measured m / target m" if keep == "global-batch"
-         else "microbatch size kept: compute per microbatch as measured, the step does more work"),
+        (
+            "global batch kept: compute per microbatch scales with measured m / target m"
+            if keep == "global-batch"
+            else "microbatch size kept: compute per microbatch as measured, the step does more work"
+        ),
         "message latencies as measured (links the run never used take the pooled samples)",
     ]
     if balanced:
         factors = balance_factors(model)
-        assumptions.append("'balanced' rows: layers moved between stages so every rank computes the same; "
-                           + ", ".join(f"rank {r} x{f:.2f}" for r, f in factors.items()))
-    return WhatIf(run.source, model, measured_bubble, measured_step, as_measured(model, samples, seed),
-                  predictions, skipped, keep, samples, assumptions)
+        assumptions.append(
+            "'balanced' rows: layers moved between stages so every rank computes the same; "
+            + ", ".join(f"rank {r} x{f:.2f}" for r, f in factors.items())
+        )
+    return WhatIf(
+        run.source,
+        model,
+        measured_bubble,
+        measured_step,
+        as_measured(model, samples, seed),
+        predictions,
+        skipped,
+        keep,
+        samples,
+        assumptions,
+    )
 
 
 # The report's what-if: each default target twice (as is and balanced), within about this
@@ -424,9 +518,12 @@ def report_what_if(run: Run, graphs: list[StepGraph], bubbles: pd.DataFrame) -> 
     targets = default_targets(model)
     samples = replays_within(REPORT_REPLAY_BUDGET, model.p, targets, rows_per_target=2, most=REPORT_REPLAYS)
     if samples < REPORT_MIN_REPLAYS:
-        return ReportWhatIf(None, f"What if: not computed here: {model.p} ranks and m={model.m} are too large "
-                                  f"to replay {REPORT_MIN_REPLAYS} times per row within the report's budget; "
-                                  "run tracekit whatif with the targets you want")
+        return ReportWhatIf(
+            None,
+            f"What if: not computed here: {model.p} ranks and m={model.m} are too large "
+            f"to replay {REPORT_MIN_REPLAYS} times per row within the report's budget; "
+            "run tracekit whatif with the targets you want",
+        )
     try:
         result = what_if(run, targets, samples=samples, balanced=True, model=model, bubbles=bubbles)
     except TracekitError as err:

@@ -3,6 +3,7 @@
 torch is imported only when a capture actually runs (``run_capture``); importing this
 package, or tracekit's analysis code, never imports torch.
 """
+
 from __future__ import annotations
 
 from tracekit.capture.config import SCHEDULES, CaptureConfig

@@ -3,6 +3,7 @@
 Nothing here imports torch: the CLI validates options (and reports mistakes in one line)
 before the capture code path loads torch.
 """
+
 from __future__ import annotations
 
 import platform
@@ -57,9 +58,7 @@ def schedule_by_name(name: str) -> str:
     for known in SCHEDULES:
         if known.lower() == name.lower():
             return known
-    raise CaptureError(
-        f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULES)}"
-    )
+    raise CaptureError(f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULES)}")
 
 
 @dataclass
@@ -126,9 +125,7 @@ class CaptureConfig:
                 f"{', '.join(FRAMEWORK_SCHEDULES[self.framework])}"
             )
         if self.compute not in COMPUTE_MODES:
-            raise CaptureError(
-                f"unknown compute mode {self.compute!r}; use --compute emulated or --compute real"
-            )
+            raise CaptureError(f"unknown compute mode {self.compute!r}; use --compute emulated or --compute real")
         if self.hidden is None:
             self.hidden = DEFAULT_HIDDEN[self.compute]
         if self.stages_per_rank is None:
@@ -178,25 +175,24 @@ class CaptureConfig:
         if self.layer_ms < 0:
             raise CaptureError(f"--layer-ms must be >= 0 (got {self.layer_ms})")
         if self.compute == "real" and self.slow_stage is not None:
-            raise CaptureError(
-                "--slow-stage scales the emulated per-layer cost; use it with --compute emulated"
-            )
+            raise CaptureError("--slow-stage scales the emulated per-layer cost; use it with --compute emulated")
         if self.slow_stage is not None and not 0 <= self.slow_stage < self.n_stages:
-            raise CaptureError(
-                f"--slow-stage {self.slow_stage} is not a stage (stages are 0..{self.n_stages - 1})"
-            )
+            raise CaptureError(f"--slow-stage {self.slow_stage} is not a stage (stages are 0..{self.n_stages - 1})")
         if self.slow_factor <= 0:
             raise CaptureError(f"--slow-factor must be > 0 (got {self.slow_factor})")
-        if self.layer_labels and (self.schedule != "1F1B" or self.framework != "torch"
-                                  or self.compute != "emulated"):
-            raise CaptureError("--layer-labels labels the emulated layers of torch's 1F1B (which leaves no labels "
-                               "of its own); use it with --schedule 1F1B and --compute emulated")
+        if self.layer_labels and (self.schedule != "1F1B" or self.framework != "torch" or self.compute != "emulated"):
+            raise CaptureError(
+                "--layer-labels labels the emulated layers of torch's 1F1B (which leaves no labels "
+                "of its own); use it with --schedule 1F1B and --compute emulated"
+            )
         if self.p2p_delay_ms < 0:
             raise CaptureError(f"--p2p-delay-ms must be >= 0 (got {self.p2p_delay_ms})")
         if self.p2p_delay_ms and self.framework == "deepspeed":
             # the delay is injected into torch.distributed.isend, which DeepSpeed's blocking P2P never calls
-            raise CaptureError("--p2p-delay-ms is not available with --framework deepspeed "
-                               "(its P2P is blocking deepspeed.comm send/recv); drop it")
+            raise CaptureError(
+                "--p2p-delay-ms is not available with --framework deepspeed "
+                "(its P2P is blocking deepspeed.comm send/recv); drop it"
+            )
         if self.hidden < 1 or self.microbatch_size < 1:
             raise CaptureError("--hidden and --microbatch-size must be at least 1")
         if self.schedule == "PipeDream2BW" and m < p:
@@ -207,7 +203,9 @@ class CaptureConfig:
                 f"(a weight update every m microbatches; got m={m}, p={p}); use -m {p} or more"
             )
         if self.attention_share is not None and self.schedule != "TeraPipe":
-            raise CaptureError("--attention-share sets TeraPipe's per-slice cost growth; use it with --schedule TeraPipe")
+            raise CaptureError(
+                "--attention-share sets TeraPipe's per-slice cost growth; use it with --schedule TeraPipe"
+            )
         if self.schedule == "TeraPipe":
             if self.attention_share is None:
                 self.attention_share = DEFAULT_ATTENTION_SHARE
@@ -296,8 +294,11 @@ def manifest_head(config: CaptureConfig, command: str, torch_version: str) -> di
         "platform": platform.platform(),
         "framework": config.framework,
         "schedule": config.schedule,
-        "schedule_class": (f"tracekit.capture.designs.{SCHEDULES[config.schedule]}" if config.schedule in DESIGNS
-                           else f"torch.distributed.pipelining.{SCHEDULES[config.schedule]}"),
+        "schedule_class": (
+            f"tracekit.capture.designs.{SCHEDULES[config.schedule]}"
+            if config.schedule in DESIGNS
+            else f"torch.distributed.pipelining.{SCHEDULES[config.schedule]}"
+        ),
         "p": config.ranks,
         "v": config.v,
         "m": config.microbatches,

@@ -21,6 +21,7 @@ microbatch of every message.
   update per sequence). Slice i's emulated cost is ``slice_factor(i)`` times the layer
   cost (:meth:`CaptureConfig.slice_factor`).
 """
+
 from __future__ import annotations
 
 import copy
@@ -35,7 +36,11 @@ from torch.profiler import record_function
 
 from tracekit.capture.config import CaptureConfig
 from tracekit.capture.model import (
-    EmulatedLinear, TracekitEmuCompute, TracekitEmuWeightGrad, build_layers, build_stage_module,
+    EmulatedLinear,
+    TracekitEmuCompute,
+    TracekitEmuWeightGrad,
+    build_layers,
+    build_stage_module,
 )
 
 LR = 1e-3
@@ -116,7 +121,7 @@ class TwoBufferedWeights:
         self.buffers = [module, copy.deepcopy(module)]
         self.optimizers = [torch.optim.SGD(b.parameters(), lr=LR) for b in self.buffers]
         self.newest = 0
-        self.version = [0, -1]          # weight version held by each buffer
+        self.version = [0, -1]  # weight version held by each buffer
         self.stash: dict[int, int] = {}  # microbatch -> buffer its forward used
 
     def forward(self, mb: int, x: torch.Tensor) -> torch.Tensor:
@@ -157,13 +162,13 @@ def pipedream_2bw(rank: int, cfg: CaptureConfig, prof, log: Callable[[str], None
     xs, ys = _microbatch_data(cfg, n)
     first, last = rank == 0, rank == p - 1
     loss_fn = nn.MSELoss()
-    live: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}   # mb -> (input, output or loss)
+    live: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # mb -> (input, output or loss)
     losses: list[float] = []
     update_losses: list[float] = []
 
     links.warm_up()
     dist.barrier()
-    prof.step()   # warm-up step done: the next one is recorded
+    prof.step()  # warm-up step done: the next one is recorded
     backwards = 0
     for kind, mb in one_f_one_b_no_flush(rank, p, n):
         buf = links.buffer()
@@ -212,8 +217,8 @@ class SlicedAttentionStage(nn.Module):
         super().__init__()
         self.linears = nn.ModuleList(linears)
         self.last_stage = last_stage
-        self.keys: list[list[torch.Tensor]] = [[] for _ in linears]   # per layer: one leaf per slice
-        self.own: dict[int, list[torch.Tensor]] = {}                   # slice -> its keys, in its graph
+        self.keys: list[list[torch.Tensor]] = [[] for _ in linears]  # per layer: one leaf per slice
+        self.own: dict[int, list[torch.Tensor]] = {}  # slice -> its keys, in its graph
 
     def reset(self) -> None:
         self.keys = [[] for _ in self.linears]

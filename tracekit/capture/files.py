@@ -6,6 +6,7 @@ fsync, rename). A gzip trace is compressed as a stream instead (a rank's trace c
 of MB of JSON, which OutputTarget would want whole in memory), into a temporary name beside it
 that is renamed into place. Standard library only: the spawned ranks write through it too.
 """
+
 from __future__ import annotations
 
 import contextlib

@@ -18,6 +18,7 @@ So B costs 2x forward and, for split schedules, I and W cost 1x forward each.
 (torch quirk, recorded honestly: in split schedules torch skips I on stage 0 when its input
 needs no grad and runs stage 0's whole backward in W.)
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -50,7 +51,7 @@ class TracekitEmuCompute(torch.autograd.Function):
     def backward(ctx, grad):
         with _labelled(ctx.label, "B"):
             _sleep_ms(ctx.igrad_ms)
-        return (grad,) + (None,) * (len(ctx.needs_input_grad) - 1)   # label given or not
+        return (grad,) + (None,) * (len(ctx.needs_input_grad) - 1)  # label given or not
 
 
 class TracekitEmuWeightGrad(torch.autograd.Function):
@@ -108,8 +109,15 @@ def build_layers(cfg: CaptureConfig) -> list[nn.Module]:
         stage = i // (cfg.layers // cfg.n_stages)
         if cfg.compute == "emulated":
             c = cfg.layer_costs_ms(stage)
-            layers.append(EmulatedLinear(cfg.hidden, c["forward"], c["input_grad"], c["weight_grad"],
-                                         label=f"linear{i}" if cfg.layer_labels else None))
+            layers.append(
+                EmulatedLinear(
+                    cfg.hidden,
+                    c["forward"],
+                    c["input_grad"],
+                    c["weight_grad"],
+                    label=f"linear{i}" if cfg.layer_labels else None,
+                )
+            )
         else:
             layers.append(nn.Linear(cfg.hidden, cfg.hidden))
     for layer in layers:

@@ -6,6 +6,7 @@ recorded alike: CPU activity, shapes (they carry P2P peers and sizes), all threa
 warm-up) are not in the trace. :func:`tracekit.capture.runner.profiler_manifest` says the
 same in capture.json. Imports torch: only the capture code path may import this module.
 """
+
 from __future__ import annotations
 
 import os

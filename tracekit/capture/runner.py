@@ -1,4 +1,5 @@
 """Start the ranks of a capture and write its folder: rank<R>.json.gz + capture.json."""
+
 from __future__ import annotations
 
 import json
@@ -54,8 +55,7 @@ def import_torch():
 
     if not torch.distributed.is_available():
         raise CaptureError(
-            "this PyTorch build has no torch.distributed; install the official wheel: "
-            "pip install 'tracekit[capture]'"
+            "this PyTorch build has no torch.distributed; install the official wheel: pip install 'tracekit[capture]'"
         )
     try:
         import numpy  # noqa: F401  (PipelineStage shape inference uses recv_object_list)
@@ -96,10 +96,13 @@ def run_capture(config: CaptureConfig, out_dir, *, command_out: str | None = Non
         "compute": compute_manifest(config),
         "faults": faults_manifest(config),
         **({"design": design_manifest(config)} if config.schedule in DESIGNS else {}),
-        "labels": ("hand-written per-layer ranges: record_function('linear<i>(F)') around each layer's "
-                   "forward, 'linear<i>(B)' around each of its two backward sleeps, and one "
-                   f"'{config.schedule}' range around every training step" if config.layer_labels
-                   else "none added by the capture (the schedule's own, if any)"),
+        "labels": (
+            "hand-written per-layer ranges: record_function('linear<i>(F)') around each layer's "
+            "forward, 'linear<i>(B)' around each of its two backward sleeps, and one "
+            f"'{config.schedule}' range around every training step"
+            if config.layer_labels
+            else "none added by the capture (the schedule's own, if any)"
+        ),
         "seed": config.seed,
         "losses_per_step": losses,
         "created": utc_now(),
@@ -148,8 +151,7 @@ def spawn_ranks(entry, args: tuple, nprocs: int) -> None:
     lines = [ln.strip() for ln in str(last_err).strip().splitlines() if ln.strip()]
     summary = lines[-1] if lines else type(last_err).__name__
     raise CaptureError(
-        f"a rank failed during capture ({summary}); see the traceback above, "
-        "or try fewer --ranks / another --schedule"
+        f"a rank failed during capture ({summary}); see the traceback above, or try fewer --ranks / another --schedule"
     ) from None
 
 
@@ -189,9 +191,14 @@ def compute_manifest(config: CaptureConfig) -> dict:
         "mode": config.compute,
         "layer_ms": config.layer_ms if config.compute == "emulated" else None,
         "per_layer_ms": (
-            {"forward": per_layer["forward"], "backward_full": 2 * per_layer["forward"],
-             "input_grad": per_layer["input_grad"], "weight_grad": per_layer["weight_grad"]}
-            if config.compute == "emulated" else None
+            {
+                "forward": per_layer["forward"],
+                "backward_full": 2 * per_layer["forward"],
+                "input_grad": per_layer["input_grad"],
+                "weight_grad": per_layer["weight_grad"],
+            }
+            if config.compute == "emulated"
+            else None
         ),
         "layers": config.layers,
         "layers_per_stage": config.layers // config.n_stages,
@@ -245,20 +252,26 @@ def design_manifest(config: CaptureConfig) -> dict:
             "name": "PipeDream-2BW",
             "paper": "Narayanan et al., Memory-Efficient Pipeline-Parallel DNN Training, ICML 2021",
             "runtime": LOOP_HOW,
-            "order": ("per stage r: p-r-1 warm-up forwards, then one forward one backward with no flush "
-                      "between weight updates; microbatch ids count on across updates (0..n-1)"),
+            "order": (
+                "per stage r: p-r-1 warm-up forwards, then one forward one backward with no flush "
+                "between weight updates; microbatch ids count on across updates (0..n-1)"
+            ),
             "microbatches_total": (steps + 1) * m,
             "weight_update_every_microbatches": m,
             "weight_versions": 2,
-            "update_rule": ("each stage keeps two weight buffers; a microbatch's forward runs on the newest "
-                            "version and its backward on the same (stashed) version; after every m-th "
-                            "backward the gradients of those m backwards (summed over both buffers) update a "
-                            "copy of the newest version written into the other buffer, which is free: every "
-                            "microbatch that used its version has finished (checked at run time; needs m >= p)"),
-            "profiler_steps": ("ProfilerStep#0 is a warm-up (one message each way per link, a barrier; "
-                               "profiler warming up, not recorded); ProfilerStep#1..#{0} each end at this "
-                               "rank's weight update 1..{0} (recorded); update {1} (not recorded) drains the "
-                               "pipeline").format(steps, steps + 1),
+            "update_rule": (
+                "each stage keeps two weight buffers; a microbatch's forward runs on the newest "
+                "version and its backward on the same (stashed) version; after every m-th "
+                "backward the gradients of those m backwards (summed over both buffers) update a "
+                "copy of the newest version written into the other buffer, which is free: every "
+                "microbatch that used its version has finished (checked at run time; needs m >= p)"
+            ),
+            "profiler_steps": (
+                "ProfilerStep#0 is a warm-up (one message each way per link, a barrier; "
+                "profiler warming up, not recorded); ProfilerStep#1..#{0} each end at this "
+                "rank's weight update 1..{0} (recorded); update {1} (not recorded) drains the "
+                "pipeline"
+            ).format(steps, steps + 1),
             "losses_per_step": "mean MSE of the m microbatches before each weight update (last stage)",
         }
     factors = [config.slice_factor(i) for i in range(m)]
@@ -266,21 +279,28 @@ def design_manifest(config: CaptureConfig) -> dict:
     return {
         "name": "TeraPipe",
         "paper": "Li et al., TeraPipe: Token-Level Pipeline Parallelism for Training Large-Scale Language "
-                 "Models, ICML 2021",
+        "Models, ICML 2021",
         "runtime": LOOP_HOW,
-        "sequence": (f"each step is one sequence of {m * config.microbatch_size} tokens cut into m={m} "
-                     f"slices of {config.microbatch_size} tokens (microbatch i = slice i)"),
-        "attention": ("every layer is the emulated Linear followed by causal attention over the tokens "
-                      "seen so far (earlier slices' keys as detached leaves, then the slice's own); a "
-                      "later slice's backward leaves gradient on earlier slices' keys, which slice i's "
-                      "backward then pushes through its own graph"),
+        "sequence": (
+            f"each step is one sequence of {m * config.microbatch_size} tokens cut into m={m} "
+            f"slices of {config.microbatch_size} tokens (microbatch i = slice i)"
+        ),
+        "attention": (
+            "every layer is the emulated Linear followed by causal attention over the tokens "
+            "seen so far (earlier slices' keys as detached leaves, then the slice's own); a "
+            "later slice's backward leaves gradient on earlier slices' keys, which slice i's "
+            "backward then pushes through its own graph"
+        ),
         "order": "every stage: F0 F1 ... F(m-1), then B(m-1) ... B0 (backwards last slice first); "
-                 "one SGD update per sequence",
+        "one SGD update per sequence",
         "attention_share": config.attention_share,
-        "cost_model": ("slice i's per-layer sleeps (forward, input-grad, weight-grad) = layer_ms x "
-                       "(a + b*(i+0.5)/m), a = 1 - attention_share, b = 2*attention_share: the mean slice "
-                       "costs layer_ms, attention's part grows with the prefix"),
-        "a": 1 - config.attention_share, "b": 2 * config.attention_share,
+        "cost_model": (
+            "slice i's per-layer sleeps (forward, input-grad, weight-grad) = layer_ms x "
+            "(a + b*(i+0.5)/m), a = 1 - attention_share, b = 2*attention_share: the mean slice "
+            "costs layer_ms, attention's part grows with the prefix"
+        ),
+        "a": 1 - config.attention_share,
+        "b": 2 * config.attention_share,
         "slice_factor": [round(f, 6) for f in factors],
         "per_slice_stage_ms": {"forward": fwd, "backward_full": [2 * x for x in fwd]},
     }

@@ -12,6 +12,7 @@ What each rank does:
 
 The model and its emulated compute live in :mod:`tracekit.capture.model`.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -189,17 +190,23 @@ def _run_torch_schedule(rank: int, cfg: CaptureConfig, prof) -> tuple[list[float
     pipeline = build_pipeline(rank, cfg)
     step_losses: list[float] = []
     for step in range(cfg.steps + 2):
-        phase = "shape inference + warm-up" if step == 0 else (
-            "warm-up (not recorded)" if step == 1 else f"profiling {step - 1}/{cfg.steps}")
+        phase = (
+            "shape inference + warm-up"
+            if step == 0
+            else ("warm-up (not recorded)" if step == 1 else f"profiling {step - 1}/{cfg.steps}")
+        )
         _log(rank, f"step {step}: {phase}")
         t0, c0 = time.perf_counter(), time.process_time()
-        with (record_function(cfg.schedule) if cfg.layer_labels else contextlib.nullcontext()):
+        with record_function(cfg.schedule) if cfg.layer_labels else contextlib.nullcontext():
             loss = pipeline.step(step)
         if loss is not None:
             step_losses.append(loss)
         prof.step()
-        _log(rank, f"step {step} took {(time.perf_counter() - t0) * 1000:.0f} ms on rank 0 "
-                   f"({(time.process_time() - c0) * 1000:.0f} ms CPU)")
+        _log(
+            rank,
+            f"step {step} took {(time.perf_counter() - t0) * 1000:.0f} ms on rank 0 "
+            f"({(time.process_time() - c0) * 1000:.0f} ms CPU)",
+        )
     return step_losses, pipeline.last
 
 
@@ -228,10 +235,7 @@ def build_pipeline(rank: int, cfg: CaptureConfig) -> RankPipeline:
     my_stages = cfg.stages_of_rank(rank)
     layers = build_layers(cfg)
     device = torch.device("cpu")
-    stages = [
-        PipelineStage(build_stage_module(cfg, s, layers), s, cfg.n_stages, device)
-        for s in my_stages
-    ]
+    stages = [PipelineStage(build_stage_module(cfg, s, layers), s, cfg.n_stages, device) for s in my_stages]
     del layers
     params = [p for st in stages for p in st.submod.parameters()]
     optimizer = torch.optim.SGD(params, lr=1e-3)

@@ -1,4 +1,5 @@
 """One module per CLI subcommand; each exposes a click command, collected here."""
+
 from __future__ import annotations
 
 import importlib

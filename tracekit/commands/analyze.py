@@ -1,4 +1,5 @@
 """``tracekit analyze RUN_DIR``: load, reconstruct, measure, attribute, print."""
+
 from __future__ import annotations
 
 import json
@@ -12,13 +13,26 @@ from tracekit.commands.common import cached_document, load_with_progress, rank_o
 
 @click.command("analyze")
 @click.argument("run_dir", type=click.Path(path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="Print the analysis as JSON (schema: tracekit/schemas/analysis.schema.json).")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print the analysis as JSON (schema: tracekit/schemas/analysis.schema.json).",
+)
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Also write the JSON document to this file.")
 @click.option("--html", "html_path", type=click.Path(path_type=Path), help="Also write the HTML report to this file.")
 @click.option("--no-attribution", is_flag=True, help="Skip the replay-based attribution (measure bubbles only).")
 @rank_options
-def command(run_dir: Path, as_json: bool, output: Path | None, html_path: Path | None,
-            no_attribution: bool, rank_from: str | None, rank_map: str | None, progress: bool) -> None:
+def command(
+    run_dir: Path,
+    as_json: bool,
+    output: Path | None,
+    html_path: Path | None,
+    no_attribution: bool,
+    rank_from: str | None,
+    rank_map: str | None,
+    progress: bool,
+) -> None:
     """Where and why a pipeline-parallel run sat idle.
 
     RUN_DIR is a folder of per-rank traces (PyTorch profiler *.json / *.json.gz, Nsight

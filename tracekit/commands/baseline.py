@@ -1,4 +1,5 @@
 """``tracekit baseline RUN_DIR -o FILE``: keep a run's bubble ratios for ``tracekit check``."""
+
 from __future__ import annotations
 
 import json
@@ -11,13 +12,27 @@ from tracekit.commands.common import load_with_progress, rank_options
 
 @click.command("baseline")
 @click.argument("run_dir", type=click.Path(path_type=Path))
-@click.option("-o", "--output", type=click.Path(path_type=Path), required=True,
-              help="The baseline file to write (JSON), e.g. baselines/train.json.")
-@click.option("--allow-incomplete", is_flag=True,
-              help="Record a run with ranks missing, on the ranks present (default: refuse it, exit 2).")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(path_type=Path),
+    required=True,
+    help="The baseline file to write (JSON), e.g. baselines/train.json.",
+)
+@click.option(
+    "--allow-incomplete",
+    is_flag=True,
+    help="Record a run with ranks missing, on the ranks present (default: refuse it, exit 2).",
+)
 @rank_options
-def command(run_dir: Path, output: Path, allow_incomplete: bool, rank_from: str | None, rank_map: str | None,
-            progress: bool | None) -> None:
+def command(
+    run_dir: Path,
+    output: Path,
+    allow_incomplete: bool,
+    rank_from: str | None,
+    rank_map: str | None,
+    progress: bool | None,
+) -> None:
     """Record a good run's bubble ratios as the baseline later runs are checked against.
 
     The file (JSON) holds the run's bubble ratio, each rank's, and each cause's share of
@@ -46,5 +61,10 @@ def command(run_dir: Path, output: Path, allow_incomplete: bool, rank_from: str 
         refuse_incomplete(measures, "baseline")
     target.write((json.dumps(to_document(measures), indent=1) + "\n").encode())
     causes = "per-cause shares" if measures.cause_share else "no per-cause shares (not a pipeline run)"
-    click.echo(target.wrote(f"{measures.schedule_label}, bubble ratio {pct(measures.bubble_ratio)}, "
-                            f"{len(measures.rank_bubble)} ranks, {causes}"), err=True)
+    click.echo(
+        target.wrote(
+            f"{measures.schedule_label}, bubble ratio {pct(measures.bubble_ratio)}, "
+            f"{len(measures.rank_bubble)} ranks, {causes}"
+        ),
+        err=True,
+    )

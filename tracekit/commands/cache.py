@@ -1,4 +1,5 @@
 """``tracekit cache info|clear``: what the parse cache holds, and emptying it."""
+
 from __future__ import annotations
 
 import os
@@ -7,11 +8,16 @@ import click
 
 from tracekit.text import for_terminal
 
-_CACHE_DIR_HELP = ("The cache folder (a path or an fsspec URL; default: $TRACEKIT_CACHE_DIR or "
-                   "~/.cache/tracekit), as given to the other commands' --cache-dir.")
-_KIND_NAMES = {"entries": ("parsed file", "parsed files"), "analyses": ("analysis", "analyses"),
-               "hashes": ("file digest", "file digests"),
-               "temporary": ("unfinished write", "unfinished writes")}
+_CACHE_DIR_HELP = (
+    "The cache folder (a path or an fsspec URL; default: $TRACEKIT_CACHE_DIR or "
+    "~/.cache/tracekit), as given to the other commands' --cache-dir."
+)
+_KIND_NAMES = {
+    "entries": ("parsed file", "parsed files"),
+    "analyses": ("analysis", "analyses"),
+    "hashes": ("file digest", "file digests"),
+    "temporary": ("unfinished write", "unfinished writes"),
+}
 
 
 @click.group("cache")

@@ -1,4 +1,5 @@
 """``tracekit capture``: record a real pipeline-parallel training run on this machine."""
+
 from __future__ import annotations
 
 import shlex
@@ -16,54 +17,130 @@ def _schedule(ctx, param, value):
 
 
 @click.command("capture")
-@click.option("-o", "--out", "out", required=True, type=click.Path(file_okay=False),
-              help="Folder to write rank<R>.json.gz and capture.json into.")
-@click.option("--schedule", default="1F1B", show_default=True, callback=_schedule,
-              help="Pipeline schedule: " + ", ".join(SCHEDULES) + ".")
-@click.option("--framework", default="torch", show_default=True, type=click.Choice(FRAMEWORKS),
-              help="What runs the pipeline: torch (torch.distributed.pipelining), deepspeed "
-                   "(PipelineEngine, 1F1B) or megatron (Megatron-core schedules: 1F1B, Interleaved1F1B). "
-                   "deepspeed and megatron must be installed.")
-@click.option("-p", "--ranks", default=4, show_default=True, type=int,
-              help="Pipeline ranks (local processes).")
-@click.option("-m", "--microbatches", default=8, show_default=True, type=int,
-              help="Microbatches per step.")
-@click.option("-v", "--stages-per-rank", default=None, type=int,
-              help="Stages (model chunks) per rank. Default: 1 for GPipe/1F1B, 2 otherwise.")
-@click.option("--steps", default=3, show_default=True, type=int,
-              help="Profiled training steps (two unprofiled steps run first).")
-@click.option("--compute", default="emulated", show_default=True, type=click.Choice(COMPUTE_MODES),
-              help="emulated: real matmuls plus fixed per-layer sleeps; real: plain matmuls.")
-@click.option("--layer-ms", default=3.0, show_default=True, type=float,
-              help="Emulated forward cost of one layer in ms (B = 2x, I = W = 1x).")
-@click.option("--layers", default=16, show_default=True, type=int,
-              help="Linear layers in the model (split evenly over p*v stages).")
-@click.option("--hidden", default=None, type=int,
-              help="Hidden size. Default: 256 emulated, 1024 real.")
-@click.option("--microbatch-size", default=8, show_default=True, type=int,
-              help="Rows per microbatch.")
-@click.option("--slow-stage", default=None, type=int,
-              help="Inject imbalance: multiply this stage's per-layer cost by --slow-factor.")
-@click.option("--slow-factor", default=2.0, show_default=True, type=float,
-              help="Factor for --slow-stage.")
-@click.option("--p2p-delay-ms", default=0.0, show_default=True, type=float,
-              help="Inject link latency: every send leaves this many ms after it is posted.")
-@click.option("--layer-labels", is_flag=True,
-              help="Leave hand-written per-layer ranges (linear3(F), linear3(B)) inside a whole-step '1F1B' "
-                   "range, as hand-instrumented models do (1F1B, emulated compute).")
+@click.option(
+    "-o",
+    "--out",
+    "out",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="Folder to write rank<R>.json.gz and capture.json into.",
+)
+@click.option(
+    "--schedule",
+    default="1F1B",
+    show_default=True,
+    callback=_schedule,
+    help="Pipeline schedule: " + ", ".join(SCHEDULES) + ".",
+)
+@click.option(
+    "--framework",
+    default="torch",
+    show_default=True,
+    type=click.Choice(FRAMEWORKS),
+    help="What runs the pipeline: torch (torch.distributed.pipelining), deepspeed "
+    "(PipelineEngine, 1F1B) or megatron (Megatron-core schedules: 1F1B, Interleaved1F1B). "
+    "deepspeed and megatron must be installed.",
+)
+@click.option("-p", "--ranks", default=4, show_default=True, type=int, help="Pipeline ranks (local processes).")
+@click.option("-m", "--microbatches", default=8, show_default=True, type=int, help="Microbatches per step.")
+@click.option(
+    "-v",
+    "--stages-per-rank",
+    default=None,
+    type=int,
+    help="Stages (model chunks) per rank. Default: 1 for GPipe/1F1B, 2 otherwise.",
+)
+@click.option(
+    "--steps", default=3, show_default=True, type=int, help="Profiled training steps (two unprofiled steps run first)."
+)
+@click.option(
+    "--compute",
+    default="emulated",
+    show_default=True,
+    type=click.Choice(COMPUTE_MODES),
+    help="emulated: real matmuls plus fixed per-layer sleeps; real: plain matmuls.",
+)
+@click.option(
+    "--layer-ms",
+    default=3.0,
+    show_default=True,
+    type=float,
+    help="Emulated forward cost of one layer in ms (B = 2x, I = W = 1x).",
+)
+@click.option(
+    "--layers",
+    default=16,
+    show_default=True,
+    type=int,
+    help="Linear layers in the model (split evenly over p*v stages).",
+)
+@click.option("--hidden", default=None, type=int, help="Hidden size. Default: 256 emulated, 1024 real.")
+@click.option("--microbatch-size", default=8, show_default=True, type=int, help="Rows per microbatch.")
+@click.option(
+    "--slow-stage",
+    default=None,
+    type=int,
+    help="Inject imbalance: multiply this stage's per-layer cost by --slow-factor.",
+)
+@click.option("--slow-factor", default=2.0, show_default=True, type=float, help="Factor for --slow-stage.")
+@click.option(
+    "--p2p-delay-ms",
+    default=0.0,
+    show_default=True,
+    type=float,
+    help="Inject link latency: every send leaves this many ms after it is posted.",
+)
+@click.option(
+    "--layer-labels",
+    is_flag=True,
+    help="Leave hand-written per-layer ranges (linear3(F), linear3(B)) inside a whole-step '1F1B' "
+    "range, as hand-instrumented models do (1F1B, emulated compute).",
+)
 @click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--attention-share", default=None, type=float,
-              help="TeraPipe: share of a layer's mean cost that is attention over the prefix; slice i "
-                   "costs (1-s) + 2s(i+0.5)/m of it. Default 0.5.")
-@click.option("--profiler", default="torch", show_default=True, type=click.Choice(["torch", "nsys"]),
-              help="torch: torch.profiler, one rank<R>.json.gz per rank. nsys: Nsight Systems "
-                   "(`nsys profile -t nvtx,osrt`), one scrubbed nsys_report.sqlite for all ranks.")
-@click.option("--replace", is_flag=True,
-              help="Delete the traces of an earlier capture in --out first (default: refuse to touch them).")
+@click.option(
+    "--attention-share",
+    default=None,
+    type=float,
+    help="TeraPipe: share of a layer's mean cost that is attention over the prefix; slice i "
+    "costs (1-s) + 2s(i+0.5)/m of it. Default 0.5.",
+)
+@click.option(
+    "--profiler",
+    default="torch",
+    show_default=True,
+    type=click.Choice(["torch", "nsys"]),
+    help="torch: torch.profiler, one rank<R>.json.gz per rank. nsys: Nsight Systems "
+    "(`nsys profile -t nvtx,osrt`), one scrubbed nsys_report.sqlite for all ranks.",
+)
+@click.option(
+    "--replace",
+    is_flag=True,
+    help="Delete the traces of an earlier capture in --out first (default: refuse to touch them).",
+)
 @click.pass_context
-def command(ctx, out, schedule, framework, ranks, microbatches, stages_per_rank, steps, compute, layer_ms,
-            layers, hidden, microbatch_size, slow_stage, slow_factor, p2p_delay_ms, layer_labels, seed,
-            attention_share, profiler, replace):
+def command(
+    ctx,
+    out,
+    schedule,
+    framework,
+    ranks,
+    microbatches,
+    stages_per_rank,
+    steps,
+    compute,
+    layer_ms,
+    layers,
+    hidden,
+    microbatch_size,
+    slow_stage,
+    slow_factor,
+    p2p_delay_ms,
+    layer_labels,
+    seed,
+    attention_share,
+    profiler,
+    replace,
+):
     """Record a real pipeline-parallel training run (needs torch).
 
     \b
@@ -82,10 +159,22 @@ def command(ctx, out, schedule, framework, ranks, microbatches, stages_per_rank,
       tracekit capture -o nsys_run/ --profiler nsys     # needs Nsight Systems' nsys
     """
     cfg = CaptureConfig(
-        schedule=schedule, framework=framework, ranks=ranks, microbatches=microbatches,
-        stages_per_rank=stages_per_rank, steps=steps, compute=compute, layer_ms=layer_ms,
-        layers=layers, hidden=hidden, microbatch_size=microbatch_size, slow_stage=slow_stage,
-        slow_factor=slow_factor, p2p_delay_ms=p2p_delay_ms, layer_labels=layer_labels, seed=seed,
+        schedule=schedule,
+        framework=framework,
+        ranks=ranks,
+        microbatches=microbatches,
+        stages_per_rank=stages_per_rank,
+        steps=steps,
+        compute=compute,
+        layer_ms=layer_ms,
+        layers=layers,
+        hidden=hidden,
+        microbatch_size=microbatch_size,
+        slow_stage=slow_stage,
+        slow_factor=slow_factor,
+        p2p_delay_ms=p2p_delay_ms,
+        layer_labels=layer_labels,
+        seed=seed,
         attention_share=attention_share,
     )
     cfg.validate()  # one-line CaptureError before torch is imported
@@ -116,8 +205,10 @@ def _refuse_earlier_capture(out: Path) -> None:
     earlier = sorted({*out.glob("rank*.json*"), *out.glob("nsys_report.*"), *out.glob("capture.json")})
     if earlier:
         names = ", ".join(p.name for p in earlier[:3]) + (" ..." if len(earlier) > 3 else "")
-        raise CaptureError(f"--out {out} already holds a capture ({names}); pick an empty folder, or pass "
-                           "--replace to delete those files first")
+        raise CaptureError(
+            f"--out {out} already holds a capture ({names}); pick an empty folder, or pass "
+            "--replace to delete those files first"
+        )
 
 
 def _command_line(ctx: click.Context, out: str, cfg: CaptureConfig) -> str:
@@ -126,11 +217,24 @@ def _command_line(ctx: click.Context, out: str, cfg: CaptureConfig) -> str:
 
     parts = ["tracekit", "capture", "-o", out]
     flags = {
-        "schedule": "--schedule", "framework": "--framework", "ranks": "-p", "microbatches": "-m", "stages_per_rank": "-v",
-        "steps": "--steps", "compute": "--compute", "layer_ms": "--layer-ms", "layers": "--layers",
-        "hidden": "--hidden", "microbatch_size": "--microbatch-size", "slow_stage": "--slow-stage",
-        "slow_factor": "--slow-factor", "p2p_delay_ms": "--p2p-delay-ms", "layer_labels": "--layer-labels",
-        "seed": "--seed", "attention_share": "--attention-share", "profiler": "--profiler",
+        "schedule": "--schedule",
+        "framework": "--framework",
+        "ranks": "-p",
+        "microbatches": "-m",
+        "stages_per_rank": "-v",
+        "steps": "--steps",
+        "compute": "--compute",
+        "layer_ms": "--layer-ms",
+        "layers": "--layers",
+        "hidden": "--hidden",
+        "microbatch_size": "--microbatch-size",
+        "slow_stage": "--slow-stage",
+        "slow_factor": "--slow-factor",
+        "p2p_delay_ms": "--p2p-delay-ms",
+        "layer_labels": "--layer-labels",
+        "seed": "--seed",
+        "attention_share": "--attention-share",
+        "profiler": "--profiler",
     }
     for name, flag in flags.items():
         if ctx.get_parameter_source(name) in (ParameterSource.DEFAULT, None):

@@ -1,4 +1,5 @@
 """``tracekit check RUN_DIR``: exit 1 when the run's bubbles break a limit or regress from a baseline."""
+
 from __future__ import annotations
 
 import json
@@ -17,35 +18,85 @@ from tracekit.text import for_terminal
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.option("--max-bubble", metavar="SHARE", help="Fail when the run's bubble ratio is above SHARE (e.g. 0.35).")
 @click.option("--max-rank-bubble", metavar="SHARE", help="Fail when any rank's bubble ratio is above SHARE.")
-@click.option("--max-cause", metavar="CAUSE=SHARE", multiple=True,
-              help="Fail when a cause's share of the step window is above SHARE, e.g. comm=0.10. Repeatable.")
-@click.option("--baseline", type=click.Path(path_type=Path),
-              help="Fail when the run is worse than this baseline file (from tracekit baseline) by more than the tolerance.")
-@click.option("--tolerance", metavar="POINTS",
-              help="How far above the baseline a ratio may go, absolute (0.02 = 2 points; default 0.02).")
-@click.option("--cause-tolerance", metavar="CAUSE=POINTS", multiple=True,
-              help="The tolerance for one cause, e.g. overhead=0.05. Repeatable.")
-@click.option("--max-step-ms", metavar="MS",
-              help="Fail when the mean step time (the step window, slowest rank) is above MS milliseconds.")
-@click.option("--step-tolerance", metavar="PCT",
-              help="With --baseline: fail when the mean step time is above the baseline's by more than PCT, "
-                   "relative (5% or 0.05). Default: step time not compared with the baseline.")
-@click.option("--config", "config_file", type=click.Path(path_type=Path),
-              help="Read [tool.tracekit.check] from this file instead of the closest pyproject.toml.")
+@click.option(
+    "--max-cause",
+    metavar="CAUSE=SHARE",
+    multiple=True,
+    help="Fail when a cause's share of the step window is above SHARE, e.g. comm=0.10. Repeatable.",
+)
+@click.option(
+    "--baseline",
+    type=click.Path(path_type=Path),
+    help="Fail when the run is worse than this baseline file (from tracekit baseline) by more than the tolerance.",
+)
+@click.option(
+    "--tolerance",
+    metavar="POINTS",
+    help="How far above the baseline a ratio may go, absolute (0.02 = 2 points; default 0.02).",
+)
+@click.option(
+    "--cause-tolerance",
+    metavar="CAUSE=POINTS",
+    multiple=True,
+    help="The tolerance for one cause, e.g. overhead=0.05. Repeatable.",
+)
+@click.option(
+    "--max-step-ms",
+    metavar="MS",
+    help="Fail when the mean step time (the step window, slowest rank) is above MS milliseconds.",
+)
+@click.option(
+    "--step-tolerance",
+    metavar="PCT",
+    help="With --baseline: fail when the mean step time is above the baseline's by more than PCT, "
+    "relative (5% or 0.05). Default: step time not compared with the baseline.",
+)
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(path_type=Path),
+    help="Read [tool.tracekit.check] from this file instead of the closest pyproject.toml.",
+)
 @click.option("--no-config", is_flag=True, help="Ignore [tool.tracekit.check] in pyproject.toml.")
-@click.option("--junit", "junit_path", type=click.Path(path_type=Path),
-              help="Also write JUnit XML (one test case per check) to this file.")
-@click.option("--markdown", "markdown_path", type=click.Path(path_type=Path),
-              help="Also write a Markdown summary (for a PR comment) to this file.")
+@click.option(
+    "--junit",
+    "junit_path",
+    type=click.Path(path_type=Path),
+    help="Also write JUnit XML (one test case per check) to this file.",
+)
+@click.option(
+    "--markdown",
+    "markdown_path",
+    type=click.Path(path_type=Path),
+    help="Also write a Markdown summary (for a PR comment) to this file.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (failure lines go to stderr).")
-@click.option("--allow-incomplete", is_flag=True,
-              help="Check a run with ranks missing on the ranks present (default: refuse it, exit 2).")
+@click.option(
+    "--allow-incomplete",
+    is_flag=True,
+    help="Check a run with ranks missing on the ranks present (default: refuse it, exit 2).",
+)
 @rank_options
-def command(run_dir: Path, max_bubble: str | None, max_rank_bubble: str | None, max_cause: tuple[str, ...],
-            baseline: Path | None, tolerance: str | None, cause_tolerance: tuple[str, ...],
-            max_step_ms: str | None, step_tolerance: str | None, config_file: Path | None, no_config: bool, junit_path: Path | None, markdown_path: Path | None,
-            as_json: bool, allow_incomplete: bool, rank_from: str | None, rank_map: str | None,
-            progress: bool | None) -> None:
+def command(
+    run_dir: Path,
+    max_bubble: str | None,
+    max_rank_bubble: str | None,
+    max_cause: tuple[str, ...],
+    baseline: Path | None,
+    tolerance: str | None,
+    cause_tolerance: tuple[str, ...],
+    max_step_ms: str | None,
+    step_tolerance: str | None,
+    config_file: Path | None,
+    no_config: bool,
+    junit_path: Path | None,
+    markdown_path: Path | None,
+    as_json: bool,
+    allow_incomplete: bool,
+    rank_from: str | None,
+    rank_map: str | None,
+    progress: bool | None,
+) -> None:
     """Fail a CI build when a pipeline's bubbles regress.
 
     Measures RUN_DIR as tracekit analyze does, then holds it to limits (a ratio is idle
@@ -95,16 +146,30 @@ def command(run_dir: Path, max_bubble: str | None, max_rank_bubble: str | None, 
     if config_file and no_config:
         raise TracekitError("--config and --no-config contradict each other; give one")
     found = None if no_config else (config_file or find_config(Path.cwd()))
-    config = with_flags(load_config(found) if found else CheckConfig(), max_bubble=max_bubble,
-                        max_rank_bubble=max_rank_bubble, max_cause=max_cause, baseline=baseline,
-                        tolerance=tolerance, cause_tolerance=cause_tolerance, allow_incomplete=allow_incomplete,
-                        max_step_ms=max_step_ms, step_tolerance=step_tolerance)
+    config = with_flags(
+        load_config(found) if found else CheckConfig(),
+        max_bubble=max_bubble,
+        max_rank_bubble=max_rank_bubble,
+        max_cause=max_cause,
+        baseline=baseline,
+        tolerance=tolerance,
+        cause_tolerance=cause_tolerance,
+        allow_incomplete=allow_incomplete,
+        max_step_ms=max_step_ms,
+        step_tolerance=step_tolerance,
+    )
     # every usage error before the (slow) load
     config.require_checks()
     baseline_measures = read_baseline(config.baseline) if config.baseline else None
     # the files this check reads are inputs too
-    inputs = {path: what for path, what in ((config.baseline, "the baseline this check reads"),
-                                            (found, "the configuration this check reads")) if path}
+    inputs = {
+        path: what
+        for path, what in (
+            (config.baseline, "the baseline this check reads"),
+            (found, "the configuration this check reads"),
+        )
+        if path
+    }
     junit_target = run_output(junit_path, "--junit", run_dir, inputs) if junit_path else None
     markdown_target = run_output(markdown_path, "--markdown", run_dir, inputs) if markdown_path else None
     summary_path = os.environ.get("GITHUB_STEP_SUMMARY")

@@ -1,4 +1,5 @@
 """Options and helpers shared by the subcommands that read a run."""
+
 from __future__ import annotations
 
 import functools
@@ -28,39 +29,75 @@ def rank_options(func):
     context for :func:`load_with_progress`. All are checked before any file is read.
     """
 
-    @click.option("--rank-from", metavar="REGEX",
-                  help="Take each file's rank from its name with this regex (one group), e.g. 'worker(\\d+)'. "
-                       "Default: distributedInfo, else a rank number in the file name.")
-    @click.option("--rank-map", metavar="PID=RANK,...",
-                  help="Nsight Systems: which process is which rank, e.g. '4242=0,4243=1'.")
-    @click.option("--progress/--no-progress", default=None,
-                  help="Show a progress bar while loading (default: when stderr is a terminal).")
-    @click.option("-j", "--jobs", type=int, metavar="N",
-                  help="Parse files in N processes (default: one per core, at most one per file).")
-    @click.option("--executor", type=click.Choice(["local", "dask"]), default="local", show_default=True,
-                  help="Where files are parsed: local processes, or a Dask cluster (pip install 'tracekit[dask]').")
-    @click.option("--scheduler", metavar="ADDRESS",
-                  help="With --executor dask: the scheduler, e.g. tcp://10.0.0.5:8786 "
-                       "(default: a local cluster). Its workers must see the trace files.")
-    @click.option("--cache-dir", metavar="DIR",
-                  help="Keep parsed files here (a path or an fsspec URL such as s3://bucket/tracekit; "
-                       "default: $TRACEKIT_CACHE_DIR or ~/.cache/tracekit). Never beside the traces.")
+    @click.option(
+        "--rank-from",
+        metavar="REGEX",
+        help="Take each file's rank from its name with this regex (one group), e.g. 'worker(\\d+)'. "
+        "Default: distributedInfo, else a rank number in the file name.",
+    )
+    @click.option(
+        "--rank-map", metavar="PID=RANK,...", help="Nsight Systems: which process is which rank, e.g. '4242=0,4243=1'."
+    )
+    @click.option(
+        "--progress/--no-progress",
+        default=None,
+        help="Show a progress bar while loading (default: when stderr is a terminal).",
+    )
+    @click.option(
+        "-j",
+        "--jobs",
+        type=int,
+        metavar="N",
+        help="Parse files in N processes (default: one per core, at most one per file).",
+    )
+    @click.option(
+        "--executor",
+        type=click.Choice(["local", "dask"]),
+        default="local",
+        show_default=True,
+        help="Where files are parsed: local processes, or a Dask cluster (pip install 'tracekit[dask]').",
+    )
+    @click.option(
+        "--scheduler",
+        metavar="ADDRESS",
+        help="With --executor dask: the scheduler, e.g. tcp://10.0.0.5:8786 "
+        "(default: a local cluster). Its workers must see the trace files.",
+    )
+    @click.option(
+        "--cache-dir",
+        metavar="DIR",
+        help="Keep parsed files here (a path or an fsspec URL such as s3://bucket/tracekit; "
+        "default: $TRACEKIT_CACHE_DIR or ~/.cache/tracekit). Never beside the traces.",
+    )
     @click.option("--no-cache", is_flag=True, help="Parse every file again; read and write no cache.")
-    @click.option("--iteration", type=click.IntRange(min=0), metavar="N",
-                  help="With traces in iteration_N folders (profiling/traces/iteration_N/...): read "
-                       "iteration N. Default: the highest.")
-    @click.option("--timeline", type=click.Choice(["auto", "device", "host"]), default="auto", show_default=True,
-                  help="Which clock to measure on. auto: the GPU's own timeline wherever the traces record "
-                       "kernels (each action spans the kernels it launched; NCCL P2P by its SendRecv kernels), "
-                       "else the host's. host: CPU op spans even on a GPU run (the host runs ahead of the GPU, so "
-                       "those are the host's figures). device: insist on kernels.")
-    @click.option("--label-rule", multiple=True, metavar="REGEX=KIND",
-                  help="Read annotations named by REGEX as pipeline actions (repeatable; tried before the "
-                       "built-in tables, and added to [tool.tracekit.labels] in pyproject.toml). KIND: F, B, "
-                       "I, W, kind (the kind is the group (?P<kind>F|B|I|W)), FB, comm or marker. Groups "
-                       "(?P<stage>N) and (?P<mb>N) give stage and microbatch; without (?P<mb>..) consecutive "
-                       "ranges of one kind are one action (per-layer labels). "
-                       "E.g. --label-rule '^fwd_mb(?P<mb>\\d+)$=F' --label-rule '^bwd_mb(?P<mb>\\d+)$=B'")
+    @click.option(
+        "--iteration",
+        type=click.IntRange(min=0),
+        metavar="N",
+        help="With traces in iteration_N folders (profiling/traces/iteration_N/...): read "
+        "iteration N. Default: the highest.",
+    )
+    @click.option(
+        "--timeline",
+        type=click.Choice(["auto", "device", "host"]),
+        default="auto",
+        show_default=True,
+        help="Which clock to measure on. auto: the GPU's own timeline wherever the traces record "
+        "kernels (each action spans the kernels it launched; NCCL P2P by its SendRecv kernels), "
+        "else the host's. host: CPU op spans even on a GPU run (the host runs ahead of the GPU, so "
+        "those are the host's figures). device: insist on kernels.",
+    )
+    @click.option(
+        "--label-rule",
+        multiple=True,
+        metavar="REGEX=KIND",
+        help="Read annotations named by REGEX as pipeline actions (repeatable; tried before the "
+        "built-in tables, and added to [tool.tracekit.labels] in pyproject.toml). KIND: F, B, "
+        "I, W, kind (the kind is the group (?P<kind>F|B|I|W)), FB, comm or marker. Groups "
+        "(?P<stage>N) and (?P<mb>N) give stage and microbatch; without (?P<mb>..) consecutive "
+        "ranges of one kind are one action (per-layer labels). "
+        "E.g. --label-rule '^fwd_mb(?P<mb>\\d+)$=F' --label-rule '^bwd_mb(?P<mb>\\d+)$=B'",
+    )
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
         from tracekit.ingest.discovery import compile_rank_pattern
@@ -103,12 +140,19 @@ def load_options(rank_from: str | None = None, rank_map: str | None = None) -> L
     if settings.get("scheduler") and settings.get("executor", "local") != "dask":
         raise TracekitError("--scheduler is for --executor dask; add --executor dask or drop --scheduler")
     # Commands read only the working set of each file (tracekit.ingest.working_set).
-    return LoadOptions(rank_from=rank_from, rank_map=parse_rank_map(rank_map),
-                       executor=settings.get("executor") or "local", jobs=settings.get("jobs"),
-                       scheduler=settings.get("scheduler"), cache_dir=cache_dir, rows="analysis",
-                       defer_cache_writes=True, iteration=settings.get("iteration"),
-                       timeline=settings.get("timeline") or "auto",
-                       labels=label_rules(settings.get("label_rule") or ()))
+    return LoadOptions(
+        rank_from=rank_from,
+        rank_map=parse_rank_map(rank_map),
+        executor=settings.get("executor") or "local",
+        jobs=settings.get("jobs"),
+        scheduler=settings.get("scheduler"),
+        cache_dir=cache_dir,
+        rows="analysis",
+        defer_cache_writes=True,
+        iteration=settings.get("iteration"),
+        timeline=settings.get("timeline") or "auto",
+        labels=label_rules(settings.get("label_rule") or ()),
+    )
 
 
 def label_rules(flags) -> LabelSet | None:
@@ -122,11 +166,12 @@ def label_rules(flags) -> LabelSet | None:
     if found is not None:
         table = tracekit_table(found, "labels")
         if not isinstance(table, dict):
-            raise TracekitError(f"{found}: [tool.tracekit.labels] must be a table of \"REGEX\" = \"KIND\" lines")
+            raise TracekitError(f'{found}: [tool.tracekit.labels] must be a table of "REGEX" = "KIND" lines')
         for pattern, role in table.items():
             if not isinstance(role, str):
-                raise TracekitError(f"{found} [tool.tracekit.labels] {pattern!r}: the kind must be a string "
-                                    "such as \"F\"")
+                raise TracekitError(
+                    f'{found} [tool.tracekit.labels] {pattern!r}: the kind must be a string such as "F"'
+                )
             rules.append(rule_of(pattern, role.strip(), f"{found} [tool.tracekit.labels]"))
     rules += [parse_rule(text, "--label-rule") for text in flags]
     return custom_set(rules)
@@ -154,12 +199,15 @@ def _refuse_cache_in_run(cache_dir: str | None, run_dir: Path) -> None:
     folder = Path(run_dir) if Path(run_dir).is_dir() else Path(run_dir).parent
     cache, run = Path(cache_dir).resolve(), folder.resolve()
     if cache == run or run in cache.parents:
-        raise TracekitError(f"--cache-dir {cache_dir}: is inside the run folder {run_dir}; tracekit never "
-                            "writes into a run it reads: give a cache folder elsewhere (or --no-cache)")
+        raise TracekitError(
+            f"--cache-dir {cache_dir}: is inside the run folder {run_dir}; tracekit never "
+            "writes into a run it reads: give a cache folder elsewhere (or --no-cache)"
+        )
 
 
-def load_with_progress(path: Path, rank_from: str | None, rank_map: str | None, progress: bool | None,
-                       rows: str = "analysis"):
+def load_with_progress(
+    path: Path, rank_from: str | None, rank_map: str | None, progress: bool | None, rows: str = "analysis"
+):
     """Load and reconstruct a run, with a progress bar (bytes read) on long loads.
 
     ``rows="all"``: every event, not only the analysis's working set (an output that shows
@@ -179,8 +227,9 @@ def load_with_progress(path: Path, rank_from: str | None, rank_map: str | None, 
     total = sum(os.path.getsize(f) for f in discover(path, options.iteration, rank_from))
     # No monitor thread: a process pool forks only while this process has no other thread.
     tqdm.monitor_interval = 0
-    with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="reading traces",
-              file=sys.stderr, leave=False) as bar:
+    with tqdm(
+        total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="reading traces", file=sys.stderr, leave=False
+    ) as bar:
         return load(path, options, bytes_read=bar.update)
 
 
@@ -199,9 +248,13 @@ def _document_cache(run_dir: Path, options: dict):
     folder = Path(run_dir) if Path(run_dir).is_dir() else Path(run_dir).parent
     # What discovery decided (which files are traces, which iteration) is part of the answer.
     labels = settings.labels
-    decided = {**options, "iteration": settings.iteration, "timeline": settings.timeline,
-               "skipped": found.skipped,
-               "labels": [(r.pattern, r.role) for r in labels.rules] if labels is not None else []}
+    decided = {
+        **options,
+        "iteration": settings.iteration,
+        "timeline": settings.timeline,
+        "skipped": found.skipped,
+        "labels": [(r.pattern, r.role) for r in labels.rules] if labels is not None else [],
+    }
     key = analysis_key(cache, Path(run_dir), found.files, decided, [folder / "capture.json"])
     return cache, key, found.files
 

@@ -1,4 +1,5 @@
 """``tracekit diff RUN_A RUN_B``: what changed between two runs, the change that matters most first."""
+
 from __future__ import annotations
 
 import json
@@ -18,12 +19,23 @@ _BLAME_ROWS = 5
 @click.argument("run_a", type=click.Path(path_type=Path))
 @click.argument("run_b", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
-@click.option("--markdown", "markdown_path", metavar="FILE",
-              help="Also write the comparison as Markdown (for a pull-request comment) to FILE; "
-                   "- prints it instead of the console text.")
+@click.option(
+    "--markdown",
+    "markdown_path",
+    metavar="FILE",
+    help="Also write the comparison as Markdown (for a pull-request comment) to FILE; "
+    "- prints it instead of the console text.",
+)
 @rank_options
-def command(run_a: Path, run_b: Path, as_json: bool, markdown_path: str | None, rank_from: str | None,
-            rank_map: str | None, progress: bool | None) -> None:
+def command(
+    run_a: Path,
+    run_b: Path,
+    as_json: bool,
+    markdown_path: str | None,
+    rank_from: str | None,
+    rank_map: str | None,
+    progress: bool | None,
+) -> None:
     """What changed from RUN_A to RUN_B, per cause and per rank, largest change first.
 
     Both runs are analysed as tracekit analyze does. The first line names the change that
@@ -76,17 +88,24 @@ def _console(c) -> str:
 
     out = [*c.incomplete(), c.headline(), ""]
     for label, m in (("A", c.a), ("B", c.b)):
-        out.append(f"  {label}: {for_terminal(m.source)}  ({', '.join(m.formats)}; {m.schedule_label}; {m.n_steps} step(s))")
+        out.append(
+            f"  {label}: {for_terminal(m.source)}  ({', '.join(m.formats)}; {m.schedule_label}; {m.n_steps} step(s))"
+        )
     out += [f"  note: {for_terminal(n)}" for n in c.notes]
     step_delta = c.b.step_ns - c.a.step_ns
     step_rel = f", {100 * step_delta / c.a.step_ns:+.1f}%" if c.a.step_ns else ""
-    out += ["",
-            f"bubble ratio  {pct(c.a.bubble_ratio)} -> {pct(c.b.bubble_ratio)}  ({points(c.bubble_delta)})",
-            f"step time     {ms(c.a.step_ns)} ms -> {ms(c.b.step_ns)} ms  ({signed_ms(step_delta)} ms{step_rel})"]
+    out += [
+        "",
+        f"bubble ratio  {pct(c.a.bubble_ratio)} -> {pct(c.b.bubble_ratio)}  ({points(c.bubble_delta)})",
+        f"step time     {ms(c.a.step_ns)} ms -> {ms(c.b.step_ns)} ms  ({signed_ms(step_delta)} ms{step_rel})",
+    ]
     if c.causes:
         rows = [[CAUSE_NAMES[ch.key], pct(ch.a), pct(ch.b), points(ch.delta)] for ch in c.causes]
-        out += ["", "by cause (share of the step window), largest change first:",
-                table(["cause", "A", "B", "change"], rows)]
+        out += [
+            "",
+            "by cause (share of the step window), largest change first:",
+            table(["cause", "A", "B", "change"], rows),
+        ]
     if c.ranks:
         headers = ["rank", "A", "B", "change"] + (["largest cause change"] if c.rank_causes else [])
         rows = []
@@ -102,6 +121,9 @@ def _console(c) -> str:
     if blame:
         blame.sort(key=lambda ch: -abs(ch.delta))
         rows = [[ch.key, ms(ch.a), ms(ch.b), signed_ms(ch.delta)] for ch in blame[:_BLAME_ROWS]]
-        out += ["", "blame (idle ms per step, summed over ranks), largest change first:",
-                table(["stage / link", "A", "B", "change"], rows)]
+        out += [
+            "",
+            "blame (idle ms per step, summed over ranks), largest change first:",
+            table(["stage / link", "A", "B", "change"], rows),
+        ]
     return "\n".join(out)

@@ -1,6 +1,7 @@
 """``tracekit export RUN_DIR``: the run for other tools: one merged Chrome trace for Perfetto
 (``-o``), the analysis as Parquet/CSV tables (``--tables``), per-step TensorBoard scalars
 (``--tensorboard``)."""
+
 from __future__ import annotations
 
 import os
@@ -16,19 +17,45 @@ from tracekit.text import for_terminal
 
 @click.command("export")
 @click.argument("run_dir", type=click.Path(path_type=Path))
-@click.option("-o", "--output", type=click.Path(path_type=Path),
-              help="The merged Chrome trace to write; gzip-compressed when the name ends in .gz.")
-@click.option("--with-ops", is_flag=True,
-              help="With -o: nest each action's own ops (two top levels; GPU runs: its kernels) under it.")
-@click.option("--tables", "tables_dir", type=click.Path(path_type=Path), metavar="DIR",
-              help="Write the analysis as Parquet tables into DIR (made if absent; never the run folder).")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(path_type=Path),
+    help="The merged Chrome trace to write; gzip-compressed when the name ends in .gz.",
+)
+@click.option(
+    "--with-ops",
+    is_flag=True,
+    help="With -o: nest each action's own ops (two top levels; GPU runs: its kernels) under it.",
+)
+@click.option(
+    "--tables",
+    "tables_dir",
+    type=click.Path(path_type=Path),
+    metavar="DIR",
+    help="Write the analysis as Parquet tables into DIR (made if absent; never the run folder).",
+)
 @click.option("--csv", "with_csv", is_flag=True, help="With --tables: write each table as CSV too.")
-@click.option("--tensorboard", "logdir", type=click.Path(path_type=Path), metavar="LOGDIR",
-              help="Write per-step pipeline scalars as a TensorBoard event file into LOGDIR "
-                   "(pip install 'tracekit[tensorboard]').")
+@click.option(
+    "--tensorboard",
+    "logdir",
+    type=click.Path(path_type=Path),
+    metavar="LOGDIR",
+    help="Write per-step pipeline scalars as a TensorBoard event file into LOGDIR "
+    "(pip install 'tracekit[tensorboard]').",
+)
 @rank_options
-def command(run_dir: Path, output: Path | None, with_ops: bool, tables_dir: Path | None, with_csv: bool,
-            logdir: Path | None, rank_from: str | None, rank_map: str | None, progress: bool | None) -> None:
+def command(
+    run_dir: Path,
+    output: Path | None,
+    with_ops: bool,
+    tables_dir: Path | None,
+    with_csv: bool,
+    logdir: Path | None,
+    rank_from: str | None,
+    rank_map: str | None,
+    progress: bool | None,
+) -> None:
     """Export a run for the tools people already use: Perfetto, pandas/polars/DuckDB, TensorBoard.
 
     -o FILE merges the run's ranks into one Chrome trace, with the idle time drawn by cause.
@@ -105,9 +132,13 @@ def _write_chrome_trace(analysis, target: OutputTarget, output: Path, with_ops: 
         click.echo(f"tracekit: warning: {for_terminal(warning)}", err=True)
     counts = info["counts"]
     ops = f"{counts['ops']} ops in them, " if with_ops else ""
-    click.echo(target.wrote(f"{counts['ranks']} ranks, {counts['actions']} actions, {ops}{counts['flows']} message "
-                            f"arrows, {counts['idle_intervals']} idle slices; open it in https://ui.perfetto.dev"),
-               err=True)
+    click.echo(
+        target.wrote(
+            f"{counts['ranks']} ranks, {counts['actions']} actions, {ops}{counts['flows']} message "
+            f"arrows, {counts['idle_intervals']} idle slices; open it in https://ui.perfetto.dev"
+        ),
+        err=True,
+    )
 
 
 def _table_targets(folder: Path, run_dir: Path, with_csv: bool) -> dict[str, OutputTarget]:
@@ -118,8 +149,11 @@ def _table_targets(folder: Path, run_dir: Path, with_csv: bool) -> dict[str, Out
 
     _check_folder(folder, "--tables", run_dir)
     suffixes = (".parquet", ".csv") if with_csv else (".parquet",)
-    return {name + suffix: run_output(folder / (name + suffix), "--tables", run_dir)
-            for name in TABLES for suffix in suffixes}
+    return {
+        name + suffix: run_output(folder / (name + suffix), "--tables", run_dir)
+        for name in TABLES
+        for suffix in suffixes
+    }
 
 
 def _write_tables(analysis, folder: Path, targets: dict[str, OutputTarget], with_csv: bool) -> None:
@@ -149,8 +183,10 @@ def _write_tensorboard(analysis, logdir: Path, run_dir: Path) -> None:
     now_s = time.time()
     target = run_output(logdir / event_file_name(scalars, now_s), "--tensorboard", run_dir)
     target.write(event_file_bytes(scalars, now_s))
-    click.echo(target.wrote(f"{len(scalars)} scalars over {scalars['step'].nunique()} steps; "
-                            f"tensorboard --logdir {logdir}"), err=True)
+    click.echo(
+        target.wrote(f"{len(scalars)} scalars over {scalars['step'].nunique()} steps; tensorboard --logdir {logdir}"),
+        err=True,
+    )
 
 
 def _check_folder(folder: Path, option: str, run_dir: Path) -> None:
@@ -175,8 +211,10 @@ def _check_folder(folder: Path, option: str, run_dir: Path) -> None:
     trace_folders = {Path(os.path.realpath(trace)).parent for trace in every_trace(run_dir)}
     for inside in sorted({run_folder} | trace_folders):
         if resolved == inside:
-            raise TracekitError(f"{option} {folder}: is the run folder (or holds its traces); write into a "
-                                "folder outside the run")
+            raise TracekitError(
+                f"{option} {folder}: is the run folder (or holds its traces); write into a folder outside the run"
+            )
         if run_dir.is_dir() and inside in resolved.parents:
-            raise TracekitError(f"{option} {folder}: lies inside the run folder {inside}; write into a folder "
-                                "outside the run")
+            raise TracekitError(
+                f"{option} {folder}: lies inside the run folder {inside}; write into a folder outside the run"
+            )

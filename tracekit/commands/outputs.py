@@ -1,4 +1,5 @@
 """The output files of a command that reads a run: checked against the run before it is loaded."""
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -26,8 +27,10 @@ def run_output(path: Path, option: str, run_dir: Path, also_protect: Mapping[Pat
     if run_dir.is_dir() and target.kind == "file" and target.resolved.parent in trace_folders:
         name = target.resolved.name
         if name not in IGNORED_NAMES and not name.startswith(".") and name.endswith(KINETO_SUFFIXES + NSYS_SUFFIXES):
-            raise TracekitError(f"{option} {path}: inside the run folder it would be read as one more "
-                                "trace of the run next time; write it elsewhere")
+            raise TracekitError(
+                f"{option} {path}: inside the run folder it would be read as one more "
+                "trace of the run next time; write it elsewhere"
+            )
     return target
 
 
@@ -37,5 +40,7 @@ def distinct(*targets: OutputTarget | None) -> None:
     for index, target in enumerate(given):
         for earlier in given[:index]:
             if target.same_file(earlier):
-                raise TracekitError(f"{target.option} {target.path}: is the file {earlier.option} "
-                                    "writes too; give each output its own file")
+                raise TracekitError(
+                    f"{target.option} {target.path}: is the file {earlier.option} "
+                    "writes too; give each output its own file"
+                )

@@ -1,4 +1,5 @@
 """``tracekit report RUN_DIR``: load, analyse and write the self-contained HTML report."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -16,11 +17,16 @@ def default_name(run_dir: Path) -> str:
 
 @click.command("report")
 @click.argument("run_dir", type=click.Path(path_type=Path))
-@click.option("-o", "--output", type=click.Path(path_type=Path),
-              help="Where to write the report (default: reports/<run folder name>.html).")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(path_type=Path),
+    help="Where to write the report (default: reports/<run folder name>.html).",
+)
 @rank_options
-def command(run_dir: Path, output: Path | None, rank_from: str | None, rank_map: str | None,
-            progress: bool | None) -> None:
+def command(
+    run_dir: Path, output: Path | None, rank_from: str | None, rank_map: str | None, progress: bool | None
+) -> None:
     """Write an HTML report of where a pipeline-parallel run sat idle, and why.
 
     One self-contained file that opens offline in any browser: what is wrong with the run

@@ -1,4 +1,5 @@
 """``tracekit whatif RUN_DIR``: predict another schedule, v or m by replaying measured costs."""
+
 from __future__ import annotations
 
 import json
@@ -14,28 +15,75 @@ SCHEDULE_CHOICES = ["GPipe", "1F1B", "Interleaved1F1B"]
 
 @click.command("whatif")
 @click.argument("run_dir", type=click.Path(path_type=Path))
-@click.option("-s", "--schedule", "schedules", multiple=True, type=click.Choice(SCHEDULE_CHOICES),
-              help="A schedule to predict (repeat for several). Default: all three.")
-@click.option("-v", "--chunks", "vs", multiple=True, type=int, metavar="V",
-              help="Chunks (stages) per rank for Interleaved1F1B (repeatable). Default: the measured v, or 2.")
-@click.option("-m", "--microbatches", "ms", multiple=True, type=int, metavar="M",
-              help="Microbatches per step (repeatable). Default: the measured m and twice it.")
-@click.option("--keep", type=click.Choice(["global-batch", "microbatch"]), default="global-batch",
-              show_default=True,
-              help="What stays fixed when m changes: the samples per step (a microbatch's compute "
-                   "scales with measured m / new m) or the microbatch size (the step does more work).")
-@click.option("--balanced", is_flag=True,
-              help="Also predict each schedule with the layers re-split so every rank computes the same "
-                   "(the run's total compute kept): what a better stage split would buy.")
-@click.option("--replays", type=click.IntRange(4, 10_000), default=32, show_default=True,
-              help="Replays per prediction, each with freshly drawn costs (mean and spread reported).")
+@click.option(
+    "-s",
+    "--schedule",
+    "schedules",
+    multiple=True,
+    type=click.Choice(SCHEDULE_CHOICES),
+    help="A schedule to predict (repeat for several). Default: all three.",
+)
+@click.option(
+    "-v",
+    "--chunks",
+    "vs",
+    multiple=True,
+    type=int,
+    metavar="V",
+    help="Chunks (stages) per rank for Interleaved1F1B (repeatable). Default: the measured v, or 2.",
+)
+@click.option(
+    "-m",
+    "--microbatches",
+    "ms",
+    multiple=True,
+    type=int,
+    metavar="M",
+    help="Microbatches per step (repeatable). Default: the measured m and twice it.",
+)
+@click.option(
+    "--keep",
+    type=click.Choice(["global-batch", "microbatch"]),
+    default="global-batch",
+    show_default=True,
+    help="What stays fixed when m changes: the samples per step (a microbatch's compute "
+    "scales with measured m / new m) or the microbatch size (the step does more work).",
+)
+@click.option(
+    "--balanced",
+    is_flag=True,
+    help="Also predict each schedule with the layers re-split so every rank computes the same "
+    "(the run's total compute kept): what a better stage split would buy.",
+)
+@click.option(
+    "--replays",
+    type=click.IntRange(4, 10_000),
+    default=32,
+    show_default=True,
+    help="Replays per prediction, each with freshly drawn costs (mean and spread reported).",
+)
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the draws (same seed, same answer).")
-@click.option("--json", "as_json", is_flag=True,
-              help="Print the predictions as JSON (schema: tracekit/schemas/whatif.schema.json).")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print the predictions as JSON (schema: tracekit/schemas/whatif.schema.json).",
+)
 @rank_options
-def command(run_dir: Path, schedules: tuple[str, ...], vs: tuple[int, ...], ms: tuple[int, ...],
-            keep: str, balanced: bool, replays: int, seed: int, as_json: bool, rank_from: str | None,
-            rank_map: str | None, progress: bool | None) -> None:
+def command(
+    run_dir: Path,
+    schedules: tuple[str, ...],
+    vs: tuple[int, ...],
+    ms: tuple[int, ...],
+    keep: str,
+    balanced: bool,
+    replays: int,
+    seed: int,
+    as_json: bool,
+    rank_from: str | None,
+    rank_map: str | None,
+    progress: bool | None,
+) -> None:
     """What if this run used another schedule, more chunks per rank or more microbatches?
 
     tracekit takes the run's measured costs (each rank's compute per microbatch, each
@@ -67,8 +115,9 @@ def command(run_dir: Path, schedules: tuple[str, ...], vs: tuple[int, ...], ms: 
         chosen = schedules or (("Interleaved1F1B",) if vs else tuple(SCHEDULE_CHOICES))
         m_values = ms or (model.m, 2 * model.m)
         v_interleaved = vs or ((model.v if model.v >= 2 else 2),)
-        targets = [(s, v, m) for s in chosen for v in (v_interleaved if s == "Interleaved1F1B" else (1,))
-                   for m in m_values]
+        targets = [
+            (s, v, m) for s in chosen for v in (v_interleaved if s == "Interleaved1F1B" else (1,)) for m in m_values
+        ]
     result = what_if(run, targets, keep=keep, samples=replays, seed=seed, balanced=balanced, model=model)
     if as_json:
         sys.stdout.write(json.dumps(result.to_dict(), indent=1) + "\n")

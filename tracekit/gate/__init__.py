@@ -6,6 +6,7 @@ writes baseline files, and ``checks`` compares a run's measures
 :mod:`tracekit.output`. Renderers for CI systems live in :mod:`tracekit.render.junit` and
 :mod:`tracekit.render.markdown`.
 """
+
 from tracekit.gate.checks import Check, GateResult, evaluate
 from tracekit.gate.config import CheckConfig, find_config, load_config, with_flags
 

@@ -12,6 +12,7 @@ Written by ``tracekit baseline RUN -o FILE``, read by ``tracekit check --baselin
 Cause values are shares of the step window (they add up to ``bubble_ratio``). Bump the
 major ``schema_version`` on any change that removes or renames a field.
 """
+
 from __future__ import annotations
 
 import json
@@ -54,43 +55,61 @@ def read_baseline(path: Path) -> Measures:
     try:
         doc = json.loads(Path(path).read_text())
     except FileNotFoundError:
-        raise TracekitError(f"baseline {path}: no such file; make one with: tracekit baseline RUN_DIR -o {path}") from None
+        raise TracekitError(
+            f"baseline {path}: no such file; make one with: tracekit baseline RUN_DIR -o {path}"
+        ) from None
     except (OSError, UnicodeDecodeError) as err:
         raise TracekitError(f"baseline {path}: cannot read it ({err})") from None
     except json.JSONDecodeError as err:
-        raise TracekitError(f"baseline {path}: not JSON ({err.msg} at line {err.lineno}); "
-                            "remake it with: tracekit baseline RUN_DIR -o FILE") from None
+        raise TracekitError(
+            f"baseline {path}: not JSON ({err.msg} at line {err.lineno}); "
+            "remake it with: tracekit baseline RUN_DIR -o FILE"
+        ) from None
     if not isinstance(doc, dict) or doc.get("kind") != KIND:
-        raise TracekitError(f"baseline {path}: not a tracekit baseline (no \"kind\": \"{KIND}\"); "
-                            "make one with: tracekit baseline RUN_DIR -o FILE")
+        raise TracekitError(
+            f'baseline {path}: not a tracekit baseline (no "kind": "{KIND}"); '
+            "make one with: tracekit baseline RUN_DIR -o FILE"
+        )
     version = str(doc.get("schema_version", ""))
     if version.split(".")[0] != SCHEMA_VERSION.split(".")[0]:
-        raise TracekitError(f"baseline {path}: schema version {version or '?'} (written by tracekit "
-                            f"{doc.get('tracekit_version', '?')}); this tracekit reads {SCHEMA_VERSION}: "
-                            "remake the baseline or upgrade tracekit")
+        raise TracekitError(
+            f"baseline {path}: schema version {version or '?'} (written by tracekit "
+            f"{doc.get('tracekit_version', '?')}); this tracekit reads {SCHEMA_VERSION}: "
+            "remake the baseline or upgrade tracekit"
+        )
     try:
         return _measures(doc)
     except (KeyError, TypeError, ValueError, AttributeError) as err:
-        raise TracekitError(f"baseline {path}: malformed ({type(err).__name__}: {err}); "
-                            "remake it with: tracekit baseline RUN_DIR -o FILE") from None
+        raise TracekitError(
+            f"baseline {path}: malformed ({type(err).__name__}: {err}); "
+            "remake it with: tracekit baseline RUN_DIR -o FILE"
+        ) from None
 
 
 def _measures(doc: dict) -> Measures:
     schedule = doc["schedule"]
     if schedule is not None:
-        schedule = {"name": str(schedule["name"]), "p": int(schedule["p"]), "v": int(schedule["v"]),
-                    "m": int(schedule["m"]),
-                    **({"replicas": int(schedule["replicas"])} if int(schedule.get("replicas", 1)) > 1 else {})}
+        schedule = {
+            "name": str(schedule["name"]),
+            "p": int(schedule["p"]),
+            "v": int(schedule["v"]),
+            "m": int(schedule["m"]),
+            **({"replicas": int(schedule["replicas"])} if int(schedule.get("replicas", 1)) > 1 else {}),
+        }
     causes = {str(c): _share(v) for c, v in doc["causes"].items()}
     unknown = set(causes) - set(CATEGORIES)
     if unknown:
         raise ValueError(f"unknown causes {sorted(unknown)}")
     return Measures(
-        source=str(doc["source"]), formats=[str(f) for f in doc.get("formats", [])], schedule=schedule,
-        n_steps=int(doc.get("n_steps", 0)), step_ns=float(doc.get("step_ns", 0)),
+        source=str(doc["source"]),
+        formats=[str(f) for f in doc.get("formats", [])],
+        schedule=schedule,
+        n_steps=int(doc.get("n_steps", 0)),
+        step_ns=float(doc.get("step_ns", 0)),
         bubble_ratio=_share(doc["bubble_ratio"]),
         rank_bubble={int(r): _share(v) for r, v in doc["ranks"].items()},
-        cause_share=causes, incomplete=str(doc.get("incomplete") or ""),
+        cause_share=causes,
+        incomplete=str(doc.get("incomplete") or ""),
         # baselines from before the device timeline were all measured on the host
         timeline=str(doc.get("timeline") or "host"),
     )

@@ -5,6 +5,7 @@ A check passes when the measured figure is at most its limit: the fixed limit fo
 points for a share, a fraction of the baseline's step for the step time). Only rises fail; a fall past the tolerance passes with a hint to refresh the
 baseline, so that the gate keeps what was won.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -24,14 +25,14 @@ PASSED, REGRESSED = 0, 1
 
 @dataclass
 class Check:
-    id: str                 # stable, for scripts and JUnit: "baseline.cause.comm", "rank2.bubble_ratio"
-    name: str               # for people: "comm share of the step window"
+    id: str  # stable, for scripts and JUnit: "baseline.cause.comm", "rank2.bubble_ratio"
+    name: str  # for people: "comm share of the step window"
     value: float
     limit: float
-    rule: str               # "max 35.0% (--max-bubble)", "baseline 32.9% + 5.0 points (--tolerance)"
+    rule: str  # "max 35.0% (--max-bubble)", "baseline 32.9% + 5.0 points (--tolerance)"
     baseline: float | None = None
     note: str = ""
-    unit: str = "share"     # "share" (of the step window, 0..1) or "ns" (the step time)
+    unit: str = "share"  # "share" (of the step window, 0..1) or "ns" (the step time)
 
     @property
     def passed(self) -> bool:
@@ -49,10 +50,17 @@ class Check:
 
     def to_dict(self) -> dict:
         digits = 0 if self.unit == "ns" else 6
-        return {"id": self.id, "name": self.name, "unit": self.unit, "passed": self.passed,
-                "value": round(self.value, digits), "limit": round(self.limit, digits),
-                "baseline": None if self.baseline is None else round(self.baseline, digits),
-                "rule": self.rule, "line": self.line()}
+        return {
+            "id": self.id,
+            "name": self.name,
+            "unit": self.unit,
+            "passed": self.passed,
+            "value": round(self.value, digits),
+            "limit": round(self.limit, digits),
+            "baseline": None if self.baseline is None else round(self.baseline, digits),
+            "rule": self.rule,
+            "line": self.line(),
+        }
 
 
 @dataclass
@@ -98,11 +106,15 @@ class GateResult:
             "summary": self.summary(),
             "config_file": str(self.config.config_file) if self.config.config_file else None,
             "incomplete": m.incomplete or None,
-            "baseline": None if self.config.baseline is None else {
-                "path": str(self.config.baseline), "source": self.baseline.source if self.baseline else None},
-            "measures": {"bubble_ratio": round(m.bubble_ratio, 6), "step_ns": round(m.step_ns),
-                         "ranks": {str(r): round(v, 6) for r, v in sorted(m.rank_bubble.items())},
-                         "causes": {c: round(v, 6) for c, v in m.cause_share.items()}},
+            "baseline": None
+            if self.config.baseline is None
+            else {"path": str(self.config.baseline), "source": self.baseline.source if self.baseline else None},
+            "measures": {
+                "bubble_ratio": round(m.bubble_ratio, 6),
+                "step_ns": round(m.step_ns),
+                "ranks": {str(r): round(v, 6) for r, v in sorted(m.rank_bubble.items())},
+                "causes": {c: round(v, 6) for c, v in m.cause_share.items()},
+            },
             "checks": [c.to_dict() for c in self.checks],
             "notes": list(self.notes),
         }
@@ -114,7 +126,8 @@ def refuse_incomplete(measures: Measures, command: str, also: str = "") -> None:
     if measures.incomplete:
         raise TracekitError(
             f"{measures.source}: incomplete run: {measures.incomplete}; tracekit {command} needs every rank: "
-            f"add the missing traces, or pass --allow-incomplete{also} to use the ranks present")
+            f"add the missing traces, or pass --allow-incomplete{also} to use the ranks present"
+        )
 
 
 def evaluate(measures: Measures, config: CheckConfig, baseline: Measures | None = None) -> GateResult:
@@ -128,32 +141,43 @@ def evaluate(measures: Measures, config: CheckConfig, baseline: Measures | None 
     if config.baseline and baseline is None:
         baseline = read_baseline(config.baseline)
     if config.max_cause and not measures.cause_share:
-        why = ("a run with ranks missing is not attributed (the replay needs the whole pipeline)"
-               if measures.incomplete else "this run has no pipeline schedule to attribute it by")
-        raise TracekitError(f"{measures.source}: cause limits need the idle time attributed, and {why}; "
-                            "drop the --max-cause limits")
+        why = (
+            "a run with ranks missing is not attributed (the replay needs the whole pipeline)"
+            if measures.incomplete
+            else "this run has no pipeline schedule to attribute it by"
+        )
+        raise TracekitError(
+            f"{measures.source}: cause limits need the idle time attributed, and {why}; drop the --max-cause limits"
+        )
     if baseline is not None and baseline.timeline != measures.timeline:
         raise TracekitError(
             f"timeline differs from the baseline: {config.baseline} was measured on the {baseline.timeline}, "
             f"{measures.source} on the {measures.timeline} (the host runs ahead of a GPU: the figures are not "
             f"comparable); check with --timeline {baseline.timeline}, or remake the baseline (tracekit baseline "
-            "RUN_DIR -o FILE)")
+            "RUN_DIR -o FILE)"
+        )
     notes = []
     if measures.incomplete:
-        notes.append(f"incomplete run allowed: {measures.incomplete}; checked on the ranks present"
-                     + (", its schedule not compared with the baseline's" if baseline is not None else ""))
+        notes.append(
+            f"incomplete run allowed: {measures.incomplete}; checked on the ranks present"
+            + (", its schedule not compared with the baseline's" if baseline is not None else "")
+        )
     elif baseline is not None and schedule_key(baseline.schedule) != schedule_key(measures.schedule):
         raise TracekitError(
             f"schedule differs from the baseline: {config.baseline} was made from a {baseline.schedule_label} "
             f"run, {measures.source} is {measures.schedule_label}; bubble ratios of different schedules are "
-            "not comparable: remake the baseline (tracekit baseline RUN_DIR -o FILE) if the change is intended")
+            "not comparable: remake the baseline (tracekit baseline RUN_DIR -o FILE) if the change is intended"
+        )
     result = GateResult(measures=measures, config=config, checks=[], baseline=baseline, notes=notes)
     checks = result.checks
     if config.max_bubble:
         checks.append(_against_limit("bubble_ratio", "bubble ratio", measures.bubble_ratio, config.max_bubble))
     if baseline is not None:
-        checks.append(_against_baseline("baseline.bubble_ratio", "bubble ratio", measures.bubble_ratio,
-                                        baseline.bubble_ratio, config.tolerance))
+        checks.append(
+            _against_baseline(
+                "baseline.bubble_ratio", "bubble ratio", measures.bubble_ratio, baseline.bubble_ratio, config.tolerance
+            )
+        )
     _check_step_time(result)
     for rank, ratio in sorted(measures.rank_bubble.items()):
         name = f"rank {rank} bubble ratio"
@@ -161,8 +185,11 @@ def evaluate(measures: Measures, config: CheckConfig, baseline: Measures | None 
             checks.append(_against_limit(f"rank{rank}.bubble_ratio", name, ratio, config.max_rank_bubble))
         if baseline is not None:
             if rank in baseline.rank_bubble:
-                checks.append(_against_baseline(f"baseline.rank{rank}.bubble_ratio", name, ratio,
-                                                baseline.rank_bubble[rank], config.tolerance))
+                checks.append(
+                    _against_baseline(
+                        f"baseline.rank{rank}.bubble_ratio", name, ratio, baseline.rank_bubble[rank], config.tolerance
+                    )
+                )
             else:
                 result.notes.append(f"rank {rank} is not in the baseline; not compared")
     for cause, share in measures.cause_share.items():
@@ -171,8 +198,16 @@ def evaluate(measures: Measures, config: CheckConfig, baseline: Measures | None 
         if cause in config.max_cause:
             checks.append(_against_limit(f"cause.{cause}", name, share, config.max_cause[cause], where))
         if baseline is not None and cause in baseline.cause_share:
-            checks.append(_against_baseline(f"baseline.cause.{cause}", name, share, baseline.cause_share[cause],
-                                            config.tolerance_for(cause), where))
+            checks.append(
+                _against_baseline(
+                    f"baseline.cause.{cause}",
+                    name,
+                    share,
+                    baseline.cause_share[cause],
+                    config.tolerance_for(cause),
+                    where,
+                )
+            )
     return result
 
 
@@ -183,28 +218,37 @@ def _check_step_time(result: GateResult) -> None:
     if not (config.max_step_ns or against_baseline):
         return
     if measures.n_steps == 0 or measures.step_ns <= 0:
-        raise TracekitError(f"{measures.source}: no step measured, so no step time to check; drop "
-                            "--max-step-ms and --step-tolerance")
+        raise TracekitError(
+            f"{measures.source}: no step measured, so no step time to check; drop --max-step-ms and --step-tolerance"
+        )
     name = "mean step time"
     if config.max_step_ns:
         limit = config.max_step_ns
-        result.checks.append(Check("step_time", name, measures.step_ns, limit.value,
-                                   f"max {_ms(limit.value)} ({limit.origin})", unit="ns"))
+        result.checks.append(
+            Check(
+                "step_time", name, measures.step_ns, limit.value, f"max {_ms(limit.value)} ({limit.origin})", unit="ns"
+            )
+        )
     if not against_baseline:
         return
     base, tolerance = baseline.step_ns, config.step_tolerance
     if base <= 0:
-        raise TracekitError(f"baseline {config.baseline}: records no step time; remake it (tracekit baseline "
-                            f"RUN_DIR -o FILE) or drop the step tolerance ({tolerance.origin})")
+        raise TracekitError(
+            f"baseline {config.baseline}: records no step time; remake it (tracekit baseline "
+            f"RUN_DIR -o FILE) or drop the step tolerance ({tolerance.origin})"
+        )
     rule = f"baseline {_ms(base)} + {100 * tolerance.value:.1f}% ({tolerance.origin})"
-    check = Check("baseline.step_time", name, measures.step_ns, base * (1 + tolerance.value), rule,
-                  baseline=base, unit="ns")
+    check = Check(
+        "baseline.step_time", name, measures.step_ns, base * (1 + tolerance.value), rule, baseline=base, unit="ns"
+    )
     change = f"{measures.step_ns / 1e6 - base / 1e6:+.1f} ms ({100 * (measures.step_ns / base - 1):+.1f}%)"
     if not check.passed:
         check.note = f"{change} over the baseline"
     elif measures.step_ns < base * (1 - tolerance.value):
-        check.note = (f"{change}, faster than the baseline by more than the tolerance; refresh it "
-                      "(tracekit baseline RUN_DIR -o FILE) to keep the gain")
+        check.note = (
+            f"{change}, faster than the baseline by more than the tolerance; refresh it "
+            "(tracekit baseline RUN_DIR -o FILE) to keep the gain"
+        )
     result.checks.append(check)
 
 
@@ -219,16 +263,17 @@ def _against_limit(check_id: str, name: str, value: float, limit: Limit, where: 
     return check
 
 
-def _against_baseline(check_id: str, name: str, value: float, base: float, tolerance: Limit,
-                      where: str = "") -> Check:
+def _against_baseline(check_id: str, name: str, value: float, base: float, tolerance: Limit, where: str = "") -> Check:
     source = "default tolerance" if tolerance.origin == "default" else f"tolerance from {tolerance.origin}"
     rule = f"baseline {pct(base)} + {100 * tolerance.value:.1f} points ({source})"
     check = Check(check_id, name, value, base + tolerance.value, rule, baseline=base)
     if not check.passed:
         check.note = f"{points(value - base)} over the baseline" + (f", most from {where}" if where else "")
     elif value < base - tolerance.value - _EPSILON:
-        check.note = (f"{points(value - base)}, better than the baseline by more than the tolerance; "
-                      "refresh it (tracekit baseline RUN_DIR -o FILE) to keep the gain")
+        check.note = (
+            f"{points(value - base)}, better than the baseline by more than the tolerance; "
+            "refresh it (tracekit baseline RUN_DIR -o FILE) to keep the gain"
+        )
     return check
 
 

@@ -26,6 +26,7 @@ Step time is held to a baseline only when ``step-tolerance`` is set: unlike a bu
 the neighbours on a shared node, which a baseline does not record, so a gate on it is a
 choice made for one known machine, never a default that turns existing gates red.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
@@ -37,10 +38,25 @@ from tracekit.pyproject import find_table, read_toml
 
 DEFAULT_TOLERANCE = 0.02
 TABLE = "[tool.tracekit.check]"
-_KEYS = ("max-bubble", "max-rank-bubble", "max-cause", "baseline", "tolerance", "cause-tolerance",
-         "allow-incomplete", "max-step-ms", "step-tolerance")
-_CAUSE_ALIASES = {"gaps": "schedule_gaps", "schedule-gaps": "schedule_gaps", "warm-up": "warmup",
-                  "imbal": "imbalance", "ovhd": "overhead", "other": "overhead"}
+_KEYS = (
+    "max-bubble",
+    "max-rank-bubble",
+    "max-cause",
+    "baseline",
+    "tolerance",
+    "cause-tolerance",
+    "allow-incomplete",
+    "max-step-ms",
+    "step-tolerance",
+)
+_CAUSE_ALIASES = {
+    "gaps": "schedule_gaps",
+    "schedule-gaps": "schedule_gaps",
+    "warm-up": "warmup",
+    "imbal": "imbalance",
+    "ovhd": "overhead",
+    "other": "overhead",
+}
 
 
 @dataclass(frozen=True)
@@ -60,9 +76,9 @@ class CheckConfig:
     baseline: Path | None = None
     tolerance: Limit = Limit(DEFAULT_TOLERANCE, "default")
     cause_tolerance: dict[str, Limit] = field(default_factory=dict)
-    allow_incomplete: bool = False     # check a run with ranks missing (on the ranks present)
-    max_step_ns: Limit | None = None   # the mean step window
-    step_tolerance: Limit | None = None   # relative to the baseline's step; None: step time not compared
+    allow_incomplete: bool = False  # check a run with ranks missing (on the ranks present)
+    max_step_ns: Limit | None = None  # the mean step window
+    step_tolerance: Limit | None = None  # relative to the baseline's step; None: step time not compared
     config_file: Path | None = None
 
     @property
@@ -71,21 +87,32 @@ class CheckConfig:
 
     def require_checks(self) -> None:
         if not self.has_checks:
-            raise TracekitError("nothing to check: give --max-bubble, --max-rank-bubble, --max-cause, "
-                                f"--max-step-ms or --baseline, or put them in {TABLE} in pyproject.toml")
-        if self.step_tolerance is not None and self.step_tolerance.origin == "--step-tolerance" \
-                and self.baseline is None:
+            raise TracekitError(
+                "nothing to check: give --max-bubble, --max-rank-bubble, --max-cause, "
+                f"--max-step-ms or --baseline, or put them in {TABLE} in pyproject.toml"
+            )
+        if (
+            self.step_tolerance is not None
+            and self.step_tolerance.origin == "--step-tolerance"
+            and self.baseline is None
+        ):
             # a tolerance from the file may wait for a --baseline; one typed now would do nothing
-            raise TracekitError("--step-tolerance compares the step time with a baseline: add --baseline FILE "
-                                "(or baseline = ... in pyproject.toml), or give a fixed --max-step-ms")
+            raise TracekitError(
+                "--step-tolerance compares the step time with a baseline: add --baseline FILE "
+                "(or baseline = ... in pyproject.toml), or give a fixed --max-step-ms"
+            )
         if self.baseline is None:
-            typed = (["--tolerance"] if self.tolerance.origin == "--tolerance" else []) + \
-                (["--cause-tolerance"] if any(t.origin.startswith("--cause-tolerance") for t in self.cause_tolerance.values())
-                 else [])
+            typed = (["--tolerance"] if self.tolerance.origin == "--tolerance" else []) + (
+                ["--cause-tolerance"]
+                if any(t.origin.startswith("--cause-tolerance") for t in self.cause_tolerance.values())
+                else []
+            )
             if typed:  # it would have done nothing, silently
-                raise TracekitError(f"{' and '.join(typed)} set how far a run may move from a baseline, and "
-                                    "there is none: add --baseline FILE (or baseline = ... in pyproject.toml), "
-                                    "or give fixed limits (--max-bubble, --max-cause CAUSE=SHARE)")
+                raise TracekitError(
+                    f"{' and '.join(typed)} set how far a run may move from a baseline, and "
+                    "there is none: add --baseline FILE (or baseline = ... in pyproject.toml), "
+                    "or give fixed limits (--max-bubble, --max-cause CAUSE=SHARE)"
+                )
 
     def tolerance_for(self, cause: str) -> Limit:
         return self.cause_tolerance.get(cause, self.tolerance)
@@ -117,11 +144,11 @@ def step_ms(value, where: str) -> int:
     try:
         number = float(str(value).strip())  # TOML's true reads "True": not a number
     except ValueError:
-        raise TracekitError(f"{where}: {value!r} is not a number; give the step time in milliseconds, "
-                            "e.g. 520") from None
+        raise TracekitError(
+            f"{where}: {value!r} is not a number; give the step time in milliseconds, e.g. 520"
+        ) from None
     if not 0.0 < number < float("inf"):
-        raise TracekitError(f"{where}: {value!r} is not a step time; give a positive number of milliseconds, "
-                            "e.g. 520")
+        raise TracekitError(f"{where}: {value!r} is not a step time; give a positive number of milliseconds, e.g. 520")
     return round(number * 1e6)
 
 
@@ -185,10 +212,19 @@ def load_config(path: Path) -> CheckConfig:
     return config
 
 
-def with_flags(config: CheckConfig, *, max_bubble: str | None, max_rank_bubble: str | None,
-               max_cause: tuple[str, ...], baseline: Path | None, tolerance: str | None,
-               cause_tolerance: tuple[str, ...], allow_incomplete: bool = False,
-               max_step_ms: str | None = None, step_tolerance: str | None = None) -> CheckConfig:
+def with_flags(
+    config: CheckConfig,
+    *,
+    max_bubble: str | None,
+    max_rank_bubble: str | None,
+    max_cause: tuple[str, ...],
+    baseline: Path | None,
+    tolerance: str | None,
+    cause_tolerance: tuple[str, ...],
+    allow_incomplete: bool = False,
+    max_step_ms: str | None = None,
+    step_tolerance: str | None = None,
+) -> CheckConfig:
     """``config`` with the command-line flags laid over it (flags win, key by key)."""
     out = replace(config, max_cause=dict(config.max_cause), cause_tolerance=dict(config.cause_tolerance))
     if max_bubble is not None:

@@ -4,6 +4,7 @@ Each parser turns one file into ``(TraceFile, events)`` pairs (an nsys report ma
 several ranks); this module checks that the files make one run (no duplicate or missing
 ranks, one job). :func:`tracekit.load` then hands the run to the reconstructor.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,6 +19,7 @@ if TYPE_CHECKING:  # pandas loads on first use: parser workers never import it
 
 from tracekit.errors import RunLayoutError, TraceFormatError
 from tracekit.ingest.columns import EventColumns, events_frame
+
 # IGNORED_NAMES and the suffixes are also tracekit.commands.outputs': what may be written into a run folder.
 from tracekit.ingest.discovery import IGNORED_NAMES, Discovery, find_traces
 from tracekit.ingest.options import ReadOptions
@@ -31,9 +33,13 @@ def discover(path: Path, iteration: int | None = None, rank_pattern: str | None 
     return find_traces(path, iteration, rank_pattern).files
 
 
-def _parse_file(path: Path, file_id: int, rank_pattern: str | None,
-                rank_map: dict[int, int] | None,
-                bytes_read: Callable[[int], None] | None = None) -> list[tuple[TraceFile, EventColumns]]:
+def _parse_file(
+    path: Path,
+    file_id: int,
+    rank_pattern: str | None,
+    rank_map: dict[int, int] | None,
+    bytes_read: Callable[[int], None] | None = None,
+) -> list[tuple[TraceFile, EventColumns]]:
     name = path.name
     if name.endswith(NSYS_SUFFIXES) or _is_sqlite(path):
         from tracekit.ingest import nsys
@@ -64,13 +70,20 @@ def _looks_like_nsys_json(path: Path) -> bool:
     return trace_format(path, claimed=True) == NSYS_JSON
 
 
-def parse_files(paths: list[Path], rank_pattern: str | None = None,
-                rank_map: dict[int, int] | None = None,
-                progress: Callable[[Path], None] | None = None, *,
-                executor: str = "local", jobs: int | None = None, scheduler=None,
-                cache_dir: str | None = None,
-                bytes_read: Callable[[int], None] | None = None,
-                rows: str = "all", defer_cache_writes: bool = False) -> tuple[list[TraceFile], pd.DataFrame]:
+def parse_files(
+    paths: list[Path],
+    rank_pattern: str | None = None,
+    rank_map: dict[int, int] | None = None,
+    progress: Callable[[Path], None] | None = None,
+    *,
+    executor: str = "local",
+    jobs: int | None = None,
+    scheduler=None,
+    cache_dir: str | None = None,
+    bytes_read: Callable[[int], None] | None = None,
+    rows: str = "all",
+    defer_cache_writes: bool = False,
+) -> tuple[list[TraceFile], pd.DataFrame]:
     """Parse every file; return the per-file facts and one events table for all ranks.
 
     Files are parsed independently: ``executor`` ``"local"`` runs them in this process
@@ -91,11 +104,13 @@ def parse_files(paths: list[Path], rank_pattern: str | None = None,
 
     if rows not in ROWS:
         raise ValueError(f"rows={rows!r}: choose one of {ROWS}")
-    tasks = [IngestTask(str(path), file_id, rank_pattern, rank_map, cache_dir, rows)
-             for file_id, path in enumerate(paths)]
+    tasks = [
+        IngestTask(str(path), file_id, rank_pattern, rank_map, cache_dir, rows) for file_id, path in enumerate(paths)
+    ]
     on_done = (lambda task: progress(Path(task.path))) if progress else None
-    results = run_tasks(tasks, executor=executor, jobs=jobs, scheduler=scheduler,
-                        on_done=on_done, bytes_read=bytes_read)
+    results = run_tasks(
+        tasks, executor=executor, jobs=jobs, scheduler=scheduler, on_done=on_done, bytes_read=bytes_read
+    )
     # Deferred: written by a background thread, finished by the command after its output.
     write_deferred_entries(background=defer_cache_writes)
     files: list[TraceFile] = []
@@ -139,11 +154,12 @@ def check_layout(files: list[TraceFile]) -> list[str]:
             seen[rank] = trace.path
     stated = _stated_world_sizes(files)
     if len(stated) > 1:
-        says = "; ".join(f"{_name_list(names)} {'say' if len(names) > 1 else 'says'} {size}"
-                         for size, names in sorted(stated.items()))
+        says = "; ".join(
+            f"{_name_list(names)} {'say' if len(names) > 1 else 'says'} {size}"
+            for size, names in sorted(stated.items())
+        )
         raise RunLayoutError(
-            f"files disagree on world size ({says}): they come from different jobs; keep one "
-            "job's traces per folder"
+            f"files disagree on world size ({says}): they come from different jobs; keep one job's traces per folder"
         )
     if stated:
         world = next(iter(stated))
@@ -160,8 +176,11 @@ def check_layout(files: list[TraceFile]) -> list[str]:
 
 
 # Where a file's world size comes from, by its format.
-_WORLD_SIZE_SOURCES = {"kineto": "distributedInfo", "nsys-sqlite": "the nsys report's rank marks",
-                       "nsys-json": "the nsys report's rank marks"}
+_WORLD_SIZE_SOURCES = {
+    "kineto": "distributedInfo",
+    "nsys-sqlite": "the nsys report's rank marks",
+    "nsys-json": "the nsys report's rank marks",
+}
 
 
 def _stated_world_sizes(files: list[TraceFile]) -> dict[int, list[str]]:
@@ -196,11 +215,12 @@ def run_completeness(files: list[TraceFile], capture: dict | None) -> tuple[Comp
     captured = _captured_ranks(capture)
     if stated:
         world = next(iter(stated))
-        source = " and ".join(sorted({_WORLD_SIZE_SOURCES.get(t.format, t.format) for t in files
-                                      if t.world_size}))
+        source = " and ".join(sorted({_WORLD_SIZE_SOURCES.get(t.format, t.format) for t in files if t.world_size}))
         if captured is not None and captured != world:
-            warnings.append(f"capture.json says {captured} ranks, the traces say world size {world}: "
-                            "capture.json is from another run; the traces' world size is used")
+            warnings.append(
+                f"capture.json says {captured} ranks, the traces say world size {world}: "
+                "capture.json is from another run; the traces' world size is used"
+            )
     elif captured is not None and (not present or present[-1] < captured):
         world, source = captured, "capture.json"
     elif present and present != list(range(len(present))):
@@ -234,8 +254,7 @@ def load_capture_manifest(folder: Path, warnings: list[str] | None = None) -> di
     if not (folder.is_dir() and manifest.is_file()):
         return None
     try:
-        document = json.loads(manifest.read_bytes().decode("utf-8"), parse_constant=_not_json,
-                              parse_float=_finite)
+        document = json.loads(manifest.read_bytes().decode("utf-8"), parse_constant=_not_json, parse_float=_finite)
     except UnicodeDecodeError:
         problem = "is not UTF-8 text"
     except (ValueError, RecursionError):  # JSONDecodeError, or NaN / Infinity (not JSON)
@@ -278,8 +297,13 @@ def _encodable(document: dict) -> dict:
     return document
 
 
-def read_run(path, options: ReadOptions | None = None, *, progress: Callable[[Path], None] | None = None,
-             bytes_read: Callable[[int], None] | None = None) -> Run:
+def read_run(
+    path,
+    options: ReadOptions | None = None,
+    *,
+    progress: Callable[[Path], None] | None = None,
+    bytes_read: Callable[[int], None] | None = None,
+) -> Run:
     """Read a run folder (or one file) into a :class:`Run` of its events, checked to be one
     run; not yet reconstructed (:func:`tracekit.load` does both).
 
@@ -293,17 +317,25 @@ def read_run(path, options: ReadOptions | None = None, *, progress: Callable[[Pa
     path = Path(path)
     found = find_traces(path, options.iteration, options.rank_from)
     paths = _readable_paths(found, options.cache_dir)
-    files, events = parse_files(paths, options.rank_from, options.rank_map, progress, executor=options.executor,
-                                jobs=options.jobs, scheduler=options.scheduler, cache_dir=options.cache_dir,
-                                bytes_read=bytes_read, rows=options.rows,
-                                defer_cache_writes=options.defer_cache_writes)
+    files, events = parse_files(
+        paths,
+        options.rank_from,
+        options.rank_map,
+        progress,
+        executor=options.executor,
+        jobs=options.jobs,
+        scheduler=options.scheduler,
+        cache_dir=options.cache_dir,
+        bytes_read=bytes_read,
+        rows=options.rows,
+        defer_cache_writes=options.defer_cache_writes,
+    )
     # Files read through an export are named by the user's file, not the export in the cache.
     exported = {read: given for read, given in zip(paths, found.files) if read != given}
     for trace in files:
         trace.path = exported.get(trace.path, trace.path)
     capture_warnings: list[str] = []
-    run = Run(source=str(path), files=files, events=events,
-              capture=load_capture_manifest(path, capture_warnings))
+    run = Run(source=str(path), files=files, events=events, capture=load_capture_manifest(path, capture_warnings))
     for message in found.warnings + settle_unknown_ranks(files, events) + check_layout(files) + capture_warnings:
         run.warn(message)
     refuse_empty(path, files, events)

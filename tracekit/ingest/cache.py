@@ -26,6 +26,7 @@ remembered with its (device, inode, size, mtime, ctime). The memo is used only w
 match and the file had not changed for a second before it was hashed (a write within the
 same clock tick as the hashing would otherwise go unseen), so the key is still the content.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -61,18 +62,23 @@ def _filesystem(url: str):
     try:
         import fsspec
     except ImportError:
-        raise TracekitError(f"{url}: a cache URL needs fsspec and the filesystem's package (e.g. pip "
-                            "install fsspec s3fs); or give a local folder") from None
+        raise TracekitError(
+            f"{url}: a cache URL needs fsspec and the filesystem's package (e.g. pip "
+            "install fsspec s3fs); or give a local folder"
+        ) from None
     try:
         return fsspec.core.url_to_fs(url)
     except ImportError as err:  # a known protocol whose package is not installed
         raise TracekitError(f"{url}: {_first_line(err)} (e.g. pip install s3fs); or give a local folder") from None
     except ValueError as err:  # an unknown protocol
-        raise TracekitError(f"{url}: not a cache location fsspec knows ({_first_line(err)}); give a "
-                            "local folder or a URL such as s3://bucket/tracekit") from None
+        raise TracekitError(
+            f"{url}: not a cache location fsspec knows ({_first_line(err)}); give a "
+            "local folder or a URL such as s3://bucket/tracekit"
+        ) from None
     except Exception as err:  # a filesystem plugin failing to start (no JVM for hdfs, ...)
-        raise TracekitError(f"{url}: the cache cannot be opened ({type(err).__name__}: {_first_line(err)}); "
-                            "give a local folder") from None
+        raise TracekitError(
+            f"{url}: the cache cannot be opened ({type(err).__name__}: {_first_line(err)}); give a local folder"
+        ) from None
 
 
 def _first_line(err: Exception) -> str:
@@ -153,10 +159,18 @@ class ParseCache:
         return Lookup(key, self.load(key, path, file_id), stamp)
 
     def entry_key(self, name: str, options: dict, digest: str) -> str:
-        ident = json.dumps({
-            "format": CACHE_FORMAT, "version": __version__, "code": code_fingerprint(),
-            "name": name, "options": options, "content": digest,
-        }, sort_keys=True, default=str)
+        ident = json.dumps(
+            {
+                "format": CACHE_FORMAT,
+                "version": __version__,
+                "code": code_fingerprint(),
+                "name": name,
+                "options": options,
+                "content": digest,
+            },
+            sort_keys=True,
+            default=str,
+        )
         return hashlib.sha256(ident.encode()).hexdigest()
 
     def digest(self, path: Path) -> str:
@@ -254,11 +268,13 @@ class ParseCache:
             tables.append(columns.to_arrow())
         table = pa.concat_tables(tables) if tables else event_schema().empty_table()
         files = json.loads(json.dumps(files, default=str))  # as they will read back
-        meta = json.dumps({"key": key, "version": __version__, "files": files,
-                           "files_sha256": _facts_digest(files)}).encode()
+        meta = json.dumps(
+            {"key": key, "version": __version__, "files": files, "files_sha256": _facts_digest(files)}
+        ).encode()
         table = table.replace_schema_metadata({_META_KEY: meta})
-        self._write(self.entry_path(key),
-                    lambda fh: pq.write_table(table, fh, compression="snappy", write_page_checksum=True))
+        self._write(
+            self.entry_path(key), lambda fh: pq.write_table(table, fh, compression="snappy", write_page_checksum=True)
+        )
 
     # -- storage -----------------------------------------------------------------------
     def _path(self, *parts: str) -> str:
@@ -325,6 +341,7 @@ def _facts_digest(files: list) -> str:
 # ``tracekit analyze`` renders from its JSON document, so an unchanged run with the same
 # options can be answered from the document alone: no parsing, no reconstruction, no replay.
 
+
 def package_fingerprint() -> str:
     """A digest of all of tracekit's code: any change to analysis or rendering misses."""
     digest = hashlib.sha256(__version__.encode())
@@ -335,8 +352,7 @@ def package_fingerprint() -> str:
     return digest.hexdigest()[:16]
 
 
-def analysis_key(cache: ParseCache, run: Path, paths: list[Path], options: dict,
-                 extra_files: list[Path]) -> str | None:
+def analysis_key(cache: ParseCache, run: Path, paths: list[Path], options: dict, extra_files: list[Path]) -> str | None:
     """The key of a whole analysis: every trace file's content and place in the run (from
     the digest memo only, so the lookup reads no trace), ``extra_files``' bytes
     (capture.json), the options and the code; not where the run is, so a copy of a run
@@ -348,8 +364,11 @@ def analysis_key(cache: ParseCache, run: Path, paths: list[Path], options: dict,
             return None
         parts.append([_place_in_run(Path(path), Path(run)), digest])
     extras = [[p.name, hashlib.sha256(p.read_bytes()).hexdigest()] for p in extra_files if p.is_file()]
-    ident = json.dumps({"format": CACHE_FORMAT, "files": parts, "extra": extras, "options": options,
-                        "code": package_fingerprint()}, sort_keys=True, default=str)
+    ident = json.dumps(
+        {"format": CACHE_FORMAT, "files": parts, "extra": extras, "options": options, "code": package_fingerprint()},
+        sort_keys=True,
+        default=str,
+    )
     return hashlib.sha256(ident.encode()).hexdigest()
 
 
@@ -361,13 +380,17 @@ def _place_in_run(path: Path, run: Path) -> str:
 # and each "files[].path" left out (null, and the index of the file among the run's trace
 # files): the answer names the folder it is asked about, not the one it was computed for.
 
+
 def store_document(cache: ParseCache, key: str, document: dict, source: str, files: list[Path]) -> None:
     """Store ``document`` (the analysis of the run ``source`` made of ``files``) under
     ``key``, without its paths; a document naming other paths is not stored."""
     index = {str(path): number for number, path in enumerate(files)}
     described = document.get("files")
-    if document.get("source") != source or not isinstance(described, list) or \
-            any(not isinstance(f, dict) or f.get("path") not in index for f in described):
+    if (
+        document.get("source") != source
+        or not isinstance(described, list)
+        or any(not isinstance(f, dict) or f.get("path") not in index for f in described)
+    ):
         return
     stored = {**document, "source": None, "files": [{**f, "path": index[f["path"]]} for f in described]}
     body = json.dumps(stored).encode()
@@ -405,7 +428,8 @@ _KEY = r"[0-9a-f]{64}"
 _OWN_FILE = re.compile(
     rf"v\d+/(?:(?P<entries>entries/(?P<e>[0-9a-f]{{2}})/(?P=e)[0-9a-f]{{62}}\.parquet)"
     rf"|(?P<analyses>analyses/(?P<a>[0-9a-f]{{2}})/(?P=a)[0-9a-f]{{62}}\.json)"
-    rf"|(?P<hashes>hashes/{_KEY}\.json))(?P<temporary>\.tmp-\d+-[0-9a-f]{{8}})?")
+    rf"|(?P<hashes>hashes/{_KEY}\.json))(?P<temporary>\.tmp-\d+-[0-9a-f]{{8}})?"
+)
 _FORMAT_FOLDER = re.compile(r"v\d+")
 OWN_KINDS = ("entries", "analyses", "hashes", "temporary")
 
@@ -415,9 +439,9 @@ class CacheUsage:
     """What tracekit keeps in one cache folder (or, from :func:`clear_cache`, what it removed)."""
 
     root: str
-    files: dict[str, int]    # kind (OWN_KINDS) -> how many
+    files: dict[str, int]  # kind (OWN_KINDS) -> how many
     bytes: int
-    others: int = 0          # files and folders there that are not tracekit's: left alone
+    others: int = 0  # files and folders there that are not tracekit's: left alone
 
     @property
     def n_files(self) -> int:
@@ -451,8 +475,10 @@ def clear_cache(root: str | os.PathLike) -> CacheUsage:
         except FileNotFoundError:
             continue  # another tracekit replaced or removed it meanwhile
         except OSError as err:
-            raise TracekitError(f"cache {root}: cannot remove {path} ({err.strerror or err}); removed "
-                                f"{removed.n_files} files before it, the rest are still there") from None
+            raise TracekitError(
+                f"cache {root}: cannot remove {path} ({err.strerror or err}); removed "
+                f"{removed.n_files} files before it, the rest are still there"
+            ) from None
         removed.files[kind] += 1
         removed.bytes += size
     if cache.fs is None:
@@ -471,7 +497,7 @@ def _own_files(cache: ParseCache, usage: CacheUsage) -> Iterator[tuple[str, str,
     """(path, kind, bytes) of each of tracekit's files in ``cache``; counts the rest in
     ``usage.others``. Symlinks are never followed nor counted as tracekit's: it writes none."""
     base = cache.base
-    for relative, size in (_local_files(cache) if cache.fs is None else _remote_files(cache)):
+    for relative, size in _local_files(cache) if cache.fs is None else _remote_files(cache):
         match = _OWN_FILE.fullmatch(relative) if size is not None else None
         if match is None:
             usage.others += 1
@@ -483,6 +509,7 @@ def _own_files(cache: ParseCache, usage: CacheUsage) -> Iterator[tuple[str, str,
 def _local_files(cache: ParseCache) -> Iterator[tuple[str, int | None]]:
     """(path relative to the root, bytes) of every file in its format folders (bytes None:
     not a regular file), and (name, None) for each other thing at the top of the root."""
+
     def fail(err: OSError):
         raise TracekitError(f"cache {cache.root}: cannot read {err.filename} ({err.strerror})")
 
@@ -515,7 +542,7 @@ def _remote_files(cache: ParseCache) -> Iterator[tuple[str, int | None]]:
     except Exception as err:  # the storage's own errors (credentials, network)
         raise TracekitError(f"cache {cache.root}: cannot list it ({type(err).__name__}: {_first_line(err)})") from None
     for path, info in sorted(found.items()):
-        relative = path[len(cache.base):].lstrip("/")
+        relative = path[len(cache.base) :].lstrip("/")
         yield relative, int(info.get("size") or 0) if info.get("type") == "file" else None
 
 

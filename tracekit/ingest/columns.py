@@ -7,6 +7,7 @@ bytes each and cheap to pickle. :func:`events_frame` joins the files column by c
 releasing each file's column as it goes, so the run's table is built with about one copy of
 itself in memory instead of three (per-file frames, their concatenation, its conformed copy).
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -26,9 +27,9 @@ _DTYPES = {c: np.dtype(kind) for c, kind in _NUMPY_DTYPES.items()}
 class EventColumns:
     """The rows of one file (or one rank of it)."""
 
-    numbers: dict[str, np.ndarray]            # every event column but cat and name
-    codes: dict[str, np.ndarray]              # "cat" / "name" -> int32 codes into values
-    values: dict[str, list[str]]              # "cat" / "name" -> the distinct strings
+    numbers: dict[str, np.ndarray]  # every event column but cat and name
+    codes: dict[str, np.ndarray]  # "cat" / "name" -> int32 codes into values
+    values: dict[str, list[str]]  # "cat" / "name" -> the distinct strings
 
     def __len__(self) -> int:
         return len(self.numbers["start_ns"])
@@ -73,9 +74,11 @@ class EventColumns:
         return pa.Table.from_arrays(arrays, schema=schema)
 
     def copy(self) -> "EventColumns":
-        return EventColumns({c: v.copy() for c, v in self.numbers.items()},
-                            {c: v.copy() for c, v in self.codes.items()},
-                            {c: list(v) for c, v in self.values.items()})
+        return EventColumns(
+            {c: v.copy() for c, v in self.numbers.items()},
+            {c: v.copy() for c, v in self.codes.items()},
+            {c: list(v) for c, v in self.values.items()},
+        )
 
     def to_frame(self):
         return events_frame([self])
@@ -84,8 +87,7 @@ class EventColumns:
 def _strings(codes: np.ndarray, values: list[str]):
     import pyarrow as pa
 
-    return pa.DictionaryArray.from_arrays(pa.array(codes, type=pa.int32()),
-                                          pa.array(values, type=pa.large_string()))
+    return pa.DictionaryArray.from_arrays(pa.array(codes, type=pa.int32()), pa.array(values, type=pa.large_string()))
 
 
 def events_frame(parts: list[EventColumns]):

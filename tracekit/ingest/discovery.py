@@ -7,6 +7,7 @@ levels down, hidden and cache folders left out) for folders of traces, such as t
 taken (``iteration`` chooses another) and a warning says so. Files that are not traces are
 skipped with one warning naming them; see :mod:`tracekit.ingest.sniff`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -46,11 +47,13 @@ def compile_rank_pattern(rank_pattern: str | None) -> re.Pattern | None:
     try:
         pattern = re.compile(rank_pattern)
     except re.error as err:
-        raise TracekitError(f"--rank-from {rank_pattern!r}: not a regular expression ({err}); "
-                            "give one like 'rank(\\d+)'") from None
+        raise TracekitError(
+            f"--rank-from {rank_pattern!r}: not a regular expression ({err}); give one like 'rank(\\d+)'"
+        ) from None
     if pattern.groups < 1:
-        raise TracekitError(f"--rank-from {rank_pattern!r}: has no group; put the rank number in "
-                            "parentheses, e.g. 'rank(\\d+)'")
+        raise TracekitError(
+            f"--rank-from {rank_pattern!r}: has no group; put the rank number in parentheses, e.g. 'rank(\\d+)'"
+        )
     return pattern
 
 
@@ -65,8 +68,10 @@ def find_traces(path: Path, iteration: int | None = None, rank_pattern: str | No
         raise RunLayoutError(f"{path}: no such file or folder; give a run folder of trace files")
     if path.is_file():
         if iteration is not None:
-            raise RunLayoutError(f"--iteration {iteration}: {path} is one file; --iteration chooses "
-                                 "among the iteration_N folders of a run folder")
+            raise RunLayoutError(
+                f"--iteration {iteration}: {path} is one file; --iteration chooses "
+                "among the iteration_N folders of a run folder"
+            )
         found = Discovery([path], {path: trace_format(path, pattern, claimed=True)}, [], [])
     else:
         found = _search(path, iteration, pattern)
@@ -91,8 +96,10 @@ def _search(run: Path, iteration: int | None, pattern: re.Pattern | None) -> Dis
     warnings: list[str] = []
     if formats:
         if iteration is not None:
-            raise RunLayoutError(f"--iteration {iteration}: {run} holds its traces at the top, in no "
-                                 "iteration_N folder; drop --iteration")
+            raise RunLayoutError(
+                f"--iteration {iteration}: {run} holds its traces at the top, in no "
+                "iteration_N folder; drop --iteration"
+            )
     else:
         folders = _trace_folders(run, pattern)
         chosen, warnings = _choose(run, folders, iteration)
@@ -103,11 +110,15 @@ def _search(run: Path, iteration: int | None, pattern: re.Pattern | None) -> Dis
     if not formats:
         looked = "*.json, *.json.gz, *.sqlite, *.nsys-rep, also in subfolders"
         also = f"; what is there is not a trace: {_listing(skipped)}" if skipped else ""
-        raise RunLayoutError(f"{run}: no trace files found (looked for {looked}){also}; point at "
-                             "the folder your profiler wrote")
+        raise RunLayoutError(
+            f"{run}: no trace files found (looked for {looked}){also}; point at the folder your profiler wrote"
+        )
     if skipped:
-        warnings.insert(0, f"skipped {len(skipped)} file{'s' if len(skipped) > 1 else ''} that "
-                           f"{'are' if len(skipped) > 1 else 'is'} not a trace: {_listing(skipped)}")
+        warnings.insert(
+            0,
+            f"skipped {len(skipped)} file{'s' if len(skipped) > 1 else ''} that "
+            f"{'are' if len(skipped) > 1 else 'is'} not a trace: {_listing(skipped)}",
+        )
     files = sorted(formats)
     return Discovery(files, {f: formats[f] for f in files}, warnings, skipped)
 
@@ -150,7 +161,8 @@ def _trace_folders(run: Path, pattern: re.Pattern | None) -> dict[Path, tuple[di
                 if entries > _SEARCH_ENTRIES:
                     raise RunLayoutError(
                         f"{run}: no traces at its top and over {_SEARCH_ENTRIES} folders below; point "
-                        "at the folder your profiler wrote")
+                        "at the folder your profiler wrote"
+                    )
                 formats, skipped = _traces_in(child, run, pattern)
                 if formats:
                     found[child] = (formats, skipped)
@@ -166,9 +178,14 @@ def _subfolders(folder: Path) -> list[Path]:
     except OSError:  # unreadable folders hold nothing we could read either
         return []
     # unreadable folders (lost+found) are left out like hidden ones: nothing there could be read
-    return [Path(c.path) for c in children
-            if c.is_dir() and not c.name.startswith((".", "_")) and os.access(c.path, os.R_OK | os.X_OK)
-            and not _is_cache_folder(Path(c.path))]
+    return [
+        Path(c.path)
+        for c in children
+        if c.is_dir()
+        and not c.name.startswith((".", "_"))
+        and os.access(c.path, os.R_OK | os.X_OK)
+        and not _is_cache_folder(Path(c.path))
+    ]
 
 
 def _is_cache_folder(folder: Path) -> bool:
@@ -179,28 +196,28 @@ def _is_cache_folder(folder: Path) -> bool:
 def _choose(run: Path, folders: dict, iteration: int | None) -> tuple[dict, list[str]]:
     """The folders that make the run: every folder of traces, but of the iteration_N
     folders only those of one N (``iteration``, else the highest)."""
-    numbers = {folder: int(m.group(1)) for folder in folders
-               if (m := _ITERATION_FOLDER.fullmatch(folder.name))}
+    numbers = {folder: int(m.group(1)) for folder in folders if (m := _ITERATION_FOLDER.fullmatch(folder.name))}
     if not numbers:
         if iteration is not None:
             raise RunLayoutError(f"--iteration {iteration}: {run} has no iteration_N folders; drop --iteration")
         return folders, []
     available = sorted(set(numbers.values()))
-    names = sorted({folder.name for folder in numbers},
-                   key=lambda name: int(_ITERATION_FOLDER.fullmatch(name).group(1)))
+    names = sorted(
+        {folder.name for folder in numbers}, key=lambda name: int(_ITERATION_FOLDER.fullmatch(name).group(1))
+    )
     if iteration is None:
         taken = available[-1]
     elif iteration in available:
         taken = iteration
     else:
-        raise RunLayoutError(f"--iteration {iteration}: {run} has no such iteration; it has "
-                             f"{', '.join(names)}")
+        raise RunLayoutError(f"--iteration {iteration}: {run} has no such iteration; it has {', '.join(names)}")
     chosen = {folder: traces for folder, traces in folders.items() if numbers.get(folder, taken) == taken}
     warnings = []
     if len(available) > 1:
         taken_names = ", ".join(sorted({f.name for f in chosen if f in numbers}))
-        warnings.append(f"{len(available)} iterations found ({', '.join(names)}): analysed "
-                        f"{taken_names}; --iteration N to choose")
+        warnings.append(
+            f"{len(available)} iterations found ({', '.join(names)}): analysed {taken_names}; --iteration N to choose"
+        )
     return chosen, warnings
 
 
@@ -221,7 +238,8 @@ def _refuse_one_rank_in_two_folders(run: Path, chosen: dict, pattern: re.Pattern
                 what = f"rank {rank}" if rank is not None else trace.name
                 raise RunLayoutError(
                     f"{what} has a trace in both {_relative(seen[ident], run)} and {_relative(trace, run)}, "
-                    "folders that are not iterations of one run; point at one of them")
+                    "folders that are not iterations of one run; point at one of them"
+                )
             seen[ident] = trace
 
 
@@ -229,16 +247,21 @@ def _check_rank_pattern(found: Discovery, text: str | None, pattern: re.Pattern 
     """Before any parsing: every Kineto trace's name must give its rank to ``--rank-from``."""
     if pattern is None:
         return
-    unmatched = [f.name for f in found.files
-                 if found.formats[f] == KINETO and not ((m := pattern.search(f.name)) and m.group(1))]
+    unmatched = [
+        f.name for f in found.files if found.formats[f] == KINETO and not ((m := pattern.search(f.name)) and m.group(1))
+    ]
     if unmatched:
-        raise TracekitError(f"--rank-from {text!r}: finds no rank in {_listing(unmatched)}; give a "
-                            "regex whose group matches the rank number in each file name")
+        raise TracekitError(
+            f"--rank-from {text!r}: finds no rank in {_listing(unmatched)}; give a "
+            "regex whose group matches the rank number in each file name"
+        )
     for trace in found.files:
         match = pattern.search(trace.name)
         if match and match.group(1) and not match.group(1).isdecimal():
-            raise TracekitError(f"--rank-from {text!r}: its group matches {match.group(1)!r} in {trace.name}, "
-                                "not a rank number; make the group match digits only, e.g. 'rank(\\d+)'")
+            raise TracekitError(
+                f"--rank-from {text!r}: its group matches {match.group(1)!r} in {trace.name}, "
+                "not a rank number; make the group match digits only, e.g. 'rank(\\d+)'"
+            )
 
 
 def _relative(path: Path, run: Path) -> str:

@@ -14,6 +14,7 @@ back. Cross-rank work (reconstruction, analysis) happens after, on the gathered 
   workers and the files readable there), or a ``LocalCluster`` when no address is given.
   Give a cache root on storage the workers share (a shared path or an fsspec URL).
 """
+
 from __future__ import annotations
 
 import atexit
@@ -44,7 +45,7 @@ class IngestTask:
     rank_pattern: str | None = None
     rank_map: dict[int, int] | None = field(default=None, hash=False)
     cache_dir: str | None = None
-    rows: str = "all"              # "all", or "analysis": the working set (ingest.working_set)
+    rows: str = "all"  # "all", or "analysis": the working set (ingest.working_set)
 
     def options(self) -> dict:
         rank_map = sorted(self.rank_map.items()) if self.rank_map else None
@@ -101,7 +102,7 @@ class PendingEntry:
 
 
 _DEFERRED: list[tuple[PendingEntry, Parsed]] = []
-_WRITER: list[threading.Thread] = []     # the background writer, while one runs
+_WRITER: list[threading.Thread] = []  # the background writer, while one runs
 
 
 def write_deferred_entries(background: bool = False) -> None:
@@ -186,9 +187,14 @@ def default_jobs(n_tasks: int) -> int:
     return max(1, min(cores, n_tasks))
 
 
-def run_tasks(tasks: list[IngestTask], executor: str = "local", jobs: int | None = None,
-              scheduler=None, on_done: Callable[[IngestTask], None] | None = None,
-              bytes_read: Callable[[int], None] | None = None) -> list[Parsed]:
+def run_tasks(
+    tasks: list[IngestTask],
+    executor: str = "local",
+    jobs: int | None = None,
+    scheduler=None,
+    on_done: Callable[[IngestTask], None] | None = None,
+    bytes_read: Callable[[int], None] | None = None,
+) -> list[Parsed]:
     """Run ``tasks``; return their results in task order.
 
     ``on_done`` is called as each task finishes; ``bytes_read`` with counts of input bytes
@@ -312,8 +318,12 @@ class _Workers:
             for _ in range(n):
                 here, there = ctx.Pipe(duplex=True)
                 self.conns.append(here)
-                proc = ctx.Process(target=_worker_main, args=(there, list(self.conns) if forked else []),
-                                   name="tracekit-parser", daemon=True)
+                proc = ctx.Process(
+                    target=_worker_main,
+                    args=(there, list(self.conns) if forked else []),
+                    name="tracekit-parser",
+                    daemon=True,
+                )
                 try:
                     proc.start()
                 finally:
@@ -327,11 +337,17 @@ class _Workers:
         proc = self.procs[k]
         proc.join(timeout=1)
         code = proc.exitcode
-        how = (f"was killed by signal {-code}" if code is not None and code < 0
-               else f"exited with status {code}" if code is not None else "stopped answering")
+        how = (
+            f"was killed by signal {-code}"
+            if code is not None and code < 0
+            else f"exited with status {code}"
+            if code is not None
+            else "stopped answering"
+        )
         hint = " (out of memory?)" if code == -9 else ""
-        return WorkerDied(f"{path}: the parser process reading it {how}{hint}; rerun with "
-                          "--jobs 1 to parse in this process")
+        return WorkerDied(
+            f"{path}: the parser process reading it {how}{hint}; rerun with --jobs 1 to parse in this process"
+        )
 
     def close(self, graceful: bool) -> None:
         """End every worker: ask them to stop after a clean load, else kill them at once
@@ -372,7 +388,7 @@ def _run_pool(tasks, todo, results, jobs, on_done, bytes_read) -> None:
     queue = deque(sorted(todo, key=lambda i: -_size(tasks[i].path)))
     lock = threading.Lock()
     failure: list[BaseException] = []
-    stopped = threading.Event()    # a failure was recorded: hand out nothing more
+    stopped = threading.Event()  # a failure was recorded: hand out nothing more
 
     def take() -> int | None:
         with lock:
@@ -434,8 +450,9 @@ def _run_pool(tasks, todo, results, jobs, on_done, bytes_read) -> None:
             with lock:
                 bytes_read(nbytes)
 
-    feeders = [threading.Thread(target=feed, args=(k,), daemon=True, name=f"tracekit-feed-{k}")
-               for k in range(jobs - 1)]
+    feeders = [
+        threading.Thread(target=feed, args=(k,), daemon=True, name=f"tracekit-feed-{k}") for k in range(jobs - 1)
+    ]
     try:
         for feeder in feeders:
             feeder.start()
@@ -489,9 +506,7 @@ def _run_dask(tasks, scheduler, jobs, on_done, bytes_read) -> list[Parsed]:
     try:
         from distributed import Client, KilledWorker, LocalCluster, as_completed as dask_completed
     except ImportError:
-        raise TracekitError(
-            "--executor dask needs Dask: pip install 'tracekit[dask]'"
-        ) from None
+        raise TracekitError("--executor dask needs Dask: pip install 'tracekit[dask]'") from None
     cluster = None
     if isinstance(scheduler, Client):
         client, own_client = scheduler, False
@@ -512,9 +527,13 @@ def _run_dask(tasks, scheduler, jobs, on_done, bytes_read) -> list[Parsed]:
             # port moved because another cluster holds 8787) are not the user's business.
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                cluster = LocalCluster(n_workers=jobs or default_jobs(len(tasks)), threads_per_worker=1,
-                                       host="127.0.0.1", dashboard_address=None,
-                                       silence_logs=logging.CRITICAL)
+                cluster = LocalCluster(
+                    n_workers=jobs or default_jobs(len(tasks)),
+                    threads_per_worker=1,
+                    host="127.0.0.1",
+                    dashboard_address=None,
+                    silence_logs=logging.CRITICAL,
+                )
             client = Client(cluster)
         own_client = True
     futures = []
@@ -527,8 +546,10 @@ def _run_dask(tasks, scheduler, jobs, on_done, bytes_read) -> list[Parsed]:
             try:
                 status, answer = future.result()
             except KilledWorker:
-                raise WorkerDied(f"{tasks[i].path}: the Dask workers parsing it died (out of memory?); "
-                                 "give the workers more memory, or parse locally (--executor local)") from None
+                raise WorkerDied(
+                    f"{tasks[i].path}: the Dask workers parsing it died (out of memory?); "
+                    "give the workers more memory, or parse locally (--executor local)"
+                ) from None
             if status == "error":
                 raise answer
             results[i] = answer

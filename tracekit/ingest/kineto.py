@@ -6,6 +6,7 @@ bounded chunks and decoded into typed structs (:mod:`tracekit.ingest.kineto_stre
 file larger than memory still loads. A truncated file (a profiler killed mid-write) yields
 the events it holds, with a warning.
 """
+
 from __future__ import annotations
 
 import math
@@ -28,21 +29,22 @@ if TYPE_CHECKING:  # pandas loads on first use: parser workers never import it
 _RANK_IN_NAME = re.compile(r"(?:rank|worker)[-_.]?(\d+)", re.IGNORECASE)
 
 
-
 def rank_from_name(path: Path) -> int | None:
     match = _RANK_IN_NAME.search(path.name)
     return int(match.group(1)) if match else None
 
 
-def parse_kineto(path: Path, file_id: int, rank_pattern: str | None = None,
-                 progress: Callable[[int], None] | None = None) -> tuple[TraceFile, pd.DataFrame]:
+def parse_kineto(
+    path: Path, file_id: int, rank_pattern: str | None = None, progress: Callable[[int], None] | None = None
+) -> tuple[TraceFile, pd.DataFrame]:
     """Parse one Kineto trace file into its :class:`TraceFile` and event rows."""
     trace, columns = read_kineto(path, file_id, rank_pattern, progress)
     return trace, columns.to_frame()
 
 
-def read_kineto(path: Path, file_id: int, rank_pattern: str | None = None,
-                progress: Callable[[int], None] | None = None) -> tuple[TraceFile, EventColumns]:
+def read_kineto(
+    path: Path, file_id: int, rank_pattern: str | None = None, progress: Callable[[int], None] | None = None
+) -> tuple[TraceFile, EventColumns]:
     """Parse one Kineto trace file into its :class:`TraceFile` and typed event columns.
 
     The file is streamed (see :mod:`tracekit.ingest.kineto_stream`): memory holds one chunk
@@ -90,10 +92,7 @@ def read_kineto(path: Path, file_id: int, rank_pattern: str | None = None,
     trace.world_size = _header_count(path, info, "world_size", 1, trace.warnings)
     trace.backend = _header_text(info.get("backend"))
     trace.host = _header_text(doc.get("host_name"))
-    trace.profiler = {
-        k: doc[k] for k in ("schemaVersion", "trace_id", "record_shapes", "displayTimeUnit")
-        if k in doc
-    }
+    trace.profiler = {k: doc[k] for k in ("schemaVersion", "trace_id", "record_shapes", "displayTimeUnit") if k in doc}
     if info.get("nccl_version"):
         trace.profiler["nccl_version"] = info["nccl_version"]
     base_ns, trace.clock = _time_base(path, doc, rows.first_x_ts, trace.warnings)
@@ -113,9 +112,11 @@ def read_kineto(path: Path, file_id: int, rank_pattern: str | None = None,
     if dropped:
         trace.warnings.append(dropped)
     if rows.odd_identities:
-        trace.warnings.append(f"{path.name}: {plural(rows.odd_identities, 'event')} with a name that is not text "
-                              "or a pid/tid that is no integer (a number beyond int64, a float, an object); "
-                              "read them with their value's text as name or id")
+        trace.warnings.append(
+            f"{path.name}: {plural(rows.odd_identities, 'event')} with a name that is not text "
+            "or a pid/tid that is no integer (a number beyond int64, a float, an object); "
+            "read them with their value's text as name or id"
+        )
     return trace, columns
 
 
@@ -166,15 +167,17 @@ def _time_base(path: Path, doc: dict, first_x_ts, warnings: list[str]) -> tuple[
     if isinstance(base_ns, (int, float)) and not isinstance(base_ns, bool) and base_ns > 0:
         if math.isfinite(base_ns) and offset_fits(int(base_ns)) and is_wall_clock(int(base_ns)):
             return int(base_ns), "unix"
-        warnings.append(f"{path.name}: baseTimeNanoseconds {_shown(base_ns)} is no wall-clock time "
-                        "(not 2000-2100); ignored it")
+        warnings.append(
+            f"{path.name}: baseTimeNanoseconds {_shown(base_ns)} is no wall-clock time (not 2000-2100); ignored it"
+        )
     if isinstance(first_x_ts, _NUMBER) and math.isfinite(first_x_ts):
         return 0, ("unix" if first_x_ts > _EPOCH_US_FLOOR else "relative")
     return 0, "relative"
 
 
-def _decide_rank(path: Path, info: dict, rank_pattern: str | None,
-                 warnings: list[str] | None = None) -> tuple[int, str]:
+def _decide_rank(
+    path: Path, info: dict, rank_pattern: str | None, warnings: list[str] | None = None
+) -> tuple[int, str]:
     if rank_pattern:
         match = re.search(rank_pattern, path.name)
         if not match or not match.groups():
@@ -183,8 +186,10 @@ def _decide_rank(path: Path, info: dict, rank_pattern: str | None,
                 "with a group; give a regex like 'rank(\\d+)'"
             )
         if not (match.group(1) or "").isdecimal():
-            raise TraceFormatError(f"{path}: --rank-from pattern {rank_pattern!r} matches {match.group(1)!r} "
-                                   "here, not a rank number; make its group match digits only")
+            raise TraceFormatError(
+                f"{path}: --rank-from pattern {rank_pattern!r} matches {match.group(1)!r} "
+                "here, not a rank number; make its group match digits only"
+            )
         return int(match.group(1)), "--rank-from"
     stated = _header_count(path, info, "rank", 0, [] if warnings is None else warnings)
     if stated is not None:
@@ -211,6 +216,8 @@ def _group_rank_maps(path: Path, info: dict, warnings: list[str]) -> dict[str, l
         elif not (isinstance(pg, dict) and ranks is None):
             ignored += 1
     if ignored:
-        warnings.append(f"{path.name}: ignored {ignored} entries of distributedInfo.pg_config that are "
-                        "not a process group with a list of ranks")
+        warnings.append(
+            f"{path.name}: ignored {ignored} entries of distributedInfo.pg_config that are "
+            "not a process group with a list of ranks"
+        )
     return maps

@@ -1,16 +1,40 @@
 """The peer, tag and size of a communication op, from its Kineto ``args``: gloo's ``c10d::send`` /
 ``c10d::recv_`` (their ``Concrete Inputs`` and shapes, with ``record_shapes=True``) and NCCL's
 ``record_param_comms``."""
+
 from __future__ import annotations
 
 from tracekit.ingest.validate import valid_text
 
 _DTYPE_BYTES = {
-    "float": 4, "float32": 4, "double": 8, "float64": 8, "c10::Half": 2, "half": 2,
-    "float16": 2, "c10::BFloat16": 2, "bfloat16": 2, "long int": 8, "int64": 8, "int": 4,
-    "int32": 4, "short int": 2, "signed char": 1, "unsigned char": 1, "int8": 1, "uint8": 1,
-    "bool": 1, "Float": 4, "Half": 2, "BFloat16": 2, "Double": 8, "Long": 8, "Int": 4,
-    "Byte": 1, "Char": 1, "Bool": 1,
+    "float": 4,
+    "float32": 4,
+    "double": 8,
+    "float64": 8,
+    "c10::Half": 2,
+    "half": 2,
+    "float16": 2,
+    "c10::BFloat16": 2,
+    "bfloat16": 2,
+    "long int": 8,
+    "int64": 8,
+    "int": 4,
+    "int32": 4,
+    "short int": 2,
+    "signed char": 1,
+    "unsigned char": 1,
+    "int8": 1,
+    "uint8": 1,
+    "bool": 1,
+    "Float": 4,
+    "Half": 2,
+    "BFloat16": 2,
+    "Double": 8,
+    "Long": 8,
+    "Int": 4,
+    "Byte": 1,
+    "Char": 1,
+    "Bool": 1,
 }
 
 
@@ -32,7 +56,8 @@ def _gloo_p2p_args(args: dict, default_group: list[int] | None) -> tuple[int, in
         shapes = dims[0]
         dtype = types[0] if types else "float"
         nbytes = sum(_elements(s) for s in shapes if isinstance(s, list)) * _DTYPE_BYTES.get(
-            str(dtype).replace("TensorList", "").strip() or "float", 4)
+            str(dtype).replace("TensorList", "").strip() or "float", 4
+        )
     elif dims and isinstance(dims[0], list):
         dtype = types[0] if types else "float"
         nbytes = _elements(dims[0]) * _DTYPE_BYTES.get(str(dtype), 4)
@@ -62,14 +87,15 @@ def _nccl_comm_args(args: dict, group_to_global: dict[str, list[int]]) -> tuple[
         peer = _int_or(args.get("Dst Rank"), -1)
     elif collective in ("recv", "recv_"):
         peer = _int_or(args.get("Src Rank"), -1)
-    nelems = _int_or(args.get("In msg nelems") if collective == "send" else args.get("Out msg nelems"), -1,
-                     limit=_MAX_BYTES // 8)
+    nelems = _int_or(
+        args.get("In msg nelems") if collective == "send" else args.get("Out msg nelems"), -1, limit=_MAX_BYTES // 8
+    )
     dtype = str(args.get("dtype", "Float"))
     nbytes = nelems * _DTYPE_BYTES.get(dtype, 4) if nelems >= 0 else -1
     return name, peer, nbytes
 
 
-def _int_or(value, default: int, limit: int = 2 ** 31) -> int:
+def _int_or(value, default: int, limit: int = 2**31) -> int:
     """``value`` as an int in ``[-limit, limit)`` (peers and tags are int32), else ``default``."""
     try:
         number = int(value)

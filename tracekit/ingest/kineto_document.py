@@ -1,6 +1,7 @@
 """A Chrome-trace document decoded whole: gzipped or not, and salvaged up to its last complete
 event when a profiler stopped mid-write. The streaming reader (:mod:`tracekit.ingest.kineto_stream`)
 falls back to it for what it cannot stream."""
+
 from __future__ import annotations
 
 import gzip
@@ -12,6 +13,7 @@ import orjson
 
 from tracekit.errors import TraceFormatError
 from tracekit.ingest.kineto_stream import complete_elements
+
 
 def read_json_document(path: Path) -> tuple[dict, bool]:
     """Decode a (possibly gzipped, possibly truncated) Chrome-trace document.
@@ -45,8 +47,9 @@ def read_json_document(path: Path) -> tuple[dict, bool]:
 def _json_kind(value) -> str:
     if value is None:
         return "null"
-    return {bool: "a boolean", int: "a number", float: "a number", str: "a string",
-            dict: "an object"}.get(type(value), type(value).__name__)
+    return {bool: "a boolean", int: "a number", float: "a number", str: "a string", dict: "an object"}.get(
+        type(value), type(value).__name__
+    )
 
 
 def _read_bytes(path: Path) -> tuple[bytes, bool]:
@@ -72,9 +75,7 @@ def _salvage(raw: bytes, path: Path) -> dict:
     text = raw.decode("utf-8", errors="replace")
     start = text.find('"traceEvents"')
     if start < 0:
-        raise TraceFormatError(
-            f"{path}: not valid JSON and no 'traceEvents' found; is this a PyTorch profiler trace?"
-        )
+        raise TraceFormatError(f"{path}: not valid JSON and no 'traceEvents' found; is this a PyTorch profiler trace?")
     events = complete_elements(text, text.find("[", start) + 1)
     header: dict = {}
     head_text = text[:start].rstrip().rstrip(",") + "}"

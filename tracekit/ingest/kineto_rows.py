@@ -1,6 +1,7 @@
 """The normalised event table of a Kineto trace, built batch by batch as the stream is decoded:
 which categories are kept, typed arrays per batch (:class:`_RowBuilder`), and the columns
 (absolute times, P2P fields, nesting depth) once the file is read."""
+
 from __future__ import annotations
 
 import math
@@ -20,7 +21,13 @@ from tracekit.ingest.kineto_comm import _gloo_p2p_args, _nccl_comm_args
 # ``correlation`` id, says on which host thread and when the host asked for it, so device
 # work can be put in the step and the action that launched it.
 KEPT_CATEGORIES = {
-    "cpu_op", "user_annotation", "gpu_user_annotation", "kernel", "gpu_memcpy", "gpu_memset", "runtime",
+    "cpu_op",
+    "user_annotation",
+    "gpu_user_annotation",
+    "kernel",
+    "gpu_memcpy",
+    "gpu_memset",
+    "runtime",
 }
 _CATEGORY_ALIASES = {"cuda_runtime": "runtime", "cuda_driver": "runtime"}
 # Annotations that span from posting a message to its wait's return, across other ops.
@@ -30,10 +37,10 @@ _P2P_CPU_OPS = {"c10d::send", "c10d::recv_", "c10d::recv_any_source_"}
 
 
 _NUMBER = (int, float)
-_INT64_MIN, _INT64_MAX = -(2 ** 63), 2 ** 63 - 1
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _SPECIAL_OPS = sorted(_P2P_CPU_OPS | {"record_param_comms"})
 # Below this, an integer ts in microseconds times 1000 is exact in a float64.
-_EXACT_FLOAT_US = 2.0 ** 53 / 1000
+_EXACT_FLOAT_US = 2.0**53 / 1000
 
 
 def _special_args(name: str, args) -> dict:
@@ -107,19 +114,19 @@ class _RowBuilder:
     _CATS = sorted(KEPT_CATEGORIES)
 
     def __init__(self) -> None:
-        self.n_elements = 0                 # elements of traceEvents seen so far
-        self.first_x_ts = None              # ts of the first complete event (time base probe)
+        self.n_elements = 0  # elements of traceEvents seen so far
+        self.first_x_ts = None  # ts of the first complete event (time base probe)
         self.name_codes: dict[str, int] = {}
         self.cat_codes = {c: i for i, c in enumerate(self._CATS)}
-        self.cat_of: dict = {}              # raw cat value -> normalised cat (None: dropped)
-        self.cat_code_of: dict = {}         # raw cat value -> cat code (-1: dropped)
+        self.cat_of: dict = {}  # raw cat value -> normalised cat (None: dropped)
+        self.cat_code_of: dict = {}  # raw cat value -> cat code (-1: dropped)
         self.parts: list[tuple[np.ndarray, ...]] = []
         self.n_rows = 0
-        self.special: list[tuple[int, str, dict]] = []   # (row, name, args) of P2P/comm ops
-        self.dropped = DroppedRows()        # rows that cannot be real (see columns())
-        self.n_complete = 0                 # complete ("X") events seen, kept or not
-        self.bad_categories = 0             # complete events whose cat is no text (true, 2, [])
-        self.odd_identities = 0             # kept events whose name is no text or pid/tid no int or label
+        self.special: list[tuple[int, str, dict]] = []  # (row, name, args) of P2P/comm ops
+        self.dropped = DroppedRows()  # rows that cannot be real (see columns())
+        self.n_complete = 0  # complete ("X") events seen, kept or not
+        self.bad_categories = 0  # complete events whose cat is no text (true, 2, [])
+        self.odd_identities = 0  # kept events whose name is no text or pid/tid no int or label
 
     def add(self, batch: list) -> None:
         """Keep the rows of one batch of events."""
@@ -148,8 +155,7 @@ class _RowBuilder:
             for c in new_cats:
                 if c not in cat_of:
                     cat = _normal_category(c)
-                    cat_of[c] = (_CAT_NOT_TEXT if type(c) is not str else
-                                 -1 if cat is None else self.cat_codes[cat])
+                    cat_of[c] = _CAT_NOT_TEXT if type(c) is not str else -1 if cat is None else self.cat_codes[cat]
             codes = [cat_of[c] for c in raw_cats]
         except TypeError:
             raise _Irregular from None
@@ -176,8 +182,9 @@ class _RowBuilder:
             raise _Irregular from None
         args = [e.args for e in kept]
         seqs = _ints_or_minus_one([-1 if a is None else a.sequence for a in args])
-        corrs = _ints_or_minus_one([
-            -1 if a is None else (a.external_id if a.correlation == -1 else a.correlation) for a in args])
+        corrs = _ints_or_minus_one(
+            [-1 if a is None else (a.external_id if a.correlation == -1 else a.correlation) for a in args]
+        )
         pids = self._ids([e.pid for e in kept])
         tids = self._ids([e.tid for e in kept])
         self.bad_categories += codes.count(_CAT_NOT_TEXT)  # nothing raises _Irregular past here
@@ -199,10 +206,19 @@ class _RowBuilder:
             for k in hits:
                 a, name = args[k], names[k]
                 self.special.append((self.n_rows + int(k), name, _special_args(name, a)))
-        self.parts.append((
-            np.array([base + xi[k] for k in rows], dtype=np.int64), cat_arr, name_arr,
-            starts, durs, pids, tids, seqs, corrs,
-        ))
+        self.parts.append(
+            (
+                np.array([base + xi[k] for k in rows], dtype=np.int64),
+                cat_arr,
+                name_arr,
+                starts,
+                durs,
+                pids,
+                tids,
+                seqs,
+                corrs,
+            )
+        )
         self.n_rows += len(kept)
 
     def _ids(self, values: list) -> np.ndarray:
@@ -270,13 +286,19 @@ class _RowBuilder:
             seqs.append(seq)
             corrs.append(corr)
         if src:
-            self.parts.append((
-                np.array(src, dtype=np.int64), np.array(cats, dtype=np.int8),
-                np.array(names, dtype=np.int32), np.array(starts, dtype=np.int64),
-                np.array(durs, dtype=np.int64), np.array(pids, dtype=np.int64),
-                np.array(tids, dtype=np.int64), np.array(seqs, dtype=np.int64),
-                np.array(corrs, dtype=np.int64),
-            ))
+            self.parts.append(
+                (
+                    np.array(src, dtype=np.int64),
+                    np.array(cats, dtype=np.int8),
+                    np.array(names, dtype=np.int32),
+                    np.array(starts, dtype=np.int64),
+                    np.array(durs, dtype=np.int64),
+                    np.array(pids, dtype=np.int64),
+                    np.array(tids, dtype=np.int64),
+                    np.array(seqs, dtype=np.int64),
+                    np.array(corrs, dtype=np.int64),
+                )
+            )
             self.n_rows += len(src)
 
     def why_none(self) -> str:
@@ -289,12 +311,10 @@ class _RowBuilder:
         shown = ", ".join(sorted(valid_text(c)[:30] for c in seen if c)[:5])
         return f"categories {shown}; none is one tracekit reads"
 
-    def columns(self, base_ns: int, group_to_global: dict[str, list[int]], rank: int,
-                file_id: int) -> EventColumns:
+    def columns(self, base_ns: int, group_to_global: dict[str, list[int]], rank: int, file_id: int) -> EventColumns:
         """The rows as event columns: times made absolute, P2P fields filled in, depth found."""
         if self.parts:
-            src, cats, names, starts, durs, pids, tids, seqs, corrs = (
-                np.concatenate(col) for col in zip(*self.parts))
+            src, cats, names, starts, durs, pids, tids, seqs, corrs = (np.concatenate(col) for col in zip(*self.parts))
         else:
             src, starts, durs, pids, tids, seqs, corrs = (np.zeros(0, np.int64) for _ in range(7))
             cats, names = np.zeros(0, np.int8), np.zeros(0, np.int32)
@@ -317,15 +337,16 @@ class _RowBuilder:
                 peer[row], tag[row], nbytes[row] = _gloo_p2p_args(args, default_group)
         start_ns = add_ns(starts, base_ns)
         end_ns = add_ns(start_ns, durs)
-        keep, self.dropped = drop_impossible(start_ns, end_ns,
-                                             [pids, tids, cats, names, seqs, corrs, peer, tag, nbytes])
+        keep, self.dropped = drop_impossible(
+            start_ns, end_ns, [pids, tids, cats, names, seqs, corrs, peer, tag, nbytes]
+        )
         if self.bad_categories:  # never rows: skipped at decoding, counted here
             self.dropped.counts["category_not_text"] = self.bad_categories
             self.dropped.of_rows += self.bad_categories
         if keep is not None:
             src, cats, names, start_ns, end_ns, pids, tids, seqs, corrs, peer, tag, nbytes = (
-                col[keep] for col in (src, cats, names, start_ns, end_ns, pids, tids, seqs, corrs,
-                                      peer, tag, nbytes))
+                col[keep] for col in (src, cats, names, start_ns, end_ns, pids, tids, seqs, corrs, peer, tag, nbytes)
+            )
             n = len(src)
         name_list = [valid_text(name) for name in name_list]
         async_codes = [self.name_codes[s] for s in ASYNC_SPANS if s in self.name_codes]
@@ -346,8 +367,9 @@ class _RowBuilder:
             "nbytes": nbytes,
             "correlation": corrs,
         }
-        return EventColumns(numbers, {"cat": cats.astype(np.int32), "name": names},
-                            {"cat": list(self._CATS), "name": name_list})
+        return EventColumns(
+            numbers, {"cat": cats.astype(np.int32), "name": names}, {"cat": list(self._CATS), "name": name_list}
+        )
 
 
 def _plain_id(value) -> bool:
@@ -362,7 +384,7 @@ def _as_int(value) -> int:
         return value
     if isinstance(value, bool):
         return int(value)
-    if isinstance(value, float) and abs(value) < 2.0 ** 63:
+    if isinstance(value, float) and abs(value) < 2.0**63:
         return int(value)
     if isinstance(value, str):
         digits = re.search(r"-?\d+", value)

@@ -18,6 +18,7 @@ Header fields are collected from both ends: Kineto writes ``distributedInfo`` be
 layout cannot be streamed (no top-level ``traceEvents`` array found, odd header) is read
 whole instead, so every valid file still loads.
 """
+
 from __future__ import annotations
 
 import json
@@ -106,10 +107,33 @@ class RawEvent(msgspec.Struct, gc=False, tag_field="ph", tag="X"):
 # only complete events, and skipping the fields of the rest (a GPU trace's memory instants
 # and flow arrows are a third of its events) makes decoding ~30% faster. A phase not listed
 # fails validation and its batch takes the general path below, so nothing is lost.
-OTHER_PHASES = ("B", "E", "i", "I", "C", "b", "n", "e", "s", "t", "f", "P", "N", "O", "D", "M",
-                "V", "v", "R", "c", "(", ")")
-_OTHERS = tuple(msgspec.defstruct(f"Phase_{n}", [], tag_field="ph", tag=ph, gc=False)
-                for n, ph in enumerate(OTHER_PHASES))
+OTHER_PHASES = (
+    "B",
+    "E",
+    "i",
+    "I",
+    "C",
+    "b",
+    "n",
+    "e",
+    "s",
+    "t",
+    "f",
+    "P",
+    "N",
+    "O",
+    "D",
+    "M",
+    "V",
+    "v",
+    "R",
+    "c",
+    "(",
+    ")",
+)
+_OTHERS = tuple(
+    msgspec.defstruct(f"Phase_{n}", [], tag_field="ph", tag=ph, gc=False) for n, ph in enumerate(OTHER_PHASES)
+)
 _DECODER = msgspec.json.Decoder(list[Union[(RawEvent, *_OTHERS)]])
 KNOWN_PHASES = frozenset(("X",) + OTHER_PHASES)
 
@@ -130,13 +154,22 @@ def event_from_object(obj: Any, unknown_phases: Counter | None = None) -> RawEve
     args = obj.get("args")
     raw_args = None
     if isinstance(args, dict) and args:
-        raw_args = RawArgs(**{
-            attr: (_raw_json(args[key]) if attr in _RAW_ATTRS else args[key])
-            for key, attr in _ARG_KEYS if key in args
-        })
-    return RawEvent(cat=obj.get("cat", ""), name=obj.get("name", ""),
-                    ts=obj.get("ts"), dur=obj.get("dur", 0), pid=obj.get("pid", 0),
-                    tid=obj.get("tid", 0), args=raw_args)
+        raw_args = RawArgs(
+            **{
+                attr: (_raw_json(args[key]) if attr in _RAW_ATTRS else args[key])
+                for key, attr in _ARG_KEYS
+                if key in args
+            }
+        )
+    return RawEvent(
+        cat=obj.get("cat", ""),
+        name=obj.get("name", ""),
+        ts=obj.get("ts"),
+        dur=obj.get("dur", 0),
+        pid=obj.get("pid", 0),
+        tid=obj.get("tid", 0),
+        args=raw_args,
+    )
 
 
 _RAW_ATTRS = {"concrete_inputs", "input_dims", "input_type"}
@@ -190,9 +223,13 @@ class ChromeTraceStream:
     those of no phase the Chrome trace format has (by phase).
     """
 
-    def __init__(self, path: Path, chunk_bytes: int | None = None,
-                 progress: Callable[[int], None] | None = None,
-                 whole_document: Callable[[Path], tuple[dict, bool]] | None = None):
+    def __init__(
+        self,
+        path: Path,
+        chunk_bytes: int | None = None,
+        progress: Callable[[int], None] | None = None,
+        whole_document: Callable[[Path], tuple[dict, bool]] | None = None,
+    ):
         self.path = Path(path)
         self.chunk_bytes = chunk_bytes or CHUNK_BYTES
         self.progress = progress
@@ -202,7 +239,7 @@ class ChromeTraceStream:
         self.n_elements = 0
         self.unknown_phases: Counter = Counter()
         self.streamed = True
-        self.peak_buffer = 0          # most bytes of the document held at once
+        self.peak_buffer = 0  # most bytes of the document held at once
         self._bare = False
 
     # -- bytes -------------------------------------------------------------------------
@@ -224,8 +261,7 @@ class ChromeTraceStream:
                         out = decomp.decompress(data, self.chunk_bytes)
                     except zlib.error as err:
                         raise TraceFormatError(
-                            f"{self.path}: not a readable gzip file ({err}); check the file was "
-                            "copied whole"
+                            f"{self.path}: not a readable gzip file ({err}); check the file was copied whole"
                         ) from None
                     if out:
                         yield out
@@ -297,12 +333,12 @@ class ChromeTraceStream:
         pos = _skip_ws(buf, key + len(b'"traceEvents"'))
         if pos >= len(buf):
             return None
-        if buf[pos:pos + 1] != b":":
+        if buf[pos : pos + 1] != b":":
             return -1
         pos = _skip_ws(buf, pos + 1)
         if pos >= len(buf):
             return None
-        if buf[pos:pos + 1] != b"[":
+        if buf[pos : pos + 1] != b"[":
             return -1
         try:
             header = orjson.loads(buf[:key].rstrip(_WS).rstrip(b",") + b"}")
@@ -319,9 +355,9 @@ class ChromeTraceStream:
         pos = body.rfind(b"}")
         while pos >= 0:
             q = _skip_ws(body, pos + 1)
-            if body[q:q + 1] == b",":
+            if body[q : q + 1] == b",":
                 q = _skip_ws(body, q + 1)
-                if body[q:q + 1] == b"{":
+                if body[q : q + 1] == b"{":
                     yield pos + 1, q
             pos = body.rfind(b"}", 0, pos)
 
@@ -361,7 +397,7 @@ class ChromeTraceStream:
             if batch is None:
                 continue
             yield batch
-            self._read_trailer(body[end + 1:])
+            self._read_trailer(body[end + 1 :])
             return
         # No end of array: the file stops inside traceEvents. Keep its whole elements.
         self.truncated = True
@@ -402,7 +438,7 @@ class ChromeTraceStream:
         self.n_elements = len(events)
         batch_size = 50_000
         for start in range(0, len(events), batch_size):
-            yield [event_from_object(e, self.unknown_phases) for e in events[start:start + batch_size]]
+            yield [event_from_object(e, self.unknown_phases) for e in events[start : start + batch_size]]
 
 
 def _skip_ws(data: bytes, pos: int) -> int:
@@ -434,5 +470,4 @@ def complete_elements(text: str, pos: int = 0) -> list:
 
 def _salvage_elements(body: bytes, unknown_phases: Counter) -> list:
     """Every complete element at the front of ``body``, as events."""
-    return [event_from_object(e, unknown_phases)
-            for e in complete_elements(body.decode("utf-8", errors="replace"))]
+    return [event_from_object(e, unknown_phases) for e in complete_elements(body.decode("utf-8", errors="replace"))]

@@ -7,13 +7,15 @@ Walking 60k rows in Python costs ~50 ms a file, a third of parsing a GPU trace, 
 intervals nest properly (each one inside or outside the others), checks that they do, and
 walks only the threads that fail the check (ill-formed overlaps).
 """
+
 from __future__ import annotations
 
 import numpy as np
 
 
-def nesting_depth(pid: np.ndarray, tid: np.ndarray, start: np.ndarray, end: np.ndarray,
-                  transparent: np.ndarray | None = None) -> np.ndarray:
+def nesting_depth(
+    pid: np.ndarray, tid: np.ndarray, start: np.ndarray, end: np.ndarray, transparent: np.ndarray | None = None
+) -> np.ndarray:
     """Depth of each interval within the intervals of its (pid, tid): 0 = top level.
 
     An interval is nested in another when it starts inside it and does not outlast it;
@@ -43,8 +45,9 @@ def nesting_depth(pid: np.ndarray, tid: np.ndarray, start: np.ndarray, end: np.n
     return depth
 
 
-def nesting_depth_walk(pid: np.ndarray, tid: np.ndarray, start: np.ndarray, end: np.ndarray,
-                       transparent: np.ndarray | None = None) -> np.ndarray:
+def nesting_depth_walk(
+    pid: np.ndarray, tid: np.ndarray, start: np.ndarray, end: np.ndarray, transparent: np.ndarray | None = None
+) -> np.ndarray:
     """:func:`nesting_depth` by walking every thread with a stack (the reference)."""
     n = len(start)
     depth = np.zeros(n, dtype=np.int16)
@@ -96,12 +99,12 @@ def _laminar_depth(s: np.ndarray, e: np.ndarray, can_parent: np.ndarray) -> np.n
     """
     n = len(s)
     capable = can_parent.astype(np.int64)
-    before = np.cumsum(capable) - capable                      # capable rows before j
+    before = np.cumsum(capable) - capable  # capable rows before j
     ends_sorted = np.sort(e[can_parent])
-    ended = np.searchsorted(ends_sorted, s, side="right")      # capable rows with end <= s[j]
+    ended = np.searchsorted(ends_sorted, s, side="right")  # capable rows with end <= s[j]
     empty = (capable == 1) & (e == s)
-    if empty.any():                                            # empty capable rows at s[j], at j or after
-        run_end = np.searchsorted(s, s, side="right") - 1      # last row starting at s[j]
+    if empty.any():  # empty capable rows at s[j], at j or after
+        run_end = np.searchsorted(s, s, side="right") - 1  # last row starting at s[j]
         c = np.cumsum(empty)
         ended = ended - (c[run_end] - c + empty)
     depth = before - ended

@@ -32,6 +32,7 @@ By job: :mod:`tracekit.ingest.nsys_read` reads a report into raw rows,
 decides the ranks, :mod:`tracekit.ingest.nsys_names` holds the name conventions and
 :mod:`tracekit.ingest.nsys_sqlite` the schema-discovering queries; this module is the entry.
 """
+
 from __future__ import annotations
 
 import sqlite3

@@ -1,6 +1,7 @@
 """The normalised event table of an Nsight Systems report: kernels, memory ops and the CUDA API
 calls that launched them, NVTX ranges in Kineto's names, NCCL point-to-point kernels told
 apart by where they were launched, and the rows of each rank assembled."""
+
 from __future__ import annotations
 
 import re
@@ -18,8 +19,21 @@ from tracekit.ingest.nsys_read import _Report, pid_of, tid_of
 from tracekit.ingest.validate import add_ns, drop_impossible
 from tracekit.model.events import EVENT_COLUMNS, TraceFile, conform
 
-_ROW_KEYS = ["source_index", "cat", "name", "start_ns", "end_ns", "pid", "tid", "on_gpu", "seq",
-             "peer", "tag", "nbytes", "correlation"]
+_ROW_KEYS = [
+    "source_index",
+    "cat",
+    "name",
+    "start_ns",
+    "end_ns",
+    "pid",
+    "tid",
+    "on_gpu",
+    "seq",
+    "peer",
+    "tag",
+    "nbytes",
+    "correlation",
+]
 _COLLECTIVE_CALL = re.compile(r"^nccl(All|Reduce|Broadcast|Bcast)")
 # host ranges around NCCL calls that make their sends/receives an all_to_all (ProcessGroupNCCL's
 # title, c10d's op): a collective, however its NCCL calls look
@@ -44,17 +58,28 @@ def _frame(**cols) -> pd.DataFrame:
 
 def _empty() -> pd.DataFrame:
     z = np.zeros(0, np.int64)
-    return _frame(source_index=z, cat=np.zeros(0, object), name=np.zeros(0, object), start_ns=z,
-                  end_ns=z, pid=z, tid=z, on_gpu=np.zeros(0, bool), os_pid=z)
+    return _frame(
+        source_index=z,
+        cat=np.zeros(0, object),
+        name=np.zeros(0, object),
+        start_ns=z,
+        end_ns=z,
+        pid=z,
+        tid=z,
+        on_gpu=np.zeros(0, bool),
+        os_pid=z,
+    )
 
 
 def _gpu_rows(frame: pd.DataFrame, cat: str, names_: pd.Series, offset: int) -> pd.DataFrame:
     return _frame(
-        source_index=frame["row"].to_numpy(np.int64), cat=np.full(len(frame), cat, dtype=object),
+        source_index=frame["row"].to_numpy(np.int64),
+        cat=np.full(len(frame), cat, dtype=object),
         name=names_.to_numpy(object),
         start_ns=add_ns(frame["start"].to_numpy(np.int64), offset),
         end_ns=add_ns(frame["end_"].to_numpy(np.int64), offset),
-        pid=frame["device"].to_numpy(np.int64), tid=frame["stream"].to_numpy(np.int64),
+        pid=frame["device"].to_numpy(np.int64),
+        tid=frame["stream"].to_numpy(np.int64),
         on_gpu=np.ones(len(frame), dtype=bool),
         correlation=frame["correlation"].to_numpy(np.int64),
         nbytes=frame["bytes"].to_numpy(np.int64) if "bytes" in frame else np.full(len(frame), -1, np.int64),
@@ -97,13 +122,18 @@ def _nvtx_rows(nvtx: pd.DataFrame, offset: int, domains: dict[tuple[int, int], s
         peers.append(peer)
         sizes.append(nbytes)
     return _frame(
-        source_index=ranges["row"].to_numpy(np.int64), cat=np.array(cats, dtype=object),
+        source_index=ranges["row"].to_numpy(np.int64),
+        cat=np.array(cats, dtype=object),
         name=np.array(labels, dtype=object),
         start_ns=add_ns(ranges["start"].to_numpy(np.int64), offset),
         end_ns=add_ns(ranges["end_"].to_numpy(np.int64), offset),
-        pid=pids, tid=tids, on_gpu=np.zeros(len(ranges), dtype=bool),
-        seq=np.array(seqs, dtype=np.int64), peer=np.array(peers, dtype=np.int64),
-        nbytes=np.array(sizes, dtype=np.int64), os_pid=pids,
+        pid=pids,
+        tid=tids,
+        on_gpu=np.zeros(len(ranges), dtype=bool),
+        seq=np.array(seqs, dtype=np.int64),
+        peer=np.array(peers, dtype=np.int64),
+        nbytes=np.array(sizes, dtype=np.int64),
+        os_pid=pids,
         async_span=ranges["event_type"].isin((db.NVTX_START_END, db.NVTXT_START_END)).to_numpy(),
     )
 
@@ -117,15 +147,17 @@ def _nccl_groups(nvtx_rows: pd.DataFrame) -> pd.DataFrame:
     """
     nccl = nvtx_rows[nvtx_rows["name"].str.startswith("nccl:nccl")].sort_values("start_ns")
     all_to_all = nvtx_rows[nvtx_rows["name"].str.match(_ALL_TO_ALL_RANGE)]
-    spans = {key: (g["start_ns"].to_numpy(np.int64), g["end_ns"].to_numpy(np.int64))
-             for key, g in all_to_all.groupby(["pid", "tid"])}
+    spans = {
+        key: (g["start_ns"].to_numpy(np.int64), g["end_ns"].to_numpy(np.int64))
+        for key, g in all_to_all.groupby(["pid", "tid"])
+    }
     out = {k: [] for k in ("pid", "tid", "start_ns", "end_ns", "p2p", "peer", "nbytes")}
     for (pid, tid), thread in nccl.groupby(["pid", "tid"]):
         a2a_start, a2a_end = spans.get((pid, tid), (np.zeros(0, np.int64), np.zeros(0, np.int64)))
         depth = 0
         calls: list[tuple[str, int, int]] = []
         for row in thread.itertuples(index=False):
-            call = row.name[len("nccl:"):]
+            call = row.name[len("nccl:") :]
             if call == names.NCCL_GROUP_START:
                 if depth == 0:
                     calls = []
@@ -142,8 +174,11 @@ def _nccl_groups(nvtx_rows: pd.DataFrame) -> pd.DataFrame:
             else:
                 launched = [(call, row.peer, row.nbytes)]
             sends = [c for c in launched if c[0] in names.NCCL_P2P_CALLS]
-            p2p = (bool(sends) and not any(_COLLECTIVE_CALL.match(c[0]) for c in launched)
-                   and not ((a2a_start <= row.start_ns) & (row.end_ns <= a2a_end)).any())
+            p2p = (
+                bool(sends)
+                and not any(_COLLECTIVE_CALL.match(c[0]) for c in launched)
+                and not ((a2a_start <= row.start_ns) & (row.end_ns <= a2a_end)).any()
+            )
             peers = {c[1] for c in sends if c[1] >= 0}
             out["pid"].append(pid)
             out["tid"].append(tid)
@@ -155,8 +190,9 @@ def _nccl_groups(nvtx_rows: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def _classify_p2p(kernels: pd.DataFrame, short_names: np.ndarray, launches: pd.DataFrame,
-                  groups: pd.DataFrame) -> np.ndarray:
+def _classify_p2p(
+    kernels: pd.DataFrame, short_names: np.ndarray, launches: pd.DataFrame, groups: pd.DataFrame
+) -> np.ndarray:
     """Rename P2P kernels ``nccl:SendRecv|<short name>`` and fill peer where known (in place).
 
     Returns how each kernel was decided: "launch" (P2P by its launch), "name" (P2P by name
@@ -171,8 +207,11 @@ def _classify_p2p(kernels: pd.DataFrame, short_names: np.ndarray, launches: pd.D
     nbytes = kernels["nbytes"].to_numpy().copy()
     if not launches.empty and not groups.empty:
         # inner join keeps the times int64 (a left join's NaNs would make them inexact floats)
-        launch = kernels[["os_pid", "correlation"]].reset_index(names="kernel").merge(
-            launches, left_on=["os_pid", "correlation"], right_on=["pid", "correlation"])
+        launch = (
+            kernels[["os_pid", "correlation"]]
+            .reset_index(names="kernel")
+            .merge(launches, left_on=["os_pid", "correlation"], right_on=["pid", "correlation"])
+        )
         position = pd.Series(np.arange(len(kernels)), index=kernels.index)
         for (pid, tid), g in groups.groupby(["pid", "tid"]):
             g = g.sort_values("start_ns")
@@ -209,13 +248,17 @@ def _classify_p2p(kernels: pd.DataFrame, short_names: np.ndarray, launches: pd.D
 def _launch_table(runtime: pd.DataFrame, offset: int) -> pd.DataFrame:
     if runtime.empty:
         return pd.DataFrame(columns=["pid", "tid", "correlation", "start_ns", "end_ns", "row", "name"])
-    return pd.DataFrame({
-        "pid": pid_of(runtime["gtid"]), "tid": tid_of(runtime["gtid"]),
-        "correlation": runtime["correlation"].to_numpy(np.int64),
-        "start_ns": add_ns(runtime["start"].to_numpy(np.int64), offset),
-        "end_ns": add_ns(runtime["end_"].to_numpy(np.int64), offset),
-        "row": runtime["row"].to_numpy(np.int64), "name": runtime["name"].astype(str).to_numpy(object),
-    }).drop_duplicates(["pid", "correlation"])
+    return pd.DataFrame(
+        {
+            "pid": pid_of(runtime["gtid"]),
+            "tid": tid_of(runtime["gtid"]),
+            "correlation": runtime["correlation"].to_numpy(np.int64),
+            "start_ns": add_ns(runtime["start"].to_numpy(np.int64), offset),
+            "end_ns": add_ns(runtime["end_"].to_numpy(np.int64), offset),
+            "row": runtime["row"].to_numpy(np.int64),
+            "name": runtime["name"].astype(str).to_numpy(object),
+        }
+    ).drop_duplicates(["pid", "correlation"])
 
 
 def _runtime_rows(launches: pd.DataFrame, gpu: pd.DataFrame) -> pd.DataFrame:
@@ -225,11 +268,15 @@ def _runtime_rows(launches: pd.DataFrame, gpu: pd.DataFrame) -> pd.DataFrame:
     wanted = gpu[["os_pid", "correlation"]].drop_duplicates().rename(columns={"os_pid": "pid"})
     used = launches.merge(wanted, on=["pid", "correlation"])
     return _frame(
-        source_index=used["row"].to_numpy(np.int64), cat=np.full(len(used), "runtime", dtype=object),
+        source_index=used["row"].to_numpy(np.int64),
+        cat=np.full(len(used), "runtime", dtype=object),
         name=np.array([names.api_name(n) for n in used["name"]], dtype=object),
-        start_ns=used["start_ns"].to_numpy(np.int64), end_ns=used["end_ns"].to_numpy(np.int64),
-        pid=used["pid"].to_numpy(np.int64), tid=used["tid"].to_numpy(np.int64),
-        on_gpu=np.zeros(len(used), dtype=bool), correlation=used["correlation"].to_numpy(np.int64),
+        start_ns=used["start_ns"].to_numpy(np.int64),
+        end_ns=used["end_ns"].to_numpy(np.int64),
+        pid=used["pid"].to_numpy(np.int64),
+        tid=used["tid"].to_numpy(np.int64),
+        on_gpu=np.zeros(len(used), dtype=bool),
+        correlation=used["correlation"].to_numpy(np.int64),
         os_pid=used["pid"].to_numpy(np.int64),
     )
 
@@ -265,21 +312,30 @@ def _build(report: _Report, file_id: int, rank_map: dict[int, int] | None) -> Pa
     if by_name:
         report_warnings.append(
             f"{report.path.name}: {by_name} NCCL kernels were taken as P2P by their name alone "
-            "(their launch or an NCCL NVTX range around it is not in the report)")
+            "(their launch or an NCCL NVTX range around it is not in the report)"
+        )
     unplaced = int((p2p_how["how"] == "unplaced").sum())
     if unplaced:
         report_warnings.append(
             f"{report.path.name}: {unplaced} SendRecv-named NCCL kernels whose launch is not in the "
-            "report were not taken as P2P: kernels of that name ran collectives in the same process")
+            "report were not taken as P2P: kernels of that name ran collectives in the same process"
+        )
     raw_counts = _raw_counts(report)
     nccl_pids = set(events.loc[events["name"].str.startswith("nccl:"), "os_pid"].astype(int))
     gloo_pids = set(events.loc[events["name"].str.startswith("gloo:"), "os_pid"].astype(int))
 
     if not pids:
-        trace = TraceFile(path=report.path, format=report.format, rank=-1, ranks=[-1], clock=report.clock,
-                          rank_source="unknown", profiler=dict(report.profiler), host=report.host,
-                          warnings=report_warnings + [
-                              f"{report.path.name}: the report holds no kernels or NVTX ranges"])
+        trace = TraceFile(
+            path=report.path,
+            format=report.format,
+            rank=-1,
+            ranks=[-1],
+            clock=report.clock,
+            rank_source="unknown",
+            profiler=dict(report.profiler),
+            host=report.host,
+            warnings=report_warnings + [f"{report.path.name}: the report holds no kernels or NVTX ranges"],
+        )
         return [(trace, conform(_finish(events.iloc[0:0], -1, file_id)))]
     out = []
     first = True
@@ -287,14 +343,28 @@ def _build(report: _Report, file_id: int, rank_map: dict[int, int] | None) -> Pa
         rank = decision.ranks[pid]
         rows = events[events["os_pid"] == pid]
         counts = p2p_how.loc[p2p_how["os_pid"] == pid, "how"].value_counts()
-        profiler = dict(report.profiler, pid=pid, processes_in_report=len(pids), nccl_p2p_kernels={
-            "by_launch": int(counts.get("launch", 0)), "by_name": int(counts.get("name", 0)),
-            "sendrecv_named_in_collectives": int(counts.get("collective", 0)),
-            "sendrecv_named_unplaced": int(counts.get("unplaced", 0))})
+        profiler = dict(
+            report.profiler,
+            pid=pid,
+            processes_in_report=len(pids),
+            nccl_p2p_kernels={
+                "by_launch": int(counts.get("launch", 0)),
+                "by_name": int(counts.get("name", 0)),
+                "sendrecv_named_in_collectives": int(counts.get("collective", 0)),
+                "sendrecv_named_unplaced": int(counts.get("unplaced", 0)),
+            },
+        )
         trace = TraceFile(
-            path=report.path, format=report.format, rank=rank, ranks=[rank],
-            world_size=decision.world_size, host=report.host, clock=report.clock,
-            rank_source=decision.source, n_events_raw=raw_counts.get(pid, 0), profiler=profiler,
+            path=report.path,
+            format=report.format,
+            rank=rank,
+            ranks=[rank],
+            world_size=decision.world_size,
+            host=report.host,
+            clock=report.clock,
+            rank_source=decision.source,
+            n_events_raw=raw_counts.get(pid, 0),
+            profiler=profiler,
             backend="nccl" if pid in nccl_pids else ("gloo" if pid in gloo_pids else None),
             warnings=report_warnings if first else [],
         )
@@ -305,13 +375,20 @@ def _build(report: _Report, file_id: int, rank_map: dict[int, int] | None) -> Pa
 
 def _drop_impossible(report: _Report, events: pd.DataFrame) -> tuple[pd.DataFrame, str | None]:
     """The rows that can be real, and the report's one warning about the rest."""
-    identity = [events["os_pid"].to_numpy(np.int64), events["pid"].to_numpy(np.int64),
-                events["tid"].to_numpy(np.int64), pd.factorize(events["cat"])[0],
-                pd.factorize(events["name"])[0], events["correlation"].to_numpy(np.int64),
-                events["seq"].to_numpy(np.int64), events["peer"].to_numpy(np.int64),
-                events["nbytes"].to_numpy(np.int64)]
-    keep, dropped = drop_impossible(events["start_ns"].to_numpy(np.int64), events["end_ns"].to_numpy(np.int64),
-                                    identity)
+    identity = [
+        events["os_pid"].to_numpy(np.int64),
+        events["pid"].to_numpy(np.int64),
+        events["tid"].to_numpy(np.int64),
+        pd.factorize(events["cat"])[0],
+        pd.factorize(events["name"])[0],
+        events["correlation"].to_numpy(np.int64),
+        events["seq"].to_numpy(np.int64),
+        events["peer"].to_numpy(np.int64),
+        events["nbytes"].to_numpy(np.int64),
+    ]
+    keep, dropped = drop_impossible(
+        events["start_ns"].to_numpy(np.int64), events["end_ns"].to_numpy(np.int64), identity
+    )
     if keep is None:
         return events, None
     if not keep.any():
@@ -328,16 +405,25 @@ def _finish(rows: pd.DataFrame, rank: int, file_id: int) -> pd.DataFrame:
     transparent = rows["async_span"].to_numpy(bool) | rows["name"].isin(ASYNC_SPANS).to_numpy()
     rows["rank"] = rank
     rows["file_id"] = file_id
-    rows["depth"] = nesting_depth(rows["pid"].to_numpy(), rows["tid"].to_numpy(),
-                                  rows["start_ns"].to_numpy(), rows["end_ns"].to_numpy(),
-                                  transparent=transparent)
+    rows["depth"] = nesting_depth(
+        rows["pid"].to_numpy(),
+        rows["tid"].to_numpy(),
+        rows["start_ns"].to_numpy(),
+        rows["end_ns"].to_numpy(),
+        transparent=transparent,
+    )
     return rows[EVENT_COLUMNS]
 
 
 def _raw_counts(report: _Report) -> dict[int, int]:
     counts: dict[int, int] = {}
-    for frame, key in ((report.kernels, "gpid"), (report.memcpy, "gpid"), (report.memset, "gpid"),
-                       (report.runtime, "gtid"), (report.nvtx, "gtid")):
+    for frame, key in (
+        (report.kernels, "gpid"),
+        (report.memcpy, "gpid"),
+        (report.memset, "gpid"),
+        (report.runtime, "gtid"),
+        (report.nvtx, "gtid"),
+    ):
         if frame.empty:
             continue
         for pid, n in zip(*np.unique(pid_of(frame[key]), return_counts=True)):

@@ -13,6 +13,7 @@ Three producers of NVTX ranges matter for training traces:
 * Anything else (``record_function`` through ``nvtx.annotate``, Megatron's ranges, MPI):
   ``user_annotation`` rows with the name as written.
 """
+
 from __future__ import annotations
 
 import json
@@ -113,8 +114,20 @@ NCCL_P2P_NAME = "nccl:SendRecv"
 _API_VERSION = re.compile(r"_v\d+$")
 
 MEMCPY_KINDS = {
-    0: "Unknown", 1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD", 7: "DtoA",
-    8: "DtoD", 9: "HtoH", 10: "PtoP", 11: "HtoD", 12: "DtoH", 13: "DtoD",
+    0: "Unknown",
+    1: "HtoD",
+    2: "DtoH",
+    3: "HtoA",
+    4: "AtoH",
+    5: "AtoA",
+    6: "AtoD",
+    7: "DtoA",
+    8: "DtoD",
+    9: "HtoH",
+    10: "PtoP",
+    11: "HtoD",
+    12: "DtoH",
+    13: "DtoD",
 }
 
 
@@ -128,9 +141,11 @@ def memcpy_name(copy_kind: int) -> str:
 
 
 # Ranks and world sizes of at most 7 digits: a longer number is no rank any job has.
-_RANK_TEXT = re.compile(r"^(?:tracekit[:.]\s*)?rank\s*[=:]?\s*(\d{1,7})"
-                        r"(?:[\s,;/]+(?:world_size\s*[=:]?\s*)?(\d{1,7}))?\s*$",
-                        re.IGNORECASE)
+_RANK_TEXT = re.compile(
+    r"^(?:tracekit[:.]\s*)?rank\s*[=:]?\s*(\d{1,7})"
+    r"(?:[\s,;/]+(?:world_size\s*[=:]?\s*)?(\d{1,7}))?\s*$",
+    re.IGNORECASE,
+)
 _RANK_TOKEN = re.compile(r"(?:^|[\s,;(])(?:mpi\s+)?rank\s*[=:#]?\s*(\d{1,7})\b", re.IGNORECASE)
 
 

@@ -1,6 +1,7 @@
 """Which rank each process of an Nsight Systems report is: the caller's rank map, what the report
 states (NVTX marks, thread names, ``rank=N`` in range names, a one-process report's launch
 environment, command line or file name), the CUDA device, or the order of pids."""
+
 from __future__ import annotations
 
 import re
@@ -12,22 +13,30 @@ from tracekit.ingest import nsys_names as names
 from tracekit.ingest import nsys_sqlite as db
 from tracekit.ingest.nsys_read import _Report, pid_of
 
-_RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID",
-              "MV2_COMM_WORLD_RANK", "PALS_RANKID")
+_RANK_VARS = (
+    "RANK",
+    "OMPI_COMM_WORLD_RANK",
+    "PMI_RANK",
+    "PMIX_RANK",
+    "SLURM_PROCID",
+    "MV2_COMM_WORLD_RANK",
+    "PALS_RANKID",
+)
 _WORLD_VARS = ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS", "MV2_COMM_WORLD_SIZE")
 _RANK_ARG = re.compile(r"^--(local[_-])?rank[=\s](\d{1,7})$")
 
 
 @dataclass
 class _RankDecision:
-    ranks: dict[int, int]          # os pid -> rank (pids absent are dropped)
+    ranks: dict[int, int]  # os pid -> rank (pids absent are dropped)
     source: str
     world_size: int | None = None
     warnings: list[str] = field(default_factory=list)
 
 
-def _stated_ranks(nvtx: pd.DataFrame, pids: list[int]
-                  ) -> tuple[dict[int, int], dict[int, int | None], dict[int, set[int]]]:
+def _stated_ranks(
+    nvtx: pd.DataFrame, pids: list[int]
+) -> tuple[dict[int, int], dict[int, int | None], dict[int, set[int]]]:
     """Ranks the report states per process: marks / thread names, and rank=N in range names."""
     markers: dict[int, int] = {}
     worlds: dict[int, int | None] = {}
@@ -46,8 +55,9 @@ def _stated_ranks(nvtx: pd.DataFrame, pids: list[int]
     return markers, worlds, tokens
 
 
-def _decide_ranks(report: _Report, pids: list[int], devices: dict[int, set[int]],
-                  rank_map: dict[int, int] | None) -> _RankDecision:
+def _decide_ranks(
+    report: _Report, pids: list[int], devices: dict[int, set[int]], rank_map: dict[int, int] | None
+) -> _RankDecision:
     name = report.path.name
     if rank_map:
         mapped = {p: int(rank_map[p]) for p in pids if p in rank_map}
@@ -56,7 +66,8 @@ def _decide_ranks(report: _Report, pids: list[int], devices: dict[int, set[int]]
             left = [p for p in pids if p not in mapped]
             if left:
                 decision.warnings.append(
-                    f"{name}: processes {left} are not in the rank map; their events were left out")
+                    f"{name}: processes {left} are not in the rank map; their events were left out"
+                )
             return decision
         pid_list = ", ".join(map(str, pids))
         warning = f"{name}: the rank map names none of this report's processes (pids {pid_list}); ignored it"
@@ -73,11 +84,15 @@ def _decide_stated(report: _Report, pids: list[int], devices: dict[int, set[int]
     markers, worlds, tokens = _stated_ranks(report.nvtx, pids)
     if pids and all(p in markers for p in pids) and len({markers[p] for p in pids}) == len(pids):
         sizes = {worlds[p] for p in pids if worlds.get(p)}
-        return _RankDecision({p: markers[p] for p in pids}, "NVTX rank marker",
-                             sizes.pop() if len(sizes) == 1 else None)
+        return _RankDecision(
+            {p: markers[p] for p in pids}, "NVTX rank marker", sizes.pop() if len(sizes) == 1 else None
+        )
     if pids and all(len(tokens[p]) == 1 for p in pids) and len({min(tokens[p]) for p in pids}) == len(pids):
-        return _RankDecision({p: min(tokens[p]) for p in pids}, "NVTX range names (rank=N)",
-                             warnings=[f"{name}: ranks read from 'rank=N' in NVTX range names"])
+        return _RankDecision(
+            {p: min(tokens[p]) for p in pids},
+            "NVTX range names (rank=N)",
+            warnings=[f"{name}: ranks read from 'rank=N' in NVTX range names"],
+        )
     if len(pids) == 1:
         pid = pids[0]
         env_rank = _env_rank(report.env, report.args)
@@ -97,13 +112,23 @@ def _decide_stated(report: _Report, pids: list[int], devices: dict[int, set[int]
         return _RankDecision({pid: -1}, "unknown")
     one_device = {p: next(iter(devices[p])) for p in pids if len(devices.get(p, ())) == 1}
     if len(one_device) == len(pids) and len(set(one_device.values())) == len(pids):
-        return _RankDecision(one_device, "CUDA device id", warnings=[
-            f"{name}: {len(pids)} processes, no rank stated; took each process's CUDA device as its "
-            "rank (true for one node with one GPU per rank); pass a rank map if not"])
+        return _RankDecision(
+            one_device,
+            "CUDA device id",
+            warnings=[
+                f"{name}: {len(pids)} processes, no rank stated; took each process's CUDA device as its "
+                "rank (true for one node with one GPU per rank); pass a rank map if not"
+            ],
+        )
     ordered = {p: i for i, p in enumerate(sorted(pids))}
-    return _RankDecision(ordered, "pid order", warnings=[
-        f"{name}: {len(pids)} processes and nothing in the report says which rank each is; "
-        "numbered them by pid order, which may be wrong; pass a rank map {pid: rank} to fix"])
+    return _RankDecision(
+        ordered,
+        "pid order",
+        warnings=[
+            f"{name}: {len(pids)} processes and nothing in the report says which rank each is; "
+            "numbered them by pid order, which may be wrong; pass a rank map {pid: rank} to fix"
+        ],
+    )
 
 
 def _env_world(env: dict[str, str]) -> int | None:

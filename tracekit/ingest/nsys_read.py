@@ -1,6 +1,7 @@
 """One Nsight Systems report read into raw rows (:class:`_Report`): times still in the report's
 own clock, ranks not yet assigned. The SQLite export through :mod:`tracekit.ingest.nsys_sqlite`,
 the JSON export line by line; and the process and thread ids packed in nsys's global thread ids."""
+
 from __future__ import annotations
 
 import sqlite3
@@ -16,7 +17,6 @@ from tracekit.ingest import nsys_sqlite as db
 from tracekit.ingest.validate import NOT_A_TIME
 
 _PID_MASK = 0xFFFFFF
-
 
 
 def pid_of(gtid) -> np.ndarray:
@@ -42,8 +42,8 @@ class _Report:
     memset: pd.DataFrame = field(default_factory=pd.DataFrame)
     runtime: pd.DataFrame = field(default_factory=pd.DataFrame)
     nvtx: pd.DataFrame = field(default_factory=pd.DataFrame)
-    env: dict[str, str] = field(default_factory=dict)   # a one-process report's launch env
-    args: list[str] = field(default_factory=list)       # ... and its command-line arguments
+    env: dict[str, str] = field(default_factory=dict)  # a one-process report's launch env
+    args: list[str] = field(default_factory=list)  # ... and its command-line arguments
     host: str | None = None
 
 
@@ -66,7 +66,8 @@ def _read_json(path: Path) -> _Report:
                         "export with: nsys export --type json report.nsys-rep"
                     ) from None
                 report.warnings.append(
-                    f"{path.name}: stopped at line {line_no + 1}, which is not JSON (file cut short?)")
+                    f"{path.name}: stopped at line {line_no + 1}, which is not JSON (file cut short?)"
+                )
                 break
             if not isinstance(obj, dict):
                 continue
@@ -115,7 +116,7 @@ def _int(value, default: int) -> int:
         number = int(value)
     except (TypeError, ValueError, OverflowError):
         return default
-    return number if -(2 ** 63) < number < 2 ** 63 else default
+    return number if -(2**63) < number < 2**63 else default
 
 
 # ---------------------------------------------------------------------------------------
@@ -125,8 +126,9 @@ def _read_sqlite(conn: sqlite3.Connection, path: Path) -> _Report:
     schema = db.read_schema(conn)
     present = [t for t in (db.KERNEL_TABLE, db.NVTX_TABLE, db.MEMCPY_TABLE, db.MEMSET_TABLE) if schema.has(t)]
     if not present:
-        nsys_like = (schema.meta_table or schema.has("StringIds")
-                     or any(t.startswith("TARGET_INFO") for t in schema.tables))
+        nsys_like = (
+            schema.meta_table or schema.has("StringIds") or any(t.startswith("TARGET_INFO") for t in schema.tables)
+        )
         if not nsys_like:
             raise TraceFormatError(
                 f"{path}: an SQLite database but not an Nsight Systems export (no NVTX_EVENTS or "
@@ -142,8 +144,11 @@ def _read_sqlite(conn: sqlite3.Connection, path: Path) -> _Report:
     report.memset = db.read_memory_ops(conn, path, schema, db.MEMSET_TABLE)
     report.runtime = db.read_runtime(conn, path, schema)
     report.nvtx = db.read_nvtx(conn, path, schema)
-    starts = [f["start"][f["start"] != NOT_A_TIME].min() for f in (report.kernels, report.nvtx, report.memcpy)
-              if (len(f) and (f["start"] != NOT_A_TIME).any())]
+    starts = [
+        f["start"][f["start"] != NOT_A_TIME].min()
+        for f in (report.kernels, report.nvtx, report.memcpy)
+        if (len(f) and (f["start"] != NOT_A_TIME).any())
+    ]
     earliest = int(min(starts)) if starts else None
     base = db.time_base(conn, schema, earliest)
     report.offset_ns, report.clock = base.offset_ns, base.clock

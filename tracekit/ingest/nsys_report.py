@@ -6,6 +6,7 @@ temporary name and renamed into place, and its own digest is recorded beside it,
 export cut short or altered later is made again rather than read. Without a local cache
 (``--no-cache``, a cache URL) it goes to a temporary folder removed at exit.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -35,10 +36,13 @@ def sqlite_export(report: Path, cache_dir: str | None) -> Path:
     nsys = shutil.which("nsys")
     stem = report.name.rsplit(".", 1)[0]
     if nsys is None:
-        by_hand = shlex.join(["nsys", "export", "--type", "sqlite", "-o", str(report.with_name(stem + ".sqlite")),
-                              str(report)])
-        raise TraceFormatError(f"{report}: an Nsight Systems report; tracekit reads its SQLite export "
-                               f"(no nsys on PATH to make it): {by_hand}")
+        by_hand = shlex.join(
+            ["nsys", "export", "--type", "sqlite", "-o", str(report.with_name(stem + ".sqlite")), str(report)]
+        )
+        raise TraceFormatError(
+            f"{report}: an Nsight Systems report; tracekit reads its SQLite export "
+            f"(no nsys on PATH to make it): {by_hand}"
+        )
     cache = ParseCache(cache_dir) if cache_dir and "://" not in cache_dir else None
     digest = cache.digest(report) if cache is not None else ParseCache.content_digest(report)
     root = Path(cache.base) / "nsys" if cache is not None else _temporary_root()
@@ -72,15 +76,20 @@ def _export(nsys: str, report: Path, target: Path) -> None:
         command = export_command(report, partial)
         command[0] = nsys
         try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=EXPORT_TIMEOUT_S,
-                                  stdin=subprocess.DEVNULL)
+            done = subprocess.run(
+                command, capture_output=True, text=True, timeout=EXPORT_TIMEOUT_S, stdin=subprocess.DEVNULL
+            )
         except subprocess.TimeoutExpired:
-            raise TraceFormatError(f"{report}: nsys export ran over {EXPORT_TIMEOUT_S} s and was stopped; "
-                                   f"export it yourself: {shlex.join(export_command(report, target))}") from None
+            raise TraceFormatError(
+                f"{report}: nsys export ran over {EXPORT_TIMEOUT_S} s and was stopped; "
+                f"export it yourself: {shlex.join(export_command(report, target))}"
+            ) from None
         if done.returncode != 0 or not partial.is_file():
             said = (done.stderr.strip() or done.stdout.strip() or "no message").splitlines()[-1]
-            raise TraceFormatError(f"{report}: nsys export failed (exit {done.returncode}: {said}); is it an "
-                                   "Nsight Systems report, whole, from this nsys version or older?")
+            raise TraceFormatError(
+                f"{report}: nsys export failed (exit {done.returncode}: {said}); is it an "
+                "Nsight Systems report, whole, from this nsys version or older?"
+            )
         os.replace(partial, target)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -7,6 +7,7 @@ table_info``) and builds each query from the columns that are there. It returns 
 as DataFrames with times still in the file's own clock; :mod:`tracekit.ingest.nsys_events` turns
 them into the event table.
 """
+
 from __future__ import annotations
 
 import sqlite3
@@ -117,9 +118,9 @@ def _q(identifier: str) -> str:
 class TimeBase:
     """How to turn the file's timestamps into Unix-epoch ns."""
 
-    offset_ns: int          # add to every timestamp
-    clock: str              # "unix" | "relative"
-    normalized: bool        # the export was made with --ts-normalize (already absolute)
+    offset_ns: int  # add to every timestamp
+    clock: str  # "unix" | "relative"
+    normalized: bool  # the export was made with --ts-normalize (already absolute)
     session_start_ns: int | None
     note: str = ""
 
@@ -176,7 +177,7 @@ def _int_or_none(value) -> int | None:
         number = float(value)
     except ValueError:
         return None
-    return int(number) if abs(number) < 2.0 ** 63 else None
+    return int(number) if abs(number) < 2.0**63 else None
 
 
 def _string_expr(schema: Schema, table_alias: str, column: str, join_alias: str) -> tuple[str, str]:
@@ -209,8 +210,10 @@ def _integer(expr: str, if_null: str, if_not_a_number: str) -> str:
     """SQL for an integer column whatever the file stored: a real is truncated (SQLite
     saturates it at the int64 limits), text or a blob is ``if_not_a_number``. One text
     value would otherwise make pandas read the whole column as objects."""
-    return (f"CASE typeof({expr}) WHEN 'integer' THEN {expr} WHEN 'real' THEN CAST({expr} AS INTEGER) "
-            f"WHEN 'null' THEN {if_null} ELSE {if_not_a_number} END")
+    return (
+        f"CASE typeof({expr}) WHEN 'integer' THEN {expr} WHEN 'real' THEN CAST({expr} AS INTEGER) "
+        f"WHEN 'null' THEN {if_null} ELSE {if_not_a_number} END"
+    )
 
 
 def _times(schema: Schema, table: str, alias: str) -> str:
@@ -317,8 +320,9 @@ def read_nvtx(conn, path: Path, schema: Schema) -> pd.DataFrame:
     return _select(conn, path, sql)
 
 
-def read_name_value(conn, path: Path, schema: Schema, table: str,
-                    names: tuple[str, ...] | None = None) -> list[tuple[str, str]]:
+def read_name_value(
+    conn, path: Path, schema: Schema, table: str, names: tuple[str, ...] | None = None
+) -> list[tuple[str, str]]:
     """(name, value) rows of a name/value table such as META_DATA_CAPTURE."""
     if not {"name", "value"} <= set(schema.cols(table)):
         return []

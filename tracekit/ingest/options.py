@@ -3,6 +3,7 @@
 A plain dataclass (parser workers import this package too: no pandas). :func:`tracekit.load`
 takes a :class:`tracekit.loading.LoadOptions`: these and the reconstructor's.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -5,6 +5,7 @@ baseline. Those are told apart from traces by a look at the start of each file (
 of a ``.gz`` is decompressed), so a stray file is skipped, while a file that claims to be a
 trace, by its name or by its content, is parsed and fails loudly when it is broken.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -37,8 +38,10 @@ _SNIFF_BYTES = 64 << 10
 _TRACE_NAME = re.compile(r"(?:rank|worker)[-_.]?\d|trace", re.IGNORECASE)
 # Top-level keys a Kineto (Chrome trace) document starts with, as keys: a tracekit document
 # holds "distributedInfo" as a value (rank_source).
-_KINETO_KEY = re.compile(rb'(?<!\\)"(?:traceEvents|schemaVersion|deviceProperties|distributedInfo|'
-                         rb'displayTimeUnit|baseTimeNanoseconds)"\s*:')
+_KINETO_KEY = re.compile(
+    rb'(?<!\\)"(?:traceEvents|schemaVersion|deviceProperties|distributedInfo|'
+    rb'displayTimeUnit|baseTimeNanoseconds)"\s*:'
+)
 
 
 def trace_format(path: Path, rank_pattern: re.Pattern | None = None, claimed: bool = False) -> str | None:

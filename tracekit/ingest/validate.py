@@ -9,6 +9,7 @@ gives bubble ratios in the millions. Parsers convert times with :func:`ns_from_u
 around, and pass the rows through :func:`drop_impossible` before nesting depth is computed;
 the file then carries one warning saying how many rows went and why.
 """
+
 from __future__ import annotations
 
 import math
@@ -100,16 +101,19 @@ class DroppedRows:
         """The one warning for the file, or None when nothing was dropped."""
         if not self.total:
             return None
-        return (f"{file_name}: dropped {self.total:,} of {plural(self.of_rows, 'event')} that cannot "
-                f"be real ({self.reasons()}); analysed the rest")
+        return (
+            f"{file_name}: dropped {self.total:,} of {plural(self.of_rows, 'event')} that cannot "
+            f"be real ({self.reasons()}); analysed the rest"
+        )
 
     def reasons(self) -> str:
         """Each reason with its count, most basic first."""
         return ", ".join(f"{n:,} {_REASONS[reason]}" for reason, n in self.counts.items() if n)
 
 
-def drop_impossible(start_ns: np.ndarray, end_ns: np.ndarray,
-                    identity: list[np.ndarray]) -> tuple[np.ndarray | None, DroppedRows]:
+def drop_impossible(
+    start_ns: np.ndarray, end_ns: np.ndarray, identity: list[np.ndarray]
+) -> tuple[np.ndarray | None, DroppedRows]:
     """Which rows to keep (None: all of them) and what was dropped.
 
     A row is dropped for the first of: a start or end that is :data:`NOT_A_TIME`; end
@@ -129,8 +133,10 @@ def drop_impossible(start_ns: np.ndarray, end_ns: np.ndarray,
     if keep.any():
         # float: the distance of a wild value from the median can itself leave int64
         median = float(np.median(start_ns[keep]))
-        far = keep & ((np.abs(start_ns.astype(np.float64) - median) > MAX_DISTANCE_NS)
-                      | (np.abs(end_ns.astype(np.float64) - median) > MAX_DISTANCE_NS))
+        far = keep & (
+            (np.abs(start_ns.astype(np.float64) - median) > MAX_DISTANCE_NS)
+            | (np.abs(end_ns.astype(np.float64) - median) > MAX_DISTANCE_NS)
+        )
         dropped.counts["far"] = int(far.sum())
         keep &= ~far
     repeats = _repeats(start_ns, end_ns, identity, keep)
@@ -139,8 +145,9 @@ def drop_impossible(start_ns: np.ndarray, end_ns: np.ndarray,
     return (None if keep.all() else keep), dropped
 
 
-def _repeats(start_ns: np.ndarray, end_ns: np.ndarray, identity: list[np.ndarray],
-             candidates: np.ndarray) -> np.ndarray:
+def _repeats(
+    start_ns: np.ndarray, end_ns: np.ndarray, identity: list[np.ndarray], candidates: np.ndarray
+) -> np.ndarray:
     """Rows (among ``candidates``) equal in every column to an earlier row."""
     out = np.zeros(len(start_ns), dtype=bool)
     rows = np.flatnonzero(candidates)

@@ -26,6 +26,7 @@ What is kept, per file (numpy only: this runs in the parser workers):
 ``tests/test_working_set.py`` checks that the analysis of every sample run and every shared
 real trace is the same from the working set as from all rows.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -63,8 +64,11 @@ def _kept(columns: EventColumns) -> np.ndarray:
         return table[name_code] if len(names) else np.zeros(len(name_code), dtype=bool)
 
     on_gpu = nums["on_gpu"].astype(bool)
-    annotation = np.array([c == "user_annotation" for c in cats], dtype=bool)[cat_code] \
-        if len(cats) else np.zeros(len(cat_code), dtype=bool)
+    annotation = (
+        np.array([c == "user_annotation" for c in cats], dtype=bool)[cat_code]
+        if len(cats)
+        else np.zeros(len(cat_code), dtype=bool)
+    )
     keep = on_gpu | annotation | by_name(lambda s: s.startswith(COMM_PREFIXES))
 
     # Top-level compute of every step and label: depth <= deepest mark/label + 1 per thread.
@@ -77,15 +81,18 @@ def _kept(columns: EventColumns) -> np.ndarray:
         _, pid_code = np.unique(nums["pid"], return_inverse=True)
         tids, tid_code = np.unique(nums["tid"], return_inverse=True)
         pair = pid_code.reshape(-1).astype(np.int64) * len(tids) + tid_code.reshape(-1)
-        threads, inverse = np.unique(pair, return_inverse=True)   # one code per (pid, tid)
+        threads, inverse = np.unique(pair, return_inverse=True)  # one code per (pid, tid)
         inverse = inverse.reshape(-1)
         deepest = np.full(len(threads), -1, dtype=np.int64)
         np.maximum.at(deepest, inverse[anchor], depth[anchor])
         limit_of_row = deepest[inverse] + 1
     # The CUDA API calls that launched the GPU rows (how device work finds its host thread,
     # step and action); the many other API calls (stream queries, events) are not read.
-    runtime = np.array([c == "runtime" for c in cats], dtype=bool)[cat_code] \
-        if len(cats) else np.zeros(len(cat_code), dtype=bool)
+    runtime = (
+        np.array([c == "runtime" for c in cats], dtype=bool)[cat_code]
+        if len(cats)
+        else np.zeros(len(cat_code), dtype=bool)
+    )
     keep |= ~on_gpu & ~runtime & (depth <= limit_of_row)
     if runtime.any() and on_gpu.any():
         corr = nums["correlation"]

@@ -4,11 +4,21 @@
 pipeline). Names load on first use, so a parser process that needs only ``TraceFile``
 does not import pandas.
 """
+
 _WHERE = {
-    "EVENT_COLUMNS": "events", "EVENT_SCHEMA": "events", "TraceFile": "events", "empty_events": "events",
-    "Run": "run", "ScheduleInfo": "run", "ACTION_COLUMNS": "run", "MESSAGE_COLUMNS": "run",
+    "EVENT_COLUMNS": "events",
+    "EVENT_SCHEMA": "events",
+    "TraceFile": "events",
+    "empty_events": "events",
+    "Run": "run",
+    "ScheduleInfo": "run",
+    "ACTION_COLUMNS": "run",
+    "MESSAGE_COLUMNS": "run",
     "STEP_COLUMNS": "run",
-    "COMM_PREFIXES": "names", "SEND_NAMES": "names", "RECV_NAMES": "names", "STEP_MARK_PREFIX": "names",
+    "COMM_PREFIXES": "names",
+    "SEND_NAMES": "names",
+    "RECV_NAMES": "names",
+    "STEP_MARK_PREFIX": "names",
 }
 __all__ = list(_WHERE)
 

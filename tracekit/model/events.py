@@ -28,6 +28,7 @@ Columns (see ``EVENT_SCHEMA`` for types):
                     the ``runtime`` row of the API call that launched it (-1 when absent;
                     Kineto CPU ops carry their ``External id`` here instead)
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -42,10 +43,22 @@ if TYPE_CHECKING:
 # Plain Python and numpy only at import: parser worker processes import this module and
 # must not pay for pandas and pyarrow (~75 MB and 0.4 s each); those load on first use.
 _FIELDS = [
-    ("rank", "int32"), ("file_id", "int32"), ("source_index", "int64"), ("cat", "string"),
-    ("name", "string"), ("start_ns", "int64"), ("end_ns", "int64"), ("pid", "int64"),
-    ("tid", "int64"), ("on_gpu", "bool"), ("depth", "int16"), ("seq", "int64"),
-    ("peer", "int32"), ("tag", "int32"), ("nbytes", "int64"), ("correlation", "int64"),
+    ("rank", "int32"),
+    ("file_id", "int32"),
+    ("source_index", "int64"),
+    ("cat", "string"),
+    ("name", "string"),
+    ("start_ns", "int64"),
+    ("end_ns", "int64"),
+    ("pid", "int64"),
+    ("tid", "int64"),
+    ("on_gpu", "bool"),
+    ("depth", "int16"),
+    ("seq", "int64"),
+    ("peer", "int32"),
+    ("tag", "int32"),
+    ("nbytes", "int64"),
+    ("correlation", "int64"),
 ]
 EVENT_COLUMNS = [name for name, _ in _FIELDS]
 STRING_COLUMNS = ("cat", "name")
@@ -60,8 +73,9 @@ def event_schema() -> pa.Schema:
     if _SCHEMA is None:
         import pyarrow as pa
 
-        _SCHEMA = pa.schema([(name, pa.string() if kind == "string" else pa.from_numpy_dtype(kind))
-                             for name, kind in _FIELDS])
+        _SCHEMA = pa.schema(
+            [(name, pa.string() if kind == "string" else pa.from_numpy_dtype(kind)) for name, kind in _FIELDS]
+        )
     return _SCHEMA
 
 
@@ -109,24 +123,31 @@ class TraceFile:
     """What one input file told us about itself, beside its events."""
 
     path: Path
-    format: str                    # "kineto" | "nsys-sqlite" | "nsys-json"
-    rank: int                      # the rank this file's process had (first, if several)
-    ranks: list[int] = field(default_factory=list)   # all ranks in the file (nsys: several)
+    format: str  # "kineto" | "nsys-sqlite" | "nsys-json"
+    rank: int  # the rank this file's process had (first, if several)
+    ranks: list[int] = field(default_factory=list)  # all ranks in the file (nsys: several)
     world_size: int | None = None
-    backend: str | None = None     # "gloo" | "nccl" | ...
+    backend: str | None = None  # "gloo" | "nccl" | ...
     host: str | None = None
-    clock: str = "unix"            # "unix": absolute epoch ns; "relative": file's own origin
-    rank_source: str = ""          # how the rank was decided: "distributedInfo", "file name", ...
-    n_events_raw: int = 0          # events in the file before filtering
-    truncated: bool = False        # file ended early; what it held was read
-    profiler: dict[str, Any] = field(default_factory=dict)     # versions and settings the file names
+    clock: str = "unix"  # "unix": absolute epoch ns; "relative": file's own origin
+    rank_source: str = ""  # how the rank was decided: "distributedInfo", "file name", ...
+    n_events_raw: int = 0  # events in the file before filtering
+    truncated: bool = False  # file ended early; what it held was read
+    profiler: dict[str, Any] = field(default_factory=dict)  # versions and settings the file names
     warnings: list[str] = field(default_factory=list)
 
     def describe(self) -> dict[str, Any]:
         return {
-            "path": str(self.path), "format": self.format, "rank": self.rank,
-            "ranks": self.ranks or [self.rank], "world_size": self.world_size,
-            "backend": self.backend, "host": self.host, "clock": self.clock,
-            "rank_source": self.rank_source, "n_events_raw": self.n_events_raw,
-            "truncated": self.truncated, "warnings": list(self.warnings),
+            "path": str(self.path),
+            "format": self.format,
+            "rank": self.rank,
+            "ranks": self.ranks or [self.rank],
+            "world_size": self.world_size,
+            "backend": self.backend,
+            "host": self.host,
+            "clock": self.clock,
+            "rank_source": self.rank_source,
+            "n_events_raw": self.n_events_raw,
+            "truncated": self.truncated,
+            "warnings": list(self.warnings),
         }

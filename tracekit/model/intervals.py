@@ -1,4 +1,5 @@
 """Lengths of sets of time intervals (ns), shared by reconstruction and the analyses."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -39,6 +39,7 @@ union of the kernels each launched (see :func:`compute_ns`).
 ``completeness`` says whether every rank of the job left a trace (see :class:`Completeness`):
 a run with a rank missing is never read as a smaller pipeline.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -49,25 +50,76 @@ import pandas as pd
 from tracekit.model.events import TraceFile
 
 ACTION_COLUMNS = [
-    "action_id", "rank", "step", "order", "kind", "stage", "microbatch", "start_ns", "end_ns",
-    "label_start_ns", "label_end_ns", "label", "file_id", "source_index",
+    "action_id",
+    "rank",
+    "step",
+    "order",
+    "kind",
+    "stage",
+    "microbatch",
+    "start_ns",
+    "end_ns",
+    "label_start_ns",
+    "label_end_ns",
+    "label",
+    "file_id",
+    "source_index",
 ]
 MESSAGE_COLUMNS = [
-    "msg_id", "step", "src_rank", "dst_rank", "tag", "nbytes", "direction", "send_post_ns",
-    "recv_post_ns", "recv_done_ns", "recv_wait_ns", "arrival_ns", "producer_action", "consumer_action",
-    "src_file_id", "src_source_index", "dst_file_id", "dst_source_index",
+    "msg_id",
+    "step",
+    "src_rank",
+    "dst_rank",
+    "tag",
+    "nbytes",
+    "direction",
+    "send_post_ns",
+    "recv_post_ns",
+    "recv_done_ns",
+    "recv_wait_ns",
+    "arrival_ns",
+    "producer_action",
+    "consumer_action",
+    "src_file_id",
+    "src_source_index",
+    "dst_file_id",
+    "dst_source_index",
 ]
 STEP_COLUMNS = ["rank", "step", "step_start_ns", "step_end_ns", "n_actions"]
 DEVICE_OP_COLUMNS = [
-    "op_id", "rank", "step", "kind", "start_ns", "end_ns", "stream", "launch_ns", "launch_end_ns",
-    "launch_tid", "action_id", "name", "file_id", "source_index",
+    "op_id",
+    "rank",
+    "step",
+    "kind",
+    "start_ns",
+    "end_ns",
+    "stream",
+    "launch_ns",
+    "launch_end_ns",
+    "launch_tid",
+    "action_id",
+    "name",
+    "file_id",
+    "source_index",
 ]
 TIMELINES = ("auto", "device", "host")
 # One row per pair of device P2P kernels (a send's and its receive's): from matched messages
 # (msg_id >= 0) or, in runs without pipeline actions, the k-th P2P kernel of rank a for b with
 # the k-th of b for a (direction "?" when the trace does not say which side sent).
-DEVICE_PAIR_COLUMNS = ["msg_id", "step", "src_rank", "dst_rank", "direction", "send_start_ns", "send_end_ns",
-                       "recv_start_ns", "recv_end_ns", "waiting_rank", "wait_ns", "transfer_ns"]
+DEVICE_PAIR_COLUMNS = [
+    "msg_id",
+    "step",
+    "src_rank",
+    "dst_rank",
+    "direction",
+    "send_start_ns",
+    "send_end_ns",
+    "recv_start_ns",
+    "recv_end_ns",
+    "waiting_rank",
+    "wait_ns",
+    "transfer_ns",
+]
 
 
 def compute_ns(actions: pd.DataFrame) -> pd.Series:
@@ -80,7 +132,7 @@ def compute_ns(actions: pd.DataFrame) -> pd.Series:
 
 
 def rank_ranges(ranks: list[int], most: int = 8) -> str:
-    """"0-3, 5, 7-9": ranks in order, runs of consecutive ranks as ranges, at most ``most``
+    """ "0-3, 5, 7-9": ranks in order, runs of consecutive ranks as ranges, at most ``most``
     parts (then " ...")."""
     runs: list[list[int]] = []
     for rank in sorted(ranks):
@@ -106,7 +158,7 @@ class Completeness:
     """
 
     world_size: int | None
-    world_size_source: str          # "distributedInfo", "capture.json", "highest rank present", ...
+    world_size_source: str  # "distributedInfo", "capture.json", "highest rank present", ...
     ranks_present: list[int]
     missing_ranks: list[int] = field(default_factory=list)
 
@@ -120,13 +172,16 @@ class Completeness:
         return self.complete and len(self.ranks_present) == 1
 
     def missing_text(self) -> str:
-        """"rank 2 of 4 has no trace (found ranks 0-1, 3)"; "" for a complete run."""
+        """ "rank 2 of 4 has no trace (found ranks 0-1, 3)"; "" for a complete run."""
         if self.complete:
             return ""
         n = len(self.missing_ranks)
         which = f"rank {self.missing_ranks[0]}" if n == 1 else f"{n} ranks ({rank_ranges(self.missing_ranks)})"
-        of = f"of at least {self.world_size}" if self.world_size_source == INFERRED_WORLD_SIZE else \
-            f"of {self.world_size}"
+        of = (
+            f"of at least {self.world_size}"
+            if self.world_size_source == INFERRED_WORLD_SIZE
+            else f"of {self.world_size}"
+        )
         verb = "has" if n == 1 else "have"
         return f"{which} {of} {verb} no trace (found {_ranks_phrase(self.ranks_present)})"
 
@@ -135,20 +190,27 @@ class Completeness:
         if self.complete:
             return ""
         n = len(self.ranks_present)
-        return (f"INCOMPLETE RUN: {self.missing_text()}; world size {self.world_size_text()}: figures "
-                f"cover the {n} rank{'s' if n != 1 else ''} present; the schedule is not recognised "
-                "from a partial pipeline")
+        return (
+            f"INCOMPLETE RUN: {self.missing_text()}; world size {self.world_size_text()}: figures "
+            f"cover the {n} rank{'s' if n != 1 else ''} present; the schedule is not recognised "
+            "from a partial pipeline"
+        )
 
     def world_size_text(self) -> str:
-        """"4 from distributedInfo", "at least 3 (no file states it ...)"."""
+        """ "4 from distributedInfo", "at least 3 (no file states it ...)"."""
         if self.world_size_source == INFERRED_WORLD_SIZE:
             return f"at least {self.world_size} (no file states it; that is the highest rank present + 1)"
         return f"{self.world_size} from {self.world_size_source}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"complete": self.complete, "world_size": self.world_size,
-                "world_size_source": self.world_size_source, "ranks_present": list(self.ranks_present),
-                "missing_ranks": list(self.missing_ranks), "message": self.message()}
+        return {
+            "complete": self.complete,
+            "world_size": self.world_size,
+            "world_size_source": self.world_size_source,
+            "ranks_present": list(self.ranks_present),
+            "missing_ranks": list(self.missing_ranks),
+            "message": self.message(),
+        }
 
 
 def _ranks_phrase(ranks: list[int]) -> str:
@@ -163,13 +225,13 @@ UNRECOGNISED = "unknown"
 class ScheduleInfo:
     """The pipeline schedule recognised from the action order alone."""
 
-    name: str                      # "GPipe", "1F1B", "Interleaved1F1B", ... or "unknown"
-    p: int                         # pipeline ranks
-    v: int                         # stages (model chunks) per rank
-    m: int                         # microbatches per step
-    placement: str                 # "loop" (stage s on rank s mod p) or "v"
+    name: str  # "GPipe", "1F1B", "Interleaved1F1B", ... or "unknown"
+    p: int  # pipeline ranks
+    v: int  # stages (model chunks) per rank
+    m: int  # microbatches per step
+    placement: str  # "loop" (stage s on rank s mod p) or "v"
     stage_to_rank: dict[int, int] = field(default_factory=dict)
-    split_backward: bool = False   # backward split into I and W
+    split_backward: bool = False  # backward split into I and W
     evidence: list[str] = field(default_factory=list)
     # Data-parallel replicas of the pipeline (ranks of each; one group for a single pipeline).
     # p, stage_to_rank and placement describe the first replica.
@@ -196,11 +258,16 @@ class ScheduleInfo:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "name": self.name, "p": self.p, "v": self.v, "m": self.m,
+            "name": self.name,
+            "p": self.p,
+            "v": self.v,
+            "m": self.m,
             "placement": self.placement,
             "stage_to_rank": {str(k): v for k, v in sorted(self.stage_to_rank.items())},
-            "split_backward": self.split_backward, "evidence": list(self.evidence),
-            "replicas": self.replicas, "pipelines": [list(g) for g in self.pipelines],
+            "split_backward": self.split_backward,
+            "evidence": list(self.evidence),
+            "replicas": self.replicas,
+            "pipelines": [list(g) for g in self.pipelines],
             "flush_free": self.flush_free,
         }
 
@@ -209,9 +276,9 @@ class ScheduleInfo:
 class Run:
     """Everything loaded from one run folder."""
 
-    source: str                                   # the folder or file given
+    source: str  # the folder or file given
     files: list[TraceFile]
-    events: pd.DataFrame                          # see tracekit.model.events
+    events: pd.DataFrame  # see tracekit.model.events
     actions: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=ACTION_COLUMNS))
     messages: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=MESSAGE_COLUMNS))
     steps: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=STEP_COLUMNS))
@@ -220,14 +287,14 @@ class Run:
     device_pairs: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=DEVICE_PAIR_COLUMNS))
     # SendRecv kernels of collectives (all_to_all) paired across a two-rank run: not messages
     collective_pairs: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=DEVICE_PAIR_COLUMNS))
-    timeline: str = "host"                        # "device" or "host": see the module doc
+    timeline: str = "host"  # "device" or "host": see the module doc
     # The label table the actions came from ("torch-pp", "megatron-nvtx", "custom", "none":
     # tracekit.reconstruct.labels) and how many ranges each table matched.
     labels: str = "none"
-    actions_from: str = "segmentation"           # "labels" (a table's action rules) or "segmentation"
+    actions_from: str = "segmentation"  # "labels" (a table's action rules) or "segmentation"
     label_counts: dict[str, int] = field(default_factory=dict)
-    capture: dict[str, Any] | None = None         # capture.json beside the traces, if any
-    completeness: Completeness | None = None      # set by the loader; None: not checked
+    capture: dict[str, Any] | None = None  # capture.json beside the traces, if any
+    completeness: Completeness | None = None  # set by the loader; None: not checked
     warnings: list[str] = field(default_factory=list)
 
     @property

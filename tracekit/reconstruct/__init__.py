@@ -1,5 +1,6 @@
 """Reconstruct: turn per-rank events into a pipeline timeline (steps, actions, messages,
 schedule). Works in place on a :class:`tracekit.model.Run`."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -18,8 +19,10 @@ from tracekit.reconstruct.pipelines import pipeline_groups, restage, stage_is_ra
 from tracekit.reconstruct.schedule import recognise, unrecognised
 from tracekit.reconstruct.steps import find_steps
 
-ONE_RANK = ("one rank: no pipeline to analyse (a single rank's trace, and no file says the job had "
-            "more): this is not a pipeline run; per-rank busy/idle only")
+ONE_RANK = (
+    "one rank: no pipeline to analyse (a single rank's trace, and no file says the job had "
+    "more): this is not a pipeline run; per-rank busy/idle only"
+)
 
 
 def reconstruct(run: Run, timeline: str = "auto", labels: LabelSet | Sequence[str] | None = None) -> Run:
@@ -47,13 +50,15 @@ def reconstruct(run: Run, timeline: str = "auto", labels: LabelSet | Sequence[st
         return run
     on_device = dev.has_device_work(run.events)
     if timeline == "device" and not on_device:
-        raise TracekitError(f"{run.source}: --timeline device, but the traces record no device work (no "
-                            "kernel, memcpy or memset): profile with CUDA activity, or use --timeline host")
+        raise TracekitError(
+            f"{run.source}: --timeline device, but the traces record no device work (no "
+            "kernel, memcpy or memset): profile with CUDA activity, or use --timeline host"
+        )
     use_device = on_device and timeline != "host"
     run.timeline = "device" if use_device else "host"
     # CUDA API calls only link device work to the host: never an action's op.
     host_events = _host_events(run) if on_device else run.events
-    run.steps = find_steps(run.events)   # a rank without step marks spans all it recorded
+    run.steps = find_steps(run.events)  # a rank without step marks spans all it recorded
     if on_device:
         run.device = dev.device_ops(run.events, run.steps)
     actions, choice, labelling = find_actions(host_events, run.steps, labels)
@@ -69,11 +74,12 @@ def reconstruct(run: Run, timeline: str = "auto", labels: LabelSet | Sequence[st
     if actions.empty:
         if use_device:
             run.device_pairs = dev.pair_p2p_kernels(run.device, host_events)
-            run.collective_pairs = dev.pair_collective_sendrecv(run.device)   # after P2P kernels are known
+            run.collective_pairs = dev.pair_collective_sendrecv(run.device)  # after P2P kernels are known
         run.warn(no_pipeline_message(run, host_events))
         return run
-    messages, warnings = match_messages(host_events, run.steps, actions,
-                                        consumer_by_kind=run.actions_from == "segmentation")
+    messages, warnings = match_messages(
+        host_events, run.steps, actions, consumer_by_kind=run.actions_from == "segmentation"
+    )
     for message in warnings:
         run.warn(message)
     chain_note = None
@@ -120,10 +126,12 @@ def no_pipeline_message(run: Run, events) -> str:
     expected = run.completeness.world_size if run.completeness is not None else None
     ranks = f"{n_ranks} rank(s)" + (f" of {expected}" if expected and expected != n_ranks else "")
     n_p2p = int(events["name"].isin(SEND_NAMES + RECV_NAMES).sum())
-    return (f"no pipeline-parallel actions found: {ranks}; {describe_annotations(annotation_counts(events))}; "
-            f"{n_p2p} point-to-point op(s). If the annotations name your pipeline's actions, add a rule: "
-            "--label-rule 'REGEX=KIND' (KIND F, B, I, W or kind; groups (?P<stage>..), (?P<mb>..)); "
-            "else this is not a pipeline run: per-rank busy/idle only")
+    return (
+        f"no pipeline-parallel actions found: {ranks}; {describe_annotations(annotation_counts(events))}; "
+        f"{n_p2p} point-to-point op(s). If the annotations name your pipeline's actions, add a rule: "
+        "--label-rule 'REGEX=KIND' (KIND F, B, I, W or kind; groups (?P<stage>..), (?P<mb>..)); "
+        "else this is not a pipeline run: per-rank busy/idle only"
+    )
 
 
 def _on_device(run: Run, messages, host_events) -> None:
@@ -144,12 +152,14 @@ def _on_device(run: Run, messages, host_events) -> None:
     run.actions = dev.device_actions(run.actions, run.device)
     unlinked = int((messages["send_kernel"] < 0).sum()) if len(messages) else 0
     if unlinked:
-        run.warn(f"{unlinked} of {len(messages)} messages have no SendRecv kernel on both sides in the trace; "
-                 "their times are the host's")
+        run.warn(
+            f"{unlinked} of {len(messages)} messages have no SendRecv kernel on both sides in the trace; "
+            "their times are the host's"
+        )
     # Producer and consumer stay those of the host's program order (match_messages).
     run.messages = dev.apply_device_times(messages)
     run.device_pairs = dev.pairs_from_messages(messages)
-    run.collective_pairs = dev.pair_collective_sendrecv(run.device)   # after P2P kernels are known
+    run.collective_pairs = dev.pair_collective_sendrecv(run.device)  # after P2P kernels are known
 
 
 def _host_events(run: Run):

@@ -11,6 +11,7 @@ A label's span includes the receive wait at its start and sends at its end; the 
 span is that of the top-level compute ops inside it (host time around them, between the
 wait's return and the first op, counts as idle and is attributed as overhead).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -46,8 +47,9 @@ def annotation_counts(events: pd.DataFrame) -> dict[str, int]:
     return {str(n): int(c) for n, c in counts.items() if c and not str(n).startswith(STEP_MARK_PREFIX)}
 
 
-def find_actions(events: pd.DataFrame, steps: pd.DataFrame,
-                 custom: LabelSet | None = None) -> tuple[pd.DataFrame, LabelChoice, str]:
+def find_actions(
+    events: pd.DataFrame, steps: pd.DataFrame, custom: LabelSet | None = None
+) -> tuple[pd.DataFrame, LabelChoice, str]:
     """All compute actions of the run, the label table chosen (:mod:`.labels`), and how the
     actions were found (a phrase for the schedule's evidence)."""
     on_cpu = ~events["on_gpu"].to_numpy()
@@ -67,8 +69,12 @@ def find_actions(events: pd.DataFrame, steps: pd.DataFrame,
         keys = pd.MultiIndex.from_arrays([events["rank"], events["pid"], events["tid"]])
         wanted = on_cpu & (keys.isin(threads) | (events["name"] == "gloo:recv").to_numpy())
         cpu = events[wanted]
-        engine = events[on_cpu & ~wanted & (events["depth"].to_numpy() == 0)
-                        & events["name"].str.startswith("autograd::engine").to_numpy(dtype=bool)]
+        engine = events[
+            on_cpu
+            & ~wanted
+            & (events["depth"].to_numpy() == 0)
+            & events["name"].str.startswith("autograd::engine").to_numpy(dtype=bool)
+        ]
         rows = _from_labels(cpu, found, steps, rule_of_name, engine)
         if any(rule.layer_level for rule in rule_of_name.values()):
             rows = _group_layers(rows, events[on_cpu], rule_of_name)
@@ -97,14 +103,17 @@ def _count_microbatches(actions: pd.DataFrame) -> pd.DataFrame:
     return actions
 
 
-def _from_labels(cpu: pd.DataFrame, labels: pd.DataFrame, steps: pd.DataFrame, rule_of_name: dict,
-                 engine: pd.DataFrame) -> list[tuple]:
+def _from_labels(
+    cpu: pd.DataFrame, labels: pd.DataFrame, steps: pd.DataFrame, rule_of_name: dict, engine: pd.DataFrame
+) -> list[tuple]:
     """Actions from labels. ``engine``: top-level autograd ops on other threads (on GPUs the
     autograd engine runs backward on a thread of its own while the labelled thread waits):
     those inside a label are its compute too."""
     rows = []
-    engine_spans = {int(r): (np.sort(g["start_ns"].to_numpy()), g.sort_values("start_ns")["end_ns"].to_numpy())
-                    for r, g in engine.groupby("rank")}
+    engine_spans = {
+        int(r): (np.sort(g["start_ns"].to_numpy()), g.sort_values("start_ns")["end_ns"].to_numpy())
+        for r, g in engine.groupby("rank")
+    }
     for (rank, pid, tid), thread in cpu.groupby(["rank", "pid", "tid"], sort=False):
         thread_labels = labels[(labels["rank"] == rank) & (labels["pid"] == pid) & (labels["tid"] == tid)]
         if thread_labels.empty:
@@ -124,23 +133,46 @@ def _from_labels(cpu: pd.DataFrame, labels: pd.DataFrame, steps: pd.DataFrame, r
                 continue
             lo = np.searchsorted(starts, label.start_ns, side="left")
             hi = np.searchsorted(starts, label.end_ns, side="right")
-            inside = [
-                i for i in range(lo, hi)
-                if ends[i] <= label.end_ns and depths[i] == label.depth + 1
-            ]
+            inside = [i for i in range(lo, hi) if ends[i] <= label.end_ns and depths[i] == label.depth + 1]
             span = _compute_span(label, inside, starts, ends, names, waits)
             span = _with_engine(span, label, engine_spans.get(int(rank)))
             if len(parts) == 1:
                 kind, stage, mb = parts[0]
-                rows.append((int(rank), step, kind, stage, mb, span.start, span.end,
-                             int(label.start_ns), int(label.end_ns), label.name,
-                             int(label.file_id), int(label.source_index)))
+                rows.append(
+                    (
+                        int(rank),
+                        step,
+                        kind,
+                        stage,
+                        mb,
+                        span.start,
+                        span.end,
+                        int(label.start_ns),
+                        int(label.end_ns),
+                        label.name,
+                        int(label.file_id),
+                        int(label.source_index),
+                    )
+                )
             else:
                 split = _first_backward_start(inside, starts, names, span)
                 for (kind, stage, mb), (s, e) in zip(parts, [(span.start, split), (split, span.end)]):
-                    rows.append((int(rank), step, kind, stage, mb, s, e, int(label.start_ns),
-                                 int(label.end_ns), label.name, int(label.file_id),
-                                 int(label.source_index)))
+                    rows.append(
+                        (
+                            int(rank),
+                            step,
+                            kind,
+                            stage,
+                            mb,
+                            s,
+                            e,
+                            int(label.start_ns),
+                            int(label.end_ns),
+                            label.name,
+                            int(label.file_id),
+                            int(label.source_index),
+                        )
+                    )
     return rows
 
 
@@ -159,7 +191,8 @@ def _group_layers(rows: list[tuple], cpu: pd.DataFrame, rule_of_name: dict) -> l
         if current is not None and (current[0], current[1], current[2], current[3]) == (rank, step, kind, stage):
             starts = p2p_starts.get(rank)
             between = starts is not None and bool(
-                np.searchsorted(starts, row[7], side="left") - np.searchsorted(starts, current[8], side="left"))
+                np.searchsorted(starts, row[7], side="left") - np.searchsorted(starts, current[8], side="left")
+            )
             if not between:
                 current[5] = min(current[5], row[5])
                 current[6] = max(current[6], row[6])
@@ -224,18 +257,21 @@ def _segment_unlabelled(events: pd.DataFrame, on_cpu: np.ndarray, steps: pd.Data
     rows = []
     names = events["name"]
     classes = _classes(names)
-    is_mark = (events["cat"] == "user_annotation").to_numpy() & names.str.startswith(STEP_MARK_PREFIX).to_numpy(dtype=bool)
+    is_mark = (events["cat"] == "user_annotation").to_numpy() & names.str.startswith(STEP_MARK_PREFIX).to_numpy(
+        dtype=bool
+    )
     is_backward = (classes == _BACKWARD) & (events["seq"].to_numpy() >= 0)
     is_p2p = names.isin(SEND_NAMES + RECV_NAMES).to_numpy()
     if not (is_mark & on_cpu).any() or not (is_p2p & on_cpu).any():
         return rows  # no step marks or no point-to-point ops: nothing to segment
-    columns = {c: events[c].to_numpy() for c in ("rank", "pid", "tid", "depth", "start_ns", "end_ns", "seq",
-                                                   "file_id", "source_index")}
+    columns = {
+        c: events[c].to_numpy()
+        for c in ("rank", "pid", "tid", "depth", "start_ns", "end_ns", "seq", "file_id", "source_index")
+    }
     columns["class"] = classes
     # Ranges a user or framework wraps around work (a whole-step "train_step" or "1F1B",
     # Megatron's warmup / steady / cooldown phases) hold the ops to segment, not an op.
-    columns["wrapper"] = ((events["cat"] == "user_annotation").to_numpy() & (classes == _FORWARD)
-                          & ~is_mark)
+    columns["wrapper"] = (events["cat"] == "user_annotation").to_numpy() & (classes == _FORWARD) & ~is_mark
     is_mark, is_backward, is_p2p = is_mark & on_cpu, is_backward & on_cpu, is_p2p & on_cpu
     by_key = _sorted_groups(columns, on_cpu, ("rank", "pid", "tid", "depth"))
     # On GPUs the autograd engine runs backward on a thread of its own: its top-level ops
@@ -274,8 +310,11 @@ def _segment_unlabelled(events: pd.DataFrame, on_cpu: np.ndarray, steps: pd.Data
                 # ran. Host work around it on the same thread (a framework loading the
                 # batch, scaling the loss, seeding the gradient) is not the stage's compute;
                 # a run with no such op is bookkeeping between actions, no stage forward.
-                core = [i for i in range(lo, hi) if seq[i] >= 0 and creator.get(int(seq[i])) == i
-                        and int(seq[i]) in has_backward]
+                core = [
+                    i
+                    for i in range(lo, hi)
+                    if seq[i] >= 0 and creator.get(int(seq[i])) == i and int(seq[i]) in has_backward
+                ]
                 if not core:
                     continue
                 lo, hi = core[0], core[-1] + 1
@@ -290,8 +329,22 @@ def _segment_unlabelled(events: pd.DataFrame, on_cpu: np.ndarray, steps: pd.Data
                     continue
                 mb = max(set(owners), key=owners.count)
             first, last = int(ops["start_ns"][lo]), int(ops["end_ns"][lo:hi].max())
-            rows.append((rank, int(step.step), kind, rank, mb, first, last, first, last, "",
-                         int(ops["file_id"][lo]), int(ops["source_index"][lo])))
+            rows.append(
+                (
+                    rank,
+                    int(step.step),
+                    kind,
+                    rank,
+                    mb,
+                    first,
+                    last,
+                    first,
+                    last,
+                    "",
+                    int(ops["file_id"][lo]),
+                    int(ops["source_index"][lo]),
+                )
+            )
     return rows
 
 
@@ -417,8 +470,11 @@ def _runs(classes: np.ndarray) -> list[tuple[str, int, int]]:
     or autograd (B) ops, broken at communication and optimizer ops: (kind, first, end)."""
     change = np.flatnonzero(np.diff(classes)) + 1
     bounds = np.concatenate(([0], change, [len(classes)]))
-    return [("F" if classes[lo] == _FORWARD else "B", int(lo), int(hi))
-            for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo and classes[lo] != _BREAK]
+    return [
+        ("F" if classes[lo] == _FORWARD else "B", int(lo), int(hi))
+        for lo, hi in zip(bounds[:-1], bounds[1:])
+        if hi > lo and classes[lo] != _BREAK
+    ]
 
 
 _BREAK, _FORWARD, _BACKWARD = 0, 1, 2

@@ -14,6 +14,7 @@ A backward belongs to the forward whose autograd sequence numbers it consumed (t
 segmentation's ``microbatch`` of a backward is its forward's index on the rank), so it
 takes that forward's stage and microbatch.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -26,11 +27,14 @@ def restage_from_chains(actions: pd.DataFrame, messages: pd.DataFrame) -> tuple[
     placement (each stage on one rank, every forward placed)."""
     if actions.empty or messages.empty:
         return actions, None
-    fwd = messages[(messages["direction"] == "fwd") & (messages["consumer_action"] >= 0)
-                   & (messages["producer_action"] >= 0)]
+    fwd = messages[
+        (messages["direction"] == "fwd") & (messages["consumer_action"] >= 0) & (messages["producer_action"] >= 0)
+    ]
     kind = actions.set_index("action_id")["kind"]
-    fwd = fwd[(kind.reindex(fwd["consumer_action"]).to_numpy() == "F")
-              & (kind.reindex(fwd["producer_action"]).to_numpy() == "F")]
+    fwd = fwd[
+        (kind.reindex(fwd["consumer_action"]).to_numpy() == "F")
+        & (kind.reindex(fwd["producer_action"]).to_numpy() == "F")
+    ]
     fed_by = dict(zip(fwd["consumer_action"].tolist(), fwd["producer_action"].tolist()))
     stage: dict[int, int] = {}
     mb: dict[int, int] = {}
@@ -62,24 +66,30 @@ def restage_from_chains(actions: pd.DataFrame, messages: pd.DataFrame) -> tuple[
     placed = forwards.assign(stage=forwards["action_id"].map(stage), microbatch=forwards["action_id"].map(mb))
     ranks_of_stage = placed.groupby("stage")["rank"].nunique()
     if (ranks_of_stage != 1).any() or placed.groupby(["step", "stage"])["microbatch"].apply(
-            lambda s: s.duplicated().any()).any():
+        lambda s: s.duplicated().any()
+    ).any():
         return actions, None
-    if placed.groupby(["step", "rank"])["stage"].nunique().max() <= 1 and \
-            (placed["stage"] == placed["rank"]).all():
+    if placed.groupby(["step", "rank"])["stage"].nunique().max() <= 1 and (placed["stage"] == placed["rank"]).all():
         return actions, None  # one stage per rank: the rank already says it
     # A backward's segmentation microbatch is its forward's index on (rank, step).
     placed = placed.assign(index=placed.groupby(["rank", "step"]).cumcount())
-    by_index = {(int(r), int(s), int(i)): (int(st), int(m)) for r, s, i, st, m in
-                placed[["rank", "step", "index", "stage", "microbatch"]].itertuples(index=False)}
+    by_index = {
+        (int(r), int(s), int(i)): (int(st), int(m))
+        for r, s, i, st, m in placed[["rank", "step", "index", "stage", "microbatch"]].itertuples(index=False)
+    }
     out = actions.copy()
     out.loc[placed.index, ["stage", "microbatch"]] = placed[["stage", "microbatch"]].to_numpy()
     backward = out.index[out["kind"] != "F"]
-    new = [by_index.get((int(r), int(s), int(i))) for r, s, i in
-           out.loc[backward, ["rank", "step", "microbatch"]].itertuples(index=False)]
+    new = [
+        by_index.get((int(r), int(s), int(i)))
+        for r, s, i in out.loc[backward, ["rank", "step", "microbatch"]].itertuples(index=False)
+    ]
     if any(x is None for x in new):
         return actions, None
     out.loc[backward, ["stage", "microbatch"]] = np.array(new, dtype=np.int64)
     n_stages = int(placed["stage"].max()) + 1
     p = int(placed["rank"].nunique())
-    return out, (f"stages read from the forward chains: activations leave the last rank for the first, "
-                 f"{n_stages} stages on {p} ranks")
+    return out, (
+        f"stages read from the forward chains: activations leave the last rank for the first, "
+        f"{n_stages} stages on {p} ranks"
+    )

@@ -8,6 +8,7 @@ Each matched message bounds the offset: with host B's clock ahead of A's by ``x`
 midpoint (NTP's symmetric-delay estimate) is the offset used. Hosts are aligned to the
 host of the lowest rank, walking the graph of hosts that exchanged messages.
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -40,8 +41,10 @@ def estimate_offsets(files: list[TraceFile], messages: pd.DataFrame) -> tuple[di
     dst_host = messages["dst_rank"].map(hosts)
     crossing = messages[src_host != dst_host].assign(src_host=src_host, dst_host=dst_host)
     if crossing.empty:
-        return {}, [f"ranks are on {len(set(hosts.values()))} clocks and no message crosses between "
-                    "them: their clocks cannot be aligned; times across them may be off"]
+        return {}, [
+            f"ranks are on {len(set(hosts.values()))} clocks and no message crosses between "
+            "them: their clocks cannot be aligned; times across them may be off"
+        ]
     # fastest apparent delay per ordered host pair
     crossing = crossing.assign(apparent=crossing["recv_done_ns"] - crossing["send_post_ns"])
     fastest = crossing.groupby(["src_host", "dst_host"])["apparent"].min().to_dict()
@@ -54,14 +57,14 @@ def estimate_offsets(files: list[TraceFile], messages: pd.DataFrame) -> tuple[di
             for here, there in ((s, d), (d, s)):
                 if here != a or there in offset:
                     continue
-                ahead = fastest.get((here, there))      # there's clock minus here's, plus delay
-                behind = fastest.get((there, here))     # here's clock minus there's, plus delay
+                ahead = fastest.get((here, there))  # there's clock minus here's, plus delay
+                behind = fastest.get((there, here))  # here's clock minus there's, plus delay
                 if ahead is not None and behind is not None:
                     x = (ahead - behind) // 2
                 elif ahead is not None:
-                    x = min(0, ahead)                   # only bound: x <= ahead
+                    x = min(0, ahead)  # only bound: x <= ahead
                 else:
-                    x = max(0, -behind)                 # only bound: x >= -behind
+                    x = max(0, -behind)  # only bound: x >= -behind
                 offset[there] = offset[a] + int(x)
                 queue.append(there)
     notes = []
@@ -71,8 +74,9 @@ def estimate_offsets(files: list[TraceFile], messages: pd.DataFrame) -> tuple[di
     shifts = {rank: offset[h] for rank, h in hosts.items() if offset.get(h, 0) != 0}
     if shifts:
         by_host = sorted({(h, offset[h]) for h in offset if offset[h] != 0})
-        notes.append("aligned clocks from message timing: " +
-                     ", ".join(f"{h} {off / 1e3:+.1f} us" for h, off in by_host))
+        notes.append(
+            "aligned clocks from message timing: " + ", ".join(f"{h} {off / 1e3:+.1f} us" for h, off in by_host)
+        )
     return shifts, notes
 
 

@@ -2,6 +2,7 @@
 kind: p·v·m forwards and as many backwards (or input-grads and weight-grads). A run whose
 actions do not add up was read wrongly (actions merged or split, a stage mistaken for
 another) or recorded partly; either way its schedule should not be trusted silently."""
+
 from __future__ import annotations
 
 import pandas as pd
@@ -34,7 +35,9 @@ def count_problems(actions: pd.DataFrame, schedule: ScheduleInfo, limit: int = 3
         return []
     kinds = parts
     shown = "; ".join(off[:limit]) + (f"; and {len(off) - limit} more" if len(off) > limit else "")
-    return [f"the actions do not add up to p·v·m per kind ({schedule.p}·{schedule.v}·{schedule.m}·{len(kinds)} = "
-            f"{len(stages) * schedule.m * len(kinds)} a step{' per replica' if replicas > 1 else ''}): {shown}; the schedule read from them "
-            "may be wrong (actions merged or split, or a step cut off): check the labels (--label-rule) "
-            "or the trace"]
+    return [
+        f"the actions do not add up to p·v·m per kind ({schedule.p}·{schedule.v}·{schedule.m}·{len(kinds)} = "
+        f"{len(stages) * schedule.m * len(kinds)} a step{' per replica' if replicas > 1 else ''}): {shown}; the schedule read from them "
+        "may be wrong (actions merged or split, or a step cut off): check the labels (--label-rule) "
+        "or the trace"
+    ]

@@ -7,6 +7,7 @@ another run, or the traces are not what the user meant to record (a schedule obj
 built but not stepped, a microbatch count changed after the manifest was written); either is
 worth one warning. The traces' reading stands: they are what ran.
 """
+
 from __future__ import annotations
 
 import re
@@ -19,8 +20,17 @@ from tracekit.model.run import UNRECOGNISED, ScheduleInfo
 _RECOGNISED_AS = {"pipedream2bw": "PipeDream-2BW (no flush)", "terapipe": "TeraPipe (token slices)"}
 # Names tracekit can recognise; a declared name outside them (a schedule of one's own, the
 # generic _PipelineScheduleRuntime) is not compared.
-_KNOWN = {"gpipe", "1f1b", "interleaved1f1b", "loopedbfs", "interleavedzerobubble", "zbvzerobubble",
-          "dualpipev", "zerobubblezbh1", *_RECOGNISED_AS}
+_KNOWN = {
+    "gpipe",
+    "1f1b",
+    "interleaved1f1b",
+    "loopedbfs",
+    "interleavedzerobubble",
+    "zbvzerobubble",
+    "dualpipev",
+    "zerobubblezbh1",
+    *_RECOGNISED_AS,
+}
 
 
 def _key(name: str) -> str:
@@ -55,5 +65,7 @@ def declared_mismatch(capture: dict[str, Any] | None, schedule: ScheduleInfo | N
             seen.append(f"stages on ranks {[schedule.stage_to_rank.get(s, -1) for s in range(len(listed))]}")
     if not declared:
         return None
-    return (f"capture.json declares {', '.join(declared)}; the traces show {', '.join(seen)}: the analysis "
-            "follows the traces; check that capture.json belongs to this run")
+    return (
+        f"capture.json declares {', '.join(declared)}; the traces show {', '.join(seen)}: the analysis "
+        "follows the traces; check that capture.json belongs to this run"
+    )

@@ -21,6 +21,7 @@ pipeline is measured on the device:
 - **Clocks** (:func:`device_clock_offsets`): the two kernels of one message end together,
   which bounds each rank's clock against its peer's far tighter than host-side timing.
 """
+
 from __future__ import annotations
 
 import re
@@ -39,8 +40,19 @@ _P2P_KERNEL = re.compile(r"SendRecv", re.IGNORECASE)
 # Nsight Systems' reader names the kernels it proved P2P by their launch this way.
 NSYS_P2P_PREFIX = "nccl:SendRecv|"
 
-MESSAGE_DEVICE_COLUMNS = ["send_kernel", "recv_kernel", "send_start_ns", "send_end_ns", "recv_start_ns",
-                          "recv_end_ns", "waiting_rank", "wait_ns", "transfer_ns", "recv_queued", "leave_ns"]
+MESSAGE_DEVICE_COLUMNS = [
+    "send_kernel",
+    "recv_kernel",
+    "send_start_ns",
+    "send_end_ns",
+    "recv_start_ns",
+    "recv_end_ns",
+    "waiting_rank",
+    "wait_ns",
+    "transfer_ns",
+    "recv_queued",
+    "leave_ns",
+]
 
 
 def has_device_work(events: pd.DataFrame) -> bool:
@@ -51,12 +63,14 @@ def device_ops(events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     """One row per device op (see :data:`tracekit.model.run.DEVICE_OP_COLUMNS`), sorted by
     rank and start; ``action_id`` is -1 until :func:`device_actions` fills it."""
     on_device = events["on_gpu"].to_numpy() & events["cat"].isin(DEVICE_CATEGORIES).to_numpy()
-    ops = events.loc[on_device, ["rank", "name", "start_ns", "end_ns", "tid", "correlation", "file_id",
-                                 "source_index"]]
-    launches = events.loc[(events["cat"] == "runtime").to_numpy() & (events["correlation"].to_numpy() >= 0),
-                          ["rank", "correlation", "start_ns", "end_ns", "tid"]]
+    ops = events.loc[on_device, ["rank", "name", "start_ns", "end_ns", "tid", "correlation", "file_id", "source_index"]]
+    launches = events.loc[
+        (events["cat"] == "runtime").to_numpy() & (events["correlation"].to_numpy() >= 0),
+        ["rank", "correlation", "start_ns", "end_ns", "tid"],
+    ]
     launches = launches.drop_duplicates(["rank", "correlation"]).rename(
-        columns={"start_ns": "launch_ns", "end_ns": "launch_end_ns", "tid": "launch_tid"})
+        columns={"start_ns": "launch_ns", "end_ns": "launch_end_ns", "tid": "launch_tid"}
+    )
     ops = ops.reset_index(drop=True)
     linked = ops[ops["correlation"] >= 0].reset_index().merge(launches, on=["rank", "correlation"], how="inner")
     n = len(ops)
@@ -75,17 +89,32 @@ def device_ops(events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     if not isinstance(names.dtype, pd.CategoricalDtype):
         names = names.astype(str).astype("category")
     # decided once per distinct name (a few hundred) rather than per op (tens of thousands)
-    kinds = np.array(["p2p" if str(c).startswith(NSYS_P2P_PREFIX) else
-                      "collective" if _COMM_KERNEL.search(str(c)) else "compute"
-                      for c in names.cat.categories] or ["compute"], dtype=object)
+    kinds = np.array(
+        [
+            "p2p" if str(c).startswith(NSYS_P2P_PREFIX) else "collective" if _COMM_KERNEL.search(str(c)) else "compute"
+            for c in names.cat.categories
+        ]
+        or ["compute"],
+        dtype=object,
+    )
     kind = kinds[names.cat.codes.to_numpy()] if n else np.zeros(0, dtype=object)
-    table = pd.DataFrame({
-        "rank": ranks, "step": step, "kind": kind, "start_ns": starts,
-        "end_ns": ops["end_ns"].to_numpy(np.int64), "stream": ops["tid"].to_numpy(np.int64),
-        "launch_ns": launch_ns, "launch_end_ns": launch_end_ns, "launch_tid": launch_tid,
-        "action_id": np.full(n, -1, dtype=np.int64), "name": names.to_numpy(),
-        "file_id": ops["file_id"].to_numpy(np.int64), "source_index": ops["source_index"].to_numpy(np.int64),
-    })
+    table = pd.DataFrame(
+        {
+            "rank": ranks,
+            "step": step,
+            "kind": kind,
+            "start_ns": starts,
+            "end_ns": ops["end_ns"].to_numpy(np.int64),
+            "stream": ops["tid"].to_numpy(np.int64),
+            "launch_ns": launch_ns,
+            "launch_end_ns": launch_end_ns,
+            "launch_tid": launch_tid,
+            "action_id": np.full(n, -1, dtype=np.int64),
+            "name": names.to_numpy(),
+            "file_id": ops["file_id"].to_numpy(np.int64),
+            "source_index": ops["source_index"].to_numpy(np.int64),
+        }
+    )
     table = table.sort_values(["rank", "start_ns", "end_ns"], kind="stable").reset_index(drop=True)
     table.insert(0, "op_id", np.arange(len(table), dtype=np.int64))
     return table[DEVICE_OP_COLUMNS]
@@ -101,8 +130,10 @@ def link_p2p_kernels(ops: pd.DataFrame, host_p2p: pd.DataFrame) -> np.ndarray:
     if comm.empty or host_p2p.empty:
         return out
     comm = comm.sort_values("launch_ns")
-    by_thread = {key: (g["launch_ns"].to_numpy(np.int64), g["op_id"].to_numpy(np.int64))
-                 for key, g in comm.groupby(["rank", "launch_tid"])}
+    by_thread = {
+        key: (g["launch_ns"].to_numpy(np.int64), g["op_id"].to_numpy(np.int64))
+        for key, g in comm.groupby(["rank", "launch_tid"])
+    }
     ranks, tids = host_p2p["rank"].to_numpy(), host_p2p["tid"].to_numpy()
     starts = host_p2p["start_ns"].to_numpy(np.int64)
     for i in range(len(host_p2p)):
@@ -165,9 +196,18 @@ def device_actions(actions: pd.DataFrame, ops: pd.DataFrame) -> pd.DataFrame:
 
 def _union_per_group(ops: pd.DataFrame, key: str) -> pd.Series:
     """Length of the union of the ops' [start, end) intervals, per value of ``key``."""
-    return pd.Series({k: union_length(g["start_ns"].to_numpy(np.int64), g["end_ns"].to_numpy(np.int64),
-                                      int(g["start_ns"].min()), int(g["end_ns"].max()))
-                      for k, g in ops.groupby(key, sort=False)}, dtype="int64")
+    return pd.Series(
+        {
+            k: union_length(
+                g["start_ns"].to_numpy(np.int64),
+                g["end_ns"].to_numpy(np.int64),
+                int(g["start_ns"].min()),
+                int(g["end_ns"].max()),
+            )
+            for k, g in ops.groupby(key, sort=False)
+        },
+        dtype="int64",
+    )
 
 
 def _fill_empty(actions: pd.DataFrame) -> None:
@@ -209,8 +249,9 @@ def device_messages(messages: pd.DataFrame, ops: pd.DataFrame, events: pd.DataFr
         return out
     host = host_p2p_ops(events)
     kernels = link_p2p_kernels(ops, host)
-    side = pd.Series(kernels, index=pd.MultiIndex.from_arrays(
-        [host["file_id"].to_numpy(), host["source_index"].to_numpy()]))
+    side = pd.Series(
+        kernels, index=pd.MultiIndex.from_arrays([host["file_id"].to_numpy(), host["source_index"].to_numpy()])
+    )
     side = side[~side.index.duplicated()]
     send_k = side.reindex(pd.MultiIndex.from_arrays([out["src_file_id"], out["src_source_index"]])).to_numpy()
     recv_k = side.reindex(pd.MultiIndex.from_arrays([out["dst_file_id"], out["dst_source_index"]])).to_numpy()
@@ -237,9 +278,14 @@ def kernel_times(messages: pd.DataFrame, ops: pd.DataFrame) -> pd.DataFrame:
             column = np.full(len(out), -1, dtype=np.int64)
             column[known] = by_id.loc[ids[known], f"{edge}_ns"].to_numpy(np.int64)
             times[f"{side}_{edge}_ns"] = out[f"{side}_{edge}_ns"] = column
-    waiting, wait, transfer = wait_and_transfer(times["send_start_ns"], times["send_end_ns"], times["recv_start_ns"],
-                                                times["recv_end_ns"], out["src_rank"].to_numpy(),
-                                                out["dst_rank"].to_numpy())
+    waiting, wait, transfer = wait_and_transfer(
+        times["send_start_ns"],
+        times["send_end_ns"],
+        times["recv_start_ns"],
+        times["recv_end_ns"],
+        out["src_rank"].to_numpy(),
+        out["dst_rank"].to_numpy(),
+    )
     out["waiting_rank"] = np.where(known, waiting, -1)
     out["wait_ns"] = np.where(known, wait, -1)
     out["transfer_ns"] = np.where(known, transfer, -1)
@@ -253,8 +299,11 @@ def wait_and_transfer(a_start, a_end, b_start, b_end, a_rank, b_rank) -> tuple[n
     a_start, a_end, b_start, b_end = (np.asarray(x, dtype=np.int64) for x in (a_start, a_end, b_start, b_end))
     later = np.maximum(a_start, b_start)
     waiting = np.where(a_start < b_start, a_rank, np.where(b_start < a_start, b_rank, -1))
-    return (waiting.astype(np.int64), later - np.minimum(a_start, b_start),
-            np.maximum(np.minimum(a_end, b_end) - later, 0))
+    return (
+        waiting.astype(np.int64),
+        later - np.minimum(a_start, b_start),
+        np.maximum(np.minimum(a_end, b_end) - later, 0),
+    )
 
 
 # A kernel that starts within this of the previous kernel's end on its stream waited for it.
@@ -270,7 +319,8 @@ def _queued_behind_p2p(ops: pd.DataFrame, op_ids: np.ndarray) -> np.ndarray:
         return out
     ordered = ops.sort_values(["rank", "stream", "start_ns"])
     same_stream = (ordered["rank"].to_numpy()[1:] == ordered["rank"].to_numpy()[:-1]) & (
-        ordered["stream"].to_numpy()[1:] == ordered["stream"].to_numpy()[:-1])
+        ordered["stream"].to_numpy()[1:] == ordered["stream"].to_numpy()[:-1]
+    )
     prev_end = np.full(len(ordered), -1, dtype=np.int64)
     prev_p2p = np.zeros(len(ordered), dtype=bool)
     prev_end[1:] = np.where(same_stream, ordered["end_ns"].to_numpy(np.int64)[:-1], -1)
@@ -290,8 +340,11 @@ def apply_device_times(messages: pd.DataFrame) -> pd.DataFrame:
     known = out["send_kernel"].to_numpy() >= 0
     if not known.any():
         return out
-    for col, src in (("send_post_ns", "send_start_ns"), ("recv_post_ns", "recv_start_ns"),
-                     ("recv_done_ns", "recv_end_ns")):
+    for col, src in (
+        ("send_post_ns", "send_start_ns"),
+        ("recv_post_ns", "recv_start_ns"),
+        ("recv_done_ns", "recv_end_ns"),
+    ):
         out.loc[known, col] = out.loc[known, src]
     # The data could be there one transfer after the send kernel began: what the receiver's
     # kernel spent spinning past that, it spent waiting for its own rank to post the receive
@@ -301,8 +354,9 @@ def apply_device_times(messages: pd.DataFrame) -> pd.DataFrame:
     # (rendezvous: the replay adds ``transfer_ns`` from the later of the two). A receive queued
     # behind the link's earlier messages on its stream was held by the link, not its rank: the
     # data could leave only when that queue let it.
-    leave = out["send_start_ns"].where(~out["recv_queued"].astype(bool),
-                                       np.maximum(out["send_start_ns"], out["recv_start_ns"]))
+    leave = out["send_start_ns"].where(
+        ~out["recv_queued"].astype(bool), np.maximum(out["send_start_ns"], out["recv_start_ns"])
+    )
     out["leave_ns"] = np.where(known, leave, -1)
     spin = np.where(out["waiting_rank"].to_numpy() == out["dst_rank"].to_numpy(), out["wait_ns"].to_numpy(), 0)
     out.loc[known, "recv_wait_ns"] = spin[known]
@@ -327,8 +381,9 @@ def device_clock_offsets(messages: pd.DataFrame, hosts: dict[int, str]) -> tuple
     separate = {int(r) for r in np.concatenate((src[acausal], dst[acausal]))}
     clock = {}
     for r in ranks:
-        clock[r] = f"host:{named[r]}" if r in named and r not in separate else (
-            f"rank:{r}" if r in separate else "shared")
+        clock[r] = (
+            f"host:{named[r]}" if r in named and r not in separate else (f"rank:{r}" if r in separate else "shared")
+        )
     if len(set(clock.values())) <= 1:
         return {}, []
     diff = known["recv_end_ns"].to_numpy(np.int64) - known["send_end_ns"].to_numpy(np.int64)
@@ -353,17 +408,26 @@ def device_clock_offsets(messages: pd.DataFrame, hosts: dict[int, str]) -> tuple
     if unreached:
         notes.append(f"clocks {', '.join(unreached)} exchanged no device message with the others: not aligned")
     if shifts:
-        why = (f"{len(separate)} rank(s) received messages before they were sent" if separate
-               else "ranks are on different hosts")
-        notes.append("aligned clocks from device P2P kernels (a send and its receive end together; " + why + "): "
-                     + ", ".join(f"rank {r} {s / 1e3:+.1f} us" for r, s in sorted(shifts.items())))
+        why = (
+            f"{len(separate)} rank(s) received messages before they were sent"
+            if separate
+            else "ranks are on different hosts"
+        )
+        notes.append(
+            "aligned clocks from device P2P kernels (a send and its receive end together; "
+            + why
+            + "): "
+            + ", ".join(f"rank {r} {s / 1e3:+.1f} us" for r, s in sorted(shifts.items()))
+        )
     return shifts, notes
 
 
 def pairs_from_messages(messages: pd.DataFrame) -> pd.DataFrame:
     """The device P2P pairs of matched messages whose kernels are known on both sides."""
     known = messages[messages["send_kernel"] >= 0]
-    return known[DEVICE_PAIR_COLUMNS].reset_index(drop=True) if len(known) else pd.DataFrame(columns=DEVICE_PAIR_COLUMNS)
+    return (
+        known[DEVICE_PAIR_COLUMNS].reset_index(drop=True) if len(known) else pd.DataFrame(columns=DEVICE_PAIR_COLUMNS)
+    )
 
 
 def pair_p2p_kernels(ops: pd.DataFrame, events: pd.DataFrame) -> pd.DataFrame:
@@ -395,8 +459,11 @@ def pair_p2p_kernels(ops: pd.DataFrame, events: pd.DataFrame) -> pd.DataFrame:
             sides.append((int(row.op_id), int(row.rank), peer, "?"))
     if not sides:
         return pd.DataFrame(columns=DEVICE_PAIR_COLUMNS)
-    table = pd.DataFrame(sides, columns=["op_id", "rank", "peer", "direction"]).merge(
-        ops[["op_id", "start_ns", "end_ns", "step"]], on="op_id").sort_values("start_ns", kind="stable")
+    table = (
+        pd.DataFrame(sides, columns=["op_id", "rank", "peer", "direction"])
+        .merge(ops[["op_id", "start_ns", "end_ns", "step"]], on="op_id")
+        .sort_values("start_ns", kind="stable")
+    )
     groups = {k: g for k, g in table.groupby(["rank", "peer", "direction"])}
     rows = []
     for (a, b, direction), side_a in sorted(groups.items()):
@@ -408,16 +475,29 @@ def pair_p2p_kernels(ops: pd.DataFrame, events: pd.DataFrame) -> pd.DataFrame:
             continue
         if side_b is None:
             continue
-        rows += [_pair_row(a, b, s, r, "?") for s, r in zip(side_a.itertuples(index=False),
-                                                           side_b.itertuples(index=False))]
+        rows += [
+            _pair_row(a, b, s, r, "?") for s, r in zip(side_a.itertuples(index=False), side_b.itertuples(index=False))
+        ]
     return pd.DataFrame(rows, columns=DEVICE_PAIR_COLUMNS)
 
 
 def _pair_row(a: int, b: int, s, r, direction: str) -> tuple:
     """One pair of kernels (``s`` on rank a, ``r`` on rank b) as a DEVICE_PAIR_COLUMNS row."""
     waiting, wait, transfer = wait_and_transfer(s.start_ns, s.end_ns, r.start_ns, r.end_ns, a, b)
-    return (-1, int(s.step), a, b, direction, int(s.start_ns), int(s.end_ns), int(r.start_ns), int(r.end_ns),
-            int(waiting), int(wait), int(transfer))
+    return (
+        -1,
+        int(s.step),
+        a,
+        b,
+        direction,
+        int(s.start_ns),
+        int(s.end_ns),
+        int(r.start_ns),
+        int(r.end_ns),
+        int(waiting),
+        int(wait),
+        int(transfer),
+    )
 
 
 def pair_collective_sendrecv(ops: pd.DataFrame) -> pd.DataFrame:
@@ -426,14 +506,18 @@ def pair_collective_sendrecv(ops: pd.DataFrame) -> pd.DataFrame:
     P2P kernels do, so wait and transfer mean the same, but they are collectives, never
     pipeline messages (``direction`` "collective"). Runs of other sizes: none (which rank's
     kernel meets which is not in the trace)."""
-    sendrecv = ops[(ops["kind"] == "collective").to_numpy()
-                   & ops["name"].astype(str).str.contains(_P2P_KERNEL).to_numpy(dtype=bool)]
+    sendrecv = ops[
+        (ops["kind"] == "collective").to_numpy()
+        & ops["name"].astype(str).str.contains(_P2P_KERNEL).to_numpy(dtype=bool)
+    ]
     ranks = sorted(int(r) for r in ops["rank"].unique())
     if sendrecv.empty or len(ranks) != 2:
         return pd.DataFrame(columns=DEVICE_PAIR_COLUMNS)
     a, b = ranks
     side_a = sendrecv[sendrecv["rank"] == a].sort_values("start_ns")
     side_b = sendrecv[sendrecv["rank"] == b].sort_values("start_ns")
-    rows = [_pair_row(a, b, s, r, "collective") for s, r in zip(side_a.itertuples(index=False),
-                                                                   side_b.itertuples(index=False))]
+    rows = [
+        _pair_row(a, b, s, r, "collective")
+        for s, r in zip(side_a.itertuples(index=False), side_b.itertuples(index=False))
+    ]
     return pd.DataFrame(rows, columns=DEVICE_PAIR_COLUMNS)

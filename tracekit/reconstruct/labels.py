@@ -24,6 +24,7 @@ shared/docs/trace-formats.md); the one whose action rules match the most ranges 
 reported (``labels: torch-pp``). User rules (``--label-rule``, ``[tool.tracekit.labels]``)
 come first; where they match nothing the built-in tables are tried and a warning says so.
 """
+
 from __future__ import annotations
 
 import re
@@ -34,8 +35,18 @@ from tracekit.errors import TracekitError
 ACTION_ROLES = ("F", "B", "I", "W", "kind", "FB")
 ROLES = ACTION_ROLES + ("comm", "marker")
 _GROUPS = {"stage", "mb", "kind", "bstage", "bmb"}
-_KIND_WORDS = {"f": "F", "forward": "F", "fwd": "F", "b": "B", "backward": "B", "bwd": "B",
-               "i": "I", "input": "I", "w": "W", "weight": "W"}
+_KIND_WORDS = {
+    "f": "F",
+    "forward": "F",
+    "fwd": "F",
+    "b": "B",
+    "backward": "B",
+    "bwd": "B",
+    "i": "I",
+    "input": "I",
+    "w": "W",
+    "weight": "W",
+}
 
 
 @dataclass(frozen=True)
@@ -103,23 +114,37 @@ def _set(name: str, what: str, *rules: tuple[str, str]) -> LabelSet:
 
 #: What the frameworks write, most specific first.
 BUILTIN: tuple[LabelSet, ...] = (
-    _set("torch-pp", "torch.distributed.pipelining runtime schedules (PP:<stage><kind><mb>)",
-         (r"^PP:(?P<stage>\d+)(?P<kind>[FIBW])(?P<mb>\d+)$", "kind"),
-         (r"^PP:\((?P<stage>\d+)F(?P<mb>\d+);(?P<bstage>\d+)B(?P<bmb>\d+)\)OVERLAP_F_B$", "FB"),
-         (r"^PP:\d+(SEND|RECV)_[FB]\d+$", "comm"),
-         (r"^PP:\d+(UNSHARD|RESHARD|REDUCE_GRAD)", "comm")),
-    _set("torch-gpipe", "torch.distributed.pipelining ScheduleGPipe (Forward <mb> / Backward <mb>)",
-         (r"^(?P<kind>Forward|Backward) (?P<mb>\d+)$", "kind")),
-    _set("layer-suffix", "hand-labelled layers with the action kind in a suffix (attn(F), mlp(B), ...)",
-         (r"^[\w.:/ -]+\((?P<kind>[FBIW])\)$", "kind")),
-    _set("megatron-nvtx", "Megatron-LM's NVTX ranges: schedule phases and p2p_communication functions",
-         (r"pipeline_parallel\.p2p_communication\.", "comm"),
-         (r"pipeline_parallel\.schedules\.\w+\.(warmup|steady|cooldown)$", "marker"),
-         (r"pipeline_parallel\.schedules\.forward_backward", "marker")),
-    _set("deepspeed-nvtx", "DeepSpeed's NVTX ranges (DeepSpeedEngine.forward per microbatch, .backward on "
-         "the last stage only)",
-         (r"^DeepSpeedEngine\.(forward|backward|step)$", "marker"),
-         (r"^PipelineEngine\.", "marker")),
+    _set(
+        "torch-pp",
+        "torch.distributed.pipelining runtime schedules (PP:<stage><kind><mb>)",
+        (r"^PP:(?P<stage>\d+)(?P<kind>[FIBW])(?P<mb>\d+)$", "kind"),
+        (r"^PP:\((?P<stage>\d+)F(?P<mb>\d+);(?P<bstage>\d+)B(?P<bmb>\d+)\)OVERLAP_F_B$", "FB"),
+        (r"^PP:\d+(SEND|RECV)_[FB]\d+$", "comm"),
+        (r"^PP:\d+(UNSHARD|RESHARD|REDUCE_GRAD)", "comm"),
+    ),
+    _set(
+        "torch-gpipe",
+        "torch.distributed.pipelining ScheduleGPipe (Forward <mb> / Backward <mb>)",
+        (r"^(?P<kind>Forward|Backward) (?P<mb>\d+)$", "kind"),
+    ),
+    _set(
+        "layer-suffix",
+        "hand-labelled layers with the action kind in a suffix (attn(F), mlp(B), ...)",
+        (r"^[\w.:/ -]+\((?P<kind>[FBIW])\)$", "kind"),
+    ),
+    _set(
+        "megatron-nvtx",
+        "Megatron-LM's NVTX ranges: schedule phases and p2p_communication functions",
+        (r"pipeline_parallel\.p2p_communication\.", "comm"),
+        (r"pipeline_parallel\.schedules\.\w+\.(warmup|steady|cooldown)$", "marker"),
+        (r"pipeline_parallel\.schedules\.forward_backward", "marker"),
+    ),
+    _set(
+        "deepspeed-nvtx",
+        "DeepSpeed's NVTX ranges (DeepSpeedEngine.forward per microbatch, .backward on the last stage only)",
+        (r"^DeepSpeedEngine\.(forward|backward|step)$", "marker"),
+        (r"^PipelineEngine\.", "marker"),
+    ),
 )
 
 
@@ -130,8 +155,9 @@ def parse_rule(text: str, origin: str) -> LabelRule:
     """``REGEX=KIND`` (split at the last ``=``) as a rule; a bad one is one line."""
     pattern, sep, role = text.rpartition("=")
     if not sep or not pattern:
-        raise TracekitError(f"{origin} {text!r}: write REGEX=KIND, e.g. 'fwd_(?P<mb>\\d+)=F' "
-                            f"(KIND: {', '.join(ROLES)})")
+        raise TracekitError(
+            f"{origin} {text!r}: write REGEX=KIND, e.g. 'fwd_(?P<mb>\\d+)=F' (KIND: {', '.join(ROLES)})"
+        )
     return rule_of(pattern, role.strip(), origin)
 
 
@@ -144,17 +170,22 @@ def rule_of(pattern: str, role: str, origin: str) -> LabelRule:
         raise TracekitError(f"{origin} {pattern!r}: not a regular expression ({err})") from None
     unknown = set(rule.regex.groupindex) - _GROUPS
     if unknown:
-        raise TracekitError(f"{origin} {pattern!r}: unknown group(s) {', '.join(sorted(unknown))}; "
-                            f"name groups {', '.join(sorted(_GROUPS))} (or use (?:...))")
+        raise TracekitError(
+            f"{origin} {pattern!r}: unknown group(s) {', '.join(sorted(unknown))}; "
+            f"name groups {', '.join(sorted(_GROUPS))} (or use (?:...))"
+        )
     if role == "kind" and "kind" not in rule.regex.groupindex:
         raise TracekitError(f"{origin} {pattern!r}: KIND 'kind' needs a group (?P<kind>...) holding F, B, I or W")
     if _NESTED_REPEAT.search(pattern):
         # (a+)+ style patterns backtrack exponentially on a near-miss: a hang, not an answer
-        raise TracekitError(f"{origin} {pattern!r}: a repeated group that repeats inside ((x+)+, (x*)*) can take "
-                            "exponential time on names that almost match; repeat the group once, e.g. (x+)")
+        raise TracekitError(
+            f"{origin} {pattern!r}: a repeated group that repeats inside ((x+)+, (x*)*) can take "
+            "exponential time on names that almost match; repeat the group once, e.g. (x+)"
+        )
     if rule.regex.search("") is not None:
-        raise TracekitError(f"{origin} {pattern!r}: matches the empty name, so every range; anchor it, "
-                            "e.g. '^fwd_(?P<mb>\\d+)$'")
+        raise TracekitError(
+            f"{origin} {pattern!r}: matches the empty name, so every range; anchor it, e.g. '^fwd_(?P<mb>\\d+)$'"
+        )
     return rule
 
 
@@ -169,9 +200,9 @@ def custom_set(rules: list[LabelRule]) -> LabelSet | None:
 class LabelChoice:
     """Which table labelled the run, and what each table matched (for the report)."""
 
-    used: LabelSet | None                       # the table whose action rules gave the actions
-    markers: list[LabelSet] = field(default_factory=list)   # tables that matched only non-actions
-    counts: dict[str, int] = field(default_factory=dict)    # table name -> ranges matched
+    used: LabelSet | None  # the table whose action rules gave the actions
+    markers: list[LabelSet] = field(default_factory=list)  # tables that matched only non-actions
+    counts: dict[str, int] = field(default_factory=dict)  # table name -> ranges matched
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -198,8 +229,10 @@ def choose(names_and_counts: dict[str, int], custom: LabelSet | None) -> LabelCh
         if actions + other:
             choice.counts[table.name] = actions + other
         if table is custom and not actions:
-            choice.notes.append(f"--label-rule / [tool.tracekit.labels]: no rule matched an action range "
-                                f"({custom.what}); {_top_names(names_and_counts)}")
+            choice.notes.append(
+                f"--label-rule / [tool.tracekit.labels]: no rule matched an action range "
+                f"({custom.what}); {_top_names(names_and_counts)}"
+            )
         if actions and best is None:
             best = (actions, table)  # user rules first, then the most specific built-in table
         elif not actions and other and table is not custom:
@@ -222,7 +255,7 @@ def _top_names(names_and_counts: dict[str, int], k: int = 3) -> str:
 
 
 def describe_annotations(names_and_counts: dict[str, int]) -> str:
-    """"40 user annotations, top: `attn(F)` ×4, ..." for a run where no pipeline was found."""
+    """ "40 user annotations, top: `attn(F)` ×4, ..." for a run where no pipeline was found."""
     total = sum(names_and_counts.values())
     if not total:
         return "no user annotations"
@@ -234,10 +267,14 @@ def describe_annotations(names_and_counts: dict[str, int]) -> str:
 # rank, receive from it, send to the next, receive from it; _batched_p2p_ops).
 MEGATRON_P2P = re.compile(r"pipeline_parallel\.p2p_communication\.(?P<fn>\w+)$")
 _MEGATRON_WAYS = {
-    "recv_forward": ((), ("prev",)), "recv_backward": ((), ("next",)),
-    "send_forward": (("next",), ()), "send_backward": (("prev",), ()),
-    "send_forward_recv_backward": (("next",), ("next",)), "send_backward_recv_forward": (("prev",), ("prev",)),
-    "send_forward_recv_forward": (("next",), ("prev",)), "send_backward_recv_backward": (("prev",), ("next",)),
+    "recv_forward": ((), ("prev",)),
+    "recv_backward": ((), ("next",)),
+    "send_forward": (("next",), ()),
+    "send_backward": (("prev",), ()),
+    "send_forward_recv_backward": (("next",), ("next",)),
+    "send_backward_recv_forward": (("prev",), ("prev",)),
+    "send_forward_recv_forward": (("next",), ("prev",)),
+    "send_backward_recv_backward": (("prev",), ("next",)),
     "send_forward_backward_recv_forward_backward": (("prev", "next"), ("prev", "next")),
 }
 

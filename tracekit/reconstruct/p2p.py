@@ -10,6 +10,7 @@ is tied to the compute action that produced it (last action on the sender that e
 before the send was posted) and the one that consumed it (first action on the receiver
 that started after the data was there).
 """
+
 from __future__ import annotations
 
 import re
@@ -71,12 +72,11 @@ def host_p2p_ops(events: pd.DataFrame) -> pd.DataFrame:
     ops = cpu[chosen].assign(direction=np.where(is_send[chosen], "send", "recv"))
     if ops.empty:
         return ops
-    title_peer = titles[3].to_numpy()[chosen]   # "<own rank>-><dst>", "<own rank><-<src>"
+    title_peer = titles[3].to_numpy()[chosen]  # "<own rank>-><dst>", "<own rank><-<src>"
     peer = ops["peer"].to_numpy(np.int64).copy()
     from_title = is_title[chosen] & (peer < 0)
     peer[from_title] = title_peer[from_title].astype(np.int64)
-    ops = ops.assign(peer=peer).sort_values(["rank", "tid", "start_ns", "end_ns"],
-                                            ascending=[True, True, True, False])
+    ops = ops.assign(peer=peer).sort_values(["rank", "tid", "start_ns", "end_ns"], ascending=[True, True, True, False])
     keep = np.ones(len(ops), dtype=bool)
     peer = ops["peer"].to_numpy(np.int64).copy()
     nbytes = ops["nbytes"].to_numpy(np.int64).copy()
@@ -84,8 +84,13 @@ def host_p2p_ops(events: pd.DataFrame) -> pd.DataFrame:
     start, end = ops["start_ns"].to_numpy(np.int64), ops["end_ns"].to_numpy(np.int64)
     outer = -1
     for i in range(len(ops)):
-        if (outer >= 0 and rank[i] == rank[outer] and tid[i] == tid[outer] and direction[i] == direction[outer]
-                and start[i] <= end[outer]):
+        if (
+            outer >= 0
+            and rank[i] == rank[outer]
+            and tid[i] == tid[outer]
+            and direction[i] == direction[outer]
+            and start[i] <= end[outer]
+        ):
             keep[i] = False
             if peer[outer] < 0:
                 peer[outer] = peer[i]
@@ -96,8 +101,9 @@ def host_p2p_ops(events: pd.DataFrame) -> pd.DataFrame:
     return ops.assign(peer=peer, nbytes=nbytes)[keep]
 
 
-def match_messages(events: pd.DataFrame, steps: pd.DataFrame, actions: pd.DataFrame,
-                   consumer_by_kind: bool = False) -> tuple[pd.DataFrame, list[str]]:
+def match_messages(
+    events: pd.DataFrame, steps: pd.DataFrame, actions: pd.DataFrame, consumer_by_kind: bool = False
+) -> tuple[pd.DataFrame, list[str]]:
     """Pair sends with receives; return the messages table and warnings.
 
     ``consumer_by_kind``: an activation's consumer is the receiver's next forward and a
@@ -115,8 +121,10 @@ def match_messages(events: pd.DataFrame, steps: pd.DataFrame, actions: pd.DataFr
     recvs = recvs.assign(done_ns=_recv_done_times(events, recvs))
     sends, recvs, named = _peers_from_ranges(sends, recvs, events)
     if named:
-        warnings.append(f"{named} send/recv ops name no peer rank; their peers are read from the framework's "
-                        "P2P ranges around them (Megatron's p2p_communication functions)")
+        warnings.append(
+            f"{named} send/recv ops name no peer rank; their peers are read from the framework's "
+            "P2P ranges around them (Megatron's p2p_communication functions)"
+        )
     unknown_before = int((sends["peer"] < 0).sum() + (recvs["peer"] < 0).sum())
     if unknown_before:
         sends, recvs = _infer_peers(sends, recvs, actions)
@@ -139,22 +147,34 @@ def match_messages(events: pd.DataFrame, steps: pd.DataFrame, actions: pd.DataFr
     known_recvs = known_recvs.assign(k=known_recvs.groupby(keys[:4]).cumcount())
     pairs = known_sends[keys + ["start_ns", "nbytes", "file_id", "source_index"]].merge(
         known_recvs[keys + ["start_ns", "done_ns", "nbytes", "file_id", "source_index", "tid"]],
-        on=keys, suffixes=("_s", "_r"))
+        on=keys,
+        suffixes=("_s", "_r"),
+    )
     pairs = pairs.assign(dst_step=pairs["step"])
     pairs = pd.concat([pairs, _across_steps(known_sends, known_recvs, pairs)], ignore_index=True)
     unmatched_sends = len(known_sends) - len(pairs)
     unmatched_recvs = len(known_recvs) - len(pairs)
-    size_mismatch = int(((pairs["nbytes_s"] >= 0) & (pairs["nbytes_r"] >= 0)
-                         & (pairs["nbytes_s"] != pairs["nbytes_r"])).sum())
-    messages = pd.DataFrame({
-        "step": pairs["step"], "src_rank": pairs["src_rank"], "dst_rank": pairs["dst_rank"],
-        "tag": pairs["tag"], "nbytes": np.maximum(pairs["nbytes_s"], pairs["nbytes_r"]),
-        "send_post_ns": pairs["start_ns_s"], "recv_post_ns": pairs["start_ns_r"],
-        "recv_done_ns": pairs["done_ns"],
-        "src_file_id": pairs["file_id_s"], "src_source_index": pairs["source_index_s"],
-        "dst_file_id": pairs["file_id_r"], "dst_source_index": pairs["source_index_r"],
-        "dst_tid": pairs["tid"], "dst_step": pairs["dst_step"],
-    }).astype("int64")
+    size_mismatch = int(
+        ((pairs["nbytes_s"] >= 0) & (pairs["nbytes_r"] >= 0) & (pairs["nbytes_s"] != pairs["nbytes_r"])).sum()
+    )
+    messages = pd.DataFrame(
+        {
+            "step": pairs["step"],
+            "src_rank": pairs["src_rank"],
+            "dst_rank": pairs["dst_rank"],
+            "tag": pairs["tag"],
+            "nbytes": np.maximum(pairs["nbytes_s"], pairs["nbytes_r"]),
+            "send_post_ns": pairs["start_ns_s"],
+            "recv_post_ns": pairs["start_ns_r"],
+            "recv_done_ns": pairs["done_ns"],
+            "src_file_id": pairs["file_id_s"],
+            "src_source_index": pairs["source_index_s"],
+            "dst_file_id": pairs["file_id_r"],
+            "dst_source_index": pairs["source_index_r"],
+            "dst_tid": pairs["tid"],
+            "dst_step": pairs["dst_step"],
+        }
+    ).astype("int64")
     if unmatched_sends or unmatched_recvs:
         warnings.append(
             f"{unmatched_sends} sends and {unmatched_recvs} receives have no partner in the "
@@ -189,13 +209,16 @@ def _across_steps(sends: pd.DataFrame, recvs: pd.DataFrame, pairs: pd.DataFrame)
     left_r = left_r.sort_values("start_ns").assign(j=lambda f: f.groupby(by).cumcount())
     cross = left_s[by + ["j", "step", "k", "start_ns", "nbytes", "file_id", "source_index"]].merge(
         left_r[by + ["j", "step", "start_ns", "done_ns", "nbytes", "file_id", "source_index", "tid"]],
-        on=by + ["j"], suffixes=("_s", "_r"))
+        on=by + ["j"],
+        suffixes=("_s", "_r"),
+    )
     cross = cross[cross["step_r"] == cross["step_s"] + 1]
     return cross.rename(columns={"step_s": "step", "step_r": "dst_step"}).drop(columns="j")
 
 
-def _peers_from_ranges(sends: pd.DataFrame, recvs: pd.DataFrame,
-                       events: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, int]:
+def _peers_from_ranges(
+    sends: pd.DataFrame, recvs: pd.DataFrame, events: pd.DataFrame
+) -> tuple[pd.DataFrame, pd.DataFrame, int]:
     """Peers of P2P ops that name none, from a framework range around them that says which
     way they go (:func:`tracekit.reconstruct.labels.p2p_ways`): the next or previous rank of
     the pipeline, wrapping around as Megatron's ranks do. A range whose op count differs
@@ -216,7 +239,7 @@ def _peers_from_ranges(sends: pd.DataFrame, recvs: pd.DataFrame,
 
     sends, recvs = sends.copy(), recvs.copy()
     named = 0
-    ambiguous: list[tuple[int, int, int]] = []   # (side, row, rank) of lone ops either way
+    ambiguous: list[tuple[int, int, int]] = []  # (side, row, rank) of lone ops either way
     for (rank, tid), group in ranges.groupby(["rank", "tid"]):
         group = group.sort_values("start_ns")
         r_start, r_end = group["start_ns"].to_numpy(), group["end_ns"].to_numpy()
@@ -247,8 +270,9 @@ def _peers_from_ranges(sends: pd.DataFrame, recvs: pd.DataFrame,
     return sends, recvs, named
 
 
-def _settle_by_counts(ambiguous: list[tuple[int, int, int]], sends: pd.DataFrame, recvs: pd.DataFrame,
-                      peer_of, max_choices: int = 256) -> int:
+def _settle_by_counts(
+    ambiguous: list[tuple[int, int, int]], sends: pd.DataFrame, recvs: pd.DataFrame, peer_of, max_choices: int = 256
+) -> int:
     """Peers of lone ops that could go either way, from the other side: a rank's peer
     posted as many matching ops as it has partners. Of the ways to pick which ops go to the
     next rank, the one whose pairs (in posting order) never deliver before the send was
@@ -366,8 +390,12 @@ def _link_actions(messages: pd.DataFrame, actions: pd.DataFrame, consumer_by_kin
     by_rank_step = {}
     for key, group in actions.groupby(["rank", "step"]):
         group = group.sort_values("start_ns")
-        by_rank_step[key] = (group["start_ns"].to_numpy(), group["end_ns"].to_numpy(),
-                             group["action_id"].to_numpy(), group["kind"].to_numpy())
+        by_rank_step[key] = (
+            group["start_ns"].to_numpy(),
+            group["end_ns"].to_numpy(),
+            group["action_id"].to_numpy(),
+            group["kind"].to_numpy(),
+        )
     src, dst, step = (messages[c].tolist() for c in ("src_rank", "dst_rank", "step"))
     dst_step = messages["dst_step"].tolist() if "dst_step" in messages else step
     posted, done = messages["send_post_ns"].to_numpy(), messages["recv_done_ns"].to_numpy()
@@ -447,8 +475,10 @@ def estimate_arrivals(messages: pd.DataFrame, actions: pd.DataFrame, events: pd.
     action_ends = {int(r): np.sort(g["end_ns"].to_numpy(dtype=np.int64)) for r, g in actions.groupby("rank")}
     ends_by_id = dict(zip(actions["action_id"], actions["end_ns"]))
     comm = cpu[cpu["name"].str.startswith(("c10d::", "record_param_comms"))]
-    comm_ends = {(int(r), int(tid)): np.sort(g["end_ns"].to_numpy(dtype=np.int64))
-                 for (r, tid), g in comm.groupby(["rank", "tid"])}
+    comm_ends = {
+        (int(r), int(tid)): np.sort(g["end_ns"].to_numpy(dtype=np.int64))
+        for (r, tid), g in comm.groupby(["rank", "tid"])
+    }
     done = messages["recv_done_ns"].to_numpy(dtype=np.int64)
     posted = messages["recv_post_ns"].to_numpy(dtype=np.int64)
     dst = messages["dst_rank"].to_numpy(dtype=np.int64)
@@ -462,8 +492,9 @@ def estimate_arrivals(messages: pd.DataFrame, actions: pd.DataFrame, events: pd.
             if k > 0:
                 ready = max(ready, int(ends[k - 1]))
         wait_start[i] = min(ready, done[i])
-    produced = np.array([ends_by_id.get(a, s) for a, s in zip(messages["producer_action"], messages["send_post_ns"])],
-                        dtype=np.int64)
+    produced = np.array(
+        [ends_by_id.get(a, s) for a, s in zip(messages["producer_action"], messages["send_post_ns"])], dtype=np.int64
+    )
     leaves = np.minimum(np.maximum(messages["send_post_ns"].to_numpy(dtype=np.int64), produced), done)
     messages["recv_wait_ns"] = done - wait_start
     messages["arrival_ns"] = leaves + done - np.maximum(wait_start, leaves)

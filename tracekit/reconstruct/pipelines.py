@@ -10,6 +10,7 @@ messages are one replica. The split is used only when it is unambiguous: every g
 same number of ranks (two or more) and runs the same set of stages. Anything else (a rank's
 trace missing, so its pipeline looks broken in two) stays one pipeline, as before.
 """
+
 from __future__ import annotations
 
 import pandas as pd

@@ -14,6 +14,7 @@ Two designs beyond torch's schedules:
   (attention over a longer prefix). Without that growth, the order alone is reported as
   GPipe with the reversed backwards in the evidence.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -27,8 +28,9 @@ TERAPIPE_NAME = "TeraPipe (token slices)"
 SLICE_GROWTH_MIN = 1.2
 
 
-def recognise(actions: pd.DataFrame, overlap_labels: bool = False,
-              pipelines: list[list[int]] | None = None) -> ScheduleInfo | None:
+def recognise(
+    actions: pd.DataFrame, overlap_labels: bool = False, pipelines: list[list[int]] | None = None
+) -> ScheduleInfo | None:
     """Name the schedule that produced these actions; None when there are none.
 
     ``pipelines``: the ranks of each data-parallel replica (:mod:`.pipelines`); p, the
@@ -43,7 +45,8 @@ def recognise(actions: pd.DataFrame, overlap_labels: bool = False,
             f"{len(pipelines)} data-parallel replicas of {len(first)} ranks each "
             f"({', '.join(_span(g) for g in pipelines[:4])}{' ...' if len(pipelines) > 4 else ''}), "
             "found from which ranks exchange messages; the schedule is read from ranks "
-            f"{_span(first)}")
+            f"{_span(first)}"
+        )
         actions = actions[actions["rank"].isin(first)]
     ranks = sorted(actions["rank"].unique())
     p = len(ranks)
@@ -63,18 +66,23 @@ def recognise(actions: pd.DataFrame, overlap_labels: bool = False,
     placement = _placement(stage_to_rank, ranks, p)
     kinds = set(actions["kind"].unique())
     split_backward = "W" in kinds
-    evidence.append(f"{n_stages} stages on {p} ranks ({placement} placement), {m} microbatches per step"
-                    + (" (backwards per step: one weight update every m)" if flush_free else ""))
+    evidence.append(
+        f"{n_stages} stages on {p} ranks ({placement} placement), {m} microbatches per step"
+        + (" (backwards per step: one weight update every m)" if flush_free else "")
+    )
     if flush_free:
         ids = actions["microbatch"]
         evidence.append(
             f"no flush: {crossing} (stage, microbatch) pairs have their forward in one step and their "
             f"backward in the next (in flight over the weight update); microbatch ids run on across steps "
-            f"({int(ids.min())}..{int(ids.max())})")
+            f"({int(ids.min())}..{int(ids.max())})"
+        )
     if flush_free and not split_backward and v == 1 and not overlap_labels:
         name = FLUSH_FREE_NAME
-        evidence.append("one forward one backward in steady state with no flush between steps: PipeDream-2BW "
-                        "(weight versions are not in the trace; original PipeDream would show m=1)")
+        evidence.append(
+            "one forward one backward in steady state with no flush between steps: PipeDream-2BW "
+            "(weight versions are not in the trace; original PipeDream would show m=1)"
+        )
     elif overlap_labels:
         name = "DualPipeV"
         evidence.append("OVERLAP_F_B actions (forward and backward fused) present")
@@ -91,7 +99,8 @@ def recognise(actions: pd.DataFrame, overlap_labels: bool = False,
         else:
             name = "LoopedBFS" if all_forward_first else "Interleaved1F1B"
         evidence.append(
-            "every rank runs all its forwards before any backward" if all_forward_first
+            "every rank runs all its forwards before any backward"
+            if all_forward_first
             else "ranks interleave forwards and backwards (one-forward-one-backward steady state)"
         )
         if all_forward_first and v == 1 and m > 1 and _backwards_reversed(actions):
@@ -101,12 +110,22 @@ def recognise(actions: pd.DataFrame, overlap_labels: bool = False,
                 name = TERAPIPE_NAME
                 evidence.append(
                     f"each microbatch's compute grows with its index on every stage (last / first >= "
-                    f"{growth:.2f}x): token slices of one sequence, attention over a growing prefix")
+                    f"{growth:.2f}x): token slices of one sequence, attention over a growing prefix"
+                )
     if flush_free and name != FLUSH_FREE_NAME:
         evidence.append("no flush between steps although the order is that of a flushed schedule")
-    return ScheduleInfo(name=name, p=p, v=v, m=m, placement=placement, stage_to_rank=stage_to_rank,
-                        split_backward=split_backward, evidence=evidence,
-                        pipelines=[list(g) for g in pipelines], flush_free=flush_free)
+    return ScheduleInfo(
+        name=name,
+        p=p,
+        v=v,
+        m=m,
+        placement=placement,
+        stage_to_rank=stage_to_rank,
+        split_backward=split_backward,
+        evidence=evidence,
+        pipelines=[list(g) for g in pipelines],
+        flush_free=flush_free,
+    )
 
 
 def _microbatches_across_steps(actions: pd.DataFrame) -> int:
@@ -165,20 +184,26 @@ def unrecognised(actions: pd.DataFrame, completeness: Completeness) -> ScheduleI
     present = completeness.ranks_present
     v = max(1, len(stage_to_rank) // max(len(present), 1))
     evidence = [
-        f"incomplete run: {completeness.missing_text()}; the schedule is not recognised from a "
-        "partial pipeline",
+        f"incomplete run: {completeness.missing_text()}; the schedule is not recognised from a partial pipeline",
         f"p={completeness.world_size} is the job's world size ({completeness.world_size_source}); "
         "data-parallel replicas cannot be told apart with ranks missing",
         f"{len(stage_to_rank)} stages seen on the {len(present)} ranks present, {m} microbatches per step",
     ]
-    return ScheduleInfo(name=UNRECOGNISED, p=int(completeness.world_size or len(present)), v=v, m=m,
-                        placement="custom", stage_to_rank=stage_to_rank,
-                        split_backward=bool((actions["kind"] == "W").any()), evidence=evidence,
-                        pipelines=[list(present)])
+    return ScheduleInfo(
+        name=UNRECOGNISED,
+        p=int(completeness.world_size or len(present)),
+        v=v,
+        m=m,
+        placement="custom",
+        stage_to_rank=stage_to_rank,
+        split_backward=bool((actions["kind"] == "W").any()),
+        evidence=evidence,
+        pipelines=[list(present)],
+    )
 
 
 def _span(ranks: list[int]) -> str:
-    """"0-3" for a contiguous run of ranks, else the list."""
+    """ "0-3" for a contiguous run of ranks, else the list."""
     if ranks == list(range(ranks[0], ranks[-1] + 1)):
         return f"{ranks[0]}-{ranks[-1]}"
     return ",".join(map(str, ranks))

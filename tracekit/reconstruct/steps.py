@@ -1,4 +1,5 @@
 """Training steps: ``ProfilerStep#N`` spans on each rank's main thread."""
+
 from __future__ import annotations
 
 import re
@@ -28,8 +29,14 @@ def find_steps(events: pd.DataFrame) -> pd.DataFrame:
     for rank in np.unique(ranks):
         if int(rank) not in marked:
             mine = ranks == rank
-            rows.append((int(rank), 0, int(events["start_ns"].to_numpy()[mine].min()),
-                         int(events["end_ns"].to_numpy()[mine].max())))
+            rows.append(
+                (
+                    int(rank),
+                    0,
+                    int(events["start_ns"].to_numpy()[mine].min()),
+                    int(events["end_ns"].to_numpy()[mine].max()),
+                )
+            )
     steps = pd.DataFrame(rows, columns=STEP_COLUMNS[:4])
     steps["n_actions"] = 0
     return steps.sort_values(["rank", "step"]).reset_index(drop=True)

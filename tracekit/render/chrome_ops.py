@@ -10,6 +10,7 @@ device timeline (GPU runs) the kernels, copies and sets the action launched, whi
 its device span; where two of them overlap (several streams), the later one is left out
 (counted in ``otherData.counts.ops_left_out``), since slices on one thread must nest.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -19,8 +20,8 @@ import pandas as pd
 
 from tracekit.model.run import Run
 
-OP_LEVELS = 2          # the action's top-level ops and the ops directly inside them
-_HOST_CATS = ("cpu_op", "user_annotation", "nvtx")   # nvtx: an Nsight Systems report's ranges
+OP_LEVELS = 2  # the action's top-level ops and the ops directly inside them
+_HOST_CATS = ("cpu_op", "user_annotation", "nvtx")  # nvtx: an Nsight Systems report's ranges
 
 Add = Callable[[int, str, int, int, int, str, str, dict], None]
 
@@ -45,7 +46,7 @@ def _host_ops(run: Run, add: Add, action_track: dict[int, tuple]) -> int:
             continue
         try:
             pid, tid = source.loc[(int(action.file_id), int(action.source_index))]
-        except KeyError:   # the action's event is not a host op or range (nothing to nest under it)
+        except KeyError:  # the action's event is not a host op or range (nothing to nest under it)
             continue
         thread = threads.get((int(action.rank), int(pid), int(tid)))
         if thread is None:
@@ -58,9 +59,21 @@ def _host_ops(run: Run, add: Add, action_track: dict[int, tuple]) -> int:
         inside = inside[inside["depth"].to_numpy() < top + OP_LEVELS]
         key = action_track[int(action.action_id)][0]
         for op in inside.itertuples(index=False):
-            add(key[0], key[1], key[2], int(op.start_ns), int(op.end_ns), str(op.name), str(op.cat),
-                {"action_id": int(action.action_id), "depth": int(op.depth), "source_file": names[int(op.file_id)],
-                 "source_index": int(op.source_index)})
+            add(
+                key[0],
+                key[1],
+                key[2],
+                int(op.start_ns),
+                int(op.end_ns),
+                str(op.name),
+                str(op.cat),
+                {
+                    "action_id": int(action.action_id),
+                    "depth": int(op.depth),
+                    "source_file": names[int(op.file_id)],
+                    "source_index": int(op.source_index),
+                },
+            )
             added += 1
     return added
 
@@ -75,12 +88,25 @@ def _device_ops(run: Run, add: Add, action_track: dict[int, tuple]) -> tuple[int
         key, start, end = action_track[int(action_id)]
         busy_until = start
         for op in _inside(ops.sort_values(["start_ns", "end_ns"]), start, end).itertuples(index=False):
-            if int(op.start_ns) < busy_until:      # overlaps the op before it (another stream)
+            if int(op.start_ns) < busy_until:  # overlaps the op before it (another stream)
                 left_out += 1
                 continue
-            add(key[0], key[1], key[2], int(op.start_ns), int(op.end_ns), str(op.name), "device",
-                {"action_id": int(action_id), "kind": str(op.kind), "stream": int(op.stream), "source_file": names[int(op.file_id)],
-                 "source_index": int(op.source_index)})
+            add(
+                key[0],
+                key[1],
+                key[2],
+                int(op.start_ns),
+                int(op.end_ns),
+                str(op.name),
+                "device",
+                {
+                    "action_id": int(action_id),
+                    "kind": str(op.kind),
+                    "stream": int(op.stream),
+                    "source_file": names[int(op.file_id)],
+                    "source_index": int(op.source_index),
+                },
+            )
             busy_until = int(op.end_ns)
             added += 1
     return added, left_out

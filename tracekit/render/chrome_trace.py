@@ -22,6 +22,7 @@ spread over extra threads (``compute (2)``, ...). Bubbles do overlap: step windo
 global (first compute start to last compute end over all ranks), so one step's drain on a
 rank can overlap the next step's warm-up; the second lies on ``bubbles (2)``.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -35,7 +36,7 @@ from tracekit.analyze.intervals import idle_intervals
 from tracekit.errors import TracekitError
 from tracekit.version import __version__
 
-TRACKS = ("compute", "bubbles", "p2p", "steps")   # top to bottom within a rank
+TRACKS = ("compute", "bubbles", "p2p", "steps")  # top to bottom within a rank
 
 
 @dataclass
@@ -59,8 +60,9 @@ class _Tracks:
                 self.tids[key] = index
                 name = key[1] if key[2] == 0 else f"{key[1]} ({key[2] + 1})"
                 out.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": index, "args": {"name": name}})
-                out.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": index,
-                            "args": {"sort_index": index}})
+                out.append(
+                    {"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": index, "args": {"sort_index": index}}
+                )
         return out
 
 
@@ -89,32 +91,61 @@ def to_chrome_trace(analysis: Analysis, with_ops: bool = False) -> dict:
     action's original ops nested under it (:mod:`tracekit.render.chrome_ops`)."""
     run = analysis.run
     if not run.is_pipeline:
-        raise TracekitError(f"{run.source}: no pipeline actions found, so there is nothing to merge; "
-                            "open the rank traces themselves in Perfetto")
+        raise TracekitError(
+            f"{run.source}: no pipeline actions found, so there is nothing to merge; "
+            "open the rank traces themselves in Perfetto"
+        )
     origin = int(run.events["start_ns"].min())
 
     def us(ns) -> float:
         return round((int(ns) - origin) / 1000, 3)
 
     tracks = _Tracks(ranks=run.ranks)
-    slices: list[tuple[tuple[int, str, int], dict]] = []      # track key -> X event (tid set at the end)
+    slices: list[tuple[tuple[int, str, int], dict]] = []  # track key -> X event (tid set at the end)
     names = [f.path.name for f in run.files]
 
     def add(rank: int, track: str, lane: int, start_ns: int, end_ns: int, name: str, cat: str, args: dict) -> None:
         key = (rank, track, lane)
         tracks.tid(*key)
-        slices.append((key, {"ph": "X", "name": name, "cat": cat, "pid": pid_of(rank), "ts": us(start_ns),
-                             "dur": round((int(end_ns) - int(start_ns)) / 1000, 3), "args": args}))
+        slices.append(
+            (
+                key,
+                {
+                    "ph": "X",
+                    "name": name,
+                    "cat": cat,
+                    "pid": pid_of(rank),
+                    "ts": us(start_ns),
+                    "dur": round((int(end_ns) - int(start_ns)) / 1000, 3),
+                    "args": args,
+                },
+            )
+        )
 
     action_track: dict[int, tuple] = {}
     for rank, group in run.actions.groupby("rank", sort=True):
         for row, lane in zip(group.itertuples(index=False), lanes(list(group["start_ns"]), list(group["end_ns"]))):
             mb = row.microbatch if row.microbatch >= 0 else "?"
-            add(int(rank), "compute", lane, row.start_ns, row.end_ns, f"{row.kind} s{row.stage} mb{mb}", "compute", {
-                "action_id": int(row.action_id), "kind": row.kind, "stage": int(row.stage),
-                "microbatch": int(row.microbatch), "step": int(row.step),
-                "duration_ns": int(row.end_ns - row.start_ns), "label": row.label,
-                "source_file": names[int(row.file_id)], "source_index": int(row.source_index)})
+            add(
+                int(rank),
+                "compute",
+                lane,
+                row.start_ns,
+                row.end_ns,
+                f"{row.kind} s{row.stage} mb{mb}",
+                "compute",
+                {
+                    "action_id": int(row.action_id),
+                    "kind": row.kind,
+                    "stage": int(row.stage),
+                    "microbatch": int(row.microbatch),
+                    "step": int(row.step),
+                    "duration_ns": int(row.end_ns - row.start_ns),
+                    "label": row.label,
+                    "source_file": names[int(row.file_id)],
+                    "source_index": int(row.source_index),
+                },
+            )
             action_track[int(row.action_id)] = ((int(rank), "compute", lane), int(row.start_ns), int(row.end_ns))
 
     op_counts = {}
@@ -128,15 +159,31 @@ def to_chrome_trace(analysis: Analysis, with_ops: bool = False) -> dict:
     for rank, group in intervals.groupby("rank", sort=True):
         # step windows are global, so one step's drain on a rank can overlap the next one's warm-up
         for row, lane in zip(group.itertuples(index=False), lanes(list(group["start_ns"]), list(group["end_ns"]))):
-            add(int(rank), "bubbles", lane, row.start_ns, row.end_ns, row.cause, "bubble",
-                {"cause": row.cause, "step": int(row.step), "duration_ns": int(row.end_ns - row.start_ns)})
+            add(
+                int(rank),
+                "bubbles",
+                lane,
+                row.start_ns,
+                row.end_ns,
+                row.cause,
+                "bubble",
+                {"cause": row.cause, "step": int(row.step), "duration_ns": int(row.end_ns - row.start_ns)},
+            )
 
     send_track = _p2p_ops(run, add)
     flows = _flows(run, us, tracks, action_track, send_track)
 
     for step in run.steps.itertuples(index=False):
-        add(int(step.rank), "steps", 0, step.step_start_ns, step.step_end_ns, f"step {step.step}", "step",
-            {"step": int(step.step), "n_actions": int(step.n_actions)})
+        add(
+            int(step.rank),
+            "steps",
+            0,
+            step.step_start_ns,
+            step.step_end_ns,
+            f"step {step.step}",
+            "step",
+            {"step": int(step.step), "n_actions": int(step.n_actions)},
+        )
 
     metadata = tracks.metadata()
     for key, event in slices:
@@ -149,8 +196,9 @@ def to_chrome_trace(analysis: Analysis, with_ops: bool = False) -> dict:
     if run.completeness is not None and not run.completeness.complete:
         warnings.append(run.completeness.message())
     if clocks != ["unix"] and len(run.files) > 1:
-        warnings.append(f"the files' clocks are {', '.join(clocks)}, not all wall-clock time: ranks may not "
-                        "line up in time")
+        warnings.append(
+            f"the files' clocks are {', '.join(clocks)}, not all wall-clock time: ranks may not line up in time"
+        )
     return {
         "traceEvents": metadata + timeline,
         "displayTimeUnit": "ms",
@@ -160,8 +208,14 @@ def to_chrome_trace(analysis: Analysis, with_ops: bool = False) -> dict:
             "origin_ns": origin,
             "schedule": run.schedule.to_dict() if run.schedule else None,
             "bubble_ratio": round(analysis.summary.bubble_ratio, 6),
-            "counts": {"ranks": len(run.ranks), "actions": int(len(run.actions)), "messages": int(len(run.messages)),
-                       "flows": len(flows) // 2, "idle_intervals": int(len(intervals)), **op_counts},
+            "counts": {
+                "ranks": len(run.ranks),
+                "actions": int(len(run.actions)),
+                "messages": int(len(run.messages)),
+                "flows": len(flows) // 2,
+                "idle_intervals": int(len(intervals)),
+                **op_counts,
+            },
             "warnings": warnings,
         },
     }
@@ -171,23 +225,50 @@ def _p2p_ops(run, add) -> dict[int, tuple]:
     """The send and receive op of every message on its rank's p2p track; msg_id -> the send op's
     (track key, start, end), for arrows that have no producing action to start from."""
     msgs = run.messages
-    wanted = set(zip(msgs["src_file_id"], msgs["src_source_index"])) | set(zip(msgs["dst_file_id"], msgs["dst_source_index"]))
+    wanted = set(zip(msgs["src_file_id"], msgs["src_source_index"])) | set(
+        zip(msgs["dst_file_id"], msgs["dst_source_index"])
+    )
     ev = run.events
     ev = ev[[key in wanted for key in zip(ev["file_id"], ev["source_index"])]]
-    op_of = {(int(f), int(i)): (int(s), int(e), str(n)) for f, i, s, e, n in
-             zip(ev["file_id"], ev["source_index"], ev["start_ns"], ev["end_ns"], ev["name"])}
-    ops = []   # (rank, start, end, name, args, msg_id, is_send)
+    op_of = {
+        (int(f), int(i)): (int(s), int(e), str(n))
+        for f, i, s, e, n in zip(ev["file_id"], ev["source_index"], ev["start_ns"], ev["end_ns"], ev["name"])
+    }
+    ops = []  # (rank, start, end, name, args, msg_id, is_send)
     for m in msgs.itertuples(index=False):
-        common = {"msg_id": int(m.msg_id), "step": int(m.step), "tag": int(m.tag), "nbytes": int(m.nbytes),
-                  "direction": str(m.direction)}
+        common = {
+            "msg_id": int(m.msg_id),
+            "step": int(m.step),
+            "tag": int(m.tag),
+            "nbytes": int(m.nbytes),
+            "direction": str(m.direction),
+        }
         send = op_of.get((int(m.src_file_id), int(m.src_source_index)))
         if send:
-            ops.append((int(m.src_rank), send[0], send[1], f"send -> r{m.dst_rank}", {**common, "op": send[2]},
-                        int(m.msg_id), True))
+            ops.append(
+                (
+                    int(m.src_rank),
+                    send[0],
+                    send[1],
+                    f"send -> r{m.dst_rank}",
+                    {**common, "op": send[2]},
+                    int(m.msg_id),
+                    True,
+                )
+            )
         recv = op_of.get((int(m.dst_file_id), int(m.dst_source_index)))
         if recv:
-            ops.append((int(m.dst_rank), recv[0], recv[1], f"recv <- r{m.src_rank}",
-                        {**common, "op": recv[2], "recv_wait_ns": int(m.recv_wait_ns)}, int(m.msg_id), False))
+            ops.append(
+                (
+                    int(m.dst_rank),
+                    recv[0],
+                    recv[1],
+                    f"recv <- r{m.src_rank}",
+                    {**common, "op": recv[2], "recv_wait_ns": int(m.recv_wait_ns)},
+                    int(m.msg_id),
+                    False,
+                )
+            )
     send_track = {}
     by_rank = pd.DataFrame(ops, columns=["rank", "start", "end", "name", "args", "msg_id", "is_send"])
     for rank, group in by_rank.groupby("rank", sort=True):
@@ -198,15 +279,16 @@ def _p2p_ops(run, add) -> dict[int, tuple]:
     return send_track
 
 
-def _flows(run, us, tracks: _Tracks, action_track: dict[int, tuple],
-           send_track: dict[int, tuple]) -> list[tuple[tuple, dict]]:
+def _flows(
+    run, us, tracks: _Tracks, action_track: dict[int, tuple], send_track: dict[int, tuple]
+) -> list[tuple[tuple, dict]]:
     """An s/f pair per message: producer's end (else the send op) -> consumer (else the
     receiver's next action after the data arrived)."""
     out = []
     for m in run.messages.itertuples(index=False):
         if m.producer_action in action_track:
             key, start, end = action_track[m.producer_action]
-            start_ts = max(start, end - 1)        # inside the producing slice, so the arrow binds to it
+            start_ts = max(start, end - 1)  # inside the producing slice, so the arrow binds to it
         elif m.msg_id in send_track:
             key, start, _ = send_track[m.msg_id]
             start_ts = start

@@ -3,14 +3,21 @@
 It renders the JSON document (:func:`tracekit.render.json.to_document`), so every figure
 shown is one a script can read too.
 """
+
 from __future__ import annotations
 
 from tracekit.text import for_terminal, map_strings
 from tracekit.vocab import CATEGORIES, CAUSE_NAMES, ms, pct, rank_list
 
 # Column headings of the causes in the per-rank table (narrow: the table has one per cause).
-_LABELS = {"warmup": "warmup", "drain": "drain", "schedule_gaps": "gaps", "imbalance": "imbal",
-           "comm": "comm", "overhead": "ovhd"}
+_LABELS = {
+    "warmup": "warmup",
+    "drain": "drain",
+    "schedule_gaps": "gaps",
+    "imbalance": "imbal",
+    "comm": "comm",
+    "overhead": "ovhd",
+}
 
 
 def table(headers: list[str], rows: list[list[str]]) -> str:
@@ -34,8 +41,10 @@ def render(doc: dict) -> str:
     formats = sorted({f["format"] for f in doc["files"]})
     n_files = len({f["path"] for f in doc["files"]})
     out.append(f"tracekit {doc['tracekit_version']}: {doc['source']}")
-    out.append(f"  {n_files} file(s) ({', '.join(formats)}), {s['n_ranks']} rank(s), "
-               f"{s['n_steps']} step(s), {s['n_actions']} actions, {s['n_messages']} messages matched")
+    out.append(
+        f"  {n_files} file(s) ({', '.join(formats)}), {s['n_ranks']} rank(s), "
+        f"{s['n_steps']} step(s), {s['n_actions']} actions, {s['n_messages']} messages matched"
+    )
     out.extend(_timeline(doc))
     sched = doc["schedule"]
     if not doc["pipeline"]:
@@ -43,8 +52,10 @@ def render(doc: dict) -> str:
         if len(completeness.get("ranks_present", [])) == 1 and completeness.get("complete"):
             out.append("One rank: no pipeline to analyse. Busy/idle of its device work:")
         else:
-            out.append("No pipeline-parallel schedule found in these traces (see the warning below for "
-                       "what was seen). Per-rank busy/idle of the device work:")
+            out.append(
+                "No pipeline-parallel schedule found in these traces (see the warning below for "
+                "what was seen). Per-rank busy/idle of the device work:"
+            )
         out.append("")
         out.append(_plain_rank_table(doc))
         findings = _findings(doc)
@@ -54,21 +65,26 @@ def render(doc: dict) -> str:
     replicas = sched.get("replicas", 1)
     theory = doc["theory"] or {}
     if completeness.get("complete", True):
-        out.append(f"  schedule: {sched['name']}  p={sched['p']} v={sched['v']} m={sched['m']}  "
-                   f"({sched['placement']} placement{', split backward' if sched['split_backward'] else ''})"
-                   + (f"  x {replicas} data-parallel pipelines" if replicas > 1 else ""))
+        out.append(
+            f"  schedule: {sched['name']}  p={sched['p']} v={sched['v']} m={sched['m']}  "
+            f"({sched['placement']} placement{', split backward' if sched['split_backward'] else ''})"
+            + (f"  x {replicas} data-parallel pipelines" if replicas > 1 else "")
+        )
         out.append(f"  labels: {_labels_line(doc)}")
         out.append("")
-        out.append(f"bubble ratio  {pct(s['bubble_ratio'])} measured   "
-                   f"{pct(theory.get('bubble_ratio'))} theory {theory.get('formula', '')}   "
-                   f"{pct(theory.get('balanced_replay_bubble_ratio'))} balanced replay")
+        out.append(
+            f"bubble ratio  {pct(s['bubble_ratio'])} measured   "
+            f"{pct(theory.get('bubble_ratio'))} theory {theory.get('formula', '')}   "
+            f"{pct(theory.get('balanced_replay_bubble_ratio'))} balanced replay"
+        )
         out.extend(_design_lines(doc))
     else:
-        out.append(f"  schedule: not recognised (ranks missing; {sched['p']} ranks in the job, "
-                   f"m={sched['m']} seen)")
+        out.append(f"  schedule: not recognised (ranks missing; {sched['p']} ranks in the job, m={sched['m']} seen)")
         out.append("")
-        out.append(f"bubble ratio  {pct(s['bubble_ratio'])} measured on the ranks present   "
-                   "(no theory, no replay: they need the whole pipeline)")
+        out.append(
+            f"bubble ratio  {pct(s['bubble_ratio'])} measured on the ranks present   "
+            "(no theory, no replay: they need the whole pipeline)"
+        )
     out.append("")
     # Without attribution (--no-attribution, an incomplete run) there are no causes to show.
     shown = CATEGORIES if any("causes" in r for r in doc["ranks"]) else ()
@@ -76,11 +92,17 @@ def render(doc: dict) -> str:
     rows = []
     for r in doc["ranks"]:
         causes = r.get("causes", {})
-        rows.append([str(r["rank"]), ms(r["busy_ns"]), ms(r["idle_ns"]), pct(r["bubble_ratio"]),
-                     *[ms(causes.get(f"{c}_ns", 0)) for c in shown]])
+        rows.append(
+            [
+                str(r["rank"]),
+                ms(r["busy_ns"]),
+                ms(r["idle_ns"]),
+                pct(r["bubble_ratio"]),
+                *[ms(causes.get(f"{c}_ns", 0)) for c in shown],
+            ]
+        )
     totals = {c: sum(r.get("causes", {}).get(f"{c}_ns", 0) for r in doc["ranks"]) for c in shown}
-    rows.append(["all", ms(s["busy_ns"]), ms(s["idle_ns"]), pct(s["bubble_ratio"]),
-                 *[ms(totals[c]) for c in shown]])
+    rows.append(["all", ms(s["busy_ns"]), ms(s["idle_ns"]), pct(s["bubble_ratio"]), *[ms(totals[c]) for c in shown]])
     out.append(table(headers, rows))
     if shown:
         out.append("  (idle ms per cause, summed over steps; causes add up to idle exactly)")
@@ -101,15 +123,22 @@ def _design_lines(doc: dict) -> list[str]:
     """What a flush-free pipeline's steps are, and how much dearer later slices are."""
     lines = []
     if doc["schedule"].get("flush_free"):
-        lines.append("  no flush: a step is one rank's stretch between two of its weight updates (steps of "
-                     "different ranks overlap by design); only the pipeline's fill is schedule idle")
+        lines.append(
+            "  no flush: a step is one rank's stretch between two of its weight updates (steps of "
+            "different ranks overlap by design); only the pipeline's fill is schedule idle"
+        )
     slices = doc.get("slices")
     if slices and (doc["schedule"]["name"].startswith("TeraPipe") or slices["growth"] >= SLICE_LINE_GROWTH):
         share = slices.get("skew_idle_share")
-        tail = f"; skew accounts for {pct(share)} of idle" if share is not None and share >= 0 else (
-            f"; skew shortens idle by {pct(-share)}" if share is not None else "")
-        lines.append(f"  slices: later slices cost up to {slices['growth']:.1f}x the first "
-                     f"(microbatch {slices['dearest']} the dearest){tail}")
+        tail = (
+            f"; skew accounts for {pct(share)} of idle"
+            if share is not None and share >= 0
+            else (f"; skew shortens idle by {pct(-share)}" if share is not None else "")
+        )
+        lines.append(
+            f"  slices: later slices cost up to {slices['growth']:.1f}x the first "
+            f"(microbatch {slices['dearest']} the dearest){tail}"
+        )
     return lines
 
 
@@ -121,24 +150,29 @@ def _timeline(doc: dict) -> list[str]:
     lines = [f"  device timeline from kernels; host runs ahead by up to {ms(device['host_ahead_max_ns'])} ms"]
     host = doc.get("host_view") or {}
     if host.get("bubble_ratio") is not None and doc["summary"].get("bubble_ratio") is not None:
-        lines.append(f"  (host-side spans would say idle {pct(host['bubble_ratio'])}; --timeline host for "
-                     "that view)")
+        lines.append(f"  (host-side spans would say idle {pct(host['bubble_ratio'])}; --timeline host for that view)")
     step_end = sum(r["step_end_ns"] for r in device.get("ranks", []))
     n_steps = max(doc["summary"].get("n_steps") or 1, 1)
     if step_end >= 50_000 * n_steps:  # 0.05 ms a step: "0.0 ms" would say nothing
-        lines.append(f"  {ms(step_end / n_steps)} ms of device work per step after the pipeline's window "
-                     "(optimizer, gradient collectives; all ranks): its own share, not bubble")
+        lines.append(
+            f"  {ms(step_end / n_steps)} ms of device work per step after the pipeline's window "
+            "(optimizer, gradient collectives; all ranks): its own share, not bubble"
+        )
     collective = device.get("collective_pairs") or []
     if collective:
-        lines.append(f"  {len(collective)} SendRecv kernel pairs of collectives (such as all_to_all; not P2P): "
-                     f"{ms(sum(p['wait_ns'] for p in collective))} ms spinning for the peer, "
-                     f"{ms(sum(p['transfer_ns'] for p in collective))} ms moving data")
+        lines.append(
+            f"  {len(collective)} SendRecv kernel pairs of collectives (such as all_to_all; not P2P): "
+            f"{ms(sum(p['wait_ns'] for p in collective))} ms spinning for the peer, "
+            f"{ms(sum(p['transfer_ns'] for p in collective))} ms moving data"
+        )
     pairs = device.get("p2p_pairs") or []
     if pairs:
         wait = sum(p["wait_ns"] for p in pairs)
         transfer = sum(p["transfer_ns"] for p in pairs)
-        lines.append(f"  {len(pairs)} device P2P kernel pairs: {ms(wait)} ms spinning for the peer, "
-                     f"{ms(transfer)} ms moving data")
+        lines.append(
+            f"  {len(pairs)} device P2P kernel pairs: {ms(wait)} ms spinning for the peer, "
+            f"{ms(transfer)} ms moving data"
+        )
     return lines
 
 
@@ -155,7 +189,7 @@ def _findings(doc: dict) -> list[str]:
 
 
 def _labels_line(doc: dict) -> str:
-    """"torch-pp" or "none (actions segmented between point-to-point ops)"."""
+    """ "torch-pp" or "none (actions segmented between point-to-point ops)"."""
     labels = doc.get("labels") or {}
     table = labels.get("table", "none")
     if labels.get("actions_from") == "labels":
@@ -164,8 +198,10 @@ def _labels_line(doc: dict) -> str:
 
 
 def _plain_rank_table(doc: dict) -> str:
-    rows = [[str(r["rank"]), ms(r["window_ns"]), ms(r["busy_ns"]), ms(r["idle_ns"]), pct(r["bubble_ratio"])]
-            for r in doc["ranks"]]
+    rows = [
+        [str(r["rank"]), ms(r["window_ns"]), ms(r["busy_ns"]), ms(r["idle_ns"]), pct(r["bubble_ratio"])]
+        for r in doc["ranks"]
+    ]
     return table(["rank", "window ms", "busy ms", "idle ms", "idle share"], rows)
 
 
@@ -218,6 +254,6 @@ def _warnings(doc: dict) -> list[str]:
 
 
 def _ranks(blame: dict) -> str:
-    """"rank 2", or "ranks 2,6" where data-parallel replicas run the stage too."""
+    """ "rank 2", or "ranks 2,6" where data-parallel replicas run the stage too."""
     ranks = blame.get("ranks") or [blame["rank"]]
     return f"rank {ranks[0]}" if len(ranks) == 1 else rank_list(ranks)

@@ -7,6 +7,7 @@ bubble ratio and step time of both runs, every cause's share of the step window,
 outside (the runs' paths, the notes that quote them) is made inert as in
 :mod:`tracekit.render.markdown`: a run path cannot become a link, an image or raw HTML.
 """
+
 from __future__ import annotations
 
 from tracekit.analyze.compare import Comparison
@@ -24,25 +25,38 @@ def render(c: Comparison) -> str:
     if c.incomplete():
         out.append("")
     for label, m in (("A", c.a), ("B", c.b)):
-        out.append(f"- **{label}**: {for_markdown_code(m.source)} · {_text(', '.join(m.formats))} · "
-                   f"{_text(m.schedule_label)} · {m.n_steps} step(s)")
+        out.append(
+            f"- **{label}**: {for_markdown_code(m.source)} · {_text(', '.join(m.formats))} · "
+            f"{_text(m.schedule_label)} · {m.n_steps} step(s)"
+        )
     out.append("")
     if c.notes:
         out += [*(f"> {_text(note)}  " for note in c.notes), ""]
     step_delta = c.b.step_ns - c.a.step_ns
     step_rel = f" ({100 * step_delta / c.a.step_ns:+.1f}%)" if c.a.step_ns else ""
-    out += ["| | A | B | change |", "|---|---:|---:|---:|",
-            f"| bubble ratio | {pct(c.a.bubble_ratio)} | {pct(c.b.bubble_ratio)} | {points(c.bubble_delta)} |",
-            f"| step time | {ms(c.a.step_ns)} ms | {ms(c.b.step_ns)} ms | {signed_ms(step_delta)} ms{step_rel} |"]
+    out += [
+        "| | A | B | change |",
+        "|---|---:|---:|---:|",
+        f"| bubble ratio | {pct(c.a.bubble_ratio)} | {pct(c.b.bubble_ratio)} | {points(c.bubble_delta)} |",
+        f"| step time | {ms(c.a.step_ns)} ms | {ms(c.b.step_ns)} ms | {signed_ms(step_delta)} ms{step_rel} |",
+    ]
     if c.causes:
-        out += ["", "**By cause** (share of the step window), largest change first:", "",
-                "| cause | A | B | change |", "|---|---:|---:|---:|"]
-        out += [f"| {_text(CAUSE_NAMES[ch.key])} | {pct(ch.a)} | {pct(ch.b)} | {points(ch.delta)} |"
-                for ch in c.causes]
+        out += [
+            "",
+            "**By cause** (share of the step window), largest change first:",
+            "",
+            "| cause | A | B | change |",
+            "|---|---:|---:|---:|",
+        ]
+        out += [f"| {_text(CAUSE_NAMES[ch.key])} | {pct(ch.a)} | {pct(ch.b)} | {points(ch.delta)} |" for ch in c.causes]
     if c.ranks:
-        out += ["", "<details><summary>by rank (bubble ratio)</summary>", "",
-                "| rank | A | B | change |" + (" largest cause change |" if c.rank_causes else ""),
-                "|---:|---:|---:|---:|" + ("---|" if c.rank_causes else "")]
+        out += [
+            "",
+            "<details><summary>by rank (bubble ratio)</summary>",
+            "",
+            "| rank | A | B | change |" + (" largest cause change |" if c.rank_causes else ""),
+            "|---:|---:|---:|---:|" + ("---|" if c.rank_causes else ""),
+        ]
         for ch in c.ranks:
             row = f"| {ch.rank} | {pct(ch.a)} | {pct(ch.b)} | {points(ch.delta)} |"
             causes = c.rank_causes.get(ch.rank)
@@ -55,8 +69,13 @@ def render(c: Comparison) -> str:
         out += ["", "</details>"]
     blame = sorted((ch for ch in c.stages + c.links if abs(ch.delta) > 0), key=lambda ch: -abs(ch.delta))
     if blame:
-        out += ["", "<details><summary>blame (idle ms per step, summed over ranks)</summary>", "",
-                "| stage / link | A | B | change |", "|---|---:|---:|---:|"]
+        out += [
+            "",
+            "<details><summary>blame (idle ms per step, summed over ranks)</summary>",
+            "",
+            "| stage / link | A | B | change |",
+            "|---|---:|---:|---:|",
+        ]
         out += [f"| {_text(ch.key)} | {ms(ch.a)} | {ms(ch.b)} | {signed_ms(ch.delta)} |" for ch in blame[:BLAME_ROWS]]
         out += ["", "</details>"]
     return "\n".join(out) + "\n"

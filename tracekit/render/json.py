@@ -3,6 +3,7 @@
 
 Its version is :data:`tracekit.schemas.ANALYSIS_SCHEMA_VERSION` (bump it there).
 """
+
 from __future__ import annotations
 
 import math
@@ -67,8 +68,13 @@ def to_document(analysis: Analysis) -> dict:
     attribution = analysis.attribution
     table = attribution.table if attribution else None
     for rank, info in analysis.summary.per_rank.items():
-        entry = {"rank": rank, "window_ns": info.window_ns, "busy_ns": info.busy_ns,
-                 "idle_ns": info.idle_ns, "bubble_ratio": _ratio(info.bubble_ratio)}
+        entry = {
+            "rank": rank,
+            "window_ns": info.window_ns,
+            "busy_ns": info.busy_ns,
+            "idle_ns": info.idle_ns,
+            "bubble_ratio": _ratio(info.bubble_ratio),
+        }
         if table is not None and len(table):
             sums = table[table["rank"] == rank][[f"{c}_ns" for c in CATEGORIES]].sum()
             entry["causes"] = {k: int(v) for k, v in sums.items()}
@@ -84,8 +90,13 @@ def to_document(analysis: Analysis) -> dict:
         }
         att_rows = att.table.set_index("rank") if att is not None else None
         for row in rows.itertuples(index=False):
-            rank_doc = {"rank": int(row.rank), "window_ns": int(row.window_ns), "busy_ns": int(row.busy_ns),
-                        "idle_ns": int(row.idle_ns), "bubble_ratio": _ratio(row.bubble_ratio)}
+            rank_doc = {
+                "rank": int(row.rank),
+                "window_ns": int(row.window_ns),
+                "busy_ns": int(row.busy_ns),
+                "idle_ns": int(row.idle_ns),
+                "bubble_ratio": _ratio(row.bubble_ratio),
+            }
             if att_rows is not None and int(row.rank) in att_rows.index:
                 a = att_rows.loc[int(row.rank)]
                 rank_doc["causes"] = {f"{c}_ns": int(a[f"{c}_ns"]) for c in CATEGORIES}
@@ -105,15 +116,20 @@ def to_document(analysis: Analysis) -> dict:
         if len(stages):
             grouped = stages.groupby("stage")["imbalance_ns"].sum().sort_values(ascending=False)
             doc["blame"]["stages"] = [
-                {"stage": int(s), "imbalance_ns": int(v),
-                 "rank": int(run.schedule.stage_to_rank.get(int(s), -1)) if run.schedule else -1,
-                 "ranks": run.schedule.ranks_of_stage(int(s)) if run.schedule else []}
-                for s, v in grouped.items()]
+                {
+                    "stage": int(s),
+                    "imbalance_ns": int(v),
+                    "rank": int(run.schedule.stage_to_rank.get(int(s), -1)) if run.schedule else -1,
+                    "ranks": run.schedule.ranks_of_stage(int(s)) if run.schedule else [],
+                }
+                for s, v in grouped.items()
+            ]
         links = attribution.link_blame
         if len(links):
             grouped = links.groupby(["src_rank", "dst_rank"])["comm_ns"].sum().sort_values(ascending=False)
-            doc["blame"]["links"] = [{"src_rank": int(s), "dst_rank": int(d), "comm_ns": int(v)}
-                                     for (s, d), v in grouped.items()]
+            doc["blame"]["links"] = [
+                {"src_rank": int(s), "dst_rank": int(d), "comm_ns": int(v)} for (s, d), v in grouped.items()
+            ]
     return doc
 
 
@@ -122,9 +138,20 @@ def _host_view(analysis: Analysis) -> dict | None:
     view = analysis.host_view
     if view is None:
         return None
-    return {"timeline": "host", "bubble_ratio": _ratio(view.bubble_ratio),
-            "ranks": [{"rank": r, "window_ns": v.window_ns, "busy_ns": v.busy_ns, "idle_ns": v.idle_ns,
-                       "bubble_ratio": _ratio(v.bubble_ratio)} for r, v in view.per_rank.items()]}
+    return {
+        "timeline": "host",
+        "bubble_ratio": _ratio(view.bubble_ratio),
+        "ranks": [
+            {
+                "rank": r,
+                "window_ns": v.window_ns,
+                "busy_ns": v.busy_ns,
+                "idle_ns": v.idle_ns,
+                "bubble_ratio": _ratio(v.bubble_ratio),
+            }
+            for r, v in view.per_rank.items()
+        ],
+    }
 
 
 def _device(analysis: Analysis) -> dict | None:
@@ -137,21 +164,43 @@ def _device(analysis: Analysis) -> dict | None:
     ranks = []
     for rank, row in per_rank.iterrows():
         window = windows[int(rank)].window_ns if int(rank) in windows else 0
-        ranks.append({"rank": int(rank), **{k: int(v) for k, v in row.items()},
-                      "launch_wait_share": _ratio(row["launch_wait_ns"] / window) if window else None,
-                      "host_ahead_ns": int(figures.host_ahead_ns.get(int(rank), 0))})
+        ranks.append(
+            {
+                "rank": int(rank),
+                **{k: int(v) for k, v in row.items()},
+                "launch_wait_share": _ratio(row["launch_wait_ns"] / window) if window else None,
+                "host_ahead_ns": int(figures.host_ahead_ns.get(int(rank), 0)),
+            }
+        )
+
     def rows(table) -> list[dict]:
         return [{k: (v if isinstance(v, str) else int(v)) for k, v in row.items()} for row in table.to_dict("records")]
 
-    return {"host_ahead_max_ns": figures.host_ahead_max_ns, "ranks": ranks, "p2p_pairs": rows(figures.pairs),
-            "collective_pairs": rows(analysis.run.collective_pairs),
-            "n_ops": int(len(analysis.run.device))}
+    return {
+        "host_ahead_max_ns": figures.host_ahead_max_ns,
+        "ranks": ranks,
+        "p2p_pairs": rows(figures.pairs),
+        "collective_pairs": rows(analysis.run.collective_pairs),
+        "n_ops": int(len(analysis.run.device)),
+    }
 
 
 def _capture_summary(capture: dict | None) -> dict | None:
     if not capture:
         return None
-    keys = ("command", "framework", "torch_version", "deepspeed_version", "megatron_core_version", "schedule",
-            "p", "v", "m", "steps", "compute", "faults", "created")
+    keys = (
+        "command",
+        "framework",
+        "torch_version",
+        "deepspeed_version",
+        "megatron_core_version",
+        "schedule",
+        "p",
+        "v",
+        "m",
+        "steps",
+        "compute",
+        "faults",
+        "created",
+    )
     return {k: capture[k] for k in keys if k in capture}
-

@@ -3,6 +3,7 @@
 GitLab (``artifacts:reports:junit``), Jenkins and the GitHub test-report actions read this
 format; a failed check is a ``<failure>`` whose message is the check's one line.
 """
+
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
@@ -15,8 +16,16 @@ def render(result: GateResult) -> bytes:
     """The JUnit XML document of one gate result."""
     n_tests, n_failures = str(len(result.checks)), str(len(result.failures))
     suites = ET.Element("testsuites", name="tracekit check", tests=n_tests, failures=n_failures, errors="0")
-    suite = ET.SubElement(suites, "testsuite", name=f"tracekit check {result.measures.source}",
-                          tests=n_tests, failures=n_failures, errors="0", skipped="0", time="0")
+    suite = ET.SubElement(
+        suites,
+        "testsuite",
+        name=f"tracekit check {result.measures.source}",
+        tests=n_tests,
+        failures=n_failures,
+        errors="0",
+        skipped="0",
+        time="0",
+    )
     properties = ET.SubElement(suite, "properties")
     ET.SubElement(properties, "property", name="schedule", value=result.measures.schedule_label)
     if result.config.baseline:

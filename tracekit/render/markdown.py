@@ -5,6 +5,7 @@ Text from outside (the run's path, the baseline's, a config file's name in a rul
 inert on the way in: a code span that no backtick inside can close, or text with every
 Markdown and HTML special escaped, so that a name cannot become a link, an image or raw HTML.
 """
+
 from __future__ import annotations
 
 from tracekit.vocab import pct
@@ -26,15 +27,23 @@ def render(result: GateResult) -> str:
         context += f" · baseline {for_markdown_code(str(result.config.baseline))}"
     out = [head, "", context, ""]
     for check in result.failures:
-        out.append(f"- **{_cell(check.name)}** {check.shown(check.value)} > {_cell(check.rule)}"
-                   + (f": {_cell(check.note)}" if check.note else ""))
+        out.append(
+            f"- **{_cell(check.name)}** {check.shown(check.value)} > {_cell(check.rule)}"
+            + (f": {_cell(check.note)}" if check.note else "")
+        )
     if result.failures:
         out.append("")
-    out += ["<details><summary>all checks</summary>", "",
-            "| check | measured | limit | rule | result |", "|---|---:|---:|---|---|"]
+    out += [
+        "<details><summary>all checks</summary>",
+        "",
+        "| check | measured | limit | rule | result |",
+        "|---|---:|---:|---|---|",
+    ]
     for check in result.checks:
-        out.append(f"| {_cell(check.name)} | {check.shown(check.value)} | {check.shown(check.limit)} | {_cell(check.rule)} | "
-                   f"{'pass' if check.passed else '**FAIL**'} |")
+        out.append(
+            f"| {_cell(check.name)} | {check.shown(check.value)} | {check.shown(check.limit)} | {_cell(check.rule)} | "
+            f"{'pass' if check.passed else '**FAIL**'} |"
+        )
     out += ["", "</details>"]
     if result.notes:
         out += ["", *(f"> {_cell(note)}  " for note in result.notes)]

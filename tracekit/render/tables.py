@@ -5,6 +5,7 @@ types) so pandas, polars and DuckDB read the same columns, and carries the docum
 each field's ``doc`` in its metadata, the table's in the schema metadata (``tracekit.doc``),
 beside the tracekit version, the timeline and the run. CSV has a header row and nothing else.
 """
+
 from __future__ import annotations
 
 import pandas as pd
@@ -20,11 +21,17 @@ _ARROW_TYPES = {"int64": pa.int64(), "float64": pa.float64(), "string": pa.strin
 def arrow_schema(name: str, run_meta: dict[str, str]) -> pa.Schema:
     """Table ``name``'s schema with its documentation; ``run_meta`` adds facts about the run."""
     spec = TABLES[name]
-    fields = [pa.field(column, _ARROW_TYPES[dtype], nullable=False, metadata={"doc": doc})
-              for column, (dtype, doc) in spec.columns.items()]
-    meta = {"tracekit.table": name, "tracekit.doc": spec.doc, "tracekit.version": __version__,
-            "tracekit.units": "times and durations in integer ns; ratios 0..1",
-            **{f"tracekit.{key}": value for key, value in run_meta.items()}}
+    fields = [
+        pa.field(column, _ARROW_TYPES[dtype], nullable=False, metadata={"doc": doc})
+        for column, (dtype, doc) in spec.columns.items()
+    ]
+    meta = {
+        "tracekit.table": name,
+        "tracekit.doc": spec.doc,
+        "tracekit.version": __version__,
+        "tracekit.units": "times and durations in integer ns; ratios 0..1",
+        **{f"tracekit.{key}": value for key, value in run_meta.items()},
+    }
     return pa.schema(fields, metadata=meta)
 
 

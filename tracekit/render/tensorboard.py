@@ -6,6 +6,7 @@ tracekit's one writer (:class:`tracekit.output.OutputTarget`), whole or not at a
 ``simple_value`` summaries, as ``torch.utils.tensorboard.SummaryWriter.add_scalar`` writes them,
 so TensorBoard and every event reader show them as ordinary scalars.
 """
+
 from __future__ import annotations
 
 import io

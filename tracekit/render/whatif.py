@@ -1,4 +1,5 @@
 """Console table of a what-if (:mod:`tracekit.analyze.whatif`)."""
+
 from __future__ import annotations
 
 from tracekit.text import for_terminal
@@ -24,24 +25,42 @@ def render(result) -> str:
 
     lines.append(row("measured", f"{result.measured_bubble:.1%}", _ms(result.measured_step_ns), "", ""))
     model = result.as_measured
-    lines.append(row("model of the measured run", f"{model.bubble_ratio:.1%} ±{model.bubble_sd:.1%}",
-                     f"{_ms(model.step_ns)} ±{model.step_sd / 1e6:.1f}",
-                     f"{model.step_ns / result.measured_step_ns - 1:+.1%}", ""))
+    lines.append(
+        row(
+            "model of the measured run",
+            f"{model.bubble_ratio:.1%} ±{model.bubble_sd:.1%}",
+            f"{_ms(model.step_ns)} ±{model.step_sd / 1e6:.1f}",
+            f"{model.step_ns / result.measured_step_ns - 1:+.1%}",
+            "",
+        )
+    )
     lines.append("")
     for p in result.predictions:
         theory = "" if p.theory is None else f"{p.theory:.1%}"
-        lines.append(row(p.label, f"{p.bubble_ratio:.1%} ±{p.bubble_sd:.1%}",
-                         f"{_ms(p.step_ns)} ±{p.step_sd / 1e6:.1f}",
-                         f"{p.step_ns / result.measured_step_ns - 1:+.1%}", theory))
+        lines.append(
+            row(
+                p.label,
+                f"{p.bubble_ratio:.1%} ±{p.bubble_sd:.1%}",
+                f"{_ms(p.step_ns)} ±{p.step_sd / 1e6:.1f}",
+                f"{p.step_ns / result.measured_step_ns - 1:+.1%}",
+                theory,
+            )
+        )
     if result.predictions and result.keep == "global-batch":
         best = min(result.predictions, key=lambda p: p.step_ns)
-        lines += ["", f"  fastest step: {best.label}, {_ms(best.step_ns)} "
-                      f"({best.step_ns / result.measured_step_ns - 1:+.1%} against the measured step)"]
+        lines += [
+            "",
+            f"  fastest step: {best.label}, {_ms(best.step_ns)} "
+            f"({best.step_ns / result.measured_step_ns - 1:+.1%} against the measured step)",
+        ]
     elif result.predictions:  # microbatches keep their size: compare time per microbatch
         best = min(result.predictions, key=lambda p: p.step_ns / p.m)
         per_mb = result.measured_step_ns / m.m
-        lines += ["", f"  most microbatches per second: {best.label}, {_ms(best.step_ns / best.m)} a microbatch "
-                      f"({best.step_ns / best.m / per_mb - 1:+.1%} against the measured {_ms(per_mb)})"]
+        lines += [
+            "",
+            f"  most microbatches per second: {best.label}, {_ms(best.step_ns / best.m)} a microbatch "
+            f"({best.step_ns / best.m / per_mb - 1:+.1%} against the measured {_ms(per_mb)})",
+        ]
     for reason in dict.fromkeys(result.skipped):
         lines.append(f"  skipped: {reason}")
     lines += ["", "  how: " + result.assumptions[0]]

@@ -1,6 +1,7 @@
 """Captures of pipelines run by training frameworks (DeepSpeed, Megatron-core), not by
 torch.distributed.pipelining: the same model, emulated costs and folder layout as
 ``tracekit capture``, with the framework's own schedule and P2P code doing the work."""
+
 from __future__ import annotations
 
 import importlib

@@ -11,6 +11,7 @@ At start DeepSpeed JIT-compiles a small C++ op (its shared-memory comm op, g++ +
 ``TORCH_EXTENSIONS_DIR`` points it at a folder under the system's temp folder (kept for the
 next capture) unless the caller set one.
 """
+
 from __future__ import annotations
 
 import json
@@ -62,8 +63,7 @@ def run_capture(config: CaptureConfig, out_dir, profiler: str) -> Path:
     """Run the capture of ``config`` under DeepSpeed; writes rank<R>.json.gz + capture.json."""
     config.validate()
     if profiler != "torch":
-        raise CaptureError(f"--framework deepspeed records with the PyTorch profiler only; "
-                           f"drop --profiler {profiler}")
+        raise CaptureError(f"--framework deepspeed records with the PyTorch profiler only; drop --profiler {profiler}")
     torch = import_torch()
     import deepspeed
 
@@ -76,9 +76,11 @@ def run_capture(config: CaptureConfig, out_dir, profiler: str) -> Path:
         "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR")
         or str(Path(tempfile.gettempdir()) / "tracekit-torch-extensions"),
     }
-    _log(f"spawning {config.ranks} ranks: DeepSpeed {deepspeed.__version__} PipelineEngine "
-         f"(TrainSchedule), p={config.ranks} m={config.microbatches}, {config.compute} compute, "
-         "gloo on 127.0.0.1")
+    _log(
+        f"spawning {config.ranks} ranks: DeepSpeed {deepspeed.__version__} PipelineEngine "
+        f"(TrainSchedule), p={config.ranks} m={config.microbatches}, {config.compute} compute, "
+        "gloo on 127.0.0.1"
+    )
     t0 = time.perf_counter()
     spawn_ranks(deepspeed_rank.run_rank, (config.to_dict(), str(out.resolve()), env), config.ranks)
     _log(f"ranks finished in {time.perf_counter() - t0:.1f} s; writing capture.json")

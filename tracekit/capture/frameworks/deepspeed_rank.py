@@ -16,6 +16,7 @@ microbatch and the wall-clock time it ran, into ``.engine.rank<R>.json`` for the
 Imports torch at module level and deepspeed once the environment is set (``DS_ACCELERATOR``
 must be set before deepspeed is first imported), so only the capture code path may import it.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,8 +37,15 @@ from tracekit.capture.model import build_layers, build_stage_module, training_da
 from tracekit.capture.profiling import gzip_trace, make_profiler
 
 #: the instructions that carry a microbatch (the others run once per step)
-PER_MICROBATCH = ("LoadMicroBatch", "ForwardPass", "BackwardPass", "SendActivation",
-                  "RecvActivation", "SendGrad", "RecvGrad")
+PER_MICROBATCH = (
+    "LoadMicroBatch",
+    "ForwardPass",
+    "BackwardPass",
+    "SendActivation",
+    "RecvActivation",
+    "SendGrad",
+    "RecvGrad",
+)
 #: one logged instruction: [name, buffer_id, microbatch, start_ns, end_ns] (ids -1 when none)
 INSTRUCTION_FIELDS = ["instruction", "buffer_id", "microbatch", "start_unix_ns", "end_unix_ns"]
 
@@ -111,10 +119,16 @@ def run_rank(rank: int, cfg_dict: dict, out_dir: str, env: dict, port: int) -> N
     cfg.validate()
     # what DeepSpeed's own launcher would set; DS_ACCELERATOR before deepspeed is imported
     os.environ.update(env)
-    os.environ.update({
-        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank),
-        "LOCAL_RANK": str(rank), "WORLD_SIZE": str(cfg.ranks), "LOCAL_WORLD_SIZE": str(cfg.ranks),
-    })
+    os.environ.update(
+        {
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(cfg.ranks),
+            "LOCAL_WORLD_SIZE": str(cfg.ranks),
+        }
+    )
     import deepspeed
 
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
@@ -136,7 +150,9 @@ def _train_and_profile(rank: int, cfg: CaptureConfig, out: Path, deepspeed) -> N
     # stage; "uniform" over p layers gives stage s exactly layer s
     module = PipelineModule(
         layers=[build_stage_module(cfg, s, layers) for s in range(cfg.n_stages)],
-        num_stages=cfg.ranks, loss_fn=nn.MSELoss(), partition_method="uniform",
+        num_stages=cfg.ranks,
+        loss_fn=nn.MSELoss(),
+        partition_method="uniform",
     )
     del layers
     optimizer = torch.optim.SGD([p for p in module.parameters()], lr=1e-3)
@@ -152,15 +168,20 @@ def _train_and_profile(rank: int, cfg: CaptureConfig, out: Path, deepspeed) -> N
     xs, ys = training_data(cfg)
     mbs = cfg.microbatch_size
     # sliced before profiling starts: slicing inside a step would put tiny ops at its start
-    microbatches = [[(x[i * mbs:(i + 1) * mbs], y[i * mbs:(i + 1) * mbs]) for i in range(cfg.microbatches)]
-                    for x, y in zip(xs, ys)]
+    microbatches = [
+        [(x[i * mbs : (i + 1) * mbs], y[i * mbs : (i + 1) * mbs]) for i in range(cfg.microbatches)]
+        for x, y in zip(xs, ys)
+    ]
 
     prof = make_profiler(cfg.profiler_schedule(), out / f"rank{rank}.json")
     step_losses: list[float] = []
     with prof:
         for step in range(cfg.steps + 2):
-            phase = "shape exchange + warm-up" if step == 0 else (
-                "warm-up (not recorded)" if step == 1 else f"profiling {step - 1}/{cfg.steps}")
+            phase = (
+                "shape exchange + warm-up"
+                if step == 0
+                else ("warm-up (not recorded)" if step == 1 else f"profiling {step - 1}/{cfg.steps}")
+            )
             _log(rank, f"step {step}: {phase}")
             t0 = time.perf_counter()
             log.start_step(step)

@@ -38,6 +38,7 @@ enabled NVTX before importing Megatron would have. Op ranges come from
 Also runnable as ``python -m tracekit.capture.frameworks.megatron CONFIG_JSON OUT_DIR``:
 the program nsys launches, which spawns the ranks.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -102,8 +103,10 @@ def run_capture(cfg: CaptureConfig, out: str, profiler: str) -> Path:
     """
     cfg.validate()
     if cfg.p2p_delay_ms:
-        raise CaptureError("--p2p-delay-ms is not supported with --framework megatron "
-                           "(its sends go through batch_isend_irecv); drop it or use --framework torch")
+        raise CaptureError(
+            "--p2p-delay-ms is not supported with --framework megatron "
+            "(its sends go through batch_isend_irecv); drop it or use --framework torch"
+        )
     folder = Path(out)
     if folder.exists() and not folder.is_dir():
         raise CaptureError(f"--out {folder} exists and is not a folder; pick a folder path")
@@ -132,15 +135,23 @@ def _free_port() -> int:
 def _spawn(cfg: CaptureConfig, work_dir: Path, profiler: str) -> None:
     import torch.multiprocessing as mp
 
-    _log(f"spawning {cfg.ranks} ranks: Megatron-core {SCHEDULE_FUNCTIONS[cfg.schedule]}, p={cfg.ranks} "
-         f"v={cfg.v} m={cfg.microbatches}, gloo on 127.0.0.1, profiler {profiler}")
+    _log(
+        f"spawning {cfg.ranks} ranks: Megatron-core {SCHEDULE_FUNCTIONS[cfg.schedule]}, p={cfg.ranks} "
+        f"v={cfg.v} m={cfg.microbatches}, gloo on 127.0.0.1, profiler {profiler}"
+    )
     try:
-        mp.spawn(_run_rank, args=(cfg.to_dict(), str(work_dir.resolve()), _free_port(), profiler),
-                 nprocs=cfg.ranks, join=True)
+        mp.spawn(
+            _run_rank,
+            args=(cfg.to_dict(), str(work_dir.resolve()), _free_port(), profiler),
+            nprocs=cfg.ranks,
+            join=True,
+        )
     except Exception as err:  # ProcessRaisedException / ProcessExitedException
         lines = [ln.strip() for ln in str(err).strip().splitlines() if ln.strip()]
-        raise CaptureError(f"a rank failed during the Megatron capture ({lines[-1] if lines else type(err).__name__}); "
-                           "see the traceback above") from None
+        raise CaptureError(
+            f"a rank failed during the Megatron capture ({lines[-1] if lines else type(err).__name__}); "
+            "see the traceback above"
+        ) from None
 
 
 def _collect_order(cfg: CaptureConfig, work_dir: Path) -> tuple[dict, list[float]]:
@@ -167,8 +178,12 @@ def _capture_with_torch_profiler(cfg: CaptureConfig, folder: Path) -> dict:
     executed, losses = _collect_order(cfg, folder)
     return {
         "profiler": {
-            "tool": "torch.profiler", "activities": ["CPU"], "record_shapes": True, "with_stack": False,
-            "profile_all_threads": True, "schedule": {"wait": 1, "warmup": 1, "active": cfg.steps},
+            "tool": "torch.profiler",
+            "activities": ["CPU"],
+            "record_shapes": True,
+            "with_stack": False,
+            "profile_all_threads": True,
+            "schedule": {"wait": 1, "warmup": 1, "active": cfg.steps},
             "nvtx": None,
         },
         "losses_per_step": losses,
@@ -193,13 +208,15 @@ def _capture_under_nsys(cfg: CaptureConfig, folder: Path) -> dict:
         executed, losses = _collect_order(cfg, tmp)
     return {
         "profiler": {
-            "tool": "nsys", "nsys_version": nsys_version, "nsys_flags": " ".join(nsys.TRACE_FLAGS),
+            "tool": "nsys",
+            "nsys_version": nsys_version,
+            "nsys_flags": " ".join(nsys.TRACE_FLAGS),
             "nvtx": {
                 "megatron": NVTX_HOW,
                 "ops": "tracekit NvtxOpEmitter: emit_nvtx(record_shapes=True)'s range texts written from "
-                       "Python (this torch has no CUDA, so emit_nvtx cannot run), steps 2.. only",
+                "Python (this torch has no CUDA, so emit_nvtx cannot run), steps 2.. only",
                 "steps": "record_function('ProfilerStep#N') around each traced step (an NVTX range "
-                         "through NvtxOpEmitter), one mark 'tracekit:rank=R world_size=P' per process",
+                "through NvtxOpEmitter), one mark 'tracekit:rank=R world_size=P' per process",
             },
             "traced_steps": list(range(2, 2 + cfg.steps)),
             "rank_of_pid": {str(pid): rank for rank, pid in sorted(rank_pids.items())},
@@ -222,16 +239,24 @@ def _manifest(cfg: CaptureConfig, cmd: str) -> dict:
         "schedule_class": f"{SCHEDULES_MODULE}.{SCHEDULE_FUNCTIONS[cfg.schedule]}",
         "megatron_core_version": package_version("megatron-core"),
         "megatron": {
-            "parallel_state": {"pipeline_model_parallel_size": cfg.ranks,
-                               "virtual_pipeline_model_parallel_size": cfg.v if cfg.v > 1 else None},
-            "transformer_config": {"num_layers": cfg.layers, "hidden_size": cfg.hidden,
-                                   "num_attention_heads": 1, "pipeline_dtype": "float32", "batch_p2p_comm": True,
-                                      "batch_p2p_sync": False, "overlap_p2p_comm": False,
-                                      "microbatch_group_size_per_vp_stage": cfg.ranks if cfg.v > 1 else None,
-                                      "deallocate_pipeline_outputs": False},
+            "parallel_state": {
+                "pipeline_model_parallel_size": cfg.ranks,
+                "virtual_pipeline_model_parallel_size": cfg.v if cfg.v > 1 else None,
+            },
+            "transformer_config": {
+                "num_layers": cfg.layers,
+                "hidden_size": cfg.hidden,
+                "num_attention_heads": 1,
+                "pipeline_dtype": "float32",
+                "batch_p2p_comm": True,
+                "batch_p2p_sync": False,
+                "overlap_p2p_comm": False,
+                "microbatch_group_size_per_vp_stage": cfg.ranks if cfg.v > 1 else None,
+                "deallocate_pipeline_outputs": False,
+            },
             "tensor_shape": [SEQ_LENGTH, cfg.microbatch_size, cfg.hidden],
             "p2p": "Megatron's P2PCommunicator: torch.distributed.batch_isend_irecv, which gloo runs as "
-                   "one isend/irecv per tensor (c10d::send / c10d::recv_ + gloo:send / gloo:recv)",
+            "one isend/irecv per tensor (c10d::send / c10d::recv_ + gloo:send / gloo:recv)",
             "cpu_shim": SHIM,
             "chunk_placement": "chunk c of rank r is stage c*p + r",
         },
@@ -239,8 +264,11 @@ def _manifest(cfg: CaptureConfig, cmd: str) -> dict:
         "compute": {
             "mode": cfg.compute,
             "layer_ms": cfg.layer_ms if cfg.compute == "emulated" else None,
-            "per_layer_ms": ({"forward": per_layer["forward"], "backward_full": 2 * per_layer["forward"]}
-                             if cfg.compute == "emulated" else None),
+            "per_layer_ms": (
+                {"forward": per_layer["forward"], "backward_full": 2 * per_layer["forward"]}
+                if cfg.compute == "emulated"
+                else None
+            ),
             "layers": cfg.layers,
             "layers_per_stage": cfg.layers // cfg.n_stages,
             "hidden": cfg.hidden,
@@ -253,9 +281,11 @@ def _manifest(cfg: CaptureConfig, cmd: str) -> dict:
             "split_backward": False,
             "how": EMULATED_HOW if cfg.compute == "emulated" else REAL_HOW,
         },
-        "faults": {"slow_stage": cfg.slow_stage,
-                   "slow_factor": cfg.slow_factor if cfg.slow_stage is not None else None,
-                   "p2p_delay_ms": 0.0},
+        "faults": {
+            "slow_stage": cfg.slow_stage,
+            "slow_factor": cfg.slow_factor if cfg.slow_stage is not None else None,
+            "p2p_delay_ms": 0.0,
+        },
         "seed": cfg.seed,
         "executed_order_how": (
             "forward_step and backward_step in megatron.core.pipeline_parallel.schedules wrapped by "
@@ -380,8 +410,9 @@ def _run_rank(rank: int, cfg_dict: dict, out_dir: str, port: int, profiler: str)
     out = Path(out_dir)
     torch.set_num_threads(1)
     torch.set_flush_denormal(True)  # denormal float math is ~40x slower on CPU
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=cfg.ranks, timeout=timedelta(seconds=300))
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=cfg.ranks, timeout=timedelta(seconds=300)
+    )
     with_nvtx = profiler == "nsys"
     install_cpu_shim(with_nvtx)
     from megatron.core import parallel_state
@@ -448,7 +479,7 @@ def _train(rank: int, cfg: CaptureConfig, out: Path, schedules, profiler: str) -
         get_batch would), so the slicing runs inside each forward_step."""
         rows = cfg.microbatch_size
         for i in range(m):
-            yield xs[step][i * rows:(i + 1) * rows].unsqueeze(0), ys[step][i * rows:(i + 1) * rows].unsqueeze(0)
+            yield xs[step][i * rows : (i + 1) * rows].unsqueeze(0), ys[step][i * rows : (i + 1) * rows].unsqueeze(0)
 
     def train_step(step: int) -> float | None:
         optimizer.zero_grad(set_to_none=True)
@@ -457,7 +488,9 @@ def _train(rank: int, cfg: CaptureConfig, out: Path, schedules, profiler: str) -
             forward_step_func=forward_step_func,
             data_iterator=iterators if v > 1 else iterators[0],
             model=chunks if v > 1 else chunks[0],
-            num_microbatches=m, seq_length=SEQ_LENGTH, micro_batch_size=cfg.microbatch_size,
+            num_microbatches=m,
+            seq_length=SEQ_LENGTH,
+            micro_batch_size=cfg.microbatch_size,
         )
         optimizer.step()
         if last and store:
@@ -477,7 +510,9 @@ def _train(rank: int, cfg: CaptureConfig, out: Path, schedules, profiler: str) -
             if loss is not None:
                 losses.append(loss)
             if rank == 0:
-                _log(f"step {step}{' (traced)' if step >= 2 else ''} took {(time.perf_counter() - t0) * 1000:.0f} ms on rank 0")
+                _log(
+                    f"step {step}{' (traced)' if step >= 2 else ''} took {(time.perf_counter() - t0) * 1000:.0f} ms on rank 0"
+                )
     return steps, (losses if last else None)
 
 

@@ -28,6 +28,7 @@ report must not carry, :mod:`.emitter` writes emit_nvtx's ranges on a CPU-only t
 :mod:`.ranks` is the program nsys launches (``python -m tracekit.capture.nsys CONFIG_JSON
 OUT_DIR``), which spawns the ranks.
 """
+
 from tracekit.capture.nsys.driver import (
     NVTX_PACKAGE_HINT,
     REPORT_NAME,
@@ -40,5 +41,15 @@ from tracekit.capture.nsys.emitter import NvtxOpEmitter
 from tracekit.capture.nsys.ranks import RANK_MARK
 from tracekit.capture.nsys.scrub import FORBIDDEN, scrub_report
 
-__all__ = ["FORBIDDEN", "NVTX_PACKAGE_HINT", "RANK_MARK", "REPORT_NAME", "TRACE_FLAGS", "NvtxOpEmitter",
-           "find_nsys", "record_report", "run_nsys_capture", "scrub_report"]
+__all__ = [
+    "FORBIDDEN",
+    "NVTX_PACKAGE_HINT",
+    "RANK_MARK",
+    "REPORT_NAME",
+    "TRACE_FLAGS",
+    "NvtxOpEmitter",
+    "find_nsys",
+    "record_report",
+    "run_nsys_capture",
+    "scrub_report",
+]

@@ -1,4 +1,5 @@
 """``python -m tracekit.capture.nsys CONFIG_JSON OUT_DIR``: the program nsys launches."""
+
 import sys
 
 from tracekit.capture.nsys.ranks import spawn_ranks

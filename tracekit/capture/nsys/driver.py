@@ -1,5 +1,6 @@
 """The parent side of an nsys capture: run the program under ``nsys profile``, import and
 export its report to SQLite, scrub it into the output folder and write capture.json."""
+
 from __future__ import annotations
 
 import json
@@ -62,8 +63,14 @@ def _check_python_side() -> None:
     import_torch()
 
 
-def _run(cmd: list[str], what: str, env: dict | None = None, cwd: Path | None = None,
-         timeout: float = 1800, show_output: bool = False) -> subprocess.CompletedProcess:
+def _run(
+    cmd: list[str],
+    what: str,
+    env: dict | None = None,
+    cwd: Path | None = None,
+    timeout: float = 1800,
+    show_output: bool = False,
+) -> subprocess.CompletedProcess:
     """Run a tool; ``show_output`` passes its output (the ranks' progress) to our stderr."""
     streams = {"stdout": sys.stderr, "stderr": sys.stderr} if show_output else {"capture_output": True}
     try:
@@ -94,7 +101,8 @@ def run_nsys_capture(config: CaptureConfig, out_dir, *, command_out: str | None 
         if stale.exists():
             stale.unlink()
     cmd_line = config.command or (
-        config.command_line(command_out if command_out is not None else str(out)) + " --profiler nsys")
+        config.command_line(command_out if command_out is not None else str(out)) + " --profiler nsys"
+    )
 
     with tempfile.TemporaryDirectory(prefix="tracekit-nsys-") as tmp_name:
         tmp = Path(tmp_name)
@@ -121,9 +129,25 @@ def record_report(nsys: Path, program_module: str, config: CaptureConfig, tmp: P
     (tmp / "config.json").write_text(json.dumps(config.to_dict()))
     _log(f"{version}; running {config.ranks} ranks ({config.schedule}, m={config.microbatches}) under nsys")
     t0 = time.perf_counter()
-    _run([str(nsys), "profile", *TRACE_FLAGS, "--force-overwrite=true", "-o", str(tmp / "report"),
-          sys.executable, "-m", program_module, str(tmp / "config.json"), str(tmp)],
-         "nsys profile", env=_child_env(), cwd=tmp, show_output=True)
+    _run(
+        [
+            str(nsys),
+            "profile",
+            *TRACE_FLAGS,
+            "--force-overwrite=true",
+            "-o",
+            str(tmp / "report"),
+            sys.executable,
+            "-m",
+            program_module,
+            str(tmp / "config.json"),
+            str(tmp),
+        ],
+        "nsys profile",
+        env=_child_env(),
+        cwd=tmp,
+        show_output=True,
+    )
     if not (tmp / "rank_pids.json").exists():
         raise CaptureError("the ranks did not finish under nsys (no rank_pids.json); run without nsys to see why")
     report = tmp / "report.nsys-rep"
@@ -131,8 +155,9 @@ def record_report(nsys: Path, program_module: str, config: CaptureConfig, tmp: P
         report = _import_qdstrm(nsys, tmp / "report.qdstrm")
     _log(f"profiled in {time.perf_counter() - t0:.1f} s; exporting SQLite")
     raw = tmp / "raw.sqlite"
-    _run([str(nsys), "export", "--type", "sqlite", "--force-overwrite=true", "-o", str(raw), str(report)],
-         "nsys export")
+    _run(
+        [str(nsys), "export", "--type", "sqlite", "--force-overwrite=true", "-o", str(raw), str(report)], "nsys export"
+    )
     return raw, version
 
 
@@ -163,8 +188,15 @@ def _import_qdstrm(nsys: Path, qdstrm: Path) -> Path:
     return report
 
 
-def _capture_meta(config: CaptureConfig, cmd_line: str, nsys_version: str, rank_pids: dict[int, int],
-                  losses: list, emitter: str, removed: dict[str, int]) -> dict:
+def _capture_meta(
+    config: CaptureConfig,
+    cmd_line: str,
+    nsys_version: str,
+    rank_pids: dict[int, int],
+    losses: list,
+    emitter: str,
+    removed: dict[str, int],
+) -> dict:
     import torch
 
     per_layer = config.layer_costs_ms(0)
@@ -185,9 +217,15 @@ def _capture_meta(config: CaptureConfig, cmd_line: str, nsys_version: str, rank_
             "mode": config.compute,
             "layer_ms": config.layer_ms if config.compute == "emulated" else None,
             "per_layer_ms": (
-                {"forward": per_layer["forward"], "backward_full": 2 * per_layer["forward"],
-                 "input_grad": per_layer["input_grad"], "weight_grad": per_layer["weight_grad"]}
-                if config.compute == "emulated" else None),
+                {
+                    "forward": per_layer["forward"],
+                    "backward_full": 2 * per_layer["forward"],
+                    "input_grad": per_layer["input_grad"],
+                    "weight_grad": per_layer["weight_grad"],
+                }
+                if config.compute == "emulated"
+                else None
+            ),
             "layers": config.layers,
             "layers_per_stage": config.layers // config.n_stages,
             "hidden": config.hidden,
@@ -204,5 +242,3 @@ def _capture_meta(config: CaptureConfig, cmd_line: str, nsys_version: str, rank_
         "created": datetime.now(timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z"),
         "files": [REPORT_NAME],
     }
-
-

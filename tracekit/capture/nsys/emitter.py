@@ -1,6 +1,7 @@
 """NVTX ranges as ``emit_nvtx(record_shapes=True)`` writes them, for a CPU-only torch build.
 
 Runs inside each rank (imports torch and nvtx only when used)."""
+
 from __future__ import annotations
 
 # record_function's own ops: its enter/exit, not work (Kineto does not show them either)
@@ -27,7 +28,7 @@ class NvtxOpEmitter:
         self._torch = torch
         self._op_id = 0
         self._mode = None
-        self.pending_range = None   # the gloo range started inside the last c10d send/recv
+        self.pending_range = None  # the gloo range started inside the last c10d send/recv
         self._patches: list[tuple[object, str, object]] = []
 
     # -- text --------------------------------------------------------------------------
@@ -83,7 +84,8 @@ class NvtxOpEmitter:
                         # ProcessGroupGloo starts its own RecordFunction inside the op
                         tensors = args[0] if args and isinstance(args[0], (list, tuple)) else args[:1]
                         emitter.pending_range = emitter._nvtx.start_range(
-                            emitter._text(_GLOO_LABELS[name], -1, tensors))
+                            emitter._text(_GLOO_LABELS[name], -1, tensors)
+                        )
                     return out
                 finally:
                     emitter.pop()
@@ -184,6 +186,7 @@ class NvtxOpEmitter:
         def enter(grad_outputs):
             self.push(self._text(f"autograd::engine::evaluate_function: {name}", seq))
             self.push(self._text(name, seq, grad_outputs))
+
         return enter
 
     def _node_exit(self, grad_inputs, grad_outputs):
@@ -204,6 +207,7 @@ class NvtxOpEmitter:
                 if range_id is None:
                     return work
                 return _EndOnWait(work, lambda: emitter._nvtx.end_range(range_id))
+
             call.__wrapped__ = post
             return call
 
@@ -242,4 +246,3 @@ def emitter_for_this_torch():
         "tracekit NvtxOpEmitter: emit_nvtx's range texts written from Python "
         "(this torch has no CUDA, so emit_nvtx cannot run)"
     )
-

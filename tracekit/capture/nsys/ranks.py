@@ -1,6 +1,7 @@
 """The program nsys launches (``python -m tracekit.capture.nsys CONFIG_JSON OUT_DIR``): it spawns
 the ranks, each training as the Kineto capture does (:func:`tracekit.capture.worker.build_pipeline`)
 with NVTX ranges instead of torch.profiler, and records which pid is which rank."""
+
 from __future__ import annotations
 
 import contextlib
@@ -33,8 +34,9 @@ def run_rank_under_nsys(rank: int, cfg_dict: dict, out_dir: str, port: int) -> N
     cfg = CaptureConfig(**cfg_dict)
     cfg.validate()
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=cfg.ranks, timeout=timedelta(seconds=300))
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=cfg.ranks, timeout=timedelta(seconds=300)
+    )
     sender = worker.install_p2p_delay(cfg.p2p_delay_ms) if cfg.p2p_delay_ms > 0 else None
     out = Path(out_dir)
     try:
@@ -93,4 +95,3 @@ def spawn_ranks(config_path: str, out_dir: str) -> None:
     mp.spawn(run_rank_under_nsys, args=(cfg, out_dir, port), nprocs=cfg["ranks"], join=True)
     pids = {r: int((out / f"pid.rank{r}").read_text()) for r in range(cfg["ranks"])}
     write_text(out / "rank_pids.json", json.dumps(pids))
-

@@ -1,5 +1,6 @@
 """What a shared nsys report must not carry: environments, command lines, file paths, other
 processes and their threads. :func:`scrub_report` copies a raw export without them."""
+
 from __future__ import annotations
 
 import re
@@ -18,8 +19,14 @@ _DROP_TABLES = re.compile(
 _ENV_LIKE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 _PATH_LIKE = re.compile(r"(^|[\s\"'=:;])(/|~/|[A-Za-z]:\\)[^\s]*")
 _META_PRIVATE = re.compile(r"(ENVIRONMENT|ARGUMENT|COMMAND|WORKING_DIR|USER|HOST|PATH|FILE|DISPLAY_NAME)")
-_SYSTEM_PRIVATE = {"DeviceEnvironment", "Hostname", "TargetInstallDir", "InjectionFilesStoragePath",
-                   "KernelVersion", "NamespacePID"}
+_SYSTEM_PRIVATE = {
+    "DeviceEnvironment",
+    "Hostname",
+    "TargetInstallDir",
+    "InjectionFilesStoragePath",
+    "KernelVersion",
+    "NamespacePID",
+}
 #: strings that must not appear anywhere in a shared report (the committed sample's test)
 FORBIDDEN = ("PATH=", "HOME=", "USER=", "/root", "/home/", "/tmp/", "/work/")
 
@@ -35,8 +42,10 @@ def scrub_report(src: Path, dst: Path, keep_pids: set[int]) -> dict[str, int]:
     removed: dict[str, int] = {}
     conn = sqlite3.connect(work)
     try:
-        tables = {n: [r[1] for r in conn.execute(f'PRAGMA table_info("{n}")')]
-                  for (n,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        tables = {
+            n: [r[1] for r in conn.execute(f'PRAGMA table_info("{n}")')]
+            for (n,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+        }
         for name in list(tables):
             if _DROP_TABLES.match(name):
                 conn.execute(f'DROP TABLE "{name}"')
@@ -59,8 +68,9 @@ def scrub_report(src: Path, dst: Path, keep_pids: set[int]) -> dict[str, int]:
                 removed[f"{meta} rows"] = len(private)
         if "TARGET_INFO_SYSTEM_ENV" in tables:
             marks = ", ".join("?" * len(_SYSTEM_PRIVATE))
-            n = conn.execute(f"DELETE FROM TARGET_INFO_SYSTEM_ENV WHERE name IN ({marks})",
-                             sorted(_SYSTEM_PRIVATE)).rowcount
+            n = conn.execute(
+                f"DELETE FROM TARGET_INFO_SYSTEM_ENV WHERE name IN ({marks})", sorted(_SYSTEM_PRIVATE)
+            ).rowcount
             removed["system environment rows"] = n
         removed["strings"] = _scrub_strings(conn, tables)
         removed["other text cells"] = _scrub_text_cells(conn, tables)
@@ -94,8 +104,9 @@ def _scrub_strings(conn: sqlite3.Connection, tables: dict[str, list[str]]) -> in
         for col in cols:
             if col.endswith(("Id", "Name")) and col not in ("globalTid", "globalPid", "domainId", "correlationId"):
                 try:
-                    used.update(v for (v,) in conn.execute(f'SELECT DISTINCT "{col}" FROM "{table}"')
-                                if isinstance(v, int))
+                    used.update(
+                        v for (v,) in conn.execute(f'SELECT DISTINCT "{col}" FROM "{table}"') if isinstance(v, int)
+                    )
                 except sqlite3.DatabaseError:
                     continue
     rows = conn.execute("SELECT id, value FROM StringIds").fetchall()
@@ -116,8 +127,7 @@ def _scrub_text_cells(conn: sqlite3.Connection, tables: dict[str, list[str]]) ->
             continue
         for col in cols:
             try:
-                rows = conn.execute(
-                    f'SELECT rowid, "{col}" FROM "{table}" WHERE typeof("{col}") = \'text\'').fetchall()
+                rows = conn.execute(f'SELECT rowid, "{col}" FROM "{table}" WHERE typeof("{col}") = \'text\'').fetchall()
             except sqlite3.DatabaseError:
                 continue
             bad = [(rid,) for rid, v in rows if _private(v)]
@@ -125,4 +135,3 @@ def _scrub_text_cells(conn: sqlite3.Connection, tables: dict[str, list[str]]) ->
                 conn.executemany(f'UPDATE "{table}" SET "{col}" = \'\' WHERE rowid = ?', bad)
                 n += len(bad)
     return n
-

@@ -18,6 +18,7 @@ hover tooltips insert values as text. Controls and bidi overrides in those strin
 a browser would show as nothing, or use to draw the text after them reversed) are shown as
 visible escapes (:func:`tracekit.text.for_xml`), on the page and in the timeline's labels.
 """
+
 from __future__ import annotations
 
 from importlib.resources import files
@@ -46,8 +47,13 @@ def render_report(analysis: Analysis) -> str:
     context = page_context(analysis, step_notes + thinning_notes(views))
     context["has_timeline"] = timeline is not None
     context["has_bubble"] = bubble is not None
-    return file_html(roots, resources=INLINE, title=f"tracekit report: {analysis.run.source}",
-                     template=_page_template(), template_variables=context)
+    return file_html(
+        roots,
+        resources=INLINE,
+        title=f"tracekit report: {analysis.run.source}",
+        template=_page_template(),
+        template_variables=context,
+    )
 
 
 _ROOT_DIV = '<div id="{}" data-root-id="{}" style="display: contents;"></div>'
@@ -62,7 +68,12 @@ def _page_template() -> jinja2.Template:
     """The page, autoescaped: only bokeh's own output is marked safe."""
     from markupsafe import Markup, escape
 
-    env = jinja2.Environment(autoescape=True, trim_blocks=True, lstrip_blocks=True,
-                             undefined=jinja2.StrictUndefined, finalize=_visible_controls)
+    env = jinja2.Environment(
+        autoescape=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        undefined=jinja2.StrictUndefined,
+        finalize=_visible_controls,
+    )
     env.globals["root_div"] = lambda root: Markup(_ROOT_DIV.format(escape(root.elementid), escape(root.id)))
     return env.from_string(files("tracekit.render").joinpath("templates", TEMPLATE).read_text(encoding="utf-8"))

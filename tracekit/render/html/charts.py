@@ -1,5 +1,6 @@
 """The HTML report's bokeh figures: the step timelines, each rank's time by cause, and the
 bubble against theory."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -10,18 +11,47 @@ from tracekit.render.html.views import TIMELINE_WIDTH_PX, StepView
 from tracekit.vocab import CATEGORIES
 
 
-KIND_COLORS = {"F": "#4C78A8", "B": "#F58518", "I": "#E45756", "W": "#54A24B", "merged": "#8C8C8C",
-               "cpu": "#8C8C8C", "kernel": "#17BECF"}
-KIND_NAMES = {"F": "forward", "B": "backward", "I": "input-grad", "W": "weight-grad",
-              "merged": "merged actions", "cpu": "CPU ops (top level)", "kernel": "GPU work"}
+KIND_COLORS = {
+    "F": "#4C78A8",
+    "B": "#F58518",
+    "I": "#E45756",
+    "W": "#54A24B",
+    "merged": "#8C8C8C",
+    "cpu": "#8C8C8C",
+    "kernel": "#17BECF",
+}
+KIND_NAMES = {
+    "F": "forward",
+    "B": "backward",
+    "I": "input-grad",
+    "W": "weight-grad",
+    "merged": "merged actions",
+    "cpu": "CPU ops (top level)",
+    "kernel": "GPU work",
+}
 # Bars at least this wide (pixels, unzoomed) carry their action as text, up to this many.
 LABEL_MIN_PX = 30
 MAX_TEXT_LABELS = 600
-CAUSE_COLORS = {"busy": "#4C78A8", "warmup": "#C7C7C7", "drain": "#A5A5A5", "schedule_gaps": "#EECA3B",
-                "imbalance": "#FF6B8A", "comm": "#B279A2", "overhead": "#9C755F", "idle": "#D9D9D9"}
-CAUSE_NAMES = {"busy": "busy", "warmup": "warm-up", "drain": "drain", "schedule_gaps": "schedule gaps",
-               "imbalance": "imbalance", "comm": "comm latency", "overhead": "overhead/other",
-               "idle": "idle"}
+CAUSE_COLORS = {
+    "busy": "#4C78A8",
+    "warmup": "#C7C7C7",
+    "drain": "#A5A5A5",
+    "schedule_gaps": "#EECA3B",
+    "imbalance": "#FF6B8A",
+    "comm": "#B279A2",
+    "overhead": "#9C755F",
+    "idle": "#D9D9D9",
+}
+CAUSE_NAMES = {
+    "busy": "busy",
+    "warmup": "warm-up",
+    "drain": "drain",
+    "schedule_gaps": "schedule gaps",
+    "imbalance": "imbalance",
+    "comm": "comm latency",
+    "overhead": "overhead/other",
+    "idle": "idle",
+}
 CRITICAL_COLOR = "#D62728"
 MESSAGE_COLOR = "#333333"
 
@@ -35,8 +65,12 @@ MESSAGE_COLOR = "#333333"
 ZOOM_MODIFIERS = {"ctrl": True}
 # Legend entries per row under the timeline: ~170 px each fits the plotting area's width.
 LEGEND_COLUMNS = 6
-IDLE_TOOLTIPS = [("idle", "@cause"), ("rank", "@rank"), ("length", "@dur_ms{0.000} ms"),
-                 ("blamed on (rank, step)", "@blame")]
+IDLE_TOOLTIPS = [
+    ("idle", "@cause"),
+    ("rank", "@rank"),
+    ("length", "@dur_ms{0.000} ms"),
+    ("blamed on (rank, step)", "@blame"),
+]
 
 
 def _figure(**kwargs):
@@ -67,8 +101,15 @@ def _legend(fig, items: list[tuple[str, list]], place: str, columns: int | None 
     plotting area; a click hides the entry's layers."""
     from bokeh.models import Legend, LegendItem
 
-    legend = Legend(items=[LegendItem(label=label, renderers=rs) for label, rs in items], click_policy="hide",
-                    label_text_font_size="9pt", glyph_height=14, glyph_width=18, spacing=2, padding=6)
+    legend = Legend(
+        items=[LegendItem(label=label, renderers=rs) for label, rs in items],
+        click_policy="hide",
+        label_text_font_size="9pt",
+        glyph_height=14,
+        glyph_width=18,
+        spacing=2,
+        padding=6,
+    )
     if columns is not None:
         legend.orientation = "horizontal"
         legend.ncols = min(columns, len(items))
@@ -96,10 +137,14 @@ def _timeline_figure(view: StepView):
     window_ms = view.window_ns / 1e6
     x_lo, x_hi = -0.01 * window_ms, 1.01 * window_ms
     # y is fixed (every lane stays in view); x zooms and pans inside the step's window only
-    fig = _figure(frame_width=TIMELINE_WIDTH_PX, frame_height=int(min(max(34 * n, 150), 1400)),
-                  x_range=Range1d(x_lo, x_hi, bounds=(x_lo, x_hi)), y_range=Range1d(n - 0.4, -0.6),
-                  x_axis_label="ms since the step window's start",
-                  title=f"step {view.step}: {window_ms:.1f} ms, {100 * view.bubble_ratio:.1f}% idle")
+    fig = _figure(
+        frame_width=TIMELINE_WIDTH_PX,
+        frame_height=int(min(max(34 * n, 150), 1400)),
+        x_range=Range1d(x_lo, x_hi, bounds=(x_lo, x_hi)),
+        y_range=Range1d(n - 0.4, -0.6),
+        x_axis_label="ms since the step window's start",
+        title=f"step {view.step}: {window_ms:.1f} ms, {100 * view.bubble_ratio:.1f}% idle",
+    )
     wheel = WheelZoomTool(dimensions="width", modifiers=ZOOM_MODIFIERS)
     pan = PanTool(dimensions="width")
     fig.add_tools(pan, wheel, ResetTool(), SaveTool())
@@ -121,33 +166,93 @@ def _timeline_figure(view: StepView):
     for cause in CATEGORIES:
         part = view.idle[view.idle["cause"] == cause]
         if len(part):
-            quads(part, f"idle: {CAUSE_NAMES[cause]}", IDLE_TOOLTIPS,
-                  fill_color=CAUSE_COLORS[cause], line_alpha=0, fill_alpha=0.55)
+            quads(
+                part,
+                f"idle: {CAUSE_NAMES[cause]}",
+                IDLE_TOOLTIPS,
+                fill_color=CAUSE_COLORS[cause],
+                line_alpha=0,
+                fill_alpha=0.55,
+            )
     for kind in KIND_COLORS:
         part = view.bars[view.bars["kind"] == kind]
         if len(part):
-            quads(part, KIND_NAMES[kind], [("action", "@kind"), ("rank", "@rank"), ("stage", "@stage"),
-                                           ("microbatch", "@microbatch"), ("compute", "@dur_ms{0.000} ms"),
-                                           ("start", "@x0{0.000} ms"), ("label", "@label")],
-                  fill_color=KIND_COLORS[kind], line_color="white", line_width=0.5)
+            quads(
+                part,
+                KIND_NAMES[kind],
+                [
+                    ("action", "@kind"),
+                    ("rank", "@rank"),
+                    ("stage", "@stage"),
+                    ("microbatch", "@microbatch"),
+                    ("compute", "@dur_ms{0.000} ms"),
+                    ("start", "@x0{0.000} ms"),
+                    ("label", "@label"),
+                ],
+                fill_color=KIND_COLORS[kind],
+                line_color="white",
+                line_width=0.5,
+            )
     text = _bar_text(view)
     if len(text):
-        fig.text(x="x", y="y", text="text", source=_source(text), text_color="white", text_font_size="8pt",
-                 text_alpha=0.95, text_align="center", text_baseline="middle")
+        fig.text(
+            x="x",
+            y="y",
+            text="text",
+            source=_source(text),
+            text_color="white",
+            text_font_size="8pt",
+            text_alpha=0.95,
+            text_align="center",
+            text_baseline="middle",
+        )
     if len(view.messages):
-        renderer = fig.segment(x0="x0", y0="y0", x1="x1", y1="y1", source=_source(view.messages),
-                               line_color=MESSAGE_COLOR, line_width=1, line_alpha=0.55)
+        renderer = fig.segment(
+            x0="x0",
+            y0="y0",
+            x1="x1",
+            y1="y1",
+            source=_source(view.messages),
+            line_color=MESSAGE_COLOR,
+            line_width=1,
+            line_alpha=0.55,
+        )
         items["message (send -> arrival)"] = [renderer]
-        _hover(fig, renderer, [("message", "@link (@direction)"), ("send left after", "@post_ms{0.000} ms"),
-                               ("in flight", "@wire_ms{0.000} ms"), ("receiver waited", "@wait_ms{0.000} ms")])
+        _hover(
+            fig,
+            renderer,
+            [
+                ("message", "@link (@direction)"),
+                ("send left after", "@post_ms{0.000} ms"),
+                ("in flight", "@wire_ms{0.000} ms"),
+                ("receiver waited", "@wait_ms{0.000} ms"),
+            ],
+        )
     if view.critical_bars is not None and len(view.critical_bars):
-        links = fig.segment(x0="x0", y0="y0", x1="x1", y1="y1", source=_source(view.critical_links),
-                            line_color=CRITICAL_COLOR, line_width=2.5, line_alpha=0.9)
+        links = fig.segment(
+            x0="x0",
+            y0="y0",
+            x1="x1",
+            y1="y1",
+            source=_source(view.critical_links),
+            line_color=CRITICAL_COLOR,
+            line_width=2.5,
+            line_alpha=0.9,
+        )
         items["critical path"] = [links]
-        quads(view.critical_bars, "critical path",
-              [("critical path", "@action on rank @rank"), ("compute", "@compute_ms{0.000} ms"),
-               ("waited on", "@via @link"), ("comm", "@comm_ms{0.000} ms")],
-              fill_alpha=0, line_color=CRITICAL_COLOR, line_width=2.5)
+        quads(
+            view.critical_bars,
+            "critical path",
+            [
+                ("critical path", "@action on rank @rank"),
+                ("compute", "@compute_ms{0.000} ms"),
+                ("waited on", "@via @link"),
+                ("comm", "@comm_ms{0.000} ms"),
+            ],
+            fill_alpha=0,
+            line_color=CRITICAL_COLOR,
+            line_width=2.5,
+        )
     if items:
         _legend(fig, list(items.items()), "below", columns=LEGEND_COLUMNS)
     return fig
@@ -157,12 +262,20 @@ def _bar_text(view: StepView) -> pd.DataFrame:
     """Kind, stage and microbatch written on the bars wide enough to hold them."""
     bars = view.bars
     ms_per_px = view.window_ns / 1e6 / TIMELINE_WIDTH_PX
-    wide = bars[(bars["n"] == 1) & bars["kind"].isin(["F", "B", "I", "W"])
-                & (bars["x1"] - bars["x0"] >= LABEL_MIN_PX * ms_per_px)]
+    wide = bars[
+        (bars["n"] == 1)
+        & bars["kind"].isin(["F", "B", "I", "W"])
+        & (bars["x1"] - bars["x0"] >= LABEL_MIN_PX * ms_per_px)
+    ]
     if len(wide) > MAX_TEXT_LABELS:
         return pd.DataFrame(columns=["x", "y", "text"])
-    return pd.DataFrame({"x": (wide["x0"] + wide["x1"]) / 2, "y": (wide["y0"] + wide["y1"]) / 2,
-                         "text": [f"{k}{s}.{m}" for k, s, m in zip(wide["kind"], wide["stage"], wide["microbatch"])]})
+    return pd.DataFrame(
+        {
+            "x": (wide["x0"] + wide["x1"]) / 2,
+            "y": (wide["y0"] + wide["y1"]) / 2,
+            "text": [f"{k}{s}.{m}" for k, s, m in zip(wide["kind"], wide["stage"], wide["microbatch"])],
+        }
+    )
 
 
 def causes_root(analysis: Analysis):
@@ -187,14 +300,26 @@ def causes_root(analysis: Analysis):
 
         return Div(text="No rank has device work to show.", name="causes")
     n_ranks = len(columns["rank"])
-    fig = _figure(frame_width=min(max(160, 24 * n_ranks), 1100), frame_height=300, x_range=columns["rank"],
-                  x_axis_label="rank", y_axis_label="ms (all steps)", title="Each rank's time: busy, then idle by cause")
+    fig = _figure(
+        frame_width=min(max(160, 24 * n_ranks), 1100),
+        frame_height=300,
+        x_range=columns["rank"],
+        x_axis_label="rank",
+        y_axis_label="ms (all steps)",
+        title="Each rank's time: busy, then idle by cause",
+    )
     fig.y_range.start = 0
     fig.xgrid.visible = False
     if n_ranks > 24:
         fig.xaxis.major_label_orientation = np.pi / 2
-    renderers = fig.vbar_stack(parts, x="rank", width=0.8, source=ColumnDataSource(columns),
-                               color=[CAUSE_COLORS[p] for p in parts], line_color="white")
+    renderers = fig.vbar_stack(
+        parts,
+        x="rank",
+        width=0.8,
+        source=ColumnDataSource(columns),
+        color=[CAUSE_COLORS[p] for p in parts],
+        line_color="white",
+    )
     for part, renderer in zip(parts, renderers):
         _hover(fig, renderer, [("rank", "@rank"), (CAUSE_NAMES[part], f"@{{{part}}}{{0.0}} ms")])
     _legend(fig, [(CAUSE_NAMES[p], [r]) for p, r in zip(parts, renderers)], "right")
@@ -213,16 +338,34 @@ def bubble_root(analysis: Analysis):
     if theory is not None and theory.bubble_ratio is not None:
         rows.append(("theory", 100 * theory.bubble_ratio))
     colors = {"measured": "#4C78A8", "balanced replay": "#72B7B2", "theory": "#BAB0AC"}
-    source = ColumnDataSource({"what": [w for w, _ in rows], "bubble": [v for _, v in rows],
-                               "color": [colors[w] for w, _ in rows], "text": [f"{v:.1f}%" for _, v in rows]})
+    source = ColumnDataSource(
+        {
+            "what": [w for w, _ in rows],
+            "bubble": [v for _, v in rows],
+            "color": [colors[w] for w, _ in rows],
+            "text": [f"{v:.1f}%" for _, v in rows],
+        }
+    )
     top = max(5.0, max(v for _, v in rows) * 1.15)
-    fig = _figure(frame_width=300, frame_height=300, x_range=[w for w, _ in rows], y_range=(0, top),
-                  y_axis_label="bubble %", title="Bubble: idle share of the step window")
+    fig = _figure(
+        frame_width=300,
+        frame_height=300,
+        x_range=[w for w, _ in rows],
+        y_range=(0, top),
+        y_axis_label="bubble %",
+        title="Bubble: idle share of the step window",
+    )
     fig.xgrid.visible = False
     bars = fig.vbar(x="what", top="bubble", width=0.8, color="color", source=source)
-    fig.text(x="what", y="bubble", text="text", source=source, text_align="center", text_baseline="bottom",
-             text_font_size="11pt")
+    fig.text(
+        x="what",
+        y="bubble",
+        text="text",
+        source=source,
+        text_align="center",
+        text_baseline="bottom",
+        text_font_size="11pt",
+    )
     _hover(fig, bars, [("", "@what"), ("bubble", "@bubble{0.0}%")])
     fig.name = "bubble"
     return fig
-

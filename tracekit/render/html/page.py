@@ -1,6 +1,7 @@
 """What the HTML report's page shows besides its figures: the headline facts, the findings
 and notes, and the tables (per rank, blame per stage and link, critical path, what-if, the
 run's files and capture), as strings ready for the template."""
+
 from __future__ import annotations
 
 import pandas as pd
@@ -36,26 +37,48 @@ def page_context(analysis: Analysis, notes: list[str]) -> dict:
     if analysis.balanced_replay_ratio is not None:
         facts.append(("balanced replay", _pct(analysis.balanced_replay_ratio)))
     if sched is not None:
-        facts.append(("schedule", f"{sched.name}  p={sched.p} v={sched.v} m={sched.m}"
-                      + (f"  x {sched.replicas} replicas" if sched.replicas > 1 else "")))
+        facts.append(
+            (
+                "schedule",
+                f"{sched.name}  p={sched.p} v={sched.v} m={sched.m}"
+                + (f"  x {sched.replicas} replicas" if sched.replicas > 1 else ""),
+            )
+        )
     if analysis.device is not None:
-        facts.append(("timeline", f"device (kernels); host runs ahead by up to "
-                                  f"{_ms(analysis.device.host_ahead_max_ns)} ms"))
+        facts.append(
+            ("timeline", f"device (kernels); host runs ahead by up to {_ms(analysis.device.host_ahead_max_ns)} ms")
+        )
         if analysis.host_view is not None:
             facts.append(("host-side spans would say", _pct(analysis.host_view.bubble_ratio)))
     else:
         facts.append(("timeline", "host (CPU op spans)"))
-    facts += [("ranks", str(summary.n_ranks)), ("steps", str(n_steps)),
-              ("actions", str(len(run.actions))), ("messages", str(len(run.messages)))]
+    facts += [
+        ("ranks", str(summary.n_ranks)),
+        ("steps", str(n_steps)),
+        ("actions", str(len(run.actions))),
+        ("messages", str(len(run.messages))),
+    ]
     return {
-        "source": run.source, "version": __version__, "findings": findings,
-        "top": findings[0] if findings else None, "facts": facts, "notes": notes,
-        "rank_rows": _rank_rows(analysis), "cause_headers": [CAUSE_NAMES[c] for c in CATEGORIES],
-        "stage_rows": _stage_rows(analysis), "link_rows": _link_rows(analysis),
-        "critical": _critical_rows(analysis), "files": [f.describe() for f in run.files],
-        "schedule": sched.to_dict() if sched else None, "theory": theory, "capture": _capture_rows(run.capture),
-        "profiler": _profiler_rows(run.files), "warnings": list(run.warnings), "fold_rows": FOLD_ROWS,
-        "pipeline": analysis.is_pipeline, "whatif": _whatif_rows(analysis),
+        "source": run.source,
+        "version": __version__,
+        "findings": findings,
+        "top": findings[0] if findings else None,
+        "facts": facts,
+        "notes": notes,
+        "rank_rows": _rank_rows(analysis),
+        "cause_headers": [CAUSE_NAMES[c] for c in CATEGORIES],
+        "stage_rows": _stage_rows(analysis),
+        "link_rows": _link_rows(analysis),
+        "critical": _critical_rows(analysis),
+        "files": [f.describe() for f in run.files],
+        "schedule": sched.to_dict() if sched else None,
+        "theory": theory,
+        "capture": _capture_rows(run.capture),
+        "profiler": _profiler_rows(run.files),
+        "warnings": list(run.warnings),
+        "fold_rows": FOLD_ROWS,
+        "pipeline": analysis.is_pipeline,
+        "whatif": _whatif_rows(analysis),
         "whatif_note": analysis.whatif.note if analysis.whatif is not None else "",
         "incomplete": run.completeness.message() if run.completeness is not None else "",
     }
@@ -69,11 +92,19 @@ def _whatif_rows(analysis: Analysis) -> dict | None:
     measured = result.measured_step_ns
 
     def row(p) -> list[str]:
-        return [p.label, f"{_pct(p.bubble_ratio)} ±{p.bubble_sd:.1%}", f"{_ms(p.step_ns)} ±{p.step_sd / 1e6:.1f}",
-                f"{p.step_ns / measured - 1:+.1%}", _pct(p.theory) if p.theory is not None else ""]
+        return [
+            p.label,
+            f"{_pct(p.bubble_ratio)} ±{p.bubble_sd:.1%}",
+            f"{_ms(p.step_ns)} ±{p.step_sd / 1e6:.1f}",
+            f"{p.step_ns / measured - 1:+.1%}",
+            _pct(p.theory) if p.theory is not None else "",
+        ]
 
-    return {"measured": [_pct(result.measured_bubble), _ms(measured)], "model": row(result.as_measured),
-            "rows": [row(p) for p in result.predictions]}
+    return {
+        "measured": [_pct(result.measured_bubble), _ms(measured)],
+        "model": row(result.as_measured),
+        "rows": [row(p) for p in result.predictions],
+    }
 
 
 def _rank_rows(analysis: Analysis) -> list[list[str]]:
@@ -99,9 +130,16 @@ def _stage_rows(analysis: Analysis) -> list[list[str]]:
     median = float(compute.median()) if len(compute) else 0.0
     rows = []
     for stage in sorted(compute.index, key=lambda s: -by_stage.get(s, 0)):
-        rows.append([str(int(stage)), str(to_rank.get(int(stage), "?")), _ms(compute[stage]),
-                     f"{compute[stage] / median:.2f}x" if median else "n/a",
-                     _ms(by_stage.get(stage, 0)), _pct(by_stage.get(stage, 0) / idle)])
+        rows.append(
+            [
+                str(int(stage)),
+                str(to_rank.get(int(stage), "?")),
+                _ms(compute[stage]),
+                f"{compute[stage] / median:.2f}x" if median else "n/a",
+                _ms(by_stage.get(stage, 0)),
+                _pct(by_stage.get(stage, 0) / idle),
+            ]
+        )
     return rows
 
 
@@ -113,12 +151,21 @@ def _link_rows(analysis: Analysis) -> list[list[str]]:
     latencies = message_latencies(analysis)
     by_link = blame.groupby(["src_rank", "dst_rank"])["comm_ns"].sum() if len(blame) else pd.Series(dtype=float)
     stats = latencies.groupby(["src_rank", "dst_rank"]).agg(
-        n=("latency_ns", "size"), latency=("latency_ns", "median"), post=("post_delay_ns", "median"))
+        n=("latency_ns", "size"), latency=("latency_ns", "median"), post=("post_delay_ns", "median")
+    )
     rows = []
     for link in sorted(stats.index, key=lambda k: -by_link.get(k, 0)):
         s = stats.loc[link]
-        rows.append([f"{link[0]} -> {link[1]}", str(int(s["n"])), _ms(s["latency"]), _ms(s["post"]),
-                     _ms(by_link.get(link, 0)), _pct(by_link.get(link, 0) / idle)])
+        rows.append(
+            [
+                f"{link[0]} -> {link[1]}",
+                str(int(s["n"])),
+                _ms(s["latency"]),
+                _ms(s["post"]),
+                _ms(by_link.get(link, 0)),
+                _pct(by_link.get(link, 0) / idle),
+            ]
+        )
     return rows
 
 
@@ -128,19 +175,41 @@ def _critical_rows(analysis: Analysis) -> dict | None:
         return None
     slowest = max(attribution.steps, key=lambda s: s.measured_makespan_ns)
     path = list(reversed(slowest.critical_path))
-    rows = [[f"{p['kind']}{p['stage']}.{p['microbatch']}", str(p["rank"]), _ms(p["compute_ns"]),
-             p.get("via", ""), p.get("link", ""), _ms(p.get("comm_ns", 0)), _ms(p.get("overhead_ns", 0))]
-            for p in path]
-    return {"step": slowest.step, "makespan": _ms(slowest.measured_makespan_ns), "rows": rows,
-            "compute": _ms(sum(p["compute_ns"] for p in path)), "comm": _ms(sum(p.get("comm_ns", 0) for p in path))}
+    rows = [
+        [
+            f"{p['kind']}{p['stage']}.{p['microbatch']}",
+            str(p["rank"]),
+            _ms(p["compute_ns"]),
+            p.get("via", ""),
+            p.get("link", ""),
+            _ms(p.get("comm_ns", 0)),
+            _ms(p.get("overhead_ns", 0)),
+        ]
+        for p in path
+    ]
+    return {
+        "step": slowest.step,
+        "makespan": _ms(slowest.measured_makespan_ns),
+        "rows": rows,
+        "compute": _ms(sum(p["compute_ns"] for p in path)),
+        "comm": _ms(sum(p.get("comm_ns", 0) for p in path)),
+    }
 
 
 def _capture_rows(capture: dict | None) -> list[tuple[str, str]]:
     if not capture:
         return []
     rows = []
-    for key in ("command", "tracekit_version", "torch_version", "python_version", "platform", "schedule_class",
-                "backend", "created"):
+    for key in (
+        "command",
+        "tracekit_version",
+        "torch_version",
+        "python_version",
+        "platform",
+        "schedule_class",
+        "backend",
+        "created",
+    ):
         if key in capture:
             rows.append((key, str(capture[key])))
     compute = capture.get("compute") or {}
@@ -160,4 +229,3 @@ def _profiler_rows(files) -> list[tuple[str, str]]:
         for key, value in (f.profiler or {}).items():
             seen.setdefault(str(key), str(value))
     return sorted(seen.items())
-

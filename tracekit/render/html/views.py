@@ -1,6 +1,7 @@
 """What each step's timeline in the HTML report draws: lanes, bars, idle spans by cause,
 messages and the critical path, in ms since the step's window, thinned to a glyph budget
 (and the notes that say where it was thinned). Data only: :mod:`.charts` draws it."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -28,15 +29,15 @@ class StepView:
 
     step: int
     window_ns: int
-    bubble_ratio: float          # idle over window, all ranks
+    bubble_ratio: float  # idle over window, all ranks
     lanes: list[str]
-    bars: pd.DataFrame           # x0 x1 y0 y1 kind rank stage microbatch dur_ms n label
-    idle: pd.DataFrame           # x0 x1 y0 y1 cause rank dur_ms blame
-    messages: pd.DataFrame       # x0 y0 x1 y1 link post_ms wire_ms wait_ms direction
-    critical_links: pd.DataFrame | None = None   # x0 y0 x1 y1: one action's end to the next's start
-    critical_bars: pd.DataFrame | None = None    # outlines of the critical path's actions
-    thinned: dict[str, tuple[int, int]] = field(default_factory=dict)   # what -> (in the run, drawn)
-    merge_gap_ns: float = 0.0                    # bars closer than this on a row were merged
+    bars: pd.DataFrame  # x0 x1 y0 y1 kind rank stage microbatch dur_ms n label
+    idle: pd.DataFrame  # x0 x1 y0 y1 cause rank dur_ms blame
+    messages: pd.DataFrame  # x0 y0 x1 y1 link post_ms wire_ms wait_ms direction
+    critical_links: pd.DataFrame | None = None  # x0 y0 x1 y1: one action's end to the next's start
+    critical_bars: pd.DataFrame | None = None  # outlines of the critical path's actions
+    thinned: dict[str, tuple[int, int]] = field(default_factory=dict)  # what -> (in the run, drawn)
+    merge_gap_ns: float = 0.0  # bars closer than this on a row were merged
 
 
 def _lanes(analysis: Analysis, ranks: list[int]) -> tuple[list[str], dict, dict]:
@@ -59,13 +60,13 @@ def chosen_steps(steps: list[int], step_ns: dict[int, int]) -> tuple[list[int], 
     if len(steps) <= MAX_DETAILED_STEPS:
         return steps, []
     by_length = sorted(steps, key=lambda s: step_ns.get(s, 0))
-    picks = {"first": steps[0], "slowest": by_length[-1], "median": by_length[len(by_length) // 2],
-             "last": steps[-1]}
+    picks = {"first": steps[0], "slowest": by_length[-1], "median": by_length[len(by_length) // 2], "last": steps[-1]}
     chosen = sorted(set(picks.values()))
     # one step can hold several roles (the first is often the slowest): name it once
     named = ", ".join(f"step {s} ({', '.join(k for k, v in picks.items() if v == s)})" for s in chosen)
-    return chosen, [f"Timeline: {len(chosen)} of {len(steps)} steps drawn in detail: {named}; "
-                    "the tables and bars cover every step."]
+    return chosen, [
+        f"Timeline: {len(chosen)} of {len(steps)} steps drawn in detail: {named}; the tables and bars cover every step."
+    ]
 
 
 def step_views(analysis: Analysis) -> tuple[list[StepView], list[str]]:
@@ -88,9 +89,12 @@ def step_views(analysis: Analysis) -> tuple[list[StepView], list[str]]:
 
 
 # What an idle span of a cause without a stage or link to blame is put down to.
-_BLAMED_ON = {"warmup": "the schedule: pipeline fill", "drain": "the schedule: pipeline drain",
-              "schedule_gaps": "the schedule: waits between its actions",
-              "overhead": "host overhead between this rank's actions"}
+_BLAMED_ON = {
+    "warmup": "the schedule: pipeline fill",
+    "drain": "the schedule: pipeline drain",
+    "schedule_gaps": "the schedule: waits between its actions",
+    "overhead": "host overhead between this rank's actions",
+}
 # Culprits named per idle span, largest first; the rest are counted.
 MAX_BLAMED = 3
 
@@ -107,13 +111,19 @@ def idle_blame(analysis: Analysis) -> dict[tuple[int, int, str], str]:
         for rank, rows in step.stage_blame.groupby("rank"):
             rows = rows.sort_values("imbalance_ns", ascending=False)
             out[(int(rank), step.step, "imbalance")] = _culprits(
-                [f"stage {int(s)} (rank {to_rank.get(int(s), '?')}) {_ms3(ns)} ms"
-                 for s, ns in zip(rows["stage"], rows["imbalance_ns"])])
+                [
+                    f"stage {int(s)} (rank {to_rank.get(int(s), '?')}) {_ms3(ns)} ms"
+                    for s, ns in zip(rows["stage"], rows["imbalance_ns"])
+                ]
+            )
         for rank, rows in step.link_blame.groupby("rank"):
             rows = rows.sort_values("comm_ns", ascending=False)
             out[(int(rank), step.step, "comm")] = _culprits(
-                [f"link {int(a)} -> {int(b)} {_ms3(ns)} ms"
-                 for a, b, ns in zip(rows["src_rank"], rows["dst_rank"], rows["comm_ns"])])
+                [
+                    f"link {int(a)} -> {int(b)} {_ms3(ns)} ms"
+                    for a, b, ns in zip(rows["src_rank"], rows["dst_rank"], rows["comm_ns"])
+                ]
+            )
     return out
 
 
@@ -126,8 +136,9 @@ def _step_view(analysis, step, lo, hi, lanes, rank_lane, stream_lane, intervals,
     run = analysis.run
     thinned: dict[str, tuple[int, int]] = {}
     pixel_ns = max((hi - lo) / TIMELINE_WIDTH_PX, 1.0)
-    frames = [_action_work(run.actions, step, rank_lane)] if analysis.is_pipeline else \
-        _plain_work(analysis, step, rank_lane)
+    frames = (
+        [_action_work(run.actions, step, rank_lane)] if analysis.is_pipeline else _plain_work(analysis, step, rank_lane)
+    )
     frames = [f for f in (*frames, _gpu_work(run.events, lo, hi, stream_lane)) if len(f)]
     work = pd.concat(frames, ignore_index=True) if frames else _empty_work()
     bars, merge_gap = decimate(work, MAX_BARS, pixel_ns)
@@ -139,13 +150,24 @@ def _step_view(analysis, step, lo, hi, lanes, rank_lane, stream_lane, intervals,
     critical_links, critical_bars = _critical_view(analysis, step, lo, rank_lane)
     rows = analysis.bubbles[analysis.bubbles["step"] == step]
     bubble = float(rows["idle_ns"].sum() / max(int(rows["window_ns"].sum()), 1))
-    return StepView(step=step, window_ns=hi - lo, bubble_ratio=bubble, lanes=lanes, bars=bars, idle=idle,
-                    messages=messages, critical_links=critical_links, critical_bars=critical_bars, thinned=thinned,
-                    merge_gap_ns=merge_gap)
+    return StepView(
+        step=step,
+        window_ns=hi - lo,
+        bubble_ratio=bubble,
+        lanes=lanes,
+        bars=bars,
+        idle=idle,
+        messages=messages,
+        critical_links=critical_links,
+        critical_bars=critical_bars,
+        thinned=thinned,
+        merge_gap_ns=merge_gap,
+    )
 
 
 def thinning_notes(views: list[StepView]) -> list[str]:
     """One sentence per kind of thinning, summed over the steps drawn."""
+
     def total(what: str) -> tuple[int, int]:
         pairs = [v.thinned[what] for v in views if what in v.thinned]
         return sum(a for a, _ in pairs), sum(b for _, b in pairs)
@@ -154,19 +176,25 @@ def thinning_notes(views: list[StepView]) -> list[str]:
     if any("bars" in v.thinned for v in views):
         n_in, n_out = total("bars")
         gap_ms = max(v.merge_gap_ns for v in views) / 1e6
-        sentences.append(f"{n_in:,} actions and ops drawn as {n_out:,} bars: neighbours on a row less than "
-                         f"{gap_ms:.3g} ms apart are merged into one grey bar.")
+        sentences.append(
+            f"{n_in:,} actions and ops drawn as {n_out:,} bars: neighbours on a row less than "
+            f"{gap_ms:.3g} ms apart are merged into one grey bar."
+        )
     if any("idle" in v.thinned for v in views):
         n_in, n_out = total("idle")
-        sentences.append(f"The longest {n_out:,} of {n_in:,} idle spans are shaded; the per-rank bars and "
-                         "tables count every nanosecond.")
+        sentences.append(
+            f"The longest {n_out:,} of {n_in:,} idle spans are shaded; the per-rank bars and "
+            "tables count every nanosecond."
+        )
     if any("messages" in v.thinned for v in views):
         n_in, n_out = total("messages")
         sentences.append(f"The {n_out:,} slowest of {n_in:,} messages are drawn.")
     if not sentences:
         return []
-    return ["This run is large, so the timeline was thinned to stay responsive (over the steps drawn): "
-            + " ".join(sentences)]
+    return [
+        "This run is large, so the timeline was thinned to stay responsive (over the steps drawn): "
+        + " ".join(sentences)
+    ]
 
 
 def _empty_work() -> pd.DataFrame:
@@ -175,23 +203,37 @@ def _empty_work() -> pd.DataFrame:
 
 def _action_work(actions: pd.DataFrame, step: int, rank_lane: dict) -> pd.DataFrame:
     acts = actions[actions["step"] == step]
-    return pd.DataFrame({
-        "lane": acts["rank"].map(rank_lane).to_numpy(), "start": acts["start_ns"].to_numpy(),
-        "end": acts["end_ns"].to_numpy(), "kind": acts["kind"].astype(str).to_numpy(),
-        "rank": acts["rank"].to_numpy(), "stage": acts["stage"].to_numpy(),
-        "microbatch": acts["microbatch"].to_numpy(), "label": acts["label"].astype(str).to_numpy()})
+    return pd.DataFrame(
+        {
+            "lane": acts["rank"].map(rank_lane).to_numpy(),
+            "start": acts["start_ns"].to_numpy(),
+            "end": acts["end_ns"].to_numpy(),
+            "kind": acts["kind"].astype(str).to_numpy(),
+            "rank": acts["rank"].to_numpy(),
+            "stage": acts["stage"].to_numpy(),
+            "microbatch": acts["microbatch"].to_numpy(),
+            "label": acts["label"].astype(str).to_numpy(),
+        }
+    )
 
 
 def _gpu_work(events: pd.DataFrame, lo: int, hi: int, stream_lane: dict) -> pd.DataFrame:
     if not stream_lane:
         return _empty_work()
-    gpu = events[events["on_gpu"] & events["cat"].isin(_GPU_CATS) & (events["end_ns"] > lo)
-                 & (events["start_ns"] < hi)]
+    gpu = events[events["on_gpu"] & events["cat"].isin(_GPU_CATS) & (events["end_ns"] > lo) & (events["start_ns"] < hi)]
     lane = [stream_lane.get((int(r), int(t)), -1) for r, t in zip(gpu["rank"], gpu["tid"])]
-    return pd.DataFrame({"lane": lane, "start": gpu["start_ns"].clip(lower=lo).to_numpy(),
-                         "end": gpu["end_ns"].clip(upper=hi).to_numpy(), "kind": "kernel",
-                         "rank": gpu["rank"].to_numpy(), "stage": -1, "microbatch": -1,
-                         "label": gpu["name"].astype(str).to_numpy()}).query("lane >= 0")
+    return pd.DataFrame(
+        {
+            "lane": lane,
+            "start": gpu["start_ns"].clip(lower=lo).to_numpy(),
+            "end": gpu["end_ns"].clip(upper=hi).to_numpy(),
+            "kind": "kernel",
+            "rank": gpu["rank"].to_numpy(),
+            "stage": -1,
+            "microbatch": -1,
+            "label": gpu["name"].astype(str).to_numpy(),
+        }
+    ).query("lane >= 0")
 
 
 def _plain_work(analysis: Analysis, step: int, rank_lane: dict) -> list[pd.DataFrame]:
@@ -201,13 +243,28 @@ def _plain_work(analysis: Analysis, step: int, rank_lane: dict) -> list[pd.DataF
     rows = analysis.bubbles[analysis.bubbles["step"] == step]
     out = []
     for row in rows.itertuples(index=False):
-        ev = events[(events["rank"] == row.rank) & ~events["on_gpu"] & (events["depth"] == 0)
-                    & (events["end_ns"] > row.window_start_ns) & (events["start_ns"] < row.window_end_ns)
-                    & ~events["name"].str.startswith("ProfilerStep")]
-        out.append(pd.DataFrame({
-            "lane": rank_lane[int(row.rank)], "start": ev["start_ns"].clip(lower=row.window_start_ns).to_numpy(),
-            "end": ev["end_ns"].clip(upper=row.window_end_ns).to_numpy(), "kind": "cpu",
-            "rank": int(row.rank), "stage": -1, "microbatch": -1, "label": ev["name"].astype(str).to_numpy()}))
+        ev = events[
+            (events["rank"] == row.rank)
+            & ~events["on_gpu"]
+            & (events["depth"] == 0)
+            & (events["end_ns"] > row.window_start_ns)
+            & (events["start_ns"] < row.window_end_ns)
+            & ~events["name"].str.startswith("ProfilerStep")
+        ]
+        out.append(
+            pd.DataFrame(
+                {
+                    "lane": rank_lane[int(row.rank)],
+                    "start": ev["start_ns"].clip(lower=row.window_start_ns).to_numpy(),
+                    "end": ev["end_ns"].clip(upper=row.window_end_ns).to_numpy(),
+                    "kind": "cpu",
+                    "rank": int(row.rank),
+                    "stage": -1,
+                    "microbatch": -1,
+                    "label": ev["name"].astype(str).to_numpy(),
+                }
+            )
+        )
     return out
 
 
@@ -230,11 +287,19 @@ def decimate(work: pd.DataFrame, cap: int, pixel_ns: float) -> tuple[pd.DataFram
         gap *= 2
     grouped = work.groupby(group, sort=True)
     kinds = grouped["kind"].first().where(grouped["kind"].nunique() == 1, "merged")
-    out = pd.DataFrame({
-        "lane": grouped["lane"].first(), "start": grouped["start"].min(), "end": grouped["end"].max(),
-        "kind": kinds, "rank": grouped["rank"].first(), "stage": grouped["stage"].first(),
-        "microbatch": grouped["microbatch"].first(), "label": grouped["label"].first(),
-        "n": grouped.size()}).reset_index(drop=True)
+    out = pd.DataFrame(
+        {
+            "lane": grouped["lane"].first(),
+            "start": grouped["start"].min(),
+            "end": grouped["end"].max(),
+            "kind": kinds,
+            "rank": grouped["rank"].first(),
+            "stage": grouped["stage"].first(),
+            "microbatch": grouped["microbatch"].first(),
+            "label": grouped["label"].first(),
+            "n": grouped.size(),
+        }
+    ).reset_index(drop=True)
     many = out["n"] > 1
     out.loc[many, "label"] = out.loc[many, "n"].map(lambda n: f"{n} merged")
     out.loc[many, ["stage", "microbatch"]] = -1
@@ -242,13 +307,21 @@ def decimate(work: pd.DataFrame, cap: int, pixel_ns: float) -> tuple[pd.DataFram
 
 
 def _to_view_bars(bars: pd.DataFrame, lo: int) -> pd.DataFrame:
-    return pd.DataFrame({
-        "x0": (bars["start"].to_numpy(dtype=np.int64) - lo) / 1e6, "y0": bars["lane"].to_numpy(dtype=float) - 0.38,
-        "x1": (bars["end"].to_numpy(dtype=np.int64) - lo) / 1e6, "y1": bars["lane"].to_numpy(dtype=float) + 0.38,
-        "kind": bars["kind"].astype(str).to_numpy(), "rank": bars["rank"].to_numpy(dtype=np.int64),
-        "stage": bars["stage"].to_numpy(dtype=np.int64), "microbatch": bars["microbatch"].to_numpy(dtype=np.int64),
-        "dur_ms": (bars["end"].to_numpy(dtype=np.int64) - bars["start"].to_numpy(dtype=np.int64)) / 1e6,
-        "n": bars["n"].to_numpy(dtype=np.int64), "label": _visible_labels(bars["label"])})
+    return pd.DataFrame(
+        {
+            "x0": (bars["start"].to_numpy(dtype=np.int64) - lo) / 1e6,
+            "y0": bars["lane"].to_numpy(dtype=float) - 0.38,
+            "x1": (bars["end"].to_numpy(dtype=np.int64) - lo) / 1e6,
+            "y1": bars["lane"].to_numpy(dtype=float) + 0.38,
+            "kind": bars["kind"].astype(str).to_numpy(),
+            "rank": bars["rank"].to_numpy(dtype=np.int64),
+            "stage": bars["stage"].to_numpy(dtype=np.int64),
+            "microbatch": bars["microbatch"].to_numpy(dtype=np.int64),
+            "dur_ms": (bars["end"].to_numpy(dtype=np.int64) - bars["start"].to_numpy(dtype=np.int64)) / 1e6,
+            "n": bars["n"].to_numpy(dtype=np.int64),
+            "label": _visible_labels(bars["label"]),
+        }
+    )
 
 
 def _visible_labels(labels: pd.Series) -> np.ndarray:
@@ -257,8 +330,15 @@ def _visible_labels(labels: pd.Series) -> np.ndarray:
     return labels.map({name: for_xml(name) for name in labels.unique()}).to_numpy()
 
 
-def _idle_view(intervals: pd.DataFrame, step: int, lo: int, rank_lane: dict, merge_gap: float,
-               thinned: dict, blame: dict[tuple[int, int, str], str]) -> pd.DataFrame:
+def _idle_view(
+    intervals: pd.DataFrame,
+    step: int,
+    lo: int,
+    rank_lane: dict,
+    merge_gap: float,
+    thinned: dict,
+    blame: dict[tuple[int, int, str], str],
+) -> pd.DataFrame:
     columns = ["x0", "y0", "x1", "y1", "cause", "rank", "dur_ms", "blame"]
     if len(intervals) == 0:
         return pd.DataFrame(columns=columns)
@@ -270,12 +350,20 @@ def _idle_view(intervals: pd.DataFrame, step: int, lo: int, rank_lane: dict, mer
     if len(spans) < total:
         thinned["idle"] = (total, len(spans))
     lane = spans["rank"].map(rank_lane).to_numpy(dtype=float)
-    return pd.DataFrame({"x0": (spans["start_ns"].to_numpy() - lo) / 1e6, "y0": lane - 0.45,
-                         "x1": (spans["end_ns"].to_numpy() - lo) / 1e6, "y1": lane + 0.45,
-                         "cause": spans["cause"].to_numpy(), "rank": spans["rank"].to_numpy(),
-                         "dur_ms": (spans["end_ns"] - spans["start_ns"]).to_numpy() / 1e6,
-                         "blame": [blame.get((int(r), step, c), _BLAMED_ON.get(c, "")) for r, c in
-                                   zip(spans["rank"], spans["cause"])]})
+    return pd.DataFrame(
+        {
+            "x0": (spans["start_ns"].to_numpy() - lo) / 1e6,
+            "y0": lane - 0.45,
+            "x1": (spans["end_ns"].to_numpy() - lo) / 1e6,
+            "y1": lane + 0.45,
+            "cause": spans["cause"].to_numpy(),
+            "rank": spans["rank"].to_numpy(),
+            "dur_ms": (spans["end_ns"] - spans["start_ns"]).to_numpy() / 1e6,
+            "blame": [
+                blame.get((int(r), step, c), _BLAMED_ON.get(c, "")) for r, c in zip(spans["rank"], spans["cause"])
+            ],
+        }
+    )
 
 
 def _message_view(analysis: Analysis, step: int, lo: int, rank_lane: dict, thinned: dict) -> pd.DataFrame:
@@ -283,8 +371,9 @@ def _message_view(analysis: Analysis, step: int, lo: int, rank_lane: dict, thinn
     messages = analysis.run.messages
     if not analysis.is_pipeline or len(messages) == 0:
         return pd.DataFrame(columns=columns)
-    msgs = messages[(messages["step"] == step) & messages["src_rank"].isin(rank_lane)
-                    & messages["dst_rank"].isin(rank_lane)]
+    msgs = messages[
+        (messages["step"] == step) & messages["src_rank"].isin(rank_lane) & messages["dst_rank"].isin(rank_lane)
+    ]
     producer_end = analysis.run.actions.set_index("action_id")["end_ns"]
     ready = msgs["producer_action"].map(producer_end).fillna(msgs["send_post_ns"]).astype(np.int64)
     latency = (msgs["arrival_ns"] - ready).clip(lower=0)
@@ -293,12 +382,19 @@ def _message_view(analysis: Analysis, step: int, lo: int, rank_lane: dict, thinn
         keep = latency.nlargest(MAX_MESSAGES).index
         msgs, ready, latency = msgs.loc[keep], ready.loc[keep], latency.loc[keep]
     post = (msgs["send_post_ns"] - ready).clip(lower=0)
-    return pd.DataFrame({
-        "x0": (msgs["send_post_ns"].to_numpy() - lo) / 1e6, "y0": msgs["src_rank"].map(rank_lane).to_numpy(dtype=float),
-        "x1": (msgs["arrival_ns"].to_numpy() - lo) / 1e6, "y1": msgs["dst_rank"].map(rank_lane).to_numpy(dtype=float),
-        "link": [f"{s}->{d}" for s, d in zip(msgs["src_rank"], msgs["dst_rank"])],
-        "post_ms": post.to_numpy() / 1e6, "wire_ms": (latency - post).clip(lower=0).to_numpy() / 1e6,
-        "wait_ms": msgs["recv_wait_ns"].to_numpy() / 1e6, "direction": msgs["direction"].astype(str).to_numpy()})
+    return pd.DataFrame(
+        {
+            "x0": (msgs["send_post_ns"].to_numpy() - lo) / 1e6,
+            "y0": msgs["src_rank"].map(rank_lane).to_numpy(dtype=float),
+            "x1": (msgs["arrival_ns"].to_numpy() - lo) / 1e6,
+            "y1": msgs["dst_rank"].map(rank_lane).to_numpy(dtype=float),
+            "link": [f"{s}->{d}" for s, d in zip(msgs["src_rank"], msgs["dst_rank"])],
+            "post_ms": post.to_numpy() / 1e6,
+            "wire_ms": (latency - post).clip(lower=0).to_numpy() / 1e6,
+            "wait_ms": msgs["recv_wait_ns"].to_numpy() / 1e6,
+            "direction": msgs["direction"].astype(str).to_numpy(),
+        }
+    )
 
 
 def _critical_view(analysis: Analysis, step: int, lo: int, rank_lane: dict):
@@ -314,15 +410,33 @@ def _critical_view(analysis: Analysis, step: int, lo: int, rank_lane: dict):
     for p in path:
         a = actions.loc[p["action_id"]]
         y = float(rank_lane[int(a["rank"])])
-        rows.append(((int(a["start_ns"]) - lo) / 1e6, y - 0.42, (int(a["end_ns"]) - lo) / 1e6, y + 0.42,
-                     f"{p['kind']}{p['stage']}.{p['microbatch']}", int(a["rank"]), p["compute_ns"] / 1e6,
-                     p.get("comm_ns", 0) / 1e6, p.get("via", ""), p.get("link", "")))
-    bars = pd.DataFrame(rows, columns=["x0", "y0", "x1", "y1", "action", "rank", "compute_ms", "comm_ms", "via", "link"])
+        rows.append(
+            (
+                (int(a["start_ns"]) - lo) / 1e6,
+                y - 0.42,
+                (int(a["end_ns"]) - lo) / 1e6,
+                y + 0.42,
+                f"{p['kind']}{p['stage']}.{p['microbatch']}",
+                int(a["rank"]),
+                p["compute_ns"] / 1e6,
+                p.get("comm_ns", 0) / 1e6,
+                p.get("via", ""),
+                p.get("link", ""),
+            )
+        )
+    bars = pd.DataFrame(
+        rows, columns=["x0", "y0", "x1", "y1", "action", "rank", "compute_ms", "comm_ms", "via", "link"]
+    )
     lane = (bars["y0"] + bars["y1"]) / 2
-    links = pd.DataFrame({"x0": bars["x1"].to_numpy()[:-1], "y0": lane.to_numpy()[:-1],
-                          "x1": bars["x0"].to_numpy()[1:], "y1": lane.to_numpy()[1:]})
+    links = pd.DataFrame(
+        {
+            "x0": bars["x1"].to_numpy()[:-1],
+            "y0": lane.to_numpy()[:-1],
+            "x1": bars["x0"].to_numpy()[1:],
+            "y1": lane.to_numpy()[1:],
+        }
+    )
     return links, bars
-
 
 
 def _ms3(ns: float) -> str:
