@@ -32,11 +32,10 @@ from __future__ import annotations
 import numpy as np
 
 from tracekit.ingest.columns import EventColumns
-from tracekit.model.names import COMM_PREFIXES, RECV_NAMES, SEND_NAMES
+from tracekit.model.names import COMM_PREFIXES, LIBRARY_RANGES, RECV_NAMES, SEND_NAMES
 
 _BACKWARD_PREFIX = "autograd::engine"
 ROWS = ("all", "analysis")
-_LIBRARY_RANGES = ("gloo:", "nccl:", "record_param_comms", "c10d::", "tracekit:p2p")
 
 
 def working_set(columns: EventColumns) -> EventColumns:
@@ -75,7 +74,7 @@ def _kept(columns: EventColumns) -> np.ndarray:
     depth = nums["depth"].astype(np.int64)
     # Any annotation may be a label: which ones are is decided later, by the label rules.
     # Communication libraries' ranges (gloo:recv spans posting to the wait's return) are not.
-    anchor = annotation & ~on_gpu & ~by_name(lambda s: s.startswith(_LIBRARY_RANGES))
+    anchor = annotation & ~on_gpu & ~by_name(lambda s: s.startswith(LIBRARY_RANGES))
     limit_of_row = np.zeros(len(depth), dtype=np.int64)
     if anchor.any():
         _, pid_code = np.unique(nums["pid"], return_inverse=True)

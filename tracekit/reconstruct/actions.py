@@ -136,8 +136,12 @@ def _from_labels(
             inside = [i for i in range(lo, hi) if ends[i] <= label.end_ns and depths[i] == label.depth + 1]
             span = _compute_span(label, inside, starts, ends, names, waits)
             span = _with_engine(span, label, engine_spans.get(int(rank)))
-            if len(parts) == 1:
-                kind, stage, mb = parts[0]
+            # a fused F+B range splits at its first autograd op
+            spans = [(span.start, span.end)]
+            if len(parts) == 2:
+                split = _first_backward_start(inside, starts, names, span)
+                spans = [(span.start, split), (split, span.end)]
+            for (kind, stage, mb), (s, e) in zip(parts, spans):
                 rows.append(
                     (
                         int(rank),
@@ -145,8 +149,8 @@ def _from_labels(
                         kind,
                         stage,
                         mb,
-                        span.start,
-                        span.end,
+                        s,
+                        e,
                         int(label.start_ns),
                         int(label.end_ns),
                         label.name,
@@ -154,25 +158,6 @@ def _from_labels(
                         int(label.source_index),
                     )
                 )
-            else:
-                split = _first_backward_start(inside, starts, names, span)
-                for (kind, stage, mb), (s, e) in zip(parts, [(span.start, split), (split, span.end)]):
-                    rows.append(
-                        (
-                            int(rank),
-                            step,
-                            kind,
-                            stage,
-                            mb,
-                            s,
-                            e,
-                            int(label.start_ns),
-                            int(label.end_ns),
-                            label.name,
-                            int(label.file_id),
-                            int(label.source_index),
-                        )
-                    )
     return rows
 
 

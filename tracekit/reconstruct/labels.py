@@ -20,8 +20,8 @@ is one action, and microbatches count up in order of appearance per rank and kin
 hand-labelled per-layer ranges such as ``attn(F)``, ``mlp(F)`` need).
 
 The built-in tables (:data:`BUILTIN`) describe what the frameworks write (see
-shared/docs/trace-formats.md); the one whose action rules match the most ranges is used and
-reported (``labels: torch-pp``). User rules (``--label-rule``, ``[tool.tracekit.labels]``)
+shared/docs/trace-formats.md), most specific first; the first whose action rules match a
+range is used and reported (``labels: torch-pp``). User rules (``--label-rule``, ``[tool.tracekit.labels]``)
 come first; where they match nothing the built-in tables are tried and a warning says so.
 """
 
@@ -31,6 +31,7 @@ import re
 from dataclasses import dataclass, field
 
 from tracekit.errors import TracekitError
+from tracekit.model.names import LIBRARY_RANGES
 
 ACTION_ROLES = ("F", "B", "I", "W", "kind", "FB")
 ROLES = ACTION_ROLES + ("comm", "marker")
@@ -215,7 +216,6 @@ def choose(names_and_counts: dict[str, int], custom: LabelSet | None) -> LabelCh
     """Pick the table for a run from its distinct annotation names and how often each occurs."""
     choice = LabelChoice(used=None)
     tables = ([custom] if custom else []) + list(BUILTIN)
-    best: tuple[int, LabelSet] | None = None
     for table in tables:
         actions = other = 0
         for name, n in names_and_counts.items():
@@ -233,21 +233,15 @@ def choose(names_and_counts: dict[str, int], custom: LabelSet | None) -> LabelCh
                 f"--label-rule / [tool.tracekit.labels]: no rule matched an action range "
                 f"({custom.what}); {_top_names(names_and_counts)}"
             )
-        if actions and best is None:
-            best = (actions, table)  # user rules first, then the most specific built-in table
+        if actions and choice.used is None:
+            choice.used = table  # user rules first, then the most specific built-in table
         elif not actions and other and table is not custom:
             choice.markers.append(table)
-    if best is not None:
-        choice.used = best[1]
     return choice
 
 
-# Communication library ranges (gloo:send, nccl:recv 1<-0, ...) are no candidates for a rule.
-_LIBRARY_RANGES = ("gloo:", "nccl:", "c10d::", "record_param_comms", "tracekit:p2p")
-
-
 def _top_names(names_and_counts: dict[str, int], k: int = 3) -> str:
-    candidates = {n: c for n, c in names_and_counts.items() if not n.startswith(_LIBRARY_RANGES)}
+    candidates = {n: c for n, c in names_and_counts.items() if not n.startswith(LIBRARY_RANGES)}
     top = sorted(candidates.items(), key=lambda kv: (-kv[1], kv[0]))[:k]
     if not top:
         return "the traces hold no user annotations"

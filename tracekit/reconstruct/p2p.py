@@ -295,12 +295,14 @@ def _settle_by_counts(
         choices = list(combinations(rows, need))
         if len(choices) > max_choices:
             continue
+        # only this rank's ops of the step and the step's counterparts take part in a trial
+        mine_step, theirs_step = mine[in_step], theirs[theirs["step"] == step]
         best, best_bad = None, None
         for chosen in choices:
-            trial = mine.copy()
+            trial = mine_step.copy()
             trial.loc[list(rows), "peer"] = prv
             trial.loc[list(chosen), "peer"] = nxt
-            bad = sum(_acausal(trial, theirs, rank, peer, step, side) for peer in {nxt, prv})
+            bad = sum(_acausal(trial, theirs_step, rank, peer, step, side) for peer in {nxt, prv})
             if best_bad is None or bad < best_bad:
                 best, best_bad = chosen, bad
         if best is None or best_bad:
