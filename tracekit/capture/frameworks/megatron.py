@@ -50,7 +50,7 @@ import socket
 import sys
 import tempfile
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 from functools import partial
 from importlib.metadata import version as package_version
 from pathlib import Path
@@ -231,9 +231,8 @@ def _capture_under_nsys(cfg: CaptureConfig, folder: Path) -> dict:
 def _manifest(cfg: CaptureConfig, cmd: str) -> dict:
     import torch
 
-    from tracekit.capture.runner import EMULATED_HOW, REAL_HOW
+    from tracekit.capture.runner import compute_manifest, faults_manifest, utc_now
 
-    per_layer = cfg.layer_costs_ms(0)
     return {
         **manifest_head(cfg, cmd, torch.__version__),
         "schedule_class": f"{SCHEDULES_MODULE}.{SCHEDULE_FUNCTIONS[cfg.schedule]}",
@@ -262,30 +261,11 @@ def _manifest(cfg: CaptureConfig, cmd: str) -> dict:
         },
         "backend": "gloo",
         "compute": {
-            "mode": cfg.compute,
-            "layer_ms": cfg.layer_ms if cfg.compute == "emulated" else None,
-            "per_layer_ms": (
-                {"forward": per_layer["forward"], "backward_full": 2 * per_layer["forward"]}
-                if cfg.compute == "emulated"
-                else None
-            ),
-            "layers": cfg.layers,
-            "layers_per_stage": cfg.layers // cfg.n_stages,
-            "hidden": cfg.hidden,
-            "microbatch_size": cfg.microbatch_size,
-            "init": "kaiming_normal (relu) weights, zero bias, same seed on every rank",
-            "torch_threads_per_rank": 1,
-            "flush_denormal": True,
+            **compute_manifest(cfg),
             "optimizer": "torch.optim.SGD lr=1e-3 over the rank's chunks, one step per training step",
             "loss": "MSELoss on the last stage; Megatron divides it by the microbatch count before backward",
-            "split_backward": False,
-            "how": EMULATED_HOW if cfg.compute == "emulated" else REAL_HOW,
         },
-        "faults": {
-            "slow_stage": cfg.slow_stage,
-            "slow_factor": cfg.slow_factor if cfg.slow_stage is not None else None,
-            "p2p_delay_ms": 0.0,
-        },
+        "faults": faults_manifest(cfg),
         "seed": cfg.seed,
         "executed_order_how": (
             "forward_step and backward_step in megatron.core.pipeline_parallel.schedules wrapped by "
@@ -293,7 +273,7 @@ def _manifest(cfg: CaptureConfig, cmd: str) -> dict:
             "microbatch Megatron's current_microbatch argument; a backward is the forward whose output "
             "tensor Megatron hands to backward_step. Per rank, per traced step, in execution order."
         ),
-        "created": datetime.now(timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z"),
+        "created": utc_now(),
     }
 
 

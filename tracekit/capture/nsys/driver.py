@@ -10,11 +10,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
-from tracekit.capture.config import SPLIT_BACKWARD, CaptureConfig, manifest_head
+from tracekit.capture.config import CaptureConfig, manifest_head
 from tracekit.capture.files import write_text
+from tracekit.capture.runner import compute_manifest, faults_manifest, import_torch, utc_now
 from tracekit.capture.nsys.scrub import scrub_report
 from tracekit.errors import CaptureError
 
@@ -58,8 +58,6 @@ def _check_python_side() -> None:
         import nvtx  # noqa: F401
     except ImportError:
         raise CaptureError(f"an nsys capture needs the Python 'nvtx' package: {NVTX_PACKAGE_HINT}") from None
-    from tracekit.capture.runner import import_torch
-
     import_torch()
 
 
@@ -199,7 +197,6 @@ def _capture_meta(
 ) -> dict:
     import torch
 
-    per_layer = config.layer_costs_ms(0)
     return {
         **manifest_head(config, cmd_line, torch.__version__),
         "profiler": {
@@ -213,32 +210,10 @@ def _capture_meta(
             "scrubbed": removed,
         },
         "backend": "gloo",
-        "compute": {
-            "mode": config.compute,
-            "layer_ms": config.layer_ms if config.compute == "emulated" else None,
-            "per_layer_ms": (
-                {
-                    "forward": per_layer["forward"],
-                    "backward_full": 2 * per_layer["forward"],
-                    "input_grad": per_layer["input_grad"],
-                    "weight_grad": per_layer["weight_grad"],
-                }
-                if config.compute == "emulated"
-                else None
-            ),
-            "layers": config.layers,
-            "layers_per_stage": config.layers // config.n_stages,
-            "hidden": config.hidden,
-            "microbatch_size": config.microbatch_size,
-            "split_backward": config.schedule in SPLIT_BACKWARD,
-        },
-        "faults": {
-            "slow_stage": config.slow_stage,
-            "slow_factor": config.slow_factor if config.slow_stage is not None else None,
-            "p2p_delay_ms": config.p2p_delay_ms,
-        },
+        "compute": compute_manifest(config),
+        "faults": faults_manifest(config),
         "seed": config.seed,
         "losses_per_step": losses,
-        "created": datetime.now(timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z"),
+        "created": utc_now(),
         "files": [REPORT_NAME],
     }
