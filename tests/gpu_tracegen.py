@@ -1091,6 +1091,19 @@ SCENARIOS: dict[str, Scenario] = {
     "fused_1f1b": Scenario("fused_1f1b", labelled=False, fused_p2p=True),
     "fused_slow_link": Scenario("fused_slow_link", labelled=False, fused_p2p=True, link_transfer_ns={(1, 2): 400_000}),
 }
+# The acceptance scenarios the tests check: plain P2P kernels, and torch's fused batch_isend_irecv
+# (one SendRecv kernel per group). gpipe is there for the what-if tests.
+PLAIN_SCENARIOS = [
+    "host_ahead",
+    "slow_stage",
+    "slow_link",
+    "launch_bound",
+    "interleaved",
+    "unlabelled_1f1b",
+    "unlabelled_interleaved",
+    "clock_offset",
+]
+FUSED_SCENARIOS = ["fused_1f1b", "fused_slow_link"]
 
 
 def main() -> None:

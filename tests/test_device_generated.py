@@ -16,22 +16,11 @@ from collections import defaultdict
 import pytest
 from click.testing import CliRunner
 
-from gpu_tracegen import BASE_TIME_NS, ORIGIN_NS, SCENARIOS, generate, schedule_order
+from gpu_tracegen import BASE_TIME_NS, FUSED_SCENARIOS, ORIGIN_NS, PLAIN_SCENARIOS, SCENARIOS, generate, schedule_order
 from tracekit.cli import main
 
 # fused_*: torch's native Schedule1F1B with batch_isend_irecv (one fused SendRecv kernel per group)
-FUSED = ["fused_1f1b", "fused_slow_link"]
-ACCEPTANCE = [
-    "host_ahead",
-    "slow_stage",
-    "slow_link",
-    "launch_bound",
-    "interleaved",
-    "unlabelled_1f1b",
-    "unlabelled_interleaved",
-    "clock_offset",
-    *FUSED,
-]
+ACCEPTANCE = PLAIN_SCENARIOS + FUSED_SCENARIOS
 BUBBLE_TOLERANCE = 0.01
 PAIR_TOLERANCE_NS = 1_000
 OTHER_CAUSES = ("schedule_gaps_ns", "imbalance_ns", "comm_ns", "overhead_ns")
@@ -205,7 +194,7 @@ def test_comm_is_no_more_than_the_run_spent_in_transfer(analysed, name):
     assert not wrong, f"{name}: " + "; ".join(wrong)
 
 
-@pytest.mark.parametrize("name", FUSED)
+@pytest.mark.parametrize("name", FUSED_SCENARIOS)
 def test_a_fused_kernel_gives_one_pair_per_message(analysed, name):
     """batch_isend_irecv launches one kernel for a send and a receive: each of the two messages
     it moves is its own row, with its own ranks, and both rows carry that kernel's times."""

@@ -13,19 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from gpu_tracegen import LAUNCH_LATENCY_NS, NCCL_KERNEL, ORIGIN_NS, SCENARIOS, Scenario, generate, truth_path
-
-CHECKED = [
-    "host_ahead",
-    "slow_stage",
-    "slow_link",
-    "launch_bound",
-    "interleaved",
-    "unlabelled_1f1b",
-    "unlabelled_interleaved",
-    "clock_offset",
-]
-FUSED = ["fused_1f1b", "fused_slow_link"]  # batch_isend_irecv: one SendRecv kernel per group
+from gpu_tracegen import (
+    FUSED_SCENARIOS,
+    LAUNCH_LATENCY_NS,
+    NCCL_KERNEL,
+    ORIGIN_NS,
+    PLAIN_SCENARIOS,
+    SCENARIOS,
+    Scenario,
+    generate,
+    truth_path,
+)
 
 
 def _ns(us: float) -> int:
@@ -90,7 +88,7 @@ def generated(tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("name", CHECKED + FUSED)
+@pytest.mark.parametrize("name", PLAIN_SCENARIOS + FUSED_SCENARIOS)
 def test_busy_and_idle_from_the_raw_kernels_equal_the_truth(generated, name):
     folder, truth, ranks = generated(name)
     expected = {(row["rank"], row["step"]): row for row in truth["per_step"]}
@@ -107,7 +105,7 @@ def test_busy_and_idle_from_the_raw_kernels_equal_the_truth(generated, name):
         assert row["bubble_ratio"] == pytest.approx(row["idle_ns"] / row["window_ns"])
 
 
-@pytest.mark.parametrize("name", CHECKED)
+@pytest.mark.parametrize("name", PLAIN_SCENARIOS)
 def test_p2p_kernel_pairs_from_the_raw_kernels_equal_the_truth(generated, name):
     folder, truth, ranks = generated(name)
     sends, recvs = defaultdict(list), defaultdict(list)
@@ -143,7 +141,7 @@ def _fused_sides(raw: RawRank) -> list[tuple[str, int, dict]]:
     return sides
 
 
-@pytest.mark.parametrize("name", FUSED)
+@pytest.mark.parametrize("name", FUSED_SCENARIOS)
 def test_fused_kernels_from_the_raw_events_equal_the_truth(generated, name):
     folder, truth, ranks = generated(name)
     sends, recvs = defaultdict(list), defaultdict(list)
@@ -230,7 +228,7 @@ def test_injected_causes_move_the_truth_the_way_they_should(generated):
     assert max(row["bubble_ratio"] for row in interleaved["ranks"]) < theory
 
 
-@pytest.mark.parametrize("name", CHECKED + FUSED)
+@pytest.mark.parametrize("name", PLAIN_SCENARIOS + FUSED_SCENARIOS)
 def test_the_events_follow_the_real_gpu_trace_schema(generated, name):
     folder, _, ranks = generated(name)
     sc = SCENARIOS[name]
@@ -263,7 +261,7 @@ def test_the_events_follow_the_real_gpu_trace_schema(generated, name):
         assert bool(labels) == sc.labelled
 
 
-@pytest.mark.parametrize("name", CHECKED + FUSED)
+@pytest.mark.parametrize("name", PLAIN_SCENARIOS + FUSED_SCENARIOS)
 def test_tracekit_reads_every_generated_file_without_warnings(generated, name):
     from tracekit.ingest import read_run
 
