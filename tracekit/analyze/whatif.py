@@ -36,12 +36,13 @@ changes with the microbatch, but its fixed cost dominates at these sizes; an ass
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
 
+from tracekit.analyze.memory import ActivationSize, in_flight_per_rank, orders_of_graph, peak_activation_bytes
 from tracekit.analyze.replay import StepGraph, replay, step_graphs
 from tracekit.analyze.schedules import GENERATORS, graph_from_orders
 from tracekit.analyze.theory import theoretical_bubble
@@ -97,6 +98,10 @@ class Prediction:
     step_sd: float
     theory: float | None  # closed form, balanced and free messages
     basis: str  # "measured order" | "generated order"
+    keep: str = "global-batch"  # what the prediction keeps fixed when m changes (see the module doc)
+    messages_per_step: int | None = None  # cross-rank messages one step passes
+    in_flight: int | None = None  # most (stage, microbatch) activations one rank holds (tracekit.analyze.memory)
+    activation_bytes: int | None = None  # their bytes, where an activation size is known (--search)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -111,6 +116,10 @@ class Prediction:
             "step_sd_ns": int(round(self.step_sd)),
             "theory_bubble_ratio": self.theory,
             "basis": self.basis,
+            "keep": self.keep,
+            "messages_per_step": self.messages_per_step,
+            "in_flight": self.in_flight,
+            "activation_bytes": self.activation_bytes,
         }
 
 
@@ -126,9 +135,16 @@ class WhatIf:
     keep: str
     samples: int
     assumptions: list[str]
+    links: LinkChange | None = None
+    search: Search | None = None
 
     def to_dict(self) -> dict[str, Any]:
         m = self.model
+        extra: dict[str, Any] = {}
+        if self.links is not None:
+            extra["links"] = self.links.describe()
+        if self.search is not None:
+            extra["search"] = self.search.to_dict()
         return {
             "source": self.source,
             "measured": {
@@ -148,6 +164,7 @@ class WhatIf:
             "keep": self.keep,
             "replays_per_row": self.samples,
             "assumptions": list(self.assumptions),
+            **extra,
         }
 
 
@@ -315,8 +332,15 @@ def _replay_many(
     return bubbles, steps
 
 
-def as_measured(model: CostModel, samples: int = DEFAULT_SAMPLES, seed: int = 0) -> Prediction:
-    """The measured orders replayed with drawn costs: the model's own error."""
+def as_measured(
+    model: CostModel,
+    samples: int = DEFAULT_SAMPLES,
+    seed: int = 0,
+    activation: ActivationSize | None = None,
+    label: str = "model of the measured run",
+) -> Prediction:
+    """The measured orders replayed with drawn costs: the model's own error (``activation``:
+    also the activation bytes its order holds)."""
     rng = np.random.default_rng(seed)
     bubbles: list[float] = []
     steps: list[float] = []
@@ -327,8 +351,14 @@ def as_measured(model: CostModel, samples: int = DEFAULT_SAMPLES, seed: int = 0)
         bubbles.extend(b)
         steps.extend(s)
     theory = theoretical_bubble(model.schedule, model.p, model.v, model.m).bubble_ratio
+    in_flight = bytes_held = None
+    if model.graphs:
+        orders = orders_of_graph(model.graphs[0])
+        in_flight = max(in_flight_per_rank(orders).values(), default=0)
+        if activation is not None:
+            bytes_held = peak_activation_bytes(orders, activation, model.v, model.m, model.m, "microbatch")[1]
     return Prediction(
-        "model of the measured run",
+        label,
         model.schedule,
         model.p,
         model.v,
@@ -339,6 +369,10 @@ def as_measured(model: CostModel, samples: int = DEFAULT_SAMPLES, seed: int = 0)
         float(np.std(steps)),
         theory,
         "measured order",
+        keep="as measured",
+        messages_per_step=int(round(model.n_messages / max(1, len(model.graphs)))),
+        in_flight=in_flight,
+        activation_bytes=bytes_held,
     )
 
 
@@ -359,9 +393,11 @@ def predict(
     samples: int = DEFAULT_SAMPLES,
     seed: int = 0,
     balanced: bool = False,
+    activation: ActivationSize | None = None,
 ) -> Prediction:
     """Replay ``schedule`` with ``v`` chunks a rank and ``m`` microbatches on the measured
-    costs; ``balanced``: with layers moved between stages so every rank computes the same."""
+    costs; ``balanced``: with layers moved between stages so every rank computes the same;
+    ``activation``: also the activation bytes the order holds on its fullest rank."""
     check_target(model, schedule, v, m)
     if keep not in KEEPS:
         raise TracekitError(f"--keep {keep!r}: choose one of {', '.join(KEEPS)}")
@@ -376,6 +412,7 @@ def predict(
     bubbles, steps = _replay_many(graph, model, rng, samples, scale, v, rank_of)
     theory = theoretical_bubble(schedule, model.p, v, m).bubble_ratio
     label = f"{schedule} v={v} m={m}" + (" balanced" if balanced else "")
+    in_flight, bytes_held = peak_activation_bytes(orders, activation or ActivationSize(0, ""), v, m, model.m, keep)
     return Prediction(
         label,
         schedule,
@@ -388,6 +425,10 @@ def predict(
         float(steps.std()),
         theory,
         "generated order",
+        keep=keep,
+        messages_per_step=len(graph.edge_src),
+        in_flight=in_flight,
+        activation_bytes=None if activation is None else bytes_held,
     )
 
 
@@ -436,25 +477,37 @@ def what_if(
     balanced: bool = False,
     model: CostModel | None = None,
     bubbles: pd.DataFrame | None = None,
+    links: LinkChange | None = None,
+    activation: ActivationSize | None = None,
 ) -> WhatIf:
     """Predict every target (schedule, v, m); targets that cannot be generated are skipped
     with the reason. ``balanced``: every target also with stages re-split evenly.
     ``model`` and ``bubbles`` (the run's cost model and measured bubble table), when the
-    caller has them already."""
+    caller has them already. ``links``: every prediction with the message latencies changed
+    (the measured order too, as a row of its own; the model-of-the-measured row keeps the
+    measured links: it is the model's error). ``activation``: rows also say the activation
+    bytes their order holds."""
     from tracekit.analyze.bubbles import measure_pipeline
 
     model = cost_model(run) if model is None else model
+    measured_model = model
+    if links is not None:
+        model = with_links(model, links)
     if bubbles is None:
         bubbles = measure_pipeline(run.actions[run.actions["step"] >= 0])
     measured_bubble = float(bubbles["idle_ns"].sum() / max(1, bubbles["window_ns"].sum()))
     measured_step = float(bubbles.groupby("step")["window_ns"].first().mean())
     predictions: list[Prediction] = []
     skipped: list[str] = []
+    if links is not None:
+        predictions.append(as_measured(model, samples, seed, activation, f"measured order, {links.describe()}"))
     for schedule, v, m in targets or default_targets(model):
         try:
-            predictions.append(predict(model, schedule, v, m, keep, samples, seed))
+            predictions.append(predict(model, schedule, v, m, keep, samples, seed, activation=activation))
             if balanced:
-                predictions.append(predict(model, schedule, v, m, keep, samples, seed, balanced=True))
+                predictions.append(
+                    predict(model, schedule, v, m, keep, samples, seed, balanced=True, activation=activation)
+                )
         except TracekitError as err:
             if targets:  # asked for explicitly: say why not
                 skipped.append(str(err))
@@ -464,12 +517,10 @@ def what_if(
         f"compute per microbatch and rank, overheads and latencies drawn from {model.n_actions} "
         f"measured actions and {model.n_messages} messages; {samples} replays per row",
         "a rank's layers split evenly over its chunks (compute per chunk = rank compute / v)",
-        (
-            "global batch kept: compute per microbatch scales with measured m / target m"
-            if keep == "global-batch"
-            else "microbatch size kept: compute per microbatch as measured, the step does more work"
-        ),
-        "message latencies as measured (links the run never used take the pooled samples)",
+        keep_assumption(keep),
+        "message latencies as measured (links the run never used take the pooled samples)"
+        if links is None
+        else f"message latencies: {links.describe()} (links the run never used take the pooled samples)",
     ]
     if balanced:
         factors = balance_factors(model)
@@ -482,13 +533,210 @@ def what_if(
         model,
         measured_bubble,
         measured_step,
-        as_measured(model, samples, seed),
+        as_measured(measured_model, samples, seed, activation),
         predictions,
         skipped,
         keep,
         samples,
         assumptions,
+        links,
     )
+
+
+def keep_assumption(keep: str) -> str:
+    """What a prediction with this ``--keep`` assumes, in one line (quoted wherever it is)."""
+    if keep == "global-batch":
+        return (
+            "--keep global-batch: the step's samples kept, so compute per microbatch scales as 1/m "
+            "(measured m / target m; only approximately true on GPUs, where small microbatches use the device less well)"
+        )
+    return (
+        "--keep microbatch: microbatches keep their size, compute per microbatch as measured, the step does more work"
+    )
+
+
+_TIME_UNITS = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
+
+
+@dataclass(frozen=True)
+class LinkChange:
+    """A change to every measured message latency (and device transfer): scaled by
+    ``factor``, shifted by ``add_ns`` or set to ``set_ns``; ``overlap``: P2P fully overlapped
+    with compute (every message free, the data dependencies and so the order kept)."""
+
+    factor: float = 1.0
+    add_ns: int = 0
+    set_ns: int | None = None
+    overlap: bool = False
+    text: str = ""  # the --link-latency value as given
+
+    def apply(self, samples: np.ndarray, transfer: bool = False) -> np.ndarray:
+        if self.overlap or (transfer and self.set_ns is not None):
+            return np.zeros_like(samples)
+        if self.set_ns is not None:
+            return np.full_like(samples, self.set_ns)
+        out = np.rint(samples * self.factor).astype(np.int64)
+        return out if transfer else np.maximum(out + self.add_ns, 0)
+
+    def describe(self) -> str:
+        parts = []
+        if self.text:
+            parts.append(f"every link latency {self.text}")
+        if self.overlap:
+            parts.append("P2P fully overlapped with compute (messages free, order kept)")
+        return "; ".join(parts)
+
+
+def parse_link_latency(text: str | None, overlap: bool = False) -> LinkChange | None:
+    """``x0.5`` (scale), ``+2ms`` / ``-1ms`` (shift), ``5ms`` (set) -> a LinkChange; None when
+    nothing is changed. A malformed value is a one-line error."""
+    if not text and not overlap:
+        return None
+    if not text:
+        return LinkChange(overlap=True)
+    raw = text.strip().lower()
+    bad = TracekitError(f"--link-latency {text!r}: give x0.5 (scale), +2ms or -1ms (shift) or 5ms (set; ns/us/ms/s)")
+    try:
+        if raw[:1] in ("x", "*"):
+            factor = float(raw[1:])
+            if not np.isfinite(factor) or factor < 0:
+                raise bad
+            return LinkChange(factor=factor, overlap=overlap, text=text.strip())
+        unit = next((u for u in ("ns", "us", "ms", "s") if raw.endswith(u)), None)
+        if unit is None:
+            raise bad
+        value = float(raw[: -len(unit)]) * _TIME_UNITS[unit]
+    except ValueError:
+        raise bad from None
+    if not np.isfinite(value):
+        raise bad
+    if raw[:1] in ("+", "-"):
+        return LinkChange(add_ns=int(round(value)), overlap=overlap, text=text.strip())
+    if value < 0:
+        raise bad
+    return LinkChange(set_ns=int(round(value)), overlap=overlap, text=text.strip())
+
+
+def with_links(model: CostModel, change: LinkChange) -> CostModel:
+    """The cost model with every link's latency (and transfer) samples changed. Messages into
+    the second half of a fused label keep theirs: that pool's "latency" is mostly the first
+    half's compute (see the module doc); only replays of a fused measured order draw it."""
+
+    def pools(samples: dict[LinkKey, np.ndarray], transfer: bool) -> dict[LinkKey, np.ndarray]:
+        return {k: (change.apply(x, transfer) if len(k) == 2 else x) for k, x in samples.items()}
+
+    return replace(
+        model,
+        latency=pools(model.latency, False),
+        all_latency=change.apply(model.all_latency),
+        transfer=pools(model.transfer, True),
+        all_transfer=change.apply(model.all_transfer, True),
+    )
+
+
+# The search's grid (narrowed by the user's -s / -v / -m): chunks per rank, and multiples of
+# the measured m.
+SEARCH_VS = (1, 2, 4, 8)
+SEARCH_M_FACTORS = (0.5, 1, 2, 4)
+# Replayed actions the whole search may cost (each row gets at least SEARCH_MIN_REPLAYS).
+SEARCH_REPLAY_BUDGET = 4_000_000
+SEARCH_MIN_REPLAYS = 4
+
+
+@dataclass
+class Search:
+    """The fastest (schedule, v, m) whose activations fit ``budget_bytes`` on every rank, and
+    per (schedule, v) the fastest m that fits (the V trade-off: more chunks, a smaller bubble,
+    more messages)."""
+
+    budget_bytes: int
+    activation: ActivationSize
+    objective: str  # "step time" (global batch kept) | "time per microbatch" (microbatch size kept)
+    best: Prediction | None  # None: nothing fits
+    per_v: list[Prediction]
+    message_latency_ns: int  # median per-message latency the predictions draw from
+    fastest: Prediction | None = None  # the fastest of all, in budget or not
+
+    def fits(self, p: Prediction) -> bool:
+        return p.activation_bytes is not None and p.activation_bytes <= self.budget_bytes
+
+    def cost(self, p: Prediction) -> float:
+        return p.step_ns / p.m if self.objective == "time per microbatch" else p.step_ns
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "memory_budget_bytes": self.budget_bytes,
+            "activation_bytes_per_microbatch": self.activation.bytes_per_microbatch,
+            "activation_source": self.activation.source,
+            "objective": self.objective,
+            "best": None if self.best is None else self.best.label,
+            "fastest": None if self.fastest is None else self.fastest.label,
+            "per_v": [p.label for p in self.per_v],
+            "message_latency_ns": self.message_latency_ns,
+        }
+
+
+def search_targets(
+    model: CostModel, schedules: Sequence[str] = (), vs: Sequence[int] = (), ms: Sequence[int] = ()
+) -> list[tuple[str, int, int]]:
+    """The grid a search replays: every generated schedule (or ``schedules``), v in
+    ``SEARCH_VS`` (or ``vs``), m a multiple of the measured m (or ``ms``), keeping only what
+    each schedule can be generated with."""
+    m_values = ms or sorted({max(1, int(model.m * f)) for f in SEARCH_M_FACTORS})
+    out = []
+    for schedule in schedules or TARGETS:
+        for v in vs or SEARCH_VS:
+            for m in m_values:
+                try:
+                    check_target(model, schedule, v, m)
+                except TracekitError:
+                    continue
+                out.append((schedule, v, m))
+    return out
+
+
+def search(
+    run: Run,
+    budget_bytes: int,
+    activation: ActivationSize,
+    keep: str = "global-batch",
+    samples: int = DEFAULT_SAMPLES,
+    seed: int = 0,
+    schedules: Sequence[str] = (),
+    vs: Sequence[int] = (),
+    ms: Sequence[int] = (),
+    links: LinkChange | None = None,
+    model: CostModel | None = None,
+) -> WhatIf:
+    """Replay the search grid (:func:`search_targets`) and pick the fastest target whose
+    activations fit ``budget_bytes`` per rank (time per microbatch with ``keep="microbatch"``:
+    those steps do different amounts of work)."""
+    model = cost_model(run) if model is None else model
+    targets = search_targets(model, schedules, vs, ms)
+    if not targets:
+        raise TracekitError("--search: no (schedule, v, m) in the grid can be generated; widen -s / -v / -m")
+    samples = min(samples, max(SEARCH_MIN_REPLAYS, replays_within(SEARCH_REPLAY_BUDGET, model.p, targets)))
+    result = what_if(run, targets, keep, samples, seed, model=model, links=links, activation=activation)
+    objective = "time per microbatch" if keep == "microbatch" else "step time"
+    drawn = with_links(model, links) if links is not None else model
+    found = Search(budget_bytes, activation, objective, None, [], int(np.median(drawn.all_latency)))
+    generated = [p for p in result.predictions if p.basis == "generated order"]
+    fitting = [p for p in generated if found.fits(p)]
+    found.best = min(fitting, key=found.cost) if fitting else None
+    found.fastest = min(generated, key=found.cost) if generated else None
+    by_v: dict[tuple[str, int], list[Prediction]] = {}
+    for p in generated:
+        by_v.setdefault((p.schedule, p.v), []).append(p)
+    for rows in by_v.values():
+        fit = [p for p in rows if found.fits(p)]
+        # nothing fits: the row that needs the least memory, shown over the budget
+        found.per_v.append(min(fit, key=found.cost) if fit else min(rows, key=lambda p: p.activation_bytes or 0))
+    result.search = found
+    result.assumptions.append(
+        f"activation memory per rank: peak (stage, microbatch) pairs in flight x {activation.source} "
+        "(weights, gradients and optimizer state are the same for every target: p is kept, and not counted)"
+    )
+    return result
 
 
 # The report's what-if: each default target twice (as is and balanced), within about this

@@ -64,6 +64,34 @@ SCHEDULE_CHOICES = ["GPipe", "1F1B", "Interleaved1F1B"]
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the draws (same seed, same answer).")
 @click.option(
+    "--search",
+    "do_search",
+    is_flag=True,
+    help="Replay a grid of (schedule, v, m) (narrowed by -s/-v/-m) and name the fastest whose activations "
+    "fit --memory-budget; per v: bubble, messages per step and step time.",
+)
+@click.option(
+    "--memory-budget",
+    metavar="SIZE",
+    help="Activation memory per rank for --search (2GiB, 512MB, bytes).",
+)
+@click.option(
+    "--activation-bytes",
+    metavar="SIZE",
+    help="What one microbatch (measured size) leaves on all of one rank's layers; default: "
+    "a proxy from the P2P message sizes (said so in the output).",
+)
+@click.option(
+    "--link-latency",
+    metavar="CHANGE",
+    help="Change every measured message latency: x0.5 (scale), +2ms / -1ms (shift), 5ms (set).",
+)
+@click.option(
+    "--overlap-p2p",
+    is_flag=True,
+    help="P2P fully overlapped with compute: every message free, the order (data dependencies) kept.",
+)
+@click.option(
     "--json",
     "as_json",
     is_flag=True,
@@ -79,6 +107,11 @@ def command(
     balanced: bool,
     replays: int,
     seed: int,
+    do_search: bool,
+    memory_budget: str | None,
+    activation_bytes: str | None,
+    link_latency: str | None,
+    overlap_p2p: bool,
     as_json: bool,
     rank_from: str | None,
     rank_map: str | None,
@@ -103,12 +136,39 @@ def command(
       tracekit whatif run/ -s Interleaved1F1B -v 2 -v 4 -m 16
       tracekit whatif run/ -s 1F1B -m 8 -m 16 -m 32 --keep microbatch --json
       tracekit whatif run/ -s 1F1B -m 8 --balanced     # what a better stage split buys
+      tracekit whatif run/ --search --memory-budget 2GiB --activation-bytes 96MiB
+      tracekit whatif run/ --link-latency x0.5         # a link twice as fast
+      tracekit whatif run/ --overlap-p2p               # messages hidden behind compute
+
+    With --search the grid is every generated schedule, v in 1, 2, 4, 8 and m at half, once,
+    twice and four times the measured m (what -s / -v / -m give instead). Activation memory
+    per rank is the most (stage, microbatch) pairs the order holds at once (a forward's
+    activations live until its backward, or its W) times one chunk's activations; the output
+    says where that size comes from.
     """
-    from tracekit.analyze.whatif import cost_model, what_if
+    from tracekit.analyze.memory import activation_size, parse_bytes
+    from tracekit.analyze.whatif import cost_model, parse_link_latency, search, what_if
+    from tracekit.errors import TracekitError
     from tracekit.render.whatif import render
 
+    links = parse_link_latency(link_latency, overlap_p2p)
+    budget = None if memory_budget is None else parse_bytes(memory_budget, "--memory-budget")
+    user_bytes = None if activation_bytes is None else parse_bytes(activation_bytes, "--activation-bytes")
+    if do_search and budget is None:
+        raise TracekitError("--search needs --memory-budget SIZE (activation memory per rank, e.g. 2GiB)")
+    if budget is not None and not do_search:
+        raise TracekitError("--memory-budget is for --search: add --search")
+    if do_search and balanced:
+        raise TracekitError("--balanced and --search: the search keeps the measured split; run them apart")
     run = load_with_progress(run_dir, rank_from, rank_map, progress)
     model = cost_model(run)
+    if do_search:
+        assert budget is not None  # checked above
+        size = activation_size(run, user_bytes)
+        result = search(run, budget, size, keep, replays, seed, schedules, vs, ms, links, model)
+        click.echo(json.dumps(result.to_dict(), indent=1) if as_json else render(result))
+        return
+    activation = activation_size(run, user_bytes) if user_bytes is not None else None
     targets = None
     if schedules or vs or ms:
         # -v alone asks about interleaving; GPipe and 1F1B have one chunk per rank.
@@ -118,7 +178,17 @@ def command(
         targets = [
             (s, v, m) for s in chosen for v in (v_interleaved if s == "Interleaved1F1B" else (1,)) for m in m_values
         ]
-    result = what_if(run, targets, keep=keep, samples=replays, seed=seed, balanced=balanced, model=model)
+    result = what_if(
+        run,
+        targets,
+        keep=keep,
+        samples=replays,
+        seed=seed,
+        balanced=balanced,
+        model=model,
+        links=links,
+        activation=activation,
+    )
     if as_json:
         sys.stdout.write(json.dumps(result.to_dict(), indent=1) + "\n")
     else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tracekit.analyze.memory import format_bytes
 from tracekit.text import for_terminal
 from tracekit.version import __version__
 
@@ -11,6 +12,8 @@ def _ms(ns: float) -> str:
 
 
 def render(result) -> str:
+    if result.search is not None:
+        return render_search(result)
     m = result.model
     lines = [
         f"tracekit {__version__} what-if: {result.source}",
@@ -50,7 +53,7 @@ def render(result) -> str:
         best = min(result.predictions, key=lambda p: p.step_ns)
         lines += [
             "",
-            f"  fastest step: {best.label}, {_ms(best.step_ns)} "
+            f"  fastest step (--keep global-batch): {best.label}, {_ms(best.step_ns)} "
             f"({best.step_ns / result.measured_step_ns - 1:+.1%} against the measured step)",
         ]
     elif result.predictions:  # microbatches keep their size: compare time per microbatch
@@ -58,7 +61,7 @@ def render(result) -> str:
         per_mb = result.measured_step_ns / m.m
         lines += [
             "",
-            f"  most microbatches per second: {best.label}, {_ms(best.step_ns / best.m)} a microbatch "
+            f"  most microbatches per second (--keep microbatch): {best.label}, {_ms(best.step_ns / best.m)} a microbatch "
             f"({best.step_ns / best.m / per_mb - 1:+.1%} against the measured {_ms(per_mb)})",
         ]
     for reason in dict.fromkeys(result.skipped):
@@ -68,4 +71,69 @@ def render(result) -> str:
     lines.append("       the model's own error is the 'model of the measured run' row against 'measured'")
     # Each entry is one line; the run's path and the reasons a target was skipped quote
     # names from the traces, which must reach the terminal inert.
+    return "\n".join(for_terminal(line) for line in lines)
+
+
+def render_search(result) -> str:
+    """``whatif --search``: every replayed (schedule, v, m) with its activation memory, the
+    fastest that fits, and per (schedule, v) the fastest m that fits."""
+    m = result.model
+    found = result.search
+    per_mb = found.objective == "time per microbatch"
+    lines = [
+        f"tracekit {__version__} what-if search: {result.source}",
+        f"  measured: {m.schedule} p={m.p} v={m.v} m={m.m}, {len(m.graphs)} step(s), "
+        f"{m.n_actions} actions, {m.n_messages} messages",
+        f"  memory budget: {format_bytes(found.budget_bytes)} of activations per rank; one microbatch on one "
+        f"rank's layers: {format_bytes(found.activation.bytes_per_microbatch)} from {found.activation.source}",
+        f"  fastest by {found.objective} (--keep {result.keep}; see how: below)",
+        "",
+        f"  {'':30} {'bubble':>14} {'step time':>18} {'vs meas.':>9} {'msgs/step':>9} {'in flight':>9} "
+        f"{'activations':>12}",
+    ]
+
+    def row(p, mark: str = "") -> str:
+        act = "" if p.activation_bytes is None else format_bytes(p.activation_bytes)
+        flight = "" if p.in_flight is None else str(p.in_flight)
+        msgs = "" if p.messages_per_step is None else str(p.messages_per_step)
+        return (
+            f"  {p.label:30} {f'{p.bubble_ratio:.1%} ±{p.bubble_sd:.1%}':>14} "
+            f"{f'{_ms(p.step_ns)} ±{p.step_sd / 1e6:.1f}':>18} {p.step_ns / result.measured_step_ns - 1:>+9.1%} "
+            f"{msgs:>9} {flight:>9} {act:>12}{mark}"
+        )
+
+    lines.append(f"  {'measured':30} {result.measured_bubble:>14.1%} {_ms(result.measured_step_ns):>18}")
+    lines.append(row(result.as_measured))
+    lines.append("")
+    for p in result.predictions:
+        over = p.activation_bytes is not None and p.activation_bytes > found.budget_bytes
+        lines.append(row(p, "  over budget" if over else ""))
+    lines += ["", f"  per v (the fastest m that fits; median message latency {_ms(found.message_latency_ns)}):"]
+    for p in found.per_v:
+        fits = found.fits(p)
+        cost = f"{_ms(p.step_ns / p.m)} a microbatch" if per_mb else f"step {_ms(p.step_ns)}"
+        lines.append(
+            f"    {p.schedule} v={p.v}: m={p.m}, bubble {p.bubble_ratio:.1%}, {p.messages_per_step} messages a step, "
+            f"{cost}" + ("" if fits else f", needs {format_bytes(p.activation_bytes or 0)}: nothing fits")
+        )
+    lines.append("")
+    if found.best is None:
+        lines.append(f"  nothing fits {format_bytes(found.budget_bytes)}: every row above is over the budget")
+    else:
+        best = found.best
+        fastest = found.fastest
+        lines.append(
+            f"  fastest under the budget: {best.label}, {_ms(best.step_ns)} a step "
+            f"({best.step_ns / result.measured_step_ns - 1:+.1%} against the measured step), "
+            f"{format_bytes(best.activation_bytes or 0)} of activations"
+        )
+        if fastest is not None and fastest is not best:
+            lines.append(
+                f"  (fastest of all, {fastest.label} at {_ms(fastest.step_ns)}, needs "
+                f"{format_bytes(fastest.activation_bytes or 0)})"
+            )
+    for reason in dict.fromkeys(result.skipped):
+        lines.append(f"  skipped: {reason}")
+    lines += ["", "  how: " + result.assumptions[0]]
+    lines += [f"       {a}" for a in result.assumptions[1:]]
     return "\n".join(for_terminal(line) for line in lines)
