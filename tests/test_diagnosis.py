@@ -60,8 +60,9 @@ def test_clean_1f1b_is_fill_drain_with_an_m_what_if(loaded_runs):
     # the what-if figures are the closed form's, at the old and the new m
     assert top.figures["theory_bubble"] == pytest.approx((sched.p - 1) / (sched.m + sched.p - 1), abs=1e-4)
     assert top.figures["what_if_bubble"] == pytest.approx((sched.p - 1) / (new_m + sched.p - 1), abs=1e-4)
-    shown = percents(top.advice)
-    assert shown[:2] == [round(100 * top.figures["theory_bubble"]), round(100 * top.figures["what_if_bubble"])]
+    # the closed form's bubble at the new m is quoted beside that suggestion's replay
+    assert f"raising m to {new_m}: step" in top.advice
+    assert f"{round(100 * top.figures['what_if_bubble'])}% in closed form" in top.advice
 
 
 def test_findings_are_ranked_and_sentences(loaded_runs):
@@ -121,3 +122,44 @@ def test_fill_drain_advice_quotes_the_replayed_what_if(loaded_runs):
     # overheads and latencies do not shrink with the microbatch: above the closed form
     assert top.figures["replay_what_if_bubble"] > top.figures["what_if_bubble"]
     assert "replay_interleaved_v2_bubble" in top.figures
+
+
+# Runs whose replays rank the closed form's suggestions differently: raising m replays slower
+# on all three, and on the last two nothing helps (per-action overheads, real compute).
+REPLAYED_SAMPLES = ("1f1b", "1f1b_p2p_delay5ms", "1f1b_real", "megatron_interleaved")
+
+
+@pytest.mark.parametrize("name", REPLAYED_SAMPLES)
+def test_advice_never_contradicts_its_own_replay(loaded_runs, name):
+    [finding] = [f for f in findings_of(loaded_runs, name) if f.cause == "fill_drain"]
+    rows = finding.figures["suggestions"]
+    changes = [r["replay_step_change"] for r in rows]
+    assert changes == sorted(changes), "ranked by the replayed step time"
+    assert "--keep global-batch" in finding.advice and finding.figures["replay_keep"] == "global-batch"
+    helping = [r for r in rows if r["helps"]]
+    assert all(r["replay_step_change"] < 0 for r in helping)
+    if not helping:
+        # nothing to gain from the schedule as replayed: said so, and the finding only informs
+        assert finding.severity == "info" and finding.figures["replay_none_helps"]
+        assert "no change of the schedule shortens" in finding.advice
+        return
+    suggested, _, left_out = finding.advice.partition("Left out, slower as replayed:")
+    positions = [suggested.index(f"{r['text']}: step") for r in helping]
+    assert positions == sorted(positions), "quoted best first"
+    for r in rows:
+        if not r["helps"]:
+            assert r["text"] not in suggested and r["text"] in left_out
+
+
+def test_slower_suggestions_are_dropped_on_the_delayed_link_run(loaded_runs):
+    [finding] = [f for f in findings_of(loaded_runs, "1f1b_p2p_delay5ms") if f.cause == "fill_drain"]
+    by_text = {r["text"]: r for r in finding.figures["suggestions"]}
+    # 5 ms late sends: more microbatches pay that latency more often (+42% replayed at m=32)
+    assert not by_text["raising m to 32"]["helps"] and by_text["raising m to 32"]["replay_step_change"] > 0.2
+    assert by_text["Interleaved1F1B with v=2 at m=8"]["helps"]
+    assert finding.advice.index("Interleaved1F1B with v=2") < finding.advice.index("Left out")
+
+
+def test_closed_form_advice_says_it_was_not_replayed(loaded_runs):
+    [finding] = [f for f in findings_of(loaded_runs, "looped_bfs") if f.cause == "fill_drain"]
+    assert "closed form only: not replayed" in finding.advice and "suggestions" not in finding.figures

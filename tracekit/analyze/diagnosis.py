@@ -424,73 +424,169 @@ def _fill_drain(analysis: Analysis, totals: dict[str, int], window_ns: int) -> F
             f"free messages, against {_pct(theory.bubble_ratio)} in its closed form "
             f"({_pct(measured)} of the device time measured in fill, drain and schedule gaps)."
         )
-        advice = (
+        suggestions = [_Suggestion(f"raising m to {2 * sched.m}", sched.name, sched.v, 2 * sched.m, doubled)]
+        closed = (
             f"Raising m to {2 * sched.m} would cut that share to about {_pct(doubled)}: fill and drain "
-            "last as long while the steady state doubles."
+            "last as long while the steady state doubles"
         )
-        return Finding("fill_drain", severity_of(measured), headline, advice, measured, figures)
+        return _advised(analysis, headline, closed, suggestions, measured, figures)
     headline = (
         f"m={sched.m} is small for p={sched.p}: {name} fills and drains the pipeline for "
         f"{_pct(theory.bubble_ratio)} of each step in theory ({_pct(measured)} of the device "
         "time measured)."
     )
     advice = ""
+    suggestions = []
     if new_ratio is not None and new_m > sched.m and new_ratio < theory.bubble_ratio:
         advice = (
             f"Raising m to {new_m} cuts the fill/drain bubble from {_pct(theory.bubble_ratio)} to {_pct(new_ratio)}"
         )
+        t_f, t_b, t_w = _durations(analysis.durations_ns)
+        # every doubling up to the closed form's m: with per-action costs a smaller m may pay more
+        factor = 2
+        while sched.m * factor <= new_m:
+            m = sched.m * factor
+            ratio = theoretical_bubble(sched.name, sched.p, sched.v, m, t_f, t_b, t_w).bubble_ratio
+            suggestions.append(_Suggestion(f"raising m to {m}", sched.name, sched.v, m, ratio))
+            factor *= 2
     t_f, t_b, t_w = _durations(analysis.durations_ns)
     interleaved = theoretical_bubble("Interleaved1F1B", sched.p, 2, sched.m, t_f, t_b, t_w).bubble_ratio
     if sched.name in ("GPipe", "1F1B") and interleaved is not None:
         figures["what_if_interleaved_v2_bubble"] = round(interleaved, 4)
         alternative = f"an interleaved schedule with v=2 gives {_pct(interleaved)} at m={sched.m}"
         advice = f"{advice}; {alternative}" if advice else alternative[0].upper() + alternative[1:]
+        suggestions.append(
+            _Suggestion(f"Interleaved1F1B with v=2 at m={sched.m}", "Interleaved1F1B", 2, sched.m, interleaved)
+        )
     if not advice:
         advice = "Run more microbatches per step or more virtual stages per rank"
-    advice += "." + _replayed(analysis, new_m, figures)
-    changes = [figures[k] for k in ("replay_what_if_step_change", "replay_interleaved_v2_step_change") if k in figures]
-    if changes and min(changes) >= 0:
-        # the closed form ignores this run's overheads and latencies; its own replay does not
-        advice += (
-            " So on this run neither pays as it stands: every suggestion replays slower (more, smaller "
-            "actions pay the per-action overheads and latencies more often); fix those first."
-        )
-        figures["replay_contradicts_closed_form"] = True
-    return Finding("fill_drain", severity_of(measured), headline, advice, measured, figures)
+    return _advised(analysis, headline, advice, suggestions, measured, figures)
+
+
+@dataclass(frozen=True)
+class _Suggestion:
+    """A configuration the closed form suggests, to be replayed on the run's own costs."""
+
+    text: str  # "raising m to 32", as the advice says it
+    schedule: str
+    v: int
+    m: int
+    closed_form_bubble: float | None
 
 
 # Replays per prediction in the findings, and the most replayed actions they may cost.
 _FINDING_REPLAYS = 16
 _FINDING_REPLAY_BUDGET = 400_000
+_FINDING_KEEP = "global-batch"
 
 
-def _replayed(analysis: Analysis, new_m: int, figures: dict[str, Any]) -> str:
-    """The closed forms' suggestions replayed on this run's own costs (tracekit.analyze.whatif):
-    a sentence to add to the advice ("" where the schedule cannot be generated)."""
+def _advised(
+    analysis: Analysis,
+    headline: str,
+    closed_form_advice: str,
+    suggestions: list[_Suggestion],
+    measured: float,
+    figures: dict[str, Any],
+) -> Finding:
+    """The fill/drain finding with its suggestions ranked by their replayed step time (the
+    closed form ignores this run's overheads, latencies and spread; its own replay does not):
+    those that do not shorten the step are dropped, and when none does the finding only
+    informs. Where the run cannot be replayed, the closed form's advice, said to be that."""
+    replayed, why_not = _replayed(analysis, suggestions)
+    if replayed is None:
+        note = f" (closed form only: {why_not})" if why_not else ""
+        return Finding(
+            "fill_drain", severity_of(measured), headline, closed_form_advice + note + ".", measured, figures
+        )
+    ranked = sorted(replayed, key=lambda r: r["replay_step_change"])
+    figures["replay_keep"] = _FINDING_KEEP
+    figures["suggestions"] = ranked
+    for row in ranked:  # the figures earlier versions gave, for the closed form's own two suggestions
+        if row["m"] == figures.get("what_if_m") and row["schedule"] == _schedule(analysis).name:
+            figures.update(
+                replay_what_if_bubble=row["replay_bubble"], replay_what_if_step_change=row["replay_step_change"]
+            )
+        elif row["schedule"] == "Interleaved1F1B" and row["v"] == 2 and "what_if_interleaved_v2_bubble" in figures:
+            figures.update(
+                replay_interleaved_v2_bubble=row["replay_bubble"],
+                replay_interleaved_v2_step_change=row["replay_step_change"],
+            )
+    helps = [r for r in ranked if r["helps"]]
+    dropped = [r for r in ranked if not r["helps"]]
+    how = (
+        "Replayed with this run's own overheads, latencies and spread (tracekit whatif, --keep global-batch: "
+        "compute per microbatch scales as 1/m, only approximately true on GPUs)"
+    )
+
+    def said(r: dict[str, Any]) -> str:
+        closed = "" if r["closed_form_bubble"] is None else f", {_pct(r['closed_form_bubble'])} in closed form"
+        return f"{r['text']}: step {r['replay_step_change']:+.0%} (bubble {_pct(r['replay_bubble'])}{closed})"
+
+    if not helps:
+        figures["replay_none_helps"] = True
+        advice = (
+            f"{how}, no change of the schedule shortens this run's step as it stands: "
+            + "; ".join(said(r) for r in ranked)
+            + ". More, smaller actions pay the per-action overheads and latencies more often; fix those first."
+        )
+        return Finding("fill_drain", "info", headline, advice, measured, figures)
+    advice = f"{how}, best first: " + "; ".join(said(r) for r in helps) + "."
+    if dropped:
+        advice += (
+            " Left out, slower as replayed: "
+            + "; ".join(f"{r['text']} (step {r['replay_step_change']:+.0%})" for r in dropped)
+            + "."
+        )
+    return Finding("fill_drain", severity_of(measured), headline, advice, measured, figures)
+
+
+def _replayed(analysis: Analysis, suggestions: list[_Suggestion]) -> tuple[list[dict[str, Any]] | None, str]:
+    """Each suggestion replayed on this run's own costs (tracekit.analyze.whatif), as figures
+    (``helps``: the replayed step is shorter than the measured one); None and why when the
+    run cannot be replayed."""
     from tracekit.analyze.whatif import TARGETS, cost_model, predict, replays_within
 
     sched = _schedule(analysis)
-    if analysis.attribution is None or sched.name not in TARGETS or new_m <= sched.m:
-        return ""
-    targets = [(sched.name, sched.v, new_m)]
-    if sched.name in ("GPipe", "1F1B") and sched.m % sched.p == 0:
-        targets.append(("Interleaved1F1B", 2, sched.m))
-    samples = max(2, replays_within(_FINDING_REPLAY_BUDGET, sched.p, targets, most=_FINDING_REPLAYS))
+    if not suggestions:
+        return None, ""
+    if analysis.attribution is None:
+        return None, "not replayed: the analysis ran without attribution"
+    if sched.name not in TARGETS:
+        return None, f"not replayed: tracekit whatif does not generate {sched.name} orders yet"
+    # the interleaved alternative needs m to be a multiple of p
+    playable = [s for s in suggestions if s.schedule != "Interleaved1F1B" or s.m % sched.p == 0]
+
+    def replays(chosen: list[_Suggestion]) -> int:
+        return replays_within(
+            _FINDING_REPLAY_BUDGET, sched.p, [(s.schedule, s.v, s.m) for s in chosen], most=_FINDING_REPLAYS
+        )
+
+    # on a large run, the largest m first gives way to keep the replays within the budget
+    while len(playable) > 1 and replays(playable) < 2:
+        playable.remove(max(playable, key=lambda s: s.v * s.m))
+    samples = max(2, replays(playable))
     try:
         model = cost_model(analysis.run, list(analysis.attribution.graphs.values()))
         measured_step = float(analysis.bubbles.groupby("step")["window_ns"].first().mean())
-        found = [predict(model, s, v, m, samples=samples) for s, v, m in targets]
-    except Exception:  # noqa: BLE001 - a finding never fails the analysis; whatif says why
-        return ""
-    parts = []
-    for p in found:
+        found = [(s, predict(model, s.schedule, s.v, s.m, keep=_FINDING_KEEP, samples=samples)) for s in playable]
+    except Exception as err:  # noqa: BLE001 - a finding never fails the analysis; whatif says why
+        return None, f"not replayed: {err}"
+    rows = []
+    for s, p in found:
         change = p.step_ns / measured_step - 1 if measured_step else 0.0
-        where = f"at m={p.m}" if p.schedule == sched.name else f"with {p.schedule} v={p.v}"
-        parts.append(f"{_pct(p.bubble_ratio)} {where} (step {change:+.0%})")
-        key = "replay_what_if" if p.schedule == sched.name else "replay_interleaved_v2"
-        figures[f"{key}_bubble"] = round(p.bubble_ratio, 4)
-        figures[f"{key}_step_change"] = round(change, 4)
-    return " Replayed with this run's own overheads, latencies and spread (tracekit whatif): " + "; ".join(parts) + "."
+        rows.append(
+            {
+                "text": s.text,
+                "schedule": s.schedule,
+                "v": s.v,
+                "m": s.m,
+                "closed_form_bubble": None if s.closed_form_bubble is None else round(s.closed_form_bubble, 4),
+                "replay_bubble": round(p.bubble_ratio, 4),
+                "replay_step_change": round(change, 4),
+                "helps": change < 0,
+            }
+        )
+    return rows, ""
 
 
 def _with_launch_bound(faults: list[Finding], launch: list[Finding]) -> list[Finding]:
