@@ -13,12 +13,15 @@ assumes), so one (stage, microbatch) pair holds ``A / v`` bytes, where ``A`` is 
 microbatch leaves on all of one rank's layers. ``A`` comes, best first, from:
 
 - ``--activation-bytes N``, given by the user;
+- the profiler's ``[memory]`` events (traces recorded with ``profile_memory=True``,
+  :mod:`tracekit.ingest.kineto_memory`): what a rank holds when its first backward starts
+  (the allocator's total then minus when its first forward started), per forward run by
+  then, median over steps, times v. Held, not transient: a forward also allocates its output,
+  which is freed once sent. Per rank, so the fullest rank is the one whose in-flight count
+  times its own size is largest;
 - the P2P message sizes, as a proxy: the activation a stage sends on is the tensor that
   crosses the stage boundary; each chunk keeps at least its input, so ``A`` is taken as
   v times the median forward message. A lower bound: real layers keep several tensors each.
-
-(The profiler's ``[memory]`` events, ``profile_memory=True``, are not kept by the ingest yet;
-see :data:`MEMORY_EVENTS_NOTE`.)
 
 With the global batch kept, a microbatch of a target with ``m`` microbatches carries
 measured m / m of the measured rows, and its activations scale the same way (activation
@@ -28,22 +31,22 @@ size is linear in the rows: an assumption that holds for dense layers).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from tracekit.analyze.grouping import int_groups
 from tracekit.analyze.replay import StepGraph
 from tracekit.errors import TracekitError
+from tracekit.ingest.kineto_memory import MemoryEvents
 from tracekit.model.run import Run
 
 Action = tuple[str, int, int]  # (kind, stage, microbatch), as in tracekit.analyze.schedules
 
 SOURCE_USER = "--activation-bytes"
 SOURCE_P2P = "P2P message sizes (proxy: one boundary tensor per chunk and microbatch, a lower bound)"
-MEMORY_EVENTS_NOTE = (
-    "the profiler's [memory] events (profile_memory=True) are not read yet; "
-    "give --activation-bytes for a measured figure"
-)
+SOURCE_MEMORY = "the profiler's [memory] events (held per forward in flight at a step's first backward, per rank)"
+MEMORY_EVENTS_NOTE = "record with profile_memory=True (tracekit capture --profile-memory) or give --activation-bytes"
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
 
@@ -53,8 +56,12 @@ class ActivationSize:
     """What one microbatch (at the measured microbatch size) leaves on all of one rank's
     layers, and where that figure comes from."""
 
-    bytes_per_microbatch: int
+    bytes_per_microbatch: int  # the largest rank's, where they differ
     source: str
+    per_rank: dict[int, int] = field(default_factory=dict)  # rank -> its own, where measured per rank
+
+    def of_rank(self, rank: int) -> int:
+        return self.per_rank.get(rank, self.bytes_per_microbatch)
 
 
 def parse_bytes(text: str, option: str) -> int:
@@ -114,11 +121,17 @@ def orders_of_graph(graph: StepGraph) -> dict[int, list[Action]]:
     return orders
 
 
-def activation_size(run: Run, activation_bytes: int | None = None) -> ActivationSize:
-    """``A`` (see the module doc): the user's figure, else the P2P proxy; a run with neither
+def activation_size(
+    run: Run, activation_bytes: int | None = None, memory: Mapping[int, MemoryEvents] | None = None
+) -> ActivationSize:
+    """``A`` (see the module doc): the user's figure, else the profiler's memory events
+    (``memory``: per rank, where the traces have them), else the P2P proxy; a run with none
     gets a one-line error saying what to give."""
     if activation_bytes is not None:
         return ActivationSize(int(activation_bytes), SOURCE_USER)
+    measured = activation_size_from_memory(run, memory or {})
+    if measured is not None:
+        return measured
     sched = run.schedule
     messages = run.messages
     sizes = messages.loc[(messages["direction"] == "fwd") & (messages["nbytes"] > 0), "nbytes"]
@@ -130,12 +143,71 @@ def activation_size(run: Run, activation_bytes: int | None = None) -> Activation
     return ActivationSize(int(sched.v * float(np.median(sizes.to_numpy()))), SOURCE_P2P)
 
 
+def activation_size_from_memory(run: Run, memory: Mapping[int, MemoryEvents]) -> ActivationSize | None:
+    """``A`` per rank from the profiler's memory events (None where no rank has any; see the
+    module doc). The events' clock is put on the run's by the ProfilerStep starts both hold;
+    device allocations are preferred over host ones where there are both."""
+    sched = run.schedule
+    if sched is None:
+        return None
+    actions = run.actions[run.actions["step"] >= 0]
+    # device timeline: allocations are made at host time
+    start_col = "host_start_ns" if "host_start_ns" in actions else "start_ns"
+    per_rank: dict[int, int] = {}
+    for rank, found in memory.items():
+        events = found.events
+        if not len(events):
+            continue
+        device = 1 if (events["device_type"] == 1).any() else 0
+        events = events[events["device_type"] == device]
+        steps = run.steps[run.steps["rank"] == rank]
+        gaps = [
+            start - found.step_starts_ns[step]
+            for step, start in zip(steps["step"].tolist(), steps["step_start_ns"].tolist())
+            if step in found.step_starts_ns
+        ]
+        if not gaps or not len(events):
+            continue
+        times = events["ts_ns"].to_numpy(dtype=np.int64) + int(np.median(gaps))
+        totals = events["total_allocated"].to_numpy(dtype=np.int64)
+
+        held = []
+        for (_,), acts in int_groups(actions[actions["rank"] == rank], ["step"]):
+            acts = acts.sort_values(start_col)
+            kinds = acts["kind"].tolist()
+            first_back = next((i for i, k in enumerate(kinds) if k != "F"), None)
+            if not first_back:  # no forward before the first backward (or no backward)
+                continue
+            starts = acts[start_col].tolist()
+            rise = _allocated_at(times, totals, starts[first_back]) - _allocated_at(times, totals, starts[0] - 1)
+            held.append(rise / first_back)
+        if held:
+            per_rank[int(rank)] = int(sched.v * max(0.0, float(np.median(held))))
+    if not per_rank:
+        return None
+    return ActivationSize(max(per_rank.values()), SOURCE_MEMORY, per_rank)
+
+
+def _allocated_at(times: np.ndarray, totals: np.ndarray, at: int) -> int:
+    """The allocator's total at time ``at``: that of the last event at or before it (0 before any)."""
+    i = int(np.searchsorted(times, at, side="right")) - 1
+    return int(totals[i]) if i >= 0 else 0
+
+
 def peak_activation_bytes(
-    orders: Mapping[int, Sequence[Action]], size: ActivationSize, v: int, m: int, measured_m: int, keep: str
+    orders: Mapping[int, Sequence[Action]],
+    size: ActivationSize,
+    v: int,
+    m: int,
+    measured_m: int,
+    keep: str,
+    ranks: Sequence[int] | None = None,
 ) -> tuple[int, int]:
-    """(peak chunks in flight on any rank, their bytes) for a target's ``orders`` with ``v``
-    chunks a rank and ``m`` microbatches (``keep="global-batch"``: a microbatch's rows, and so
-    its activations, scale with measured m / m)."""
-    peak = max(in_flight_per_rank(orders).values(), default=0)
+    """(peak chunks in flight on any rank, the most bytes any rank holds) for a target's
+    ``orders`` with ``v`` chunks a rank and ``m`` microbatches (``keep="global-batch"``: a
+    microbatch's rows, and so its activations, scale with measured m / m). ``ranks``: the
+    measured rank of each order's key (generated orders count ranks from 0)."""
+    counts = in_flight_per_rank(orders)
     rows = measured_m / m if keep == "global-batch" else 1.0
-    return peak, int(round(peak * size.bytes_per_microbatch / v * rows))
+    held = [n * size.of_rank(ranks[r] if ranks is not None else r) / v * rows for r, n in counts.items()]
+    return max(counts.values(), default=0), int(round(max(held, default=0.0)))

@@ -412,7 +412,9 @@ def predict(
     bubbles, steps = _replay_many(graph, model, rng, samples, scale, v, rank_of)
     theory = theoretical_bubble(schedule, model.p, v, m).bubble_ratio
     label = f"{schedule} v={v} m={m}" + (" balanced" if balanced else "")
-    in_flight, bytes_held = peak_activation_bytes(orders, activation or ActivationSize(0, ""), v, m, model.m, keep)
+    in_flight, bytes_held = peak_activation_bytes(
+        orders, activation or ActivationSize(0, ""), v, m, model.m, keep, model.ranks
+    )
     return Prediction(
         label,
         schedule,

@@ -81,6 +81,8 @@ class CaptureConfig:
     p2p_delay_ms: float = 0.0
     # hand-written per-layer ranges (linear3(F), linear3(B)) inside a whole-step "1F1B" range
     layer_labels: bool = False
+    # torch.profiler(profile_memory=True): [memory] events on every allocation and free
+    profile_memory: bool = False
     seed: int = 0
     attention_share: float | None = None  # TeraPipe only; None: DEFAULT_ATTENTION_SHARE
     #: the command line to record in capture.json (filled by the CLI; else reconstructed)
@@ -185,6 +187,12 @@ class CaptureConfig:
                 "--layer-labels labels the emulated layers of torch's 1F1B (which leaves no labels "
                 "of its own); use it with --schedule 1F1B and --compute emulated"
             )
+        if self.profile_memory and self.framework != "torch":
+            raise CaptureError("--profile-memory is recorded by tracekit's own torch ranks; drop --framework")
+        if self.profile_memory and self.p2p_delay_ms:
+            # torch records memory events only without profile_all_threads, and the delayed
+            # sends run on a thread of their own
+            raise CaptureError("--profile-memory records the main thread only; drop --p2p-delay-ms")
         if self.p2p_delay_ms < 0:
             raise CaptureError(f"--p2p-delay-ms must be >= 0 (got {self.p2p_delay_ms})")
         if self.p2p_delay_ms and self.framework == "deepspeed":
@@ -268,6 +276,8 @@ class CaptureConfig:
             parts += ["--p2p-delay-ms", _num(self.p2p_delay_ms)]
         if self.layer_labels:
             parts += ["--layer-labels"]
+        if self.profile_memory:
+            parts += ["--profile-memory"]
         if self.seed != 0:
             parts += ["--seed", str(self.seed)]
         if self.schedule == "TeraPipe" and self.attention_share != DEFAULT_ATTENTION_SHARE:

@@ -17,9 +17,10 @@ import torch
 from tracekit.capture.files import gzip_file
 
 
-def make_profiler(schedule: dict[str, int], trace_json: Path) -> torch.profiler.profile:
+def make_profiler(schedule: dict[str, int], trace_json: Path, profile_memory: bool = False) -> torch.profiler.profile:
     """A profiler with ``schedule`` (``CaptureConfig.profiler_schedule()``: ``steps`` steps
-    after unrecorded ones) writing into ``trace_json``."""
+    after unrecorded ones) writing into ``trace_json``; ``profile_memory``: with a ``[memory]``
+    event on every allocation and free (what one microbatch's activations take)."""
 
     def on_trace_ready(prof):
         prof.export_chrome_trace(str(trace_json))
@@ -29,7 +30,10 @@ def make_profiler(schedule: dict[str, int], trace_json: Path) -> torch.profiler.
         schedule=torch.profiler.schedule(**schedule, repeat=1),
         record_shapes=True,
         with_stack=False,
-        experimental_config=torch.profiler._ExperimentalConfig(profile_all_threads=True),
+        profile_memory=profile_memory,
+        # torch 2.13 on CPU records no [memory] event while profile_all_threads is on (seen: 0
+        # events with it, one per allocation without); the main thread has the compute
+        experimental_config=torch.profiler._ExperimentalConfig(profile_all_threads=not profile_memory),
         on_trace_ready=on_trace_ready,
     )
 

@@ -179,7 +179,8 @@ def profiler_manifest(config: CaptureConfig) -> dict:
         "activities": ["CPU"],
         "record_shapes": True,
         "with_stack": False,
-        "profile_all_threads": True,
+        "profile_memory": config.profile_memory,
+        "profile_all_threads": not config.profile_memory,
         "schedule": config.profiler_schedule(),
     }
 

@@ -168,7 +168,7 @@ def run_rank(rank: int, cfg_dict: dict, out_dir: str, port: int) -> None:
 
 
 def _train_and_profile(rank: int, cfg: CaptureConfig, out: Path) -> None:
-    prof = make_profiler(cfg.profiler_schedule(), out / f"rank{rank}.json")
+    prof = make_profiler(cfg.profiler_schedule(), out / f"rank{rank}.json", cfg.profile_memory)
     with prof:
         if cfg.schedule in DESIGNS:
             from tracekit.capture import designs

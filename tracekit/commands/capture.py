@@ -96,6 +96,12 @@ def _schedule(ctx, param, value):
     help="Leave hand-written per-layer ranges (linear3(F), linear3(B)) inside a whole-step '1F1B' "
     "range, as hand-instrumented models do (1F1B, emulated compute).",
 )
+@click.option(
+    "--profile-memory",
+    is_flag=True,
+    help="torch.profiler(profile_memory=True): a [memory] event on every allocation and free, so "
+    "whatif --search can size one microbatch's activations (larger traces).",
+)
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option(
     "--attention-share",
@@ -136,6 +142,7 @@ def command(
     slow_factor,
     p2p_delay_ms,
     layer_labels,
+    profile_memory,
     seed,
     attention_share,
     profiler,
@@ -174,12 +181,15 @@ def command(
         slow_factor=slow_factor,
         p2p_delay_ms=p2p_delay_ms,
         layer_labels=layer_labels,
+        profile_memory=profile_memory,
         seed=seed,
         attention_share=attention_share,
     )
     cfg.validate()  # one-line CaptureError before torch is imported
     if profiler == "nsys" and cfg.schedule in DESIGNS:
         raise CaptureError(f"--profiler nsys runs torch's schedules only; capture {cfg.schedule} with --profiler torch")
+    if profile_memory and profiler == "nsys":
+        raise CaptureError("--profile-memory is torch.profiler's; drop --profiler nsys")
     if not replace:
         _refuse_earlier_capture(Path(out))
     cfg.command = _command_line(ctx, out, cfg)
@@ -232,6 +242,7 @@ def _command_line(ctx: click.Context, out: str, cfg: CaptureConfig) -> str:
         "slow_factor": "--slow-factor",
         "p2p_delay_ms": "--p2p-delay-ms",
         "layer_labels": "--layer-labels",
+        "profile_memory": "--profile-memory",
         "seed": "--seed",
         "attention_share": "--attention-share",
         "profiler": "--profiler",

@@ -164,7 +164,7 @@ def command(
     model = cost_model(run)
     if do_search:
         assert budget is not None  # checked above
-        size = activation_size(run, user_bytes)
+        size = activation_size(run, user_bytes, None if user_bytes is not None else _memory_events(run))
         result = search(run, budget, size, keep, replays, seed, schedules, vs, ms, links, model)
         click.echo(json.dumps(result.to_dict(), indent=1) if as_json else render(result))
         return
@@ -193,3 +193,10 @@ def command(
         sys.stdout.write(json.dumps(result.to_dict(), indent=1) + "\n")
     else:
         click.echo(render(result))
+
+
+def _memory_events(run) -> dict:
+    """Each Kineto file's [memory] events by rank (read only when an activation size is asked for)."""
+    from tracekit.ingest.kineto_memory import read_memory_events
+
+    return {f.rank: read_memory_events(f.path) for f in run.files if f.format == "kineto"}
