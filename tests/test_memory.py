@@ -106,3 +106,85 @@ def test_sizes_parse_and_bad_ones_are_one_line_errors():
         with pytest.raises(TracekitError, match="--memory-budget"):
             parse_bytes(bad, "--memory-budget")
     assert format_bytes(2 << 30) == "2.0 GiB" and format_bytes(1536) == "1.5 KiB" and format_bytes(12) == "12 B"
+
+
+def _generated_memory_trace(path, events) -> None:
+    """A generated Kineto document (not a trace): the given events only."""
+    import gzip
+    import json
+
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+
+
+def test_memory_events_are_read_with_the_step_starts_and_bad_entries_skipped(tmp_path):
+    from tracekit.ingest.kineto_memory import read_memory_events
+
+    def mem(ts, nbytes, total, **args):
+        return {
+            "ph": "i",
+            "cat": "cpu_instant_event",
+            "name": "[memory]",
+            "ts": ts,
+            "tid": 7,
+            "pid": 7,
+            "args": {"Bytes": nbytes, "Total Allocated": total, "Device Type": 0, **args},
+        }
+
+    path = tmp_path / "rank0.json.gz"
+    _generated_memory_trace(
+        path,
+        [
+            {"ph": "X", "name": "ProfilerStep#2", "ts": 10.0, "dur": 100.0, "pid": 7, "tid": 7},
+            mem(12.5, 4096, 4096),
+            mem(11.0, 1024, 1024),
+            mem(13.0, -1024, 3072),
+            {"ph": "i", "name": "[memory]", "ts": 14.0, "args": {"Bytes": "lots"}},  # not a number: skipped
+            {"ph": "i", "name": "[memory]", "ts": float("nan"), "args": {"Bytes": 1, "Total Allocated": 1}},
+            {"ph": "X", "name": "ProfilerStep#x", "ts": 20.0, "dur": 1.0},
+        ],
+    )
+    found = read_memory_events(path)
+    assert found.step_starts_ns == {2: 10_000}
+    assert found.events["ts_ns"].tolist() == [11_000, 12_500, 13_000]  # by time
+    assert found.events["total_allocated"].tolist() == [1024, 4096, 3072]
+    assert found.events["bytes"].tolist() == [1024, 4096, -1024]
+    broken = tmp_path / "broken.json.gz"
+    broken.write_bytes(b"\x1f\x8b not gzip")
+    assert len(read_memory_events(broken).events) == 0
+
+
+def test_capture_profile_memory_is_on_the_command_line_and_refused_where_it_cannot_record():
+    from tracekit.capture.config import CaptureConfig
+    from tracekit.errors import CaptureError
+
+    cfg = CaptureConfig(profile_memory=True).validate()
+    assert "--profile-memory" in cfg.command_line("out")
+    assert "--profile-memory" not in CaptureConfig().validate().command_line("out")
+    with pytest.raises(CaptureError, match="--profile-memory"):
+        CaptureConfig(profile_memory=True, framework="deepspeed").validate()
+    with pytest.raises(CaptureError, match="--profile-memory"):
+        CaptureConfig(profile_memory=True, p2p_delay_ms=5).validate()
+
+
+MEMORY_SAMPLE = "1f1b_profile_memory"
+
+
+def test_activations_from_the_profiler_s_memory_events_of_a_real_capture():
+    """sample_traces/1f1b_profile_memory: 1F1B, 4 layers of Linear(256, 256) + ReLU a stage, 8
+    rows a microbatch. What a rank holds at its first backward grows with the forwards in
+    flight the order says (4, 3, 2, 1), one size per forward on every rank but the last
+    (which also keeps its loss)."""
+    from tracekit.analyze.memory import SOURCE_MEMORY, activation_size_from_memory
+    from tracekit.ingest.kineto_memory import read_memory_events
+
+    run = _sample(MEMORY_SAMPLE)
+    memory = {f.rank: read_memory_events(f.path) for f in run.files}
+    size = activation_size_from_memory(run, memory)
+    assert size is not None and size.source == SOURCE_MEMORY
+    tensor = 8 * 256 * 4
+    # four saved tensors of [8, 256] float32 per stage and microbatch: far above the P2P proxy
+    assert [size.per_rank[r] for r in range(3)] == [4 * tensor] * 3
+    assert size.per_rank[3] >= 4 * tensor
+    assert activation_size(run, memory=memory) == size
+    assert activation_size(run).source == SOURCE_P2P  # without the events: the proxy, said so
