@@ -502,7 +502,7 @@ def what_if(
     predictions: list[Prediction] = []
     skipped: list[str] = []
     if links is not None:
-        predictions.append(as_measured(model, samples, seed, activation, f"measured order, {links.describe()}"))
+        predictions.append(as_measured(model, samples, seed, activation, f"measured order, {links.short()}"))
     for schedule, v, m in targets or default_targets(model):
         try:
             predictions.append(predict(model, schedule, v, m, keep, samples, seed, activation=activation))
@@ -579,6 +579,10 @@ class LinkChange:
             return np.full_like(samples, self.set_ns)
         out = np.rint(samples * self.factor).astype(np.int64)
         return out if transfer else np.maximum(out + self.add_ns, 0)
+
+    def short(self) -> str:
+        """A row label's few words: "links x0.5", "P2P overlapped"."""
+        return "P2P overlapped" if self.overlap else f"links {self.text}"
 
     def describe(self) -> str:
         parts = []

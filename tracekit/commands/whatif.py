@@ -84,7 +84,8 @@ SCHEDULE_CHOICES = ["GPipe", "1F1B", "Interleaved1F1B"]
 @click.option(
     "--link-latency",
     metavar="CHANGE",
-    help="Change every measured message latency: x0.5 (scale), +2ms / -1ms (shift), 5ms (set).",
+    help="Change every measured message latency: x0.5 (scale), +2ms or -1ms (shift; write a negative one as "
+    "--link-latency=-1ms), 5ms (set).",
 )
 @click.option(
     "--overlap-p2p",
