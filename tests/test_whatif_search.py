@@ -170,6 +170,7 @@ def test_cli_search_console_and_json(one_f_one_b):
         (["--search", "--memory-budget", "lots"], "--memory-budget 'lots'"),
         (["--link-latency", "fast"], "--link-latency 'fast'"),
         (["--search", "--memory-budget", "1GiB", "--balanced"], "--balanced and --search"),
+        (["--activation-bytes", "1MiB"], "add --search"),
     ],
 )
 def test_cli_bad_options_are_one_line_and_exit_2(args, message):

@@ -78,8 +78,9 @@ SCHEDULE_CHOICES = ["GPipe", "1F1B", "Interleaved1F1B"]
 @click.option(
     "--activation-bytes",
     metavar="SIZE",
-    help="What one microbatch (measured size) leaves on all of one rank's layers; default: "
-    "a proxy from the P2P message sizes (said so in the output).",
+    help="For --search: what one microbatch (measured size) leaves on all of one rank's layers; default: "
+    "from the profiler's memory events where the trace has them, else a proxy from the P2P message sizes "
+    "(the output says which).",
 )
 @click.option(
     "--link-latency",
@@ -159,6 +160,10 @@ def command(
         raise TracekitError("--search needs --memory-budget SIZE (activation memory per rank, e.g. 2GiB)")
     if budget is not None and not do_search:
         raise TracekitError("--memory-budget is for --search: add --search")
+    if user_bytes is not None and not do_search:
+        raise TracekitError(
+            "--activation-bytes sizes the activations --search weighs: add --search --memory-budget SIZE"
+        )
     if do_search and balanced:
         raise TracekitError("--balanced and --search: the search keeps the measured split; run them apart")
     run = load_with_progress(run_dir, rank_from, rank_map, progress)
@@ -169,7 +174,6 @@ def command(
         result = search(run, budget, size, keep, replays, seed, schedules, vs, ms, links, model)
         click.echo(json.dumps(result.to_dict(), indent=1) if as_json else render(result))
         return
-    activation = activation_size(run, user_bytes) if user_bytes is not None else None
     targets = None
     if schedules or vs or ms:
         # -v alone asks about interleaving; GPipe and 1F1B have one chunk per rank.
@@ -188,7 +192,6 @@ def command(
         balanced=balanced,
         model=model,
         links=links,
-        activation=activation,
     )
     if as_json:
         sys.stdout.write(json.dumps(result.to_dict(), indent=1) + "\n")
