@@ -177,3 +177,22 @@ def test_cli_bad_options_are_one_line_and_exit_2(args, message):
     result = _cli(*args)
     assert result.exit_code == 2 and message in result.output
     assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_cli_search_sizes_activations_from_the_memory_events_where_the_trace_has_them():
+    path = SAMPLES / "1f1b_profile_memory"
+    if not list(path.glob("rank*.json.gz")):
+        pytest.skip(f"{path} holds no traces")
+    # 1F1B m=8 holds 4 x 32 KiB on rank 0 (the memory events), not 4 x 8 KiB (the P2P proxy)
+    result = CliRunner().invoke(
+        main, ["whatif", str(path), "--search", "--memory-budget", "100KiB", "-s", "1F1B", "-m", "8", "--replays", "4"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "from the profiler's [memory] events" in result.output
+    assert "128.0 KiB  over budget" in result.output and "nothing fits 100.0 KiB" in result.output
+    given = CliRunner().invoke(
+        main,
+        ["whatif", str(path), "--search", "--memory-budget", "100KiB", "-s", "1F1B", "-m", "8", "--replays", "4"]
+        + ["--activation-bytes", "8KiB"],
+    )
+    assert given.exit_code == 0 and "from --activation-bytes" in given.output and "32.0 KiB" in given.output
