@@ -103,11 +103,14 @@ def render_search(result) -> str:
         )
 
     lines.append(f"  {'measured':30} {result.measured_bubble:>14.1%} {_ms(result.measured_step_ns):>18}")
-    lines.append(row(result.as_measured))
+
+    def mark(p) -> str:
+        return "  over budget" if p.activation_bytes is not None and p.activation_bytes > found.budget_bytes else ""
+
+    lines.append(row(result.as_measured, mark(result.as_measured)))
     lines.append("")
     for p in result.predictions:
-        over = p.activation_bytes is not None and p.activation_bytes > found.budget_bytes
-        lines.append(row(p, "  over budget" if over else ""))
+        lines.append(row(p, mark(p)))
     lines += ["", f"  per v (the fastest m that fits; median message latency {_ms(found.message_latency_ns)}):"]
     for p in found.per_v:
         fits = found.fits(p)
