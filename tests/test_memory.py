@@ -188,3 +188,10 @@ def test_activations_from_the_profiler_s_memory_events_of_a_real_capture():
     assert size.per_rank[3] >= 4 * tensor
     assert activation_size(run, memory=memory) == size
     assert activation_size(run).source == SOURCE_P2P  # without the events: the proxy, said so
+
+
+def test_a_fused_pair_holds_and_releases_like_its_two_actions():
+    """A generated order (not a trace) with DualPipeV's fused OVERLAP_F_B entries: the forward
+    half adds one, the backward half releases its own pair."""
+    order = [("F", 0, 0), ("F", 0, 1), (("F", 0, 2), ("B", 0, 0)), (("F", 0, 3), ("B", 0, 1)), ("B", 0, 2)]
+    assert in_flight(order) == 3

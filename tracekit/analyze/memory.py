@@ -42,6 +42,9 @@ from tracekit.ingest.kineto_memory import MemoryEvents
 from tracekit.model.run import Run
 
 Action = tuple[str, int, int]  # (kind, stage, microbatch), as in tracekit.analyze.schedules
+# An order's entry: an action, or a fused pair run back to back in one label (DualPipeV's
+# OVERLAP_F_B), whose halves hold and release like any two actions
+Entry = Action | tuple[Action, Action]
 
 SOURCE_USER = "--activation-bytes"
 SOURCE_P2P = "P2P message sizes (proxy: one boundary tensor per chunk and microbatch, a lower bound)"
@@ -85,11 +88,21 @@ def format_bytes(n: float) -> str:
     return f"{int(n)} B"
 
 
-def in_flight(order: Iterable[Action]) -> int:
+def _actions(order: Iterable[Entry]) -> list[Action]:
+    out: list[Action] = []
+    for entry in order:
+        if isinstance(entry[0], tuple):
+            out.extend(entry)  # a fused pair: its two actions in turn
+        else:
+            out.append(entry)
+    return out
+
+
+def in_flight(order: Iterable[Entry]) -> int:
     """The most (stage, microbatch) pairs whose activations one rank holds at once, walking
     its ``order``: a forward adds one; its W (where the order has one for that pair), else
     its B, releases it."""
-    actions = list(order)
+    actions = _actions(order)
     released_by_w = {(s, i) for k, s, i in actions if k == "W"}
     held: set[tuple[int, int]] = set()
     peak = 0
@@ -103,7 +116,7 @@ def in_flight(order: Iterable[Action]) -> int:
     return peak
 
 
-def in_flight_per_rank(orders: Mapping[int, Sequence[Action]]) -> dict[int, int]:
+def in_flight_per_rank(orders: Mapping[int, Sequence[Entry]]) -> dict[int, int]:
     """:func:`in_flight` of every rank's order."""
     return {r: in_flight(order) for r, order in orders.items()}
 
@@ -195,7 +208,7 @@ def _allocated_at(times: np.ndarray, totals: np.ndarray, at: int) -> int:
 
 
 def peak_activation_bytes(
-    orders: Mapping[int, Sequence[Action]],
+    orders: Mapping[int, Sequence[Entry]],
     size: ActivationSize,
     v: int,
     m: int,
