@@ -544,14 +544,15 @@ def _replayed(analysis: Analysis, suggestions: list[_Suggestion]) -> tuple[list[
     """Each suggestion replayed on this run's own costs (tracekit.analyze.whatif), as figures
     (``helps``: the replayed step is shorter than the measured one); None and why when the
     run cannot be replayed."""
-    from tracekit.analyze.whatif import TARGETS, cost_model, predict, replays_within
+    from tracekit.analyze.schedules import GENERATORS
+    from tracekit.analyze.whatif import cost_model, predict, replays_within
 
     sched = _schedule(analysis)
     if not suggestions:
         return None, ""
     if analysis.attribution is None:
         return None, "not replayed: the analysis ran without attribution"
-    if sched.name not in TARGETS:
+    if sched.name not in GENERATORS:  # every schedule whatif can generate
         return None, f"not replayed: tracekit whatif does not generate {sched.name} orders yet"
     # the interleaved alternative needs m to be a multiple of p
     playable = [s for s in suggestions if s.schedule != "Interleaved1F1B" or s.m % sched.p == 0]

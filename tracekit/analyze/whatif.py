@@ -690,7 +690,7 @@ def search_targets(
     each schedule can be generated with."""
     m_values = ms or sorted({max(1, int(model.m * f)) for f in SEARCH_M_FACTORS})
     out = []
-    for schedule in schedules or TARGETS:
+    for schedule in schedules or tuple(GENERATORS):  # every schedule with a generated order
         for v in vs or SEARCH_VS:
             for m in m_values:
                 try:
