@@ -279,7 +279,8 @@ def torch_orders(schedule: str, p: int, v: int, m: int) -> dict[int, list[Entry]
     """The per-rank order torch's own schedule class computes for ``schedule`` (one of
     :data:`ZERO_BUBBLE`), without running it: the classes build ``pipeline_order`` for every
     rank in their constructor from the stages' group size, stage count and the microbatch
-    count, so stand-in stages carrying just those (no module, no process group) are enough.
+    count, so stand-in stages carrying just those (no module, no process group) are enough;
+    the constructor's last step, lowering the order into send/recv actions, is skipped.
     Raises ImportError where torch is not installed, ValueError where torch refuses (p, v, m)."""
     return {r: list(entries) for r, entries in _torch_orders(schedule, p, v, m).items()}
 
@@ -288,7 +289,16 @@ def torch_orders(schedule: str, p: int, v: int, m: int) -> dict[int, list[Entry]
 def _torch_orders(schedule: str, p: int, v: int, m: int) -> dict[int, tuple[Entry, ...]]:
     from torch.distributed.pipelining import schedules as torch_schedules
 
-    cls = getattr(torch_schedules, TORCH_CLASSES[schedule])
+    torch_class = getattr(torch_schedules, TORCH_CLASSES[schedule])
+
+    class OrderOnly(torch_class):  # type: ignore[misc, valid-type]
+        """torch's class, minus the lowering of its order into send/recv actions that its
+        constructor ends with: quadratic in the actions (20 s for ZBV at p=128, m=256) and
+        not part of the order."""
+
+        def _prepare_schedule_with_comms(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
     local = 1 if schedule == "ZB-H1" else v
     stages = [
         # what the constructors read: group size and rank, stage count; submod None skips
@@ -297,7 +307,7 @@ def _torch_orders(schedule: str, p: int, v: int, m: int) -> dict[int, tuple[Entr
         for _ in range(local)
     ]
     try:
-        built = cls(stages, m)
+        built = OrderOnly(stages, m)
     except (AssertionError, RuntimeError) as err:  # torch's own refusals, said as ValueError
         raise ValueError(str(err)) from err
     return {int(r): tuple(_entry(a) for a in actions if a is not None) for r, actions in built.pipeline_order.items()}
