@@ -174,11 +174,13 @@ def test_the_1f1b_capture_predicts_the_zero_bubble_captures(samples):
       ZBVZeroBubble          12.4% vs 13.2% (-0.8 pt), 377.0 vs 389.0 ms (-3.1%)
       InterleavedZeroBubble  13.7% vs 15.9% (-2.2 pt), 382.7 vs 408.9 ms (-6.4%)
       DualPipeV              16.3% vs 16.0% (+0.3 pt), 394.7 vs 394.9 ms (-0.1%)
-    The interleaved miss is compute, not order: its capture computes 343.9 ms a rank per step
-    against 330.3 ms in the 1F1B capture (+4.1%; I + W per chunk 14.3 ms against a whole B of
-    13.6 ms: a split backward pays a second action's fixed costs, which "half of B" cannot
-    know), and its loop placement's wrap-around link (rank 3 -> 0) waits more. Replayed from
-    its own costs the same target lands within 0.5 points and 0.5%."""
+    The interleaved step miss is mostly compute, not order: its capture computes 343.9 ms a
+    rank per step against 330.3 ms in the 1F1B capture (+4.1%; I + W per chunk 14.3 ms against
+    a whole B of 13.6 ms: a split backward pays a second action's fixed costs, which "half of
+    B" cannot know). With I and W scaled by that 5.1% the same replay gives 394.1 ms (-3.6%)
+    and ZBV 389.2 ms (+0.0%); the rest is the capture's own host gaps (rank 2: 0.57 ms an
+    action there, 0.42 ms in the 1F1B capture). Replayed from its own costs the interleaved
+    target lands within 0.5 points and 0.5% (next test)."""
     measured = {
         name: what_if(samples[name], [("1F1B", 1, 8)], samples=4) for name in ("zbv", "interleaved_zb", "dualpipev")
     }
