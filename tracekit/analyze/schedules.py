@@ -3,6 +3,12 @@
 Used to check the closed-form bubbles against dependency-driven replays, and as the
 starting point of what-if questions (another schedule, m, v): generate the order, give
 it durations and latencies, replay.
+
+The zero-bubble family (backward split into input-grad I and weight-grad W: ZB-H1,
+InterleavedZeroBubble, ZBVZeroBubble, DualPipeV with its fused OVERLAP_F_B pairs) follows
+torch.distributed.pipelining 2.13's schedule classes; :func:`orders_for` takes the order
+from torch's own class where torch is installed (:func:`torch_orders`) and from the
+generators here otherwise; tests/test_whatif_zb.py checks the two agree action for action.
 """
 
 from __future__ import annotations

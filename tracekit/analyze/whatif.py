@@ -21,8 +21,9 @@ max over many paths, so the spread of the costs matters, not just their typical 
 
 A prediction generates the target schedule's per-rank order
 (:mod:`tracekit.analyze.schedules`; the zero-bubble family's from torch's own schedule
-classes where torch is installed, equal action for action to tracekit's generators), draws every action's compute (divided by the target v),
-overhead and every message's latency from those samples, replays the step
+classes where torch is installed, equal action for action to tracekit's generators), draws
+every action's compute (divided by the target v), overhead and every message's latency
+from those samples, replays the step
 (:mod:`tracekit.analyze.replay`) and repeats; the mean and spread over the replays are
 reported. The same draws replayed on the *measured* order give the model's own error, shown
 beside every prediction. With constant costs and free messages, predictions equal the
@@ -91,7 +92,7 @@ class CostModel:
     n_actions: int = 0
     n_messages: int = 0
     # Whether the run split its backwards into I and W, and how the I and W pools were made
-    # (see split_costs): work holds (rank, "I"/"W") for stages past the first, (rank, "I0"/"W0")
+    # (see _split_costs): work holds (rank, "I"/"W") for stages past the first, (rank, "I0"/"W0")
     # for stage 0, whose I torch leaves empty.
     split_backward: bool = False
     iw_source: str = ""
