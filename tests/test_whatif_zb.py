@@ -234,6 +234,7 @@ def test_cli_zero_bubble_targets_in_json_and_p_refused_in_one_line():
     jsonschema.validate(doc, json.loads((ROOT / "tracekit" / "schemas" / "whatif.schema.json").read_text()))
     assert [(p["schedule"], p["v"]) for p in doc["predictions"]] == [("ZBVZeroBubble", 2), ("ZB-H1", 1)]
     assert all(p["orders"] for p in doc["predictions"])
+    assert doc["measured"]["split_backward"] is False
     assert any("half of B" in a for a in doc["assumptions"])
     refused = runner.invoke(main, [*args, "-p", "8"])
     assert refused.exit_code == 2

@@ -160,6 +160,7 @@ class WhatIf:
                 "steps": len(m.graphs),
                 "actions": m.n_actions,
                 "messages": m.n_messages,
+                "split_backward": m.split_backward,
             },
             "model_of_measured": self.as_measured.to_dict(),
             "predictions": [p.to_dict() for p in self.predictions],
