@@ -17,7 +17,9 @@ from tracekit.ingest import cache as cache_mod
 
 
 def _analyze(*args: str) -> str:
-    result = CliRunner().invoke(main, ["analyze", *args, "--no-progress"])
+    # One job: _copy's monkeypatched _RACY_NS must hold where the digests are taken, and pool
+    # workers that an earlier test left running (a fork server) would not see it.
+    result = CliRunner().invoke(main, ["analyze", *args, "--no-progress", "--jobs", "1"])
     assert result.exit_code == 0, result.output
     return result.output
 

@@ -5,7 +5,12 @@ max over many paths, so the spread of the costs matters, not just their typical 
 
 - **compute**: for each rank and kind (F, B, I, W), one microbatch's compute on that rank,
   i.e. each measured action's duration times the measured v (a rank's layers split evenly
-  over its chunks). Where the run split its backwards, B is drawn as I + W.
+  over its chunks). Where the run split its backwards, B is drawn as I + W. The zero-bubble
+  targets' I and W (ZB-H1, InterleavedZeroBubble, ZBVZeroBubble, DualPipeV): as measured
+  where the run split its backwards, else each half of the measured B (an assumption, said
+  in the output; on the project's samples a split backward costs ~4-6% more than a whole
+  one, which that estimate misses); stage 0 on its own either way, since torch leaves its I
+  empty and runs the whole backward in W (see ``_split_costs``).
 - **overhead**: each measured action's host overhead, per rank (the gap between "data there
   and rank free" and the compute starting); the second halves of fused labels (DualPipeV's
   ``OVERLAP_F_B``) in a pool of their own, used only where the replayed order fuses too.
@@ -15,13 +20,17 @@ max over many paths, so the spread of the costs matters, not just their typical 
   (the receiver only waited once it was done).
 
 A prediction generates the target schedule's per-rank order
-(:mod:`tracekit.analyze.schedules`), draws every action's compute (divided by the target v),
-overhead and every message's latency from those samples, replays the step
+(:mod:`tracekit.analyze.schedules`; the zero-bubble family's from torch's own schedule
+classes where torch is installed, equal action for action to tracekit's generators), draws
+every action's compute (divided by the target v), overhead and every message's latency
+from those samples, replays the step
 (:mod:`tracekit.analyze.replay`) and repeats; the mean and spread over the replays are
 reported. The same draws replayed on the *measured* order give the model's own error, shown
 beside every prediction. With constant costs and free messages, predictions equal the
 closed forms exactly (tested); on the project's real sample runs they are within a few
 points of the runs captured with the other schedules (tested; see README).
+
+The measured p is kept: changing the number of ranks is out of scope (refused in one line).
 
 ``balanced=True`` adds, for every target, the same schedule with the stages re-split so that
 every rank computes the mean (the run's total compute kept): how much a better split of the
@@ -44,12 +53,15 @@ import pandas as pd
 
 from tracekit.analyze.memory import ActivationSize, in_flight_per_rank, orders_of_graph, peak_activation_bytes
 from tracekit.analyze.replay import StepGraph, replay, step_graphs
-from tracekit.analyze.schedules import GENERATORS, graph_from_orders
+from tracekit.analyze.schedules import V_PLACED, ZERO_BUBBLE, flatten, graph_from_orders, orders_for
 from tracekit.analyze.theory import theoretical_bubble
 from tracekit.errors import TracekitError
 from tracekit.model.run import Run
 
-TARGETS = tuple(GENERATORS)  # schedules whose orders can be generated
+# Targets with whole backwards (the findings in diagnosis.py replay these), and every target
+# (the zero-bubble family too: backward split into I and W, DualPipeV's fused pairs).
+TARGETS = ("GPipe", "1F1B", "Interleaved1F1B")
+ALL_TARGETS = TARGETS + ZERO_BUBBLE
 KEEPS = ("global-batch", "microbatch")
 DEFAULT_SAMPLES = 32
 # A message pool: (src rank, dst rank), or (src, dst, "fused") for messages into the second
@@ -80,6 +92,11 @@ class CostModel:
     fused: list[np.ndarray] = field(default_factory=list)  # per graph: action continues its predecessor's label
     n_actions: int = 0
     n_messages: int = 0
+    # Whether the run split its backwards into I and W, and how the I and W pools were made
+    # (see _split_costs): work holds (rank, "I"/"W") for stages past the first, (rank, "I0"/"W0")
+    # for stage 0, whose I torch leaves empty.
+    split_backward: bool = False
+    iw_source: str = ""
 
     def all_overhead(self) -> np.ndarray:
         return np.concatenate([*self.overhead.values(), *self.fused_overhead.values()])
@@ -98,6 +115,7 @@ class Prediction:
     step_sd: float
     theory: float | None  # closed form, balanced and free messages
     basis: str  # "measured order" | "generated order"
+    orders: str = ""  # where a generated order came from: torch's class or tracekit's generator
     keep: str = "global-batch"  # what the prediction keeps fixed when m changes (see the module doc)
     messages_per_step: int | None = None  # cross-rank messages one step passes
     in_flight: int | None = None  # most (stage, microbatch) activations one rank holds (tracekit.analyze.memory)
@@ -120,6 +138,7 @@ class Prediction:
             "messages_per_step": self.messages_per_step,
             "in_flight": self.in_flight,
             "activation_bytes": self.activation_bytes,
+            **({"orders": self.orders} if self.orders else {}),
         }
 
 
@@ -157,6 +176,7 @@ class WhatIf:
                 "steps": len(m.graphs),
                 "actions": m.n_actions,
                 "messages": m.n_messages,
+                "split_backward": m.split_backward,
             },
             "model_of_measured": self.as_measured.to_dict(),
             "predictions": [p.to_dict() for p in self.predictions],
@@ -195,6 +215,7 @@ def cost_model(run: Run, graphs: list[StepGraph] | None = None) -> CostModel:
         )
     graphs = list(step_graphs(run).values()) if graphs is None else list(graphs)
     per_kind: dict[tuple[int, str], list[int]] = {}
+    later_iw: dict[tuple[int, str], list[int]] = {}  # I and W of stages past the first
     overhead: dict[int, list[int]] = {}
     fused_overhead: dict[int, list[int]] = {}
     per_stage: dict[tuple[int, str], list[int]] = {}
@@ -206,8 +227,10 @@ def cost_model(run: Run, graphs: list[StepGraph] | None = None) -> CostModel:
         for r, k, d, o, f in zip(g.rank.tolist(), g.kind.tolist(), g.dur.tolist(), g.ovh.tolist(), fused.tolist()):
             per_kind.setdefault((r, k), []).append(d * sched.v)
             (fused_overhead if f else overhead).setdefault(r, []).append(o)
-        for s, k, d in zip(g.stage.tolist(), g.kind.tolist(), g.dur.tolist()):
+        for r, s, k, d in zip(g.rank.tolist(), g.stage.tolist(), g.kind.tolist(), g.dur.tolist()):
             per_stage.setdefault((s, k), []).append(d)
+            if k in ("I", "W") and s > 0:
+                later_iw.setdefault((r, k), []).append(d * sched.v)
         for s, d, lat, xfer, msg in zip(g.edge_src, g.edge_dst, g.edge_lat, g.edge_xfer, g.edge_msg):
             if msg >= 0:  # into the second half of a fused label: its own pool (see _fused)
                 key: LinkKey = (
@@ -232,6 +255,9 @@ def cost_model(run: Run, graphs: list[StepGraph] | None = None) -> CostModel:
         for kind, name in (("F", "forward"), ("B", "backward")):
             if (r, kind) not in work:
                 raise TracekitError(f"{run.source}: rank {r} has no {name} actions; what-if needs both on every rank")
+    stage_work = {k: np.array(v, dtype=np.int64) for k, v in per_stage.items()}
+    split = any(k in ("I", "W") for _, k in per_kind)
+    iw_source = _split_costs(work, later_iw, stage_work, ranks, sched.v, split)
     all_latency = np.array([x for k, v in latency.items() if len(k) == 2 for x in v] or [0], dtype=np.int64)
     return CostModel(
         schedule=sched.name,
@@ -243,7 +269,7 @@ def cost_model(run: Run, graphs: list[StepGraph] | None = None) -> CostModel:
         overhead={r: np.array(v, dtype=np.int64) for r, v in overhead.items()},
         fused_overhead={r: np.array(v, dtype=np.int64) for r, v in fused_overhead.items()},
         fused=fused_of_graph,
-        stage_work={k: np.array(v, dtype=np.int64) for k, v in per_stage.items()},
+        stage_work=stage_work,
         latency={k: np.array(v, dtype=np.int64) for k, v in latency.items()},
         all_latency=all_latency,
         graphs=graphs,
@@ -251,7 +277,51 @@ def cost_model(run: Run, graphs: list[StepGraph] | None = None) -> CostModel:
         all_transfer=np.array([x for k, v in transfer.items() if len(k) == 2 for x in v] or [0], dtype=np.int64),
         n_actions=sum(len(g.action_id) for g in graphs),
         n_messages=int(sum((g.edge_msg >= 0).sum() for g in graphs)),
+        split_backward=split,
+        iw_source=iw_source,
     )
+
+
+def _split_costs(
+    work: dict[tuple[int, str], np.ndarray],
+    later_iw: dict[tuple[int, str], list[int]],
+    stage_work: dict[tuple[int, str], np.ndarray],
+    ranks: list[int],
+    v: int,
+    split: bool,
+) -> str:
+    """Fill ``work`` with the input-grad (I) and weight-grad (W) pools the zero-bubble targets
+    draw from, and say where they came from.
+
+    torch splits the first stage's backward unlike the others: the model's input needs no
+    gradient, so stage 0's I computes nothing and its W is the whole backward (seen in every
+    split sample: I ~0.05 ms, W ~ B). So stage 0 has pools of its own, (first rank, "I0"/"W0"),
+    and (rank, "I"/"W") hold the other stages' samples. Measured where the run split its
+    backwards; otherwise each taken as half of a measured B, stage 0's I as 0 and its W as B."""
+    first = ranks[0]
+    if split and (0, "I") in stage_work and (0, "W") in stage_work:
+        work[(first, "I0")] = stage_work[(0, "I")] * v
+        work[(first, "W0")] = stage_work[(0, "W")] * v
+    else:
+        work[(first, "I0")] = np.zeros(1, dtype=np.int64)
+        work[(first, "W0")] = work[(first, "B")]
+    estimated = []
+    for r in ranks:
+        for kind in ("I", "W"):
+            if split and (r, kind) in later_iw:
+                work[(r, kind)] = np.array(later_iw[(r, kind)], dtype=np.int64)
+            else:  # not measured past stage 0 on this rank (or at all): half of a backward
+                work[(r, kind)] = work[(r, "B")] // 2
+                estimated.append(r)
+    if not split:
+        return (
+            "I and W not measured (this run's backwards are whole): each taken as half of B, "
+            "except stage 0's, whose I torch leaves empty: I = 0, W = B there"
+        )
+    if estimated:
+        missing = ", ".join(str(r) for r in sorted(set(estimated)))
+        return f"I and W as measured; rank {missing} split no stage past the first: half of B each there"
+    return "I and W as measured (stage 0's on their own: torch leaves its I empty and runs the backward in W)"
 
 
 def _fused(labels: pd.DataFrame, graph: StepGraph) -> np.ndarray:
@@ -294,15 +364,18 @@ def _replay_many(
     rank_of: np.ndarray,
     fused: np.ndarray | None = None,
     by_stage: bool = False,
+    work_kinds: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Bubble ratios and step times of ``samples`` replays with freshly drawn costs;
     ``scale`` multiplies the compute (a number, or one per action); ``fused`` marks actions
     whose overhead comes from the fused-label pool; ``by_stage``: compute drawn per stage
-    chunk (replaying the measured order) instead of per rank."""
+    chunk (replaying the measured order) instead of per rank; ``work_kinds``: the compute
+    pool of each action's kind on its rank (default: its kind; see _split_costs)."""
     if by_stage:  # the measured order: each action's own stage (a rank's chunks can differ)
         pools, work_keys = model.stage_work, list(zip(graph.stage.tolist(), graph.kind.tolist()))
     else:
-        pools, work_keys = model.work, list(zip(rank_of.tolist(), graph.kind.tolist()))
+        kinds = graph.kind if work_kinds is None else work_kinds
+        pools, work_keys = model.work, list(zip(rank_of.tolist(), kinds.tolist()))
     ranks = rank_of.tolist()
     pairs = [(ranks[s], ranks[d]) for s, d in zip(graph.edge_src.tolist(), graph.edge_dst.tolist())]
     links: list[LinkKey] = list(pairs)
@@ -401,15 +474,24 @@ def predict(
     check_target(model, schedule, v, m)
     if keep not in KEEPS:
         raise TracekitError(f"--keep {keep!r}: choose one of {', '.join(KEEPS)}")
-    orders = GENERATORS[schedule](model.p, v, m)
-    graph = graph_from_orders(orders, {"F": 1, "B": 1})
+    try:
+        orders, source = orders_for(schedule, model.p, v, m)
+    except ValueError as err:
+        raise TracekitError(f"{schedule} p={model.p} v={v} m={m}: {err}") from err
+    graph = graph_from_orders(orders, {"F": 1, "B": 1, "I": 1, "W": 1})
+    fused = flatten(orders)[1][graph.action_id]
     rank_of = np.array([model.ranks[r] for r in graph.rank.tolist()], dtype=np.int64)
+    # stage 0's I and W draw from pools of their own (torch leaves that I empty)
+    first_iw = (graph.stage == 0) & np.isin(graph.kind, ("I", "W"))
+    work_kinds = np.where(first_iw, graph.kind.astype(str) + "0", graph.kind.astype(str))
     scale: float | np.ndarray = model.m / m if keep == "global-batch" else 1.0
     if balanced:
         factors = balance_factors(model)
         scale = scale * np.array([factors[r] for r in rank_of.tolist()])
     rng = np.random.default_rng(seed)
-    bubbles, steps = _replay_many(graph, model, rng, samples, scale, v, rank_of)
+    bubbles, steps = _replay_many(
+        graph, model, rng, samples, scale, v, rank_of, fused if fused.any() else None, work_kinds=work_kinds
+    )
     theory = theoretical_bubble(schedule, model.p, v, m).bubble_ratio
     label = f"{schedule} v={v} m={m}" + (" balanced" if balanced else "")
     in_flight, bytes_held = peak_activation_bytes(
@@ -427,6 +509,7 @@ def predict(
         float(steps.std()),
         theory,
         "generated order",
+        source if schedule in ZERO_BUBBLE else "",
         keep=keep,
         messages_per_step=len(graph.edge_src),
         in_flight=in_flight,
@@ -436,11 +519,8 @@ def predict(
 
 def check_target(model: CostModel, schedule: str, v: int, m: int) -> None:
     """Raise a one-line error for a configuration that cannot be generated."""
-    if schedule not in TARGETS:
-        raise TracekitError(
-            f"{schedule}: what-if generates {', '.join(TARGETS)} so far; "
-            "zero-bubble and DualPipeV orders are not generated yet"
-        )
+    if schedule not in ALL_TARGETS:
+        raise TracekitError(f"{schedule}: what-if generates {', '.join(ALL_TARGETS)}")
     if m < 1 or v < 1:
         raise TracekitError(f"{schedule} v={v} m={m}: v and m must be 1 or more")
     if schedule in ("GPipe", "1F1B") and v != 1:
@@ -450,6 +530,30 @@ def check_target(model: CostModel, schedule: str, v: int, m: int) -> None:
             raise TracekitError("Interleaved1F1B needs v >= 2 chunks per rank")
         if m % model.p:
             raise TracekitError(f"Interleaved1F1B needs m to be a multiple of p={model.p} (got m={m})")
+    if schedule == "ZB-H1" and v != 1:
+        raise TracekitError(f"ZB-H1 has one chunk per rank: use v=1 (or InterleavedZeroBubble for v={v})")
+    if schedule == "InterleavedZeroBubble":
+        if v < 2:
+            raise TracekitError("InterleavedZeroBubble needs v >= 2 chunks per rank (ZB-H1 is its v=1)")
+        rounds = max(1, m // model.p)
+        if m % rounds:
+            raise TracekitError(
+                f"InterleavedZeroBubble needs m to split into rounds of about p microbatches "
+                f"(m // p = {rounds} rounds; got m={m})"
+            )
+    if schedule in V_PLACED and v != 2:
+        raise TracekitError(f"{schedule} places exactly 2 stages per rank in a V: use v=2")
+    if schedule == "DualPipeV" and m < 2 * model.p:
+        raise TracekitError(f"DualPipeV needs m >= 2p = {2 * model.p} microbatches (got m={m})")
+
+
+def check_ranks(model: CostModel, p: int | None) -> None:
+    """Refuse a target with another number of ranks, in one line."""
+    if p is not None and p != model.p:
+        raise TracekitError(
+            f"p={p}: changing the number of ranks is out of scope; what-if keeps the measured "
+            f"run's p={model.p} (its ranks, links and stage placement) and varies the schedule, v and m"
+        )
 
 
 def default_targets(model: CostModel) -> list[tuple[str, int, int]]:
@@ -458,6 +562,18 @@ def default_targets(model: CostModel) -> list[tuple[str, int, int]]:
     out = []
     for m in (model.m, 2 * model.m):
         out += [("GPipe", 1, m), ("1F1B", 1, m), ("Interleaved1F1B", v_int, m)]
+    return out
+
+
+def zero_bubble_targets(model: CostModel) -> list[tuple[str, int, int]]:
+    """The zero-bubble family at the measured m, those that this p and m allow."""
+    out = []
+    for schedule, v in (("ZB-H1", 1), ("InterleavedZeroBubble", 2), ("ZBVZeroBubble", 2), ("DualPipeV", 2)):
+        try:
+            check_target(model, schedule, v, model.m)
+        except TracekitError:
+            continue
+        out.append((schedule, v, model.m))
     return out
 
 
@@ -481,17 +597,20 @@ def what_if(
     bubbles: pd.DataFrame | None = None,
     links: LinkChange | None = None,
     activation: ActivationSize | None = None,
+    p: int | None = None,
 ) -> WhatIf:
-    """Predict every target (schedule, v, m); targets that cannot be generated are skipped
-    with the reason. ``balanced``: every target also with stages re-split evenly.
+    """Predict every target (schedule, v, m) (default: :func:`default_targets` and
+    :func:`zero_bubble_targets`); targets that cannot be generated are skipped with the reason. ``balanced``: every target also with stages re-split evenly.
     ``model`` and ``bubbles`` (the run's cost model and measured bubble table), when the
     caller has them already. ``links``: every prediction with the message latencies changed
     (the measured order too, as a row of its own; the model-of-the-measured row keeps the
     measured links: it is the model's error). ``activation``: rows also say the activation
-    bytes their order holds."""
+    bytes their order holds. ``p``: the targets' number of ranks, refused unless the
+    measured one (changing p is out of scope)."""
     from tracekit.analyze.bubbles import measure_pipeline
 
     model = cost_model(run) if model is None else model
+    check_ranks(model, p)
     measured_model = model
     if links is not None:
         model = with_links(model, links)
@@ -503,7 +622,7 @@ def what_if(
     skipped: list[str] = []
     if links is not None:
         predictions.append(as_measured(model, samples, seed, activation, f"measured order, {links.short()}"))
-    for schedule, v, m in targets or default_targets(model):
+    for schedule, v, m in targets or default_targets(model) + zero_bubble_targets(model):
         try:
             predictions.append(predict(model, schedule, v, m, keep, samples, seed, activation=activation))
             if balanced:
@@ -524,6 +643,15 @@ def what_if(
         if links is None
         else f"message latencies: {links.describe()} (links the run never used take the pooled samples)",
     ]
+    if any(pr.schedule in ZERO_BUBBLE for pr in predictions):
+        assumptions.append(model.iw_source)
+        sources = dict.fromkeys(f"{pr.schedule}: {pr.orders}" for pr in predictions if pr.orders)
+        assumptions.append("zero-bubble orders from " + "; ".join(sources))
+    if any(pr.schedule == "DualPipeV" for pr in predictions):
+        assumptions.append(
+            "DualPipeV's fused pairs (OVERLAP_F_B) run their halves back to back (no compute overlap "
+            "on one device) and send both outputs after the second, as torch does"
+        )
     if balanced:
         factors = balance_factors(model)
         assumptions.append(
@@ -690,7 +818,7 @@ def search_targets(
     each schedule can be generated with."""
     m_values = ms or sorted({max(1, int(model.m * f)) for f in SEARCH_M_FACTORS})
     out = []
-    for schedule in schedules or tuple(GENERATORS):  # every schedule with a generated order
+    for schedule in schedules or ALL_TARGETS:  # every schedule with a generated order
         for v in vs or SEARCH_VS:
             for m in m_values:
                 try:

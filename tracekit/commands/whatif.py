@@ -10,7 +10,10 @@ import click
 
 from tracekit.commands.common import load_with_progress, rank_options
 
-SCHEDULE_CHOICES = ["GPipe", "1F1B", "Interleaved1F1B"]
+SCHEDULE_CHOICES = ["GPipe", "1F1B", "Interleaved1F1B", "ZB-H1", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"]
+# chunks per rank each schedule takes when -v does not say: one, the interleaved v, or the V's two
+ONE_CHUNK = ("GPipe", "1F1B", "ZB-H1")
+V_SHAPED = ("ZBVZeroBubble", "DualPipeV")
 
 
 @click.command("whatif")
@@ -21,7 +24,20 @@ SCHEDULE_CHOICES = ["GPipe", "1F1B", "Interleaved1F1B"]
     "schedules",
     multiple=True,
     type=click.Choice(SCHEDULE_CHOICES),
-    help="A schedule to predict (repeat for several). Default: all three.",
+    help="A schedule to predict (repeat for several): GPipe, 1F1B, Interleaved1F1B; the zero-bubble "
+    "family with the backward split into input-grad (I) and weight-grad (W): ZB-H1 (v=1), "
+    "InterleavedZeroBubble (v>=2, loop placement), ZBVZeroBubble and DualPipeV (v=2, V placement; "
+    "DualPipeV fuses forward/backward pairs, needs m >= 2p). Orders of the zero-bubble family come "
+    "from torch's own schedule classes where torch is installed. Default: the first three at the "
+    "measured m and twice it, and the zero-bubble ones at the measured m.",
+)
+@click.option(
+    "-p",
+    "--ranks",
+    "ranks",
+    type=int,
+    metavar="P",
+    help="Ranks of the targets: only the measured p (changing p is out of scope; refused).",
 )
 @click.option(
     "-v",
@@ -30,7 +46,8 @@ SCHEDULE_CHOICES = ["GPipe", "1F1B", "Interleaved1F1B"]
     multiple=True,
     type=int,
     metavar="V",
-    help="Chunks (stages) per rank for Interleaved1F1B (repeatable). Default: the measured v, or 2.",
+    help="Chunks (stages) per rank for Interleaved1F1B and InterleavedZeroBubble (repeatable). "
+    "Default: the measured v, or 2.",
 )
 @click.option(
     "-m",
@@ -103,6 +120,7 @@ SCHEDULE_CHOICES = ["GPipe", "1F1B", "Interleaved1F1B"]
 def command(
     run_dir: Path,
     schedules: tuple[str, ...],
+    ranks: int | None,
     vs: tuple[int, ...],
     ms: tuple[int, ...],
     keep: str,
@@ -128,9 +146,10 @@ def command(
     step time with their spread, the closed-form bubble, and the model's own error: the
     measured order replayed the same way, next to what was measured.
 
-    Ranks and placement stay as measured (p ranks, loop placement); a rank's compute is
-    split evenly over its chunks. Schedules generated so far: GPipe, 1F1B,
-    Interleaved1F1B (zero-bubble and DualPipeV runs can be the measured run, not a target).
+    Ranks stay as measured (p ranks; loop placement, or V for ZBVZeroBubble and DualPipeV);
+    a rank's compute is split evenly over its chunks. Zero-bubble targets take the run's
+    input-grad (I) and weight-grad (W) costs where it split its backwards; otherwise each is
+    half of the measured backward (stage 0's I empty, as torch runs it), said in the output.
 
     \b
     Examples:
@@ -138,6 +157,7 @@ def command(
       tracekit whatif run/ -s Interleaved1F1B -v 2 -v 4 -m 16
       tracekit whatif run/ -s 1F1B -m 8 -m 16 -m 32 --keep microbatch --json
       tracekit whatif run/ -s 1F1B -m 8 --balanced     # what a better stage split buys
+      tracekit whatif run/ -s ZBVZeroBubble -s DualPipeV -m 8 -m 16
       tracekit whatif run/ --search --memory-budget 2GiB --activation-bytes 96MiB
       tracekit whatif run/ --link-latency x0.5         # a link twice as fast
       tracekit whatif run/ --overlap-p2p               # messages hidden behind compute
@@ -149,7 +169,7 @@ def command(
     says where that size comes from.
     """
     from tracekit.analyze.memory import activation_size, parse_bytes
-    from tracekit.analyze.whatif import cost_model, parse_link_latency, search, what_if
+    from tracekit.analyze.whatif import check_ranks, cost_model, parse_link_latency, search, what_if
     from tracekit.errors import TracekitError
     from tracekit.render.whatif import render
 
@@ -168,30 +188,26 @@ def command(
         raise TracekitError("--balanced and --search: the search keeps the measured split; run them apart")
     run = load_with_progress(run_dir, rank_from, rank_map, progress)
     model = cost_model(run)
+    check_ranks(model, ranks)
     if do_search:
         assert budget is not None  # checked above
         size = activation_size(run, user_bytes, None if user_bytes is not None else _memory_events(run))
         result = search(run, budget, size, keep, replays, seed, schedules, vs, ms, links, model)
         click.echo(json.dumps(result.to_dict(), indent=1) if as_json else render(result))
         return
-    targets = None
+    targets = None  # what_if's defaults
     if schedules or vs or ms:
-        # -v alone asks about interleaving; GPipe and 1F1B have one chunk per rank.
+        # -v alone asks about interleaving; GPipe, 1F1B and ZB-H1 have one chunk per rank, the V two.
         chosen = schedules or (("Interleaved1F1B",) if vs else tuple(SCHEDULE_CHOICES))
         m_values = ms or (model.m, 2 * model.m)
         v_interleaved = vs or ((model.v if model.v >= 2 else 2),)
-        targets = [
-            (s, v, m) for s in chosen for v in (v_interleaved if s == "Interleaved1F1B" else (1,)) for m in m_values
-        ]
+
+        def chunks(s: str) -> tuple[int, ...]:
+            return (1,) if s in ONE_CHUNK else ((2,) if s in V_SHAPED and not vs else v_interleaved)
+
+        targets = [(s, v, m) for s in chosen for v in chunks(s) for m in m_values]
     result = what_if(
-        run,
-        targets,
-        keep=keep,
-        samples=replays,
-        seed=seed,
-        balanced=balanced,
-        model=model,
-        links=links,
+        run, targets, keep=keep, samples=replays, seed=seed, balanced=balanced, model=model, p=ranks, links=links
     )
     if as_json:
         sys.stdout.write(json.dumps(result.to_dict(), indent=1) + "\n")
