@@ -52,8 +52,26 @@ SCHEDULE_CHOICES = ["GPipe", "1F1B", "Interleaved1F1B"]
 @click.option(
     "--balanced",
     is_flag=True,
-    help="Also predict each schedule with the layers re-split so every rank computes the same "
-    "(the run's total compute kept): what a better stage split would buy.",
+    help="Search the best split of the layers over the p*v stages: per-layer costs from the "
+    "trace's repeating ops (or --layer-costs), dynamic programming for the smallest slowest "
+    "stage, the best few candidates replayed; prints layer ranges per stage with the predicted "
+    "bubble and step time. Where the trace shows no layers and no --layer-costs is given, the "
+    "rows re-split so every rank computes the same instead (said so).",
+)
+@click.option(
+    "--split",
+    "splits",
+    multiple=True,
+    metavar="N,N,...",
+    help="Predict a given split: layers per stage in stage order, e.g. 5,3,4,4 (repeatable), "
+    "on the targets with that many stages (p*v).",
+)
+@click.option(
+    "--layer-costs",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help='Per-layer costs instead of the trace\'s: JSON {"layers": [{"forward_ns": N, '
+    '"backward_ns": N}, ...]} or CSV layer,forward_ns,backward_ns; one microbatch at the '
+    "measured m, in model order.",
 )
 @click.option(
     "--replays",
@@ -77,6 +95,8 @@ def command(
     ms: tuple[int, ...],
     keep: str,
     balanced: bool,
+    splits: tuple[str, ...],
+    layer_costs: Path | None,
     replays: int,
     seed: int,
     as_json: bool,
@@ -102,7 +122,8 @@ def command(
       tracekit whatif sample_traces/1f1b
       tracekit whatif run/ -s Interleaved1F1B -v 2 -v 4 -m 16
       tracekit whatif run/ -s 1F1B -m 8 -m 16 -m 32 --keep microbatch --json
-      tracekit whatif run/ -s 1F1B -m 8 --balanced     # what a better stage split buys
+      tracekit whatif run/ --balanced                  # the best split of the layers
+      tracekit whatif run/ --split 5,3,4,4 --split 4,4,4,4
     """
     from tracekit.analyze.whatif import cost_model, what_if
     from tracekit.render.whatif import render
@@ -118,8 +139,50 @@ def command(
         targets = [
             (s, v, m) for s in chosen for v in (v_interleaved if s == "Interleaved1F1B" else (1,)) for m in m_values
         ]
-    result = what_if(run, targets, keep=keep, samples=replays, seed=seed, balanced=balanced, model=model)
+    report, fallback = None, None
+    if balanced or splits or layer_costs:
+        report, fallback = _split(run, model, targets, balanced, splits, layer_costs, keep, replays, seed)
+    result = what_if(run, targets, keep=keep, samples=replays, seed=seed, balanced=fallback is not None, model=model)
+    if fallback is not None:
+        result.assumptions.append(fallback)
     if as_json:
-        sys.stdout.write(json.dumps(result.to_dict(), indent=1) + "\n")
+        doc = result.to_dict()
+        if report is not None:
+            doc["split"] = report.to_dict()
+        sys.stdout.write(json.dumps(doc, indent=1) + "\n")
     else:
         click.echo(render(result))
+        if report is not None:
+            from tracekit.render.split import render_split
+
+            click.echo(render_split(report, result.measured_step_ns))
+
+
+def _split(run, model, targets, balanced, splits, layer_costs, keep, replays, seed):
+    """The split search and the given splits (a SplitReport), or, for --balanced on a run
+    whose layers cannot be read, None and the note that the rank-balanced rows stand in."""
+    from tracekit.analyze.layers import layer_costs_from_ops, read_layer_costs
+    from tracekit.analyze.split import parse_split, split_report
+    from tracekit.analyze.whatif import TARGETS, check_target
+    from tracekit.errors import TracekitError
+
+    given = [parse_split(text) for text in splits]
+    if layer_costs is not None:
+        layers = read_layer_costs(layer_costs)
+    else:
+        try:
+            layers = layer_costs_from_ops(run)
+        except TracekitError as err:
+            if given or not balanced:
+                raise
+            return None, (
+                f"no per-layer costs ({err}); the 'balanced' rows re-split so every rank computes the same instead"
+            )
+    if targets is None:  # the measured configuration where it can be generated, else 1F1B
+        targets = [(model.schedule, model.v, model.m)]
+        try:
+            check_target(model, *targets[0])
+        except TracekitError:
+            targets = [("1F1B", 1, model.m)]
+        assert targets[0][0] in TARGETS
+    return split_report(model, layers, targets, balanced, given, keep, replays, seed), None
