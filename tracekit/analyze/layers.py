@@ -93,13 +93,14 @@ def layer_costs_from_ops(run: Run) -> LayerCosts:
     ops = _host_ops(run.events)
     by_stage: dict[int, dict[str, list[list[int]]]] = {}  # stage -> kind -> per action: block ns
     anchors: dict[str, str] = {}
-    for (stage, kind), group in actions.groupby(["stage", "kind"], sort=True):
-        blocks = _blocks_of(ops, group)
-        if blocks is None:
+    for key, group in actions.groupby(["stage", "kind"], sort=True):
+        stage_id, kind_name = key
+        found = _blocks_of(ops, group)
+        if found is None:
             continue
-        per_action, anchor = blocks
-        by_stage.setdefault(int(stage), {})[str(kind)] = per_action
-        anchors.setdefault(str(kind), anchor)
+        per_action, anchor = found
+        by_stage.setdefault(int(str(stage_id)), {})[str(kind_name)] = per_action
+        anchors.setdefault(str(kind_name), anchor)
     stages = sorted(int(s) for s in actions["stage"].unique())
     costs: list[LayerCost] = []
     split: list[int] = []
@@ -152,7 +153,7 @@ def _host_ops(events: pd.DataFrame) -> dict[int, pd.DataFrame]:
     """Per rank, its main thread's host ops (``cpu_op``), by start time."""
     ev = events[(events["cat"] == "cpu_op") & (~events["on_gpu"]) & (events["tid"] == events["pid"])]
     ev = ev[["rank", "name", "start_ns", "end_ns", "depth"]].sort_values(["rank", "start_ns"], kind="stable")
-    return {int(r): g.reset_index(drop=True) for r, g in ev.groupby("rank", sort=True)}
+    return {int(str(r)): g.reset_index(drop=True) for r, g in ev.groupby("rank", sort=True)}
 
 
 def _top_ops(ops: pd.DataFrame, start_ns: int, end_ns: int) -> pd.DataFrame:
@@ -163,7 +164,8 @@ def _top_ops(ops: pd.DataFrame, start_ns: int, end_ns: int) -> pd.DataFrame:
     inside = inside[inside["end_ns"] <= end_ns]
     if not len(inside):
         return inside
-    return inside[inside["depth"] == inside["depth"].min()]
+    top: pd.DataFrame = inside[inside["depth"] == inside["depth"].min()]
+    return top
 
 
 def _blocks_of(ops: dict[int, pd.DataFrame], group: pd.DataFrame) -> tuple[list[list[int]], str] | None:

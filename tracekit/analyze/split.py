@@ -271,9 +271,9 @@ def search_split(
         references.setdefault((len(totals) // n_stages,) * n_stages, []).append("even")
     scored = [score(model, layers, s, schedule, v, m, "candidate", keep, samples, seed) for s in chosen]
     best = min(scored, key=lambda c: c.prediction.step_ns)
-    for split in references:
-        if list(split) not in chosen:
-            scored.append(score(model, layers, split, schedule, v, m, "reference", keep, samples, seed))
+    for reference in references:
+        if list(reference) not in chosen:
+            scored.append(score(model, layers, reference, schedule, v, m, "reference", keep, samples, seed))
     ordered = [best, *sorted((c for c in scored if c is not best), key=lambda c: c.prediction.step_ns)]
     out = [
         replace(c, role="recommended" if c is best else c.role, matches=tuple(references.get(tuple(c.split), ())))
