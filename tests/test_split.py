@@ -102,6 +102,29 @@ def test_layer_costs_of_the_even_sample_are_its_16_emulated_layers():
     assert sum(c.forward_ns for c in costs.layers[4:8]) == pytest.approx(mean_f, abs=4)
 
 
+def test_layer_costs_of_a_split_backward_run_add_input_and_weight_grad():
+    """zbv splits backward into I and W (torch leaves stage 0's I empty and runs its whole
+    backward in W): each layer's backward is its I block plus its W block."""
+    costs = layer_costs_from_ops(load(SAMPLES / "zbv"))
+    assert costs.measured_split == [2] * 8 and len(costs.layers) == 16
+    assert all(6e6 <= c.backward_ns <= 1.25 * 6e6 for c in costs.layers), [c.backward_ns for c in costs.layers]
+
+
+def test_balanced_falls_back_where_the_ops_show_no_layers():
+    """1f1b_layer_labels: its actions come from the hand-written per-layer labels, whose
+    spans cut the layers unevenly (2 forward blocks, 3 backward on stage 0): no per-layer
+    costs, so --balanced keeps the rank-balanced rows and says why."""
+    with pytest.raises(TracekitError, match="repeat 2 times but its B actions 3 times"):
+        layer_costs_from_ops(load(SAMPLES / "1f1b_layer_labels"))
+    result = CliRunner().invoke(
+        main,
+        ["whatif", str(SAMPLES / "1f1b_layer_labels"), "-s", "1F1B", "-m", "8", "--balanced"]
+        + ["--replays", "4", "--no-progress"],
+    )
+    assert result.exit_code == 0, result.output
+    assert "1F1B v=1 m=8 balanced" in result.output and "no per-layer costs" in result.output
+
+
 def test_layer_costs_of_the_uneven_sample_find_its_split():
     costs = layer_costs_from_ops(load(UNEVEN))
     assert costs.measured_split == [6, 4, 3, 3]

@@ -6,7 +6,8 @@ Two sources, each figure saying which it came from:
   ops every time (``aten::linear``, the activation, its autograd functions), so inside one
   stage's forwards the op names that occur the same number of times in every action, carrying
   most of the time, occur once per layer: that count is the stage's layer count, and the
-  first such op of each layer (its *anchor*) starts it. Layer ``k`` of an action is the span
+  first such op of each layer (its *anchor*) starts it. Ranges count as ops, and numbers in
+  names are blanked first, so per-layer labels (``linear3(F)``) repeat like any op. Layer ``k`` of an action is the span
   from its anchor to the next one (the first layer from the action's start, the last to its
   end), so the layers of an action add up to its compute span, gaps and extra ops (the loss
   on the last stage) included. Backwards run the layers in reverse: the ``k``-th block of a
@@ -37,6 +38,7 @@ from tracekit.errors import TracekitError
 from tracekit.model.run import Run
 
 SOURCES = ("op-pattern", "file")
+_NUMBER = r"\d+"
 # Where the per-layer op counts disagree, the count carrying the most time must hold at
 # least this share of the action's top-level op time to be read as layers.
 MIN_ANCHOR_SHARE = 0.5
@@ -150,9 +152,13 @@ def _short(name: str) -> str:
 
 
 def _host_ops(events: pd.DataFrame) -> dict[int, pd.DataFrame]:
-    """Per rank, its main thread's host ops (``cpu_op``), by start time."""
-    ev = events[(events["cat"] == "cpu_op") & (~events["on_gpu"]) & (events["tid"] == events["pid"])]
+    """Per rank, its main thread's host ops and ranges (``cpu_op``, ``user_annotation``), by
+    start time, with their names' numbers blanked (``linear3(F)`` -> ``linear#(F)``): a
+    per-layer range or module name repeats once per layer only without its index."""
+    host = events["cat"].isin(["cpu_op", "user_annotation"]) & (~events["on_gpu"])
+    ev = events[host & (events["tid"] == events["pid"])]
     ev = ev[["rank", "name", "start_ns", "end_ns", "depth"]].sort_values(["rank", "start_ns"], kind="stable")
+    ev = ev.assign(name=ev["name"].astype(str).str.replace(_NUMBER, "#", regex=True))
     return {int(str(r)): g.reset_index(drop=True) for r, g in ev.groupby("rank", sort=True)}
 
 
