@@ -28,6 +28,9 @@ from tracekit.analyze.layers import LayerCosts
 from tracekit.analyze.whatif import CostModel, Prediction, check_target, predict
 from tracekit.errors import TracekitError
 
+#: schedules a split is replayed on: their actions are F and B, whose per-stage costs the layer
+#: costs give (zero-bubble targets would need each layer's I and W apart: not read yet)
+SPLIT_TARGETS = ("GPipe", "1F1B", "Interleaved1F1B")
 #: candidates replayed besides the references (measured and even split)
 DEFAULT_CANDIDATES = 4
 #: splits whose slowest stage is within this share of the optimum are candidates
@@ -232,6 +235,11 @@ def score(
     seed: int = 0,
 ) -> SplitCandidate:
     """Replay ``schedule`` with the stages of ``split``."""
+    if schedule not in SPLIT_TARGETS:
+        raise TracekitError(
+            f"{schedule}: a split is replayed on {', '.join(SPLIT_TARGETS)} (forward and full backward "
+            "per layer); choose one of those with -s"
+        )
     check_split(layers, split, model.p * v)
     costs = stage_costs(layers, split)
     label = f"{schedule} v={v} m={m} split {','.join(str(n) for n in split)}"
@@ -254,6 +262,11 @@ def search_split(
 ) -> SplitSearch:
     """The best split of ``layers`` for ``schedule`` at ``v`` and ``m`` (see the module doc)."""
     check_target(model, schedule, v, m)
+    if schedule not in SPLIT_TARGETS:
+        raise TracekitError(
+            f"{schedule}: the split search replays {', '.join(SPLIT_TARGETS)} (forward and full backward "
+            "per layer); choose one of those with -s"
+        )
     n_stages = model.p * v
     totals = [c.total_ns for c in layers.layers]
     _check(len(totals), n_stages)
