@@ -34,7 +34,7 @@ SPLIT_TARGETS = ("GPipe", "1F1B", "Interleaved1F1B")
 #: candidates replayed besides the references (measured and even split)
 DEFAULT_CANDIDATES = 4
 #: splits whose slowest stage is within this share of the optimum are candidates
-DEFAULT_SLACK = 0.05
+DEFAULT_SLACK = 0.10
 #: the enumeration of near-optimal splits stops after this many
 MAX_ENUMERATED = 20_000
 
