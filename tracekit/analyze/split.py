@@ -10,8 +10,9 @@ per layer:
    contiguous split into S stages has the same S-1 boundary messages, so messages break no
    ties here.
 2. The **candidates**: every split whose slowest stage is within ``slack`` of that optimum
-   (enumerated with pruning, at most ``MAX_ENUMERATED``), best first by (slowest stage, sum
-   of squares), the few best kept; plus the measured split and the even one as references.
+   (enumerated depth-first, never into a prefix the rest cannot complete, at most
+   ``MAX_ENUMERATED``), best first by (slowest stage, sum of squares), the few best kept
+   after the DP's own; plus the measured split and the even one as references.
 3. Each candidate is **replayed** (:func:`tracekit.analyze.whatif.predict` with per-stage
    compute: the run's own cost samples rescaled to the candidate's stage costs), since a step
    is a max over paths that the slowest stage alone does not decide. The recommended split
@@ -35,8 +36,9 @@ SPLIT_TARGETS = ("GPipe", "1F1B", "Interleaved1F1B")
 DEFAULT_CANDIDATES = 4
 #: splits whose slowest stage is within this share of the optimum are candidates
 DEFAULT_SLACK = 0.10
-#: the enumeration of near-optimal splits stops after this many
-MAX_ENUMERATED = 20_000
+#: the enumeration of near-optimal splits stops after this many (in its depth-first order, so a
+#: long model's list is a sample of them; the exact optimum is always a candidate besides)
+MAX_ENUMERATED = 2_000
 
 
 def split_cost(costs: Sequence[int], split: Sequence[int]) -> list[int]:
@@ -63,7 +65,11 @@ def best_bottleneck(costs: Sequence[int], n_stages: int) -> int:
     for s in range(1, n_stages + 1):
         nxt: list[float] = [inf] * (n + 1)
         for j in range(s, n - (n_stages - s) + 1):
-            nxt[j] = min(max(best[i], prefix[j] - prefix[i]) for i in range(s - 1, j))
+            for i in range(j - 1, s - 2, -1):  # the last stage grows as its first layer moves left
+                stage = prefix[j] - prefix[i]
+                if stage >= nxt[j]:
+                    break  # every longer last stage costs at least this much
+                nxt[j] = min(nxt[j], max(best[i], stage))
         best = nxt
     return int(best[n])
 
@@ -83,9 +89,11 @@ def best_split(costs: Sequence[int], n_stages: int) -> list[int]:
     score[0][0] = 0
     for s in range(1, n_stages + 1):
         for j in range(s, n - (n_stages - s) + 1):
-            for i in range(s - 1, j):
+            for i in range(j - 1, s - 2, -1):
                 stage = prefix[j] - prefix[i]
-                if stage > bound or score[s - 1][i] == inf:
+                if stage > bound:
+                    break  # longer last stages only cost more
+                if score[s - 1][i] == inf:
                     continue
                 total = score[s - 1][i] + stage * stage
                 if total < score[s][j]:
@@ -108,24 +116,31 @@ def near_optimal_splits(
     prefix = [0]
     for c in costs:
         prefix.append(prefix[-1] + c)
+    # fits[s][i]: layers i.. split into s stages within the bound (so the walk never backtracks)
+    fits = [[False] * (n + 1) for _ in range(n_stages + 1)]
+    fits[0][n] = True
+    for s in range(1, n_stages + 1):
+        for i in range(n - s, -1, -1):
+            for end in range(i + 1, n - s + 2):
+                if prefix[end] - prefix[i] > bound:
+                    break
+                if fits[s - 1][end]:
+                    fits[s][i] = True
+                    break
     found: list[list[int]] = []
-
-    def walk(first: int, left: int, acc: list[int]) -> None:
-        if len(found) >= most:
-            return
-        if left == 1:
-            if prefix[n] - prefix[first] <= bound:
-                found.append([*acc, n - first])
-            return
-        # the rest must fit: at least one layer a stage, and no more cost than `left` stages can hold
+    stack: list[tuple[int, int, list[int]]] = [(0, n_stages, [])]  # depth-first, first stages smallest first
+    while stack and len(found) < most:
+        first, left, acc = stack.pop()
+        if left == 0:
+            found.append(acc)
+            continue
+        ends = []
         for end in range(first + 1, n - left + 2):
             if prefix[end] - prefix[first] > bound:
                 break
-            if prefix[n] - prefix[end] > (left - 1) * bound:
-                continue
-            walk(end, left - 1, [*acc, end - first])
-
-    walk(0, n_stages, [])
+            if fits[left - 1][end]:
+                ends.append(end)
+        stack.extend((end, left - 1, [*acc, end - first]) for end in reversed(ends))
 
     def key(split: list[int]) -> tuple[int, int]:
         stages = split_cost(costs, split)
