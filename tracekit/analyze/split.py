@@ -16,7 +16,8 @@ per layer:
 3. Each candidate is **replayed** (:func:`tracekit.analyze.whatif.predict` with per-stage
    compute: the run's own cost samples rescaled to the candidate's stage costs), since a step
    is a max over paths that the slowest stage alone does not decide. The recommended split
-   is the one with the shortest predicted step.
+   is the one with the shortest predicted step, references included (every split is
+   replayed with the same draws, so the comparison is paired).
 """
 
 from __future__ import annotations
@@ -298,10 +299,12 @@ def search_split(
     if len(totals) % n_stages == 0:
         references.setdefault((len(totals) // n_stages,) * n_stages, []).append("even")
     scored = [score(model, layers, s, schedule, v, m, "candidate", keep, samples, seed) for s in chosen]
-    best = min(scored, key=lambda c: c.prediction.step_ns)
     for reference in references:
         if list(reference) not in chosen:
             scored.append(score(model, layers, reference, schedule, v, m, "reference", keep, samples, seed))
+    # the fastest replayed step wins, a reference too: a split that replays slower than the
+    # measured one is no recommendation (the slowest stage does not decide the step alone)
+    best = min(scored, key=lambda c: c.prediction.step_ns)
     ordered = [best, *sorted((c for c in scored if c is not best), key=lambda c: c.prediction.step_ns)]
     out = [
         replace(c, role="recommended" if c is best else c.role, matches=tuple(references.get(tuple(c.split), ())))
