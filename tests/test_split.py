@@ -337,3 +337,24 @@ def test_the_uneven_capture_ran_its_split_at_the_emulated_costs():
     factor_uneven = what_if_measured(UNEVEN)[1] / _sleeps_only_step_ns([6, 4, 3, 3], layer_ms)
     factor_even = what_if_measured(EVEN)[1] / _sleeps_only_step_ns([4, 4, 4, 4], layer_ms)
     assert 1.0 < factor_uneven < 1.3 and factor_uneven == pytest.approx(factor_even, rel=0.05)
+
+
+def test_live_capture_of_an_uneven_split_shows_it_in_the_trace(tmp_path):
+    """A small real capture (2 ranks, 4 layers split 3,1, 1 ms a layer; ~10 s on 2 cores):
+    capture.json records the split, and the layer costs read back from the trace find it,
+    stage 0's actions three times stage 1's."""
+    pytest.importorskip("torch", reason="capture needs torch: pip install 'tracekit[capture]'")
+    pytest.importorskip("numpy", reason="PipelineStage shape inference needs numpy")
+    out = tmp_path / "run"
+    args = ["capture", "-o", str(out), "--schedule", "1F1B", "-p", "2", "-m", "4", "--steps", "1"]
+    args += ["--layers", "4", "--layer-ms", "1", "--layers-per-stage", "3,1"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, (result.output, result.exception)
+    cap = json.loads((out / "capture.json").read_text())
+    assert cap["compute"]["layers_per_stage"] == [3, 1] and "--layers-per-stage 3,1" in cap["command"]
+    run = load(out)
+    costs = layer_costs_from_ops(run)
+    assert costs.measured_split == [3, 1]
+    forward = run.actions[run.actions["kind"] == "F"]
+    per_stage = (forward["end_ns"] - forward["start_ns"]).groupby(forward["stage"]).median()
+    assert 2.0 < per_stage[0] / per_stage[1] < 3.5  # 3 sleeps of 1 ms against 1 (+ fixed per-layer ops)
