@@ -467,10 +467,16 @@ def predict(
     seed: int = 0,
     balanced: bool = False,
     activation: ActivationSize | None = None,
+    stage_costs: Mapping[tuple[int, str], float] | None = None,
+    label: str | None = None,
 ) -> Prediction:
     """Replay ``schedule`` with ``v`` chunks a rank and ``m`` microbatches on the measured
     costs; ``balanced``: with layers moved between stages so every rank computes the same;
-    ``activation``: also the activation bytes the order holds on its fullest rank."""
+    ``activation``: also the activation bytes the order holds on its fullest rank.
+    ``stage_costs``: (target stage, "F" | "B") -> one microbatch's compute of that stage at
+    the measured m, ns (a split of the layers, :mod:`tracekit.analyze.split`): each action's
+    draws from its rank's samples are rescaled so that their mean is that cost (the rank's
+    relative spread kept; the measured split gives back the measured costs)."""
     check_target(model, schedule, v, m)
     if keep not in KEEPS:
         raise TracekitError(f"--keep {keep!r}: choose one of {', '.join(KEEPS)}")
@@ -488,12 +494,20 @@ def predict(
     if balanced:
         factors = balance_factors(model)
         scale = scale * np.array([factors[r] for r in rank_of.tolist()])
+    if stage_costs is not None:  # draws are divided by v in the replay: undo it for a stage's own cost
+        means = {key: float(np.mean(pool)) for key, pool in model.work.items()}
+        scale = scale * np.array(
+            [
+                stage_costs[(s, k)] * v / means[(r, k)] if means[(r, k)] > 0 else 0.0
+                for s, k, r in zip(graph.stage.tolist(), graph.kind.tolist(), rank_of.tolist())
+            ]
+        )
     rng = np.random.default_rng(seed)
     bubbles, steps = _replay_many(
         graph, model, rng, samples, scale, v, rank_of, fused if fused.any() else None, work_kinds=work_kinds
     )
     theory = theoretical_bubble(schedule, model.p, v, m).bubble_ratio
-    label = f"{schedule} v={v} m={m}" + (" balanced" if balanced else "")
+    label = label or f"{schedule} v={v} m={m}" + (" balanced" if balanced else "")
     in_flight, bytes_held = peak_activation_bytes(
         orders, activation or ActivationSize(0, ""), v, m, model.m, keep, model.ranks
     )

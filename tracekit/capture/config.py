@@ -85,6 +85,8 @@ class CaptureConfig:
     profile_memory: bool = False
     seed: int = 0
     attention_share: float | None = None  # TeraPipe only; None: DEFAULT_ATTENTION_SHARE
+    #: layers of each stage, in stage order (an uneven split); None: layers split evenly
+    layers_per_stage: tuple[int, ...] | None = None
     #: the command line to record in capture.json (filled by the CLI; else reconstructed)
     command: str | None = field(default=None, compare=False)
 
@@ -111,9 +113,19 @@ class CaptureConfig:
     def stages_of_rank(self, rank: int) -> list[int]:
         return [s for s in range(self.n_stages) if self.stage_to_rank(s) == rank]
 
+    def stage_layer_counts(self) -> list[int]:
+        """Layers of every stage, in stage order: the given split, else an even one."""
+        if self.layers_per_stage is not None:
+            return list(self.layers_per_stage)
+        return [self.layers // self.n_stages] * self.n_stages
+
     def layers_of_stage(self, stage: int) -> range:
-        per = self.layers // self.n_stages
-        return range(stage * per, (stage + 1) * per)
+        counts = self.stage_layer_counts()
+        first = sum(counts[:stage])
+        return range(first, first + counts[stage])
+
+    def stage_of_layer(self, layer: int) -> int:
+        return next(s for s in range(self.n_stages) if layer in self.layers_of_stage(s))
 
     # ---- checks --------------------------------------------------------------------
     def validate(self) -> "CaptureConfig":
@@ -169,7 +181,9 @@ class CaptureConfig:
                 f"{self.schedule} needs at least as many microbatches as stages "
                 f"(m={m} < {p * v} stages); use -m {p * v} or more"
             )
-        if self.layers < self.n_stages or self.layers % self.n_stages:
+        if self.layers_per_stage is not None:
+            self._check_layers_per_stage()
+        elif self.layers < self.n_stages or self.layers % self.n_stages:
             raise CaptureError(
                 f"--layers {self.layers} does not split evenly into {self.n_stages} stages "
                 f"(p*v); use a multiple of {self.n_stages}"
@@ -221,6 +235,29 @@ class CaptureConfig:
                 raise CaptureError(f"--attention-share must be within [0, 1] (got {self.attention_share:g})")
         return self
 
+    def _check_layers_per_stage(self) -> None:
+        counts = self.layers_per_stage or ()
+        given = ",".join(str(c) for c in counts)
+        if self.framework != "torch" or self.schedule in DESIGNS:
+            # the design loops and the frameworks' manifests describe even splits only
+            raise CaptureError(
+                f"--layers-per-stage runs with torch.distributed.pipelining's schedules "
+                f"(--framework torch, not {self.framework if self.framework != 'torch' else self.schedule}); "
+                "drop it or pick one of those"
+            )
+        if len(counts) != self.n_stages:
+            raise CaptureError(
+                f"--layers-per-stage {given} gives {len(counts)} stages but {self.schedule} with p={self.ranks} "
+                f"v={self.v} has p*v = {self.n_stages}; give one count per stage"
+            )
+        if any(c < 1 for c in counts):
+            raise CaptureError(f"--layers-per-stage {given}: every stage needs at least 1 layer")
+        if sum(counts) != self.layers:
+            raise CaptureError(
+                f"--layers-per-stage {given} sums to {sum(counts)} layers but the model has "
+                f"--layers {self.layers}; make the counts add up to {self.layers}"
+            )
+
     def profiler_schedule(self) -> dict[str, int]:
         """torch.profiler.schedule arguments. torch schedules skip step 0 (PipelineStage
         shape inference) and step 1 (warm-up). PipeDream-2BW's step 0 is no training step but
@@ -266,6 +303,8 @@ class CaptureConfig:
             parts += ["--layer-ms", _num(self.layer_ms)]
         if self.layers != 16:
             parts += ["--layers", str(self.layers)]
+        if self.layers_per_stage is not None:
+            parts += ["--layers-per-stage", ",".join(str(c) for c in self.layers_per_stage)]
         if self.hidden != DEFAULT_HIDDEN[self.compute]:
             parts += ["--hidden", str(self.hidden)]
         if self.microbatch_size != 8:
@@ -286,6 +325,18 @@ class CaptureConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def parse_layers_per_stage(text: str | None) -> tuple[int, ...] | None:
+    """``"6,4,3,3"`` -> ``(6, 4, 3, 3)``; None stays None; anything else is a CaptureError."""
+    if text is None:
+        return None
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise CaptureError(
+            f"--layers-per-stage {text!r}: give whole layer counts separated by commas, e.g. 6,4,3,3"
+        ) from None
 
 
 def _num(x: float) -> str:

@@ -106,7 +106,7 @@ def build_layers(cfg: CaptureConfig) -> list[nn.Module]:
     torch.manual_seed(cfg.seed)
     layers: list[nn.Module] = []
     for i in range(cfg.layers):
-        stage = i // (cfg.layers // cfg.n_stages)
+        stage = cfg.stage_of_layer(i)
         if cfg.compute == "emulated":
             c = cfg.layer_costs_ms(stage)
             layers.append(

@@ -202,7 +202,10 @@ def compute_manifest(config: CaptureConfig) -> dict:
             else None
         ),
         "layers": config.layers,
-        "layers_per_stage": config.layers // config.n_stages,
+        # one number for an even split (as before), the per-stage list for an uneven one
+        "layers_per_stage": (
+            list(config.layers_per_stage) if config.layers_per_stage is not None else config.layers // config.n_stages
+        ),
         "hidden": config.hidden,
         "microbatch_size": config.microbatch_size,
         "init": "kaiming_normal (relu) weights, zero bias, same seed on every rank",

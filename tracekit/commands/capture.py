@@ -7,7 +7,15 @@ from pathlib import Path
 
 import click
 
-from tracekit.capture.config import COMPUTE_MODES, DESIGNS, FRAMEWORKS, SCHEDULES, CaptureConfig, schedule_by_name
+from tracekit.capture.config import (
+    COMPUTE_MODES,
+    DESIGNS,
+    FRAMEWORKS,
+    SCHEDULES,
+    CaptureConfig,
+    parse_layers_per_stage,
+    schedule_by_name,
+)
 from tracekit.errors import CaptureError
 from tracekit.text import for_terminal
 
@@ -72,7 +80,14 @@ def _schedule(ctx, param, value):
     default=16,
     show_default=True,
     type=int,
-    help="Linear layers in the model (split evenly over p*v stages).",
+    help="Linear layers in the model (split evenly over p*v stages unless --layers-per-stage).",
+)
+@click.option(
+    "--layers-per-stage",
+    default=None,
+    metavar="N,N,...",
+    help="An uneven split: layers of each stage in stage order, one count per stage (p*v), "
+    "summing to --layers, e.g. 6,4,3,3 (what `tracekit whatif --balanced` recommends).",
 )
 @click.option("--hidden", default=None, type=int, help="Hidden size. Default: 256 emulated, 1024 real.")
 @click.option("--microbatch-size", default=8, show_default=True, type=int, help="Rows per microbatch.")
@@ -136,6 +151,7 @@ def command(
     compute,
     layer_ms,
     layers,
+    layers_per_stage,
     hidden,
     microbatch_size,
     slow_stage,
@@ -161,6 +177,7 @@ def command(
       tracekit capture -o zbv/ --schedule ZBVZeroBubble -p 4 -m 8
       tracekit capture -o slow/ --slow-stage 2 --slow-factor 2
       tracekit capture -o lat/ --p2p-delay-ms 5
+      tracekit capture -o uneven/ --layers-per-stage 6,4,3,3
       tracekit capture -o 2bw/ --schedule PipeDream2BW   # 1F1B, no flush, 2 weight versions
       tracekit capture -o tera/ --schedule TeraPipe      # token slices, later ones cost more
       tracekit capture -o nsys_run/ --profiler nsys     # needs Nsight Systems' nsys
@@ -175,6 +192,7 @@ def command(
         compute=compute,
         layer_ms=layer_ms,
         layers=layers,
+        layers_per_stage=parse_layers_per_stage(layers_per_stage),
         hidden=hidden,
         microbatch_size=microbatch_size,
         slow_stage=slow_stage,
@@ -236,6 +254,7 @@ def _command_line(ctx: click.Context, out: str, cfg: CaptureConfig) -> str:
         "compute": "--compute",
         "layer_ms": "--layer-ms",
         "layers": "--layers",
+        "layers_per_stage": "--layers-per-stage",
         "hidden": "--hidden",
         "microbatch_size": "--microbatch-size",
         "slow_stage": "--slow-stage",

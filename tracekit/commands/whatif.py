@@ -69,8 +69,26 @@ V_SHAPED = ("ZBVZeroBubble", "DualPipeV")
 @click.option(
     "--balanced",
     is_flag=True,
-    help="Also predict each schedule with the layers re-split so every rank computes the same "
-    "(the run's total compute kept): what a better stage split would buy.",
+    help="Search the best split of the layers over the p*v stages: per-layer costs from the "
+    "trace's repeating ops (or --layer-costs), dynamic programming for the smallest slowest "
+    "stage, the best few candidates replayed; prints layer ranges per stage with the predicted "
+    "bubble and step time. Where the trace shows no layers and no --layer-costs is given, the "
+    "rows re-split so every rank computes the same instead (said so).",
+)
+@click.option(
+    "--split",
+    "splits",
+    multiple=True,
+    metavar="N,N,...",
+    help="Predict a given split: layers per stage in stage order, e.g. 5,3,4,4 (repeatable), "
+    "on the targets with that many stages (p*v).",
+)
+@click.option(
+    "--layer-costs",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help='Per-layer costs instead of the trace\'s: JSON {"layers": [{"forward_ns": N, '
+    '"backward_ns": N}, ...]} or CSV layer,forward_ns,backward_ns; one microbatch at the '
+    "measured m, in model order.",
 )
 @click.option(
     "--replays",
@@ -125,6 +143,8 @@ def command(
     ms: tuple[int, ...],
     keep: str,
     balanced: bool,
+    splits: tuple[str, ...],
+    layer_costs: Path | None,
     replays: int,
     seed: int,
     do_search: bool,
@@ -156,7 +176,8 @@ def command(
       tracekit whatif sample_traces/1f1b
       tracekit whatif run/ -s Interleaved1F1B -v 2 -v 4 -m 16
       tracekit whatif run/ -s 1F1B -m 8 -m 16 -m 32 --keep microbatch --json
-      tracekit whatif run/ -s 1F1B -m 8 --balanced     # what a better stage split buys
+      tracekit whatif run/ --balanced                  # the best split of the layers
+      tracekit whatif run/ --split 5,3,4,4 --split 4,4,4,4
       tracekit whatif run/ -s ZBVZeroBubble -s DualPipeV -m 8 -m 16
       tracekit whatif run/ --search --memory-budget 2GiB --activation-bytes 96MiB
       tracekit whatif run/ --link-latency x0.5         # a link twice as fast
@@ -184,8 +205,10 @@ def command(
         raise TracekitError(
             "--activation-bytes sizes the activations --search weighs: add --search --memory-budget SIZE"
         )
-    if do_search and balanced:
-        raise TracekitError("--balanced and --search: the search keeps the measured split; run them apart")
+    if do_search and (balanced or splits or layer_costs):
+        raise TracekitError(
+            "--balanced / --split / --layer-costs and --search: the search keeps the measured split; run them apart"
+        )
     run = load_with_progress(run_dir, rank_from, rank_map, progress)
     model = cost_model(run)
     check_ranks(model, ranks)
@@ -206,13 +229,65 @@ def command(
             return (1,) if s in ONE_CHUNK else ((2,) if s in V_SHAPED and not vs else v_interleaved)
 
         targets = [(s, v, m) for s in chosen for v in chunks(s) for m in m_values]
+    report, fallback = None, None
+    if balanced or splits or layer_costs:
+        report, fallback = _split(run, model, targets, balanced, splits, layer_costs, keep, replays, seed)
     result = what_if(
-        run, targets, keep=keep, samples=replays, seed=seed, balanced=balanced, model=model, p=ranks, links=links
+        run,
+        targets,
+        keep=keep,
+        samples=replays,
+        seed=seed,
+        balanced=fallback is not None,
+        model=model,
+        p=ranks,
+        links=links,
     )
+    if fallback is not None:
+        result.assumptions.append(fallback)
     if as_json:
-        sys.stdout.write(json.dumps(result.to_dict(), indent=1) + "\n")
+        doc = result.to_dict()
+        if report is not None:
+            doc["split"] = report.to_dict()
+        sys.stdout.write(json.dumps(doc, indent=1) + "\n")
     else:
         click.echo(render(result))
+        if report is not None:
+            from tracekit.render.split import render_split
+
+            click.echo(render_split(report, result.measured_step_ns))
+
+
+def _split(run, model, targets, balanced, splits, layer_costs, keep, replays, seed):
+    """The split search and the given splits (a SplitReport), or, for --balanced on a run
+    whose layers cannot be read, None and the note that the rank-balanced rows stand in."""
+    from tracekit.analyze.layers import layer_costs_from_ops, read_layer_costs
+    from tracekit.analyze.split import SPLIT_TARGETS, parse_split, split_report
+    from tracekit.analyze.whatif import check_target
+    from tracekit.errors import TracekitError
+
+    given = [parse_split(text) for text in splits]
+    if layer_costs is not None:
+        layers = read_layer_costs(layer_costs)
+    else:
+        try:
+            layers = layer_costs_from_ops(run)
+        except TracekitError as err:
+            if given or not balanced:
+                raise
+            return None, (
+                f"no per-layer costs ({err}); the 'balanced' rows re-split so every rank computes the same instead"
+            )
+    if targets is None:  # the measured configuration where a split can be replayed on it, else 1F1B
+        targets = [(model.schedule, model.v, model.m) if model.schedule in SPLIT_TARGETS else ("1F1B", 1, model.m)]
+        try:
+            check_target(model, *targets[0])
+        except TracekitError:
+            targets = [("1F1B", 1, model.m)]
+    targets = [t for t in targets if t[0] in SPLIT_TARGETS]
+    if not targets:
+        raise TracekitError(f"--balanced / --split replay {', '.join(SPLIT_TARGETS)}; add one of them with -s")
+    return split_report(model, layers, targets, balanced, given, keep, replays, seed), None
 
 
 def _memory_events(run) -> dict:
