@@ -169,7 +169,7 @@ def test_cli_search_console_and_json(one_f_one_b):
         (["--memory-budget", "1GiB"], "add --search"),
         (["--search", "--memory-budget", "lots"], "--memory-budget 'lots'"),
         (["--link-latency", "fast"], "--link-latency 'fast'"),
-        (["--search", "--memory-budget", "1GiB", "--balanced"], "--balanced and --search"),
+        (["--search", "--memory-budget", "1GiB", "--balanced"], "and --search: the search keeps the measured split"),
         (["--activation-bytes", "1MiB"], "add --search"),
     ],
 )
