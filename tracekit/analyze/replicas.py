@@ -190,6 +190,7 @@ class ReplicaRollup:
             "n_replicas": self.n_replicas,
             "replicas": [list(g) for g in self.replicas],
             "n_steps": self.n_steps,
+            "slow_factor": SLOW_FACTOR,
             "bubble_ratio": self.bubble_ratio.to_dict(),
             "places": [p.to_dict() for p in self.places],
             "ranks_by_bubble": list(self.ranks_by_bubble),
