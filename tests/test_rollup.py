@@ -1,0 +1,168 @@
+"""Roll-ups across data-parallel replicas: per stage over replicas, the worst ranks, and the
+patterns across replicas named as findings.
+
+Inputs: the real samples laid out as replicas by ``benchmarks/make_input.py`` (identical
+replicas), and ``generated_mixed_replicas`` (tests/generated_replicas.py: GENERATED runs whose
+replicas are different real captures of the same configuration, built in the test's tmp dir).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+
+import jsonschema
+import pytest
+from click.testing import CliRunner
+
+from conftest import ROOT, SAMPLES
+from generated_replicas import generated_mixed_replicas
+from tracekit import LoadOptions, load
+from tracekit.analyze import analyze
+from tracekit.cli import main
+from tracekit.render import console
+from tracekit.render.json import to_document
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import make_input  # noqa: E402
+
+SCHEMA = json.loads((ROOT / "tracekit" / "schemas" / "analysis.schema.json").read_text())
+# replica 2 is the capture whose stage 2 computes 2x: rank 10 of the generated run
+MIXED = ["1f1b", "1f1b", "1f1b_slow_stage2", "1f1b"]
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory):
+    folder = generated_mixed_replicas(tmp_path_factory.mktemp("mixed") / "generated_mixed", MIXED)
+    return folder, to_document(analyze(load(folder, LoadOptions(jobs=1, rows="analysis"))))
+
+
+def _doc(folder):
+    return to_document(analyze(load(folder, LoadOptions(jobs=1, rows="analysis"))))
+
+
+def _spread(values):
+    return {"min": min(values), "median": statistics.median(values), "max": max(values)}
+
+
+def _check_against_ranks(doc):
+    """Every roll-up figure recomputed from the document's own per-rank figures."""
+    rollup = doc["rollup"]
+    ranks = {r["rank"]: r for r in doc["ranks"]}
+    n_steps = rollup["n_steps"]
+    assert n_steps == doc["summary"]["n_steps"]
+    assert sorted(r for g in rollup["replicas"] for r in g) == sorted(ranks)
+    assert rollup["bubble_ratio"] == pytest.approx(_spread([r["bubble_ratio"] for r in ranks.values()]), abs=1e-6)
+    assert len(rollup["places"]) == len(rollup["replicas"][0])
+    for place in rollup["places"]:
+        assert place["ranks"] == [g[place["place"]] for g in rollup["replicas"]]
+        rows = [ranks[r] for r in place["ranks"]]
+        assert place["bubble_ratio"] == pytest.approx(_spread([r["bubble_ratio"] for r in rows]), abs=1e-6)
+        assert place["idle_per_step_ns"] == pytest.approx(_spread([r["idle_ns"] / n_steps for r in rows]), abs=1)
+        assert place["busy_per_step_ns"] == pytest.approx(_spread([r["busy_ns"] / n_steps for r in rows]), abs=1)
+        worst = rows[place["worst_replica"]]
+        assert worst["rank"] == place["worst_rank"]
+        assert worst["bubble_ratio"] == pytest.approx(place["bubble_ratio"]["max"], abs=1e-6)
+        assert rows[place["slowest_replica"]]["busy_ns"] / n_steps == pytest.approx(
+            place["busy_per_step_ns"]["max"], abs=1
+        )
+        for cause, ns in place["causes_ns"].items():
+            assert ns == sum(r["causes"][f"{cause}_ns"] for r in rows)
+        if place["causes_ns"]:
+            assert place["top_cause"] == max(place["causes_ns"], key=place["causes_ns"].get)
+    by_bubble = [ranks[r]["bubble_ratio"] for r in rollup["ranks_by_bubble"]]
+    assert sorted(rollup["ranks_by_bubble"]) == sorted(ranks) and by_bubble == sorted(by_bubble, reverse=True)
+
+
+def test_rollup_figures_are_the_per_rank_figures_they_summarise(mixed):
+    _, doc = mixed
+    jsonschema.validate(doc, SCHEMA)
+    assert doc["rollup"]["n_replicas"] == 4 and len(doc["ranks"]) == 16  # JSON keeps every rank
+    _check_against_ranks(doc)
+
+
+def test_identical_replicas_roll_up_and_show_no_pattern(tmp_path):
+    folder = tmp_path / "pp16"
+    make_input.build_pp(folder, ranks=16, copies=1, sample="1f1b")
+    doc = _doc(folder)
+    jsonschema.validate(doc, SCHEMA)
+    _check_against_ranks(doc)
+    assert doc["rollup"]["patterns"] == {"slow_replicas": [], "slowest_everywhere": None}
+    assert not [f for f in doc["findings"] if f["cause"] in ("slow_replica", "slow_rank", "slowest_everywhere")]
+    text = console.render(doc)
+    assert "across replicas: no pattern" in text
+    # every stage is equal over identical replicas: no replica is named the worst
+    for place in doc["rollup"]["places"]:
+        assert place["bubble_ratio"]["min"] == place["bubble_ratio"]["max"]
+
+
+def test_the_slow_rank_of_one_replica_is_named_not_its_stage_everywhere(mixed):
+    _, doc = mixed
+    slow = doc["rollup"]["patterns"]["slow_replicas"]
+    assert [s["replica"] for s in slow] == [2] and not slow[0]["every_place"]
+    assert [r["rank"] for r in slow[0]["ranks"]] == [10]
+    assert slow[0]["ranks"][0]["slowdown"] > 1.5  # the capture's stage 2 sleeps twice as long
+    assert doc["rollup"]["patterns"]["slowest_everywhere"] is None  # only one replica has it
+    finding = next(f for f in doc["findings"] if f["cause"] == "slow_rank")
+    assert "Rank 10 (stage 2 of replica 2)" in finding["headline"] and "slow GPU or host" in finding["headline"]
+    assert finding["severity"] == "high" and finding["figures"]["replica"] == 2
+    # ranked with the others by cost: it costs more than the fill/drain of the schedule
+    causes = [f["cause"] for f in doc["findings"]]
+    assert causes.index("slow_rank") < causes.index("fill_drain")
+
+
+def test_a_stage_slow_in_every_replica_is_the_split(tmp_path):
+    folder = tmp_path / "slow_x3"
+    make_input.build_pp(folder, ranks=12, copies=1, sample="1f1b_slow_stage2")
+    doc = _doc(folder)
+    everywhere = doc["rollup"]["patterns"]["slowest_everywhere"]
+    assert everywhere["stages"] == [2] and everywhere["ranks"] == [2, 6, 10]
+    finding = next(f for f in doc["findings"] if f["cause"] == "slowest_everywhere")
+    assert finding["headline"].startswith("Stage 2 is the slowest in every replica")
+    assert "across replicas: Stage 2 is the slowest in every replica" in console.render(doc)
+    assert not doc["rollup"]["patterns"]["slow_replicas"]
+
+
+def test_console_rolls_up_replicas_and_lists_the_worst_ranks(mixed):
+    folder, doc = mixed
+    text = console.render(doc)
+    assert "per stage over 4 data-parallel replicas" in text
+    assert "the 8 worst of 16 ranks" in text
+    listed = _rank_rows(text)
+    assert listed == doc["rollup"]["ranks_by_bubble"][:8]
+    result = CliRunner().invoke(main, ["analyze", str(folder), "--ranks", "all", "--no-cache"])
+    assert result.exit_code == 0, result.output
+    assert _rank_rows(result.output) == list(range(16))  # every rank, in rank order
+    assert "per stage over" not in result.output
+    three = CliRunner().invoke(main, ["analyze", str(folder), "--ranks", "3", "--no-cache"])
+    assert _rank_rows(three.output) == doc["rollup"]["ranks_by_bubble"][:3]
+
+
+def test_ranks_option_rejects_other_values_in_one_line(mixed):
+    folder, _ = mixed
+    result = CliRunner().invoke(main, ["analyze", str(folder), "--ranks", "some", "--no-cache"])
+    assert result.exit_code == 2
+    assert result.output.strip().count("\n") == 0 and "--ranks" in result.output
+
+
+def test_single_pipeline_console_is_unchanged_by_the_rollup():
+    doc = _doc(SAMPLES / "1f1b_slow_stage2")
+    assert doc["rollup"]["n_replicas"] == 1
+    _check_against_ranks(doc)
+    without = {k: v for k, v in doc.items() if k != "rollup"}
+    assert console.render(doc) == console.render(without)
+    assert _rank_rows(console.render(doc)) == [0, 1, 2, 3]
+
+
+def _rank_rows(text: str) -> list[int]:
+    """The ranks of the console's per-rank table, in the order printed."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("rank "))
+    rows = []
+    for line in lines[start + 2 :]:
+        first = line.split(" ", 1)[0]
+        if not first.isdigit():
+            break
+        rows.append(int(first))
+    return rows
