@@ -37,6 +37,9 @@ SLOW_FACTOR = 1.05
 SLOWEST_PLACE_FACTOR = 1.10
 # Slow ranks named per replica (the rest are counted).
 MAX_SLOW_RANKS = 3
+# Replicas whose timelines the report keeps (each a few hundred glyphs per step): the rest are
+# in its heat map and distributions only.
+MAX_TIMELINE_REPLICAS = 6
 
 
 @dataclass(frozen=True)
@@ -177,6 +180,9 @@ class ReplicaRollup:
     slow_replicas: list[SlowReplica] = field(default_factory=list)
     slowest_everywhere: SlowestEverywhere | None = None
     replica_step_ns: dict[int, int] = field(default_factory=dict)  # replica: median step length
+    replica_bubble: dict[int, float] = field(default_factory=dict)  # replica: idle over window, its ranks
+    # The replicas worth a timeline, each with why, the slowest (the one the others wait for) first.
+    timeline_replicas: list[tuple[int, str]] = field(default_factory=list)
 
     @property
     def n_replicas(self) -> int:
@@ -195,6 +201,8 @@ class ReplicaRollup:
             "places": [p.to_dict() for p in self.places],
             "ranks_by_bubble": list(self.ranks_by_bubble),
             "replica_step_ns": {str(k): v for k, v in sorted(self.replica_step_ns.items())},
+            "replica_bubble": {str(k): round(v, 6) for k, v in sorted(self.replica_bubble.items())},
+            "timeline_replicas": [{"replica": r, "why": why} for r, why in self.timeline_replicas],
             "patterns": {
                 "slow_replicas": [s.to_dict() for s in self.slow_replicas],
                 "slowest_everywhere": self.slowest_everywhere.to_dict() if self.slowest_everywhere else None,
@@ -249,7 +257,41 @@ def rollup(analysis: Analysis) -> ReplicaRollup | None:
         result.replica_step_ns = _replica_step_ns(analysis, groups)
         result.slow_replicas = _slow_replicas(analysis, result, busy)
         result.slowest_everywhere = _slowest_everywhere(places, busy)
+        result.replica_bubble = {
+            i: share(
+                sum(per_rank[r].idle_ns for r in g),
+                max(sum(per_rank[r].window_ns for r in g), 1),
+                f"replica {i}: bubble ratio",
+            )
+            for i, g in enumerate(groups)
+        }
+        result.timeline_replicas = _timeline_replicas(result)
     return result
+
+
+def _timeline_replicas(result: ReplicaRollup) -> list[tuple[int, str]]:
+    """The replicas a report draws timelines of: the slowest (longest median step; the others
+    wait for it), those a pattern names, the highest and lowest bubble, the median step;
+    at most MAX_TIMELINE_REPLICAS."""
+    steps = result.replica_step_ns
+    bubble = result.replica_bubble
+    by_step = sorted(steps, key=lambda i: (-steps[i], -bubble.get(i, 0.0), i))
+    by_bubble = sorted(bubble, key=lambda i: (-bubble[i], i))
+    picks: list[tuple[int, str]] = []
+    if by_step:
+        picks.append((by_step[0], "slowest: the longest steps"))
+    picks += [(s.replica, "named by a finding") for s in result.slow_replicas]
+    if by_bubble:
+        picks += [(by_bubble[0], "highest bubble"), (by_bubble[-1], "lowest bubble")]
+    if by_step:
+        picks.append((by_step[len(by_step) // 2], "median step"))
+    chosen: dict[int, str] = {}
+    for replica, why in picks:
+        if replica in chosen:
+            chosen[replica] += f", {why.split(':')[0]}"
+        elif len(chosen) < MAX_TIMELINE_REPLICAS:
+            chosen[replica] = why
+    return list(chosen.items())
 
 
 def _rank_causes(analysis: Analysis) -> dict[int, dict[str, int]]:

@@ -2,7 +2,9 @@
 that shows where a run sat idle and why, for a browser with no network.
 
 Sections: the diagnosis (:func:`tracekit.analyze.diagnosis.diagnose`), an interactive
-timeline per step (one row per rank, and per GPU stream where the trace has kernels; compute
+timeline per step (with data-parallel replicas: of the few replicas the roll-up picks, one
+tab each, the slowest first, plus a heat map of every rank's bubble per step and each
+stage's spread over the replicas, so the page grows per rank, not per event) (one row per rank, and per GPU stream where the trace has kernels; compute
 actions coloured by kind, P2P messages from send to arrival, idle time shaded by cause, the
 critical path drawn through it), per-rank busy and idle by cause, measured against
 theoretical bubble, blame tables per stage and per link, and the run's metadata.
@@ -26,9 +28,17 @@ from importlib.resources import files
 import jinja2
 
 from tracekit.analyze import Analysis
-from tracekit.render.html.charts import bubble_root, causes_root, timeline_root
+from tracekit.render.html.charts import (
+    bubble_root,
+    causes_root,
+    heatmap_root,
+    place_causes_root,
+    replica_timelines_root,
+    spread_root,
+    timeline_root,
+)
 from tracekit.render.html.page import page_context
-from tracekit.render.html.views import step_views, thinning_notes
+from tracekit.render.html.views import idle_blame, step_views, thinning_notes
 from tracekit.text import for_xml
 
 # The page: a Jinja template shipped as package data beside the renderers.
@@ -40,13 +50,25 @@ def render_report(analysis: Analysis) -> str:
     from bokeh.embed import file_html
     from bokeh.resources import INLINE
 
-    views, step_notes = step_views(analysis)
-    timeline = timeline_root(views)
+    rollup = analysis.replicas
+    replicated = analysis.is_pipeline and rollup is not None and rollup.n_replicas > 1 and bool(rollup.places)
+    if replicated:
+        timeline, causes, notes = _replicated_parts(analysis)
+        extra = [heatmap_root(analysis, [r for g in rollup.replicas for r in g]), spread_root(analysis)]
+    else:
+        views, step_notes = step_views(analysis)
+        timeline, causes, notes, extra = (
+            timeline_root(views),
+            causes_root(analysis),
+            step_notes + thinning_notes(views),
+            [],
+        )
     bubble = bubble_root(analysis) if analysis.is_pipeline else None
-    roots = [r for r in (timeline, causes_root(analysis), bubble) if r is not None]
-    context = page_context(analysis, step_notes + thinning_notes(views))
+    roots = [r for r in (timeline, causes, bubble, *extra) if r is not None]
+    context = page_context(analysis, notes)
     context["has_timeline"] = timeline is not None
     context["has_bubble"] = bubble is not None
+    context["has_replicas"] = replicated
     return file_html(
         roots,
         resources=INLINE,
@@ -54,6 +76,35 @@ def render_report(analysis: Analysis) -> str:
         template=_page_template(),
         template_variables=context,
     )
+
+
+def _replicated_parts(analysis: Analysis):
+    """A run of data-parallel replicas: the timelines of the replicas the roll-up picked (the
+    slowest first; one tab each), the per-stage causes, and the notes on what was drawn."""
+    from tracekit.analyze.intervals import idle_intervals
+
+    rollup = analysis.replicas
+    assert rollup is not None  # only for a replicated run
+    intervals, blame = idle_intervals(analysis), idle_blame(analysis)
+    timelines, notes, drawn = [], [], []
+    for replica, why in rollup.timeline_replicas:
+        ranks = rollup.replicas[replica]
+        views, step_notes = step_views(analysis, ranks, intervals, blame)
+        notes = notes or step_notes
+        drawn.extend(views)
+        title = (
+            f"replica {replica} (ranks {ranks[0]}-{ranks[-1]}; {why}; {100 * rollup.replica_bubble[replica]:.1f}% idle)"
+        )
+        timelines.append((title, views))
+    kept = ", ".join(str(r) for r, _ in rollup.timeline_replicas)
+    notes = [
+        f"Timeline: {len(rollup.timeline_replicas)} of {rollup.n_replicas} data-parallel replicas kept (replicas "
+        f"{kept}; pick one by its tab, the slowest is shown first); every rank is in the heat map and the "
+        "per-stage distributions.",
+        *notes,
+        *thinning_notes(drawn),
+    ]
+    return replica_timelines_root(timelines), place_causes_root(analysis), notes
 
 
 _ROOT_DIV = '<div id="{}" data-root-id="{}" style="display: contents;"></div>'

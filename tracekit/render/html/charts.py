@@ -369,3 +369,167 @@ def bubble_root(analysis: Analysis):
     _hover(fig, bars, [("", "@what"), ("bubble", "@bubble{0.0}%")])
     fig.name = "bubble"
     return fig
+
+
+# ---------------------------------------------------------------------------- replicas
+# Heat map colours: bokeh's Viridis256, dark for a low bubble, bright yellow for a high one.
+HEAT_PALETTE = "Viridis256"
+# Height of the heat map in pixels: at least this much per rank while it fits, then shared.
+HEAT_ROW_PX = 6
+HEAT_MAX_PX = 900
+
+
+def replica_timelines_root(timelines: list[tuple[str, list[StepView]]]):
+    """One timeline per replica kept, one tab each (the default first): a replica is picked
+    by its tab; each holds its steps' tabs."""
+    from bokeh.models import TabPanel, Tabs
+
+    panels = []
+    for title, views in timelines:
+        if not views:
+            continue
+        figures = [_timeline_figure(v) for v in views]
+        child = (
+            figures[0]
+            if len(figures) == 1
+            else Tabs(tabs=[TabPanel(child=f, title=f"step {v.step}") for f, v in zip(figures, views)])
+        )
+        panels.append(TabPanel(child=child, title=title))
+    if not panels:
+        return None
+    root = Tabs(tabs=panels, name="timeline")
+    root.tags = ["replica-selector"]
+    return root
+
+
+def heatmap_root(analysis: Analysis, order: list[int]):
+    """Bubble ratio per rank (rows, in ``order``) and step (columns), every rank: one image."""
+    from bokeh.models import ColorBar, ColumnDataSource, CustomJSHover, FixedTicker, HoverTool, LinearColorMapper
+
+    bubbles = analysis.bubbles
+    grid = bubbles.pivot_table(index="rank", columns="step", values="bubble_ratio", aggfunc="first")
+    grid = grid.reindex([r for r in order if r in grid.index])
+    steps = [int(s) for s in grid.columns]
+    n_ranks, n_steps = grid.shape
+    image = (100 * grid.to_numpy(dtype=float)).astype(np.float32)  # NaN: a rank without that step
+    mapper = LinearColorMapper(palette=HEAT_PALETTE, low=0.0, high=100.0, nan_color="#ffffff")
+    fig = _figure(
+        frame_width=min(max(240, 40 * n_steps), 1100),
+        frame_height=int(min(max(HEAT_ROW_PX * n_ranks, 160), HEAT_MAX_PX)),
+        x_range=(-0.5, n_steps - 0.5),
+        y_range=(n_ranks - 0.5, -0.5),
+        x_axis_label="step",
+        y_axis_label="rank (by replica, then stage)",
+        title=f"Bubble ratio per rank and step, all {n_ranks} ranks (%)",
+    )
+    # image[0][0] lies at (x, y) and rows go up in y; the y axis is flipped, so row i is rank order[i]
+    source = ColumnDataSource({"image": [image], "x": [-0.5], "y": [-0.5], "dw": [n_steps], "dh": [n_ranks]})
+    renderer = fig.image(image="image", x="x", y="y", dw="dw", dh="dh", source=source, color_mapper=mapper)
+    every = max(1, int(np.ceil(n_steps / 12)))
+    fig.xaxis.ticker = FixedTicker(ticks=list(range(0, n_steps, every)))
+    fig.xaxis.major_label_overrides = {i: str(steps[i]) for i in range(0, n_steps, every)}
+    label_every = max(1, int(np.ceil(n_ranks / max(1, fig.frame_height // 14))))
+    fig.yaxis.ticker = FixedTicker(ticks=list(range(0, n_ranks, label_every)))
+    fig.yaxis.major_label_overrides = {i: str(int(grid.index[i])) for i in range(0, n_ranks, label_every)}
+    pick = "const i = Math.round(value); return i >= 0 && i < names.length ? String(names[i]) : '';"
+    fig.add_tools(
+        HoverTool(
+            renderers=[renderer],
+            tooltips=[("rank", "$y{custom}"), ("step", "$x{custom}"), ("bubble", "@image{0.0}%")],
+            formatters={
+                "$y": CustomJSHover(args={"names": [int(r) for r in grid.index]}, code=pick),
+                "$x": CustomJSHover(args={"names": steps}, code=pick),
+            },
+        )
+    )
+    fig.add_layout(ColorBar(color_mapper=mapper, title="bubble %", width=10), "right")
+    fig.grid.visible = False
+    fig.name = "heatmap"
+    return fig
+
+
+def spread_root(analysis: Analysis):
+    """Per stage, each replica's rank as a dot: bubble ratio, and compute per step."""
+    from bokeh.layouts import row
+    from bokeh.models import ColumnDataSource, FixedTicker
+
+    rollup = analysis.replicas
+    assert rollup is not None and rollup.places  # drawn only for a replicated pipeline
+    per_rank = analysis.summary.per_rank
+    n = rollup.n_replicas
+    columns: dict[str, list] = {"x": [], "bubble": [], "compute": [], "rank": [], "replica": [], "stage": []}
+    for place in rollup.places:
+        for i, rank in enumerate(place.ranks):
+            # replicas spread across the stage's column so that equal values stay visible
+            columns["x"].append(place.place + (0.7 * (i + 0.5) / n - 0.35))
+            columns["bubble"].append(100 * per_rank[rank].bubble_ratio)
+            columns["compute"].append(per_rank[rank].busy_ns / rollup.n_steps / 1e6)
+            columns["rank"].append(rank)
+            columns["replica"].append(i)
+            columns["stage"].append(",".join(map(str, place.stages)))
+    source = ColumnDataSource(columns)
+    ticks = [p.place for p in rollup.places]
+    labels = {p.place: ",".join(map(str, p.stages)) for p in rollup.places}
+    figures = []
+    for field_name, label, title in (
+        ("bubble", "bubble %", "Bubble ratio per stage, one dot per replica"),
+        ("compute", "compute ms per step", "Compute per step per stage, one dot per replica"),
+    ):
+        fig = _figure(frame_width=520, frame_height=300, x_axis_label="stage", y_axis_label=label, title=title)
+        dots = fig.scatter(x="x", y=field_name, source=source, size=5, alpha=0.6, color="#4C78A8")
+        fig.xaxis.ticker = FixedTicker(ticks=ticks)
+        fig.xaxis.major_label_overrides = labels
+        fig.xgrid.visible = False
+        _hover(
+            fig,
+            dots,
+            [("rank", "@rank"), ("replica", "@replica"), ("stage", "@stage"), (label, f"@{field_name}{{0.0}}")],
+        )
+        figures.append(fig)
+    root = row(*figures)
+    root.name = "spread"
+    return root
+
+
+def place_causes_root(analysis: Analysis):
+    """Per stage, mean over replicas: busy, then idle by cause (ms, all steps)."""
+    from bokeh.models import ColumnDataSource
+
+    rollup = analysis.replicas
+    assert rollup is not None and rollup.places  # drawn only for a replicated pipeline
+    per_rank = analysis.summary.per_rank
+    attributed = any(p.causes_ns for p in rollup.places)
+    parts = ["busy", *CATEGORIES] if attributed else ["busy", "idle"]
+    n = rollup.n_replicas
+    columns: dict[str, list] = {"stage": [], **{p: [] for p in parts}}
+    for place in rollup.places:
+        columns["stage"].append(",".join(map(str, place.stages)))
+        columns["busy"].append(sum(per_rank[r].busy_ns for r in place.ranks) / n / 1e6)
+        if attributed:
+            for cause in CATEGORIES:
+                columns[cause].append(place.causes_ns.get(cause, 0) / n / 1e6)
+        else:
+            columns["idle"].append(sum(per_rank[r].idle_ns for r in place.ranks) / n / 1e6)
+    fig = _figure(
+        frame_width=min(max(160, 40 * len(rollup.places)), 1100),
+        frame_height=300,
+        x_range=columns["stage"],
+        x_axis_label="stage",
+        y_axis_label=f"ms (all steps, mean over {n} replicas)",
+        title="Each stage's time: busy, then idle by cause",
+    )
+    fig.y_range.start = 0
+    fig.xgrid.visible = False
+    renderers = fig.vbar_stack(
+        parts,
+        x="stage",
+        width=0.8,
+        source=ColumnDataSource(columns),
+        color=[CAUSE_COLORS[p] for p in parts],
+        line_color="white",
+    )
+    for part, renderer in zip(parts, renderers):
+        _hover(fig, renderer, [("stage", "@stage"), (CAUSE_NAMES[part], f"@{{{part}}}{{0.0}} ms")])
+    _legend(fig, [(CAUSE_NAMES[p], [r]) for p, r in zip(parts, renderers)], "right")
+    fig.name = "causes"
+    return fig

@@ -69,18 +69,31 @@ def chosen_steps(steps: list[int], step_ns: dict[int, int]) -> tuple[list[int], 
     ]
 
 
-def step_views(analysis: Analysis) -> tuple[list[StepView], list[str]]:
-    """One :class:`StepView` per step drawn, and notes on what was left out."""
+def step_views(
+    analysis: Analysis,
+    ranks: list[int] | None = None,
+    intervals: pd.DataFrame | None = None,
+    blame: dict[tuple[int, int, str], str] | None = None,
+) -> tuple[list[StepView], list[str]]:
+    """One :class:`StepView` per step drawn, and notes on what was left out.
+
+    ``ranks``: draw only these (one data-parallel replica), default every rank; the step
+    windows stay the run's. ``intervals`` and ``blame`` (:func:`idle_intervals`,
+    :func:`idle_blame`) may be passed in when several replicas are drawn from one analysis."""
     bubbles = analysis.bubbles
     if len(bubbles) == 0:
         return [], []
     windows = bubbles.groupby("step").agg(lo=("window_start_ns", "min"), hi=("window_end_ns", "max"))
     step_ns = {int(s): int(w.hi - w.lo) for s, w in windows.iterrows()}
     steps, notes = chosen_steps(sorted(step_ns), step_ns)
-    ranks = sorted(int(r) for r in bubbles["rank"].unique())
+    present = sorted(int(r) for r in bubbles["rank"].unique())
+    ranks = present if ranks is None else [r for r in present if r in set(ranks)]
     lanes, rank_lane, stream_lane = _lanes(analysis, ranks)
-    intervals = idle_intervals(analysis) if analysis.is_pipeline else pd.DataFrame()
-    blame = idle_blame(analysis)
+    if intervals is None:
+        intervals = idle_intervals(analysis) if analysis.is_pipeline else pd.DataFrame()
+    if len(intervals) and len(ranks) < len(present):
+        intervals = intervals[intervals["rank"].isin(rank_lane)]
+    blame = idle_blame(analysis) if blame is None else blame
     views = []
     for step in steps:
         lo, hi = int(windows.at[step, "lo"]), int(windows.at[step, "hi"])
@@ -148,7 +161,7 @@ def _step_view(analysis, step, lo, hi, lanes, rank_lane, stream_lane, intervals,
     idle = _idle_view(intervals, step, lo, rank_lane, merge_gap, thinned, blame)
     messages = _message_view(analysis, step, lo, rank_lane, thinned)
     critical_links, critical_bars = _critical_view(analysis, step, lo, rank_lane)
-    rows = analysis.bubbles[analysis.bubbles["step"] == step]
+    rows = analysis.bubbles[(analysis.bubbles["step"] == step) & analysis.bubbles["rank"].isin(rank_lane)]
     bubble = float(rows["idle_ns"].sum() / max(int(rows["window_ns"].sum()), 1))
     return StepView(
         step=step,
@@ -202,7 +215,7 @@ def _empty_work() -> pd.DataFrame:
 
 
 def _action_work(actions: pd.DataFrame, step: int, rank_lane: dict) -> pd.DataFrame:
-    acts = actions[actions["step"] == step]
+    acts = actions[(actions["step"] == step) & actions["rank"].isin(rank_lane)]
     return pd.DataFrame(
         {
             "lane": acts["rank"].map(rank_lane).to_numpy(),
@@ -240,7 +253,7 @@ def _plain_work(analysis: Analysis, step: int, rank_lane: dict) -> list[pd.DataF
     """Runs without a pipeline: each rank's top-level CPU work in its step window (GPU work
     has its own stream lanes)."""
     events = analysis.run.events
-    rows = analysis.bubbles[analysis.bubbles["step"] == step]
+    rows = analysis.bubbles[(analysis.bubbles["step"] == step) & analysis.bubbles["rank"].isin(rank_lane)]
     out = []
     for row in rows.itertuples(index=False):
         ev = events[
@@ -405,7 +418,13 @@ def _critical_view(analysis: Analysis, step: int, lo: int, rank_lane: dict):
     if step not in by_step or not by_step[step].critical_path:
         return None, None
     actions = analysis.run.actions.set_index("action_id")
-    path = [p for p in reversed(by_step[step].critical_path) if p["action_id"] in actions.index]
+    path = [
+        p
+        for p in reversed(by_step[step].critical_path)
+        if p["action_id"] in actions.index and int(actions.at[p["action_id"], "rank"]) in rank_lane
+    ]
+    if not path:  # the step's critical path runs through another replica
+        return None, None
     rows = []
     for p in path:
         a = actions.loc[p["action_id"]]
