@@ -28,17 +28,17 @@ from importlib.resources import files
 import jinja2
 
 from tracekit.analyze import Analysis
+from tracekit.model.run import rank_ranges
 from tracekit.render.html.charts import (
     bubble_root,
     causes_root,
     heatmap_root,
     place_causes_root,
-    replica_timelines_root,
     spread_root,
     timeline_root,
 )
 from tracekit.render.html.page import page_context
-from tracekit.render.html.views import idle_blame, step_views, thinning_notes
+from tracekit.render.html.views import step_views, thinning_notes
 from tracekit.text import for_xml
 
 # The page: a Jinja template shipped as package data beside the renderers.
@@ -79,32 +79,26 @@ def render_report(analysis: Analysis) -> str:
 
 
 def _replicated_parts(analysis: Analysis):
-    """A run of data-parallel replicas: the timelines of the replicas the roll-up picked (the
-    slowest first; one tab each), the per-stage causes, and the notes on what was drawn."""
-    from tracekit.analyze.intervals import idle_intervals
-
+    """A run of data-parallel replicas: the timeline of the replicas the roll-up picked (one
+    shown at a time, the slowest first, another picked in the page), the per-stage causes,
+    and the notes on what was drawn."""
     rollup = analysis.replicas
     assert rollup is not None  # only for a replicated run
-    intervals, blame = idle_intervals(analysis), idle_blame(analysis)
-    timelines, notes, drawn = [], [], []
+    groups = []
     for replica, why in rollup.timeline_replicas:
         ranks = rollup.replicas[replica]
-        views, step_notes = step_views(analysis, ranks, intervals, blame)
-        notes = notes or step_notes
-        drawn.extend(views)
-        title = (
-            f"replica {replica} (ranks {ranks[0]}-{ranks[-1]}; {why}; {100 * rollup.replica_bubble[replica]:.1f}% idle)"
-        )
-        timelines.append((title, views))
+        idle = 100 * rollup.replica_bubble[replica]
+        groups.append((f"replica {replica} (ranks {rank_ranges(ranks)}; {why}; {idle:.1f}% idle)", ranks))
+    views, step_notes = step_views(analysis, groups)
     kept = ", ".join(str(r) for r, _ in rollup.timeline_replicas)
     notes = [
-        f"Timeline: {len(rollup.timeline_replicas)} of {rollup.n_replicas} data-parallel replicas kept (replicas "
-        f"{kept}; pick one by its tab, the slowest is shown first); every rank is in the heat map and the "
-        "per-stage distributions.",
-        *notes,
-        *thinning_notes(drawn),
+        f"Timeline: {len(groups)} of {rollup.n_replicas} data-parallel replicas kept (replicas {kept}; pick one "
+        "above the timeline, the slowest is shown first); every rank is in the heat map and the per-stage "
+        "distributions.",
+        *step_notes,
+        *thinning_notes(views),
     ]
-    return replica_timelines_root(timelines), place_causes_root(analysis), notes
+    return timeline_root(views), place_causes_root(analysis), notes
 
 
 _ROOT_DIV = '<div id="{}" data-root-id="{}" style="display: contents;"></div>'

@@ -126,8 +126,30 @@ def timeline_root(views: list[StepView]):
         root = figures[0]
     else:
         root = Tabs(tabs=[TabPanel(child=f, title=f"step {v.step}") for f, v in zip(figures, views)])
+    if views[0].groups:
+        root = _with_replica_selector(root, figures, views[0].groups)
     root.name = "timeline"
     return root
+
+
+def _with_replica_selector(root, figures, groups: list[tuple[str, int, int]]):
+    """A menu above the timeline that shows one replica's lanes at a time (every step's
+    figure holds the lanes of all the replicas kept; the menu moves their y range)."""
+    from bokeh.layouts import column
+    from bokeh.models import CustomJS, Select
+
+    spans = {title: [last + 0.4, first - 0.6] for title, first, last in groups}
+    select = Select(title="replica", options=[t for t, _, _ in groups], value=groups[0][0], width=TIMELINE_WIDTH_PX)
+    select.tags = ["replica-selector"]
+    select.js_on_change(
+        "value",
+        CustomJS(
+            args={"figures": figures, "spans": spans},
+            code="const [lo, hi] = spans[cb_obj.value]; "
+            "for (const f of figures) { f.y_range.start = lo; f.y_range.end = hi; }",
+        ),
+    )
+    return column(select, root)
 
 
 def _timeline_figure(view: StepView):
@@ -136,14 +158,18 @@ def _timeline_figure(view: StepView):
     n = len(view.lanes)
     window_ms = view.window_ns / 1e6
     x_lo, x_hi = -0.01 * window_ms, 1.01 * window_ms
-    # y is fixed (every lane stays in view); x zooms and pans inside the step's window only
+    # y is fixed (every lane stays in view; with replicas, every lane of the one picked); x
+    # zooms and pans inside the step's window only
+    first, last = (view.groups[0][1], view.groups[0][2]) if view.groups else (0, n - 1)
+    shown = last - first + 1
     fig = _figure(
         frame_width=TIMELINE_WIDTH_PX,
-        frame_height=int(min(max(34 * n, 150), 1400)),
+        frame_height=int(min(max(34 * shown, 150), 1400)),
         x_range=Range1d(x_lo, x_hi, bounds=(x_lo, x_hi)),
-        y_range=Range1d(n - 0.4, -0.6),
+        y_range=Range1d(last + 0.4, first - 0.6),
         x_axis_label="ms since the step window's start",
-        title=f"step {view.step}: {window_ms:.1f} ms, {100 * view.bubble_ratio:.1f}% idle",
+        title=f"step {view.step}: {window_ms:.1f} ms, {100 * view.bubble_ratio:.1f}% idle"
+        + (" (all replicas)" if view.groups else ""),
     )
     wheel = WheelZoomTool(dimensions="width", modifiers=ZOOM_MODIFIERS)
     pan = PanTool(dimensions="width")
@@ -152,7 +178,7 @@ def _timeline_figure(view: StepView):
     fig.grid.visible = False
     fig.title.text_font_size = "12pt"
     # one tick label per lane while they fit (about 14 px each), else every k-th lane
-    every = max(1, int(np.ceil(n / max(1, fig.frame_height // 14))))
+    every = max(1, int(np.ceil(shown / max(1, fig.frame_height // 14))))
     fig.yaxis.ticker = FixedTicker(ticks=list(range(0, n, every)))
     fig.yaxis.major_label_overrides = {i: view.lanes[i] for i in range(0, n, every)}
     items: dict[str, list] = {}
@@ -377,29 +403,6 @@ HEAT_PALETTE = "Viridis256"
 # Height of the heat map in pixels: at least this much per rank while it fits, then shared.
 HEAT_ROW_PX = 6
 HEAT_MAX_PX = 900
-
-
-def replica_timelines_root(timelines: list[tuple[str, list[StepView]]]):
-    """One timeline per replica kept, one tab each (the default first): a replica is picked
-    by its tab; each holds its steps' tabs."""
-    from bokeh.models import TabPanel, Tabs
-
-    panels = []
-    for title, views in timelines:
-        if not views:
-            continue
-        figures = [_timeline_figure(v) for v in views]
-        child = (
-            figures[0]
-            if len(figures) == 1
-            else Tabs(tabs=[TabPanel(child=f, title=f"step {v.step}") for f, v in zip(figures, views)])
-        )
-        panels.append(TabPanel(child=child, title=title))
-    if not panels:
-        return None
-    root = Tabs(tabs=panels, name="timeline")
-    root.tags = ["replica-selector"]
-    return root
 
 
 def heatmap_root(analysis: Analysis, order: list[int]):

@@ -29,7 +29,7 @@ class StepView:
 
     step: int
     window_ns: int
-    bubble_ratio: float  # idle over window, all ranks
+    bubble_ratio: float  # idle over window, all ranks (of every replica, drawn or not)
     lanes: list[str]
     bars: pd.DataFrame  # x0 x1 y0 y1 kind rank stage microbatch dur_ms n label
     idle: pd.DataFrame  # x0 x1 y0 y1 cause rank dur_ms blame
@@ -38,6 +38,8 @@ class StepView:
     critical_bars: pd.DataFrame | None = None  # outlines of the critical path's actions
     thinned: dict[str, tuple[int, int]] = field(default_factory=dict)  # what -> (in the run, drawn)
     merge_gap_ns: float = 0.0  # bars closer than this on a row were merged
+    # Data-parallel replicas drawn one at a time: (title, first lane, last lane), the first shown.
+    groups: list[tuple[str, int, int]] = field(default_factory=list)
 
 
 def _lanes(analysis: Analysis, ranks: list[int]) -> tuple[list[str], dict, dict]:
@@ -70,16 +72,13 @@ def chosen_steps(steps: list[int], step_ns: dict[int, int]) -> tuple[list[int], 
 
 
 def step_views(
-    analysis: Analysis,
-    ranks: list[int] | None = None,
-    intervals: pd.DataFrame | None = None,
-    blame: dict[tuple[int, int, str], str] | None = None,
+    analysis: Analysis, groups: list[tuple[str, list[int]]] | None = None
 ) -> tuple[list[StepView], list[str]]:
     """One :class:`StepView` per step drawn, and notes on what was left out.
 
-    ``ranks``: draw only these (one data-parallel replica), default every rank; the step
-    windows stay the run's. ``intervals`` and ``blame`` (:func:`idle_intervals`,
-    :func:`idle_blame`) may be passed in when several replicas are drawn from one analysis."""
+    ``groups``: draw only these ranks, as (title, ranks) of data-parallel replicas shown one
+    at a time (the first at the start), in this order; default every rank. The step windows
+    stay the run's."""
     bubbles = analysis.bubbles
     if len(bubbles) == 0:
         return [], []
@@ -87,17 +86,28 @@ def step_views(
     step_ns = {int(s): int(w.hi - w.lo) for s, w in windows.iterrows()}
     steps, notes = chosen_steps(sorted(step_ns), step_ns)
     present = sorted(int(r) for r in bubbles["rank"].unique())
-    ranks = present if ranks is None else [r for r in present if r in set(ranks)]
+    if groups is None:
+        ranks = present
+    else:
+        known = set(present)
+        groups = [(title, [r for r in members if r in known]) for title, members in groups]
+        groups = [(title, members) for title, members in groups if members]
+        ranks = [r for _, members in groups for r in members]
     lanes, rank_lane, stream_lane = _lanes(analysis, ranks)
-    if intervals is None:
-        intervals = idle_intervals(analysis) if analysis.is_pipeline else pd.DataFrame()
+    spans = []
+    for title, members in groups or []:
+        own = [rank_lane[r] for r in members] + [lane for (r, _), lane in stream_lane.items() if r in members]
+        spans.append((title, min(own), max(own)))
+    intervals = idle_intervals(analysis) if analysis.is_pipeline else pd.DataFrame()
     if len(intervals) and len(ranks) < len(present):
         intervals = intervals[intervals["rank"].isin(rank_lane)]
-    blame = idle_blame(analysis) if blame is None else blame
+    blame = idle_blame(analysis)
     views = []
     for step in steps:
         lo, hi = int(windows.at[step, "lo"]), int(windows.at[step, "hi"])
-        views.append(_step_view(analysis, step, lo, hi, lanes, rank_lane, stream_lane, intervals, blame))
+        view = _step_view(analysis, step, lo, hi, lanes, rank_lane, stream_lane, intervals, blame)
+        view.groups = spans
+        views.append(view)
     return views, notes
 
 
@@ -161,7 +171,7 @@ def _step_view(analysis, step, lo, hi, lanes, rank_lane, stream_lane, intervals,
     idle = _idle_view(intervals, step, lo, rank_lane, merge_gap, thinned, blame)
     messages = _message_view(analysis, step, lo, rank_lane, thinned)
     critical_links, critical_bars = _critical_view(analysis, step, lo, rank_lane)
-    rows = analysis.bubbles[(analysis.bubbles["step"] == step) & analysis.bubbles["rank"].isin(rank_lane)]
+    rows = analysis.bubbles[analysis.bubbles["step"] == step]
     bubble = float(rows["idle_ns"].sum() / max(int(rows["window_ns"].sum()), 1))
     return StepView(
         step=step,
