@@ -33,9 +33,15 @@ MIXED = ["1f1b", "1f1b", "1f1b_slow_stage2", "1f1b"]
 
 
 @pytest.fixture(scope="module")
-def mixed(tmp_path_factory):
+def mixed_analysis(tmp_path_factory):
     folder = generated_mixed_replicas(tmp_path_factory.mktemp("mixed") / "generated_mixed", MIXED)
-    return folder, to_document(analyze(load(folder, LoadOptions(jobs=1, rows="analysis"))))
+    return folder, analyze(load(folder, LoadOptions(jobs=1, rows="analysis")))
+
+
+@pytest.fixture(scope="module")
+def mixed(mixed_analysis):
+    folder, analysis = mixed_analysis
+    return folder, to_document(analysis)
 
 
 def _doc(folder):
@@ -166,3 +172,48 @@ def _rank_rows(text: str) -> list[int]:
             break
         rows.append(int(first))
     return rows
+
+
+# ---------------------------------------------------------------------------- HTML
+
+
+def _report_bytes(folder) -> int:
+    from tracekit.render.html import render_report
+
+    return len(render_report(analyze(load(folder, LoadOptions(rows="analysis")))).encode())
+
+
+def test_report_of_replicas_draws_one_replica_and_every_rank_in_the_heat_map(mixed_analysis, tmp_path):
+    pytest.importorskip("bokeh")
+    from tracekit.render.html import render_report
+    from tracekit.render.html.views import step_views
+
+    _, analysis = mixed_analysis
+    rollup = analysis.replicas
+    assert rollup.timeline_replicas[0][0] == 2  # the slowest replica is drawn first
+    page = render_report(analysis)
+    assert '"replica-selector"' in page and "replica 2 (ranks 8-11; slowest" in page
+    assert '"name":"heatmap"' in page.replace(" ", "") and '"name":"spread"' in page.replace(" ", "")
+    assert 'id="replica-stages"' in page and "Across replicas" in page
+    assert f"{len(rollup.timeline_replicas)} of 4 data-parallel replicas kept" in page
+    # the timeline holds the kept replicas' lanes, the slowest first and in view at the start
+    groups = [(f"replica {r}", rollup.replicas[r]) for r, _ in rollup.timeline_replicas]
+    views, _ = step_views(analysis, groups)
+    assert views[0].lanes[:4] == ["rank 8", "rank 9", "rank 10", "rank 11"]
+    assert views[0].groups[0] == ("replica 2", 0, 3)
+    drawn = {int(r) for r in views[0].bars["rank"]}
+    assert drawn == {r for _, ranks in groups for r in ranks}
+
+
+def test_report_size_grows_per_rank_not_per_event(tmp_path):
+    """256 ranks (64 replicas) against 32, and 32 ranks with three times the steps: the heat
+    map and the distributions grow per rank, the timelines are of a few replicas only."""
+    pytest.importorskip("bokeh")
+    sizes = {}
+    for ranks, copies in ((32, 1), (32, 3), (256, 1)):
+        folder = tmp_path / f"pp{ranks}x{copies}"
+        make_input.build_pp(folder, ranks=ranks, copies=copies, sample="1f1b")
+        sizes[(ranks, copies)] = _report_bytes(folder)
+    assert sizes[(256, 1)] < 4e6
+    assert (sizes[(256, 1)] - sizes[(32, 1)]) / 224 < 2000  # bytes per extra rank
+    assert abs(sizes[(32, 3)] - sizes[(32, 1)]) < 0.05 * sizes[(32, 1)]  # three times the events
