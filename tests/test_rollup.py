@@ -16,7 +16,7 @@ import jsonschema
 import pytest
 from click.testing import CliRunner
 
-from conftest import ROOT, SAMPLES
+from conftest import ROOT, SAMPLES, shared_or_skip
 from generated_replicas import generated_mixed_replicas
 from tracekit import LoadOptions, load
 from tracekit.analyze import analyze
@@ -60,7 +60,7 @@ def _check_against_ranks(doc):
     assert n_steps == doc["summary"]["n_steps"]
     assert sorted(r for g in rollup["replicas"] for r in g) == sorted(ranks)
     assert rollup["bubble_ratio"] == pytest.approx(_spread([r["bubble_ratio"] for r in ranks.values()]), abs=1e-6)
-    assert len(rollup["places"]) == len(rollup["replicas"][0])
+    assert len(rollup["places"]) == (len(rollup["replicas"][0]) if doc["pipeline"] else 0)
     for place in rollup["places"]:
         assert place["ranks"] == [g[place["place"]] for g in rollup["replicas"]]
         rows = [ranks[r] for r in place["ranks"]]
@@ -217,3 +217,18 @@ def test_report_size_grows_per_rank_not_per_event(tmp_path):
     assert sizes[(256, 1)] < 4e6
     assert (sizes[(256, 1)] - sizes[(32, 1)]) / 224 < 2000  # bytes per extra rank
     assert abs(sizes[(32, 3)] - sizes[(32, 1)]) < 0.05 * sizes[(32, 1)]  # three times the events
+
+
+def test_a_run_without_pipeline_of_many_ranks_lists_the_worst(tmp_path):
+    """The real GPU trace written once per rank (make_input's ``gpu`` input, 20 ranks): no
+    pipeline, so no stages, but still the worst ranks instead of 20 rows."""
+    source = shared_or_skip("kineto-gpu", make_input.GPU_TRACE.name)
+    folder = tmp_path / "gpu20"
+    make_input.build_gpu(folder, ranks=20, target_mb=0.3, source=source)
+    doc = _doc(folder)
+    assert not doc["pipeline"] and doc["rollup"]["places"] == [] and len(doc["ranks"]) == 20
+    _check_against_ranks(doc)
+    text = console.render(doc)
+    assert "the 8 of 20 ranks with the highest idle share" in text
+    assert _rank_rows(text) == doc["rollup"]["ranks_by_bubble"][:8]
+    assert _rank_rows(console.render(doc, ranks="all")) == list(range(20))
