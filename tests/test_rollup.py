@@ -118,6 +118,21 @@ def test_the_slow_rank_of_one_replica_is_named_not_its_stage_everywhere(mixed):
     assert causes.index("slow_rank") < causes.index("fill_drain")
 
 
+def test_a_replica_slower_on_every_stage_is_a_slow_host(tmp_path):
+    """Replica 1 is the real capture with every layer's sleep 12% longer (1f1b_slow_host)."""
+    folder = generated_mixed_replicas(tmp_path / "generated_slow_host", ["1f1b", "1f1b_slow_host", "1f1b"])
+    doc = _doc(folder)
+    _check_against_ranks(doc)
+    slow = doc["rollup"]["patterns"]["slow_replicas"]
+    assert [s["replica"] for s in slow] == [1] and slow[0]["every_place"]
+    assert 1.05 <= slow[0]["min_slowdown"] <= slow[0]["median_slowdown"] < 1.3
+    finding = next(f for f in doc["findings"] if f["cause"] == "slow_replica")
+    assert finding["headline"].startswith("Replica 1 (ranks 4-7) is ")
+    assert "slower on every stage" in finding["headline"] and finding["headline"].endswith("a slow host?")
+    assert not [f for f in doc["findings"] if f["cause"] == "slow_rank"]
+    assert doc["rollup"]["timeline_replicas"][0]["replica"] == 1  # the slow replica's timeline comes first
+
+
 def test_a_stage_slow_in_every_replica_is_the_split(tmp_path):
     folder = tmp_path / "slow_x3"
     make_input.build_pp(folder, ranks=12, copies=1, sample="1f1b_slow_stage2")

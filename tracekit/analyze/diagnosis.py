@@ -621,10 +621,11 @@ def _stages_word(stages: list[int]) -> str:
 def _slow_replica(slow: SlowReplica) -> Finding:
     """One slow replica: slower on every stage (a host), or on some ranks (a GPU)."""
     from tracekit.analyze.replicas import MAX_SLOW_RANKS
+    from tracekit.model.run import rank_ranges
 
     cost = slow.cost_share
     figures = {**slow.to_dict(), "cost_share": round(cost, 4)}
-    ranks_text = rank_list(slow.replica_ranks)
+    ranks_text = f"ranks {rank_ranges(slow.replica_ranks)}"
     stretch = (
         f"; its steps take {_ms(slow.excess_per_step_ns)} longer than the other replicas' median, and every "
         f"rank's step window with them ({_pct(cost)} of the device time)"
