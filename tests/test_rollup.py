@@ -20,6 +20,7 @@ from conftest import ROOT, SAMPLES, shared_or_skip
 from generated_replicas import generated_mixed_replicas
 from tracekit import LoadOptions, load
 from tracekit.analyze import analyze
+from tracekit.analyze.replicas import others_median
 from tracekit.cli import main
 from tracekit.render import console
 from tracekit.render.json import to_document
@@ -247,3 +248,13 @@ def test_a_run_without_pipeline_of_many_ranks_lists_the_worst(tmp_path):
     assert "the 8 of 20 ranks with the highest idle share" in text
     assert _rank_rows(text) == doc["rollup"]["ranks_by_bubble"][:8]
     assert _rank_rows(console.render(doc, ranks="all")) == list(range(20))
+
+
+@pytest.mark.parametrize(
+    "values", [[3.0], [1.0, 2.0], [5.0, 1.0, 3.0], [2.0, 2.0, 7.0, 1.0], [4.0, 9.0, 1.0, 1.0, 6.0, 3.0, 8.0]]
+)
+def test_others_median_is_the_median_of_the_others(values):
+    expected = [
+        statistics.median(values[:i] + values[i + 1 :]) if len(values) > 1 else values[0] for i in range(len(values))
+    ]
+    assert others_median(values) == pytest.approx(expected)

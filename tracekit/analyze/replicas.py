@@ -328,11 +328,12 @@ def _slow_replicas(analysis: Analysis, result: ReplicaRollup, busy: dict[int, fl
     window_ns = max(analysis.summary.window_ns, 1)
     n_ranks = analysis.summary.n_ranks
     found = []
+    # per place, each replica's peers' median: sorted once per place, not once per replica
+    peers = [others_median([busy[r] for r in place.ranks]) for place in result.places]
     for i, group in enumerate(result.replicas):
         slow, ratios = [], []
-        for place in result.places:
-            others = [busy[r] for j, r in enumerate(place.ranks) if j != i]
-            median = statistics.median(others)
+        for place, medians in zip(result.places, peers):
+            median = medians[i]
             mine = busy[place.ranks[i]]
             ratio = mine / median if median > 0 else 1.0
             ratios.append(ratio)
@@ -342,8 +343,8 @@ def _slow_replicas(analysis: Analysis, result: ReplicaRollup, busy: dict[int, fl
                 )
         if not slow:
             continue
-        others_median = makespans.drop(columns=[i]).median(axis=1) if i in makespans.columns else None
-        excess = (makespans[i] - others_median).clip(lower=0) if others_median is not None else pd.Series(dtype=float)
+        peer_steps = makespans.drop(columns=[i]).median(axis=1) if i in makespans.columns else None
+        excess = (makespans[i] - peer_steps).clip(lower=0) if peer_steps is not None else pd.Series(dtype=float)
         excess_total = float(excess.sum()) if len(excess) else 0.0
         found.append(
             SlowReplica(
@@ -358,6 +359,24 @@ def _slow_replicas(analysis: Analysis, result: ReplicaRollup, busy: dict[int, fl
             )
         )
     return sorted(found, key=lambda s: (-s.cost_share, s.replica))
+
+
+def others_median(values: Sequence[float]) -> list[float]:
+    """For each value, the median of all the others (itself for a single value): from one
+    sort, so a place with thousands of replicas costs O(R log R), not O(R^2)."""
+    n = len(values)
+    if n < 2:
+        return [float(v) for v in values]
+    order = sorted(range(n), key=lambda i: values[i])
+    ranked = [float(values[i]) for i in order]
+    out = [0.0] * n
+    rest = n - 1
+    half = rest // 2
+    for position, i in enumerate(order):
+        # the j-th smallest of the others is ranked[j] below this value's place, else ranked[j + 1]
+        picks = [j if j < position else j + 1 for j in ((half,) if rest % 2 else (half - 1, half))]
+        out[i] = sum(ranked[j] for j in picks) / len(picks)
+    return out
 
 
 def _slowest_everywhere(places: list[PlaceRollup], busy: dict[int, float]) -> SlowestEverywhere | None:
