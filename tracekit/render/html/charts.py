@@ -140,7 +140,7 @@ def _with_replica_selector(root, figures, groups: list[tuple[str, int, int]]):
 
     spans = {title: [last + 0.4, first - 0.6] for title, first, last in groups}
     select = Select(title="replica", options=[t for t, _, _ in groups], value=groups[0][0], width=TIMELINE_WIDTH_PX)
-    select.tags = ["replica-selector"]
+    select.name = "replica-selector"
     select.js_on_change(
         "value",
         CustomJS(
