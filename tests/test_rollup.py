@@ -8,7 +8,9 @@ replicas are different real captures of the same configuration, built in the tes
 
 from __future__ import annotations
 
+import html
 import json
+import re
 import statistics
 import sys
 
@@ -258,3 +260,53 @@ def test_others_median_is_the_median_of_the_others(values):
         statistics.median(values[:i] + values[i + 1 :]) if len(values) > 1 else values[0] for i in range(len(values))
     ]
     assert others_median(values) == pytest.approx(expected)
+
+
+# Run in the page once bokeh has drawn it: pick the menu's second replica, then write the
+# timeline figures' y ranges before and after into <pre id="probe"> for --dump-dom.
+_PROBE = """<script>
+function probe(tries) {
+  const roots = ((window.Bokeh && Bokeh.documents) || []).flatMap(d => d.roots());
+  const root = roots.find(r => r.children && r.children.length && r.children[0].options);
+  if (!root && tries < 80) { setTimeout(() => probe(tries + 1), 250); return; }
+  const out = {};
+  const write = () => {
+    const pre = document.createElement("pre"); pre.id = "probe"; pre.textContent = JSON.stringify(out);
+    document.body.prepend(pre);
+  };
+  if (!root) { out.error = "no menu"; write(); return; }
+  const menu = root.children[0];
+  const args = menu.js_property_callbacks["change:value"][0].args;
+  const figures = args instanceof Map ? args.get("figures") : args.figures;
+  const ranges = () => figures.map(f => [f.y_range.start, f.y_range.end]);
+  out.options = menu.options; out.before = ranges();
+  menu.value = menu.options[1];
+  setTimeout(() => { out.after = ranges(); write(); }, 1000);
+}
+window.addEventListener("load", () => probe(0));
+</script>
+"""
+
+
+def test_the_replica_menu_moves_the_timeline_in_a_browser(mixed_analysis, tmp_path):
+    pytest.importorskip("bokeh")
+    from test_html import CHROMIUM, chromium
+
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed (Debian: apt-get install chromium)")
+    from tracekit.render.html import render_report
+
+    _, analysis = mixed_analysis
+    page = render_report(analysis)
+    end = page.rindex("</body>")  # the last one: bokeh's inlined script holds the string too
+    path = tmp_path / "probe.html"
+    path.write_text(page[:end] + _PROBE + page[end:], encoding="utf-8")
+    result = chromium("--dump-dom", "--virtual-time-budget=30000", path.as_uri())
+    match = re.search(r'<pre id="probe">(.*?)</pre>', result.stdout)
+    assert match, result.stderr[-2000:]
+    probe = json.loads(html.unescape(match.group(1)))
+    kept = [r for r, _ in analysis.replicas.timeline_replicas]
+    assert [o.split(" (")[0] for o in probe["options"]] == [f"replica {r}" for r in kept]
+    # lanes: the first replica's 4 ranks, then the second's: the menu moves the view there
+    assert probe["before"] == [[3.5, -0.5]] * len(probe["before"])
+    assert probe["after"] == [[7.5, 3.5]] * len(probe["before"])

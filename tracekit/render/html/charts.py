@@ -138,15 +138,16 @@ def _with_replica_selector(root, figures, groups: list[tuple[str, int, int]]):
     from bokeh.layouts import column
     from bokeh.models import CustomJS, Select
 
-    spans = {title: [last + 0.4, first - 0.6] for title, first, last in groups}
+    # lists, not a dict: a dict arrives in BokehJS as a Map, which [] does not index
+    starts, ends = [last + 0.5 for _, _, last in groups], [first - 0.5 for _, first, _ in groups]
     select = Select(title="replica", options=[t for t, _, _ in groups], value=groups[0][0], width=TIMELINE_WIDTH_PX)
     select.name = "replica-selector"
     select.js_on_change(
         "value",
         CustomJS(
-            args={"figures": figures, "spans": spans},
-            code="const [lo, hi] = spans[cb_obj.value]; "
-            "for (const f of figures) { f.y_range.start = lo; f.y_range.end = hi; }",
+            args={"figures": figures, "starts": starts, "ends": ends},
+            code="const i = cb_obj.options.indexOf(cb_obj.value); if (i < 0) return; "
+            "for (const f of figures) { f.y_range.start = starts[i]; f.y_range.end = ends[i]; }",
         ),
     )
     return column(select, root)
@@ -162,11 +163,14 @@ def _timeline_figure(view: StepView):
     # zooms and pans inside the step's window only
     first, last = (view.groups[0][1], view.groups[0][2]) if view.groups else (0, n - 1)
     shown = last - first + 1
+    # with replicas, half a lane each side: the neighbouring replica's glyphs (at most 0.45
+    # from their lane) stay out of view
+    y_range = Range1d(last + 0.5, first - 0.5) if view.groups else Range1d(n - 0.4, -0.6)
     fig = _figure(
         frame_width=TIMELINE_WIDTH_PX,
         frame_height=int(min(max(34 * shown, 150), 1400)),
         x_range=Range1d(x_lo, x_hi, bounds=(x_lo, x_hi)),
-        y_range=Range1d(last + 0.4, first - 0.6),
+        y_range=y_range,
         x_axis_label="ms since the step window's start",
         title=f"step {view.step}: {window_ms:.1f} ms, {100 * view.bubble_ratio:.1f}% idle"
         + (" (all replicas)" if view.groups else ""),
