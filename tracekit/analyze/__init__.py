@@ -21,7 +21,8 @@ from tracekit.analyze.device import (
     measure_device_pipeline,
     measure_device_plain,
 )
-from tracekit.analyze.diagnosis import Finding, diagnose
+from tracekit.analyze.diagnosis import Finding, diagnose, replica_findings, with_replica_findings
+from tracekit.analyze.replicas import ReplicaRollup, rollup
 from tracekit.analyze.shares import ShareError, share
 from tracekit.analyze.slices import SliceCosts, slice_costs
 from tracekit.analyze.theory import Theory, flush_free_bubble, sliced_bubble, theoretical_bubble
@@ -51,6 +52,7 @@ class Analysis:
     slices: SliceCosts | None = None  # per-microbatch cost and its idle (microbatch ids per step)
     findings: list[Finding] = field(default_factory=list)  # what is wrong and what to try, ranked
     whatif: ReportWhatIf | None = None  # the report's what-if table (asked for with whatif=True)
+    replicas: ReplicaRollup | None = None  # the ranks per place over data-parallel replicas, and patterns
 
     @property
     def timeline(self) -> str:
@@ -77,7 +79,8 @@ def analyze(run: Run, attribution: bool = True, whatif: bool = False) -> Analysi
     where a share would fall outside [0, 1]."""
     try:
         result = _analyze(run, attribution)
-        result.findings = diagnose(result)
+        result.replicas = rollup(result)
+        result.findings = with_replica_findings(diagnose(result), replica_findings(result))
     except ShareError as err:
         raise ShareError(f"{run.source}: {err}") from None
     if whatif and result.is_pipeline and result.attribution is not None:

@@ -29,6 +29,7 @@ from tracekit.vocab import rank_list
 
 if TYPE_CHECKING:  # the package imports this module
     from tracekit.analyze import Analysis
+    from tracekit.analyze.replicas import SlowReplica
 
 # Severity by cost (share of the device time): "high" at or above HIGH_SHARE, "medium" at
 # or above MEDIUM_SHARE: a fix gains at most that much throughput.
@@ -670,3 +671,102 @@ def _no_pipeline(analysis: Analysis) -> Finding:
 
 
 __all__ = ["Finding", "diagnose", "message_latencies", "m_what_if", "stage_compute_ns"]
+
+
+# Causes of the findings about patterns across data-parallel replicas (tracekit.analyze.replicas).
+REPLICA_CAUSES = ("slow_replica", "slow_rank", "slowest_everywhere")
+
+
+def replica_findings(analysis: Analysis) -> list[Finding]:
+    """Findings that name patterns across data-parallel replicas (a slow replica, a slow rank
+    among its peers, a stage slowest in every replica) instead of listing ranks; none for a
+    single pipeline or identical replicas."""
+    rollup = analysis.replicas
+    if rollup is None or rollup.n_replicas < 2 or not analysis.run.is_complete:
+        return []
+    found = [_slow_replica(slow) for slow in rollup.slow_replicas]
+    everywhere = rollup.slowest_everywhere
+    if everywhere is not None:
+        where = _stages_word(everywhere.stages)
+        found.append(
+            Finding(
+                "slowest_everywhere",
+                "info",
+                f"{where[0].upper()}{where[1:]} is the slowest in every replica ({everywhere.min_ratio:.2f}x "
+                f"to {max(everywhere.median_ratio, everywhere.min_ratio):.2f}x the other stages' median compute, "
+                f"in all {rollup.n_replicas} replicas): the model split, not a host.",
+                f"Rebalance the split: every replica runs the same layers on {where}, so moving layers off it "
+                "helps every replica alike; replacing a host would not.",
+                0.0,
+                {
+                    "place": everywhere.place,
+                    "stages": list(everywhere.stages),
+                    "ranks": list(everywhere.ranks),
+                    "min_ratio": round(everywhere.min_ratio, 3),
+                    "median_ratio": round(everywhere.median_ratio, 3),
+                    "replicas": rollup.n_replicas,
+                },
+            )
+        )
+    return found
+
+
+def _stages_word(stages: list[int]) -> str:
+    return f"stage {stages[0]}" if len(stages) == 1 else "stages " + ",".join(map(str, stages))
+
+
+def _slow_replica(slow: SlowReplica) -> Finding:
+    """One slow replica: slower on every stage (a host), or on some ranks (a GPU)."""
+    from tracekit.analyze.replicas import MAX_SLOW_RANKS
+    from tracekit.model.run import rank_ranges
+
+    cost = slow.cost_share
+    figures = {**slow.to_dict(), "cost_share": round(cost, 4)}
+    ranks_text = f"ranks {rank_ranges(slow.replica_ranks)}"
+    stretch = (
+        f"; its steps take {_ms(slow.excess_per_step_ns)} longer than the other replicas' median, and every "
+        f"rank's step window with them ({_pct(cost)} of the device time)"
+        if slow.excess_per_step_ns > 0
+        else ""
+    )
+    if slow.every_place:
+        headline = (
+            f"Replica {slow.replica} ({ranks_text}) is {_pct(slow.min_slowdown - 1)} slower on every stage "
+            f"(compute per step {_pct(slow.min_slowdown - 1)} to "
+            f"{_pct(max(r.slowdown for r in slow.ranks) - 1)} above the other replicas' median){stretch}: "
+            "a slow host?"
+        )
+        advice = (
+            f"Compare the hosts of {ranks_text} with the others' (clocks and thermal throttling, other jobs "
+            "on the node, a different GPU or driver): the same stages run faster in every other replica."
+        )
+        return Finding("slow_replica", severity_of(cost), headline, advice, cost, figures)
+    named = slow.ranks[:MAX_SLOW_RANKS]
+    parts = [
+        f"rank {r.rank} ({_stages_word(r.stages)} of replica {r.replica}) computes {r.slowdown:.2f}x what "
+        f"{_stages_word(r.stages)} does in the other replicas ({_ms(r.busy_per_step_ns)} vs "
+        f"{_ms(r.others_median_ns)} per step)"
+        for r in named
+    ]
+    more = f" and {len(slow.ranks) - len(named)} more of its ranks" if len(slow.ranks) > len(named) else ""
+    headline = f"{'; '.join(parts)}{more}{stretch}: a slow GPU or host?"
+    headline = headline[0].upper() + headline[1:]
+    which = ", ".join(f"rank {r.rank}" for r in named)
+    advice = (
+        f"Look at {which} itself (its GPU's clocks and temperature, other processes on it, its host's "
+        "load): the same stage runs faster on its peers in the other replicas, so the split is not the cause."
+    )
+    return Finding("slow_rank", severity_of(cost), headline, advice, cost, figures)
+
+
+def with_replica_findings(findings: list[Finding], extra: list[Finding]) -> list[Finding]:
+    """``findings`` (ranked by :func:`diagnose`) with the replica findings put in by cost:
+    each before the first finding that costs less or only informs; the info ones last."""
+    out = list(findings)
+    for finding in extra:
+        if finding.severity == "info":
+            out.append(finding)
+            continue
+        at = next((i for i, f in enumerate(out) if f.severity == "info" or f.cost_share < finding.cost_share), len(out))
+        out.insert(at, finding)
+    return out

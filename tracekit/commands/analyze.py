@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from tracekit.errors import TracekitError
 from tracekit.commands.common import cached_document, load_with_progress, rank_options, remember_document
 
 
@@ -22,6 +23,14 @@ from tracekit.commands.common import cached_document, load_with_progress, rank_o
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Also write the JSON document to this file.")
 @click.option("--html", "html_path", type=click.Path(path_type=Path), help="Also write the HTML report to this file.")
 @click.option("--no-attribution", is_flag=True, help="Skip the replay-based attribution (measure bubbles only).")
+@click.option(
+    "--ranks",
+    "ranks_shown",
+    metavar="all|N",
+    help="Rank rows on the console: 'all' for every rank, N for the N worst. Default: every rank of a "
+    "small pipeline; with data-parallel replicas or over 16 ranks, one row per stage over the replicas "
+    "and the 8 worst ranks.",
+)
 @rank_options
 def command(
     run_dir: Path,
@@ -29,6 +38,7 @@ def command(
     output: Path | None,
     html_path: Path | None,
     no_attribution: bool,
+    ranks_shown: str | None,
     rank_from: str | None,
     rank_map: str | None,
     progress: bool,
@@ -62,6 +72,7 @@ def command(
     from tracekit.commands.outputs import distinct, run_output
     from tracekit.render import console
 
+    shown = _ranks_shown(ranks_shown)
     json_target = run_output(output, "-o", run_dir) if output else None
     html_target = run_output(html_path, "--html", run_dir) if html_path else None
     distinct(json_target, html_target)
@@ -88,4 +99,15 @@ def command(
     if as_json:
         sys.stdout.write(json.dumps(doc, indent=1) + "\n")
     else:
-        click.echo(console.render(doc))
+        click.echo(console.render(doc, ranks=shown))
+
+
+def _ranks_shown(value: str | None) -> str | int:
+    """--ranks as the console takes it: "auto", "all" or a count of worst ranks."""
+    if value is None:
+        return "auto"
+    if value.strip().lower() == "all":
+        return "all"
+    if value.strip().isdigit() and int(value) > 0:
+        return int(value)
+    raise TracekitError(f"--ranks: expected 'all' or a number of ranks (such as 20), got {value!r}")

@@ -9,6 +9,10 @@ from __future__ import annotations
 from tracekit.text import for_terminal, map_strings
 from tracekit.vocab import CATEGORIES, CAUSE_NAMES, ms, pct, rank_list
 
+# The findings about patterns across replicas (tracekit.analyze.diagnosis.REPLICA_CAUSES: the
+# console renders a stored document and imports no analysis code).
+_REPLICA_CAUSES = ("slow_replica", "slow_rank", "slowest_everywhere")
+
 # Column headings of the causes in the per-rank table (narrow: the table has one per cause).
 _LABELS = {
     "warmup": "warmup",
@@ -29,8 +33,18 @@ def table(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join(out)
 
 
-def render(doc: dict) -> str:
-    """The console summary of one analysis document."""
+# More ranks than this (or more than one replica): rows per stage over replicas and the worst ranks.
+ROLLUP_RANKS = 16
+# Ranks listed under the roll-up unless --ranks says otherwise.
+WORST_RANKS = 8
+
+
+def render(doc: dict, ranks: str | int = "auto") -> str:
+    """The console summary of one analysis document.
+
+    ``ranks``: "auto" (every rank of a small single pipeline; past ``ROLLUP_RANKS`` ranks or
+    with data-parallel replicas, one row per stage over the replicas and the ``WORST_RANKS``
+    worst ranks), "all" (every rank) or a number of worst ranks to list."""
     # Paths, host and event names in the document are someone else's text: every string is
     # made inert for the terminal here, once, so no field can be missed further down.
     doc = map_strings(doc, for_terminal)
@@ -57,7 +71,7 @@ def render(doc: dict) -> str:
                 "what was seen). Per-rank busy/idle of the device work:"
             )
         out.append("")
-        out.append(_plain_rank_table(doc))
+        out.append(_plain_rank_table(doc, _shown_ranks(doc, ranks)))
         findings = _findings(doc)
         out.extend([""] + findings[:-1] if findings else [])
         out.extend(_warnings(doc))
@@ -86,15 +100,19 @@ def render(doc: dict) -> str:
             "(no theory, no replay: they need the whole pipeline)"
         )
     out.append("")
+    out.extend(_stage_rollup(doc, ranks))
     # Without attribution (--no-attribution, an incomplete run) there are no causes to show.
     shown = CATEGORIES if any("causes" in r for r in doc["ranks"]) else ()
-    headers = ["rank", "busy ms", "idle ms", "bubble", *[_LABELS[c] for c in shown]]
+    listed = _shown_ranks(doc, ranks)
+    replica = _replica_column(doc) if listed is not None else {}
+    headers = ["rank", *(["replica"] if replica else []), "busy ms", "idle ms", "bubble", *[_LABELS[c] for c in shown]]
     rows = []
-    for r in doc["ranks"]:
+    for r in doc["ranks"] if listed is None else listed:
         causes = r.get("causes", {})
         rows.append(
             [
                 str(r["rank"]),
+                *([str(replica.get(r["rank"], "?"))] if replica else []),
                 ms(r["busy_ns"]),
                 ms(r["idle_ns"]),
                 pct(r["bubble_ratio"]),
@@ -102,7 +120,20 @@ def render(doc: dict) -> str:
             ]
         )
     totals = {c: sum(r.get("causes", {}).get(f"{c}_ns", 0) for r in doc["ranks"]) for c in shown}
-    rows.append(["all", ms(s["busy_ns"]), ms(s["idle_ns"]), pct(s["bubble_ratio"]), *[ms(totals[c]) for c in shown]])
+    rows.append(
+        [
+            "all",
+            *([""] if replica else []),
+            ms(s["busy_ns"]),
+            ms(s["idle_ns"]),
+            pct(s["bubble_ratio"]),
+            *[ms(totals[c]) for c in shown],
+        ]
+    )
+    if listed is not None:
+        out.append(
+            f"the {len(listed)} worst of {len(doc['ranks'])} ranks (highest bubble first; --ranks all for every rank):"
+        )
     out.append(table(headers, rows))
     if shown:
         out.append("  (idle ms per cause, summed over steps; causes add up to idle exactly)")
@@ -197,12 +228,90 @@ def _labels_line(doc: dict) -> str:
     return f"{table} (actions segmented between point-to-point ops)"
 
 
-def _plain_rank_table(doc: dict) -> str:
+def _plain_rank_table(doc: dict, listed: list[dict] | None) -> str:
     rows = [
         [str(r["rank"]), ms(r["window_ns"]), ms(r["busy_ns"]), ms(r["idle_ns"]), pct(r["bubble_ratio"])]
-        for r in doc["ranks"]
+        for r in (doc["ranks"] if listed is None else listed)
     ]
-    return table(["rank", "window ms", "busy ms", "idle ms", "idle share"], rows)
+    text = table(["rank", "window ms", "busy ms", "idle ms", "idle share"], rows)
+    if listed is None:
+        return text
+    spread = doc["rollup"]["bubble_ratio"]
+    return (
+        f"the {len(listed)} of {len(doc['ranks'])} ranks with the highest idle share (--ranks all for every rank); "
+        f"idle share over ranks: min {pct(spread['min'])}, median {pct(spread['median'])}, max {pct(spread['max'])}\n"
+        + text
+    )
+
+
+def _rolled_up(doc: dict) -> bool:
+    """Whether the run is summarised instead of listed rank by rank (see :func:`render`)."""
+    rollup = doc.get("rollup")
+    return bool(rollup) and (rollup["n_replicas"] > 1 or len(doc["ranks"]) > ROLLUP_RANKS)
+
+
+def _shown_ranks(doc: dict, ranks: str | int) -> list[dict] | None:
+    """The rank rows to list, worst first; None for every rank in rank order."""
+    if ranks == "all" or (ranks == "auto" and not _rolled_up(doc)) or not doc.get("rollup"):
+        return None
+    count = WORST_RANKS if ranks == "auto" else int(ranks)
+    by_rank = {r["rank"]: r for r in doc["ranks"]}
+    return [by_rank[r] for r in doc["rollup"]["ranks_by_bubble"][:count] if r in by_rank]
+
+
+def _replica_column(doc: dict) -> dict[int, int]:
+    """rank: its replica, where there are several."""
+    rollup = doc.get("rollup") or {}
+    if rollup.get("n_replicas", 1) < 2:
+        return {}
+    return {rank: i for i, group in enumerate(rollup["replicas"]) for rank in group}
+
+
+def _stage_rollup(doc: dict, ranks: str | int) -> list[str]:
+    """One row per stage over the replicas, and the patterns across them."""
+    rollup = doc.get("rollup")
+    if not rollup or rollup["n_replicas"] < 2 or ranks == "all" or not rollup["places"]:
+        return []
+
+    def spread(values: dict, fmt) -> list[str]:
+        return [fmt(values["min"]), fmt(values["median"]), fmt(values["max"])]
+
+    rows = []
+    for place in rollup["places"]:
+        bubble = place["bubble_ratio"]
+        rows.append(
+            [
+                ",".join(map(str, place["stages"])),
+                *spread(bubble, pct),
+                "-" if bubble["min"] == bubble["max"] else str(place["worst_replica"]),
+                *spread(place["idle_per_step_ns"], ms),
+                *spread(place["busy_per_step_ns"], ms),
+                "-"
+                if place["busy_per_step_ns"]["min"] == place["busy_per_step_ns"]["max"]
+                else str(place["slowest_replica"]),
+                _LABELS.get(place["top_cause"], "") if place["top_cause"] else "",
+            ]
+        )
+    headers = ["stage", "bubble min", "median", "max", "worst"]
+    headers += ["idle/step min", "median", "max", "compute/step min", "median", "max", "slowest", "top cause"]
+    n = rollup["n_replicas"]
+    out = [
+        f"per stage over {n} data-parallel replicas (min / median / max over replicas; ms per step; worst: the "
+        "replica with the highest bubble, slowest: with the most compute; - where all are equal):",
+        table(headers, rows),
+    ]
+    shown = {f["headline"] for f in [f for f in doc.get("findings", []) if f["severity"] != "info"][:3]}
+    patterns = [f for f in doc.get("findings", []) if f["cause"] in _REPLICA_CAUSES]
+    if not patterns:
+        within = pct(rollup["slow_factor"] - 1)
+        out.append(
+            f"  across replicas: no pattern (every stage's compute within {within} of the other replicas' median)"
+        )
+    for f in patterns:
+        if f["headline"] not in shown or f["severity"] == "info":
+            out.append(f"  across replicas: {f['headline']}")
+    out.append("")
+    return out
 
 
 def _causes(doc: dict, totals: dict[str, int]) -> list[str]:

@@ -55,6 +55,7 @@ def to_document(analysis: Analysis) -> dict:
         "steps": [],
         "blame": {"stages": [], "links": []},
         "slices": analysis.slices.to_dict() if analysis.slices is not None else None,
+        "rollup": analysis.replicas.to_dict() if analysis.replicas is not None else None,
     }
     doc["host_view"] = _host_view(analysis)
     doc["device"] = _device(analysis)

@@ -2,7 +2,9 @@
 that shows where a run sat idle and why, for a browser with no network.
 
 Sections: the diagnosis (:func:`tracekit.analyze.diagnosis.diagnose`), an interactive
-timeline per step (one row per rank, and per GPU stream where the trace has kernels; compute
+timeline per step (with data-parallel replicas: of the few replicas the roll-up picks, one
+tab each, the slowest first, plus a heat map of every rank's bubble per step and each
+stage's spread over the replicas, so the page grows per rank, not per event) (one row per rank, and per GPU stream where the trace has kernels; compute
 actions coloured by kind, P2P messages from send to arrival, idle time shaded by cause, the
 critical path drawn through it), per-rank busy and idle by cause, measured against
 theoretical bubble, blame tables per stage and per link, and the run's metadata.
@@ -26,7 +28,15 @@ from importlib.resources import files
 import jinja2
 
 from tracekit.analyze import Analysis
-from tracekit.render.html.charts import bubble_root, causes_root, timeline_root
+from tracekit.model.run import rank_ranges
+from tracekit.render.html.charts import (
+    bubble_root,
+    causes_root,
+    heatmap_root,
+    place_causes_root,
+    spread_root,
+    timeline_root,
+)
 from tracekit.render.html.page import page_context
 from tracekit.render.html.views import step_views, thinning_notes
 from tracekit.text import for_xml
@@ -40,13 +50,25 @@ def render_report(analysis: Analysis) -> str:
     from bokeh.embed import file_html
     from bokeh.resources import INLINE
 
-    views, step_notes = step_views(analysis)
-    timeline = timeline_root(views)
+    rollup = analysis.replicas
+    replicated = analysis.is_pipeline and rollup is not None and rollup.n_replicas > 1 and bool(rollup.places)
+    if replicated:
+        timeline, causes, notes = _replicated_parts(analysis)
+        extra = [heatmap_root(analysis, [r for g in rollup.replicas for r in g]), spread_root(analysis)]
+    else:
+        views, step_notes = step_views(analysis)
+        timeline, causes, notes, extra = (
+            timeline_root(views),
+            causes_root(analysis),
+            step_notes + thinning_notes(views),
+            [],
+        )
     bubble = bubble_root(analysis) if analysis.is_pipeline else None
-    roots = [r for r in (timeline, causes_root(analysis), bubble) if r is not None]
-    context = page_context(analysis, step_notes + thinning_notes(views))
+    roots = [r for r in (timeline, causes, bubble, *extra) if r is not None]
+    context = page_context(analysis, notes)
     context["has_timeline"] = timeline is not None
     context["has_bubble"] = bubble is not None
+    context["has_replicas"] = replicated
     return file_html(
         roots,
         resources=INLINE,
@@ -54,6 +76,29 @@ def render_report(analysis: Analysis) -> str:
         template=_page_template(),
         template_variables=context,
     )
+
+
+def _replicated_parts(analysis: Analysis):
+    """A run of data-parallel replicas: the timeline of the replicas the roll-up picked (one
+    shown at a time, the slowest first, another picked in the page), the per-stage causes,
+    and the notes on what was drawn."""
+    rollup = analysis.replicas
+    assert rollup is not None  # only for a replicated run
+    groups = []
+    for replica, why in rollup.timeline_replicas:
+        ranks = rollup.replicas[replica]
+        idle = 100 * rollup.replica_bubble[replica]
+        groups.append((f"replica {replica} (ranks {rank_ranges(ranks)}; {why}; {idle:.1f}% idle)", ranks))
+    views, step_notes = step_views(analysis, groups)
+    kept = ", ".join(str(r) for r, _ in rollup.timeline_replicas)
+    notes = [
+        f"Timeline: {len(groups)} of {rollup.n_replicas} data-parallel replicas kept (replicas {kept}; pick one "
+        "above the timeline, the slowest is shown first); every rank is in the heat map and the per-stage "
+        "distributions.",
+        *step_notes,
+        *thinning_notes(views),
+    ]
+    return timeline_root(views), place_causes_root(analysis), notes
 
 
 _ROOT_DIV = '<div id="{}" data-root-id="{}" style="display: contents;"></div>'

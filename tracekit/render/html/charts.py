@@ -126,8 +126,31 @@ def timeline_root(views: list[StepView]):
         root = figures[0]
     else:
         root = Tabs(tabs=[TabPanel(child=f, title=f"step {v.step}") for f, v in zip(figures, views)])
+    if views[0].groups:
+        root = _with_replica_selector(root, figures, views[0].groups)
     root.name = "timeline"
     return root
+
+
+def _with_replica_selector(root, figures, groups: list[tuple[str, int, int]]):
+    """A menu above the timeline that shows one replica's lanes at a time (every step's
+    figure holds the lanes of all the replicas kept; the menu moves their y range)."""
+    from bokeh.layouts import column
+    from bokeh.models import CustomJS, Select
+
+    # lists, not a dict: a dict arrives in BokehJS as a Map, which [] does not index
+    starts, ends = [last + 0.5 for _, _, last in groups], [first - 0.5 for _, first, _ in groups]
+    select = Select(title="replica", options=[t for t, _, _ in groups], value=groups[0][0], width=TIMELINE_WIDTH_PX)
+    select.name = "replica-selector"
+    select.js_on_change(
+        "value",
+        CustomJS(
+            args={"figures": figures, "starts": starts, "ends": ends},
+            code="const i = cb_obj.options.indexOf(cb_obj.value); if (i < 0) return; "
+            "for (const f of figures) { f.y_range.start = starts[i]; f.y_range.end = ends[i]; }",
+        ),
+    )
+    return column(select, root)
 
 
 def _timeline_figure(view: StepView):
@@ -136,14 +159,21 @@ def _timeline_figure(view: StepView):
     n = len(view.lanes)
     window_ms = view.window_ns / 1e6
     x_lo, x_hi = -0.01 * window_ms, 1.01 * window_ms
-    # y is fixed (every lane stays in view); x zooms and pans inside the step's window only
+    # y is fixed (every lane stays in view; with replicas, every lane of the one picked); x
+    # zooms and pans inside the step's window only
+    first, last = (view.groups[0][1], view.groups[0][2]) if view.groups else (0, n - 1)
+    shown = last - first + 1
+    # with replicas, half a lane each side: the neighbouring replica's glyphs (at most 0.45
+    # from their lane) stay out of view
+    y_range = Range1d(last + 0.5, first - 0.5) if view.groups else Range1d(n - 0.4, -0.6)
     fig = _figure(
         frame_width=TIMELINE_WIDTH_PX,
-        frame_height=int(min(max(34 * n, 150), 1400)),
+        frame_height=int(min(max(34 * shown, 150), 1400)),
         x_range=Range1d(x_lo, x_hi, bounds=(x_lo, x_hi)),
-        y_range=Range1d(n - 0.4, -0.6),
+        y_range=y_range,
         x_axis_label="ms since the step window's start",
-        title=f"step {view.step}: {window_ms:.1f} ms, {100 * view.bubble_ratio:.1f}% idle",
+        title=f"step {view.step}: {window_ms:.1f} ms, {100 * view.bubble_ratio:.1f}% idle"
+        + (" (all replicas)" if view.groups else ""),
     )
     wheel = WheelZoomTool(dimensions="width", modifiers=ZOOM_MODIFIERS)
     pan = PanTool(dimensions="width")
@@ -152,7 +182,7 @@ def _timeline_figure(view: StepView):
     fig.grid.visible = False
     fig.title.text_font_size = "12pt"
     # one tick label per lane while they fit (about 14 px each), else every k-th lane
-    every = max(1, int(np.ceil(n / max(1, fig.frame_height // 14))))
+    every = max(1, int(np.ceil(shown / max(1, fig.frame_height // 14))))
     fig.yaxis.ticker = FixedTicker(ticks=list(range(0, n, every)))
     fig.yaxis.major_label_overrides = {i: view.lanes[i] for i in range(0, n, every)}
     items: dict[str, list] = {}
@@ -368,4 +398,145 @@ def bubble_root(analysis: Analysis):
     )
     _hover(fig, bars, [("", "@what"), ("bubble", "@bubble{0.0}%")])
     fig.name = "bubble"
+    return fig
+
+
+# ---------------------------------------------------------------------------- replicas
+# Heat map colours: bokeh's Viridis256, dark for a low bubble, bright yellow for a high one.
+HEAT_PALETTE = "Viridis256"
+# Height of the heat map in pixels: at least this much per rank while it fits, then shared.
+HEAT_ROW_PX = 6
+HEAT_MAX_PX = 900
+
+
+def heatmap_root(analysis: Analysis, order: list[int]):
+    """Bubble ratio per rank (rows, in ``order``) and step (columns), every rank: one image."""
+    from bokeh.models import ColorBar, ColumnDataSource, CustomJSHover, FixedTicker, HoverTool, LinearColorMapper
+
+    bubbles = analysis.bubbles
+    grid = bubbles.pivot_table(index="rank", columns="step", values="bubble_ratio", aggfunc="first")
+    grid = grid.reindex([r for r in order if r in grid.index])
+    steps = [int(s) for s in grid.columns]
+    n_ranks, n_steps = grid.shape
+    image = (100 * grid.to_numpy(dtype=float)).astype(np.float32)  # NaN: a rank without that step
+    mapper = LinearColorMapper(palette=HEAT_PALETTE, low=0.0, high=100.0, nan_color="#ffffff")
+    fig = _figure(
+        frame_width=min(max(240, 40 * n_steps), 1100),
+        frame_height=int(min(max(HEAT_ROW_PX * n_ranks, 160), HEAT_MAX_PX)),
+        x_range=(-0.5, n_steps - 0.5),
+        y_range=(n_ranks - 0.5, -0.5),
+        x_axis_label="step",
+        y_axis_label="rank (by replica, then stage)",
+        title=f"Bubble ratio per rank and step, all {n_ranks} ranks (%)",
+    )
+    # image[0][0] lies at (x, y) and rows go up in y; the y axis is flipped, so row i is rank order[i]
+    source = ColumnDataSource({"image": [image], "x": [-0.5], "y": [-0.5], "dw": [n_steps], "dh": [n_ranks]})
+    renderer = fig.image(image="image", x="x", y="y", dw="dw", dh="dh", source=source, color_mapper=mapper)
+    every = max(1, int(np.ceil(n_steps / 12)))
+    fig.xaxis.ticker = FixedTicker(ticks=list(range(0, n_steps, every)))
+    fig.xaxis.major_label_overrides = {i: str(steps[i]) for i in range(0, n_steps, every)}
+    label_every = max(1, int(np.ceil(n_ranks / max(1, fig.frame_height // 14))))
+    fig.yaxis.ticker = FixedTicker(ticks=list(range(0, n_ranks, label_every)))
+    fig.yaxis.major_label_overrides = {i: str(int(grid.index[i])) for i in range(0, n_ranks, label_every)}
+    pick = "const i = Math.round(value); return i >= 0 && i < names.length ? String(names[i]) : '';"
+    fig.add_tools(
+        HoverTool(
+            renderers=[renderer],
+            tooltips=[("rank", "$y{custom}"), ("step", "$x{custom}"), ("bubble", "@image{0.0}%")],
+            formatters={
+                "$y": CustomJSHover(args={"names": [int(r) for r in grid.index]}, code=pick),
+                "$x": CustomJSHover(args={"names": steps}, code=pick),
+            },
+        )
+    )
+    fig.add_layout(ColorBar(color_mapper=mapper, title="bubble %", width=10), "right")
+    fig.grid.visible = False
+    fig.name = "heatmap"
+    return fig
+
+
+def spread_root(analysis: Analysis):
+    """Per stage, each replica's rank as a dot: bubble ratio, and compute per step."""
+    from bokeh.layouts import row
+    from bokeh.models import ColumnDataSource, FixedTicker
+
+    rollup = analysis.replicas
+    assert rollup is not None and rollup.places  # drawn only for a replicated pipeline
+    per_rank = analysis.summary.per_rank
+    n = rollup.n_replicas
+    columns: dict[str, list] = {"x": [], "bubble": [], "compute": [], "rank": [], "replica": [], "stage": []}
+    for place in rollup.places:
+        for i, rank in enumerate(place.ranks):
+            # replicas spread across the stage's column so that equal values stay visible
+            columns["x"].append(place.place + (0.7 * (i + 0.5) / n - 0.35))
+            columns["bubble"].append(100 * per_rank[rank].bubble_ratio)
+            columns["compute"].append(per_rank[rank].busy_ns / rollup.n_steps / 1e6)
+            columns["rank"].append(rank)
+            columns["replica"].append(i)
+            columns["stage"].append(",".join(map(str, place.stages)))
+    source = ColumnDataSource(columns)
+    ticks = [p.place for p in rollup.places]
+    labels = {p.place: ",".join(map(str, p.stages)) for p in rollup.places}
+    figures = []
+    for field_name, label, title in (
+        ("bubble", "bubble %", "Bubble ratio per stage, one dot per replica"),
+        ("compute", "compute ms per step", "Compute per step per stage, one dot per replica"),
+    ):
+        fig = _figure(frame_width=520, frame_height=300, x_axis_label="stage", y_axis_label=label, title=title)
+        dots = fig.scatter(x="x", y=field_name, source=source, size=5, alpha=0.6, color="#4C78A8")
+        fig.xaxis.ticker = FixedTicker(ticks=ticks)
+        fig.xaxis.major_label_overrides = labels
+        fig.xgrid.visible = False
+        _hover(
+            fig,
+            dots,
+            [("rank", "@rank"), ("replica", "@replica"), ("stage", "@stage"), (label, f"@{field_name}{{0.0}}")],
+        )
+        figures.append(fig)
+    root = row(*figures)
+    root.name = "spread"
+    return root
+
+
+def place_causes_root(analysis: Analysis):
+    """Per stage, mean over replicas: busy, then idle by cause (ms, all steps)."""
+    from bokeh.models import ColumnDataSource
+
+    rollup = analysis.replicas
+    assert rollup is not None and rollup.places  # drawn only for a replicated pipeline
+    per_rank = analysis.summary.per_rank
+    attributed = any(p.causes_ns for p in rollup.places)
+    parts = ["busy", *CATEGORIES] if attributed else ["busy", "idle"]
+    n = rollup.n_replicas
+    columns: dict[str, list] = {"stage": [], **{p: [] for p in parts}}
+    for place in rollup.places:
+        columns["stage"].append(",".join(map(str, place.stages)))
+        columns["busy"].append(sum(per_rank[r].busy_ns for r in place.ranks) / n / 1e6)
+        if attributed:
+            for cause in CATEGORIES:
+                columns[cause].append(place.causes_ns.get(cause, 0) / n / 1e6)
+        else:
+            columns["idle"].append(sum(per_rank[r].idle_ns for r in place.ranks) / n / 1e6)
+    fig = _figure(
+        frame_width=min(max(160, 40 * len(rollup.places)), 1100),
+        frame_height=300,
+        x_range=columns["stage"],
+        x_axis_label="stage",
+        y_axis_label=f"ms (all steps, mean over {n} replicas)",
+        title="Each stage's time: busy, then idle by cause",
+    )
+    fig.y_range.start = 0
+    fig.xgrid.visible = False
+    renderers = fig.vbar_stack(
+        parts,
+        x="stage",
+        width=0.8,
+        source=ColumnDataSource(columns),
+        color=[CAUSE_COLORS[p] for p in parts],
+        line_color="white",
+    )
+    for part, renderer in zip(parts, renderers):
+        _hover(fig, renderer, [("stage", "@stage"), (CAUSE_NAMES[part], f"@{{{part}}}{{0.0}} ms")])
+    _legend(fig, [(CAUSE_NAMES[p], [r]) for p, r in zip(parts, renderers)], "right")
+    fig.name = "causes"
     return fig

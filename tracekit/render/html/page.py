@@ -81,7 +81,32 @@ def page_context(analysis: Analysis, notes: list[str]) -> dict:
         "whatif": _whatif_rows(analysis),
         "whatif_note": analysis.whatif.note if analysis.whatif is not None else "",
         "incomplete": run.completeness.message() if run.completeness is not None else "",
+        "replica_rows": _replica_rows(analysis),
     }
+
+
+def _replica_rows(analysis: Analysis) -> list[list[str]]:
+    """One row per stage over the replicas (the roll-up's figures), or none for one replica;
+    no replica is named the worst or slowest where all are equal."""
+    rollup = analysis.replicas
+    if rollup is None or rollup.n_replicas < 2:
+        return []
+    return [
+        [
+            ",".join(map(str, p.stages)),
+            _pct(p.bubble_ratio.min),
+            _pct(p.bubble_ratio.median),
+            _pct(p.bubble_ratio.max),
+            "-" if p.bubble_ratio.min == p.bubble_ratio.max else str(p.worst_replica),
+            _ms(p.idle_per_step_ns.median),
+            _ms(p.busy_per_step_ns.min),
+            _ms(p.busy_per_step_ns.median),
+            _ms(p.busy_per_step_ns.max),
+            "-" if p.busy_per_step_ns.min == p.busy_per_step_ns.max else str(p.slowest_replica),
+            CAUSE_NAMES.get(p.top_cause, "") if p.top_cause else "",
+        ]
+        for p in rollup.places
+    ]
 
 
 def _whatif_rows(analysis: Analysis) -> dict | None:

@@ -29,7 +29,7 @@ class StepView:
 
     step: int
     window_ns: int
-    bubble_ratio: float  # idle over window, all ranks
+    bubble_ratio: float  # idle over window, all ranks (of every replica, drawn or not)
     lanes: list[str]
     bars: pd.DataFrame  # x0 x1 y0 y1 kind rank stage microbatch dur_ms n label
     idle: pd.DataFrame  # x0 x1 y0 y1 cause rank dur_ms blame
@@ -38,6 +38,8 @@ class StepView:
     critical_bars: pd.DataFrame | None = None  # outlines of the critical path's actions
     thinned: dict[str, tuple[int, int]] = field(default_factory=dict)  # what -> (in the run, drawn)
     merge_gap_ns: float = 0.0  # bars closer than this on a row were merged
+    # Data-parallel replicas drawn one at a time: (title, first lane, last lane), the first shown.
+    groups: list[tuple[str, int, int]] = field(default_factory=list)
 
 
 def _lanes(analysis: Analysis, ranks: list[int]) -> tuple[list[str], dict, dict]:
@@ -69,22 +71,43 @@ def chosen_steps(steps: list[int], step_ns: dict[int, int]) -> tuple[list[int], 
     ]
 
 
-def step_views(analysis: Analysis) -> tuple[list[StepView], list[str]]:
-    """One :class:`StepView` per step drawn, and notes on what was left out."""
+def step_views(
+    analysis: Analysis, groups: list[tuple[str, list[int]]] | None = None
+) -> tuple[list[StepView], list[str]]:
+    """One :class:`StepView` per step drawn, and notes on what was left out.
+
+    ``groups``: draw only these ranks, as (title, ranks) of data-parallel replicas shown one
+    at a time (the first at the start), in this order; default every rank. The step windows
+    stay the run's."""
     bubbles = analysis.bubbles
     if len(bubbles) == 0:
         return [], []
     windows = bubbles.groupby("step").agg(lo=("window_start_ns", "min"), hi=("window_end_ns", "max"))
     step_ns = {int(s): int(w.hi - w.lo) for s, w in windows.iterrows()}
     steps, notes = chosen_steps(sorted(step_ns), step_ns)
-    ranks = sorted(int(r) for r in bubbles["rank"].unique())
+    present = sorted(int(r) for r in bubbles["rank"].unique())
+    if groups is None:
+        ranks = present
+    else:
+        known = set(present)
+        groups = [(title, [r for r in members if r in known]) for title, members in groups]
+        groups = [(title, members) for title, members in groups if members]
+        ranks = [r for _, members in groups for r in members]
     lanes, rank_lane, stream_lane = _lanes(analysis, ranks)
+    spans = []
+    for title, members in groups or []:
+        own = [rank_lane[r] for r in members] + [lane for (r, _), lane in stream_lane.items() if r in members]
+        spans.append((title, min(own), max(own)))
     intervals = idle_intervals(analysis) if analysis.is_pipeline else pd.DataFrame()
+    if len(intervals) and len(ranks) < len(present):
+        intervals = intervals[intervals["rank"].isin(rank_lane)]
     blame = idle_blame(analysis)
     views = []
     for step in steps:
         lo, hi = int(windows.at[step, "lo"]), int(windows.at[step, "hi"])
-        views.append(_step_view(analysis, step, lo, hi, lanes, rank_lane, stream_lane, intervals, blame))
+        view = _step_view(analysis, step, lo, hi, lanes, rank_lane, stream_lane, intervals, blame)
+        view.groups = spans
+        views.append(view)
     return views, notes
 
 
@@ -202,7 +225,7 @@ def _empty_work() -> pd.DataFrame:
 
 
 def _action_work(actions: pd.DataFrame, step: int, rank_lane: dict) -> pd.DataFrame:
-    acts = actions[actions["step"] == step]
+    acts = actions[(actions["step"] == step) & actions["rank"].isin(rank_lane)]
     return pd.DataFrame(
         {
             "lane": acts["rank"].map(rank_lane).to_numpy(),
@@ -240,7 +263,7 @@ def _plain_work(analysis: Analysis, step: int, rank_lane: dict) -> list[pd.DataF
     """Runs without a pipeline: each rank's top-level CPU work in its step window (GPU work
     has its own stream lanes)."""
     events = analysis.run.events
-    rows = analysis.bubbles[analysis.bubbles["step"] == step]
+    rows = analysis.bubbles[(analysis.bubbles["step"] == step) & analysis.bubbles["rank"].isin(rank_lane)]
     out = []
     for row in rows.itertuples(index=False):
         ev = events[
@@ -405,7 +428,13 @@ def _critical_view(analysis: Analysis, step: int, lo: int, rank_lane: dict):
     if step not in by_step or not by_step[step].critical_path:
         return None, None
     actions = analysis.run.actions.set_index("action_id")
-    path = [p for p in reversed(by_step[step].critical_path) if p["action_id"] in actions.index]
+    path = [
+        p
+        for p in reversed(by_step[step].critical_path)
+        if p["action_id"] in actions.index and int(actions.at[p["action_id"], "rank"]) in rank_lane
+    ]
+    if not path:  # the step's critical path runs through another replica
+        return None, None
     rows = []
     for p in path:
         a = actions.loc[p["action_id"]]
