@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 from tracekit import LoadOptions, load  # noqa: E402
 from tracekit.analyze.bubbles import measure_pipeline  # noqa: E402
-from tracekit.analyze.whatif import CostModel, cost_model, predict  # noqa: E402
+from tracekit.analyze.whatif import CostModel, as_measured, cost_model, predict  # noqa: E402
 from tracekit.errors import TracekitError  # noqa: E402
 from tracekit.model.run import Run, compute_ns  # noqa: E402
 
@@ -276,14 +276,26 @@ def compute_stretch(run: Run, capture: dict) -> dict[str, float] | None:
     return out or None
 
 
-def compute_lines(runs: Runs) -> list[dict]:
+def compute_lines(runs: Runs, replays: int = REPLAYS, seed: int = SEED) -> list[dict]:
+    """Per capture in the table: its compute over the emulated cost, and the model of the
+    measured run (its own order replayed on its own costs) against what it measured: the
+    model's own error, which a pair's error has on top of the costs moving between captures."""
     names = sorted({n for p in PAIRS for n in (p.source, p.measured) if runs.exists(n)})
     out = []
     for name in names:
         capture = json.loads((SAMPLES / name / "capture.json").read_text())
         stretch = compute_stretch(runs.run(name), capture)
-        if stretch is not None:
-            out.append({"capture": name, "p": capture["p"], **stretch})
+        measured = runs.measured(name)
+        own = as_measured(runs.model(name), replays, seed)
+        out.append(
+            {
+                "capture": name,
+                "p": capture["p"],
+                **(stretch or {}),
+                "own_points": 100 * (own.bubble_ratio - measured.bubble),
+                "own_step_error": own.step_ns / 1e6 / measured.step_ms - 1,
+            }
+        )
     return out
 
 
@@ -390,11 +402,15 @@ def main() -> None:
                 f"({100 * n['step_error']:+.1f}%)"
             )
 
-    stretch = compute_lines(runs)
-    print("\ncompute over the emulated cost (median action per rank: median over ranks / worst rank):")
+    stretch = compute_lines(runs, args.replays, args.seed)
+    print(
+        "\nper capture: compute over the emulated cost (median action per rank: median over ranks / worst rank);"
+        "\nmodel of the measured run against measured (bubble points, step time)"
+    )
     for s in stretch:
         kinds = [f"{k} x{s[k + '_median']:.2f} / x{s[k + '_worst']:.2f}" for k in ("F", "B") if k + "_median" in s]
-        print(f"  {s['capture']:<36} p={s['p']}  " + "   ".join(kinds))
+        own = f"own model {s['own_points']:+.1f} pts {100 * s['own_step_error']:+.1f}%"
+        print(f"  {s['capture']:<36} p={s['p']}  {'   '.join(kinds):<36}  {own}")
 
     timing = None
     if args.ranks:
