@@ -95,3 +95,23 @@ def test_the_interleaved_miss_is_the_gaps_between_actions(runs):
     assert row.points is not None and row.gaps_bubble is not None and row.measured_bubble is not None
     assert row.points < -2.0
     assert abs(row.gaps_bubble - row.measured_bubble) < 0.01
+
+
+def test_deepspeed_sends_held_back_behind_a_receive_are_not_link_latency(runs):
+    # DeepSpeed posts a forward's activation behind the next RecvGrad: the last warm-up send
+    # leaves 27-87 ms after its forward. Pooled as link latency it landed on other messages
+    # in the replay: the model of the measured run came out at 44.5% against 32.8% measured.
+    # Counted from the send's post, the model is within 1 point (32.4%, 16 replays: 32.4%).
+    from tracekit.analyze.whatif import as_measured, held_back_ns
+
+    run = runs.run("deepspeed_1f1b")
+    held = held_back_ns(run)
+    assert len(held) == 54 and max(held.values()) > 80_000_000  # rank 0's last warm-up send
+    measured = runs.measured("deepspeed_1f1b")
+    own = as_measured(runs.model("deepspeed_1f1b"), samples=8)
+    assert abs(own.bubble_ratio - measured.bubble) < 0.015
+    assert runs.model("deepspeed_1f1b").held_back == 54
+    # torch's schedules post right after the producer, and --p2p-delay-ms's late sends are
+    # posted by another thread: link latency as the receiver sees it, kept as measured
+    for name in ("1f1b", "1f1b_p2p_delay5ms", "interleaved1f1b", "dualpipev"):
+        assert held_back_ns(runs.run(name)) == {}, name
