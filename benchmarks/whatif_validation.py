@@ -86,6 +86,9 @@ PAIRS: list[Pair] = [
     Pair("ZBVZeroBubble -> 1F1B", "zbv", "1F1B", 1, 8, GB, "1f1b"),
     Pair("InterleavedZeroBubble -> 1F1B", "interleaved_zb", "1F1B", 1, 8, GB, "1f1b"),
     Pair("DualPipeV -> 1F1B", "dualpipev", "1F1B", 1, 8, GB, "1f1b"),
+    # other frameworks' 1F1B (their own engines and P2P) replayed as torch's
+    Pair("DeepSpeed 1F1B -> 1F1B", "deepspeed_1f1b", "1F1B", 1, 8, GB, "1f1b"),
+    Pair("Megatron 1F1B -> 1F1B", "megatron_1f1b", "1F1B", 1, 8, GB, "1f1b"),
     # m 8 -> 16 with both --keep modes; the same pairs from the second 1F1B capture, made in
     # the same session as the m=16 captures (same machine load)
     Pair("1F1B m 8 -> 16, global batch kept", "1f1b", "1F1B", 1, 16, GB, "validation/1f1b_m16_global_batch"),
