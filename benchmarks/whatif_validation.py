@@ -105,6 +105,7 @@ PAIRS: list[Pair] = [
     Pair("1F1B m 8 -> 16, microbatch kept", "validation/1f1b_repeat", "1F1B", 1, 16, MB, "validation/1f1b_m16"),
     # the uneven split against the even one (lane "split" adds split targets and the capture)
     Pair("1F1B split 6,4,3,3 -> 4,4,4,4", "1f1b_uneven_6_4_3_3", "1F1B", 1, 8, GB, "1f1b", split=(4, 4, 4, 4)),
+    Pair("1F1B split 4,4,4,4 -> 6,4,3,3", "1f1b", "1F1B", 1, 8, GB, "1f1b_uneven_6_4_3_3", split=(6, 4, 3, 3)),
     # 8 ranks (8 processes on 2 cores: see the compute lines)
     Pair("p=8 1F1B -> GPipe", "validation/1f1b_p8_m16", "GPipe", 1, 16, GB, "validation/gpipe_p8_m16"),
     Pair(
