@@ -10,7 +10,14 @@ from tracekit.analyze import analyze
 from tracekit import LoadOptions, load
 from tracekit.render.json import to_document
 
-SAMPLE_RUNS = sorted(p.name for p in SAMPLES.iterdir() if p.is_dir())
+# every sample folder, and those grouped one level down (sample_traces/validation/<name>)
+SAMPLE_RUNS = sorted(
+    str(run.relative_to(SAMPLES))
+    for folder in SAMPLES.iterdir()
+    if folder.is_dir()
+    for run in ([folder] if (folder / "capture.json").is_file() else sorted(folder.iterdir()))
+    if run.is_dir()
+)
 
 
 def _document(path, rows: str) -> tuple[dict, int]:

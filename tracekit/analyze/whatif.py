@@ -15,7 +15,10 @@ max over many paths, so the spread of the costs matters, not just their typical 
   and rank free" and the compute starting); the second halves of fused labels (DualPipeV's
   ``OVERLAP_F_B``) in a pool of their own, used only where the replayed order fuses too.
 - **latency**: each matched message's latency, per link (src rank -> dst rank); a link the
-  measured run never used takes the samples of all links. Messages into the second half of
+  measured run never used takes the samples of all links. A send its sender held back behind
+  a receive of its own (posted on the receiving thread only after that receive completed, as
+  DeepSpeed's PipelineEngine posts a forward's activation behind the next gradient) counts
+  from its post: the wait before it is the sender's schedule, not the link (see held_back_ns). Messages into the second half of
   a fused label have a pool of their own: their "latency" includes the first half's compute
   (the receiver only waited once it was done).
 
@@ -86,6 +89,7 @@ class CostModel:
     # Device messages' rendezvous transfers (see replay), pooled like latency; empty on the host.
     transfer: dict[LinkKey, np.ndarray] = field(default_factory=dict)
     all_transfer: np.ndarray = field(default_factory=lambda: np.zeros(1, dtype=np.int64))
+    held_back: int = 0  # messages whose latency counts from the send's post (see held_back_ns)
     fused_overhead: dict[int, np.ndarray] = field(default_factory=dict)  # rank -> ns, second halves of fused labels
     stage_work: dict[tuple[int, str], np.ndarray] = field(default_factory=dict)  # (stage, kind) -> one chunk, ns
     graphs: list[StepGraph] = field(default_factory=list)  # the measured steps
@@ -223,6 +227,7 @@ def cost_model(run: Run, graphs: list[StepGraph] | None = None) -> CostModel:
     transfer: dict[LinkKey, list[int]] = {}
     labels = run.actions.set_index("action_id")[["label", "label_start_ns"]]
     fused_of_graph = [_fused(labels, g) for g in graphs]
+    held = held_back_ns(run)
     for g, fused in zip(graphs, fused_of_graph):
         for r, k, d, o, f in zip(g.rank.tolist(), g.kind.tolist(), g.dur.tolist(), g.ovh.tolist(), fused.tolist()):
             per_kind.setdefault((r, k), []).append(d * sched.v)
@@ -236,7 +241,7 @@ def cost_model(run: Run, graphs: list[StepGraph] | None = None) -> CostModel:
                 key: LinkKey = (
                     (int(g.rank[s]), int(g.rank[d])) if not fused[d] else (int(g.rank[s]), int(g.rank[d]), "fused")
                 )
-                latency.setdefault(key, []).append(int(lat))
+                latency.setdefault(key, []).append(max(0, int(lat) - held.get(int(msg), 0)))
                 transfer.setdefault(key, []).append(int(xfer))
     # Generated orders place stages on the first replica's ranks (the others repeat it).
     ranks = sorted(sched.pipelines[0]) if sched.pipelines else sorted(set(overhead) | set(fused_overhead))
@@ -272,6 +277,7 @@ def cost_model(run: Run, graphs: list[StepGraph] | None = None) -> CostModel:
         stage_work=stage_work,
         latency={k: np.array(v, dtype=np.int64) for k, v in latency.items()},
         all_latency=all_latency,
+        held_back=len(held),
         graphs=graphs,
         transfer={k: np.array(v, dtype=np.int64) for k, v in transfer.items() if any(v)},
         all_transfer=np.array([x for k, v in transfer.items() if len(k) == 2 for x in v] or [0], dtype=np.int64),
@@ -335,6 +341,44 @@ def _fused(labels: pd.DataFrame, graph: StepGraph) -> np.ndarray:
     out = np.zeros(len(prev), dtype=bool)
     has_prev = prev >= 0
     out[has_prev] = (label[has_prev] != "") & (start[has_prev] == start[prev[has_prev]])
+    return out
+
+
+def held_back_ns(run: Run) -> dict[int, int]:
+    """msg_id -> how long the sender held the send back after its producer ended, for sends
+    posted behind a receive of the sender's own: on the thread of a receive that completed
+    between the producer's end and the send's post. DeepSpeed's TrainSchedule posts a
+    forward's activation in the next schedule step, behind that step's RecvGrad (the last
+    warm-up activation leaves only once gradient 0 is back: 27-87 ms on sample_traces/
+    deepspeed_1f1b); pooled as link latency, that wait landed on other messages in the
+    replay and put the model 12 points high. torch's and Megatron's schedules post right
+    after the producer (none held back on any sample); a send posted late by another thread
+    (``--p2p-delay-ms``'s sender) is link latency as the receiver sees it and is kept."""
+    msgs = run.messages[(run.messages["producer_action"] >= 0) & (run.messages["consumer_action"] >= 0)]
+    needed = ("send_post_ns", "recv_done_ns", "src_file_id", "src_source_index", "dst_file_id", "dst_source_index")
+    if msgs.empty or any(c not in msgs for c in needed):
+        return {}
+    events = run.events
+    tid = pd.Series(
+        events["tid"].to_numpy(), index=pd.MultiIndex.from_arrays([events["file_id"], events["source_index"]])
+    )
+    tid = tid[~tid.index.duplicated()]
+    send_tid = tid.reindex(pd.MultiIndex.from_arrays([msgs["src_file_id"], msgs["src_source_index"]])).tolist()
+    recv_tid = tid.reindex(pd.MultiIndex.from_arrays([msgs["dst_file_id"], msgs["dst_source_index"]])).tolist()
+    produced = run.actions.set_index("action_id")["end_ns"].reindex(msgs["producer_action"]).tolist()
+    done: dict[tuple[int, object], list[int]] = {}  # (rank, thread) -> its receives' completions
+    for rank, thread, t in zip(msgs["dst_rank"].tolist(), recv_tid, msgs["recv_done_ns"].tolist()):
+        done.setdefault((int(rank), thread), []).append(int(t))
+    completions = {key: np.sort(np.array(times, dtype=np.int64)) for key, times in done.items()}
+    out: dict[int, int] = {}
+    for msg, rank, thread, end, post in zip(
+        msgs["msg_id"].tolist(), msgs["src_rank"].tolist(), send_tid, produced, msgs["send_post_ns"].tolist()
+    ):
+        times = completions.get((int(rank), thread))
+        if times is None or not post > end:
+            continue
+        if np.searchsorted(times, post, side="right") > np.searchsorted(times, end, side="right"):
+            out[int(msg)] = int(post - end)
     return out
 
 
@@ -671,6 +715,11 @@ def what_if(
         assumptions.append(
             "'balanced' rows: layers moved between stages so every rank computes the same; "
             + ", ".join(f"rank {r} x{f:.2f}" for r, f in factors.items())
+        )
+    if model.held_back:
+        assumptions.append(
+            f"{model.held_back} sends were held back by their sender behind a receive of its own: "
+            "their latency counts from the send's post, not from the producer's end"
         )
     return WhatIf(
         run.source,
