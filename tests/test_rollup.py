@@ -224,16 +224,17 @@ def test_report_of_replicas_draws_one_replica_and_every_rank_in_the_heat_map(mix
 
 
 def test_report_size_grows_per_rank_not_per_event(tmp_path):
-    """256 ranks (64 replicas) against 32, and 32 ranks with three times the steps: the heat
-    map and the distributions grow per rank, the timelines are of a few replicas only."""
+    """128 ranks (32 replicas) against 32, and 32 ranks with three times the steps: the heat
+    map and the distributions grow per rank, the timelines are of a few replicas only.
+    (256 ranks measured 2.07 MB, 0.6 KB per extra rank; 128 keeps the test under a minute.)"""
     pytest.importorskip("bokeh")
     sizes = {}
-    for ranks, copies in ((32, 1), (32, 3), (256, 1)):
+    for ranks, copies in ((32, 1), (32, 3), (128, 1)):
         folder = tmp_path / f"pp{ranks}x{copies}"
         make_input.build_pp(folder, ranks=ranks, copies=copies, sample="1f1b")
         sizes[(ranks, copies)] = _report_bytes(folder)
-    assert sizes[(256, 1)] < 4e6
-    assert (sizes[(256, 1)] - sizes[(32, 1)]) / 224 < 2000  # bytes per extra rank
+    assert sizes[(128, 1)] < 4e6
+    assert (sizes[(128, 1)] - sizes[(32, 1)]) / 96 < 2000  # bytes per extra rank
     assert abs(sizes[(32, 3)] - sizes[(32, 1)]) < 0.05 * sizes[(32, 1)]  # three times the events
 
 

@@ -125,9 +125,10 @@ def _ms(ns: float) -> str:
 
 
 def stage_compute_ns(actions: pd.DataFrame) -> pd.Series:
-    """Mean compute time per step of each stage (index: stage)."""
+    """Mean compute time per step of each stage on one of its ranks (index: stage): with
+    data-parallel replicas a stage runs on a rank per replica, and the mean is over them."""
     actions = actions[actions["step"] >= 0]
-    per_step = compute_ns(actions).groupby([actions["stage"], actions["step"]]).sum()
+    per_step = compute_ns(actions).groupby([actions["stage"], actions["rank"], actions["step"]]).sum()
     return per_step.groupby(level="stage").mean().astype(float)
 
 

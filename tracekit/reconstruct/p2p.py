@@ -64,7 +64,10 @@ def host_p2p_ops(events: pd.DataFrame) -> pd.DataFrame:
     whichever names them."""
     cpu = events[~events["on_gpu"].to_numpy()]
     names = cpu["name"].astype(str)
-    titles = names.str.extract(_NCCL_TITLE)
+    # Matched once per distinct name (a run has tens of them, in hundreds of thousands of rows).
+    distinct = pd.Index(names.unique())
+    titles = distinct.to_series().str.extract(_NCCL_TITLE).iloc[distinct.get_indexer(names)]
+    titles.index = names.index
     is_title = titles[0].notna().to_numpy()
     is_send = names.isin(SEND_NAMES).to_numpy() | (titles[0] == "send").to_numpy()
     is_recv = names.isin(RECV_NAMES).to_numpy() | (titles[0] == "recv").to_numpy()
