@@ -178,6 +178,11 @@ def attribute_step(graph: StepGraph, measured_idle: dict[int, int], measured_mak
     links = sorted(link_gain)
     link_weights = _gain_matrix(link_gain, links, ranks)
     link_fallback = np.array([link_latency.get(link, 0) for link in links], dtype=float)
+    # A rank none of the replayed links helps shares its comm among the links of its own
+    # pipeline replica by latency, not among every link of the job (with thousands of ranks
+    # that was a row per rank and link, and blamed links the rank never used).
+    group = _linked_groups(links)
+    link_group = np.array([group[src] for src, _ in links], dtype=np.int64)
     for column, r in enumerate(ranks):
         on_rank = by_rank[r]
         window_start = graph.origin(int(on_rank[0]))
@@ -193,7 +198,9 @@ def attribute_step(graph: StepGraph, measured_idle: dict[int, int], measured_mak
             stage_rows += [(r, stages[k], shares[k]) for k in np.flatnonzero(shares).tolist()]
         if comm_ns:
             weights = link_weights[:, column]
-            shares = apportion(comm_ns, weights if weights.sum() > 0 else link_fallback)
+            if weights.sum() <= 0:
+                weights = np.where(link_group == group.get(r, -1), link_fallback, 0.0)
+            shares = apportion(comm_ns, weights)
             link_rows += [(r, *links[k], shares[k]) for k in np.flatnonzero(shares).tolist()]
     table = pd.DataFrame(rows, columns=ATTRIBUTION_COLUMNS)
     full_result = results[full]
@@ -217,6 +224,24 @@ def _positions_by_rank(rank: np.ndarray) -> dict[int, np.ndarray]:
     order = np.argsort(rank, kind="stable")
     values, first = np.unique(rank[order], return_index=True)
     return {int(v): part for v, part in zip(values, np.split(order, first[1:]))}
+
+
+def _linked_groups(links: list[tuple[int, int]]) -> dict[int, int]:
+    """Each rank on a link -> the smallest rank it is connected to through links (its
+    replica, where replicas exchange no P2P messages)."""
+    parent: dict[int, int] = {}
+
+    def root(r: int) -> int:
+        while parent.setdefault(r, r) != r:
+            parent[r] = parent[parent[r]]
+            r = parent[r]
+        return r
+
+    for src, dst in links:
+        a, b = root(src), root(dst)
+        if a != b:
+            parent[max(a, b)] = min(a, b)
+    return {r: root(r) for r in list(parent)}
 
 
 def _gain_matrix(gains: dict[Any, dict[int, int]], keys: list[Any], ranks: list[int]) -> np.ndarray:
