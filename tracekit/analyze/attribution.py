@@ -24,7 +24,7 @@ Method (``shared/docs/pipeline-theory.md``, "What attribute idle time has to mea
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
 from typing import Any
@@ -96,7 +96,7 @@ class Attribution:
         )
 
 
-def apportion(total: int, weights: Sequence[float]) -> list[int]:
+def apportion(total: int, weights: Sequence[float] | np.ndarray) -> list[int]:
     """Split integer ``total`` in proportion to non-negative ``weights``; the parts are
     integers that sum to ``total`` exactly (largest remainder). All-zero weights put
     everything on the last part."""
@@ -337,9 +337,9 @@ def _excess_work(graph: StepGraph, balanced: np.ndarray, stage: int) -> float:
     return float(max(0, int(graph.dur[on].sum() - balanced[on].sum())))
 
 
-def attribute(run: Run, bubbles: pd.DataFrame) -> Attribution:
+def attribute(run: Run, bubbles: pd.DataFrame, progress: Callable[[str], None] | None = None) -> Attribution:
     """Attribute every pipeline step of the run (a flush-free one over its per-rank
-    windows, those of ``bubbles``)."""
+    windows, those of ``bubbles``); ``progress`` is told each step as its replays start."""
     steps = []
     flush_free = run.schedule is not None and run.schedule.flush_free
     graphs = step_graphs(run, bubbles[["rank", "step", "window_start_ns"]] if flush_free else None)
@@ -348,7 +348,9 @@ def attribute(run: Run, bubbles: pd.DataFrame) -> Attribution:
         # (reported on its own by tracekit.analyze.slices), so balancing keeps it
         for graph in graphs.values():
             graph.balance_by_microbatch = True
-    for step, graph in graphs.items():
+    for k, (step, graph) in enumerate(graphs.items()):
+        if progress:
+            progress(f"attribution: replaying step {step} ({k + 1} of {len(graphs)}, {len(graph.action_id):,} actions)")
         rows = bubbles[bubbles["step"] == step]
         measured_idle = {int(r): int(i) for r, i in zip(rows["rank"], rows["idle_ns"])}
         measured_makespan = int(rows["window_ns"].max()) if len(rows) else 0

@@ -35,7 +35,7 @@ changes with the microbatch, but its fixed cost dominates at these sizes; an ass
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -436,11 +436,12 @@ def what_if(
     balanced: bool = False,
     model: CostModel | None = None,
     bubbles: pd.DataFrame | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> WhatIf:
     """Predict every target (schedule, v, m); targets that cannot be generated are skipped
     with the reason. ``balanced``: every target also with stages re-split evenly.
     ``model`` and ``bubbles`` (the run's cost model and measured bubble table), when the
-    caller has them already."""
+    caller has them already. ``progress`` is told each target as its replays start."""
     from tracekit.analyze.bubbles import measure_pipeline
 
     model = cost_model(run) if model is None else model
@@ -450,7 +451,10 @@ def what_if(
     measured_step = float(bubbles.groupby("step")["window_ns"].first().mean())
     predictions: list[Prediction] = []
     skipped: list[str] = []
-    for schedule, v, m in targets or default_targets(model):
+    chosen = targets or default_targets(model)
+    for k, (schedule, v, m) in enumerate(chosen):
+        if progress:
+            progress(f"what-if: {schedule} v={v} m={m} ({k + 1} of {len(chosen)}, {samples} replays)")
         try:
             predictions.append(predict(model, schedule, v, m, keep, samples, seed))
             if balanced:
@@ -508,7 +512,9 @@ class ReportWhatIf:
     note: str = ""
 
 
-def report_what_if(run: Run, graphs: list[StepGraph], bubbles: pd.DataFrame) -> ReportWhatIf:
+def report_what_if(
+    run: Run, graphs: list[StepGraph], bubbles: pd.DataFrame, progress: Callable[[str], None] | None = None
+) -> ReportWhatIf:
     """The default what-if (``tracekit whatif --balanced``) on the step graphs the
     attribution replayed; a run that cannot be varied gets the reason instead."""
     try:
@@ -525,7 +531,7 @@ def report_what_if(run: Run, graphs: list[StepGraph], bubbles: pd.DataFrame) -> 
             "run tracekit whatif with the targets you want",
         )
     try:
-        result = what_if(run, targets, samples=samples, balanced=True, model=model, bubbles=bubbles)
+        result = what_if(run, targets, samples=samples, balanced=True, model=model, bubbles=bubbles, progress=progress)
     except TracekitError as err:
         return ReportWhatIf(None, f"What if: not computed: {err}")
     return ReportWhatIf(result)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from tracekit.commands.common import load_with_progress, rank_options
+from tracekit.commands.common import load_with_progress, rank_options, work_progress
 
 SCHEDULE_CHOICES = ["GPipe", "1F1B", "Interleaved1F1B"]
 
@@ -108,6 +108,9 @@ def command(
     from tracekit.render.whatif import render
 
     run = load_with_progress(run_dir, rank_from, rank_map, progress)
+    say = work_progress(progress)
+    if say:
+        say("what-if: the cost model from the measured steps")
     model = cost_model(run)
     targets = None
     if schedules or vs or ms:
@@ -118,7 +121,7 @@ def command(
         targets = [
             (s, v, m) for s in chosen for v in (v_interleaved if s == "Interleaved1F1B" else (1,)) for m in m_values
         ]
-    result = what_if(run, targets, keep=keep, samples=replays, seed=seed, balanced=balanced, model=model)
+    result = what_if(run, targets, keep=keep, samples=replays, seed=seed, balanced=balanced, model=model, progress=say)
     if as_json:
         sys.stdout.write(json.dumps(result.to_dict(), indent=1) + "\n")
     else:
