@@ -175,14 +175,17 @@ def attribute_step(graph: StepGraph, measured_idle: dict[int, int], measured_mak
     stages = sorted(stage_gain)
     stage_weights = _gain_matrix(stage_gain, stages, ranks)
     stage_fallback = np.array([_excess_work(graph, balanced, s) for s in stages], dtype=float)
-    links = sorted(link_gain)
-    link_weights = _gain_matrix(link_gain, links, ranks)
+    links = sorted(link_latency)  # every link of the step; link_gain holds the replayed ones
+    replayed = [k for k, link in enumerate(links) if link in link_gain]
+    link_weights = _gain_matrix(link_gain, [links[k] for k in replayed], ranks)
     link_fallback = np.array([link_latency.get(link, 0) for link in links], dtype=float)
     # A rank none of the replayed links helps shares its comm among the links of its own
     # pipeline replica by latency, not among every link of the job (with thousands of ranks
     # that was a row per rank and link, and blamed links the rank never used).
     group = _linked_groups(links)
     link_group = np.array([group[src] for src, _ in links], dtype=np.int64)
+    group_links = {g: np.flatnonzero(link_group == g) for g in np.unique(link_group).tolist()}
+    no_links = np.zeros(0, dtype=np.int64)
     for column, r in enumerate(ranks):
         on_rank = by_rank[r]
         window_start = graph.origin(int(on_rank[0]))
@@ -197,11 +200,17 @@ def attribute_step(graph: StepGraph, measured_idle: dict[int, int], measured_mak
             shares = apportion(imbalance_ns, weights if weights.sum() > 0 else stage_fallback)
             stage_rows += [(r, stages[k], shares[k]) for k in np.flatnonzero(shares).tolist()]
         if comm_ns:
+            # Shares over the links that can get any (a link of weight 0 gets none), not
+            # over every link of the job.
             weights = link_weights[:, column]
+            candidates = np.asarray(replayed, dtype=np.int64)
             if weights.sum() <= 0:
-                weights = np.where(link_group == group.get(r, -1), link_fallback, 0.0)
+                candidates = group_links.get(group.get(r, -1), no_links)
+                weights = link_fallback[candidates]
+            if weights.sum() <= 0:  # no latency anywhere near: the rule of apportion, all links
+                candidates, weights = np.arange(len(links)), np.zeros(len(links))
             shares = apportion(comm_ns, weights)
-            link_rows += [(r, *links[k], shares[k]) for k in np.flatnonzero(shares).tolist()]
+            link_rows += [(r, *links[candidates[k]], shares[k]) for k in np.flatnonzero(shares).tolist()]
     table = pd.DataFrame(rows, columns=ATTRIBUTION_COLUMNS)
     full_result = results[full]
     return StepAttribution(
@@ -317,12 +326,12 @@ def _link_latency(graph: StepGraph) -> dict[tuple[int, int], int]:
 def _link_gains(
     graph: StepGraph, full_idle: dict[int, int], total_latency: dict[tuple[int, int], int]
 ) -> dict[tuple[int, int], dict[int, int]]:
-    """Per link: how much each rank's idle shrinks when only that link is free."""
+    """Per link replayed (the MAX_BLAME_REPLAYS of most latency; the others gain nothing
+    and are left out: with thousands of ranks a zero per link and rank is a table of
+    millions): how much each rank's idle shrinks when only that link is free."""
     src, dst = graph.rank[graph.edge_src], graph.rank[graph.edge_dst]
     gains = {}
     ranked = sorted(total_latency, key=lambda link: -total_latency[link])
-    for link in ranked[MAX_BLAME_REPLAYS:]:
-        gains[link] = {r: 0 for r in full_idle}
     for link in ranked[:MAX_BLAME_REPLAYS]:
         mask = (src == link[0]) & (dst == link[1])
         lat = np.where(mask, 0, graph.edge_lat)
