@@ -35,6 +35,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import bench  # noqa: E402
 import make_input  # noqa: E402
 
 try:
@@ -110,6 +111,7 @@ def series(ranks: list[int], work: Path, gz: bool, poll_s: float, extra: list[st
         make_input.build_pp(folder, ranks=n, copies=1, gz=gz)
         build_s = time.perf_counter() - started
         mb = sum(p.stat().st_size for p in folder.iterdir()) / 1e6
+        bench.wait_for_captures()  # a run being recorded would skew both
         cmd = [sys.executable, "-m", "tracekit.cli", "analyze", str(folder), "--no-progress", "--no-cache", *extra]
         wall, cpu, rss, pss = watched(cmd, poll_s)
         shutil.rmtree(folder, ignore_errors=True)
@@ -160,7 +162,11 @@ def main() -> None:
     parser.add_argument("--poll", type=float, default=0.2, help="seconds between memory readings")
     parser.add_argument("--jobs", type=int, help="tracekit --jobs (default: one per core)")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
+    parser.add_argument(
+        "--no-wait", action="store_true", help="measure even while a `tracekit capture` runs (figures noisier)"
+    )
     args = parser.parse_args()
+    bench.WAIT_FOR_CAPTURES = not args.no_wait
     if psutil is None:
         raise SystemExit("the benchmark needs psutil: pip install 'tracekit[bench]'")
     ranks = [int(r) for r in args.ranks.split(",")]
