@@ -43,13 +43,20 @@ class _Document(msgspec.Struct):
 
 _TYPED = msgspec.json.Decoder(_Document)
 
-# Whole-document decoders, fastest generic ones first; "msgspec-typed" builds tracekit's
-# structs (only the fields read), so it is the floor for any decoder of those fields.
-WHOLE_DOCUMENT = {
-    "orjson": orjson.loads,
-    "msgspec": msgspec.json.decode,
-    "msgspec-typed": _TYPED.decode,
-}
+
+def _typed(data: bytes):
+    """tracekit's typed structs (only the fields read); a document with an event the structs
+    do not take (an instant "i") is decoded generically instead, as tracekit's parser does
+    for such a run of events."""
+    try:
+        return _TYPED.decode(data)
+    except msgspec.ValidationError:
+        return orjson.loads(data)
+
+
+# Whole-document decoders; "msgspec-typed" builds only the fields tracekit reads, so it is
+# the floor for any decoder of those fields.
+WHOLE_DOCUMENT = {"orjson": orjson.loads, "msgspec": msgspec.json.decode, "msgspec-typed": _typed}
 
 
 def gunzip_decode(job: tuple[Path, str]) -> int:

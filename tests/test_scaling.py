@@ -92,3 +92,25 @@ def test_long_steps_after_loading_report_progress_on_stderr_only(tmp_path):
     report = _tracekit("report", run, "--no-cache", "--progress", "-o", str(tmp_path / "r.html"), cwd=tmp_path)
     assert report.returncode == 0, report.stderr
     assert "tracekit: what-if: " in report.stderr and "tracekit: rendering the report" in report.stderr
+
+
+def test_parser_workers_fork_before_pandas_is_loaded(tmp_path):
+    """Workers fork while the parent has no pandas, so each stays small (read_run imported
+    the run model, and with it pandas, before parsing)."""
+    code = (
+        "import os, sys\n"
+        "real = os.fork\n"
+        "def fork():\n"
+        "    print('pandas' if 'pandas' in sys.modules else 'lean', file=sys.stderr)\n"
+        "    return real()\n"
+        "os.fork = fork\n"
+        "from tracekit.cli import main\n"
+        "main(sys.argv[1:], standalone_mode=False)\n"
+    )
+    args = ["analyze", str(SAMPLES / "1f1b"), "--no-cache", "--no-progress", "--jobs", "2"]
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=tmp_path, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    forks = [line for line in done.stderr.splitlines() if line in ("pandas", "lean")]
+    assert forks and set(forks) == {"lean"}

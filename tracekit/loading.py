@@ -42,10 +42,12 @@ def load(
     called with each file's path when it is parsed, ``bytes_read`` with counts of bytes read.
     """
     # Imported here: the command line builds LoadOptions on paths that never load (a cached
-    # analysis), and reconstruct brings pandas (~0.3 s).
+    # analysis); and reconstruct brings pandas, which must come after read_run has forked its
+    # parser workers (they stay lean; read_run loads pandas itself while they parse).
     from tracekit.ingest import read_run
-    from tracekit.reconstruct import reconstruct
 
     options = options or LoadOptions()
     run = read_run(path, options, progress=progress, bytes_read=bytes_read)
+    from tracekit.reconstruct import reconstruct
+
     return reconstruct(run, timeline=options.timeline, labels=options.labels)
