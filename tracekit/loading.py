@@ -9,9 +9,7 @@ from os import PathLike
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tracekit.ingest import read_run
 from tracekit.ingest.options import ReadOptions
-from tracekit.reconstruct import reconstruct
 
 if TYPE_CHECKING:
     from tracekit.model.run import Run
@@ -43,6 +41,13 @@ def load(
     cache, the highest iteration, the device timeline where there is one). ``progress`` is
     called with each file's path when it is parsed, ``bytes_read`` with counts of bytes read.
     """
+    # Imported here: the command line builds LoadOptions on paths that never load (a cached
+    # analysis); and reconstruct brings pandas, which must come after read_run has forked its
+    # parser workers (they stay lean; read_run loads pandas itself while they parse).
+    from tracekit.ingest import read_run
+
     options = options or LoadOptions()
     run = read_run(path, options, progress=progress, bytes_read=bytes_read)
+    from tracekit.reconstruct import reconstruct
+
     return reconstruct(run, timeline=options.timeline, labels=options.labels)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -69,22 +70,27 @@ def typical_durations(actions: pd.DataFrame) -> dict[str, int]:
     return {str(k): int(v) for k, v in durations.groupby(actions["kind"]).median().items()}
 
 
-def analyze(run: Run, attribution: bool = True, whatif: bool = False) -> Analysis:
+def analyze(
+    run: Run, attribution: bool = True, whatif: bool = False, progress: Callable[[str], None] | None = None
+) -> Analysis:
     """Measure bubbles, compare with theory, attribute idle time and diagnose the run.
 
     ``whatif``: also predict the default what-if table of the HTML report (replays other
     schedules and m; on a pipeline with attribution only). A run with ranks missing is
     measured on the ranks present only: no closed form and no replay, which both need the
     whole pipeline. Raises :class:`TracekitError` for a run with no work to measure, and
-    where a share would fall outside [0, 1]."""
+    where a share would fall outside [0, 1]. ``progress`` is told each long part's name as
+    it starts (the replays of each step, the diagnosis, the report's what-if)."""
     try:
-        result = _analyze(run, attribution)
+        result = _analyze(run, attribution, progress)
         result.replicas = rollup(result)
+        if progress:
+            progress("diagnosing")
         result.findings = with_replica_findings(diagnose(result), replica_findings(result))
     except ShareError as err:
         raise ShareError(f"{run.source}: {err}") from None
     if whatif and result.is_pipeline and result.attribution is not None:
-        result.whatif = report_what_if(run, list(result.attribution.graphs.values()), result.bubbles)
+        result.whatif = report_what_if(run, list(result.attribution.graphs.values()), result.bubbles, progress)
     return result
 
 
@@ -92,7 +98,7 @@ def _host_spans(actions: pd.DataFrame) -> pd.DataFrame:
     return actions.assign(start_ns=actions["host_start_ns"], end_ns=actions["host_end_ns"])
 
 
-def _analyze(run: Run, attribution: bool) -> Analysis:
+def _analyze(run: Run, attribution: bool, progress: Callable[[str], None] | None = None) -> Analysis:
     on_device = run.timeline == "device"
     if not run.is_pipeline:
         bubbles = measure_device_plain(run.device) if on_device else measure_plain(run.events, run.steps)
@@ -150,7 +156,7 @@ def _analyze(run: Run, attribution: bool) -> Analysis:
     else:
         result.theory = theoretical_bubble(sched.name, sched.p, sched.v, sched.m, t_f, t_b, t_w)
     if attribution:
-        result.attribution = attribute(run, bubbles)
+        result.attribution = attribute(run, bubbles, progress)
         steps = result.attribution.steps
         ideal_window = sum(s.ideal_makespan_ns * len(s.ideal_idle_ns) for s in steps)
         if ideal_window:

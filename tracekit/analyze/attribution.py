@@ -24,7 +24,7 @@ Method (``shared/docs/pipeline-theory.md``, "What attribute idle time has to mea
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
 from typing import Any
@@ -96,7 +96,7 @@ class Attribution:
         )
 
 
-def apportion(total: int, weights: Sequence[float]) -> list[int]:
+def apportion(total: int, weights: Sequence[float] | np.ndarray) -> list[int]:
     """Split integer ``total`` in proportion to non-negative ``weights``; the parts are
     integers that sum to ``total`` exactly (largest remainder). All-zero weights put
     everything on the last part."""
@@ -168,30 +168,49 @@ def attribute_step(graph: StepGraph, measured_idle: dict[int, int], measured_mak
     link_gain = _link_gains(graph, values[full], link_latency)
     rows, stage_rows, link_rows = [], [], []
     ideal_windows = graph.window_ns(ideal)
-    for r in ranks:
-        window_start = graph.origin(int(np.flatnonzero(graph.rank == r)[0]))
-        warmup, drain, gaps = _schedule_idle(graph, ideal, r, window_start, window_start + ideal_windows[r])
+    # Per rank work below must not scan every action or every link of the step: with
+    # thousands of ranks that is quadratic. Each rank's actions, and the blame weights as
+    # (stage or link) x rank matrices, are laid out once.
+    by_rank = _positions_by_rank(graph.rank)
+    stages = sorted(stage_gain)
+    stage_weights = _gain_matrix(stage_gain, stages, ranks)
+    stage_fallback = np.array([_excess_work(graph, balanced, s) for s in stages], dtype=float)
+    links = sorted(link_latency)  # every link of the step; link_gain holds the replayed ones
+    replayed = [k for k, link in enumerate(links) if link in link_gain]
+    link_weights = _gain_matrix(link_gain, [links[k] for k in replayed], ranks)
+    link_fallback = np.array([link_latency.get(link, 0) for link in links], dtype=float)
+    # A rank none of the replayed links helps shares its comm among the links of its own
+    # pipeline replica by latency, not among every link of the job (with thousands of ranks
+    # that was a row per rank and link, and blamed links the rank never used).
+    group = _linked_groups(links)
+    link_group = np.array([group[src] for src, _ in links], dtype=np.int64)
+    group_links = {g: np.flatnonzero(link_group == g) for g in np.unique(link_group).tolist()}
+    no_links = np.zeros(0, dtype=np.int64)
+    for column, r in enumerate(ranks):
+        on_rank = by_rank[r]
+        window_start = graph.origin(int(on_rank[0]))
+        warmup, drain, gaps = _schedule_idle(graph, ideal, on_rank, window_start, window_start + ideal_windows[r])
         residual = measured_idle[r] - values[full][r]
         raw = [warmup, drain, gaps, signed[r]["imbalance"], signed[r]["comm"], signed[r]["overhead"] + residual]
         parts = apportion(int(measured_idle[r]), raw)
         rows.append((r, graph.step, int(measured_idle[r]), *parts))
         imbalance_ns, comm_ns = parts[3], parts[4]
         if imbalance_ns:
-            stages = sorted(stage_gain)
-            weights: list[float] = [max(stage_gain[s].get(r, 0), 0) for s in stages]
-            if sum(weights) <= 0:
-                weights = [_excess_work(graph, balanced, s) for s in stages]
-            for s, share in zip(stages, apportion(imbalance_ns, weights)):
-                if share:
-                    stage_rows.append((r, s, share))
+            weights = stage_weights[:, column]
+            shares = apportion(imbalance_ns, weights if weights.sum() > 0 else stage_fallback)
+            stage_rows += [(r, stages[k], shares[k]) for k in np.flatnonzero(shares).tolist()]
         if comm_ns:
-            links = sorted(link_gain)
-            weights = [max(link_gain[link].get(r, 0), 0) for link in links]
-            if sum(weights) <= 0:
-                weights = [link_latency.get(link, 0) for link in links]
-            for (src, dst), share in zip(links, apportion(comm_ns, weights)):
-                if share:
-                    link_rows.append((r, src, dst, share))
+            # Shares over the links that can get any (a link of weight 0 gets none), not
+            # over every link of the job.
+            weights = link_weights[:, column]
+            candidates = np.asarray(replayed, dtype=np.int64)
+            if weights.sum() <= 0:
+                candidates = group_links.get(group.get(r, -1), no_links)
+                weights = link_fallback[candidates]
+            if weights.sum() <= 0:  # no latency anywhere near: the rule of apportion, all links
+                candidates, weights = np.arange(len(links)), np.zeros(len(links))
+            shares = apportion(comm_ns, weights)
+            link_rows += [(r, *links[candidates[k]], shares[k]) for k in np.flatnonzero(shares).tolist()]
     table = pd.DataFrame(rows, columns=ATTRIBUTION_COLUMNS)
     full_result = results[full]
     return StepAttribution(
@@ -209,6 +228,42 @@ def attribute_step(graph: StepGraph, measured_idle: dict[int, int], measured_mak
     )
 
 
+def _positions_by_rank(rank: np.ndarray) -> dict[int, np.ndarray]:
+    """Each rank's action positions, ascending (as ``np.flatnonzero(rank == r)``)."""
+    order = np.argsort(rank, kind="stable")
+    values, first = np.unique(rank[order], return_index=True)
+    return {int(v): part for v, part in zip(values, np.split(order, first[1:]))}
+
+
+def _linked_groups(links: list[tuple[int, int]]) -> dict[int, int]:
+    """Each rank on a link -> the smallest rank it is connected to through links (its
+    replica, where replicas exchange no P2P messages)."""
+    parent: dict[int, int] = {}
+
+    def root(r: int) -> int:
+        while parent.setdefault(r, r) != r:
+            parent[r] = parent[parent[r]]
+            r = parent[r]
+        return r
+
+    for src, dst in links:
+        a, b = root(src), root(dst)
+        if a != b:
+            parent[max(a, b)] = min(a, b)
+    return {r: root(r) for r in list(parent)}
+
+
+def _gain_matrix(gains: dict[Any, dict[int, int]], keys: list[Any], ranks: list[int]) -> np.ndarray:
+    """``gains[key][rank]`` as a keys x ranks array, negative gains as 0 (they blame nothing)."""
+    column = {r: k for k, r in enumerate(ranks)}
+    out = np.zeros((len(keys), len(ranks)), dtype=float)
+    for row, key in enumerate(keys):
+        for r, gain in gains[key].items():
+            if gain > 0 and r in column:
+                out[row, column[r]] = gain
+    return out
+
+
 def _makespan(graph: StepGraph, result: Replay) -> int:
     """The replayed step's length: t0 to its last end; with per-rank windows (flush-free)
     the longest rank window, as the bubble table's ``window_ns`` is then per rank."""
@@ -216,15 +271,14 @@ def _makespan(graph: StepGraph, result: Replay) -> int:
 
 
 def _schedule_idle(
-    graph: StepGraph, ideal: Replay, rank: int, window_start: int, window_end: int
+    graph: StepGraph, ideal: Replay, on_rank: np.ndarray, window_start: int, window_end: int
 ) -> tuple[int, int, int]:
-    """Split a rank's idle in the all-causes-removed replay, over its window
+    """Split a rank's idle (its actions at positions ``on_rank``) in the all-causes-removed replay, over its window
     [window_start, window_end], by pipeline phase: warmup is idle before its first backward
     (the pipeline filling), drain is idle after its last forward (emptying), schedule gaps
     are idle in between (steady-state holes of interleaved and zero-bubble schedules).
     In a flush-free pipeline a step after the pipeline's first starts in steady state, so
     its schedule idle is ~0; the pipeline's first step (where recorded) holds the fill."""
-    on_rank = np.flatnonzero(graph.rank == rank)
     order = on_rank[np.argsort(ideal.start[on_rank], kind="stable")]
     starts, ends = ideal.start[order], ideal.end[order]
     kinds = graph.kind[order]
@@ -272,14 +326,14 @@ def _link_latency(graph: StepGraph) -> dict[tuple[int, int], int]:
 def _link_gains(
     graph: StepGraph, full_idle: dict[int, int], total_latency: dict[tuple[int, int], int]
 ) -> dict[tuple[int, int], dict[int, int]]:
-    """Per link: how much each rank's idle shrinks when only that link is free."""
-    links = graph.edge_links()
+    """Per link replayed (the MAX_BLAME_REPLAYS of most latency; the others gain nothing
+    and are left out: with thousands of ranks a zero per link and rank is a table of
+    millions): how much each rank's idle shrinks when only that link is free."""
+    src, dst = graph.rank[graph.edge_src], graph.rank[graph.edge_dst]
     gains = {}
     ranked = sorted(total_latency, key=lambda link: -total_latency[link])
-    for link in ranked[MAX_BLAME_REPLAYS:]:
-        gains[link] = {r: 0 for r in full_idle}
     for link in ranked[:MAX_BLAME_REPLAYS]:
-        mask = np.array([each == link for each in links])
+        mask = (src == link[0]) & (dst == link[1])
         lat = np.where(mask, 0, graph.edge_lat)
         xfer = np.where(mask, 0, graph.edge_xfer)
         idle = idle_per_rank(graph, replay(graph, lat=lat, xfer=xfer))
@@ -292,9 +346,9 @@ def _excess_work(graph: StepGraph, balanced: np.ndarray, stage: int) -> float:
     return float(max(0, int(graph.dur[on].sum() - balanced[on].sum())))
 
 
-def attribute(run: Run, bubbles: pd.DataFrame) -> Attribution:
+def attribute(run: Run, bubbles: pd.DataFrame, progress: Callable[[str], None] | None = None) -> Attribution:
     """Attribute every pipeline step of the run (a flush-free one over its per-rank
-    windows, those of ``bubbles``)."""
+    windows, those of ``bubbles``); ``progress`` is told each step as its replays start."""
     steps = []
     flush_free = run.schedule is not None and run.schedule.flush_free
     graphs = step_graphs(run, bubbles[["rank", "step", "window_start_ns"]] if flush_free else None)
@@ -303,7 +357,9 @@ def attribute(run: Run, bubbles: pd.DataFrame) -> Attribution:
         # (reported on its own by tracekit.analyze.slices), so balancing keeps it
         for graph in graphs.values():
             graph.balance_by_microbatch = True
-    for step, graph in graphs.items():
+    for k, (step, graph) in enumerate(graphs.items()):
+        if progress:
+            progress(f"attribution: replaying step {step} ({k + 1} of {len(graphs)}, {len(graph.action_id):,} actions)")
         rows = bubbles[bubbles["step"] == step]
         measured_idle = {int(r): int(i) for r, i in zip(rows["rank"], rows["idle_ns"])}
         measured_makespan = int(rows["window_ns"].max()) if len(rows) else 0

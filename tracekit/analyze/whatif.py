@@ -47,7 +47,7 @@ changes with the microbatch, but its fixed cost dominates at these sizes; an ass
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
@@ -656,6 +656,7 @@ def what_if(
     links: LinkChange | None = None,
     activation: ActivationSize | None = None,
     p: int | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> WhatIf:
     """Predict every target (schedule, v, m) (default: :func:`default_targets` and
     :func:`zero_bubble_targets`); targets that cannot be generated are skipped with the reason. ``balanced``: every target also with stages re-split evenly.
@@ -664,7 +665,8 @@ def what_if(
     (the measured order too, as a row of its own; the model-of-the-measured row keeps the
     measured links: it is the model's error). ``activation``: rows also say the activation
     bytes their order holds. ``p``: the targets' number of ranks, refused unless the
-    measured one (changing p is out of scope)."""
+    measured one (changing p is out of scope). ``progress`` is told each target as its
+    replays start."""
     from tracekit.analyze.bubbles import measure_pipeline
 
     model = cost_model(run) if model is None else model
@@ -680,7 +682,10 @@ def what_if(
     skipped: list[str] = []
     if links is not None:
         predictions.append(as_measured(model, samples, seed, activation, f"measured order, {links.short()}"))
-    for schedule, v, m in targets or default_targets(model) + zero_bubble_targets(model):
+    chosen = targets or default_targets(model) + zero_bubble_targets(model)
+    for k, (schedule, v, m) in enumerate(chosen):
+        if progress:
+            progress(f"what-if: {schedule} v={v} m={m} ({k + 1} of {len(chosen)}, {samples} replays)")
         try:
             predictions.append(predict(model, schedule, v, m, keep, samples, seed, activation=activation))
             if balanced:
@@ -953,7 +958,9 @@ class ReportWhatIf:
     note: str = ""
 
 
-def report_what_if(run: Run, graphs: list[StepGraph], bubbles: pd.DataFrame) -> ReportWhatIf:
+def report_what_if(
+    run: Run, graphs: list[StepGraph], bubbles: pd.DataFrame, progress: Callable[[str], None] | None = None
+) -> ReportWhatIf:
     """The default what-if (``tracekit whatif --balanced``) on the step graphs the
     attribution replayed; a run that cannot be varied gets the reason instead."""
     try:
@@ -970,7 +977,7 @@ def report_what_if(run: Run, graphs: list[StepGraph], bubbles: pd.DataFrame) -> 
             "run tracekit whatif with the targets you want",
         )
     try:
-        result = what_if(run, targets, samples=samples, balanced=True, model=model, bubbles=bubbles)
+        result = what_if(run, targets, samples=samples, balanced=True, model=model, bubbles=bubbles, progress=progress)
     except TracekitError as err:
         return ReportWhatIf(None, f"What if: not computed: {err}")
     return ReportWhatIf(result)

@@ -9,7 +9,13 @@ from pathlib import Path
 import click
 
 from tracekit.errors import TracekitError
-from tracekit.commands.common import cached_document, load_with_progress, rank_options, remember_document
+from tracekit.commands.common import (
+    cached_document,
+    load_with_progress,
+    rank_options,
+    remember_document,
+    work_progress,
+)
 
 
 @click.command("analyze")
@@ -85,7 +91,9 @@ def command(
         from tracekit.analyze import analyze
         from tracekit.render.json import to_document
 
-        analysis = analyze(run, attribution=not no_attribution, whatif=html_target is not None)
+        analysis = analyze(
+            run, attribution=not no_attribution, whatif=html_target is not None, progress=work_progress(progress)
+        )
         doc = to_document(analysis)
         remember_document(run_dir, options, doc)
     if json_target:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -41,7 +43,8 @@ def rank_options(func):
     @click.option(
         "--progress/--no-progress",
         default=None,
-        help="Show a progress bar while loading (default: when stderr is a terminal).",
+        help="Show progress on stderr: a bar while loading, then a line per long step (replays, "
+        "what-if, the report). Default: when stderr is a terminal.",
     )
     @click.option(
         "-j",
@@ -159,10 +162,13 @@ def label_rules(flags) -> LabelSet | None:
     """The user's label rules: ``[tool.tracekit.labels]`` of the closest pyproject.toml, then
     each ``--label-rule`` (a bad one is one line, before any file is read)."""
     from tracekit.pyproject import find_table, tracekit_table
+
+    found = find_table(Path.cwd(), "labels")
+    if found is None and not flags:
+        return None  # without importing reconstruct (and pandas): a cached analysis needs neither
     from tracekit.reconstruct.labels import custom_set, parse_rule, rule_of
 
     rules = []
-    found = find_table(Path.cwd(), "labels")
     if found is not None:
         table = tracekit_table(found, "labels")
         if not isinstance(table, dict):
@@ -231,6 +237,20 @@ def load_with_progress(
         total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="reading traces", file=sys.stderr, leave=False
     ) as bar:
         return load(path, options, bytes_read=bar.update)
+
+
+def work_progress(progress: bool | None) -> Callable[[str], None] | None:
+    """Where the long parts after loading (replays, what-if, the report) say what they are
+    doing: a line on stderr each, with the seconds since the first (on a terminal, or with
+    --progress; never on stdout, where --json goes). None when not shown."""
+    if not (sys.stderr.isatty() if progress is None else progress):
+        return None
+    started = time.perf_counter()
+
+    def say(what: str) -> None:
+        click.echo(f"tracekit: {what} ({time.perf_counter() - started:.1f} s)", err=True)
+
+    return say
 
 
 def _document_cache(run_dir: Path, options: dict):

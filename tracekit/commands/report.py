@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from tracekit.commands.common import load_with_progress, rank_options
+from tracekit.commands.common import load_with_progress, rank_options, work_progress
 
 
 def default_name(run_dir: Path) -> str:
@@ -46,6 +46,10 @@ def command(
 
     target = run_output(output or Path("reports") / f"{default_name(run_dir)}.html", "-o", run_dir)
     run = load_with_progress(run_dir, rank_from, rank_map, progress)
-    data = render_report(analyze(run, whatif=True)).encode()
+    say = work_progress(progress)
+    analysis = analyze(run, whatif=True, progress=say)
+    if say:
+        say("rendering the report")
+    data = render_report(analysis).encode()
     target.write(data)
     click.echo(target.wrote(f"{len(data) / 1e6:.1f} MB"), err=True)

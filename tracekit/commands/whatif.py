@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from tracekit.commands.common import load_with_progress, rank_options
+from tracekit.commands.common import load_with_progress, rank_options, work_progress
 
 SCHEDULE_CHOICES = ["GPipe", "1F1B", "Interleaved1F1B", "ZB-H1", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"]
 # chunks per rank each schedule takes when -v does not say: one, the interleaved v, or the V's two
@@ -210,6 +210,9 @@ def command(
             "--balanced / --split / --layer-costs and --search: the search keeps the measured split; run them apart"
         )
     run = load_with_progress(run_dir, rank_from, rank_map, progress)
+    say = work_progress(progress)
+    if say:
+        say("what-if: the cost model from the measured steps")
     model = cost_model(run)
     check_ranks(model, ranks)
     if do_search:
@@ -242,6 +245,7 @@ def command(
         model=model,
         p=ranks,
         links=links,
+        progress=say,
     )
     if fallback is not None:
         result.assumptions.append(fallback)

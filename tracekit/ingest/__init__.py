@@ -311,8 +311,6 @@ def read_run(
     :class:`tracekit.loading.LoadOptions` is one). ``progress`` is called with each file's
     path when it is done, ``bytes_read`` with counts of input bytes consumed.
     """
-    from tracekit.model.run import Run
-
     options = options or ReadOptions()
     path = Path(path)
     found = find_traces(path, options.iteration, options.rank_from)
@@ -334,6 +332,10 @@ def read_run(
     exported = {read: given for read, given in zip(paths, found.files) if read != given}
     for trace in files:
         trace.path = exported.get(trace.path, trace.path)
+    # Imported after parsing: parser workers fork while this process has no pandas (the
+    # executor loads it while they parse), so each stays ~30-50 MB.
+    from tracekit.model.run import Run
+
     capture_warnings: list[str] = []
     run = Run(source=str(path), files=files, events=events, capture=load_capture_manifest(path, capture_warnings))
     for message in found.warnings + settle_unknown_ranks(files, events) + check_layout(files) + capture_warnings:

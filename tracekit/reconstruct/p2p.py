@@ -35,20 +35,27 @@ def _recv_done_times(events: pd.DataFrame, recvs: pd.DataFrame) -> np.ndarray:
     """When each receive's wait returned: the end of its gloo:recv annotation."""
     done = recvs["end_ns"].to_numpy().copy()
     annotations = events[(events["name"] == "gloo:recv") & ~events["on_gpu"]]
-    for rank, rank_recvs in recvs.groupby("rank"):
-        ann = annotations[annotations["rank"] == rank].sort_values("start_ns")
-        a_start = ann["start_ns"].to_numpy()
-        a_end = ann["end_ns"].to_numpy()
-        used = np.zeros(len(ann), dtype=bool)
-        for pos, (start, end) in zip(rank_recvs.index, rank_recvs[["start_ns", "end_ns"]].to_numpy()):
-            # the annotation posted inside this recv_ op
-            lo = np.searchsorted(a_start, start, side="left")
-            hi = np.searchsorted(a_start, end, side="right")
-            for k in range(lo, hi):
-                if not used[k]:
-                    used[k] = True
-                    done[recvs.index.get_loc(pos)] = max(end, a_end[k])
-                    break
+    # Sorted by (rank, start) once: each rank's annotations are then a slice, not a filter of
+    # the whole table per rank (quadratic in ranks).
+    annotations = annotations.sort_values(["rank", "start_ns"], kind="stable")
+    a_rank = annotations["rank"].to_numpy()
+    a_start = annotations["start_ns"].to_numpy()
+    a_end = annotations["end_ns"].to_numpy()
+    used = np.zeros(len(annotations), dtype=bool)
+    r_rank = recvs["rank"].to_numpy()
+    r_start, r_end = recvs["start_ns"].to_numpy(), recvs["end_ns"].to_numpy()
+    # each rank's receives in table order, as the per-rank groups were
+    for i in np.argsort(r_rank, kind="stable").tolist():
+        first = np.searchsorted(a_rank, r_rank[i], side="left")
+        last = np.searchsorted(a_rank, r_rank[i], side="right")
+        # the annotation posted inside this recv_ op
+        lo = first + np.searchsorted(a_start[first:last], r_start[i], side="left")
+        hi = first + np.searchsorted(a_start[first:last], r_end[i], side="right")
+        for k in range(lo, hi):
+            if not used[k]:
+                used[k] = True
+                done[i] = max(r_end[i], a_end[k])
+                break
     return done
 
 

@@ -68,6 +68,9 @@ def to_document(analysis: Analysis) -> dict:
         }
     attribution = analysis.attribution
     table = attribution.table if attribution else None
+    cause_columns = [f"{c}_ns" for c in CATEGORIES]
+    # One groupby, not a filter of the whole table per rank (quadratic in ranks).
+    cause_sums = table.groupby("rank")[cause_columns].sum() if table is not None and len(table) else None
     for rank, info in analysis.summary.per_rank.items():
         entry = {
             "rank": rank,
@@ -76,9 +79,9 @@ def to_document(analysis: Analysis) -> dict:
             "idle_ns": info.idle_ns,
             "bubble_ratio": _ratio(info.bubble_ratio),
         }
-        if table is not None and len(table):
-            sums = table[table["rank"] == rank][[f"{c}_ns" for c in CATEGORIES]].sum()
-            entry["causes"] = {k: int(v) for k, v in sums.items()}
+        if cause_sums is not None:
+            sums = cause_sums.loc[rank] if rank in cause_sums.index else dict.fromkeys(cause_columns, 0)
+            entry["causes"] = {k: int(sums[k]) for k in cause_columns}
         doc["ranks"].append(entry)
     by_step = {s.step: s for s in attribution.steps} if attribution else {}
     for step, rows in analysis.bubbles.groupby("step", sort=True):
@@ -89,7 +92,12 @@ def to_document(analysis: Analysis) -> dict:
             "window_end_ns": int(rows["window_end_ns"].max()),
             "ranks": [],
         }
-        att_rows = att.table.set_index("rank") if att is not None else None
+        # rank -> its causes, read once (a .loc per rank costs ~0.2 ms)
+        att_rows = (
+            {int(r[0]): r[1:] for r in att.table[["rank", *cause_columns]].itertuples(index=False)}
+            if att is not None
+            else None
+        )
         for row in rows.itertuples(index=False):
             rank_doc = {
                 "rank": int(row.rank),
@@ -98,9 +106,8 @@ def to_document(analysis: Analysis) -> dict:
                 "idle_ns": int(row.idle_ns),
                 "bubble_ratio": _ratio(row.bubble_ratio),
             }
-            if att_rows is not None and int(row.rank) in att_rows.index:
-                a = att_rows.loc[int(row.rank)]
-                rank_doc["causes"] = {f"{c}_ns": int(a[f"{c}_ns"]) for c in CATEGORIES}
+            if att_rows is not None and int(row.rank) in att_rows:
+                rank_doc["causes"] = {k: int(v) for k, v in zip(cause_columns, att_rows[int(row.rank)])}
                 rank_doc["signed_shapley_ns"] = {k: round(v, 1) for k, v in att.signed_shapley[int(row.rank)].items()}
             step_doc["ranks"].append(rank_doc)
         if att is not None:
