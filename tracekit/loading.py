@@ -3,19 +3,24 @@ messages, schedule). :func:`tracekit.load` is :func:`load`."""
 
 from __future__ import annotations
 
+import functools
+import hashlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from os import PathLike
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tracekit.ingest import read_run
-from tracekit.ingest.options import ReadOptions
+from tracekit.ingest.options import ReadOptions, Reducer
 from tracekit.reconstruct import reconstruct
+from tracekit.reconstruct.labels import LabelSet, custom_set, parse_rule
+from tracekit.reconstruct.per_rank import gather, rank_reduce
 
 if TYPE_CHECKING:
+    from tracekit.ingest.columns import EventColumns
+    from tracekit.model.events import TraceFile
     from tracekit.model.run import Run
-    from tracekit.reconstruct.labels import LabelSet
 
 
 @dataclass(frozen=True)
@@ -44,5 +49,58 @@ def load(
     called with each file's path when it is parsed, ``bytes_read`` with counts of bytes read.
     """
     options = options or LoadOptions()
-    run = read_run(path, options, progress=progress, bytes_read=bytes_read)
-    return reconstruct(run, timeline=options.timeline, labels=options.labels)
+    labels = options.labels
+    if labels is not None and not isinstance(labels, LabelSet):
+        labels = custom_set([parse_rule(text, "label rule") for text in labels])
+    if options.rows != "reduce":
+        run = read_run(path, options, progress=progress, bytes_read=bytes_read)
+        return reconstruct(run, timeline=options.timeline, labels=labels)
+    reducer = Reducer(functools.partial(reduce_file, labels=labels), _reducer_key(labels))
+    run = read_run(path, replace(options, reducer=reducer), progress=progress, bytes_read=bytes_read)
+    reduced = [trace.reduced is not None for trace in run.files]
+    if any(reduced) and not (all(reduced) and gather([t.reduced for t in run.files], labels) is not None):
+        # Some ranks have no actions or record device work, or chose another label table
+        # than the run does: those ranks' actions are not the run's. Read the events.
+        run = read_run(path, replace(options, rows="analysis"), progress=progress, bytes_read=bytes_read)
+    return reconstruct(run, timeline=options.timeline, labels=labels)
+
+
+def reduce_file(
+    parsed: list[tuple[TraceFile, EventColumns]], labels: LabelSet | None
+) -> list[tuple[TraceFile, EventColumns]]:
+    """The map step's reduce (``rows="reduce"``), run where a file was parsed: each rank's
+    steps and actions on its :class:`~tracekit.model.events.TraceFile` (``reduced``) and,
+    of its working set, only the rows the cross-rank steps read
+    (:mod:`tracekit.reconstruct.per_rank`); a rank that needs its events keeps them."""
+    from tracekit.ingest.columns import EventColumns, events_frame
+
+    out = []
+    for trace, columns in parsed:
+        events = events_frame([columns.copy()])
+        found = rank_reduce(events, labels)
+        if found is None:
+            out.append((trace, columns))
+            continue
+        trace.reduced, keep = found
+        out.append((trace, EventColumns.from_frame(events[keep])))
+    return out
+
+
+@functools.cache
+def _code_digest() -> str:
+    """A digest of the code :func:`reduce_file` runs (the parse cache keys the parser's own)."""
+    root = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for source in [
+        Path(__file__),
+        *sorted((root / "reconstruct").rglob("*.py")),
+        *sorted((root / "model").glob("*.py")),
+    ]:
+        digest.update(source.relative_to(root).as_posix().encode())
+        digest.update(source.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _reducer_key(labels: LabelSet | None) -> dict:
+    rules = [(r.pattern, r.role) for r in labels.rules] if labels is not None else []
+    return {"code": _code_digest(), "labels": rules}
