@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tracekit.analyze.replay import Replay, StepGraph, critical_path, idle_per_rank, replay, step_graphs
+from tracekit.analyze.replay import Replay, Scenario, StepGraph, critical_path, idle_per_rank, replay_many, step_graphs
 from tracekit.model.run import Run
 from tracekit.reconstruct.schedule import TERAPIPE_NAME
 from tracekit.vocab import CATEGORIES
@@ -137,35 +137,41 @@ def shapley(
     return out
 
 
-def _scenario(
-    graph: StepGraph, balanced: np.ndarray, present: Coalition
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _scenario(graph: StepGraph, balanced: np.ndarray, present: Coalition) -> Scenario:
     dur = graph.dur if "imbalance" in present else balanced
     lat = graph.edge_lat if "comm" in present else np.zeros_like(graph.edge_lat)
     xfer = graph.edge_xfer if "comm" in present else np.zeros_like(graph.edge_xfer)
     ovh = graph.ovh if "overhead" in present else np.zeros_like(graph.ovh)
-    return dur, lat, xfer, ovh
+    return Scenario(dur=dur, ovh=ovh, lat=lat, xfer=xfer)
 
 
 def attribute_step(graph: StepGraph, measured_idle: dict[int, int], measured_makespan: int) -> StepAttribution:
     """Attribute one step's idle per rank (``measured_idle`` from the bubble table)."""
     ranks = [int(r) for r in graph.ranks]
     balanced = graph.balanced_durations()
-    values: dict[Coalition, dict[int, int]] = {}
-    results: dict[Coalition, Replay] = {}
-    for size in range(len(CAUSES) + 1):
-        for coalition in combinations(CAUSES, size):
-            present = frozenset(coalition)
-            dur, lat, xfer, ovh = _scenario(graph, balanced, present)
-            result = replay(graph, dur=dur, ovh=ovh, lat=lat, xfer=xfer)
-            results[present] = result
-            values[present] = idle_per_rank(graph, result, dur)
+    coalitions = [frozenset(c) for size in range(len(CAUSES) + 1) for c in combinations(CAUSES, size)]
+    scenarios = [_scenario(graph, balanced, present) for present in coalitions]
+    by_excess = _stages_by_excess(graph, balanced)
+    stage_scenarios = [
+        Scenario(dur=np.where(graph.stage == s, balanced, graph.dur)) for s in by_excess[:MAX_BLAME_REPLAYS]
+    ]
+    link_latency = _link_latency(graph)
+    by_latency = sorted(link_latency, key=lambda link: -link_latency[link])
+    link_scenarios = [_link_freed(graph, link) for link in by_latency[:MAX_BLAME_REPLAYS]]
+    # Every replay of the step at once (replay_many walks the graph a single time).
+    replayed = replay_many(graph, scenarios + stage_scenarios + link_scenarios)
+    results: dict[Coalition, Replay] = dict(zip(coalitions, replayed))
+    values = {
+        present: idle_per_rank(graph, results[present], scenario.dur)
+        for present, scenario in zip(coalitions, scenarios)
+    }
     full, none = frozenset(CAUSES), Coalition()
     signed = shapley(values, CAUSES, ranks)
     ideal = results[none]
-    stage_gain = _stage_gains(graph, values[full], balanced)
-    link_latency = _link_latency(graph)
-    link_gain = _link_gains(graph, values[full], link_latency)
+    stage_results = replayed[len(scenarios) : len(scenarios) + len(stage_scenarios)]
+    stage_gain = _gains(graph, values[full], by_excess, stage_scenarios, stage_results)
+    link_results = replayed[len(scenarios) + len(stage_scenarios) :]
+    link_gain = _gains(graph, values[full], by_latency, link_scenarios, link_results)
     rows, stage_rows, link_rows = [], [], []
     ideal_windows = graph.window_ns(ideal)
     for r in ranks:
@@ -248,16 +254,28 @@ def _schedule_idle(
     return warmup, drain, gaps
 
 
-def _stage_gains(graph: StepGraph, full_idle: dict[int, int], balanced: np.ndarray) -> dict[int, dict[int, int]]:
-    """Per stage: how much each rank's idle shrinks when only that stage is balanced."""
-    gains = {}
-    stages = sorted((int(s) for s in np.unique(graph.stage)), key=lambda s: -_excess_work(graph, balanced, s))
-    for s in stages[MAX_BLAME_REPLAYS:]:
-        gains[s] = {r: 0 for r in full_idle}
-    for s in stages[:MAX_BLAME_REPLAYS]:
-        dur = np.where(graph.stage == s, balanced, graph.dur)
-        idle = idle_per_rank(graph, replay(graph, dur=dur), dur)
-        gains[int(s)] = {r: full_idle[r] - idle[r] for r in full_idle}
+def _stages_by_excess(graph: StepGraph, balanced: np.ndarray) -> list[int]:
+    """The stages, most excess work first (blame replays the first MAX_BLAME_REPLAYS)."""
+    return sorted((int(s) for s in np.unique(graph.stage)), key=lambda s: -_excess_work(graph, balanced, s))
+
+
+def _link_freed(graph: StepGraph, link: tuple[int, int]) -> Scenario:
+    """The measured step with one link (src rank, dst rank) free."""
+    mask = (graph.rank[graph.edge_src] == link[0]) & (graph.rank[graph.edge_dst] == link[1])
+    return Scenario(lat=np.where(mask, 0, graph.edge_lat), xfer=np.where(mask, 0, graph.edge_xfer))
+
+
+def _gains(
+    graph: StepGraph, full_idle: dict[int, int], keys: list[Any], scenarios: list[Scenario], results: list[Replay]
+) -> dict[Any, dict[int, int]]:
+    """Per stage (or link): how much each rank's idle shrinks when only that stage is
+    balanced (that link free); 0 for those past MAX_BLAME_REPLAYS, which are not replayed."""
+    gains: dict[Any, dict[int, int]] = {}
+    for key in keys[len(scenarios) :]:
+        gains[key] = {r: 0 for r in full_idle}
+    for key, scenario, result in zip(keys, scenarios, results):
+        idle = idle_per_rank(graph, result, scenario.dur)
+        gains[key] = {r: full_idle[r] - idle[r] for r in full_idle}
     return gains
 
 
@@ -267,24 +285,6 @@ def _link_latency(graph: StepGraph) -> dict[tuple[int, int], int]:
     for link, lat, xfer in zip(graph.edge_links(), graph.edge_lat, graph.edge_xfer):
         total[link] = total.get(link, 0) + int(lat) + int(xfer)
     return total
-
-
-def _link_gains(
-    graph: StepGraph, full_idle: dict[int, int], total_latency: dict[tuple[int, int], int]
-) -> dict[tuple[int, int], dict[int, int]]:
-    """Per link: how much each rank's idle shrinks when only that link is free."""
-    links = graph.edge_links()
-    gains = {}
-    ranked = sorted(total_latency, key=lambda link: -total_latency[link])
-    for link in ranked[MAX_BLAME_REPLAYS:]:
-        gains[link] = {r: 0 for r in full_idle}
-    for link in ranked[:MAX_BLAME_REPLAYS]:
-        mask = np.array([each == link for each in links])
-        lat = np.where(mask, 0, graph.edge_lat)
-        xfer = np.where(mask, 0, graph.edge_xfer)
-        idle = idle_per_rank(graph, replay(graph, lat=lat, xfer=xfer))
-        gains[link] = {r: full_idle[r] - idle[r] for r in full_idle}
-    return gains
 
 
 def _excess_work(graph: StepGraph, balanced: np.ndarray, stage: int) -> float:
