@@ -15,7 +15,7 @@ from tracekit.ingest import read_run
 from tracekit.ingest.options import ReadOptions, Reducer
 from tracekit.reconstruct import reconstruct
 from tracekit.reconstruct.labels import LabelSet, custom_set, parse_rule
-from tracekit.reconstruct.per_rank import gather, rank_reduce
+from tracekit.reconstruct.per_rank import rank_reduce, run_choice
 
 if TYPE_CHECKING:
     from tracekit.ingest.columns import EventColumns
@@ -58,7 +58,7 @@ def load(
     reducer = Reducer(functools.partial(reduce_file, labels=labels), _reducer_key(labels))
     run = read_run(path, replace(options, reducer=reducer), progress=progress, bytes_read=bytes_read)
     reduced = [trace.reduced is not None for trace in run.files]
-    if any(reduced) and not (all(reduced) and gather([t.reduced for t in run.files], labels) is not None):
+    if any(reduced) and run_choice([t.reduced for t in run.files], labels) is None:
         # Some ranks have no actions or record device work, or chose another label table
         # than the run does: those ranks' actions are not the run's. Read the events.
         run = read_run(path, replace(options, rows="analysis"), progress=progress, bytes_read=bytes_read)
@@ -76,13 +76,14 @@ def reduce_file(
 
     out = []
     for trace, columns in parsed:
-        events = events_frame([columns.copy()])
-        found = rank_reduce(events, labels)
+        found = rank_reduce(events_frame([columns.copy()]), labels)
         if found is None:
             out.append((trace, columns))
             continue
-        trace.reduced, keep = found
-        out.append((trace, EventColumns.from_frame(events[keep])))
+        trace.reduced, keep = found  # keep: by row, and the table's rows are the columns'
+        numbers = {c: v[keep] for c, v in columns.numbers.items()}
+        codes = {c: v[keep] for c, v in columns.codes.items()}
+        out.append((trace, EventColumns(numbers, codes, columns.values)))
     return out
 
 

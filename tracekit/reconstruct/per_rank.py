@@ -87,28 +87,47 @@ class Gathered:
     labelling: str
 
 
-def gather(reduced: list[dict[str, Any] | None], labels: LabelSet | None) -> Gathered | None:
-    """The whole run's steps and actions from each rank's :func:`rank_reduce` (in file
-    order), exactly what :func:`find_steps` and :func:`find_actions` give on all events; None
-    when a rank sent events instead, or chose another label table than the run does."""
+def run_choice(reduced: list[dict[str, Any] | None], labels: LabelSet | None) -> LabelChoice | None:
+    """The label table the whole run chooses, from its ranks' counts; None when a rank sent
+    events instead (no action of its own, or device work), or would choose another table
+    alone (its actions are then not the run's)."""
     if not reduced or any(r is None for r in reduced):
         return None
-    parts = [r for r in reduced if r is not None]
     counts: dict[str, int] = {}
-    for part in parts:
+    for part in reduced:
+        assert part is not None
         for name, n in part["counts"].items():
             counts[name] = counts.get(name, 0) + int(n)
     choice = choose(counts, labels)
     table = choice.used.name if choice.used is not None else None
-    if any(part["table"] != table for part in parts):
+    return choice if all(part is not None and part["table"] == table for part in reduced) else None
+
+
+def gather(reduced: list[dict[str, Any] | None], labels: LabelSet | None) -> Gathered | None:
+    """The whole run's steps and actions from each rank's :func:`rank_reduce` (in file
+    order), exactly what :func:`find_steps` and :func:`find_actions` give on all events; None
+    where :func:`run_choice` is."""
+    choice = run_choice(reduced, labels)
+    if choice is None:
         return None
-    steps = pd.concat([pd.DataFrame(p["steps"], columns=STEP_COLUMNS[:4]) for p in parts], ignore_index=True)
+    parts = [r for r in reduced if r is not None]
+    steps = pd.DataFrame({c: _joined(parts, "steps", c) for c in STEP_COLUMNS[:4]}, columns=STEP_COLUMNS[:4])
     steps = steps.astype("int64")
     steps["n_actions"] = 0
     steps = steps.sort_values(["rank", "step"]).reset_index(drop=True)
-    actions = pd.concat([pd.DataFrame(p["actions"], columns=_RANK_ACTION_COLUMNS) for p in parts], ignore_index=True)
+    actions = pd.DataFrame(
+        {c: _joined(parts, "actions", c) for c in _RANK_ACTION_COLUMNS}, columns=_RANK_ACTION_COLUMNS
+    )
     # Stable, as find_actions' sort: a rank's rows keep their order where start times tie.
     actions = actions.sort_values(["rank", "step", "start_ns"], kind="stable").reset_index(drop=True)
     actions["action_id"] = np.arange(len(actions))
     labelling = f"{choice.used.name} labels ({choice.used.what})" if choice.used is not None else UNLABELLED
     return Gathered(steps, actions[ACTION_COLUMNS], choice, labelling)
+
+
+def _joined(parts: list[dict[str, Any]], table: str, column: str) -> list[Any]:
+    """One column of every rank's table, as one list (one frame is built, not one a rank)."""
+    out: list[Any] = []
+    for part in parts:
+        out.extend(part[table][column])
+    return out
