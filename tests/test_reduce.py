@@ -94,3 +94,22 @@ def test_a_single_file_is_read_as_its_working_set():
     one = sorted(RUN.glob("rank*.json.gz"))[0]
     run = load(one, LoadOptions(jobs=1, rows="reduce"))
     assert len(run.events) == len(load(one, LoadOptions(jobs=1, rows="analysis")).events)
+
+
+def test_entries_written_after_the_analysis_keep_the_ranks_reductions(tmp_path):
+    """The command line writes pool workers' entries in the background while the run is
+    reconstructed, which reads each rank's reduction and lets go of it: the entry must hold
+    the reduction as the worker sent it."""
+    from tracekit.ingest.executor import PendingEntry, write_deferred_entries
+
+    path = sorted(RUN.glob("rank*.json.gz"))[1]
+    parsed = reduce_file([(t, working_set(c)) for t, c in _parse_file(path, 1, None, None)], None)
+    sent = parsed[0][0].reduced
+    cache = ParseCache(tmp_path / "cache")
+    found = cache.lookup(path, {"rows": "reduce"}, 1)
+    assert found.parsed is None and found.key is not None
+    PendingEntry(str(tmp_path / "cache"), found.key, str(path), found.stamp).defer(parsed)
+    parsed[0][0].reduced = None  # what reconstruct does once it has read it
+    write_deferred_entries()
+    stored = cache.lookup(path, {"rows": "reduce"}, 1).parsed
+    assert stored is not None and stored[0][0].reduced == sent

@@ -21,6 +21,7 @@ schedule, analysis) happens after, on the gathered tables.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import importlib
 import multiprocessing
 import os
@@ -91,7 +92,8 @@ class PendingEntry:
         if self.unchanged():
             if not _DEFERRED:
                 atexit.register(write_deferred_entries)
-            _DEFERRED.append((self, [(trace, columns.copy()) for trace, columns in parsed]))
+            # The file facts copied too: the run lets go of a rank's reduction once read.
+            _DEFERRED.append((self, [(dataclasses.replace(trace), columns.copy()) for trace, columns in parsed]))
 
     def unchanged(self) -> bool:
         """A file rewritten while it was parsed is not stored."""
