@@ -270,7 +270,10 @@ def idle_per_rank(graph: StepGraph, result: Replay, dur: np.ndarray | None = Non
     [its start, its last end])."""
     dur = graph.dur if dur is None else dur
     windows = graph.window_ns(result)
-    return {int(r): windows[int(r)] - int(dur[graph.rank == r].sum()) for r in graph.ranks}
+    ranks, codes = np.unique(graph.rank, return_inverse=True)
+    busy = np.zeros(len(ranks), dtype=np.int64)
+    np.add.at(busy, codes.reshape(-1), np.asarray(dur, dtype=np.int64))
+    return {int(r): windows[int(r)] - int(b) for r, b in zip(ranks, busy)}
 
 
 def critical_path(graph: StepGraph, result: Replay) -> list[dict[str, Any]]:
