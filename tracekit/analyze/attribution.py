@@ -100,19 +100,24 @@ def apportion(total: int, weights: Sequence[float]) -> list[int]:
     """Split integer ``total`` in proportion to non-negative ``weights``; the parts are
     integers that sum to ``total`` exactly (largest remainder). All-zero weights put
     everything on the last part."""
+    return [int(x) for x in _apportioned(total, weights)]
+
+
+def _apportioned(total: int, weights: Sequence[float] | np.ndarray) -> np.ndarray:
+    """:func:`apportion`, as an int64 array."""
     w = np.clip(np.asarray(weights, dtype=float), 0.0, None)
+    floors = np.zeros(len(w), dtype=np.int64)
     if total <= 0:
-        return [0] * len(w)
+        return floors
     if w.sum() <= 0:
-        out = [0] * len(w)
-        out[-1] = total
-        return out
+        floors[-1] = total
+        return floors
     exact = w / w.sum() * total
-    floors = np.floor(exact).astype(np.int64)
+    floors = np.asarray(np.floor(exact), dtype=np.int64)
     remainder = int(total - floors.sum())
     order = np.argsort(-(exact - floors), kind="stable")
     floors[order[:remainder]] += 1
-    return [int(x) for x in floors]
+    return floors
 
 
 def shapley(
@@ -172,9 +177,14 @@ def attribute_step(graph: StepGraph, measured_idle: dict[int, int], measured_mak
     stage_gain = _gains(graph, values[full], by_excess, stage_scenarios, stage_results)
     link_results = replayed[len(scenarios) + len(stage_scenarios) :]
     link_gain = _gains(graph, values[full], by_latency, link_scenarios, link_results)
-    rows, stage_rows, link_rows = [], [], []
+    rows, stage_rows = [], []
+    link_rows: list[np.ndarray] = []  # per rank: its (rank, src, dst, comm_ns) rows
+    links = link_gain.keys
+    link_src = np.array([src for src, _ in links], dtype=np.int64)
+    link_dst = np.array([dst for _, dst in links], dtype=np.int64)
+    link_weights = np.array([link_latency.get(link, 0) for link in links], dtype=np.int64)
     ideal_windows = graph.window_ns(ideal)
-    for r in ranks:
+    for i, r in enumerate(ranks):
         window_start = graph.origin(int(np.flatnonzero(graph.rank == r)[0]))
         warmup, drain, gaps = _schedule_idle(graph, ideal, r, window_start, window_start + ideal_windows[r])
         residual = measured_idle[r] - values[full][r]
@@ -183,29 +193,29 @@ def attribute_step(graph: StepGraph, measured_idle: dict[int, int], measured_mak
         rows.append((r, graph.step, int(measured_idle[r]), *parts))
         imbalance_ns, comm_ns = parts[3], parts[4]
         if imbalance_ns:
-            stages = sorted(stage_gain)
-            weights: list[float] = [max(stage_gain[s].get(r, 0), 0) for s in stages]
+            stages = stage_gain.keys
+            weights: list[float] = [max(int(g), 0) for g in stage_gain.gain[:, i]]
             if sum(weights) <= 0:
                 weights = [_excess_work(graph, balanced, s) for s in stages]
             for s, share in zip(stages, apportion(imbalance_ns, weights)):
                 if share:
                     stage_rows.append((r, s, share))
         if comm_ns:
-            links = sorted(link_gain)
-            weights = [max(link_gain[link].get(r, 0), 0) for link in links]
-            if sum(weights) <= 0:
-                weights = [link_latency.get(link, 0) for link in links]
-            for (src, dst), share in zip(links, apportion(comm_ns, weights)):
-                if share:
-                    link_rows.append((r, src, dst, share))
+            gains = np.maximum(link_gain.gain[:, i], 0)
+            shares = _apportioned(comm_ns, gains if gains.sum() > 0 else link_weights)
+            blamed = np.flatnonzero(shares)
+            link_rows.append(np.stack([np.full(len(blamed), r), link_src[blamed], link_dst[blamed], shares[blamed]], 1))
     table = pd.DataFrame(rows, columns=ATTRIBUTION_COLUMNS)
+    link_columns = ["rank", "src_rank", "dst_rank", "comm_ns"]
+    blame = np.concatenate(link_rows) if link_rows else np.zeros((0, 4), dtype=np.int64)
+    link_blame = pd.DataFrame(blame, columns=link_columns) if len(blame) else pd.DataFrame([], columns=link_columns)
     full_result = results[full]
     return StepAttribution(
         step=graph.step,
         table=table,
         signed_shapley=signed,
         stage_blame=pd.DataFrame(stage_rows, columns=["rank", "stage", "imbalance_ns"]),
-        link_blame=pd.DataFrame(link_rows, columns=["rank", "src_rank", "dst_rank", "comm_ns"]),
+        link_blame=link_blame,
         critical_path=critical_path(graph, full_result),
         replay_makespan_ns=_makespan(graph, full_result),
         measured_makespan_ns=measured_makespan,
@@ -265,18 +275,28 @@ def _link_freed(graph: StepGraph, link: tuple[int, int]) -> Scenario:
     return Scenario(lat=np.where(mask, 0, graph.edge_lat), xfer=np.where(mask, 0, graph.edge_xfer))
 
 
+@dataclass
+class _Gains:
+    """Per stage (or link), in sorted order: how much each rank's idle (columns: the
+    step's ranks, sorted) shrinks when only that stage is balanced (that link free)."""
+
+    keys: list[Any]
+    gain: np.ndarray  # len(keys) x ranks, int64
+
+
 def _gains(
     graph: StepGraph, full_idle: dict[int, int], keys: list[Any], scenarios: list[Scenario], results: list[Replay]
-) -> dict[Any, dict[int, int]]:
-    """Per stage (or link): how much each rank's idle shrinks when only that stage is
-    balanced (that link free); 0 for those past MAX_BLAME_REPLAYS, which are not replayed."""
-    gains: dict[Any, dict[int, int]] = {}
-    for key in keys[len(scenarios) :]:
-        gains[key] = {r: 0 for r in full_idle}
+) -> _Gains:
+    """The gains of the replayed ``keys``; 0 for those past MAX_BLAME_REPLAYS, which are not replayed."""
+    ranks = sorted(full_idle)
+    ordered = sorted(keys)
+    row = {key: k for k, key in enumerate(ordered)}
+    gain = np.zeros((len(ordered), len(ranks)), dtype=np.int64)
+    full = np.array([full_idle[r] for r in ranks], dtype=np.int64)
     for key, scenario, result in zip(keys, scenarios, results):
         idle = idle_per_rank(graph, result, scenario.dur)
-        gains[key] = {r: full_idle[r] - idle[r] for r in full_idle}
-    return gains
+        gain[row[key]] = full - np.array([idle[r] for r in ranks], dtype=np.int64)
+    return _Gains(ordered, gain)
 
 
 def _link_latency(graph: StepGraph) -> dict[tuple[int, int], int]:
