@@ -113,3 +113,14 @@ def test_entries_written_after_the_analysis_keep_the_ranks_reductions(tmp_path):
     write_deferred_entries()
     stored = cache.lookup(path, {"rows": "reduce"}, 1).parsed
     assert stored is not None and stored[0][0].reduced == sent
+
+
+def test_a_run_whose_ranks_choose_different_tables_is_read_from_its_events():
+    # the user's rule names actions of rank 0 only: rank 0 alone would choose it, the others
+    # the built-in table; the run chooses the rule, so the others' actions are not the run's
+    rule = ["^PP:0(?P<kind>[FB])(?P<mb>\\d+)$=kind"]
+    kept = load(RUN, LoadOptions(jobs=1, rows="analysis", labels=rule))
+    reduced = load(RUN, LoadOptions(jobs=1, rows="reduce", labels=rule))
+    assert reduced.labels == kept.labels and set(reduced.actions["rank"]) == {0}
+    assert len(reduced.events) == len(kept.events)  # read again as working sets
+    assert _document(reduced) == _document(kept)
