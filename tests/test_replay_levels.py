@@ -83,6 +83,9 @@ def test_the_level_walk_is_the_recurrence(seed, rendezvous, per_rank):
 def test_a_changed_graph_is_walked_anew():
     graph = graph_from_orders(one_f_one_b(3, 4), {"F": 10, "B": 20}, latency_ns=5)
     before = replay(graph).end.max()
+    graph.t0 = 100  # origins are read at each replay
+    assert replay(graph).end.max() == before + 100
+    graph.t0 = 0
     graph.edge_src, graph.edge_dst = graph.edge_src[:0], graph.edge_dst[:0]  # no messages now
     graph.edge_lat, graph.edge_xfer = graph.edge_lat[:0], graph.edge_xfer[:0]
     assert replay(graph).end.max() < before

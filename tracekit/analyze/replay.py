@@ -178,11 +178,15 @@ def _replay_batch(graph: StepGraph, scenarios: list[Scenario]) -> list[Replay]:
     end = np.zeros((n, k), dtype=np.int64)
     binding = np.full((n, k), -1, dtype=np.int64)
     plan = _level_plan(graph)
+    if graph.rank_start is None:
+        origin = np.full(n, graph.t0, dtype=np.int64)
+    else:  # read at each replay, as t0 and rank_start may be set after one
+        origin = np.array([graph.rank_start.get(int(r), graph.t0) for r in graph.rank], dtype=np.int64)
     release = None if graph.release is None else np.asarray(graph.release, dtype=np.int64)[:, None]
     src = graph.edge_src
     rendezvous = bool(xfer.any())
     for nodes, prev, edges, local_dst, seg_starts, seg_nodes in plan.levels:
-        free = np.where((prev >= 0)[:, None], end[np.maximum(prev, 0)], plan.origin[nodes][:, None])
+        free = np.where((prev >= 0)[:, None], end[np.maximum(prev, 0)], origin[nodes][:, None])
         ready = free if release is None else np.maximum(free, release[nodes])
         if len(edges):
             arrival = end[src[edges]] + lat[edges]
@@ -213,15 +217,16 @@ class _LevelPlan:
     edge's consumer as a position in the level, where each consumer's edges begin, and
     which positions those consumers have."""
 
-    key: tuple[int, int, int]
-    origin: np.ndarray
+    key: tuple[np.ndarray, np.ndarray, np.ndarray]  # the graph's prev, edge_src, edge_dst
     levels: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]
 
 
 def _level_plan(graph: StepGraph) -> _LevelPlan:
-    key = (id(graph.prev), id(graph.edge_src), id(graph.edge_dst))
+    # The arrays themselves, not their ids: held by the plan, a replaced array cannot be
+    # freed and its id reused by the new one.
+    key = (graph.prev, graph.edge_src, graph.edge_dst)
     plan = graph.level_plan
-    if isinstance(plan, _LevelPlan) and plan.key == key:
+    if isinstance(plan, _LevelPlan) and all(a is b for a, b in zip(plan.key, key)):
         return plan
     n = len(graph.action_id)
     prev = np.asarray(graph.prev, dtype=np.int64)
@@ -238,9 +243,6 @@ def _level_plan(graph: StepGraph) -> _LevelPlan:
             deepest = max(deepest, level_list[s] + 1)
         level_list[i] = deepest
     level = np.array(level_list, dtype=np.int64)
-    origin = np.full(n, graph.t0, dtype=np.int64)
-    if graph.rank_start is not None:
-        origin = np.array([graph.origin(i) for i in range(n)], dtype=np.int64)
     node_order = np.argsort(level, kind="stable")
     node_bounds = np.searchsorted(level[node_order], np.arange(int(level.max()) + 2 if n else 1))
     edge_order = np.lexsort((np.arange(len(dst)), dst, level[dst])) if len(dst) else np.zeros(0, dtype=np.int64)
@@ -260,7 +262,7 @@ def _level_plan(graph: StepGraph) -> _LevelPlan:
         else:
             seg_starts = np.zeros(0, dtype=np.int64)
         levels.append((nodes, prev[nodes], edges, local_dst, seg_starts, local_dst[seg_starts]))
-    plan = _LevelPlan(key, origin, levels)
+    plan = _LevelPlan(key, levels)
     graph.level_plan = plan
     return plan
 
