@@ -152,7 +152,16 @@ def main() -> None:
             cache = work / f"cache-{rows}"
             shutil.rmtree(cache, ignore_errors=True)
             for phase in ("first (cache empty)", "again (cache filled)"):
-                cmd = [sys.executable, __file__, "--workers", str(args.workers), "--one", str(run_dir), str(cache), rows]
+                cmd = [
+                    sys.executable,
+                    __file__,
+                    "--workers",
+                    str(args.workers),
+                    "--one",
+                    str(run_dir),
+                    str(cache),
+                    rows,
+                ]
                 out = subprocess.run(cmd, capture_output=True, text=True, env=os.environ.copy())
                 if out.returncode != 0:
                     raise SystemExit(f"failed: {' '.join(cmd)}\n{out.stderr[-3000:]}")
@@ -163,7 +172,9 @@ def main() -> None:
             f"\n{args.ranks} ranks ({size_mb:.0f} MB), LocalCluster of {args.workers} worker processes x 1 thread, "
             f"cache in a local folder; {os.cpu_count()} cores here"
         )
-        header = "| rows | run | load | analyze | total | client peak | workers peak (sum / largest) | events in client |"
+        header = (
+            "| rows | run | load | analyze | total | client peak | workers peak (sum / largest) | events in client |"
+        )
         print(header)
         print("|---" * 8 + "|")
         for r in results:
