@@ -1,5 +1,6 @@
 """The working set (the rows the command line keeps of each file) gives exactly the analysis
-that all rows give, on every sample run and every shared real trace; and it is small."""
+that all rows give, on every sample run and every shared real trace; and it is small. So do
+the per-rank steps and actions the map step sends back with ``rows="reduce"``."""
 
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ def _same_analysis(path) -> tuple[int, int]:
     full, n_all = _document(path, "all")
     kept, n_kept = _document(path, "analysis")
     assert kept == full
+    reduced, _ = _document(path, "reduce")
+    assert reduced == full
     return n_all, n_kept
 
 

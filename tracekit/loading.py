@@ -3,15 +3,19 @@ messages, schedule). :func:`tracekit.load` is :func:`load`."""
 
 from __future__ import annotations
 
+import functools
+import hashlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from os import PathLike
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tracekit.ingest.options import ReadOptions
+from tracekit.ingest.options import ReadOptions, Reducer
 
 if TYPE_CHECKING:
+    from tracekit.ingest.columns import EventColumns
+    from tracekit.model.events import TraceFile
     from tracekit.model.run import Run
     from tracekit.reconstruct.labels import LabelSet
 
@@ -43,11 +47,72 @@ def load(
     """
     # Imported here: the command line builds LoadOptions on paths that never load (a cached
     # analysis); and reconstruct brings pandas, which must come after read_run has forked its
-    # parser workers (they stay lean; read_run loads pandas itself while they parse).
+    # parser workers (they start lean; read_run loads pandas itself while they parse).
     from tracekit.ingest import read_run
 
     options = options or LoadOptions()
-    run = read_run(path, options, progress=progress, bytes_read=bytes_read)
-    from tracekit.reconstruct import reconstruct
+    labels = options.labels
+    if labels is not None:
+        from tracekit.reconstruct.labels import LabelSet, custom_set, parse_rule
 
-    return reconstruct(run, timeline=options.timeline, labels=options.labels)
+        if not isinstance(labels, LabelSet):
+            labels = custom_set([parse_rule(text, "label rule") for text in labels])
+    if options.rows != "reduce":
+        run = read_run(path, options, progress=progress, bytes_read=bytes_read)
+        from tracekit.reconstruct import reconstruct
+
+        return reconstruct(run, timeline=options.timeline, labels=labels)
+    reducer = Reducer(functools.partial(reduce_file, labels=labels), _reducer_key(labels))
+    run = read_run(path, replace(options, reducer=reducer), progress=progress, bytes_read=bytes_read)
+    from tracekit.reconstruct import reconstruct
+    from tracekit.reconstruct.per_rank import run_choice
+
+    reduced = [trace.reduced is not None for trace in run.files]
+    if any(reduced) and run_choice([t.reduced for t in run.files], labels) is None:
+        # Some ranks have no actions or record device work, or chose another label table
+        # than the run does: those ranks' actions are not the run's. Read the events.
+        run = read_run(path, replace(options, rows="analysis"), progress=progress, bytes_read=bytes_read)
+    return reconstruct(run, timeline=options.timeline, labels=labels)
+
+
+def reduce_file(
+    parsed: list[tuple[TraceFile, EventColumns]], labels: LabelSet | None
+) -> list[tuple[TraceFile, EventColumns]]:
+    """The map step's reduce (``rows="reduce"``), run where a file was parsed: each rank's
+    steps and actions on its :class:`~tracekit.model.events.TraceFile` (``reduced``) and,
+    of its working set, only the rows the cross-rank steps read
+    (:mod:`tracekit.reconstruct.per_rank`); a rank that needs its events keeps them."""
+    from tracekit.ingest.columns import EventColumns, events_frame
+    from tracekit.reconstruct.per_rank import rank_reduce
+
+    out = []
+    for trace, columns in parsed:
+        found = rank_reduce(events_frame([columns.copy()]), labels)
+        if found is None:
+            out.append((trace, columns))
+            continue
+        trace.reduced, keep = found  # keep: by row, and the table's rows are the columns'
+        numbers = {c: v[keep] for c, v in columns.numbers.items()}
+        codes = {c: v[keep] for c, v in columns.codes.items()}
+        out.append((trace, EventColumns(numbers, codes, columns.values)))
+    return out
+
+
+@functools.cache
+def _code_digest() -> str:
+    """A digest of the code :func:`reduce_file` runs (the parse cache keys the parser's own)."""
+    root = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for source in [
+        Path(__file__),
+        *sorted((root / "reconstruct").rglob("*.py")),
+        *sorted((root / "model").glob("*.py")),
+    ]:
+        digest.update(source.relative_to(root).as_posix().encode())
+        digest.update(source.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _reducer_key(labels: LabelSet | None) -> dict:
+    rules = [(r.pattern, r.role) for r in labels.rules] if labels is not None else []
+    return {"code": _code_digest(), "labels": rules}

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tracekit.analyze.replay import Replay, StepGraph, critical_path, idle_per_rank, replay, step_graphs
+from tracekit.analyze.replay import Replay, Scenario, StepGraph, critical_path, idle_per_rank, replay_many, step_graphs
 from tracekit.model.run import Run
 from tracekit.reconstruct.schedule import TERAPIPE_NAME
 from tracekit.vocab import CATEGORIES
@@ -100,19 +100,24 @@ def apportion(total: int, weights: Sequence[float] | np.ndarray) -> list[int]:
     """Split integer ``total`` in proportion to non-negative ``weights``; the parts are
     integers that sum to ``total`` exactly (largest remainder). All-zero weights put
     everything on the last part."""
+    return [int(x) for x in _apportioned(total, weights)]
+
+
+def _apportioned(total: int, weights: Sequence[float] | np.ndarray) -> np.ndarray:
+    """:func:`apportion`, as an int64 array."""
     w = np.clip(np.asarray(weights, dtype=float), 0.0, None)
+    floors = np.zeros(len(w), dtype=np.int64)
     if total <= 0:
-        return [0] * len(w)
+        return floors
     if w.sum() <= 0:
-        out = [0] * len(w)
-        out[-1] = total
-        return out
+        floors[-1] = total
+        return floors
     exact = w / w.sum() * total
-    floors = np.floor(exact).astype(np.int64)
+    floors = np.asarray(np.floor(exact), dtype=np.int64)
     remainder = int(total - floors.sum())
     order = np.argsort(-(exact - floors), kind="stable")
     floors[order[:remainder]] += 1
-    return [int(x) for x in floors]
+    return floors
 
 
 def shapley(
@@ -137,48 +142,56 @@ def shapley(
     return out
 
 
-def _scenario(
-    graph: StepGraph, balanced: np.ndarray, present: Coalition
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _scenario(graph: StepGraph, balanced: np.ndarray, present: Coalition) -> Scenario:
     dur = graph.dur if "imbalance" in present else balanced
     lat = graph.edge_lat if "comm" in present else np.zeros_like(graph.edge_lat)
     xfer = graph.edge_xfer if "comm" in present else np.zeros_like(graph.edge_xfer)
     ovh = graph.ovh if "overhead" in present else np.zeros_like(graph.ovh)
-    return dur, lat, xfer, ovh
+    return Scenario(dur=dur, ovh=ovh, lat=lat, xfer=xfer)
 
 
 def attribute_step(graph: StepGraph, measured_idle: dict[int, int], measured_makespan: int) -> StepAttribution:
     """Attribute one step's idle per rank (``measured_idle`` from the bubble table)."""
     ranks = [int(r) for r in graph.ranks]
     balanced = graph.balanced_durations()
-    values: dict[Coalition, dict[int, int]] = {}
-    results: dict[Coalition, Replay] = {}
-    for size in range(len(CAUSES) + 1):
-        for coalition in combinations(CAUSES, size):
-            present = frozenset(coalition)
-            dur, lat, xfer, ovh = _scenario(graph, balanced, present)
-            result = replay(graph, dur=dur, ovh=ovh, lat=lat, xfer=xfer)
-            results[present] = result
-            values[present] = idle_per_rank(graph, result, dur)
+    coalitions = [frozenset(c) for size in range(len(CAUSES) + 1) for c in combinations(CAUSES, size)]
+    scenarios = [_scenario(graph, balanced, present) for present in coalitions]
+    by_excess = _stages_by_excess(graph, balanced)
+    stage_scenarios = [
+        Scenario(dur=np.where(graph.stage == s, balanced, graph.dur)) for s in by_excess[:MAX_BLAME_REPLAYS]
+    ]
+    link_latency = _link_latency(graph)
+    by_latency = sorted(link_latency, key=lambda link: -link_latency[link])
+    link_scenarios = [_link_freed(graph, link) for link in by_latency[:MAX_BLAME_REPLAYS]]
+    # Every replay of the step at once (replay_many walks the graph a single time).
+    replayed = replay_many(graph, scenarios + stage_scenarios + link_scenarios)
+    results: dict[Coalition, Replay] = dict(zip(coalitions, replayed))
+    values = {
+        present: idle_per_rank(graph, results[present], scenario.dur)
+        for present, scenario in zip(coalitions, scenarios)
+    }
     full, none = frozenset(CAUSES), Coalition()
     signed = shapley(values, CAUSES, ranks)
     ideal = results[none]
-    stage_gain = _stage_gains(graph, values[full], balanced)
-    link_latency = _link_latency(graph)
-    link_gain = _link_gains(graph, values[full], link_latency)
-    rows, stage_rows, link_rows = [], [], []
+    stage_results = replayed[len(scenarios) : len(scenarios) + len(stage_scenarios)]
+    stage_gain = _gains(graph, values[full], by_excess, stage_scenarios, stage_results)
+    link_results = replayed[len(scenarios) + len(stage_scenarios) :]
+    link_gain = _gains(graph, values[full], by_latency[:MAX_BLAME_REPLAYS], link_scenarios, link_results)
+    rows, stage_rows = [], []
+    link_rows: list[tuple[int, int, int, int]] = []
     ideal_windows = graph.window_ns(ideal)
     # Per rank work below must not scan every action or every link of the step: with
     # thousands of ranks that is quadratic. Each rank's actions, and the blame weights as
-    # (stage or link) x rank matrices, are laid out once.
+    # (stage or replayed link) x rank matrices, are laid out once.
     by_rank = _positions_by_rank(graph.rank)
-    stages = sorted(stage_gain)
-    stage_weights = _gain_matrix(stage_gain, stages, ranks)
+    stages = stage_gain.keys
+    stage_weights = np.maximum(stage_gain.gain, 0).astype(float)
     stage_fallback = np.array([_excess_work(graph, balanced, s) for s in stages], dtype=float)
     links = sorted(link_latency)  # every link of the step; link_gain holds the replayed ones
-    replayed = [k for k, link in enumerate(links) if link in link_gain]
-    link_weights = _gain_matrix(link_gain, [links[k] for k in replayed], ranks)
-    link_fallback = np.array([link_latency.get(link, 0) for link in links], dtype=float)
+    position = {link: k for k, link in enumerate(links)}
+    replayed_links = np.array([position[link] for link in link_gain.keys], dtype=np.int64)
+    link_weights = np.maximum(link_gain.gain, 0).astype(float)
+    link_fallback = np.array([link_latency[link] for link in links], dtype=float)
     # A rank none of the replayed links helps shares its comm among the links of its own
     # pipeline replica by latency, not among every link of the job (with thousands of ranks
     # that was a row per rank and link, and blamed links the rank never used).
@@ -197,28 +210,29 @@ def attribute_step(graph: StepGraph, measured_idle: dict[int, int], measured_mak
         imbalance_ns, comm_ns = parts[3], parts[4]
         if imbalance_ns:
             weights = stage_weights[:, column]
-            shares = apportion(imbalance_ns, weights if weights.sum() > 0 else stage_fallback)
-            stage_rows += [(r, stages[k], shares[k]) for k in np.flatnonzero(shares).tolist()]
+            shares = _apportioned(imbalance_ns, weights if weights.sum() > 0 else stage_fallback)
+            stage_rows += [(r, stages[k], int(shares[k])) for k in np.flatnonzero(shares).tolist()]
         if comm_ns:
             # Shares over the links that can get any (a link of weight 0 gets none), not
             # over every link of the job.
             weights = link_weights[:, column]
-            candidates = np.asarray(replayed, dtype=np.int64)
+            candidates = replayed_links
             if weights.sum() <= 0:
                 candidates = group_links.get(group.get(r, -1), no_links)
                 weights = link_fallback[candidates]
             if weights.sum() <= 0:  # no latency anywhere near: the rule of apportion, all links
                 candidates, weights = np.arange(len(links)), np.zeros(len(links))
-            shares = apportion(comm_ns, weights)
-            link_rows += [(r, *links[candidates[k]], shares[k]) for k in np.flatnonzero(shares).tolist()]
+            shares = _apportioned(comm_ns, weights)
+            link_rows += [(r, *links[candidates[k]], int(shares[k])) for k in np.flatnonzero(shares).tolist()]
     table = pd.DataFrame(rows, columns=ATTRIBUTION_COLUMNS)
+    link_blame = pd.DataFrame(link_rows, columns=["rank", "src_rank", "dst_rank", "comm_ns"])
     full_result = results[full]
     return StepAttribution(
         step=graph.step,
         table=table,
         signed_shapley=signed,
         stage_blame=pd.DataFrame(stage_rows, columns=["rank", "stage", "imbalance_ns"]),
-        link_blame=pd.DataFrame(link_rows, columns=["rank", "src_rank", "dst_rank", "comm_ns"]),
+        link_blame=link_blame,
         critical_path=critical_path(graph, full_result),
         replay_makespan_ns=_makespan(graph, full_result),
         measured_makespan_ns=measured_makespan,
@@ -226,6 +240,12 @@ def attribute_step(graph: StepGraph, measured_idle: dict[int, int], measured_mak
         ideal_idle_ns=dict(values[none]),
         notes=list(graph.notes),
     )
+
+
+def _makespan(graph: StepGraph, result: Replay) -> int:
+    """The replayed step's length: t0 to its last end; with per-rank windows (flush-free)
+    the longest rank window, as the bubble table's ``window_ns`` is then per rank."""
+    return max(graph.window_ns(result).values(), default=0)
 
 
 def _positions_by_rank(rank: np.ndarray) -> dict[int, np.ndarray]:
@@ -251,23 +271,6 @@ def _linked_groups(links: list[tuple[int, int]]) -> dict[int, int]:
         if a != b:
             parent[max(a, b)] = min(a, b)
     return {r: root(r) for r in list(parent)}
-
-
-def _gain_matrix(gains: dict[Any, dict[int, int]], keys: list[Any], ranks: list[int]) -> np.ndarray:
-    """``gains[key][rank]`` as a keys x ranks array, negative gains as 0 (they blame nothing)."""
-    column = {r: k for k, r in enumerate(ranks)}
-    out = np.zeros((len(keys), len(ranks)), dtype=float)
-    for row, key in enumerate(keys):
-        for r, gain in gains[key].items():
-            if gain > 0 and r in column:
-                out[row, column[r]] = gain
-    return out
-
-
-def _makespan(graph: StepGraph, result: Replay) -> int:
-    """The replayed step's length: t0 to its last end; with per-rank windows (flush-free)
-    the longest rank window, as the bubble table's ``window_ns`` is then per rank."""
-    return max(graph.window_ns(result).values(), default=0)
 
 
 def _schedule_idle(
@@ -302,17 +305,40 @@ def _schedule_idle(
     return warmup, drain, gaps
 
 
-def _stage_gains(graph: StepGraph, full_idle: dict[int, int], balanced: np.ndarray) -> dict[int, dict[int, int]]:
-    """Per stage: how much each rank's idle shrinks when only that stage is balanced."""
-    gains = {}
-    stages = sorted((int(s) for s in np.unique(graph.stage)), key=lambda s: -_excess_work(graph, balanced, s))
-    for s in stages[MAX_BLAME_REPLAYS:]:
-        gains[s] = {r: 0 for r in full_idle}
-    for s in stages[:MAX_BLAME_REPLAYS]:
-        dur = np.where(graph.stage == s, balanced, graph.dur)
-        idle = idle_per_rank(graph, replay(graph, dur=dur), dur)
-        gains[int(s)] = {r: full_idle[r] - idle[r] for r in full_idle}
-    return gains
+def _stages_by_excess(graph: StepGraph, balanced: np.ndarray) -> list[int]:
+    """The stages, most excess work first (blame replays the first MAX_BLAME_REPLAYS)."""
+    return sorted((int(s) for s in np.unique(graph.stage)), key=lambda s: -_excess_work(graph, balanced, s))
+
+
+def _link_freed(graph: StepGraph, link: tuple[int, int]) -> Scenario:
+    """The measured step with one link (src rank, dst rank) free."""
+    mask = (graph.rank[graph.edge_src] == link[0]) & (graph.rank[graph.edge_dst] == link[1])
+    return Scenario(lat=np.where(mask, 0, graph.edge_lat), xfer=np.where(mask, 0, graph.edge_xfer))
+
+
+@dataclass
+class _Gains:
+    """Per stage (or link), in sorted order: how much each rank's idle (columns: the
+    step's ranks, sorted) shrinks when only that stage is balanced (that link free)."""
+
+    keys: list[Any]
+    gain: np.ndarray  # len(keys) x ranks, int64
+
+
+def _gains(
+    graph: StepGraph, full_idle: dict[int, int], keys: list[Any], scenarios: list[Scenario], results: list[Replay]
+) -> _Gains:
+    """The gains of ``keys`` (rows in sorted key order): those with a scenario and its
+    result (the first ones, in order) as replayed; the rest, not replayed, gain 0."""
+    ranks = sorted(full_idle)
+    ordered = sorted(keys)
+    row = {key: k for k, key in enumerate(ordered)}
+    gain = np.zeros((len(ordered), len(ranks)), dtype=np.int64)
+    full = np.array([full_idle[r] for r in ranks], dtype=np.int64)
+    for key, scenario, result in zip(keys, scenarios, results):
+        idle = idle_per_rank(graph, result, scenario.dur)
+        gain[row[key]] = full - np.array([idle[r] for r in ranks], dtype=np.int64)
+    return _Gains(ordered, gain)
 
 
 def _link_latency(graph: StepGraph) -> dict[tuple[int, int], int]:
@@ -321,24 +347,6 @@ def _link_latency(graph: StepGraph) -> dict[tuple[int, int], int]:
     for link, lat, xfer in zip(graph.edge_links(), graph.edge_lat, graph.edge_xfer):
         total[link] = total.get(link, 0) + int(lat) + int(xfer)
     return total
-
-
-def _link_gains(
-    graph: StepGraph, full_idle: dict[int, int], total_latency: dict[tuple[int, int], int]
-) -> dict[tuple[int, int], dict[int, int]]:
-    """Per link replayed (the MAX_BLAME_REPLAYS of most latency; the others gain nothing
-    and are left out: with thousands of ranks a zero per link and rank is a table of
-    millions): how much each rank's idle shrinks when only that link is free."""
-    src, dst = graph.rank[graph.edge_src], graph.rank[graph.edge_dst]
-    gains = {}
-    ranked = sorted(total_latency, key=lambda link: -total_latency[link])
-    for link in ranked[:MAX_BLAME_REPLAYS]:
-        mask = (src == link[0]) & (dst == link[1])
-        lat = np.where(mask, 0, graph.edge_lat)
-        xfer = np.where(mask, 0, graph.edge_xfer)
-        idle = idle_per_rank(graph, replay(graph, lat=lat, xfer=xfer))
-        gains[link] = {r: full_idle[r] - idle[r] for r in full_idle}
-    return gains
 
 
 def _excess_work(graph: StepGraph, balanced: np.ndarray, stage: int) -> float:

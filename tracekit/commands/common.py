@@ -142,7 +142,8 @@ def load_options(rank_from: str | None = None, rank_map: str | None = None) -> L
     cache_dir = None if settings.get("no_cache") else _cache_dir(settings.get("cache_dir"))
     if settings.get("scheduler") and settings.get("executor", "local") != "dask":
         raise TracekitError("--scheduler is for --executor dask; add --executor dask or drop --scheduler")
-    # Commands read only the working set of each file (tracekit.ingest.working_set).
+    # Commands read only the working set of each file (tracekit.ingest.working_set), and
+    # of a pipeline rank only its steps, actions and message rows (tracekit.reconstruct.per_rank).
     return LoadOptions(
         rank_from=rank_from,
         rank_map=parse_rank_map(rank_map),
@@ -150,7 +151,7 @@ def load_options(rank_from: str | None = None, rank_map: str | None = None) -> L
         jobs=settings.get("jobs"),
         scheduler=settings.get("scheduler"),
         cache_dir=cache_dir,
-        rows="analysis",
+        rows="reduce",
         defer_cache_writes=True,
         iteration=settings.get("iteration"),
         timeline=settings.get("timeline") or "auto",
@@ -212,12 +213,12 @@ def _refuse_cache_in_run(cache_dir: str | None, run_dir: Path) -> None:
 
 
 def load_with_progress(
-    path: Path, rank_from: str | None, rank_map: str | None, progress: bool | None, rows: str = "analysis"
+    path: Path, rank_from: str | None, rank_map: str | None, progress: bool | None, rows: str = "reduce"
 ):
     """Load and reconstruct a run, with a progress bar (bytes read) on long loads.
 
     ``rows="all"``: every event, not only the analysis's working set (an output that shows
-    the trace's own ops)."""
+    the trace's own ops); ``"analysis"``: the working set's events (outputs that draw them)."""
     from dataclasses import replace
 
     from tracekit.ingest import discover

@@ -22,7 +22,7 @@ from tracekit.ingest.columns import EventColumns, events_frame
 
 # IGNORED_NAMES and the suffixes are also tracekit.commands.outputs': what may be written into a run folder.
 from tracekit.ingest.discovery import IGNORED_NAMES, Discovery, find_traces
-from tracekit.ingest.options import ReadOptions
+from tracekit.ingest.options import ReadOptions, Reducer
 from tracekit.ingest.sniff import KINETO_SUFFIXES, NSYS_JSON, NSYS_REPORT, NSYS_SUFFIXES, trace_format
 from tracekit.model.events import TraceFile
 
@@ -83,6 +83,7 @@ def parse_files(
     bytes_read: Callable[[int], None] | None = None,
     rows: str = "all",
     defer_cache_writes: bool = False,
+    reducer: Reducer | None = None,
 ) -> tuple[list[TraceFile], pd.DataFrame]:
     """Parse every file; return the per-file facts and one events table for all ranks.
 
@@ -93,7 +94,9 @@ def parse_files(
     written to the parse cache (:mod:`tracekit.ingest.cache`). ``progress`` is called with
     each file's path when it is done, ``bytes_read`` with counts of input bytes consumed.
     ``rows="analysis"`` keeps only the rows the analysis reads (see
-    :mod:`tracekit.ingest.working_set`), dropped in the process that parsed the file.
+    :mod:`tracekit.ingest.working_set`), dropped in the process that parsed the file;
+    ``rows="reduce"`` then runs ``reducer`` there too (one file alone: the working set only,
+    as there is nothing to gather across ranks).
     Cache entries of files parsed by pool workers are written before this returns, or with
     ``defer_cache_writes`` by a background thread while the caller goes on (the command line
     waits for it with :func:`tracekit.ingest.executor.write_deferred_entries` after its
@@ -104,8 +107,11 @@ def parse_files(
 
     if rows not in ROWS:
         raise ValueError(f"rows={rows!r}: choose one of {ROWS}")
+    if rows == "reduce" and (reducer is None or len(paths) < 2):
+        rows, reducer = "analysis", None
     tasks = [
-        IngestTask(str(path), file_id, rank_pattern, rank_map, cache_dir, rows) for file_id, path in enumerate(paths)
+        IngestTask(str(path), file_id, rank_pattern, rank_map, cache_dir, rows, reducer)
+        for file_id, path in enumerate(paths)
     ]
     on_done = (lambda task: progress(Path(task.path))) if progress else None
     results = run_tasks(
@@ -327,6 +333,7 @@ def read_run(
         bytes_read=bytes_read,
         rows=options.rows,
         defer_cache_writes=options.defer_cache_writes,
+        reducer=options.reducer,
     )
     # Files read through an export are named by the user's file, not the export in the cache.
     exported = {read: given for read, given in zip(paths, found.files) if read != given}

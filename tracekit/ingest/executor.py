@@ -3,8 +3,11 @@
 Each trace file is parsed independently (one rank, or one nsys report), so the files of a
 run are tasks with no shared state: :func:`ingest_one` takes a path and the parse options,
 looks the file up in the cache, parses it on a miss and writes the entry. The same function
-runs in every executor; only the results (each file's typed rows, a few MB a rank) travel
-back. Cross-rank work (reconstruction, analysis) happens after, on the gathered tables.
+runs in every executor; only the results travel back: each file's typed rows (a few MB a
+rank), or with ``rows="reduce"`` what its :class:`~tracekit.ingest.options.Reducer` makes of
+them (each rank's steps and actions and the few rows messages need, see
+:mod:`tracekit.reconstruct.per_rank`). Cross-rank work (message matching, clock alignment,
+schedule, analysis) happens after, on the gathered tables.
 
 - ``local``: files whose digest the cache remembers are read from the cache here; the rest
   are parsed in this process (one job, or one file: a byte-level progress bar works) or by
@@ -18,6 +21,7 @@ back. Cross-rank work (reconstruction, analysis) happens after, on the gathered 
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import importlib
 import multiprocessing
 import os
@@ -30,6 +34,7 @@ from typing import Callable
 
 from tracekit.errors import TracekitError
 from tracekit.ingest.columns import EventColumns
+from tracekit.ingest.options import Reducer
 from tracekit.model.events import TraceFile
 
 EXECUTORS = ("local", "dask")
@@ -45,13 +50,16 @@ class IngestTask:
     rank_pattern: str | None = None
     rank_map: dict[int, int] | None = field(default=None, hash=False)
     cache_dir: str | None = None
-    rows: str = "all"  # "all", or "analysis": the working set (ingest.working_set)
+    rows: str = "all"  # "all", "analysis": the working set (ingest.working_set), or "reduce"
+    reducer: Reducer | None = None  # rows="reduce": run on the working set (ingest.options)
 
     def options(self) -> dict:
         rank_map = sorted(self.rank_map.items()) if self.rank_map else None
         options = {"rank_pattern": self.rank_pattern, "rank_map": rank_map}
         if self.rows != "all":
             options["rows"] = self.rows
+        if self.rows == "reduce" and self.reducer is not None:
+            options["reducer"] = self.reducer.key  # its options and code decide the entry too
         return options
 
 
@@ -84,7 +92,8 @@ class PendingEntry:
         if self.unchanged():
             if not _DEFERRED:
                 atexit.register(write_deferred_entries)
-            _DEFERRED.append((self, [(trace, columns.copy()) for trace, columns in parsed]))
+            # The file facts copied too: the run lets go of a rank's reduction once read.
+            _DEFERRED.append((self, [(dataclasses.replace(trace), columns.copy()) for trace, columns in parsed]))
 
     def unchanged(self) -> bool:
         """A file rewritten while it was parsed is not stored."""
@@ -150,10 +159,12 @@ def parse_one(task: IngestTask, bytes_read: Callable[[int], None] | None = None)
                 bytes_read(_size(task.path))
             return found.parsed, None
     parsed = _parse_file(path, task.file_id, task.rank_pattern, task.rank_map, bytes_read=bytes_read)
-    if task.rows == "analysis":
+    if task.rows in ("analysis", "reduce"):
         from tracekit.ingest.working_set import working_set
 
         parsed = [(trace, working_set(columns)) for trace, columns in parsed]
+    if task.rows == "reduce" and task.reducer is not None:
+        parsed = task.reducer.function(parsed)
     if found is not None and found.key is not None:
         return parsed, PendingEntry(task.cache_dir, found.key, task.path, found.stamp)
     return parsed, None

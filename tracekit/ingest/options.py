@@ -6,7 +6,20 @@ takes a :class:`tracekit.loading.LoadOptions`: these and the reconstructor's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Reducer:
+    """What the process that parsed a file runs on it next, with ``rows="reduce"``: a
+    function from the file's working set to what the client needs of it (given by a layer
+    above ingest: :func:`tracekit.loading.reduce_file`), and what decides its result, for
+    the cache's key (the function's options and a digest of its code)."""
+
+    function: Callable[[Any], Any] = field(compare=False)
+    key: dict[str, Any] = field(default_factory=dict, hash=False)
 
 
 @dataclass(frozen=True)
@@ -21,8 +34,10 @@ class ReadOptions:
     :mod:`tracekit.ingest.cache`); ``defer_cache_writes``: entries of files parsed by pool
     workers are written by a background thread while the caller goes on (the command line
     waits for it after its output). ``rows``: ``"analysis"`` keeps only the rows the analysis
-    reads (the same analysis from a fraction of the events: what the command line uses; see
-    :mod:`tracekit.ingest.working_set`). ``iteration``: which ``iteration_N`` folder to read
+    reads (the same analysis from a fraction of the events; see
+    :mod:`tracekit.ingest.working_set`); ``"reduce"`` (what the command line uses) also runs
+    ``reducer`` on each file's working set where it was parsed (workers send back each
+    rank's steps and actions, not its events; :func:`tracekit.load` sets the reducer). ``iteration``: which ``iteration_N`` folder to read
     (default: the highest; see :mod:`tracekit.ingest.discovery`).
     """
 
@@ -35,3 +50,4 @@ class ReadOptions:
     rows: str = "all"
     defer_cache_writes: bool = False
     iteration: int | None = None
+    reducer: Reducer | None = None

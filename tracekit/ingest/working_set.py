@@ -35,7 +35,7 @@ from tracekit.ingest.columns import EventColumns
 from tracekit.model.names import COMM_PREFIXES, LIBRARY_RANGES, RECV_NAMES, SEND_NAMES
 
 _BACKWARD_PREFIX = "autograd::engine"
-ROWS = ("all", "analysis")
+ROWS = ("all", "analysis", "reduce")  # "reduce": the working set, then the reducer (ingest.options.Reducer)
 
 
 def working_set(columns: EventColumns) -> EventColumns:

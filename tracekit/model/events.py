@@ -135,6 +135,9 @@ class TraceFile:
     truncated: bool = False  # file ended early; what it held was read
     profiler: dict[str, Any] = field(default_factory=dict)  # versions and settings the file names
     warnings: list[str] = field(default_factory=list)
+    # rows="reduce": this rank's steps, actions and label counts, found where the file was
+    # parsed (tracekit.reconstruct.per_rank); JSON values, so the parse cache keeps them.
+    reduced: dict[str, Any] | None = None
 
     def describe(self) -> dict[str, Any]:
         return {

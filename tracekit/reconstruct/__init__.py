@@ -15,6 +15,7 @@ from tracekit.reconstruct.declared import declared_mismatch
 from tracekit.reconstruct.labels import LabelSet, custom_set, describe_annotations, parse_rule
 from tracekit.reconstruct.clock import estimate_offsets, host_of_rank, shift_ranks
 from tracekit.reconstruct.p2p import estimate_arrivals, match_messages
+from tracekit.reconstruct.per_rank import gather
 from tracekit.reconstruct.pipelines import pipeline_groups, restage, stage_is_rank
 from tracekit.reconstruct.schedule import recognise, unrecognised
 from tracekit.reconstruct.steps import find_steps
@@ -58,10 +59,17 @@ def reconstruct(run: Run, timeline: str = "auto", labels: LabelSet | Sequence[st
     run.timeline = "device" if use_device else "host"
     # CUDA API calls only link device work to the host: never an action's op.
     host_events = _host_events(run) if on_device else run.events
-    run.steps = find_steps(run.events)  # a rank without step marks spans all it recorded
-    if on_device:
-        run.device = dev.device_ops(run.events, run.steps)
-    actions, choice, labelling = find_actions(host_events, run.steps, labels)
+    # Each rank's steps and actions, where the processes that parsed the files found them.
+    gathered = None if on_device else gather([trace.reduced for trace in run.files], labels)
+    if gathered is not None:
+        run.steps, actions, choice, labelling = gathered.steps, gathered.actions, gathered.choice, gathered.labelling
+    else:
+        run.steps = find_steps(run.events)  # a rank without step marks spans all it recorded
+        if on_device:
+            run.device = dev.device_ops(run.events, run.steps)
+        actions, choice, labelling = find_actions(host_events, run.steps, labels)
+    for trace in run.files:
+        trace.reduced = None  # read: the run's tables hold it now
     run.labels, run.label_counts = choice.name, dict(choice.counts)
     run.actions_from = "labels" if choice.used is not None else "segmentation"
     for note in choice.notes:
