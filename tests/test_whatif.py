@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 from fractions import Fraction
 
-import numpy as np
 import pytest
 from click.testing import CliRunner
 
 from conftest import SAMPLES
+from generated_costs import constant_cost_model
 from tracekit.analyze.theory import theoretical_bubble
 from tracekit.analyze.whatif import CostModel, predict, what_if
 from tracekit.cli import main
@@ -21,21 +21,7 @@ from tracekit import LoadOptions, load
 def _ideal_model(p: int, t_f: int = 1000, t_b: int = 2000) -> CostModel:
     """A generated cost model (unit-test fixture, not a trace): constant compute per
     microbatch, no overhead, free messages."""
-    work = {}
-    for r in range(p):
-        work[(r, "F")] = np.array([t_f])
-        work[(r, "B")] = np.array([t_b])
-    return CostModel(
-        schedule="1F1B",
-        p=p,
-        v=1,
-        m=8,
-        ranks=list(range(p)),
-        work=work,
-        overhead={r: np.array([0]) for r in range(p)},
-        latency={},
-        all_latency=np.array([0]),
-    )
+    return constant_cost_model(p, {"F": t_f, "B": t_b})
 
 
 @pytest.mark.parametrize(

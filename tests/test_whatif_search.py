@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import SAMPLES
+from generated_costs import constant_cost_model
 from tracekit import LoadOptions, load
 from tracekit.analyze.memory import ActivationSize, activation_size
 from tracekit.analyze.whatif import (
@@ -34,17 +35,7 @@ SCHEMA = json.loads((ROOT / "tracekit" / "schemas" / "whatif.schema.json").read_
 def _generated_model(p: int, latency_ns: int, t_f: int = 4000, t_b: int = 8000) -> CostModel:
     """A generated cost model (unit-test fixture, not a trace): constant compute per
     microbatch and rank, no overhead, every message ``latency_ns``."""
-    return CostModel(
-        schedule="1F1B",
-        p=p,
-        v=1,
-        m=8,
-        ranks=list(range(p)),
-        work={(r, k): np.array([t]) for r in range(p) for k, t in (("F", t_f), ("B", t_b))},
-        overhead={r: np.array([0]) for r in range(p)},
-        latency={},
-        all_latency=np.array([latency_ns]),
-    )
+    return constant_cost_model(p, {"F": t_f, "B": t_b}, latency_ns)
 
 
 def test_link_latency_values_parse_and_bad_ones_are_one_line_errors():

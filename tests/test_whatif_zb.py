@@ -13,6 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import ROOT, SAMPLES
+from generated_costs import constant_cost_model
 from tracekit import LoadOptions, load
 from tracekit.analyze.replay import replay
 from tracekit.analyze.schedules import (
@@ -102,22 +103,9 @@ def _ideal_model(p: int, v: int, t_f: int, t_i: int, t_w: int) -> CostModel:
     """A generated cost model (unit-test fixture, not a trace): constant compute per
     microbatch (per-rank figures: v chunks' worth), no overhead, free messages; stage 0's
     I and W as the others' so that every stage is balanced."""
-    work = {}
-    for r in range(p):
-        for kind, t in (("F", t_f), ("B", t_i + t_w), ("I", t_i), ("W", t_w)):
-            work[(r, kind)] = np.array([v * t])
-    work[(0, "I0")], work[(0, "W0")] = work[(0, "I")], work[(0, "W")]
-    return CostModel(
-        schedule="1F1B",
-        p=p,
-        v=1,
-        m=8,
-        ranks=list(range(p)),
-        work=work,
-        overhead={r: np.array([0]) for r in range(p)},
-        latency={},
-        all_latency=np.array([0]),
-    )
+    model = constant_cost_model(p, {"F": v * t_f, "B": v * (t_i + t_w), "I": v * t_i, "W": v * t_w})
+    model.work[(0, "I0")], model.work[(0, "W0")] = model.work[(0, "I")], model.work[(0, "W")]
+    return model
 
 
 @pytest.mark.parametrize(

@@ -209,7 +209,10 @@ def command(
         raise TracekitError(
             "--balanced / --split / --layer-costs and --search: the search keeps the measured split; run them apart"
         )
-    run = load_with_progress(run_dir, rank_from, rank_map, progress)
+    # Layer costs are read from the ops inside each action: the working set keeps them, a
+    # rank's reduce (the default) keeps only the actions.
+    rows = "analysis" if (balanced or splits) and layer_costs is None else "reduce"
+    run = load_with_progress(run_dir, rank_from, rank_map, progress, rows=rows)
     say = work_progress(progress)
     if say:
         say("what-if: the cost model from the measured steps")
