@@ -658,8 +658,8 @@ def what_if(
     p: int | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> WhatIf:
-    """Predict every target (schedule, v, m) (default: :func:`default_targets` and
-    :func:`zero_bubble_targets`); targets that cannot be generated are skipped with the reason. ``balanced``: every target also with stages re-split evenly.
+    """Predict every target (schedule, v, m) (default: :func:`default_targets`; the
+    zero-bubble family, :func:`zero_bubble_targets`, when asked for); targets that cannot be generated are skipped with the reason. ``balanced``: every target also with stages re-split evenly.
     ``model`` and ``bubbles`` (the run's cost model and measured bubble table), when the
     caller has them already. ``links``: every prediction with the message latencies changed
     (the measured order too, as a row of its own; the model-of-the-measured row keeps the
@@ -682,7 +682,10 @@ def what_if(
     skipped: list[str] = []
     if links is not None:
         predictions.append(as_measured(model, samples, seed, activation, f"measured order, {links.short()}"))
-    chosen = targets or default_targets(model) + zero_bubble_targets(model)
+    # The zero-bubble family only when asked for: its orders come from torch's classes, and
+    # importing torch's pipelining takes seconds (3.3 s here), more than all the replays of a
+    # default what-if; the output says how to ask.
+    chosen = targets or default_targets(model)
     for k, (schedule, v, m) in enumerate(chosen):
         if progress:
             progress(f"what-if: {schedule} v={v} m={m} ({k + 1} of {len(chosen)}, {samples} replays)")
@@ -706,6 +709,12 @@ def what_if(
         if links is None
         else f"message latencies: {links.describe()} (links the run never used take the pooled samples)",
     ]
+    if not targets:
+        offered = ", ".join(f"-s {s}" for s, _, _ in zero_bubble_targets(model))
+        if offered:
+            assumptions.append(
+                f"zero-bubble targets on request ({offered}), or all of them with --search --memory-budget SIZE"
+            )
     if any(pr.schedule in ZERO_BUBBLE for pr in predictions):
         assumptions.append(model.iw_source)
         sources = dict.fromkeys(f"{pr.schedule}: {pr.orders}" for pr in predictions if pr.orders)

@@ -13,6 +13,7 @@ from tracekit.commands.common import load_with_progress, rank_options, work_prog
 SCHEDULE_CHOICES = ["GPipe", "1F1B", "Interleaved1F1B", "ZB-H1", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"]
 # chunks per rank each schedule takes when -v does not say: one, the interleaved v, or the V's two
 ONE_CHUNK = ("GPipe", "1F1B", "ZB-H1")
+CLASSIC = ("GPipe", "1F1B", "Interleaved1F1B")  # what -m alone, like no -s, predicts
 V_SHAPED = ("ZBVZeroBubble", "DualPipeV")
 
 
@@ -29,7 +30,7 @@ V_SHAPED = ("ZBVZeroBubble", "DualPipeV")
     "InterleavedZeroBubble (v>=2, loop placement), ZBVZeroBubble and DualPipeV (v=2, V placement; "
     "DualPipeV fuses forward/backward pairs, needs m >= 2p). Orders of the zero-bubble family come "
     "from torch's own schedule classes where torch is installed. Default: the first three at the "
-    "measured m and twice it, and the zero-bubble ones at the measured m.",
+    "measured m and twice it (the zero-bubble family on request: importing torch's schedules takes seconds).",
 )
 @click.option(
     "-p",
@@ -227,7 +228,7 @@ def command(
     targets = None  # what_if's defaults
     if schedules or vs or ms:
         # -v alone asks about interleaving; GPipe, 1F1B and ZB-H1 have one chunk per rank, the V two.
-        chosen = schedules or (("Interleaved1F1B",) if vs else tuple(SCHEDULE_CHOICES))
+        chosen = schedules or (("Interleaved1F1B",) if vs else CLASSIC)
         m_values = ms or (model.m, 2 * model.m)
         v_interleaved = vs or ((model.v if model.v >= 2 else 2),)
 
