@@ -46,7 +46,8 @@ sys.path.insert(0, str(ROOT))
 
 from tracekit import LoadOptions, load  # noqa: E402
 from tracekit.analyze.bubbles import measure_pipeline  # noqa: E402
-from tracekit.analyze.whatif import CostModel, as_measured, cost_model, predict  # noqa: E402
+from tracekit.analyze.costs import CostModel, cost_model  # noqa: E402
+from tracekit.analyze.whatif import as_measured, predict  # noqa: E402
 from tracekit.errors import TracekitError  # noqa: E402
 from tracekit.model.run import Run, compute_ns  # noqa: E402
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tracekit.analyze.whatif import CostModel
+from tracekit.analyze.costs import CostModel
 
 
 def constant_cost_model(p: int, work_ns: dict[str, int], latency_ns: int = 0) -> CostModel:

@@ -111,7 +111,8 @@ def test_no_pipeline_says_so(loaded_runs):
 
 
 def test_fill_drain_advice_quotes_the_replayed_what_if(loaded_runs):
-    from tracekit.analyze.whatif import cost_model, predict
+    from tracekit.analyze.costs import cost_model
+    from tracekit.analyze.whatif import predict
 
     _, analysis = loaded_runs(sample("1f1b"))
     top = diagnose(analysis)[0]

@@ -27,7 +27,8 @@ from tracekit.analyze.split import (
     search_split,
     split_cost,
 )
-from tracekit.analyze.whatif import CostModel, cost_model, predict
+from tracekit.analyze.costs import CostModel, cost_model
+from tracekit.analyze.whatif import predict
 from tracekit.capture.config import CaptureConfig, parse_layers_per_stage
 from tracekit.cli import main
 from tracekit.errors import CaptureError, TracekitError

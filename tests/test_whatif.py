@@ -12,7 +12,8 @@ from click.testing import CliRunner
 from conftest import SAMPLES
 from generated_costs import constant_cost_model
 from tracekit.analyze.theory import theoretical_bubble
-from tracekit.analyze.whatif import CostModel, predict, what_if
+from tracekit.analyze.costs import CostModel
+from tracekit.analyze.whatif import predict, what_if
 from tracekit.cli import main
 from tracekit.errors import TracekitError
 from tracekit import LoadOptions, load

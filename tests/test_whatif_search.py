@@ -15,16 +15,8 @@ from conftest import SAMPLES
 from generated_costs import constant_cost_model
 from tracekit import LoadOptions, load
 from tracekit.analyze.memory import ActivationSize, activation_size
-from tracekit.analyze.whatif import (
-    CostModel,
-    LinkChange,
-    as_measured,
-    parse_link_latency,
-    predict,
-    search,
-    what_if,
-    with_links,
-)
+from tracekit.analyze.costs import CostModel, LinkChange, parse_link_latency, with_links
+from tracekit.analyze.whatif import as_measured, predict, search, what_if
 from tracekit.cli import main
 from tracekit.errors import TracekitError
 

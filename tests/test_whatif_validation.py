@@ -102,7 +102,8 @@ def test_deepspeed_sends_held_back_behind_a_receive_are_not_link_latency(runs):
     # leaves 27-87 ms after its forward. Pooled as link latency it landed on other messages
     # in the replay: the model of the measured run came out at 44.5% against 32.8% measured.
     # Counted from the send's post, the model is within 1 point (32.4%, 16 replays: 32.4%).
-    from tracekit.analyze.whatif import as_measured, held_back_ns
+    from tracekit.analyze.costs import held_back_ns
+    from tracekit.analyze.whatif import as_measured
 
     run = runs.run("deepspeed_1f1b")
     held = held_back_ns(run)

@@ -26,7 +26,8 @@ from tracekit.analyze.schedules import (
     torch_orders,
 )
 from tracekit.analyze.theory import theoretical_bubble
-from tracekit.analyze.whatif import CostModel, predict, what_if
+from tracekit.analyze.costs import CostModel
+from tracekit.analyze.whatif import predict, what_if
 from tracekit.cli import main
 from tracekit.errors import TracekitError
 

@@ -547,7 +547,8 @@ def _replayed(analysis: Analysis, suggestions: list[_Suggestion]) -> tuple[list[
     (``helps``: the replayed step is shorter than the measured one); None and why when the
     run cannot be replayed."""
     from tracekit.analyze.schedules import GENERATORS
-    from tracekit.analyze.whatif import cost_model, predict, replays_within
+    from tracekit.analyze.costs import cost_model
+    from tracekit.analyze.whatif import predict, replays_within
 
     sched = _schedule(analysis)
     if not suggestions:

@@ -27,7 +27,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from tracekit.analyze.layers import LayerCosts
-from tracekit.analyze.whatif import CostModel, Prediction, check_target, predict
+from tracekit.analyze.costs import CostModel
+from tracekit.analyze.whatif import Prediction, check_target, predict
 from tracekit.errors import TracekitError
 
 #: schedules a split is replayed on: their actions are F and B, whose per-stage costs the layer

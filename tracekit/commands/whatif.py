@@ -191,7 +191,8 @@ def command(
     says where that size comes from.
     """
     from tracekit.analyze.memory import activation_size, parse_bytes
-    from tracekit.analyze.whatif import check_ranks, cost_model, parse_link_latency, search, what_if
+    from tracekit.analyze.costs import cost_model, parse_link_latency
+    from tracekit.analyze.whatif import check_ranks, search, what_if
     from tracekit.errors import TracekitError
     from tracekit.render.whatif import render
 

@@ -1,0 +1,348 @@
+"""What-if's cost model: a measured run's costs as samples, and changes to its links.
+
+The measured run gives a cost model, in samples rather than averages (a pipeline's step is a
+max over many paths, so the spread of the costs matters, not just their typical value):
+
+- **compute**: for each rank and kind (F, B, I, W), one microbatch's compute on that rank,
+  i.e. each measured action's duration times the measured v (a rank's layers split evenly
+  over its chunks). Where the run split its backwards, B is drawn as I + W. The zero-bubble
+  targets' I and W (ZB-H1, InterleavedZeroBubble, ZBVZeroBubble, DualPipeV): as measured
+  where the run split its backwards, else each half of the measured B (an assumption, said
+  in the output; on the project's samples a split backward costs ~4-6% more than a whole
+  one, which that estimate misses); stage 0 on its own either way, since torch leaves its I
+  empty and runs the whole backward in W (see ``_split_costs``).
+- **overhead**: each measured action's host overhead, per rank (the gap between "data there
+  and rank free" and the compute starting); the second halves of fused labels (DualPipeV's
+  ``OVERLAP_F_B``) in a pool of their own, used only where the replayed order fuses too.
+- **latency**: each matched message's latency, per link (src rank -> dst rank); a link the
+  measured run never used takes the samples of all links. A send its sender held back behind
+  a receive of its own (posted on the receiving thread only after that receive completed, as
+  DeepSpeed's PipelineEngine posts a forward's activation behind the next gradient) counts
+  from its post: the wait before it is the sender's schedule, not the link (see held_back_ns). Messages into the second half of
+  a fused label have a pool of their own: their "latency" includes the first half's compute
+  (the receiver only waited once it was done).
+
+:func:`parse_link_latency` and :func:`with_links` change every message latency (``--link-latency``,
+``--overlap-p2p``). The predictions that draw from the model are :mod:`tracekit.analyze.whatif`'s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import pandas as pd
+
+from tracekit.analyze.replay import StepGraph, step_graphs
+from tracekit.errors import TracekitError
+from tracekit.model.run import Run
+
+# A message pool: (src rank, dst rank), or (src, dst, "fused") for messages into the second
+# half of a fused label (see _fused)
+LinkKey = tuple[int, int] | tuple[int, int, str]
+
+
+@dataclass
+class CostModel:
+    """Cost samples of one measured run (see the module doc)."""
+
+    schedule: str
+    p: int
+    v: int
+    m: int
+    ranks: list[int]
+    work: dict[tuple[int, str], np.ndarray]  # (rank, kind) -> one microbatch on the rank, ns
+    overhead: dict[int, np.ndarray]  # rank -> ns (actions that start a label)
+    latency: dict[LinkKey, np.ndarray]  # (src rank, dst rank[, "fused"]) -> ns
+    all_latency: np.ndarray
+    # Device messages' rendezvous transfers (see replay), pooled like latency; empty on the host.
+    transfer: dict[LinkKey, np.ndarray] = field(default_factory=dict)
+    all_transfer: np.ndarray = field(default_factory=lambda: np.zeros(1, dtype=np.int64))
+    held_back: int = 0  # messages whose latency counts from the send's post (see held_back_ns)
+    fused_overhead: dict[int, np.ndarray] = field(default_factory=dict)  # rank -> ns, second halves of fused labels
+    stage_work: dict[tuple[int, str], np.ndarray] = field(default_factory=dict)  # (stage, kind) -> one chunk, ns
+    graphs: list[StepGraph] = field(default_factory=list)  # the measured steps
+    fused: list[np.ndarray] = field(default_factory=list)  # per graph: action continues its predecessor's label
+    n_actions: int = 0
+    n_messages: int = 0
+    # Whether the run split its backwards into I and W, and how the I and W pools were made
+    # (see _split_costs): work holds (rank, "I"/"W") for stages past the first, (rank, "I0"/"W0")
+    # for stage 0, whose I torch leaves empty.
+    split_backward: bool = False
+    iw_source: str = ""
+
+    def all_overhead(self) -> np.ndarray:
+        return np.concatenate([*self.overhead.values(), *self.fused_overhead.values()])
+
+
+def cost_model(run: Run, graphs: list[StepGraph] | None = None) -> CostModel:
+    """The cost samples of a reconstructed pipeline run (from its step ``graphs`` when the
+    caller has them already)."""
+    if run.completeness is not None and run.completeness.single_rank:
+        raise TracekitError(
+            f"{run.source}: one rank: no pipeline to vary; what-if needs every rank of a pipeline-parallel run"
+        )
+    sched = run.schedule
+    if sched is None or not run.is_pipeline:
+        raise TracekitError(
+            f"{run.source}: no pipeline actions found, so there is no schedule to vary; "
+            "what-if needs a pipeline-parallel run"
+        )
+    if run.completeness is not None and not run.completeness.complete:
+        raise TracekitError(
+            f"{run.source}: incomplete run: {run.completeness.missing_text()}; what-if "
+            "replays the whole pipeline, so it needs every rank's trace"
+        )
+    if sched.flush_free:
+        # the targets are flushed schedules replayed step by step; a flush-free run's steps
+        # hold microbatches of its neighbours' steps, so its "measured step" is no such thing
+        raise TracekitError(
+            f"{run.source}: {sched.name} has no flush: what-if replays flushed steps, and "
+            "this run's steps overlap by design; compare it with a flushed capture instead"
+        )
+    graphs = list(step_graphs(run).values()) if graphs is None else list(graphs)
+    per_kind: dict[tuple[int, str], list[int]] = {}
+    later_iw: dict[tuple[int, str], list[int]] = {}  # I and W of stages past the first
+    overhead: dict[int, list[int]] = {}
+    fused_overhead: dict[int, list[int]] = {}
+    per_stage: dict[tuple[int, str], list[int]] = {}
+    latency: dict[LinkKey, list[int]] = {}
+    transfer: dict[LinkKey, list[int]] = {}
+    labels = run.actions.set_index("action_id")[["label", "label_start_ns"]]
+    fused_of_graph = [_fused(labels, g) for g in graphs]
+    held = held_back_ns(run)
+    for g, fused in zip(graphs, fused_of_graph):
+        for r, k, d, o, f in zip(g.rank.tolist(), g.kind.tolist(), g.dur.tolist(), g.ovh.tolist(), fused.tolist()):
+            per_kind.setdefault((r, k), []).append(d * sched.v)
+            (fused_overhead if f else overhead).setdefault(r, []).append(o)
+        for r, s, k, d in zip(g.rank.tolist(), g.stage.tolist(), g.kind.tolist(), g.dur.tolist()):
+            per_stage.setdefault((s, k), []).append(d)
+            if k in ("I", "W") and s > 0:
+                later_iw.setdefault((r, k), []).append(d * sched.v)
+        for s, d, lat, xfer, msg in zip(g.edge_src, g.edge_dst, g.edge_lat, g.edge_xfer, g.edge_msg):
+            if msg >= 0:  # into the second half of a fused label: its own pool (see _fused)
+                key: LinkKey = (
+                    (int(g.rank[s]), int(g.rank[d])) if not fused[d] else (int(g.rank[s]), int(g.rank[d]), "fused")
+                )
+                latency.setdefault(key, []).append(max(0, int(lat) - held.get(int(msg), 0)))
+                transfer.setdefault(key, []).append(int(xfer))
+    # Generated orders place stages on the first replica's ranks (the others repeat it).
+    ranks = sorted(sched.pipelines[0]) if sched.pipelines else sorted(set(overhead) | set(fused_overhead))
+    for r in ranks:  # a rank whose every action continues a fused label: use those
+        if r not in overhead and r in fused_overhead:
+            overhead[r] = list(fused_overhead[r])
+    work: dict[tuple[int, str], np.ndarray] = {}
+    rng = np.random.default_rng(0)
+    for (r, k), samples in per_kind.items():
+        work[(r, k)] = np.array(samples, dtype=np.int64)
+    for r in ranks:
+        if (r, "B") not in work and (r, "I") in work and (r, "W") in work:
+            i_s, w_s = work[(r, "I")], work[(r, "W")]
+            n = max(len(i_s), len(w_s))
+            work[(r, "B")] = rng.choice(i_s, n) + rng.choice(w_s, n)  # I and W paired at random
+        for kind, name in (("F", "forward"), ("B", "backward")):
+            if (r, kind) not in work:
+                raise TracekitError(f"{run.source}: rank {r} has no {name} actions; what-if needs both on every rank")
+    stage_work = {k: np.array(v, dtype=np.int64) for k, v in per_stage.items()}
+    split = any(k in ("I", "W") for _, k in per_kind)
+    iw_source = _split_costs(work, later_iw, stage_work, ranks, sched.v, split)
+    all_latency = np.array([x for k, v in latency.items() if len(k) == 2 for x in v] or [0], dtype=np.int64)
+    return CostModel(
+        schedule=sched.name,
+        p=sched.p,
+        v=sched.v,
+        m=sched.m,
+        ranks=ranks,
+        work=work,
+        overhead={r: np.array(v, dtype=np.int64) for r, v in overhead.items()},
+        fused_overhead={r: np.array(v, dtype=np.int64) for r, v in fused_overhead.items()},
+        fused=fused_of_graph,
+        stage_work=stage_work,
+        latency={k: np.array(v, dtype=np.int64) for k, v in latency.items()},
+        all_latency=all_latency,
+        held_back=len(held),
+        graphs=graphs,
+        transfer={k: np.array(v, dtype=np.int64) for k, v in transfer.items() if any(v)},
+        all_transfer=np.array([x for k, v in transfer.items() if len(k) == 2 for x in v] or [0], dtype=np.int64),
+        n_actions=sum(len(g.action_id) for g in graphs),
+        n_messages=int(sum((g.edge_msg >= 0).sum() for g in graphs)),
+        split_backward=split,
+        iw_source=iw_source,
+    )
+
+
+def _split_costs(
+    work: dict[tuple[int, str], np.ndarray],
+    later_iw: dict[tuple[int, str], list[int]],
+    stage_work: dict[tuple[int, str], np.ndarray],
+    ranks: list[int],
+    v: int,
+    split: bool,
+) -> str:
+    """Fill ``work`` with the input-grad (I) and weight-grad (W) pools the zero-bubble targets
+    draw from, and say where they came from.
+
+    torch splits the first stage's backward unlike the others: the model's input needs no
+    gradient, so stage 0's I computes nothing and its W is the whole backward (seen in every
+    split sample: I ~0.05 ms, W ~ B). So stage 0 has pools of its own, (first rank, "I0"/"W0"),
+    and (rank, "I"/"W") hold the other stages' samples. Measured where the run split its
+    backwards; otherwise each taken as half of a measured B, stage 0's I as 0 and its W as B."""
+    first = ranks[0]
+    if split and (0, "I") in stage_work and (0, "W") in stage_work:
+        work[(first, "I0")] = stage_work[(0, "I")] * v
+        work[(first, "W0")] = stage_work[(0, "W")] * v
+    else:
+        work[(first, "I0")] = np.zeros(1, dtype=np.int64)
+        work[(first, "W0")] = work[(first, "B")]
+    estimated = []
+    for r in ranks:
+        for kind in ("I", "W"):
+            if split and (r, kind) in later_iw:
+                work[(r, kind)] = np.array(later_iw[(r, kind)], dtype=np.int64)
+            else:  # not measured past stage 0 on this rank (or at all): half of a backward
+                work[(r, kind)] = work[(r, "B")] // 2
+                estimated.append(r)
+    if not split:
+        return (
+            "I and W not measured (this run's backwards are whole): each taken as half of B, "
+            "except stage 0's, whose I torch leaves empty: I = 0, W = B there"
+        )
+    if estimated:
+        missing = ", ".join(str(r) for r in sorted(set(estimated)))
+        return f"I and W as measured; rank {missing} split no stage past the first: half of B each there"
+    return "I and W as measured (stage 0's on their own: torch leaves its I empty and runs the backward in W)"
+
+
+def _fused(labels: pd.DataFrame, graph: StepGraph) -> np.ndarray:
+    """Per action: whether it is the second half of a fused label (DualPipeV's
+    ``OVERLAP_F_B`` runs a forward and a backward in one label, back to back): its
+    "overhead" is the gap inside the label, not a host gap between actions. ``labels``:
+    the run's actions' label and label start, indexed by action id."""
+    label = labels["label"].reindex(graph.action_id).fillna("").to_numpy()
+    start = labels["label_start_ns"].reindex(graph.action_id).to_numpy()
+    prev = graph.prev
+    out = np.zeros(len(prev), dtype=bool)
+    has_prev = prev >= 0
+    out[has_prev] = (label[has_prev] != "") & (start[has_prev] == start[prev[has_prev]])
+    return out
+
+
+def held_back_ns(run: Run) -> dict[int, int]:
+    """msg_id -> how long the sender held the send back after its producer ended, for sends
+    posted behind a receive of the sender's own: on the thread of a receive that completed
+    between the producer's end and the send's post. DeepSpeed's TrainSchedule posts a
+    forward's activation in the next schedule step, behind that step's RecvGrad (the last
+    warm-up activation leaves only once gradient 0 is back: 27-87 ms on sample_traces/
+    deepspeed_1f1b); pooled as link latency, that wait landed on other messages in the
+    replay and put the model 12 points high. torch's and Megatron's schedules post right
+    after the producer (none held back on any sample); a send posted late by another thread
+    (``--p2p-delay-ms``'s sender) is link latency as the receiver sees it and is kept."""
+    msgs = run.messages[(run.messages["producer_action"] >= 0) & (run.messages["consumer_action"] >= 0)]
+    needed = ("send_post_ns", "recv_done_ns", "src_file_id", "src_source_index", "dst_file_id", "dst_source_index")
+    if msgs.empty or any(c not in msgs for c in needed):
+        return {}
+    events = run.events
+    tid = pd.Series(
+        events["tid"].to_numpy(), index=pd.MultiIndex.from_arrays([events["file_id"], events["source_index"]])
+    )
+    tid = tid[~tid.index.duplicated()]
+    send_tid = tid.reindex(pd.MultiIndex.from_arrays([msgs["src_file_id"], msgs["src_source_index"]])).tolist()
+    recv_tid = tid.reindex(pd.MultiIndex.from_arrays([msgs["dst_file_id"], msgs["dst_source_index"]])).tolist()
+    produced = run.actions.set_index("action_id")["end_ns"].reindex(msgs["producer_action"]).tolist()
+    done: dict[tuple[int, object], list[int]] = {}  # (rank, thread) -> its receives' completions
+    for rank, thread, t in zip(msgs["dst_rank"].tolist(), recv_tid, msgs["recv_done_ns"].tolist()):
+        done.setdefault((int(rank), thread), []).append(int(t))
+    completions = {key: np.sort(np.array(times, dtype=np.int64)) for key, times in done.items()}
+    out: dict[int, int] = {}
+    for msg, rank, thread, end, post in zip(
+        msgs["msg_id"].tolist(), msgs["src_rank"].tolist(), send_tid, produced, msgs["send_post_ns"].tolist()
+    ):
+        times = completions.get((int(rank), thread))
+        if times is None or not post > end:
+            continue
+        if np.searchsorted(times, post, side="right") > np.searchsorted(times, end, side="right"):
+            out[int(msg)] = int(post - end)
+    return out
+
+
+_TIME_UNITS = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
+
+
+@dataclass(frozen=True)
+class LinkChange:
+    """A change to every measured message latency (and device transfer): scaled by
+    ``factor``, shifted by ``add_ns`` or set to ``set_ns``; ``overlap``: P2P fully overlapped
+    with compute (every message free, the data dependencies and so the order kept)."""
+
+    factor: float = 1.0
+    add_ns: int = 0
+    set_ns: int | None = None
+    overlap: bool = False
+    text: str = ""  # the --link-latency value as given
+
+    def apply(self, samples: np.ndarray, transfer: bool = False) -> np.ndarray:
+        if self.overlap or (transfer and self.set_ns is not None):
+            return np.zeros_like(samples)
+        if self.set_ns is not None:
+            return np.full_like(samples, self.set_ns)
+        out = np.rint(samples * self.factor).astype(np.int64)
+        return out if transfer else np.maximum(out + self.add_ns, 0)
+
+    def short(self) -> str:
+        """A row label's few words: "links x0.5", "P2P overlapped"."""
+        return "P2P overlapped" if self.overlap else f"links {self.text}"
+
+    def describe(self) -> str:
+        parts = []
+        if self.text:
+            parts.append(f"every link latency {self.text}")
+        if self.overlap:
+            parts.append("P2P fully overlapped with compute (messages free, order kept)")
+        return "; ".join(parts)
+
+
+def parse_link_latency(text: str | None, overlap: bool = False) -> LinkChange | None:
+    """``x0.5`` (scale), ``+2ms`` / ``-1ms`` (shift), ``5ms`` (set) -> a LinkChange; None when
+    nothing is changed. A malformed value is a one-line error."""
+    if not text and not overlap:
+        return None
+    if not text:
+        return LinkChange(overlap=True)
+    raw = text.strip().lower()
+    bad = TracekitError(f"--link-latency {text!r}: give x0.5 (scale), +2ms or -1ms (shift) or 5ms (set; ns/us/ms/s)")
+    try:
+        if raw[:1] in ("x", "*"):
+            factor = float(raw[1:])
+            if not np.isfinite(factor) or factor < 0:
+                raise bad
+            return LinkChange(factor=factor, overlap=overlap, text=text.strip())
+        unit = next((u for u in ("ns", "us", "ms", "s") if raw.endswith(u)), None)
+        if unit is None:
+            raise bad
+        value = float(raw[: -len(unit)]) * _TIME_UNITS[unit]
+    except ValueError:
+        raise bad from None
+    if not np.isfinite(value):
+        raise bad
+    if raw[:1] in ("+", "-"):
+        return LinkChange(add_ns=int(round(value)), overlap=overlap, text=text.strip())
+    if value < 0:
+        raise bad
+    return LinkChange(set_ns=int(round(value)), overlap=overlap, text=text.strip())
+
+
+def with_links(model: CostModel, change: LinkChange) -> CostModel:
+    """The cost model with every link's latency (and transfer) samples changed. Messages into
+    the second half of a fused label keep theirs: that pool's "latency" is mostly the first
+    half's compute (see the module doc); only replays of a fused measured order draw it."""
+
+    def pools(samples: dict[LinkKey, np.ndarray], transfer: bool) -> dict[LinkKey, np.ndarray]:
+        return {k: (change.apply(x, transfer) if len(k) == 2 else x) for k, x in samples.items()}
+
+    return replace(
+        model,
+        latency=pools(model.latency, False),
+        all_latency=change.apply(model.all_latency),
+        transfer=pools(model.transfer, True),
+        all_transfer=change.apply(model.all_transfer, True),
+    )
