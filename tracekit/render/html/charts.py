@@ -310,19 +310,18 @@ def _bar_text(view: StepView) -> pd.DataFrame:
 
 def causes_root(analysis: Analysis):
     """Per-rank stacked bars: busy, then idle by cause (ms, all steps)."""
-    from bokeh.models import ColumnDataSource
 
     table = analysis.attribution.table if analysis.attribution is not None else None
     attributed = table is not None and len(table) > 0
     parts = ["busy", *CATEGORIES] if attributed else ["busy", "idle"]
     columns: dict[str, list] = {"rank": [], **{p: [] for p in parts}}
+    sums = table.groupby("rank")[[f"{c}_ns" for c in CATEGORIES]].sum() if attributed else None
     for rank, info in analysis.summary.per_rank.items():
         columns["rank"].append(str(rank))
         columns["busy"].append(info.busy_ns / 1e6)
-        if attributed:
-            sums = table[table["rank"] == rank]
+        if sums is not None:
             for cause in CATEGORIES:
-                columns[cause].append(float(sums[f"{cause}_ns"].sum()) / 1e6)
+                columns[cause].append(float(sums.at[rank, f"{cause}_ns"]) / 1e6 if rank in sums.index else 0.0)
         else:
             columns["idle"].append(info.idle_ns / 1e6)
     if not columns["rank"]:  # no rank has device work (a CPU-only capture that is no pipeline): no bars to draw
@@ -342,16 +341,24 @@ def causes_root(analysis: Analysis):
     fig.xgrid.visible = False
     if n_ranks > 24:
         fig.xaxis.major_label_orientation = np.pi / 2
+    return _cause_bars(fig, columns, parts, "rank")
+
+
+def _cause_bars(fig, columns: dict[str, list], parts: list[str], x: str):
+    """Stacked bars of ``parts`` (busy, then idle by cause, ms) per ``x`` (a rank or a stage)
+    on ``fig``, with their hovers and legend: the report's "causes" chart."""
+    from bokeh.models import ColumnDataSource
+
     renderers = fig.vbar_stack(
         parts,
-        x="rank",
+        x=x,
         width=0.8,
         source=ColumnDataSource(columns),
         color=[CAUSE_COLORS[p] for p in parts],
         line_color="white",
     )
     for part, renderer in zip(parts, renderers):
-        _hover(fig, renderer, [("rank", "@rank"), (CAUSE_NAMES[part], f"@{{{part}}}{{0.0}} ms")])
+        _hover(fig, renderer, [(x, f"@{x}"), (CAUSE_NAMES[part], f"@{{{part}}}{{0.0}} ms")])
     _legend(fig, [(CAUSE_NAMES[p], [r]) for p, r in zip(parts, renderers)], "right")
     fig.name = "causes"
     return fig
@@ -500,7 +507,6 @@ def spread_root(analysis: Analysis):
 
 def place_causes_root(analysis: Analysis):
     """Per stage, mean over replicas: busy, then idle by cause (ms, all steps)."""
-    from bokeh.models import ColumnDataSource
 
     rollup = analysis.replicas
     assert rollup is not None and rollup.places  # drawn only for a replicated pipeline
@@ -527,16 +533,4 @@ def place_causes_root(analysis: Analysis):
     )
     fig.y_range.start = 0
     fig.xgrid.visible = False
-    renderers = fig.vbar_stack(
-        parts,
-        x="stage",
-        width=0.8,
-        source=ColumnDataSource(columns),
-        color=[CAUSE_COLORS[p] for p in parts],
-        line_color="white",
-    )
-    for part, renderer in zip(parts, renderers):
-        _hover(fig, renderer, [("stage", "@stage"), (CAUSE_NAMES[part], f"@{{{part}}}{{0.0}} ms")])
-    _legend(fig, [(CAUSE_NAMES[p], [r]) for p, r in zip(parts, renderers)], "right")
-    fig.name = "causes"
-    return fig
+    return _cause_bars(fig, columns, parts, "stage")
