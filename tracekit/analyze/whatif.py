@@ -38,7 +38,7 @@ import pandas as pd
 
 from tracekit.analyze.costs import CostModel, LinkChange, LinkKey, cost_model, with_links
 from tracekit.analyze.memory import ActivationSize, in_flight_per_rank, orders_of_graph, peak_activation_bytes
-from tracekit.analyze.replay import StepGraph, replay
+from tracekit.analyze.replay import Scenario, StepGraph, replay_many
 from tracekit.analyze.schedules import V_PLACED, ZERO_BUBBLE, flatten, graph_from_orders, orders_for
 from tracekit.analyze.theory import theoretical_bubble
 from tracekit.errors import TracekitError
@@ -184,8 +184,11 @@ def _replay_many(
         into_fused = fused[graph.edge_dst].tolist()
         links = [(a, b, "fused") if f else (a, b) for (a, b), f in zip(pairs, into_fused)]
     n_ranks = len(set(ranks))
-    bubbles, steps = np.zeros(samples), np.zeros(samples)
-    for i in range(samples):
+    # Every sample's costs drawn first (in the same order as one replay after another), then
+    # all replayed in one walk of the graph.
+    scenarios: list[Scenario] = []
+    busy_ns: list[int] = []
+    for _ in range(samples):
         dur = np.rint(_draw(rng, pools, work_keys) * scale / v).astype(np.int64)
         ovh = _draw(rng, model.overhead, ranks)
         if fused is not None and fused.any():
@@ -199,10 +202,13 @@ def _replay_many(
         if by_stage:  # dependencies the measured run passed no message on keep their latency
             lat = np.where(graph.edge_msg >= 0, lat, graph.edge_lat)
             xfer = None if xfer is None else np.where(graph.edge_msg >= 0, xfer, graph.edge_xfer)
-        result = replay(graph, dur=dur, ovh=ovh, lat=lat, xfer=xfer)  # None: the graph's (zeros on the host)
+        scenarios.append(Scenario(dur=dur, ovh=ovh, lat=lat, xfer=xfer))  # xfer None: the graph's (zeros on the host)
+        busy_ns.append(int(dur.sum()))
+    bubbles, steps = np.zeros(samples), np.zeros(samples)
+    for i, result in enumerate(replay_many(graph, scenarios)):
         window = int(result.end.max() - result.start.min())
         steps[i] = window
-        bubbles[i] = 1.0 - dur.sum() / (n_ranks * window) if window > 0 else 0.0
+        bubbles[i] = 1.0 - busy_ns[i] / (n_ranks * window) if window > 0 else 0.0
     return bubbles, steps
 
 
