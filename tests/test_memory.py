@@ -12,7 +12,6 @@ from tracekit.analyze.memory import (
     SOURCE_USER,
     ActivationSize,
     activation_size,
-    format_bytes,
     in_flight,
     in_flight_per_rank,
     orders_of_graph,
@@ -20,6 +19,7 @@ from tracekit.analyze.memory import (
     peak_activation_bytes,
 )
 from tracekit.analyze.replay import step_graphs
+from tracekit.vocab import format_bytes
 from tracekit.analyze.schedules import GENERATORS, graph_from_orders, gpipe, interleaved_1f1b, one_f_one_b
 from tracekit.errors import TracekitError
 

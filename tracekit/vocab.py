@@ -1,5 +1,5 @@
 """The words and number formats every stage shares: the idle causes, their names, and how a
-time, a share or a list of ranks is written.
+time, a size, a share or a list of ranks is written.
 
 Here, below the analyses and the renderers, so that an analysis that writes a sentence
 (a finding, a comparison's headline) and a renderer that writes a table say the same
@@ -23,6 +23,14 @@ CAUSE_NAMES = {
 def ms(ns: float) -> str:
     """Nanoseconds as milliseconds, one decimal: ``12.3``."""
     return f"{ns / 1e6:.1f}"
+
+
+def format_bytes(n: float) -> str:
+    """A size in bytes, binary units, one decimal: ``512 B``, ``40.0 KiB``, ``2.5 GiB``."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{int(n)} B"
 
 
 def signed_ms(ns: float) -> str:

@@ -81,13 +81,6 @@ def parse_bytes(text: str, option: str) -> int:
     return int(value * _UNITS[unit])
 
 
-def format_bytes(n: float) -> str:
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{int(n)} B"
-
-
 def _actions(order: Iterable[Entry]) -> list[Action]:
     out: list[Action] = []
     for entry in order:

@@ -7,6 +7,7 @@ import os
 import click
 
 from tracekit.text import for_terminal
+from tracekit.vocab import format_bytes
 
 _CACHE_DIR_HELP = (
     "The cache folder (a path or an fsspec URL; default: $TRACEKIT_CACHE_DIR or "
@@ -76,15 +77,4 @@ def _root(option: str | None) -> tuple[str, str]:
 
 def _contents(usage) -> str:
     kinds = [f"{n} {_KIND_NAMES[kind][n != 1]}" for kind, n in usage.files.items() if n]
-    return f"{', '.join(kinds)}: {_size(usage.bytes)}"
-
-
-def _size(n_bytes: int) -> str:
-    if n_bytes < 1024:
-        return f"{n_bytes} B"
-    size = n_bytes / 1024
-    for unit in ("KiB", "MiB"):
-        if size < 1024:
-            return f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size:.1f} GiB"
+    return f"{', '.join(kinds)}: {format_bytes(usage.bytes)}"

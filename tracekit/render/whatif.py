@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from tracekit.analyze.memory import format_bytes
 from tracekit.text import for_terminal
+from tracekit.vocab import format_bytes
 from tracekit.version import __version__
 
 
