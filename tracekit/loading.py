@@ -4,7 +4,6 @@ messages, schedule). :func:`tracekit.load` is :func:`load`."""
 from __future__ import annotations
 
 import functools
-import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from os import PathLike
@@ -101,16 +100,12 @@ def reduce_file(
 @functools.cache
 def _code_digest() -> str:
     """A digest of the code :func:`reduce_file` runs (the parse cache keys the parser's own)."""
+    from tracekit.ingest.cache import sources_digest
+
     root = Path(__file__).resolve().parent
-    digest = hashlib.sha256()
-    for source in [
-        Path(__file__),
-        *sorted((root / "reconstruct").rglob("*.py")),
-        *sorted((root / "model").glob("*.py")),
-    ]:
-        digest.update(source.relative_to(root).as_posix().encode())
-        digest.update(source.read_bytes())
-    return digest.hexdigest()[:16]
+    return sources_digest(
+        [Path(__file__), *sorted((root / "reconstruct").rglob("*.py")), *sorted((root / "model").glob("*.py"))]
+    )
 
 
 def _reducer_key(labels: LabelSet | None) -> dict:

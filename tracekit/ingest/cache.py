@@ -105,13 +105,19 @@ def code_fingerprint() -> str:
     even when the version number did not move (development, local patches)."""
     global _FINGERPRINT
     if _FINGERPRINT is None:
-        root = Path(__file__).resolve().parents[1]
-        digest = hashlib.sha256()
-        for source in fingerprint_sources():
-            digest.update(source.relative_to(root).as_posix().encode())
-            digest.update(source.read_bytes())
-        _FINGERPRINT = digest.hexdigest()[:16]
+        _FINGERPRINT = sources_digest(fingerprint_sources())
     return _FINGERPRINT
+
+
+def sources_digest(sources: list[Path], seed: bytes = b"") -> str:
+    """A short digest of tracekit source files: each one's path inside the package and its
+    bytes, in the order given, after ``seed``."""
+    root = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256(seed)
+    for source in sources:
+        digest.update(source.relative_to(root).as_posix().encode())
+        digest.update(source.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def file_stamp(path: Path) -> list[int]:
@@ -344,12 +350,7 @@ def _facts_digest(files: list) -> str:
 
 def package_fingerprint() -> str:
     """A digest of all of tracekit's code: any change to analysis or rendering misses."""
-    digest = hashlib.sha256(__version__.encode())
-    root = Path(__file__).resolve().parents[1]
-    for source in sorted(root.rglob("*.py")):
-        digest.update(str(source.relative_to(root)).encode())
-        digest.update(source.read_bytes())
-    return digest.hexdigest()[:16]
+    return sources_digest(sorted(Path(__file__).resolve().parents[1].rglob("*.py")), __version__.encode())
 
 
 def analysis_key(cache: ParseCache, run: Path, paths: list[Path], options: dict, extra_files: list[Path]) -> str | None:
