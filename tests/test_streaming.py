@@ -215,6 +215,32 @@ def test_truncation_anywhere_keeps_every_complete_event(tmp_path, monkeypatch):
         assert list(got["source_index"]) == list(range(complete)), cut
 
 
+@pytest.mark.parametrize("cut", [None, 0.5, 0.999])
+def test_isal_and_zlib_inflate_read_the_same_rows(tmp_path, monkeypatch, cut):
+    """ISA-L's inflate (used when installed) and zlib's give the same rows and the same
+    truncation verdict: on a whole file, on one of two gzip members, on a stream cut off."""
+    zlib = pytest.importorskip("zlib")
+    isal_zlib = pytest.importorskip("isal.isal_zlib")
+    data = _sample_file().read_bytes()
+    if cut is None:  # two gzip members, as `cat a.gz b.gz` writes: the second holds the tail
+        raw = gzip.decompress(data)
+        half = raw.rindex(b"},", 0, len(raw) // 2) + 2
+        data = gzip.compress(raw[:half]) + gzip.compress(raw[half:])
+    else:
+        data = data[: int(len(data) * cut)]
+    path = tmp_path / "rank0.json.gz"
+    path.write_bytes(data)
+    read = []
+    for inflate in (isal_zlib, zlib):
+        monkeypatch.setattr(kineto_stream, "_inflate", inflate)
+        read.append(parse_kineto(path, 0))
+    (trace_isal, rows_isal), (trace_zlib, rows_zlib) = read
+    pd.testing.assert_frame_equal(rows_isal, rows_zlib)
+    assert trace_isal.describe() == trace_zlib.describe()
+    assert trace_isal.truncated == (cut is not None)
+    assert len(rows_isal) > 100
+
+
 def test_memory_is_bounded_by_a_chunk_not_the_file(tmp_path):
     n_events = 80_000
     events = ",\n".join(json.dumps(_event(i)) for i in range(n_events))
