@@ -361,29 +361,27 @@ def _segment_unlabelled(events: EventArrays, on_cpu: np.ndarray, steps: Mapping[
                 ops = _merged(ops, _slice(engine, lo_t, hi_t))
         inside = ops["end_ns"] <= hi_t
         ops = {c: v[inside] for c, v in ops.items()}
-        back = _slice(backward[rank], lo_t, hi_t) if rank in backward else {"seq": [], "end_ns": []}
-        has_backward = {int(q) for q, e in zip(back["seq"], back["end_ns"]) if e <= hi_t}
+        back = _slice(backward[rank], lo_t, hi_t) if rank in backward else {}
+        has_backward = {
+            q for q, e in zip(back.get("seq", _NONE).tolist(), back.get("end_ns", _NONE).tolist()) if e <= hi_t
+        }
         forward_of_seq: dict[int, int] = {}
         n_forward = 0
-        seq = ops["seq"]
+        seq = ops["seq"].tolist()  # Python ints: the loops below read them one by one
         # the last forward op with a number made its node (a backward op has its node's number too)
-        creator = {int(q): i for i, (q, c) in enumerate(zip(seq, ops["class"])) if q >= 0 and c == _FORWARD}
+        creator = {q: i for i, (q, c) in enumerate(zip(seq, ops["class"].tolist())) if q >= 0 and c == _FORWARD}
         for kind, lo, hi in _split_by_autograd(_runs(ops["class"]), seq):
-            seqs = {int(q) for q in ops["seq"][lo:hi] if q >= 0}
+            seqs = {q for q in seq[lo:hi] if q >= 0}
             if kind == "F":
                 # The forward proper: from the first to the last op whose node a backward
                 # ran. Host work around it on the same thread (a framework loading the
                 # batch, scaling the loss, seeding the gradient) is not the stage's compute;
                 # a run with no such op is bookkeeping between actions, no stage forward.
-                core = [
-                    i
-                    for i in range(lo, hi)
-                    if seq[i] >= 0 and creator.get(int(seq[i])) == i and int(seq[i]) in has_backward
-                ]
+                core = [i for i in range(lo, hi) if seq[i] >= 0 and creator.get(seq[i]) == i and seq[i] in has_backward]
                 if not core:
                     continue
                 lo, hi = core[0], core[-1] + 1
-                seqs = {int(q) for q in seq[lo:hi] if q >= 0}
+                seqs = {q for q in seq[lo:hi] if q >= 0}
                 mb = n_forward
                 n_forward += 1
                 for q in seqs:
@@ -433,7 +431,7 @@ def _unwrapped(ops: dict, by_key: dict, key: tuple, limit: int = 8) -> dict:
     return ops
 
 
-def _split_by_autograd(runs: list[tuple[str, int, int]], seq: np.ndarray) -> list[tuple[str, int, int]]:
+def _split_by_autograd(runs: list[tuple[str, int, int]], seq: list[int]) -> list[tuple[str, int, int]]:
     """Runs that hold two actions, split where the autograd sequence numbers say so.
 
     Runs break at communication ops on the segmented thread. A send posted from another
@@ -450,7 +448,7 @@ def _split_by_autograd(runs: list[tuple[str, int, int]], seq: np.ndarray) -> lis
             continue
         start, top = lo, -1
         for i in range(lo, hi):
-            q = int(seq[i])
+            q = seq[i]
             if q < 0:
                 continue
             if top >= 0 and q > top:
@@ -461,14 +459,14 @@ def _split_by_autograd(runs: list[tuple[str, int, int]], seq: np.ndarray) -> lis
     owner: dict[int, int] = {}
     for n, (kind, lo, hi) in enumerate(pieces):
         if kind == "B":
-            owner.update((int(q), n) for q in seq[lo:hi] if q >= 0)
+            owner.update((q, n) for q in seq[lo:hi] if q >= 0)
     # An op that creates no node records the number the next node will get (the detach
     # after a forward's last layer carries the next microbatch's first number): only the
     # last op with a number, the one that created its node, says whose it is.
     creator: dict[int, int] = {}
     for kind, lo, hi in pieces:
         if kind == "F":
-            creator.update((int(seq[i]), i) for i in range(lo, hi) if seq[i] >= 0)
+            creator.update((seq[i], i) for i in range(lo, hi) if seq[i] >= 0)
     out: list[tuple[str, int, int]] = []
     for kind, lo, hi in pieces:
         if kind != "F":
@@ -476,9 +474,9 @@ def _split_by_autograd(runs: list[tuple[str, int, int]], seq: np.ndarray) -> lis
             continue
         start, current = lo, None
         for i in range(lo, hi):
-            if creator.get(int(seq[i])) != i:
+            if creator.get(seq[i]) != i:
                 continue
-            who = owner.get(int(seq[i]))
+            who = owner.get(seq[i])
             if who is None:
                 continue
             if current is not None and who != current:
@@ -535,6 +533,7 @@ def _runs(classes: np.ndarray) -> list[tuple[str, int, int]]:
 
 
 _BREAK, _FORWARD, _BACKWARD = 0, 1, 2
+_NONE = np.zeros(0, dtype=np.int64)
 
 
 def _op_class(name: str) -> int:
