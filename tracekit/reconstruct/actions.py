@@ -166,44 +166,53 @@ def _from_labels(
     rows: list[tuple] = []
     ranks, starts_all, ends_all = events["rank"], events["start_ns"], events["end_ns"]
     engine_spans = {}
-    for r, group in _by_rank(np.flatnonzero(engine), ranks).items():
+    for r, group in _by_key(np.flatnonzero(engine), ranks).items():
         by_start = group[np.argsort(starts_all[group], kind="stable")]
         engine_spans[r] = (starts_all[by_start], ends_all[by_start])
-    waits = {r: np.sort(ends_all[g]) for r, g in _by_rank(np.flatnonzero(is_wait), ranks).items()}
+    waits = {r: np.sort(ends_all[g]) for r, g in _by_key(np.flatnonzero(is_wait), ranks).items()}
     comm = events.per_name("name", is_comm)
     autograd = events.starts_with("autograd::engine")
     depth_all, file_ids, sources = events["depth"], events["file_id"], events["source_index"]
-    # threads in the order of their first wanted row, labels in row order
-    kept = np.flatnonzero(wanted)
-    labelled = set(thread[found].tolist())
-    _, first = np.unique(thread[kept], return_index=True)
-    for t in thread[kept[np.sort(first)]].tolist():
-        if t not in labelled:
+    label_rows = _by_key(np.flatnonzero(found), thread)
+    # threads in the order of their first wanted row (the table's order), labels in row order
+    for mine in sorted(_by_key(np.flatnonzero(wanted), thread).values(), key=lambda g: int(g[0])):
+        labels = label_rows.get(int(thread[mine[0]]))
+        if labels is None:
             continue
-        mine = kept[thread[kept] == t]
         mine = mine[np.argsort(starts_all[mine], kind="stable")]
         starts, ends, depths = starts_all[mine], ends_all[mine], depth_all[mine]
         is_comm_op, is_autograd = comm[mine], autograd[mine]
-        labels = np.flatnonzero(found & (thread == t))
         rank = int(ranks[labels[0]])
-        rank_waits = waits.get(rank, np.zeros(0, dtype=np.int64))
-        label_steps = step_of(ranks[labels], starts_all[labels], steps).tolist()
-        label_names = events.names(labels)
-        for label, step, name in zip(labels.tolist(), label_steps, label_names):
-            parts = rule_of_name[name].parse(name, rank)
+        label_starts, label_ends = starts_all[labels], ends_all[labels]
+        # each label's ops (by start), its last receive wait and the engine's ops inside it
+        op_lo = np.searchsorted(starts, label_starts, side="left").tolist()
+        op_hi = np.searchsorted(starts, label_ends, side="right").tolist()
+        wait_ends = _last_within(waits.get(rank), label_starts, label_ends)
+        engine_of_rank = engine_spans.get(rank)
+        if engine_of_rank is not None:
+            engine_lo = np.searchsorted(engine_of_rank[0], label_starts, side="left").tolist()
+            engine_hi = np.searchsorted(engine_of_rank[0], label_ends, side="right").tolist()
+        label_steps = step_of(ranks[labels], label_starts, steps).tolist()
+        child_depths = (depth_all[labels].astype(np.int64) + 1).tolist()
+        parsed: dict[str, list[tuple[str, int, int]] | None] = {}  # a thread's rank is one: parse a name once
+        columns = zip(label_steps, events.names(labels), label_starts.tolist(), label_ends.tolist())
+        for k, (step, name, label_start, label_end) in enumerate(columns):
+            if name not in parsed:
+                parsed[name] = rule_of_name[name].parse(name, rank)
+            parts = parsed[name]
             if not parts:
                 continue
-            label_start, label_end = int(starts_all[label]), int(ends_all[label])
-            lo = np.searchsorted(starts, label_start, side="left")
-            hi = np.searchsorted(starts, label_end, side="right")
-            inside = lo + np.flatnonzero((ends[lo:hi] <= label_end) & (depths[lo:hi] == depth_all[label] + 1))
-            span = _compute_span(label_start, label_end, inside, starts, ends, is_comm_op, rank_waits)
-            span = _with_engine(span, label_start, label_end, engine_spans.get(rank))
+            lo, hi = op_lo[k], op_hi[k]
+            inside = lo + np.flatnonzero((ends[lo:hi] <= label_end) & (depths[lo:hi] == child_depths[k]))
+            span = _compute_span(label_start, label_end, inside, starts, ends, is_comm_op, wait_ends[k])
+            if engine_of_rank is not None:
+                span = _with_engine(span, label_end, engine_of_rank, engine_lo[k], engine_hi[k])
             # a fused F+B range splits at its first autograd op
             spans = [(span.start, span.end)]
             if len(parts) == 2:
                 split = _first_backward_start(inside, starts, is_autograd, span)
                 spans = [(span.start, split), (split, span.end)]
+            label = int(labels[k])
             for (kind, stage, mb), (s, e) in zip(parts, spans):
                 rows.append(
                     (
@@ -224,14 +233,24 @@ def _from_labels(
     return rows
 
 
-def _by_rank(rows: np.ndarray, ranks: np.ndarray) -> dict[int, np.ndarray]:
-    """``rows`` (indices) by their rank, each rank's in row order."""
+def _last_within(times: np.ndarray | None, starts: np.ndarray, ends: np.ndarray) -> list[int | None]:
+    """For each span [start, end], the latest of the sorted ``times`` within it (None: none)."""
+    if times is None or not len(times):
+        return [None] * len(starts)
+    lo = np.searchsorted(times, starts, side="left")
+    hi = np.searchsorted(times, ends, side="right")
+    last = times[np.maximum(hi - 1, 0)].tolist()
+    return [t if b > a else None for t, a, b in zip(last, lo.tolist(), hi.tolist())]
+
+
+def _by_key(rows: np.ndarray, keys: np.ndarray) -> dict[int, np.ndarray]:
+    """``rows`` (indices) by their ``keys`` value, each group's rows in row order."""
     if not len(rows):
         return {}
-    of_rows = ranks[rows]
+    of_rows = keys[rows]
     order = np.argsort(of_rows, kind="stable")
     bounds = np.flatnonzero(np.diff(of_rows[order])) + 1
-    return {int(ranks[g[0]]): g for g in np.split(rows[order], bounds)}
+    return {int(keys[g[0]]): g for g in np.split(rows[order], bounds)}
 
 
 def _group_layers(
@@ -241,10 +260,11 @@ def _group_layers(
     kind and stage in one step of a rank, with no point-to-point op starting between them,
     are one action (a run of ``attn(F)``, ``mlp(F)`` is one forward)."""
     p2p = np.flatnonzero(on_cpu & events.is_in("name", SEND_NAMES + RECV_NAMES))
-    p2p_starts = {r: np.sort(events["start_ns"][g]) for r, g in _by_rank(p2p, events["rank"]).items()}
+    p2p_starts = {r: np.sort(events["start_ns"][g]) for r, g in _by_key(p2p, events["rank"]).items()}
     out: list[tuple] = []
-    layer_rows = sorted((r for r in rows if rule_of_name[r[9]].layer_level), key=lambda r: (r[0], r[7]))
-    out.extend(r for r in rows if not rule_of_name[r[9]].layer_level)
+    layer_level = {name: rule.layer_level for name, rule in rule_of_name.items()}
+    layer_rows = sorted((r for r in rows if layer_level[r[9]]), key=lambda r: (r[0], r[7]))
+    out.extend(r for r in rows if not layer_level[r[9]])
     current: list | None = None
     for row in layer_rows:
         rank, step, kind, stage = row[0], row[1], row[2], row[3]
@@ -266,13 +286,10 @@ def _group_layers(
     return out
 
 
-def _with_engine(span: _Span, label_start: int, label_end: int, engine: tuple | None) -> _Span:
-    """The span widened to the autograd engine's ops that ran inside the label."""
-    if engine is None:
-        return span
+def _with_engine(span: _Span, label_end: int, engine: tuple[np.ndarray, np.ndarray], lo: int, hi: int) -> _Span:
+    """The span widened to the autograd engine's ops that ran inside the label (``engine``:
+    their starts, sorted, and ends; ``lo``:``hi``: those starting inside the label)."""
     e_start, e_end = engine
-    lo = np.searchsorted(e_start, label_start, side="left")
-    hi = np.searchsorted(e_start, label_end, side="right")
     ends = e_end[lo:hi]
     ends = ends[ends <= label_end]
     if not len(ends):
@@ -290,19 +307,17 @@ def _compute_span(
     starts: np.ndarray,
     ends: np.ndarray,
     is_comm_op: np.ndarray,
-    waits: np.ndarray,
+    wait_end: int | None,
 ) -> _Span:
     """The span of the label's top-level compute ops (``inside``: its thread's ops one level
     down, by start). A label with no compute op inside (an empty input-grad, say) counts
-    from the end of its receive wait to its end."""
+    from the end of its receive wait (``wait_end``: the last that ended inside it) to its end."""
     compute = inside[~is_comm_op[inside]]
     if len(compute):
         return _Span(int(starts[compute[0]]), int(ends[compute].max()))
     start, end = label_start, label_end
-    lo = np.searchsorted(waits, start, side="left")
-    hi = np.searchsorted(waits, end, side="right")
-    if hi > lo:
-        start = max(start, int(waits[hi - 1]))
+    if wait_end is not None:
+        start = max(start, wait_end)
     if len(inside):  # every op inside is a communication op here
         start = max(start, int(np.minimum(ends[inside], end).max()))
     return _Span(start, max(start, end))
