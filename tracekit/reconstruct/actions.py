@@ -123,7 +123,7 @@ def _numbered(rows: list[tuple]) -> dict[str, Any]:
         columns[name] = [values[i] for i in order.tolist()] if name in _STRING_ACTION_COLUMNS else values[order]
     _count_microbatches(columns)
     n = len(order)
-    # rows of a rank and step are together now: an action's order is its place in the run
+    # sorted, each rank's step is one run of rows: an action's order is its place in it
     starts = np.ones(n, dtype=bool)
     if n:
         starts[1:] = (np.diff(columns["rank"]) != 0) | (np.diff(columns["step"]) != 0)
@@ -146,7 +146,7 @@ def _count_microbatches(columns: dict[str, Any]) -> None:
     for i in unknown:
         key = (int(rank[i]), int(step[i]), int(stage[i]), kind[i])
         microbatch[i] = seen.get(key, 0)
-        seen[key] = microbatch[i] + 1
+        seen[key] = int(microbatch[i]) + 1
 
 
 def _from_labels(
