@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tracekit.ingest.columns import EventColumns
+
 if TYPE_CHECKING:
     import pandas as pd
-
-    from tracekit.ingest.columns import EventColumns
 
 # The device's own work (kernels, copies, sets); a rank that records any is measured there.
 DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -38,7 +38,7 @@ class EventArrays:
         """A parsed file's columns or an events table as arrays, without copying them."""
         if isinstance(events, EventArrays):
             return events
-        if hasattr(events, "numbers"):  # ingest.columns.EventColumns (not imported: pandas-free workers)
+        if isinstance(events, EventColumns):
             return cls(events.numbers, events.codes, events.values)
         import pandas as pd  # an events table: pandas is loaded already
 
