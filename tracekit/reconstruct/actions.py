@@ -70,7 +70,7 @@ def find_actions(
 
 
 def action_table(
-    events: EventArrays, steps: Mapping[str, Any], custom: LabelSet | None = None
+    events: EventArrays, steps: pd.DataFrame | Mapping[str, Any], custom: LabelSet | None = None
 ) -> tuple[dict[str, Any], LabelChoice, str]:
     """All compute actions of the events (columns :data:`~tracekit.model.run.ACTION_COLUMNS`:
     numbers as int64 arrays, ``kind`` and ``label`` as lists of strings; sorted by rank,
@@ -87,7 +87,9 @@ def action_table(
     return _numbered(rows), choice, labelling
 
 
-def _labelled(events: EventArrays, on_cpu: np.ndarray, steps: Mapping[str, Any], table: LabelSet) -> list[tuple]:
+def _labelled(
+    events: EventArrays, on_cpu: np.ndarray, steps: pd.DataFrame | Mapping[str, Any], table: LabelSet
+) -> list[tuple]:
     """The actions of the ranges ``table``'s action rules name."""
     is_label = on_cpu & events.is_in("cat", _LABEL_CATS)
     names = events.values["name"]
@@ -155,7 +157,7 @@ def _from_labels(
     found: np.ndarray,
     thread: np.ndarray,
     is_wait: np.ndarray,
-    steps: Mapping[str, Any],
+    steps: pd.DataFrame | Mapping[str, Any],
     rule_of_name: dict[str, LabelRule],
     engine: np.ndarray,
 ) -> list[tuple]:
@@ -330,7 +332,9 @@ def _first_backward_start(inside: np.ndarray, starts: np.ndarray, is_autograd: n
     return (span.start + span.end) // 2
 
 
-def _segment_unlabelled(events: EventArrays, on_cpu: np.ndarray, steps: Mapping[str, Any]) -> list[tuple]:
+def _segment_unlabelled(
+    events: EventArrays, on_cpu: np.ndarray, steps: pd.DataFrame | Mapping[str, Any]
+) -> list[tuple]:
     """Native Schedule1F1B: runs of top-level ops between c10d ops on the main thread.
 
     A forward run counts only if one of its ops has a backward in the trace (shared autograd
@@ -507,7 +511,7 @@ def _sorted_groups(columns: dict, mask: np.ndarray, keys: tuple[str, ...]) -> di
     picked = {c: v[mask] for c, v in columns.items()}
     order = np.lexsort((picked["start_ns"], *[picked[k] for k in reversed(keys)]))
     picked = {c: v[order] for c, v in picked.items()}
-    groups = {}
+    groups: dict[Any, dict[str, np.ndarray]] = {}
     if not len(order):
         return groups
     key_cols = np.stack([picked[k] for k in keys], axis=1)

@@ -57,7 +57,7 @@ def _step_number(name: str) -> int:
     return int(match.group(1)) if match else -1
 
 
-def step_of(ranks: np.ndarray, times: np.ndarray, steps: Mapping[str, Any]) -> np.ndarray:
+def step_of(ranks: np.ndarray, times: np.ndarray, steps: pd.DataFrame | Mapping[str, Any]) -> np.ndarray:
     """The step number each (rank, time) falls in (the earlier step where two touch); -1
     outside every step. ``steps``: a step table (:func:`step_table`, or the run's)."""
     out = np.full(len(times), -1, dtype=np.int64)
