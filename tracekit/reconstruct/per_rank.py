@@ -1,11 +1,12 @@
 """What the cross-rank reduce needs of one rank, found where its file was parsed.
 
-Steps (:func:`~tracekit.reconstruct.steps.find_steps`) and compute actions
-(:func:`~tracekit.reconstruct.actions.find_actions`) read one rank's events only, so the
-process that parsed a file can find them and send back those few thousand rows instead of
-the rank's events. What the client still reads of the events is small: the rows that
-message matching, peer inference and arrival estimates read (communication-library ops and
-ranges, framework P2P ranges) and each rank's first and last row (the extent of the run).
+Steps (:func:`~tracekit.reconstruct.steps.step_table`) and compute actions
+(:func:`~tracekit.reconstruct.actions.action_table`) read one rank's events only, so the
+process that parsed a file can find them, on the file's columns without pandas
+(:mod:`.event_arrays`), and send back those few thousand rows instead of the rank's events.
+What the client still reads of the events is small: the rows that message matching, peer
+inference and arrival estimates read (communication-library ops and ranges, framework P2P
+ranges) and each rank's first and last row (the extent of the run).
 
 The one choice made across ranks is the label table (the first whose action rules match
 an annotation anywhere in the run): each rank reports its annotation counts and the table
@@ -28,10 +29,8 @@ from tracekit.reconstruct.event_arrays import EventArrays, has_device_work
 from tracekit.reconstruct.labels import LabelChoice, LabelSet, choose, p2p_ways
 from tracekit.reconstruct.steps import step_table
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # numpy only at import: parser workers run rank_reduce; gather, in the client, loads pandas
     import pandas as pd
-
-# numpy only at import: parser workers run rank_reduce (the client, gather, has pandas)
 
 # Names of the rows message matching and arrival estimates read (tracekit.reconstruct.p2p):
 # the c10d and record_param_comms ops (sends, receives, and the comm ops whose ends delay a
