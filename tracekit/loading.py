@@ -81,12 +81,13 @@ def reduce_file(
     steps and actions on its :class:`~tracekit.model.events.TraceFile` (``reduced``) and,
     of its working set, only the rows the cross-rank steps read
     (:mod:`tracekit.reconstruct.per_rank`); a rank that needs its events keeps them."""
-    from tracekit.ingest.columns import EventColumns, events_frame
+    from tracekit.ingest.columns import EventColumns
+    from tracekit.reconstruct.event_arrays import EventArrays
     from tracekit.reconstruct.per_rank import rank_reduce
 
     out = []
     for trace, columns in parsed:
-        found = rank_reduce(events_frame([columns.copy()]), labels)
+        found = rank_reduce(EventArrays.of(columns), labels)
         if found is None:
             out.append((trace, columns))
             continue

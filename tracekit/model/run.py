@@ -43,11 +43,14 @@ a run with a rank missing is never read as a smaller pipeline.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from tracekit.model.events import TraceFile
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+# pandas loads where a Run is made: parser workers read the column lists below without it.
 
 ACTION_COLUMNS = [
     "action_id",
@@ -272,6 +275,12 @@ class ScheduleInfo:
         }
 
 
+def _empty(columns: list[str]) -> pd.DataFrame:
+    import pandas as pd
+
+    return pd.DataFrame(columns=columns)
+
+
 @dataclass
 class Run:
     """Everything loaded from one run folder."""
@@ -279,14 +288,14 @@ class Run:
     source: str  # the folder or file given
     files: list[TraceFile]
     events: pd.DataFrame  # see tracekit.model.events
-    actions: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=ACTION_COLUMNS))
-    messages: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=MESSAGE_COLUMNS))
-    steps: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=STEP_COLUMNS))
+    actions: pd.DataFrame = field(default_factory=lambda: _empty(ACTION_COLUMNS))
+    messages: pd.DataFrame = field(default_factory=lambda: _empty(MESSAGE_COLUMNS))
+    steps: pd.DataFrame = field(default_factory=lambda: _empty(STEP_COLUMNS))
     schedule: ScheduleInfo | None = None
-    device: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=DEVICE_OP_COLUMNS))
-    device_pairs: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=DEVICE_PAIR_COLUMNS))
+    device: pd.DataFrame = field(default_factory=lambda: _empty(DEVICE_OP_COLUMNS))
+    device_pairs: pd.DataFrame = field(default_factory=lambda: _empty(DEVICE_PAIR_COLUMNS))
     # SendRecv kernels of collectives (all_to_all) paired across a two-rank run: not messages
-    collective_pairs: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=DEVICE_PAIR_COLUMNS))
+    collective_pairs: pd.DataFrame = field(default_factory=lambda: _empty(DEVICE_PAIR_COLUMNS))
     timeline: str = "host"  # "device" or "host": see the module doc
     # The label table the actions came from ("torch-pp", "megatron-nvtx", "custom", "none":
     # tracekit.reconstruct.labels) and how many ranges each table matched.

@@ -4,21 +4,14 @@ schedule). Works in place on a :class:`tracekit.model.Run`."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-from tracekit.errors import TracekitError
-from tracekit.model.run import TIMELINES, Run
-from tracekit.reconstruct import device as dev
-from tracekit.reconstruct.actions import annotation_counts, find_actions
-from tracekit.reconstruct.chains import restage_from_chains
-from tracekit.reconstruct.counts import count_problems
-from tracekit.reconstruct.declared import declared_mismatch
-from tracekit.reconstruct.labels import LabelSet, custom_set, describe_annotations, parse_rule
-from tracekit.reconstruct.clock import estimate_offsets, host_of_rank, shift_ranks
-from tracekit.reconstruct.p2p import estimate_arrivals, match_messages
-from tracekit.reconstruct.per_rank import gather
-from tracekit.reconstruct.pipelines import pipeline_groups, restage, stage_is_rank
-from tracekit.reconstruct.schedule import recognise, unrecognised
-from tracekit.reconstruct.steps import find_steps
+if TYPE_CHECKING:
+    from tracekit.model.run import Run
+    from tracekit.reconstruct.labels import LabelSet
+
+# Nothing heavy at import: parser workers import this package for the per-rank reduce
+# (tracekit.reconstruct.per_rank, numpy only); the whole-run steps below load pandas.
 
 ONE_RANK = (
     "one rank: no pipeline to analyse (a single rank's trace, and no file says the job had "
@@ -42,6 +35,22 @@ def reconstruct(run: Run, timeline: str = "auto", labels: LabelSet | Sequence[st
     recognised schedule: read from part of a pipeline, p, the placement and the schedule's
     name would describe a smaller pipeline that never ran. One rank alone is no pipeline.
     """
+    from tracekit.errors import TracekitError
+    from tracekit.model.run import TIMELINES
+    from tracekit.reconstruct import device as dev
+    from tracekit.reconstruct.actions import annotation_counts, find_actions
+    from tracekit.reconstruct.chains import restage_from_chains
+    from tracekit.reconstruct.clock import estimate_offsets, shift_ranks
+    from tracekit.reconstruct.counts import count_problems
+    from tracekit.reconstruct.declared import declared_mismatch
+    from tracekit.reconstruct.event_arrays import EventArrays, has_device_work
+    from tracekit.reconstruct.labels import LabelSet, custom_set, describe_annotations, parse_rule
+    from tracekit.reconstruct.p2p import estimate_arrivals, match_messages
+    from tracekit.reconstruct.per_rank import gather
+    from tracekit.reconstruct.pipelines import pipeline_groups, restage, stage_is_rank
+    from tracekit.reconstruct.schedule import recognise, unrecognised
+    from tracekit.reconstruct.steps import find_steps
+
     if labels is not None and not isinstance(labels, LabelSet):
         labels = custom_set([parse_rule(text, "label rule") for text in labels])
     if timeline not in TIMELINES:
@@ -49,7 +58,7 @@ def reconstruct(run: Run, timeline: str = "auto", labels: LabelSet | Sequence[st
     if run.events.empty:
         run.warn("no events were read: nothing to analyse")
         return run
-    on_device = dev.has_device_work(run.events)
+    on_device = has_device_work(EventArrays.of(run.events))
     if timeline == "device" and not on_device:
         raise TracekitError(
             f"{run.source}: --timeline device, but the traces record no device work (no "
@@ -129,6 +138,8 @@ def reconstruct(run: Run, timeline: str = "auto", labels: LabelSet | Sequence[st
 def no_pipeline_message(run: Run, events) -> str:
     """What was seen where no pipeline was found, and what to do about it."""
     from tracekit.model.names import RECV_NAMES, SEND_NAMES
+    from tracekit.reconstruct.actions import annotation_counts
+    from tracekit.reconstruct.labels import describe_annotations
 
     n_ranks = len(run.ranks)
     expected = run.completeness.world_size if run.completeness is not None else None
@@ -145,6 +156,9 @@ def no_pipeline_message(run: Run, events) -> str:
 def _on_device(run: Run, messages, host_events) -> None:
     """Put the actions and messages on the device timeline, clocks aligned from the device
     P2P kernels."""
+    from tracekit.reconstruct import device as dev
+    from tracekit.reconstruct.clock import host_of_rank, shift_ranks
+
     messages = dev.device_messages(messages, run.device, host_events)
     shifts, notes = dev.device_clock_offsets(messages, host_of_rank(run.files))
     for note in notes:
@@ -182,6 +196,8 @@ def _actions_per_step(run: Run) -> list[int]:
 
 def _align(run: Run, shifts: dict[int, int]) -> None:
     """Put every rank's times on the reference clock."""
+    from tracekit.reconstruct.clock import shift_ranks
+
     run.events = shift_ranks(run.events, shifts, "rank", ["start_ns", "end_ns"])
     run.actions = shift_ranks(run.actions, shifts, "rank", ["start_ns", "end_ns", "label_start_ns", "label_end_ns"])
     run.steps = shift_ranks(run.steps, shifts, "rank", ["step_start_ns", "step_end_ns"])

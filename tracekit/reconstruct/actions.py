@@ -14,19 +14,27 @@ wait's return and the first op, counts as idle and is attributed as overhead).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from tracekit.model.names import COMM_PREFIXES, RECV_NAMES, SEND_NAMES, STEP_MARK_PREFIX
 from tracekit.model.run import ACTION_COLUMNS
-from tracekit.reconstruct.labels import LabelChoice, LabelSet, choose
+from tracekit.reconstruct.event_arrays import EventArrays, group_ids
+from tracekit.reconstruct.labels import LabelChoice, LabelRule, LabelSet, choose
 from tracekit.reconstruct.steps import step_of
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 _LABEL_CATS = ("user_annotation",)
 _OPTIMIZER_PREFIXES = ("Optimizer.", "Optimizer#")
 UNLABELLED = "unlabelled (segmented at P2P ops)"
+# The columns of a row as the finders make them: ACTION_COLUMNS less action_id and order.
+_ROW_COLUMNS = [c for c in ACTION_COLUMNS if c not in ("action_id", "order")]
+_STRING_ACTION_COLUMNS = ("kind", "label")
 
 
 def is_comm(name: str) -> bool:
@@ -39,137 +47,226 @@ class _Span:
     end: int
 
 
-def annotation_counts(events: pd.DataFrame) -> dict[str, int]:
-    """Each distinct CPU annotation name (step marks aside) and how often it occurs."""
-    on_cpu = ~events["on_gpu"].to_numpy()
-    names = events.loc[on_cpu & events["cat"].isin(_LABEL_CATS).to_numpy(), "name"]
-    counts = names.value_counts(sort=False)
-    return {str(n): int(c) for n, c in counts.items() if c and not str(n).startswith(STEP_MARK_PREFIX)}
+def annotation_counts(events: pd.DataFrame | EventArrays) -> dict[str, int]:
+    """Each distinct CPU annotation name (step marks aside) and how often it occurs, by name."""
+    arrays = EventArrays.of(events)
+    names = arrays.values["name"]
+    wanted = ~arrays["on_gpu"] & arrays.is_in("cat", _LABEL_CATS)
+    counts = np.bincount(arrays.codes["name"][wanted], minlength=len(names)).tolist()
+    found = [(names[code], n) for code, n in enumerate(counts) if n and not names[code].startswith(STEP_MARK_PREFIX)]
+    return dict(sorted(found))
 
 
 def find_actions(
     events: pd.DataFrame, steps: pd.DataFrame, custom: LabelSet | None = None
 ) -> tuple[pd.DataFrame, LabelChoice, str]:
-    """All compute actions of the run, the label table chosen (:mod:`.labels`), and how the
-    actions were found (a phrase for the schedule's evidence)."""
-    on_cpu = ~events["on_gpu"].to_numpy()
+    """:func:`action_table` of an events table and its steps, as a table."""
+    import pandas as pd
+
+    table, choice, labelling = action_table(EventArrays.of(events), steps, custom)
+    if not len(table["action_id"]):
+        return pd.DataFrame(columns=ACTION_COLUMNS), choice, labelling
+    return pd.DataFrame(table, columns=ACTION_COLUMNS), choice, labelling
+
+
+def action_table(
+    events: EventArrays, steps: pd.DataFrame | Mapping[str, Any], custom: LabelSet | None = None
+) -> tuple[dict[str, Any], LabelChoice, str]:
+    """All compute actions of the events (columns :data:`~tracekit.model.run.ACTION_COLUMNS`:
+    numbers as int64 arrays, ``kind`` and ``label`` as lists of strings; sorted by rank,
+    step and start), the label table chosen (:mod:`.labels`), and how the actions were
+    found (a phrase for the schedule's evidence). ``steps``: their step table."""
+    on_cpu = ~events["on_gpu"]
     choice = choose(annotation_counts(events), custom)
     labelling = UNLABELLED
     if choice.used is not None:
-        table = choice.used
-        labels = events[on_cpu & events["cat"].isin(_LABEL_CATS).to_numpy()]
-        rule_of_name = {}
-        for name in labels["name"].unique():
-            rule = table.match(str(name))
-            if rule is not None and rule.is_action:
-                rule_of_name[str(name)] = rule
-        found = labels[labels["name"].isin(list(rule_of_name))]
-        # Only the labelled threads' ops and the receive waits matter: no copy of the rest.
-        threads = pd.MultiIndex.from_frame(found[["rank", "pid", "tid"]].drop_duplicates())
-        keys = pd.MultiIndex.from_arrays([events["rank"], events["pid"], events["tid"]])
-        wanted = on_cpu & (keys.isin(threads) | (events["name"] == "gloo:recv").to_numpy())
-        cpu = events[wanted]
-        engine = events[
-            on_cpu
-            & ~wanted
-            & (events["depth"].to_numpy() == 0)
-            & events["name"].str.startswith("autograd::engine").to_numpy(dtype=bool)
-        ]
-        rows = _from_labels(cpu, found, steps, rule_of_name, engine)
-        if any(rule.layer_level for rule in rule_of_name.values()):
-            rows = _group_layers(rows, events[on_cpu], rule_of_name)
-        labelling = f"{table.name} labels ({table.what})"
+        rows = _labelled(events, on_cpu, steps, choice.used)
+        labelling = f"{choice.used.name} labels ({choice.used.what})"
     else:
         rows = _segment_unlabelled(events, on_cpu, steps)
-    actions = pd.DataFrame(rows, columns=[c for c in ACTION_COLUMNS if c not in ("action_id", "order")])
-    if len(actions) == 0:
-        return pd.DataFrame(columns=ACTION_COLUMNS), choice, labelling
-    actions = actions.sort_values(["rank", "step", "start_ns"]).reset_index(drop=True)
-    actions = _count_microbatches(actions)
-    actions["order"] = actions.groupby(["rank", "step"]).cumcount()
-    actions["action_id"] = np.arange(len(actions))
-    return actions[ACTION_COLUMNS], choice, labelling
+    return _numbered(rows), choice, labelling
 
 
-def _count_microbatches(actions: pd.DataFrame) -> pd.DataFrame:
+def _labelled(
+    events: EventArrays, on_cpu: np.ndarray, steps: pd.DataFrame | Mapping[str, Any], table: LabelSet
+) -> list[tuple]:
+    """The actions of the ranges ``table``'s action rules name."""
+    is_label = on_cpu & events.is_in("cat", _LABEL_CATS)
+    names = events.values["name"]
+    codes = events.codes["name"]
+    rule_of_name: dict[str, LabelRule] = {}
+    for code in np.unique(codes[is_label]).tolist():
+        rule = table.match(names[code])
+        if rule is not None and rule.is_action:
+            rule_of_name[names[code]] = rule
+    found = is_label & events.per_name("name", rule_of_name.__contains__)
+    # Only the labelled threads' ops and the receive waits matter: no copy of the rest.
+    thread = group_ids(events["rank"], events["pid"], events["tid"])
+    is_wait = events.is_in("name", ("gloo:recv",))
+    wanted = on_cpu & (np.isin(thread, thread[found]) | is_wait)
+    engine = on_cpu & ~wanted & (events["depth"] == 0) & events.starts_with("autograd::engine")
+    rows = _from_labels(events, wanted, found, thread, on_cpu & is_wait, steps, rule_of_name, engine)
+    if any(rule.layer_level for rule in rule_of_name.values()):
+        rows = _group_layers(rows, events, on_cpu, rule_of_name)
+    return rows
+
+
+def _numbered(rows: list[tuple]) -> dict[str, Any]:
+    """The rows as columns, sorted by rank, step and start (stable: found order where they
+    tie), with the microbatches labels did not name counted (:func:`_count_microbatches`),
+    each action's ``order`` on its rank within the step and ``action_id``."""
+    columns: dict[str, Any] = {}
+    parts = list(zip(*rows)) if rows else [()] * len(_ROW_COLUMNS)
+    for name, values in zip(_ROW_COLUMNS, parts):
+        columns[name] = list(values) if name in _STRING_ACTION_COLUMNS else np.array(values, dtype=np.int64)
+    order = np.lexsort((columns["start_ns"], columns["step"], columns["rank"]))
+    for name in _ROW_COLUMNS:
+        values = columns[name]
+        columns[name] = [values[i] for i in order.tolist()] if name in _STRING_ACTION_COLUMNS else values[order]
+    _count_microbatches(columns)
+    n = len(order)
+    # sorted, each rank's step is one run of rows: an action's order is its place in it
+    starts = np.ones(n, dtype=bool)
+    if n:
+        starts[1:] = (np.diff(columns["rank"]) != 0) | (np.diff(columns["step"]) != 0)
+    first = np.maximum.accumulate(np.where(starts, np.arange(n), 0))
+    columns["order"] = np.arange(n, dtype=np.int64) - first
+    columns["action_id"] = np.arange(n, dtype=np.int64)
+    return {c: columns[c] for c in ACTION_COLUMNS}
+
+
+def _count_microbatches(columns: dict[str, Any]) -> None:
     """Microbatches a label did not name (-1): the order of appearance per rank, step, stage
     and kind (forwards and backwards both run microbatches in order in every schedule that
     hand-labelled layer ranges come from: GPipe, 1F1B)."""
-    unknown = actions["microbatch"] < 0
-    if not unknown.any():
-        return actions
-    counted = actions[unknown].groupby(["rank", "step", "stage", "kind"]).cumcount()
-    actions.loc[unknown, "microbatch"] = counted.to_numpy()
-    return actions
+    microbatch = columns["microbatch"]
+    unknown = np.flatnonzero(microbatch < 0).tolist()
+    if not unknown:
+        return
+    seen: dict[tuple, int] = {}
+    rank, step, stage, kind = columns["rank"], columns["step"], columns["stage"], columns["kind"]
+    for i in unknown:
+        key = (int(rank[i]), int(step[i]), int(stage[i]), kind[i])
+        microbatch[i] = seen.get(key, 0)
+        seen[key] = int(microbatch[i]) + 1
 
 
 def _from_labels(
-    cpu: pd.DataFrame, labels: pd.DataFrame, steps: pd.DataFrame, rule_of_name: dict, engine: pd.DataFrame
+    events: EventArrays,
+    wanted: np.ndarray,
+    found: np.ndarray,
+    thread: np.ndarray,
+    is_wait: np.ndarray,
+    steps: pd.DataFrame | Mapping[str, Any],
+    rule_of_name: dict[str, LabelRule],
+    engine: np.ndarray,
 ) -> list[tuple]:
-    """Actions from labels. ``engine``: top-level autograd ops on other threads (on GPUs the
-    autograd engine runs backward on a thread of its own while the labelled thread waits):
-    those inside a label are its compute too."""
-    rows = []
-    engine_spans = {
-        int(r): (np.sort(g["start_ns"].to_numpy()), g.sort_values("start_ns")["end_ns"].to_numpy())
-        for r, g in engine.groupby("rank")
-    }
-    for (rank, pid, tid), thread in cpu.groupby(["rank", "pid", "tid"], sort=False):
-        thread_labels = labels[(labels["rank"] == rank) & (labels["pid"] == pid) & (labels["tid"] == tid)]
-        if thread_labels.empty:
+    """Actions from labels (rows ``found``), with the ops of their threads (among rows
+    ``wanted``; ``thread``: each row's thread as a number). ``engine``: top-level autograd
+    ops on other threads (on GPUs the autograd engine runs backward on a thread of its own
+    while the labelled thread waits): those inside a label are its compute too."""
+    rows: list[tuple] = []
+    ranks, starts_all, ends_all = events["rank"], events["start_ns"], events["end_ns"]
+    engine_spans = {}
+    for r, group in _by_key(np.flatnonzero(engine), ranks).items():
+        by_start = group[np.argsort(starts_all[group], kind="stable")]
+        engine_spans[r] = (starts_all[by_start], ends_all[by_start])
+    waits = {r: np.sort(ends_all[g]) for r, g in _by_key(np.flatnonzero(is_wait), ranks).items()}
+    comm = events.per_name("name", is_comm)
+    autograd = events.starts_with("autograd::engine")
+    depth_all, file_ids, sources = events["depth"], events["file_id"], events["source_index"]
+    label_rows = _by_key(np.flatnonzero(found), thread)
+    # threads in the order of their first wanted row (the table's order), labels in row order
+    for mine in sorted(_by_key(np.flatnonzero(wanted), thread).values(), key=lambda g: int(g[0])):
+        labels = label_rows.get(int(thread[mine[0]]))
+        if labels is None:
             continue
-        thread = thread.sort_values("start_ns")
-        starts = thread["start_ns"].to_numpy()
-        ends = thread["end_ns"].to_numpy()
-        names = thread["name"].to_numpy()
-        depths = thread["depth"].to_numpy()
-        # Receive waits of this rank (any thread): gloo:recv spans end when the data is there.
-        rank_events = cpu[cpu["rank"] == rank]
-        waits = np.sort(rank_events.loc[rank_events["name"] == "gloo:recv", "end_ns"].to_numpy())
-        label_steps = step_of(thread_labels["rank"].to_numpy(), thread_labels["start_ns"].to_numpy(), steps)
-        for label, step in zip(thread_labels.itertuples(index=False), label_steps.tolist()):
-            parts = rule_of_name[label.name].parse(label.name, int(rank))
+        mine = mine[np.argsort(starts_all[mine], kind="stable")]
+        starts, ends, depths = starts_all[mine], ends_all[mine], depth_all[mine]
+        is_comm_op, is_autograd = comm[mine], autograd[mine]
+        rank = int(ranks[labels[0]])
+        label_starts, label_ends = starts_all[labels], ends_all[labels]
+        # each label's ops (by start), its last receive wait and the engine's ops inside it
+        op_lo = np.searchsorted(starts, label_starts, side="left").tolist()
+        op_hi = np.searchsorted(starts, label_ends, side="right").tolist()
+        wait_ends = _last_within(waits.get(rank), label_starts, label_ends)
+        engine_of_rank = engine_spans.get(rank)
+        if engine_of_rank is not None:
+            engine_lo = np.searchsorted(engine_of_rank[0], label_starts, side="left").tolist()
+            engine_hi = np.searchsorted(engine_of_rank[0], label_ends, side="right").tolist()
+        label_steps = step_of(ranks[labels], label_starts, steps).tolist()
+        child_depths = (depth_all[labels].astype(np.int64) + 1).tolist()
+        parsed: dict[str, list[tuple[str, int, int]] | None] = {}  # a thread's rank is one: parse a name once
+        columns = zip(label_steps, events.names(labels), label_starts.tolist(), label_ends.tolist())
+        for k, (step, name, label_start, label_end) in enumerate(columns):
+            if name not in parsed:
+                parsed[name] = rule_of_name[name].parse(name, rank)
+            parts = parsed[name]
             if not parts:
                 continue
-            lo = np.searchsorted(starts, label.start_ns, side="left")
-            hi = np.searchsorted(starts, label.end_ns, side="right")
-            inside = [i for i in range(lo, hi) if ends[i] <= label.end_ns and depths[i] == label.depth + 1]
-            span = _compute_span(label, inside, starts, ends, names, waits)
-            span = _with_engine(span, label, engine_spans.get(int(rank)))
+            lo, hi = op_lo[k], op_hi[k]
+            inside = lo + np.flatnonzero((ends[lo:hi] <= label_end) & (depths[lo:hi] == child_depths[k]))
+            span = _compute_span(label_start, label_end, inside, starts, ends, is_comm_op, wait_ends[k])
+            if engine_of_rank is not None:
+                span = _with_engine(span, label_end, engine_of_rank, engine_lo[k], engine_hi[k])
             # a fused F+B range splits at its first autograd op
             spans = [(span.start, span.end)]
             if len(parts) == 2:
-                split = _first_backward_start(inside, starts, names, span)
+                split = _first_backward_start(inside, starts, is_autograd, span)
                 spans = [(span.start, split), (split, span.end)]
+            label = int(labels[k])
             for (kind, stage, mb), (s, e) in zip(parts, spans):
                 rows.append(
                     (
-                        int(rank),
+                        rank,
                         step,
                         kind,
                         stage,
                         mb,
                         s,
                         e,
-                        int(label.start_ns),
-                        int(label.end_ns),
-                        label.name,
-                        int(label.file_id),
-                        int(label.source_index),
+                        label_start,
+                        label_end,
+                        name,
+                        int(file_ids[label]),
+                        int(sources[label]),
                     )
                 )
     return rows
 
 
-def _group_layers(rows: list[tuple], cpu: pd.DataFrame, rule_of_name: dict) -> list[tuple]:
+def _last_within(times: np.ndarray | None, starts: np.ndarray, ends: np.ndarray) -> list[int | None]:
+    """For each span [start, end], the latest of the sorted ``times`` within it (None: none)."""
+    if times is None or not len(times):
+        return [None] * len(starts)
+    lo = np.searchsorted(times, starts, side="left")
+    hi = np.searchsorted(times, ends, side="right")
+    last = times[np.maximum(hi - 1, 0)].tolist()
+    return [t if b > a else None for t, a, b in zip(last, lo.tolist(), hi.tolist())]
+
+
+def _by_key(rows: np.ndarray, keys: np.ndarray) -> dict[int, np.ndarray]:
+    """``rows`` (indices) by their ``keys`` value, each group's rows in row order."""
+    if not len(rows):
+        return {}
+    of_rows = keys[rows]
+    order = np.argsort(of_rows, kind="stable")
+    bounds = np.flatnonzero(np.diff(of_rows[order])) + 1
+    return {int(keys[g[0]]): g for g in np.split(rows[order], bounds)}
+
+
+def _group_layers(
+    rows: list[tuple], events: EventArrays, on_cpu: np.ndarray, rule_of_name: dict[str, LabelRule]
+) -> list[tuple]:
     """Layer-level ranges (no microbatch in the name) as actions: consecutive ranges of one
     kind and stage in one step of a rank, with no point-to-point op starting between them,
     are one action (a run of ``attn(F)``, ``mlp(F)`` is one forward)."""
-    p2p = cpu[cpu["name"].isin(SEND_NAMES + RECV_NAMES)]
-    p2p_starts = {int(r): np.sort(g["start_ns"].to_numpy()) for r, g in p2p.groupby("rank")}
+    p2p = np.flatnonzero(on_cpu & events.is_in("name", SEND_NAMES + RECV_NAMES))
+    p2p_starts = {r: np.sort(events["start_ns"][g]) for r, g in _by_key(p2p, events["rank"]).items()}
     out: list[tuple] = []
-    layer_rows = sorted((r for r in rows if rule_of_name[r[9]].layer_level), key=lambda r: (r[0], r[7]))
-    out.extend(r for r in rows if not rule_of_name[r[9]].layer_level)
+    layer_level = {name: rule.layer_level for name, rule in rule_of_name.items()}
+    layer_rows = sorted((r for r in rows if layer_level[r[9]]), key=lambda r: (r[0], r[7]))
+    out.extend(r for r in rows if not layer_level[r[9]])
     current: list | None = None
     for row in layer_rows:
         rank, step, kind, stage = row[0], row[1], row[2], row[3]
@@ -191,15 +288,12 @@ def _group_layers(rows: list[tuple], cpu: pd.DataFrame, rule_of_name: dict) -> l
     return out
 
 
-def _with_engine(span: _Span, label, engine) -> _Span:
-    """The span widened to the autograd engine's ops that ran inside the label."""
-    if engine is None:
-        return span
+def _with_engine(span: _Span, label_end: int, engine: tuple[np.ndarray, np.ndarray], lo: int, hi: int) -> _Span:
+    """The span widened to the autograd engine's ops that ran inside the label (``engine``:
+    their starts, sorted, and ends; ``lo``:``hi``: those starting inside the label)."""
     e_start, e_end = engine
-    lo = np.searchsorted(e_start, label.start_ns, side="left")
-    hi = np.searchsorted(e_start, label.end_ns, side="right")
     ends = e_end[lo:hi]
-    ends = ends[ends <= label.end_ns]
+    ends = ends[ends <= label_end]
     if not len(ends):
         return span
     first, last = int(e_start[lo]), int(ends.max())
@@ -208,55 +302,60 @@ def _with_engine(span: _Span, label, engine) -> _Span:
     return _Span(min(span.start, first), max(span.end, last))
 
 
-def _compute_span(label, inside: list[int], starts, ends, names, waits) -> _Span:
-    """The span of the label's top-level compute ops. A label with no compute op inside
-    (an empty input-grad, say) counts from the end of its receive wait to its end."""
-    compute = [i for i in inside if not is_comm(names[i])]
-    if compute:
-        return _Span(int(starts[compute[0]]), int(max(ends[i] for i in compute)))
-    start, end = int(label.start_ns), int(label.end_ns)
-    lo = np.searchsorted(waits, start, side="left")
-    hi = np.searchsorted(waits, end, side="right")
-    if hi > lo:
-        start = max(start, int(waits[hi - 1]))
-    for i in inside:
-        if is_comm(names[i]):
-            start = max(start, min(int(ends[i]), end))
+def _compute_span(
+    label_start: int,
+    label_end: int,
+    inside: np.ndarray,
+    starts: np.ndarray,
+    ends: np.ndarray,
+    is_comm_op: np.ndarray,
+    wait_end: int | None,
+) -> _Span:
+    """The span of the label's top-level compute ops (``inside``: its thread's ops one level
+    down, by start). A label with no compute op inside (an empty input-grad, say) counts
+    from the end of its receive wait (``wait_end``: the last that ended inside it) to its end."""
+    compute = inside[~is_comm_op[inside]]
+    if len(compute):
+        return _Span(int(starts[compute[0]]), int(ends[compute].max()))
+    start, end = label_start, label_end
+    if wait_end is not None:
+        start = max(start, wait_end)
+    if len(inside):  # every op inside is a communication op here
+        start = max(start, int(np.minimum(ends[inside], end).max()))
     return _Span(start, max(start, end))
 
 
-def _first_backward_start(inside: list[int], starts, names, span: _Span) -> int:
-    for i in inside:
-        if names[i].startswith("autograd::engine") and starts[i] >= span.start:
-            return int(starts[i])
+def _first_backward_start(inside: np.ndarray, starts: np.ndarray, is_autograd: np.ndarray, span: _Span) -> int:
+    backward = inside[is_autograd[inside] & (starts[inside] >= span.start)]
+    if len(backward):
+        return int(starts[backward[0]])
     return (span.start + span.end) // 2
 
 
-def _segment_unlabelled(events: pd.DataFrame, on_cpu: np.ndarray, steps: pd.DataFrame) -> list[tuple]:
+def _segment_unlabelled(
+    events: EventArrays, on_cpu: np.ndarray, steps: pd.DataFrame | Mapping[str, Any]
+) -> list[tuple]:
     """Native Schedule1F1B: runs of top-level ops between c10d ops on the main thread.
 
     A forward run counts only if one of its ops has a backward in the trace (shared autograd
     sequence number): that drops batch splitting, ``detach_`` after sending and gradient
     scaling. A backward's microbatch is the forward whose sequence numbers it consumes.
     """
-    rows = []
-    names = events["name"]
-    classes = _classes(names)
-    is_mark = (events["cat"] == "user_annotation").to_numpy() & names.str.startswith(STEP_MARK_PREFIX).to_numpy(
-        dtype=bool
-    )
-    is_backward = (classes == _BACKWARD) & (events["seq"].to_numpy() >= 0)
-    is_p2p = names.isin(SEND_NAMES + RECV_NAMES).to_numpy()
+    rows: list[tuple] = []
+    classes = events.per_name("name", _op_class, dtype=np.int8)
+    is_annotation = events.is_in("cat", ("user_annotation",))
+    is_mark = is_annotation & events.starts_with(STEP_MARK_PREFIX)
+    is_backward = (classes == _BACKWARD) & (events["seq"] >= 0)
+    is_p2p = events.is_in("name", SEND_NAMES + RECV_NAMES)
     if not (is_mark & on_cpu).any() or not (is_p2p & on_cpu).any():
         return rows  # no step marks or no point-to-point ops: nothing to segment
     columns = {
-        c: events[c].to_numpy()
-        for c in ("rank", "pid", "tid", "depth", "start_ns", "end_ns", "seq", "file_id", "source_index")
+        c: events[c] for c in ("rank", "pid", "tid", "depth", "start_ns", "end_ns", "seq", "file_id", "source_index")
     }
     columns["class"] = classes
     # Ranges a user or framework wraps around work (a whole-step "train_step" or "1F1B",
     # Megatron's warmup / steady / cooldown phases) hold the ops to segment, not an op.
-    columns["wrapper"] = (events["cat"] == "user_annotation").to_numpy() & (classes == _FORWARD) & ~is_mark
+    columns["wrapper"] = is_annotation & (classes == _FORWARD) & ~is_mark
     is_mark, is_backward, is_p2p = is_mark & on_cpu, is_backward & on_cpu, is_p2p & on_cpu
     by_key = _sorted_groups(columns, on_cpu, ("rank", "pid", "tid", "depth"))
     # On GPUs the autograd engine runs backward on a thread of its own: its top-level ops
@@ -265,8 +364,8 @@ def _segment_unlabelled(events: pd.DataFrame, on_cpu: np.ndarray, steps: pd.Data
     marks = _sorted_groups(columns, is_mark, ("rank",))
     backward = _sorted_groups(columns, is_backward, ("rank",))
     p2p = _sorted_groups(columns, is_p2p, ("rank",))
-    for step in steps.itertuples(index=False):
-        rank, lo_t, hi_t = int(step.rank), int(step.step_start_ns), int(step.step_end_ns)
+    step_rows = zip(*[np.asarray(steps[c]).tolist() for c in ("rank", "step", "step_start_ns", "step_end_ns")])
+    for rank, step_number, lo_t, hi_t in step_rows:
         if rank not in marks or rank not in p2p or not len(_slice(p2p[rank], lo_t, hi_t)["start_ns"]):
             continue  # forward and backward without point-to-point messages is no pipeline
         mark = _slice(marks[rank], lo_t, lo_t)
@@ -281,29 +380,27 @@ def _segment_unlabelled(events: pd.DataFrame, on_cpu: np.ndarray, steps: pd.Data
                 ops = _merged(ops, _slice(engine, lo_t, hi_t))
         inside = ops["end_ns"] <= hi_t
         ops = {c: v[inside] for c, v in ops.items()}
-        back = _slice(backward[rank], lo_t, hi_t) if rank in backward else {"seq": [], "end_ns": []}
-        has_backward = {int(q) for q, e in zip(back["seq"], back["end_ns"]) if e <= hi_t}
+        back = _slice(backward[rank], lo_t, hi_t) if rank in backward else {}
+        has_backward = {
+            q for q, e in zip(back.get("seq", _NONE).tolist(), back.get("end_ns", _NONE).tolist()) if e <= hi_t
+        }
         forward_of_seq: dict[int, int] = {}
         n_forward = 0
-        seq = ops["seq"]
+        seq = ops["seq"].tolist()  # Python ints: the loops below read them one by one
         # the last forward op with a number made its node (a backward op has its node's number too)
-        creator = {int(q): i for i, (q, c) in enumerate(zip(seq, ops["class"])) if q >= 0 and c == _FORWARD}
+        creator = {q: i for i, (q, c) in enumerate(zip(seq, ops["class"].tolist())) if q >= 0 and c == _FORWARD}
         for kind, lo, hi in _split_by_autograd(_runs(ops["class"]), seq):
-            seqs = {int(q) for q in ops["seq"][lo:hi] if q >= 0}
+            seqs = {q for q in seq[lo:hi] if q >= 0}
             if kind == "F":
                 # The forward proper: from the first to the last op whose node a backward
                 # ran. Host work around it on the same thread (a framework loading the
                 # batch, scaling the loss, seeding the gradient) is not the stage's compute;
                 # a run with no such op is bookkeeping between actions, no stage forward.
-                core = [
-                    i
-                    for i in range(lo, hi)
-                    if seq[i] >= 0 and creator.get(int(seq[i])) == i and int(seq[i]) in has_backward
-                ]
+                core = [i for i in range(lo, hi) if seq[i] >= 0 and creator.get(seq[i]) == i and seq[i] in has_backward]
                 if not core:
                     continue
                 lo, hi = core[0], core[-1] + 1
-                seqs = {int(q) for q in seq[lo:hi] if q >= 0}
+                seqs = {q for q in seq[lo:hi] if q >= 0}
                 mb = n_forward
                 n_forward += 1
                 for q in seqs:
@@ -317,7 +414,7 @@ def _segment_unlabelled(events: pd.DataFrame, on_cpu: np.ndarray, steps: pd.Data
             rows.append(
                 (
                     rank,
-                    int(step.step),
+                    step_number,
                     kind,
                     rank,
                     mb,
@@ -353,7 +450,7 @@ def _unwrapped(ops: dict, by_key: dict, key: tuple, limit: int = 8) -> dict:
     return ops
 
 
-def _split_by_autograd(runs: list[tuple[str, int, int]], seq: np.ndarray) -> list[tuple[str, int, int]]:
+def _split_by_autograd(runs: list[tuple[str, int, int]], seq: list[int]) -> list[tuple[str, int, int]]:
     """Runs that hold two actions, split where the autograd sequence numbers say so.
 
     Runs break at communication ops on the segmented thread. A send posted from another
@@ -370,7 +467,7 @@ def _split_by_autograd(runs: list[tuple[str, int, int]], seq: np.ndarray) -> lis
             continue
         start, top = lo, -1
         for i in range(lo, hi):
-            q = int(seq[i])
+            q = seq[i]
             if q < 0:
                 continue
             if top >= 0 and q > top:
@@ -381,14 +478,14 @@ def _split_by_autograd(runs: list[tuple[str, int, int]], seq: np.ndarray) -> lis
     owner: dict[int, int] = {}
     for n, (kind, lo, hi) in enumerate(pieces):
         if kind == "B":
-            owner.update((int(q), n) for q in seq[lo:hi] if q >= 0)
+            owner.update((q, n) for q in seq[lo:hi] if q >= 0)
     # An op that creates no node records the number the next node will get (the detach
     # after a forward's last layer carries the next microbatch's first number): only the
     # last op with a number, the one that created its node, says whose it is.
     creator: dict[int, int] = {}
     for kind, lo, hi in pieces:
         if kind == "F":
-            creator.update((int(seq[i]), i) for i in range(lo, hi) if seq[i] >= 0)
+            creator.update((seq[i], i) for i in range(lo, hi) if seq[i] >= 0)
     out: list[tuple[str, int, int]] = []
     for kind, lo, hi in pieces:
         if kind != "F":
@@ -396,9 +493,9 @@ def _split_by_autograd(runs: list[tuple[str, int, int]], seq: np.ndarray) -> lis
             continue
         start, current = lo, None
         for i in range(lo, hi):
-            if creator.get(int(seq[i])) != i:
+            if creator.get(seq[i]) != i:
                 continue
-            who = owner.get(int(seq[i]))
+            who = owner.get(seq[i])
             if who is None:
                 continue
             if current is not None and who != current:
@@ -414,7 +511,7 @@ def _sorted_groups(columns: dict, mask: np.ndarray, keys: tuple[str, ...]) -> di
     picked = {c: v[mask] for c, v in columns.items()}
     order = np.lexsort((picked["start_ns"], *[picked[k] for k in reversed(keys)]))
     picked = {c: v[order] for c, v in picked.items()}
-    groups = {}
+    groups: dict[Any, dict[str, np.ndarray]] = {}
     if not len(order):
         return groups
     key_cols = np.stack([picked[k] for k in keys], axis=1)
@@ -442,14 +539,6 @@ def _slice(group: dict, lo: int, hi: int) -> dict:
     return {c: v[a:b] for c, v in group.items()}
 
 
-def _classes(names: pd.Series) -> np.ndarray:
-    """Each op's class (communication/optimizer break, forward, backward), per category."""
-    if not isinstance(names.dtype, pd.CategoricalDtype):
-        names = names.astype("category")
-    per_category = np.array([_op_class(str(c)) for c in names.cat.categories] or [0], dtype=np.int8)
-    return per_category[names.cat.codes.to_numpy()] if len(names) else np.zeros(0, dtype=np.int8)
-
-
 def _runs(classes: np.ndarray) -> list[tuple[str, int, int]]:
     """Split a thread's top-level ops (sorted by start, as classes) into runs of forward (F)
     or autograd (B) ops, broken at communication and optimizer ops: (kind, first, end)."""
@@ -463,6 +552,7 @@ def _runs(classes: np.ndarray) -> list[tuple[str, int, int]]:
 
 
 _BREAK, _FORWARD, _BACKWARD = 0, 1, 2
+_NONE = np.zeros(0, dtype=np.int64)
 
 
 def _op_class(name: str) -> int:

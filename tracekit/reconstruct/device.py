@@ -31,10 +31,10 @@ import pandas as pd
 
 from tracekit.model.intervals import union_length
 from tracekit.model.run import DEVICE_OP_COLUMNS, DEVICE_PAIR_COLUMNS
+from tracekit.reconstruct.event_arrays import DEVICE_CATEGORIES
 from tracekit.reconstruct.p2p import host_p2p_ops
 from tracekit.reconstruct.steps import step_of
 
-DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 _COMM_KERNEL = re.compile(r"nccl|rccl", re.IGNORECASE)
 _P2P_KERNEL = re.compile(r"SendRecv", re.IGNORECASE)
 # Nsight Systems' reader names the kernels it proved P2P by their launch this way.
@@ -53,10 +53,6 @@ MESSAGE_DEVICE_COLUMNS = [
     "recv_queued",
     "leave_ns",
 ]
-
-
-def has_device_work(events: pd.DataFrame) -> bool:
-    return bool((events["on_gpu"].to_numpy() & events["cat"].isin(DEVICE_CATEGORIES).to_numpy()).any())
 
 
 def device_ops(events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:

@@ -3,49 +3,65 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from tracekit.model.names import STEP_MARK_PREFIX
 from tracekit.model.run import STEP_COLUMNS
+from tracekit.reconstruct.event_arrays import EventArrays
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 _STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
 
 
 def find_steps(events: pd.DataFrame) -> pd.DataFrame:
-    """One row per rank and step. A rank with no step markers is one step (number 0)
-    spanning all of its events."""
-    is_mark = ((events["cat"] == "user_annotation") & ~events["on_gpu"]).to_numpy()
-    is_mark = is_mark & events["name"].str.startswith(STEP_MARK_PREFIX).to_numpy(dtype=bool)
-    marks = events.loc[is_mark, ["rank", "name", "start_ns", "end_ns"]]
-    rows = []
-    for row in marks.itertuples(index=False):
-        match = _STEP_NAME.match(row.name)
-        if match:
-            rows.append((int(row.rank), int(match.group(1)), int(row.start_ns), int(row.end_ns)))
-    marked = set(marks["rank"].tolist())
-    ranks = events["rank"].to_numpy()
-    for rank in np.unique(ranks):
-        if int(rank) not in marked:
-            mine = ranks == rank
-            rows.append(
-                (
-                    int(rank),
-                    0,
-                    int(events["start_ns"].to_numpy()[mine].min()),
-                    int(events["end_ns"].to_numpy()[mine].max()),
-                )
-            )
-    steps = pd.DataFrame(rows, columns=STEP_COLUMNS[:4])
+    """:func:`step_table` of an events table, as a table with ``n_actions`` (0 until counted)."""
+    import pandas as pd
+
+    steps = pd.DataFrame(step_table(EventArrays.of(events)), columns=STEP_COLUMNS[:4])
     steps["n_actions"] = 0
-    return steps.sort_values(["rank", "step"]).reset_index(drop=True)
+    return steps
 
 
-def step_of(ranks: np.ndarray, times: np.ndarray, steps: pd.DataFrame) -> np.ndarray:
+def step_table(events: EventArrays) -> dict[str, np.ndarray]:
+    """One row per rank and step, sorted by both (the first four of
+    :data:`~tracekit.model.run.STEP_COLUMNS`). A rank with no step markers is one step
+    (number 0) spanning all of its events."""
+    is_mark = events.is_in("cat", ("user_annotation",)) & ~events["on_gpu"] & events.starts_with(STEP_MARK_PREFIX)
+    marks = np.flatnonzero(is_mark)
+    number = events.per_name("name", _step_number, dtype=np.int64)[marks]
+    ranks = events["rank"]
+    numbered = marks[number >= 0]  # a mark such as ProfilerStep#x marks its rank, yet numbers no step
+    rank = [ranks[numbered].astype(np.int64)]
+    step = [number[number >= 0]]
+    start = [events["start_ns"][numbered].astype(np.int64)]
+    end = [events["end_ns"][numbered].astype(np.int64)]
+    unmarked = np.setdiff1d(np.unique(ranks), ranks[marks])
+    for r in unmarked.tolist():
+        mine = ranks == r
+        rank.append(np.array([r], dtype=np.int64))
+        step.append(np.zeros(1, dtype=np.int64))
+        start.append(np.array([events["start_ns"][mine].min()], dtype=np.int64))
+        end.append(np.array([events["end_ns"][mine].max()], dtype=np.int64))
+    columns = [np.concatenate(c) for c in (rank, step, start, end)]
+    order = np.lexsort((columns[1], columns[0]))  # stable: marks in row order where numbers repeat
+    return {name: column[order] for name, column in zip(STEP_COLUMNS[:4], columns)}
+
+
+def _step_number(name: str) -> int:
+    match = _STEP_NAME.match(name)
+    return int(match.group(1)) if match else -1
+
+
+def step_of(ranks: np.ndarray, times: np.ndarray, steps: pd.DataFrame | Mapping[str, Any]) -> np.ndarray:
     """The step number each (rank, time) falls in (the earlier step where two touch); -1
-    outside every step."""
+    outside every step. ``steps``: a step table (:func:`step_table`, or the run's)."""
     out = np.full(len(times), -1, dtype=np.int64)
-    for row in steps.iloc[::-1].itertuples(index=False):
-        out[(ranks == row.rank) & (times >= row.step_start_ns) & (times <= row.step_end_ns)] = row.step
+    columns = [np.asarray(steps[c]).tolist() for c in STEP_COLUMNS[:4]]
+    for rank, step, start, end in reversed(list(zip(*columns))):
+        out[(ranks == rank) & (times >= start) & (times <= end)] = step
     return out
