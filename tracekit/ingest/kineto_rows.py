@@ -11,7 +11,7 @@ import zlib
 import numpy as np
 
 from tracekit.ingest.columns import EventColumns
-from tracekit.ingest.kineto_stream import RawEvent
+from tracekit.ingest.kineto_stream import NOT_COMPLETE, RawEvent
 from tracekit.ingest.nesting import nesting_depth
 from tracekit.ingest.validate import DroppedRows, add_ns, drop_impossible, ns_from_us, ns_of_us, valid_text
 from tracekit.ingest.kineto_comm import _gloo_p2p_args, _nccl_comm_args
@@ -75,6 +75,19 @@ def _numbers(values: list) -> np.ndarray:
     raise _Irregular  # a missing or non-numeric value: that event is skipped, event by event
 
 
+def _ns(values: list) -> np.ndarray:
+    """``ts`` or ``dur`` values in microseconds as int64 ns, as ``ns_from_us(_numbers(values))``
+    gives them; floats well inside the exact range (what profilers write) in one pass."""
+    try:
+        arr = np.array(values)
+    except (ValueError, OverflowError):  # ragged lists, ints of no numpy type
+        raise _Irregular from None
+    # a NaN fails the comparison; below 2**53 / 1000 us every float fits and converts exactly
+    if arr.dtype.kind == "f" and arr.ndim == 1 and len(arr) and np.abs(arr).max() < _EXACT_FLOAT_US:
+        return np.rint(arr * 1000.0).astype(np.int64)
+    return ns_from_us(_numbers(values))
+
+
 def _int_array(values: list) -> np.ndarray | None:
     """``values`` as an int64 array when they are all plain ints that fit, else None."""
     try:
@@ -99,6 +112,8 @@ def _int64_or_minus_one(value) -> int:
 
 # The cat code of a category that is not text (true, 2, []): dropped like an unknown one, counted.
 _CAT_NOT_TEXT = -2
+# The cat code of an element that is no complete event (another phase): not counted at all.
+_NOT_COMPLETE_CODE = -3
 
 
 def _normal_category(cat) -> str | None:
@@ -119,7 +134,7 @@ class _RowBuilder:
         self.name_codes: dict[str, int] = {}
         self.cat_codes = {c: i for i, c in enumerate(self._CATS)}
         self.cat_of: dict = {}  # raw cat value -> normalised cat (None: dropped)
-        self.cat_code_of: dict = {}  # raw cat value -> cat code (-1: dropped)
+        self.cat_code_of: dict = {NOT_COMPLETE: _NOT_COMPLETE_CODE}  # raw cat value -> cat code (< 0: dropped)
         self.parts: list[tuple[np.ndarray, ...]] = []
         self.n_rows = 0
         self.special: list[tuple[int, str, dict]] = []  # (row, name, args) of P2P/comm ops
@@ -141,10 +156,11 @@ class _RowBuilder:
         :class:`_Irregular` (having changed nothing that matters) on anything unusual, for
         :meth:`_add_each` to handle event by event."""
         base = self.n_elements
-        xi = [i for i, e in enumerate(batch) if type(e) is RawEvent]
-        xs = [batch[i] for i in xi]
         cat_of = self.cat_code_of
-        raw_cats = [e.cat for e in xs]
+        try:
+            raw_cats = [e.cat for e in batch]  # NOT_COMPLETE for the other phases
+        except AttributeError:  # a batch decoded generically: None for what is no complete event
+            raw_cats = [NOT_COMPLETE if e is None else e.cat for e in batch]
         try:
             codes = [cat_of[c] for c in raw_cats]
         except KeyError:
@@ -159,10 +175,11 @@ class _RowBuilder:
             codes = [cat_of[c] for c in raw_cats]
         except TypeError:
             raise _Irregular from None
-        rows = [k for k, c in enumerate(codes) if c >= 0]
-        kept = [xs[k] for k in rows]
-        starts = ns_from_us(_numbers([e.ts for e in kept]))
-        durs = ns_from_us(_numbers([e.dur for e in kept]))
+        code_arr = np.array(codes, dtype=np.int8)
+        rows = np.flatnonzero(code_arr >= 0)
+        kept = batch if len(rows) == len(batch) else [batch[k] for k in rows.tolist()]
+        starts = _ns([e.ts for e in kept])
+        durs = _ns([e.dur for e in kept])
         names = [e.name for e in kept]
         name_codes = self.name_codes
         try:
@@ -181,24 +198,26 @@ class _RowBuilder:
         except TypeError:
             raise _Irregular from None
         args = [e.args for e in kept]
-        seqs = _ints_or_minus_one([-1 if a is None else a.sequence for a in args])
-        corrs = _ints_or_minus_one(
-            [-1 if a is None else (a.external_id if a.correlation == -1 else a.correlation) for a in args]
-        )
+        try:
+            seqs = _ints_or_minus_one([a.sequence for a in args])
+            corrs = _ints_or_minus_one([a.external_id if a.correlation == -1 else a.correlation for a in args])
+        except AttributeError:  # events without args
+            seqs = _ints_or_minus_one([-1 if a is None else a.sequence for a in args])
+            corrs = _ints_or_minus_one(
+                [-1 if a is None else (a.external_id if a.correlation == -1 else a.correlation) for a in args]
+            )
         pids = self._ids([e.pid for e in kept])
         tids = self._ids([e.tid for e in kept])
         self.bad_categories += codes.count(_CAT_NOT_TEXT)  # nothing raises _Irregular past here
         if self.first_x_ts is None and base < 200:
-            for i in xi:
-                if base + i >= 200:
+            for e in batch[: 200 - base]:
+                if type(e) is RawEvent and isinstance(e.ts, _NUMBER):
+                    self.first_x_ts = e.ts
                     break
-                if isinstance(batch[i].ts, _NUMBER):
-                    self.first_x_ts = batch[i].ts
-                    break
-        self.n_complete += len(xs)
+        self.n_complete += len(batch) - codes.count(_NOT_COMPLETE_CODE)
         if not kept:
             return
-        cat_arr = np.array([codes[k] for k in rows], dtype=np.int8)
+        cat_arr = code_arr[rows]
         name_arr = np.array(name_idx, dtype=np.int32)
         special = [name_codes[n] for n in _SPECIAL_OPS if n in name_codes]
         if special:
@@ -206,19 +225,7 @@ class _RowBuilder:
             for k in hits:
                 a, name = args[k], names[k]
                 self.special.append((self.n_rows + int(k), name, _special_args(name, a)))
-        self.parts.append(
-            (
-                np.array([base + xi[k] for k in rows], dtype=np.int64),
-                cat_arr,
-                name_arr,
-                starts,
-                durs,
-                pids,
-                tids,
-                seqs,
-                corrs,
-            )
-        )
+        self.parts.append((rows + base, cat_arr, name_arr, starts, durs, pids, tids, seqs, corrs))
         self.n_rows += len(kept)
 
     def _ids(self, values: list) -> np.ndarray:
@@ -305,7 +312,7 @@ class _RowBuilder:
         """Why no event was kept, for a file that has events."""
         if not self.n_complete:
             return "no complete ('ph': 'X') events: not a profiler timeline?"
-        seen = {str(c) for c in list(self.cat_of) + list(self.cat_code_of)}
+        seen = {str(c) for c in list(self.cat_of) + list(self.cat_code_of) if c is not NOT_COMPLETE}
         if seen <= {""}:
             return "no 'cat' field: a Chrome trace not written by the PyTorch profiler?"
         shown = ", ".join(sorted(valid_text(c)[:30] for c in seen if c)[:5])
