@@ -7,7 +7,9 @@ from __future__ import annotations
 import math
 import re
 import zlib
+from itertools import compress
 
+import msgspec
 import numpy as np
 
 from tracekit.ingest.columns import EventColumns
@@ -43,11 +45,35 @@ _SPECIAL_OPS = sorted(_P2P_CPU_OPS | {"record_param_comms"})
 _EXACT_FLOAT_US = 2.0**53 / 1000
 
 
-def _special_args(name: str, args) -> dict:
-    """The args a P2P or collective op's fields come from (NCCL's need no shape lists)."""
+# The args of NCCL's record_param_comms that give its name, peer and size (_nccl_comm_args).
+_NCCL_ARGS = (
+    ("Collective name", "collective"),
+    ("Dst Rank", "dst_rank"),
+    ("Src Rank", "src_rank"),
+    ("In msg nelems", "in_nelems"),
+    ("Out msg nelems", "out_nelems"),
+    ("dtype", "dtype"),
+)
+
+
+def _special_args(name: str, args) -> dict | tuple:
+    """The args a P2P or collective op's fields come from (NCCL's need no shape lists). A
+    record_param_comms whose fields are all text, ints or absent gives them as a tuple
+    instead: a GPU trace has thousands of them, of a few distinct collectives and sizes, so
+    :meth:`_RowBuilder.columns` works each distinct tuple out once (of exactly these types,
+    equal tuples are the same values: no 1 == 1.0 == True)."""
     if args is None:
         return {}
+    if name == "record_param_comms":
+        fields = tuple(getattr(args, attr) for _, attr in _NCCL_ARGS)
+        if all(type(v) is str or type(v) is int or v is msgspec.UNSET for v in fields):
+            return fields
     return args.to_dict(shapes=name != "record_param_comms")
+
+
+def _nccl_args(fields: tuple) -> dict:
+    """The args dict of record_param_comms fields given as a tuple by :func:`_special_args`."""
+    return {key: v for (key, _), v in zip(_NCCL_ARGS, fields) if v is not msgspec.UNSET}
 
 
 class _Irregular(Exception):
@@ -137,7 +163,7 @@ class _RowBuilder:
         self.cat_code_of: dict = {NOT_COMPLETE: _NOT_COMPLETE_CODE}  # raw cat value -> cat code (< 0: dropped)
         self.parts: list[tuple[np.ndarray, ...]] = []
         self.n_rows = 0
-        self.special: list[tuple[int, str, dict]] = []  # (row, name, args) of P2P/comm ops
+        self.special: list[tuple[int, str, dict | tuple]] = []  # (row, name, args) of P2P/comm ops
         self.dropped = DroppedRows()  # rows that cannot be real (see columns())
         self.n_complete = 0  # complete ("X") events seen, kept or not
         self.bad_categories = 0  # complete events whose cat is no text (true, 2, [])
@@ -156,35 +182,21 @@ class _RowBuilder:
         :class:`_Irregular` (having changed nothing that matters) on anything unusual, for
         :meth:`_add_each` to handle event by event."""
         base = self.n_elements
-        cat_of = self.cat_code_of
         try:
-            raw_cats = [e.cat for e in batch]  # NOT_COMPLETE for the other phases
-        except AttributeError:  # a batch decoded generically: None for what is no complete event
-            raw_cats = [NOT_COMPLETE if e is None else e.cat for e in batch]
-        try:
-            codes = [cat_of[c] for c in raw_cats]
-        except KeyError:
-            try:
-                new_cats = set(raw_cats)
-            except TypeError:  # an unhashable cat (list, dict)
-                raise _Irregular from None
-            for c in new_cats:
-                if c not in cat_of:
-                    cat = _normal_category(c)
-                    cat_of[c] = _CAT_NOT_TEXT if type(c) is not str else -1 if cat is None else self.cat_codes[cat]
-            codes = [cat_of[c] for c in raw_cats]
-        except TypeError:
-            raise _Irregular from None
+            codes = [self.cat_code_of[e.cat] for e in batch]  # other phases: NOT_COMPLETE's code
+        except (KeyError, TypeError, AttributeError):  # a new category, an odd one, or a generic batch
+            codes = self._new_cat_codes(batch)
         code_arr = np.array(codes, dtype=np.int8)
-        rows = np.flatnonzero(code_arr >= 0)
-        kept = batch if len(rows) == len(batch) else [batch[k] for k in rows.tolist()]
+        keep = code_arr >= 0
+        rows = np.flatnonzero(keep)
+        kept = batch if len(rows) == len(batch) else list(compress(batch, keep.tolist()))
         starts = _ns([e.ts for e in kept])
         durs = _ns([e.dur for e in kept])
-        names = [e.name for e in kept]
         name_codes = self.name_codes
         try:
-            name_idx = [name_codes[n] for n in names]
-        except KeyError:
+            name_idx = [name_codes[e.name] for e in kept]
+        except (KeyError, TypeError):
+            names = [e.name for e in kept]
             try:
                 new_names = set(names)
             except TypeError:  # an unhashable name (list, dict)
@@ -195,8 +207,6 @@ class _RowBuilder:
                         raise _Irregular from None
                     name_codes[n] = len(name_codes)
             name_idx = [name_codes[n] for n in names]
-        except TypeError:
-            raise _Irregular from None
         args = [e.args for e in kept]
         try:
             seqs = _ints_or_minus_one([a.sequence for a in args])
@@ -221,12 +231,30 @@ class _RowBuilder:
         name_arr = np.array(name_idx, dtype=np.int32)
         special = [name_codes[n] for n in _SPECIAL_OPS if n in name_codes]
         if special:
-            hits = np.flatnonzero(np.isin(name_arr, special) & (cat_arr == self.cat_codes["cpu_op"]))
+            named = name_arr == special[0]  # (np.isin costs more on a batch than these few ==)
+            for code in special[1:]:
+                named |= name_arr == code
+            hits = np.flatnonzero(named & (cat_arr == self.cat_codes["cpu_op"]))
             for k in hits:
-                a, name = args[k], names[k]
-                self.special.append((self.n_rows + int(k), name, _special_args(name, a)))
+                name = kept[k].name
+                self.special.append((self.n_rows + int(k), name, _special_args(name, args[k])))
         self.parts.append((rows + base, cat_arr, name_arr, starts, durs, pids, tids, seqs, corrs))
         self.n_rows += len(kept)
+
+    def _new_cat_codes(self, batch: list) -> list[int]:
+        """The cat codes of a batch with categories not seen before (added to ``cat_code_of``);
+        elements that are None (a generically decoded batch) are no complete events."""
+        cat_of = self.cat_code_of
+        raw_cats = [NOT_COMPLETE if e is None else e.cat for e in batch]
+        try:
+            new_cats = set(raw_cats)
+        except TypeError:  # an unhashable cat (list, dict)
+            raise _Irregular from None
+        for c in new_cats:
+            if c not in cat_of:
+                cat = _normal_category(c)
+                cat_of[c] = _CAT_NOT_TEXT if type(c) is not str else -1 if cat is None else self.cat_codes[cat]
+        return [cat_of[c] for c in raw_cats]
 
     def _ids(self, values: list) -> np.ndarray:
         """pids or tids as int64; odd ones (a float, a number beyond int64, an object) counted."""
@@ -332,14 +360,20 @@ class _RowBuilder:
         nbytes = np.full(n, -1, dtype=np.int64)
         default_group = group_to_global.get("0")
         name_list = list(self.name_codes)
+        nccl: dict[tuple, tuple[int, int, int]] = {}  # fields -> name code, peer, size
         for row, name, args in self.special:
             if name == "record_param_comms":
-                new_name, peer[row], nbytes[row] = _nccl_comm_args(args, group_to_global)
-                code = self.name_codes.get(new_name)
-                if code is None:
-                    code = self.name_codes[new_name] = len(name_list)
-                    name_list.append(new_name)
-                names[row] = code
+                found = nccl.get(args) if type(args) is tuple else None
+                if found is None:
+                    new_name, p, b = _nccl_comm_args(_nccl_args(args) if type(args) is tuple else args, group_to_global)
+                    code = self.name_codes.get(new_name)
+                    if code is None:
+                        code = self.name_codes[new_name] = len(name_list)
+                        name_list.append(new_name)
+                    found = (code, p, b)
+                    if type(args) is tuple:
+                        nccl[args] = found
+                names[row], peer[row], nbytes[row] = found
             else:
                 peer[row], tag[row], nbytes[row] = _gloo_p2p_args(args, default_group)
         start_ns = add_ns(starts, base_ns)

@@ -370,16 +370,16 @@ class ChromeTraceStream:
         for attempt, (end, nxt) in enumerate(self._seams(body)):
             if attempt >= CUT_ATTEMPTS:
                 break
-            batch = self._decode_run(body[:end])
+            batch = self._decode_run(memoryview(body)[:end])  # a view: the run is copied once, below
             if batch is not None:
                 return batch, body[nxt:]
         return None, body
 
-    def _decode_run(self, run: bytes) -> list | None:
+    def _decode_run(self, run: bytes | memoryview) -> list | None:
         """The events of ``run`` (array elements without the brackets), counted; None when
         it is not a run of whole elements."""
         try:
-            batch = decode_elements(b"[" + run + b"]", self.unknown_phases)
+            batch = decode_elements(b"".join((b"[", run, b"]")), self.unknown_phases)
         except _BadCut:
             return None
         self.n_elements += len(batch)
@@ -397,7 +397,7 @@ class ChromeTraceStream:
             end = body.rfind(b"]", 0, end)
             if end < 0:
                 break
-            batch = self._decode_run(body[:end])
+            batch = self._decode_run(memoryview(body)[:end])
             if batch is None:
                 continue
             yield batch

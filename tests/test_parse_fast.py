@@ -1,0 +1,169 @@
+"""The Kineto parser's fast paths equal their references: the column-wise row builder equals
+the event-by-event one on real traces and on generated odd batches, the one-pass time
+conversion equals the general one, and record_param_comms's fields worked out once per
+distinct value equal working them out per event. (Generated values and events are unit-test
+fixtures, not traces.)"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from conftest import SAMPLES, SHARED_TRACES
+from tracekit.ingest.kineto import read_kineto
+from tracekit.ingest.kineto_comm import _nccl_comm_args
+from tracekit.ingest.kineto_document import read_json_document
+from tracekit.ingest.kineto_rows import _Irregular, _ns, _numbers, _RowBuilder
+from tracekit.ingest.kineto_stream import ChromeTraceStream, decode_elements, event_from_object
+from tracekit.ingest.validate import ns_from_us
+
+
+def _columns(builder: _RowBuilder) -> dict:
+    """A builder's columns, names decoded (codes depend on the order names were met)."""
+    out = builder.columns(1_700_000_000_000_000_000, {"0": [0, 1, 2, 3]}, 0, 0)
+    numbers = {k: v.tolist() for k, v in out.numbers.items()}
+    for col, codes in out.codes.items():
+        numbers[col] = [out.values[col][c] for c in codes.tolist()]
+    return {
+        "columns": numbers,
+        "odd": builder.odd_identities,
+        "bad_cats": builder.bad_categories,
+        "complete": builder.n_complete,
+        "first_ts": builder.first_x_ts,
+        "dropped": builder.dropped.counts,
+    }
+
+
+def _both_ways(batches: list[list]) -> tuple[dict, dict, int]:
+    """Columns built column-wise (batches it refuses go event by event, as in ``add``) and
+    event by event only; and how many batches the column-wise path took."""
+    fast, each = _RowBuilder(), _RowBuilder()
+    taken = 0
+    for batch in batches:
+        try:
+            fast._add_columns(batch)
+            taken += 1
+        except _Irregular:
+            fast._add_each(batch)
+        fast.n_elements += len(batch)
+        each._add_each(batch)
+        each.n_elements += len(batch)
+    return _columns(fast), _columns(each), taken
+
+
+def _real_files():
+    files = [SAMPLES / "1f1b" / "rank1.json.gz", SAMPLES / "megatron_1f1b" / "rank0.json.gz"]
+    gpu = SHARED_TRACES / "kineto-gpu"
+    if gpu.is_dir():
+        files += sorted(gpu.glob("*.json.gz"))
+    return files
+
+
+@pytest.mark.parametrize("path", _real_files(), ids=lambda p: p.name)
+def test_column_wise_rows_equal_event_by_event_rows_on_real_traces(path):
+    batches = list(ChromeTraceStream(path, whole_document=read_json_document))
+    fast, each, taken = _both_ways(batches)
+    assert taken == len(batches)  # real traces take the fast path
+    assert fast == each
+
+
+def _generated_events(rng) -> list[dict]:
+    """Complete events with odd but legal values, other phases between them."""
+    cats = ["cpu_op", "kernel", "Kernel", "cuda_runtime", "python_function", "", 7, None, True, "gpu_memcpy"]
+    names = ["aten::mm", "c10d::send", "record_param_comms", "gloo:send", "ProfilerStep#3", "x"]
+    out: list[dict] = []
+    for i in range(int(rng.integers(1, 60))):
+        if rng.random() < 0.2:
+            out.append({"ph": str(rng.choice(["s", "f", "i", "M"])), "name": "flow", "ts": 1.0})
+            continue
+        event = {"ph": "X", "cat": cats[int(rng.integers(len(cats)))], "name": names[int(rng.integers(len(names)))]}
+        event["ts"] = [float(1000 + i), 1000 + i, 1000.25 + i, True][int(rng.integers(4))]
+        if rng.random() < 0.9:
+            event["dur"] = [2.5, 3, 0.0, 1.0005][int(rng.integers(4))]
+        event["pid"] = [1, 2, "stream 7", 0][int(rng.integers(4))]
+        event["tid"] = [1, 5, 3.0, "t"][int(rng.integers(4))] if rng.random() < 0.5 else 1
+        if rng.random() < 0.8:
+            args = {"External id": int(rng.integers(0, 9)), "Sequence number": [1, 2.0, "3"][int(rng.integers(3))]}
+            if rng.random() < 0.5:
+                args["correlation"] = [-1, 4, -1.0][int(rng.integers(3))]
+            if event["name"] == "record_param_comms":
+                args.update({"Collective name": "send", "Dst Rank": 1, "In msg nelems": 10, "dtype": "Float"})
+            if event["name"] == "c10d::send":
+                args.update({"Concrete Inputs": ["", "", "1", "0"], "Input Dims": [[[4, 4]]], "Input type": ["f"]})
+            event["args"] = args
+        out.append(event)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_column_wise_rows_equal_event_by_event_rows_on_generated_batches(seed):
+    rng = np.random.default_rng(seed)
+    for _ in range(60):
+        events = _generated_events(rng)
+        typed = decode_elements(json.dumps(events).encode())
+        generic = [event_from_object(e) for e in events]  # as a generically decoded batch
+        fast, each, _ = _both_ways([typed, generic])
+        assert fast == each, events
+
+
+def test_one_pass_times_equal_the_general_conversion():
+    """Plain floats take one pass; anything else the general way, with the same values."""
+    cases = [
+        [1.5, 2.25, 1e12, -3.0],
+        [0.0004, 0.0005, 0.0015, 2.5e-4],
+        [9.0e12, 9.007e12, 1.0],  # around 2**53 / 1000
+        [1.0, math.nan, 2.0],
+        [math.inf],
+        [1, 2, 3],
+        [1.5, 2**60],
+        [True, 2.5],
+        [1e19, 1.0],
+        [],
+    ]
+    for values in cases:
+        try:
+            want = ns_from_us(_numbers(values))
+        except _Irregular:
+            with pytest.raises(_Irregular):
+                _ns(values)
+            continue
+        got = _ns(values)
+        assert got.dtype == want.dtype and np.array_equal(got, want), values
+
+
+def _comm_events() -> list[dict]:
+    """record_param_comms events whose fields repeat, with values of every JSON type."""
+    values = {
+        "Collective name": ["send", "recv", "allreduce", 1, 1.0, True, None, ["x"], -0.0, 0.0],
+        "Dst Rank": [1, 1.0, "1", True, 2**40, None],
+        "Src Rank": [0, "0", 0.0],
+        "In msg nelems": [10, 10.0, "10", 2**62, -1],
+        "Out msg nelems": [10, 20],
+        "dtype": ["Float", "BFloat16", 1, 1.0, True],
+    }
+    rng = np.random.default_rng(3)
+    events = []
+    for i in range(400):
+        args = {k: v[int(rng.integers(len(v)))] for k, v in values.items() if rng.random() < 0.85}
+        events.append({"ph": "X", "cat": "cpu_op", "name": "record_param_comms", "ts": 10.0 + i, "dur": 0.5, "args": args})
+    return events
+
+
+def test_comm_fields_worked_out_once_equal_per_event(tmp_path):
+    events = _comm_events()
+    path = tmp_path / "generated_comms.json"
+    path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}))
+    _, columns = read_kineto(path, 0)
+    names = [columns.values["name"][c] for c in columns.codes["name"].tolist()]
+    order = np.argsort(columns.numbers["source_index"], kind="stable")
+    for row in order.tolist():
+        event = events[columns.numbers["source_index"][row]]
+        want_name, want_peer, want_bytes = _nccl_comm_args(event["args"], {})
+        assert (names[row], columns.numbers["peer"][row], columns.numbers["nbytes"][row]) == (
+            want_name,
+            want_peer,
+            want_bytes,
+        ), event
