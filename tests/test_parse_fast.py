@@ -18,7 +18,7 @@ from tracekit.ingest.kineto_comm import _nccl_comm_args
 from tracekit.ingest.kineto_document import read_json_document
 from tracekit.ingest.kineto_rows import _Irregular, _ns, _numbers, _RowBuilder
 from tracekit.ingest.kineto_stream import ChromeTraceStream, decode_elements, event_from_object
-from tracekit.ingest.validate import ns_from_us
+from tracekit.ingest.validate import MAX_DISTANCE_NS, NOT_A_TIME, drop_impossible, ns_from_us
 
 
 def _columns(builder: _RowBuilder) -> dict:
@@ -148,7 +148,9 @@ def _comm_events() -> list[dict]:
     events = []
     for i in range(400):
         args = {k: v[int(rng.integers(len(v)))] for k, v in values.items() if rng.random() < 0.85}
-        events.append({"ph": "X", "cat": "cpu_op", "name": "record_param_comms", "ts": 10.0 + i, "dur": 0.5, "args": args})
+        events.append(
+            {"ph": "X", "cat": "cpu_op", "name": "record_param_comms", "ts": 10.0 + i, "dur": 0.5, "args": args}
+        )
     return events
 
 
@@ -167,3 +169,60 @@ def test_comm_fields_worked_out_once_equal_per_event(tmp_path):
             want_peer,
             want_bytes,
         ), event
+
+
+def _reference_drop(start_ns, end_ns, identity):
+    """drop_impossible as it was written first (every row's distance in float64; times tied
+    by one lexsort of all rows): the reference for the version that skips what cannot change."""
+    n = len(start_ns)
+    keep = (start_ns != NOT_A_TIME) & (end_ns != NOT_A_TIME)
+    counts = {"not_a_time": int(n - keep.sum())}
+    backwards = keep & (end_ns < start_ns)
+    counts["end_before_start"] = int(backwards.sum())
+    keep &= ~backwards
+    if keep.any():
+        median = float(np.median(start_ns[keep]))
+        far = keep & (
+            (np.abs(start_ns.astype(np.float64) - median) > MAX_DISTANCE_NS)
+            | (np.abs(end_ns.astype(np.float64) - median) > MAX_DISTANCE_NS)
+        )
+        counts["far"] = int(far.sum())
+        keep &= ~far
+    rows = np.flatnonzero(keep)
+    repeats = np.zeros(n, dtype=bool)
+    order = rows[np.lexsort((end_ns[rows], start_ns[rows]))]
+    tie = (start_ns[order][1:] == start_ns[order][:-1]) & (end_ns[order][1:] == end_ns[order][:-1])
+    if tie.any():
+        tied = np.unique(np.concatenate([order[1:][tie], order[:-1][tie]]))
+        columns = [start_ns[tied], end_ns[tied]] + [np.asarray(c)[tied] for c in identity]
+        order = tied[np.lexsort([tied] + columns[::-1])]
+        same = np.ones(len(order) - 1, dtype=bool)
+        for column in [start_ns, end_ns] + [np.asarray(c) for c in identity]:
+            same &= column[order][1:] == column[order][:-1]
+        repeats[order[1:][same]] = True
+    counts["duplicate"] = int(repeats.sum())
+    keep &= ~repeats
+    return (None if keep.all() else keep), counts
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_dropping_impossible_rows_equals_the_reference(seed):
+    """Generated times: repeats, shared starts, NOT_A_TIME, ends before starts, and rows
+    just inside, at and beyond 24 h from the median (in float64, where it rounds)."""
+    rng = np.random.default_rng(seed)
+    day = MAX_DISTANCE_NS
+    for trial in range(300):
+        n = int(rng.integers(1, 80))
+        base = int(rng.choice([0, 1_700_000_000_000_000_000, -(2**62)]))
+        start = base + rng.integers(0, 50, n) * int(rng.choice([1, 1000]))
+        end = start + rng.integers(-1 if trial % 7 == 0 else 0, 4, n)
+        wild = rng.random(n) < (0.1 if trial % 2 else 0.0)
+        offsets = rng.choice([day, day + 1, day + 4096, -day - 1, 2**62, -(2**62)], n)
+        start = np.where(wild, start + offsets // 2, start)
+        end = np.where(wild & (rng.random(n) < 0.5), end + offsets, end)
+        start[rng.random(n) < 0.03] = NOT_A_TIME
+        ident = [rng.integers(0, 2, n), rng.integers(0, 2, n)]
+        keep, dropped = drop_impossible(start, end, ident)
+        want_keep, want_counts = _reference_drop(start, end, ident)
+        assert dropped.counts == want_counts, trial
+        assert (keep is None) == (want_keep is None) and (keep is None or np.array_equal(keep, want_keep)), trial
