@@ -121,6 +121,11 @@ def test_one_pass_times_equal_the_general_conversion():
         [1.5, 2**60],
         [True, 2.5],
         [1e19, 1.0],
+        [1.7e15 + 0.125, 1.7e15 + 1.5],  # epoch microseconds, as older Kineto writes them
+        [1.7e15, 1_700_000_000_000_001],  # an int beyond 2**53 among them: rounded by float math
+        [9.2e15, 9.3e15, 9.223372036854775e15, -9.3e15],  # around the int64 ns limit
+        [1, 2**62],
+        [False, True],
         [],
     ]
     for values in cases:

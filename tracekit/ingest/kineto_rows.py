@@ -15,7 +15,7 @@ import numpy as np
 from tracekit.ingest.columns import EventColumns
 from tracekit.ingest.kineto_stream import NOT_COMPLETE, RawEvent
 from tracekit.ingest.nesting import nesting_depth
-from tracekit.ingest.validate import DroppedRows, add_ns, drop_impossible, ns_from_us, ns_of_us, valid_text
+from tracekit.ingest.validate import _LIMIT_US, DroppedRows, add_ns, drop_impossible, ns_from_us, ns_of_us, valid_text
 from tracekit.ingest.kineto_comm import _gloo_p2p_args, _nccl_comm_args
 
 # Categories kept; everything else (python_function, flows, instants) is dropped. CUDA API
@@ -45,15 +45,11 @@ _SPECIAL_OPS = sorted(_P2P_CPU_OPS | {"record_param_comms"})
 _EXACT_FLOAT_US = 2.0**53 / 1000
 
 
-# The args of NCCL's record_param_comms that give its name, peer and size (_nccl_comm_args).
-_NCCL_ARGS = (
-    ("Collective name", "collective"),
-    ("Dst Rank", "dst_rank"),
-    ("Src Rank", "src_rank"),
-    ("In msg nelems", "in_nelems"),
-    ("Out msg nelems", "out_nelems"),
-    ("dtype", "dtype"),
-)
+# The args of NCCL's record_param_comms that give its name, peer and size (_nccl_comm_args),
+# in the order _special_args reads them.
+_NCCL_ARGS = ("Collective name", "Dst Rank", "Src Rank", "In msg nelems", "Out msg nelems", "dtype")
+# Exact types (no bool, no float) of which equal values are the same value; UNSET: absent.
+_PLAIN_TYPES = {str, int, type(msgspec.UNSET)}
 
 
 def _special_args(name: str, args) -> dict | tuple:
@@ -65,15 +61,15 @@ def _special_args(name: str, args) -> dict | tuple:
     if args is None:
         return {}
     if name == "record_param_comms":
-        fields = tuple(getattr(args, attr) for _, attr in _NCCL_ARGS)
-        if all(type(v) is str or type(v) is int or v is msgspec.UNSET for v in fields):
+        fields = (args.collective, args.dst_rank, args.src_rank, args.in_nelems, args.out_nelems, args.dtype)
+        if set(map(type, fields)) <= _PLAIN_TYPES:
             return fields
     return args.to_dict(shapes=name != "record_param_comms")
 
 
 def _nccl_args(fields: tuple) -> dict:
     """The args dict of record_param_comms fields given as a tuple by :func:`_special_args`."""
-    return {key: v for (key, _), v in zip(_NCCL_ARGS, fields) if v is not msgspec.UNSET}
+    return {key: v for key, v in zip(_NCCL_ARGS, fields) if v is not msgspec.UNSET}
 
 
 class _Irregular(Exception):
@@ -108,9 +104,16 @@ def _ns(values: list) -> np.ndarray:
         arr = np.array(values)
     except (ValueError, OverflowError):  # ragged lists, ints of no numpy type
         raise _Irregular from None
-    # a NaN fails the comparison; below 2**53 / 1000 us every float fits and converts exactly
-    if arr.dtype.kind == "f" and arr.ndim == 1 and len(arr) and np.abs(arr).max() < _EXACT_FLOAT_US:
-        return np.rint(arr * 1000.0).astype(np.int64)
+    kind = arr.dtype.kind
+    if kind == "f" and arr.ndim == 1 and len(arr):
+        # A NaN fails the comparisons. Below 2**53 / 1000 us every float fits and converts
+        # exactly; up to the int64 limit too when every value is a float (epoch times): no int
+        # of more than 53 bits was rounded into the array.
+        top = np.abs(arr).max()
+        if top < _EXACT_FLOAT_US or (top < _LIMIT_US and list(map(type, values)).count(float) == len(values)):
+            return np.rint(arr * 1000.0).astype(np.int64)
+    if kind == "i" and arr.ndim == 1:
+        return ns_from_us(arr)  # what _numbers gives for ints
     return ns_from_us(_numbers(values))
 
 
