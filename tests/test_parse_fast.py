@@ -14,7 +14,7 @@ import pytest
 
 from conftest import SAMPLES, SHARED_TRACES
 from tracekit.ingest.kineto import read_kineto
-from tracekit.ingest.kineto_comm import _nccl_comm_args
+from tracekit.ingest.kineto_comm import _gloo_p2p_args, _nccl_comm_args
 from tracekit.ingest.kineto_document import read_json_document
 from tracekit.ingest.kineto_rows import _Irregular, _ns, _numbers, _RowBuilder
 from tracekit.ingest.kineto_stream import ChromeTraceStream, decode_elements, event_from_object
@@ -231,3 +231,42 @@ def test_dropping_impossible_rows_equals_the_reference(seed):
         want_keep, want_counts = _reference_drop(start, end, ident)
         assert dropped.counts == want_counts, trial
         assert (keep is None) == (want_keep is None) and (keep is None or np.array_equal(keep, want_keep)), trial
+
+
+def _p2p_events() -> list[dict]:
+    """gloo send/recv ops whose args repeat, with odd lists among them."""
+    inputs = [["", "", "1", "0"], ["", "", "3", "7"], ["", "", 1.5, "x"], "notalist", None, [[]]]
+    dims = [[[[8, 256]], [], [], []], [[8, 256]], [[-1, 3]], [], "x", [[[2**40, 2**40]]], None]
+    types = [["TensorList", "", "Scalar", "Scalar"], ["float"], ["c10::BFloat16"], [], [1]]
+    rng = np.random.default_rng(5)
+    events = []
+    for i in range(300):
+        args = {"External id": i, "Sequence number": i}
+        for key, values in (("Concrete Inputs", inputs), ("Input Dims", dims), ("Input type", types)):
+            value = values[int(rng.integers(len(values)))]
+            if value is not None:
+                args[key] = value
+        name = str(rng.choice(["c10d::send", "c10d::recv_"]))
+        events.append({"ph": "X", "cat": "cpu_op", "name": name, "ts": 10.0 + i, "dur": 0.5, "args": args})
+    return events
+
+
+def test_p2p_fields_worked_out_once_equal_per_event(tmp_path):
+    events = _p2p_events()
+    path = tmp_path / "generated_p2p.json"
+    group = [10, 11, 12, 13]
+    path.write_text(
+        json.dumps(
+            {
+                "schemaVersion": 1,
+                "distributedInfo": {"pg_config": [{"pg_name": "0", "ranks": group}]},
+                "traceEvents": events,
+            }
+        )
+    )
+    _, columns = read_kineto(path, 0)
+    n = columns.numbers
+    for row in range(len(columns)):
+        event = events[n["source_index"][row]]
+        want = _gloo_p2p_args(event["args"], group)
+        assert (n["peer"][row], n["tag"][row], n["nbytes"][row]) == want, event

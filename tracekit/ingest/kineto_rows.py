@@ -13,7 +13,7 @@ import msgspec
 import numpy as np
 
 from tracekit.ingest.columns import EventColumns
-from tracekit.ingest.kineto_stream import NOT_COMPLETE, RawEvent
+from tracekit.ingest.kineto_stream import NOT_COMPLETE, RawEvent, decode_shapes
 from tracekit.ingest.nesting import nesting_depth
 from tracekit.ingest.validate import _LIMIT_US, DroppedRows, add_ns, drop_impossible, ns_from_us, ns_of_us, valid_text
 from tracekit.ingest.kineto_comm import _gloo_p2p_args, _nccl_comm_args
@@ -53,18 +53,20 @@ _PLAIN_TYPES = {str, int, type(msgspec.UNSET)}
 
 
 def _special_args(name: str, args) -> dict | tuple:
-    """The args a P2P or collective op's fields come from (NCCL's need no shape lists). A
-    record_param_comms whose fields are all text, ints or absent gives them as a tuple
-    instead: a GPU trace has thousands of them, of a few distinct collectives and sizes, so
-    :meth:`_RowBuilder.columns` works each distinct tuple out once (of exactly these types,
-    equal tuples are the same values: no 1 == 1.0 == True)."""
+    """The args a P2P or collective op's fields come from, in a form :meth:`_RowBuilder.columns`
+    works out once per distinct value (a rank repeats a few peers, tags, shapes and sizes
+    thousands of times): a gloo send/recv's raw shape and type lists (:meth:`RawArgs.shapes`),
+    a record_param_comms's fields as a tuple when they are all text, ints or absent (of
+    exactly these types, equal tuples are the same values: no 1 == 1.0 == True), else their
+    dict (NCCL's need no shape lists)."""
     if args is None:
         return {}
-    if name == "record_param_comms":
-        fields = (args.collective, args.dst_rank, args.src_rank, args.in_nelems, args.out_nelems, args.dtype)
-        if set(map(type, fields)) <= _PLAIN_TYPES:
-            return fields
-    return args.to_dict(shapes=name != "record_param_comms")
+    if name != "record_param_comms":
+        return args.shapes()
+    fields = (args.collective, args.dst_rank, args.src_rank, args.in_nelems, args.out_nelems, args.dtype)
+    if set(map(type, fields)) <= _PLAIN_TYPES:
+        return fields
+    return args.to_dict()
 
 
 def _nccl_args(fields: tuple) -> dict:
@@ -364,6 +366,7 @@ class _RowBuilder:
         default_group = group_to_global.get("0")
         name_list = list(self.name_codes)
         nccl: dict[tuple, tuple[int, int, int]] = {}  # fields -> name code, peer, size
+        gloo: dict[tuple, tuple[int, int, int]] = {}  # raw shapes -> peer, tag, size
         for row, name, args in self.special:
             if name == "record_param_comms":
                 found = nccl.get(args) if type(args) is tuple else None
@@ -378,7 +381,12 @@ class _RowBuilder:
                         nccl[args] = found
                 names[row], peer[row], nbytes[row] = found
             else:
-                peer[row], tag[row], nbytes[row] = _gloo_p2p_args(args, default_group)
+                found_p2p = gloo.get(args) if type(args) is tuple else None
+                if found_p2p is None:
+                    found_p2p = _gloo_p2p_args(decode_shapes(args) if type(args) is tuple else args, default_group)
+                    if type(args) is tuple:
+                        gloo[args] = found_p2p
+                peer[row], tag[row], nbytes[row] = found_p2p
         start_ns = add_ns(starts, base_ns)
         end_ns = add_ns(start_ns, durs)
         keep, self.dropped = drop_impossible(

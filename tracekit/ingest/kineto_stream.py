@@ -65,23 +65,31 @@ class RawArgs(msgspec.Struct, gc=False):
     out_nelems: Any = msgspec.field(name="Out msg nelems", default=_UNSET)
     dtype: Any = msgspec.field(name="dtype", default=_UNSET)
 
-    def to_dict(self, shapes: bool = True) -> dict:
-        """The args as the plain dict the Chrome trace held (only the fields kept; the
-        shape and type lists only with ``shapes``)."""
+    def to_dict(self) -> dict:
+        """The plain fields as the dict the Chrome trace held (only the fields kept)."""
         out = {}
         for key, attr, default in _PLAIN_KEYS:
             value = getattr(self, attr)
             if value is not default:
                 out[key] = value
-        if shapes:
-            for key, attr in _RAW_KEYS:
-                value = getattr(self, attr)
-                if len(value):
-                    try:
-                        out[key] = msgspec.json.decode(value)
-                    except msgspec.DecodeError:  # nested deeper than msgspec decodes: unusable
-                        continue
         return out
+
+    def shapes(self) -> tuple[bytes, ...]:
+        """The raw JSON of the shape and type lists (``b""`` where absent), in
+        :data:`_RAW_KEYS` order: equal bytes are equal lists (see :func:`decode_shapes`)."""
+        return (bytes(self.concrete_inputs), bytes(self.input_dims), bytes(self.input_type))
+
+
+def decode_shapes(raws: tuple[bytes, ...]) -> dict:
+    """:meth:`RawArgs.shapes` as the dict entries the Chrome trace held."""
+    out = {}
+    for (key, _), raw in zip(_RAW_KEYS, raws):
+        if raw:
+            try:
+                out[key] = msgspec.json.decode(raw)
+            except msgspec.DecodeError:  # nested deeper than msgspec decodes: unusable
+                continue
+    return out
 
 
 _ARG_KEYS = [(f.encode_name, f.name) for f in msgspec.structs.fields(RawArgs)]
