@@ -126,7 +126,7 @@ def _int_array(values: list) -> np.ndarray | None:
     except (ValueError, OverflowError):  # ragged lists, ints of no numpy type
         return None
     if arr.dtype.kind == "i" and arr.ndim == 1:
-        return arr.astype(np.int64)
+        return arr.astype(np.int64, copy=False)
     return None
 
 
@@ -223,13 +223,13 @@ class _RowBuilder:
             )
         pids = self._ids([e.pid for e in kept])
         tids = self._ids([e.tid for e in kept])
-        self.bad_categories += codes.count(_CAT_NOT_TEXT)  # nothing raises _Irregular past here
+        self.bad_categories += int(np.count_nonzero(code_arr == _CAT_NOT_TEXT))  # nothing raises _Irregular past here
         if self.first_x_ts is None and base < 200:
             for e in batch[: 200 - base]:
                 if type(e) is RawEvent and isinstance(e.ts, _NUMBER):
                     self.first_x_ts = e.ts
                     break
-        self.n_complete += len(batch) - codes.count(_NOT_COMPLETE_CODE)
+        self.n_complete += len(batch) - int(np.count_nonzero(code_arr == _NOT_COMPLETE_CODE))
         if not kept:
             return
         cat_arr = code_arr[rows]
