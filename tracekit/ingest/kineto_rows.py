@@ -161,7 +161,7 @@ class _RowBuilder:
 
     def __init__(self) -> None:
         self.n_elements = 0  # elements of traceEvents seen so far
-        self.first_x_ts = None  # ts of the first complete event (time base probe)
+        self.first_x_ts: int | float | None = None  # ts of the first complete event (time base probe)
         self.name_codes: dict[str, int] = {}
         self.cat_codes = {c: i for i, c in enumerate(self._CATS)}
         self.cat_of: dict = {}  # raw cat value -> normalised cat (None: dropped)
@@ -369,22 +369,24 @@ class _RowBuilder:
         gloo: dict[tuple, tuple[int, int, int]] = {}  # raw shapes -> peer, tag, size
         for row, name, args in self.special:
             if name == "record_param_comms":
-                found = nccl.get(args) if type(args) is tuple else None
+                found = nccl.get(args) if isinstance(args, tuple) else None
                 if found is None:
-                    new_name, p, b = _nccl_comm_args(_nccl_args(args) if type(args) is tuple else args, group_to_global)
+                    new_name, p, b = _nccl_comm_args(
+                        _nccl_args(args) if isinstance(args, tuple) else args, group_to_global
+                    )
                     code = self.name_codes.get(new_name)
                     if code is None:
                         code = self.name_codes[new_name] = len(name_list)
                         name_list.append(new_name)
                     found = (code, p, b)
-                    if type(args) is tuple:
+                    if isinstance(args, tuple):
                         nccl[args] = found
                 names[row], peer[row], nbytes[row] = found
             else:
-                found_p2p = gloo.get(args) if type(args) is tuple else None
+                found_p2p = gloo.get(args) if isinstance(args, tuple) else None
                 if found_p2p is None:
-                    found_p2p = _gloo_p2p_args(decode_shapes(args) if type(args) is tuple else args, default_group)
-                    if type(args) is tuple:
+                    found_p2p = _gloo_p2p_args(decode_shapes(args) if isinstance(args, tuple) else args, default_group)
+                    if isinstance(args, tuple):
                         gloo[args] = found_p2p
                 peer[row], tag[row], nbytes[row] = found_p2p
         start_ns = add_ns(starts, base_ns)
