@@ -187,8 +187,9 @@ class _RowBuilder:
         :class:`_Irregular` (having changed nothing that matters) on anything unusual, for
         :meth:`_add_each` to handle event by event."""
         base = self.n_elements
+        cat_of = self.cat_code_of
         try:
-            codes = [self.cat_code_of[e.cat] for e in batch]  # other phases: NOT_COMPLETE's code
+            codes = [cat_of[e.cat] for e in batch]  # other phases: NOT_COMPLETE's code
         except (KeyError, TypeError, AttributeError):  # a new category, an odd one, or a generic batch
             codes = self._new_cat_codes(batch)
         code_arr = np.array(codes, dtype=np.int8)
