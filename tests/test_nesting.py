@@ -49,13 +49,77 @@ def test_array_depth_equals_the_walk_on_generated_intervals(seed):
         got = nesting.nesting_depth(pid, tid, start, end, transparent)
         want = nesting.nesting_depth_walk(pid, tid, start, end, transparent)
         assert np.array_equal(got, want), (trial, intervals)
-    # the array path must actually be taken on nested input, not always fall back
-    rng = np.random.default_rng(seed)
-    nested = _generated_nested(rng, 200)
-    s = np.array([a for a, _ in nested], dtype=np.int64)
-    e = np.array([b for _, b in nested], dtype=np.int64)
-    order, _ = nesting._thread_order(np.zeros(len(s)), np.zeros(len(s)), s, e)
-    assert nesting._laminar_depth(s[order], e[order], np.ones(len(s), dtype=bool)) is not None
+
+
+def _generated_async(rng, n: int) -> tuple[list[tuple[int, int]], list[bool]]:
+    """Nested intervals plus async spans as a gloo rank has them: each starts inside an op
+    and runs past it (often past its parents too), or ends at the same time."""
+    intervals = _generated_nested(rng, n)
+    spans = []
+    for s, e in intervals:
+        if rng.random() < 0.25:
+            start = int(rng.integers(s, e + 1))
+            spans.append((start, e + int(rng.choice([0, 1, 5, 50, 5000]))))
+    flags = [False] * len(intervals) + [True] * len(spans)
+    return intervals + spans, flags
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_array_depth_equals_the_walk_with_async_spans(seed, monkeypatch):
+    """Transparent spans that outlast the ops they start in pop them in the walk; the array
+    computation must pop the same ones, without walking (the walk is made to fail)."""
+    rng = np.random.default_rng(100 + seed)
+    cases = []
+    for trial in range(300):
+        intervals, flags = _generated_async(rng, int(rng.integers(1, 120)))
+        if trial % 5 == 0:  # and ill-formed overlaps among the ops too
+            starts = rng.integers(0, 60, int(rng.integers(1, 40)))
+            intervals += [(int(s), int(s + rng.integers(0, 25))) for s in starts]
+            flags += [bool(rng.random() < 0.3) for _ in starts]
+        start = np.array([s for s, _ in intervals], dtype=np.int64)
+        end = np.array([e for _, e in intervals], dtype=np.int64)
+        tid = rng.integers(0, 2, len(start)) if trial % 2 else np.zeros(len(start), dtype=np.int64)
+        cases.append((np.zeros(len(start), dtype=np.int64), tid, start, end, np.array(flags)))
+    want = [nesting.nesting_depth_walk(*case) for case in cases]
+    monkeypatch.setattr(nesting, "_walk", None)  # nesting_depth must not need it
+    for case, expected in zip(cases, want):
+        assert np.array_equal(nesting.nesting_depth(*case), expected), case
+
+
+def test_array_depth_on_edge_cases():
+    """Empty intervals at a parent's end, equal ends, one row, ends before starts (bad
+    rows the parsers drop, but the function must still agree with the walk)."""
+    cases = [
+        ([(0, 10), (10, 10), (10, 20)], [False, False, False]),
+        ([(0, 10), (0, 10), (0, 10)], [False, True, False]),
+        ([(0, 10), (2, 10), (5, 10), (5, 12)], [False, False, False, True]),
+        ([(5, 5)], [True]),
+        ([(0, 10), (3, 1), (4, 8)], [False, False, False]),
+        ([(0, 100), (1, 50), (2, 60), (3, 40), (55, 58)], [False, False, True, False, False]),
+    ]
+    for intervals, flags in cases:
+        start = np.array([s for s, _ in intervals], dtype=np.int64)
+        end = np.array([e for _, e in intervals], dtype=np.int64)
+        ids = np.zeros(len(start), dtype=np.int64)
+        got = nesting.nesting_depth(ids, ids, start, end, np.array(flags))
+        assert np.array_equal(got, nesting.nesting_depth_walk(ids, ids, start, end, np.array(flags))), intervals
+
+
+def test_fast_row_order_equals_lexsort():
+    """Generated rows with many ties (same start, same duration, same everything) on
+    interleaved threads: the fast order must be lexsort's, row number breaking full ties."""
+    rng = np.random.default_rng(7)
+    for trial in range(300):
+        n = int(rng.integers(1, 200))
+        start = rng.integers(0, 1 + trial % 40, n) * int(rng.choice([1, 1000]))
+        end = start + rng.integers(0, 4, n)
+        pid = rng.integers(-2, 2, n) if trial % 3 else np.full(n, 7)
+        tid = rng.integers(0, 3, n)
+        if trial % 4 == 0:  # nearly in start order, as profilers write
+            start = np.sort(start)
+        got, got_bounds = nesting._thread_order_fast(pid, tid, start, end)
+        want, want_bounds = nesting._thread_order(pid, tid, start, end)
+        assert np.array_equal(got, want) and np.array_equal(got_bounds, want_bounds), trial
 
 
 def _real_files():

@@ -7,13 +7,15 @@ from __future__ import annotations
 import math
 import re
 import zlib
+from itertools import compress
 
+import msgspec
 import numpy as np
 
 from tracekit.ingest.columns import EventColumns
-from tracekit.ingest.kineto_stream import RawEvent
+from tracekit.ingest.kineto_stream import NOT_COMPLETE, RawEvent, decode_shapes
 from tracekit.ingest.nesting import nesting_depth
-from tracekit.ingest.validate import DroppedRows, add_ns, drop_impossible, ns_from_us, ns_of_us, valid_text
+from tracekit.ingest.validate import _LIMIT_US, DroppedRows, add_ns, drop_impossible, ns_from_us, ns_of_us, valid_text
 from tracekit.ingest.kineto_comm import _gloo_p2p_args, _nccl_comm_args
 
 # Categories kept; everything else (python_function, flows, instants) is dropped. CUDA API
@@ -43,11 +45,33 @@ _SPECIAL_OPS = sorted(_P2P_CPU_OPS | {"record_param_comms"})
 _EXACT_FLOAT_US = 2.0**53 / 1000
 
 
-def _special_args(name: str, args) -> dict:
-    """The args a P2P or collective op's fields come from (NCCL's need no shape lists)."""
+# The args of NCCL's record_param_comms that give its name, peer and size (_nccl_comm_args),
+# in the order _special_args reads them.
+_NCCL_ARGS = ("Collective name", "Dst Rank", "Src Rank", "In msg nelems", "Out msg nelems", "dtype")
+# Exact types (no bool, no float) of which equal values are the same value; UNSET: absent.
+_PLAIN_TYPES = {str, int, type(msgspec.UNSET)}
+
+
+def _special_args(name: str, args) -> dict | tuple:
+    """The args a P2P or collective op's fields come from, in a form :meth:`_RowBuilder.columns`
+    works out once per distinct value (a rank repeats a few peers, tags, shapes and sizes
+    thousands of times): a gloo send/recv's raw shape and type lists (:meth:`RawArgs.shapes`),
+    a record_param_comms's fields as a tuple when they are all text, ints or absent (of
+    exactly these types, equal tuples are the same values: no 1 == 1.0 == True), else their
+    dict (NCCL's need no shape lists)."""
     if args is None:
         return {}
-    return args.to_dict(shapes=name != "record_param_comms")
+    if name != "record_param_comms":
+        return args.shapes()
+    fields = (args.collective, args.dst_rank, args.src_rank, args.in_nelems, args.out_nelems, args.dtype)
+    if set(map(type, fields)) <= _PLAIN_TYPES:
+        return fields
+    return args.to_dict()
+
+
+def _nccl_args(fields: tuple) -> dict:
+    """The args dict of record_param_comms fields given as a tuple by :func:`_special_args`."""
+    return {key: v for key, v in zip(_NCCL_ARGS, fields) if v is not msgspec.UNSET}
 
 
 class _Irregular(Exception):
@@ -75,6 +99,26 @@ def _numbers(values: list) -> np.ndarray:
     raise _Irregular  # a missing or non-numeric value: that event is skipped, event by event
 
 
+def _ns(values: list) -> np.ndarray:
+    """``ts`` or ``dur`` values in microseconds as int64 ns, as ``ns_from_us(_numbers(values))``
+    gives them; floats well inside the exact range (what profilers write) in one pass."""
+    try:
+        arr = np.array(values)
+    except (ValueError, OverflowError):  # ragged lists, ints of no numpy type
+        raise _Irregular from None
+    kind = arr.dtype.kind
+    if kind == "f" and arr.ndim == 1 and len(arr):
+        # A NaN fails the comparisons. Below 2**53 / 1000 us every float fits and converts
+        # exactly; up to the int64 limit too when every value is a float (epoch times): no int
+        # of more than 53 bits was rounded into the array.
+        top = np.abs(arr).max()
+        if top < _EXACT_FLOAT_US or (top < _LIMIT_US and list(map(type, values)).count(float) == len(values)):
+            return np.rint(arr * 1000.0).astype(np.int64)
+    if kind == "i" and arr.ndim == 1:
+        return ns_from_us(arr)  # what _numbers gives for ints
+    return ns_from_us(_numbers(values))
+
+
 def _int_array(values: list) -> np.ndarray | None:
     """``values`` as an int64 array when they are all plain ints that fit, else None."""
     try:
@@ -82,7 +126,7 @@ def _int_array(values: list) -> np.ndarray | None:
     except (ValueError, OverflowError):  # ragged lists, ints of no numpy type
         return None
     if arr.dtype.kind == "i" and arr.ndim == 1:
-        return arr.astype(np.int64)
+        return arr.astype(np.int64, copy=False)
     return None
 
 
@@ -99,6 +143,8 @@ def _int64_or_minus_one(value) -> int:
 
 # The cat code of a category that is not text (true, 2, []): dropped like an unknown one, counted.
 _CAT_NOT_TEXT = -2
+# The cat code of an element that is no complete event (another phase): not counted at all.
+_NOT_COMPLETE_CODE = -3
 
 
 def _normal_category(cat) -> str | None:
@@ -115,14 +161,14 @@ class _RowBuilder:
 
     def __init__(self) -> None:
         self.n_elements = 0  # elements of traceEvents seen so far
-        self.first_x_ts = None  # ts of the first complete event (time base probe)
+        self.first_x_ts: int | float | None = None  # ts of the first complete event (time base probe)
         self.name_codes: dict[str, int] = {}
         self.cat_codes = {c: i for i, c in enumerate(self._CATS)}
         self.cat_of: dict = {}  # raw cat value -> normalised cat (None: dropped)
-        self.cat_code_of: dict = {}  # raw cat value -> cat code (-1: dropped)
+        self.cat_code_of: dict = {NOT_COMPLETE: _NOT_COMPLETE_CODE}  # raw cat value -> cat code (< 0: dropped)
         self.parts: list[tuple[np.ndarray, ...]] = []
         self.n_rows = 0
-        self.special: list[tuple[int, str, dict]] = []  # (row, name, args) of P2P/comm ops
+        self.special: list[tuple[int, str, dict | tuple]] = []  # (row, name, args) of P2P/comm ops
         self.dropped = DroppedRows()  # rows that cannot be real (see columns())
         self.n_complete = 0  # complete ("X") events seen, kept or not
         self.bad_categories = 0  # complete events whose cat is no text (true, 2, [])
@@ -141,33 +187,22 @@ class _RowBuilder:
         :class:`_Irregular` (having changed nothing that matters) on anything unusual, for
         :meth:`_add_each` to handle event by event."""
         base = self.n_elements
-        xi = [i for i, e in enumerate(batch) if type(e) is RawEvent]
-        xs = [batch[i] for i in xi]
         cat_of = self.cat_code_of
-        raw_cats = [e.cat for e in xs]
         try:
-            codes = [cat_of[c] for c in raw_cats]
-        except KeyError:
-            try:
-                new_cats = set(raw_cats)
-            except TypeError:  # an unhashable cat (list, dict)
-                raise _Irregular from None
-            for c in new_cats:
-                if c not in cat_of:
-                    cat = _normal_category(c)
-                    cat_of[c] = _CAT_NOT_TEXT if type(c) is not str else -1 if cat is None else self.cat_codes[cat]
-            codes = [cat_of[c] for c in raw_cats]
-        except TypeError:
-            raise _Irregular from None
-        rows = [k for k, c in enumerate(codes) if c >= 0]
-        kept = [xs[k] for k in rows]
-        starts = ns_from_us(_numbers([e.ts for e in kept]))
-        durs = ns_from_us(_numbers([e.dur for e in kept]))
-        names = [e.name for e in kept]
+            codes = [cat_of[e.cat] for e in batch]  # other phases: NOT_COMPLETE's code
+        except (KeyError, TypeError, AttributeError):  # a new category, an odd one, or a generic batch
+            codes = self._new_cat_codes(batch)
+        code_arr = np.array(codes, dtype=np.int8)
+        keep = code_arr >= 0
+        rows = np.flatnonzero(keep)
+        kept = batch if len(rows) == len(batch) else list(compress(batch, keep.tolist()))
+        starts = _ns([e.ts for e in kept])
+        durs = _ns([e.dur for e in kept])
         name_codes = self.name_codes
         try:
-            name_idx = [name_codes[n] for n in names]
-        except KeyError:
+            name_idx = [name_codes[e.name] for e in kept]
+        except (KeyError, TypeError):
+            names = [e.name for e in kept]
             try:
                 new_names = set(names)
             except TypeError:  # an unhashable name (list, dict)
@@ -178,48 +213,54 @@ class _RowBuilder:
                         raise _Irregular from None
                     name_codes[n] = len(name_codes)
             name_idx = [name_codes[n] for n in names]
-        except TypeError:
-            raise _Irregular from None
         args = [e.args for e in kept]
-        seqs = _ints_or_minus_one([-1 if a is None else a.sequence for a in args])
-        corrs = _ints_or_minus_one(
-            [-1 if a is None else (a.external_id if a.correlation == -1 else a.correlation) for a in args]
-        )
+        try:
+            seqs = _ints_or_minus_one([a.sequence for a in args])
+            corrs = _ints_or_minus_one([a.external_id if a.correlation == -1 else a.correlation for a in args])
+        except AttributeError:  # events without args
+            seqs = _ints_or_minus_one([-1 if a is None else a.sequence for a in args])
+            corrs = _ints_or_minus_one(
+                [-1 if a is None else (a.external_id if a.correlation == -1 else a.correlation) for a in args]
+            )
         pids = self._ids([e.pid for e in kept])
         tids = self._ids([e.tid for e in kept])
-        self.bad_categories += codes.count(_CAT_NOT_TEXT)  # nothing raises _Irregular past here
+        self.bad_categories += int(np.count_nonzero(code_arr == _CAT_NOT_TEXT))  # nothing raises _Irregular past here
         if self.first_x_ts is None and base < 200:
-            for i in xi:
-                if base + i >= 200:
+            for e in batch[: 200 - base]:
+                if type(e) is RawEvent and isinstance(e.ts, _NUMBER):
+                    self.first_x_ts = e.ts
                     break
-                if isinstance(batch[i].ts, _NUMBER):
-                    self.first_x_ts = batch[i].ts
-                    break
-        self.n_complete += len(xs)
+        self.n_complete += len(batch) - int(np.count_nonzero(code_arr == _NOT_COMPLETE_CODE))
         if not kept:
             return
-        cat_arr = np.array([codes[k] for k in rows], dtype=np.int8)
+        cat_arr = code_arr[rows]
         name_arr = np.array(name_idx, dtype=np.int32)
         special = [name_codes[n] for n in _SPECIAL_OPS if n in name_codes]
         if special:
-            hits = np.flatnonzero(np.isin(name_arr, special) & (cat_arr == self.cat_codes["cpu_op"]))
+            named = name_arr == special[0]  # (np.isin costs more on a batch than these few ==)
+            for code in special[1:]:
+                named |= name_arr == code
+            hits = np.flatnonzero(named & (cat_arr == self.cat_codes["cpu_op"]))
             for k in hits:
-                a, name = args[k], names[k]
-                self.special.append((self.n_rows + int(k), name, _special_args(name, a)))
-        self.parts.append(
-            (
-                np.array([base + xi[k] for k in rows], dtype=np.int64),
-                cat_arr,
-                name_arr,
-                starts,
-                durs,
-                pids,
-                tids,
-                seqs,
-                corrs,
-            )
-        )
+                name = kept[k].name
+                self.special.append((self.n_rows + int(k), name, _special_args(name, args[k])))
+        self.parts.append((rows + base, cat_arr, name_arr, starts, durs, pids, tids, seqs, corrs))
         self.n_rows += len(kept)
+
+    def _new_cat_codes(self, batch: list) -> list[int]:
+        """The cat codes of a batch with categories not seen before (added to ``cat_code_of``);
+        elements that are None (a generically decoded batch) are no complete events."""
+        cat_of = self.cat_code_of
+        raw_cats = [NOT_COMPLETE if e is None else e.cat for e in batch]
+        try:
+            new_cats = set(raw_cats)
+        except TypeError:  # an unhashable cat (list, dict)
+            raise _Irregular from None
+        for c in new_cats:
+            if c not in cat_of:
+                cat = _normal_category(c)
+                cat_of[c] = _CAT_NOT_TEXT if type(c) is not str else -1 if cat is None else self.cat_codes[cat]
+        return [cat_of[c] for c in raw_cats]
 
     def _ids(self, values: list) -> np.ndarray:
         """pids or tids as int64; odd ones (a float, a number beyond int64, an object) counted."""
@@ -305,7 +346,7 @@ class _RowBuilder:
         """Why no event was kept, for a file that has events."""
         if not self.n_complete:
             return "no complete ('ph': 'X') events: not a profiler timeline?"
-        seen = {str(c) for c in list(self.cat_of) + list(self.cat_code_of)}
+        seen = {str(c) for c in list(self.cat_of) + list(self.cat_code_of) if c is not NOT_COMPLETE}
         if seen <= {""}:
             return "no 'cat' field: a Chrome trace not written by the PyTorch profiler?"
         shown = ", ".join(sorted(valid_text(c)[:30] for c in seen if c)[:5])
@@ -325,16 +366,30 @@ class _RowBuilder:
         nbytes = np.full(n, -1, dtype=np.int64)
         default_group = group_to_global.get("0")
         name_list = list(self.name_codes)
+        nccl: dict[tuple, tuple[int, int, int]] = {}  # fields -> name code, peer, size
+        gloo: dict[tuple, tuple[int, int, int]] = {}  # raw shapes -> peer, tag, size
         for row, name, args in self.special:
             if name == "record_param_comms":
-                new_name, peer[row], nbytes[row] = _nccl_comm_args(args, group_to_global)
-                code = self.name_codes.get(new_name)
-                if code is None:
-                    code = self.name_codes[new_name] = len(name_list)
-                    name_list.append(new_name)
-                names[row] = code
+                found = nccl.get(args) if isinstance(args, tuple) else None
+                if found is None:
+                    new_name, p, b = _nccl_comm_args(
+                        _nccl_args(args) if isinstance(args, tuple) else args, group_to_global
+                    )
+                    code = self.name_codes.get(new_name)
+                    if code is None:
+                        code = self.name_codes[new_name] = len(name_list)
+                        name_list.append(new_name)
+                    found = (code, p, b)
+                    if isinstance(args, tuple):
+                        nccl[args] = found
+                names[row], peer[row], nbytes[row] = found
             else:
-                peer[row], tag[row], nbytes[row] = _gloo_p2p_args(args, default_group)
+                found_p2p = gloo.get(args) if isinstance(args, tuple) else None
+                if found_p2p is None:
+                    found_p2p = _gloo_p2p_args(decode_shapes(args) if isinstance(args, tuple) else args, default_group)
+                    if isinstance(args, tuple):
+                        gloo[args] = found_p2p
+                peer[row], tag[row], nbytes[row] = found_p2p
         start_ns = add_ns(starts, base_ns)
         end_ns = add_ns(start_ns, durs)
         keep, self.dropped = drop_impossible(

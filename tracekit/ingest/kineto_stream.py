@@ -73,23 +73,31 @@ class RawArgs(msgspec.Struct, gc=False):
     out_nelems: Any = msgspec.field(name="Out msg nelems", default=_UNSET)
     dtype: Any = msgspec.field(name="dtype", default=_UNSET)
 
-    def to_dict(self, shapes: bool = True) -> dict:
-        """The args as the plain dict the Chrome trace held (only the fields kept; the
-        shape and type lists only with ``shapes``)."""
+    def to_dict(self) -> dict:
+        """The plain fields as the dict the Chrome trace held (only the fields kept)."""
         out = {}
         for key, attr, default in _PLAIN_KEYS:
             value = getattr(self, attr)
             if value is not default:
                 out[key] = value
-        if shapes:
-            for key, attr in _RAW_KEYS:
-                value = getattr(self, attr)
-                if len(value):
-                    try:
-                        out[key] = msgspec.json.decode(value)
-                    except msgspec.DecodeError:  # nested deeper than msgspec decodes: unusable
-                        continue
         return out
+
+    def shapes(self) -> tuple[bytes, ...]:
+        """The raw JSON of the shape and type lists (``b""`` where absent), in
+        :data:`_RAW_KEYS` order: equal bytes are equal lists (see :func:`decode_shapes`)."""
+        return (bytes(self.concrete_inputs), bytes(self.input_dims), bytes(self.input_type))
+
+
+def decode_shapes(raws: tuple[bytes, ...]) -> dict:
+    """:meth:`RawArgs.shapes` as the dict entries the Chrome trace held."""
+    out = {}
+    for (key, _), raw in zip(_RAW_KEYS, raws):
+        if raw:
+            try:
+                out[key] = msgspec.json.decode(raw)
+            except msgspec.DecodeError:  # nested deeper than msgspec decodes: unusable
+                continue
+    return out
 
 
 _ARG_KEYS = [(f.encode_name, f.name) for f in msgspec.structs.fields(RawArgs)]
@@ -114,7 +122,10 @@ class RawEvent(msgspec.Struct, gc=False, tag_field="ph", tag="X"):
 # Every other phase of the Chrome trace format decodes to an empty struct: the parser reads
 # only complete events, and skipping the fields of the rest (a GPU trace's memory instants
 # and flow arrows are a third of its events) makes decoding ~30% faster. A phase not listed
-# fails validation and its batch takes the general path below, so nothing is lost.
+# fails validation and its batch takes the general path below, so nothing is lost. Their
+# ``cat`` is NOT_COMPLETE, so the row builder reads every element's category in one pass and
+# tells complete events from the rest by it.
+NOT_COMPLETE = object()
 OTHER_PHASES = (
     "B",
     "E",
@@ -140,7 +151,8 @@ OTHER_PHASES = (
     ")",
 )
 _OTHERS = tuple(
-    msgspec.defstruct(f"Phase_{n}", [], tag_field="ph", tag=ph, gc=False) for n, ph in enumerate(OTHER_PHASES)
+    msgspec.defstruct(f"Phase_{n}", [], tag_field="ph", tag=ph, gc=False, namespace={"cat": NOT_COMPLETE})
+    for n, ph in enumerate(OTHER_PHASES)
 )
 _DECODER = msgspec.json.Decoder(list[Union[(RawEvent, *_OTHERS)]])
 KNOWN_PHASES = frozenset(("X",) + OTHER_PHASES)
@@ -374,16 +386,16 @@ class ChromeTraceStream:
         for attempt, (end, nxt) in enumerate(self._seams(body)):
             if attempt >= CUT_ATTEMPTS:
                 break
-            batch = self._decode_run(body[:end])
+            batch = self._decode_run(memoryview(body)[:end])  # a view: the run is copied once, below
             if batch is not None:
                 return batch, body[nxt:]
         return None, body
 
-    def _decode_run(self, run: bytes) -> list | None:
+    def _decode_run(self, run: bytes | memoryview) -> list | None:
         """The events of ``run`` (array elements without the brackets), counted; None when
         it is not a run of whole elements."""
         try:
-            batch = decode_elements(b"[" + run + b"]", self.unknown_phases)
+            batch = decode_elements(b"".join((b"[", run, b"]")), self.unknown_phases)
         except _BadCut:
             return None
         self.n_elements += len(batch)
@@ -401,7 +413,7 @@ class ChromeTraceStream:
             end = body.rfind(b"]", 0, end)
             if end < 0:
                 break
-            batch = self._decode_run(body[:end])
+            batch = self._decode_run(memoryview(body)[:end])
             if batch is None:
                 continue
             yield batch

@@ -131,14 +131,22 @@ def drop_impossible(
     dropped.counts["end_before_start"] = int(backwards.sum())
     keep &= ~backwards
     if keep.any():
+        every = keep.all()
+        kept_start, kept_end = (start_ns, end_ns) if every else (start_ns[keep], end_ns[keep])
         # float: the distance of a wild value from the median can itself leave int64
-        median = float(np.median(start_ns[keep]))
-        far = keep & (
-            (np.abs(start_ns.astype(np.float64) - median) > MAX_DISTANCE_NS)
-            | (np.abs(end_ns.astype(np.float64) - median) > MAX_DISTANCE_NS)
-        )
-        dropped.counts["far"] = int(far.sum())
-        keep &= ~far
+        median = float(np.median(kept_start))
+        # The distance only grows away from the median, in float64 too (rounding is monotonic):
+        # when the extremes are near, every row is (the usual case: no pass over the rows).
+        extremes = np.array([kept_start.min(), kept_start.max(), kept_end.min(), kept_end.max()]).astype(np.float64)
+        if (np.abs(extremes - median) > MAX_DISTANCE_NS).any():
+            far = keep & (
+                (np.abs(start_ns.astype(np.float64) - median) > MAX_DISTANCE_NS)
+                | (np.abs(end_ns.astype(np.float64) - median) > MAX_DISTANCE_NS)
+            )
+            dropped.counts["far"] = int(far.sum())
+            keep &= ~far
+        else:
+            dropped.counts["far"] = 0
     repeats = _repeats(start_ns, end_ns, identity, keep)
     dropped.counts["duplicate"] = int(repeats.sum())
     keep &= ~repeats
@@ -150,9 +158,23 @@ def _repeats(
 ) -> np.ndarray:
     """Rows (among ``candidates``) equal in every column to an earlier row."""
     out = np.zeros(len(start_ns), dtype=bool)
-    rows = np.flatnonzero(candidates)
     # Most rows differ in their times alone: compare whole rows only where the times tie.
-    order = rows[np.lexsort((end_ns[rows], start_ns[rows]))]
+    # Rows come nearly in start order, which a stable sort takes fast; only the few rows that
+    # share a start are sorted by end too (rows tie only if they share a start).
+    if candidates.all():
+        order = np.argsort(start_ns, kind="stable")
+    else:
+        rows = np.flatnonzero(candidates)
+        order = rows[np.argsort(start_ns[rows], kind="stable")]
+    starts = start_ns[order]
+    shared = starts[1:] == starts[:-1]
+    if not shared.any():
+        return out
+    sharing = np.zeros(len(order), dtype=bool)
+    sharing[1:] = shared
+    sharing[:-1] |= shared
+    order = order[sharing]
+    order = order[np.lexsort((end_ns[order], start_ns[order]))]
     tie = (start_ns[order][1:] == start_ns[order][:-1]) & (end_ns[order][1:] == end_ns[order][:-1])
     if not tie.any():
         return out
