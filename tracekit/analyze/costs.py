@@ -35,6 +35,7 @@ import pandas as pd
 
 from tracekit.analyze.replay import StepGraph, step_graphs
 from tracekit.errors import TracekitError
+from tracekit.model.groups import SortedGroups, pair_codes
 from tracekit.model.run import Run
 
 # A message pool: (src rank, dst rank), or (src, dst, "fused") for messages into the second
@@ -246,23 +247,30 @@ def held_back_ns(run: Run) -> dict[int, int]:
         events["tid"].to_numpy(), index=pd.MultiIndex.from_arrays([events["file_id"], events["source_index"]])
     )
     tid = tid[~tid.index.duplicated()]
-    send_tid = tid.reindex(pd.MultiIndex.from_arrays([msgs["src_file_id"], msgs["src_source_index"]])).tolist()
-    recv_tid = tid.reindex(pd.MultiIndex.from_arrays([msgs["dst_file_id"], msgs["dst_source_index"]])).tolist()
-    produced = run.actions.set_index("action_id")["end_ns"].reindex(msgs["producer_action"]).tolist()
-    done: dict[tuple[int, object], list[int]] = {}  # (rank, thread) -> its receives' completions
-    for rank, thread, t in zip(msgs["dst_rank"].tolist(), recv_tid, msgs["recv_done_ns"].tolist()):
-        done.setdefault((int(rank), thread), []).append(int(t))
-    completions = {key: np.sort(np.array(times, dtype=np.int64)) for key, times in done.items()}
-    out: dict[int, int] = {}
-    for msg, rank, thread, end, post in zip(
-        msgs["msg_id"].tolist(), msgs["src_rank"].tolist(), send_tid, produced, msgs["send_post_ns"].tolist()
-    ):
-        times = completions.get((int(rank), thread))
-        if times is None or not post > end:
-            continue
-        if np.searchsorted(times, post, side="right") > np.searchsorted(times, end, side="right"):
-            out[int(msg)] = int(post - end)
-    return out
+    send_tid = tid.reindex(pd.MultiIndex.from_arrays([msgs["src_file_id"], msgs["src_source_index"]]))
+    recv_tid = tid.reindex(pd.MultiIndex.from_arrays([msgs["dst_file_id"], msgs["dst_source_index"]]))
+    # The producer's end, in int ns (-1 in ``at``: no such action, never held back).
+    at = pd.Index(run.actions["action_id"]).get_indexer(msgs["producer_action"])
+    produced = run.actions["end_ns"].to_numpy(dtype=np.int64)[np.maximum(at, 0)]
+    post = msgs["send_post_ns"].to_numpy(dtype=np.int64)
+    # Threads as codes, the same thread the same code on both sides; an unknown one never
+    # matches. Every message's sender thread searched among the receives' completions at once.
+    threads, _ = pd.factorize(pd.concat([send_tid, recv_tid], ignore_index=True), use_na_sentinel=True)
+    send_thread, recv_thread = threads[: len(msgs)], threads[len(msgs) :]
+    mine = recv_thread >= 0
+    done_thread, sender = pair_codes(
+        msgs["dst_rank"].to_numpy(dtype=np.int64)[mine],
+        recv_thread[mine],
+        (msgs["src_rank"].to_numpy(np.int64), send_thread),
+    )
+    times = msgs["recv_done_ns"].to_numpy(dtype=np.int64)[mine]
+    order = np.lexsort((times, done_thread))
+    completions = SortedGroups(done_thread[order], times[order])
+    rows = np.flatnonzero((send_thread >= 0) & (at >= 0) & (post > produced))
+    end = produced[rows]
+    between = completions.position(sender[rows], post[rows], "right") > completions.position(sender[rows], end, "right")
+    rows, end = rows[between], end[between]
+    return dict(zip(msgs["msg_id"].to_numpy(dtype=np.int64)[rows].tolist(), (post[rows] - end).tolist()))
 
 
 _TIME_UNITS = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000}

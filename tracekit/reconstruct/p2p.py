@@ -18,6 +18,7 @@ import re
 import numpy as np
 import pandas as pd
 
+from tracekit.model.groups import SortedGroups, pair_codes
 from tracekit.model.names import RECV_NAMES, SEND_NAMES
 from tracekit.model.run import MESSAGE_COLUMNS
 from tracekit.reconstruct.labels import p2p_ways
@@ -44,7 +45,7 @@ def _recv_done_times(events: pd.DataFrame, recvs: pd.DataFrame) -> np.ndarray:
     r_start, r_end = recvs["start_ns"].to_numpy(), recvs["end_ns"].to_numpy()
     # Each receive's candidates: the annotations [lo, hi) of its rank posted inside it. One
     # searchsorted for all ranks, not a slice per receive.
-    posted = _Grouped(a_rank, annotations["start_ns"].to_numpy())
+    posted = SortedGroups(a_rank, annotations["start_ns"].to_numpy())
     lo, hi = posted.position(r_rank, r_start, "left"), posted.position(r_rank, r_end, "right")
     # Where no two receives of a rank share a candidate, each takes its first one. A rank
     # where some do (threads receiving at once) takes them one receive after another. Ranks'
@@ -67,48 +68,6 @@ def _recv_done_times(events: pd.DataFrame, recvs: pd.DataFrame) -> np.ndarray:
     return done
 
 
-class _Grouped:
-    """Values in groups, laid out so that one searchsorted places every query in its own
-    group: ``group`` ascending (any int64 labels), ``values`` ascending within each group.
-    A value's key is its group's number times (distinct values + 1) plus its rank among
-    the distinct values, so each group's keys lie above the group's before it and below
-    the one's after it."""
-
-    def __init__(self, group: np.ndarray, values: np.ndarray) -> None:
-        self.labels, number = np.unique(np.asarray(group, dtype=np.int64), return_inverse=True)
-        self.number = number.astype(np.int64)
-        self.values = values
-        self.distinct = np.unique(values)
-        self.width = len(self.distinct) + 1
-        self.keys = self.number * self.width + np.searchsorted(self.distinct, values)
-
-    def position(self, group: np.ndarray, x: np.ndarray, side: str) -> np.ndarray:
-        """Where each ``x`` goes among its group's values, as searchsorted(values of the
-        group, x, side) offset by the group's start (a group with no values: 0)."""
-        number = np.searchsorted(self.labels, np.asarray(group, dtype=np.int64))
-        known = number < len(self.labels)
-        known[known] = self.labels[number[known]] == np.asarray(group)[known]
-        if side == "left":
-            key = np.searchsorted(self.distinct, x, side="left")  # a value >= x iff its rank >= key
-        else:
-            key = np.searchsorted(self.distinct, x, side="right") - 1  # a value <= x iff its rank <= key
-        found = np.searchsorted(self.keys, np.where(known, number, -1) * self.width + key, side=side)
-        return np.where(known, found, 0)
-
-    def first_at_least(self, group: np.ndarray, x: np.ndarray) -> np.ndarray:
-        """Each query's position of the first value >= x of its group; -1 where none."""
-        return self._inside(self.position(group, x, "left"), group)
-
-    def last_at_most(self, group: np.ndarray, x: np.ndarray) -> np.ndarray:
-        """Each query's position of the last value <= x of its group; -1 where none."""
-        return self._inside(self.position(group, x, "right") - 1, group)
-
-    def _inside(self, position: np.ndarray, group: np.ndarray) -> np.ndarray:
-        ok = (position >= 0) & (position < len(self.number))
-        ok[ok] = self.labels[self.number[position[ok]]] == np.asarray(group)[ok]
-        return np.where(ok, position, -1)
-
-
 def _suffix_min(group: np.ndarray, values: np.ndarray) -> np.ndarray:
     """Each value's minimum with the values after it in its group (``group`` ascending)."""
     distinct = np.unique(values)
@@ -118,17 +77,6 @@ def _suffix_min(group: np.ndarray, values: np.ndarray) -> np.ndarray:
     # Walking back, a later group's keys are all above this group's: the minimum restarts.
     low = np.minimum.accumulate(keys[::-1])[::-1]
     return distinct[low - number * width]
-
-
-def _pair_codes(first: np.ndarray, second: np.ndarray, *more: tuple[np.ndarray, np.ndarray]) -> list[np.ndarray]:
-    """One int64 per (first, second) pair, ordered as the pairs are, the same pair the same
-    code across every set given (``more``: further (first, second) sets)."""
-    sets = [(first, second), *more]
-    seconds = np.unique(np.concatenate([np.asarray(b, dtype=np.int64) for _, b in sets]))
-    width = len(seconds)
-    return [
-        np.asarray(a, dtype=np.int64) * width + np.searchsorted(seconds, np.asarray(b, dtype=np.int64)) for a, b in sets
-    ]
 
 
 # ProcessGroupNCCL's profiling titles name both ranks: "nccl:send 0->1", "nccl:recv 1<-0".
@@ -477,7 +425,7 @@ def _link_actions(messages: pd.DataFrame, actions: pd.DataFrame, consumer_by_kin
     posted, done = messages["send_post_ns"].to_numpy(), messages["recv_done_ns"].to_numpy()
     order = _by_rank_step(actions)
     a_rank, a_step = actions["rank"].to_numpy(np.int64)[order], actions["step"].to_numpy(np.int64)[order]
-    group, src_group, dst_group = _pair_codes(a_rank, a_step, (src, step), (dst, dst_step))
+    group, src_group, dst_group = pair_codes(a_rank, a_step, (src, step), (dst, dst_step))
     starts, ends = actions["start_ns"].to_numpy()[order], actions["end_ns"].to_numpy()[order]
     ids, kinds = actions["action_id"].to_numpy()[order], actions["kind"].to_numpy()[order]
     forward, backward = kinds == "F", (kinds == "B") | (kinds == "I")
@@ -491,7 +439,7 @@ def _link_actions(messages: pd.DataFrame, actions: pd.DataFrame, consumer_by_kin
             continue
         # The last action that ended by then is the last whose minimum end from there on is
         # by then: that minimum never falls along a rank's step, so one search finds it.
-        ended = _Grouped(group[pool], _suffix_min(group[pool], ends[pool]))
+        ended = SortedGroups(group[pool], _suffix_min(group[pool], ends[pool]))
         found = ended.last_at_most(src_group[asked], posted[asked] + _TOLERANCE_NS)
         hit = found >= 0
         k = pool[found[hit]]
@@ -507,7 +455,7 @@ def _link_actions(messages: pd.DataFrame, actions: pd.DataFrame, consumer_by_kin
         asked, pool = np.flatnonzero(wanted == kind), np.flatnonzero(member)
         if not len(asked):
             continue
-        found = _Grouped(group[pool], starts[pool]).first_at_least(dst_group[asked], done[asked] - _TOLERANCE_NS)
+        found = SortedGroups(group[pool], starts[pool]).first_at_least(dst_group[asked], done[asked] - _TOLERANCE_NS)
         hit = found >= 0
         consumer[asked[hit]] = ids[pool[found[hit]]]
     messages["producer_action"] = producer
@@ -577,14 +525,14 @@ def estimate_arrivals(messages: pd.DataFrame, actions: pd.DataFrame, events: pd.
     # thread's do not): each set sorted by (rank[, thread], end) once, one search for all.
     comm = cpu[cpu["name"].str.startswith(("c10d::", "record_param_comms"))]
     c_rank, c_tid = comm["rank"].to_numpy(np.int64), comm["tid"].to_numpy(np.int64)
-    comm_thread, dst_thread = _pair_codes(c_rank, c_tid, (dst, dst_tid))
+    comm_thread, dst_thread = pair_codes(c_rank, c_tid, (dst, dst_tid))
     ready = messages["recv_post_ns"].to_numpy(dtype=np.int64).copy()
     for group, ends, mine in (
         (actions["rank"].to_numpy(np.int64), actions["end_ns"].to_numpy(np.int64), dst),
         (comm_thread, comm["end_ns"].to_numpy(np.int64), dst_thread),
     ):
         order = np.lexsort((ends, group))
-        found = _Grouped(group[order], ends[order]).last_at_most(mine, done)
+        found = SortedGroups(group[order], ends[order]).last_at_most(mine, done)
         hit = found >= 0
         ready[hit] = np.maximum(ready[hit], ends[order][found[hit]])
     wait_start = np.minimum(ready, done)
