@@ -9,9 +9,12 @@ searchsorted or a mask over them.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 
+from tracekit.model.names import RECV_NAMES, SEND_NAMES
 from tracekit.model.run import MESSAGE_COLUMNS
 
 _TOLERANCE_NS = 20_000
@@ -166,3 +169,55 @@ def estimate_arrivals(messages: pd.DataFrame, actions: pd.DataFrame, events: pd.
     messages["recv_wait_ns"] = done - wait_start
     messages["arrival_ns"] = leaves + done - np.maximum(wait_start, leaves)
     return messages[MESSAGE_COLUMNS]
+
+
+# ProcessGroupNCCL's profiling titles name both ranks: "nccl:send 0->1", "nccl:recv 1<-0".
+_NCCL_TITLE = re.compile(r"^nccl:(send|recv) (\d+)(->|<-)(\d+)$")
+
+
+def host_p2p_ops(events: pd.DataFrame) -> pd.DataFrame:
+    """The host's point-to-point calls, one row per message side (``direction`` send or
+    recv). With NCCL one send is several nested or overlapping ranges on its thread
+    (``c10d::send`` > ``record_param_comms:send``, and the ``nccl:send 0->1`` title, whose
+    end may come later): the first of them stands for all, with the peer and size of
+    whichever names them."""
+    cpu = events[~events["on_gpu"].to_numpy()]
+    names = cpu["name"].astype(str)
+    # Matched once per distinct name (a run has tens of them, in hundreds of thousands of rows).
+    distinct = pd.Index(names.unique())
+    titles = distinct.to_series().str.extract(_NCCL_TITLE).iloc[distinct.get_indexer(names)]
+    titles.index = names.index
+    is_title = titles[0].notna().to_numpy()
+    is_send = names.isin(SEND_NAMES).to_numpy() | (titles[0] == "send").to_numpy()
+    is_recv = names.isin(RECV_NAMES).to_numpy() | (titles[0] == "recv").to_numpy()
+    chosen = is_send | is_recv
+    ops = cpu[chosen].assign(direction=np.where(is_send[chosen], "send", "recv"))
+    if ops.empty:
+        return ops
+    title_peer = titles[3].to_numpy()[chosen]  # "<own rank>-><dst>", "<own rank><-<src>"
+    peer = ops["peer"].to_numpy(np.int64).copy()
+    from_title = is_title[chosen] & (peer < 0)
+    peer[from_title] = title_peer[from_title].astype(np.int64)
+    ops = ops.assign(peer=peer).sort_values(["rank", "tid", "start_ns", "end_ns"], ascending=[True, True, True, False])
+    keep = np.ones(len(ops), dtype=bool)
+    peer = ops["peer"].to_numpy(np.int64).copy()
+    nbytes = ops["nbytes"].to_numpy(np.int64).copy()
+    rank, tid, direction = ops["rank"].to_numpy(), ops["tid"].to_numpy(), ops["direction"].to_numpy()
+    start, end = ops["start_ns"].to_numpy(np.int64), ops["end_ns"].to_numpy(np.int64)
+    outer = -1
+    for i in range(len(ops)):
+        if (
+            outer >= 0
+            and rank[i] == rank[outer]
+            and tid[i] == tid[outer]
+            and direction[i] == direction[outer]
+            and start[i] <= end[outer]
+        ):
+            keep[i] = False
+            if peer[outer] < 0:
+                peer[outer] = peer[i]
+            if nbytes[outer] < 0:
+                nbytes[outer] = nbytes[i]
+        else:
+            outer = i
+    return ops.assign(peer=peer, nbytes=nbytes)[keep]

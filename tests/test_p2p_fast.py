@@ -23,6 +23,7 @@ def _both(monkeypatch, call):
         m.setattr(p2p, "_recv_done_times", ref._recv_done_times)
         m.setattr(p2p, "_link_actions", ref._link_actions)
         m.setattr(p2p, "estimate_arrivals", ref.estimate_arrivals)
+        m.setattr(p2p, "host_p2p_ops", ref.host_p2p_ops)
         slow = call()
     return fast, slow
 
@@ -189,3 +190,37 @@ def test_generated_arrivals_equal_the_loop(seed):
     pdt.assert_frame_equal(
         p2p.estimate_arrivals(messages, actions, events), ref.estimate_arrivals(messages, actions, events)
     )
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_generated_nested_p2p_ranges_fold_as_the_loop_folds_them(seed):
+    # Generated (not captured): NCCL-style nested and overlapping send/recv ranges on a few
+    # threads, sends and receives interleaved, peers and sizes known on some ranges only.
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 80))
+    start = rng.integers(0, 50, n) * 100
+    names = rng.choice(
+        [
+            "c10d::send",
+            "record_param_comms:send",
+            "c10d::recv_",
+            "record_param_comms:recv",
+            "nccl:send 0->1",
+            "nccl:recv 1<-0",
+            "aten::mm",
+        ],
+        n,
+    )
+    events = pd.DataFrame(
+        {
+            "name": names,
+            "on_gpu": rng.random(n) < 0.1,
+            "rank": rng.integers(0, 2, n),
+            "tid": rng.integers(1, 3, n),
+            "start_ns": start,
+            "end_ns": start + rng.integers(0, 8, n) * 100,
+            "peer": np.where(rng.random(n) < 0.5, -1, rng.integers(0, 2, n)),
+            "nbytes": np.where(rng.random(n) < 0.5, -1, rng.integers(1, 9, n) * 1024),
+        }
+    )
+    pdt.assert_frame_equal(p2p.host_p2p_ops(events), ref.host_p2p_ops(events))

@@ -112,15 +112,18 @@ def host_p2p_ops(events: pd.DataFrame) -> pd.DataFrame:
     nbytes = ops["nbytes"].to_numpy(np.int64).copy()
     rank, tid, direction = ops["rank"].to_numpy(), ops["tid"].to_numpy(), ops["direction"].to_numpy()
     start, end = ops["start_ns"].to_numpy(np.int64), ops["end_ns"].to_numpy(np.int64)
+    # Runs of ops of one thread and direction, in order: an op folds into the run's last
+    # kept one if it starts before that one ended (a run's first op never folds: the op
+    # before it is another thread's or direction's). Only runs where some op starts before
+    # the one before it ended can fold (gloo's never do): the walk visits those alone.
+    same = np.zeros(len(ops), dtype=bool)
+    same[1:] = (rank[1:] == rank[:-1]) & (tid[1:] == tid[:-1]) & (direction[1:] == direction[:-1])
+    run = np.cumsum(~same)
+    overlaps = same.copy()
+    overlaps[1:] &= start[1:] <= end[:-1]
     outer = -1
-    for i in range(len(ops)):
-        if (
-            outer >= 0
-            and rank[i] == rank[outer]
-            and tid[i] == tid[outer]
-            and direction[i] == direction[outer]
-            and start[i] <= end[outer]
-        ):
+    for i in np.flatnonzero(np.isin(run, run[overlaps])).tolist():
+        if outer >= 0 and run[i] == run[outer] and start[i] <= end[outer]:
             keep[i] = False
             if peer[outer] < 0:
                 peer[outer] = peer[i]
