@@ -190,7 +190,11 @@ def _pools(columns: list[np.ndarray], values: np.ndarray) -> dict[tuple[Any, ...
     pool's values in order, as appending each row's value to its key's list would."""
     if not len(values):
         return {}
-    codes, _ = pd.factorize(pd.MultiIndex.from_arrays(columns), sort=False)
+    codes = np.zeros(len(values), dtype=np.int64)
+    for column in columns:  # one int per distinct key: the parts' codes in mixed radix
+        part, distinct = pd.factorize(np.asarray(column), sort=False)
+        codes = codes * len(distinct) + part
+    codes = pd.factorize(codes, sort=False)[0]  # numbered in the order first met
     first = np.unique(codes, return_index=True)[1]
     keys = list(zip(*(np.asarray(c)[first].tolist() for c in columns)))
     order = np.argsort(codes, kind="stable")
