@@ -109,6 +109,8 @@ def _apportioned_rows(totals: np.ndarray, weights: np.ndarray) -> np.ndarray:
     w = np.clip(np.asarray(weights, dtype=float), 0.0, None)
     totals = np.asarray(totals, dtype=np.int64)
     out = np.zeros(w.shape, dtype=np.int64)
+    if not w.size:  # no rows, or no parts to share among (a step with no links)
+        return out
     sums = w.sum(axis=1)
     positive = totals > 0
     zero = positive & (sums <= 0)
