@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tracekit.analyze.replay import Replay, Scenario, StepGraph, critical_path, idle_per_rank, replay_many, step_graphs
+from tracekit.analyze.replay import Replay, Scenario, StepGraph, critical_path, replay_many, step_graphs
 from tracekit.model.run import Run
 from tracekit.reconstruct.schedule import TERAPIPE_NAME
 from tracekit.vocab import CATEGORIES
@@ -100,24 +100,30 @@ def apportion(total: int, weights: Sequence[float] | np.ndarray) -> list[int]:
     """Split integer ``total`` in proportion to non-negative ``weights``; the parts are
     integers that sum to ``total`` exactly (largest remainder). All-zero weights put
     everything on the last part."""
-    return [int(x) for x in _apportioned(total, weights)]
+    return [int(x) for x in _apportioned_rows(np.array([total]), np.asarray(weights, dtype=float).reshape(1, -1))[0]]
 
 
-def _apportioned(total: int, weights: Sequence[float] | np.ndarray) -> np.ndarray:
-    """:func:`apportion`, as an int64 array."""
+def _apportioned_rows(totals: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """:func:`_apportioned` of each row: ``totals[i]`` over ``weights[i]`` (rows x parts),
+    the same sums and roundings row by row."""
     w = np.clip(np.asarray(weights, dtype=float), 0.0, None)
-    floors = np.zeros(len(w), dtype=np.int64)
-    if total <= 0:
-        return floors
-    if w.sum() <= 0:
-        floors[-1] = total
-        return floors
-    exact = w / w.sum() * total
+    totals = np.asarray(totals, dtype=np.int64)
+    out = np.zeros(w.shape, dtype=np.int64)
+    if not w.size:  # no rows, or no parts to share among (a step with no links)
+        return out
+    sums = w.sum(axis=1)
+    positive = totals > 0
+    zero = positive & (sums <= 0)
+    out[zero, -1] = totals[zero]
+    rows = np.flatnonzero(positive & (sums > 0))
+    exact = w[rows] / sums[rows][:, None] * totals[rows][:, None]
     floors = np.asarray(np.floor(exact), dtype=np.int64)
-    remainder = int(total - floors.sum())
-    order = np.argsort(-(exact - floors), kind="stable")
-    floors[order[:remainder]] += 1
-    return floors
+    remainder = totals[rows] - floors.sum(axis=1)
+    order = np.argsort(-(exact - floors), axis=1, kind="stable")
+    place = np.empty_like(order)  # each part's place in its row's order
+    np.put_along_axis(place, order, np.broadcast_to(np.arange(w.shape[1]), order.shape), axis=1)
+    out[rows] = floors + (place < remainder[:, None])
+    return out
 
 
 def shapley(
@@ -127,18 +133,19 @@ def shapley(
     from math import factorial
 
     n = len(players)
-    out: dict[int, dict[str, float]] = {int(r): {} for r in ranks}
+    ranks = [int(r) for r in ranks]
+    # all ranks at once: the same sums in the same order as rank by rank
+    table = {c: np.array([v[r] for r in ranks], dtype=np.int64) for c, v in values.items()}
+    out: dict[int, dict[str, float]] = {r: {} for r in ranks}
     for player in players:
         others = [q for q in players if q != player]
-        for r in ranks:
-            total = 0.0
-            for size in range(n):
-                weight = factorial(size) * factorial(n - size - 1) / factorial(n)
-                for coalition in combinations(others, size):
-                    with_p = values[frozenset(coalition) | {player}][r]
-                    without = values[frozenset(coalition)][r]
-                    total += weight * (with_p - without)
-            out[int(r)][player] = total
+        total = np.zeros(len(ranks))
+        for size in range(n):
+            weight = factorial(size) * factorial(n - size - 1) / factorial(n)
+            for coalition in combinations(others, size):
+                total += weight * (table[frozenset(coalition) | {player}] - table[frozenset(coalition)])
+        for r, value in zip(ranks, total.tolist()):
+            out[r][player] = value
     return out
 
 
@@ -153,6 +160,9 @@ def _scenario(graph: StepGraph, balanced: np.ndarray, present: Coalition) -> Sce
 def attribute_step(graph: StepGraph, measured_idle: dict[int, int], measured_makespan: int) -> StepAttribution:
     """Attribute one step's idle per rank (``measured_idle`` from the bubble table)."""
     ranks = [int(r) for r in graph.ranks]
+    # Per rank work below must not loop over ranks: with thousands of them each rank's figures
+    # are a row (or column) of a scenario x rank or key x rank matrix, laid out once.
+    codes = np.searchsorted(graph.ranks, graph.rank)  # each action's rank, as a column
     balanced = graph.balanced_durations()
     coalitions = [frozenset(c) for size in range(len(CAUSES) + 1) for c in combinations(CAUSES, size)]
     scenarios = [_scenario(graph, balanced, present) for present in coalitions]
@@ -164,74 +174,44 @@ def attribute_step(graph: StepGraph, measured_idle: dict[int, int], measured_mak
     by_latency = sorted(link_latency, key=lambda link: -link_latency[link])
     link_scenarios = [_link_freed(graph, link) for link in by_latency[:MAX_BLAME_REPLAYS]]
     # Every replay of the step at once (replay_many walks the graph a single time).
-    replayed = replay_many(graph, scenarios + stage_scenarios + link_scenarios)
+    every = scenarios + stage_scenarios + link_scenarios
+    replayed = replay_many(graph, every)
+    idle = _idle_rows(graph, codes, len(ranks), replayed, [s.dur for s in every])
     results: dict[Coalition, Replay] = dict(zip(coalitions, replayed))
-    values = {
-        present: idle_per_rank(graph, results[present], scenario.dur)
-        for present, scenario in zip(coalitions, scenarios)
-    }
+    values = {present: dict(zip(ranks, idle[k].tolist())) for k, present in enumerate(coalitions)}
     full, none = frozenset(CAUSES), Coalition()
+    full_idle = idle[coalitions.index(full)]
     signed = shapley(values, CAUSES, ranks)
     ideal = results[none]
-    stage_results = replayed[len(scenarios) : len(scenarios) + len(stage_scenarios)]
-    stage_gain = _gains(graph, values[full], by_excess, stage_scenarios, stage_results)
-    link_results = replayed[len(scenarios) + len(stage_scenarios) :]
-    link_gain = _gains(graph, values[full], by_latency[:MAX_BLAME_REPLAYS], link_scenarios, link_results)
-    rows, stage_rows = [], []
-    link_rows: list[tuple[int, int, int, int]] = []
+    n_coalitions, n_stages = len(scenarios), len(stage_scenarios)
+    stage_gain = _gains(by_excess, full_idle - idle[n_coalitions : n_coalitions + n_stages])
+    link_gain = _gains(by_latency[:MAX_BLAME_REPLAYS], full_idle - idle[n_coalitions + n_stages :])
     ideal_windows = graph.window_ns(ideal)
-    # Per rank work below must not scan every action or every link of the step: with
-    # thousands of ranks that is quadratic. Each rank's actions, and the blame weights as
-    # (stage or replayed link) x rank matrices, are laid out once.
-    by_rank = _positions_by_rank(graph.rank)
-    stages = stage_gain.keys
-    stage_weights = np.maximum(stage_gain.gain, 0).astype(float)
-    stage_fallback = np.array([_excess_work(graph, balanced, s) for s in stages], dtype=float)
-    links = sorted(link_latency)  # every link of the step; link_gain holds the replayed ones
-    position = {link: k for k, link in enumerate(links)}
-    replayed_links = np.array([position[link] for link in link_gain.keys], dtype=np.int64)
-    link_weights = np.maximum(link_gain.gain, 0).astype(float)
-    link_fallback = np.array([link_latency[link] for link in links], dtype=float)
-    # A rank none of the replayed links helps shares its comm among the links of its own
-    # pipeline replica by latency, not among every link of the job (with thousands of ranks
-    # that was a row per rank and link, and blamed links the rank never used).
-    group = _linked_groups(links)
-    link_group = np.array([group[src] for src, _ in links], dtype=np.int64)
-    group_links = {g: np.flatnonzero(link_group == g) for g in np.unique(link_group).tolist()}
-    no_links = np.zeros(0, dtype=np.int64)
-    for column, r in enumerate(ranks):
-        on_rank = by_rank[r]
-        window_start = graph.origin(int(on_rank[0]))
-        warmup, drain, gaps = _schedule_idle(graph, ideal, on_rank, window_start, window_start + ideal_windows[r])
-        residual = measured_idle[r] - values[full][r]
-        raw = [warmup, drain, gaps, signed[r]["imbalance"], signed[r]["comm"], signed[r]["overhead"] + residual]
-        parts = apportion(int(measured_idle[r]), raw)
-        rows.append((r, graph.step, int(measured_idle[r]), *parts))
-        imbalance_ns, comm_ns = parts[3], parts[4]
-        if imbalance_ns:
-            weights = stage_weights[:, column]
-            shares = _apportioned(imbalance_ns, weights if weights.sum() > 0 else stage_fallback)
-            stage_rows += [(r, stages[k], int(shares[k])) for k in np.flatnonzero(shares).tolist()]
-        if comm_ns:
-            # Shares over the links that can get any (a link of weight 0 gets none), not
-            # over every link of the job.
-            weights = link_weights[:, column]
-            candidates = replayed_links
-            if weights.sum() <= 0:
-                candidates = group_links.get(group.get(r, -1), no_links)
-                weights = link_fallback[candidates]
-            if weights.sum() <= 0:  # no latency anywhere near: the rule of apportion, all links
-                candidates, weights = np.arange(len(links)), np.zeros(len(links))
-            shares = _apportioned(comm_ns, weights)
-            link_rows += [(r, *links[candidates[k]], int(shares[k])) for k in np.flatnonzero(shares).tolist()]
+    measured = np.array([measured_idle[r] for r in ranks], dtype=np.int64)
+    window_start = np.array([graph.rank_start.get(r, graph.t0) if graph.rank_start else graph.t0 for r in ranks])
+    window_end = window_start + np.array([ideal_windows[r] for r in ranks], dtype=np.int64)
+    warmup, drain, gaps = _schedule_idle(graph, ideal, codes, window_start.astype(np.int64), window_end)
+    raw = np.column_stack(
+        [
+            warmup,
+            drain,
+            gaps,
+            [signed[r]["imbalance"] for r in ranks],
+            [signed[r]["comm"] for r in ranks],
+            np.array([signed[r]["overhead"] for r in ranks]) + (measured - full_idle),
+        ]
+    ).astype(float)
+    parts = _apportioned_rows(measured, raw)
+    rows = [(r, graph.step, idle_ns, *shares) for r, idle_ns, shares in zip(ranks, measured.tolist(), parts.tolist())]
     table = pd.DataFrame(rows, columns=ATTRIBUTION_COLUMNS)
-    link_blame = pd.DataFrame(link_rows, columns=["rank", "src_rank", "dst_rank", "comm_ns"])
+    stage_blame = _stage_blame(graph, balanced, ranks, parts[:, 3], stage_gain)
+    link_blame = _link_blame(ranks, parts[:, 4], link_latency, link_gain)
     full_result = results[full]
     return StepAttribution(
         step=graph.step,
         table=table,
         signed_shapley=signed,
-        stage_blame=pd.DataFrame(stage_rows, columns=["rank", "stage", "imbalance_ns"]),
+        stage_blame=stage_blame,
         link_blame=link_blame,
         critical_path=critical_path(graph, full_result),
         replay_makespan_ns=_makespan(graph, full_result),
@@ -242,17 +222,111 @@ def attribute_step(graph: StepGraph, measured_idle: dict[int, int], measured_mak
     )
 
 
+def _stage_blame(
+    graph: StepGraph, balanced: np.ndarray, ranks: list[int], imbalance_ns: np.ndarray, gain: _Gains
+) -> pd.DataFrame:
+    """Each rank's imbalance share over the stages, by how much balancing each alone
+    shortens the rank's idle (by each stage's excess work where none does)."""
+    stages = gain.keys
+    weights = np.ascontiguousarray(np.maximum(gain.gain, 0).astype(float).T)  # rank x stage
+    fallback = np.array([_excess_work(graph, balanced, s) for s in stages], dtype=float)
+    none_helps = ~(weights.sum(axis=1) > 0)
+    weights[none_helps] = fallback
+    shares = _apportioned_rows(imbalance_ns, weights)
+    row, column = np.nonzero(shares)
+    rows = list(zip(np.array(ranks)[row].tolist(), np.array(stages)[column].tolist(), shares[row, column].tolist()))
+    return pd.DataFrame(rows, columns=["rank", "stage", "imbalance_ns"])
+
+
+def _link_blame(
+    ranks: list[int], comm_ns: np.ndarray, link_latency: dict[tuple[int, int], int], gain: _Gains
+) -> pd.DataFrame:
+    """Each rank's comm share over links: the replayed links, by how much freeing each alone
+    shortens the rank's idle. A rank none of them helps shares its comm among the links of
+    its own pipeline replica by latency, not among every link of the job (with thousands of
+    ranks that was a row per rank and link, and blamed links the rank never used); with no
+    latency there either, by the rule of apportion over every link."""
+    links = sorted(link_latency)  # every link of the step; gain holds the replayed ones
+    position = {link: k for k, link in enumerate(links)}
+    replayed = np.array([position[link] for link in gain.keys], dtype=np.int64)
+    weights = np.ascontiguousarray(np.maximum(gain.gain, 0).astype(float).T)  # rank x replayed link
+    latency = np.array([link_latency[link] for link in links], dtype=float)
+    group = _linked_groups(links)
+    link_group = np.array([group[src] for src, _ in links], dtype=np.int64)
+    # Per rank with comm: its candidate links (positions in ``links``) and their shares.
+    blamed: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (rank rows, candidates, shares)
+    has_comm = comm_ns != 0
+    helped = has_comm & (weights.sum(axis=1) > 0)
+    rows = np.flatnonzero(helped)
+    blamed.append((rows, replayed, _apportioned_rows(comm_ns[rows], weights[rows])))
+    rank_group = np.array([group.get(r, -1) for r in ranks], dtype=np.int64)
+    rest = np.flatnonzero(has_comm & ~helped)
+    # Replicas of one pipeline have as many links each: their ranks share one matrix of
+    # (rank, its replica's links), a row each.
+    by_count: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
+    of_group = _split_by(link_group, np.arange(len(links)))
+    for g, rows in _split_by(rank_group[rest], rest).items():
+        candidates = of_group.get(g, np.zeros(0, dtype=np.int64))
+        if latency[candidates].sum() <= 0:  # no latency anywhere near: the rule of apportion, all links
+            candidates = np.arange(len(links))
+            blamed.append((rows, candidates, _apportioned_rows(comm_ns[rows], np.zeros((len(rows), len(links))))))
+        else:
+            by_count.setdefault(len(candidates), []).append((rows, candidates))
+    for same in by_count.values():
+        rows = np.concatenate([r for r, _ in same])
+        candidates = np.concatenate([np.tile(c, (len(r), 1)) for r, c in same])
+        shares = _apportioned_rows(comm_ns[rows], latency[candidates])
+        row, column = np.nonzero(shares)
+        blamed.append((rows[row], candidates[row, column], shares[row, column]))
+    rank_rows, link_at, parts = [], [], []
+    for rows, candidates, shares in blamed:
+        if shares.ndim == 1:  # already one entry per (rank, link) share
+            rank_rows.append(rows)
+            link_at.append(candidates)
+            parts.append(shares)
+            continue
+        row, column = np.nonzero(shares)
+        rank_rows.append(rows[row])
+        link_at.append(candidates[column])
+        parts.append(shares[row, column])
+    rank_row, link, share = (
+        np.concatenate(a) if a else np.zeros(0, dtype=np.int64) for a in (rank_rows, link_at, parts)
+    )
+    order = np.argsort(rank_row, kind="stable")  # rank by rank, each one's links in candidate order
+    pairs = np.array(links, dtype=np.int64).reshape(-1, 2)[link[order]]
+    blame = list(zip(np.array(ranks)[rank_row[order]].tolist(), *pairs.T.tolist(), share[order].tolist()))
+    return pd.DataFrame(blame, columns=["rank", "src_rank", "dst_rank", "comm_ns"])
+
+
+def _split_by(key: np.ndarray, items: np.ndarray) -> dict[int, np.ndarray]:
+    """``items`` by ``key`` (keys ascending), each part in the items' order."""
+    order = np.argsort(key, kind="stable")
+    keys, first = np.unique(key[order], return_index=True)
+    return dict(zip(keys.tolist(), np.split(items[order], first[1:])))
+
+
+def _idle_rows(
+    graph: StepGraph, codes: np.ndarray, n_ranks: int, results: list[Replay], durations: list[np.ndarray | None]
+) -> np.ndarray:
+    """:func:`~tracekit.analyze.replay.idle_per_rank` of each replay (rows) for each rank
+    (columns, ranks sorted): window minus the busy time at that replay's durations."""
+    order = np.argsort(codes, kind="stable")
+    first = np.searchsorted(codes[order], np.arange(n_ranks))
+    dur = np.stack([graph.dur if d is None else np.asarray(d, dtype=np.int64) for d in durations]).astype(np.int64)
+    busy = np.add.reduceat(dur[:, order], first, axis=1)
+    ends = np.stack([r.end for r in results])
+    if graph.rank_start is None:
+        window = (ends.max(axis=1) - graph.t0)[:, None] if ends.shape[1] else np.zeros((len(results), 1), np.int64)
+    else:
+        origin = np.array([graph.rank_start.get(int(r), graph.t0) for r in graph.ranks], dtype=np.int64)
+        window = np.maximum.reduceat(ends[:, order], first, axis=1) - origin
+    return np.asarray(window - busy, dtype=np.int64)
+
+
 def _makespan(graph: StepGraph, result: Replay) -> int:
     """The replayed step's length: t0 to its last end; with per-rank windows (flush-free)
     the longest rank window, as the bubble table's ``window_ns`` is then per rank."""
     return max(graph.window_ns(result).values(), default=0)
-
-
-def _positions_by_rank(rank: np.ndarray) -> dict[int, np.ndarray]:
-    """Each rank's action positions, ascending (as ``np.flatnonzero(rank == r)``)."""
-    order = np.argsort(rank, kind="stable")
-    values, first = np.unique(rank[order], return_index=True)
-    return {int(v): part for v, part in zip(values, np.split(order, first[1:]))}
 
 
 def _linked_groups(links: list[tuple[int, int]]) -> dict[int, int]:
@@ -274,34 +348,45 @@ def _linked_groups(links: list[tuple[int, int]]) -> dict[int, int]:
 
 
 def _schedule_idle(
-    graph: StepGraph, ideal: Replay, on_rank: np.ndarray, window_start: int, window_end: int
-) -> tuple[int, int, int]:
-    """Split a rank's idle (its actions at positions ``on_rank``) in the all-causes-removed replay, over its window
-    [window_start, window_end], by pipeline phase: warmup is idle before its first backward
-    (the pipeline filling), drain is idle after its last forward (emptying), schedule gaps
-    are idle in between (steady-state holes of interleaved and zero-bubble schedules).
+    graph: StepGraph, ideal: Replay, codes: np.ndarray, window_start: np.ndarray, window_end: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Split each rank's idle (``codes``: each action's rank, a column of the window arrays)
+    in the all-causes-removed replay, over its window [window_start, window_end], by
+    pipeline phase: warmup is idle before its first backward (the pipeline filling), drain
+    is idle after its last forward (emptying), schedule gaps are idle in between
+    (steady-state holes of interleaved and zero-bubble schedules).
     In a flush-free pipeline a step after the pipeline's first starts in steady state, so
     its schedule idle is ~0; the pipeline's first step (where recorded) holds the fill."""
-    order = on_rank[np.argsort(ideal.start[on_rank], kind="stable")]
-    starts, ends = ideal.start[order], ideal.end[order]
+    n_ranks = len(window_start)
+    order = np.lexsort((ideal.start, codes))  # rank by rank, by replayed start (ties: position)
+    rank, starts, ends = codes[order], ideal.start[order], ideal.end[order]
     kinds = graph.kind[order]
     backward = np.isin(kinds, ("B", "I"))
     forward = np.isin(kinds, ("F",))
-    first_bwd = int(starts[backward].min()) if backward.any() else window_end
-    last_fwd = int(ends[forward].max()) if forward.any() else window_start
-    drain_from = max(last_fwd, first_bwd)
-    holes_lo = np.concatenate(([window_start], ends))
-    holes_hi = np.concatenate((starts, [window_end]))
-    warmup = drain = gaps = 0
-    for lo, hi in zip(holes_lo, holes_hi):
-        lo, hi = int(lo), int(hi)
-        if hi <= lo:
-            continue
-        in_warmup = max(0, min(hi, first_bwd) - lo)
-        in_drain = max(0, hi - max(lo, drain_from))
-        warmup += in_warmup
-        drain += in_drain
-        gaps += (hi - lo) - in_warmup - in_drain
+    first_bwd = np.full(n_ranks, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(first_bwd, rank[backward], starts[backward])
+    first_bwd = np.where(np.bincount(rank[backward], minlength=n_ranks) > 0, first_bwd, window_end)
+    last_fwd = np.full(n_ranks, np.iinfo(np.int64).min, dtype=np.int64)
+    np.maximum.at(last_fwd, rank[forward], ends[forward])
+    last_fwd = np.where(np.bincount(rank[forward], minlength=n_ranks) > 0, last_fwd, window_start)
+    drain_from = np.maximum(last_fwd, first_bwd)
+    # Each rank's holes: window start to its first start, each end to the next start, its
+    # last end to the window's end.
+    opens = np.ones(len(rank), dtype=bool)
+    opens[1:] = rank[1:] != rank[:-1]
+    closes = np.append(opens[1:], True)
+    before = np.where(opens, window_start[rank], np.roll(ends, 1))
+    hole_rank = np.concatenate((rank, rank[closes]))
+    lo = np.concatenate((before, ends[closes]))
+    hi = np.concatenate((starts, window_end[rank[closes]]))
+    real = hi > lo
+    hole_rank, lo, hi = hole_rank[real], lo[real], hi[real]
+    in_warmup = np.maximum(0, np.minimum(hi, first_bwd[hole_rank]) - lo)
+    in_drain = np.maximum(0, hi - np.maximum(lo, drain_from[hole_rank]))
+    warmup, drain, gaps = (np.zeros(n_ranks, dtype=np.int64) for _ in range(3))
+    np.add.at(warmup, hole_rank, in_warmup)
+    np.add.at(drain, hole_rank, in_drain)
+    np.add.at(gaps, hole_rank, (hi - lo) - in_warmup - in_drain)
     return warmup, drain, gaps
 
 
@@ -325,28 +410,26 @@ class _Gains:
     gain: np.ndarray  # len(keys) x ranks, int64
 
 
-def _gains(
-    graph: StepGraph, full_idle: dict[int, int], keys: list[Any], scenarios: list[Scenario], results: list[Replay]
-) -> _Gains:
-    """The gains of ``keys`` (rows in sorted key order): those with a scenario and its
-    result (the first ones, in order) as replayed; the rest, not replayed, gain 0."""
-    ranks = sorted(full_idle)
+def _gains(keys: list[Any], gain: np.ndarray) -> _Gains:
+    """The gains of ``keys`` (rows in sorted key order): the first ones', in order, as
+    replayed (``gain``: one row each, how much each rank's idle shrank); the rest, not
+    replayed, gain 0."""
     ordered = sorted(keys)
     row = {key: k for k, key in enumerate(ordered)}
-    gain = np.zeros((len(ordered), len(ranks)), dtype=np.int64)
-    full = np.array([full_idle[r] for r in ranks], dtype=np.int64)
-    for key, scenario, result in zip(keys, scenarios, results):
-        idle = idle_per_rank(graph, result, scenario.dur)
-        gain[row[key]] = full - np.array([idle[r] for r in ranks], dtype=np.int64)
-    return _Gains(ordered, gain)
+    out = np.zeros((len(ordered), gain.shape[1]), dtype=np.int64)
+    for key, shrank in zip(keys, gain):
+        out[row[key]] = shrank
+    return _Gains(ordered, out)
 
 
 def _link_latency(graph: StepGraph) -> dict[tuple[int, int], int]:
-    """Total measured latency of each link (src rank, dst rank) in the step."""
-    total: dict[tuple[int, int], int] = {}
-    for link, lat, xfer in zip(graph.edge_links(), graph.edge_lat, graph.edge_xfer):
-        total[link] = total.get(link, 0) + int(lat) + int(xfer)
-    return total
+    """Total measured latency of each link (src rank, dst rank) in the step, the links in
+    the order of their first edge."""
+    pairs = np.stack([graph.rank[graph.edge_src], graph.rank[graph.edge_dst]], axis=1).astype(np.int64)
+    links, first, inverse = np.unique(pairs.reshape(-1, 2), axis=0, return_index=True, return_inverse=True)
+    total = np.zeros(len(links), dtype=np.int64)
+    np.add.at(total, inverse.reshape(-1), np.asarray(graph.edge_lat, dtype=np.int64) + graph.edge_xfer)
+    return {(int(links[k, 0]), int(links[k, 1])): int(total[k]) for k in np.argsort(first, kind="stable").tolist()}
 
 
 def _excess_work(graph: StepGraph, balanced: np.ndarray, stage: int) -> float:

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from tracekit.analyze.grouping import int_groups
 from tracekit.analyze.shares import share, shares
 from tracekit.model.intervals import union_length
 
@@ -38,13 +37,57 @@ def step_windows(actions: pd.DataFrame) -> pd.DataFrame:
 def measure_pipeline(actions: pd.DataFrame) -> pd.DataFrame:
     """Bubble table of a pipeline run (one row per rank and step)."""
     w = step_windows(actions)
-    windows = {int(s): (int(lo), int(hi)) for s, lo, hi in zip(w["step"], w["window_start_ns"], w["window_end_ns"])}
-    rows: list[BubbleRow] = []
-    for (rank, step), group in int_groups(actions, ["rank", "step"]):
-        lo, hi = windows[step]
-        busy = union_length(group["start_ns"].to_numpy(), group["end_ns"].to_numpy(), lo, hi)
-        rows.append((rank, step, lo, hi, hi - lo, busy))
-    return bubble_table(rows)
+    rank, step, group = _rank_steps(actions)
+    at = np.searchsorted(w["step"].to_numpy(), step)
+    lo, hi = w["window_start_ns"].to_numpy(np.int64)[at], w["window_end_ns"].to_numpy(np.int64)[at]
+    return _bubble_rows(actions, rank, step, group, lo, hi)
+
+
+def _rank_steps(actions: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The (rank, step) pairs of the actions, ascending, and each action's pair's number."""
+    pairs, group = np.unique(
+        np.stack([actions["rank"].to_numpy(np.int64), actions["step"].to_numpy(np.int64)], axis=1),
+        axis=0,
+        return_inverse=True,
+    )
+    return pairs[:, 0], pairs[:, 1], group.reshape(-1)
+
+
+def _bubble_rows(
+    actions: pd.DataFrame, rank: np.ndarray, step: np.ndarray, group: np.ndarray, lo: np.ndarray, hi: np.ndarray
+) -> pd.DataFrame:
+    """The bubble table of each (rank, step) pair over its window [lo, hi): busy is the
+    union of its actions (``group``: each action's pair) clipped to the window."""
+    busy = union_lengths(group, actions["start_ns"].to_numpy(np.int64), actions["end_ns"].to_numpy(np.int64), lo, hi)
+    return bubble_table(
+        list(zip(rank.tolist(), step.tolist(), lo.tolist(), hi.tolist(), (hi - lo).tolist(), busy.tolist()))
+    )
+
+
+def union_lengths(
+    group: np.ndarray, starts: np.ndarray, ends: np.ndarray, lo: np.ndarray, hi: np.ndarray
+) -> np.ndarray:
+    """:func:`~tracekit.model.intervals.union_length` of each group's intervals, all groups at
+    once: ``group`` numbers each interval's group (0 .. len(lo) - 1), clipped to that group's
+    [lo, hi)."""
+    total = np.zeros(len(lo), dtype=np.int64)
+    if not len(group):
+        return total
+    s, e = np.clip(starts, lo[group], hi[group]), np.clip(ends, lo[group], hi[group])
+    order = np.lexsort((s, group))
+    g, s, e = group[order], s[order], e[order]
+    # Each interval's reach: the latest end so far in its group. A running maximum over keys
+    # (group, rank of the end) restarts at each group, whose keys all lie above the last's.
+    distinct = np.unique(e)
+    width = len(distinct) + 1
+    reach = distinct[np.maximum.accumulate(g * width + np.searchsorted(distinct, e)) - g * width]
+    # A merged stretch starts where a group starts or an interval starts past the reach before it.
+    first = np.ones(len(g), dtype=bool)
+    first[1:] = (g[1:] != g[:-1]) | (s[1:] > reach[:-1])
+    begins = np.flatnonzero(first)
+    ends_at = np.append(begins[1:] - 1, len(g) - 1)
+    np.add.at(total, g[begins], reach[ends_at] - s[begins])
+    return total
 
 
 def continuous_windows(actions: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
@@ -85,17 +128,10 @@ def continuous_windows(actions: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFra
 
 def measure_continuous(actions: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     """Bubble table of a flush-free pipeline: per-rank windows (:func:`continuous_windows`)."""
-    w = continuous_windows(actions, steps)
-    windows = {
-        (int(r), int(s)): (int(lo), int(hi))
-        for r, s, lo, hi in zip(w["rank"], w["step"], w["window_start_ns"], w["window_end_ns"])
-    }
-    rows: list[BubbleRow] = []
-    for (rank, step), group in int_groups(actions, ["rank", "step"]):
-        lo, hi = windows[(rank, step)]
-        busy = union_length(group["start_ns"].to_numpy(), group["end_ns"].to_numpy(), lo, hi)
-        rows.append((rank, step, lo, hi, hi - lo, busy))
-    return bubble_table(rows)
+    w = continuous_windows(actions, steps)  # one row per (rank, step) of the actions, in that order
+    rank, step, group = _rank_steps(actions)
+    lo, hi = w["window_start_ns"].to_numpy(np.int64), w["window_end_ns"].to_numpy(np.int64)
+    return _bubble_rows(actions, rank, step, group, lo, hi)
 
 
 def measure_plain(events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:

@@ -29,12 +29,14 @@ max over many paths, so the spread of the costs matters, not just their typical 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from tracekit.analyze.replay import StepGraph, step_graphs
 from tracekit.errors import TracekitError
+from tracekit.model.groups import SortedGroups, pair_codes
 from tracekit.model.run import Run
 
 # A message pool: (src rank, dst rank), or (src, dst, "fused") for messages into the second
@@ -101,40 +103,42 @@ def cost_model(run: Run, graphs: list[StepGraph] | None = None) -> CostModel:
             "this run's steps overlap by design; compare it with a flushed capture instead"
         )
     graphs = list(step_graphs(run).values()) if graphs is None else list(graphs)
-    per_kind: dict[tuple[int, str], list[int]] = {}
-    later_iw: dict[tuple[int, str], list[int]] = {}  # I and W of stages past the first
-    overhead: dict[int, list[int]] = {}
-    fused_overhead: dict[int, list[int]] = {}
-    per_stage: dict[tuple[int, str], list[int]] = {}
-    latency: dict[LinkKey, list[int]] = {}
-    transfer: dict[LinkKey, list[int]] = {}
     labels = run.actions.set_index("action_id")[["label", "label_start_ns"]]
     fused_of_graph = [_fused(labels, g) for g in graphs]
     held = held_back_ns(run)
-    for g, fused in zip(graphs, fused_of_graph):
-        for r, k, d, o, f in zip(g.rank.tolist(), g.kind.tolist(), g.dur.tolist(), g.ovh.tolist(), fused.tolist()):
-            per_kind.setdefault((r, k), []).append(d * sched.v)
-            (fused_overhead if f else overhead).setdefault(r, []).append(o)
-        for r, s, k, d in zip(g.rank.tolist(), g.stage.tolist(), g.kind.tolist(), g.dur.tolist()):
-            per_stage.setdefault((s, k), []).append(d)
-            if k in ("I", "W") and s > 0:
-                later_iw.setdefault((r, k), []).append(d * sched.v)
-        for s, d, lat, xfer, msg in zip(g.edge_src, g.edge_dst, g.edge_lat, g.edge_xfer, g.edge_msg):
-            if msg >= 0:  # into the second half of a fused label: its own pool (see _fused)
-                key: LinkKey = (
-                    (int(g.rank[s]), int(g.rank[d])) if not fused[d] else (int(g.rank[s]), int(g.rank[d]), "fused")
-                )
-                latency.setdefault(key, []).append(max(0, int(lat) - held.get(int(msg), 0)))
-                transfer.setdefault(key, []).append(int(xfer))
+    # Every step's actions and message edges at once, in step and then table order: each
+    # pool's samples in the order a walk over the steps appends them, its keys in the order
+    # it meets them.
+    rank, stage, dur, ovh = (_joined(graphs, a) for a in ("rank", "stage", "dur", "ovh"))
+    kinds = np.concatenate([np.asarray(g.kind, dtype=object) for g in graphs]) if graphs else np.zeros(0, dtype=object)
+    fused = np.concatenate(fused_of_graph).astype(bool) if graphs else np.zeros(0, dtype=bool)
+    per_kind = _pools([rank, kinds], dur * sched.v)
+    overhead = {r: v for (r,), v in _pools([rank[~fused]], ovh[~fused]).items()}
+    fused_overhead = {r: v for (r,), v in _pools([rank[fused]], ovh[fused]).items()}
+    per_stage = _pools([stage, kinds], dur)
+    later = np.isin(kinds, ("I", "W")) & (stage > 0)  # I and W of stages past the first
+    later_iw = {key: v.tolist() for key, v in _pools([rank[later], kinds[later]], dur[later] * sched.v).items()}
+    src, dst = _joined(graphs, "edge_src", shift=True), _joined(graphs, "edge_dst", shift=True)
+    lat, xfer, msg = (_joined(graphs, a) for a in ("edge_lat", "edge_xfer", "edge_msg"))
+    sent = msg >= 0
+    src, dst, lat, xfer, msg = src[sent], dst[sent], lat[sent], xfer[sent], msg[sent]
+    held_ns = np.zeros(len(msg), dtype=np.int64)
+    if held:
+        at = pd.Index(list(held)).get_indexer(pd.Index(msg))
+        held_ns[at >= 0] = np.array(list(held.values()), dtype=np.int64)[at[at >= 0]]
+    # into the second half of a fused label: its own pool (see _fused)
+    link = [rank[src], rank[dst], fused[dst]]
+    latency = {_link_key(key): v for key, v in _pools(link, np.maximum(0, lat - held_ns)).items()}
+    transfer = {_link_key(key): v for key, v in _pools(link, xfer).items()}
     # Generated orders place stages on the first replica's ranks (the others repeat it).
     ranks = sorted(sched.pipelines[0]) if sched.pipelines else sorted(set(overhead) | set(fused_overhead))
     for r in ranks:  # a rank whose every action continues a fused label: use those
         if r not in overhead and r in fused_overhead:
-            overhead[r] = list(fused_overhead[r])
+            overhead[r] = fused_overhead[r].copy()
     work: dict[tuple[int, str], np.ndarray] = {}
     rng = np.random.default_rng(0)
     for (r, k), samples in per_kind.items():
-        work[(r, k)] = np.array(samples, dtype=np.int64)
+        work[(r, k)] = samples
     for r in ranks:
         if (r, "B") not in work and (r, "I") in work and (r, "W") in work:
             i_s, w_s = work[(r, "I")], work[(r, "W")]
@@ -146,7 +150,7 @@ def cost_model(run: Run, graphs: list[StepGraph] | None = None) -> CostModel:
     stage_work = {k: np.array(v, dtype=np.int64) for k, v in per_stage.items()}
     split = any(k in ("I", "W") for _, k in per_kind)
     iw_source = _split_costs(work, later_iw, stage_work, ranks, sched.v, split)
-    all_latency = np.array([x for k, v in latency.items() if len(k) == 2 for x in v] or [0], dtype=np.int64)
+    all_latency = _all_of(latency)
     return CostModel(
         schedule=sched.name,
         p=sched.p,
@@ -158,17 +162,56 @@ def cost_model(run: Run, graphs: list[StepGraph] | None = None) -> CostModel:
         fused_overhead={r: np.array(v, dtype=np.int64) for r, v in fused_overhead.items()},
         fused=fused_of_graph,
         stage_work=stage_work,
-        latency={k: np.array(v, dtype=np.int64) for k, v in latency.items()},
+        latency=latency,
         all_latency=all_latency,
         held_back=len(held),
         graphs=graphs,
-        transfer={k: np.array(v, dtype=np.int64) for k, v in transfer.items() if any(v)},
-        all_transfer=np.array([x for k, v in transfer.items() if len(k) == 2 for x in v] or [0], dtype=np.int64),
+        transfer={k: v for k, v in transfer.items() if v.any()},
+        all_transfer=_all_of(transfer),
         n_actions=sum(len(g.action_id) for g in graphs),
         n_messages=int(sum((g.edge_msg >= 0).sum() for g in graphs)),
         split_backward=split,
         iw_source=iw_source,
     )
+
+
+def _joined(graphs: list[StepGraph], attr: str, shift: bool = False) -> np.ndarray:
+    """One int64 array of a per-action (or per-edge) array of every graph, in order;
+    ``shift``: action positions, moved to the joined actions."""
+    parts, offset = [], 0
+    for g in graphs:
+        parts.append(np.asarray(getattr(g, attr), dtype=np.int64) + (offset if shift else 0))
+        offset += len(g.rank)
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def _pools(columns: list[np.ndarray], values: np.ndarray) -> dict[tuple[Any, ...], np.ndarray]:
+    """``values`` pooled by key (a column per key part): the keys in the order first met, each
+    pool's values in order, as appending each row's value to its key's list would."""
+    if not len(values):
+        return {}
+    codes = np.zeros(len(values), dtype=np.int64)
+    for column in columns:  # one int per distinct key: the parts' codes in mixed radix
+        part, distinct = pd.factorize(np.asarray(column), sort=False)
+        codes = codes * len(distinct) + part
+    codes = pd.factorize(codes, sort=False)[0]  # numbered in the order first met
+    first = np.unique(codes, return_index=True)[1]
+    keys = list(zip(*(np.asarray(c)[first].tolist() for c in columns)))
+    order = np.argsort(codes, kind="stable")
+    pools = np.split(np.asarray(values, dtype=np.int64)[order], np.cumsum(np.bincount(codes))[:-1])
+    return dict(zip(keys, pools))
+
+
+def _all_of(pools: dict[LinkKey, np.ndarray]) -> np.ndarray:
+    """The samples of every plain link's pool (not the fused ones), in pool order; [0] if none."""
+    plain = [v for k, v in pools.items() if len(k) == 2]
+    return np.concatenate(plain) if plain and sum(map(len, plain)) else np.zeros(1, dtype=np.int64)
+
+
+def _link_key(key: tuple[Any, ...]) -> LinkKey:
+    """(src rank, dst rank), with "fused" where the message feeds a fused label's second half."""
+    src, dst, fused = key
+    return (int(src), int(dst), "fused") if fused else (int(src), int(dst))
 
 
 def _split_costs(
@@ -246,23 +289,30 @@ def held_back_ns(run: Run) -> dict[int, int]:
         events["tid"].to_numpy(), index=pd.MultiIndex.from_arrays([events["file_id"], events["source_index"]])
     )
     tid = tid[~tid.index.duplicated()]
-    send_tid = tid.reindex(pd.MultiIndex.from_arrays([msgs["src_file_id"], msgs["src_source_index"]])).tolist()
-    recv_tid = tid.reindex(pd.MultiIndex.from_arrays([msgs["dst_file_id"], msgs["dst_source_index"]])).tolist()
-    produced = run.actions.set_index("action_id")["end_ns"].reindex(msgs["producer_action"]).tolist()
-    done: dict[tuple[int, object], list[int]] = {}  # (rank, thread) -> its receives' completions
-    for rank, thread, t in zip(msgs["dst_rank"].tolist(), recv_tid, msgs["recv_done_ns"].tolist()):
-        done.setdefault((int(rank), thread), []).append(int(t))
-    completions = {key: np.sort(np.array(times, dtype=np.int64)) for key, times in done.items()}
-    out: dict[int, int] = {}
-    for msg, rank, thread, end, post in zip(
-        msgs["msg_id"].tolist(), msgs["src_rank"].tolist(), send_tid, produced, msgs["send_post_ns"].tolist()
-    ):
-        times = completions.get((int(rank), thread))
-        if times is None or not post > end:
-            continue
-        if np.searchsorted(times, post, side="right") > np.searchsorted(times, end, side="right"):
-            out[int(msg)] = int(post - end)
-    return out
+    send_tid = tid.reindex(pd.MultiIndex.from_arrays([msgs["src_file_id"], msgs["src_source_index"]]))
+    recv_tid = tid.reindex(pd.MultiIndex.from_arrays([msgs["dst_file_id"], msgs["dst_source_index"]]))
+    # The producer's end, in int ns (-1 in ``at``: no such action, never held back).
+    at = pd.Index(run.actions["action_id"]).get_indexer(msgs["producer_action"])
+    produced = run.actions["end_ns"].to_numpy(dtype=np.int64)[np.maximum(at, 0)]
+    post = msgs["send_post_ns"].to_numpy(dtype=np.int64)
+    # Threads as codes, the same thread the same code on both sides; an unknown one never
+    # matches. Every message's sender thread searched among the receives' completions at once.
+    threads, _ = pd.factorize(pd.concat([send_tid, recv_tid], ignore_index=True), use_na_sentinel=True)
+    send_thread, recv_thread = threads[: len(msgs)], threads[len(msgs) :]
+    mine = recv_thread >= 0
+    done_thread, sender = pair_codes(
+        msgs["dst_rank"].to_numpy(dtype=np.int64)[mine],
+        recv_thread[mine],
+        (msgs["src_rank"].to_numpy(np.int64), send_thread),
+    )
+    times = msgs["recv_done_ns"].to_numpy(dtype=np.int64)[mine]
+    order = np.lexsort((times, done_thread))
+    completions = SortedGroups(done_thread[order], times[order])
+    rows = np.flatnonzero((send_thread >= 0) & (at >= 0) & (post > produced))
+    end = produced[rows]
+    between = completions.position(sender[rows], post[rows], "right") > completions.position(sender[rows], end, "right")
+    rows, end = rows[between], end[between]
+    return dict(zip(msgs["msg_id"].to_numpy(dtype=np.int64)[rows].tolist(), (post[rows] - end).tolist()))
 
 
 _TIME_UNITS = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000}

@@ -360,20 +360,44 @@ def dependency_pairs(
     """Cross-rank data dependencies implied by stage adjacency: activations flow from
     stage s to s+1, gradients from s+1 to s (through I when backward is split), inside one
     data-parallel ``replica`` (all one pipeline when not given)."""
-    group = np.zeros(len(kind), dtype=np.int64) if replica is None else replica
-    index = {(int(g), str(k), int(s), int(m)): i for i, (g, k, s, m) in enumerate(zip(group, kind, stage, microbatch))}
-    pairs = []
-    for i, (g, k, s, m) in enumerate(zip(group, kind, stage, microbatch)):
-        g, k, s, m = int(g), str(k), int(s), int(m)
-        if k == "F":
-            j = index.get((g, "F", s - 1, m))
-        elif k in ("B", "I"):
-            j = index.get((g, "B", s + 1, m), index.get((g, "I", s + 1, m)))
-        else:
-            j = None
-        if j is not None and rank[j] != rank[i]:
-            pairs.append((j, i))
-    return pairs
+    src, dst = _dependencies(rank, stage, kind, microbatch, replica)
+    return list(zip(src.tolist(), dst.tolist()))
+
+
+def _dependencies(
+    rank: np.ndarray, stage: np.ndarray, kind: np.ndarray, microbatch: np.ndarray, replica: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`dependency_pairs` as (producer, consumer) arrays, consumers in action order:
+    each action's producer looked up among all actions at once (the last action of a
+    (replica, kind, stage, microbatch) where two share one)."""
+    n = len(kind)
+    group = np.zeros(n, dtype=np.int64) if replica is None else np.asarray(replica, dtype=np.int64)
+    kinds = np.asarray(kind).astype(str)
+    stage = np.asarray(stage, dtype=np.int64)
+    mb = np.asarray(microbatch, dtype=np.int64)
+    keys = pd.MultiIndex.from_arrays([group, kinds, stage, mb])
+    last = ~keys.duplicated(keep="last")
+    table = keys[last]
+    position = np.flatnonzero(last)
+
+    def find(want_kind: str, want_stage: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        at = table.get_indexer(
+            pd.MultiIndex.from_arrays([group[rows], np.full(len(rows), want_kind), want_stage, mb[rows]])
+        )
+        return np.where(at >= 0, position[np.maximum(at, 0)], -1) if len(position) else np.full(len(rows), -1)
+
+    producer = np.full(n, -1, dtype=np.int64)
+    forward = np.flatnonzero(kinds == "F")
+    producer[forward] = find("F", stage[forward] - 1, forward)
+    backward = np.flatnonzero((kinds == "B") | (kinds == "I"))
+    found = find("B", stage[backward] + 1, backward)
+    missing = found < 0
+    found[missing] = find("I", stage[backward][missing] + 1, backward[missing])
+    producer[backward] = found
+    rank = np.asarray(rank)
+    consumer = np.flatnonzero(producer >= 0)
+    consumer = consumer[rank[producer[consumer]] != rank[consumer]]
+    return producer[consumer], consumer
 
 
 def step_graphs(run: Run, windows: pd.DataFrame | None = None) -> dict[int, StepGraph]:
@@ -420,15 +444,10 @@ def graph_from_run(
     acts = acts.sort_values(["start_ns", "end_ns"])
     n = len(acts)
     ids = acts["action_id"].to_numpy(dtype=np.int64)
-    pos = {int(a): i for i, a in enumerate(ids)}
     rank = acts["rank"].to_numpy(dtype=np.int64)
     start = acts["start_ns"].to_numpy(dtype=np.int64)
     end = acts["end_ns"].to_numpy(dtype=np.int64)
-    prev = np.full(n, -1, dtype=np.int64)
-    last_on_rank: dict[int, int] = {}
-    for i, r in enumerate(rank):
-        prev[i] = last_on_rank.get(int(r), -1)
-        last_on_rank[int(r)] = i
+    prev = _previous_on_rank(rank)
     notes: list[str] = []
     if msgs is None:
         msgs = run.messages[
@@ -436,56 +455,64 @@ def graph_from_run(
             & (run.messages["producer_action"] >= 0)
             & (run.messages["consumer_action"] >= 0)
         ]
-    edges: dict[tuple[int, int], tuple[int, int, int]] = {}  # (src, dst) -> (lat, msg_id, xfer)
+    # Every message at once, in table order: its producer and consumer in the step (-1: not here).
+    msg_id = msgs["msg_id"].to_numpy(dtype=np.int64)
+    s, d = (
+        _positions(ids, msgs["producer_action"].to_numpy(dtype=np.int64)),
+        _positions(ids, msgs["consumer_action"].to_numpy(dtype=np.int64)),
+    )
+    arrival = msgs["arrival_ns"].to_numpy(dtype=np.int64)
+    release = np.zeros(n, dtype=np.int64) if rank_start is not None else None
+    if release is not None:
+        # an input from outside the step: its consumer may start once it arrived
+        outside = (s < 0) & (d >= 0)
+        np.maximum.at(release, d[outside], np.minimum(arrival[outside], start[d[outside]]))
+    linked = (s >= 0) & (d >= 0)
+    linked[linked] = rank[s[linked]] != rank[d[linked]]
+    late = linked.copy()
+    late[linked] = end[s[linked]] > start[d[linked]]
+    notes += [f"message {m} arrives after its consumer started; ignored" for m in msg_id[late].tolist()]
+    kept = np.flatnonzero(linked & ~late)
+    s, d = s[kept], d[kept]
+    room = start[d] - end[s]
     # Device messages: the data leaves at ``leave_ns`` and moves for ``transfer_ns`` once
     # both sides run (rendezvous); host messages: all latency up to ``arrival_ns``.
-    rendezvous = "leave_ns" in msgs
-    leaves = msgs["leave_ns"].tolist() if rendezvous else [-1] * len(msgs)
-    transfers = msgs["transfer_ns"].tolist() if rendezvous else [-1] * len(msgs)
-    release = np.zeros(n, dtype=np.int64) if rank_start is not None else None
-    for msg_id, producer, consumer, arrival, leave, transfer in zip(
-        msgs["msg_id"].tolist(),
-        msgs["producer_action"].tolist(),
-        msgs["consumer_action"].tolist(),
-        msgs["arrival_ns"].tolist(),
-        leaves,
-        transfers,
-    ):
-        s, d = pos.get(int(producer)), pos.get(int(consumer))
-        if s is None and d is not None and release is not None:
-            release[d] = max(release[d], min(int(arrival), int(start[d])))
-            continue
-        if s is None or d is None or rank[s] == rank[d]:
-            continue
-        if end[s] > start[d]:
-            notes.append(f"message {msg_id} arrives after its consumer started; ignored")
-            continue
-        room = int(start[d] - end[s])
-        if leave >= 0 and transfer >= 0:
-            lat = int(min(max(leave - end[s], 0), room))
-            xfer = int(min(transfer, room - lat))
-        else:
-            lat, xfer = int(min(max(arrival - end[s], 0), room)), 0
-        if (s, d) not in edges or lat + xfer > edges[(s, d)][0] + edges[(s, d)][2]:
-            edges[(s, d)] = (lat, int(msg_id), xfer)
+    if "leave_ns" in msgs:
+        leave = msgs["leave_ns"].to_numpy(dtype=np.int64)[kept]
+        transfer = msgs["transfer_ns"].to_numpy(dtype=np.int64)[kept]
+    else:
+        leave = transfer = np.full(len(kept), -1, dtype=np.int64)
+    rendezvous = (leave >= 0) & (transfer >= 0)
+    lat = np.minimum(np.maximum(np.where(rendezvous, leave, arrival[kept]) - end[s], 0), room)
+    xfer = np.where(rendezvous, np.minimum(transfer, room - lat), 0)
+    # One edge per (producer, consumer): the first message of the largest latency + transfer.
+    pick = np.lexsort((np.arange(len(kept)), -(lat + xfer), d, s))
+    first = np.ones(len(pick), dtype=bool)
+    first[1:] = (s[pick][1:] != s[pick][:-1]) | (d[pick][1:] != d[pick][:-1])
+    pick = pick[first]
     kind = acts["kind"].to_numpy()
     stage = acts["stage"].to_numpy(dtype=np.int64)
     mb = acts["microbatch"].to_numpy(dtype=np.int64)
-    unmessaged = 0
     replica_of = {r: i for i, group in enumerate(run.schedule.pipelines if run.schedule else []) for r in group}
-    replica = np.array([replica_of.get(int(r), 0) for r in rank], dtype=np.int64)
-    for s, d in dependency_pairs(rank, stage, kind, mb, replica):
-        if (s, d) not in edges and end[s] <= start[d]:
-            edges[(s, d)] = (0, -1, 0)
-            unmessaged += 1
+    replica = np.array([replica_of.get(int(r), 0) for r in np.unique(rank)], dtype=np.int64)[
+        np.searchsorted(np.unique(rank), rank)
+    ]
+    dep_src, dep_dst = _dependencies(rank, stage, kind, mb, replica)
+    # a dependency no message carried, where its order allows: an edge of no latency
+    messaged = pd.MultiIndex.from_arrays([s[pick], d[pick]])
+    bare = (messaged.get_indexer(pd.MultiIndex.from_arrays([dep_src, dep_dst])) < 0) & (end[dep_src] <= start[dep_dst])
+    unmessaged = int(bare.sum())
     if unmessaged:
         notes.append(f"{unmessaged} cross-rank dependencies have no matched message; their wait counts as overhead")
-    edge_keys = sorted(edges)
-    edge_src = np.array([k[0] for k in edge_keys], dtype=np.int64)
-    edge_dst = np.array([k[1] for k in edge_keys], dtype=np.int64)
-    edge_lat = np.array([edges[k][0] for k in edge_keys], dtype=np.int64)
-    edge_msg = np.array([edges[k][1] for k in edge_keys], dtype=np.int64)
-    edge_xfer = np.array([edges[k][2] for k in edge_keys], dtype=np.int64)
+    edge_src = np.concatenate((s[pick], dep_src[bare]))
+    edge_dst = np.concatenate((d[pick], dep_dst[bare]))
+    edge_lat = np.concatenate((lat[pick], np.zeros(unmessaged, dtype=np.int64)))
+    edge_msg = np.concatenate((msg_id[kept][pick], np.full(unmessaged, -1, dtype=np.int64)))
+    edge_xfer = np.concatenate((xfer[pick], np.zeros(unmessaged, dtype=np.int64)))
+    by_pair = np.lexsort((edge_dst, edge_src))  # edges sorted by (producer, consumer)
+    edge_src, edge_dst, edge_lat, edge_msg, edge_xfer = (
+        a[by_pair].astype(np.int64) for a in (edge_src, edge_dst, edge_lat, edge_msg, edge_xfer)
+    )
     t0 = int(start.min()) if n else 0
     if rank_start is not None:
         t0 = min([t0, *rank_start.values()])
@@ -493,21 +520,17 @@ def graph_from_run(
     # stretches between its kernels fall, in the replay, into the overhead of what follows.
     dur = np.minimum(compute_ns(acts).to_numpy(dtype=np.int64), end - start)
     done = start + dur
-    ovh = np.zeros(n, dtype=np.int64)
-    in_edges: list[list[int]] = [[] for _ in range(n)]
-    for e, d in enumerate(edge_dst):
-        in_edges[d].append(e)
-    for i in range(n):
-        origin = t0 if rank_start is None else rank_start.get(int(rank[i]), t0)
-        free = ready = origin if prev[i] < 0 else done[prev[i]]
-        if release is not None:
-            ready = max(ready, int(release[i]))
-        for e in in_edges[i]:
-            arrival = done[edge_src[e]] + edge_lat[e]
-            if edge_xfer[e]:
-                arrival = max(arrival, free) + edge_xfer[e]
-            ready = max(ready, arrival)
-        ovh[i] = max(0, start[i] - ready)
+    # Overhead: how long after its rank was free and its inputs were there each action began.
+    if rank_start is None:
+        origin = np.full(n, t0, dtype=np.int64)
+    else:
+        origin = np.array([rank_start.get(int(r), t0) for r in rank], dtype=np.int64)
+    free = np.where(prev >= 0, done[np.maximum(prev, 0)], origin)
+    ready = free if release is None else np.maximum(free, release)
+    inputs = done[edge_src] + edge_lat
+    inputs = np.where(edge_xfer != 0, np.maximum(inputs, free[edge_dst]) + edge_xfer, inputs)
+    np.maximum.at(ready, edge_dst, inputs)
+    ovh = np.maximum(0, start - ready)
     return StepGraph(
         step=step,
         t0=t0,
@@ -530,3 +553,20 @@ def graph_from_run(
         rank_start=rank_start,
         release=release,
     )
+
+
+def _previous_on_rank(rank: np.ndarray) -> np.ndarray:
+    """Each action's previous one on its rank (positions in table order), -1 for a rank's first."""
+    order = np.argsort(rank, kind="stable")
+    prev = np.full(len(rank), -1, dtype=np.int64)
+    same = rank[order][1:] == rank[order][:-1]
+    prev[order[1:][same]] = order[:-1][same]
+    return prev
+
+
+def _positions(ids: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """Where each wanted id is in ``ids`` (the last place where one is twice), -1 where absent."""
+    index = pd.Index(ids)
+    last = ~index.duplicated(keep="last")
+    at = index[last].get_indexer(wanted)
+    return np.where(at >= 0, np.flatnonzero(last)[np.maximum(at, 0)], -1) if len(ids) else np.full(len(wanted), -1)

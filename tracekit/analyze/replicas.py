@@ -302,7 +302,7 @@ def _rank_causes(analysis: Analysis) -> dict[int, dict[str, int]]:
     if not len(table):
         return {}
     sums = table.groupby("rank")[[f"{c}_ns" for c in CATEGORIES]].sum()
-    return {int(r): {c: int(row[f"{c}_ns"]) for c in CATEGORIES} for r, row in sums.iterrows()}  # type: ignore[call-overload]
+    return {int(r): dict(zip(CATEGORIES, row)) for r, row in zip(sums.index.tolist(), sums.to_numpy().tolist())}
 
 
 def _makespans(analysis: Analysis, groups: list[list[int]]) -> pd.DataFrame:

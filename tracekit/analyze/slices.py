@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tracekit.analyze.replay import StepGraph, idle_per_rank, replay
+from tracekit.analyze.replay import Scenario, StepGraph, idle_per_rank, replay_many
 from tracekit.model.run import compute_ns
 
 
@@ -96,16 +96,20 @@ def slice_costs(actions: pd.DataFrame, graphs: dict[int, StepGraph] | None = Non
         measured_idle = equalised_idle = 0
         skewed_idle = 0
         for graph in graphs.values():
-            measured_idle += sum(idle_per_rank(graph, replay(graph)).values())
             free = {
                 "ovh": np.zeros_like(graph.ovh),
                 "lat": np.zeros_like(graph.edge_lat),
                 "xfer": np.zeros_like(graph.edge_xfer),
             }
             balanced = graph.balanced_durations(by_microbatch=True)
-            skewed_idle += sum(idle_per_rank(graph, replay(graph, dur=balanced, **free), balanced).values())
             flat = equalised_durations(graph, balanced)
-            equalised_idle += sum(idle_per_rank(graph, replay(graph, dur=flat, **free), flat).values())
+            # the three replays of the step in one walk of its graph
+            measured, skewed, equalised = replay_many(
+                graph, [Scenario(), Scenario(dur=balanced, **free), Scenario(dur=flat, **free)]
+            )
+            measured_idle += sum(idle_per_rank(graph, measured).values())
+            skewed_idle += sum(idle_per_rank(graph, skewed, balanced).values())
+            equalised_idle += sum(idle_per_rank(graph, equalised, flat).values())
         costs.replay_idle_ns = int(measured_idle)
         costs.skew_idle_ns = int(skewed_idle - equalised_idle)
     return costs

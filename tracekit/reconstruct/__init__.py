@@ -190,8 +190,11 @@ def _host_events(run: Run):
 
 
 def _actions_per_step(run: Run) -> list[int]:
+    import pandas as pd
+
     counts = run.actions.groupby(["rank", "step"]).size()
-    return [int(counts.get((r, s), 0)) for r, s in zip(run.steps["rank"], run.steps["step"])]
+    wanted = pd.MultiIndex.from_arrays([run.steps["rank"], run.steps["step"]])
+    return [int(n) for n in counts.reindex(wanted, fill_value=0).tolist()]
 
 
 def _align(run: Run, shifts: dict[int, int]) -> None:

@@ -18,6 +18,7 @@ import re
 import numpy as np
 import pandas as pd
 
+from tracekit.model.groups import SortedGroups, pair_codes
 from tracekit.model.names import RECV_NAMES, SEND_NAMES
 from tracekit.model.run import MESSAGE_COLUMNS
 from tracekit.reconstruct.labels import p2p_ways
@@ -32,31 +33,50 @@ def _with_steps(ops: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
 
 
 def _recv_done_times(events: pd.DataFrame, recvs: pd.DataFrame) -> np.ndarray:
-    """When each receive's wait returned: the end of its gloo:recv annotation."""
+    """When each receive's wait returned: the end of its gloo:recv annotation (the first
+    one posted inside the ``recv_`` op that no earlier receive of its rank took, the rank's
+    receives taken in table order)."""
     done = recvs["end_ns"].to_numpy().copy()
     annotations = events[(events["name"] == "gloo:recv") & ~events["on_gpu"]]
-    # Sorted by (rank, start) once: each rank's annotations are then a slice, not a filter of
-    # the whole table per rank (quadratic in ranks).
     annotations = annotations.sort_values(["rank", "start_ns"], kind="stable")
     a_rank = annotations["rank"].to_numpy()
-    a_start = annotations["start_ns"].to_numpy()
     a_end = annotations["end_ns"].to_numpy()
-    used = np.zeros(len(annotations), dtype=bool)
     r_rank = recvs["rank"].to_numpy()
     r_start, r_end = recvs["start_ns"].to_numpy(), recvs["end_ns"].to_numpy()
-    # each rank's receives in table order, as the per-rank groups were
-    for i in np.argsort(r_rank, kind="stable").tolist():
-        first = np.searchsorted(a_rank, r_rank[i], side="left")
-        last = np.searchsorted(a_rank, r_rank[i], side="right")
-        # the annotation posted inside this recv_ op
-        lo = first + np.searchsorted(a_start[first:last], r_start[i], side="left")
-        hi = first + np.searchsorted(a_start[first:last], r_end[i], side="right")
-        for k in range(lo, hi):
+    # Each receive's candidates: the annotations [lo, hi) of its rank posted inside it. One
+    # searchsorted for all ranks, not a slice per receive.
+    posted = SortedGroups(a_rank, annotations["start_ns"].to_numpy())
+    lo, hi = posted.position(r_rank, r_start, "left"), posted.position(r_rank, r_end, "right")
+    # Where no two receives of a rank share a candidate, each takes its first one. A rank
+    # where some do (threads receiving at once) takes them one receive after another. Ranks'
+    # candidates are disjoint blocks, so in order of lo a range that starts before an earlier
+    # one ends shares with a receive of its own rank.
+    some = np.flatnonzero(lo < hi)
+    by_lo = some[np.lexsort((hi[some], lo[some]))]
+    overlapping = by_lo[1:][lo[by_lo[1:]] < np.maximum.accumulate(hi[by_lo])[:-1]]
+    in_turn = np.isin(r_rank, r_rank[overlapping])
+    alone = some[~in_turn[some]]
+    done[alone] = np.maximum(r_end[alone], a_end[lo[alone]])
+    used = np.zeros(len(annotations), dtype=bool)
+    turns = np.flatnonzero(in_turn)
+    for i in turns[np.argsort(r_rank[turns], kind="stable")].tolist():
+        for k in range(int(lo[i]), int(hi[i])):
             if not used[k]:
                 used[k] = True
                 done[i] = max(r_end[i], a_end[k])
                 break
     return done
+
+
+def _suffix_min(group: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Each value's minimum with the values after it in its group (``group`` ascending)."""
+    distinct = np.unique(values)
+    number = np.unique(group, return_inverse=True)[1].astype(np.int64)
+    width = len(distinct) + 1
+    keys = number * width + np.searchsorted(distinct, values)
+    # Walking back, a later group's keys are all above this group's: the minimum restarts.
+    low = np.minimum.accumulate(keys[::-1])[::-1]
+    return distinct[low - number * width]
 
 
 # ProcessGroupNCCL's profiling titles name both ranks: "nccl:send 0->1", "nccl:recv 1<-0".
@@ -92,15 +112,18 @@ def host_p2p_ops(events: pd.DataFrame) -> pd.DataFrame:
     nbytes = ops["nbytes"].to_numpy(np.int64).copy()
     rank, tid, direction = ops["rank"].to_numpy(), ops["tid"].to_numpy(), ops["direction"].to_numpy()
     start, end = ops["start_ns"].to_numpy(np.int64), ops["end_ns"].to_numpy(np.int64)
+    # Runs of ops of one thread and direction, in order: an op folds into the run's last
+    # kept one if it starts before that one ended (a run's first op never folds: the op
+    # before it is another thread's or direction's). Only runs where some op starts before
+    # the one before it ended can fold (gloo's never do): the walk visits those alone.
+    same = np.zeros(len(ops), dtype=bool)
+    same[1:] = (rank[1:] == rank[:-1]) & (tid[1:] == tid[:-1]) & (direction[1:] == direction[:-1])
+    run = np.cumsum(~same)
+    overlaps = same.copy()
+    overlaps[1:] &= start[1:] <= end[:-1]
     outer = -1
-    for i in range(len(ops)):
-        if (
-            outer >= 0
-            and rank[i] == rank[outer]
-            and tid[i] == tid[outer]
-            and direction[i] == direction[outer]
-            and start[i] <= end[outer]
-        ):
+    for i in np.flatnonzero(np.isin(run, run[overlaps])).tolist():
+        if outer >= 0 and run[i] == run[outer] and start[i] <= end[outer]:
             keep[i] = False
             if peer[outer] < 0:
                 peer[outer] = peer[i]
@@ -394,72 +417,89 @@ def _link_actions(messages: pd.DataFrame, actions: pd.DataFrame, consumer_by_kin
     """Fill producer/consumer action ids and direction: the producer is the last action on
     the sender that ended before the send was posted (its kind gives the direction), the
     consumer the first action on the receiver once the data was there. With
-    ``consumer_by_kind`` (segmented runs) both are of the kind the message's way needs."""
+    ``consumer_by_kind`` (segmented runs) both are of the kind the message's way needs.
+    "Last" and "first" are in the order of start of the rank's actions in the step."""
     n = len(messages)
     producer = np.full(n, -1, dtype=np.int64)
     consumer = np.full(n, -1, dtype=np.int64)
     direction = np.array(["?"] * n, dtype=object)
-    by_rank_step = {}
-    for key, group in actions.groupby(["rank", "step"]):
-        group = group.sort_values("start_ns")
-        by_rank_step[key] = (
-            group["start_ns"].to_numpy(),
-            group["end_ns"].to_numpy(),
-            group["action_id"].to_numpy(),
-            group["kind"].to_numpy(),
-        )
-    src, dst, step = (messages[c].tolist() for c in ("src_rank", "dst_rank", "step"))
-    dst_step = messages["dst_step"].tolist() if "dst_step" in messages else step
+    src, dst, step = (messages[c].to_numpy(np.int64) for c in ("src_rank", "dst_rank", "step"))
+    dst_step = messages["dst_step"].to_numpy(np.int64) if "dst_step" in messages else step
     posted, done = messages["send_post_ns"].to_numpy(), messages["recv_done_ns"].to_numpy()
+    order = _by_rank_step(actions)
+    a_rank, a_step = actions["rank"].to_numpy(np.int64)[order], actions["step"].to_numpy(np.int64)[order]
+    group, src_group, dst_group = pair_codes(a_rank, a_step, (src, step), (dst, dst_step))
+    starts, ends = actions["start_ns"].to_numpy()[order], actions["end_ns"].to_numpy()[order]
+    ids, kinds = actions["action_id"].to_numpy()[order], actions["kind"].to_numpy()[order]
+    forward, backward = kinds == "F", (kinds == "B") | (kinds == "I")
+    # Which actions a message's producer may be: 0 any, 1 forwards, 2 backwards (B or I).
+    members = (np.ones(len(order), dtype=bool), forward, backward)
     last_rank = int(actions["rank"].max()) if len(actions) else -1
-    for i in range(n):
-        found = by_rank_step.get((src[i], step[i]))
-        if found is not None:
-            _, ends, ids, kinds = found
-            ended = ends <= posted[i] + _TOLERANCE_NS
-            way = _way_by_rank(src[i], dst[i], last_rank) if consumer_by_kind else None
-            if way == "fwd":
-                ended &= kinds == "F"
-            elif way == "bwd":
-                ended &= (kinds == "B") | (kinds == "I")
-            before = np.flatnonzero(ended)
-            if len(before):
-                k = before[-1]
-                producer[i] = ids[k]
-                direction[i] = "fwd" if kinds[k] == "F" else "bwd"
-        found = by_rank_step.get((dst[i], dst_step[i]))
-        if found is not None:
-            starts, _, ids, kinds = found
-            fits = starts >= done[i] - _TOLERANCE_NS
-            # An activation feeds a forward, a gradient a backward (B or I), whatever runs
-            # first on the receiver (a schedule may receive ahead of its next use).
-            if consumer_by_kind and direction[i] == "fwd":
-                fits &= kinds == "F"
-            elif consumer_by_kind and direction[i] == "bwd":
-                fits &= (kinds == "B") | (kinds == "I")
-            after = np.flatnonzero(fits)
-            if len(after):
-                consumer[i] = ids[after[0]]
+    wanted = _ways_by_rank(src, dst, last_rank) if consumer_by_kind else np.zeros(n, dtype=np.int64)
+    for kind, member in enumerate(members):
+        asked, pool = np.flatnonzero(wanted == kind), np.flatnonzero(member)
+        if not len(asked):
+            continue
+        # The last action that ended by then is the last whose minimum end from there on is
+        # by then: that minimum never falls along a rank's step, so one search finds it.
+        ended = SortedGroups(group[pool], _suffix_min(group[pool], ends[pool]))
+        found = ended.last_at_most(src_group[asked], posted[asked] + _TOLERANCE_NS)
+        hit = found >= 0
+        k = pool[found[hit]]
+        producer[asked[hit]] = ids[k]
+        direction[asked[hit]] = np.where(forward[k], "fwd", "bwd")
+    # An activation feeds a forward, a gradient a backward (B or I), whatever runs first on
+    # the receiver (a schedule may receive ahead of its next use).
+    wanted[:] = 0
+    if consumer_by_kind:
+        wanted[direction == "fwd"] = 1
+        wanted[direction == "bwd"] = 2
+    for kind, member in enumerate(members):
+        asked, pool = np.flatnonzero(wanted == kind), np.flatnonzero(member)
+        if not len(asked):
+            continue
+        found = SortedGroups(group[pool], starts[pool]).first_at_least(dst_group[asked], done[asked] - _TOLERANCE_NS)
+        hit = found >= 0
+        consumer[asked[hit]] = ids[pool[found[hit]]]
     messages["producer_action"] = producer
     messages["consumer_action"] = consumer
     messages["direction"] = direction
 
 
-def _way_by_rank(src: int, dst: int, last_rank: int) -> str | None:
-    """Which way a message of a segmented run goes, where the ranks alone say it: to the next
-    rank (or from the last back to the first, a virtual pipeline's wrap) activations, to the
-    previous one gradients. None where they do not (two ranks: 1 -> 0 is either; ranks of a
-    pipeline that are not consecutive numbers): the producer's kind decides then.
+def _by_rank_step(actions: pd.DataFrame) -> np.ndarray:
+    """The actions' positions by rank, step and start: each (rank, step) in the order a sort
+    of that group's rows by start gives (pandas sorts one column with numpy's unstable
+    quicksort, so actions starting together keep the order it gives them)."""
+    rank, step = actions["rank"].to_numpy(np.int64), actions["step"].to_numpy(np.int64)
+    start = actions["start_ns"].to_numpy()
+    order = np.lexsort((start, step, rank))
+    rank, step, start_sorted = rank[order], step[order], start[order]
+    same_group = (rank[1:] == rank[:-1]) & (step[1:] == step[:-1])
+    bounds = np.flatnonzero(np.concatenate(([True], ~same_group, [True])))
+    tied = np.flatnonzero(same_group & (start_sorted[1:] == start_sorted[:-1]))
+    for g in np.unique(np.searchsorted(bounds, tied, side="right") - 1).tolist():
+        lo, hi = bounds[g], bounds[g + 1]
+        rows = np.sort(order[lo:hi])  # the group's rows in table order, as groupby gives them
+        order[lo:hi] = rows[np.argsort(start[rows], kind="quicksort")]
+    return order
+
+
+def _ways_by_rank(src: np.ndarray, dst: np.ndarray, last_rank: int) -> np.ndarray:
+    """Which way each message of a segmented run goes, where the ranks alone say it: 1 to
+    the next rank (or from the last back to the first, a virtual pipeline's wrap)
+    activations, 2 to the previous one gradients. 0 where they do not (two ranks: 1 -> 0 is
+    either; ranks of a pipeline that are not consecutive numbers): the producer's kind
+    decides then.
 
     A send an engine holds back (DeepSpeed posts some activations after its next action) is
     still its forward's output, not that of whatever ran last before it was posted."""
+    ways = np.zeros(len(src), dtype=np.int64)
     if last_rank < 2:
-        return None
-    if dst == src + 1 or (src == last_rank and dst == 0):
-        return "fwd"
-    if dst == src - 1 or (src == 0 and dst == last_rank):
-        return "bwd"
-    return None
+        return ways
+    fwd = (dst == src + 1) | ((src == last_rank) & (dst == 0))
+    ways[fwd] = 1
+    ways[~fwd & ((dst == src - 1) | ((src == 0) & (dst == last_rank)))] = 2
+    return ways
 
 
 def estimate_arrivals(messages: pd.DataFrame, actions: pd.DataFrame, events: pd.DataFrame) -> pd.DataFrame:
@@ -480,34 +520,33 @@ def estimate_arrivals(messages: pd.DataFrame, actions: pd.DataFrame, events: pd.
         return messages[MESSAGE_COLUMNS]
     messages = messages.copy()
     cpu = events[~events["on_gpu"]]
-    n = len(messages)
-    wait_start = np.zeros(n, dtype=np.int64)
-    # Sorted end times, once: of each rank's actions, and of each thread's comm ops (only the
-    # receiving thread's own comm ops delay its wait; a sender thread's do not).
-    action_ends = {int(r): np.sort(g["end_ns"].to_numpy(dtype=np.int64)) for r, g in actions.groupby("rank")}
-    ends_by_id = dict(zip(actions["action_id"], actions["end_ns"]))
-    comm = cpu[cpu["name"].str.startswith(("c10d::", "record_param_comms"))]
-    comm_ends = {
-        (int(r), int(tid)): np.sort(g["end_ns"].to_numpy(dtype=np.int64))
-        for (r, tid), g in comm.groupby(["rank", "tid"])
-    }
     done = messages["recv_done_ns"].to_numpy(dtype=np.int64)
-    posted = messages["recv_post_ns"].to_numpy(dtype=np.int64)
     dst = messages["dst_rank"].to_numpy(dtype=np.int64)
     dst_tid = messages["dst_tid"].to_numpy(dtype=np.int64)
-    for i in range(n):
-        ready = int(posted[i])
-        for ends in (action_ends.get(int(dst[i])), comm_ends.get((int(dst[i]), int(dst_tid[i])))):
-            if ends is None:
-                continue
-            k = np.searchsorted(ends, done[i], side="right")
-            if k > 0:
-                ready = max(ready, int(ends[k - 1]))
-        wait_start[i] = min(ready, done[i])
-    produced = np.array(
-        [ends_by_id.get(a, s) for a, s in zip(messages["producer_action"], messages["send_post_ns"])], dtype=np.int64
-    )
-    leaves = np.minimum(np.maximum(messages["send_post_ns"].to_numpy(dtype=np.int64), produced), done)
+    # The latest end by the time the wait returned, of the receiver's actions and of its
+    # receiving thread's comm ops (only that thread's own comm ops delay its wait; a sender
+    # thread's do not): each set sorted by (rank[, thread], end) once, one search for all.
+    comm = cpu[cpu["name"].str.startswith(("c10d::", "record_param_comms"))]
+    c_rank, c_tid = comm["rank"].to_numpy(np.int64), comm["tid"].to_numpy(np.int64)
+    comm_thread, dst_thread = pair_codes(c_rank, c_tid, (dst, dst_tid))
+    ready = messages["recv_post_ns"].to_numpy(dtype=np.int64).copy()
+    for group, ends, mine in (
+        (actions["rank"].to_numpy(np.int64), actions["end_ns"].to_numpy(np.int64), dst),
+        (comm_thread, comm["end_ns"].to_numpy(np.int64), dst_thread),
+    ):
+        order = np.lexsort((ends, group))
+        found = SortedGroups(group[order], ends[order]).last_at_most(mine, done)
+        hit = found >= 0
+        ready[hit] = np.maximum(ready[hit], ends[order][found[hit]])
+    wait_start = np.minimum(ready, done)
+    # The producer's end (the send's post where it has none); an id twice is its last row.
+    ids = pd.Index(actions["action_id"].to_numpy())
+    last = ~ids.duplicated(keep="last")
+    at = ids[last].get_indexer(messages["producer_action"].to_numpy())
+    send_post = messages["send_post_ns"].to_numpy(dtype=np.int64)
+    produced = send_post.copy()
+    produced[at >= 0] = actions["end_ns"].to_numpy(np.int64)[last][at[at >= 0]]
+    leaves = np.minimum(np.maximum(send_post, produced), done)
     messages["recv_wait_ns"] = done - wait_start
     messages["arrival_ns"] = leaves + done - np.maximum(wait_start, leaves)
     return messages[MESSAGE_COLUMNS]

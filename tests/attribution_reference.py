@@ -1,0 +1,335 @@
+"""``attribute_step`` as it was before its per-rank work became matrix rows (tracekit
+1b5124f, kept as it was): ``tests/test_attribution_fast.py`` holds the new one equal to it
+on every sample step and on generated schedules with faults and replicas. Rank by rank:
+the schedule's phases from a loop over the rank's holes, ``apportion`` per rank, the stage
+and link blame per rank, Shapley values per rank, and one ``idle_per_rank`` per replay.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from itertools import combinations
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from tracekit.analyze.replay import Replay, Scenario, StepGraph, critical_path, idle_per_rank, replay_many
+from tracekit.vocab import CATEGORIES
+
+CAUSES = ("imbalance", "comm", "overhead")
+Coalition = frozenset[str]  # the causes present in one replay
+# Blame replays one stage (or link) at a time: on big pipelines only the stages with the
+# most excess work (links with the most latency) are replayed; the rest share by that amount.
+MAX_BLAME_REPLAYS = 32
+ATTRIBUTION_COLUMNS = ["rank", "step", "idle_ns", *[f"{c}_ns" for c in CATEGORIES]]
+
+
+@dataclass
+class StepAttribution:
+    step: int
+    table: pd.DataFrame  # one row per rank: idle and each category
+    signed_shapley: dict[int, dict[str, float]]  # rank -> cause -> signed Shapley value (ns)
+    stage_blame: pd.DataFrame  # rank, stage, imbalance_ns
+    link_blame: pd.DataFrame  # rank, src_rank, dst_rank, comm_ns
+    critical_path: list[dict[str, Any]]
+    replay_makespan_ns: int
+    measured_makespan_ns: int
+    ideal_makespan_ns: int  # all causes removed
+    ideal_idle_ns: dict[int, int]  # rank -> idle with all causes removed
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def residual_ns(self) -> int:
+        return self.measured_makespan_ns - self.replay_makespan_ns
+
+
+@dataclass
+class Attribution:
+    steps: list[StepAttribution]
+    graphs: dict[int, StepGraph] = field(default_factory=dict)  # the measured step graphs
+
+    @property
+    def table(self) -> pd.DataFrame:
+        return (
+            pd.concat([s.table for s in self.steps], ignore_index=True)
+            if self.steps
+            else pd.DataFrame(columns=ATTRIBUTION_COLUMNS)
+        )
+
+    @property
+    def stage_blame(self) -> pd.DataFrame:
+        frames = [s.stage_blame.assign(step=s.step) for s in self.steps if len(s.stage_blame)]
+        return (
+            pd.concat(frames, ignore_index=True)
+            if frames
+            else pd.DataFrame(columns=["rank", "stage", "imbalance_ns", "step"])
+        )
+
+    @property
+    def link_blame(self) -> pd.DataFrame:
+        frames = [s.link_blame.assign(step=s.step) for s in self.steps if len(s.link_blame)]
+        return (
+            pd.concat(frames, ignore_index=True)
+            if frames
+            else pd.DataFrame(columns=["rank", "src_rank", "dst_rank", "comm_ns", "step"])
+        )
+
+
+def apportion(total: int, weights: Sequence[float] | np.ndarray) -> list[int]:
+    """Split integer ``total`` in proportion to non-negative ``weights``; the parts are
+    integers that sum to ``total`` exactly (largest remainder). All-zero weights put
+    everything on the last part."""
+    return [int(x) for x in _apportioned(total, weights)]
+
+
+def _apportioned(total: int, weights: Sequence[float] | np.ndarray) -> np.ndarray:
+    """:func:`apportion`, as an int64 array."""
+    w = np.clip(np.asarray(weights, dtype=float), 0.0, None)
+    floors = np.zeros(len(w), dtype=np.int64)
+    if total <= 0:
+        return floors
+    if w.sum() <= 0:
+        floors[-1] = total
+        return floors
+    exact = w / w.sum() * total
+    floors = np.asarray(np.floor(exact), dtype=np.int64)
+    remainder = int(total - floors.sum())
+    order = np.argsort(-(exact - floors), kind="stable")
+    floors[order[:remainder]] += 1
+    return floors
+
+
+def shapley(
+    values: dict[Coalition, dict[int, int]], players: tuple[str, ...], ranks: Sequence[int]
+) -> dict[int, dict[str, float]]:
+    """Exact Shapley values per rank from the value of every coalition of present causes."""
+    from math import factorial
+
+    n = len(players)
+    out: dict[int, dict[str, float]] = {int(r): {} for r in ranks}
+    for player in players:
+        others = [q for q in players if q != player]
+        for r in ranks:
+            total = 0.0
+            for size in range(n):
+                weight = factorial(size) * factorial(n - size - 1) / factorial(n)
+                for coalition in combinations(others, size):
+                    with_p = values[frozenset(coalition) | {player}][r]
+                    without = values[frozenset(coalition)][r]
+                    total += weight * (with_p - without)
+            out[int(r)][player] = total
+    return out
+
+
+def _scenario(graph: StepGraph, balanced: np.ndarray, present: Coalition) -> Scenario:
+    dur = graph.dur if "imbalance" in present else balanced
+    lat = graph.edge_lat if "comm" in present else np.zeros_like(graph.edge_lat)
+    xfer = graph.edge_xfer if "comm" in present else np.zeros_like(graph.edge_xfer)
+    ovh = graph.ovh if "overhead" in present else np.zeros_like(graph.ovh)
+    return Scenario(dur=dur, ovh=ovh, lat=lat, xfer=xfer)
+
+
+def attribute_step(graph: StepGraph, measured_idle: dict[int, int], measured_makespan: int) -> StepAttribution:
+    """Attribute one step's idle per rank (``measured_idle`` from the bubble table)."""
+    ranks = [int(r) for r in graph.ranks]
+    balanced = graph.balanced_durations()
+    coalitions = [frozenset(c) for size in range(len(CAUSES) + 1) for c in combinations(CAUSES, size)]
+    scenarios = [_scenario(graph, balanced, present) for present in coalitions]
+    by_excess = _stages_by_excess(graph, balanced)
+    stage_scenarios = [
+        Scenario(dur=np.where(graph.stage == s, balanced, graph.dur)) for s in by_excess[:MAX_BLAME_REPLAYS]
+    ]
+    link_latency = _link_latency(graph)
+    by_latency = sorted(link_latency, key=lambda link: -link_latency[link])
+    link_scenarios = [_link_freed(graph, link) for link in by_latency[:MAX_BLAME_REPLAYS]]
+    # Every replay of the step at once (replay_many walks the graph a single time).
+    replayed = replay_many(graph, scenarios + stage_scenarios + link_scenarios)
+    results: dict[Coalition, Replay] = dict(zip(coalitions, replayed))
+    values = {
+        present: idle_per_rank(graph, results[present], scenario.dur)
+        for present, scenario in zip(coalitions, scenarios)
+    }
+    full, none = frozenset(CAUSES), Coalition()
+    signed = shapley(values, CAUSES, ranks)
+    ideal = results[none]
+    stage_results = replayed[len(scenarios) : len(scenarios) + len(stage_scenarios)]
+    stage_gain = _gains(graph, values[full], by_excess, stage_scenarios, stage_results)
+    link_results = replayed[len(scenarios) + len(stage_scenarios) :]
+    link_gain = _gains(graph, values[full], by_latency[:MAX_BLAME_REPLAYS], link_scenarios, link_results)
+    rows, stage_rows = [], []
+    link_rows: list[tuple[int, int, int, int]] = []
+    ideal_windows = graph.window_ns(ideal)
+    # Per rank work below must not scan every action or every link of the step: with
+    # thousands of ranks that is quadratic. Each rank's actions, and the blame weights as
+    # (stage or replayed link) x rank matrices, are laid out once.
+    by_rank = _positions_by_rank(graph.rank)
+    stages = stage_gain.keys
+    stage_weights = np.maximum(stage_gain.gain, 0).astype(float)
+    stage_fallback = np.array([_excess_work(graph, balanced, s) for s in stages], dtype=float)
+    links = sorted(link_latency)  # every link of the step; link_gain holds the replayed ones
+    position = {link: k for k, link in enumerate(links)}
+    replayed_links = np.array([position[link] for link in link_gain.keys], dtype=np.int64)
+    link_weights = np.maximum(link_gain.gain, 0).astype(float)
+    link_fallback = np.array([link_latency[link] for link in links], dtype=float)
+    # A rank none of the replayed links helps shares its comm among the links of its own
+    # pipeline replica by latency, not among every link of the job (with thousands of ranks
+    # that was a row per rank and link, and blamed links the rank never used).
+    group = _linked_groups(links)
+    link_group = np.array([group[src] for src, _ in links], dtype=np.int64)
+    group_links = {g: np.flatnonzero(link_group == g) for g in np.unique(link_group).tolist()}
+    no_links = np.zeros(0, dtype=np.int64)
+    for column, r in enumerate(ranks):
+        on_rank = by_rank[r]
+        window_start = graph.origin(int(on_rank[0]))
+        warmup, drain, gaps = _schedule_idle(graph, ideal, on_rank, window_start, window_start + ideal_windows[r])
+        residual = measured_idle[r] - values[full][r]
+        raw = [warmup, drain, gaps, signed[r]["imbalance"], signed[r]["comm"], signed[r]["overhead"] + residual]
+        parts = apportion(int(measured_idle[r]), raw)
+        rows.append((r, graph.step, int(measured_idle[r]), *parts))
+        imbalance_ns, comm_ns = parts[3], parts[4]
+        if imbalance_ns:
+            weights = stage_weights[:, column]
+            shares = _apportioned(imbalance_ns, weights if weights.sum() > 0 else stage_fallback)
+            stage_rows += [(r, stages[k], int(shares[k])) for k in np.flatnonzero(shares).tolist()]
+        if comm_ns:
+            # Shares over the links that can get any (a link of weight 0 gets none), not
+            # over every link of the job.
+            weights = link_weights[:, column]
+            candidates = replayed_links
+            if weights.sum() <= 0:
+                candidates = group_links.get(group.get(r, -1), no_links)
+                weights = link_fallback[candidates]
+            if weights.sum() <= 0:  # no latency anywhere near: the rule of apportion, all links
+                candidates, weights = np.arange(len(links)), np.zeros(len(links))
+            shares = _apportioned(comm_ns, weights)
+            link_rows += [(r, *links[candidates[k]], int(shares[k])) for k in np.flatnonzero(shares).tolist()]
+    table = pd.DataFrame(rows, columns=ATTRIBUTION_COLUMNS)
+    link_blame = pd.DataFrame(link_rows, columns=["rank", "src_rank", "dst_rank", "comm_ns"])
+    full_result = results[full]
+    return StepAttribution(
+        step=graph.step,
+        table=table,
+        signed_shapley=signed,
+        stage_blame=pd.DataFrame(stage_rows, columns=["rank", "stage", "imbalance_ns"]),
+        link_blame=link_blame,
+        critical_path=critical_path(graph, full_result),
+        replay_makespan_ns=_makespan(graph, full_result),
+        measured_makespan_ns=measured_makespan,
+        ideal_makespan_ns=_makespan(graph, ideal),
+        ideal_idle_ns=dict(values[none]),
+        notes=list(graph.notes),
+    )
+
+
+def _makespan(graph: StepGraph, result: Replay) -> int:
+    """The replayed step's length: t0 to its last end; with per-rank windows (flush-free)
+    the longest rank window, as the bubble table's ``window_ns`` is then per rank."""
+    return max(graph.window_ns(result).values(), default=0)
+
+
+def _positions_by_rank(rank: np.ndarray) -> dict[int, np.ndarray]:
+    """Each rank's action positions, ascending (as ``np.flatnonzero(rank == r)``)."""
+    order = np.argsort(rank, kind="stable")
+    values, first = np.unique(rank[order], return_index=True)
+    return {int(v): part for v, part in zip(values, np.split(order, first[1:]))}
+
+
+def _linked_groups(links: list[tuple[int, int]]) -> dict[int, int]:
+    """Each rank on a link -> the smallest rank it is connected to through links (its
+    replica, where replicas exchange no P2P messages)."""
+    parent: dict[int, int] = {}
+
+    def root(r: int) -> int:
+        while parent.setdefault(r, r) != r:
+            parent[r] = parent[parent[r]]
+            r = parent[r]
+        return r
+
+    for src, dst in links:
+        a, b = root(src), root(dst)
+        if a != b:
+            parent[max(a, b)] = min(a, b)
+    return {r: root(r) for r in list(parent)}
+
+
+def _schedule_idle(
+    graph: StepGraph, ideal: Replay, on_rank: np.ndarray, window_start: int, window_end: int
+) -> tuple[int, int, int]:
+    """Split a rank's idle (its actions at positions ``on_rank``) in the all-causes-removed replay, over its window
+    [window_start, window_end], by pipeline phase: warmup is idle before its first backward
+    (the pipeline filling), drain is idle after its last forward (emptying), schedule gaps
+    are idle in between (steady-state holes of interleaved and zero-bubble schedules).
+    In a flush-free pipeline a step after the pipeline's first starts in steady state, so
+    its schedule idle is ~0; the pipeline's first step (where recorded) holds the fill."""
+    order = on_rank[np.argsort(ideal.start[on_rank], kind="stable")]
+    starts, ends = ideal.start[order], ideal.end[order]
+    kinds = graph.kind[order]
+    backward = np.isin(kinds, ("B", "I"))
+    forward = np.isin(kinds, ("F",))
+    first_bwd = int(starts[backward].min()) if backward.any() else window_end
+    last_fwd = int(ends[forward].max()) if forward.any() else window_start
+    drain_from = max(last_fwd, first_bwd)
+    holes_lo = np.concatenate(([window_start], ends))
+    holes_hi = np.concatenate((starts, [window_end]))
+    warmup = drain = gaps = 0
+    for lo, hi in zip(holes_lo, holes_hi):
+        lo, hi = int(lo), int(hi)
+        if hi <= lo:
+            continue
+        in_warmup = max(0, min(hi, first_bwd) - lo)
+        in_drain = max(0, hi - max(lo, drain_from))
+        warmup += in_warmup
+        drain += in_drain
+        gaps += (hi - lo) - in_warmup - in_drain
+    return warmup, drain, gaps
+
+
+def _stages_by_excess(graph: StepGraph, balanced: np.ndarray) -> list[int]:
+    """The stages, most excess work first (blame replays the first MAX_BLAME_REPLAYS)."""
+    return sorted((int(s) for s in np.unique(graph.stage)), key=lambda s: -_excess_work(graph, balanced, s))
+
+
+def _link_freed(graph: StepGraph, link: tuple[int, int]) -> Scenario:
+    """The measured step with one link (src rank, dst rank) free."""
+    mask = (graph.rank[graph.edge_src] == link[0]) & (graph.rank[graph.edge_dst] == link[1])
+    return Scenario(lat=np.where(mask, 0, graph.edge_lat), xfer=np.where(mask, 0, graph.edge_xfer))
+
+
+@dataclass
+class _Gains:
+    """Per stage (or link), in sorted order: how much each rank's idle (columns: the
+    step's ranks, sorted) shrinks when only that stage is balanced (that link free)."""
+
+    keys: list[Any]
+    gain: np.ndarray  # len(keys) x ranks, int64
+
+
+def _gains(
+    graph: StepGraph, full_idle: dict[int, int], keys: list[Any], scenarios: list[Scenario], results: list[Replay]
+) -> _Gains:
+    """The gains of ``keys`` (rows in sorted key order): those with a scenario and its
+    result (the first ones, in order) as replayed; the rest, not replayed, gain 0."""
+    ranks = sorted(full_idle)
+    ordered = sorted(keys)
+    row = {key: k for k, key in enumerate(ordered)}
+    gain = np.zeros((len(ordered), len(ranks)), dtype=np.int64)
+    full = np.array([full_idle[r] for r in ranks], dtype=np.int64)
+    for key, scenario, result in zip(keys, scenarios, results):
+        idle = idle_per_rank(graph, result, scenario.dur)
+        gain[row[key]] = full - np.array([idle[r] for r in ranks], dtype=np.int64)
+    return _Gains(ordered, gain)
+
+
+def _link_latency(graph: StepGraph) -> dict[tuple[int, int], int]:
+    """Total measured latency of each link (src rank, dst rank) in the step."""
+    total: dict[tuple[int, int], int] = {}
+    for link, lat, xfer in zip(graph.edge_links(), graph.edge_lat, graph.edge_xfer):
+        total[link] = total.get(link, 0) + int(lat) + int(xfer)
+    return total
+
+
+def _excess_work(graph: StepGraph, balanced: np.ndarray, stage: int) -> float:
+    on = graph.stage == stage
+    return float(max(0, int(graph.dur[on].sum() - balanced[on].sum())))

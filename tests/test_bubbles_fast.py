@@ -1,0 +1,72 @@
+"""The bubble tables, measured for all (rank, step) pairs at once, equal the loop over
+groups they replaced (one ``union_length`` per rank and step, kept below as the
+reference), on every sample run and on generated intervals."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pandas.testing as pdt
+import pytest
+
+from conftest import sample_runs
+from tracekit.analyze.bubbles import (
+    bubble_table,
+    continuous_windows,
+    measure_continuous,
+    measure_pipeline,
+    step_windows,
+    union_lengths,
+)
+from tracekit.model.intervals import union_length
+
+
+def reference_pipeline(actions: pd.DataFrame) -> pd.DataFrame:
+    """measure_pipeline as it was (tracekit 1b5124f): a union per (rank, step) group."""
+    w = step_windows(actions)
+    windows = {int(s): (int(lo), int(hi)) for s, lo, hi in zip(w["step"], w["window_start_ns"], w["window_end_ns"])}
+    rows = []
+    for (rank, step), group in actions.groupby(["rank", "step"]):
+        lo, hi = windows[int(step)]
+        busy = union_length(group["start_ns"].to_numpy(), group["end_ns"].to_numpy(), lo, hi)
+        rows.append((int(rank), int(step), lo, hi, hi - lo, busy))
+    return bubble_table(rows)
+
+
+def reference_continuous(actions: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """measure_continuous as it was (tracekit 1b5124f)."""
+    w = continuous_windows(actions, steps)
+    windows = {
+        (int(r), int(s)): (int(lo), int(hi))
+        for r, s, lo, hi in zip(w["rank"], w["step"], w["window_start_ns"], w["window_end_ns"])
+    }
+    rows = []
+    for (rank, step), group in actions.groupby(["rank", "step"]):
+        lo, hi = windows[(int(rank), int(step))]
+        busy = union_length(group["start_ns"].to_numpy(), group["end_ns"].to_numpy(), lo, hi)
+        rows.append((int(rank), int(step), lo, hi, hi - lo, busy))
+    return bubble_table(rows)
+
+
+@pytest.mark.parametrize("run_dir", sample_runs(), ids=lambda p: p.name)
+def test_bubbles_equal_the_loop_on_every_sample(loaded_runs, run_dir):
+    run, _ = loaded_runs(run_dir)
+    actions = run.actions[run.actions["step"] >= 0]
+    if actions.empty:
+        pytest.skip(f"{run_dir.name}: no actions")
+    pdt.assert_frame_equal(measure_pipeline(actions), reference_pipeline(actions))
+    pdt.assert_frame_equal(measure_continuous(actions, run.steps), reference_continuous(actions, run.steps))
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_generated_union_lengths_equal_one_union_per_group(seed):
+    # Generated (not captured) intervals: nested, touching, zero-length, some outside the window.
+    rng = np.random.default_rng(seed)
+    groups, n = int(rng.integers(1, 8)), int(rng.integers(0, 90))
+    group = rng.integers(0, groups, n)
+    starts = rng.integers(0, 60, n) * 1_000
+    ends = starts + rng.integers(0, 5, n) * 1_000
+    lo = rng.integers(0, 20, groups) * 1_000
+    hi = lo + rng.integers(0, 50, groups) * 1_000
+    expected = [union_length(starts[group == g], ends[group == g], int(lo[g]), int(hi[g])) for g in range(groups)]
+    assert union_lengths(group, starts, ends, lo, hi).tolist() == expected

@@ -1,0 +1,62 @@
+"""Values sorted within integer groups (a rank, a rank and step, a rank and thread),
+searched for every query at once: one ``searchsorted`` over all groups instead of a
+slice and a search per group. Shared by reconstruction and the analyses."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+
+
+class SortedGroups:
+    """Values in groups, laid out so that one searchsorted places every query in its own
+    group: ``group`` ascending (any int64 labels), ``values`` ascending within each group.
+    A value's key is its group's number times (distinct values + 1) plus its rank among
+    the distinct values, so each group's keys lie above the group's before it and below
+    the one's after it."""
+
+    def __init__(self, group: np.ndarray, values: np.ndarray) -> None:
+        self.labels, number = np.unique(np.asarray(group, dtype=np.int64), return_inverse=True)
+        self.number = number.astype(np.int64)
+        self.values = values
+        self.distinct = np.unique(values)
+        self.width = len(self.distinct) + 1
+        self.keys = self.number * self.width + np.searchsorted(self.distinct, values)
+
+    def position(self, group: np.ndarray, x: np.ndarray, side: Literal["left", "right"]) -> np.ndarray:
+        """Where each ``x`` goes among its group's values, as searchsorted(values of the
+        group, x, side) offset by the group's start (a group with no values: 0)."""
+        number = np.searchsorted(self.labels, np.asarray(group, dtype=np.int64))
+        known = number < len(self.labels)
+        known[known] = self.labels[number[known]] == np.asarray(group)[known]
+        if side == "left":
+            key = np.searchsorted(self.distinct, x, side="left")  # a value >= x iff its rank >= key
+        else:
+            key = np.searchsorted(self.distinct, x, side="right") - 1  # a value <= x iff its rank <= key
+        found = np.searchsorted(self.keys, np.where(known, number, -1) * self.width + key, side=side)
+        return np.where(known, found, 0)
+
+    def first_at_least(self, group: np.ndarray, x: np.ndarray) -> np.ndarray:
+        """Each query's position of the first value >= x of its group; -1 where none."""
+        return self._inside(self.position(group, x, "left"), group)
+
+    def last_at_most(self, group: np.ndarray, x: np.ndarray) -> np.ndarray:
+        """Each query's position of the last value <= x of its group; -1 where none."""
+        return self._inside(self.position(group, x, "right") - 1, group)
+
+    def _inside(self, position: np.ndarray, group: np.ndarray) -> np.ndarray:
+        ok = (position >= 0) & (position < len(self.number))
+        ok[ok] = self.labels[self.number[position[ok]]] == np.asarray(group)[ok]
+        return np.where(ok, position, -1)
+
+
+def pair_codes(first: np.ndarray, second: np.ndarray, *more: tuple[np.ndarray, np.ndarray]) -> list[np.ndarray]:
+    """One int64 per (first, second) pair, ordered as the pairs are, the same pair the same
+    code across every set given (``more``: further (first, second) sets)."""
+    sets = [(first, second), *more]
+    seconds = np.unique(np.concatenate([np.asarray(b, dtype=np.int64) for _, b in sets]))
+    width = len(seconds)
+    return [
+        np.asarray(a, dtype=np.int64) * width + np.searchsorted(seconds, np.asarray(b, dtype=np.int64)) for a, b in sets
+    ]
