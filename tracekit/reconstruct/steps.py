@@ -59,9 +59,24 @@ def _step_number(name: str) -> int:
 
 def step_of(ranks: np.ndarray, times: np.ndarray, steps: pd.DataFrame | Mapping[str, Any]) -> np.ndarray:
     """The step number each (rank, time) falls in (the earlier step where two touch); -1
-    outside every step. ``steps``: a step table (:func:`step_table`, or the run's)."""
+    outside every step. ``steps``: a step table (:func:`step_table`, or the run's).
+
+    "Earlier" is the table's order: the first row of the time's rank whose window holds it.
+    Each time is checked against its own rank's rows only, the k-th of them for every time
+    at once, so the cost is times x (most steps of one rank), not times x all steps."""
+    ranks, times = np.asarray(ranks), np.asarray(times)
     out = np.full(len(times), -1, dtype=np.int64)
-    columns = [np.asarray(steps[c]).tolist() for c in STEP_COLUMNS[:4]]
-    for rank, step, start, end in reversed(list(zip(*columns))):
-        out[(ranks == rank) & (times >= start) & (times <= end)] = step
+    rank, step, start, end = (np.asarray(steps[c], dtype=np.int64) for c in STEP_COLUMNS[:4])
+    if not len(rank) or not len(times):
+        return out
+    by_rank = np.argsort(rank, kind="stable")  # a rank's rows in table order
+    rank, step, start, end = rank[by_rank], step[by_rank], start[by_rank], end[by_rank]
+    first = np.searchsorted(rank, ranks, side="left")
+    count = np.searchsorted(rank, ranks, side="right") - first
+    found = np.zeros(len(times), dtype=bool)
+    for k in range(int(count.max())):
+        row = np.minimum(first + k, len(rank) - 1)
+        hit = ~found & (count > k) & (times >= start[row]) & (times <= end[row])
+        out[hit] = step[row[hit]]
+        found |= hit
     return out
