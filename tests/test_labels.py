@@ -203,7 +203,7 @@ def test_layer_labels_and_segmentation_read_the_same_run_alike(loaded_runs):
     (in memory, before reconstruction) by segmentation between P2P ops."""
     from tracekit.analyze import analyze
     from tracekit.ingest import read_run
-    from tracekit.reconstruct import reconstruct
+    from tracekit.reconstruct.whole_run import reconstruct
 
     _, labelled = loaded_runs(SAMPLES / "1f1b_layer_labels")
     from tracekit.ingest.nesting import nesting_depth

@@ -7,7 +7,7 @@ import pytest
 
 from conftest import SAMPLES, capture_of
 from tracekit.ingest import read_run
-from tracekit.reconstruct import reconstruct
+from tracekit.reconstruct.whole_run import reconstruct
 
 UNLABELLED_1F1B = ["1f1b", "1f1b_slow_stage2", "1f1b_p2p_delay5ms", "1f1b_real", "nsys_1f1b"]
 

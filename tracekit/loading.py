@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 class LoadOptions(ReadOptions):
     """What to read and how (:class:`~tracekit.ingest.options.ReadOptions`), and how to
     reconstruct it: ``timeline`` ``auto`` (the device wherever the traces record device
-    work), ``device`` or ``host`` (see :func:`tracekit.reconstruct.reconstruct`);
+    work), ``device`` or ``host`` (see :func:`tracekit.reconstruct.whole_run.reconstruct`);
     ``labels``: the user's label rules (a ``LabelSet``, or ``"REGEX=KIND"`` strings), tried
     before the built-in tables."""
 
@@ -58,12 +58,12 @@ def load(
             labels = custom_set([parse_rule(text, "label rule") for text in labels])
     if options.rows != "reduce":
         run = read_run(path, options, progress=progress, bytes_read=bytes_read)
-        from tracekit.reconstruct import reconstruct
+        from tracekit.reconstruct.whole_run import reconstruct
 
         return reconstruct(run, timeline=options.timeline, labels=labels)
     reducer = Reducer(functools.partial(reduce_file, labels=labels), _reducer_key(labels))
     run = read_run(path, replace(options, reducer=reducer), progress=progress, bytes_read=bytes_read)
-    from tracekit.reconstruct import reconstruct
+    from tracekit.reconstruct.whole_run import reconstruct
     from tracekit.reconstruct.per_rank import run_choice
 
     reduced = [trace.reduced is not None for trace in run.files]

@@ -1,0 +1,199 @@
+"""The whole run's reconstruction, on the client: every rank's events (or the ranks' reduced
+steps and actions) into a pipeline timeline: steps, actions, messages, device times, aligned
+clocks and the schedule. Works in place on a :class:`tracekit.model.Run`.
+
+It loads pandas; the package itself does not, so parser workers that import
+:mod:`tracekit.reconstruct.per_rank` for the per-rank reduce stay without it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pandas as pd
+
+from tracekit.errors import TracekitError
+from tracekit.model.names import RECV_NAMES, SEND_NAMES
+from tracekit.model.run import TIMELINES, Run
+from tracekit.reconstruct import device as dev
+from tracekit.reconstruct.actions import annotation_counts, find_actions
+from tracekit.reconstruct.chains import restage_from_chains
+from tracekit.reconstruct.clock import estimate_offsets, host_of_rank, shift_ranks
+from tracekit.reconstruct.counts import count_problems
+from tracekit.reconstruct.declared import declared_mismatch
+from tracekit.reconstruct.event_arrays import EventArrays, has_device_work
+from tracekit.reconstruct.labels import LabelSet, custom_set, describe_annotations, parse_rule
+from tracekit.reconstruct.p2p import estimate_arrivals, match_messages
+from tracekit.reconstruct.per_rank import gather
+from tracekit.reconstruct.pipelines import pipeline_groups, restage, stage_is_rank
+from tracekit.reconstruct.schedule import recognise, unrecognised
+from tracekit.reconstruct.steps import find_steps
+
+ONE_RANK = (
+    "one rank: no pipeline to analyse (a single rank's trace, and no file says the job had "
+    "more): this is not a pipeline run; per-rank busy/idle only"
+)
+
+
+def reconstruct(run: Run, timeline: str = "auto", labels: LabelSet | Sequence[str] | None = None) -> Run:
+    """Fill ``run.steps``, ``run.actions``, ``run.messages``, ``run.device`` and ``run.schedule``.
+
+    ``timeline``: ``auto`` measures on the device wherever the trace records device work
+    (kernels, copies), else on the host; ``device`` insists (an error for a trace with no
+    device work); ``host`` reads CPU op spans even where kernels exist (what tracekit did
+    before it read the device; the host runs ahead of a GPU, so those figures are the
+    host's, not the GPU's).
+
+    ``labels``: the user's label rules, as ``"REGEX=KIND"`` strings or a
+    :class:`~tracekit.reconstruct.labels.LabelSet`, tried before the built-in tables.
+
+    A run with ranks missing (``run.completeness``) gets its actions and messages but no
+    recognised schedule: read from part of a pipeline, p, the placement and the schedule's
+    name would describe a smaller pipeline that never ran. One rank alone is no pipeline.
+    """
+
+    if labels is not None and not isinstance(labels, LabelSet):
+        labels = custom_set([parse_rule(text, "label rule") for text in labels])
+    if timeline not in TIMELINES:
+        raise ValueError(f"timeline must be one of {TIMELINES}, not {timeline!r}")
+    if run.events.empty:
+        run.warn("no events were read: nothing to analyse")
+        return run
+    on_device = has_device_work(EventArrays.of(run.events))
+    if timeline == "device" and not on_device:
+        raise TracekitError(
+            f"{run.source}: --timeline device, but the traces record no device work (no "
+            "kernel, memcpy or memset): profile with CUDA activity, or use --timeline host"
+        )
+    use_device = on_device and timeline != "host"
+    run.timeline = "device" if use_device else "host"
+    # CUDA API calls only link device work to the host: never an action's op.
+    host_events = _host_events(run) if on_device else run.events
+    # Each rank's steps and actions, where the processes that parsed the files found them.
+    gathered = None if on_device else gather([trace.reduced for trace in run.files], labels)
+    if gathered is not None:
+        run.steps, actions, choice, labelling = gathered.steps, gathered.actions, gathered.choice, gathered.labelling
+    else:
+        run.steps = find_steps(run.events)  # a rank without step marks spans all it recorded
+        if on_device:
+            run.device = dev.device_ops(run.events, run.steps)
+        actions, choice, labelling = find_actions(host_events, run.steps, labels)
+    for trace in run.files:
+        trace.reduced = None  # read: the run's tables hold it now
+    run.labels, run.label_counts = choice.name, dict(choice.counts)
+    run.actions_from = "labels" if choice.used is not None else "segmentation"
+    for note in choice.notes:
+        run.warn(note)
+    run.actions = actions
+    run.steps["n_actions"] = _actions_per_step(run)
+    if run.completeness is not None and run.completeness.single_rank:
+        run.warn(f"{ONE_RANK} ({describe_annotations(annotation_counts(host_events))})")
+        return run
+    if actions.empty:
+        if use_device:
+            run.device_pairs = dev.pair_p2p_kernels(run.device, host_events)
+            run.collective_pairs = dev.pair_collective_sendrecv(run.device)  # after P2P kernels are known
+        run.warn(no_pipeline_message(run, host_events))
+        return run
+    messages, warnings = match_messages(
+        host_events, run.steps, actions, consumer_by_kind=run.actions_from == "segmentation"
+    )
+    for message in warnings:
+        run.warn(message)
+    chain_note = None
+    if run.actions_from == "segmentation":
+        # rank alone names no stage when a rank holds several (a virtual pipeline)
+        run.actions, chain_note = restage_from_chains(run.actions, messages)
+        actions = run.actions
+    if use_device:
+        _on_device(run, messages, host_events)
+    else:
+        shifts, notes = estimate_offsets(run.files, messages)
+        for note in notes:
+            run.warn(note)
+        if shifts:
+            _align(run, shifts)
+            messages = shift_ranks(messages, shifts, "src_rank", ["send_post_ns"])
+            messages = shift_ranks(messages, shifts, "dst_rank", ["recv_post_ns", "recv_done_ns"])
+        run.messages = estimate_arrivals(messages, run.actions, run.events)
+    if not run.is_complete:
+        run.schedule = unrecognised(run.actions, run.completeness)
+    else:
+        overlap = actions["label"].str.contains("OVERLAP_F_B", regex=False).any()
+        pipelines = pipeline_groups(run.actions, run.messages)
+        if len(pipelines) > 1 and stage_is_rank(run.actions):
+            run.actions = restage(run.actions, pipelines)
+        run.schedule = recognise(run.actions, overlap_labels=bool(overlap), pipelines=pipelines)
+        for problem in count_problems(run.actions, run.schedule):
+            run.warn(problem)
+        mismatch = declared_mismatch(run.capture, run.schedule)
+        if mismatch:
+            run.warn(mismatch)
+    if run.schedule is not None:
+        if chain_note:
+            run.schedule.evidence.insert(0, chain_note)
+        run.schedule.evidence.insert(0, f"actions from {labelling}")
+    return run
+
+
+def no_pipeline_message(run: Run, events) -> str:
+    """What was seen where no pipeline was found, and what to do about it."""
+
+    n_ranks = len(run.ranks)
+    expected = run.completeness.world_size if run.completeness is not None else None
+    ranks = f"{n_ranks} rank(s)" + (f" of {expected}" if expected and expected != n_ranks else "")
+    n_p2p = int(events["name"].isin(SEND_NAMES + RECV_NAMES).sum())
+    return (
+        f"no pipeline-parallel actions found: {ranks}; {describe_annotations(annotation_counts(events))}; "
+        f"{n_p2p} point-to-point op(s). If the annotations name your pipeline's actions, add a rule: "
+        "--label-rule 'REGEX=KIND' (KIND F, B, I, W or kind; groups (?P<stage>..), (?P<mb>..)); "
+        "else this is not a pipeline run: per-rank busy/idle only"
+    )
+
+
+def _on_device(run: Run, messages, host_events) -> None:
+    """Put the actions and messages on the device timeline, clocks aligned from the device
+    P2P kernels."""
+
+    messages = dev.device_messages(messages, run.device, host_events)
+    shifts, notes = dev.device_clock_offsets(messages, host_of_rank(run.files))
+    for note in notes:
+        run.warn(note)
+    if shifts:
+        _align(run, shifts)
+        run.device = shift_ranks(run.device, shifts, "rank", ["start_ns", "end_ns"])
+        run.device = shift_ranks(run.device, shifts, "rank", ["launch_ns", "launch_end_ns"])
+        messages = shift_ranks(messages, shifts, "src_rank", ["send_post_ns"])
+        messages = shift_ranks(messages, shifts, "dst_rank", ["recv_post_ns", "recv_done_ns"])
+        # wait and transfer compare both sides' kernels: measured again on the one clock
+        messages = dev.kernel_times(messages, run.device)
+    run.actions = dev.device_actions(run.actions, run.device)
+    unlinked = int((messages["send_kernel"] < 0).sum()) if len(messages) else 0
+    if unlinked:
+        run.warn(
+            f"{unlinked} of {len(messages)} messages have no SendRecv kernel on both sides in the trace; "
+            "their times are the host's"
+        )
+    # Producer and consumer stay those of the host's program order (match_messages).
+    run.messages = dev.apply_device_times(messages)
+    run.device_pairs = dev.pairs_from_messages(messages)
+    run.collective_pairs = dev.pair_collective_sendrecv(run.device)  # after P2P kernels are known
+
+
+def _host_events(run: Run):
+    """The events without CUDA API calls (they link device work to the host, nothing more)."""
+    return run.events[(run.events["cat"] != "runtime").to_numpy()]
+
+
+def _actions_per_step(run: Run) -> list[int]:
+
+    counts = run.actions.groupby(["rank", "step"]).size()
+    wanted = pd.MultiIndex.from_arrays([run.steps["rank"], run.steps["step"]])
+    return [int(n) for n in counts.reindex(wanted, fill_value=0).tolist()]
+
+
+def _align(run: Run, shifts: dict[int, int]) -> None:
+    """Put every rank's times on the reference clock."""
+
+    run.events = shift_ranks(run.events, shifts, "rank", ["start_ns", "end_ns"])
+    run.actions = shift_ranks(run.actions, shifts, "rank", ["start_ns", "end_ns", "label_start_ns", "label_end_ns"])
+    run.steps = shift_ranks(run.steps, shifts, "rank", ["step_start_ns", "step_end_ns"])
