@@ -3,78 +3,38 @@
 on every sample step and on generated schedules with faults and replicas. Rank by rank:
 the schedule's phases from a loop over the rank's holes, ``apportion`` per rank, the stage
 and link blame per rank, Shapley values per rank, and one ``idle_per_rank`` per replay.
+
+Only the functions the fast version rewrote stand here, as they were in 1b5124f
+(``attribute_step``, ``shapley``, ``apportion`` and ``_apportioned``, ``_positions_by_rank``,
+``_schedule_idle``, ``_gains``, ``_link_latency``); what it left unchanged (the constants,
+the dataclasses, ``_scenario``, ``_makespan``, ``_linked_groups``, ``_stages_by_excess``,
+``_link_freed``, ``_excess_work``) is imported from ``tracekit.analyze.attribution``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from itertools import combinations
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from tracekit.analyze.attribution import (
+    ATTRIBUTION_COLUMNS,
+    CAUSES,
+    MAX_BLAME_REPLAYS,
+    Coalition,
+    StepAttribution,
+    _excess_work,
+    _Gains,
+    _link_freed,
+    _linked_groups,
+    _makespan,
+    _scenario,
+    _stages_by_excess,
+)
 from tracekit.analyze.replay import Replay, Scenario, StepGraph, critical_path, idle_per_rank, replay_many
-from tracekit.vocab import CATEGORIES
-
-CAUSES = ("imbalance", "comm", "overhead")
-Coalition = frozenset[str]  # the causes present in one replay
-# Blame replays one stage (or link) at a time: on big pipelines only the stages with the
-# most excess work (links with the most latency) are replayed; the rest share by that amount.
-MAX_BLAME_REPLAYS = 32
-ATTRIBUTION_COLUMNS = ["rank", "step", "idle_ns", *[f"{c}_ns" for c in CATEGORIES]]
-
-
-@dataclass
-class StepAttribution:
-    step: int
-    table: pd.DataFrame  # one row per rank: idle and each category
-    signed_shapley: dict[int, dict[str, float]]  # rank -> cause -> signed Shapley value (ns)
-    stage_blame: pd.DataFrame  # rank, stage, imbalance_ns
-    link_blame: pd.DataFrame  # rank, src_rank, dst_rank, comm_ns
-    critical_path: list[dict[str, Any]]
-    replay_makespan_ns: int
-    measured_makespan_ns: int
-    ideal_makespan_ns: int  # all causes removed
-    ideal_idle_ns: dict[int, int]  # rank -> idle with all causes removed
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def residual_ns(self) -> int:
-        return self.measured_makespan_ns - self.replay_makespan_ns
-
-
-@dataclass
-class Attribution:
-    steps: list[StepAttribution]
-    graphs: dict[int, StepGraph] = field(default_factory=dict)  # the measured step graphs
-
-    @property
-    def table(self) -> pd.DataFrame:
-        return (
-            pd.concat([s.table for s in self.steps], ignore_index=True)
-            if self.steps
-            else pd.DataFrame(columns=ATTRIBUTION_COLUMNS)
-        )
-
-    @property
-    def stage_blame(self) -> pd.DataFrame:
-        frames = [s.stage_blame.assign(step=s.step) for s in self.steps if len(s.stage_blame)]
-        return (
-            pd.concat(frames, ignore_index=True)
-            if frames
-            else pd.DataFrame(columns=["rank", "stage", "imbalance_ns", "step"])
-        )
-
-    @property
-    def link_blame(self) -> pd.DataFrame:
-        frames = [s.link_blame.assign(step=s.step) for s in self.steps if len(s.link_blame)]
-        return (
-            pd.concat(frames, ignore_index=True)
-            if frames
-            else pd.DataFrame(columns=["rank", "src_rank", "dst_rank", "comm_ns", "step"])
-        )
 
 
 def apportion(total: int, weights: Sequence[float] | np.ndarray) -> list[int]:
@@ -121,14 +81,6 @@ def shapley(
                     total += weight * (with_p - without)
             out[int(r)][player] = total
     return out
-
-
-def _scenario(graph: StepGraph, balanced: np.ndarray, present: Coalition) -> Scenario:
-    dur = graph.dur if "imbalance" in present else balanced
-    lat = graph.edge_lat if "comm" in present else np.zeros_like(graph.edge_lat)
-    xfer = graph.edge_xfer if "comm" in present else np.zeros_like(graph.edge_xfer)
-    ovh = graph.ovh if "overhead" in present else np.zeros_like(graph.ovh)
-    return Scenario(dur=dur, ovh=ovh, lat=lat, xfer=xfer)
 
 
 def attribute_step(graph: StepGraph, measured_idle: dict[int, int], measured_makespan: int) -> StepAttribution:
@@ -223,35 +175,11 @@ def attribute_step(graph: StepGraph, measured_idle: dict[int, int], measured_mak
     )
 
 
-def _makespan(graph: StepGraph, result: Replay) -> int:
-    """The replayed step's length: t0 to its last end; with per-rank windows (flush-free)
-    the longest rank window, as the bubble table's ``window_ns`` is then per rank."""
-    return max(graph.window_ns(result).values(), default=0)
-
-
 def _positions_by_rank(rank: np.ndarray) -> dict[int, np.ndarray]:
     """Each rank's action positions, ascending (as ``np.flatnonzero(rank == r)``)."""
     order = np.argsort(rank, kind="stable")
     values, first = np.unique(rank[order], return_index=True)
     return {int(v): part for v, part in zip(values, np.split(order, first[1:]))}
-
-
-def _linked_groups(links: list[tuple[int, int]]) -> dict[int, int]:
-    """Each rank on a link -> the smallest rank it is connected to through links (its
-    replica, where replicas exchange no P2P messages)."""
-    parent: dict[int, int] = {}
-
-    def root(r: int) -> int:
-        while parent.setdefault(r, r) != r:
-            parent[r] = parent[parent[r]]
-            r = parent[r]
-        return r
-
-    for src, dst in links:
-        a, b = root(src), root(dst)
-        if a != b:
-            parent[max(a, b)] = min(a, b)
-    return {r: root(r) for r in list(parent)}
 
 
 def _schedule_idle(
@@ -286,26 +214,6 @@ def _schedule_idle(
     return warmup, drain, gaps
 
 
-def _stages_by_excess(graph: StepGraph, balanced: np.ndarray) -> list[int]:
-    """The stages, most excess work first (blame replays the first MAX_BLAME_REPLAYS)."""
-    return sorted((int(s) for s in np.unique(graph.stage)), key=lambda s: -_excess_work(graph, balanced, s))
-
-
-def _link_freed(graph: StepGraph, link: tuple[int, int]) -> Scenario:
-    """The measured step with one link (src rank, dst rank) free."""
-    mask = (graph.rank[graph.edge_src] == link[0]) & (graph.rank[graph.edge_dst] == link[1])
-    return Scenario(lat=np.where(mask, 0, graph.edge_lat), xfer=np.where(mask, 0, graph.edge_xfer))
-
-
-@dataclass
-class _Gains:
-    """Per stage (or link), in sorted order: how much each rank's idle (columns: the
-    step's ranks, sorted) shrinks when only that stage is balanced (that link free)."""
-
-    keys: list[Any]
-    gain: np.ndarray  # len(keys) x ranks, int64
-
-
 def _gains(
     graph: StepGraph, full_idle: dict[int, int], keys: list[Any], scenarios: list[Scenario], results: list[Replay]
 ) -> _Gains:
@@ -328,8 +236,3 @@ def _link_latency(graph: StepGraph) -> dict[tuple[int, int], int]:
     for link, lat, xfer in zip(graph.edge_links(), graph.edge_lat, graph.edge_xfer):
         total[link] = total.get(link, 0) + int(lat) + int(xfer)
     return total
-
-
-def _excess_work(graph: StepGraph, balanced: np.ndarray, stage: int) -> float:
-    on = graph.stage == stage
-    return float(max(0, int(graph.dur[on].sum() - balanced[on].sum())))

@@ -5,19 +5,21 @@ the vectorised functions equal to them on every sample and on generated edge cas
 Each walks the receives or messages one at a time: for each, the rank's (or the rank
 and step's) annotations or actions, sorted by start with ``DataFrame.sort_values``, and a
 searchsorted or a mask over them.
+
+Only the functions the fast version rewrote stand here, as they were in 1b5124f
+(``_recv_done_times``, ``_link_actions`` with its ``_way_by_rank``, ``estimate_arrivals``,
+``host_p2p_ops``); the constants it left unchanged (``_TOLERANCE_NS``, ``_NCCL_TITLE``) are
+imported from ``tracekit.reconstruct.p2p``.
 """
 
 from __future__ import annotations
-
-import re
 
 import numpy as np
 import pandas as pd
 
 from tracekit.model.names import RECV_NAMES, SEND_NAMES
 from tracekit.model.run import MESSAGE_COLUMNS
-
-_TOLERANCE_NS = 20_000
+from tracekit.reconstruct.p2p import _NCCL_TITLE, _TOLERANCE_NS
 
 
 def _recv_done_times(events: pd.DataFrame, recvs: pd.DataFrame) -> np.ndarray:
@@ -169,10 +171,6 @@ def estimate_arrivals(messages: pd.DataFrame, actions: pd.DataFrame, events: pd.
     messages["recv_wait_ns"] = done - wait_start
     messages["arrival_ns"] = leaves + done - np.maximum(wait_start, leaves)
     return messages[MESSAGE_COLUMNS]
-
-
-# ProcessGroupNCCL's profiling titles name both ranks: "nccl:send 0->1", "nccl:recv 1<-0".
-_NCCL_TITLE = re.compile(r"^nccl:(send|recv) (\d+)(->|<-)(\d+)$")
 
 
 def host_p2p_ops(events: pd.DataFrame) -> pd.DataFrame:

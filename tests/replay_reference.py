@@ -2,7 +2,9 @@
 and action at once (tracekit 1b5124f, kept as they were): ``tests/test_replay_fast.py``
 holds the new ones equal to them. Message by message: a dict of edges keeping each
 (producer, consumer)'s first message of the largest latency, then the overheads action
-by action.
+by action. Both functions were rewritten whole (their unchanged lines, such as the closing
+``StepGraph(...)``, stand inside them); ``StepGraph`` itself is imported from
+``tracekit.analyze.replay``.
 """
 
 from __future__ import annotations

@@ -2,7 +2,11 @@
 ``held_back_ns``, every message searched among its sender thread's receive completions at
 once, equal the loops they replaced (kept below as they were at tracekit 1b5124f) on every
 sample run (DeepSpeed's holds sends back; DualPipeV fuses labels) and on generated
-messages (threads that receive and send, unknown threads)."""
+messages (threads that receive and send, unknown threads). The references are
+``cost_model`` and ``held_back_ns`` of 1b5124f whole (their opening checks did not change,
+but they are inside the rewritten functions); what the fast version left unchanged
+(``CostModel``, ``LinkKey``, ``_fused``, ``_split_costs``) is imported from
+``tracekit.analyze.costs``."""
 
 from __future__ import annotations
 
