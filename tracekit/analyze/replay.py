@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from tracekit.analyze.grouping import int_groups
+from tracekit.model.groups import pair_codes
 from tracekit.model.run import Run, compute_ns
 
 
@@ -373,26 +374,38 @@ def _dependencies(
     n = len(kind)
     group = np.zeros(n, dtype=np.int64) if replica is None else np.asarray(replica, dtype=np.int64)
     kinds = np.asarray(kind).astype(str)
+    kind_names, kind_code = np.unique(kinds, return_inverse=True)
     stage = np.asarray(stage, dtype=np.int64)
     mb = np.asarray(microbatch, dtype=np.int64)
-    keys = pd.MultiIndex.from_arrays([group, kinds, stage, mb])
-    last = ~keys.duplicated(keep="last")
-    table = keys[last]
-    position = np.flatnonzero(last)
+    # Every action's (replica, kind, stage, microbatch) and each lookup's wanted one, coded
+    # as one int64 each (pair_codes: the same tuple the same code across all the sets).
+    forward = np.flatnonzero(kinds == "F")
+    backward = np.flatnonzero((kinds == "B") | (kinds == "I"))
+    lookups = {"F": (forward, -1), "B": (backward, 1), "I": (backward, 1)}  # rows, producer's stage offset
+    sets = [(group, kind_code, stage, mb)]
+    for want, (rows, offset) in lookups.items():
+        want_code = int(np.searchsorted(kind_names, want)) if want in kind_names else -1
+        sets.append((group[rows], np.full(len(rows), want_code), stage[rows] + offset, mb[rows]))
+    codes = [part[0] for part in sets]
+    for column in (1, 2, 3):
+        pairs = [(code, part[column]) for code, part in zip(codes, sets)]
+        codes = pair_codes(*pairs[0], *pairs[1:])
+    table, last_reversed = np.unique(codes[0][::-1], return_index=True)
+    position = n - 1 - last_reversed  # the last action of each distinct tuple
+    wanted = dict(zip(lookups, codes[1:]))
 
-    def find(want_kind: str, want_stage: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        at = table.get_indexer(
-            pd.MultiIndex.from_arrays([group[rows], np.full(len(rows), want_kind), want_stage, mb[rows]])
-        )
-        return np.where(at >= 0, position[np.maximum(at, 0)], -1) if len(position) else np.full(len(rows), -1)
+    def find(want_kind: str) -> np.ndarray:
+        keys = wanted[want_kind]
+        if not len(table):
+            return np.full(len(keys), -1, dtype=np.int64)
+        at = np.minimum(np.searchsorted(table, keys), len(table) - 1)
+        return np.where(table[at] == keys, position[at], -1)
 
     producer = np.full(n, -1, dtype=np.int64)
-    forward = np.flatnonzero(kinds == "F")
-    producer[forward] = find("F", stage[forward] - 1, forward)
-    backward = np.flatnonzero((kinds == "B") | (kinds == "I"))
-    found = find("B", stage[backward] + 1, backward)
+    producer[forward] = find("F")
+    found = find("B")
     missing = found < 0
-    found[missing] = find("I", stage[backward][missing] + 1, backward[missing])
+    found[missing] = find("I")[missing]
     producer[backward] = found
     rank = np.asarray(rank)
     consumer = np.flatnonzero(producer >= 0)
