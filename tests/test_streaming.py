@@ -241,6 +241,17 @@ def test_isal_and_zlib_inflate_read_the_same_rows(tmp_path, monkeypatch, cut):
     assert len(rows_isal) > 100
 
 
+@pytest.mark.parametrize("inflater", ["isal.isal_zlib", "zlib"])
+def test_a_damaged_gzip_stream_is_one_line_with_either_inflater(tmp_path, monkeypatch, inflater):
+    monkeypatch.setattr(kineto_stream, "_inflate", pytest.importorskip(inflater))
+    data = bytearray(_sample_file().read_bytes())
+    data[200:260] = b"X" * 60  # deflate blocks overwritten just after the header
+    path = tmp_path / "rank0.json.gz"
+    path.write_bytes(bytes(data))
+    with pytest.raises(TraceFormatError, match="not a readable gzip file .*; check the file was copied whole"):
+        parse_kineto(path, 0)
+
+
 def test_memory_is_bounded_by_a_chunk_not_the_file(tmp_path):
     n_events = 80_000
     events = ",\n".join(json.dumps(_event(i)) for i in range(n_events))

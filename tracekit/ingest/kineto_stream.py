@@ -34,11 +34,8 @@ from tracekit.errors import TraceFormatError
 
 try:  # ISA-L's inflate reads the same gzip streams ~2x faster than zlib's (benchmarks/README.md)
     from isal import isal_zlib as _inflate
-
-    _INFLATE_ERRORS: tuple[type[Exception], ...] = (_inflate.error, zlib.error)
 except ImportError:  # pragma: no cover - an install without the wheel: zlib, same bytes
     _inflate = zlib  # type: ignore[assignment]
-    _INFLATE_ERRORS = (zlib.error,)
 
 # Decompressed bytes gathered before a batch is cut and decoded (~700 Kineto events). As
 # fast as 1 MiB and 6 MB less peak memory per parser; larger chunks were slower and took
@@ -279,7 +276,7 @@ class ChromeTraceStream:
                 while data:
                     try:
                         out = decomp.decompress(data, self.chunk_bytes)
-                    except _INFLATE_ERRORS as err:
+                    except _inflate.error as err:
                         raise TraceFormatError(
                             f"{self.path}: not a readable gzip file ({err}); check the file was copied whole"
                         ) from None
