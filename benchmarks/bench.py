@@ -97,6 +97,14 @@ def _peak_memory(cmd: list[str]) -> tuple[float, float]:
     """Peak of the summed RSS and of the summed PSS over the process and its children."""
     wait_for_captures()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    peak_rss, peak_pss = watch_tree(proc, 0.02)
+    proc.wait()
+    return peak_rss / 1e6, peak_pss / 1e6
+
+
+def watch_tree(proc: subprocess.Popen, poll_s: float) -> tuple[int, int]:
+    """Until ``proc`` exits: the peak of the RSS and of the PSS summed over it and its
+    children (bytes), sampled every ``poll_s`` seconds."""
     root = psutil.Process(proc.pid)
     peak_rss = peak_pss = 0
     while proc.poll() is None:
@@ -113,9 +121,8 @@ def _peak_memory(cmd: list[str]) -> tuple[float, float]:
             rss += info.rss
             pss += getattr(info, "pss", info.rss)
         peak_rss, peak_pss = max(peak_rss, rss), max(peak_pss, pss)
-        time.sleep(0.02)
-    proc.wait()
-    return peak_rss / 1e6, peak_pss / 1e6
+        time.sleep(poll_s)
+    return peak_rss, peak_pss
 
 
 def tracekit_cmd(run_dir: Path, *extra: str) -> list[str]:

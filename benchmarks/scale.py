@@ -64,23 +64,7 @@ def watched(cmd: list[str], poll_s: float) -> tuple[float, float, float, float]:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=errors)
-    root = psutil.Process(proc.pid)
-    peak_rss = peak_pss = 0
-    while proc.poll() is None:
-        rss = pss = 0
-        try:
-            tree = [root] + root.children(recursive=True)
-        except psutil.Error:
-            tree = []
-        for p in tree:
-            try:
-                info = p.memory_full_info()
-            except psutil.Error:
-                continue
-            rss += info.rss
-            pss += getattr(info, "pss", info.rss)
-        peak_rss, peak_pss = max(peak_rss, rss), max(peak_pss, pss)
-        time.sleep(poll_s)
+    peak_rss, peak_pss = bench.watch_tree(proc, poll_s)
     wall = time.perf_counter() - started
     if proc.wait() != 0:
         errors.seek(0)
