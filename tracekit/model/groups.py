@@ -1,6 +1,7 @@
-"""Values sorted within integer groups (a rank, a rank and step, a rank and thread),
-searched for every query at once: one ``searchsorted`` over all groups instead of a
-slice and a search per group. Shared by reconstruction and the analyses."""
+"""Integer groups of rows (a rank, a rank and step, a rank and thread) without pandas: values
+sorted within groups and searched for every query at once (one ``searchsorted`` over all
+groups instead of a slice and a search per group), tuples coded as one int64, rows numbered
+by their group. Shared by reconstruction and the analyses."""
 
 from __future__ import annotations
 
@@ -60,3 +61,20 @@ def pair_codes(first: np.ndarray, second: np.ndarray, *more: tuple[np.ndarray, n
     return [
         np.asarray(a, dtype=np.int64) * width + np.searchsorted(seconds, np.asarray(b, dtype=np.int64)) for a, b in sets
     ]
+
+
+def group_ids(*keys: np.ndarray) -> np.ndarray:
+    """Each row's group of equal ``keys`` (columns of one length) as a number; groups are
+    numbered in the keys' sort order."""
+    n = len(keys[0])
+    if not n:
+        return np.zeros(0, dtype=np.int64)
+    order = np.lexsort(keys[::-1])
+    change = np.zeros(n, dtype=bool)
+    change[0] = True
+    for key in keys:
+        ordered = key[order]
+        change[1:] |= ordered[1:] != ordered[:-1]
+    ids = np.empty(n, dtype=np.int64)
+    ids[order] = np.cumsum(change) - 1
+    return ids

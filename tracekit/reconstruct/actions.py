@@ -20,9 +20,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tracekit.model.groups import group_ids
 from tracekit.model.names import COMM_PREFIXES, RECV_NAMES, SEND_NAMES, STEP_MARK_PREFIX
 from tracekit.model.run import ACTION_COLUMNS
-from tracekit.reconstruct.event_arrays import EventArrays, group_ids
+from tracekit.reconstruct.event_arrays import EventArrays
 from tracekit.reconstruct.labels import LabelChoice, LabelRule, LabelSet, choose
 from tracekit.reconstruct.steps import step_of
 

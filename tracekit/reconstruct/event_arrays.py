@@ -83,20 +83,3 @@ class EventArrays:
 def has_device_work(events: EventArrays) -> bool:
     """Whether any row is the device's own work (see :data:`DEVICE_CATEGORIES`)."""
     return bool((events["on_gpu"] & events.is_in("cat", DEVICE_CATEGORIES)).any())
-
-
-def group_ids(*keys: np.ndarray) -> np.ndarray:
-    """Each row's group of equal ``keys`` (columns of one length) as a number; groups are
-    numbered in the keys' sort order."""
-    n = len(keys[0])
-    if not n:
-        return np.zeros(0, dtype=np.int64)
-    order = np.lexsort(keys[::-1])
-    change = np.zeros(n, dtype=bool)
-    change[0] = True
-    for key in keys:
-        ordered = key[order]
-        change[1:] |= ordered[1:] != ordered[:-1]
-    ids = np.empty(n, dtype=np.int64)
-    ids[order] = np.cumsum(change) - 1
-    return ids
