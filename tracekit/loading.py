@@ -29,6 +29,9 @@ class LoadOptions(ReadOptions):
 
     timeline: str = "auto"
     labels: LabelSet | Sequence[str] | None = None
+    # rows="reduce": a rank with device work sends only its device rows, their launches and
+    # its message rows (False: its working set, for outputs that draw its host ops)
+    reduce_device: bool = True
 
 
 def load(
@@ -61,7 +64,10 @@ def load(
         from tracekit.reconstruct.whole_run import reconstruct
 
         return reconstruct(run, timeline=options.timeline, labels=labels)
-    reducer = Reducer(functools.partial(reduce_file, labels=labels), _reducer_key(labels))
+    reducer = Reducer(
+        functools.partial(reduce_file, labels=labels, device=options.reduce_device),
+        _reducer_key(labels, options.reduce_device),
+    )
     run = read_run(path, replace(options, reducer=reducer), progress=progress, bytes_read=bytes_read)
     from tracekit.reconstruct.whole_run import reconstruct
     from tracekit.reconstruct.per_rank import run_choice
@@ -75,19 +81,20 @@ def load(
 
 
 def reduce_file(
-    parsed: list[tuple[TraceFile, EventColumns]], labels: LabelSet | None
+    parsed: list[tuple[TraceFile, EventColumns]], labels: LabelSet | None, device: bool = True
 ) -> list[tuple[TraceFile, EventColumns]]:
     """The map step's reduce (``rows="reduce"``), run where a file was parsed: each rank's
     steps and actions on its :class:`~tracekit.model.events.TraceFile` (``reduced``) and,
     of its working set, only the rows the cross-rank steps read
-    (:mod:`tracekit.reconstruct.per_rank`); a rank that needs its events keeps them."""
+    (:mod:`tracekit.reconstruct.per_rank`; ``device``: ranks with device work too, keeping
+    their device rows); a rank that needs its events keeps them."""
     from tracekit.ingest.columns import EventColumns
     from tracekit.reconstruct.event_arrays import EventArrays
     from tracekit.reconstruct.per_rank import rank_reduce
 
     out = []
     for trace, columns in parsed:
-        found = rank_reduce(EventArrays.of(columns), labels)
+        found = rank_reduce(EventArrays.of(columns), labels, device)
         if found is None:
             out.append((trace, columns))
             continue
@@ -109,6 +116,6 @@ def _code_digest() -> str:
     )
 
 
-def _reducer_key(labels: LabelSet | None) -> dict:
+def _reducer_key(labels: LabelSet | None, device: bool) -> dict:
     rules = [(r.pattern, r.role) for r in labels.rules] if labels is not None else []
-    return {"code": _code_digest(), "labels": rules}
+    return {"code": _code_digest(), "labels": rules, "device": device}

@@ -213,18 +213,25 @@ def _refuse_cache_in_run(cache_dir: str | None, run_dir: Path) -> None:
 
 
 def load_with_progress(
-    path: Path, rank_from: str | None, rank_map: str | None, progress: bool | None, rows: str = "reduce"
+    path: Path,
+    rank_from: str | None,
+    rank_map: str | None,
+    progress: bool | None,
+    rows: str = "reduce",
+    reduce_device: bool = True,
 ):
     """Load and reconstruct a run, with a progress bar (bytes read) on long loads.
 
     ``rows="all"``: every event, not only the analysis's working set (an output that shows
-    the trace's own ops); ``"analysis"``: the working set's events (outputs that draw them)."""
+    the trace's own ops); ``"analysis"``: the working set's events (outputs that draw them).
+    ``reduce_device=False``: a rank with device work keeps its working set under "reduce"
+    (an output that draws its host ops beside its kernels: the report)."""
     from dataclasses import replace
 
     from tracekit.ingest import discover
     from tracekit.loading import load
 
-    options = replace(load_options(rank_from, rank_map), rows=rows)
+    options = replace(load_options(rank_from, rank_map), rows=rows, reduce_device=reduce_device)
     _refuse_cache_in_run(options.cache_dir, path)
     show = sys.stderr.isatty() if progress is None else progress
     if not show:

@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 
 # The device's own work (kernels, copies, sets); a rank that records any is measured there.
 DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+# The CUDA API calls on the host (cudaLaunchKernel, ...): they link device work to the host.
+LAUNCH_CATEGORY = "runtime"
 _STRING_COLUMNS = ("cat", "name")
 
 
@@ -54,6 +56,12 @@ class EventArrays:
 
     def __len__(self) -> int:
         return len(self.numbers["start_ns"])
+
+    def take(self, rows: np.ndarray) -> EventArrays:
+        """The rows ``rows`` (a mask or indices) selects, in order; the strings are shared."""
+        return EventArrays(
+            {c: v[rows] for c, v in self.numbers.items()}, {c: v[rows] for c, v in self.codes.items()}, self.values
+        )
 
     def __getitem__(self, column: str) -> np.ndarray:
         return self.numbers[column]

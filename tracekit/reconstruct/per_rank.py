@@ -8,12 +8,20 @@ What the client still reads of the events is small: the rows that message matchi
 inference and arrival estimates read (communication-library ops and ranges, framework P2P
 ranges) and each rank's first and last row (the extent of the run).
 
+A rank that records device work (kernels, copies) is measured on the device, from its
+device ops: with ``device=True`` it sends, beside its steps and actions (found on its host
+rows, CUDA API calls aside, as the client would), its device rows and the CUDA API calls
+that launched them, so the client builds the device-op table from those rows and holds no
+host op. Without ``device`` (an output that draws host ops: the report) it sends its
+working set.
+
 The one choice made across ranks is the label table (the first whose action rules match
 an annotation anywhere in the run): each rank reports its annotation counts and the table
 it would choose alone, and :func:`gather` uses the ranks' actions only where every rank
-chose the table the whole run chooses. Where a rank records device work or has no action
-(runs without a pipeline read every event when measured), it sends its working set as
-before and the client reconstructs from events.
+chose the table the whole run chooses, and where the ranks all reduced the same way (on
+the device or on the host). A host rank with no action (runs without a pipeline read
+every event when measured) sends its working set as before and the client reconstructs
+from events.
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ import numpy as np
 
 from tracekit.model.run import ACTION_COLUMNS, STEP_COLUMNS
 from tracekit.reconstruct.actions import UNLABELLED, action_table, annotation_counts
-from tracekit.reconstruct.event_arrays import EventArrays, has_device_work
+from tracekit.reconstruct.event_arrays import DEVICE_CATEGORIES, LAUNCH_CATEGORY, EventArrays, has_device_work
 from tracekit.reconstruct.labels import LabelChoice, LabelSet, choose, p2p_ways
 from tracekit.reconstruct.steps import step_table
 
@@ -40,23 +48,35 @@ _MESSAGE_PREFIXES = ("c10d::", "record_param_comms", "gloo:recv", "nccl:send", "
 _RANK_ACTION_COLUMNS = [c for c in ACTION_COLUMNS if c != "action_id"]
 
 
-def rank_reduce(events: EventArrays, labels: LabelSet | None) -> tuple[dict[str, Any], np.ndarray] | None:
+def rank_reduce(
+    events: EventArrays, labels: LabelSet | None, device: bool = False
+) -> tuple[dict[str, Any], np.ndarray] | None:
     """One rank's (or one file's) steps, actions and label counts as a JSON-ready dict, and
     which of ``events`` the client still reads; None where the client needs the events
-    themselves (device work, or no action: see the module doc)."""
-    if not len(events) or has_device_work(events):
+    themselves (a host rank with no action; device work without ``device``: see the module
+    doc)."""
+    if not len(events):
         return None
-    steps = step_table(events)
-    actions, choice, _ = action_table(events, steps, labels)
-    if not len(actions["action_id"]):
+    on_device = has_device_work(events)
+    if on_device and not device:
+        return None
+    steps = step_table(events)  # a rank without step marks spans all it recorded, launches too
+    # CUDA API calls only link device work to the host: never an action's op (as on the client).
+    host = events.take(~events.is_in("cat", (LAUNCH_CATEGORY,))) if on_device else events
+    actions, choice, _ = action_table(host, steps, labels)
+    if not on_device and not len(actions["action_id"]):
         return None
     reduced = {
         "table": choice.used.name if choice.used is not None else None,
-        "counts": annotation_counts(events),
+        "counts": annotation_counts(host),
+        "device": on_device,
         "steps": {c: steps[c].tolist() for c in STEP_COLUMNS[:4]},
         "actions": {c: _as_list(actions[c]) for c in _RANK_ACTION_COLUMNS},
     }
-    return reduced, message_rows(events)
+    keep = message_rows(events)
+    if on_device:
+        keep |= device_rows(events)
+    return reduced, keep
 
 
 def _as_list(column: np.ndarray | list[Any]) -> list[Any]:
@@ -82,6 +102,18 @@ def message_rows(events: EventArrays) -> np.ndarray:
     return keep
 
 
+def device_rows(events: EventArrays) -> np.ndarray:
+    """The rows the device timeline is built from (:func:`tracekit.reconstruct.device.device_ops`
+    and the measures of a run without a pipeline): every row of the device, and each CUDA
+    API call that launched a device op (its ``correlation`` id)."""
+    on_gpu = events["on_gpu"]
+    correlation = events["correlation"]
+    ops = on_gpu & events.is_in("cat", DEVICE_CATEGORIES) & (correlation >= 0)
+    launches = events.is_in("cat", (LAUNCH_CATEGORY,)) & (correlation >= 0)
+    launches &= np.isin(correlation, correlation[ops])
+    return on_gpu | launches
+
+
 @dataclass
 class Gathered:
     """The run's steps, actions and label choice, put together from its ranks."""
@@ -90,22 +122,31 @@ class Gathered:
     actions: pd.DataFrame
     choice: LabelChoice
     labelling: str
+    annotations: dict[str, int]  # annotation_counts of the whole run (the ranks' summed)
 
 
 def run_choice(reduced: list[dict[str, Any] | None], labels: LabelSet | None) -> LabelChoice | None:
     """The label table the whole run chooses, from its ranks' counts; None when a rank sent
-    events instead (no action of its own, or device work), or would choose another table
+    events instead (no action of its own, or device work not reduced), when some ranks were
+    reduced on the device and others on the host, or when a rank would choose another table
     alone (its actions are then not the run's)."""
     if not reduced or any(r is None for r in reduced):
         return None
+    if len({bool(part.get("device")) for part in reduced if part is not None}) > 1:
+        return None
+    choice = choose(run_annotations(reduced), labels)
+    table = choice.used.name if choice.used is not None else None
+    return choice if all(part is not None and part["table"] == table for part in reduced) else None
+
+
+def run_annotations(reduced: list[dict[str, Any] | None]) -> dict[str, int]:
+    """The ranks' annotation counts summed (:func:`~.actions.annotation_counts` of the run)."""
     counts: dict[str, int] = {}
     for part in reduced:
         assert part is not None
         for name, n in part["counts"].items():
             counts[name] = counts.get(name, 0) + int(n)
-    choice = choose(counts, labels)
-    table = choice.used.name if choice.used is not None else None
-    return choice if all(part is not None and part["table"] == table for part in reduced) else None
+    return dict(sorted(counts.items()))
 
 
 def gather(reduced: list[dict[str, Any] | None], labels: LabelSet | None) -> Gathered | None:
@@ -121,15 +162,18 @@ def gather(reduced: list[dict[str, Any] | None], labels: LabelSet | None) -> Gat
     steps = pd.DataFrame({c: _joined(parts, "steps", c) for c in STEP_COLUMNS[:4]}, columns=STEP_COLUMNS[:4])
     steps = steps.astype("int64")
     steps["n_actions"] = 0
-    steps = steps.sort_values(["rank", "step"]).reset_index(drop=True)
+    # Stable, as step_table's sort: marks of one rank and number stay in row order.
+    steps = steps.sort_values(["rank", "step"], kind="stable").reset_index(drop=True)
+    labelling = f"{choice.used.name} labels ({choice.used.what})" if choice.used is not None else UNLABELLED
+    if not any(part["actions"]["rank"] for part in parts):  # device ranks without a pipeline
+        return Gathered(steps, pd.DataFrame(columns=ACTION_COLUMNS), choice, labelling, run_annotations(parts))
     actions = pd.DataFrame(
         {c: _joined(parts, "actions", c) for c in _RANK_ACTION_COLUMNS}, columns=_RANK_ACTION_COLUMNS
     )
     # Stable, as find_actions' sort: a rank's rows keep their order where start times tie.
     actions = actions.sort_values(["rank", "step", "start_ns"], kind="stable").reset_index(drop=True)
     actions["action_id"] = np.arange(len(actions))
-    labelling = f"{choice.used.name} labels ({choice.used.what})" if choice.used is not None else UNLABELLED
-    return Gathered(steps, actions[ACTION_COLUMNS], choice, labelling)
+    return Gathered(steps, actions[ACTION_COLUMNS], choice, labelling, run_annotations(parts))
 
 
 def _joined(parts: list[dict[str, Any]], table: str, column: str) -> list[Any]:

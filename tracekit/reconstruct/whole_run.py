@@ -68,15 +68,18 @@ def reconstruct(run: Run, timeline: str = "auto", labels: LabelSet | Sequence[st
     run.timeline = "device" if use_device else "host"
     # CUDA API calls only link device work to the host: never an action's op.
     host_events = _host_events(run) if on_device else run.events
-    # Each rank's steps and actions, where the processes that parsed the files found them.
-    gathered = None if on_device else gather([trace.reduced for trace in run.files], labels)
+    # Each rank's steps and actions, where the processes that parsed the files found them
+    # (on the device, the events are then its device rows, launches and message rows).
+    gathered = gather([trace.reduced for trace in run.files], labels)
     if gathered is not None:
         run.steps, actions, choice, labelling = gathered.steps, gathered.actions, gathered.choice, gathered.labelling
+        annotations = gathered.annotations
     else:
         run.steps = find_steps(run.events)  # a rank without step marks spans all it recorded
-        if on_device:
-            run.device = dev.device_ops(run.events, run.steps)
         actions, choice, labelling = find_actions(host_events, run.steps, labels)
+        annotations = annotation_counts(host_events)
+    if on_device:
+        run.device = dev.device_ops(run.events, run.steps)
     for trace in run.files:
         trace.reduced = None  # read: the run's tables hold it now
     run.labels, run.label_counts = choice.name, dict(choice.counts)
@@ -86,13 +89,13 @@ def reconstruct(run: Run, timeline: str = "auto", labels: LabelSet | Sequence[st
     run.actions = actions
     run.steps["n_actions"] = _actions_per_step(run)
     if run.completeness is not None and run.completeness.single_rank:
-        run.warn(f"{ONE_RANK} ({describe_annotations(annotation_counts(host_events))})")
+        run.warn(f"{ONE_RANK} ({describe_annotations(annotations)})")
         return run
     if actions.empty:
         if use_device:
             run.device_pairs = dev.pair_p2p_kernels(run.device, host_events)
             run.collective_pairs = dev.pair_collective_sendrecv(run.device)  # after P2P kernels are known
-        run.warn(no_pipeline_message(run, host_events))
+        run.warn(no_pipeline_message(run, host_events, annotations))
         return run
     messages, warnings = match_messages(
         host_events, run.steps, actions, consumer_by_kind=run.actions_from == "segmentation"
@@ -135,15 +138,16 @@ def reconstruct(run: Run, timeline: str = "auto", labels: LabelSet | Sequence[st
     return run
 
 
-def no_pipeline_message(run: Run, events) -> str:
-    """What was seen where no pipeline was found, and what to do about it."""
+def no_pipeline_message(run: Run, events, annotations: dict[str, int]) -> str:
+    """What was seen where no pipeline was found, and what to do about it: ``events`` (host
+    rows, for their P2P ops) and the run's ``annotations`` (name -> count)."""
 
     n_ranks = len(run.ranks)
     expected = run.completeness.world_size if run.completeness is not None else None
     ranks = f"{n_ranks} rank(s)" + (f" of {expected}" if expected and expected != n_ranks else "")
     n_p2p = int(events["name"].isin(SEND_NAMES + RECV_NAMES).sum())
     return (
-        f"no pipeline-parallel actions found: {ranks}; {describe_annotations(annotation_counts(events))}; "
+        f"no pipeline-parallel actions found: {ranks}; {describe_annotations(annotations)}; "
         f"{n_p2p} point-to-point op(s). If the annotations name your pipeline's actions, add a rule: "
         "--label-rule 'REGEX=KIND' (KIND F, B, I, W or kind; groups (?P<stage>..), (?P<mb>..)); "
         "else this is not a pipeline run: per-rank busy/idle only"
