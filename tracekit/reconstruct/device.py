@@ -502,12 +502,14 @@ def pair_collective_sendrecv(ops: pd.DataFrame) -> pd.DataFrame:
     P2P kernels do, so wait and transfer mean the same, but they are collectives, never
     pipeline messages (``direction`` "collective"). Runs of other sizes: none (which rank's
     kernel meets which is not in the trace)."""
-    sendrecv = ops[
-        (ops["kind"] == "collective").to_numpy()
-        & ops["name"].astype(str).str.contains(_P2P_KERNEL).to_numpy(dtype=bool)
-    ]
     ranks = sorted(int(r) for r in ops["rank"].unique())
-    if sendrecv.empty or len(ranks) != 2:
+    if len(ranks) != 2:
+        return pd.DataFrame(columns=DEVICE_PAIR_COLUMNS)
+    collective = ops[(ops["kind"] == "collective").to_numpy()]
+    names = collective["name"].astype(str)
+    # decided once per distinct name, not per kernel
+    sendrecv = collective[names.isin([n for n in names.unique() if _P2P_KERNEL.search(n)]).to_numpy()]
+    if sendrecv.empty:
         return pd.DataFrame(columns=DEVICE_PAIR_COLUMNS)
     a, b = ranks
     side_a = sendrecv[sendrecv["rank"] == a].sort_values("start_ns")
