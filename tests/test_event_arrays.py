@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from conftest import SAMPLES
+from conftest import SAMPLES, shared_or_skip
 from tracekit.ingest import _parse_file
 from tracekit.ingest.columns import EventColumns, events_frame
 from tracekit.ingest.working_set import working_set
@@ -103,10 +103,17 @@ def test_steps_keep_row_order_where_a_number_repeats_and_span_an_unmarked_rank()
     assert {c: frame[c].tolist() for c in expected} == expected and frame["n_actions"].tolist() == [0, 0, 0]
 
 
-def test_a_reducing_parser_worker_never_imports_pandas():
+@pytest.mark.parametrize("device", [False, True], ids=["host", "gpu"])
+def test_a_reducing_parser_worker_never_imports_pandas(device):
     """Workers fork before the parent loads pandas; the reduce they run on each file must not
-    load it either (~75 MB and 0.4 s a worker)."""
-    path = SAMPLES / "interleaved1f1b" / "rank1.json.gz"
+    load it either (~75 MB and 0.4 s a worker): a pipeline sample's rank, and a real GPU
+    rank (device ops and the host-side busy rows are found there too)."""
+    if device:
+        path = shared_or_skip("kineto-gpu", "hta_trace_filter_sampled_rank-1.json.gz")
+        found = "parsed[0][0].reduced['device_ops']['n'] and parsed[0][0].reduced['host_busy']"
+    else:
+        path = SAMPLES / "interleaved1f1b" / "rank1.json.gz"
+        found = "parsed[0][0].reduced['actions']['kind']"
     code = (
         "import functools, sys\n"
         "from tracekit.ingest.executor import IngestTask, parse_one\n"
@@ -114,7 +121,7 @@ def test_a_reducing_parser_worker_never_imports_pandas():
         "from tracekit.loading import reduce_file\n"
         "reducer = Reducer(functools.partial(reduce_file, labels=None))\n"
         f"parsed, _ = parse_one(IngestTask({str(path)!r}, 1, rows='reduce', reducer=reducer))\n"
-        "assert parsed[0][0].reduced is not None and parsed[0][0].reduced['actions']['kind']\n"
+        f"assert parsed[0][0].reduced is not None and {found}\n"
         "print(sorted(m for m in ('pandas', 'pyarrow') if m in sys.modules))\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -11,6 +11,7 @@ from tracekit.analyze.attribution import Attribution, attribute
 from tracekit.analyze.bubbles import (
     RankSummary,
     RunSummary,
+    bubble_table,
     measure_continuous,
     measure_pipeline,
     measure_plain,
@@ -105,14 +106,17 @@ def _analyze(run: Run, attribution: bool, progress: Callable[[str], None] | None
         summary = summarise(bubbles)
         if not summary.busy_ns:
             raise TracekitError(
-                f"{run.source}: no work recorded: {len(run.events)} event(s) and no op, kernel or "
+                f"{run.source}: no work recorded: {_events_read(run)} event(s) and no op, kernel or "
                 "annotation inside any step window; nothing to measure (profile a window with training "
                 "steps in it)"
             )
         result = Analysis(run=run, bubbles=bubbles, summary=summary)
         if on_device:
             result.device = device_figures(run, bubbles)
-            host = measure_plain(run.events[(run.events["cat"] != "runtime").to_numpy()], run.steps)
+            if run.host_busy is not None:  # GPU ranks reduced where parsed
+                host = bubble_table(run.host_busy)
+            else:
+                host = measure_plain(run.events[(run.events["cat"] != "runtime").to_numpy()], run.steps)
             result.host_view = summarise(host) if len(host) else None
         return result
     sched = run.schedule
@@ -176,6 +180,11 @@ def _analyze(run: Run, attribution: bool, progress: Callable[[str], None] | None
         if result.slices is not None and sched.name == TERAPIPE_NAME and sched.p == sched.n_stages:
             result.theory = sliced_bubble(sched.name, sched.p, result.slices.forward_ns, result.slices.backward_ns)
     return result
+
+
+def _events_read(run: Run) -> int:
+    """How many events the run's files held (ranks reduced where parsed send few of them)."""
+    return sum(f.n_events_raw for f in run.files) or len(run.events)
 
 
 def _warn_overlapping_steps(run: Run, actions: pd.DataFrame) -> None:

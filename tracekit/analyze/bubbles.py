@@ -15,10 +15,9 @@ import numpy as np
 import pandas as pd
 
 from tracekit.analyze.shares import share, shares
-from tracekit.model.intervals import union_length
+from tracekit.reconstruct.event_arrays import EventArrays
+from tracekit.reconstruct.plain import BubbleRow, plain_busy
 
-# (rank, step, window start, window end, window, busy), all in ns but rank and step
-BubbleRow = tuple[int, int, int, int, int, int]
 
 BUBBLE_COLUMNS = ["rank", "step", "window_start_ns", "window_end_ns", "window_ns", "busy_ns", "idle_ns", "bubble_ratio"]
 
@@ -136,31 +135,8 @@ def measure_continuous(actions: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFra
 
 def measure_plain(events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     """Busy/idle of a run without pipeline actions: kernels if any, else any CPU op or
-    annotation (the step markers themselves aside)."""
-    rows: list[BubbleRow] = []
-    ranks = events["rank"].to_numpy()
-    all_starts, all_ends = events["start_ns"].to_numpy(), events["end_ns"].to_numpy()
-    on_gpu = events["on_gpu"].to_numpy()
-    gpu_work = on_gpu & (events["cat"] != "gpu_user_annotation").to_numpy()
-    cpu_work = ~events["name"].str.startswith("ProfilerStep").to_numpy(dtype=bool)
-    order = np.argsort(ranks, kind="stable")
-    for rank in np.unique(steps["rank"].to_numpy()):
-        lo_i = np.searchsorted(ranks[order], rank, side="left")
-        hi_i = np.searchsorted(ranks[order], rank, side="right")
-        mine = order[lo_i:hi_i]
-        work = mine[gpu_work[mine]]
-        if not len(work):
-            work = mine[cpu_work[mine]]
-        starts, ends = all_starts[work], all_ends[work]
-        rank_steps = steps[steps["rank"] == rank]
-        for step, step_start, step_end in zip(
-            rank_steps["step"], rank_steps["step_start_ns"], rank_steps["step_end_ns"]
-        ):
-            lo, hi = int(step_start), int(step_end)
-            inside = (ends > lo) & (starts < hi)
-            busy = union_length(starts[inside], ends[inside], lo, hi)
-            rows.append((int(rank), int(step), lo, hi, hi - lo, busy))
-    return bubble_table(rows)
+    annotation (the step markers themselves aside): :func:`tracekit.reconstruct.plain.plain_busy`."""
+    return bubble_table(plain_busy(EventArrays.of(events), steps))
 
 
 def bubble_table(rows: list[BubbleRow]) -> pd.DataFrame:

@@ -27,10 +27,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from tracekit.analyze.bubbles import BubbleRow, bubble_table
+from tracekit.analyze.bubbles import bubble_table
 from tracekit.analyze.grouping import int_groups, int_items
 from tracekit.model.intervals import union_length
 from tracekit.model.run import Run
+from tracekit.reconstruct.plain import BubbleRow
 
 DEVICE_RANK_COLUMNS = ["rank", "step", "launch_wait_ns", "step_end_ns", "p2p_wait_ns", "p2p_transfer_ns"]
 # A rank whose GPU waits for the host at least this share of its window is launch-bound.

@@ -10,10 +10,11 @@ ranges) and each rank's first and last row (the extent of the run).
 
 A rank that records device work (kernels, copies) is measured on the device, from its
 device ops: with ``device=True`` it sends, beside its steps and actions (found on its host
-rows, CUDA API calls aside, as the client would), its device rows and the CUDA API calls
-that launched them, so the client builds the device-op table from those rows and holds no
-host op. Without ``device`` (an output that draws host ops: the report) it sends its
-working set.
+rows, CUDA API calls aside, as the client would) and its message rows, its device ops
+(:mod:`.device_columns`: each kernel joined to its launch, as columns) and the host-side
+busy rows a run without a pipeline reports (:mod:`.plain`), so the client holds a row
+per device op and none per host op, kernel or launch. Without ``device`` (an output that
+draws host ops: the report) it sends its working set.
 
 The one choice made across ranks is the label table (the first whose action rules match
 an annotation anywhere in the run): each rank reports its annotation counts and the table
@@ -33,8 +34,10 @@ import numpy as np
 
 from tracekit.model.run import ACTION_COLUMNS, STEP_COLUMNS
 from tracekit.reconstruct.actions import UNLABELLED, action_table, annotation_counts
-from tracekit.reconstruct.event_arrays import DEVICE_CATEGORIES, LAUNCH_CATEGORY, EventArrays, has_device_work
+from tracekit.reconstruct.device_columns import op_columns, packed, unpacked
+from tracekit.reconstruct.event_arrays import LAUNCH_CATEGORY, EventArrays, has_device_work
 from tracekit.reconstruct.labels import LabelChoice, LabelSet, choose, p2p_ways
+from tracekit.reconstruct.plain import BubbleRow, plain_busy
 from tracekit.reconstruct.steps import step_table
 
 if TYPE_CHECKING:  # numpy only at import: parser workers run rank_reduce; gather, in the client, loads pandas
@@ -73,10 +76,10 @@ def rank_reduce(
         "steps": {c: steps[c].tolist() for c in STEP_COLUMNS[:4]},
         "actions": {c: _as_list(actions[c]) for c in _RANK_ACTION_COLUMNS},
     }
-    keep = message_rows(events)
     if on_device:
-        keep |= device_rows(events)
-    return reduced, keep
+        reduced["device_ops"] = packed(op_columns(events, steps))
+        reduced["host_busy"] = [list(row) for row in plain_busy(host, steps)]
+    return reduced, message_rows(events)
 
 
 def _as_list(column: np.ndarray | list[Any]) -> list[Any]:
@@ -102,18 +105,6 @@ def message_rows(events: EventArrays) -> np.ndarray:
     return keep
 
 
-def device_rows(events: EventArrays) -> np.ndarray:
-    """The rows the device timeline is built from (:func:`tracekit.reconstruct.device.device_ops`
-    and the measures of a run without a pipeline): every row of the device, and each CUDA
-    API call that launched a device op (its ``correlation`` id)."""
-    on_gpu = events["on_gpu"]
-    correlation = events["correlation"]
-    ops = on_gpu & events.is_in("cat", DEVICE_CATEGORIES) & (correlation >= 0)
-    launches = events.is_in("cat", (LAUNCH_CATEGORY,)) & (correlation >= 0)
-    launches &= np.isin(correlation, correlation[ops])
-    return on_gpu | launches
-
-
 @dataclass
 class Gathered:
     """The run's steps, actions and label choice, put together from its ranks."""
@@ -123,6 +114,10 @@ class Gathered:
     choice: LabelChoice
     labelling: str
     annotations: dict[str, int]  # annotation_counts of the whole run (the ranks' summed)
+    # Ranks reduced on the device: each file's device ops (device_columns.op_columns, as
+    # lists) and the host-side busy rows of a run without a pipeline (plain.plain_busy).
+    device_ops: list[dict[str, Any]] | None = None
+    host_busy: list[BubbleRow] | None = None
 
 
 def run_choice(reduced: list[dict[str, Any] | None], labels: LabelSet | None) -> LabelChoice | None:
@@ -134,6 +129,9 @@ def run_choice(reduced: list[dict[str, Any] | None], labels: LabelSet | None) ->
         return None
     if len({bool(part.get("device")) for part in reduced if part is not None}) > 1:
         return None
+    ranks = [r for part in reduced if part is not None for r in set(part["steps"]["rank"])]
+    if len(ranks) != len(set(ranks)):
+        return None  # a rank in several files: what one file holds of it is not the rank
     choice = choose(run_annotations(reduced), labels)
     table = choice.used.name if choice.used is not None else None
     return choice if all(part is not None and part["table"] == table for part in reduced) else None
@@ -165,15 +163,21 @@ def gather(reduced: list[dict[str, Any] | None], labels: LabelSet | None) -> Gat
     # Stable, as step_table's sort: marks of one rank and number stay in row order.
     steps = steps.sort_values(["rank", "step"], kind="stable").reset_index(drop=True)
     labelling = f"{choice.used.name} labels ({choice.used.what})" if choice.used is not None else UNLABELLED
+    found = Gathered(steps, pd.DataFrame(columns=ACTION_COLUMNS), choice, labelling, run_annotations(parts))
+    if parts[0].get("device"):  # every part is (run_choice)
+        found.device_ops = [unpacked(part["device_ops"]) for part in parts]
+        rows = [tuple(int(v) for v in row) for part in parts for row in part["host_busy"]]
+        found.host_busy = sorted(rows, key=lambda row: row[0])  # stable: a rank's steps in table order
     if not any(part["actions"]["rank"] for part in parts):  # device ranks without a pipeline
-        return Gathered(steps, pd.DataFrame(columns=ACTION_COLUMNS), choice, labelling, run_annotations(parts))
+        return found
     actions = pd.DataFrame(
         {c: _joined(parts, "actions", c) for c in _RANK_ACTION_COLUMNS}, columns=_RANK_ACTION_COLUMNS
     )
     # Stable, as find_actions' sort: a rank's rows keep their order where start times tie.
     actions = actions.sort_values(["rank", "step", "start_ns"], kind="stable").reset_index(drop=True)
     actions["action_id"] = np.arange(len(actions))
-    return Gathered(steps, actions[ACTION_COLUMNS], choice, labelling, run_annotations(parts))
+    found.actions = actions[ACTION_COLUMNS]
+    return found
 
 
 def _joined(parts: list[dict[str, Any]], table: str, column: str) -> list[Any]:

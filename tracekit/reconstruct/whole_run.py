@@ -58,7 +58,10 @@ def reconstruct(run: Run, timeline: str = "auto", labels: LabelSet | Sequence[st
     if run.events.empty:
         run.warn("no events were read: nothing to analyse")
         return run
-    on_device = has_device_work(EventArrays.of(run.events))
+    reduced = [trace.reduced for trace in run.files]
+    # Ranks reduced on the device sent their device ops, not their kernels' rows.
+    on_device = any(part is not None and part.get("device") for part in reduced)
+    on_device = on_device or has_device_work(EventArrays.of(run.events))
     if timeline == "device" and not on_device:
         raise TracekitError(
             f"{run.source}: --timeline device, but the traces record no device work (no "
@@ -70,7 +73,7 @@ def reconstruct(run: Run, timeline: str = "auto", labels: LabelSet | Sequence[st
     host_events = _host_events(run) if on_device else run.events
     # Each rank's steps and actions, where the processes that parsed the files found them
     # (on the device, the events are then its device rows, launches and message rows).
-    gathered = gather([trace.reduced for trace in run.files], labels)
+    gathered = gather(reduced, labels)
     if gathered is not None:
         run.steps, actions, choice, labelling = gathered.steps, gathered.actions, gathered.choice, gathered.labelling
         annotations = gathered.annotations
@@ -78,7 +81,12 @@ def reconstruct(run: Run, timeline: str = "auto", labels: LabelSet | Sequence[st
         run.steps = find_steps(run.events)  # a rank without step marks spans all it recorded
         actions, choice, labelling = find_actions(host_events, run.steps, labels)
         annotations = annotation_counts(host_events)
-    if on_device:
+    if gathered is not None and gathered.device_ops is not None:
+        run.device = dev.device_table(gathered.device_ops)
+        run.host_busy = gathered.host_busy
+    elif on_device:
+        if any(part is not None for part in reduced):
+            raise TracekitError(f"{run.source}: its ranks were reduced in ways that do not fit together")
         run.device = dev.device_ops(run.events, run.steps)
     for trace in run.files:
         trace.reduced = None  # read: the run's tables hold it now

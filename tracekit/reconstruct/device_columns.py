@@ -1,0 +1,116 @@
+"""The device-op table's columns from events, without pandas: where a GPU rank's file was
+parsed (:mod:`.per_rank`) and, for a whole run's events table, in
+:func:`tracekit.reconstruct.device.device_ops` (one implementation).
+
+Each kernel, memcpy and memset is joined to the CUDA API call that launched it (a
+``runtime`` row of the same rank and ``correlation`` id; the first such row where a
+correlation repeats), and given the step its launch falls in (where it ran, without a
+launch) and a kind decided once per distinct name: ``p2p`` (Nsight Systems' reader names
+the kernels it proved P2P by their launch ``nccl:SendRecv|...``), ``collective`` (any other
+NCCL/RCCL kernel) or ``compute``. Rows stay in event order; the table is sorted where the
+ranks' columns are put together.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from tracekit.model.groups import pair_codes
+from tracekit.reconstruct.event_arrays import DEVICE_CATEGORIES, LAUNCH_CATEGORY, EventArrays
+from tracekit.reconstruct.steps import step_of
+
+COMM_KERNEL = re.compile(r"nccl|rccl", re.IGNORECASE)
+# Nsight Systems' reader names the kernels it proved P2P by their launch this way.
+NSYS_P2P_PREFIX = "nccl:SendRecv|"
+# The numeric columns of one set of ops (``name`` is ``name_code`` into ``names``).
+NUMBER_COLUMNS = (
+    "rank",
+    "step",
+    "start_ns",
+    "end_ns",
+    "stream",
+    "launch_ns",
+    "launch_end_ns",
+    "launch_tid",
+    "file_id",
+    "source_index",
+)
+
+
+def op_kind(name: str) -> str:
+    """``p2p``, ``collective`` or ``compute``, from a device op's name (see the module doc)."""
+    return "p2p" if name.startswith(NSYS_P2P_PREFIX) else "collective" if COMM_KERNEL.search(name) else "compute"
+
+
+def op_columns(events: EventArrays, steps: Mapping[str, Any]) -> dict[str, Any]:
+    """The device ops of ``events`` in event order: :data:`NUMBER_COLUMNS` as int64 arrays,
+    ``name_code`` (int64) into ``names`` (the distinct names of these ops, sorted).
+    ``steps``: a step table holding these events' ranks (:func:`~.steps.step_table`)."""
+    on_gpu, cats = events["on_gpu"], events.is_in("cat", DEVICE_CATEGORIES)
+    ops = np.flatnonzero(on_gpu & cats)
+    correlation = events["correlation"].astype(np.int64)
+    launches = np.flatnonzero(events.is_in("cat", (LAUNCH_CATEGORY,)) & (correlation >= 0))
+    ranks = events["rank"].astype(np.int64)
+    n = len(ops)
+    launch_ns = np.full(n, -1, dtype=np.int64)
+    launch_end_ns = np.full(n, -1, dtype=np.int64)
+    launch_tid = np.full(n, -1, dtype=np.int64)
+    if n and len(launches):
+        op_code, launch_code = pair_codes(ranks[ops], correlation[ops], (ranks[launches], correlation[launches]))
+        codes, first = np.unique(launch_code, return_index=True)  # the first launch of a repeated id
+        at = np.minimum(np.searchsorted(codes, op_code), len(codes) - 1)
+        linked = (correlation[ops] >= 0) & (codes[at] == op_code)
+        source = launches[first[at[linked]]]
+        launch_ns[linked] = events["start_ns"][source]
+        launch_end_ns[linked] = events["end_ns"][source]
+        launch_tid[linked] = events["tid"][source]
+    starts = events["start_ns"][ops].astype(np.int64)
+    # An op's step is where its launch was; without a launch, where it ran.
+    when = np.where(launch_ns >= 0, launch_ns, starts)
+    values = events.values["name"]
+    used, name_code = np.unique(events.codes["name"][ops], return_inverse=True)
+    names = [values[c] for c in used.tolist()]
+    order = sorted(range(len(names)), key=names.__getitem__)
+    rank_of = np.empty(len(names), dtype=np.int64)
+    rank_of[order] = np.arange(len(names))
+    return {
+        "rank": ranks[ops],
+        "step": step_of(ranks[ops], when, steps),
+        "start_ns": starts,
+        "end_ns": events["end_ns"][ops].astype(np.int64),
+        "stream": events["tid"][ops].astype(np.int64),
+        "launch_ns": launch_ns,
+        "launch_end_ns": launch_end_ns,
+        "launch_tid": launch_tid,
+        "file_id": events["file_id"][ops].astype(np.int64),
+        "source_index": events["source_index"][ops].astype(np.int64),
+        "name_code": rank_of[name_code.reshape(-1)] if n else np.zeros(0, dtype=np.int64),
+        "names": sorted(names),
+    }
+
+
+_PACKED = (*NUMBER_COLUMNS, "name_code")
+_LAYOUT = "<i8"  # little-endian int64, whatever the machine that reads the cache entry
+
+
+def packed(columns: Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`op_columns` as JSON values (a rank's reduce travels to the client and is kept
+    in the parse cache): the numbers as one base64 block, not a Python int per value (a
+    GPU rank has thousands of ops; as lists, 256 such ranks held ~300 MB in the client)."""
+    block = np.stack([np.asarray(columns[c], dtype=_LAYOUT) for c in _PACKED]) if len(columns["rank"]) else b""
+    data = block.tobytes() if isinstance(block, np.ndarray) else block
+    return {"n": len(columns["rank"]), "data": base64.b64encode(data).decode("ascii"), "names": list(columns["names"])}
+
+
+def unpacked(value: Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`packed`'s columns again, as :func:`op_columns` gives them."""
+    n = int(value["n"])
+    block = np.frombuffer(base64.b64decode(value["data"]), dtype=_LAYOUT).reshape(len(_PACKED), n)
+    out: dict[str, Any] = {c: block[i].astype(np.int64, copy=False) for i, c in enumerate(_PACKED)}  # views
+    out["names"] = list(value["names"])
+    return out
