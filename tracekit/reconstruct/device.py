@@ -73,12 +73,12 @@ def device_table(parts: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
 
     rank, start, end = joined("rank"), joined("start_ns"), joined("end_ns")
     order = np.lexsort((end, start, rank))  # stable
-    codes = np.concatenate(
-        [
-            np.array([position[n] for n in part["names"]], dtype=np.int64)[np.asarray(part["name_code"], dtype=np.int64)]
-            for part in parts
-        ]
-    )[order]
+    # each part's name codes, onto the run's sorted names
+    recoded = [
+        np.array([position[n] for n in part["names"]], dtype=np.int64)[np.asarray(part["name_code"], dtype=np.int64)]
+        for part in parts
+    ]
+    codes = np.concatenate(recoded)[order]
     n = len(order)
     # decided once per distinct name (a few hundred) rather than per op (tens of thousands)
     kinds = np.array([op_kind(name) for name in names] or ["compute"], dtype=object)
