@@ -29,6 +29,7 @@ same clock tick as the hashing would otherwise go unseen), so the key is still t
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import hashlib
 import json
@@ -39,7 +40,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -256,7 +257,7 @@ class ParseCache:
             lo, hi = item.pop("rows")
             columns = EventColumns.from_arrow(table.slice(lo, hi - lo))
             columns.numbers["file_id"] = np.full(len(columns), file_id, dtype=np.int32)
-            facts = {k: v for k, v in item.items() if k in field_names}
+            facts = {k: _arrays(v) for k, v in item.items() if k in field_names}
             out.append((TraceFile(path=path, **facts), columns))
         return out
 
@@ -273,7 +274,7 @@ class ParseCache:
             files.append(facts)
             tables.append(columns.to_arrow())
         table = pa.concat_tables(tables) if tables else event_schema().empty_table()
-        files = json.loads(json.dumps(files, default=str))  # as they will read back
+        files = json.loads(json.dumps(files, default=_json_value))  # as they will read back
         meta = json.dumps(
             {"key": key, "version": __version__, "files": files, "files_sha256": _facts_digest(files)}
         ).encode()
@@ -335,6 +336,26 @@ class ParseCache:
                 self.fs.rm(path)
         except OSError:
             pass
+
+
+_ARRAY_KEY = "__int64_array__"
+
+
+def _json_value(value: Any) -> Any:
+    """JSON for what a file's facts hold beyond JSON: an int64 array (a rank's reduce sends
+    its device ops as arrays) as one base64 block, not a number per value; else its str."""
+    if isinstance(value, np.ndarray) and value.dtype.kind in "iub":
+        return {_ARRAY_KEY: base64.b64encode(np.ascontiguousarray(value, dtype="<i8").tobytes()).decode("ascii")}
+    return str(value)
+
+
+def _arrays(value: Any) -> Any:
+    """The arrays :func:`_json_value` wrote, again (int64), wherever they lie in ``value``."""
+    if isinstance(value, dict):
+        if set(value) == {_ARRAY_KEY}:
+            return np.frombuffer(base64.b64decode(value[_ARRAY_KEY]), dtype="<i8").astype(np.int64)
+        return {k: _arrays(v) for k, v in value.items()}
+    return value  # (no array lies in a list)
 
 
 def _facts_digest(files: list) -> str:

@@ -136,7 +136,8 @@ class TraceFile:
     profiler: dict[str, Any] = field(default_factory=dict)  # versions and settings the file names
     warnings: list[str] = field(default_factory=list)
     # rows="reduce": this rank's steps, actions and label counts, found where the file was
-    # parsed (tracekit.reconstruct.per_rank); JSON values, so the parse cache keeps them.
+    # parsed (tracekit.reconstruct.per_rank); JSON values and int64 arrays (a GPU rank's
+    # device ops), which the parse cache keeps.
     reduced: dict[str, Any] | None = None
 
     def describe(self) -> dict[str, Any]:

@@ -13,7 +13,6 @@ ranks' columns are put together.
 
 from __future__ import annotations
 
-import base64
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -92,25 +91,3 @@ def op_columns(events: EventArrays, steps: Mapping[str, Any]) -> dict[str, Any]:
         "name_code": rank_of[name_code.reshape(-1)] if n else np.zeros(0, dtype=np.int64),
         "names": sorted(names),
     }
-
-
-_PACKED = (*NUMBER_COLUMNS, "name_code")
-_LAYOUT = "<i8"  # little-endian int64, whatever the machine that reads the cache entry
-
-
-def packed(columns: Mapping[str, Any]) -> dict[str, Any]:
-    """:func:`op_columns` as JSON values (a rank's reduce travels to the client and is kept
-    in the parse cache): the numbers as one base64 block, not a Python int per value (a
-    GPU rank has thousands of ops; as lists, 256 such ranks held ~300 MB in the client)."""
-    block = np.stack([np.asarray(columns[c], dtype=_LAYOUT) for c in _PACKED]) if len(columns["rank"]) else b""
-    data = block.tobytes() if isinstance(block, np.ndarray) else block
-    return {"n": len(columns["rank"]), "data": base64.b64encode(data).decode("ascii"), "names": list(columns["names"])}
-
-
-def unpacked(value: Mapping[str, Any]) -> dict[str, Any]:
-    """:func:`packed`'s columns again, as :func:`op_columns` gives them."""
-    n = int(value["n"])
-    block = np.frombuffer(base64.b64decode(value["data"]), dtype=_LAYOUT).reshape(len(_PACKED), n)
-    out: dict[str, Any] = {c: block[i].astype(np.int64, copy=False) for i, c in enumerate(_PACKED)}  # views
-    out["names"] = list(value["names"])
-    return out

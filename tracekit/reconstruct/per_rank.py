@@ -34,7 +34,7 @@ import numpy as np
 
 from tracekit.model.run import ACTION_COLUMNS, STEP_COLUMNS
 from tracekit.reconstruct.actions import UNLABELLED, action_table, annotation_counts
-from tracekit.reconstruct.device_columns import op_columns, packed, unpacked
+from tracekit.reconstruct.device_columns import op_columns
 from tracekit.reconstruct.event_arrays import LAUNCH_CATEGORY, EventArrays, has_device_work
 from tracekit.reconstruct.labels import LabelChoice, LabelSet, choose, p2p_ways
 from tracekit.reconstruct.plain import BubbleRow, plain_busy
@@ -54,10 +54,10 @@ _RANK_ACTION_COLUMNS = [c for c in ACTION_COLUMNS if c != "action_id"]
 def rank_reduce(
     events: EventArrays, labels: LabelSet | None, device: bool = False
 ) -> tuple[dict[str, Any], np.ndarray] | None:
-    """One rank's (or one file's) steps, actions and label counts as a JSON-ready dict, and
-    which of ``events`` the client still reads; None where the client needs the events
-    themselves (a host rank with no action; device work without ``device``: see the module
-    doc)."""
+    """One rank's (or one file's) steps, actions and label counts as a dict of JSON values
+    (and, for device ops, int64 arrays), and which of ``events`` the client still reads;
+    None where the client needs the events themselves (a host rank with no action; device
+    work without ``device``: see the module doc)."""
     if not len(events):
         return None
     on_device = has_device_work(events)
@@ -77,7 +77,8 @@ def rank_reduce(
         "actions": {c: _as_list(actions[c]) for c in _RANK_ACTION_COLUMNS},
     }
     if on_device:
-        reduced["device_ops"] = packed(op_columns(events, steps))
+        # int64 arrays: pickled whole to the client, one base64 block each in the parse cache
+        reduced["device_ops"] = op_columns(events, steps)
         reduced["host_busy"] = [list(row) for row in plain_busy(host, steps)]
     return reduced, message_rows(events)
 
@@ -165,7 +166,7 @@ def gather(reduced: list[dict[str, Any] | None], labels: LabelSet | None) -> Gat
     labelling = f"{choice.used.name} labels ({choice.used.what})" if choice.used is not None else UNLABELLED
     found = Gathered(steps, pd.DataFrame(columns=ACTION_COLUMNS), choice, labelling, run_annotations(parts))
     if parts[0].get("device"):  # every part is (run_choice)
-        found.device_ops = [unpacked(part["device_ops"]) for part in parts]
+        found.device_ops = [part["device_ops"] for part in parts]
         rows = [tuple(int(v) for v in row) for part in parts for row in part["host_busy"]]
         found.host_busy = sorted(rows, key=lambda row: row[0])  # stable: a rank's steps in table order
     if not any(part["actions"]["rank"] for part in parts):  # device ranks without a pipeline
