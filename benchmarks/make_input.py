@@ -157,12 +157,25 @@ def build_pp(out_dir: Path, ranks: int = 8, copies: int = 11, sample: str = "1f1
 
 
 def build_gpu(
-    out_dir: Path, ranks: int = 8, target_mb: float = 26.0, source: Path = GPU_TRACE, gz: bool = False
+    out_dir: Path,
+    ranks: int = 8,
+    target_mb: float = 26.0,
+    source: Path = GPU_TRACE,
+    gz: bool = False,
+    window: bool = False,
 ) -> list[Path]:
     """A data-parallel GPU run: one real GPU trace cut (or repeated in time) to ``target_mb``
-    of JSON, once per rank."""
+    of JSON, once per rank.
+
+    The cut takes the file's events in file order: the real V100 trace lists its CPU ops
+    before its kernels (the first kernel is 21 MB in), so a cut under ~21 MB holds no device
+    work at all (a host run). ``window``: take the events in time order instead, so a cut of
+    any size is a window of the run with its host ops, launches and kernels (each kernel's
+    launch comes before it)."""
     doc = _read(source)
     events = doc["traceEvents"]
+    if window:
+        events = sorted(events, key=lambda e: float(e.get("ts", 0.0)))
     budget = int(target_mb * 1e6)
     parts, size, copies = [], 0, 1
     while size < budget:
@@ -199,11 +212,12 @@ def main() -> None:
     parser.add_argument("--mb", type=float, default=26.0, help="gpu: MB of JSON per rank")
     parser.add_argument("--sample", default="1f1b", help="pp: which sample run")
     parser.add_argument("--gz", action="store_true", help="write .json.gz")
+    parser.add_argument("--window", action="store_true", help="gpu: cut a time window (kernels at any size)")
     args = parser.parse_args()
     if args.kind == "pp":
         paths = build_pp(args.out_dir, args.ranks, args.copies, args.sample, args.gz)
     else:
-        paths = build_gpu(args.out_dir, args.ranks, args.mb, gz=args.gz)
+        paths = build_gpu(args.out_dir, args.ranks, args.mb, gz=args.gz, window=args.window)
     total = sum(p.stat().st_size for p in paths)
     print(f"wrote {len(paths)} files, {total / 1e6:.1f} MB, to {args.out_dir}")
 
