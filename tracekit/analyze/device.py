@@ -29,6 +29,7 @@ import pandas as pd
 
 from tracekit.analyze.bubbles import bubble_table
 from tracekit.analyze.grouping import int_groups, int_items
+from tracekit.model.groups import group_ids
 from tracekit.model.intervals import union_length
 from tracekit.model.run import Run
 from tracekit.reconstruct.plain import BubbleRow
@@ -55,11 +56,17 @@ class DeviceFigures:
         return max(self.host_ahead_ns.values(), default=0)
 
 
-def busy_ops(device: pd.DataFrame) -> pd.DataFrame:
-    """The device ops that count as busy (see the module doc)."""
+def busy_mask(device: pd.DataFrame) -> np.ndarray:
+    """Which device ops count as busy (see the module doc), by row."""
     kind = device["kind"].to_numpy()
     inside = device["action_id"].to_numpy() >= 0
-    busy: pd.DataFrame = device[(kind == "compute") | ((kind == "collective") & inside)]
+    mask: np.ndarray = (kind == "compute") | ((kind == "collective") & inside)
+    return mask
+
+
+def busy_ops(device: pd.DataFrame) -> pd.DataFrame:
+    """The device ops that count as busy (see the module doc)."""
+    busy: pd.DataFrame = device[busy_mask(device)]
     return busy
 
 
@@ -86,14 +93,20 @@ def measure_device_plain(device: pd.DataFrame) -> pd.DataFrame:
     while the main stream still runs step N's, and per-step spans that overlapped would
     count that stretch's idle twice. So the windows add up to the device's span, and busy
     counts what the device did in each, whichever step launched it."""
-    compute = device[(device["kind"] == "compute").to_numpy()]
-    stepped = compute[compute["step"].to_numpy() >= 0]
-    spans = stepped.groupby("step").agg(lo=("start_ns", "min"), hi=("end_ns", "max")).sort_index()
-    present = {(int(r), int(s)) for r, s in zip(stepped["rank"], stepped["step"])}
-    per_rank = {
-        r: (g["start_ns"].to_numpy(np.int64), g["end_ns"].to_numpy(np.int64))
-        for (r,), g in int_groups(compute, ["rank"])
-    }
+    compute = np.flatnonzero((device["kind"] == "compute").to_numpy())  # columns, not a copy of the table
+    op_rank, op_step = device["rank"].to_numpy(np.int64)[compute], device["step"].to_numpy(np.int64)[compute]
+    starts_all, ends_all = device["start_ns"].to_numpy(np.int64)[compute], device["end_ns"].to_numpy(np.int64)[compute]
+    stepped = op_step >= 0
+    spans = (
+        pd.DataFrame({"step": op_step[stepped], "lo": starts_all[stepped], "hi": ends_all[stepped]})
+        .groupby("step")
+        .agg(lo=("lo", "min"), hi=("hi", "max"))
+        .sort_index()
+    )
+    present = set(zip(op_rank[stepped].tolist(), op_step[stepped].tolist()))
+    by_rank = np.argsort(op_rank, kind="stable")  # a rank's ops in table order
+    cuts = np.flatnonzero(np.diff(op_rank[by_rank])) + 1
+    per_rank = {int(op_rank[ops[0]]): (starts_all[ops], ends_all[ops]) for ops in np.split(by_rank, cuts) if len(ops)}
     rows: list[BubbleRow] = []
     previous_end = None
     for step, span_lo, span_hi in zip(spans.index.to_numpy(), spans["lo"], spans["hi"]):
@@ -116,46 +129,55 @@ def _by_rank_step(ops: pd.DataFrame) -> dict[tuple[int, int], tuple[np.ndarray, 
 
 
 def device_figures(run: Run, bubbles: pd.DataFrame) -> DeviceFigures:
-    """Launch waits, step-end work, P2P wait and transfer per rank and step (module doc)."""
+    """Launch waits, step-end work, P2P wait and transfer per rank and step (module doc).
+
+    On the device table's columns, a (rank, step)'s ops in table order: no copy of the
+    table (256 GPU ranks hold ~700k ops)."""
     device = run.device
     rows = []
     # which ops count as busy: decided once for the run, not once per rank and step
-    device = device.assign(busy=device.index.isin(busy_ops(device).index))
-    by_rank_step = {(r, s): g for (r, s), g in int_groups(device, ["rank", "step"], sort=False)}
+    busy = busy_mask(device)
+    rank, step = device["rank"].to_numpy(np.int64), device["step"].to_numpy(np.int64)
+    starts, ends = device["start_ns"].to_numpy(np.int64), device["end_ns"].to_numpy(np.int64)
+    launched_at = device["launch_end_ns"].to_numpy(np.int64)
+    group = group_ids(rank, step)
+    by_group = np.argsort(group, kind="stable")  # a group's rows in table order
+    bounds = np.searchsorted(group[by_group], np.arange(int(group.max()) + 2 if len(group) else 1))
+    first = (
+        {(int(rank[i]), int(step[i])): int(g) for g, i in enumerate(by_group[bounds[:-1]].tolist())}
+        if len(group)
+        else {}
+    )
     paired = run.device_pairs
     windows = bubbles[["rank", "step", "window_start_ns", "window_end_ns"]].to_numpy(np.int64).tolist()
-    for rank, step, lo, hi in windows:
-        ops = by_rank_step.get((rank, step))
-        if ops is None:
-            rows.append((rank, step, 0, 0, 0, 0))
+    for r, s, lo, hi in windows:
+        g = first.get((r, s))
+        if g is None:
+            rows.append((r, s, 0, 0, 0, 0))
             continue
-        launch_wait = _launch_wait(ops, lo, hi)
-        work = ops[ops["busy"].to_numpy()]
-        after = union_length(
-            work["start_ns"].to_numpy(np.int64),
-            work["end_ns"].to_numpy(np.int64),
-            hi,
-            max(hi, int(work["end_ns"].max()) if len(work) else hi),
-        )
-        mine = paired[(paired["step"] == step) & (paired["waiting_rank"] == rank)]
-        sides = paired[(paired["step"] == step) & ((paired["src_rank"] == rank) | (paired["dst_rank"] == rank))]
-        rows.append((rank, step, launch_wait, after, int(mine["wait_ns"].sum()), int(sides["transfer_ns"].sum())))
+        mine_ops = by_group[bounds[g] : bounds[g + 1]]
+        launch_wait = _launch_wait(starts[mine_ops], ends[mine_ops], launched_at[mine_ops], lo, hi)
+        work = mine_ops[busy[mine_ops]]
+        after = union_length(starts[work], ends[work], hi, max(hi, int(ends[work].max()) if len(work) else hi))
+        mine = paired[(paired["step"] == s) & (paired["waiting_rank"] == r)]
+        sides = paired[(paired["step"] == s) & ((paired["src_rank"] == r) | (paired["dst_rank"] == r))]
+        rows.append((r, s, launch_wait, after, int(mine["wait_ns"].sum()), int(sides["transfer_ns"].sum())))
     per_step = pd.DataFrame(rows, columns=DEVICE_RANK_COLUMNS)
-    launched = device[device["launch_end_ns"].to_numpy() >= 0]
-    ahead = (launched["start_ns"] - launched["launch_end_ns"]).groupby(launched["rank"]).max()
+    launched = launched_at >= 0
+    ahead = pd.Series(starts[launched] - launched_at[launched]).groupby(rank[launched]).max()
     return DeviceFigures(
         per_step=per_step, host_ahead_ns={r: max(0, int(v)) for r, v in int_items(ahead)}, pairs=paired
     )
 
 
-def _launch_wait(ops: pd.DataFrame, lo: int, hi: int) -> int:
+def _launch_wait(starts: np.ndarray, ends: np.ndarray, launched: np.ndarray, lo: int, hi: int) -> int:
     """Device idle in [lo, hi) before ops the host had not launched yet: for each gap in the
-    rank's device activity (any op, any stream), the part before the next op's launch ended."""
-    ops = ops.sort_values("start_ns")
-    starts, ends = ops["start_ns"].to_numpy(np.int64), ops["end_ns"].to_numpy(np.int64)
-    launched = ops["launch_end_ns"].to_numpy(np.int64)
+    rank's device activity (any op, any stream), the part before the next op's launch ended.
+    ``launched``: each op's launch end (-1: none); the ops in table order."""
     if not len(starts):
         return 0
+    order = np.argsort(starts, kind="quicksort")  # as the table's sort_values("start_ns") did
+    starts, ends, launched = starts[order], ends[order], launched[order]
     # device activity covers up to the latest end so far; op i is preceded by a gap from there
     covered = np.maximum(np.concatenate(([lo], np.maximum.accumulate(ends)[:-1])), lo)
     gap_hi = np.minimum(starts, hi)
