@@ -95,7 +95,8 @@ def device_table(parts: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     columns["name"] = pd.Categorical.from_codes(codes, categories=pd.Index(names, dtype=object))
     columns["name"] = columns["name"].remove_unused_categories()
     columns["file_id"], columns["source_index"] = joined("file_id")[order], joined("source_index")[order]
-    return pd.DataFrame(columns)[DEVICE_OP_COLUMNS]
+    # copy=False: the columns become the table's (not stacked into one more copy of them)
+    return pd.DataFrame({c: columns[c] for c in DEVICE_OP_COLUMNS}, copy=False)
 
 
 def link_p2p_kernels(ops: pd.DataFrame, host_p2p: pd.DataFrame) -> np.ndarray:
