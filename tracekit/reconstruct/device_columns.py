@@ -20,25 +20,16 @@ from typing import Any
 import numpy as np
 
 from tracekit.model.groups import pair_codes
+from tracekit.model.run import DEVICE_OP_COLUMNS
 from tracekit.reconstruct.event_arrays import DEVICE_CATEGORIES, LAUNCH_CATEGORY, EventArrays
 from tracekit.reconstruct.steps import step_of
 
 COMM_KERNEL = re.compile(r"nccl|rccl", re.IGNORECASE)
 # Nsight Systems' reader names the kernels it proved P2P by their launch this way.
 NSYS_P2P_PREFIX = "nccl:SendRecv|"
-# The numeric columns of one set of ops (``name`` is ``name_code`` into ``names``).
-NUMBER_COLUMNS = (
-    "rank",
-    "step",
-    "start_ns",
-    "end_ns",
-    "stream",
-    "launch_ns",
-    "launch_end_ns",
-    "launch_tid",
-    "file_id",
-    "source_index",
-)
+# The numeric columns of one set of ops (``name`` is ``name_code`` into ``names``; ``op_id``,
+# ``kind`` and ``action_id`` are the run's, given where the sets are put together).
+NUMBER_COLUMNS = tuple(c for c in DEVICE_OP_COLUMNS if c not in ("op_id", "kind", "action_id", "name"))
 
 
 def op_kind(name: str) -> str:
