@@ -344,7 +344,7 @@ _ARRAY_KEY = "__int64_array__"
 def _json_value(value: Any) -> Any:
     """JSON for what a file's facts hold beyond JSON: an int64 array (a rank's reduce sends
     its device ops as arrays) as one base64 block, not a number per value; else its str."""
-    if isinstance(value, np.ndarray) and value.dtype.kind in "iub":
+    if isinstance(value, np.ndarray) and value.dtype.kind in "iu":
         return {_ARRAY_KEY: base64.b64encode(np.ascontiguousarray(value, dtype="<i8").tobytes()).decode("ascii")}
     return str(value)
 
