@@ -7,7 +7,10 @@ launch or other host op. The analysis must be the one the working sets give.
 Inputs: the real two-rank GPU capture in ``shared/real-traces/kineto-gpu`` (HTA's
 ``trace_filter_sampled`` ranks 0 and 1, read in place through links in a tmp folder), and
 GENERATED GPU pipelines (tests/gpu_tracegen.py: not real traces) for the device pipeline
-path, which no real multi-rank capture here has."""
+path, which no real multi-rank capture here has. Host ranks of a run without a pipeline are
+reduced to their busy rows too: a GENERATED folder of the real V100 trace's first 3 MB (its CPU
+ops: the file lists them before its kernels) written once per rank by benchmarks/make_input.py.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from conftest import shared_or_skip
+from conftest import ROOT, shared_or_skip
 from gpu_tracegen import SCENARIOS, generate
 from tracekit import LoadOptions, load
 from tracekit.analyze import analyze
@@ -80,7 +83,7 @@ def test_device_ranks_reduce_in_pool_workers_and_through_the_cache(sampled, tmp_
 
 def _reduced(folder: Path, device: bool) -> list:
     out = []
-    for file_id, path in enumerate(sorted(folder.glob("*.json.gz"))):
+    for file_id, path in enumerate(sorted(p for p in folder.iterdir() if ".json" in p.name)):
         parsed = [(t, working_set(c)) for t, c in _parse_file(path, file_id, None, None)]
         out.extend(trace.reduced for trace, _ in reduce_file(parsed, None, device=device))
     return out
@@ -129,3 +132,38 @@ def test_the_report_draws_a_device_ranks_host_ops(sampled, tmp_path):
     result = CliRunner().invoke(main, ["report", str(sampled), "-o", str(page), "--no-progress"])
     assert result.exit_code == 0, result.output
     assert page.read_text().count('"cpu"') > 100  # the CPU bars' kind, one per drawn bar
+
+
+def test_host_ranks_without_a_pipeline_reduce_to_their_busy_rows(tmp_path):
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import make_input
+
+    source = shared_or_skip("kineto-gpu", make_input.GPU_TRACE.name)
+    folder = tmp_path / "generated_host_plain"
+    make_input.build_gpu(folder, ranks=3, target_mb=3, source=source)
+    kept = load(folder, LoadOptions(jobs=1, rows="analysis"))
+    reduced = load(folder, LoadOptions(jobs=2, rows="reduce"))
+    assert kept.timeline == reduced.timeline == "host" and reduced.actions.empty
+    assert _document(reduced) == _document(kept)
+    assert reduced.host_busy is not None and len(reduced.host_busy) == len(reduced.steps)
+    assert len(reduced.events) < len(kept.events)
+    # the report draws their host ops: it reads the working sets
+    drawn = load(folder, LoadOptions(jobs=1, rows="reduce", reduce_device=False))
+    assert drawn.host_busy is None and len(drawn.events) == len(kept.events)
+    # a host rank without a pipeline beside one with a pipeline: not one run's tables
+    plain = _reduced(folder, device=True)
+    assert all("host_busy" in part for part in plain)
+    piped = _reduced_pipeline_rank()
+    assert gather([plain[0], piped], None) is None
+
+
+def _reduced_pipeline_rank() -> dict:
+    from conftest import SAMPLES
+
+    path = SAMPLES / "interleaved1f1b" / "rank1.json.gz"
+    parsed = [(t, working_set(c)) for t, c in _parse_file(path, 5, None, None)]
+    ((trace, _),) = reduce_file(parsed, None)
+    assert trace.reduced is not None and "host_busy" not in trace.reduced
+    return trace.reduced

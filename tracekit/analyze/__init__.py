@@ -102,7 +102,12 @@ def _host_spans(actions: pd.DataFrame) -> pd.DataFrame:
 def _analyze(run: Run, attribution: bool, progress: Callable[[str], None] | None = None) -> Analysis:
     on_device = run.timeline == "device"
     if not run.is_pipeline:
-        bubbles = measure_device_plain(run.device) if on_device else measure_plain(run.events, run.steps)
+        if on_device:
+            bubbles = measure_device_plain(run.device)
+        elif run.host_busy is not None:  # host ranks reduced where parsed
+            bubbles = bubble_table(run.host_busy)
+        else:
+            bubbles = measure_plain(run.events, run.steps)
         summary = summarise(bubbles)
         if not summary.busy_ns:
             raise TracekitError(

@@ -297,9 +297,10 @@ class Run:
     # SendRecv kernels of collectives (all_to_all) paired across a two-rank run: not messages
     collective_pairs: pd.DataFrame = field(default_factory=lambda: _empty(DEVICE_PAIR_COLUMNS))
     timeline: str = "host"  # "device" or "host": see the module doc
-    # GPU ranks reduced where parsed (tracekit.reconstruct.per_rank): the host-side busy rows
-    # of a run without a pipeline, (rank, step, window start, end, window, busy), which their
-    # events (not held) would give; None: measured from run.events.
+    # Ranks reduced where parsed (tracekit.reconstruct.per_rank; GPU ranks, and host ranks of
+    # a run without a pipeline): the busy rows of a run without a pipeline, (rank, step, window
+    # start, end, window, busy), that their host rows (not held) would give to measure_plain;
+    # None: measured from run.events.
     host_busy: list[tuple[int, int, int, int, int, int]] | None = None
     # The label table the actions came from ("torch-pp", "megatron-nvtx", "custom", "none":
     # tracekit.reconstruct.labels) and how many ranges each table matched.

@@ -20,9 +20,10 @@ The one choice made across ranks is the label table (the first whose action rule
 an annotation anywhere in the run): each rank reports its annotation counts and the table
 it would choose alone, and :func:`gather` uses the ranks' actions only where every rank
 chose the table the whole run chooses, and where the ranks all reduced the same way (on
-the device or on the host). A host rank with no action (runs without a pipeline read
-every event when measured) sends its working set as before and the client reconstructs
-from events.
+the device or on the host, and on the host all with a pipeline or all without). A host
+rank with no action (a run without a pipeline) sends its steps, counts, message rows and
+busy rows (:mod:`.plain`): what the client measures such a run by; without ``device`` (the
+report, which draws its host ops) its working set.
 """
 
 from __future__ import annotations
@@ -67,8 +68,9 @@ def rank_reduce(
     # CUDA API calls only link device work to the host: never an action's op (as on the client).
     host = events.take(~events.is_in("cat", (LAUNCH_CATEGORY,))) if on_device else events
     actions, choice, _ = action_table(host, steps, labels)
-    if not on_device and not len(actions["action_id"]):
-        return None
+    plain = not on_device and not len(actions["action_id"])  # a host rank without a pipeline
+    if plain and not device:
+        return None  # an output that draws its host ops (the report) reads them
     reduced = {
         "table": choice.used.name if choice.used is not None else None,
         "counts": annotation_counts(host),
@@ -79,6 +81,7 @@ def rank_reduce(
     if on_device:
         # int64 arrays: pickled whole to the client, one base64 block each in the parse cache
         reduced["device_ops"] = op_columns(events, steps)
+    if on_device or plain:  # what measure_plain gives on the client's host rows
         reduced["host_busy"] = [list(row) for row in plain_busy(host, steps)]
     return reduced, message_rows(events)
 
@@ -130,6 +133,9 @@ def run_choice(reduced: list[dict[str, Any] | None], labels: LabelSet | None) ->
         return None
     if len({bool(part.get("device")) for part in reduced if part is not None}) > 1:
         return None
+    host = [part for part in reduced if part is not None and not part.get("device")]
+    if len({"host_busy" in part for part in host}) > 1:
+        return None  # host ranks with a pipeline beside host ranks without one
     ranks = [r for part in reduced if part is not None for r in set(part["steps"]["rank"])]
     if len(ranks) != len(set(ranks)):
         return None  # a rank in several files: what one file holds of it is not the rank
@@ -167,6 +173,7 @@ def gather(reduced: list[dict[str, Any] | None], labels: LabelSet | None) -> Gat
     found = Gathered(steps, pd.DataFrame(columns=ACTION_COLUMNS), choice, labelling, run_annotations(parts))
     if parts[0].get("device"):  # every part is (run_choice)
         found.device_ops = [part["device_ops"] for part in parts]
+    if all("host_busy" in part for part in parts):  # GPU ranks, or host ranks without a pipeline
         rows = [tuple(int(v) for v in row) for part in parts for row in part["host_busy"]]
         found.host_busy = sorted(rows, key=lambda row: row[0])  # stable: a rank's steps in table order
     if not any(part["actions"]["rank"] for part in parts):  # device ranks without a pipeline

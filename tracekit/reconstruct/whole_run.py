@@ -81,9 +81,10 @@ def reconstruct(run: Run, timeline: str = "auto", labels: LabelSet | Sequence[st
         run.steps = find_steps(run.events)  # a rank without step marks spans all it recorded
         actions, choice, labelling = find_actions(host_events, run.steps, labels)
         annotations = annotation_counts(host_events)
+    if gathered is not None:
+        run.host_busy = gathered.host_busy
     if gathered is not None and gathered.device_ops is not None:
         run.device = dev.device_table(gathered.device_ops)
-        run.host_busy = gathered.host_busy
     elif on_device:
         if any(part is not None for part in reduced):
             raise TracekitError(f"{run.source}: its ranks were reduced in ways that do not fit together")
