@@ -243,6 +243,9 @@ def choose(names_and_counts: dict[str, int], custom: LabelSet | None) -> LabelCh
 def _top_names(names_and_counts: dict[str, int], k: int = 3) -> str:
     candidates = {n: c for n, c in names_and_counts.items() if not n.startswith(LIBRARY_RANGES)}
     top = sorted(candidates.items(), key=lambda kv: (-kv[1], kv[0]))[:k]
+    if not top and names_and_counts:  # every one a library's own range (NCCL, c10d, ...)
+        library = sorted(names_and_counts.items(), key=lambda kv: (-kv[1], kv[0]))[:k]
+        return "all of them libraries' own ranges: " + ", ".join(f"`{n}` ×{c}" for n, c in library)
     if not top:
         return "the traces hold no user annotations"
     return "top annotations: " + ", ".join(f"`{n}` ×{c}" for n, c in top)

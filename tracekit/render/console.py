@@ -63,12 +63,15 @@ def render(doc: dict, ranks: str | int = "auto") -> str:
     sched = doc["schedule"]
     if not doc["pipeline"]:
         out.append("")
+        # what busy counts (analyze.bubbles.measure_plain): on the host's timeline, kernels
+        # where the trace has them (--timeline host), else CPU ops and annotations
+        work = "device work" if doc.get("timeline") == "device" else "recorded work (kernels if any, else CPU ops)"
         if len(completeness.get("ranks_present", [])) == 1 and completeness.get("complete"):
-            out.append("One rank: no pipeline to analyse. Busy/idle of its device work:")
+            out.append(f"One rank: no pipeline to analyse. Busy/idle of its {work}:")
         else:
             out.append(
                 "No pipeline-parallel schedule found in these traces (see the warning below for "
-                "what was seen). Per-rank busy/idle of the device work:"
+                f"what was seen). Per-rank busy/idle of the {work}:"
             )
         out.append("")
         out.append(_plain_rank_table(doc, _shown_ranks(doc, ranks)))
