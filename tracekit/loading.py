@@ -29,8 +29,9 @@ class LoadOptions(ReadOptions):
 
     timeline: str = "auto"
     labels: LabelSet | Sequence[str] | None = None
-    # rows="reduce": a rank with device work sends only its device rows, their launches and
-    # its message rows (False: its working set, for outputs that draw its host ops)
+    # rows="reduce": a rank with device work, or a host rank of a run without a pipeline, is
+    # reduced too (its device ops as columns, its busy rows: tracekit.reconstruct.per_rank);
+    # False: it keeps its working set, for outputs that draw its host ops (the report)
     reduce_device: bool = True
 
 
@@ -86,8 +87,8 @@ def reduce_file(
     """The map step's reduce (``rows="reduce"``), run where a file was parsed: each rank's
     steps and actions on its :class:`~tracekit.model.events.TraceFile` (``reduced``) and,
     of its working set, only the rows the cross-rank steps read
-    (:mod:`tracekit.reconstruct.per_rank`; ``device``: ranks with device work too, keeping
-    their device rows); a rank that needs its events keeps them."""
+    (:mod:`tracekit.reconstruct.per_rank`; ``device``: ranks with device work and host
+    ranks without a pipeline too); a rank that needs its events keeps them."""
     from tracekit.ingest.columns import EventColumns
     from tracekit.reconstruct.event_arrays import EventArrays
     from tracekit.reconstruct.per_rank import rank_reduce

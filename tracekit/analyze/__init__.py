@@ -31,6 +31,7 @@ from tracekit.analyze.theory import Theory, flush_free_bubble, sliced_bubble, th
 from tracekit.analyze.whatif import ReportWhatIf, report_what_if
 from tracekit.errors import TracekitError
 from tracekit.model.run import Run, compute_ns
+from tracekit.reconstruct.event_arrays import LAUNCH_CATEGORY
 from tracekit.reconstruct.schedule import TERAPIPE_NAME
 
 # Replay residual (|measured - replayed makespan|) above this share of the step is flagged.
@@ -102,12 +103,7 @@ def _host_spans(actions: pd.DataFrame) -> pd.DataFrame:
 def _analyze(run: Run, attribution: bool, progress: Callable[[str], None] | None = None) -> Analysis:
     on_device = run.timeline == "device"
     if not run.is_pipeline:
-        if on_device:
-            bubbles = measure_device_plain(run.device)
-        elif run.host_busy is not None:  # host ranks reduced where parsed
-            bubbles = bubble_table(run.host_busy)
-        else:
-            bubbles = measure_plain(run.events, run.steps)
+        bubbles = measure_device_plain(run.device) if on_device else _host_plain(run, run.events)
         summary = summarise(bubbles)
         if not summary.busy_ns:
             raise TracekitError(
@@ -118,10 +114,7 @@ def _analyze(run: Run, attribution: bool, progress: Callable[[str], None] | None
         result = Analysis(run=run, bubbles=bubbles, summary=summary)
         if on_device:
             result.device = device_figures(run, bubbles)
-            if run.host_busy is not None:  # GPU ranks reduced where parsed
-                host = bubble_table(run.host_busy)
-            else:
-                host = measure_plain(run.events[(run.events["cat"] != "runtime").to_numpy()], run.steps)
+            host = _host_plain(run, run.events[(run.events["cat"] != LAUNCH_CATEGORY).to_numpy()])
             result.host_view = summarise(host) if len(host) else None
         return result
     sched = run.schedule
@@ -185,6 +178,12 @@ def _analyze(run: Run, attribution: bool, progress: Callable[[str], None] | None
         if result.slices is not None and sched.name == TERAPIPE_NAME and sched.p == sched.n_stages:
             result.theory = sliced_bubble(sched.name, sched.p, result.slices.forward_ns, result.slices.backward_ns)
     return result
+
+
+def _host_plain(run: Run, events: pd.DataFrame) -> pd.DataFrame:
+    """:func:`measure_plain` of ``events`` (the run's host rows), or the rows the processes
+    that parsed its ranks measured the same way (``run.host_busy``: its events are not held)."""
+    return bubble_table(run.host_busy) if run.host_busy is not None else measure_plain(events, run.steps)
 
 
 def _events_read(run: Run) -> int:

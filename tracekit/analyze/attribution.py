@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from tracekit.analyze.replay import Replay, Scenario, StepGraph, critical_path, replay_many, step_graphs
+from tracekit.model.groups import split_by
 from tracekit.model.run import Run
 from tracekit.reconstruct.schedule import TERAPIPE_NAME
 from tracekit.vocab import CATEGORIES
@@ -264,8 +265,8 @@ def _link_blame(
     # Replicas of one pipeline have as many links each: their ranks share one matrix of
     # (rank, its replica's links), a row each.
     by_count: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
-    of_group = _split_by(link_group, np.arange(len(links)))
-    for g, rows in _split_by(rank_group[rest], rest).items():
+    of_group = split_by(link_group, np.arange(len(links)))
+    for g, rows in split_by(rank_group[rest], rest).items():
         candidates = of_group.get(g, np.zeros(0, dtype=np.int64))
         if latency[candidates].sum() <= 0:  # no latency anywhere near: the rule of apportion, all links
             candidates = np.arange(len(links))
@@ -296,13 +297,6 @@ def _link_blame(
     pairs = np.array(links, dtype=np.int64).reshape(-1, 2)[link[order]]
     blame = list(zip(np.array(ranks)[rank_row[order]].tolist(), *pairs.T.tolist(), share[order].tolist()))
     return pd.DataFrame(blame, columns=["rank", "src_rank", "dst_rank", "comm_ns"])
-
-
-def _split_by(key: np.ndarray, items: np.ndarray) -> dict[int, np.ndarray]:
-    """``items`` by ``key`` (keys ascending), each part in the items' order."""
-    order = np.argsort(key, kind="stable")
-    keys, first = np.unique(key[order], return_index=True)
-    return dict(zip(keys.tolist(), np.split(items[order], first[1:])))
 
 
 def _idle_rows(

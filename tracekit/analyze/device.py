@@ -29,7 +29,7 @@ import pandas as pd
 
 from tracekit.analyze.bubbles import bubble_table
 from tracekit.analyze.grouping import int_groups, int_items
-from tracekit.model.groups import group_ids
+from tracekit.model.groups import pair_codes, split_by
 from tracekit.model.intervals import union_length
 from tracekit.model.run import Run
 from tracekit.reconstruct.plain import BubbleRow
@@ -104,9 +104,8 @@ def measure_device_plain(device: pd.DataFrame) -> pd.DataFrame:
         .sort_index()
     )
     present = set(zip(op_rank[stepped].tolist(), op_step[stepped].tolist()))
-    by_rank = np.argsort(op_rank, kind="stable")  # a rank's ops in table order
-    cuts = np.flatnonzero(np.diff(op_rank[by_rank])) + 1
-    per_rank = {int(op_rank[ops[0]]): (starts_all[ops], ends_all[ops]) for ops in np.split(by_rank, cuts) if len(ops)}
+    # a rank's ops in table order
+    per_rank = {r: (starts_all[ops], ends_all[ops]) for r, ops in split_by(op_rank, np.arange(len(op_rank))).items()}
     rows: list[BubbleRow] = []
     previous_end = None
     for step, span_lo, span_hi in zip(spans.index.to_numpy(), spans["lo"], spans["hi"]):
@@ -140,22 +139,16 @@ def device_figures(run: Run, bubbles: pd.DataFrame) -> DeviceFigures:
     rank, step = device["rank"].to_numpy(np.int64), device["step"].to_numpy(np.int64)
     starts, ends = device["start_ns"].to_numpy(np.int64), device["end_ns"].to_numpy(np.int64)
     launched_at = device["launch_end_ns"].to_numpy(np.int64)
-    group = group_ids(rank, step)
-    by_group = np.argsort(group, kind="stable")  # a group's rows in table order
-    bounds = np.searchsorted(group[by_group], np.arange(int(group.max()) + 2 if len(group) else 1))
-    first = (
-        {(int(rank[i]), int(step[i])): int(g) for g, i in enumerate(by_group[bounds[:-1]].tolist())}
-        if len(group)
-        else {}
-    )
+    windows = bubbles[["rank", "step", "window_start_ns", "window_end_ns"]].to_numpy(np.int64)
+    # a (rank, step)'s ops in table order, found by one code per pair
+    op_code, window_code = pair_codes(rank, step, (windows[:, 0], windows[:, 1]))
+    ops_of = split_by(op_code, np.arange(len(op_code)))
     paired = run.device_pairs
-    windows = bubbles[["rank", "step", "window_start_ns", "window_end_ns"]].to_numpy(np.int64).tolist()
-    for r, s, lo, hi in windows:
-        g = first.get((r, s))
-        if g is None:
+    for (r, s, lo, hi), code in zip(windows.tolist(), window_code.tolist()):
+        mine_ops = ops_of.get(code)
+        if mine_ops is None:
             rows.append((r, s, 0, 0, 0, 0))
             continue
-        mine_ops = by_group[bounds[g] : bounds[g + 1]]
         launch_wait = _launch_wait(starts[mine_ops], ends[mine_ops], launched_at[mine_ops], lo, hi)
         work = mine_ops[busy[mine_ops]]
         after = union_length(starts[work], ends[work], hi, max(hi, int(ends[work].max()) if len(work) else hi))

@@ -224,8 +224,9 @@ def load_with_progress(
 
     ``rows="all"``: every event, not only the analysis's working set (an output that shows
     the trace's own ops); ``"analysis"``: the working set's events (outputs that draw them).
-    ``reduce_device=False``: a rank with device work keeps its working set under "reduce"
-    (an output that draws its host ops beside its kernels: the report)."""
+    ``reduce_device=False``: a rank with device work, or a host rank of a run without a
+    pipeline, keeps its working set under "reduce" (an output that draws its host ops: the
+    report)."""
     from dataclasses import replace
 
     from tracekit.ingest import discover

@@ -45,7 +45,8 @@ def command(
     from tracekit.render.html import render_report
 
     target = run_output(output or Path("reports") / f"{default_name(run_dir)}.html", "-o", run_dir)
-    # A device rank's host ops are drawn (a run without a pipeline): its working set, not its reduce.
+    # A GPU rank's host ops, and those of a run without a pipeline, are drawn: their working
+    # sets, not their reduce.
     run = load_with_progress(run_dir, rank_from, rank_map, progress, reduce_device=False)
     say = work_progress(progress)
     analysis = analyze(run, whatif=True, progress=say)

@@ -78,3 +78,11 @@ def group_ids(*keys: np.ndarray) -> np.ndarray:
     ids = np.empty(n, dtype=np.int64)
     ids[order] = np.cumsum(change) - 1
     return ids
+
+
+def split_by(key: np.ndarray, items: np.ndarray) -> dict[int, np.ndarray]:
+    """``items`` by their ``key`` (one int per item), keys ascending, each part in the items'
+    order."""
+    order = np.argsort(key, kind="stable")
+    keys, first = np.unique(np.asarray(key)[order], return_index=True)
+    return dict(zip(keys.tolist(), np.split(np.asarray(items)[order], first[1:])))

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tracekit.model.groups import group_ids
+from tracekit.model.groups import group_ids, split_by
 from tracekit.model.names import COMM_PREFIXES, RECV_NAMES, SEND_NAMES, STEP_MARK_PREFIX
 from tracekit.model.run import ACTION_COLUMNS
 from tracekit.reconstruct.event_arrays import EventArrays
@@ -248,12 +248,7 @@ def _last_within(times: np.ndarray | None, starts: np.ndarray, ends: np.ndarray)
 
 def _by_key(rows: np.ndarray, keys: np.ndarray) -> dict[int, np.ndarray]:
     """``rows`` (indices) by their ``keys`` value, each group's rows in row order."""
-    if not len(rows):
-        return {}
-    of_rows = keys[rows]
-    order = np.argsort(of_rows, kind="stable")
-    bounds = np.flatnonzero(np.diff(of_rows[order])) + 1
-    return {int(keys[g[0]]): g for g in np.split(rows[order], bounds)}
+    return split_by(keys[rows], rows)
 
 
 def _group_layers(

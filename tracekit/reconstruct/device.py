@@ -81,11 +81,11 @@ def device_table(parts: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     codes = np.concatenate(recoded)[order]
     n = len(order)
     # decided once per distinct name (a few hundred) rather than per op (tens of thousands)
-    kinds = np.array([op_kind(name) for name in names] or ["compute"], dtype=object)
+    kinds = np.array([op_kind(name) for name in names], dtype=object)
     columns: dict[str, Any] = {"op_id": np.arange(n, dtype=np.int64), "rank": rank[order]}
     del rank
     columns["step"] = joined("step")[order]
-    columns["kind"] = kinds[codes] if n else np.zeros(0, dtype=object)
+    columns["kind"] = kinds[codes]
     columns["start_ns"], columns["end_ns"] = start[order], end[order]
     del start, end
     for column in ("stream", "launch_ns", "launch_end_ns", "launch_tid"):

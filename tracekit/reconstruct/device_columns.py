@@ -39,7 +39,7 @@ def op_kind(name: str) -> str:
 
 def op_columns(events: EventArrays, steps: Mapping[str, Any]) -> dict[str, Any]:
     """The device ops of ``events`` in event order: :data:`NUMBER_COLUMNS` as int64 arrays,
-    ``name_code`` (int64) into ``names`` (the distinct names of these ops, sorted).
+    ``name_code`` (int64) into ``names`` (the distinct names of these ops).
     ``steps``: a step table holding these events' ranks (:func:`~.steps.step_table`)."""
     on_gpu, cats = events["on_gpu"], events.is_in("cat", DEVICE_CATEGORIES)
     ops = np.flatnonzero(on_gpu & cats)
@@ -64,10 +64,6 @@ def op_columns(events: EventArrays, steps: Mapping[str, Any]) -> dict[str, Any]:
     when = np.where(launch_ns >= 0, launch_ns, starts)
     values = events.values["name"]
     used, name_code = np.unique(events.codes["name"][ops], return_inverse=True)
-    names = [values[c] for c in used.tolist()]
-    order = sorted(range(len(names)), key=names.__getitem__)
-    rank_of = np.empty(len(names), dtype=np.int64)
-    rank_of[order] = np.arange(len(names))
     return {
         "rank": ranks[ops],
         "step": step_of(ranks[ops], when, steps),
@@ -79,6 +75,6 @@ def op_columns(events: EventArrays, steps: Mapping[str, Any]) -> dict[str, Any]:
         "launch_tid": launch_tid,
         "file_id": events["file_id"][ops].astype(np.int64),
         "source_index": events["source_index"][ops].astype(np.int64),
-        "name_code": rank_of[name_code.reshape(-1)] if n else np.zeros(0, dtype=np.int64),
-        "names": sorted(names),
+        "name_code": name_code.reshape(-1).astype(np.int64),
+        "names": [values[c] for c in used.tolist()],
     }

@@ -20,7 +20,7 @@ from tracekit.reconstruct.chains import restage_from_chains
 from tracekit.reconstruct.clock import estimate_offsets, host_of_rank, shift_ranks
 from tracekit.reconstruct.counts import count_problems
 from tracekit.reconstruct.declared import declared_mismatch
-from tracekit.reconstruct.event_arrays import EventArrays, has_device_work
+from tracekit.reconstruct.event_arrays import LAUNCH_CATEGORY, EventArrays, has_device_work
 from tracekit.reconstruct.labels import LabelSet, custom_set, describe_annotations, parse_rule
 from tracekit.reconstruct.p2p import estimate_arrivals, match_messages
 from tracekit.reconstruct.per_rank import gather
@@ -194,7 +194,7 @@ def _on_device(run: Run, messages, host_events) -> None:
 
 def _host_events(run: Run):
     """The events without CUDA API calls (they link device work to the host, nothing more)."""
-    return run.events[(run.events["cat"] != "runtime").to_numpy()]
+    return run.events[(run.events["cat"] != LAUNCH_CATEGORY).to_numpy()]
 
 
 def _actions_per_step(run: Run) -> list[int]:
