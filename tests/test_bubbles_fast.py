@@ -20,10 +20,9 @@ from tracekit.analyze.bubbles import (
     measure_continuous,
     measure_pipeline,
     step_windows,
-    union_lengths,
 )
 from tracekit.analyze.grouping import int_groups
-from tracekit.model.intervals import union_length
+from tracekit.model.intervals import union_length, union_lengths
 
 
 def reference_pipeline(actions: pd.DataFrame) -> pd.DataFrame:

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from tracekit.analyze.shares import share, shares
+from tracekit.model.intervals import union_lengths
 from tracekit.reconstruct.event_arrays import EventArrays
 from tracekit.reconstruct.plain import BubbleRow, plain_busy
 
@@ -61,32 +62,6 @@ def _bubble_rows(
     return bubble_table(
         list(zip(rank.tolist(), step.tolist(), lo.tolist(), hi.tolist(), (hi - lo).tolist(), busy.tolist()))
     )
-
-
-def union_lengths(
-    group: np.ndarray, starts: np.ndarray, ends: np.ndarray, lo: np.ndarray, hi: np.ndarray
-) -> np.ndarray:
-    """:func:`~tracekit.model.intervals.union_length` of each group's intervals, all groups at
-    once: ``group`` numbers each interval's group (0 .. len(lo) - 1), clipped to that group's
-    [lo, hi)."""
-    total = np.zeros(len(lo), dtype=np.int64)
-    if not len(group):
-        return total
-    s, e = np.clip(starts, lo[group], hi[group]), np.clip(ends, lo[group], hi[group])
-    order = np.lexsort((s, group))
-    g, s, e = group[order], s[order], e[order]
-    # Each interval's reach: the latest end so far in its group. A running maximum over keys
-    # (group, rank of the end) restarts at each group, whose keys all lie above the last's.
-    distinct = np.unique(e)
-    width = len(distinct) + 1
-    reach = distinct[np.maximum.accumulate(g * width + np.searchsorted(distinct, e)) - g * width]
-    # A merged stretch starts where a group starts or an interval starts past the reach before it.
-    first = np.ones(len(g), dtype=bool)
-    first[1:] = (g[1:] != g[:-1]) | (s[1:] > reach[:-1])
-    begins = np.flatnonzero(first)
-    ends_at = np.append(begins[1:] - 1, len(g) - 1)
-    np.add.at(total, g[begins], reach[ends_at] - s[begins])
-    return total
 
 
 def continuous_windows(actions: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:

@@ -5,20 +5,62 @@ from __future__ import annotations
 import numpy as np
 
 
+def merge_intervals(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The union of [start, end) intervals as disjoint stretches, in time order: intervals
+    that overlap or touch become one. Empty intervals (end <= start) add nothing."""
+    starts, ends = np.asarray(starts, dtype=np.int64), np.asarray(ends, dtype=np.int64)
+    real = ends > starts
+    starts, ends = starts[real], ends[real]
+    if not len(starts):
+        return starts, ends
+    order = np.argsort(starts, kind="stable")
+    starts, ends = starts[order], ends[order]
+    reach = np.maximum.accumulate(ends)  # the latest end so far
+    first = np.ones(len(starts), dtype=bool)
+    first[1:] = starts[1:] > reach[:-1]  # a stretch begins past the reach of the ones before
+    begins = np.flatnonzero(first)
+    last = np.append(begins[1:] - 1, len(starts) - 1)
+    return starts[begins], reach[last]
+
+
+def clipped_length(starts: np.ndarray, ends: np.ndarray, lo: int | np.ndarray, hi: int | np.ndarray) -> np.ndarray:
+    """Each interval's length inside [lo, hi) (0 where it lies outside): the union's length
+    where the intervals are disjoint (:func:`merge_intervals`). ``lo`` / ``hi`` may be arrays,
+    one bound per interval."""
+    inside = np.minimum(ends, hi) - np.maximum(starts, lo)
+    out: np.ndarray = np.maximum(inside, 0)
+    return out
+
+
 def union_length(starts: np.ndarray, ends: np.ndarray, lo: int, hi: int) -> int:
     """Total length of the union of [start, end) intervals clipped to [lo, hi)."""
-    if len(starts) == 0:
+    if len(starts) == 0 or hi <= lo:
         return 0
-    s = np.clip(starts, lo, hi)
-    e = np.clip(ends, lo, hi)
-    order = np.argsort(s, kind="stable")
-    s, e = s[order], e[order]
-    total = 0
-    cur_s, cur_e = int(s[0]), int(e[0])
-    for a, b in zip(s[1:], e[1:]):
-        if a > cur_e:
-            total += cur_e - cur_s
-            cur_s, cur_e = int(a), int(b)
-        elif b > cur_e:
-            cur_e = int(b)
-    return total + (cur_e - cur_s)
+    merged_starts, merged_ends = merge_intervals(np.clip(starts, lo, hi), np.clip(ends, lo, hi))
+    return int((merged_ends - merged_starts).sum())
+
+
+def union_lengths(
+    group: np.ndarray, starts: np.ndarray, ends: np.ndarray, lo: np.ndarray, hi: np.ndarray
+) -> np.ndarray:
+    """:func:`union_length` of each group's intervals, all groups at
+    once: ``group`` numbers each interval's group (0 .. len(lo) - 1), clipped to that group's
+    [lo, hi)."""
+    total = np.zeros(len(lo), dtype=np.int64)
+    if not len(group):
+        return total
+    s, e = np.clip(starts, lo[group], hi[group]), np.clip(ends, lo[group], hi[group])
+    order = np.lexsort((s, group))
+    g, s, e = group[order], s[order], e[order]
+    # Each interval's reach: the latest end so far in its group. A running maximum over keys
+    # (group, rank of the end) restarts at each group, whose keys all lie above the last's.
+    distinct = np.unique(e)
+    width = len(distinct) + 1
+    reach = distinct[np.maximum.accumulate(g * width + np.searchsorted(distinct, e)) - g * width]
+    # A merged stretch starts where a group starts or an interval starts past the reach before it.
+    first = np.ones(len(g), dtype=bool)
+    first[1:] = (g[1:] != g[:-1]) | (s[1:] > reach[:-1])
+    begins = np.flatnonzero(first)
+    ends_at = np.append(begins[1:] - 1, len(g) - 1)
+    np.add.at(total, g[begins], reach[ends_at] - s[begins])
+    return total
