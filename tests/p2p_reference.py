@@ -9,7 +9,7 @@ searchsorted or a mask over them.
 Only the functions the fast version rewrote stand here, as they were in 1b5124f
 (``_recv_done_times``, ``_link_actions`` with its ``_way_by_rank``, ``estimate_arrivals``,
 ``host_p2p_ops``); the constants it left unchanged (``_TOLERANCE_NS``, ``_NCCL_TITLE``) are
-imported from ``tracekit.reconstruct.p2p``.
+imported from ``tracekit.reconstruct.p2p`` and ``tracekit.reconstruct.p2p_sides``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import pandas as pd
 
 from tracekit.model.names import RECV_NAMES, SEND_NAMES
 from tracekit.model.run import MESSAGE_COLUMNS
-from tracekit.reconstruct.p2p import _NCCL_TITLE, _TOLERANCE_NS
+from tracekit.reconstruct.p2p import _TOLERANCE_NS
+from tracekit.reconstruct.p2p_sides import NCCL_TITLE as _NCCL_TITLE
 
 
 def _recv_done_times(events: pd.DataFrame, recvs: pd.DataFrame) -> np.ndarray:

@@ -13,15 +13,14 @@ that started after the data was there).
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import pandas as pd
 
 from tracekit.model.groups import SortedGroups, pair_codes
-from tracekit.model.names import RECV_NAMES, SEND_NAMES
 from tracekit.model.run import MESSAGE_COLUMNS
+from tracekit.reconstruct.event_arrays import EventArrays
 from tracekit.reconstruct.labels import p2p_ways
+from tracekit.reconstruct.p2p_sides import DIRECTIONS, p2p_sides
 from tracekit.reconstruct.steps import step_of
 
 # A receive's wait may return a hair after its consumer's first op is recorded as started.
@@ -79,59 +78,15 @@ def _suffix_min(group: np.ndarray, values: np.ndarray) -> np.ndarray:
     return distinct[low - number * width]
 
 
-# ProcessGroupNCCL's profiling titles name both ranks: "nccl:send 0->1", "nccl:recv 1<-0".
-_NCCL_TITLE = re.compile(r"^nccl:(send|recv) (\d+)(->|<-)(\d+)$")
-
-
 def host_p2p_ops(events: pd.DataFrame) -> pd.DataFrame:
     """The host's point-to-point calls, one row per message side (``direction`` send or
-    recv). With NCCL one send is several nested or overlapping ranges on its thread
-    (``c10d::send`` > ``record_param_comms:send``, and the ``nccl:send 0->1`` title, whose
-    end may come later): the first of them stands for all, with the peer and size of
-    whichever names them."""
-    cpu = events[~events["on_gpu"].to_numpy()]
-    names = cpu["name"].astype(str)
-    # Matched once per distinct name (a run has tens of them, in hundreds of thousands of rows).
-    distinct = pd.Index(names.unique())
-    titles = distinct.to_series().str.extract(_NCCL_TITLE).iloc[distinct.get_indexer(names)]
-    titles.index = names.index
-    is_title = titles[0].notna().to_numpy()
-    is_send = names.isin(SEND_NAMES).to_numpy() | (titles[0] == "send").to_numpy()
-    is_recv = names.isin(RECV_NAMES).to_numpy() | (titles[0] == "recv").to_numpy()
-    chosen = is_send | is_recv
-    ops = cpu[chosen].assign(direction=np.where(is_send[chosen], "send", "recv"))
-    if ops.empty:
-        return ops
-    title_peer = titles[3].to_numpy()[chosen]  # "<own rank>-><dst>", "<own rank><-<src>"
-    peer = ops["peer"].to_numpy(np.int64).copy()
-    from_title = is_title[chosen] & (peer < 0)
-    peer[from_title] = title_peer[from_title].astype(np.int64)
-    ops = ops.assign(peer=peer).sort_values(["rank", "tid", "start_ns", "end_ns"], ascending=[True, True, True, False])
-    keep = np.ones(len(ops), dtype=bool)
-    peer = ops["peer"].to_numpy(np.int64).copy()
-    nbytes = ops["nbytes"].to_numpy(np.int64).copy()
-    rank, tid, direction = ops["rank"].to_numpy(), ops["tid"].to_numpy(), ops["direction"].to_numpy()
-    start, end = ops["start_ns"].to_numpy(np.int64), ops["end_ns"].to_numpy(np.int64)
-    # Runs of ops of one thread and direction, in order: an op folds into the run's last
-    # kept one if it starts before that one ended (a run's first op never folds: the op
-    # before it is another thread's or direction's). Only runs where some op starts before
-    # the one before it ended can fold (gloo's never do): the walk visits those alone.
-    same = np.zeros(len(ops), dtype=bool)
-    same[1:] = (rank[1:] == rank[:-1]) & (tid[1:] == tid[:-1]) & (direction[1:] == direction[:-1])
-    run = np.cumsum(~same)
-    overlaps = same.copy()
-    overlaps[1:] &= start[1:] <= end[:-1]
-    outer = -1
-    for i in np.flatnonzero(np.isin(run, run[overlaps])).tolist():
-        if outer >= 0 and run[i] == run[outer] and start[i] <= end[outer]:
-            keep[i] = False
-            if peer[outer] < 0:
-                peer[outer] = peer[i]
-            if nbytes[outer] < 0:
-                nbytes[outer] = nbytes[i]
-        else:
-            outer = i
-    return ops.assign(peer=peer, nbytes=nbytes)[keep]
+    recv), with the peer and size of the ranges folded into each
+    (:func:`~.p2p_sides.p2p_sides`), in order of rank, thread and start."""
+    sides = p2p_sides(EventArrays.of(events))
+    ops = events.iloc[sides.rows]
+    return ops.assign(
+        direction=np.array(DIRECTIONS, dtype=object)[sides.direction], peer=sides.peer, nbytes=sides.nbytes
+    )
 
 
 def match_messages(
