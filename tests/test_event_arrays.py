@@ -110,7 +110,7 @@ def test_a_reducing_parser_worker_never_imports_pandas(device):
     rank (device ops and the host-side busy rows are found there too)."""
     if device:
         path = shared_or_skip("kineto-gpu", "hta_trace_filter_sampled_rank-1.json.gz")
-        found = "len(parsed[0][0].reduced['device_ops']['rank']) and parsed[0][0].reduced['host_busy']"
+        found = "len(parsed[0][0].reduced['device_summary']['steps']['rank']) and parsed[0][0].reduced['host_busy']"
     else:
         path = SAMPLES / "interleaved1f1b" / "rank1.json.gz"
         found = "parsed[0][0].reduced['actions']['kind']"

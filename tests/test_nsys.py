@@ -98,10 +98,13 @@ def test_two_gpu_report_sendrecv_kernels_are_all_to_all_not_p2p(name, per_gpu):
 
 def _kernel_pairs(events: pd.DataFrame) -> pd.DataFrame:
     """The device P2P kernel pairs tracekit finds in a run without pipeline actions."""
-    from tracekit.reconstruct.device import device_ops, pair_p2p_kernels
+    from tracekit.model.run import ACTION_COLUMNS
+    from tracekit.reconstruct.device import device_ops, pair_p2p_kernels, summarise_table
     from tracekit.reconstruct.steps import find_steps
 
-    return pair_p2p_kernels(device_ops(events, find_steps(events)), events)
+    no_actions = pd.DataFrame(columns=ACTION_COLUMNS)
+    summary, _ = summarise_table(device_ops(events, find_steps(events)), events, no_actions, {})
+    return pair_p2p_kernels(summary)
 
 
 def _generated_p2p_events(kernels: list[tuple[int, int, int]]) -> pd.DataFrame:

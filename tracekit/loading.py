@@ -95,7 +95,7 @@ def reduce_file(
 
     out = []
     for trace, columns in parsed:
-        found = rank_reduce(EventArrays.of(columns), labels, device)
+        found = rank_reduce(EventArrays.of(columns), labels, device, trace.world_size or 1)
         if found is None:
             out.append((trace, columns))
             continue

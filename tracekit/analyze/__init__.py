@@ -103,7 +103,7 @@ def _host_spans(actions: pd.DataFrame) -> pd.DataFrame:
 def _analyze(run: Run, attribution: bool, progress: Callable[[str], None] | None = None) -> Analysis:
     on_device = run.timeline == "device"
     if not run.is_pipeline:
-        bubbles = measure_device_plain(run.device) if on_device else _host_plain(run, run.events)
+        bubbles = measure_device_plain(run.device_summary) if on_device else _host_plain(run, run.events)
         summary = summarise(bubbles)
         if not summary.busy_ns:
             raise TracekitError(
@@ -128,7 +128,7 @@ def _analyze(run: Run, attribution: bool, progress: Callable[[str], None] | None
     if sched.flush_free and not on_device:
         bubbles = measure_continuous(actions, run.steps)  # per-rank windows: steps do not overlap
     else:
-        bubbles = measure_device_pipeline(actions, run.device) if on_device else measure_pipeline(actions)
+        bubbles = measure_device_pipeline(actions, run.device_summary) if on_device else measure_pipeline(actions)
         _warn_overlapping_steps(run, actions)
     result = Analysis(run=run, bubbles=bubbles, summary=summarise(bubbles), durations_ns=typical_durations(actions))
     if on_device:

@@ -28,11 +28,10 @@ import numpy as np
 import pandas as pd
 
 from tracekit.analyze.bubbles import bubble_table
-from tracekit.analyze.grouping import int_groups, int_items
+from tracekit.model.device import DeviceSummary
 from tracekit.model.groups import pair_codes, split_by
-from tracekit.model.intervals import union_length
+from tracekit.model.intervals import clipped_length
 from tracekit.model.run import Run
-from tracekit.reconstruct.plain import BubbleRow
 
 DEVICE_RANK_COLUMNS = ["rank", "step", "launch_wait_ns", "step_end_ns", "p2p_wait_ns", "p2p_transfer_ns"]
 # A rank whose GPU waits for the host at least this share of its window is launch-bound.
@@ -56,35 +55,21 @@ class DeviceFigures:
         return max(self.host_ahead_ns.values(), default=0)
 
 
-def busy_mask(device: pd.DataFrame) -> np.ndarray:
-    """Which device ops count as busy (see the module doc), by row."""
-    kind = device["kind"].to_numpy()
-    inside = device["action_id"].to_numpy() >= 0
-    mask: np.ndarray = (kind == "compute") | ((kind == "collective") & inside)
-    return mask
-
-
-def busy_ops(device: pd.DataFrame) -> pd.DataFrame:
-    """The device ops that count as busy (see the module doc)."""
-    busy: pd.DataFrame = device[busy_mask(device)]
-    return busy
-
-
-def measure_device_pipeline(actions: pd.DataFrame, device: pd.DataFrame) -> pd.DataFrame:
+def measure_device_pipeline(actions: pd.DataFrame, summary: DeviceSummary) -> pd.DataFrame:
     """Bubble table of a pipeline run on the device: each step's window is its actions'
     device spans over all ranks; busy is the union of the rank's busy ops of that step."""
     w = actions.groupby("step").agg(lo=("start_ns", "min"), hi=("end_ns", "max"))
-    windows = {int(s): (int(lo), int(hi)) for s, lo, hi in zip(w.index.to_numpy(), w["lo"], w["hi"])}
-    ops = _by_rank_step(busy_ops(device))
-    rows: list[BubbleRow] = []
-    for rank, step in sorted({(int(r), int(s)) for r, s in zip(actions["rank"], actions["step"])}):
-        lo, hi = windows[step]
-        starts, ends = ops.get((rank, step), (np.zeros(0, np.int64), np.zeros(0, np.int64)))
-        rows.append((rank, step, lo, hi, hi - lo, union_length(starts, ends, lo, hi)))
-    return bubble_table(rows)
+    pairs = np.unique(np.stack([actions["rank"].to_numpy(np.int64), actions["step"].to_numpy(np.int64)]), axis=1)
+    rank, step = pairs[0], pairs[1]
+    where = w.index.get_indexer(step)
+    lo, hi = w["lo"].to_numpy(np.int64)[where], w["hi"].to_numpy(np.int64)[where]
+    busy = _busy_in(summary, rank, step, lo, hi)
+    return bubble_table(
+        list(zip(rank.tolist(), step.tolist(), lo.tolist(), hi.tolist(), (hi - lo).tolist(), busy.tolist()))
+    )
 
 
-def measure_device_plain(device: pd.DataFrame) -> pd.DataFrame:
+def measure_device_plain(summary: DeviceSummary) -> pd.DataFrame:
     """Bubble table of a run without pipeline actions, on the device: each step's window
     runs from its first compute op over all ranks (or from the end of the previous step's
     window, if later) to its last; busy is the union of the rank's compute ops in it.
@@ -93,86 +78,173 @@ def measure_device_plain(device: pd.DataFrame) -> pd.DataFrame:
     while the main stream still runs step N's, and per-step spans that overlapped would
     count that stretch's idle twice. So the windows add up to the device's span, and busy
     counts what the device did in each, whichever step launched it."""
-    compute = np.flatnonzero((device["kind"] == "compute").to_numpy())  # columns, not a copy of the table
-    op_rank, op_step = device["rank"].to_numpy(np.int64)[compute], device["step"].to_numpy(np.int64)[compute]
-    starts_all, ends_all = device["start_ns"].to_numpy(np.int64)[compute], device["end_ns"].to_numpy(np.int64)[compute]
-    stepped = op_step >= 0
+    extents = summary["compute_steps"]
     spans = (
-        pd.DataFrame({"step": op_step[stepped], "lo": starts_all[stepped], "hi": ends_all[stepped]})
+        pd.DataFrame({"step": extents["step"], "lo": extents["lo_ns"], "hi": extents["hi_ns"]})
         .groupby("step")
         .agg(lo=("lo", "min"), hi=("hi", "max"))
         .sort_index()
     )
-    present = set(zip(op_rank[stepped].tolist(), op_step[stepped].tolist()))
-    # a rank's ops in table order
-    per_rank = {r: (starts_all[ops], ends_all[ops]) for r, ops in split_by(op_rank, np.arange(len(op_rank))).items()}
-    rows: list[BubbleRow] = []
+    present = split_by(extents["step"], extents["rank"])
+    rank_q, step_q, lo_q, hi_q = [], [], [], []
     previous_end = None
     for step, span_lo, span_hi in zip(spans.index.to_numpy(), spans["lo"], spans["hi"]):
         lo, hi = int(span_lo), int(span_hi)
         if previous_end is not None:
             lo = min(max(lo, previous_end), hi)
         previous_end = hi if previous_end is None else max(previous_end, hi)
-        for rank in sorted(r for r, s in present if s == step):
-            starts, ends = per_rank[rank]
-            inside = (ends > lo) & (starts < hi)
-            rows.append((rank, int(step), lo, hi, hi - lo, union_length(starts[inside], ends[inside], lo, hi)))
-    return bubble_table(rows)
-
-
-def _by_rank_step(ops: pd.DataFrame) -> dict[tuple[int, int], tuple[np.ndarray, np.ndarray]]:
-    return {
-        (r, s): (g["start_ns"].to_numpy(np.int64), g["end_ns"].to_numpy(np.int64))
-        for (r, s), g in int_groups(ops, ["rank", "step"], sort=False)
-    }
+        for rank in sorted(set(present[int(step)].tolist())):
+            rank_q.append(rank)
+            step_q.append(int(step))
+            lo_q.append(lo)
+            hi_q.append(hi)
+    lo_a, hi_a = np.array(lo_q, dtype=np.int64), np.array(hi_q, dtype=np.int64)
+    busy = _compute_in(summary, np.array(rank_q, dtype=np.int64), lo_a, hi_a)
+    return bubble_table(list(zip(rank_q, step_q, lo_q, hi_q, (hi_a - lo_a).tolist(), busy.tolist())))
 
 
 def device_figures(run: Run, bubbles: pd.DataFrame) -> DeviceFigures:
-    """Launch waits, step-end work, P2P wait and transfer per rank and step (module doc).
-
-    On the device table's columns, a (rank, step)'s ops in table order: no copy of the
-    table (256 GPU ranks hold ~700k ops)."""
-    device = run.device
-    rows = []
-    # which ops count as busy: decided once for the run, not once per rank and step
-    busy = busy_mask(device)
-    rank, step = device["rank"].to_numpy(np.int64), device["step"].to_numpy(np.int64)
-    starts, ends = device["start_ns"].to_numpy(np.int64), device["end_ns"].to_numpy(np.int64)
-    launched_at = device["launch_end_ns"].to_numpy(np.int64)
+    """Launch waits, step-end work, P2P wait and transfer per rank and step (module doc),
+    from the run's device summary (:mod:`tracekit.model.device`): no op is read."""
+    summary = run.device_summary
     windows = bubbles[["rank", "step", "window_start_ns", "window_end_ns"]].to_numpy(np.int64)
-    # a (rank, step)'s ops in table order, found by one code per pair
-    op_code, window_code = pair_codes(rank, step, (windows[:, 0], windows[:, 1]))
-    ops_of = split_by(op_code, np.arange(len(op_code)))
+    rank, step, lo, hi = windows[:, 0], windows[:, 1], windows[:, 2], windows[:, 3]
+    steps = summary["steps"]
+    found = _lookup((steps["rank"], steps["step"]), rank, step)
+    has_ops = found >= 0
+    has_ops[has_ops] = steps["n_ops"][found[has_ops]] > 0
+    launch_wait = _launch_wait(summary, rank, step, lo, hi)
+    after = _busy_after(summary, rank, step, hi)
     paired = run.device_pairs
-    for (r, s, lo, hi), code in zip(windows.tolist(), window_code.tolist()):
-        mine_ops = ops_of.get(code)
-        if mine_ops is None:
-            rows.append((r, s, 0, 0, 0, 0))
-            continue
-        launch_wait = _launch_wait(starts[mine_ops], ends[mine_ops], launched_at[mine_ops], lo, hi)
-        work = mine_ops[busy[mine_ops]]
-        after = union_length(starts[work], ends[work], hi, max(hi, int(ends[work].max()) if len(work) else hi))
-        mine = paired[(paired["step"] == s) & (paired["waiting_rank"] == r)]
-        sides = paired[(paired["step"] == s) & ((paired["src_rank"] == r) | (paired["dst_rank"] == r))]
-        rows.append((r, s, launch_wait, after, int(mine["wait_ns"].sum()), int(sides["transfer_ns"].sum())))
-    per_step = pd.DataFrame(rows, columns=DEVICE_RANK_COLUMNS)
-    launched = launched_at >= 0
-    ahead = pd.Series(starts[launched] - launched_at[launched]).groupby(rank[launched]).max()
-    return DeviceFigures(
-        per_step=per_step, host_ahead_ns={r: max(0, int(v)) for r, v in int_items(ahead)}, pairs=paired
+    p2p_wait, p2p_transfer = _p2p_sums(paired, rank, step)
+    zero = np.zeros(len(rank), dtype=np.int64)
+    per_step = pd.DataFrame(
+        {
+            "rank": rank,
+            "step": step,
+            **{
+                c: np.where(has_ops, v, zero)
+                for c, v in zip(DEVICE_RANK_COLUMNS[2:], (launch_wait, after, p2p_wait, p2p_transfer))
+            },
+        },
+        columns=DEVICE_RANK_COLUMNS,
     )
+    return DeviceFigures(per_step=per_step, host_ahead_ns=dict(sorted(summary.host_ahead_ns.items())), pairs=paired)
 
 
-def _launch_wait(starts: np.ndarray, ends: np.ndarray, launched: np.ndarray, lo: int, hi: int) -> int:
+def _lookup(keys: tuple[np.ndarray, np.ndarray], rank: np.ndarray, step: np.ndarray) -> np.ndarray:
+    """For each (rank, step) query, the row of ``keys`` (rank and step columns, one row a
+    pair) that holds it; -1 where none does."""
+    key_code, query_code = pair_codes(keys[0], keys[1], (rank, step))
+    order = np.argsort(key_code, kind="stable")
+    at = np.searchsorted(key_code[order], query_code)
+    at = np.minimum(at, max(len(order) - 1, 0))
+    hit = (len(order) > 0) & (key_code[order][at] == query_code) if len(order) else np.zeros(len(rank), dtype=bool)
+    return np.where(hit, order[at] if len(order) else 0, -1)
+
+
+def _rows_of(table: dict[str, np.ndarray], rank: np.ndarray, step: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The rows of ``table`` whose (rank, step) is queried, and which query each is."""
+    query = _lookup((rank, step), table["rank"], table["step"])
+    rows = np.flatnonzero(query >= 0)
+    return rows, query[rows]
+
+
+def _check_folded(summary: DeviceSummary, rank: np.ndarray, step: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> None:
+    """Windows must hold the span each queried step folded (tracekit.reconstruct.device_rank)."""
+    steps = summary["steps"]
+    found = _lookup((steps["rank"], steps["step"]), rank, step)
+    known = found >= 0
+    span_lo, span_hi = steps["span_lo_ns"][found[known]], steps["span_hi_ns"][found[known]]
+    folded = span_lo <= span_hi
+    if ((lo[known] > span_lo) & folded).any() or ((hi[known] < span_hi) & folded).any():
+        raise RuntimeError("a step window does not hold the device span its rank's step was folded over")
+
+
+def _busy_in(summary: DeviceSummary, rank: np.ndarray, step: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Busy time of each queried rank's step inside [lo, hi)."""
+    _check_folded(summary, rank, step, lo, hi)
+    steps = summary["steps"]
+    found = _lookup((steps["rank"], steps["step"]), rank, step)
+    total = np.where(found >= 0, steps["busy_inside_ns"][np.maximum(found, 0)] if len(found) else 0, 0).astype(np.int64)
+    busy = summary["busy"]
+    rows, query = _rows_of(busy, rank, step)
+    np.add.at(total, query, clipped_length(busy["start_ns"][rows], busy["end_ns"][rows], lo[query], hi[query]))
+    return total
+
+
+def _busy_after(summary: DeviceSummary, rank: np.ndarray, step: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Busy time of each queried rank's step after ``hi`` (the step's work past its window)."""
+    total = np.zeros(len(rank), dtype=np.int64)
+    busy = summary["busy"]
+    rows, query = _rows_of(busy, rank, step)
+    late = np.maximum(busy["end_ns"][rows] - np.maximum(busy["start_ns"][rows], hi[query]), 0)
+    np.add.at(total, query, late)
+    return total
+
+
+def _launch_wait(
+    summary: DeviceSummary, rank: np.ndarray, step: np.ndarray, lo: np.ndarray, hi: np.ndarray
+) -> np.ndarray:
     """Device idle in [lo, hi) before ops the host had not launched yet: for each gap in the
-    rank's device activity (any op, any stream), the part before the next op's launch ended.
-    ``launched``: each op's launch end (-1: none); the ops in table order."""
-    if not len(starts):
-        return 0
-    order = np.argsort(starts, kind="quicksort")  # as the table's sort_values("start_ns") did
-    starts, ends, launched = starts[order], ends[order], launched[order]
-    # device activity covers up to the latest end so far; op i is preceded by a gap from there
-    covered = np.maximum(np.concatenate(([lo], np.maximum.accumulate(ends)[:-1])), lo)
-    gap_hi = np.minimum(starts, hi)
-    waited = np.minimum(launched, gap_hi) - covered
-    return int(waited[(gap_hi > covered) & (launched >= 0) & (waited > 0)].sum())
+    rank's device activity of the step (any op, any stream), the part before the next op's
+    launch ended."""
+    _check_folded(summary, rank, step, lo, hi)
+    steps = summary["steps"]
+    found = _lookup((steps["rank"], steps["step"]), rank, step)
+    total = np.where(found >= 0, steps["wait_inside_ns"][np.maximum(found, 0)] if len(found) else 0, 0).astype(np.int64)
+    gaps = summary["gaps"]
+    rows, query = _rows_of(gaps, rank, step)
+    covered = np.maximum(gaps["covered_ns"][rows], lo[query])
+    gap_hi = np.minimum(gaps["start_ns"][rows], hi[query])
+    waited = np.minimum(gaps["launched_ns"][rows], gap_hi) - covered
+    np.add.at(total, query, np.where((gap_hi > covered) & (waited > 0), waited, 0))
+    return total
+
+
+def _compute_in(summary: DeviceSummary, rank: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Each queried rank's compute time inside [lo, hi) (any step's: ranks not folded)."""
+    total = np.zeros(len(rank), dtype=np.int64)
+    compute = summary["compute"]
+    by_rank = split_by(compute["rank"], np.arange(len(compute["rank"])))
+    for r, queries in split_by(rank, np.arange(len(rank))).items():
+        mine = by_rank.get(r)
+        if mine is None:
+            continue
+        starts, ends = compute["start_ns"][mine], compute["end_ns"][mine]  # disjoint, in time order
+        before = np.concatenate(([0], np.cumsum(ends - starts)))
+        total[queries] = _covered_before(starts, ends, before, hi[queries]) - _covered_before(
+            starts, ends, before, lo[queries]
+        )
+    return total
+
+
+def _covered_before(starts: np.ndarray, ends: np.ndarray, before: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """How much of the disjoint stretches (in time order; ``before``: their lengths' running
+    sum from 0) lies before each ``t``."""
+    i = np.searchsorted(starts, t, side="left")  # stretches starting before t
+    last = np.maximum(i - 1, 0)
+    partial = np.where(i > 0, np.minimum(t, ends[last] if len(ends) else 0) - (starts[last] if len(starts) else 0), 0)
+    out: np.ndarray = before[last] + partial
+    return np.where(i > 0, out, 0)
+
+
+def _p2p_sums(paired: pd.DataFrame, rank: np.ndarray, step: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per queried (rank, step): the wait of the P2P pairs it waited in, the transfer of those
+    it sent or received."""
+    wait, transfer = np.zeros(len(rank), dtype=np.int64), np.zeros(len(rank), dtype=np.int64)
+    if paired.empty:
+        return wait, transfer
+    p_step = paired["step"].to_numpy(np.int64)
+    src, dst = paired["src_rank"].to_numpy(np.int64), paired["dst_rank"].to_numpy(np.int64)
+    waiting = paired["waiting_rank"].to_numpy(np.int64)
+    query = _lookup((rank, step), waiting, p_step)
+    np.add.at(wait, query[query >= 0], paired["wait_ns"].to_numpy(np.int64)[query >= 0])
+    moved = paired["transfer_ns"].to_numpy(np.int64)
+    for side, also in ((src, None), (dst, src)):
+        query = _lookup((rank, step), side, p_step)
+        take = query >= 0
+        if also is not None:
+            take &= side != also  # a pair with src == dst counted once
+        np.add.at(transfer, query[take], moved[take])
+    return wait, transfer

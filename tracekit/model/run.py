@@ -23,12 +23,17 @@ analyses and renderers. Tables are pandas DataFrames (ns integers everywhere).
     rank, step, step_start_ns / step_end_ns (``ProfilerStep#N`` on that rank),
     n_actions.
 
-``device`` (one row per GPU kernel, memcpy or memset; empty for CPU runs):
+``device`` (one row per GPU kernel, memcpy or memset; empty for CPU runs, and where the GPU
+ranks were reduced where parsed: outputs that draw ops, the report and exports, read it):
     op_id, rank, step (of the host call that launched it, else where it ran), kind
     (``compute``, ``p2p`` NCCL point-to-point, ``collective`` other NCCL/RCCL), start_ns /
     end_ns (on the device), stream, launch_ns / launch_end_ns / launch_tid (the CUDA API
     call that launched it, -1 when unknown), action_id (the action whose label span holds
-    the launch, -1 for none), name, file_id, source_index.
+    the launch, -1 for none), name, file_id, source_index, peer (what the op's own row names).
+
+``device_summary`` (:class:`tracekit.model.device.DeviceSummary`): the device timeline as the
+analyses read it, each GPU rank reduced to its steps and P2P kernels (whether or not the
+``device`` table is held).
 
 ``timeline`` says which clock the actions and messages are on: ``device`` (spans of the
 kernels each action launched, messages by their SendRecv kernels) or ``host`` (CPU op
@@ -45,6 +50,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from tracekit.model.device import DeviceSummary
 from tracekit.model.events import TraceFile
 
 if TYPE_CHECKING:
@@ -104,6 +110,7 @@ DEVICE_OP_COLUMNS = [
     "name",
     "file_id",
     "source_index",
+    "peer",
 ]
 TIMELINES = ("auto", "device", "host")
 # One row per pair of device P2P kernels (a send's and its receive's): from matched messages
@@ -293,6 +300,7 @@ class Run:
     steps: pd.DataFrame = field(default_factory=lambda: _empty(STEP_COLUMNS))
     schedule: ScheduleInfo | None = None
     device: pd.DataFrame = field(default_factory=lambda: _empty(DEVICE_OP_COLUMNS))
+    device_summary: DeviceSummary = field(default_factory=DeviceSummary)
     device_pairs: pd.DataFrame = field(default_factory=lambda: _empty(DEVICE_PAIR_COLUMNS))
     # SendRecv kernels of collectives (all_to_all) paired across a two-rank run: not messages
     collective_pairs: pd.DataFrame = field(default_factory=lambda: _empty(DEVICE_PAIR_COLUMNS))

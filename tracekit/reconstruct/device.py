@@ -10,7 +10,10 @@ pipeline is measured on the device:
   the action) whose host span holds its launch, however late the device ran it: work
   launched inside ``ProfilerStep#N`` is step N's even when it runs after that span ends.
   Kinds: ``p2p`` (an NCCL kernel launched for point-to-point host ops), ``collective``
-  (any other NCCL/RCCL kernel) and ``compute`` (the rest).
+  (any other NCCL/RCCL kernel) and ``compute`` (the rest). The table is held only where the
+  working sets were read (outputs that draw ops); :func:`summarise_table` reduces it rank by
+  rank with the code that reduces a GPU rank where its file is parsed (:mod:`.device_rank`),
+  so the analyses read one :class:`~tracekit.model.device.DeviceSummary` either way.
 - **Device actions** (:func:`device_actions`): an action's device span runs from the first
   to the last compute or collective op launched inside its host label (any thread of the
   rank: on GPUs the autograd engine launches backward kernels from its own thread).
@@ -24,20 +27,18 @@ pipeline is measured on the device:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from tracekit.model.intervals import union_length
+from tracekit.model.device import DeviceSummary
 from tracekit.model.run import DEVICE_OP_COLUMNS, DEVICE_PAIR_COLUMNS
-from tracekit.reconstruct.device_columns import op_columns, op_kind
+from tracekit.reconstruct.device_columns import NUMBER_COLUMNS, op_columns, op_kind
+from tracekit.reconstruct.device_rank import DEVICE_ACTION_COLUMNS, KINDS, join_ranks, reduce_ranks
 from tracekit.reconstruct.event_arrays import EventArrays
-from tracekit.reconstruct.p2p import host_p2p_ops
-
-_P2P_KERNEL = re.compile(r"SendRecv", re.IGNORECASE)
+from tracekit.reconstruct.p2p_sides import DIRECTIONS
 
 MESSAGE_DEVICE_COLUMNS = [
     "send_kernel",
@@ -94,143 +95,63 @@ def device_table(parts: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     # categorical: a long kernel name is held once, not once per op
     columns["name"] = pd.Categorical.from_codes(codes, categories=pd.Index(names, dtype=object))
     columns["name"] = columns["name"].remove_unused_categories()
-    columns["file_id"], columns["source_index"] = joined("file_id")[order], joined("source_index")[order]
+    for column in ("file_id", "source_index", "peer"):
+        columns[column] = joined(column)[order]
     # copy=False: the columns become the table's (not stacked into one more copy of them)
     return pd.DataFrame({c: columns[c] for c in DEVICE_OP_COLUMNS}, copy=False)
 
 
-def link_p2p_kernels(ops: pd.DataFrame, host_p2p: pd.DataFrame) -> np.ndarray:
-    """For each host P2P side, the device op it launched (``op_id``, -1 if none): the first
-    NCCL kernel its thread launched at or after the call began. ``batch_isend_irecv`` posts
-    several sides and launches one fused kernel when the group closes: all of them map to
-    it. Marks those kernels ``p2p`` in ``ops`` (in place)."""
-    out = np.full(len(host_p2p), -1, dtype=np.int64)
-    comm = ops[(ops["kind"] != "compute").to_numpy() & (ops["launch_ns"].to_numpy() >= 0)]
-    if comm.empty or host_p2p.empty:
-        return out
-    comm = comm.sort_values("launch_ns")
-    by_thread = {
-        key: (g["launch_ns"].to_numpy(np.int64), g["op_id"].to_numpy(np.int64))
-        for key, g in comm.groupby(["rank", "launch_tid"])
+def summarise_table(
+    device: pd.DataFrame, host_events: pd.DataFrame, actions: pd.DataFrame, world_size: Mapping[int, int]
+) -> tuple[DeviceSummary, pd.DataFrame]:
+    """The device timeline of a run whose device-op table is held (its working sets were
+    read), reduced rank by rank as where files are parsed (:mod:`.device_rank`): the summary,
+    and ``actions`` with their device spans (:data:`~.device_rank.DEVICE_ACTION_COLUMNS`).
+    Marks the table's P2P kernels and each op's ``action_id`` (in place)."""
+    columns = {c: device[c].to_numpy() for c in NUMBER_COLUMNS if c in device}
+    columns["rank"] = device["rank"].to_numpy(np.int64)
+    columns["name_code"] = device["name"].cat.codes.to_numpy().astype(np.int64)
+    names = [str(n) for n in device["name"].cat.categories]
+    action_columns = {
+        c: actions[c].to_numpy(np.int64)
+        for c in ("rank", "step", "order", "label_start_ns", "label_end_ns", "start_ns")
     }
-    ranks, tids = host_p2p["rank"].to_numpy(), host_p2p["tid"].to_numpy()
-    starts = host_p2p["start_ns"].to_numpy(np.int64)
-    for i in range(len(host_p2p)):
-        found = by_thread.get((int(ranks[i]), int(tids[i])))
-        if found is None:
-            continue
-        times, op_ids = found
-        k = int(np.searchsorted(times, starts[i], side="left"))
-        if k < len(times):
-            out[i] = op_ids[k]
-    linked = np.unique(out[out >= 0])
-    if len(linked):
-        names = ops["name"].to_numpy()
-        position = pd.Index(ops["op_id"]).get_indexer(linked)
-        # (Nsight Systems' "nccl:SendRecv|..." names say SendRecv too)
-        sendrecv = np.array([bool(_P2P_KERNEL.search(str(names[p]))) for p in position], dtype=bool)
-        ops.loc[ops.index[position[sendrecv]], "kind"] = "p2p"
-        out = np.where(np.isin(out, linked[sendrecv]), out, -1)
-    return out
+    found = reduce_ranks(columns, names, EventArrays.of(host_events), action_columns, world_size)
+    device["kind"] = np.array(KINDS, dtype=object)[found.op_kind]
+    owner = np.full(len(device), -1, dtype=np.int64)
+    owned = found.op_action >= 0
+    owner[owned] = actions["action_id"].to_numpy(np.int64)[found.op_action[owned]]
+    device["action_id"] = owner
+    return join_ranks([found.part]), actions.assign(**found.action_columns)
 
 
-def device_actions(actions: pd.DataFrame, ops: pd.DataFrame) -> pd.DataFrame:
-    """Each action's device span, and ``ops.action_id`` for the ops it launched (in place).
-
-    An op is the action's when its launch falls inside the action's host label span on the
-    same rank and step. Returns ``actions`` with ``start_ns``/``end_ns`` on the device and
-    the host span kept as ``host_start_ns``/``host_end_ns``. An action that launched nothing
-    is given an empty span where its rank's device was when it ran (after its previous
-    action), so the order stays whole.
-    """
-    actions = actions.copy()
-    actions["host_start_ns"] = actions["start_ns"]
-    actions["host_end_ns"] = actions["end_ns"]
-    if actions.empty:
-        return actions
-    launched = ops[(ops["kind"] != "p2p").to_numpy() & (ops["launch_ns"].to_numpy() >= 0)]
-    owner = np.full(len(ops), -1, dtype=np.int64)
-    position = pd.Series(np.arange(len(ops)), index=ops.index)
-    for (rank, step), acts in actions.groupby(["rank", "step"], sort=False):
-        mine = launched[(launched["rank"].to_numpy() == rank) & (launched["step"].to_numpy() == step)]
-        if mine.empty:
-            continue
-        acts = acts.sort_values("label_start_ns")
-        lo, hi = acts["label_start_ns"].to_numpy(np.int64), acts["label_end_ns"].to_numpy(np.int64)
-        t = mine["launch_ns"].to_numpy(np.int64)
-        k = np.searchsorted(lo, t, side="right") - 1
-        inside = (k >= 0) & (t <= hi[np.clip(k, 0, None)])
-        owner[position[mine.index[inside]].to_numpy()] = acts["action_id"].to_numpy()[k[inside]]
-    ops["action_id"] = owner
-    owned = ops[owner >= 0]
-    spans = owned.groupby("action_id").agg(dev_start=("start_ns", "min"), dev_end=("end_ns", "max"))
-    start = actions["action_id"].map(spans["dev_start"])
-    end = actions["action_id"].map(spans["dev_end"])
-    actions["start_ns"] = start.fillna(-1).astype("int64")
-    actions["end_ns"] = end.fillna(-1).astype("int64")
-    actions["busy_ns"] = actions["action_id"].map(_union_per_group(owned, "action_id")).fillna(0).astype("int64")
-    _fill_empty(actions)
-    return actions
-
-
-def _union_per_group(ops: pd.DataFrame, key: str) -> pd.Series:
-    """Length of the union of the ops' [start, end) intervals, per value of ``key``."""
-    return pd.Series(
-        {
-            k: union_length(
-                g["start_ns"].to_numpy(np.int64),
-                g["end_ns"].to_numpy(np.int64),
-                int(g["start_ns"].min()),
-                int(g["end_ns"].max()),
-            )
-            for k, g in ops.groupby(key, sort=False)
-        },
-        dtype="int64",
+def device_actions(actions: pd.DataFrame) -> pd.DataFrame:
+    """Actions on the device timeline: ``start_ns`` / ``end_ns`` their device spans (first to
+    last op each launched; :mod:`.device_rank`), ``busy_ns`` the union of those ops, the
+    host spans kept as ``host_start_ns`` / ``host_end_ns``."""
+    out = actions.assign(host_start_ns=actions["start_ns"], host_end_ns=actions["end_ns"])
+    if out.empty:
+        return out.drop(columns=[c for c in DEVICE_ACTION_COLUMNS if c in out])
+    return out.assign(start_ns=out["dev_start_ns"], end_ns=out["dev_end_ns"]).drop(
+        columns=["dev_start_ns", "dev_end_ns"]
     )
 
 
-def _fill_empty(actions: pd.DataFrame) -> None:
-    """Empty device spans for actions that launched nothing: at their rank's device time."""
-    missing = actions["start_ns"].to_numpy() < 0
-    if not missing.any():
-        return
-    for _, group in actions.groupby("rank", sort=False):
-        group = group.sort_values(["step", "order"])
-        last = -1
-        pending: list = []
-        for idx, start, end in zip(group.index, group["start_ns"], group["end_ns"]):
-            if start < 0:
-                if last >= 0:
-                    actions.at[idx, "start_ns"] = actions.at[idx, "end_ns"] = last
-                else:
-                    pending.append(idx)
-                continue
-            for p in pending:
-                actions.at[p, "start_ns"] = actions.at[p, "end_ns"] = int(start)
-            pending = []
-            last = max(last, int(end))
-        for p in pending:  # a rank that launched nothing at all: its host span
-            actions.at[p, "start_ns"] = actions.at[p, "host_start_ns"]
-            actions.at[p, "end_ns"] = actions.at[p, "host_start_ns"]
-
-
-def device_messages(messages: pd.DataFrame, ops: pd.DataFrame, events: pd.DataFrame) -> pd.DataFrame:
+def device_messages(messages: pd.DataFrame, summary: DeviceSummary) -> pd.DataFrame:
     """Each matched message's SendRecv kernels on both sides, and its wait and transfer.
 
-    ``messages`` holds the host's (file_id, source_index) of both calls; their kernels come
-    from :func:`link_p2p_kernels`. A message whose kernels are both known gets its device
-    times: posted when the send kernel started, there when the receive kernel ended.
+    ``messages`` holds the host's (file_id, source_index) of both calls; the kernel each call
+    launched comes from the summary's ``sides`` (:mod:`.device_rank`). A message whose kernels
+    are both known gets its device times: posted when the send kernel started, there when the
+    receive kernel ended.
     """
     out = messages.copy()
     for col in MESSAGE_DEVICE_COLUMNS:
         out[col] = -1
     if out.empty:
         return out
-    host = host_p2p_ops(events)
-    kernels = link_p2p_kernels(ops, host)
-    side = pd.Series(
-        kernels, index=pd.MultiIndex.from_arrays([host["file_id"].to_numpy(), host["source_index"].to_numpy()])
-    )
+    sides = summary["sides"]
+    side = pd.Series(sides["kernel"], index=pd.MultiIndex.from_arrays([sides["file_id"], sides["source_index"]]))
     side = side[~side.index.duplicated()]
     send_k = side.reindex(pd.MultiIndex.from_arrays([out["src_file_id"], out["src_source_index"]])).to_numpy()
     recv_k = side.reindex(pd.MultiIndex.from_arrays([out["dst_file_id"], out["dst_source_index"]])).to_numpy()
@@ -238,24 +159,43 @@ def device_messages(messages: pd.DataFrame, ops: pd.DataFrame, events: pd.DataFr
     recv_k = np.where(np.isnan(recv_k.astype(float)), -1, recv_k).astype(np.int64)
     known = (send_k >= 0) & (recv_k >= 0)
     out["send_kernel"], out["recv_kernel"] = np.where(known, send_k, -1), np.where(known, recv_k, -1)
-    out = kernel_times(out, ops)
-    out["recv_queued"] = _queued_behind_p2p(ops, out["recv_kernel"].to_numpy())
+    out = kernel_times(out, summary)
+    kernels = _kernels(summary)
+    recv = out["recv_kernel"].to_numpy(np.int64)
+    queued = np.zeros(len(out), dtype=bool)
+    queued[recv >= 0] = kernels.loc[recv[recv >= 0], "queued"].to_numpy() > 0
+    out["recv_queued"] = queued
     out["leave_ns"] = -1
     return out
 
 
-def kernel_times(messages: pd.DataFrame, ops: pd.DataFrame) -> pd.DataFrame:
+def _kernels(summary: DeviceSummary) -> pd.DataFrame:
+    """The P2P calls' kernels by number: when each ran and whether it queued."""
+    sides = summary["sides"]
+    tied = sides["kernel"] >= 0
+    table = pd.DataFrame(
+        {
+            "start_ns": sides["kernel_start_ns"][tied],
+            "end_ns": sides["kernel_end_ns"][tied],
+            "queued": sides["queued"][tied],
+        },
+        index=pd.Index(sides["kernel"][tied], name="kernel"),
+    )
+    return table[~table.index.duplicated()]
+
+
+def kernel_times(messages: pd.DataFrame, summary: DeviceSummary) -> pd.DataFrame:
     """Messages with the times of their linked kernels (``send_kernel``/``recv_kernel``),
     and the wait and transfer those give; -1 where a side has no kernel."""
     out = messages.copy()
     send_k, recv_k = out["send_kernel"].to_numpy(np.int64), out["recv_kernel"].to_numpy(np.int64)
     known = (send_k >= 0) & (recv_k >= 0)
-    by_id = ops.set_index("op_id")
+    kernels = _kernels(summary)
     times = {}
     for side, ids in (("send", send_k), ("recv", recv_k)):
         for edge in ("start", "end"):
             column = np.full(len(out), -1, dtype=np.int64)
-            column[known] = by_id.loc[ids[known], f"{edge}_ns"].to_numpy(np.int64)
+            column[known] = kernels.loc[ids[known], f"{edge}_ns"].to_numpy(np.int64)
             times[f"{side}_{edge}_ns"] = out[f"{side}_{edge}_ns"] = column
     waiting, wait, transfer = wait_and_transfer(
         times["send_start_ns"],
@@ -283,32 +223,6 @@ def wait_and_transfer(a_start, a_end, b_start, b_end, a_rank, b_rank) -> tuple[n
         later - np.minimum(a_start, b_start),
         np.maximum(np.minimum(a_end, b_end) - later, 0),
     )
-
-
-# A kernel that starts within this of the previous kernel's end on its stream waited for it.
-_QUEUE_SLACK_NS = 2_000
-
-
-def _queued_behind_p2p(ops: pd.DataFrame, op_ids: np.ndarray) -> np.ndarray:
-    """Whether each op (by ``op_id``, -1 for none) started only when the P2P kernel before it
-    on its stream ended: a receive queued behind the link's earlier traffic was held up by
-    the link, not by its own rank."""
-    out = np.zeros(len(op_ids), dtype=bool)
-    if not len(op_ids) or ops.empty:
-        return out
-    ordered = ops.sort_values(["rank", "stream", "start_ns"])
-    same_stream = (ordered["rank"].to_numpy()[1:] == ordered["rank"].to_numpy()[:-1]) & (
-        ordered["stream"].to_numpy()[1:] == ordered["stream"].to_numpy()[:-1]
-    )
-    prev_end = np.full(len(ordered), -1, dtype=np.int64)
-    prev_p2p = np.zeros(len(ordered), dtype=bool)
-    prev_end[1:] = np.where(same_stream, ordered["end_ns"].to_numpy(np.int64)[:-1], -1)
-    prev_p2p[1:] = same_stream & (ordered["kind"].to_numpy()[:-1] == "p2p")
-    queued = prev_p2p & (ordered["start_ns"].to_numpy(np.int64) <= prev_end + _QUEUE_SLACK_NS)
-    by_id = pd.Series(queued, index=ordered["op_id"].to_numpy())
-    known = op_ids >= 0
-    out[known] = by_id.reindex(op_ids[known]).fillna(False).to_numpy(dtype=bool)
-    return out
 
 
 def apply_device_times(messages: pd.DataFrame) -> pd.DataFrame:
@@ -409,38 +323,42 @@ def pairs_from_messages(messages: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def pair_p2p_kernels(ops: pd.DataFrame, events: pd.DataFrame) -> pd.DataFrame:
+def pair_p2p_kernels(summary: DeviceSummary) -> pd.DataFrame:
     """Device P2P pairs of a run without matched messages: each rank's P2P kernels for a
     peer, in start order, paired one-to-one with the peer's for that rank (NCCL runs a send
     and its receive as one kernel on each side). Sides come from the host calls that
     launched them (send or recv, with the peer), else from the kernel's own peer (Nsight
     Systems names it from the NCCL range around the launch; with two ranks the peer is the
     other one) with the direction unknown."""
-    host = host_p2p_ops(events)
-    linked = link_p2p_kernels(ops, host)
-    p2p = ops[ops["kind"] == "p2p"]
-    if p2p.empty:
+    kernels = summary["p2p_kernels"]
+    if not len(kernels["kernel"]):
         return pd.DataFrame(columns=DEVICE_PAIR_COLUMNS)
+    sides_table = summary["sides"]
     sides = []
     seen: set[int] = set()
-    for op_id, rank, peer, direction in zip(linked, host["rank"], host["peer"], host["direction"]):
-        if op_id >= 0 and peer >= 0:
-            sides.append((int(op_id), int(rank), int(peer), str(direction)))
-            seen.add(int(op_id))
-    peer_of = events.set_index(["file_id", "source_index"])["peer"]
-    peer_of = peer_of[~peer_of.index.duplicated()]
-    ranks = sorted(int(r) for r in ops["rank"].unique())
-    for row in p2p[~p2p["op_id"].isin(seen)].itertuples(index=False):
-        peer = int(peer_of.get((row.file_id, row.source_index), -1))
+    for kernel, rank, peer, direction in zip(
+        sides_table["kernel"].tolist(),
+        sides_table["rank"].tolist(),
+        sides_table["peer"].tolist(),
+        sides_table["direction"].tolist(),
+    ):
+        if kernel >= 0 and peer >= 0:
+            sides.append((kernel, rank, peer, DIRECTIONS[direction]))
+            seen.add(kernel)
+    ranks = sorted(r for r, n in summary.n_ops.items() if n)
+    for kernel, rank, peer in zip(kernels["kernel"].tolist(), kernels["rank"].tolist(), kernels["peer"].tolist()):
+        if kernel in seen:
+            continue
         if peer < 0 and len(ranks) == 2:
-            peer = ranks[1] if row.rank == ranks[0] else ranks[0]
+            peer = ranks[1] if rank == ranks[0] else ranks[0]
         if peer >= 0:
-            sides.append((int(row.op_id), int(row.rank), peer, "?"))
+            sides.append((kernel, rank, peer, "?"))
     if not sides:
         return pd.DataFrame(columns=DEVICE_PAIR_COLUMNS)
+    times = pd.DataFrame({c: kernels[c] for c in ("kernel", "start_ns", "end_ns", "step")})
     table = (
-        pd.DataFrame(sides, columns=["op_id", "rank", "peer", "direction"])
-        .merge(ops[["op_id", "start_ns", "end_ns", "step"]], on="op_id")
+        pd.DataFrame(sides, columns=["kernel", "rank", "peer", "direction"])
+        .merge(times, on="kernel")
         .sort_values("start_ns", kind="stable")
     )
     groups = {k: g for k, g in table.groupby(["rank", "peer", "direction"])}
@@ -479,26 +397,25 @@ def _pair_row(a: int, b: int, s, r, direction: str) -> tuple:
     )
 
 
-def pair_collective_sendrecv(ops: pd.DataFrame) -> pd.DataFrame:
+def pair_collective_sendrecv(summary: DeviceSummary) -> pd.DataFrame:
     """SendRecv-named kernels that ran collectives (all_to_all launches them too), paired
     between the two ranks of a two-rank run in start order: they spin for each other like
     P2P kernels do, so wait and transfer mean the same, but they are collectives, never
     pipeline messages (``direction`` "collective"). Runs of other sizes: none (which rank's
     kernel meets which is not in the trace)."""
-    ranks = sorted(int(r) for r in ops["rank"].unique())
-    if len(ranks) != 2:
-        return pd.DataFrame(columns=DEVICE_PAIR_COLUMNS)
-    collective = ops[(ops["kind"] == "collective").to_numpy()]
-    names = collective["name"].astype(str)
-    # decided once per distinct name, not per kernel
-    sendrecv = collective[names.isin([n for n in names.unique() if _P2P_KERNEL.search(n)]).to_numpy()]
-    if sendrecv.empty:
+    ranks = sorted(r for r, n in summary.n_ops.items() if n)
+    sendrecv = summary["sendrecv"]
+    if len(ranks) != 2 or not len(sendrecv["rank"]):
         return pd.DataFrame(columns=DEVICE_PAIR_COLUMNS)
     a, b = ranks
-    side_a = sendrecv[sendrecv["rank"] == a].sort_values("start_ns")
-    side_b = sendrecv[sendrecv["rank"] == b].sort_values("start_ns")
+
+    def side(rank: int) -> pd.DataFrame:
+        mine = sendrecv["rank"] == rank
+        table = pd.DataFrame({c: sendrecv[c][mine] for c in ("step", "start_ns", "end_ns")})
+        return table.iloc[np.argsort(table["start_ns"].to_numpy(), kind="quicksort")]
+
     rows = [
         _pair_row(a, b, s, r, "collective")
-        for s, r in zip(side_a.itertuples(index=False), side_b.itertuples(index=False))
+        for s, r in zip(side(a).itertuples(index=False), side(b).itertuples(index=False))
     ]
     return pd.DataFrame(rows, columns=DEVICE_PAIR_COLUMNS)

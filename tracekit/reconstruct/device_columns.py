@@ -75,6 +75,7 @@ def op_columns(events: EventArrays, steps: Mapping[str, Any]) -> dict[str, Any]:
         "launch_tid": launch_tid,
         "file_id": events["file_id"][ops].astype(np.int64),
         "source_index": events["source_index"][ops].astype(np.int64),
+        "peer": events["peer"][ops].astype(np.int64),  # the peer a kernel's own row names (Nsight Systems)
         "name_code": name_code.reshape(-1).astype(np.int64),
         "names": [values[c] for c in used.tolist()],
     }

@@ -8,13 +8,13 @@ What the client still reads of the events is small: the rows that message matchi
 inference and arrival estimates read (communication-library ops and ranges, framework P2P
 ranges) and each rank's first and last row (the extent of the run).
 
-A rank that records device work (kernels, copies) is measured on the device, from its
-device ops: with ``device=True`` it sends, beside its steps and actions (found on its host
-rows, CUDA API calls aside, as the client would) and its message rows, its device ops
-(:mod:`.device_columns`: each kernel joined to its launch, as columns) and the host-side
-busy rows a run without a pipeline reports (:mod:`.plain`), so the client holds a row
-per device op and none per host op, kernel or launch. Without ``device`` (an output that
-draws host ops: the report) it sends its working set.
+A rank that records device work (kernels, copies) is measured on the device: with
+``device=True`` it sends, beside its steps and actions (found on its host rows, CUDA API
+calls aside, as the client would) and its message rows, its device timeline reduced
+(:mod:`.device_rank`: each action's device span, each step folded to what the windows ask
+of it, its P2P calls tied to their kernels) and the host-side busy rows a run without a
+pipeline reports (:mod:`.plain`), so the client holds no row per device op, host op, kernel
+or launch. Without ``device`` (an output that draws ops: the report) it sends its working set.
 
 The one choice made across ranks is the label table (the first whose action rules match
 an annotation anywhere in the run): each rank reports its annotation counts and the table
@@ -36,6 +36,7 @@ import numpy as np
 from tracekit.model.run import ACTION_COLUMNS, STEP_COLUMNS
 from tracekit.reconstruct.actions import UNLABELLED, action_table, annotation_counts
 from tracekit.reconstruct.device_columns import op_columns
+from tracekit.reconstruct.device_rank import DEVICE_ACTION_COLUMNS, join_ranks, reduce_ranks
 from tracekit.reconstruct.event_arrays import LAUNCH_CATEGORY, EventArrays, has_device_work
 from tracekit.reconstruct.labels import LabelChoice, LabelSet, choose, p2p_ways
 from tracekit.reconstruct.plain import BubbleRow, plain_busy
@@ -43,6 +44,8 @@ from tracekit.reconstruct.steps import step_table
 
 if TYPE_CHECKING:  # numpy only at import: parser workers run rank_reduce; gather, in the client, loads pandas
     import pandas as pd
+
+    from tracekit.model.device import DeviceSummary
 
 # Names of the rows message matching and arrival estimates read (tracekit.reconstruct.p2p):
 # the c10d and record_param_comms ops (sends, receives, and the comm ops whose ends delay a
@@ -53,12 +56,13 @@ _RANK_ACTION_COLUMNS = [c for c in ACTION_COLUMNS if c != "action_id"]
 
 
 def rank_reduce(
-    events: EventArrays, labels: LabelSet | None, device: bool = False
+    events: EventArrays, labels: LabelSet | None, device: bool = False, world_size: int = 1
 ) -> tuple[dict[str, Any], np.ndarray] | None:
     """One rank's (or one file's) steps, actions and label counts as a dict of JSON values
-    (and, for device ops, int64 arrays), and which of ``events`` the client still reads;
-    None where the client needs the events themselves (a host rank with no action; device
-    work without ``device``: see the module doc)."""
+    (and, for the device timeline, int64 arrays), and which of ``events`` the client still
+    reads; None where the client needs the events themselves (a host rank with no action;
+    device work without ``device``: see the module doc). ``world_size``: the job's size the
+    file states (a pipeline of several ranks has its steps folded: :mod:`.device_rank`)."""
     if not len(events):
         return None
     on_device = has_device_work(events)
@@ -80,7 +84,11 @@ def rank_reduce(
     }
     if on_device:
         # int64 arrays: pickled whole to the client, one base64 block each in the parse cache
-        reduced["device_ops"] = op_columns(events, steps)
+        columns = op_columns(events, steps)
+        ranks = np.unique(np.concatenate((columns["rank"], np.asarray(actions["rank"], dtype=np.int64))))
+        found = reduce_ranks(columns, columns["names"], host, actions, {int(r): world_size for r in ranks})
+        reduced["device_summary"] = found.part
+        reduced["actions"].update({c: v.tolist() for c, v in found.action_columns.items()})
     if on_device or plain:  # what measure_plain gives on the client's host rows
         reduced["host_busy"] = [list(row) for row in plain_busy(host, steps)]
     return reduced, message_rows(events)
@@ -118,9 +126,10 @@ class Gathered:
     choice: LabelChoice
     labelling: str
     annotations: dict[str, int]  # annotation_counts of the whole run (the ranks' summed)
-    # Ranks reduced on the device: each file's device ops (device_columns.op_columns, as
-    # lists) and the host-side busy rows of a run without a pipeline (plain.plain_busy).
-    device_ops: list[dict[str, Any]] | None = None
+    # Ranks reduced on the device: their device timeline (device_rank.join_ranks; the actions
+    # carry their device spans, DEVICE_ACTION_COLUMNS) and the host-side busy rows of a run
+    # without a pipeline (plain.plain_busy).
+    device_summary: DeviceSummary | None = None
     host_busy: list[BubbleRow] | None = None
 
 
@@ -171,20 +180,20 @@ def gather(reduced: list[dict[str, Any] | None], labels: LabelSet | None) -> Gat
     steps = steps.sort_values(["rank", "step"], kind="stable").reset_index(drop=True)
     labelling = f"{choice.used.name} labels ({choice.used.what})" if choice.used is not None else UNLABELLED
     found = Gathered(steps, pd.DataFrame(columns=ACTION_COLUMNS), choice, labelling, run_annotations(parts))
-    if parts[0].get("device"):  # every part is (run_choice)
-        found.device_ops = [part["device_ops"] for part in parts]
+    device = bool(parts[0].get("device"))  # then every part is (run_choice)
+    if device:
+        found.device_summary = join_ranks([part["device_summary"] for part in parts])
     if all("host_busy" in part for part in parts):  # GPU ranks, or host ranks without a pipeline
         rows = [tuple(int(v) for v in row) for part in parts for row in part["host_busy"]]
         found.host_busy = sorted(rows, key=lambda row: row[0])  # stable: a rank's steps in table order
     if not any(part["actions"]["rank"] for part in parts):  # device ranks without a pipeline
         return found
-    actions = pd.DataFrame(
-        {c: _joined(parts, "actions", c) for c in _RANK_ACTION_COLUMNS}, columns=_RANK_ACTION_COLUMNS
-    )
+    columns = _RANK_ACTION_COLUMNS + (list(DEVICE_ACTION_COLUMNS) if device else [])
+    actions = pd.DataFrame({c: _joined(parts, "actions", c) for c in columns}, columns=columns)
     # Stable, as find_actions' sort: a rank's rows keep their order where start times tie.
     actions = actions.sort_values(["rank", "step", "start_ns"], kind="stable").reset_index(drop=True)
     actions["action_id"] = np.arange(len(actions))
-    found.actions = actions[ACTION_COLUMNS]
+    found.actions = actions[ACTION_COLUMNS + (list(DEVICE_ACTION_COLUMNS) if device else [])]
     return found
 
 

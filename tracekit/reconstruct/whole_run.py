@@ -19,6 +19,7 @@ from tracekit.reconstruct.actions import annotation_counts, find_actions
 from tracekit.reconstruct.chains import restage_from_chains
 from tracekit.reconstruct.clock import estimate_offsets, host_of_rank, shift_ranks
 from tracekit.reconstruct.counts import count_problems
+from tracekit.reconstruct.device_rank import DEVICE_ACTION_COLUMNS
 from tracekit.reconstruct.declared import declared_mismatch
 from tracekit.reconstruct.event_arrays import LAUNCH_CATEGORY, EventArrays, has_device_work
 from tracekit.reconstruct.labels import LabelSet, custom_set, describe_annotations, parse_rule
@@ -83,12 +84,16 @@ def reconstruct(run: Run, timeline: str = "auto", labels: LabelSet | Sequence[st
         annotations = annotation_counts(host_events)
     if gathered is not None:
         run.host_busy = gathered.host_busy
-    if gathered is not None and gathered.device_ops is not None:
-        run.device = dev.device_table(gathered.device_ops)
+    if gathered is not None and gathered.device_summary is not None:
+        run.device_summary = gathered.device_summary  # the actions carry their device spans
     elif on_device:
         if any(part is not None for part in reduced):
             raise TracekitError(f"{run.source}: its ranks were reduced in ways that do not fit together")
+        # the working sets were read (an output that draws ops): the same reduce, on the table
         run.device = dev.device_ops(run.events, run.steps)
+        run.device_summary, actions = dev.summarise_table(run.device, host_events, actions, _world_sizes(run))
+    if not use_device:
+        actions = actions.drop(columns=[c for c in DEVICE_ACTION_COLUMNS if c in actions])
     for trace in run.files:
         trace.reduced = None  # read: the run's tables hold it now
     run.labels, run.label_counts = choice.name, dict(choice.counts)
@@ -98,12 +103,13 @@ def reconstruct(run: Run, timeline: str = "auto", labels: LabelSet | Sequence[st
     run.actions = actions
     run.steps["n_actions"] = _actions_per_step(run)
     if run.completeness is not None and run.completeness.single_rank:
+        run.actions = actions.drop(columns=[c for c in DEVICE_ACTION_COLUMNS if c in actions])
         run.warn(f"{ONE_RANK} ({describe_annotations(annotations)})")
         return run
     if actions.empty:
         if use_device:
-            run.device_pairs = dev.pair_p2p_kernels(run.device, host_events)
-            run.collective_pairs = dev.pair_collective_sendrecv(run.device)  # after P2P kernels are known
+            run.device_pairs = dev.pair_p2p_kernels(run.device_summary)
+            run.collective_pairs = dev.pair_collective_sendrecv(run.device_summary)
         run.warn(no_pipeline_message(run, host_events, annotations))
         return run
     messages, warnings = match_messages(
@@ -117,7 +123,7 @@ def reconstruct(run: Run, timeline: str = "auto", labels: LabelSet | Sequence[st
         run.actions, chain_note = restage_from_chains(run.actions, messages)
         actions = run.actions
     if use_device:
-        _on_device(run, messages, host_events)
+        _on_device(run, messages)
     else:
         shifts, notes = estimate_offsets(run.files, messages)
         for note in notes:
@@ -163,23 +169,27 @@ def no_pipeline_message(run: Run, events, annotations: dict[str, int]) -> str:
     )
 
 
-def _on_device(run: Run, messages, host_events) -> None:
+def _on_device(run: Run, messages) -> None:
     """Put the actions and messages on the device timeline, clocks aligned from the device
     P2P kernels."""
 
-    messages = dev.device_messages(messages, run.device, host_events)
+    summary = run.device_summary
+    messages = dev.device_messages(messages, summary)
     shifts, notes = dev.device_clock_offsets(messages, host_of_rank(run.files))
     for note in notes:
         run.warn(note)
     if shifts:
         _align(run, shifts)
-        run.device = shift_ranks(run.device, shifts, "rank", ["start_ns", "end_ns"])
-        run.device = shift_ranks(run.device, shifts, "rank", ["launch_ns", "launch_end_ns"])
+        run.actions = shift_ranks(run.actions, shifts, "rank", list(DEVICE_ACTION_COLUMNS[:2]))
+        summary.shift(shifts)
+        if len(run.device):  # held for outputs that draw it
+            run.device = shift_ranks(run.device, shifts, "rank", ["start_ns", "end_ns"])
+            run.device = shift_ranks(run.device, shifts, "rank", ["launch_ns", "launch_end_ns"])
         messages = shift_ranks(messages, shifts, "src_rank", ["send_post_ns"])
         messages = shift_ranks(messages, shifts, "dst_rank", ["recv_post_ns", "recv_done_ns"])
         # wait and transfer compare both sides' kernels: measured again on the one clock
-        messages = dev.kernel_times(messages, run.device)
-    run.actions = dev.device_actions(run.actions, run.device)
+        messages = dev.kernel_times(messages, summary)
+    run.actions = dev.device_actions(run.actions)
     unlinked = int((messages["send_kernel"] < 0).sum()) if len(messages) else 0
     if unlinked:
         run.warn(
@@ -189,7 +199,12 @@ def _on_device(run: Run, messages, host_events) -> None:
     # Producer and consumer stay those of the host's program order (match_messages).
     run.messages = dev.apply_device_times(messages)
     run.device_pairs = dev.pairs_from_messages(messages)
-    run.collective_pairs = dev.pair_collective_sendrecv(run.device)  # after P2P kernels are known
+    run.collective_pairs = dev.pair_collective_sendrecv(summary)
+
+
+def _world_sizes(run: Run) -> dict[int, int]:
+    """Each rank's job size as its file states it (1 where it states none)."""
+    return {rank: trace.world_size or 1 for trace in run.files for rank in (trace.ranks or [trace.rank])}
 
 
 def _host_events(run: Run):

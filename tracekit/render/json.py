@@ -189,7 +189,7 @@ def _device(analysis: Analysis) -> dict | None:
         "ranks": ranks,
         "p2p_pairs": rows(figures.pairs),
         "collective_pairs": rows(analysis.run.collective_pairs),
-        "n_ops": int(len(analysis.run.device)),
+        "n_ops": int(sum(analysis.run.device_summary.n_ops.values())),
     }
 
 

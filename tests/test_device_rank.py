@@ -1,0 +1,176 @@
+"""A GPU rank's device timeline reduced (tracekit.reconstruct.device_rank) answers what the
+analyses ask of a step window exactly as the ops themselves do: busy time in the window,
+device idle waiting for launches in it, busy time after it; folded (each step's actions'
+span summed into constants) or not, for every window that holds the span.
+
+Inputs are GENERATED here (random ops, launches and actions: not real traces); the expected
+figures are computed from the ops by the definitions in tracekit/analyze/device.py's module
+doc, one op at a time (reference loops below), not with tracekit's code.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tracekit.analyze.device import _busy_after, _busy_in, _launch_wait
+from tracekit.model.device import DeviceSummary
+from tracekit.reconstruct.device_rank import (
+    COLLECTIVE,
+    COMPUTE,
+    P2P,
+    RankActions,
+    RankOps,
+    RankSides,
+    join_ranks,
+    reduce_rank,
+)
+
+
+def _generated_rank(rng: np.random.Generator, n_ops: int, n_actions: int) -> tuple[RankOps, RankActions]:
+    """generated_: a rank's ops over 3 steps, some launched inside action labels."""
+    steps = rng.integers(0, 3, n_actions)
+    label_start = np.sort(steps * 10_000 + rng.integers(0, 8_000, n_actions))
+    steps = label_start // 10_000
+    label_end = label_start + rng.integers(0, 600, n_actions)
+    order = np.zeros(n_actions, dtype=np.int64)
+    for s in np.unique(steps):
+        order[steps == s] = np.arange(int((steps == s).sum()))
+    op_step = rng.integers(-1, 3, n_ops)
+    start = np.maximum(op_step, 0) * 10_000 + rng.integers(0, 11_000, n_ops)
+    end = start + rng.integers(0, 900, n_ops)
+    order_ops = np.lexsort((end, start))
+    launch = np.where(rng.random(n_ops) < 0.8, start - rng.integers(0, 2_000, n_ops), -1)
+    launch_end = np.where(launch >= 0, launch + rng.integers(0, 3_000, n_ops), -1)
+    # some launches inside labels, so ops have owners
+    pick = rng.integers(0, max(n_actions, 1), n_ops)
+    inside = (rng.random(n_ops) < 0.6) & (n_actions > 0) & (launch >= 0)
+    if n_actions:
+        launch = np.where(inside, label_start[pick] + (label_end[pick] - label_start[pick]) // 2, launch)
+        op_step = np.where(inside, steps[pick], op_step)
+        launch_end = np.where(launch >= 0, np.maximum(launch_end, launch), -1)
+    kind = rng.choice([COMPUTE, COMPUTE, COMPUTE, COLLECTIVE, P2P], n_ops).astype(np.int8)
+    ops = RankOps(
+        step=op_step[order_ops],
+        start_ns=start[order_ops],
+        end_ns=end[order_ops],
+        stream=rng.integers(7, 10, n_ops)[order_ops],
+        launch_ns=launch[order_ops],
+        launch_end_ns=launch_end[order_ops],
+        launch_tid=np.full(n_ops, 1, dtype=np.int64),
+        kind=kind[order_ops],
+        sendrecv=np.zeros(n_ops, dtype=bool),
+        peer=np.full(n_ops, -1, dtype=np.int64),
+    )
+    actions = RankActions(
+        step=steps.astype(np.int64),
+        order=order,
+        label_start_ns=label_start.astype(np.int64),
+        label_end_ns=label_end.astype(np.int64),
+        start_ns=label_start.astype(np.int64),
+    )
+    return ops, actions
+
+
+def _summary(ops: RankOps, actions: RankActions, compress: bool) -> tuple[DeviceSummary, object]:
+    found = reduce_rank(ops, RankSides(np.zeros(0, np.int64), np.zeros(0, np.int64)), actions, compress)
+    profile = found.profile
+    part = {
+        "steps": profile.steps,
+        "busy": profile.busy,
+        "gaps": profile.gaps,
+        "compute": profile.compute or {"start_ns": np.zeros(0, np.int64), "end_ns": np.zeros(0, np.int64)},
+        "compute_steps": profile.compute_steps or {c: np.zeros(0, np.int64) for c in ("step", "lo_ns", "hi_ns")},
+        "sides": {
+            c: np.zeros(0, np.int64)
+            for c in (
+                "file_id",
+                "source_index",
+                "direction",
+                "peer",
+                "kernel",
+                "kernel_start_ns",
+                "kernel_end_ns",
+                "queued",
+            )
+        },
+        "p2p_kernels": found.p2p_kernels,
+        "sendrecv": found.sendrecv,
+    }
+    with_rank = {
+        name: {"rank": np.zeros(len(next(iter(t.values()))), np.int64), **{c: np.asarray(v) for c, v in t.items()}}
+        for name, t in part.items()
+    }
+    with_rank["host_ahead"] = {"rank": np.zeros(0, np.int64), "ns": np.zeros(0, np.int64)}
+    with_rank["n_ops"] = {"rank": np.zeros(1, np.int64), "n": np.array([len(ops)], np.int64)}
+    return join_ranks([with_rank]), found
+
+
+def _reference(ops: RankOps, busy: np.ndarray, step: int, lo: int, hi: int) -> tuple[int, int, int]:
+    """Busy in [lo, hi), launch wait in it and busy after hi of one step, op by op."""
+    mine = [i for i in range(len(ops)) if ops.step[i] == step]
+    work = sorted((int(ops.start_ns[i]), int(ops.end_ns[i])) for i in mine if busy[i])
+
+    def covered(a: int, b: int) -> int:
+        total, reach = 0, a
+        for s, e in work:
+            s, e = max(s, reach), min(e, b)
+            if e > s:
+                total += e - s
+                reach = e
+        return total
+
+    after_end = max([hi] + [e for _, e in work])
+    wait, reach = 0, lo
+    for i in sorted(mine, key=lambda i: int(ops.start_ns[i])):
+        s, launched = int(ops.start_ns[i]), int(ops.launch_end_ns[i])
+        gap_hi = min(s, hi)
+        if launched >= 0 and gap_hi > reach and min(launched, gap_hi) > reach:
+            wait += min(launched, gap_hi) - reach
+        reach = max(reach, int(ops.end_ns[i]))
+    return covered(lo, hi), wait, covered(hi, after_end)
+
+
+@pytest.mark.parametrize("seed", range(80))
+def test_a_reduced_rank_answers_every_window_holding_its_span_as_its_ops_do(seed):
+    rng = np.random.default_rng(seed)
+    ops, actions = _generated_rank(rng, int(rng.integers(1, 60)), int(rng.integers(1, 12)))
+    folded, found = _summary(ops, actions, compress=True)
+    plain, _ = _summary(ops, actions, compress=False)
+    busy = (found.kind == COMPUTE) | ((found.kind == COLLECTIVE) & (found.owner >= 0))
+    steps = folded["steps"]
+    for k in range(len(steps["step"])):
+        step, a, b = int(steps["step"][k]), int(steps["span_lo_ns"][k]), int(steps["span_hi_ns"][k])
+        if a > b:  # a step without actions: nothing folded; any window
+            a, b = int(rng.integers(0, 40_000)), 0
+        # the tightest window (the rank's own span: its actions start and end the step) and
+        # wider ones, some by a hair
+        for wider_lo, wider_hi in [(0, 0), (1, 1), (50, 0), (0, 50)] + [
+            (int(x), int(y)) for x, y in rng.integers(0, 12_000, (6, 2))
+        ]:
+            lo = a - wider_lo
+            hi = max(b, lo) + wider_hi
+            q = (np.zeros(1, np.int64), np.array([step]), np.array([lo]), np.array([hi]))
+            expected = _reference(ops, busy, step, lo, hi)
+            for summary in (folded, plain):
+                got = (
+                    int(_busy_in(summary, *q)[0]),
+                    int(_launch_wait(summary, *q)[0]),
+                    int(_busy_after(summary, q[0], q[1], q[3])[0]),
+                )
+                assert got == expected, (seed, step, lo, hi)
+    # folding keeps fewer rows, never more
+    assert len(folded["busy"]["rank"]) <= len(plain["busy"]["rank"])
+    assert len(folded["gaps"]["rank"]) <= len(plain["gaps"]["rank"])
+
+
+def test_a_window_that_does_not_hold_a_folded_span_is_refused():
+    rng = np.random.default_rng(3)
+    ops, actions = _generated_rank(rng, 40, 6)
+    folded, _ = _summary(ops, actions, compress=True)
+    steps = folded["steps"]
+    k = int(np.flatnonzero(steps["span_lo_ns"] <= steps["span_hi_ns"])[0])
+    a = int(steps["span_lo_ns"][k])
+    q = (np.zeros(1, np.int64), steps["step"][k : k + 1], np.array([a + 1]), np.array([a + 10**9]))
+    with pytest.raises(RuntimeError, match="does not hold"):
+        _busy_in(folded, *q)

@@ -1,0 +1,495 @@
+"""One rank's device timeline, reduced to what the cross-rank analysis reads.
+
+numpy only: it runs where a GPU rank's file was parsed (:mod:`.per_rank`), and rank by rank
+over the client's device table where the working sets were read (the report, exports): one
+implementation. Given the rank's device ops in table order (by start, then end), its host
+point-to-point sides (:mod:`.p2p_sides`) and its actions (host spans), it:
+
+- ties each P2P side to the kernel it launched: the first NCCL kernel its thread launched at
+  or after the call began (``batch_isend_irecv`` posts several sides and launches one fused
+  kernel when the group closes: all of them map to it); SendRecv kernels so tied are ``p2p``;
+- gives each op the action whose host label holds its launch (same step), each action its
+  device span (first to last op it launched) and busy time (their union); an action that
+  launched nothing gets an empty span where its rank's device was when it ran;
+- says when each side's kernel ran and whether it started only when the P2P kernel before
+  it on its stream ended (queued behind the link's earlier traffic);
+- reduces each step's ops to a :class:`Profile` that answers, for a window [lo, hi), the
+  busy time in it, the device idle spent waiting for the host to launch, and the busy time
+  after it: exactly, without the ops.
+
+Busy is the union of compute kernels (and copies, sets) and of collectives launched inside
+an action; P2P kernels are never busy (a SendRecv kernel spins until its peer arrives).
+
+Why a profile is small: a pipeline step's window runs from the first action start to the
+last action end over ALL ranks, so it holds the rank's own actions' span [a, b]. Every op
+inside [a, b] then adds the same to each answer, whatever the window: those add up to two
+constants, and only the stretches before a and after b (the step's first ops, its optimizer
+and gradient collectives) are kept. Where the window is not known to hold [a, b] (a run
+without pipeline actions, or a single rank's, whose windows come from compute ops), nothing
+is folded (``compress=False``) and the rank's compute intervals are kept for those windows.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tracekit.model.groups import SortedGroups, split_by
+from tracekit.model.device import DEVICE_TABLES, NO_SPAN, NOTHING_BEFORE, DeviceSummary
+from tracekit.model.intervals import merge_intervals, union_lengths
+from tracekit.reconstruct.event_arrays import EventArrays
+from tracekit.reconstruct.p2p_sides import p2p_sides
+
+# Op kinds by name (device_columns.op_kind), as codes; P2P also for SendRecv kernels tied to
+# a host P2P call.
+COMPUTE, COLLECTIVE, P2P = 0, 1, 2
+KINDS = ("compute", "collective", "p2p")
+SENDRECV_KERNEL = re.compile(r"SendRecv", re.IGNORECASE)
+# Each action's device span and busy time, as reduce_ranks gives them beside its actions.
+DEVICE_ACTION_COLUMNS = ("dev_start_ns", "dev_end_ns", "busy_ns")
+# A kernel that starts within this of the previous kernel's end on its stream waited for it.
+QUEUE_SLACK_NS = 2_000
+
+
+@dataclass(frozen=True)
+class RankOps:
+    """One rank's device ops, in table order (by start, then end; ties in file order)."""
+
+    step: np.ndarray
+    start_ns: np.ndarray
+    end_ns: np.ndarray
+    stream: np.ndarray
+    launch_ns: np.ndarray  # the launch call's start (-1: no launch recorded)
+    launch_end_ns: np.ndarray
+    launch_tid: np.ndarray
+    kind: np.ndarray  # COMPUTE / COLLECTIVE / P2P, by name
+    sendrecv: np.ndarray  # the name says SendRecv
+    peer: np.ndarray  # the peer the op's own row names (-1)
+
+    def __len__(self) -> int:
+        return len(self.start_ns)
+
+
+@dataclass(frozen=True)
+class RankActions:
+    """One rank's actions: their step, order in it and host spans."""
+
+    step: np.ndarray
+    order: np.ndarray
+    label_start_ns: np.ndarray
+    label_end_ns: np.ndarray
+    start_ns: np.ndarray  # host start (an action of a rank that launched nothing sits there)
+
+    def __len__(self) -> int:
+        return len(self.step)
+
+
+@dataclass(frozen=True)
+class RankSides:
+    """One rank's host P2P sides (:class:`.p2p_sides.Sides` order): thread and start."""
+
+    tid: np.ndarray
+    start_ns: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.start_ns)
+
+
+@dataclass
+class Profile:
+    """A rank's steps reduced (module doc): per step, the actions' span [a, b] folded and the
+    constants it folded; the busy stretches and launch gaps outside it; with ``compress=False``
+    also every compute stretch of the rank and each step's compute extent."""
+
+    steps: dict[str, np.ndarray]  # the columns of tracekit.model.device.DEVICE_TABLES, but rank
+    busy: dict[str, np.ndarray]  # merged busy stretches not inside [a, b]
+    gaps: dict[str, np.ndarray]  # ops whose launch wait depends on the window
+    compute: dict[str, np.ndarray] | None = None  # compress=False
+    compute_steps: dict[str, np.ndarray] | None = None  # compress=False
+
+
+@dataclass
+class RankDevice:
+    """What :func:`reduce_rank` found (module doc)."""
+
+    kind: np.ndarray  # per op: KINDS code, SendRecv kernels tied to P2P calls made P2P
+    owner: np.ndarray  # per op: index of the action that launched it, -1
+    action_start_ns: np.ndarray  # per action: device span (empty where it launched nothing)
+    action_end_ns: np.ndarray
+    action_busy_ns: np.ndarray
+    sides: dict[str, np.ndarray]  # per side: its kernel (op index, -1), when it ran, queued
+    p2p_kernels: dict[str, np.ndarray]  # every P2P kernel
+    sendrecv: dict[str, np.ndarray]  # SendRecv kernels of collectives
+    profile: Profile
+    host_ahead_ns: int | None  # the longest launch end to op start (None: nothing launched)
+    n_ops: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def kind_codes(names: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Each distinct op name's kind code and whether it says SendRecv (decided once a name)."""
+    from tracekit.reconstruct.device_columns import op_kind
+
+    kinds = np.array([KINDS.index(op_kind(n)) for n in names], dtype=np.int8)
+    sendrecv = np.array([bool(SENDRECV_KERNEL.search(n)) for n in names], dtype=bool)
+    return kinds, sendrecv
+
+
+def reduce_rank(ops: RankOps, sides: RankSides, actions: RankActions, compress: bool) -> RankDevice:
+    """One rank's device timeline reduced (module doc). ``compress``: the run's windows hold
+    each step's actions (a pipeline of several ranks): fold each step's span."""
+    kind = ops.kind.astype(np.int8, copy=True)
+    side_kernel = _link_sides(ops, kind, sides)
+    owner = _owners(ops, kind, actions)
+    a_start, a_end, a_busy = _action_spans(ops, owner, actions)
+    queued = _queued(ops, kind)
+    linked = side_kernel >= 0
+    at = np.where(linked, side_kernel, 0)
+    none = np.full(len(sides), -1, dtype=np.int64)
+    side_rows = {
+        "kernel": side_kernel,
+        "kernel_start_ns": np.where(linked, ops.start_ns[at] if len(ops) else none, -1),
+        "kernel_end_ns": np.where(linked, ops.end_ns[at] if len(ops) else none, -1),
+        "queued": np.where(linked, queued[at] if len(ops) else none, 0).astype(np.int64),
+    }
+    p2p = np.flatnonzero(kind == P2P)
+    collective_sendrecv = np.flatnonzero((kind == COLLECTIVE) & ops.sendrecv)
+    launched = ops.launch_end_ns >= 0
+    ahead = ops.start_ns[launched] - ops.launch_end_ns[launched]
+    busy = (kind == COMPUTE) | ((kind == COLLECTIVE) & (owner >= 0))
+    return RankDevice(
+        kind=kind,
+        owner=owner,
+        action_start_ns=a_start,
+        action_end_ns=a_end,
+        action_busy_ns=a_busy,
+        sides=side_rows,
+        p2p_kernels={
+            "kernel": p2p.astype(np.int64),
+            "step": ops.step[p2p],
+            "start_ns": ops.start_ns[p2p],
+            "end_ns": ops.end_ns[p2p],
+            "peer": ops.peer[p2p],
+        },
+        sendrecv={c: getattr(ops, c)[collective_sendrecv] for c in DEVICE_TABLES["sendrecv"]},
+        profile=_profile(ops, busy, actions, a_start, a_end, compress),
+        host_ahead_ns=max(0, int(ahead.max())) if len(ahead) else None,
+        n_ops=len(ops),
+    )
+
+
+def _link_sides(ops: RankOps, kind: np.ndarray, sides: RankSides) -> np.ndarray:
+    """For each side, the op index of the kernel it launched (-1), and SendRecv kernels so
+    tied made P2P in ``kind`` (in place)."""
+    out = np.full(len(sides), -1, dtype=np.int64)
+    comm = np.flatnonzero((kind != COMPUTE) & (ops.launch_ns >= 0))
+    if not len(comm) or not len(sides):
+        return out
+    comm = comm[np.lexsort((ops.launch_ns[comm], ops.launch_tid[comm]))]
+    launches = SortedGroups(ops.launch_tid[comm], ops.launch_ns[comm])
+    first = launches.first_at_least(sides.tid, sides.start_ns)
+    found = first >= 0
+    out[found] = comm[first[found]]
+    tied = np.unique(out[found])
+    sendrecv = tied[ops.sendrecv[tied]]
+    kind[sendrecv] = P2P
+    return np.where(np.isin(out, sendrecv), out, -1)
+
+
+def _owners(ops: RankOps, kind: np.ndarray, actions: RankActions) -> np.ndarray:
+    """Each op's action: the one of its step whose host label holds its launch (-1)."""
+    owner = np.full(len(ops), -1, dtype=np.int64)
+    launched = np.flatnonzero((kind != P2P) & (ops.launch_ns >= 0))
+    if not len(launched) or not len(actions):
+        return owner
+    by_label = np.lexsort((actions.label_start_ns, actions.step))
+    labels = SortedGroups(actions.step[by_label], actions.label_start_ns[by_label])
+    t = ops.launch_ns[launched]
+    k = labels.last_at_most(ops.step[launched], t)
+    inside = k >= 0
+    inside[inside] = t[inside] <= actions.label_end_ns[by_label[k[inside]]]
+    owner[launched[inside]] = by_label[k[inside]]
+    return owner
+
+
+def _action_spans(ops: RankOps, owner: np.ndarray, actions: RankActions) -> tuple[np.ndarray, ...]:
+    """Each action's device span and busy time; actions that launched nothing: an empty
+    span at their rank's device time (after the action before them), else their host start."""
+    n = len(actions)
+    start, end = np.full(n, -1, dtype=np.int64), np.full(n, -1, dtype=np.int64)
+    owned = np.flatnonzero(owner >= 0)
+    busy = np.zeros(n, dtype=np.int64)
+    if len(owned):
+        mine = owner[owned]
+        start[:] = np.iinfo(np.int64).max
+        np.minimum.at(start, mine, ops.start_ns[owned])
+        np.maximum.at(end, mine, ops.end_ns[owned])
+        start[start == np.iinfo(np.int64).max] = -1
+        lo, hi = np.full(n, np.iinfo(np.int64).min), np.full(n, np.iinfo(np.int64).max)
+        busy = union_lengths(mine, ops.start_ns[owned], ops.end_ns[owned], lo, hi)
+    _fill_empty(start, end, actions)
+    return start, end, busy
+
+
+def _fill_empty(start: np.ndarray, end: np.ndarray, actions: RankActions) -> None:
+    """Empty device spans for actions that launched nothing (in place), in (step, order)."""
+    if not (start < 0).any():
+        return
+    last = -1
+    pending: list[int] = []
+    for i in np.lexsort((actions.order, actions.step)).tolist():
+        if start[i] < 0:
+            if last >= 0:
+                start[i] = end[i] = last
+            else:
+                pending.append(i)
+            continue
+        for p in pending:
+            start[p] = end[p] = start[i]
+        pending = []
+        last = max(last, int(end[i]))
+    for p in pending:  # a rank that launched nothing at all: its host start
+        start[p] = end[p] = actions.start_ns[p]
+
+
+def _queued(ops: RankOps, kind: np.ndarray) -> np.ndarray:
+    """Whether each op started only when the P2P kernel before it on its stream ended."""
+    queued = np.zeros(len(ops), dtype=bool)
+    if len(ops) < 2:
+        return queued
+    order = np.lexsort((ops.start_ns, ops.stream))
+    stream, start, end = ops.stream[order], ops.start_ns[order], ops.end_ns[order]
+    same = stream[1:] == stream[:-1]
+    queued[order[1:]] = same & (kind[order[:-1]] == P2P) & (start[1:] <= end[:-1] + QUEUE_SLACK_NS)
+    return queued
+
+
+def _profile(
+    ops: RankOps, busy: np.ndarray, actions: RankActions, a_start: np.ndarray, a_end: np.ndarray, compress: bool
+) -> Profile:
+    """Each step's :class:`Profile` rows (module doc)."""
+    stepped = np.flatnonzero(ops.step >= 0)
+    steps = np.unique(ops.step[stepped])
+    # the span [a, b] folded in each step: its actions' (compress), else none (a > b)
+    span_lo = np.full(len(steps), NO_SPAN[0], dtype=np.int64)
+    span_hi = np.full(len(steps), NO_SPAN[1], dtype=np.int64)
+    if compress and len(actions):
+        where = np.searchsorted(steps, actions.step)
+        known = (where < len(steps)) & (actions.step >= 0)
+        known[known] = steps[where[known]] == actions.step[known]
+        np.minimum.at(span_lo, where[known], a_start[known])
+        np.maximum.at(span_hi, where[known], a_end[known])
+    busy_inside = np.zeros(len(steps), dtype=np.int64)
+    wait_inside = np.zeros(len(steps), dtype=np.int64)
+    busy_rows: list[tuple[np.ndarray, ...]] = []
+    gap_rows: list[tuple[np.ndarray, ...]] = []
+    by_step = split_by(np.searchsorted(steps, ops.step[stepped]), stepped)
+    for k, mine in sorted(by_step.items()):
+        a, b = int(span_lo[k]), int(span_hi[k])
+        step = np.int64(steps[k])
+        # busy: merged stretches; those inside [a, b] count whole in every window holding it
+        work = mine[busy[mine]]
+        merged_start, merged_end = merge_intervals(ops.start_ns[work], ops.end_ns[work])
+        inside = (merged_start >= a) & (merged_end <= b)
+        busy_inside[k] = int((merged_end[inside] - merged_start[inside]).sum())
+        busy_rows.append(_rows(step, merged_start[~inside], merged_end[~inside]))
+        # launch waits: each op in start order after the device's reach so far
+        order = mine[np.argsort(ops.start_ns[mine], kind="quicksort")]
+        starts, launched = ops.start_ns[order], ops.launch_end_ns[order]
+        covered = np.empty(len(order), dtype=np.int64)
+        covered[0] = NOTHING_BEFORE
+        covered[1:] = np.maximum.accumulate(ops.end_ns[order])[:-1]
+        # an op not launched, or starting inside the reach, never waited: no row
+        can_wait = (launched >= 0) & (starts > covered)
+        fixed = can_wait & (covered >= a) & (starts <= b)
+        waited = np.minimum(launched[fixed], starts[fixed]) - covered[fixed]
+        wait_inside[k] = int(waited[waited > 0].sum())
+        rest = can_wait & ~fixed
+        gap_rows.append(_rows(step, covered[rest], starts[rest], launched[rest]))
+    n_ops = np.bincount(np.searchsorted(steps, ops.step[stepped]), minlength=len(steps)).astype(np.int64)
+    profile = Profile(
+        steps=dict(
+            zip(DEVICE_TABLES["steps"], (steps.astype(np.int64), span_lo, span_hi, busy_inside, wait_inside, n_ops))
+        ),
+        busy=_columns(DEVICE_TABLES["busy"], busy_rows),
+        gaps=_columns(DEVICE_TABLES["gaps"], gap_rows),
+    )
+    if not compress:
+        compute = np.flatnonzero(ops.kind == COMPUTE)
+        merged_start, merged_end = merge_intervals(ops.start_ns[compute], ops.end_ns[compute])
+        profile.compute = {"start_ns": merged_start, "end_ns": merged_end}
+        work = compute[ops.step[compute] >= 0]
+        steps_of, lo, hi = _extents(ops.step[work], ops.start_ns[work], ops.end_ns[work])
+        profile.compute_steps = dict(zip(DEVICE_TABLES["compute_steps"], (steps_of, lo, hi)))
+    return profile
+
+
+def _extents(step: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The distinct steps, each one's earliest start and latest end."""
+    steps, group = np.unique(step, return_inverse=True)
+    lo = np.full(len(steps), np.iinfo(np.int64).max, dtype=np.int64)
+    hi = np.full(len(steps), np.iinfo(np.int64).min, dtype=np.int64)
+    np.minimum.at(lo, group, start)
+    np.maximum.at(hi, group, end)
+    return steps.astype(np.int64), lo, hi
+
+
+def _rows(step: np.int64, *columns: np.ndarray) -> tuple[np.ndarray, ...]:
+    return (np.full(len(columns[0]), step, dtype=np.int64), *columns)
+
+
+def _columns(names: tuple[str, ...], rows: list[tuple[np.ndarray, ...]]) -> dict[str, np.ndarray]:
+    if not rows:
+        return {c: np.zeros(0, dtype=np.int64) for c in names}
+    return {c: np.concatenate([r[i] for r in rows]).astype(np.int64) for i, c in enumerate(names)}
+
+
+def _rank_ops(columns: Mapping[str, np.ndarray], rows: np.ndarray, kinds: np.ndarray, sendrecv: np.ndarray) -> RankOps:
+    """The ops ``rows`` (in table order) of a set of op columns; ``kinds`` / ``sendrecv``:
+    per name code (:func:`kind_codes`)."""
+    name = columns["name_code"][rows]
+    return RankOps(
+        step=columns["step"][rows],
+        start_ns=columns["start_ns"][rows],
+        end_ns=columns["end_ns"][rows],
+        stream=columns["stream"][rows],
+        launch_ns=columns["launch_ns"][rows],
+        launch_end_ns=columns["launch_end_ns"][rows],
+        launch_tid=columns["launch_tid"][rows],
+        kind=kinds[name],
+        sendrecv=sendrecv[name],
+        peer=columns["peer"][rows],
+    )
+
+
+@dataclass
+class ReducedRanks:
+    """:func:`reduce_ranks` of a set of ops: the ranks' tables (rank-local kernel numbers),
+    each action's device span and busy time, and each op's kind and action (index into the
+    actions given)."""
+
+    part: dict[str, dict[str, np.ndarray]]
+    action_columns: dict[str, np.ndarray]  # dev_start_ns, dev_end_ns, busy_ns
+    op_kind: np.ndarray
+    op_action: np.ndarray
+
+
+def reduce_ranks(
+    columns: Mapping[str, np.ndarray],
+    names: list[str],
+    host: EventArrays,
+    actions: Mapping[str, np.ndarray],
+    world_size: Mapping[int, int],
+) -> ReducedRanks:
+    """Every rank of a set of device ops reduced (:func:`reduce_rank`), its tables joined.
+
+    ``columns``: op columns (:func:`~.device_columns.op_columns`, or the device table's, with
+    ``name_code`` into ``names``); ``host``: the ranks' host rows (their P2P calls are read);
+    ``actions``: action columns (rank, step, order, label_start_ns, label_end_ns, start_ns);
+    ``world_size``: per rank, the job's size its file states (a rank's steps are folded only
+    in a pipeline of several ranks: see the module doc)."""
+    kinds, sendrecv = kind_codes(names)
+    sides = p2p_sides(host)
+    side_rank = host["rank"][sides.rows]
+    op_rank, action_rank = columns["rank"], np.asarray(actions["rank"], dtype=np.int64)
+    ops_of = split_by(op_rank, np.arange(len(op_rank)))
+    actions_of = split_by(action_rank, np.arange(len(action_rank)))
+    sides_of = split_by(side_rank, np.arange(len(side_rank)))
+    none = np.zeros(0, dtype=np.int64)
+    n_actions = len(action_rank)
+    dev_start, dev_end, busy = (np.full(n_actions, -1, dtype=np.int64) for _ in range(3))
+    busy[:] = 0
+    op_kind = np.zeros(len(op_rank), dtype=np.int8)
+    op_action = np.full(len(op_rank), -1, dtype=np.int64)
+    tables: dict[str, list[dict[str, np.ndarray]]] = {name: [] for name in DEVICE_TABLES}
+    ahead: list[tuple[int, int]] = []
+    n_ops: list[tuple[int, int]] = []
+    for rank in sorted(set(ops_of) | set(actions_of)):
+        rows = ops_of.get(rank, none)
+        rows = rows[np.lexsort((columns["end_ns"][rows], columns["start_ns"][rows]))]  # table order
+        mine = actions_of.get(rank, none)
+        side_rows = sides.rows[sides_of.get(rank, none)]
+        found = reduce_rank(
+            _rank_ops(columns, rows, kinds, sendrecv),
+            RankSides(tid=host["tid"][side_rows], start_ns=host["start_ns"][side_rows]),
+            RankActions(**{c: np.asarray(actions[c], dtype=np.int64)[mine] for c in _ACTION_FIELDS}),
+            compress=bool(len(mine)) and world_size.get(rank, 1) > 1,
+        )
+        op_kind[rows] = found.kind
+        owned = found.owner >= 0
+        op_action[rows[owned]] = mine[found.owner[owned]]
+        dev_start[mine], dev_end[mine], busy[mine] = found.action_start_ns, found.action_end_ns, found.action_busy_ns
+        at = sides_of.get(rank, none)
+        side_table = {
+            "file_id": host["file_id"][side_rows].astype(np.int64),
+            "source_index": host["source_index"][side_rows].astype(np.int64),
+            "direction": sides.direction[at],
+            "peer": sides.peer[at],
+            **found.sides,
+        }
+        profile = found.profile
+        per_rank = {
+            "steps": profile.steps,
+            "busy": profile.busy,
+            "gaps": profile.gaps,
+            "compute": profile.compute,
+            "compute_steps": profile.compute_steps,
+            "sides": side_table,
+            "p2p_kernels": found.p2p_kernels,
+            "sendrecv": found.sendrecv,
+        }
+        for name, table in per_rank.items():
+            if table is not None:
+                n = len(next(iter(table.values())))
+                tables[name].append({"rank": np.full(n, rank, dtype=np.int64), **table})
+        if found.host_ahead_ns is not None:
+            ahead.append((rank, found.host_ahead_ns))
+        n_ops.append((rank, found.n_ops))
+    part = {name: _stacked(name, found_tables) for name, found_tables in tables.items()}
+    part["host_ahead"] = {
+        "rank": np.array([r for r, _ in ahead], dtype=np.int64),
+        "ns": np.array([v for _, v in ahead], dtype=np.int64),
+    }
+    part["n_ops"] = {
+        "rank": np.array([r for r, _ in n_ops], dtype=np.int64),
+        "n": np.array([v for _, v in n_ops], dtype=np.int64),
+    }
+    return ReducedRanks(part, dict(zip(DEVICE_ACTION_COLUMNS, (dev_start, dev_end, busy))), op_kind, op_action)
+
+
+_ACTION_FIELDS = ("step", "order", "label_start_ns", "label_end_ns", "start_ns")
+
+
+def _stacked(name: str, tables: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    columns = ("rank", *DEVICE_TABLES[name])
+    if not tables:
+        return {c: np.zeros(0, dtype=np.int64) for c in columns}
+    return {c: np.concatenate([t[c] for t in tables]).astype(np.int64) for c in columns}
+
+
+def join_ranks(parts: list[dict[str, dict[str, np.ndarray]]]) -> DeviceSummary:
+    """The run's :class:`~tracekit.model.device.DeviceSummary` from the parts
+    :func:`reduce_ranks` gave (a file's each): rows by rank (stably: a rank's rows keep their
+    order), kernels numbered in the run's device-op order (by rank, then the rank's own)."""
+    summary = DeviceSummary()
+    for name in DEVICE_TABLES:
+        tables = [part[name] for part in parts]
+        columns = ("rank", *DEVICE_TABLES[name])
+        joined = {c: np.concatenate([t[c] for t in tables]).astype(np.int64) for c in columns} if tables else None
+        if joined is not None:
+            order = np.argsort(joined["rank"], kind="stable")
+            summary.tables[name] = {c: v[order] for c, v in joined.items()}
+    for part in parts:
+        summary.host_ahead_ns.update(zip(part["host_ahead"]["rank"].tolist(), part["host_ahead"]["ns"].tolist()))
+        summary.n_ops.update(zip(part["n_ops"]["rank"].tolist(), part["n_ops"]["n"].tolist()))
+    ranks = sorted(summary.n_ops)
+    offsets = dict(zip(ranks, np.concatenate(([0], np.cumsum([summary.n_ops[r] for r in ranks])[:-1])).tolist()))
+    for name in ("sides", "p2p_kernels"):
+        table = summary.tables[name]
+        if len(table["rank"]):
+            shift = np.array([offsets[r] for r in table["rank"].tolist()], dtype=np.int64)
+            table["kernel"] = np.where(table["kernel"] >= 0, table["kernel"] + shift, -1)
+    return summary
