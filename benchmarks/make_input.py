@@ -10,6 +10,13 @@ Two kinds of run, both made of real profiler events, never synthetic ones:
 - ``gpu``: one real GPU trace (``shared/real-traces/kineto-gpu``) cut to a size and written
   once per rank with its rank rewritten (a data-parallel job whose ranks did the same work).
 
+And one kind that is NOT real, for the one path no real trace here exercises at scale:
+
+- ``generated-gpu-pp``: a GENERATED GPU pipeline (``tests/gpu_tracegen.py`` simulates a 4-rank
+  1F1B job on NCCL; nothing was captured on a GPU) with its ranks repeated as data-parallel
+  replicas, in a folder named ``generated_*``: the device pipeline path (kernels, launches,
+  SendRecv kernels, labelled actions) at thousands of ranks.
+
 Files are plain ``.json`` (or ``.json.gz``) laid out as Kineto writes them, with ``baseTimeNanoseconds``
 written after ``traceEvents`` as newer Kineto does. Run as a script to build one folder::
 
@@ -203,9 +210,44 @@ def build_gpu(
     return written
 
 
+def build_generated_gpu_pipeline(out_dir: Path, ranks: int = 8, kernels: int = 40, steps: int = 3) -> list[Path]:
+    """GENERATED, not real: a 4-rank 1F1B GPU pipeline (m=8) simulated by
+    ``tests/gpu_tracegen.py`` with ``kernels`` kernels a forward and twice that a backward,
+    ``steps`` steps, its ranks repeated as data-parallel replicas (``distributedInfo`` rewritten
+    so each replica's group maps P2P peers onto its own ranks). ``out_dir`` should be named
+    ``generated_*``."""
+    import sys
+    import tempfile
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from gpu_tracegen import Scenario, generate
+
+    scenario = Scenario(f"scale_k{kernels}", kernels_f=kernels, kernels_b=2 * kernels, steps=steps)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder, _ = generate(scenario, tmp)
+        docs = [_read(folder / f"rank{r}.json.gz") for r in range(scenario.p)]
+    p = len(docs)
+    if ranks % p:
+        raise SystemExit(f"ranks ({ranks}) must be a multiple of the generated pipeline's {p} ranks")
+    bodies = [trace_body(doc["traceEvents"]) for doc in docs]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for rank in range(ranks):
+        doc = {k: v for k, v in docs[rank % p].items() if k != "traceEvents"}
+        base = rank - rank % p
+        info = dict(doc.get("distributedInfo") or {})
+        info.update(rank=rank, world_size=ranks)
+        info["pg_config"] = [dict(pg, ranks=list(range(base, base + p))) for pg in info.get("pg_config") or []]
+        doc["distributedInfo"] = info
+        path = out_dir / f"rank{rank}.json"
+        write_trace(path, doc, bodies[rank % p])
+        written.append(path)
+    return written
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("kind", choices=["pp", "gpu"])
+    parser.add_argument("kind", choices=["pp", "gpu", "generated-gpu-pp"])
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--ranks", type=int, default=8)
     parser.add_argument("--copies", type=int, default=11, help="pp: step repeats per rank")
@@ -216,8 +258,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.kind == "pp":
         paths = build_pp(args.out_dir, args.ranks, args.copies, args.sample, args.gz)
-    else:
+    elif args.kind == "gpu":
         paths = build_gpu(args.out_dir, args.ranks, args.mb, gz=args.gz, window=args.window)
+    else:
+        paths = build_generated_gpu_pipeline(args.out_dir, args.ranks)
     total = sum(p.stat().st_size for p in paths)
     print(f"wrote {len(paths)} files, {total / 1e6:.1f} MB, to {args.out_dir}")
 

@@ -24,6 +24,11 @@ order (``make_input.build_gpu(window=True)``: host ops, launches and kernels of 
 of the run). The 60 s / 2 GB target is the pipeline sample's; for GPU ranks the line's
 value at 4,096 ranks is printed beside it.
 
+``--generated-gpu-pipeline K``: a GENERATED GPU pipeline instead (not real: no real multi-rank
+GPU pipeline trace is at hand), ``tests/gpu_tracegen.py``'s 4-rank 1F1B on NCCL with K kernels a
+forward and 2K a backward, as N/4 data-parallel replicas (``make_input.build_generated_gpu_pipeline``):
+the device pipeline path (actions' device spans, folded steps, SendRecv kernels) at scale.
+
 Bytecode: with ``PYTHONDONTWRITEBYTECODE`` set (some containers set it), an editable
 checkout compiles its ~60 modules on every start (~0.1 s); as :mod:`bench` does, the measured
 processes run without it, so tracekit starts as an installed package does.
@@ -94,7 +99,13 @@ def fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
 
 
 def series(
-    ranks: list[int], work: Path, gz: bool, poll_s: float, extra: list[str], gpu_mb: float | None = None
+    ranks: list[int],
+    work: Path,
+    gz: bool,
+    poll_s: float,
+    extra: list[str],
+    gpu_mb: float | None = None,
+    gpu_pipeline_kernels: int | None = None,
 ) -> list[Point]:
     print(
         f"{'ranks':>6} {'MB':>8} {'build s':>8} {'wall s':>8} {'ms/rank':>8} {'CPU s':>8} "
@@ -102,9 +113,11 @@ def series(
     )
     points = []
     for n in ranks:
-        folder = work / f"pp{n}"
+        folder = work / (f"generated_gpu_pp{n}" if gpu_pipeline_kernels else f"pp{n}")
         started = time.perf_counter()
-        if gpu_mb:
+        if gpu_pipeline_kernels:
+            make_input.build_generated_gpu_pipeline(folder, ranks=n, kernels=gpu_pipeline_kernels)
+        elif gpu_mb:
             make_input.build_gpu(folder, ranks=n, target_mb=gpu_mb, gz=gz, window=True)
         else:
             make_input.build_pp(folder, ranks=n, copies=1, gz=gz)
@@ -165,6 +178,12 @@ def main() -> None:
         "--gpu", type=float, metavar="MB", help="GPU ranks: the real V100 trace, a time window of MB of JSON a rank"
     )
     parser.add_argument(
+        "--generated-gpu-pipeline",
+        type=int,
+        metavar="K",
+        help="GENERATED GPU pipeline ranks (tests/gpu_tracegen.py, not real), K kernels a forward",
+    )
+    parser.add_argument(
         "--no-wait", action="store_true", help="measure even while a `tracekit capture` runs (figures noisier)"
     )
     args = parser.parse_args()
@@ -176,7 +195,9 @@ def main() -> None:
     from tracekit import __version__
 
     what = (
-        f"the real V100 GPU trace, {args.gpu:g} MB a rank (time window)"
+        f"a GENERATED 4-rank GPU 1F1B pipeline ({args.generated_gpu_pipeline} kernels a forward) as N/4 replicas"
+        if args.generated_gpu_pipeline
+        else f"the real V100 GPU trace, {args.gpu:g} MB a rank (time window)"
         if args.gpu
         else "sample_traces/1f1b as N/4 replicas"
     )
@@ -190,7 +211,7 @@ def main() -> None:
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="tracekit-scale-"))
     try:
         extra = ["--jobs", str(args.jobs)] if args.jobs else []
-        figures = report(series(ranks, work, args.gz, args.poll, extra, args.gpu))
+        figures = report(series(ranks, work, args.gz, args.poll, extra, args.gpu, args.generated_gpu_pipeline))
         if args.json:
             args.json.write_text(json.dumps(figures, indent=1))
     finally:

@@ -27,6 +27,8 @@ constants, and only the stretches before a and after b (the step's first ops, it
 and gradient collectives) are kept. Where the window is not known to hold [a, b] (a run
 without pipeline actions, or a single rank's, whose windows come from compute ops), nothing
 is folded (``compress=False``) and the rank's compute intervals are kept for those windows.
+A rank without actions keeps no busy stretch: its busy ops are the step's compute ops, and
+a window built from compute ops (the only kind it is asked about) ends after the last of them.
 """
 
 from __future__ import annotations
@@ -295,7 +297,8 @@ def _profile(
         merged_start, merged_end = merge_intervals(ops.start_ns[work], ops.end_ns[work])
         inside = (merged_start >= a) & (merged_end <= b)
         busy_inside[k] = int((merged_end[inside] - merged_start[inside]).sum())
-        busy_rows.append(_rows(step, merged_start[~inside], merged_end[~inside]))
+        if len(actions):  # (without actions, busy is compute of the step: never past its window)
+            busy_rows.append(_rows(step, merged_start[~inside], merged_end[~inside]))
         # launch waits: each op in start order after the device's reach so far
         order = mine[np.argsort(ops.start_ns[mine], kind="quicksort")]
         starts, launched = ops.start_ns[order], ops.launch_end_ns[order]
