@@ -210,7 +210,7 @@ def build_gpu(
     return written
 
 
-def build_generated_gpu_pipeline(out_dir: Path, ranks: int = 8, kernels: int = 40, steps: int = 3) -> list[Path]:
+def build_generated_gpu_pipeline(out_dir: Path, ranks: int = 8, kernels: int = 10, steps: int = 3) -> list[Path]:
     """GENERATED, not real: a 4-rank 1F1B GPU pipeline (m=8) simulated by
     ``tests/gpu_tracegen.py`` with ``kernels`` kernels a forward and twice that a backward,
     ``steps`` steps, its ranks repeated as data-parallel replicas (``distributedInfo`` rewritten
