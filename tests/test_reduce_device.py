@@ -177,3 +177,62 @@ def _reduced_pipeline_rank() -> dict:
     ((trace, _),) = reduce_file(parsed, None)
     assert trace.reduced is not None and "host_busy" not in trace.reduced
     return trace.reduced
+
+
+def _uuids_out(html: str) -> str:
+    """The report with bokeh's element ids made comparable: random ones blanked, model ids
+    (a counter that runs on through a process) numbered by first appearance."""
+    import re
+
+    html = re.sub(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", "UUID", html)
+    seen: dict[str, str] = {}
+    return re.sub(r"\bp\d+\b", lambda m: seen.setdefault(m.group(0), f"id{len(seen)}"), html)
+
+
+def _report(folder: Path, out: Path, one_pass_files: int, monkeypatch) -> str:
+    from click.testing import CliRunner
+
+    import tracekit.commands.report as report
+    from tracekit.cli import main
+
+    monkeypatch.setattr(report, "ONE_PASS_FILES", one_pass_files)
+    result = CliRunner().invoke(main, ["report", str(folder), "-o", str(out), "--no-progress", "--no-cache"])
+    assert result.exit_code == 0, result.output
+    return _uuids_out(out.read_text())
+
+
+@pytest.mark.parametrize("name", ["clock_offset", "fused_1f1b", "sampled"])
+def test_a_large_runs_report_reads_the_drawn_ranks_again_and_draws_the_same(name, sampled, tmp_path, monkeypatch):
+    """Past ONE_PASS_FILES files, report analyses the reduce and reads the drawn ranks' files
+    again for their ops: the page is the one the working sets give (clocks aligned as the
+    rest: generated_clock_offset moves two ranks' clocks)."""
+    folder = sampled if name == "sampled" else generate(SCENARIOS[name], tmp_path)[0]
+    once = _report(folder, tmp_path / "once.html", 10**6, monkeypatch)
+    twice = _report(folder, tmp_path / "twice.html", 0, monkeypatch)
+    assert twice == once and '"kernel"' in twice
+
+
+def test_only_the_drawn_replicas_files_are_read_again(tmp_path, monkeypatch):
+    """A GENERATED GPU pipeline of 8 replicas (benchmarks/make_input.py: tests/gpu_tracegen.py's
+    run repeated): the timeline keeps up to 6 replicas, and only their files are read again."""
+    import sys
+
+    import tracekit.ingest as ingest
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import make_input
+
+    folder = tmp_path / "generated_gpu_pp32"
+    make_input.build_generated_gpu_pipeline(folder, ranks=32, kernels=2, steps=2)
+    read_again: list[int] = []
+    real_read_files = ingest.read_files
+
+    def counted(path, options, file_ids):
+        read_again.extend(file_ids)
+        return real_read_files(path, options, file_ids)
+
+    monkeypatch.setattr(ingest, "read_files", counted)
+    page = _report(folder, tmp_path / "r.html", 0, monkeypatch)
+    assert 0 < len(read_again) <= 6 * 4 < 32
+    monkeypatch.setattr(ingest, "read_files", real_read_files)
+    assert page == _report(folder, tmp_path / "once.html", 10**6, monkeypatch)

@@ -81,6 +81,28 @@ def load(
     return reconstruct(run, timeline=options.timeline, labels=labels)
 
 
+def with_drawn_ops(run: Run, path: str | PathLike[str], options: LoadOptions, ranks: list[int]) -> None:
+    """Put the working sets of ``ranks`` (the ranks an output draws) into ``run.events`` in
+    place of what the reduce left of them (in place). A run loaded with ``rows="reduce"``
+    holds no op of its GPU ranks, nor of the ranks of a run without a pipeline: an output
+    that draws a few of many ranks reads those ranks' files again (or their cache entries)
+    instead of holding every rank's working set. Their times are moved by the run's clock
+    shifts, as reconstruction moved the rest."""
+    import pandas as pd
+
+    from tracekit.ingest import read_files
+    from tracekit.reconstruct.clock import shift_ranks
+
+    wanted = run.events["rank"].isin(ranks).to_numpy()
+    file_ids = sorted(int(f) for f in run.events["file_id"][wanted].unique())
+    if not file_ids:
+        return
+    drawn = read_files(path, replace(options, rows="analysis", reducer=None), file_ids)
+    drawn = shift_ranks(drawn, run.clock_shifts, "rank", ["start_ns", "end_ns"])
+    others = run.events[~run.events["file_id"].isin(file_ids).to_numpy()]
+    run.events = pd.concat([others, drawn], ignore_index=True)
+
+
 def reduce_file(
     parsed: list[tuple[TraceFile, EventColumns]], labels: LabelSet | None, device: bool = True
 ) -> list[tuple[TraceFile, EventColumns]]:

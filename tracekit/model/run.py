@@ -305,6 +305,8 @@ class Run:
     # SendRecv kernels of collectives (all_to_all) paired across a two-rank run: not messages
     collective_pairs: pd.DataFrame = field(default_factory=lambda: _empty(DEVICE_PAIR_COLUMNS))
     timeline: str = "host"  # "device" or "host": see the module doc
+    # ns subtracted from each rank's times to put it on the reference clock (ranks not moved: absent)
+    clock_shifts: dict[int, int] = field(default_factory=dict)
     # Ranks reduced where parsed (tracekit.reconstruct.per_rank; GPU ranks, and host ranks of
     # a run without a pipeline): the busy rows of a run without a pipeline, (rank, step, window
     # start, end, window, busy), that their host rows (not held) would give to measure_plain;

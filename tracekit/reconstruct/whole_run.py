@@ -222,6 +222,7 @@ def _actions_per_step(run: Run) -> list[int]:
 def _align(run: Run, shifts: dict[int, int]) -> None:
     """Put every rank's times on the reference clock."""
 
+    run.clock_shifts = dict(shifts)
     run.events = shift_ranks(run.events, shifts, "rank", ["start_ns", "end_ns"])
     run.actions = shift_ranks(run.actions, shifts, "rank", ["start_ns", "end_ns", "label_start_ns", "label_end_ns"])
     run.steps = shift_ranks(run.steps, shifts, "rank", ["step_start_ns", "step_end_ns"])

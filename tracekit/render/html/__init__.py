@@ -51,8 +51,9 @@ def render_report(analysis: Analysis) -> str:
     from bokeh.resources import INLINE
 
     rollup = analysis.replicas
-    replicated = analysis.is_pipeline and rollup is not None and rollup.n_replicas > 1 and bool(rollup.places)
+    replicated = _replicated(analysis)
     if replicated:
+        assert rollup is not None
         timeline, causes, notes = _replicated_parts(analysis)
         extra = [heatmap_root(analysis, [r for g in rollup.replicas for r in g]), spread_root(analysis)]
     else:
@@ -76,6 +77,21 @@ def render_report(analysis: Analysis) -> str:
         template=_page_template(),
         template_variables=context,
     )
+
+
+def drawn_ranks(analysis: Analysis) -> list[int]:
+    """The ranks whose timeline the report draws: the replicas the roll-up picked in a run of
+    data-parallel replicas, else every rank measured."""
+    rollup = analysis.replicas
+    if _replicated(analysis):
+        assert rollup is not None
+        return sorted(r for replica, _ in rollup.timeline_replicas for r in rollup.replicas[replica])
+    return sorted(int(r) for r in analysis.bubbles["rank"].unique()) if len(analysis.bubbles) else []
+
+
+def _replicated(analysis: Analysis) -> bool:
+    rollup = analysis.replicas
+    return analysis.is_pipeline and rollup is not None and rollup.n_replicas > 1 and bool(rollup.places)
 
 
 def _replicated_parts(analysis: Analysis):
