@@ -147,6 +147,14 @@ def build_pp(out_dir: Path, ranks: int = 8, copies: int = 11, sample: str = "1f1
         raise SystemExit(f"ranks ({ranks}) must be a multiple of the {p} ranks of sample_traces/{sample}")
     period = _span_us(docs) + 1000.0
     bodies = [trace_body(_repeat_steps(doc["traceEvents"], copies, period)) for doc in docs]
+    return _write_replicas(out_dir, docs, bodies, ranks, gz)
+
+
+def _write_replicas(out_dir: Path, docs: list[dict], bodies: list[bytes], ranks: int, gz: bool = False) -> list[Path]:
+    """The pipeline of ``docs`` (headers) and ``bodies`` (their events' text), one per rank,
+    written as ``ranks // len(docs)`` data-parallel replicas: ``distributedInfo`` rewritten so
+    each replica's default group maps P2P peers onto its own ranks."""
+    p = len(docs)
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for rank in range(ranks):
@@ -229,20 +237,7 @@ def build_generated_gpu_pipeline(out_dir: Path, ranks: int = 8, kernels: int = 1
     p = len(docs)
     if ranks % p:
         raise SystemExit(f"ranks ({ranks}) must be a multiple of the generated pipeline's {p} ranks")
-    bodies = [trace_body(doc["traceEvents"]) for doc in docs]
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
-    for rank in range(ranks):
-        doc = {k: v for k, v in docs[rank % p].items() if k != "traceEvents"}
-        base = rank - rank % p
-        info = dict(doc.get("distributedInfo") or {})
-        info.update(rank=rank, world_size=ranks)
-        info["pg_config"] = [dict(pg, ranks=list(range(base, base + p))) for pg in info.get("pg_config") or []]
-        doc["distributedInfo"] = info
-        path = out_dir / f"rank{rank}.json"
-        write_trace(path, doc, bodies[rank % p])
-        written.append(path)
-    return written
+    return _write_replicas(out_dir, docs, [trace_body(doc["traceEvents"]) for doc in docs], ranks)
 
 
 def main() -> None:

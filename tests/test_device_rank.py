@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tracekit.analyze.device import _busy_after, _busy_in, _launch_wait
-from tracekit.model.device import DeviceSummary
+from tracekit.model.device import DeviceSummary, empty_table
 from tracekit.reconstruct.device_rank import (
     COLLECTIVE,
     COMPUTE,
@@ -81,19 +81,7 @@ def _summary(ops: RankOps, actions: RankActions, compress: bool) -> tuple[Device
         "gaps": profile.gaps,
         "compute": profile.compute or {"start_ns": np.zeros(0, np.int64), "end_ns": np.zeros(0, np.int64)},
         "compute_steps": profile.compute_steps or {c: np.zeros(0, np.int64) for c in ("step", "lo_ns", "hi_ns")},
-        "sides": {
-            c: np.zeros(0, np.int64)
-            for c in (
-                "file_id",
-                "source_index",
-                "direction",
-                "peer",
-                "kernel",
-                "kernel_start_ns",
-                "kernel_end_ns",
-                "queued",
-            )
-        },
+        "sides": {c: v for c, v in empty_table("sides").items() if c != "rank"},
         "p2p_kernels": found.p2p_kernels,
         "sendrecv": found.sendrecv,
     }

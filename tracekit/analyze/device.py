@@ -150,8 +150,11 @@ def _rows_of(table: dict[str, np.ndarray], rank: np.ndarray, step: np.ndarray) -
     return rows, query[rows]
 
 
-def _check_folded(summary: DeviceSummary, rank: np.ndarray, step: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> None:
-    """Windows must hold the span each queried step folded (tracekit.reconstruct.device_rank)."""
+def _folded(
+    summary: DeviceSummary, column: str, rank: np.ndarray, step: np.ndarray, lo: np.ndarray, hi: np.ndarray
+) -> np.ndarray:
+    """What each queried rank's step folded into ``column`` (0 where it has no row), after
+    checking that each window holds the span it was folded over (tracekit.reconstruct.device_rank)."""
     steps = summary["steps"]
     found = _lookup((steps["rank"], steps["step"]), rank, step)
     known = found >= 0
@@ -159,14 +162,14 @@ def _check_folded(summary: DeviceSummary, rank: np.ndarray, step: np.ndarray, lo
     folded = span_lo <= span_hi
     if ((lo[known] > span_lo) & folded).any() or ((hi[known] < span_hi) & folded).any():
         raise RuntimeError("a step window does not hold the device span its rank's step was folded over")
+    total = np.zeros(len(rank), dtype=np.int64)
+    total[known] = steps[column][found[known]]
+    return total
 
 
 def _busy_in(summary: DeviceSummary, rank: np.ndarray, step: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     """Busy time of each queried rank's step inside [lo, hi)."""
-    _check_folded(summary, rank, step, lo, hi)
-    steps = summary["steps"]
-    found = _lookup((steps["rank"], steps["step"]), rank, step)
-    total = np.where(found >= 0, steps["busy_inside_ns"][np.maximum(found, 0)] if len(found) else 0, 0).astype(np.int64)
+    total = _folded(summary, "busy_inside_ns", rank, step, lo, hi)
     busy = summary["busy"]
     rows, query = _rows_of(busy, rank, step)
     np.add.at(total, query, clipped_length(busy["start_ns"][rows], busy["end_ns"][rows], lo[query], hi[query]))
@@ -189,10 +192,7 @@ def _launch_wait(
     """Device idle in [lo, hi) before ops the host had not launched yet: for each gap in the
     rank's device activity of the step (any op, any stream), the part before the next op's
     launch ended."""
-    _check_folded(summary, rank, step, lo, hi)
-    steps = summary["steps"]
-    found = _lookup((steps["rank"], steps["step"]), rank, step)
-    total = np.where(found >= 0, steps["wait_inside_ns"][np.maximum(found, 0)] if len(found) else 0, 0).astype(np.int64)
+    total = _folded(summary, "wait_inside_ns", rank, step, lo, hi)
     gaps = summary["gaps"]
     rows, query = _rows_of(gaps, rank, step)
     covered = np.maximum(gaps["covered_ns"][rows], lo[query])
