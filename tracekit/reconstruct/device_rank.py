@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -128,7 +128,6 @@ class RankDevice:
     profile: Profile
     host_ahead_ns: int | None  # the longest launch end to op start (None: nothing launched)
     n_ops: int = 0
-    notes: list[str] = field(default_factory=list)
 
 
 def kind_codes(names: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -149,14 +148,15 @@ def reduce_rank(ops: RankOps, sides: RankSides, actions: RankActions, compress: 
     a_start, a_end, a_busy = _action_spans(ops, owner, actions)
     queued = _queued(ops, kind)
     linked = side_kernel >= 0
-    at = np.where(linked, side_kernel, 0)
-    none = np.full(len(sides), -1, dtype=np.int64)
-    side_rows = {
-        "kernel": side_kernel,
-        "kernel_start_ns": np.where(linked, ops.start_ns[at] if len(ops) else none, -1),
-        "kernel_end_ns": np.where(linked, ops.end_ns[at] if len(ops) else none, -1),
-        "queued": np.where(linked, queued[at] if len(ops) else none, 0).astype(np.int64),
-    }
+    at = side_kernel[linked]
+    side_rows = {"kernel": side_kernel}
+    for column, values, none in (
+        ("kernel_start_ns", ops.start_ns, -1),
+        ("kernel_end_ns", ops.end_ns, -1),
+        ("queued", queued, 0),
+    ):
+        side_rows[column] = np.full(len(sides), none, dtype=np.int64)
+        side_rows[column][linked] = values[at]
     p2p = np.flatnonzero(kind == P2P)
     collective_sendrecv = np.flatnonzero((kind == COLLECTIVE) & ops.sendrecv)
     launched = ops.launch_end_ns >= 0
