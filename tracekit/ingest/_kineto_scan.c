@@ -260,8 +260,8 @@ static Status scan_string(Cursor *c, Value *v) {
 static const double POW10[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,  1e8,  1e9,  1e10, 1e11,
                                1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
 
-/* A number at c->p. With want_value, V_INT/V_BIGINT/V_FLOAT and its value; else only checked.
-   A number touching the end of the bytes may go on: ST_MORE. */
+/* A number at c->p: V_INT (with its value), V_BIGINT or V_FLOAT (its value only with
+   want_value). A number touching the end of the bytes may go on: ST_MORE. */
 static Status scan_number(Cursor *c, Value *v, int want_value) {
     const unsigned char *p = c->p, *end = c->end, *start = p;
     int neg = 0, is_float = 0, int_digits = 0, frac_digits = 0, lead_zeros = 0, sig_digits = 0;
@@ -334,8 +334,6 @@ static Status scan_number(Cursor *c, Value *v, int want_value) {
         if (magnitude > 300 || magnitude < -300)
             DECLINE(c, "a float beyond 1e300");
     }
-    if (!want_value)
-        return ST_OK;
     if (!is_float) {
         if (int_digits > 18) {
             v->kind = V_BIGINT;
@@ -346,6 +344,8 @@ static Status scan_number(Cursor *c, Value *v, int want_value) {
         return ST_OK;
     }
     v->kind = V_FLOAT;
+    if (!want_value)
+        return ST_OK;
     long e10 = exp - frac_digits;
     if (FAST_FLOATS && sig_digits <= 19 && mant <= (1ULL << 53) && e10 >= -22 && e10 <= 22) {
         /* Both operands exact: one correctly rounded operation (Clinger's fast path). */
@@ -1173,7 +1173,7 @@ static PyObject *Scanner_scan(Scanner *self, PyObject *args) {
         goto done;
     if (st == ST_OK && n_elements == 0) {
         st = ST_DECLINE;
-        c.why = "no whole element";
+        c.why = "no whole element yet";
     } else if (st == ST_OK && last_run && end != next) {
         st = ST_DECLINE;
         c.why = "no end of the array after the elements";

@@ -290,9 +290,7 @@ class _RowBuilder:
                 event = decode_element(element)
                 found = _special_args(event.name, event.args)
             self.special.append((self.n_rows + k, name, found))
-        self.parts.append(
-            (run.src + base, run.cat, name_arr, run.start, run.dur, run.pid, run.tid, run.seq, run.corr)
-        )
+        self.parts.append((run.src + base, run.cat, name_arr, run.start, run.dur, run.pid, run.tid, run.seq, run.corr))
         self.n_rows += run.n_rows
 
     def _new_cat_codes(self, batch: list) -> list[int]:
