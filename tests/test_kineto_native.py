@@ -38,7 +38,8 @@ from gpu_tracegen import FUSED_SCENARIOS, PLAIN_SCENARIOS, SCENARIOS, generate
 from tracekit.ingest import kineto_native, kineto_stream
 from tracekit.ingest.kineto import read_kineto
 from tracekit.ingest.kineto_rows import _Irregular, _RowBuilder
-from tracekit.ingest.kineto_stream import _DECODER, decode_elements
+from tracekit.ingest.kineto_document import read_json_document
+from tracekit.ingest.kineto_stream import _DECODER, ChromeTraceStream, decode_elements
 
 needs_scanner = pytest.mark.skipif(
     not kineto_native.available(), reason="the native scanner is not built (no C compiler at install)"
@@ -82,6 +83,31 @@ def _outcome(path: Path, native: bool, chunk_bytes: int | None = None) -> tuple:
     )
 
 
+def _streamed(path: Path, native: bool, chunk_bytes: int | None = None) -> tuple | dict:
+    """The stream's batches (their sizes: where it cut) and what it and the row builder hold
+    after reading ``path`` as read_kineto does, or the error it raises."""
+    with _native(native, chunk_bytes):
+        rows = _RowBuilder()
+        stream = ChromeTraceStream(path, whole_document=read_json_document, scanner=rows.native_scanner())
+        sizes = []
+        try:
+            for batch in stream:
+                rows.add(batch)
+                sizes.append(len(batch) if isinstance(batch, list) else batch.n_elements)
+        except Exception as err:
+            return ("error", type(err).__name__, str(err))
+    return {
+        "batches": sizes,
+        "header": stream.header,
+        "truncated": stream.truncated,
+        "n_elements": stream.n_elements,
+        "unknown_phases": stream.unknown_phases,
+        "streamed": stream.streamed,
+        "peak_buffer": stream.peak_buffer,
+        "rows": _state(rows),
+    }
+
+
 def _both_ways(path: Path, chunk_bytes: int | None = None) -> Counter:
     """Assert both ways give the same; the runs the scanner answered and declined ("refused":
     declined for a reason other than there being no whole element yet, as where an element is
@@ -93,6 +119,7 @@ def _both_ways(path: Path, chunk_bytes: int | None = None) -> Counter:
     runs.subtract(before)
     runs["refused"] = runs["declined"] - runs["declined: no whole element yet"]
     assert with_scanner == without, path
+    assert _streamed(path, True, chunk_bytes) == _streamed(path, False, chunk_bytes), path
     return runs
 
 
@@ -160,6 +187,7 @@ _TEXTS = [
     "\u212aernel",  # KELVIN SIGN: lower() makes it "kernel"
     "stream 7",
     "x" * 40,
+    '},{"ph": "X"},{' * 3,  # candidate seams inside a string: the cut must skip them
 ]
 _CATS = [
     "cpu_op",
@@ -219,7 +247,18 @@ _NUMBERS = [
     "123456789012345678.25",
     "0.30000000000000004",
 ]
-_OTHER_VALUES = ["true", "false", "null", "[]", "{}", '"7"', '"x"', "[1, 2]", '{"a": [1, {"b": null}]}']
+_OTHER_VALUES = [
+    "true",
+    "false",
+    "null",
+    "[]",
+    "{}",
+    '"7"',
+    '"x"',
+    "[1, 2]",
+    '{"a": [1, {"b": null}]}',
+    '[{"a": 1}, {"b": 2}, {"c": 3}, {"d": 4}, {"e": 5}]',  # candidate seams inside an element
+]
 _PLAIN_TIMES = ["1000", "1000.5", "2.25", "1669783687464181", "5187634084177.172", "0", "7", "12.000001"]
 _PLAIN_IDS = ["1", "2", "783658", "0", "-1", "7"]
 
@@ -336,6 +375,8 @@ def _document(draw) -> bytes:
     damaged now and then."""
     rnd, odd_share = random.Random(draw(_SEEDS)), draw(_ODD_SHARES)
     elements = [_element(rnd, odd_share) for _ in range(rnd.randint(0, 30))]
+    if rnd.random() < 0.1:  # no complete event in the first 200 elements or so: the time base probe
+        elements[:0] = ['{"ph": "M", "name": "process_name", "args": {"name": "x"}}'] * rnd.randint(150, 260)
     body = "".join(
         e + (f"{rnd.choice(_WS)},{rnd.choice(_WS)}" if i < len(elements) - 1 else "") for i, e in enumerate(elements)
     )
@@ -545,6 +586,43 @@ def test_a_run_ends_at_the_seam_the_python_cut_finds():
     # no seam after the last whole element: it waits for the next bytes
     scanned = scanner.scan(_run(_X, _X) + b" ,")
     assert scanned is not None and scanned.n_elements == 1
+
+
+def _decimal(rnd) -> str:
+    """A JSON number of 1 to 25 significant digits (many past the 15-17 a double keeps)."""
+    digits = "".join(rnd.choice("0123456789") for _ in range(rnd.randint(1, 25))).lstrip("0") or "0"
+    point = rnd.randint(0, len(digits))
+    text = (digits[:point] or "0") + "." + (digits[point:] or "0")
+    if rnd.random() < 0.3:
+        text += rnd.choice("eE") + rnd.choice(["", "+", "-"]) + str(rnd.randint(0, 40))
+    return rnd.choice(["", "-"]) + text
+
+
+@needs_scanner
+def test_numbers_are_read_as_msgspec_reads_them():
+    """Each float exactly (the time base probe keeps the value itself), and as a time in ns."""
+    rnd = random.Random(11)
+    scanner = _RowBuilder().native_scanner()
+    read = 0
+    for _ in range(20_000):
+        text = _decimal(rnd)
+        run = b'{"ph": "X", "cat": "python_function", "ts": ' + text.encode() + b"}"
+        scanned = scanner.scan(run + b"]", last=True)
+        if scanned is None:
+            assert scanner._scanner.why == "a float beyond 1e300", text
+            continue
+        want = msgspec.json.decode(text.encode())
+        assert scanned.first_ts is not None and type(scanned.first_ts[1]) is type(want), text
+        assert scanned.first_ts[1].hex() == want.hex(), text
+        read += 1
+    assert read > 15_000
+    times = [_decimal(rnd) for _ in range(20_000)]
+    times = [t for t in times if abs(float(t)) < 2.0**52]
+    run = ", ".join(f'{{"ph": "X", "cat": "kernel", "ts": {t}, "dur": {t.lstrip("-")}}}' for t in times).encode()
+    native, python = _RowBuilder(), _RowBuilder()
+    native.add(native.native_scanner().scan(run + b"]", last=True))
+    assert _python_add(python, run) == "columns"
+    assert _state(native) == _state(python)
 
 
 # -- used where built, off with TRACEKIT_NATIVE=0 ------------------------------------------------
