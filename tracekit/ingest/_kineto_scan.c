@@ -23,16 +23,19 @@
  *     raw control characters, escapes \" \\ \/ \b \f \n \r \t \uXXXX, a \u high surrogate
  *     only when a \u low surrogate follows (msgspec refuses lone ones);
  *   - numbers: the JSON grammar, at most 64 characters, decimal magnitude within 1e+-300
- *     (msgspec refuses floats that overflow in the fields it decodes);
- *   - containers nested at most MAX_DEPTH deep (msgspec's own recursion would fail first on
- *     some machines: such a run goes the generic way in Python);
+ *     (msgspec refuses floats that overflow in the fields it decodes); floats are read
+ *     correctly rounded, as msgspec reads them (an exact product or quotient of two exact
+ *     doubles where that gives the answer, else PyOS_string_to_double);
+ *   - containers nested at most MAX_DEPTH (32) deep (deeper, msgspec may run out of
+ *     recursion and the run goes the generic way in Python);
  *   - keys of an element and of its "args" without escapes, and no key read twice (msgspec
  *     would match "p\u0068" to "ph", and keeps the last of repeated keys).
  * Per element (what RawEvent/RawArgs decode and _add_columns reads):
  *   - "ph" a one-character string of a Chrome-trace phase (kineto_stream.KNOWN_PHASES);
  *     elements of phases other than "X" are counted and otherwise skipped;
  *   - for "X": "cat" absent or a string; "args" absent, null or an object; a "ts" that is a
- *     bool or an integer of 19+ digits is declined (the time base probe would read it);
+ *     bool or an integer of 19+ digits is declined (the time base probe would read it); of
+ *     an "X" not kept, nothing else is read;
  *   - for a kept "X" (its category is one _RowBuilder keeps): "name" absent or a string;
  *     "ts" a number, "dur" absent or a number, both below 2**52 us in magnitude, where an
  *     integer is exact times 1000 and a float is rint(x * 1000.0) in double, as numpy
@@ -67,7 +70,7 @@
 
 #define MAX_DEPTH 32
 #define MAX_NUMBER_CHARS 64
-/* |ts|, |dur| in us below this: times 1000 fits int64 with room, and ints convert to double exactly. */
+/* |ts|, |dur| in us below this: times 1000 fits int64, and ints convert to double exactly. */
 #define TIME_LIMIT_US 4503599627370496.0 /* 2**52 */
 /* kineto_rows._EXACT_FLOAT_US: below it, float math on integer us is exact. */
 #define EXACT_FLOAT_US (9007199254740992.0 / 1000.0)
@@ -504,7 +507,8 @@ static Status scan_args(Cursor *c, Element *e) {
         skip_ws(c);
         if (key.n >= 5 && key.n <= 15) { /* the lengths of ARG_KEYS */
             for (int k = 0; k < N_ARGS; k++) {
-                if (key.s[0] == (unsigned char)ARG_KEYS[k][0] && key_is(&key, ARG_KEYS[k], (Py_ssize_t)strlen(ARG_KEYS[k]))) {
+                if (key.s[0] == (unsigned char)ARG_KEYS[k][0] &&
+                    key_is(&key, ARG_KEYS[k], (Py_ssize_t)strlen(ARG_KEYS[k]))) {
                     field = k;
                     break;
                 }
@@ -978,7 +982,8 @@ static PyObject *special_args(Scanner *self, const Element *e, int nccl) {
         PyObject *out = PyTuple_New(3);
         for (int k = 0; out != NULL && k < 3; k++) {
             const Value *raw = &e->arg[A_RAW + k];
-            PyObject *text = PyBytes_FromStringAndSize(raw->kind == V_ABSENT ? "" : (const char *)raw->s, raw->kind == V_ABSENT ? 0 : raw->n);
+            PyObject *text = raw->kind == V_ABSENT ? PyBytes_FromStringAndSize("", 0)
+                                                   : PyBytes_FromStringAndSize((const char *)raw->s, raw->n);
             if (text == NULL)
                 Py_CLEAR(out);
             else
@@ -1011,7 +1016,8 @@ static Status add_element(Scanner *self, Cursor *c, Element *e, const unsigned c
     Rows *r = &self->rows;
     Entry *cat, *name;
     int64_t ts, dur, seq, corr;
-    if (e->ph.kind != V_STRING || e->ph.escaped || e->ph.n != 1 || memchr(PHASES, e->ph.s[0], sizeof PHASES - 1) == NULL)
+    if (e->ph.kind != V_STRING || e->ph.escaped || e->ph.n != 1 ||
+        memchr(PHASES, e->ph.s[0], sizeof PHASES - 1) == NULL)
         DECLINE(c, "an element of no known phase");
     if (e->ph.s[0] != 'X')
         return ST_OK;
@@ -1060,7 +1066,8 @@ static Status add_element(Scanner *self, Cursor *c, Element *e, const unsigned c
         DECLINE(c, "a pid or tid that is no plain integer");
     if (e->args == V_OBJECT) {
         const Value *used = &e->arg[A_CORR];
-        if (used->kind == V_ABSENT || (used->kind == V_INT && used->i == -1) || (used->kind == V_FLOAT && used->f == -1.0))
+        if (used->kind == V_ABSENT || (used->kind == V_INT && used->i == -1) ||
+            (used->kind == V_FLOAT && used->f == -1.0))
             used = &e->arg[A_EXT]; /* RawArgs.correlation == -1: the External id */
         if (!id_or_minus_one(&e->arg[A_SEQ], &seq) || !id_or_minus_one(used, &corr))
             DECLINE(c, "an args id that is a bool, a long integer or a container");
@@ -1194,7 +1201,8 @@ static PyObject *Scanner_scan(Scanner *self, PyObject *args) {
     Py_INCREF(Py_None);
     Py_INCREF(Py_None);
     if (self->first_ts_index >= 0) {
-        PyObject *value = self->first_ts.kind == V_INT ? PyLong_FromLongLong(self->first_ts.i) : PyFloat_FromDouble(self->first_ts.f);
+        PyObject *value = self->first_ts.kind == V_INT ? PyLong_FromLongLong(self->first_ts.i)
+                                                       : PyFloat_FromDouble(self->first_ts.f);
         Py_SETREF(first_ts, value == NULL ? NULL : Py_BuildValue("(nN)", self->first_ts_index, value));
     }
     if (self->unknown_names) {
@@ -1203,14 +1211,15 @@ static PyObject *Scanner_scan(Scanner *self, PyObject *args) {
             PyList_SET_ITEM(names, k, Py_NewRef(r->name_text[k]));
     }
     if (first_ts != NULL && names != NULL)
-        result = Py_BuildValue("{snsnsnsnsOsnsNsNsNsNsNsNsNsNsNsOsOsO}", "n_elements", n_elements, "end", end, "next", next,
-                               "n_complete", self->n_complete, "first_ts", first_ts, "n_rows", r->n, "src",
-                               column_bytes(r->src, r->n, 8), "cat", column_bytes(r->cat, r->n, 1), "name",
-                               column_bytes(r->name, r->n, 4), "start", column_bytes(r->start, r->n, 8), "dur",
-                               column_bytes(r->dur, r->n, 8), "pid", column_bytes(r->pid, r->n, 8), "tid",
-                               column_bytes(r->tid, r->n, 8), "seq", column_bytes(r->seq, r->n, 8), "corr",
-                               column_bytes(r->corr, r->n, 8), "names", names, "cats", self->cats_met, "special",
-                               self->specials);
+        result = Py_BuildValue("{sn sn sn sn sO sn sN sN sN sN sN sN sN sN sN sO sO sO}",
+                               "n_elements", n_elements, "end", end, "next", next, "n_complete", self->n_complete,
+                               "first_ts", first_ts, "n_rows", r->n,
+                               "src", column_bytes(r->src, r->n, 8), "cat", column_bytes(r->cat, r->n, 1),
+                               "name", column_bytes(r->name, r->n, 4), "start", column_bytes(r->start, r->n, 8),
+                               "dur", column_bytes(r->dur, r->n, 8), "pid", column_bytes(r->pid, r->n, 8),
+                               "tid", column_bytes(r->tid, r->n, 8), "seq", column_bytes(r->seq, r->n, 8),
+                               "corr", column_bytes(r->corr, r->n, 8), "names", names, "cats", self->cats_met,
+                               "special", self->specials);
     Py_XDECREF(first_ts);
     Py_XDECREF(names);
 done:
