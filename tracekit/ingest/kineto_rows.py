@@ -279,7 +279,7 @@ class _RowBuilder:
         if not run.n_rows:
             return
         name_arr = run.name
-        if run.names is not None:
+        if run.names is not None:  # names new to the file: coded in the order _add_columns codes them
             name_codes = self.name_codes
             for n in set(run.names):
                 if n not in name_codes:

@@ -409,8 +409,9 @@ class ChromeTraceStream:
         run = self.scanner.scan(body)
         if run is None:
             return None, body
-        # _cut tries these seams in turn and cuts at the first whose prefix decodes: those after
-        # the scanner's run end inside an element that goes on past the buffer, so never decode.
+        # _cut tries these seams in turn and cuts at the first whose prefix decodes. Those after the
+        # run's end lie inside the element that follows it (or past the array's end), so their
+        # prefixes never decode: _cut cuts here if it gets this far.
         for attempt, (end, nxt) in enumerate(self._seams(body)):
             if attempt >= CUT_ATTEMPTS:
                 break
