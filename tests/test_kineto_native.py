@@ -84,11 +84,14 @@ def _outcome(path: Path, native: bool, chunk_bytes: int | None = None) -> tuple:
 
 
 def _streamed(path: Path, native: bool, chunk_bytes: int | None = None) -> tuple | dict:
-    """The stream's batches (their sizes: where it cut) and what it and the row builder hold
-    after reading ``path`` as read_kineto does, or the error it raises."""
+    """The stream's batches (their sizes: where it cut), its progress calls and what it and the
+    row builder hold after reading ``path`` as read_kineto does, or the error it raises."""
     with _native(native, chunk_bytes):
         rows = _RowBuilder()
-        stream = ChromeTraceStream(path, whole_document=read_json_document, scanner=rows.native_scanner())
+        progress: list[int] = []
+        stream = ChromeTraceStream(
+            path, progress=progress.append, whole_document=read_json_document, scanner=rows.native_scanner()
+        )
         sizes = []
         try:
             for batch in stream:
@@ -98,6 +101,7 @@ def _streamed(path: Path, native: bool, chunk_bytes: int | None = None) -> tuple
             return ("error", type(err).__name__, str(err))
     return {
         "batches": sizes,
+        "progress": progress,
         "header": stream.header,
         "truncated": stream.truncated,
         "n_elements": stream.n_elements,
