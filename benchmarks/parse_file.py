@@ -7,9 +7,16 @@ wall ms beside it), in one process:
 - ``msgspec``     ``msgspec.json.decode`` of the same bytes into plain objects
 - ``stream``      ``ChromeTraceStream``: read, cut into runs, typed decode into structs
 - ``rows``        ``_RowBuilder.add`` over those batches (typed arrays per batch)
+- ``native``      what ``stream`` and ``rows`` do, by the native scanner (tracekit/ingest/
+                  kineto_native.py): the stream offers each run to it, the builder keeps its
+                  columns (runs it declines take the two parts above)
 - ``columns``     ``_RowBuilder.columns``: absolute times, P2P fields, validation, depth
 - ``nesting``     ``nesting_depth`` alone, on the file's rows (part of ``columns``)
-- ``read_kineto`` the whole parse of the file, as a parser worker runs it
+- ``read_kineto`` the whole parse of the file, as a parser worker runs it, without the scanner
+                  (``TRACEKIT_NATIVE=0``)
+- ``read_native`` the same with the scanner (where it is built: else no figure)
+
+Beneath them, ``stream`` + ``rows`` beside ``native``, and ``read_kineto`` beside ``read_native``.
 
 With ``--before COMMIT`` the tracekit of that commit (``git archive`` into a temporary
 folder) is measured the same way in a subprocess, in turns with this tree's so both see the
@@ -17,6 +24,7 @@ same load, and the figures are printed side by side. The machine's load average 
 with them: on shared cores, compare figures taken together, never across runs.
 
 Run: ``python benchmarks/parse_file.py /tmp/s256/rank5.json --before 1b5124f``
+(or without ``--before``: this tree alone, its Python and native paths side by side)
 """
 
 from __future__ import annotations
@@ -35,7 +43,7 @@ from pathlib import Path
 from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
-PARTS = ("orjson", "msgspec", "stream", "rows", "columns", "nesting", "read_kineto")
+PARTS = ("orjson", "msgspec", "stream", "rows", "native", "columns", "nesting", "read_kineto", "read_native")
 
 
 def _best(fn: Callable[[], object], repeat: int) -> tuple[float, float]:
@@ -61,6 +69,12 @@ def measure(path: Path, repeat: int) -> dict:
     from tracekit.ingest.kineto_stream import ChromeTraceStream
     from tracekit.ingest.nesting import nesting_depth
 
+    try:
+        from tracekit.ingest import kineto_native
+    except ImportError:  # a tree from before the scanner (--before)
+        kineto_native = None
+    native = kineto_native is not None and kineto_native.available()
+
     data = path.read_bytes()
     if data[:2] == b"\x1f\x8b":
         data = gzip.decompress(data)
@@ -72,8 +86,24 @@ def measure(path: Path, repeat: int) -> dict:
             builder.add(batch)
         return builder
 
+    def scanned() -> _RowBuilder:
+        builder = _RowBuilder()
+        for batch in ChromeTraceStream(path, whole_document=read_json_document, scanner=builder.native_scanner()):
+            builder.add(batch)
+        return builder
+
+    def parse(scanner: str) -> Callable[[], object]:
+        def run() -> object:
+            os.environ["TRACEKIT_NATIVE"] = scanner
+            try:
+                return read_kineto(path, 0)
+            finally:
+                del os.environ["TRACEKIT_NATIVE"]
+
+        return run
+
     built = [rows() for _ in range(repeat)]
-    _, columns = read_kineto(path, 0)
+    _, columns = parse("0")()
     n = columns.numbers
     names = np.array(columns.values["name"], dtype=object)[columns.codes["name"]]
     depth_args = (n["pid"], n["tid"], n["start_ns"], n["end_ns"], np.isin(names, list(ASYNC_SPANS)))
@@ -85,9 +115,15 @@ def measure(path: Path, repeat: int) -> dict:
         # each run needs a fresh builder: columns() consumes its parts
         "columns": _best(lambda: built.pop().columns(0, {}, 0, 0), repeat),
         "nesting": _best(lambda: nesting_depth(*depth_args), repeat),
-        "read_kineto": _best(lambda: read_kineto(path, 0), repeat),
+        "read_kineto": _best(parse("0"), repeat),
     }
     out["info"] = {"bytes": len(data), "elements": sum(map(len, batches)), "rows": len(columns)}
+    if native:
+        out["native"] = _best(scanned, repeat)
+        out["read_native"] = _best(parse("1"), repeat)
+        before = dict(kineto_native.RUNS)
+        scanned()
+        out["info"]["runs"] = {k: v - before.get(k, 0) for k, v in kineto_native.RUNS.items() if v != before.get(k, 0)}
     return out
 
 
@@ -110,7 +146,8 @@ def _merge(best: dict | None, new: dict) -> dict:
     if best is None:
         return new
     for part in PARTS:
-        best[part] = [min(a, b) for a, b in zip(best[part], new[part])]
+        if part in best and part in new:
+            best[part] = [min(a, b) for a, b in zip(best[part], new[part])]
     return best
 
 
@@ -149,12 +186,26 @@ def main() -> None:
         head = f"{'part':12s} {'before CPU':>11s} {'after CPU':>10s} {'x':>6s} {'before wall':>12s} {'after wall':>11s}"
     print(head)
     for part in PARTS:
+        if part not in after:
+            print(f"{part:12s} {'(no native scanner)':>20s}")
+            continue
         cpu, wall = after[part]
         if before:
+            if part not in before:
+                print(f"{part:12s} {'-':>11s} {cpu:10.2f} {'':>6s} {'-':>12s} {wall:11.2f}")
+                continue
             b_cpu, b_wall = before[part]
             print(f"{part:12s} {b_cpu:11.2f} {cpu:10.2f} {b_cpu / cpu:6.2f} {b_wall:12.2f} {wall:11.2f}")
         else:
             print(f"{part:12s} {cpu:9.2f} {wall:9.2f}")
+    if "native" in after:
+        python_cpu = after["stream"][0] + after["rows"][0]
+        print(
+            f"decode + rows, CPU ms: Python {python_cpu:.2f} (stream + rows), native {after['native'][0]:.2f} "
+            f"(x{python_cpu / after['native'][0]:.2f}); whole parse: {after['read_kineto'][0]:.2f} -> "
+            f"{after['read_native'][0]:.2f} (x{after['read_kineto'][0] / after['read_native'][0]:.2f}); "
+            f"runs: {info.get('runs')}"
+        )
 
 
 if __name__ == "__main__":

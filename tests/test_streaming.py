@@ -96,6 +96,7 @@ def test_chunk_size_never_changes_the_rows(monkeypatch, chunk):
 
 
 def test_column_and_event_by_event_paths_agree(monkeypatch):
+    monkeypatch.setenv("TRACEKIT_NATIVE", "0")  # the two Python paths (tests/test_kineto_native.py: the scanner)
     path = shared_or_skip("kineto-gpu", "hta_nccl_parser_config_nccl_data.json.gz")
     trace_fast, fast = parse_kineto(path, 0)
     calls = []

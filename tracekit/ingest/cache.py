@@ -96,9 +96,10 @@ _FINGERPRINT: str | None = None
 
 def fingerprint_sources() -> list[Path]:
     """The code :func:`code_fingerprint` digests: every module of :mod:`tracekit.ingest`, in
-    any subfolder (the parsers are split across files by job), and the event schema."""
+    any subfolder (the parsers are split across files by job), the C source of its native
+    scanner (installed beside it), and the event schema."""
     here = Path(__file__).resolve().parent
-    return sorted(here.rglob("*.py")) + [here.parent / "model" / "events.py"]
+    return sorted(here.rglob("*.py")) + sorted(here.rglob("*.c")) + [here.parent / "model" / "events.py"]
 
 
 def code_fingerprint() -> str:
@@ -371,7 +372,8 @@ def _facts_digest(files: list) -> str:
 
 def package_fingerprint() -> str:
     """A digest of all of tracekit's code: any change to analysis or rendering misses."""
-    return sources_digest(sorted(Path(__file__).resolve().parents[1].rglob("*.py")), __version__.encode())
+    package = Path(__file__).resolve().parents[1]
+    return sources_digest(sorted(package.rglob("*.py")) + sorted(package.rglob("*.c")), __version__.encode())
 
 
 def analysis_key(cache: ParseCache, run: Path, paths: list[Path], options: dict, extra_files: list[Path]) -> str | None:

@@ -52,8 +52,10 @@ def read_kineto(
     """
     if rank_pattern:
         _decide_rank(path, {}, rank_pattern)  # a pattern that cannot match fails before reading
-    stream = ChromeTraceStream(path, progress=progress, whole_document=read_json_document)
     rows = _RowBuilder()
+    stream = ChromeTraceStream(
+        path, progress=progress, whole_document=read_json_document, scanner=rows.native_scanner()
+    )
     for batch in stream:
         rows.add(batch)
     doc = stream.header

@@ -1,6 +1,7 @@
 """The normalised event table of a Kineto trace, built batch by batch as the stream is decoded:
 which categories are kept, typed arrays per batch (:class:`_RowBuilder`), and the columns
-(absolute times, P2P fields, nesting depth) once the file is read."""
+(absolute times, P2P fields, nesting depth) once the file is read. Runs the native scanner read
+(:mod:`tracekit.ingest.kineto_native`) arrive as those typed arrays already."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ from itertools import compress
 import msgspec
 import numpy as np
 
+from tracekit.ingest import kineto_native
 from tracekit.ingest.columns import EventColumns
-from tracekit.ingest.kineto_stream import NOT_COMPLETE, RawEvent, decode_shapes
+from tracekit.ingest.kineto_native import ScannedRun
+from tracekit.ingest.kineto_stream import NOT_COMPLETE, RawEvent, decode_element, decode_shapes
 from tracekit.ingest.nesting import nesting_depth
 from tracekit.ingest.validate import _LIMIT_US, DroppedRows, add_ns, drop_impossible, ns_from_us, ns_of_us, valid_text
 from tracekit.ingest.kineto_comm import _gloo_p2p_args, _nccl_comm_args
@@ -174,8 +177,21 @@ class _RowBuilder:
         self.bad_categories = 0  # complete events whose cat is no text (true, 2, [])
         self.odd_identities = 0  # kept events whose name is no text or pid/tid no int or label
 
-    def add(self, batch: list) -> None:
-        """Keep the rows of one batch of events."""
+    def native_scanner(self) -> kineto_native.Scanner | None:
+        """A native scanner reading runs of elements into this builder's codes, or None (not
+        built, or turned off by ``TRACEKIT_NATIVE=0``)."""
+        if not kineto_native.enabled():
+            return None
+        return kineto_native.Scanner(
+            self.cat_code_of, self._cat_code, self.name_codes, self.cat_codes["cpu_op"], _SPECIAL_OPS
+        )
+
+    def add(self, batch: list | ScannedRun) -> None:
+        """Keep the rows of one batch of events (or of a run the native scanner read)."""
+        if type(batch) is ScannedRun:
+            self._add_scanned(batch)
+            self.n_elements += batch.n_elements
+            return
         try:
             self._add_columns(batch)
         except _Irregular:
@@ -247,6 +263,36 @@ class _RowBuilder:
         self.parts.append((rows + base, cat_arr, name_arr, starts, durs, pids, tids, seqs, corrs))
         self.n_rows += len(kept)
 
+    def _add_scanned(self, run: ScannedRun) -> None:
+        """Keep the rows the native scanner read: what :meth:`_add_columns` keeps of the same
+        elements (the scanner declines every run where it would not know), with names new to
+        the file coded in the order :meth:`_add_columns` codes them."""
+        base = self.n_elements
+        for cat in run.cats:  # as _new_cat_codes records the categories it meets
+            if cat not in self.cat_code_of:
+                self.cat_code_of[cat] = self._cat_code(cat)
+        if self.first_x_ts is None and base < 200 and run.first_ts is not None and run.first_ts[0] < 200 - base:
+            self.first_x_ts = run.first_ts[1]
+        self.n_complete += run.n_complete
+        kineto_native.RUNS["answered"] += 1
+        kineto_native.RUNS["elements"] += run.n_elements
+        if not run.n_rows:
+            return
+        name_arr = run.name
+        if run.names is not None:  # names new to the file: coded in the order _add_columns codes them
+            name_codes = self.name_codes
+            for n in set(run.names):
+                if n not in name_codes:
+                    name_codes[n] = len(name_codes)
+            name_arr = np.array([name_codes[n] for n in run.names], dtype=np.int32)
+        for k, name, found, element in run.special:
+            if found is None:  # args the scanner leaves to msgspec and _special_args
+                event = decode_element(element)
+                found = _special_args(event.name, event.args)
+            self.special.append((self.n_rows + k, name, found))
+        self.parts.append((run.src + base, run.cat, name_arr, run.start, run.dur, run.pid, run.tid, run.seq, run.corr))
+        self.n_rows += run.n_rows
+
     def _new_cat_codes(self, batch: list) -> list[int]:
         """The cat codes of a batch with categories not seen before (added to ``cat_code_of``);
         elements that are None (a generically decoded batch) are no complete events."""
@@ -258,9 +304,13 @@ class _RowBuilder:
             raise _Irregular from None
         for c in new_cats:
             if c not in cat_of:
-                cat = _normal_category(c)
-                cat_of[c] = _CAT_NOT_TEXT if type(c) is not str else -1 if cat is None else self.cat_codes[cat]
+                cat_of[c] = self._cat_code(c)
         return [cat_of[c] for c in raw_cats]
+
+    def _cat_code(self, raw_cat) -> int:
+        """The cat code of a raw category value (< 0: dropped), as ``cat_code_of`` records it."""
+        cat = _normal_category(raw_cat)
+        return _CAT_NOT_TEXT if type(raw_cat) is not str else -1 if cat is None else self.cat_codes[cat]
 
     def _ids(self, values: list) -> np.ndarray:
         """pids or tids as int64; odd ones (a float, a number beyond int64, an object) counted."""

@@ -13,6 +13,11 @@ two events). A candidate inside an event or inside a string leaves brackets or a
 open, so ``[`` + prefix + ``]`` is not valid JSON and the decoder refuses it; the first
 candidate (from the end) that decodes is an element boundary.
 
+Where the native scanner is built and on (:mod:`tracekit.ingest.kineto_native`), each run is
+first offered to it; it answers with the run's row columns only where it reads the same rows
+and its run ends at the same seam, so the runs, and what is read of them, are the same as
+without it. Every run it declines takes the path above.
+
 Header fields are collected from both ends: Kineto writes ``distributedInfo`` before
 ``traceEvents`` and, in newer versions, ``baseTimeNanoseconds`` after it. A document whose
 layout cannot be streamed (no top-level ``traceEvents`` array found, odd header) is read
@@ -25,12 +30,15 @@ import json
 import zlib
 from collections import Counter
 from pathlib import Path
-from typing import Any, Callable, Iterator, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Union
 
 import msgspec
 import orjson
 
 from tracekit.errors import TraceFormatError
+
+if TYPE_CHECKING:
+    from tracekit.ingest.kineto_native import ScannedRun, Scanner
 
 try:  # ISA-L's inflate reads the same gzip streams ~2x faster than zlib's (benchmarks/README.md)
     from isal import isal_zlib as _inflate
@@ -152,7 +160,14 @@ _OTHERS = tuple(
     for n, ph in enumerate(OTHER_PHASES)
 )
 _DECODER = msgspec.json.Decoder(list[Union[(RawEvent, *_OTHERS)]])
+_ELEMENT_DECODER = msgspec.json.Decoder(Union[(RawEvent, *_OTHERS)])
 KNOWN_PHASES = frozenset(("X",) + OTHER_PHASES)
+
+
+def decode_element(element: bytes) -> Any:
+    """One array element as :data:`_DECODER` decodes it within a batch of elements it
+    decodes: a :class:`RawEvent` or another phase's empty struct."""
+    return _ELEMENT_DECODER.decode(element)
 
 
 def event_from_object(obj: Any, unknown_phases: Counter | None = None) -> RawEvent | None:
@@ -238,6 +253,10 @@ class ChromeTraceStream:
     before and after the array), ``truncated`` says the file ended early (its complete
     events were read), ``n_elements`` counts the array's elements, ``unknown_phases``
     those of no phase the Chrome trace format has (by phase).
+
+    With a native ``scanner``, a batch may instead be a :class:`ScannedRun` (the rows of a run,
+    read by the scanner for the builder it reads codes from): add each batch to that builder
+    before taking the next.
     """
 
     def __init__(
@@ -246,8 +265,10 @@ class ChromeTraceStream:
         chunk_bytes: int | None = None,
         progress: Callable[[int], None] | None = None,
         whole_document: Callable[[Path], tuple[dict, bool]] | None = None,
+        scanner: Scanner | None = None,
     ):
         self.path = Path(path)
+        self.scanner = scanner
         self.chunk_bytes = chunk_bytes or CHUNK_BYTES
         self.progress = progress
         self.whole_document = whole_document
@@ -302,7 +323,7 @@ class ChromeTraceStream:
             self.progress(nbytes)
 
     # -- elements ----------------------------------------------------------------------
-    def __iter__(self) -> Iterator[list[RawEvent | None]]:
+    def __iter__(self) -> Iterator[list[RawEvent | None] | ScannedRun]:
         chunks = self._chunks()
         buf = b""
         body_start = None
@@ -329,7 +350,9 @@ class ChromeTraceStream:
             self.peak_buffer = max(self.peak_buffer, len(body))
             if len(body) < self.chunk_bytes:
                 continue
-            batch, rest = self._cut(body)
+            batch, rest = self._scanned_cut(body)
+            if batch is None:
+                batch, rest = self._cut(body)
             if batch is not None:
                 body = rest
                 yield batch
@@ -378,6 +401,26 @@ class ChromeTraceStream:
                     yield pos + 1, q
             pos = body.rfind(b"}", 0, pos)
 
+    def _scanned_cut(self, body: bytes) -> tuple[ScannedRun | None, bytes]:
+        """The native scanner's run at the front of ``body`` and the rest, where it answers and
+        its run ends at the seam :meth:`_cut` would cut at; else ``(None, body)``."""
+        if self.scanner is None:
+            return None, body
+        run = self.scanner.scan(body)
+        if run is None:
+            return None, body
+        # _cut tries these seams in turn and cuts at the first whose prefix decodes. Those after the
+        # run's end lie inside the element that follows it (or past the array's end), so their
+        # prefixes never decode: _cut cuts here if it gets this far.
+        for attempt, (end, nxt) in enumerate(self._seams(body)):
+            if attempt >= CUT_ATTEMPTS:
+                break
+            if end == run.end and nxt == run.next:
+                self.n_elements += run.n_elements
+                return run, body[nxt:]
+        self.scanner.decline("a seam the Python cut would not reach")
+        return None, body
+
     def _cut(self, body: bytes) -> tuple[list | None, bytes]:
         """Decode the whole elements at the front of ``body``; return them and the rest."""
         for attempt, (end, nxt) in enumerate(self._seams(body)):
@@ -398,11 +441,16 @@ class ChromeTraceStream:
         self.n_elements += len(batch)
         return batch
 
-    def _finish(self, body: bytes) -> Iterator[list]:
+    def _finish(self, body: bytes) -> Iterator[list | ScannedRun]:
         """The last elements, the array's end and the fields after it."""
         head = body.lstrip(_WS)
         if head[:1] == b"]":  # empty array (or one that ended right at a cut)
             self._read_trailer(head[1:])
+            return
+        scanned = self._scanned_last(body)
+        if scanned is not None:
+            yield scanned
+            self._read_trailer(body[scanned.end + 1 :])
             return
         # The array's "]" is usually the last one in the file; fields after it may hold more.
         end = len(body)
@@ -426,6 +474,22 @@ class ChromeTraceStream:
                 self.n_elements += len(batch)
         if batch:
             yield batch
+
+    def _scanned_last(self, body: bytes) -> ScannedRun | None:
+        """The native scanner's run of the array's last elements, where it answers and its run
+        ends at the "]" :meth:`_finish` would end the array at (``scanned.end``), counted."""
+        if self.scanner is None:
+            return None
+        run = self.scanner.scan(body, last=True)
+        if run is None:
+            return None
+        # _finish tries each "]" from the end in turn; those after the array's own never decode
+        # (the array would be followed by more than whitespace).
+        if body.count(b"]", run.end + 1) >= 4 * CUT_ATTEMPTS:
+            self.scanner.decline("an end of the array the Python loop would not reach")
+            return None
+        self.n_elements += run.n_elements
+        return run
 
     def _read_trailer(self, rest: bytes) -> None:
         rest = rest.strip(_WS)

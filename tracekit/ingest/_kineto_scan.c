@@ -1,0 +1,1316 @@
+/*
+ * _kineto_scan: the Kineto parser's optional native fast path.
+ *
+ * What it does. tracekit/ingest/kineto_stream.py cuts a trace's "traceEvents" array into runs
+ * of whole elements; each run is decoded by msgspec into RawEvent structs, and
+ * kineto_rows._RowBuilder._add_columns turns those into typed columns (source index, category
+ * code, name code, start and duration in ns, pid, tid, sequence number, correlation id).
+ * Scanner.scan reads the same bytes once and writes those columns directly: no struct, no
+ * Python object per event. kineto_native.py is the Python side (loading, TRACEKIT_NATIVE=0,
+ * wrapping the columns as arrays) and _RowBuilder._add_scanned applies the answer.
+ *
+ * The contract: identical rows or no answer. For a run of elements, scan() either returns
+ * exactly what the msgspec decode plus _add_columns would add for those elements, or it
+ * returns None ("declines") having changed nothing, and the Python path reads those bytes as
+ * it always has. Declining is always safe; a wrong answer never is. So the grammar accepted
+ * is a strict subset of what msgspec decodes, and any value whose meaning in the Python path
+ * depends on more than the value itself (numpy's batch-wide type promotion, msgspec's
+ * generic fallback) is declined.
+ *
+ * The grammar accepted. A run is  ws? element (ws? "," ws? element)*  where an element is
+ * a JSON object (RFC 8259, whitespace only space, tab, CR, LF):
+ *   - strings: valid UTF-8 (no overlong forms, no encoded surrogates, at most U+10FFFF), no
+ *     raw control characters, escapes \" \\ \/ \b \f \n \r \t \uXXXX, a \u high surrogate
+ *     only when a \u low surrogate follows (msgspec refuses lone ones);
+ *   - numbers: the JSON grammar, at most 64 characters, decimal magnitude within 1e+-300
+ *     (msgspec refuses floats that overflow in the fields it decodes); floats are read
+ *     correctly rounded, as msgspec reads them (an exact product or quotient of two exact
+ *     doubles where that gives the answer, else PyOS_string_to_double);
+ *   - containers nested at most MAX_DEPTH (32) deep (deeper, msgspec may run out of
+ *     recursion and the run goes the generic way in Python);
+ *   - keys of an element and of its "args" without escapes, and no key read twice (msgspec
+ *     would match "p\u0068" to "ph", and keeps the last of repeated keys).
+ * Per element (what RawEvent/RawArgs decode and _add_columns reads):
+ *   - "ph" a one-character string of a Chrome-trace phase (kineto_stream.KNOWN_PHASES);
+ *     elements of phases other than "X" are counted and otherwise skipped;
+ *   - for "X": "cat" absent or a string; "args" absent, null or an object; a "ts" that is a
+ *     bool or an integer of 19+ digits is declined (the time base probe would read it); of
+ *     an "X" not kept, nothing else is read;
+ *   - for a kept "X" (its category is one _RowBuilder keeps): "name" absent or a string;
+ *     "ts" a number, "dur" absent or a number, both below 2**52 us in magnitude, where an
+ *     integer is exact times 1000 and a float is rint(x * 1000.0) in double, as numpy
+ *     computes it; "pid"/"tid" absent or integers of at most 18 digits; "Sequence number",
+ *     "External id"/"correlation" of args integers of at most 18 digits (kept), or a float,
+ *     string or null (-1), never a bool, a longer integer, a list or an object.
+ *   - per run: a ts or dur column mixing integers and floats with a value of 2**53/1000 us
+ *     or more is declined (numpy would round the integers; the Python path then goes event
+ *     by event).
+ * Where the run ends. In "cut" mode the run ends at the last element followed by "," and
+ * the "{" of the next one within the buffer: the seam ChromeTraceStream._cut finds by trial
+ * decoding (the Python side checks it is one of the candidates _cut would try). Elements
+ * after it are left for the next buffer. In "last" mode the run ends at the array's "]"
+ * after the last element (ChromeTraceStream._finish; the Python side checks that _finish
+ * would try that "]" as the end of the array).
+ * What the Python side still does. Names and categories are resolved against the builder's
+ * dicts, but the dicts are only read here: names met for the first time are returned as the
+ * run's list of names and coded on the Python side in _add_columns' order; categories met
+ * are returned for the builder's record of them. For the P2P and collective ops whose args
+ * _special_args reads, the scanner builds what it returns where that is plain (text, ints,
+ * absent fields, raw JSON slices as msgspec.Raw keeps them); otherwise it returns the
+ * element's byte range and msgspec decodes that one element for _special_args.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <float.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#define MAX_DEPTH 32
+#define MAX_NUMBER_CHARS 64
+/* |ts|, |dur| in us below this: times 1000 fits int64, and ints convert to double exactly. */
+#define TIME_LIMIT_US 4503599627370496.0 /* 2**52 */
+/* kineto_rows._EXACT_FLOAT_US: below it, float math on integer us is exact. */
+#define EXACT_FLOAT_US (9007199254740992.0 / 1000.0)
+#define PHASES "XBEiICbnestfPNODMVvRc()"
+
+#if defined(__SSE2__)
+#include <emmintrin.h> /* x86-64 always has SSE2: 16 string bytes checked at once */
+#endif
+
+#if defined(FLT_EVAL_METHOD) && FLT_EVAL_METHOD == 0
+#define FAST_FLOATS 1 /* double arithmetic is IEEE double, rounded once per operation */
+#else
+#define FAST_FLOATS 0
+#endif
+
+typedef enum { ST_OK = 0, ST_MORE, ST_DECLINE, ST_ERROR } Status;
+
+typedef struct {
+    const unsigned char *p;
+    const unsigned char *end;
+    const char *why; /* why the scanner declined (static text) */
+} Cursor;
+
+#define DECLINE(c, reason)   \
+    do {                     \
+        (c)->why = (reason); \
+        return ST_DECLINE;   \
+    } while (0)
+
+typedef enum { V_ABSENT = 0, V_INT, V_BIGINT, V_FLOAT, V_STRING, V_TRUE, V_FALSE, V_NULL, V_ARRAY, V_OBJECT } Kind;
+
+typedef struct {
+    Kind kind;
+    int64_t i;              /* V_INT */
+    double f;               /* V_FLOAT */
+    const unsigned char *s; /* V_STRING: the raw bytes between the quotes */
+    Py_ssize_t n;
+    int escaped; /* V_STRING: holds a backslash escape */
+} Value;
+
+/* -- JSON tokens ------------------------------------------------------------------------ */
+
+static const unsigned char IS_WS[256] = {[' '] = 1, ['\n'] = 1, ['\r'] = 1, ['\t'] = 1};
+
+static inline void skip_ws(Cursor *c) {
+    const unsigned char *p = c->p, *end = c->end;
+    while (p < end && IS_WS[*p])
+        p++;
+    c->p = p;
+}
+
+/* Whether a string byte is one scan_string must look at: '"', '\\', below 0x20 or above 0x7f. */
+static inline int needs_care(unsigned char b) {
+    return b == '"' || b == '\\' || b < 0x20 || b >= 0x80;
+}
+
+/* The first byte from p that needs care, or end. */
+static inline const unsigned char *plain_run(const unsigned char *p, const unsigned char *end) {
+#if defined(__SSE2__)
+    const __m128i quote = _mm_set1_epi8('"'), slash = _mm_set1_epi8('\\'), space = _mm_set1_epi8(0x20);
+    while (end - p >= 16) {
+        __m128i v = _mm_loadu_si128((const __m128i *)p);
+        /* signed compare: bytes 0x80-0xff are negative, so below 0x20 too */
+        __m128i care = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, slash)),
+                                    _mm_cmplt_epi8(v, space));
+        int mask = _mm_movemask_epi8(care);
+        if (mask)
+            return p + __builtin_ctz((unsigned)mask);
+        p += 16;
+    }
+#endif
+    while (p < end && !needs_care(*p))
+        p++;
+    return p;
+}
+
+static int hex4(const unsigned char *p, unsigned *out) {
+    unsigned u = 0;
+    for (int k = 0; k < 4; k++) {
+        unsigned char b = p[k];
+        unsigned d;
+        if (b >= '0' && b <= '9')
+            d = b - '0';
+        else if (b >= 'a' && b <= 'f')
+            d = b - 'a' + 10;
+        else if (b >= 'A' && b <= 'F')
+            d = b - 'A' + 10;
+        else
+            return -1;
+        u = u * 16 + d;
+    }
+    *out = u;
+    return 0;
+}
+
+/* A backslash escape at *pp; the bytes running out inside it is ST_MORE. */
+static Status scan_escape(Cursor *c, const unsigned char **pp) {
+    const unsigned char *p = *pp;
+    ptrdiff_t left = c->end - p;
+    unsigned u, low;
+    if (left < 2)
+        return ST_MORE;
+    switch (p[1]) {
+    case '"': case '\\': case '/': case 'b': case 'f': case 'n': case 'r': case 't':
+        *pp = p + 2;
+        return ST_OK;
+    case 'u':
+        if (left < 6)
+            return ST_MORE;
+        if (hex4(p + 2, &u) < 0)
+            DECLINE(c, "a bad \\u escape");
+        if (u >= 0xDC00 && u <= 0xDFFF)
+            DECLINE(c, "a lone low surrogate escape");
+        if (u < 0xD800 || u > 0xDBFF) {
+            *pp = p + 6;
+            return ST_OK;
+        }
+        if (left < 12)
+            return ST_MORE;
+        if (p[6] != '\\' || p[7] != 'u' || hex4(p + 8, &low) < 0 || low < 0xDC00 || low > 0xDFFF)
+            DECLINE(c, "a lone high surrogate escape");
+        *pp = p + 12;
+        return ST_OK;
+    default:
+        DECLINE(c, "a bad escape");
+    }
+}
+
+/* One UTF-8 encoded character (not ASCII) at *pp, strictly (RFC 3629). */
+static Status scan_utf8(Cursor *c, const unsigned char **pp) {
+    const unsigned char *p = *pp;
+    ptrdiff_t left = c->end - p;
+    unsigned char b = p[0], lo = 0x80, hi = 0xBF;
+    int n;
+    if (b >= 0xC2 && b <= 0xDF)
+        n = 2;
+    else if (b >= 0xE0 && b <= 0xEF) {
+        n = 3;
+        if (b == 0xE0)
+            lo = 0xA0; /* overlong */
+        else if (b == 0xED)
+            hi = 0x9F; /* surrogates */
+    } else if (b >= 0xF0 && b <= 0xF4) {
+        n = 4;
+        if (b == 0xF0)
+            lo = 0x90; /* overlong */
+        else if (b == 0xF4)
+            hi = 0x8F; /* beyond U+10FFFF */
+    } else
+        DECLINE(c, "invalid UTF-8");
+    for (int k = 1; k < n; k++) {
+        if (k >= left)
+            return ST_MORE;
+        if (p[k] < (k == 1 ? lo : 0x80) || p[k] > (k == 1 ? hi : 0xBF))
+            DECLINE(c, "invalid UTF-8");
+    }
+    *pp = p + n;
+    return ST_OK;
+}
+
+/* A string at c->p (its opening quote). */
+static Status scan_string(Cursor *c, Value *v) {
+    const unsigned char *p = c->p + 1, *end = c->end, *start = p;
+    int escaped = 0;
+    Status st;
+    for (;;) {
+        p = plain_run(p, end);
+        if (p >= end)
+            return ST_MORE;
+        unsigned char b = *p;
+        if (b == '"')
+            break;
+        if (b == '\\') {
+            escaped = 1;
+            if ((st = scan_escape(c, &p)) != ST_OK)
+                return st;
+        } else if (b < 0x20)
+            DECLINE(c, "a control character in a string");
+        else if ((st = scan_utf8(c, &p)) != ST_OK)
+            return st;
+    }
+    v->kind = V_STRING;
+    v->s = start;
+    v->n = p - start;
+    v->escaped = escaped;
+    c->p = p + 1;
+    return ST_OK;
+}
+
+static const double POW10[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,  1e8,  1e9,  1e10, 1e11,
+                               1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+
+/* A number at c->p: V_INT (with its value), V_BIGINT or V_FLOAT (its value only with
+   want_value). A number touching the end of the bytes may go on: ST_MORE. */
+static Status scan_number(Cursor *c, Value *v, int want_value) {
+    const unsigned char *p = c->p, *end = c->end, *start = p;
+    int neg = 0, is_float = 0, int_digits = 0, frac_digits = 0, lead_zeros = 0, sig_digits = 0;
+    uint64_t mant = 0;
+    long exp = 0;
+    if (*p == '-') {
+        neg = 1;
+        p++;
+    }
+    if (p >= end)
+        return ST_MORE;
+    if (*p == '0') {
+        p++;
+        int_digits = 1;
+    } else if (*p >= '1' && *p <= '9') {
+        while (p < end && *p >= '0' && *p <= '9') {
+            if (sig_digits < 19)
+                mant = mant * 10 + (*p - '0');
+            sig_digits++;
+            int_digits++;
+            p++;
+        }
+    } else
+        DECLINE(c, "a bad number");
+    if (p < end && *p == '.') {
+        is_float = 1;
+        p++;
+        if (p >= end)
+            return ST_MORE;
+        if (!(*p >= '0' && *p <= '9'))
+            DECLINE(c, "a bad number");
+        while (p < end && *p >= '0' && *p <= '9') {
+            if (sig_digits == 0 && *p == '0')
+                lead_zeros++; /* 0.000123: not significant */
+            else {
+                if (sig_digits < 19)
+                    mant = mant * 10 + (*p - '0');
+                sig_digits++;
+            }
+            frac_digits++;
+            p++;
+        }
+    }
+    if (p < end && (*p == 'e' || *p == 'E')) {
+        int exp_neg = 0;
+        is_float = 1;
+        p++;
+        if (p < end && (*p == '+' || *p == '-'))
+            exp_neg = *p++ == '-';
+        if (p >= end)
+            return ST_MORE;
+        if (!(*p >= '0' && *p <= '9'))
+            DECLINE(c, "a bad number");
+        while (p < end && *p >= '0' && *p <= '9') {
+            if (exp < 100000)
+                exp = exp * 10 + (*p - '0');
+            p++;
+        }
+        if (exp_neg)
+            exp = -exp;
+    }
+    if (p >= end)
+        return ST_MORE;
+    if (p - start > MAX_NUMBER_CHARS)
+        DECLINE(c, "a number of more than 64 characters");
+    c->p = p;
+    if (is_float) {
+        /* The decimal exponent of the leading digit, roughly: far from what a double holds. */
+        long magnitude = sig_digits == 0 ? 0 : start[neg] != '0' ? int_digits + exp : exp - lead_zeros;
+        if (magnitude > 300 || magnitude < -300)
+            DECLINE(c, "a float beyond 1e300");
+    }
+    if (!is_float) {
+        if (int_digits > 18) {
+            v->kind = V_BIGINT;
+            return ST_OK;
+        }
+        v->kind = V_INT;
+        v->i = neg ? -(int64_t)mant : (int64_t)mant;
+        return ST_OK;
+    }
+    v->kind = V_FLOAT;
+    if (!want_value)
+        return ST_OK;
+    long e10 = exp - frac_digits;
+    if (FAST_FLOATS && sig_digits <= 19 && mant <= (1ULL << 53) && e10 >= -22 && e10 <= 22) {
+        /* Both operands exact: one correctly rounded operation (Clinger's fast path). */
+        double d = (double)mant;
+        d = e10 >= 0 ? d * POW10[e10] : d / POW10[-e10];
+        v->f = neg ? -d : d;
+        return ST_OK;
+    }
+    char text[MAX_NUMBER_CHARS + 1];
+    char *stop;
+    Py_ssize_t len = p - start;
+    memcpy(text, start, len);
+    text[len] = '\0';
+    double d = PyOS_string_to_double(text, &stop, NULL);
+    if (d == -1.0 && PyErr_Occurred())
+        return ST_ERROR;
+    if (stop != text + len || !isfinite(d))
+        DECLINE(c, "a float strtod reads otherwise");
+    v->f = d;
+    return ST_OK;
+}
+
+static Status scan_literal(Cursor *c, const char *word, Py_ssize_t len, Kind kind, Value *v) {
+    Py_ssize_t left = c->end - c->p;
+    if (memcmp(c->p, word, left < len ? left : len) != 0)
+        DECLINE(c, "not a JSON value");
+    if (left < len)
+        return ST_MORE;
+    c->p += len;
+    v->kind = kind;
+    return ST_OK;
+}
+
+static Status scan_value(Cursor *c, Value *v, int depth, int want_value);
+
+/* An object or array at c->p, checked and skipped. */
+static Status skip_container(Cursor *c, int depth) {
+    unsigned char close = *c->p == '{' ? '}' : ']';
+    Value item;
+    Status st;
+    if (depth > MAX_DEPTH)
+        DECLINE(c, "nested too deep");
+    c->p++;
+    skip_ws(c);
+    if (c->p >= c->end)
+        return ST_MORE;
+    if (*c->p == close) {
+        c->p++;
+        return ST_OK;
+    }
+    for (;;) {
+        if (close == '}') {
+            if (*c->p != '"')
+                DECLINE(c, "an object key that is not a string");
+            if ((st = scan_string(c, &item)) != ST_OK)
+                return st;
+            skip_ws(c);
+            if (c->p >= c->end)
+                return ST_MORE;
+            if (*c->p != ':')
+                DECLINE(c, "no ':' after a key");
+            c->p++;
+            skip_ws(c);
+        }
+        if ((st = scan_value(c, &item, depth, 0)) != ST_OK)
+            return st;
+        skip_ws(c);
+        if (c->p >= c->end)
+            return ST_MORE;
+        if (*c->p == close) {
+            c->p++;
+            return ST_OK;
+        }
+        if (*c->p != ',')
+            DECLINE(c, "no ',' between items");
+        c->p++;
+        skip_ws(c);
+        if (c->p >= c->end)
+            return ST_MORE;
+    }
+}
+
+/* Any value at c->p (a container one level below depth): strings, numbers and literals
+   classified, containers checked and skipped. */
+static Status scan_value(Cursor *c, Value *v, int depth, int want_value) {
+    if (c->p >= c->end)
+        return ST_MORE;
+    switch (*c->p) {
+    case '"':
+        return scan_string(c, v);
+    case '{':
+        v->kind = V_OBJECT;
+        return skip_container(c, depth + 1);
+    case '[':
+        v->kind = V_ARRAY;
+        return skip_container(c, depth + 1);
+    case 't':
+        return scan_literal(c, "true", 4, V_TRUE, v);
+    case 'f':
+        return scan_literal(c, "false", 5, V_FALSE, v);
+    case 'n':
+        return scan_literal(c, "null", 4, V_NULL, v);
+    default:
+        if (*c->p == '-' || (*c->p >= '0' && *c->p <= '9'))
+            return scan_number(c, v, want_value);
+        DECLINE(c, "not a JSON value");
+    }
+}
+
+/* -- elements --------------------------------------------------------------------------- */
+
+/* The fields of args that RawArgs reads, in its order: the three ids _add_columns reads, the
+   six record_param_comms fields of _special_args (in its order), and three kept as raw JSON. */
+enum { A_SEQ, A_EXT, A_CORR, A_NCCL, A_RAW = A_NCCL + 6, N_ARGS = A_RAW + 3 };
+static const char *const ARG_KEYS[N_ARGS] = {
+    "Sequence number", "External id",   "correlation",    "Collective name", "Dst Rank",   "Src Rank",
+    "In msg nelems",   "Out msg nelems", "dtype",          "Concrete Inputs", "Input Dims", "Input type",
+};
+
+typedef struct {
+    Value ph, cat, name, ts, dur, pid, tid;
+    Kind args;           /* V_ABSENT, V_NULL, V_OBJECT or another kind */
+    Value arg[N_ARGS];   /* of args; the raw ones hold the value's JSON text (s, n) */
+} Element;
+
+static inline int key_is(const Value *key, const char *name, Py_ssize_t len) {
+    return key->n == len && memcmp(key->s, name, len) == 0;
+}
+
+/* The object of "args" at c->p (depth 2). */
+static Status scan_args(Cursor *c, Element *e) {
+    Value key, skipped;
+    Status st;
+    c->p++;
+    skip_ws(c);
+    if (c->p >= c->end)
+        return ST_MORE;
+    if (*c->p == '}') {
+        c->p++;
+        return ST_OK;
+    }
+    for (;;) {
+        int field = -1;
+        if (*c->p != '"')
+            DECLINE(c, "an object key that is not a string");
+        if ((st = scan_string(c, &key)) != ST_OK)
+            return st;
+        if (key.escaped)
+            DECLINE(c, "an args key with an escape");
+        skip_ws(c);
+        if (c->p >= c->end)
+            return ST_MORE;
+        if (*c->p != ':')
+            DECLINE(c, "no ':' after a key");
+        c->p++;
+        skip_ws(c);
+        if (key.n >= 5 && key.n <= 15) { /* the lengths of ARG_KEYS */
+            for (int k = 0; k < N_ARGS; k++) {
+                if (key.s[0] == (unsigned char)ARG_KEYS[k][0] &&
+                    key_is(&key, ARG_KEYS[k], (Py_ssize_t)strlen(ARG_KEYS[k]))) {
+                    field = k;
+                    break;
+                }
+            }
+        }
+        if (field >= 0) {
+            Value *slot = &e->arg[field];
+            const unsigned char *value_start = c->p;
+            if (slot->kind != V_ABSENT)
+                DECLINE(c, "an args field given twice");
+            if ((st = scan_value(c, slot, 2, 1)) != ST_OK)
+                return st;
+            if (field >= A_RAW) {
+                slot->kind = V_OBJECT; /* present; its JSON text: */
+                slot->s = value_start;
+                slot->n = c->p - value_start;
+            }
+        } else if ((st = scan_value(c, &skipped, 2, 0)) != ST_OK)
+            return st;
+        skip_ws(c);
+        if (c->p >= c->end)
+            return ST_MORE;
+        if (*c->p == '}') {
+            c->p++;
+            return ST_OK;
+        }
+        if (*c->p != ',')
+            DECLINE(c, "no ',' between items");
+        c->p++;
+        skip_ws(c);
+        if (c->p >= c->end)
+            return ST_MORE;
+    }
+}
+
+/* One element at c->p (its '{'): the fields RawEvent reads, the rest checked and skipped. */
+static Status scan_element(Cursor *c, Element *e) {
+    Value key, skipped;
+    Status st;
+    e->ph.kind = e->cat.kind = e->name.kind = e->ts.kind = e->dur.kind = e->pid.kind = e->tid.kind = V_ABSENT;
+    e->args = V_ABSENT;
+    for (int k = 0; k < N_ARGS; k++)
+        e->arg[k].kind = V_ABSENT;
+    c->p++;
+    skip_ws(c);
+    if (c->p >= c->end)
+        return ST_MORE;
+    if (*c->p == '}')
+        DECLINE(c, "an element without 'ph'");
+    for (;;) {
+        Value *slot = NULL;
+        if (*c->p != '"')
+            DECLINE(c, "an object key that is not a string");
+        if ((st = scan_string(c, &key)) != ST_OK)
+            return st;
+        if (key.escaped)
+            DECLINE(c, "an element key with an escape");
+        skip_ws(c);
+        if (c->p >= c->end)
+            return ST_MORE;
+        if (*c->p != ':')
+            DECLINE(c, "no ':' after a key");
+        c->p++;
+        skip_ws(c);
+        if (c->p >= c->end)
+            return ST_MORE;
+        switch (key.n) {
+        case 2:
+            if (key_is(&key, "ph", 2))
+                slot = &e->ph;
+            else if (key_is(&key, "ts", 2))
+                slot = &e->ts;
+            break;
+        case 3:
+            if (key_is(&key, "cat", 3))
+                slot = &e->cat;
+            else if (key_is(&key, "dur", 3))
+                slot = &e->dur;
+            else if (key_is(&key, "pid", 3))
+                slot = &e->pid;
+            else if (key_is(&key, "tid", 3))
+                slot = &e->tid;
+            break;
+        case 4:
+            if (key_is(&key, "name", 4))
+                slot = &e->name;
+            else if (key_is(&key, "args", 4)) {
+                if (e->args != V_ABSENT)
+                    DECLINE(c, "a field given twice");
+                if (*c->p == '{') {
+                    e->args = V_OBJECT;
+                    st = scan_args(c, e);
+                } else {
+                    st = scan_value(c, &skipped, 1, 0);
+                    e->args = skipped.kind;
+                }
+                if (st != ST_OK)
+                    return st;
+                goto next;
+            }
+            break;
+        }
+        if (slot) {
+            if (slot->kind != V_ABSENT)
+                DECLINE(c, "a field given twice");
+            st = scan_value(c, slot, 1, 1);
+        } else
+            st = scan_value(c, &skipped, 1, 0);
+        if (st != ST_OK)
+            return st;
+    next:
+        skip_ws(c);
+        if (c->p >= c->end)
+            return ST_MORE;
+        if (*c->p == '}') {
+            c->p++;
+            return ST_OK;
+        }
+        if (*c->p != ',')
+            DECLINE(c, "no ',' between items");
+        c->p++;
+        skip_ws(c);
+        if (c->p >= c->end)
+            return ST_MORE;
+    }
+}
+
+/* -- text met: names and categories by their raw JSON bytes -------------------------------- */
+
+enum { SPECIAL_P2P = 1, SPECIAL_NCCL = 2 };
+
+typedef struct {
+    char *raw; /* the string's bytes between the quotes (owned); NULL: an empty slot */
+    Py_ssize_t n;
+    uint64_t hash;
+    PyObject *text; /* the decoded string */
+    long code;      /* name code (-1: not in name_codes when last looked) or category code */
+    int special;    /* SPECIAL_P2P or SPECIAL_NCCL: an op whose args _special_args reads */
+    uint64_t run;   /* the run that last counted it */
+} Entry;
+
+typedef struct {
+    Entry *slots;
+    size_t cap; /* a power of two */
+    size_t used;
+} Table;
+
+static uint64_t hash_bytes(const unsigned char *s, Py_ssize_t n) {
+    uint64_t h = 0x9E3779B97F4A7C15ULL ^ (uint64_t)n, w;
+    while (n >= 8) {
+        memcpy(&w, s, 8);
+        h = (h ^ w) * 0xFF51AFD7ED558CCDULL;
+        h ^= h >> 32;
+        s += 8;
+        n -= 8;
+    }
+    w = 0;
+    memcpy(&w, s, (size_t)n);
+    h = (h ^ w) * 0xC4CEB9FE1A85EC53ULL;
+    return h ^ (h >> 29);
+}
+
+static Entry *table_find(Table *t, const unsigned char *s, Py_ssize_t n, uint64_t h) {
+    size_t mask = t->cap - 1, i = h & mask;
+    for (;;) {
+        Entry *e = &t->slots[i];
+        if (e->raw == NULL)
+            return e;
+        if (e->hash == h && e->n == n && memcmp(e->raw, s, (size_t)n) == 0)
+            return e;
+        i = (i + 1) & mask;
+    }
+}
+
+static int table_grow(Table *t) {
+    size_t cap = t->cap ? t->cap * 2 : 64;
+    Entry *slots = PyMem_Calloc(cap, sizeof(Entry)), *old = t->slots;
+    if (slots == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    size_t old_cap = t->cap;
+    t->slots = slots;
+    t->cap = cap;
+    for (size_t i = 0; i < old_cap; i++)
+        if (old[i].raw != NULL)
+            *table_find(t, (const unsigned char *)old[i].raw, old[i].n, old[i].hash) = old[i];
+    PyMem_Free(old);
+    return 0;
+}
+
+static void table_free(Table *t) {
+    for (size_t i = 0; i < t->cap; i++) {
+        if (t->slots[i].raw != NULL) {
+            PyMem_Free(t->slots[i].raw);
+            Py_XDECREF(t->slots[i].text);
+        }
+    }
+    PyMem_Free(t->slots);
+    t->slots = NULL;
+    t->cap = t->used = 0;
+}
+
+/* The text of a JSON string's raw bytes (already checked by scan_string). */
+static PyObject *decode_string(const unsigned char *s, Py_ssize_t n, int escaped) {
+    if (!escaped)
+        return PyUnicode_DecodeUTF8((const char *)s, n, "strict");
+    /* Unescaped UTF-8 is never longer than the escapes: \uXXXX (6) -> at most 3 bytes. */
+    char *out = PyMem_Malloc(n ? (size_t)n : 1), *q = out;
+    if (out == NULL)
+        return PyErr_NoMemory();
+    for (Py_ssize_t i = 0; i < n;) {
+        unsigned char b = s[i];
+        if (b != '\\') {
+            *q++ = (char)b;
+            i++;
+            continue;
+        }
+        unsigned char x = s[i + 1];
+        unsigned u = 0, low = 0;
+        i += 2;
+        switch (x) {
+        case 'b': *q++ = '\b'; continue;
+        case 'f': *q++ = '\f'; continue;
+        case 'n': *q++ = '\n'; continue;
+        case 'r': *q++ = '\r'; continue;
+        case 't': *q++ = '\t'; continue;
+        case 'u': break;
+        default: *q++ = (char)x; continue; /* \" \\ \/ */
+        }
+        hex4(s + i, &u);
+        i += 4;
+        if (u >= 0xD800 && u <= 0xDBFF) {
+            hex4(s + i + 2, &low);
+            i += 6;
+            u = 0x10000 + ((u - 0xD800) << 10) + (low - 0xDC00);
+        }
+        if (u < 0x80)
+            *q++ = (char)u;
+        else if (u < 0x800) {
+            *q++ = (char)(0xC0 | (u >> 6));
+            *q++ = (char)(0x80 | (u & 0x3F));
+        } else if (u < 0x10000) {
+            *q++ = (char)(0xE0 | (u >> 12));
+            *q++ = (char)(0x80 | ((u >> 6) & 0x3F));
+            *q++ = (char)(0x80 | (u & 0x3F));
+        } else {
+            *q++ = (char)(0xF0 | (u >> 18));
+            *q++ = (char)(0x80 | ((u >> 12) & 0x3F));
+            *q++ = (char)(0x80 | ((u >> 6) & 0x3F));
+            *q++ = (char)(0x80 | (u & 0x3F));
+        }
+    }
+    PyObject *text = PyUnicode_DecodeUTF8(out, q - out, "strict");
+    PyMem_Free(out);
+    return text;
+}
+
+/* -- the scanner ------------------------------------------------------------------------ */
+
+typedef struct {
+    int64_t *src, *start, *dur, *pid, *tid, *seq, *corr;
+    int32_t *name;
+    int8_t *cat;
+    PyObject **name_text; /* borrowed from the names table (entries move when it grows) */
+    Py_ssize_t n, cap;
+} Rows;
+
+typedef struct {
+    int ints, floats;
+    double top; /* the largest magnitude */
+} Column;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *cat_code_of; /* _RowBuilder.cat_code_of (read only) */
+    PyObject *cat_code;    /* raw category -> its code, without recording it */
+    PyObject *name_codes;  /* _RowBuilder.name_codes (read only) */
+    PyObject *special;     /* tuple of the names whose args _special_args reads */
+    PyObject *unset;       /* msgspec.UNSET */
+    long cpu_op;           /* the category code of cpu_op */
+    Table names, cats;
+    Rows rows;
+    uint64_t run;
+    const char *why;
+    /* per run */
+    Py_ssize_t n_complete, first_ts_index;
+    Value first_ts;
+    Column ts_col, dur_col;
+    PyObject *cats_met, *specials; /* lists */
+    int unknown_names;
+} Scanner;
+
+static int rows_reserve(Rows *r) {
+    if (r->n < r->cap)
+        return 0;
+    Py_ssize_t cap = r->cap ? r->cap * 2 : 1024;
+#define GROW(field)                                                      \
+    do {                                                                 \
+        void *p = PyMem_Realloc(r->field, (size_t)cap * sizeof *r->field); \
+        if (p == NULL) {                                                 \
+            PyErr_NoMemory();                                            \
+            return -1;                                                   \
+        }                                                                \
+        r->field = p;                                                    \
+    } while (0)
+    GROW(src);
+    GROW(start);
+    GROW(dur);
+    GROW(pid);
+    GROW(tid);
+    GROW(seq);
+    GROW(corr);
+    GROW(name);
+    GROW(cat);
+    GROW(name_text);
+#undef GROW
+    r->cap = cap;
+    return 0;
+}
+
+static void rows_free(Rows *r) {
+    PyMem_Free(r->src);
+    PyMem_Free(r->start);
+    PyMem_Free(r->dur);
+    PyMem_Free(r->pid);
+    PyMem_Free(r->tid);
+    PyMem_Free(r->seq);
+    PyMem_Free(r->corr);
+    PyMem_Free(r->name);
+    PyMem_Free(r->cat);
+    PyMem_Free(r->name_text);
+    memset(r, 0, sizeof *r);
+}
+
+/* The entry of a category's raw bytes, its code worked out (once) as the builder does. */
+static Entry *category(Scanner *self, const unsigned char *s, Py_ssize_t n, int escaped) {
+    uint64_t h = hash_bytes(s, n);
+    Entry *e = table_find(&self->cats, s, n, h);
+    if (e->raw != NULL)
+        return e;
+    if (self->cats.used * 2 >= self->cats.cap) {
+        if (table_grow(&self->cats) < 0)
+            return NULL;
+        e = table_find(&self->cats, s, n, h);
+    }
+    PyObject *text = decode_string(s, n, escaped);
+    if (text == NULL)
+        return NULL;
+    PyObject *code = PyDict_GetItemWithError(self->cat_code_of, text); /* borrowed */
+    if (code != NULL)
+        Py_INCREF(code);
+    else if (!PyErr_Occurred())
+        code = PyObject_CallOneArg(self->cat_code, text);
+    long value = code == NULL ? -1 : PyLong_AsLong(code);
+    Py_XDECREF(code);
+    char *raw = PyMem_Malloc(n ? (size_t)n : 1);
+    if (PyErr_Occurred() || raw == NULL) {
+        Py_DECREF(text);
+        PyMem_Free(raw);
+        if (!PyErr_Occurred())
+            PyErr_NoMemory();
+        return NULL;
+    }
+    memcpy(raw, s, (size_t)n);
+    e->raw = raw;
+    e->n = n;
+    e->hash = h;
+    e->text = text;
+    e->code = value;
+    e->special = 0;
+    e->run = 0;
+    self->cats.used++;
+    return e;
+}
+
+/* The entry of a name's raw bytes; its code looked up in name_codes once per run until found. */
+static Entry *name_entry(Scanner *self, const unsigned char *s, Py_ssize_t n, int escaped) {
+    uint64_t h = hash_bytes(s, n);
+    Entry *e = table_find(&self->names, s, n, h);
+    if (e->raw == NULL) {
+        if (self->names.used * 2 >= self->names.cap) {
+            if (table_grow(&self->names) < 0)
+                return NULL;
+            e = table_find(&self->names, s, n, h);
+        }
+        PyObject *text = decode_string(s, n, escaped);
+        if (text == NULL)
+            return NULL;
+        int special = PySequence_Contains(self->special, text);
+        if (special > 0)
+            special = PyUnicode_CompareWithASCIIString(text, "record_param_comms") == 0 ? SPECIAL_NCCL : SPECIAL_P2P;
+        char *raw = PyMem_Malloc(n ? (size_t)n : 1);
+        if (special < 0 || raw == NULL) {
+            Py_DECREF(text);
+            PyMem_Free(raw);
+            if (!PyErr_Occurred())
+                PyErr_NoMemory();
+            return NULL;
+        }
+        memcpy(raw, s, (size_t)n);
+        e->raw = raw;
+        e->n = n;
+        e->hash = h;
+        e->text = text;
+        e->code = -1;
+        e->special = special;
+        e->run = 0;
+        self->names.used++;
+    }
+    if (e->code < 0 && e->run != self->run) {
+        e->run = self->run;
+        PyObject *code = PyDict_GetItemWithError(self->name_codes, e->text); /* borrowed */
+        if (code != NULL) {
+            e->code = PyLong_AsLong(code);
+            if (e->code == -1 && PyErr_Occurred())
+                return NULL;
+        } else if (PyErr_Occurred())
+            return NULL;
+    }
+    return e;
+}
+
+/* A time in us as int64 ns, as kineto_rows._ns computes it; 0: not one the scanner answers for. */
+static int time_ns(const Value *v, int64_t *out, Column *col) {
+    double magnitude;
+    if (v->kind == V_INT) {
+        magnitude = fabs((double)v->i);
+        if (!(magnitude < TIME_LIMIT_US))
+            return 0;
+        *out = v->i * 1000;
+        col->ints = 1;
+    } else if (v->kind == V_FLOAT) {
+        magnitude = fabs(v->f);
+        if (!(magnitude < TIME_LIMIT_US))
+            return 0;
+        *out = (int64_t)rint(v->f * 1000.0);
+        col->floats = 1;
+    } else
+        return 0;
+    if (magnitude > col->top)
+        col->top = magnitude;
+    return 1;
+}
+
+/* An id of args as _ints_or_minus_one reads it within any batch; 0: declined. */
+static int id_or_minus_one(const Value *v, int64_t *out) {
+    switch (v->kind) {
+    case V_ABSENT: case V_FLOAT: case V_STRING: case V_NULL:
+        *out = -1;
+        return 1;
+    case V_INT:
+        *out = v->i;
+        return 1;
+    default: /* bools read as ints beside ints, longer ints, lists, objects */
+        return 0;
+    }
+}
+
+static const unsigned char EMPTY[1] = {0};
+
+/* What kineto_rows._special_args gives for a P2P or collective op's args, where it is plain:
+   {} without args; for record_param_comms its six fields as a tuple (UNSET where absent) when
+   each is absent, text or an integer of at most 18 digits; for gloo's ops the raw JSON of the
+   shape and type lists (b"" where absent). NULL without an error: the Python side decodes
+   the element and asks _special_args. */
+static PyObject *special_args(Scanner *self, const Element *e, int nccl) {
+    if (e->args != V_OBJECT)
+        return PyDict_New();
+    if (!nccl) {
+        PyObject *out = PyTuple_New(3);
+        for (int k = 0; out != NULL && k < 3; k++) {
+            const Value *raw = &e->arg[A_RAW + k];
+            PyObject *text = raw->kind == V_ABSENT ? PyBytes_FromStringAndSize("", 0)
+                                                   : PyBytes_FromStringAndSize((const char *)raw->s, raw->n);
+            if (text == NULL)
+                Py_CLEAR(out);
+            else
+                PyTuple_SET_ITEM(out, k, text);
+        }
+        return out;
+    }
+    for (int k = 0; k < 6; k++) {
+        Kind kind = e->arg[A_NCCL + k].kind;
+        if (kind != V_ABSENT && kind != V_INT && kind != V_STRING)
+            return NULL;
+    }
+    PyObject *out = PyTuple_New(6);
+    for (int k = 0; out != NULL && k < 6; k++) {
+        const Value *v = &e->arg[A_NCCL + k];
+        PyObject *item = v->kind == V_ABSENT ? Py_NewRef(self->unset)
+                         : v->kind == V_INT  ? PyLong_FromLongLong(v->i)
+                                             : decode_string(v->s, v->n, v->escaped);
+        if (item == NULL)
+            Py_CLEAR(out);
+        else
+            PyTuple_SET_ITEM(out, k, item);
+    }
+    return out;
+}
+
+/* Record one element of the run (its index in the run: index). */
+static Status add_element(Scanner *self, Cursor *c, Element *e, const unsigned char *start,
+                          const unsigned char *stop, const unsigned char *base, Py_ssize_t index) {
+    Rows *r = &self->rows;
+    Entry *cat, *name;
+    int64_t ts, dur, seq, corr;
+    if (e->ph.kind != V_STRING || e->ph.escaped || e->ph.n != 1 ||
+        memchr(PHASES, e->ph.s[0], sizeof PHASES - 1) == NULL)
+        DECLINE(c, "an element of no known phase");
+    if (e->ph.s[0] != 'X')
+        return ST_OK;
+    self->n_complete++;
+    if (e->args != V_ABSENT && e->args != V_NULL && e->args != V_OBJECT)
+        DECLINE(c, "args that is not an object");
+    if (e->cat.kind == V_ABSENT)
+        cat = category(self, EMPTY, 0, 0);
+    else if (e->cat.kind == V_STRING)
+        cat = category(self, e->cat.s, e->cat.n, e->cat.escaped);
+    else
+        DECLINE(c, "a category that is not text");
+    if (cat == NULL)
+        return ST_ERROR;
+    if (cat->run != self->run) {
+        cat->run = self->run;
+        if (PyList_Append(self->cats_met, cat->text) < 0)
+            return ST_ERROR;
+    }
+    if (e->ts.kind == V_INT || e->ts.kind == V_FLOAT) {
+        if (self->first_ts_index < 0) {
+            self->first_ts_index = index;
+            self->first_ts = e->ts;
+        }
+    } else if (e->ts.kind == V_TRUE || e->ts.kind == V_FALSE || e->ts.kind == V_BIGINT)
+        DECLINE(c, "a ts the time base probe would read");
+    if (cat->code < 0)
+        return ST_OK; /* a category not kept */
+
+    if (e->name.kind == V_ABSENT)
+        name = name_entry(self, EMPTY, 0, 0);
+    else if (e->name.kind == V_STRING)
+        name = name_entry(self, e->name.s, e->name.n, e->name.escaped);
+    else
+        DECLINE(c, "a name that is not text");
+    if (name == NULL)
+        return ST_ERROR;
+    if (!time_ns(&e->ts, &ts, &self->ts_col))
+        DECLINE(c, "a ts that is no plain number");
+    if (e->dur.kind == V_ABSENT) {
+        dur = 0;
+        self->dur_col.ints = 1;
+    } else if (!time_ns(&e->dur, &dur, &self->dur_col))
+        DECLINE(c, "a dur that is no plain number");
+    if ((e->pid.kind != V_ABSENT && e->pid.kind != V_INT) || (e->tid.kind != V_ABSENT && e->tid.kind != V_INT))
+        DECLINE(c, "a pid or tid that is no plain integer");
+    if (e->args == V_OBJECT) {
+        const Value *used = &e->arg[A_CORR];
+        if (used->kind == V_ABSENT || (used->kind == V_INT && used->i == -1) ||
+            (used->kind == V_FLOAT && used->f == -1.0))
+            used = &e->arg[A_EXT]; /* RawArgs.correlation == -1: the External id */
+        if (!id_or_minus_one(&e->arg[A_SEQ], &seq) || !id_or_minus_one(used, &corr))
+            DECLINE(c, "an args id that is a bool, a long integer or a container");
+    } else
+        seq = corr = -1;
+    if (name->special && cat->code == self->cpu_op) {
+        PyObject *found = special_args(self, e, name->special == SPECIAL_NCCL);
+        if (found == NULL && PyErr_Occurred())
+            return ST_ERROR;
+        PyObject *hit = Py_BuildValue("(nONnn)", r->n, name->text, found ? found : Py_NewRef(Py_None),
+                                      (Py_ssize_t)(start - base), (Py_ssize_t)(stop - base));
+        if (hit == NULL || PyList_Append(self->specials, hit) < 0) {
+            Py_XDECREF(hit);
+            return ST_ERROR;
+        }
+        Py_DECREF(hit);
+    }
+    if (rows_reserve(r) < 0)
+        return ST_ERROR;
+    Py_ssize_t k = r->n++;
+    r->src[k] = index;
+    r->cat[k] = (int8_t)cat->code;
+    r->name[k] = (int32_t)name->code;
+    r->name_text[k] = name->text;
+    if (name->code < 0)
+        self->unknown_names = 1;
+    r->start[k] = ts;
+    r->dur[k] = dur;
+    r->pid[k] = e->pid.kind == V_INT ? e->pid.i : 0;
+    r->tid[k] = e->tid.kind == V_INT ? e->tid.i : 0;
+    r->seq[k] = seq;
+    r->corr[k] = corr;
+    return ST_OK;
+}
+
+static PyObject *column_bytes(const void *data, Py_ssize_t n, Py_ssize_t itemsize) {
+    return PyByteArray_FromStringAndSize((const char *)data, n * itemsize);
+}
+
+/* A column mixing ints and floats with large values: numpy would round the ints. */
+static int mixed_large(const Column *col) {
+    return col->ints && col->floats && col->top >= EXACT_FLOAT_US;
+}
+
+static PyObject *Scanner_scan(Scanner *self, PyObject *args) {
+    Py_buffer view;
+    int last_run;
+    if (!PyArg_ParseTuple(args, "y*p:scan", &view, &last_run))
+        return NULL;
+    const unsigned char *base = view.buf;
+    Cursor c = {base, base + view.len, NULL};
+    Py_ssize_t n_elements = 0, end = -1, next = -1;
+    Status st = ST_OK;
+    PyObject *result = NULL;
+
+    self->run++;
+    self->rows.n = 0;
+    self->n_complete = 0;
+    self->first_ts_index = -1;
+    memset(&self->ts_col, 0, sizeof self->ts_col);
+    memset(&self->dur_col, 0, sizeof self->dur_col);
+    self->unknown_names = 0;
+    Py_XSETREF(self->cats_met, PyList_New(0));
+    Py_XSETREF(self->specials, PyList_New(0));
+    if (self->cats_met == NULL || self->specials == NULL)
+        goto done;
+
+    skip_ws(&c);
+    while (c.p < c.end) {
+        Element e;
+        const unsigned char *start = c.p, *stop, *following = NULL, *array_end = NULL;
+        if (*c.p != '{') {
+            st = ST_DECLINE;
+            c.why = "an element that is not an object";
+            break;
+        }
+        st = scan_element(&c, &e);
+        if (st == ST_MORE) { /* the element goes on past the bytes: the run ends before it */
+            st = ST_OK;
+            break;
+        }
+        if (st != ST_OK)
+            break;
+        stop = c.p;
+        skip_ws(&c);
+        if (c.p < c.end && *c.p == ',') {
+            c.p++;
+            skip_ws(&c);
+            if (c.p < c.end && *c.p != '{') {
+                st = ST_DECLINE;
+                c.why = "an element that is not an object";
+                break;
+            }
+            following = c.p < c.end ? c.p : NULL;
+        } else if (last_run && c.p < c.end && *c.p == ']')
+            array_end = c.p;
+        if (following == NULL && array_end == NULL)
+            break; /* the run ends before this element: no seam, or no end of the array, after it */
+        if ((st = add_element(self, &c, &e, start, stop, base, n_elements)) != ST_OK)
+            break;
+        n_elements++;
+        if (array_end != NULL) {
+            end = next = array_end - base;
+            break;
+        }
+        end = stop - base;
+        next = following - base;
+    }
+    if (st == ST_ERROR)
+        goto done;
+    if (st == ST_OK && n_elements == 0) {
+        st = ST_DECLINE;
+        c.why = "no whole element yet";
+    } else if (st == ST_OK && last_run && end != next) {
+        st = ST_DECLINE;
+        c.why = "no end of the array after the elements";
+    }
+    if (st == ST_OK && (mixed_large(&self->ts_col) || mixed_large(&self->dur_col))) {
+        st = ST_DECLINE;
+        c.why = "ints and large floats in one time column";
+    }
+    if (st != ST_OK) {
+        self->why = c.why;
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    self->why = NULL;
+
+    Rows *r = &self->rows;
+    PyObject *first_ts = Py_None, *names = Py_None;
+    Py_INCREF(Py_None);
+    Py_INCREF(Py_None);
+    if (self->first_ts_index >= 0) {
+        PyObject *value = self->first_ts.kind == V_INT ? PyLong_FromLongLong(self->first_ts.i)
+                                                       : PyFloat_FromDouble(self->first_ts.f);
+        Py_SETREF(first_ts, value == NULL ? NULL : Py_BuildValue("(nN)", self->first_ts_index, value));
+    }
+    if (self->unknown_names) {
+        Py_SETREF(names, PyList_New(r->n));
+        for (Py_ssize_t k = 0; names != NULL && k < r->n; k++)
+            PyList_SET_ITEM(names, k, Py_NewRef(r->name_text[k]));
+    }
+    if (first_ts != NULL && names != NULL)
+        result = Py_BuildValue("{sn sn sn sn sO sn sN sN sN sN sN sN sN sN sN sO sO sO}",
+                               "n_elements", n_elements, "end", end, "next", next, "n_complete", self->n_complete,
+                               "first_ts", first_ts, "n_rows", r->n,
+                               "src", column_bytes(r->src, r->n, 8), "cat", column_bytes(r->cat, r->n, 1),
+                               "name", column_bytes(r->name, r->n, 4), "start", column_bytes(r->start, r->n, 8),
+                               "dur", column_bytes(r->dur, r->n, 8), "pid", column_bytes(r->pid, r->n, 8),
+                               "tid", column_bytes(r->tid, r->n, 8), "seq", column_bytes(r->seq, r->n, 8),
+                               "corr", column_bytes(r->corr, r->n, 8), "names", names, "cats", self->cats_met,
+                               "special", self->specials);
+    Py_XDECREF(first_ts);
+    Py_XDECREF(names);
+done:
+    PyBuffer_Release(&view);
+    Py_CLEAR(self->cats_met);
+    Py_CLEAR(self->specials);
+    return result;
+}
+
+static int Scanner_init(Scanner *self, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"cat_code_of", "cat_code", "name_codes", "cpu_op", "special", "unset", NULL};
+    PyObject *cat_code_of, *cat_code, *name_codes, *special, *unset;
+    long cpu_op;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OO!lO!O:Scanner", kwlist, &PyDict_Type, &cat_code_of, &cat_code,
+                                     &PyDict_Type, &name_codes, &cpu_op, &PyTuple_Type, &special, &unset))
+        return -1;
+    if (self->names.slots != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "Scanner is initialised once");
+        return -1;
+    }
+    Py_XSETREF(self->cat_code_of, Py_NewRef(cat_code_of));
+    Py_XSETREF(self->cat_code, Py_NewRef(cat_code));
+    Py_XSETREF(self->name_codes, Py_NewRef(name_codes));
+    Py_XSETREF(self->special, Py_NewRef(special));
+    Py_XSETREF(self->unset, Py_NewRef(unset));
+    self->cpu_op = cpu_op;
+    if (table_grow(&self->names) < 0 || table_grow(&self->cats) < 0)
+        return -1;
+    return 0;
+}
+
+static void Scanner_dealloc(Scanner *self) {
+    Py_XDECREF(self->cat_code_of);
+    Py_XDECREF(self->cat_code);
+    Py_XDECREF(self->name_codes);
+    Py_XDECREF(self->special);
+    Py_XDECREF(self->unset);
+    Py_XDECREF(self->cats_met);
+    Py_XDECREF(self->specials);
+    table_free(&self->names);
+    table_free(&self->cats);
+    rows_free(&self->rows);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Scanner_why(Scanner *self, void *closure) {
+    (void)closure;
+    if (self->why == NULL)
+        Py_RETURN_NONE;
+    return PyUnicode_FromString(self->why);
+}
+
+static PyMethodDef Scanner_methods[] = {
+    {"scan", (PyCFunction)Scanner_scan, METH_VARARGS,
+     "scan(data, last) -> dict | None\n\n"
+     "The rows of the run of traceEvents elements at the front of data, or None where the\n"
+     "scanner declines (see why). The run ends at the last element followed by the next\n"
+     "one's '{' (last: by the array's ']'), at data[end]; the rest starts at data[next]."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Scanner_getset[] = {
+    {"why", (getter)Scanner_why, NULL, "Why the last scan declined (None: it answered).", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject ScannerType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tracekit.ingest._kineto_scan.Scanner",
+    .tp_basicsize = sizeof(Scanner),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Scanner(cat_code_of, cat_code, name_codes, cpu_op, special, unset): Kineto elements to row columns.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Scanner_init,
+    .tp_dealloc = (destructor)Scanner_dealloc,
+    .tp_methods = Scanner_methods,
+    .tp_getset = Scanner_getset,
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_kineto_scan", "The Kineto parser's native scanner (see kineto_native.py).", -1, NULL,
+};
+
+PyMODINIT_FUNC PyInit__kineto_scan(void) {
+    if (PyType_Ready(&ScannerType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    if (PyModule_AddObjectRef(m, "Scanner", (PyObject *)&ScannerType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,127 @@
+"""The Kineto parser's optional native scanner: ``traceEvents`` bytes straight to row columns.
+
+``_kineto_scan`` (``tracekit/ingest/_kineto_scan.c``, plain CPython C API) is built by
+``pip install`` where a C compiler is found; it is an optional extension, so an install
+without one still succeeds and reads traces the Python way. For a run of array elements the
+scanner returns exactly the columns :meth:`~tracekit.ingest.kineto_rows._RowBuilder._add_columns`
+would add after msgspec decoded them, or declines, and :class:`ChromeTraceStream` reads those
+bytes the Python way as before: the Python path stays the reference, the scanner only ever
+answers where it gives the same rows (the C file's header says what it accepts and why it
+declines).
+
+How a run flows: the stream asks :meth:`Scanner.scan` for the run at the front of its buffer,
+keeps the answer only where it ends at the seam the stream's own cut would find, and yields it
+as a :class:`ScannedRun`; ``_RowBuilder.add`` keeps its rows (``_add_scanned``).
+
+``TRACEKIT_NATIVE=0`` in the environment turns the scanner off (read at each parse).
+:data:`RUNS` counts this process's runs answered and declined, for tests and benchmarks.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+import msgspec
+import numpy as np
+
+try:
+    from tracekit.ingest import _kineto_scan
+except ImportError:  # not built (no C compiler at install): the Python path reads everything
+    _kineto_scan = None  # type: ignore[assignment]
+
+# Runs answered ("answered", with their "elements") and declined ("declined", and per reason).
+RUNS: Counter = Counter()
+
+
+def available() -> bool:
+    """Whether the extension was built and imports."""
+    return _kineto_scan is not None
+
+
+def enabled() -> bool:
+    """Whether parses use the scanner: built, and not turned off by ``TRACEKIT_NATIVE=0``."""
+    return _kineto_scan is not None and os.environ.get("TRACEKIT_NATIVE", "1").strip() != "0"
+
+
+@dataclass(eq=False)
+class ScannedRun:
+    """The rows of one run of ``traceEvents`` elements as the scanner read them: the arrays
+    :meth:`_RowBuilder._add_columns` appends to ``parts`` (``src`` counted from the run's first
+    element; ``name`` codes -1 for names not yet coded, then ``names`` lists every row's name),
+    and what it counts."""
+
+    end: int  # the run is the buffer's bytes before this (after its last element, or its "]")
+    next: int  # where the element after the run starts (the "]" of a last run)
+    n_elements: int
+    n_complete: int  # complete ("X") events, kept or not
+    first_ts: tuple[int, int | float] | None  # (element, ts) of the first complete event with a number ts
+    n_rows: int
+    src: np.ndarray
+    cat: np.ndarray
+    name: np.ndarray
+    start: np.ndarray
+    dur: np.ndarray
+    pid: np.ndarray
+    tid: np.ndarray
+    seq: np.ndarray
+    corr: np.ndarray
+    names: list[str] | None  # every row's name, where some name is not yet coded
+    cats: list[str]  # categories of the run's complete events
+    # (row, name, args) of the ops whose args _special_args reads: args as it gives them, or
+    # None and the element's JSON for msgspec to decode
+    special: list[tuple[int, str, dict | tuple | None, bytes | None]]
+
+
+_COLUMNS = {
+    "src": np.int64,
+    "cat": np.int8,
+    "name": np.int32,
+    "start": np.int64,
+    "dur": np.int64,
+    "pid": np.int64,
+    "tid": np.int64,
+    "seq": np.int64,
+    "corr": np.int64,
+}
+
+
+class Scanner:
+    """The native scanner of one file's elements, reading (never changing) a row builder's
+    category and name codes: ``cat_code_of`` (raw category -> code), ``cat_code`` (the code of
+    a category not in it), ``name_codes``, the code of ``cpu_op`` and the names whose args
+    ``_special_args`` reads. Use each answer before the next scan: codes are read at scan time."""
+
+    def __init__(
+        self,
+        cat_code_of: dict,
+        cat_code: Callable[[str], int],
+        name_codes: dict[str, int],
+        cpu_op: int,
+        special: Iterable[str],
+    ):
+        if _kineto_scan is None:
+            raise RuntimeError("tracekit's native scanner is not built")
+        self._scanner = _kineto_scan.Scanner(cat_code_of, cat_code, name_codes, cpu_op, tuple(special), msgspec.UNSET)
+
+    def scan(self, data: bytes | memoryview, last: bool = False) -> ScannedRun | None:
+        """The run of whole elements at the front of ``data``, up to the last one followed by
+        the next one's ``{`` (``last``: by the array's ``]``), or None where the scanner declines."""
+        found = self._scanner.scan(data, last)
+        if found is None:
+            self.decline(self._scanner.why)
+            return None
+        for key, dtype in _COLUMNS.items():
+            found[key] = np.frombuffer(found[key], dtype=dtype)
+        found["special"] = [
+            (row, name, args, None if args is not None else bytes(data[start:stop]))
+            for row, name, args, start, stop in found["special"]
+        ]
+        return ScannedRun(**found)
+
+    def decline(self, why: str) -> None:
+        """Count a run the Python path reads instead, and why."""
+        RUNS["declined"] += 1
+        RUNS[f"declined: {why}"] += 1
