@@ -305,8 +305,9 @@ def _profile(
         covered = np.empty(len(order), dtype=np.int64)
         covered[0] = NOTHING_BEFORE
         covered[1:] = np.maximum.accumulate(ops.end_ns[order])[:-1]
-        # an op not launched, or starting inside the reach, never waited: no row
-        can_wait = (launched >= 0) & (starts > covered)
+        # an op not launched, launched before the reach, or starting inside it never waited
+        # in any window (the wait is at most launch end - reach): no row
+        can_wait = (launched >= 0) & (launched > covered) & (starts > covered)
         fixed = can_wait & (covered >= a) & (starts <= b)
         waited = np.minimum(launched[fixed], starts[fixed]) - covered[fixed]
         wait_inside[k] = int(waited[waited > 0].sum())
