@@ -192,10 +192,10 @@ def _uuids_out(html: str) -> str:
 def _report(folder: Path, out: Path, one_pass_files: int, monkeypatch) -> str:
     from click.testing import CliRunner
 
-    import tracekit.commands.report as report
+    import tracekit.commands.common as common
     from tracekit.cli import main
 
-    monkeypatch.setattr(report, "ONE_PASS_FILES", one_pass_files)
+    monkeypatch.setattr(common, "ONE_PASS_FILES", one_pass_files)
     result = CliRunner().invoke(main, ["report", str(folder), "-o", str(out), "--no-progress", "--no-cache"])
     assert result.exit_code == 0, result.output
     return _uuids_out(out.read_text())
@@ -236,3 +236,22 @@ def test_only_the_drawn_replicas_files_are_read_again(tmp_path, monkeypatch):
     assert 0 < len(read_again) <= 6 * 4 < 32
     monkeypatch.setattr(ingest, "read_files", real_read_files)
     assert page == _report(folder, tmp_path / "once.html", 10**6, monkeypatch)
+
+
+def test_analyze_html_draws_what_report_draws(tmp_path, monkeypatch):
+    """``analyze --html`` loads as ``report`` does: a GPU run's page draws its kernels (it
+    drew none when the analysis' reduce left the run without them), small run or large."""
+    from click.testing import CliRunner
+
+    import tracekit.commands.common as common
+    from tracekit.cli import main
+
+    folder, _ = generate(SCENARIOS["slow_stage"], tmp_path)
+    for one_pass_files in (10**6, 0):
+        monkeypatch.setattr(common, "ONE_PASS_FILES", one_pass_files)
+        page = tmp_path / f"analyze{one_pass_files}.html"
+        result = CliRunner().invoke(main, ["analyze", str(folder), "--html", str(page), "--no-progress", "--no-cache"])
+        assert result.exit_code == 0, result.output
+        drawn = _uuids_out(page.read_text())
+        assert '"kernel"' in drawn
+        assert drawn == _report(folder, tmp_path / "report.html", one_pass_files, monkeypatch)

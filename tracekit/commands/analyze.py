@@ -10,7 +10,9 @@ import click
 
 from tracekit.errors import TracekitError
 from tracekit.commands.common import (
+    add_drawn_ops,
     cached_document,
+    load_to_draw,
     load_with_progress,
     rank_options,
     remember_document,
@@ -86,16 +88,19 @@ def command(
     # An unchanged run with the same options is answered from the stored document.
     doc = None if html_path else cached_document(run_dir, options)
     if doc is None:
-        # Load first: parser processes fork from this one before pandas is imported.
-        run = load_with_progress(run_dir, rank_from, rank_map, progress)
+        # Load first: parser processes fork from this one before pandas is imported. The HTML
+        # page draws ops (a GPU rank's kernels): loaded as the report loads them.
+        load = load_to_draw if html_target else load_with_progress
+        run = load(run_dir, rank_from, rank_map, progress)
         from tracekit.analyze import analyze
         from tracekit.render.json import to_document
 
-        analysis = analyze(
-            run, attribution=not no_attribution, whatif=html_target is not None, progress=work_progress(progress)
-        )
+        say = work_progress(progress)
+        analysis = analyze(run, attribution=not no_attribution, whatif=html_target is not None, progress=say)
         doc = to_document(analysis)
         remember_document(run_dir, options, doc)
+        if html_target:
+            add_drawn_ops(analysis, run_dir, rank_from, rank_map, say)
     if json_target:
         json_target.write(json.dumps(doc, indent=1).encode())
         click.echo(json_target.wrote(), err=True)

@@ -248,6 +248,38 @@ def load_with_progress(
         return load(path, options, bytes_read=bar.update)
 
 
+# Runs of at most this many files are read once for the HTML report, every rank's working set
+# kept for the drawing; larger ones twice: reduced for the analysis, then the drawn ranks' files.
+ONE_PASS_FILES = 32
+
+
+def load_to_draw(path: Path, rank_from: str | None, rank_map: str | None, progress: bool | None):
+    """Load a run for an output that draws its ops (the HTML report): a GPU rank's kernels
+    and the host ops of a run without a pipeline. A run of at most :data:`ONE_PASS_FILES`
+    files keeps every such rank's working set; a larger one is reduced like any analysis,
+    and :func:`add_drawn_ops` reads the ranks drawn again once the analysis says which."""
+    from tracekit.ingest import discover
+
+    options = load_options(rank_from, rank_map)
+    small = len(discover(path, options.iteration, rank_from)) <= ONE_PASS_FILES
+    return load_with_progress(path, rank_from, rank_map, progress, reduce_device=not small)
+
+
+def add_drawn_ops(analysis, path: Path, rank_from: str | None, rank_map: str | None, say) -> None:
+    """After :func:`load_to_draw` and the analysis: the working sets of the ranks the report
+    draws, where the load reduced them (``loading.with_drawn_ops``)."""
+    run = analysis.run
+    if run.host_busy is None:  # no rank whose drawn ops the reduce dropped
+        return
+    from tracekit.loading import with_drawn_ops
+    from tracekit.render.html import drawn_ranks
+
+    drawn = drawn_ranks(analysis)
+    if say:
+        say(f"reading the ops of the {len(drawn)} rank(s) drawn")
+    with_drawn_ops(run, path, load_options(rank_from, rank_map), drawn)
+
+
 def work_progress(progress: bool | None) -> Callable[[str], None] | None:
     """Where the long parts after loading (replays, what-if, the report) say what they are
     doing: a line on stderr each, with the seconds since the first (on a terminal, or with

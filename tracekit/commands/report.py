@@ -6,11 +6,7 @@ from pathlib import Path
 
 import click
 
-from tracekit.commands.common import load_options, load_with_progress, rank_options, work_progress
-
-# Runs of at most this many files are read once, every rank's working set kept for the drawing;
-# larger ones twice: reduced for the analysis, then the drawn ranks' files for their ops.
-ONE_PASS_FILES = 32
+from tracekit.commands.common import add_drawn_ops, load_to_draw, rank_options, work_progress
 
 
 def default_name(run_dir: Path) -> str:
@@ -46,24 +42,15 @@ def command(
     """
     from tracekit.analyze import analyze
     from tracekit.commands.outputs import run_output
-    from tracekit.ingest import discover
-    from tracekit.loading import with_drawn_ops
-    from tracekit.render.html import drawn_ranks, render_report
+    from tracekit.render.html import render_report
 
     target = run_output(output or Path("reports") / f"{default_name(run_dir)}.html", "-o", run_dir)
-    # The report draws a GPU rank's kernels and the host ops of a run without a pipeline. A
-    # small run keeps every such rank's working set; a large one is analysed from its ranks'
-    # reduce, and only the ranks drawn (a few replicas) are read again for their ops.
-    options = load_options(rank_from, rank_map)
-    small = len(discover(run_dir, options.iteration, rank_from)) <= ONE_PASS_FILES
-    run = load_with_progress(run_dir, rank_from, rank_map, progress, reduce_device=not small)
+    # The report draws a GPU rank's kernels and the host ops of a run without a pipeline: of
+    # every rank of a small run; of a large one, only the ranks drawn are read again.
+    run = load_to_draw(run_dir, rank_from, rank_map, progress)
     say = work_progress(progress)
     analysis = analyze(run, whatif=True, progress=say)
-    if run.host_busy is not None:  # reduced ranks whose ops are drawn
-        drawn = drawn_ranks(analysis)
-        if say:
-            say(f"reading the ops of the {len(drawn)} rank(s) drawn")
-        with_drawn_ops(run, run_dir, options, drawn)
+    add_drawn_ops(analysis, run_dir, rank_from, rank_map, say)
     if say:
         say("rendering the report")
     data = render_report(analysis).encode()
