@@ -162,3 +162,51 @@ def test_a_window_that_does_not_hold_a_folded_span_is_refused():
     q = (np.zeros(1, np.int64), steps["step"][k : k + 1], np.array([a + 1]), np.array([a + 10**9]))
     with pytest.raises(RuntimeError, match="does not hold"):
         _busy_in(folded, *q)
+
+
+def _part(found_by_rank: dict[int, object], n_ops: dict[int, int]) -> dict:
+    """A file's part as reduce_ranks sends it, of some ranks' reduce_rank results."""
+    from tracekit.model.device import DEVICE_TABLES
+
+    part: dict = {}
+    for name in DEVICE_TABLES:
+        tables = []
+        for rank, found in sorted(found_by_rank.items()):
+            profile = found.profile
+            table = {
+                "steps": profile.steps,
+                "busy": profile.busy,
+                "gaps": profile.gaps,
+                "p2p_kernels": found.p2p_kernels,
+                "sendrecv": found.sendrecv,
+            }.get(name)
+            if table is None:
+                table = {c: v for c, v in empty_table(name).items() if c != "rank"}
+            n = len(next(iter(table.values())))
+            tables.append(
+                {"rank": np.full(n, rank, np.int64), **{c: np.asarray(v, np.int64) for c, v in table.items()}}
+            )
+        part[name] = {c: np.concatenate([t[c] for t in tables]) for c in ("rank", *DEVICE_TABLES[name])}
+    ranks = sorted(found_by_rank)
+    part["host_ahead"] = {"rank": np.zeros(0, np.int64), "ns": np.zeros(0, np.int64)}
+    part["n_ops"] = {"rank": np.array(ranks, np.int64), "n": np.array([n_ops[r] for r in ranks], np.int64)}
+    return part
+
+
+def test_ranks_join_by_rank_whatever_files_hold_them():
+    """One report may hold several ranks (Nsight Systems): parts whose ranks interleave (ranks
+    0 and 2 in one file, 1 in another) join as one file per rank does."""
+    rng = np.random.default_rng(7)
+    found, n_ops = {}, {}
+    for rank in range(3):
+        ops, actions = _generated_rank(rng, 30, 6)
+        found[rank] = reduce_rank(ops, RankSides(np.zeros(0, np.int64), np.zeros(0, np.int64)), actions, True)
+        n_ops[rank] = len(ops)
+    one_each = join_ranks([_part({r: found[r]}, n_ops) for r in (2, 0, 1)])
+    interleaved = join_ranks([_part({0: found[0], 2: found[2]}, n_ops), _part({1: found[1]}, n_ops)])
+    for name, table in one_each.tables.items():
+        assert table["rank"].tolist() == sorted(table["rank"].tolist())
+        for column, values in table.items():
+            assert values.tolist() == interleaved.tables[name][column].tolist(), (name, column)
+    kernels = one_each["p2p_kernels"]
+    assert (kernels["kernel"][kernels["rank"] == 1] >= n_ops[0]).all()  # numbered after rank 0's ops

@@ -477,18 +477,34 @@ def _stacked(name: str, tables: list[dict[str, np.ndarray]]) -> dict[str, np.nda
 def join_ranks(parts: list[dict[str, dict[str, np.ndarray]]]) -> DeviceSummary:
     """The run's :class:`~tracekit.model.device.DeviceSummary` from the parts
     :func:`reduce_ranks` gave (a file's each): rows by rank (stably: a rank's rows keep their
-    order), kernels numbered in the run's device-op order (by rank, then the rank's own)."""
+    order), kernels numbered in the run's device-op order (by rank, then the rank's own).
+    Each column is filled once, part by part, in rank order (a part's rows are by rank
+    already): thousands of GPU ranks' tables are not concatenated, cast and sorted in turn."""
     summary = DeviceSummary()
-    for name in DEVICE_TABLES:
-        tables = [part[name] for part in parts]
-        columns = ("rank", *DEVICE_TABLES[name])
-        joined = {c: np.concatenate([t[c] for t in tables]).astype(np.int64) for c in columns} if tables else None
-        if joined is not None:
-            order = np.argsort(joined["rank"], kind="stable")
-            summary.tables[name] = {c: v[order] for c, v in joined.items()}
     for part in parts:
         summary.host_ahead_ns.update(zip(part["host_ahead"]["rank"].tolist(), part["host_ahead"]["ns"].tolist()))
         summary.n_ops.update(zip(part["n_ops"]["rank"].tolist(), part["n_ops"]["n"].tolist()))
+    spans = [
+        (int(p["n_ops"]["rank"].min()), int(p["n_ops"]["rank"].max())) if len(p["n_ops"]["rank"]) else (0, -1)
+        for p in parts
+    ]
+    by_rank = sorted(range(len(parts)), key=lambda i: spans[i])
+    # parts whose ranks interleave (one report holding ranks 0 and 2, another 1): sort rows
+    interleaved = any(spans[a][1] >= spans[b][0] for a, b in zip(by_rank, by_rank[1:]) if spans[a][1] >= spans[a][0])
+    for name in DEVICE_TABLES:
+        columns = ("rank", *DEVICE_TABLES[name])
+        tables = [parts[i][name] for i in by_rank]
+        joined = {c: np.empty(sum(len(t["rank"]) for t in tables), dtype=np.int64) for c in columns}
+        at = 0
+        for table in tables:
+            n = len(table["rank"])
+            for c in columns:
+                joined[c][at : at + n] = table[c]
+            at += n
+        if interleaved:
+            order = np.argsort(joined["rank"], kind="stable")
+            joined = {c: v[order] for c, v in joined.items()}
+        summary.tables[name] = joined
     ranks = sorted(summary.n_ops)
     offsets = dict(zip(ranks, np.concatenate(([0], np.cumsum([summary.n_ops[r] for r in ranks])[:-1])).tolist()))
     for name in ("sides", "p2p_kernels"):
