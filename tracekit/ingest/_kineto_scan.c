@@ -777,6 +777,9 @@ typedef struct {
     Py_ssize_t n, cap;
 } Rows;
 
+/* Every column of Rows, for what is done to each alike (grow, free). */
+#define ROWS_COLUMNS(X) X(src) X(start) X(dur) X(pid) X(tid) X(seq) X(corr) X(name) X(cat) X(name_text)
+
 typedef struct {
     int ints, floats;
     double top; /* the largest magnitude */
@@ -807,40 +810,24 @@ static int rows_reserve(Rows *r) {
         return 0;
     Py_ssize_t cap = r->cap ? r->cap * 2 : 1024;
 #define GROW(field)                                                      \
-    do {                                                                 \
+    {                                                                    \
         void *p = PyMem_Realloc(r->field, (size_t)cap * sizeof *r->field); \
         if (p == NULL) {                                                 \
             PyErr_NoMemory();                                            \
             return -1;                                                   \
         }                                                                \
         r->field = p;                                                    \
-    } while (0)
-    GROW(src);
-    GROW(start);
-    GROW(dur);
-    GROW(pid);
-    GROW(tid);
-    GROW(seq);
-    GROW(corr);
-    GROW(name);
-    GROW(cat);
-    GROW(name_text);
+    }
+    ROWS_COLUMNS(GROW)
 #undef GROW
     r->cap = cap;
     return 0;
 }
 
 static void rows_free(Rows *r) {
-    PyMem_Free(r->src);
-    PyMem_Free(r->start);
-    PyMem_Free(r->dur);
-    PyMem_Free(r->pid);
-    PyMem_Free(r->tid);
-    PyMem_Free(r->seq);
-    PyMem_Free(r->corr);
-    PyMem_Free(r->name);
-    PyMem_Free(r->cat);
-    PyMem_Free(r->name_text);
+#define FREE(field) PyMem_Free(r->field);
+    ROWS_COLUMNS(FREE)
+#undef FREE
     memset(r, 0, sizeof *r);
 }
 
