@@ -29,7 +29,7 @@ import pandas as pd
 
 from tracekit.analyze.bubbles import bubble_table
 from tracekit.model.device import DeviceSummary
-from tracekit.model.groups import pair_codes, split_by
+from tracekit.model.groups import first_rows, pair_codes, split_by
 from tracekit.model.intervals import clipped_length
 from tracekit.model.run import Run
 
@@ -136,11 +136,7 @@ def _lookup(keys: tuple[np.ndarray, np.ndarray], rank: np.ndarray, step: np.ndar
     """For each (rank, step) query, the row of ``keys`` (rank and step columns, one row a
     pair) that holds it; -1 where none does."""
     key_code, query_code = pair_codes(keys[0], keys[1], (rank, step))
-    order = np.argsort(key_code, kind="stable")
-    at = np.searchsorted(key_code[order], query_code)
-    at = np.minimum(at, max(len(order) - 1, 0))
-    hit = (len(order) > 0) & (key_code[order][at] == query_code) if len(order) else np.zeros(len(rank), dtype=bool)
-    return np.where(hit, order[at] if len(order) else 0, -1)
+    return first_rows(key_code, query_code)
 
 
 def _rows_of(table: dict[str, np.ndarray], rank: np.ndarray, step: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

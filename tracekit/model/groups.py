@@ -86,3 +86,14 @@ def split_by(key: np.ndarray, items: np.ndarray) -> dict[int, np.ndarray]:
     order = np.argsort(key, kind="stable")
     keys, first = np.unique(np.asarray(key)[order], return_index=True)
     return dict(zip(keys.tolist(), np.split(np.asarray(items)[order], first[1:])))
+
+
+def first_rows(keys: np.ndarray, queries: np.ndarray) -> np.ndarray:
+    """For each query (an int64 code, e.g. of :func:`pair_codes`), the first row of ``keys``
+    that holds it; -1 where none does."""
+    distinct, first = np.unique(np.asarray(keys, dtype=np.int64), return_index=True)
+    if not len(distinct):
+        return np.full(len(queries), -1, dtype=np.int64)
+    at = np.minimum(np.searchsorted(distinct, queries), len(distinct) - 1)
+    found: np.ndarray = np.where(distinct[at] == queries, first[at], -1)
+    return found

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from tracekit.model.groups import pair_codes
+from tracekit.model.groups import first_rows, pair_codes
 from tracekit.model.run import DEVICE_OP_COLUMNS
 from tracekit.reconstruct.event_arrays import DEVICE_CATEGORIES, LAUNCH_CATEGORY, EventArrays
 from tracekit.reconstruct.steps import step_of
@@ -52,10 +52,9 @@ def op_columns(events: EventArrays, steps: Mapping[str, Any]) -> dict[str, Any]:
     launch_tid = np.full(n, -1, dtype=np.int64)
     if n and len(launches):
         op_code, launch_code = pair_codes(ranks[ops], correlation[ops], (ranks[launches], correlation[launches]))
-        codes, first = np.unique(launch_code, return_index=True)  # the first launch of a repeated id
-        at = np.minimum(np.searchsorted(codes, op_code), len(codes) - 1)
-        linked = (correlation[ops] >= 0) & (codes[at] == op_code)
-        source = launches[first[at[linked]]]
+        launch = first_rows(launch_code, op_code)  # the first launch of a repeated id
+        linked = (correlation[ops] >= 0) & (launch >= 0)
+        source = launches[launch[linked]]
         launch_ns[linked] = events["start_ns"][source]
         launch_end_ns[linked] = events["end_ns"][source]
         launch_tid[linked] = events["tid"][source]
