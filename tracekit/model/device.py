@@ -81,24 +81,19 @@ class DeviceSummary:
     def __getitem__(self, name: str) -> dict[str, np.ndarray]:
         return self.tables[name]
 
-    @property
-    def folded(self) -> bool:
-        """Some rank's steps were folded: windows must hold each step's actions' span."""
-        steps = self.tables["steps"]
-        return bool((steps["span_lo_ns"] <= steps["span_hi_ns"]).any())
-
     def shift(self, shifts: dict[int, int]) -> None:
         """Put ranks on the reference clock: subtract ``shifts[rank]`` from every time of the
         rank (in place), leaving the markers (NOTHING_BEFORE, NO_SPAN, -1) as they are."""
         if not shifts:
             return
+        ranks = np.array(sorted(shifts), dtype=np.int64)
+        offsets = np.array([shifts[r] for r in ranks.tolist()], dtype=np.int64)
         for name, columns in TIME_COLUMNS.items():
             table = self.tables[name]
             if not len(table["rank"]):
                 continue
-            by = np.zeros(len(table["rank"]), dtype=np.int64)
-            for rank, offset in shifts.items():
-                by[table["rank"] == rank] = offset
+            at = np.minimum(np.searchsorted(ranks, table["rank"]), len(ranks) - 1)
+            by = np.where(ranks[at] == table["rank"], offsets[at], 0)  # each row's rank's offset
             for column in columns:
                 values = table[column]
                 if name == "sides":  # a side without a kernel has no kernel times (-1)
