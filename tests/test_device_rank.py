@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tracekit.analyze.device import _busy_after, _busy_in, _launch_wait
-from tracekit.model.device import DeviceSummary, empty_table
+from tracekit.model.device import DeviceSummary
 from tracekit.reconstruct.device_rank import (
     COLLECTIVE,
     COMPUTE,
@@ -24,6 +24,7 @@ from tracekit.reconstruct.device_rank import (
     RankSides,
     join_ranks,
     reduce_rank,
+    stack_part,
 )
 
 
@@ -72,26 +73,12 @@ def _generated_rank(rng: np.random.Generator, n_ops: int, n_actions: int) -> tup
     return ops, actions
 
 
+_NO_SIDES = {c: np.zeros(0, np.int64) for c in ("file_id", "source_index", "direction", "peer")}
+
+
 def _summary(ops: RankOps, actions: RankActions, compress: bool) -> tuple[DeviceSummary, object]:
     found = reduce_rank(ops, RankSides(np.zeros(0, np.int64), np.zeros(0, np.int64)), actions, compress)
-    profile = found.profile
-    part = {
-        "steps": profile.steps,
-        "busy": profile.busy,
-        "gaps": profile.gaps,
-        "compute": profile.compute or {"start_ns": np.zeros(0, np.int64), "end_ns": np.zeros(0, np.int64)},
-        "compute_steps": profile.compute_steps or {c: np.zeros(0, np.int64) for c in ("step", "lo_ns", "hi_ns")},
-        "sides": {c: v for c, v in empty_table("sides").items() if c != "rank"},
-        "p2p_kernels": found.p2p_kernels,
-        "sendrecv": found.sendrecv,
-    }
-    with_rank = {
-        name: {"rank": np.zeros(len(next(iter(t.values()))), np.int64), **{c: np.asarray(v) for c, v in t.items()}}
-        for name, t in part.items()
-    }
-    with_rank["host_ahead"] = {"rank": np.zeros(0, np.int64), "ns": np.zeros(0, np.int64)}
-    with_rank["n_ops"] = {"rank": np.zeros(1, np.int64), "n": np.array([len(ops)], np.int64)}
-    return join_ranks([with_rank]), found
+    return join_ranks([stack_part([found.tables(0, _NO_SIDES)], {}, {0: len(ops)})]), found
 
 
 def _reference(ops: RankOps, busy: np.ndarray, step: int, lo: int, hi: int) -> tuple[int, int, int]:
@@ -166,31 +153,8 @@ def test_a_window_that_does_not_hold_a_folded_span_is_refused():
 
 def _part(found_by_rank: dict[int, object], n_ops: dict[int, int]) -> dict:
     """A file's part as reduce_ranks sends it, of some ranks' reduce_rank results."""
-    from tracekit.model.device import DEVICE_TABLES
-
-    part: dict = {}
-    for name in DEVICE_TABLES:
-        tables = []
-        for rank, found in sorted(found_by_rank.items()):
-            profile = found.profile
-            table = {
-                "steps": profile.steps,
-                "busy": profile.busy,
-                "gaps": profile.gaps,
-                "p2p_kernels": found.p2p_kernels,
-                "sendrecv": found.sendrecv,
-            }.get(name)
-            if table is None:
-                table = {c: v for c, v in empty_table(name).items() if c != "rank"}
-            n = len(next(iter(table.values())))
-            tables.append(
-                {"rank": np.full(n, rank, np.int64), **{c: np.asarray(v, np.int64) for c, v in table.items()}}
-            )
-        part[name] = {c: np.concatenate([t[c] for t in tables]) for c in ("rank", *DEVICE_TABLES[name])}
     ranks = sorted(found_by_rank)
-    part["host_ahead"] = {"rank": np.zeros(0, np.int64), "ns": np.zeros(0, np.int64)}
-    part["n_ops"] = {"rank": np.array(ranks, np.int64), "n": np.array([n_ops[r] for r in ranks], np.int64)}
-    return part
+    return stack_part([found_by_rank[r].tables(r, _NO_SIDES) for r in ranks], {}, {r: n_ops[r] for r in ranks})
 
 
 def test_ranks_join_by_rank_whatever_files_hold_them():

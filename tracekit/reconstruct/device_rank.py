@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tracekit.model.groups import SortedGroups, split_by
-from tracekit.model.device import DEVICE_TABLES, NO_SPAN, NOTHING_BEFORE, DeviceSummary
+from tracekit.model.device import DEVICE_TABLES, NO_SPAN, NOTHING_BEFORE, DeviceSummary, empty_table
 from tracekit.model.intervals import merge_intervals, union_lengths
 from tracekit.reconstruct.event_arrays import EventArrays
 from tracekit.reconstruct.p2p_sides import p2p_sides
@@ -128,6 +128,29 @@ class RankDevice:
     profile: Profile
     host_ahead_ns: int | None  # the longest launch end to op start (None: nothing launched)
     n_ops: int = 0
+
+    def tables(self, rank: int, side_columns: Mapping[str, np.ndarray]) -> dict[str, dict[str, np.ndarray]]:
+        """This rank's rows of the run's tables (:data:`tracekit.model.device.DEVICE_TABLES`),
+        ``rank`` added; ``side_columns``: its P2P sides' own columns (file_id, source_index,
+        direction, peer), beside their kernels."""
+        profile = self.profile
+        found = {
+            "steps": profile.steps,
+            "busy": profile.busy,
+            "gaps": profile.gaps,
+            "compute": profile.compute,
+            "compute_steps": profile.compute_steps,
+            "sides": {**side_columns, **self.sides},
+            "p2p_kernels": self.p2p_kernels,
+            "sendrecv": self.sendrecv,
+        }
+        out = {}
+        for name, table in found.items():
+            columns = DEVICE_TABLES[name]
+            n = len(table[columns[0]]) if table is not None else 0
+            values = {c: np.asarray(table[c], dtype=np.int64) for c in columns} if table is not None else {}
+            out[name] = {"rank": np.full(n, rank, dtype=np.int64), **values} if n else empty_table(name)
+        return out
 
 
 def kind_codes(names: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -274,7 +297,7 @@ def _profile(
 ) -> Profile:
     """Each step's :class:`Profile` rows (module doc)."""
     stepped = np.flatnonzero(ops.step >= 0)
-    steps = np.unique(ops.step[stepped])
+    steps, step_of = np.unique(ops.step[stepped], return_inverse=True)  # each stepped op's step, as a position
     # the span [a, b] folded in each step: its actions' (compress), else none (a > b)
     span_lo = np.full(len(steps), NO_SPAN[0], dtype=np.int64)
     span_hi = np.full(len(steps), NO_SPAN[1], dtype=np.int64)
@@ -288,7 +311,7 @@ def _profile(
     wait_inside = np.zeros(len(steps), dtype=np.int64)
     busy_rows: list[tuple[np.ndarray, ...]] = []
     gap_rows: list[tuple[np.ndarray, ...]] = []
-    by_step = split_by(np.searchsorted(steps, ops.step[stepped]), stepped)
+    by_step = split_by(step_of, stepped)
     for k, mine in sorted(by_step.items()):
         a, b = int(span_lo[k]), int(span_hi[k])
         step = np.int64(steps[k])
@@ -313,7 +336,7 @@ def _profile(
         wait_inside[k] = int(waited[waited > 0].sum())
         rest = can_wait & ~fixed
         gap_rows.append(_rows(step, covered[rest], starts[rest], launched[rest]))
-    n_ops = np.bincount(np.searchsorted(steps, ops.step[stepped]), minlength=len(steps)).astype(np.int64)
+    n_ops = np.bincount(step_of, minlength=len(steps)).astype(np.int64)
     profile = Profile(
         steps=dict(
             zip(DEVICE_TABLES["steps"], (steps.astype(np.int64), span_lo, span_hi, busy_inside, wait_inside, n_ops))
@@ -403,14 +426,14 @@ def reduce_ranks(
     actions_of = split_by(action_rank, np.arange(len(action_rank)))
     sides_of = split_by(side_rank, np.arange(len(side_rank)))
     none = np.zeros(0, dtype=np.int64)
-    n_actions = len(action_rank)
-    dev_start, dev_end, busy = (np.full(n_actions, -1, dtype=np.int64) for _ in range(3))
-    busy[:] = 0
+    dev_start = np.full(len(action_rank), -1, dtype=np.int64)
+    dev_end = np.full(len(action_rank), -1, dtype=np.int64)
+    busy = np.zeros(len(action_rank), dtype=np.int64)
     op_kind = np.zeros(len(op_rank), dtype=np.int8)
     op_action = np.full(len(op_rank), -1, dtype=np.int64)
-    tables: dict[str, list[dict[str, np.ndarray]]] = {name: [] for name in DEVICE_TABLES}
-    ahead: list[tuple[int, int]] = []
-    n_ops: list[tuple[int, int]] = []
+    rank_tables: list[dict[str, dict[str, np.ndarray]]] = []
+    ahead: dict[int, int] = {}
+    n_ops: dict[int, int] = {}
     for rank in sorted(set(ops_of) | set(actions_of)):
         rows = ops_of.get(rank, none)
         rows = rows[np.lexsort((columns["end_ns"][rows], columns["start_ns"][rows]))]  # table order
@@ -427,51 +450,41 @@ def reduce_ranks(
         op_action[rows[owned]] = mine[found.owner[owned]]
         dev_start[mine], dev_end[mine], busy[mine] = found.action_start_ns, found.action_end_ns, found.action_busy_ns
         at = sides_of.get(rank, none)
-        side_table = {
-            "file_id": host["file_id"][side_rows].astype(np.int64),
-            "source_index": host["source_index"][side_rows].astype(np.int64),
+        side_columns = {
+            "file_id": host["file_id"][side_rows],
+            "source_index": host["source_index"][side_rows],
             "direction": sides.direction[at],
             "peer": sides.peer[at],
-            **found.sides,
         }
-        profile = found.profile
-        per_rank = {
-            "steps": profile.steps,
-            "busy": profile.busy,
-            "gaps": profile.gaps,
-            "compute": profile.compute,
-            "compute_steps": profile.compute_steps,
-            "sides": side_table,
-            "p2p_kernels": found.p2p_kernels,
-            "sendrecv": found.sendrecv,
-        }
-        for name, table in per_rank.items():
-            if table is not None:
-                n = len(next(iter(table.values())))
-                tables[name].append({"rank": np.full(n, rank, dtype=np.int64), **table})
+        rank_tables.append(found.tables(rank, side_columns))
         if found.host_ahead_ns is not None:
-            ahead.append((rank, found.host_ahead_ns))
-        n_ops.append((rank, found.n_ops))
-    part = {name: _stacked(name, found_tables) for name, found_tables in tables.items()}
-    part["host_ahead"] = {
-        "rank": np.array([r for r, _ in ahead], dtype=np.int64),
-        "ns": np.array([v for _, v in ahead], dtype=np.int64),
-    }
-    part["n_ops"] = {
-        "rank": np.array([r for r, _ in n_ops], dtype=np.int64),
-        "n": np.array([v for _, v in n_ops], dtype=np.int64),
-    }
+            ahead[rank] = found.host_ahead_ns
+        n_ops[rank] = found.n_ops
+    part = stack_part(rank_tables, ahead, n_ops)
     return ReducedRanks(part, dict(zip(DEVICE_ACTION_COLUMNS, (dev_start, dev_end, busy))), op_kind, op_action)
 
 
+def stack_part(
+    rank_tables: list[dict[str, dict[str, np.ndarray]]], host_ahead_ns: Mapping[int, int], n_ops: Mapping[int, int]
+) -> dict[str, dict[str, np.ndarray]]:
+    """A file's part, as :func:`join_ranks` takes it: its ranks' tables (:meth:`RankDevice.tables`,
+    in rank order) one below the other, each rank's host lead and op count."""
+    part = {
+        name: {
+            c: np.concatenate([t[name][c] for t in rank_tables]) if rank_tables else np.zeros(0, dtype=np.int64)
+            for c in ("rank", *DEVICE_TABLES[name])
+        }
+        for name in DEVICE_TABLES
+    }
+    part["host_ahead"] = {
+        "rank": np.array(list(host_ahead_ns), dtype=np.int64),
+        "ns": np.array(list(host_ahead_ns.values()), dtype=np.int64),
+    }
+    part["n_ops"] = {"rank": np.array(list(n_ops), dtype=np.int64), "n": np.array(list(n_ops.values()), dtype=np.int64)}
+    return part
+
+
 _ACTION_FIELDS = ("step", "order", "label_start_ns", "label_end_ns", "start_ns")
-
-
-def _stacked(name: str, tables: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    columns = ("rank", *DEVICE_TABLES[name])
-    if not tables:
-        return {c: np.zeros(0, dtype=np.int64) for c in columns}
-    return {c: np.concatenate([t[c] for t in tables]).astype(np.int64) for c in columns}
 
 
 def join_ranks(parts: list[dict[str, dict[str, np.ndarray]]]) -> DeviceSummary:
