@@ -125,13 +125,19 @@ def summarise_table(
     return join_ranks([found.part]), actions.assign(**found.action_columns)
 
 
+def without_device_spans(actions: pd.DataFrame) -> pd.DataFrame:
+    """The actions without the device columns the reduce gave them (a run read on the host's
+    timeline, or not measured as a pipeline)."""
+    return actions.drop(columns=[c for c in DEVICE_ACTION_COLUMNS if c in actions])
+
+
 def device_actions(actions: pd.DataFrame) -> pd.DataFrame:
     """Actions on the device timeline: ``start_ns`` / ``end_ns`` their device spans (first to
     last op each launched; :mod:`.device_rank`), ``busy_ns`` the union of those ops, the
     host spans kept as ``host_start_ns`` / ``host_end_ns``."""
     out = actions.assign(host_start_ns=actions["start_ns"], host_end_ns=actions["end_ns"])
     if out.empty:
-        return out.drop(columns=[c for c in DEVICE_ACTION_COLUMNS if c in out])
+        return without_device_spans(out)
     return out.assign(start_ns=out["dev_start_ns"], end_ns=out["dev_end_ns"]).drop(
         columns=["dev_start_ns", "dev_end_ns"]
     )
@@ -159,8 +165,8 @@ def device_messages(messages: pd.DataFrame, summary: DeviceSummary) -> pd.DataFr
     recv_k = np.where(np.isnan(recv_k.astype(float)), -1, recv_k).astype(np.int64)
     known = (send_k >= 0) & (recv_k >= 0)
     out["send_kernel"], out["recv_kernel"] = np.where(known, send_k, -1), np.where(known, recv_k, -1)
-    out = kernel_times(out, summary)
     kernels = _kernels(summary)
+    out = _with_kernel_times(out, kernels)
     recv = out["recv_kernel"].to_numpy(np.int64)
     queued = np.zeros(len(out), dtype=bool)
     queued[recv >= 0] = kernels.loc[recv[recv >= 0], "queued"].to_numpy() > 0
@@ -187,10 +193,14 @@ def _kernels(summary: DeviceSummary) -> pd.DataFrame:
 def kernel_times(messages: pd.DataFrame, summary: DeviceSummary) -> pd.DataFrame:
     """Messages with the times of their linked kernels (``send_kernel``/``recv_kernel``),
     and the wait and transfer those give; -1 where a side has no kernel."""
+    return _with_kernel_times(messages, _kernels(summary))
+
+
+def _with_kernel_times(messages: pd.DataFrame, kernels: pd.DataFrame) -> pd.DataFrame:
+    """:func:`kernel_times` with the kernels' table (:func:`_kernels`) at hand."""
     out = messages.copy()
     send_k, recv_k = out["send_kernel"].to_numpy(np.int64), out["recv_kernel"].to_numpy(np.int64)
     known = (send_k >= 0) & (recv_k >= 0)
-    kernels = _kernels(summary)
     times = {}
     for side, ids in (("send", send_k), ("recv", recv_k)):
         for edge in ("start", "end"):

@@ -93,7 +93,7 @@ def reconstruct(run: Run, timeline: str = "auto", labels: LabelSet | Sequence[st
         run.device = dev.device_ops(run.events, run.steps)
         run.device_summary, actions = dev.summarise_table(run.device, host_events, actions, _world_sizes(run))
     if not use_device:
-        actions = actions.drop(columns=[c for c in DEVICE_ACTION_COLUMNS if c in actions])
+        actions = dev.without_device_spans(actions)
     for trace in run.files:
         trace.reduced = None  # read: the run's tables hold it now
     run.labels, run.label_counts = choice.name, dict(choice.counts)
@@ -103,7 +103,7 @@ def reconstruct(run: Run, timeline: str = "auto", labels: LabelSet | Sequence[st
     run.actions = actions
     run.steps["n_actions"] = _actions_per_step(run)
     if run.completeness is not None and run.completeness.single_rank:
-        run.actions = actions.drop(columns=[c for c in DEVICE_ACTION_COLUMNS if c in actions])
+        run.actions = dev.without_device_spans(actions)
         run.warn(f"{ONE_RANK} ({describe_annotations(annotations)})")
         return run
     if actions.empty:
