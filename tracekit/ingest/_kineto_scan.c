@@ -384,6 +384,47 @@ static Status scan_literal(Cursor *c, const char *word, Py_ssize_t len, Kind kin
 
 static Status scan_value(Cursor *c, Value *v, int depth, int want_value);
 
+/* An object's key at c->p and the ':' after it, c->p left at its value (whitespace skipped).
+   ``escaped_why``: the reason to decline a key with an escape (NULL: any key). */
+static Status scan_key(Cursor *c, Value *key, const char *escaped_why) {
+    Status st;
+    if (*c->p != '"')
+        DECLINE(c, "an object key that is not a string");
+    if ((st = scan_string(c, key)) != ST_OK)
+        return st;
+    if (escaped_why != NULL && key->escaped)
+        DECLINE(c, escaped_why);
+    skip_ws(c);
+    if (c->p >= c->end)
+        return ST_MORE;
+    if (*c->p != ':')
+        DECLINE(c, "no ':' after a key");
+    c->p++;
+    skip_ws(c);
+    return ST_OK;
+}
+
+/* After an item of a container: its ``close`` (consumed; *done = 1), or a ',' (consumed with
+   the whitespace after it, c->p at the next item; *done = 0). */
+static Status next_item(Cursor *c, unsigned char close, int *done) {
+    skip_ws(c);
+    if (c->p >= c->end)
+        return ST_MORE;
+    if (*c->p == close) {
+        c->p++;
+        *done = 1;
+        return ST_OK;
+    }
+    if (*c->p != ',')
+        DECLINE(c, "no ',' between items");
+    c->p++;
+    skip_ws(c);
+    if (c->p >= c->end)
+        return ST_MORE;
+    *done = 0;
+    return ST_OK;
+}
+
 /* An object or array at c->p, checked and skipped. */
 static Status skip_container(Cursor *c, int depth) {
     unsigned char close = *c->p == '{' ? '}' : ']';
@@ -399,36 +440,13 @@ static Status skip_container(Cursor *c, int depth) {
         c->p++;
         return ST_OK;
     }
-    for (;;) {
-        if (close == '}') {
-            if (*c->p != '"')
-                DECLINE(c, "an object key that is not a string");
-            if ((st = scan_string(c, &item)) != ST_OK)
-                return st;
-            skip_ws(c);
-            if (c->p >= c->end)
-                return ST_MORE;
-            if (*c->p != ':')
-                DECLINE(c, "no ':' after a key");
-            c->p++;
-            skip_ws(c);
-        }
-        if ((st = scan_value(c, &item, depth, 0)) != ST_OK)
+    for (int done = 0; !done;) {
+        if (close == '}' && (st = scan_key(c, &item, NULL)) != ST_OK)
             return st;
-        skip_ws(c);
-        if (c->p >= c->end)
-            return ST_MORE;
-        if (*c->p == close) {
-            c->p++;
-            return ST_OK;
-        }
-        if (*c->p != ',')
-            DECLINE(c, "no ',' between items");
-        c->p++;
-        skip_ws(c);
-        if (c->p >= c->end)
-            return ST_MORE;
+        if ((st = scan_value(c, &item, depth, 0)) != ST_OK || (st = next_item(c, close, &done)) != ST_OK)
+            return st;
     }
+    return ST_OK;
 }
 
 /* Any value at c->p (a container one level below depth): strings, numbers and literals
@@ -491,20 +509,9 @@ static Status scan_args(Cursor *c, Element *e) {
         return ST_OK;
     }
     for (;;) {
-        int field = -1;
-        if (*c->p != '"')
-            DECLINE(c, "an object key that is not a string");
-        if ((st = scan_string(c, &key)) != ST_OK)
+        int field = -1, done;
+        if ((st = scan_key(c, &key, "an args key with an escape")) != ST_OK)
             return st;
-        if (key.escaped)
-            DECLINE(c, "an args key with an escape");
-        skip_ws(c);
-        if (c->p >= c->end)
-            return ST_MORE;
-        if (*c->p != ':')
-            DECLINE(c, "no ':' after a key");
-        c->p++;
-        skip_ws(c);
         if (key.n >= 5 && key.n <= 15) { /* the lengths of ARG_KEYS */
             for (int k = 0; k < N_ARGS; k++) {
                 if (key.s[0] == (unsigned char)ARG_KEYS[k][0] &&
@@ -528,19 +535,8 @@ static Status scan_args(Cursor *c, Element *e) {
             }
         } else if ((st = scan_value(c, &skipped, 2, 0)) != ST_OK)
             return st;
-        skip_ws(c);
-        if (c->p >= c->end)
-            return ST_MORE;
-        if (*c->p == '}') {
-            c->p++;
-            return ST_OK;
-        }
-        if (*c->p != ',')
-            DECLINE(c, "no ',' between items");
-        c->p++;
-        skip_ws(c);
-        if (c->p >= c->end)
-            return ST_MORE;
+        if ((st = next_item(c, '}', &done)) != ST_OK || done)
+            return st;
     }
 }
 
@@ -560,19 +556,9 @@ static Status scan_element(Cursor *c, Element *e) {
         DECLINE(c, "an element without 'ph'");
     for (;;) {
         Value *slot = NULL;
-        if (*c->p != '"')
-            DECLINE(c, "an object key that is not a string");
-        if ((st = scan_string(c, &key)) != ST_OK)
+        int done;
+        if ((st = scan_key(c, &key, "an element key with an escape")) != ST_OK)
             return st;
-        if (key.escaped)
-            DECLINE(c, "an element key with an escape");
-        skip_ws(c);
-        if (c->p >= c->end)
-            return ST_MORE;
-        if (*c->p != ':')
-            DECLINE(c, "no ':' after a key");
-        c->p++;
-        skip_ws(c);
         if (c->p >= c->end)
             return ST_MORE;
         switch (key.n) {
@@ -620,19 +606,8 @@ static Status scan_element(Cursor *c, Element *e) {
         if (st != ST_OK)
             return st;
     next:
-        skip_ws(c);
-        if (c->p >= c->end)
-            return ST_MORE;
-        if (*c->p == '}') {
-            c->p++;
-            return ST_OK;
-        }
-        if (*c->p != ',')
-            DECLINE(c, "no ',' between items");
-        c->p++;
-        skip_ws(c);
-        if (c->p >= c->end)
-            return ST_MORE;
+        if ((st = next_item(c, '}', &done)) != ST_OK || done)
+            return st;
     }
 }
 
