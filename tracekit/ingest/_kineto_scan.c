@@ -687,6 +687,40 @@ static void table_free(Table *t) {
     t->cap = t->used = 0;
 }
 
+/* The slot of raw bytes ``s`` (hash ``h``) in ``t``: its entry, or the empty slot a new one
+   takes (the table grown first where it is half full); NULL on an error. */
+static Entry *table_slot(Table *t, const unsigned char *s, Py_ssize_t n, uint64_t h) {
+    Entry *e = table_find(t, s, n, h);
+    if (e->raw == NULL && t->used * 2 >= t->cap) {
+        if (table_grow(t) < 0)
+            return NULL;
+        e = table_find(t, s, n, h);
+    }
+    return e;
+}
+
+/* Fill the empty slot ``e`` of ``t`` with a copy of ``s`` and its decoded ``text`` (a
+   reference it takes, released on an error); 0, or -1 on an error. */
+static int table_fill(Table *t, Entry *e, const unsigned char *s, Py_ssize_t n, uint64_t h, PyObject *text,
+                      long code, int special) {
+    char *raw = PyMem_Malloc(n ? (size_t)n : 1);
+    if (raw == NULL) {
+        Py_DECREF(text);
+        PyErr_NoMemory();
+        return -1;
+    }
+    memcpy(raw, s, (size_t)n);
+    e->raw = raw;
+    e->n = n;
+    e->hash = h;
+    e->text = text;
+    e->code = code;
+    e->special = special;
+    e->run = 0;
+    t->used++;
+    return 0;
+}
+
 /* The text of a JSON string's raw bytes (already checked by scan_string). */
 static PyObject *decode_string(const unsigned char *s, Py_ssize_t n, int escaped) {
     if (!escaped)
@@ -809,14 +843,9 @@ static void rows_free(Rows *r) {
 /* The entry of a category's raw bytes, its code worked out (once) as the builder does. */
 static Entry *category(Scanner *self, const unsigned char *s, Py_ssize_t n, int escaped) {
     uint64_t h = hash_bytes(s, n);
-    Entry *e = table_find(&self->cats, s, n, h);
-    if (e->raw != NULL)
+    Entry *e = table_slot(&self->cats, s, n, h);
+    if (e == NULL || e->raw != NULL)
         return e;
-    if (self->cats.used * 2 >= self->cats.cap) {
-        if (table_grow(&self->cats) < 0)
-            return NULL;
-        e = table_find(&self->cats, s, n, h);
-    }
     PyObject *text = decode_string(s, n, escaped);
     if (text == NULL)
         return NULL;
@@ -827,59 +856,32 @@ static Entry *category(Scanner *self, const unsigned char *s, Py_ssize_t n, int 
         code = PyObject_CallOneArg(self->cat_code, text);
     long value = code == NULL ? -1 : PyLong_AsLong(code);
     Py_XDECREF(code);
-    char *raw = PyMem_Malloc(n ? (size_t)n : 1);
-    if (PyErr_Occurred() || raw == NULL) {
+    if (PyErr_Occurred()) {
         Py_DECREF(text);
-        PyMem_Free(raw);
-        if (!PyErr_Occurred())
-            PyErr_NoMemory();
         return NULL;
     }
-    memcpy(raw, s, (size_t)n);
-    e->raw = raw;
-    e->n = n;
-    e->hash = h;
-    e->text = text;
-    e->code = value;
-    e->special = 0;
-    e->run = 0;
-    self->cats.used++;
-    return e;
+    return table_fill(&self->cats, e, s, n, h, text, value, 0) < 0 ? NULL : e;
 }
 
 /* The entry of a name's raw bytes; its code looked up in name_codes once per run until found. */
 static Entry *name_entry(Scanner *self, const unsigned char *s, Py_ssize_t n, int escaped) {
     uint64_t h = hash_bytes(s, n);
-    Entry *e = table_find(&self->names, s, n, h);
+    Entry *e = table_slot(&self->names, s, n, h);
+    if (e == NULL)
+        return NULL;
     if (e->raw == NULL) {
-        if (self->names.used * 2 >= self->names.cap) {
-            if (table_grow(&self->names) < 0)
-                return NULL;
-            e = table_find(&self->names, s, n, h);
-        }
         PyObject *text = decode_string(s, n, escaped);
         if (text == NULL)
             return NULL;
         int special = PySequence_Contains(self->special, text);
         if (special > 0)
             special = PyUnicode_CompareWithASCIIString(text, "record_param_comms") == 0 ? SPECIAL_NCCL : SPECIAL_P2P;
-        char *raw = PyMem_Malloc(n ? (size_t)n : 1);
-        if (special < 0 || raw == NULL) {
+        if (special < 0) {
             Py_DECREF(text);
-            PyMem_Free(raw);
-            if (!PyErr_Occurred())
-                PyErr_NoMemory();
             return NULL;
         }
-        memcpy(raw, s, (size_t)n);
-        e->raw = raw;
-        e->n = n;
-        e->hash = h;
-        e->text = text;
-        e->code = -1;
-        e->special = special;
-        e->run = 0;
-        self->names.used++;
+        if (table_fill(&self->names, e, s, n, h, text, -1, special) < 0)
+            return NULL;
     }
     if (e->code < 0 && e->run != self->run) {
         e->run = self->run;
