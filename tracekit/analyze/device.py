@@ -109,10 +109,7 @@ def device_figures(run: Run, bubbles: pd.DataFrame) -> DeviceFigures:
     summary = run.device_summary
     windows = bubbles[["rank", "step", "window_start_ns", "window_end_ns"]].to_numpy(np.int64)
     rank, step, lo, hi = windows[:, 0], windows[:, 1], windows[:, 2], windows[:, 3]
-    steps = summary["steps"]
-    found = _lookup((steps["rank"], steps["step"]), rank, step)
-    has_ops = found >= 0
-    has_ops[has_ops] = steps["n_ops"][found[has_ops]] > 0
+    has_ops = _folded(summary, "n_ops", rank, step, lo, hi) > 0
     launch_wait = _launch_wait(summary, rank, step, lo, hi)
     after = _busy_after(summary, rank, step, hi)
     paired = run.device_pairs
@@ -149,8 +146,8 @@ def _rows_of(table: dict[str, np.ndarray], rank: np.ndarray, step: np.ndarray) -
 def _folded(
     summary: DeviceSummary, column: str, rank: np.ndarray, step: np.ndarray, lo: np.ndarray, hi: np.ndarray
 ) -> np.ndarray:
-    """What each queried rank's step folded into ``column`` (0 where it has no row), after
-    checking that each window holds the span it was folded over (tracekit.reconstruct.device_rank)."""
+    """Each queried rank's step's ``column`` of the steps table (what it folded, or its op
+    count; 0 where it has no row), after checking that each window holds the span it was folded over (tracekit.reconstruct.device_rank)."""
     steps = summary["steps"]
     found = _lookup((steps["rank"], steps["step"]), rank, step)
     known = found >= 0
