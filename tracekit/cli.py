@@ -16,9 +16,11 @@ class _Group(click.Group):
     """Turns a user's mistake into one line and exit status 2, never a traceback."""
 
     def invoke(self, ctx: click.Context):
+        from tracekit._heap import keep_heap
         from tracekit._lean import pandas_without_pyarrow
 
         pandas_without_pyarrow()  # ~35 MB and 0.1 s less; see tracekit/_lean.py
+        keep_heap()  # ~40% fewer page faults while parsing; see tracekit/_heap.py
         try:
             return super().invoke(ctx)
         except TracekitError as err:

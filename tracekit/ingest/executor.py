@@ -385,13 +385,14 @@ def _run_pool(tasks, todo, results, jobs, on_done, bytes_read) -> None:
     """Parse ``todo`` on ``jobs`` cores: ``jobs - 1`` worker processes and this process.
 
     The workers fork first, while this process has loaded neither pandas nor pyarrow, so
-    each stays ~30 MB. This process takes files from the same queue, and once the queue is
-    empty loads what the analysis will need (~0.25 s of lean pandas) while the workers end
-    their last files: no core idles and there is one process fewer than there are cores,
-    which is what keeps the peak memory of the whole process tree low. Pandas is loaded
-    after this process's last parse, not before its first, so its ~40 MB and a parse's
-    buffers are never held at once (8 GPU ranks of 26 MB: tree peak 150 -> 132 MB, the
-    same wall time). Largest files go first.
+    each stays ~30 MB. This process takes files from the same queue and loads what the
+    analysis will need (~0.17 s of lean pandas) while the workers parse: first, when the
+    queue holds at least two files per core (the workers have enough to do meanwhile),
+    else after its last file. Loaded last, on 8 GPU ranks of 26 MB, it ran ~0.15 s after
+    the worker had finished, with one core idle; loaded first, the two cores end together
+    (``benchmarks/README.md``), for ~15 MB more at the peak (pandas and a parse's buffers
+    held at once). There is one process fewer than there are cores, which is what keeps
+    the peak memory of the whole process tree low. Largest files go first.
 
     The first failure anywhere (a bad file here or in a worker, a worker that died,
     Ctrl-C) stops the handing out of files, kills the workers and is raised here once
@@ -403,6 +404,8 @@ def _run_pool(tasks, todo, results, jobs, on_done, bytes_read) -> None:
     lock = threading.Lock()
     failure: list[BaseException] = []
     stopped = threading.Event()  # a failure was recorded: hand out nothing more
+    fed = threading.Event()  # every feeder has returned, or a failure was recorded
+    feeders_left = [jobs - 1]
 
     def take() -> int | None:
         with lock:
@@ -412,6 +415,7 @@ def _run_pool(tasks, todo, results, jobs, on_done, bytes_read) -> None:
         with lock:
             failure.append(err)
         stopped.set()
+        fed.set()  # stop waiting for the feeders: close() ends their workers
 
     def finish(i: int, parsed, pending, whole_file: bool) -> None:
         if pending is not None:
@@ -457,6 +461,15 @@ def _run_pool(tasks, todo, results, jobs, on_done, bytes_read) -> None:
         except BaseException as err:  # noqa: BLE001 - re-raised in the caller's thread
             fail(err)
 
+    def feeding(k: int) -> None:
+        try:
+            feed(k)
+        finally:
+            with lock:
+                feeders_left[0] -= 1
+                if not feeders_left[0]:
+                    fed.set()
+
     def read_here(nbytes: int) -> None:
         if stopped.is_set():  # another file failed: drop this one mid-way
             raise _Cancelled
@@ -465,18 +478,21 @@ def _run_pool(tasks, todo, results, jobs, on_done, bytes_read) -> None:
                 bytes_read(nbytes)
 
     feeders = [
-        threading.Thread(target=feed, args=(k,), daemon=True, name=f"tracekit-feed-{k}") for k in range(jobs - 1)
+        threading.Thread(target=feeding, args=(k,), daemon=True, name=f"tracekit-feed-{k}") for k in range(jobs - 1)
     ]
+    import_first = len(queue) >= 2 * jobs
     try:
         for feeder in feeders:
             feeder.start()
+        if import_first:
+            _import_analysis()
         while (i := take()) is not None:
             parsed, pending = parse_one(tasks[i], read_here)
             finish(i, parsed, pending, whole_file=False)
-        _import_analysis()
-        for feeder in feeders:  # returns as soon as its worker answers, or a failure ends it
-            while feeder.is_alive() and not stopped.wait(0.05):
-                feeder.join(0)
+        if not import_first:
+            _import_analysis()
+        while not fed.wait(0.05):  # set as the last feeder returns, or by a failure; the
+            pass  # timeout only keeps Ctrl-C answered
     except _Cancelled:
         pass
     except BaseException as err:
