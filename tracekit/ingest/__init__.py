@@ -84,6 +84,7 @@ def parse_files(
     rows: str = "all",
     defer_cache_writes: bool = False,
     reducer: Reducer | None = None,
+    warm_up: tuple[str, ...] = ("pandas",),
 ) -> tuple[list[TraceFile], pd.DataFrame]:
     """Parse every file; return the per-file facts and one events table for all ranks.
 
@@ -96,7 +97,8 @@ def parse_files(
     ``rows="analysis"`` keeps only the rows the analysis reads (see
     :mod:`tracekit.ingest.working_set`), dropped in the process that parsed the file;
     ``rows="reduce"`` then runs ``reducer`` there too (one file alone: the working set only,
-    as there is nothing to gather across ranks).
+    as there is nothing to gather across ranks). ``warm_up``: modules this process imports
+    while pool workers parse.
     Cache entries of files parsed by pool workers are written before this returns, or with
     ``defer_cache_writes`` by a background thread while the caller goes on (the command line
     waits for it with :func:`tracekit.ingest.executor.write_deferred_entries` after its
@@ -115,7 +117,13 @@ def parse_files(
     ]
     on_done = (lambda task: progress(Path(task.path))) if progress else None
     results = run_tasks(
-        tasks, executor=executor, jobs=jobs, scheduler=scheduler, on_done=on_done, bytes_read=bytes_read
+        tasks,
+        executor=executor,
+        jobs=jobs,
+        scheduler=scheduler,
+        on_done=on_done,
+        bytes_read=bytes_read,
+        warm_up=warm_up,
     )
     # Deferred: written by a background thread, finished by the command after its output.
     write_deferred_entries(background=defer_cache_writes)
@@ -334,6 +342,7 @@ def read_run(
         rows=options.rows,
         defer_cache_writes=options.defer_cache_writes,
         reducer=options.reducer,
+        warm_up=options.warm_up,
     )
     # Files read through an export are named by the user's file, not the export in the cache.
     exported = {read: given for read, given in zip(paths, found.files) if read != given}

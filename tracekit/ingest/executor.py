@@ -38,6 +38,7 @@ from tracekit.ingest.options import Reducer
 from tracekit.model.events import TraceFile
 
 EXECUTORS = ("local", "dask")
+WARM_UP = ("pandas",)  # what the parent imports while its workers parse, unless told otherwise
 Parsed = list[tuple[TraceFile, EventColumns]]
 
 
@@ -205,11 +206,13 @@ def run_tasks(
     scheduler=None,
     on_done: Callable[[IngestTask], None] | None = None,
     bytes_read: Callable[[int], None] | None = None,
+    warm_up: tuple[str, ...] = WARM_UP,
 ) -> list[Parsed]:
     """Run ``tasks``; return their results in task order.
 
     ``on_done`` is called as each task finishes; ``bytes_read`` with counts of input bytes
-    consumed (as they are read when parsing here, per whole file from workers).
+    consumed (as they are read when parsing here, per whole file from workers). ``warm_up``:
+    the modules this process imports while pool workers parse (what the caller needs next).
     """
     if executor not in EXECUTORS:
         raise TracekitError(f"--executor {executor!r}: choose one of {', '.join(EXECUTORS)}")
@@ -226,7 +229,7 @@ def run_tasks(
             if on_done:
                 on_done(tasks[i])
     else:
-        _run_pool(tasks, todo, results, jobs, on_done, bytes_read)
+        _run_pool(tasks, todo, results, jobs, on_done, bytes_read, warm_up)
     return results  # type: ignore[return-value]
 
 
@@ -381,12 +384,12 @@ class _Workers:
             proc.close()
 
 
-def _run_pool(tasks, todo, results, jobs, on_done, bytes_read) -> None:
+def _run_pool(tasks, todo, results, jobs, on_done, bytes_read, warm_up) -> None:
     """Parse ``todo`` on ``jobs`` cores: ``jobs - 1`` worker processes and this process.
 
     The workers fork first, while this process has loaded neither pandas nor pyarrow, so
-    each stays ~30 MB. This process takes files from the same queue and loads what the
-    analysis will need (~0.17 s of lean pandas) while the workers parse: first, when the
+    each stays ~30 MB. This process takes files from the same queue and imports ``warm_up``,
+    what the caller needs next (~0.17 s of lean pandas), while the workers parse: first, when the
     queue holds at least two files per core (the workers have enough to do meanwhile),
     else after its last file. Loaded last, on 8 GPU ranks of 26 MB, it ran ~0.15 s after
     the worker had finished, with one core idle; loaded first, the two cores end together
@@ -485,12 +488,12 @@ def _run_pool(tasks, todo, results, jobs, on_done, bytes_read) -> None:
         for feeder in feeders:
             feeder.start()
         if import_first:
-            _import_analysis()
+            _import_modules(warm_up)
         while (i := take()) is not None:
             parsed, pending = parse_one(tasks[i], read_here)
             finish(i, parsed, pending, whole_file=False)
         if not import_first:
-            _import_analysis()
+            _import_modules(warm_up)
         while not fed.wait(0.05):  # set as the last feeder returns, or by a failure; the
             pass  # timeout only keeps Ctrl-C answered
     except _Cancelled:
@@ -508,12 +511,13 @@ def _run_pool(tasks, todo, results, jobs, on_done, bytes_read) -> None:
         raise interrupt or failure[0]
 
 
-def _import_analysis() -> None:
-    """Import the modules the parent needs after parsing (pandas alone takes ~0.4 s)."""
-    try:
-        importlib.import_module("pandas")
-    except ImportError:  # reported where they are needed
-        pass
+def _import_modules(names: tuple[str, ...]) -> None:
+    """Import the modules the parent needs after parsing (lean pandas alone takes ~0.17 s)."""
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ImportError:  # reported where they are needed
+            pass
 
 
 def _size(path: str) -> int:

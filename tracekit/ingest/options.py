@@ -38,7 +38,9 @@ class ReadOptions:
     :mod:`tracekit.ingest.working_set`); ``"reduce"`` (what the command line uses) also runs
     ``reducer`` on each file's working set where it was parsed (workers send back each
     rank's steps and actions, not its events; :func:`tracekit.load` sets the reducer). ``iteration``: which ``iteration_N`` folder to read
-    (default: the highest; see :mod:`tracekit.ingest.discovery`).
+    (default: the highest; see :mod:`tracekit.ingest.discovery`). ``warm_up``: the modules
+    this process imports while pool workers parse, what the caller needs next (the command
+    line names the analysis' own, so their import is not left for after the last file).
     """
 
     rank_from: str | None = None
@@ -51,3 +53,4 @@ class ReadOptions:
     defer_cache_writes: bool = False
     iteration: int | None = None
     reducer: Reducer | None = None
+    warm_up: tuple[str, ...] = ("pandas",)
