@@ -1,5 +1,6 @@
-"""Nesting depth: the array computation equals the stack walk on every input, real or
-generated (the generated intervals are a unit-test fixture, not a trace)."""
+"""Nesting depth: the C walk (tracekit/ingest/_nesting.c, where built) and the array
+computation each equal the stack walk on every input, real or generated (the generated
+intervals are a unit-test fixture, not a trace); the C walk refuses bad arguments."""
 
 from __future__ import annotations
 
@@ -10,6 +11,18 @@ from conftest import SAMPLES, SHARED_TRACES
 from tracekit.ingest import nesting
 from tracekit.ingest.kineto import read_kineto
 from tracekit.ingest.kineto_rows import ASYNC_SPANS
+
+
+@pytest.fixture(params=["c", "arrays"])
+def way(request, monkeypatch):
+    """nesting_depth by the C walk, then by the array computation (TRACEKIT_NATIVE=0)."""
+    if request.param == "c":
+        if nesting._nesting is None:
+            pytest.skip("the C walk is not built (no C compiler at install)")
+        monkeypatch.setenv("TRACEKIT_NATIVE", "1")
+    else:
+        monkeypatch.setenv("TRACEKIT_NATIVE", "0")
+    return request.param
 
 
 def _generated_nested(rng, n: int) -> list[tuple[int, int]]:
@@ -33,7 +46,7 @@ def _generated_nested(rng, n: int) -> list[tuple[int, int]]:
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_array_depth_equals_the_walk_on_generated_intervals(seed):
+def test_array_depth_equals_the_walk_on_generated_intervals(seed, way):
     rng = np.random.default_rng(seed)
     for trial in range(400):
         if trial % 2:
@@ -65,7 +78,7 @@ def _generated_async(rng, n: int) -> tuple[list[tuple[int, int]], list[bool]]:
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_array_depth_equals_the_walk_with_async_spans(seed, monkeypatch):
+def test_array_depth_equals_the_walk_with_async_spans(seed, monkeypatch, way):
     """Transparent spans that outlast the ops they start in pop them in the walk; the array
     computation must pop the same ones, without walking (the walk is made to fail)."""
     rng = np.random.default_rng(100 + seed)
@@ -86,7 +99,7 @@ def test_array_depth_equals_the_walk_with_async_spans(seed, monkeypatch):
         assert np.array_equal(nesting.nesting_depth(*case), expected), case
 
 
-def test_array_depth_on_edge_cases():
+def test_array_depth_on_edge_cases(way):
     """Empty intervals at a parent's end, equal ends, one row, ends before starts (bad
     rows the parsers drop, but the function must still agree with the walk)."""
     cases = [
@@ -131,7 +144,7 @@ def _real_files():
 
 
 @pytest.mark.parametrize("path", _real_files(), ids=lambda p: p.name)
-def test_array_depth_equals_the_walk_on_real_traces(path):
+def test_array_depth_equals_the_walk_on_real_traces(path, way):
     _, columns = read_kineto(path, 0)
     n = columns.numbers
     names = np.array(columns.values["name"], dtype=object)[columns.codes["name"]]
@@ -139,3 +152,50 @@ def test_array_depth_equals_the_walk_on_real_traces(path):
     args = (n["pid"], n["tid"], n["start_ns"], n["end_ns"], transparent)
     assert np.array_equal(nesting.nesting_depth(*args), nesting.nesting_depth_walk(*args))
     assert np.array_equal(n["depth"], nesting.nesting_depth_walk(*args))
+
+
+@pytest.mark.skipif(nesting._nesting is None, reason="the C walk is not built (no C compiler at install)")
+def test_the_c_walk_is_what_runs_where_built(monkeypatch):
+    """Built and allowed, nesting_depth walks in C: the array computation's helpers are not
+    called (they are made to fail); TRACEKIT_NATIVE=0 goes back to them."""
+    start = np.array([0, 1, 2, 30], dtype=np.int64)
+    end = np.array([10, 5, 3, 40], dtype=np.int64)
+    ids = np.zeros(4, dtype=np.int64)
+    monkeypatch.setattr(nesting, "_first_larger", None)
+    monkeypatch.setenv("TRACEKIT_NATIVE", "1")
+    assert nesting.nesting_depth(ids, ids, start, end).tolist() == [0, 1, 2, 0]
+    monkeypatch.setenv("TRACEKIT_NATIVE", "0")
+    with pytest.raises(TypeError):
+        nesting.nesting_depth(ids, ids, start, end)
+
+
+@pytest.mark.skipif(nesting._nesting is None, reason="the C walk is not built (no C compiler at install)")
+def test_the_c_walk_refuses_bad_arguments():
+    """Wrong lengths, item sizes, indices or bounds raise ValueError; nothing is written
+    outside the arrays (the process would crash)."""
+    walk = nesting._nesting.walk
+    s = np.array([0, 1, 2], dtype=np.int64)
+    e = np.array([5, 2, 3], dtype=np.int64)
+    order, bounds = np.array([0, 1, 2], dtype=np.int64), np.array([0, 3], dtype=np.int64)
+    depth = np.zeros(3, dtype=np.int16)
+    walk(s, e, None, order, bounds, depth)
+    assert depth.tolist() == [0, 1, 1]
+    bad = [
+        (s[:2], e, None, order, bounds, depth),  # lengths differ
+        (s, e, np.zeros(2, dtype=bool), order, bounds, depth),
+        (s.astype(np.int32), e, None, order, bounds, depth),  # 4-byte items
+        (s, e, None, order, bounds, np.zeros(3, dtype=np.int64)),
+        (s, e, None, np.array([0, 1, 3]), bounds, depth),  # an index past the rows
+        (s, e, None, np.array([0, -1, 2]), bounds, depth),
+        (s, e, None, order, np.array([0, 2]), depth),  # bounds short of the rows
+        (s, e, None, order, np.array([0, 4]), depth),  # past them
+        (s, e, None, order, np.array([1, 3]), depth),  # not from 0
+        (s, e, None, order, np.array([0, 2, 1, 3]), depth),  # going back
+    ]
+    for args in bad:
+        with pytest.raises(ValueError):
+            walk(*args)
+    with pytest.raises(ValueError):  # depth must be writable (numpy refuses the buffer)
+        frozen = np.zeros(3, dtype=np.int16)
+        frozen.flags.writeable = False
+        walk(s, e, None, order, bounds, frozen)

@@ -19,13 +19,14 @@ as a :class:`ScannedRun`; ``_RowBuilder.add`` keeps its rows (``_add_scanned``).
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import msgspec
 import numpy as np
+
+from tracekit.ingest.options import native_allowed
 
 try:
     from tracekit.ingest import _kineto_scan
@@ -43,7 +44,7 @@ def available() -> bool:
 
 def enabled() -> bool:
     """Whether parses use the scanner: built, and not turned off by ``TRACEKIT_NATIVE=0``."""
-    return _kineto_scan is not None and os.environ.get("TRACEKIT_NATIVE", "1").strip() != "0"
+    return _kineto_scan is not None and native_allowed()
 
 
 @dataclass(eq=False)

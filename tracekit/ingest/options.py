@@ -6,9 +6,17 @@ takes a :class:`tracekit.loading.LoadOptions`: these and the reconstructor's.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+
+def native_allowed() -> bool:
+    """Whether tracekit's optional C code may run where it is built (the Kineto scanner,
+    the nesting walk): ``TRACEKIT_NATIVE=0`` in the environment turns it off, read at each
+    call, for comparisons and as a way round a bug in it."""
+    return os.environ.get("TRACEKIT_NATIVE", "1").strip() != "0"
 
 
 @dataclass(frozen=True)
