@@ -64,3 +64,59 @@ def test_shared_nsys_reports_analyse_the_same_from_the_working_set():
         pytest.skip(f"{folder} is absent: the shared real traces are not laid beside this checkout")
     for path in sorted(folder.glob("*.sqlite")):
         _same_analysis(path)
+
+
+def test_thread_limits_by_comparison_equal_the_sorts():
+    """The few-threads way of finding each row's deepest annotation equals the sorts of
+    every row, on GENERATED ids (a unit-test fixture, not a trace): threads with and without
+    annotations, negative and huge ids, a pid shared by several tids, more threads than the
+    comparison takes (which then take the sorts)."""
+    import numpy as np
+
+    from tracekit.ingest import working_set as ws
+
+    rng = np.random.default_rng(11)
+    for trial in range(300):
+        n = int(rng.integers(1, 400))
+        n_threads = int(rng.integers(1, 2 * ws._FEW_THREADS + 3))
+        ids = rng.choice([-(2**62), -7, 0, 1, 3, 2**40, 2**62], size=(n_threads, 2))
+        thread = rng.integers(0, n_threads, n)
+        pid, tid = ids[thread, 0].astype(np.int64), ids[thread, 1].astype(np.int64)
+        depth = rng.integers(0, 6, n).astype(np.int64)
+        anchor = rng.random(n) < (0.0 if trial % 7 == 0 else 0.2)
+        got = ws._thread_limits(pid, tid, anchor, depth)
+        want = ws._thread_limits_sorted(pid, tid, anchor, depth) if anchor.any() else np.zeros(n, np.int64)
+        assert np.array_equal(got, want), trial
+
+
+def test_each_rank_keeps_its_first_and_last_row():
+    """A file holding two ranks (an Nsight report does) keeps each rank's earliest-starting
+    and latest-ending row even where nothing else would keep them (deep CPU ops); GENERATED
+    columns, a unit-test fixture."""
+    import numpy as np
+
+    from tracekit.ingest.columns import EventColumns
+    from tracekit.ingest.working_set import _kept
+
+    # rank 0: rows 0-2, rank 1: rows 3-5; the middle row of each is a top-level op
+    start = np.array([0, 5, 8, 100, 105, 110], dtype=np.int64)
+    end = np.array([3, 9, 20, 104, 109, 150], dtype=np.int64)
+    numbers = {
+        "rank": np.array([0, 0, 0, 1, 1, 1], dtype=np.int32),
+        "start_ns": start,
+        "end_ns": end,
+        "pid": np.ones(6, dtype=np.int64),
+        "tid": np.ones(6, dtype=np.int64),
+        "on_gpu": np.zeros(6, dtype=bool),
+        "depth": np.array([3, 0, 4, 5, 0, 2], dtype=np.int16),
+        "seq": np.full(6, -1, dtype=np.int64),
+        "correlation": np.full(6, -1, dtype=np.int64),
+    }
+    columns = EventColumns(
+        numbers,
+        {"cat": np.zeros(6, np.int32), "name": np.zeros(6, np.int32)},
+        {"cat": ["cpu_op"], "name": ["aten::mul"]},
+    )
+    assert _kept(columns).tolist() == [True, True, True, True, True, True]
+    numbers["rank"] = np.zeros(6, dtype=np.int32)  # one rank: only its own first and last
+    assert _kept(columns).tolist() == [True, True, False, False, True, True]

@@ -75,16 +75,7 @@ def _kept(columns: EventColumns) -> np.ndarray:
     # Any annotation may be a label: which ones are is decided later, by the label rules.
     # Communication libraries' ranges (gloo:recv spans posting to the wait's return) are not.
     anchor = annotation & ~on_gpu & ~by_name(lambda s: s.startswith(LIBRARY_RANGES))
-    limit_of_row = np.zeros(len(depth), dtype=np.int64)
-    if anchor.any():
-        _, pid_code = np.unique(nums["pid"], return_inverse=True)
-        tids, tid_code = np.unique(nums["tid"], return_inverse=True)
-        pair = pid_code.reshape(-1).astype(np.int64) * len(tids) + tid_code.reshape(-1)
-        threads, inverse = np.unique(pair, return_inverse=True)  # one code per (pid, tid)
-        inverse = inverse.reshape(-1)
-        deepest = np.full(len(threads), -1, dtype=np.int64)
-        np.maximum.at(deepest, inverse[anchor], depth[anchor])
-        limit_of_row = deepest[inverse] + 1
+    limit_of_row = _thread_limits(nums["pid"], nums["tid"], anchor, depth)
     # The CUDA API calls that launched the GPU rows (how device work finds its host thread,
     # step and action); the many other API calls (stream queries, events) are not read.
     runtime = (
@@ -101,8 +92,49 @@ def _kept(columns: EventColumns) -> np.ndarray:
     if by_name(lambda s: s in SEND_NAMES or s in RECV_NAMES).any():
         keep |= by_name(lambda s: s.startswith(_BACKWARD_PREFIX)) & (nums["seq"] >= 0)
 
-    for rank in np.unique(nums["rank"]):  # each rank's extent
-        mine = np.flatnonzero(nums["rank"] == rank)
+    ranks = nums["rank"]
+    if ranks.min() == ranks.max():  # one rank, as a file mostly is: no search for its rows
+        keep[np.argmin(nums["start_ns"])] = keep[np.argmax(nums["end_ns"])] = True
+        return keep
+    for rank in np.unique(ranks):  # each rank's extent
+        mine = np.flatnonzero(ranks == rank)
         keep[mine[np.argmin(nums["start_ns"][mine])]] = True
         keep[mine[np.argmax(nums["end_ns"][mine])]] = True
     return keep
+
+
+_FEW_THREADS = 8  # threads with annotations, up to which each is found by comparison
+
+
+def _thread_limits(pid: np.ndarray, tid: np.ndarray, anchor: np.ndarray, depth: np.ndarray) -> np.ndarray:
+    """For each row, 1 + the depth of the deepest anchor on its thread (its pid and tid);
+    0 on a thread without one.
+
+    Annotations sit on a few threads (the training loop's, a data loader's): those threads
+    are found among the anchors alone and their rows by comparing ids, two passes over the
+    rows a thread, not three sorts of every row. More threads than :data:`_FEW_THREADS`
+    take the sorts (the same numbers; a test holds the two equal)."""
+    limit = np.zeros(len(depth), dtype=np.int64)
+    if not anchor.any():
+        return limit
+    a_pid, a_tid, a_depth = pid[anchor], tid[anchor], depth[anchor]
+    pairs, inverse = np.unique(np.stack([a_pid, a_tid]), axis=1, return_inverse=True)
+    if pairs.shape[1] > _FEW_THREADS:
+        return _thread_limits_sorted(pid, tid, anchor, depth)
+    deepest = np.full(pairs.shape[1], -1, dtype=np.int64)
+    np.maximum.at(deepest, inverse.reshape(-1), a_depth)
+    for (p, t), d in zip(pairs.T.tolist(), deepest.tolist()):
+        limit[(pid == p) & (tid == t)] = d + 1
+    return limit
+
+
+def _thread_limits_sorted(pid: np.ndarray, tid: np.ndarray, anchor: np.ndarray, depth: np.ndarray) -> np.ndarray:
+    """:func:`_thread_limits` by coding every row's thread (sorts of all rows)."""
+    _, pid_code = np.unique(pid, return_inverse=True)
+    tids, tid_code = np.unique(tid, return_inverse=True)
+    pair = pid_code.reshape(-1).astype(np.int64) * len(tids) + tid_code.reshape(-1)
+    threads, inverse = np.unique(pair, return_inverse=True)  # one code per (pid, tid)
+    inverse = inverse.reshape(-1)
+    deepest = np.full(len(threads), -1, dtype=np.int64)
+    np.maximum.at(deepest, inverse[anchor], depth[anchor])
+    return deepest[inverse] + 1
