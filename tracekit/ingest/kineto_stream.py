@@ -45,10 +45,11 @@ try:  # ISA-L's inflate reads the same gzip streams ~2x faster than zlib's (benc
 except ImportError:  # pragma: no cover - an install without the wheel: zlib, same bytes
     _inflate = zlib  # type: ignore[assignment]
 
-# Decompressed bytes gathered before a batch is cut and decoded (~700 Kineto events). As
-# fast as 1 MiB and 6 MB less peak memory per parser; larger chunks were slower and took
-# more (see benchmarks/README.md).
-CHUNK_BYTES = 1 << 18
+# Decompressed bytes gathered before a batch is cut and decoded (~3,000 Kineto events).
+# With the native scanner each batch's Python work is what a larger one saves: a 26 MB GPU
+# rank parses ~10% faster than with 256 KiB chunks, for ~2 MB more peak memory a parser
+# (see benchmarks/README.md; through msgspec alone the two were as fast).
+CHUNK_BYTES = 1 << 20
 # Compressed bytes read from disk at a time.
 READ_BYTES = 1 << 20
 # A header longer than this without "traceEvents" is not a Chrome trace we can stream.
