@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import os
 import sys
 from pathlib import Path
 
@@ -30,7 +32,23 @@ def tracekit_table(path: Path, name: str) -> dict | None:
     return read_toml(path).get("tool", {}).get("tracekit", {}).get(name)
 
 
+_READ: dict[tuple[str, int, int], dict] = {}  # (path, mtime, size) -> its tables
+
+
 def read_toml(path: Path) -> dict:
+    """The file's tables; parsed once while it is unchanged (a command looks for several
+    tables, each lookup from the working folder up), a copy to each caller."""
+    try:
+        stat = os.stat(path)
+    except OSError as err:
+        raise TracekitError(f"{path}: cannot read it ({err.strerror})") from None
+    key = (os.path.abspath(path), stat.st_mtime_ns, stat.st_size)
+    if key not in _READ:
+        _READ[key] = _parse_toml(path)
+    return copy.deepcopy(_READ[key])
+
+
+def _parse_toml(path: Path) -> dict:
     if tomllib is None:  # pragma: no cover - Python 3.10 without tomli
         raise TracekitError(
             f"{path}: reading TOML on Python < 3.11 needs tomli (pip install tomli), or give the settings as flags"
