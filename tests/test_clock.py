@@ -43,3 +43,19 @@ def test_skewed_host_is_realigned(tmp_path, offset_ns):
 def test_one_host_needs_no_alignment():
     run = load(SAMPLES / "1f1b")
     assert not [w for w in run.warnings if "aligned clocks" in w]
+
+
+def test_shift_ranks_moves_times_and_leaves_markers():
+    """A rank's offset comes off its times; a marker (-1: "no launch recorded") is no time
+    and stays -1 (it became -1 - offset: a bogus time, positive for a negative offset)."""
+    import pandas as pd
+
+    from tracekit.reconstruct.clock import shift_ranks
+
+    frame = pd.DataFrame({"rank": [0, 1, 1, 3], "launch_ns": [10, -1, 500, -1], "end_ns": [20, 30, 600, 40]})
+    shifted = shift_ranks(frame, {1: 100, 3: -2_000}, "rank", ["launch_ns"], unset=-1)
+    assert shifted["launch_ns"].tolist() == [10, -1, 400, -1]
+    assert shifted["end_ns"].tolist() == [20, 30, 600, 40]  # a column not named is not moved
+    plain = shift_ranks(frame, {1: 100, 3: -2_000}, "rank", ["end_ns"])
+    assert plain["end_ns"].tolist() == [20, -70, 500, 2_040]
+    assert frame["launch_ns"].tolist() == [10, -1, 500, -1]  # the input is left as it was

@@ -80,12 +80,16 @@ def estimate_offsets(files: list[TraceFile], messages: pd.DataFrame) -> tuple[di
     return shifts, notes
 
 
-def shift_ranks(frame: pd.DataFrame, shifts: dict[int, int], rank_col: str, time_cols: list[str]) -> pd.DataFrame:
-    """Subtract each rank's offset from the given time columns."""
+def shift_ranks(
+    frame: pd.DataFrame, shifts: dict[int, int], rank_col: str, time_cols: list[str], unset: int | None = None
+) -> pd.DataFrame:
+    """Subtract each rank's offset from the given time columns; a value equal to ``unset``
+    (a marker such as -1, "no launch recorded") is not a time and stays as it is."""
     if not shifts or frame.empty:
         return frame
     delta = frame[rank_col].map(shifts).fillna(0).astype("int64")
     frame = frame.copy()
     for col in time_cols:
-        frame[col] = frame[col] - delta
+        shifted = frame[col] - delta
+        frame[col] = shifted if unset is None else shifted.where(frame[col] != unset, unset)
     return frame

@@ -184,7 +184,7 @@ def _on_device(run: Run, messages) -> None:
         summary.shift(shifts)
         if len(run.device):  # held for outputs that draw it
             run.device = shift_ranks(run.device, shifts, "rank", ["start_ns", "end_ns"])
-            run.device = shift_ranks(run.device, shifts, "rank", ["launch_ns", "launch_end_ns"])
+            run.device = shift_ranks(run.device, shifts, "rank", ["launch_ns", "launch_end_ns"], unset=-1)
         messages = shift_ranks(messages, shifts, "src_rank", ["send_post_ns"])
         messages = shift_ranks(messages, shifts, "dst_rank", ["recv_post_ns", "recv_done_ns"])
         # wait and transfer compare both sides' kernels: measured again on the one clock
