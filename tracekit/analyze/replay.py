@@ -454,12 +454,17 @@ def graph_from_run(
     ``rank_start``: per-rank window starts of a flush-free pipeline, see step_graphs)."""
     if acts is None:
         acts = run.actions[run.actions["step"] == step]
-    acts = acts.sort_values(["start_ns", "end_ns"])
+    # in (start, end) order, ties kept in table order (a stable sort, as sort_values by two keys)
+    order = np.lexsort((acts["end_ns"].to_numpy(dtype=np.int64), acts["start_ns"].to_numpy(dtype=np.int64)))
+
+    def column(name: str, dtype=np.int64) -> np.ndarray:
+        return acts[name].to_numpy(dtype=dtype)[order]
+
     n = len(acts)
-    ids = acts["action_id"].to_numpy(dtype=np.int64)
-    rank = acts["rank"].to_numpy(dtype=np.int64)
-    start = acts["start_ns"].to_numpy(dtype=np.int64)
-    end = acts["end_ns"].to_numpy(dtype=np.int64)
+    ids = column("action_id")
+    rank = column("rank")
+    start = column("start_ns")
+    end = column("end_ns")
     prev = _previous_on_rank(rank)
     notes: list[str] = []
     if msgs is None:
@@ -503,17 +508,18 @@ def graph_from_run(
     first = np.ones(len(pick), dtype=bool)
     first[1:] = (s[pick][1:] != s[pick][:-1]) | (d[pick][1:] != d[pick][:-1])
     pick = pick[first]
-    kind = acts["kind"].to_numpy()
-    stage = acts["stage"].to_numpy(dtype=np.int64)
-    mb = acts["microbatch"].to_numpy(dtype=np.int64)
+    kind = acts["kind"].to_numpy()[order]
+    stage = column("stage")
+    mb = column("microbatch")
     replica_of = {r: i for i, group in enumerate(run.schedule.pipelines if run.schedule else []) for r in group}
     replica = np.array([replica_of.get(int(r), 0) for r in np.unique(rank)], dtype=np.int64)[
         np.searchsorted(np.unique(rank), rank)
     ]
     dep_src, dep_dst = _dependencies(rank, stage, kind, mb, replica)
     # a dependency no message carried, where its order allows: an edge of no latency
-    messaged = pd.MultiIndex.from_arrays([s[pick], d[pick]])
-    bare = (messaged.get_indexer(pd.MultiIndex.from_arrays([dep_src, dep_dst])) < 0) & (end[dep_src] <= start[dep_dst])
+    # (producer, consumer) pairs as one number each: positions in the step, both below n
+    messaged = np.isin(dep_src * max(n, 1) + dep_dst, s[pick] * max(n, 1) + d[pick])
+    bare = ~messaged & (end[dep_src] <= start[dep_dst])
     unmessaged = int(bare.sum())
     if unmessaged:
         notes.append(f"{unmessaged} cross-rank dependencies have no matched message; their wait counts as overhead")
@@ -531,7 +537,7 @@ def graph_from_run(
         t0 = min([t0, *rank_start.values()])
     # Compute time (on the device: the union of the action's kernels); an action's idle
     # stretches between its kernels fall, in the replay, into the overhead of what follows.
-    dur = np.minimum(compute_ns(acts).to_numpy(dtype=np.int64), end - start)
+    dur = np.minimum(compute_ns(acts).to_numpy(dtype=np.int64)[order], end - start)
     done = start + dur
     # Overhead: how long after its rank was free and its inputs were there each action began.
     if rank_start is None:
@@ -579,7 +585,9 @@ def _previous_on_rank(rank: np.ndarray) -> np.ndarray:
 
 def _positions(ids: np.ndarray, wanted: np.ndarray) -> np.ndarray:
     """Where each wanted id is in ``ids`` (the last place where one is twice), -1 where absent."""
-    index = pd.Index(ids)
-    last = ~index.duplicated(keep="last")
-    at = index[last].get_indexer(wanted)
-    return np.where(at >= 0, np.flatnonzero(last)[np.maximum(at, 0)], -1) if len(ids) else np.full(len(wanted), -1)
+    if not len(ids):
+        return np.full(len(wanted), -1, dtype=np.int64)
+    order = np.argsort(ids, kind="stable")  # equal ids in table order: the last one last
+    at = np.searchsorted(ids[order], wanted, side="right") - 1
+    found = (at >= 0) & (ids[order][np.maximum(at, 0)] == wanted)
+    return np.where(found, order[np.maximum(at, 0)], -1)
