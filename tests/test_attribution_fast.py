@@ -110,3 +110,21 @@ def test_generated_rows_apportion_as_one_row_at_a_time(seed):
     totals = rng.integers(-5, 10**9, 20)
     expected = [ref._apportioned(int(t), w).tolist() for t, w in zip(totals, weights)]
     assert attribution._apportioned_rows(totals, weights).tolist() == expected
+
+
+def test_attribute_replays_steps_side_by_side_and_gives_each_step_what_it_gives_alone():
+    """attribute() replays the run's steps together (replay_steps); each step's attribution
+    is the one attribute_step gives the step alone, on a real capture of 3 steps."""
+    from conftest import SAMPLES
+    from tracekit import load
+    from tracekit.analyze.bubbles import measure_pipeline
+
+    run = load(SAMPLES / "1f1b_slow_stage2")
+    bubbles = measure_pipeline(run.actions[run.actions["step"] >= 0])
+    together = attribution.attribute(run, bubbles)
+    assert len(together.steps) == 3
+    for step in together.steps:
+        graph = together.graphs[step.step]
+        rows = bubbles[bubbles["step"] == step.step]
+        idle = {int(r): int(i) for r, i in zip(rows["rank"], rows["idle_ns"])}
+        _same(step, attribution.attribute_step(graph, idle, int(rows["window_ns"].max())))

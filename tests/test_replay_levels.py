@@ -94,3 +94,36 @@ def test_a_changed_graph_is_walked_anew():
 def test_an_empty_graph_replays_to_nothing():
     graph = graph_from_orders({}, {"F": 1, "B": 2})
     assert len(replay(graph).end) == 0
+
+
+@pytest.mark.parametrize("cells", [None, 40, 300])
+def test_several_graphs_in_one_walk_are_each_graph_replayed_alone(cells, monkeypatch):
+    """replay_steps (graphs side by side, one walk) gives each graph exactly what replay_many
+    gives it alone: graphs of other depths and sizes, other scenario counts (one with none),
+    rendezvous and per-rank origins mixed; ``cells`` small makes it cut the graphs into
+    several walks (and send a graph too big for one alone through replay_many)."""
+    from tracekit.analyze import replay as replay_module
+
+    if cells is not None:
+        monkeypatch.setattr(replay_module, "_BATCH_CELLS", cells)
+    graphs, scenarios = [], []
+    for seed in range(7):
+        orders = [one_f_one_b(3, 5), interleaved_1f1b(4, 2, 8), one_f_one_b(2, 2), one_f_one_b(4, 6)][seed % 4]
+        graph = _generated_graph(orders, 50 + seed, rendezvous=seed % 2 == 0, per_rank=seed % 3 == 0)
+        rng = np.random.default_rng(seed)
+        n, e = len(graph.dur), len(graph.edge_src)
+        options = [
+            Scenario(),
+            Scenario(dur=rng.integers(0, 4, n) * 5),
+            Scenario(lat=np.zeros(e, np.int64), xfer=np.zeros(e, np.int64), ovh=np.zeros(n, np.int64)),
+            Scenario(lat=rng.integers(0, 5, e) * 5),
+        ]
+        graphs.append(graph)
+        scenarios.append([] if seed == 5 else options[: 1 + seed % 4])
+    together = replay_module.replay_steps(graphs, scenarios)
+    for graph, own, got in zip(graphs, scenarios, together):
+        want = replay_many(graph, own) if own else []
+        assert len(got) == len(want)
+        for a, b in zip(got, want):
+            assert np.array_equal(a.start, b.start) and np.array_equal(a.end, b.end)
+            assert np.array_equal(a.binding, b.binding)

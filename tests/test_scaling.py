@@ -81,7 +81,8 @@ def test_long_steps_after_loading_report_progress_on_stderr_only(tmp_path):
     analysed = _tracekit("analyze", run, "--no-cache", "--progress", "--json", cwd=tmp_path)
     assert analysed.returncode == 0, analysed.stderr
     json.loads(analysed.stdout)  # nothing but the document
-    assert "tracekit: attribution: replaying step 2 (1 of 3, 64 actions)" in analysed.stderr
+    # the three small steps side by side, in one walk (analyze.replay.replay_steps)
+    assert "tracekit: attribution: replaying steps 2-4 (1-3 of 3, 192 actions)" in analysed.stderr
     assert "tracekit: diagnosing" in analysed.stderr
     quiet = _tracekit("analyze", run, "--no-cache", "--no-progress", "--json", cwd=tmp_path)
     assert quiet.stdout == analysed.stdout and "tracekit:" not in quiet.stderr

@@ -32,7 +32,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tracekit.analyze.replay import Replay, Scenario, StepGraph, critical_path, replay_many, step_graphs
+from tracekit.analyze.replay import (
+    Replay,
+    Scenario,
+    StepGraph,
+    critical_path,
+    replay_many,
+    replay_steps,
+    step_graphs,
+)
 from tracekit.model.groups import split_by
 from tracekit.model.run import Run
 from tracekit.reconstruct.schedule import TERAPIPE_NAME
@@ -158,8 +166,29 @@ def _scenario(graph: StepGraph, balanced: np.ndarray, present: Coalition) -> Sce
     return Scenario(dur=dur, ovh=ovh, lat=lat, xfer=xfer)
 
 
+@dataclass
+class _StepReplays:
+    """What a step's attribution replays (every scenario at once), and how to read them back."""
+
+    ranks: list[int]
+    codes: np.ndarray  # each action's rank, as a column
+    balanced: np.ndarray
+    coalitions: list[Coalition]
+    every: list[Scenario]  # the coalitions', then the stage and link blame replays
+    by_excess: list[int]
+    n_stages: int
+    link_latency: dict[tuple[int, int], int]
+    by_latency: list[tuple[int, int]]
+
+
 def attribute_step(graph: StepGraph, measured_idle: dict[int, int], measured_makespan: int) -> StepAttribution:
     """Attribute one step's idle per rank (``measured_idle`` from the bubble table)."""
+    plan = _step_replays(graph)
+    # Every replay of the step at once (replay_many walks the graph a single time).
+    return _attributed(graph, plan, replay_many(graph, plan.every), measured_idle, measured_makespan)
+
+
+def _step_replays(graph: StepGraph) -> _StepReplays:
     ranks = [int(r) for r in graph.ranks]
     # Per rank work below must not loop over ranks: with thousands of them each rank's figures
     # are a row (or column) of a scenario x rank or key x rank matrix, laid out once.
@@ -174,9 +203,25 @@ def attribute_step(graph: StepGraph, measured_idle: dict[int, int], measured_mak
     link_latency = _link_latency(graph)
     by_latency = sorted(link_latency, key=lambda link: -link_latency[link])
     link_scenarios = [_link_freed(graph, link) for link in by_latency[:MAX_BLAME_REPLAYS]]
-    # Every replay of the step at once (replay_many walks the graph a single time).
-    every = scenarios + stage_scenarios + link_scenarios
-    replayed = replay_many(graph, every)
+    return _StepReplays(
+        ranks,
+        codes,
+        balanced,
+        coalitions,
+        scenarios + stage_scenarios + link_scenarios,
+        by_excess,
+        len(stage_scenarios),
+        link_latency,
+        by_latency,
+    )
+
+
+def _attributed(
+    graph: StepGraph, plan: _StepReplays, replayed: list[Replay], measured_idle: dict[int, int], measured_makespan: int
+) -> StepAttribution:
+    """The step's attribution from its replays (those of ``plan.every``, in order)."""
+    ranks, codes, balanced, coalitions, every = plan.ranks, plan.codes, plan.balanced, plan.coalitions, plan.every
+    by_excess, by_latency, link_latency = plan.by_excess, plan.by_latency, plan.link_latency
     idle = _idle_rows(graph, codes, len(ranks), replayed, [s.dur for s in every])
     results: dict[Coalition, Replay] = dict(zip(coalitions, replayed))
     values = {present: dict(zip(ranks, idle[k].tolist())) for k, present in enumerate(coalitions)}
@@ -184,7 +229,7 @@ def attribute_step(graph: StepGraph, measured_idle: dict[int, int], measured_mak
     full_idle = idle[coalitions.index(full)]
     signed = shapley(values, CAUSES, ranks)
     ideal = results[none]
-    n_coalitions, n_stages = len(scenarios), len(stage_scenarios)
+    n_coalitions, n_stages = len(coalitions), plan.n_stages
     stage_gain = _gains(by_excess, full_idle - idle[n_coalitions : n_coalitions + n_stages])
     link_gain = _gains(by_latency[:MAX_BLAME_REPLAYS], full_idle - idle[n_coalitions + n_stages :])
     ideal_windows = graph.window_ns(ideal)
@@ -442,11 +487,21 @@ def attribute(run: Run, bubbles: pd.DataFrame, progress: Callable[[str], None] |
         # (reported on its own by tracekit.analyze.slices), so balancing keeps it
         for graph in graphs.values():
             graph.balance_by_microbatch = True
-    for k, (step, graph) in enumerate(graphs.items()):
+    in_order = list(graphs.values())
+    plans = [_step_replays(graph) for graph in in_order]
+
+    def announce(group: list[int]) -> None:  # each walk of replay_steps: one step, or several side by side
         if progress:
-            progress(f"attribution: replaying step {step} ({k + 1} of {len(graphs)}, {len(graph.action_id):,} actions)")
-        rows = bubbles[bubbles["step"] == step]
+            first, last = in_order[group[0]].step, in_order[group[-1]].step
+            which = f"step {first}" if len(group) == 1 else f"steps {first}-{last}"
+            places = f"{group[0] + 1}" if len(group) == 1 else f"{group[0] + 1}-{group[-1] + 1}"
+            actions = sum(len(in_order[i].action_id) for i in group)
+            progress(f"attribution: replaying {which} ({places} of {len(in_order)}, {actions:,} actions)")
+
+    replayed = replay_steps(in_order, [plan.every for plan in plans], on_walk=announce)
+    for graph, plan, replays in zip(in_order, plans, replayed):
+        rows = bubbles[bubbles["step"] == graph.step]
         measured_idle = {int(r): int(i) for r, i in zip(rows["rank"], rows["idle_ns"])}
         measured_makespan = int(rows["window_ns"].max()) if len(rows) else 0
-        steps.append(attribute_step(graph, measured_idle, measured_makespan))
+        steps.append(_attributed(graph, plan, replays, measured_idle, measured_makespan))
     return Attribution(steps, graphs)

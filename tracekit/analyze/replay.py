@@ -17,6 +17,7 @@ The graph knows nothing about which schedule made it: any per-rank order plus da
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -169,26 +170,140 @@ def _stacked(values: list[np.ndarray | None], default: np.ndarray) -> np.ndarray
     return np.stack(cols, axis=1).astype(np.int64, copy=False)
 
 
+def replay_steps(
+    graphs: list[StepGraph], scenarios: list[list[Scenario]], on_walk: Callable[[list[int]], None] | None = None
+) -> list[list[Replay]]:
+    """:func:`replay_many` of each graph with its own scenarios, several graphs in one walk.
+
+    The graphs are disjoint, so side by side they are one graph whose level ``L`` is every
+    graph's level ``L``: one walk of as many levels as the deepest graph replays them all,
+    where a graph at a time took that many levels per graph (a profile of 33 steps: 66 walks
+    of a small graph become 2). A graph with fewer scenarios than the others replays its
+    measured ingredients in the spare columns, which are dropped. Graphs are taken together
+    up to the same cells as :func:`replay_many` holds; a graph over that alone goes through it.
+    ``on_walk`` is told the graphs (positions in ``graphs``) of each walk before it starts.
+    """
+    out: list[list[Replay]] = [[] for _ in graphs]
+    group: list[int] = []
+    cells = 0
+
+    def flush() -> None:
+        if on_walk and group:
+            on_walk(list(group))
+        if len(group) == 1:
+            out[group[0]] = replay_many(graphs[group[0]], scenarios[group[0]])
+        elif group:
+            for i, replays in zip(group, _replay_union([graphs[i] for i in group], [scenarios[i] for i in group])):
+                out[i] = replays
+        group.clear()
+
+    for i, graph in enumerate(graphs):
+        if not scenarios[i]:
+            continue
+        width = max([len(scenarios[j]) for j in group] + [len(scenarios[i])])
+        size = sum(len(graphs[j].action_id) for j in group) + len(graph.action_id)
+        if group and size * width > _BATCH_CELLS:
+            flush()
+            width, size = len(scenarios[i]), len(graph.action_id)
+        group.append(i)
+        cells = size * width
+    if cells:
+        flush()
+    return out
+
+
 def _replay_batch(graph: StepGraph, scenarios: list[Scenario]) -> list[Replay]:
-    n, k = len(graph.action_id), len(scenarios)
-    dur = _stacked([s.dur for s in scenarios], graph.dur)
-    ovh = _stacked([s.ovh for s in scenarios], graph.ovh)
-    lat = _stacked([s.lat for s in scenarios], graph.edge_lat)
-    xfer = _stacked([s.xfer for s in scenarios], graph.edge_xfer)
+    k = len(scenarios)
+    start, end, binding = _walk(
+        _level_plan(graph),
+        _origins(graph),
+        None if graph.release is None else np.asarray(graph.release, dtype=np.int64),
+        graph.edge_src,
+        _stacked([s.dur for s in scenarios], graph.dur),
+        _stacked([s.ovh for s in scenarios], graph.ovh),
+        _stacked([s.lat for s in scenarios], graph.edge_lat),
+        _stacked([s.xfer for s in scenarios], graph.edge_xfer),
+    )
+    return [Replay(start[i], end[i], binding[i]) for i in range(k)]
+
+
+def _origins(graph: StepGraph) -> np.ndarray:
+    """Where each action's rank starts (read at each replay, as t0 and rank_start may be
+    set after one)."""
+    if graph.rank_start is None:
+        return np.full(len(graph.action_id), graph.t0, dtype=np.int64)
+    return np.array([graph.rank_start.get(int(r), graph.t0) for r in graph.rank], dtype=np.int64)
+
+
+def _replay_union(graphs: list[StepGraph], scenarios: list[list[Scenario]]) -> list[list[Replay]]:
+    """:func:`replay_steps` of graphs that fit one batch: side by side, one walk."""
+    k = max(len(s) for s in scenarios)
+    sizes = np.array([len(g.action_id) for g in graphs], dtype=np.int64)
+    n_edges = np.array([len(g.edge_src) for g in graphs], dtype=np.int64)
+    node_at = np.concatenate(([0], np.cumsum(sizes)))
+    edge_at = np.concatenate(([0], np.cumsum(n_edges)))
+
+    def column(j: int, field: str, default: str) -> np.ndarray:
+        parts = []
+        for g, sc in zip(graphs, scenarios):
+            value = getattr(sc[j], field) if j < len(sc) else None
+            parts.append(np.asarray(getattr(g, default) if value is None else value, dtype=np.int64))
+        return np.concatenate(parts)
+
+    def stacked(field: str, default: str) -> np.ndarray:
+        return np.stack([column(j, field, default) for j in range(k)], axis=1)
+
+    releases = [g.release for g in graphs]
+    release = (
+        None
+        if all(r is None for r in releases)
+        else np.concatenate(
+            [
+                np.zeros(len(g.action_id), np.int64) if r is None else np.asarray(r, np.int64)
+                for g, r in zip(graphs, releases)
+            ]
+        )
+    )
+    start, end, binding = _walk(
+        _union_plan(graphs, node_at),
+        np.concatenate([_origins(g) for g in graphs]),
+        release,
+        np.concatenate([np.asarray(g.edge_src, np.int64) + off for g, off in zip(graphs, node_at[:-1].tolist())]),
+        stacked("dur", "dur"),
+        stacked("ovh", "ovh"),
+        stacked("lat", "edge_lat"),
+        stacked("xfer", "edge_xfer"),
+    )
+    out = []
+    for sc, lo, hi, e0 in zip(scenarios, node_at[:-1].tolist(), node_at[1:].tolist(), edge_at[:-1].tolist()):
+        bound = binding[:, lo:hi]
+        bound = np.where(bound >= 0, bound - e0, -1)
+        out.append([Replay(start[j, lo:hi].copy(), end[j, lo:hi].copy(), bound[j].copy()) for j in range(len(sc))])
+    return out
+
+
+def _walk(
+    plan: "_LevelPlan",
+    origin: np.ndarray,
+    release: np.ndarray | None,
+    src: np.ndarray,
+    dur: np.ndarray,
+    ovh: np.ndarray,
+    lat: np.ndarray,
+    xfer: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The replay's recurrence level by level, every scenario a column (``dur``, ``ovh``:
+    action x scenario; ``lat``, ``xfer``: edge x scenario); start, end and binding as
+    scenario x action."""
+    n, k = dur.shape
     start = np.zeros((n, k), dtype=np.int64)
     end = np.zeros((n, k), dtype=np.int64)
     binding = np.full((n, k), -1, dtype=np.int64)
-    plan = _level_plan(graph)
-    if graph.rank_start is None:
-        origin = np.full(n, graph.t0, dtype=np.int64)
-    else:  # read at each replay, as t0 and rank_start may be set after one
-        origin = np.array([graph.rank_start.get(int(r), graph.t0) for r in graph.rank], dtype=np.int64)
-    release = None if graph.release is None else np.asarray(graph.release, dtype=np.int64)[:, None]
-    src = graph.edge_src
+    release_col = None if release is None else release[:, None]
     rendezvous = bool(xfer.any())
     for nodes, prev, edges, local_dst, seg_starts, seg_nodes in plan.levels:
         free = np.where((prev >= 0)[:, None], end[np.maximum(prev, 0)], origin[nodes][:, None])
-        ready = free if release is None else np.maximum(free, release[nodes])
+        ready = free if release_col is None else np.maximum(free, release_col[nodes])
         if len(edges):
             arrival = end[src[edges]] + lat[edges]
             if rendezvous:
@@ -207,8 +322,7 @@ def _replay_batch(graph: StepGraph, scenarios: list[Scenario]) -> list[Replay]:
             binding[nodes[seg_nodes]] = np.where(bound, edges[np.minimum(first, len(edges) - 1)], -1)
         start[nodes] = ready + ovh[nodes]
         end[nodes] = start[nodes] + dur[nodes]
-    start, end, binding = start.T.copy(), end.T.copy(), binding.T.copy()
-    return [Replay(start[i], end[i], binding[i]) for i in range(k)]
+    return start.T.copy(), end.T.copy(), binding.T.copy()
 
 
 @dataclass
@@ -219,6 +333,7 @@ class _LevelPlan:
     which positions those consumers have."""
 
     key: tuple[np.ndarray, np.ndarray, np.ndarray]  # the graph's prev, edge_src, edge_dst
+    level: np.ndarray  # each action's level
     levels: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]
 
 
@@ -244,6 +359,29 @@ def _level_plan(graph: StepGraph) -> _LevelPlan:
             deepest = max(deepest, level_list[s] + 1)
         level_list[i] = deepest
     level = np.array(level_list, dtype=np.int64)
+    plan = _LevelPlan(key, level, _cut_into_levels(level, prev, dst))
+    graph.level_plan = plan
+    return plan
+
+
+def _union_plan(graphs: list[StepGraph], node_at: np.ndarray) -> _LevelPlan:
+    """The level plan of the graphs side by side (action indices offset by ``node_at``,
+    edges numbered on, graph after graph): each action keeps its own graph's level, so level ``L``
+    holds every graph's level ``L``, a graph's actions after the earlier graphs'."""
+    plans = [_level_plan(g) for g in graphs]
+    offsets = node_at[:-1].tolist()
+    level = np.concatenate([p.level for p in plans])
+    prev = np.concatenate(
+        [np.where(g.prev >= 0, np.asarray(g.prev, np.int64) + o, -1) for g, o in zip(graphs, offsets)]
+    )
+    dst = np.concatenate([np.asarray(g.edge_dst, np.int64) + o for g, o in zip(graphs, offsets)])
+    empty = np.zeros(0, dtype=np.int64)
+    return _LevelPlan((empty, empty, empty), level, _cut_into_levels(level, prev, dst))
+
+
+def _cut_into_levels(level: np.ndarray, prev: np.ndarray, dst: np.ndarray) -> list:
+    """The per-level tuples of :class:`_LevelPlan` from each action's level."""
+    n = len(level)
     node_order = np.argsort(level, kind="stable")
     node_bounds = np.searchsorted(level[node_order], np.arange(int(level.max()) + 2 if n else 1))
     edge_order = np.lexsort((np.arange(len(dst)), dst, level[dst])) if len(dst) else np.zeros(0, dtype=np.int64)
@@ -263,9 +401,7 @@ def _level_plan(graph: StepGraph) -> _LevelPlan:
         else:
             seg_starts = np.zeros(0, dtype=np.int64)
         levels.append((nodes, prev[nodes], edges, local_dst, seg_starts, local_dst[seg_starts]))
-    plan = _LevelPlan(key, levels)
-    graph.level_plan = plan
-    return plan
+    return levels
 
 
 def idle_per_rank(graph: StepGraph, result: Replay, dur: np.ndarray | None = None) -> dict[int, int]:

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tracekit.analyze.replay import Scenario, StepGraph, idle_per_rank, replay_many
+from tracekit.analyze.replay import Scenario, StepGraph, idle_per_rank, replay_steps
 from tracekit.model.run import compute_ns
 
 
@@ -95,7 +95,9 @@ def slice_costs(actions: pd.DataFrame, graphs: dict[int, StepGraph] | None = Non
     if graphs:
         measured_idle = equalised_idle = 0
         skewed_idle = 0
-        for graph in graphs.values():
+        in_order = list(graphs.values())
+        prepared = []
+        for graph in in_order:
             free = {
                 "ovh": np.zeros_like(graph.ovh),
                 "lat": np.zeros_like(graph.edge_lat),
@@ -103,10 +105,10 @@ def slice_costs(actions: pd.DataFrame, graphs: dict[int, StepGraph] | None = Non
             }
             balanced = graph.balanced_durations(by_microbatch=True)
             flat = equalised_durations(graph, balanced)
-            # the three replays of the step in one walk of its graph
-            measured, skewed, equalised = replay_many(
-                graph, [Scenario(), Scenario(dur=balanced, **free), Scenario(dur=flat, **free)]
-            )
+            prepared.append((balanced, flat, [Scenario(), Scenario(dur=balanced, **free), Scenario(dur=flat, **free)]))
+        # the three replays of every step, the steps side by side in as few walks as fit
+        replayed = replay_steps(in_order, [scenarios for _, _, scenarios in prepared])
+        for graph, (balanced, flat, _), (measured, skewed, equalised) in zip(in_order, prepared, replayed):
             measured_idle += sum(idle_per_rank(graph, measured).values())
             skewed_idle += sum(idle_per_rank(graph, skewed, balanced).values())
             equalised_idle += sum(idle_per_rank(graph, equalised, flat).values())
