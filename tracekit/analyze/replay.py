@@ -98,19 +98,33 @@ class StepGraph:
         """Every action at its kind's typical duration: the median over stages of each
         stage's mean duration for that kind (a slow stage is the outlier, not the norm);
         per kind and microbatch with ``by_microbatch`` (default: ``balance_by_microbatch``)."""
-        out = np.zeros(len(self.dur), dtype=np.int64)
+        n = len(self.dur)
+        if not n:
+            return np.zeros(0, dtype=np.int64)
         by_microbatch = self.balance_by_microbatch if by_microbatch is None else by_microbatch
-        groups = (
-            [(k, m) for k, m in sorted(set(zip(self.kind.astype(str).tolist(), self.microbatch.tolist())))]
-            if by_microbatch
-            else [(k, None) for k in np.unique(self.kind)]
-        )
-        for kind, mb in groups:
-            of_kind = (self.kind == kind) if mb is None else (self.kind == kind) & (self.microbatch == mb)
-            stages, inverse = np.unique(self.stage[of_kind], return_inverse=True)
-            means = np.bincount(inverse, weights=self.dur[of_kind]) / np.bincount(inverse)
-            out[of_kind] = int(round(float(np.median(means))))
-        return out
+        _, group = np.unique(self.kind.astype(str), return_inverse=True)  # a code per kind
+        group = group.reshape(-1).astype(np.int64)
+        if by_microbatch:  # per kind and microbatch
+            group = _pair_codes(group, np.asarray(self.microbatch, np.int64))
+        # each (group, stage)'s mean duration: sums in row order, as a group's own bincount adds them
+        cell = _pair_codes(group, np.asarray(self.stage, np.int64))
+        means = np.bincount(cell, weights=self.dur) / np.bincount(cell)
+        cell_group = np.zeros(len(means), dtype=np.int64)
+        cell_group[cell] = group
+        # each group's median over its stages: the middle mean, or the mean of the middle two
+        order = np.lexsort((means, cell_group))
+        sizes = np.bincount(cell_group)
+        first = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+        low, high = means[order[first + (sizes - 1) // 2]], means[order[first + sizes // 2]]
+        median = np.where(sizes % 2 == 1, low, (low + high) / 2)
+        return np.round(median).astype(np.int64)[group]
+
+
+def _pair_codes(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """A code per distinct (a, b) of integer columns, 0 up: one number per row (mixed radix)."""
+    b = b - b.min()
+    _, codes = np.unique((a - a.min()) * (int(b.max()) + 1) + b, return_inverse=True)
+    return codes.reshape(-1)
 
 
 @dataclass

@@ -120,5 +120,7 @@ def slice_costs(actions: pd.DataFrame, graphs: dict[int, StepGraph] | None = Non
 def equalised_durations(graph: StepGraph, dur: np.ndarray) -> np.ndarray:
     """``dur`` with every action at the mean of its kind over the step's actions (the same
     total work, no spread between microbatches)."""
-    means = pd.Series(dur).groupby(graph.kind.astype(str)).transform("mean")
-    return np.round(means.to_numpy()).astype(np.int64)
+    _, kind = np.unique(graph.kind.astype(str), return_inverse=True)
+    kind = kind.reshape(-1)
+    means = np.bincount(kind, weights=dur) / np.bincount(kind)  # integer sums: exact, as pandas' mean
+    return np.round(means[kind]).astype(np.int64)
