@@ -131,3 +131,34 @@ def test_pool_fills_the_cache_from_the_parent(tmp_path):
     for file_id, path in enumerate(paths):
         assert ParseCache(cache).lookup(path, {"rank_pattern": None, "rank_map": None}, file_id).parsed is not None
     _same(first, parse_files(paths, jobs=2, cache_dir=str(cache)))
+
+
+def test_the_parent_imports_what_the_caller_needs_while_the_workers_parse(tmp_path):
+    """``warm_up`` modules are imported by the parent while its workers parse: before its
+    own first parse when the queue holds two files per core (4 files, 2 jobs), so that
+    import is not left for after the last file; not at all without a pool."""
+    import subprocess
+    import sys
+
+    run = _mixed_run(tmp_path)
+    code = (
+        "import sys\n"
+        "import tracekit.ingest.executor as ex\n"
+        "from tracekit.ingest import discover, parse_files\n"
+        "seen = []\n"
+        "real = ex.parse_one\n"
+        "def spy(task, *args, **kwargs):\n"
+        "    seen.append('email.mime.text' in sys.modules)\n"
+        "    return real(task, *args, **kwargs)\n"
+        "ex.parse_one = spy\n"
+        f"paths = discover({str(run)!r})\n"
+        "jobs = int(sys.argv[1])\n"
+        "parse_files(paths, jobs=jobs, warm_up=('email.mime.text',))\n"
+        "print(len(seen), all(seen), any(seen), 'email.mime.text' in sys.modules)\n"
+    )
+    # every file the parent parsed came after the import (it may parse none: the worker can
+    # end all four while the parent imports, on a busy machine)
+    pooled = subprocess.run([sys.executable, "-c", code, "2"], capture_output=True, text=True, check=True)
+    assert pooled.stdout.split()[1:] == ["True", str(bool(int(pooled.stdout.split()[0]))), "True"]
+    alone = subprocess.run([sys.executable, "-c", code, "1"], capture_output=True, text=True, check=True)
+    assert alone.stdout.split() == ["4", "False", "False", "False"]
