@@ -105,7 +105,7 @@ def test_several_graphs_in_one_walk_are_each_graph_replayed_alone(cells, monkeyp
     from tracekit.analyze import replay as replay_module
 
     if cells is not None:
-        monkeypatch.setattr(replay_module, "_BATCH_CELLS", cells)
+        monkeypatch.setattr(replay_module, "_UNION_CELLS", cells)
     graphs, scenarios = [], []
     for seed in range(7):
         orders = [one_f_one_b(3, 5), interleaved_1f1b(4, 2, 8), one_f_one_b(2, 2), one_f_one_b(4, 6)][seed % 4]
@@ -120,10 +120,12 @@ def test_several_graphs_in_one_walk_are_each_graph_replayed_alone(cells, monkeyp
         ]
         graphs.append(graph)
         scenarios.append([] if seed == 5 else options[: 1 + seed % 4])
-    together = replay_module.replay_steps(graphs, scenarios)
+    together = list(replay_module.replay_steps(zip(graphs, scenarios)))
     for graph, own, got in zip(graphs, scenarios, together):
         want = replay_many(graph, own) if own else []
         assert len(got) == len(want)
         for a, b in zip(got, want):
             assert np.array_equal(a.start, b.start) and np.array_equal(a.end, b.end)
             assert np.array_equal(a.binding, b.binding)
+    # graphs with no scenarios at all, alone or together: no replays
+    assert list(replay_module.replay_steps([(graphs[0], []), (graphs[2], [])])) == [[], []]

@@ -17,7 +17,7 @@ The graph knows nothing about which schedule made it: any per-rank order plus da
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -162,6 +162,10 @@ class Scenario:
 
 # Scenarios replayed together hold at most this many actions in all (a few arrays of int64).
 _BATCH_CELLS = 1 << 22
+# Graphs replayed side by side (replay_steps) hold at most this many: small steps gain most
+# from sharing a walk, and a big step's own walk is already mostly array work, so several
+# of them together would only hold more memory at once (1,024 ranks: +130 MB at 1 << 22).
+_UNION_CELLS = 1 << 19
 
 
 def replay_many(graph: StepGraph, scenarios: list[Scenario]) -> list[Replay]:
@@ -185,45 +189,41 @@ def _stacked(values: list[np.ndarray | None], default: np.ndarray) -> np.ndarray
 
 
 def replay_steps(
-    graphs: list[StepGraph], scenarios: list[list[Scenario]], on_walk: Callable[[list[int]], None] | None = None
-) -> list[list[Replay]]:
-    """:func:`replay_many` of each graph with its own scenarios, several graphs in one walk.
+    steps: Iterable[tuple[StepGraph, list[Scenario]]], on_walk: Callable[[list[int]], None] | None = None
+) -> Iterator[list[Replay]]:
+    """:func:`replay_many` of each graph with its own scenarios, several graphs in one walk:
+    each graph's replays, in order, as its walk ends.
 
     The graphs are disjoint, so side by side they are one graph whose level ``L`` is every
     graph's level ``L``: one walk of as many levels as the deepest graph replays them all,
     where a graph at a time took that many levels per graph (a profile of 33 steps: 66 walks
     of a small graph become 2). A graph with fewer scenarios than the others replays its
     measured ingredients in the spare columns, which are dropped. Graphs are taken together
-    up to the same cells as :func:`replay_many` holds; a graph over that alone goes through it.
-    ``on_walk`` is told the graphs (positions in ``graphs``) of each walk before it starts.
+    up to :data:`_UNION_CELLS` actions x scenarios; a graph over that alone goes through
+    :func:`replay_many`. ``steps`` is read as the walks need it and the replays are handed
+    on walk by walk, so a caller that makes each step's scenarios as it is asked for them
+    and uses each step's replays as they come holds one walk's worth at a time.
+    ``on_walk`` is told the positions (in ``steps``) of each walk's graphs before it starts.
     """
-    out: list[list[Replay]] = [[] for _ in graphs]
-    group: list[int] = []
-    cells = 0
+    group: list[tuple[int, StepGraph, list[Scenario]]] = []
+    size = width = 0
 
-    def flush() -> None:
-        if on_walk and group:
-            on_walk(list(group))
+    def walk() -> list[list[Replay]]:
+        if on_walk:
+            on_walk([i for i, _, _ in group])
         if len(group) == 1:
-            out[group[0]] = replay_many(graphs[group[0]], scenarios[group[0]])
-        elif group:
-            for i, replays in zip(group, _replay_union([graphs[i] for i in group], [scenarios[i] for i in group])):
-                out[i] = replays
-        group.clear()
+            return [replay_many(group[0][1], group[0][2])]
+        return _replay_union([g for _, g, _ in group], [sc for _, _, sc in group])
 
-    for i, graph in enumerate(graphs):
-        if not scenarios[i]:
-            continue
-        width = max([len(scenarios[j]) for j in group] + [len(scenarios[i])])
-        size = sum(len(graphs[j].action_id) for j in group) + len(graph.action_id)
-        if group and size * width > _BATCH_CELLS:
-            flush()
-            width, size = len(scenarios[i]), len(graph.action_id)
-        group.append(i)
-        cells = size * width
-    if cells:
-        flush()
-    return out
+    for i, (graph, scenarios) in enumerate(steps):
+        n, k = len(graph.action_id), len(scenarios)
+        if group and (size + n) * max(width, k) > _UNION_CELLS:
+            yield from walk()
+            group, size, width = [], 0, 0
+        group.append((i, graph, scenarios))
+        size, width = size + n, max(width, k)
+    if group:
+        yield from walk()
 
 
 def _replay_batch(graph: StepGraph, scenarios: list[Scenario]) -> list[Replay]:
@@ -252,6 +252,8 @@ def _origins(graph: StepGraph) -> np.ndarray:
 def _replay_union(graphs: list[StepGraph], scenarios: list[list[Scenario]]) -> list[list[Replay]]:
     """:func:`replay_steps` of graphs that fit one batch: side by side, one walk."""
     k = max(len(s) for s in scenarios)
+    if not k:
+        return [[] for _ in graphs]
     sizes = np.array([len(g.action_id) for g in graphs], dtype=np.int64)
     n_edges = np.array([len(g.edge_src) for g in graphs], dtype=np.int64)
     node_at = np.concatenate(([0], np.cumsum(sizes)))

@@ -24,6 +24,8 @@ on across steps) gets none.
 
 from __future__ import annotations
 
+from collections import deque
+
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,19 +98,23 @@ def slice_costs(actions: pd.DataFrame, graphs: dict[int, StepGraph] | None = Non
         measured_idle = equalised_idle = 0
         skewed_idle = 0
         in_order = list(graphs.values())
-        prepared = []
-        for graph in in_order:
-            free = {
-                "ovh": np.zeros_like(graph.ovh),
-                "lat": np.zeros_like(graph.edge_lat),
-                "xfer": np.zeros_like(graph.edge_xfer),
-            }
-            balanced = graph.balanced_durations(by_microbatch=True)
-            flat = equalised_durations(graph, balanced)
-            prepared.append((balanced, flat, [Scenario(), Scenario(dur=balanced, **free), Scenario(dur=flat, **free)]))
+        durations: deque[tuple[np.ndarray, np.ndarray]] = deque()  # made as replay_steps asks
+
+        def scenarios():
+            for graph in in_order:
+                free = {
+                    "ovh": np.zeros_like(graph.ovh),
+                    "lat": np.zeros_like(graph.edge_lat),
+                    "xfer": np.zeros_like(graph.edge_xfer),
+                }
+                balanced = graph.balanced_durations(by_microbatch=True)
+                flat = equalised_durations(graph, balanced)
+                durations.append((balanced, flat))
+                yield graph, [Scenario(), Scenario(dur=balanced, **free), Scenario(dur=flat, **free)]
+
         # the three replays of every step, the steps side by side in as few walks as fit
-        replayed = replay_steps(in_order, [scenarios for _, _, scenarios in prepared])
-        for graph, (balanced, flat, _), (measured, skewed, equalised) in zip(in_order, prepared, replayed):
+        for graph, (measured, skewed, equalised) in zip(in_order, replay_steps(scenarios())):
+            balanced, flat = durations.popleft()
             measured_idle += sum(idle_per_rank(graph, measured).values())
             skewed_idle += sum(idle_per_rank(graph, skewed, balanced).values())
             equalised_idle += sum(idle_per_rank(graph, equalised, flat).values())
