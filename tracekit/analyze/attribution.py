@@ -25,7 +25,7 @@ Method (``shared/docs/pipeline-theory.md``, "What attribute idle time has to mea
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
 from typing import Any
@@ -491,7 +491,7 @@ def attribute(run: Run, bubbles: pd.DataFrame, progress: Callable[[str], None] |
     in_order = list(graphs.values())
     pending: deque[_StepReplays] = deque()  # made as replay_steps asks, used as its walks end
 
-    def scenarios():
+    def scenarios() -> Iterator[tuple[StepGraph, list[Scenario]]]:
         for graph in in_order:
             pending.append(_step_replays(graph))
             yield graph, pending[-1].every

@@ -350,7 +350,7 @@ class _LevelPlan:
 
     key: tuple[np.ndarray, np.ndarray, np.ndarray]  # the graph's prev, edge_src, edge_dst
     level: np.ndarray  # each action's level
-    levels: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]
+    levels: list["_Level"]
 
 
 def _level_plan(graph: StepGraph) -> _LevelPlan:
@@ -395,7 +395,10 @@ def _union_plan(graphs: list[StepGraph], node_at: np.ndarray) -> _LevelPlan:
     return _LevelPlan((empty, empty, empty), level, _cut_into_levels(level, prev, dst))
 
 
-def _cut_into_levels(level: np.ndarray, prev: np.ndarray, dst: np.ndarray) -> list:
+_Level = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+def _cut_into_levels(level: np.ndarray, prev: np.ndarray, dst: np.ndarray) -> list[_Level]:
     """The per-level tuples of :class:`_LevelPlan` from each action's level."""
     n = len(level)
     node_order = np.argsort(level, kind="stable")
@@ -609,7 +612,7 @@ def graph_from_run(
     # in (start, end) order, ties kept in table order (a stable sort, as sort_values by two keys)
     order = np.lexsort((acts["end_ns"].to_numpy(dtype=np.int64), acts["start_ns"].to_numpy(dtype=np.int64)))
 
-    def column(name: str, dtype=np.int64) -> np.ndarray:
+    def column(name: str, dtype: type = np.int64) -> np.ndarray:
         return acts[name].to_numpy(dtype=dtype)[order]
 
     n = len(acts)

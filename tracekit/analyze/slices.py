@@ -25,6 +25,7 @@ on across steps) gets none.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterator
 
 from dataclasses import dataclass
 from typing import Any
@@ -100,7 +101,7 @@ def slice_costs(actions: pd.DataFrame, graphs: dict[int, StepGraph] | None = Non
         in_order = list(graphs.values())
         durations: deque[tuple[np.ndarray, np.ndarray]] = deque()  # made as replay_steps asks
 
-        def scenarios():
+        def scenarios() -> Iterator[tuple[StepGraph, list[Scenario]]]:
             for graph in in_order:
                 free = {
                     "ovh": np.zeros_like(graph.ovh),
