@@ -67,7 +67,8 @@ def load(
         return reconstruct(run, timeline=options.timeline, labels=labels)
     reducer = Reducer(
         functools.partial(reduce_file, labels=labels, device=options.reduce_device),
-        _reducer_key(labels, options.reduce_device),
+        # what decides a reduced entry of the parse cache; nothing reads it without one
+        _reducer_key(labels, options.reduce_device) if options.cache_dir else {},
     )
     run = read_run(path, replace(options, reducer=reducer), progress=progress, bytes_read=bytes_read)
     from tracekit.reconstruct.whole_run import reconstruct

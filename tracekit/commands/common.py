@@ -303,12 +303,12 @@ def work_progress(progress: bool | None) -> Callable[[str], None] | None:
 def _document_cache(run_dir: Path, options: dict):
     """The parse cache, this analysis's key in it and the run's trace files, or Nones
     without a cache (or before every file's digest is known)."""
+    settings = load_options()
+    if not settings.cache_dir:  # before importing the cache (hashlib, ~7 ms): --no-cache needs none
+        return None, None, None
     from tracekit.ingest.cache import ParseCache, analysis_key
     from tracekit.ingest.discovery import find_traces
 
-    settings = load_options()
-    if not settings.cache_dir:
-        return None, None, None
     _refuse_cache_in_run(settings.cache_dir, run_dir)
     cache = ParseCache(settings.cache_dir)
     found = find_traces(run_dir, settings.iteration, options.get("rank_from"))
@@ -329,16 +329,18 @@ def _document_cache(run_dir: Path, options: dict):
 def cached_document(run_dir: Path, options: dict) -> dict | None:
     """The stored analysis of this unchanged run with these options, if any, naming this
     run's own folder and files (a copy of a run elsewhere is the same analysis)."""
+    cache, key, files = _document_cache(run_dir, options)
+    if key is None:
+        return None
     from tracekit.ingest.cache import load_document
 
-    cache, key, files = _document_cache(run_dir, options)
-    return load_document(cache, key, str(Path(run_dir)), files) if key is not None else None
+    return load_document(cache, key, str(Path(run_dir)), files)
 
 
 def remember_document(run_dir: Path, options: dict, document: dict) -> None:
     """Store an analysis for the next run (its files' digests are known by now)."""
-    from tracekit.ingest.cache import store_document
-
     cache, key, files = _document_cache(run_dir, options)
     if key is not None:
+        from tracekit.ingest.cache import store_document
+
         store_document(cache, key, document, str(Path(run_dir)), files)

@@ -174,6 +174,8 @@ def parse_one(task: IngestTask, bytes_read: Callable[[int], None] | None = None)
 def _cached_here(tasks: list[IngestTask], results: list, on_done, bytes_read) -> list[int]:
     """Fill ``results`` with the parses the cache holds for files whose digest is already
     known (no hashing here); return the indices still to parse."""
+    if not any(task.cache_dir for task in tasks):  # nothing to look up: no cache to import
+        return list(range(len(tasks)))
     from tracekit.ingest.cache import ParseCache
 
     todo = []
