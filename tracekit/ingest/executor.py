@@ -395,8 +395,8 @@ def _run_pool(tasks, todo, results, jobs, on_done, bytes_read, warm_up) -> None:
     queue holds at least two files per core (the workers have enough to do meanwhile),
     else after its last file. Loaded last, on 8 GPU ranks of 26 MB, it ran ~0.15 s after
     the worker had finished, with one core idle; loaded first, the two cores end together
-    (``benchmarks/README.md``), for ~15 MB more at the peak (pandas and a parse's buffers
-    held at once). There is one process fewer than there are cores, which is what keeps
+    (``benchmarks/README.md``), for ~15-30 MB more at the tree's peak (pandas and a parse's
+    buffers held at once). There is one process fewer than there are cores, which is what keeps
     the peak memory of the whole process tree low. Largest files go first.
 
     The first failure anywhere (a bad file here or in a worker, a worker that died,
