@@ -120,6 +120,11 @@ def test_several_graphs_in_one_walk_are_each_graph_replayed_alone(cells, monkeyp
         ]
         graphs.append(graph)
         scenarios.append([] if seed == 5 else options[: 1 + seed % 4])
+    # a graph on a clock before 0 (a rank's shifted times) beside graphs with release times
+    early = _generated_graph(one_f_one_b(3, 4), 99, rendezvous=False, per_rank=False)
+    early.t0 = -10_000
+    graphs.insert(1, early)
+    scenarios.insert(1, [Scenario(), Scenario(ovh=np.zeros(len(early.dur), np.int64))])
     together = list(replay_module.replay_steps(zip(graphs, scenarios)))
     for graph, own, got in zip(graphs, scenarios, together):
         want = replay_many(graph, own) if own else []

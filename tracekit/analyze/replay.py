@@ -275,7 +275,8 @@ def _replay_union(graphs: list[StepGraph], scenarios: list[list[Scenario]]) -> l
         if all(r is None for r in releases)
         else np.concatenate(
             [
-                np.zeros(len(g.action_id), np.int64) if r is None else np.asarray(r, np.int64)
+                # no release: the earliest time there is (times may be negative on a shifted clock)
+                np.full(len(g.action_id), np.iinfo(np.int64).min) if r is None else np.asarray(r, np.int64)
                 for g, r in zip(graphs, releases)
             ]
         )
