@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from tracekit.analyze.grouping import int_groups
-from tracekit.model.groups import pair_codes
+from tracekit.model.groups import group_ids, pair_codes
 from tracekit.model.run import Run, compute_ns
 
 
@@ -105,9 +105,9 @@ class StepGraph:
         _, group = np.unique(self.kind.astype(str), return_inverse=True)  # a code per kind
         group = group.reshape(-1).astype(np.int64)
         if by_microbatch:  # per kind and microbatch
-            group = _pair_codes(group, np.asarray(self.microbatch, np.int64))
+            group = group_ids(group, np.asarray(self.microbatch, np.int64))
         # each (group, stage)'s mean duration: sums in row order, as a group's own bincount adds them
-        cell = _pair_codes(group, np.asarray(self.stage, np.int64))
+        cell = group_ids(group, np.asarray(self.stage, np.int64))
         means = np.bincount(cell, weights=self.dur) / np.bincount(cell)
         cell_group = np.zeros(len(means), dtype=np.int64)
         cell_group[cell] = group
@@ -118,13 +118,6 @@ class StepGraph:
         low, high = means[order[first + (sizes - 1) // 2]], means[order[first + sizes // 2]]
         median = np.where(sizes % 2 == 1, low, (low + high) / 2)
         return np.round(median).astype(np.int64)[group]
-
-
-def _pair_codes(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """A code per distinct (a, b) of integer columns, 0 up: one number per row (mixed radix)."""
-    b = b - b.min()
-    _, codes = np.unique((a - a.min()) * (int(b.max()) + 1) + b, return_inverse=True)
-    return codes.reshape(-1)
 
 
 @dataclass

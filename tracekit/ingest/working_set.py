@@ -32,6 +32,7 @@ from __future__ import annotations
 import numpy as np
 
 from tracekit.ingest.columns import EventColumns
+from tracekit.model.groups import group_ids
 from tracekit.model.names import COMM_PREFIXES, LIBRARY_RANGES, RECV_NAMES, SEND_NAMES
 
 _BACKWARD_PREFIX = "autograd::engine"
@@ -129,12 +130,8 @@ def _thread_limits(pid: np.ndarray, tid: np.ndarray, anchor: np.ndarray, depth: 
 
 
 def _thread_limits_sorted(pid: np.ndarray, tid: np.ndarray, anchor: np.ndarray, depth: np.ndarray) -> np.ndarray:
-    """:func:`_thread_limits` by coding every row's thread (sorts of all rows)."""
-    _, pid_code = np.unique(pid, return_inverse=True)
-    tids, tid_code = np.unique(tid, return_inverse=True)
-    pair = pid_code.reshape(-1).astype(np.int64) * len(tids) + tid_code.reshape(-1)
-    threads, inverse = np.unique(pair, return_inverse=True)  # one code per (pid, tid)
-    inverse = inverse.reshape(-1)
-    deepest = np.full(len(threads), -1, dtype=np.int64)
-    np.maximum.at(deepest, inverse[anchor], depth[anchor])
-    return deepest[inverse] + 1
+    """:func:`_thread_limits` by coding every row's thread (a sort of all rows)."""
+    thread = group_ids(pid, tid)  # one code per (pid, tid)
+    deepest = np.full(int(thread.max()) + 1, -1, dtype=np.int64)
+    np.maximum.at(deepest, thread[anchor], depth[anchor])
+    return deepest[thread] + 1
