@@ -22,7 +22,7 @@ from tracekit.ingest.columns import EventColumns, events_frame
 
 # IGNORED_NAMES and the suffixes are also tracekit.commands.outputs': what may be written into a run folder.
 from tracekit.ingest.discovery import IGNORED_NAMES, Discovery, find_traces
-from tracekit.ingest.options import ReadOptions, Reducer
+from tracekit.ingest.options import WARM_UP, ReadOptions, Reducer
 from tracekit.ingest.sniff import KINETO_SUFFIXES, NSYS_JSON, NSYS_REPORT, NSYS_SUFFIXES, trace_format
 from tracekit.model.events import TraceFile
 
@@ -84,7 +84,7 @@ def parse_files(
     rows: str = "all",
     defer_cache_writes: bool = False,
     reducer: Reducer | None = None,
-    warm_up: tuple[str, ...] = ("pandas",),
+    warm_up: tuple[str, ...] = WARM_UP,
 ) -> tuple[list[TraceFile], pd.DataFrame]:
     """Parse every file; return the per-file facts and one events table for all ranks.
 

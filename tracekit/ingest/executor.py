@@ -34,11 +34,10 @@ from typing import Callable
 
 from tracekit.errors import TracekitError
 from tracekit.ingest.columns import EventColumns
-from tracekit.ingest.options import Reducer
+from tracekit.ingest.options import WARM_UP, Reducer
 from tracekit.model.events import TraceFile
 
 EXECUTORS = ("local", "dask")
-WARM_UP = ("pandas",)  # what the parent imports while its workers parse, unless told otherwise
 Parsed = list[tuple[TraceFile, EventColumns]]
 
 

@@ -12,6 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+WARM_UP = ("pandas",)  # what a parent imports while its pool workers parse, unless told otherwise
+
+
 def native_allowed() -> bool:
     """Whether tracekit's optional C code may run where it is built (the Kineto scanner,
     the nesting walk): ``TRACEKIT_NATIVE=0`` in the environment turns it off, read at each
@@ -61,4 +64,4 @@ class ReadOptions:
     defer_cache_writes: bool = False
     iteration: int | None = None
     reducer: Reducer | None = None
-    warm_up: tuple[str, ...] = ("pandas",)
+    warm_up: tuple[str, ...] = WARM_UP
