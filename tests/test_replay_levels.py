@@ -125,7 +125,9 @@ def test_several_graphs_in_one_walk_are_each_graph_replayed_alone(cells, monkeyp
     early.t0 = -10_000
     graphs.insert(1, early)
     scenarios.insert(1, [Scenario(), Scenario(ovh=np.zeros(len(early.dur), np.int64))])
-    together = list(replay_module.replay_steps(zip(graphs, scenarios)))
+    walked = list(replay_module.replay_steps(zip(graphs, scenarios, graphs)))
+    assert [carried for carried, _ in walked] == graphs  # each step's own, in order
+    together = [replays for _, replays in walked]
     for graph, own, got in zip(graphs, scenarios, together):
         want = replay_many(graph, own) if own else []
         assert len(got) == len(want)
@@ -133,4 +135,4 @@ def test_several_graphs_in_one_walk_are_each_graph_replayed_alone(cells, monkeyp
             assert np.array_equal(a.start, b.start) and np.array_equal(a.end, b.end)
             assert np.array_equal(a.binding, b.binding)
     # graphs with no scenarios at all, alone or together: no replays
-    assert list(replay_module.replay_steps([(graphs[0], []), (graphs[2], [])])) == [[], []]
+    assert list(replay_module.replay_steps([(graphs[0], [], 0), (graphs[2], [], 2)])) == [(0, []), (2, [])]

@@ -24,7 +24,6 @@ Method (``shared/docs/pipeline-theory.md``, "What attribute idle time has to mea
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
@@ -489,12 +488,11 @@ def attribute(run: Run, bubbles: pd.DataFrame, progress: Callable[[str], None] |
         for graph in graphs.values():
             graph.balance_by_microbatch = True
     in_order = list(graphs.values())
-    pending: deque[_StepReplays] = deque()  # made as replay_steps asks, used as its walks end
 
-    def scenarios() -> Iterator[tuple[StepGraph, list[Scenario]]]:
-        for graph in in_order:
-            pending.append(_step_replays(graph))
-            yield graph, pending[-1].every
+    def scenarios() -> Iterator[tuple[StepGraph, list[Scenario], tuple[StepGraph, _StepReplays]]]:
+        for graph in in_order:  # made as replay_steps asks, used as its walks end
+            plan = _step_replays(graph)
+            yield graph, plan.every, (graph, plan)
 
     def announce(group: list[int]) -> None:  # each walk of replay_steps: one step, or several side by side
         if progress:
@@ -504,8 +502,7 @@ def attribute(run: Run, bubbles: pd.DataFrame, progress: Callable[[str], None] |
             actions = sum(len(in_order[i].action_id) for i in group)
             progress(f"attribution: replaying {which} ({places} of {len(in_order)}, {actions:,} actions)")
 
-    for graph, replays in zip(in_order, replay_steps(scenarios(), on_walk=announce)):
-        plan = pending.popleft()
+    for (graph, plan), replays in replay_steps(scenarios(), on_walk=announce):
         rows = bubbles[bubbles["step"] == graph.step]
         measured_idle = {int(r): int(i) for r, i in zip(rows["rank"], rows["idle_ns"])}
         measured_makespan = int(rows["window_ns"].max()) if len(rows) else 0

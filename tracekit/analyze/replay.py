@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import pandas as pd
@@ -153,6 +153,8 @@ class Scenario:
     xfer: np.ndarray | None = None
 
 
+T = TypeVar("T")
+
 # Scenarios replayed together hold at most this many actions in all (a few arrays of int64).
 _BATCH_CELLS = 1 << 22
 # Graphs replayed side by side (replay_steps) hold at most this many: small steps gain most
@@ -182,10 +184,11 @@ def _stacked(values: list[np.ndarray | None], default: np.ndarray) -> np.ndarray
 
 
 def replay_steps(
-    steps: Iterable[tuple[StepGraph, list[Scenario]]], on_walk: Callable[[list[int]], None] | None = None
-) -> Iterator[list[Replay]]:
+    steps: Iterable[tuple[StepGraph, list[Scenario], T]], on_walk: Callable[[list[int]], None] | None = None
+) -> Iterator[tuple[T, list[Replay]]]:
     """:func:`replay_many` of each graph with its own scenarios, several graphs in one walk:
-    each graph's replays, in order, as its walk ends.
+    each step's ``T`` (whatever its caller carries along with it) and the graph's replays,
+    in order, as its walk ends.
 
     The graphs are disjoint, so side by side they are one graph whose level ``L`` is every
     graph's level ``L``: one walk of as many levels as the deepest graph replays them all,
@@ -198,22 +201,24 @@ def replay_steps(
     and uses each step's replays as they come holds one walk's worth at a time.
     ``on_walk`` is told the positions (in ``steps``) of each walk's graphs before it starts.
     """
-    group: list[tuple[int, StepGraph, list[Scenario]]] = []
+    group: list[tuple[int, StepGraph, list[Scenario], T]] = []
     size = width = 0
 
-    def walk() -> list[list[Replay]]:
+    def walk() -> Iterator[tuple[T, list[Replay]]]:
         if on_walk:
-            on_walk([i for i, _, _ in group])
+            on_walk([i for i, _, _, _ in group])
         if len(group) == 1:
-            return [replay_many(group[0][1], group[0][2])]
-        return _replay_union([g for _, g, _ in group], [sc for _, _, sc in group])
+            replayed = [replay_many(group[0][1], group[0][2])]
+        else:
+            replayed = _replay_union([g for _, g, _, _ in group], [sc for _, _, sc, _ in group])
+        return zip([carried for _, _, _, carried in group], replayed)
 
-    for i, (graph, scenarios) in enumerate(steps):
+    for i, (graph, scenarios, carried) in enumerate(steps):
         n, k = len(graph.action_id), len(scenarios)
         if group and (size + n) * max(width, k) > _UNION_CELLS:
             yield from walk()
             group, size, width = [], 0, 0
-        group.append((i, graph, scenarios))
+        group.append((i, graph, scenarios, carried))
         size, width = size + n, max(width, k)
     if group:
         yield from walk()

@@ -24,9 +24,7 @@ on across steps) gets none.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterator
-
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,11 +96,9 @@ def slice_costs(actions: pd.DataFrame, graphs: dict[int, StepGraph] | None = Non
     if graphs:
         measured_idle = equalised_idle = 0
         skewed_idle = 0
-        in_order = list(graphs.values())
-        durations: deque[tuple[np.ndarray, np.ndarray]] = deque()  # made as replay_steps asks
 
-        def scenarios() -> Iterator[tuple[StepGraph, list[Scenario]]]:
-            for graph in in_order:
+        def scenarios() -> Iterator[tuple[StepGraph, list[Scenario], tuple[StepGraph, np.ndarray, np.ndarray]]]:
+            for graph in graphs.values():  # made as replay_steps asks
                 free = {
                     "ovh": np.zeros_like(graph.ovh),
                     "lat": np.zeros_like(graph.edge_lat),
@@ -110,12 +106,11 @@ def slice_costs(actions: pd.DataFrame, graphs: dict[int, StepGraph] | None = Non
                 }
                 balanced = graph.balanced_durations(by_microbatch=True)
                 flat = equalised_durations(graph, balanced)
-                durations.append((balanced, flat))
-                yield graph, [Scenario(), Scenario(dur=balanced, **free), Scenario(dur=flat, **free)]
+                scenarios = [Scenario(), Scenario(dur=balanced, **free), Scenario(dur=flat, **free)]
+                yield graph, scenarios, (graph, balanced, flat)
 
         # the three replays of every step, the steps side by side in as few walks as fit
-        for graph, (measured, skewed, equalised) in zip(in_order, replay_steps(scenarios())):
-            balanced, flat = durations.popleft()
+        for (graph, balanced, flat), (measured, skewed, equalised) in replay_steps(scenarios()):
             measured_idle += sum(idle_per_rank(graph, measured).values())
             skewed_idle += sum(idle_per_rank(graph, skewed, balanced).values())
             equalised_idle += sum(idle_per_rank(graph, equalised, flat).values())
