@@ -974,12 +974,27 @@ static PyObject *special_args(Scanner *self, const Element *e, int nccl) {
     return out;
 }
 
+/* The entry of an element's text field through lookup (category or name_entry): the empty
+   text where it is absent; a field that is not text declines with why. */
+static Status text_entry(Scanner *self, Cursor *c, const Value *v,
+                         Entry *(*lookup)(Scanner *, const unsigned char *, Py_ssize_t, int), const char *why,
+                         Entry **out) {
+    if (v->kind == V_ABSENT)
+        *out = lookup(self, EMPTY, 0, 0);
+    else if (v->kind == V_STRING)
+        *out = lookup(self, v->s, v->n, v->escaped);
+    else
+        DECLINE(c, why);
+    return *out == NULL ? ST_ERROR : ST_OK;
+}
+
 /* Record one element of the run (its index in the run: index). */
 static Status add_element(Scanner *self, Cursor *c, Element *e, const unsigned char *start,
                           const unsigned char *stop, const unsigned char *base, Py_ssize_t index) {
     Rows *r = &self->rows;
     Entry *cat, *name;
     int64_t ts, dur, seq, corr;
+    Status st;
     if (e->ph.kind != V_STRING || e->ph.escaped || e->ph.n != 1 ||
         memchr(PHASES, e->ph.s[0], sizeof PHASES - 1) == NULL)
         DECLINE(c, "an element of no known phase");
@@ -988,14 +1003,8 @@ static Status add_element(Scanner *self, Cursor *c, Element *e, const unsigned c
     self->n_complete++;
     if (e->args != V_ABSENT && e->args != V_NULL && e->args != V_OBJECT)
         DECLINE(c, "args that is not an object");
-    if (e->cat.kind == V_ABSENT)
-        cat = category(self, EMPTY, 0, 0);
-    else if (e->cat.kind == V_STRING)
-        cat = category(self, e->cat.s, e->cat.n, e->cat.escaped);
-    else
-        DECLINE(c, "a category that is not text");
-    if (cat == NULL)
-        return ST_ERROR;
+    if ((st = text_entry(self, c, &e->cat, category, "a category that is not text", &cat)) != ST_OK)
+        return st;
     if (cat->run != self->run) {
         cat->run = self->run;
         if (PyList_Append(self->cats_met, cat->text) < 0)
@@ -1011,14 +1020,8 @@ static Status add_element(Scanner *self, Cursor *c, Element *e, const unsigned c
     if (cat->code < 0)
         return ST_OK; /* a category not kept */
 
-    if (e->name.kind == V_ABSENT)
-        name = name_entry(self, EMPTY, 0, 0);
-    else if (e->name.kind == V_STRING)
-        name = name_entry(self, e->name.s, e->name.n, e->name.escaped);
-    else
-        DECLINE(c, "a name that is not text");
-    if (name == NULL)
-        return ST_ERROR;
+    if ((st = text_entry(self, c, &e->name, name_entry, "a name that is not text", &name)) != ST_OK)
+        return st;
     if (!time_ns(&e->ts, &ts, &self->ts_col))
         DECLINE(c, "a ts that is no plain number");
     if (e->dur.kind == V_ABSENT) {
