@@ -134,7 +134,7 @@ def parse_rank_map(text: str | None) -> dict[int, int] | None:
 
 # Imported while the parser workers parse (ingest.executor), not after the last file: what
 # every loading command runs next (~0.03 s of module set-up on top of pandas' ~0.17 s).
-WARM_UP = ("pandas", "tracekit.reconstruct.whole_run", "tracekit.analyze")
+ANALYSIS_WARM_UP = ("pandas", "tracekit.reconstruct.whole_run", "tracekit.analyze")
 
 
 def load_options(rank_from: str | None = None, rank_map: str | None = None) -> LoadOptions:
@@ -161,7 +161,7 @@ def load_options(rank_from: str | None = None, rank_map: str | None = None) -> L
         iteration=settings.get("iteration"),
         timeline=settings.get("timeline") or "auto",
         labels=label_rules(settings.get("label_rule") or ()),
-        warm_up=WARM_UP,
+        warm_up=ANALYSIS_WARM_UP,
     )
 
 
