@@ -81,7 +81,12 @@ def run() -> None:
 
     Tearing down the interpreter (freeing every table and module one by one) takes ~0.1 s
     after a large analysis and does nothing useful, so once output is flushed and the exit
-    handlers have run (cache entries, worker pools), the process ends at once."""
+    handlers have run (cache entries, worker pools), the process ends at once.
+
+    The garbage collector waits until the modules are loaded (:mod:`tracekit._collector`)."""
+    from tracekit._collector import pause
+
+    pause()
     try:
         main()
         code = 0
