@@ -9,6 +9,10 @@ Python path's rows or declines.
   escapes, unicode, ints and floats mixed, missing fields, nested args, bools, nulls, huge
   numbers, odd whitespace, unknown phases, repeated keys, other key orders, truncated tails:
   the same outcome both ways (columns, or the same error).
+- Keys taken from the scanner's memo of the last elements' keys: elements written alike, then
+  one changed at a key (more whitespace, another key, an escape, a repeat, another phase...),
+  deterministic cases and drawn ones: the same rows both ways, answered where the generic key
+  scan answers.
 - The contract at its source: for a run of elements the scanner answers for, the row builder
   ends in the same state as after msgspec's typed decode and ``_add_columns`` (which must not
   have refused the batch), from any earlier state.
@@ -590,6 +594,210 @@ def test_a_run_ends_at_the_seam_the_python_cut_finds():
     # no seam after the last whole element: it waits for the next bytes
     scanned = scanner.scan(_run(_X, _X) + b" ,")
     assert scanned is not None and scanned.n_elements == 1
+
+
+# -- keys read from the memo of the last elements' keys --------------------------------------------
+#
+# The scanner remembers the bytes of each key of the last elements (whitespace, quoted key, ':')
+# and takes a key from that memo where the same bytes come again. Elements written alike, then
+# one changed at a key: the scanner answers exactly as the Python path reads, or declines.
+
+
+def _layout(element: dict, args: dict | None = None) -> bytes:
+    """``element`` as Kineto writes it: a key per line, args on one line."""
+    lines = [f"    {json.dumps(k)}: {json.dumps(v)}" for k, v in element.items()]
+    if args is not None:
+        lines.append(f'    "args": {json.dumps(args, separators=(",", ":"))}')
+    return ("{\n" + ",\n".join(lines) + "\n  }").encode()
+
+
+_ARGS = {"External id": 3076, "Ev Idx": 3, "Sequence number": 12}
+_LAID_OUT = _layout(_X, _ARGS)
+_MEMO_VARIANTS = {
+    "the same again": _LAID_OUT,
+    "more whitespace after a colon": _LAID_OUT.replace(b'"ts": ', b'"ts":   '),
+    "whitespace before a colon": _LAID_OUT.replace(b'"ts": ', b'"ts" : '),
+    "a longer key where one was": _LAID_OUT.replace(b'"pid": ', b'"pidx": '),
+    "a shorter key where one was": _LAID_OUT.replace(b'"dur": ', b'"du": '),
+    "another known key where one was": _LAID_OUT.replace(b'"pid": 1', b'"tid": 1'),
+    "a tab for the spaces": _LAID_OUT.replace(b'\n    "name"', b'\n\t"name"'),
+    "an escaped key": _LAID_OUT.replace(b'"cat": ', b'"c\\u0061t": '),
+    "a key repeated": _LAID_OUT.replace(b'"pid": 1,', b'"pid": 1,\n    "pid": 1,'),
+    "a key missing": _LAID_OUT.replace(b'\n    "dur": 2.25,', b""),
+    "keys swapped": _LAID_OUT.replace(b'"pid": 1,\n    "tid": 2', b'"tid": 2,\n    "pid": 1'),
+    "an args key changed": _LAID_OUT.replace(b'"Ev Idx":3', b'"Ev Idx ":3'),
+    "an args key repeated": _LAID_OUT.replace(b'"Ev Idx":3', b'"External id":3'),
+    "args keys spaced": _LAID_OUT.replace(b'{"External id":', b'{ "External id" :'),
+    "no args": _layout(_X),
+    "another phase": _layout({"ph": "i", "cat": "cpu_instant_event", "name": "x", "pid": 1, "tid": 2, "ts": 5}),
+    "a flow end": _layout({"ph": "f", "id": 9, "pid": 1, "tid": 2, "ts": 5, "cat": "ac2g", "name": "x", "bp": "e"}),
+    "ph not first": _layout({"cat": "cpu_op", "ph": "X", "name": "n", "pid": 1, "tid": 2, "ts": 7}, _ARGS),
+    "a trailing comma": _LAID_OUT.replace(b"\n  }", b",\n  }"),
+}
+
+
+# (declined by the generic key scan too; a trailing comma is no JSON at all)
+_MEMO_DECLINED = {
+    "an escaped key",
+    "a key repeated",
+    "another known key where one was",
+    "an args key repeated",
+    "a trailing comma",
+}
+
+
+def _memo_check(native: _RowBuilder, python: _RowBuilder, run: bytes) -> bool:
+    """Add ``run`` both ways (native where the scanner answers); whether it answered."""
+    try:
+        decode_elements(b"[" + run + b"]")
+    except kineto_stream._BadCut:  # not JSON: the scanner must not answer for it either
+        assert native._scanner_for_tests.scan(run + b"]", last=True) is None
+        return False
+    way = _python_add(python, run)
+    scanned = native._scanner_for_tests.scan(run + b"]", last=True)
+    if scanned is None:
+        _python_add(native, run)
+    else:
+        assert way == "columns", (way, run)
+        native.add(scanned)
+    assert _state(native) == _state(python), run
+    return scanned is not None
+
+
+@needs_scanner
+@pytest.mark.parametrize("name", sorted(_MEMO_VARIANTS))
+def test_keys_taken_from_the_memo_read_as_the_python_path_reads_them(name):
+    native, python = _RowBuilder(), _RowBuilder()
+    native._scanner_for_tests = native.native_scanner()  # one scanner: its memo carries over
+    seam = b",\n  "
+    primer = seam.join([_LAID_OUT] * 3)
+    assert _memo_check(native, python, primer)
+    variant = _MEMO_VARIANTS[name]
+    # the variant after elements alike (keys from the memo), then alike ones again; answered
+    # wherever the generic key scan answers (declining would be safe, but slow)
+    answer = name not in _MEMO_DECLINED
+    assert _memo_check(native, python, seam.join([_LAID_OUT, variant, _LAID_OUT])) == answer
+    assert _memo_check(native, python, seam.join([variant, variant])) == answer
+    assert _memo_check(native, python, primer)
+
+
+@needs_scanner
+def test_keys_the_scanner_must_decline_are_declined_after_the_memo_is_filled():
+    scanner = _RowBuilder().native_scanner()
+    seam = b",\n  "
+    assert scanner.scan(seam.join([_LAID_OUT] * 3) + b"]", last=True) is not None
+    for name, why in (
+        ("an escaped key", "an element key with an escape"),
+        ("a key repeated", "a field given twice"),
+        ("an args key repeated", "an args field given twice"),
+    ):
+        assert scanner.scan(seam.join([_LAID_OUT, _MEMO_VARIANTS[name]]) + b"]", last=True) is None, name
+        assert scanner._scanner.why.startswith(why), (name, scanner._scanner.why)
+
+
+_KEY_MUTATIONS = [
+    "ws after colon",
+    "ws before colon",
+    "longer key",
+    "other key",
+    "escaped key",
+    "repeat",
+    "drop",
+    "swap",
+    "lead ws",
+    "odd value",
+    "args key",
+    "args repeat",
+    "seam",
+]
+
+
+@st.composite
+def _templated_runs(draw) -> list[bytes]:
+    """Runs of elements written alike (one or two layouts, as a profiler writes), a share of
+    them changed at one key: the memo's hits and near misses."""
+    rnd = random.Random(draw(_SEEDS))
+    share = draw(st.sampled_from([0.0, 0.1, 0.3, 1.0]))
+
+    def template() -> list[list[str]]:
+        text = _element(random.Random(rnd.random()), 0.0)
+        fields = json.loads(text) if text.startswith("{") else {"ph": "X", "ts": 1}
+        if not isinstance(fields, dict):
+            fields = {"ph": "X", "ts": 1}
+        lead, after = rnd.choice(["\n    ", " ", "", "\t"]), rnd.choice([" ", ""])
+        return [[lead, json.dumps(k), "", after, json.dumps(v, separators=(",", ":"))] for k, v in fields.items()]
+
+    layouts = [template() for _ in range(rnd.randint(1, 2))]
+    seam = rnd.choice([",\n  ", ", ", ","])
+    runs = []
+    for _ in range(rnd.randint(1, 4)):
+        texts = []
+        for _ in range(rnd.randint(1, 12)):
+            fields = [list(f) for f in rnd.choice(layouts)]
+            this_seam = seam
+            if fields and rnd.random() < share:
+                k = rnd.randrange(len(fields))
+                what = rnd.choice(_KEY_MUTATIONS)
+                if what == "ws after colon":
+                    fields[k][3] += rnd.choice([" ", "\n", "\t  "])
+                elif what == "ws before colon":
+                    fields[k][2] = rnd.choice([" ", "\t"])
+                elif what == "longer key":
+                    fields[k][1] = fields[k][1][:-1] + rnd.choice(["x", " ", "s"]) + '"'
+                elif what == "other key":
+                    fields[k][1] = json.dumps(
+                        rnd.choice(["ph", "ts", "dur", "pid", "tid", "cat", "name", "args", "id"])
+                    )
+                elif what == "escaped key":
+                    fields[k][1] = _escaped(json.loads(fields[k][1]), rnd, 0.5)
+                elif what == "repeat":
+                    fields.insert(k, list(fields[k]))
+                elif what == "drop":
+                    del fields[k]
+                elif what == "swap" and len(fields) > 1:
+                    j = rnd.randrange(len(fields))
+                    fields[k], fields[j] = fields[j], fields[k]
+                elif what == "lead ws":
+                    fields[k][0] = rnd.choice(["\n  ", "\n     ", " \n    ", "\r\n    ", ""])
+                elif what == "odd value":
+                    fields[k][4] = _value(rnd)
+                elif what in ("args key", "args repeat") and fields[k][1] == '"args"' and fields[k][4].startswith("{"):
+                    args = json.loads(fields[k][4])
+                    if isinstance(args, dict) and args:
+                        key = rnd.choice(list(args))
+                        text = fields[k][4]
+                        old = json.dumps(key) + ":"
+                        new = (
+                            json.dumps(key + " ") if what == "args key" else json.dumps(rnd.choice(list(args)))
+                        ) + ":"
+                        fields[k][4] = text.replace(old, new, 1)
+                elif what == "seam":
+                    this_seam = rnd.choice([" ,\n  ", ",\n\t", ",  "])
+            texts.append(("{" + ",".join("".join(f[:3]) + ":" + "".join(f[3:]) for f in fields) + "\n  }", this_seam))
+        run = "".join(t + (s if i < len(texts) - 1 else "") for i, (t, s) in enumerate(texts))
+        runs.append(run.encode("utf-8", "surrogatepass"))
+    return runs
+
+
+@needs_scanner
+def test_elements_written_alike_read_the_same_when_one_changes_at_a_key():
+    ways = Counter()
+
+    @settings(max_examples=300, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+    @given(runs=_templated_runs())
+    def check(runs):
+        native, python = _RowBuilder(), _RowBuilder()
+        native._scanner_for_tests = native.native_scanner()
+        for run in runs:
+            try:
+                decode_elements(b"[" + run + b"]")
+            except kineto_stream._BadCut:
+                ways["not JSON"] += 1
+                continue
+            ways["answered" if _memo_check(native, python, run) else "declined"] += 1
+
+    check()
+    assert ways["answered"] > 200 and ways["declined"] > 20, ways
 
 
 def _decimal(rnd) -> str:

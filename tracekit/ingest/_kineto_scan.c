@@ -496,30 +496,83 @@ static inline int key_is(const Value *key, const char *name, Py_ssize_t len) {
     return key->n == len && memcmp(key->s, name, len) == 0;
 }
 
-/* The object of "args" at c->p (depth 2). */
-static Status scan_args(Cursor *c, Element *e) {
+/* An element's keys as the bytes that were read for them last time. A profiler writes every
+   element alike, so the k-th key of an element is usually, byte for byte, the k-th key of the
+   one before: the whitespace after the ',' (or the '{'), the quoted key, the ':' and the
+   whitespace after it, e.g. "\n    \"cat\": ". Where the same bytes follow, they mean the same
+   key and the same whitespace, checked as they were the first time: the key is taken from
+   the memo, skipping the generic key scan (8-byte compares, no branch per byte). Any other
+   bytes go the generic way, which records them for the next element. */
+#define MEMO_KEYS 12
+#define MEMO_WORDS 3 /* keys of up to 24 bytes, whitespace included */
+
+enum { F_OTHER = 0, F_PH, F_CAT, F_NAME, F_TS, F_DUR, F_PID, F_TID, F_ARGS };
+
+typedef struct {
+    uint64_t word[MEMO_WORDS], mask[MEMO_WORDS];
+    int len; /* 0: nothing recorded */
+    int field;
+} KeyMemo;
+
+static inline int memo_matches(const KeyMemo *m, const unsigned char *p, const unsigned char *end) {
+    uint64_t w[MEMO_WORDS], diff = 0;
+    if (m->len == 0 || end - p < MEMO_WORDS * 8)
+        return 0;
+    memcpy(w, p, sizeof w);
+    for (int k = 0; k < MEMO_WORDS; k++)
+        diff |= (w[k] ^ m->word[k]) & m->mask[k];
+    return diff == 0;
+}
+
+static void memo_record(KeyMemo *m, const unsigned char *from, const unsigned char *to, int field) {
+    Py_ssize_t n = to - from;
+    m->len = 0;
+    if (n <= 0 || n > MEMO_WORDS * 8)
+        return;
+    unsigned char bytes[MEMO_WORDS * 8] = {0}, ones[MEMO_WORDS * 8] = {0};
+    memcpy(bytes, from, n);
+    memset(ones, 0xff, n);
+    memcpy(m->word, bytes, sizeof m->word);
+    memcpy(m->mask, ones, sizeof m->mask);
+    m->len = (int)n;
+    m->field = field;
+}
+
+/* The field of args a key is read into (-1: checked and skipped). */
+static int args_field(const Value *key) {
+    if (key->n >= 5 && key->n <= 15) /* the lengths of ARG_KEYS */
+        for (int k = 0; k < N_ARGS; k++)
+            if (key->s[0] == (unsigned char)ARG_KEYS[k][0] && key_is(key, ARG_KEYS[k], (Py_ssize_t)strlen(ARG_KEYS[k])))
+                return k;
+    return -1;
+}
+
+/* The object of "args" at c->p (depth 2); its keys through ``memo`` as an element's are. */
+static Status scan_args(Cursor *c, Element *e, KeyMemo *memo) {
     Value key, skipped;
     Status st;
     c->p++;
-    skip_ws(c);
-    if (c->p >= c->end)
-        return ST_MORE;
-    if (*c->p == '}') {
-        c->p++;
-        return ST_OK;
-    }
-    for (;;) {
-        int field = -1, done;
-        if ((st = scan_key(c, &key, "an args key with an escape")) != ST_OK)
-            return st;
-        if (key.n >= 5 && key.n <= 15) { /* the lengths of ARG_KEYS */
-            for (int k = 0; k < N_ARGS; k++) {
-                if (key.s[0] == (unsigned char)ARG_KEYS[k][0] &&
-                    key_is(&key, ARG_KEYS[k], (Py_ssize_t)strlen(ARG_KEYS[k]))) {
-                    field = k;
-                    break;
-                }
+    for (int index = 0;; index++) {
+        KeyMemo *m = index < MEMO_KEYS ? &memo[index] : NULL;
+        const unsigned char *from = c->p; /* after the '{' or the ',' */
+        int field;
+        if (m != NULL && memo_matches(m, from, c->end)) {
+            c->p += m->len;
+            field = m->field;
+            skip_ws(c);
+        } else {
+            skip_ws(c);
+            if (c->p >= c->end)
+                return ST_MORE;
+            if (index == 0 && *c->p == '}') {
+                c->p++;
+                return ST_OK;
             }
+            if ((st = scan_key(c, &key, "an args key with an escape")) != ST_OK)
+                return st;
+            field = args_field(&key);
+            if (m != NULL)
+                memo_record(m, from, c->p, field);
         }
         if (field >= 0) {
             Value *slot = &e->arg[field];
@@ -535,13 +588,69 @@ static Status scan_args(Cursor *c, Element *e) {
             }
         } else if ((st = scan_value(c, &skipped, 2, 0)) != ST_OK)
             return st;
-        if ((st = next_item(c, '}', &done)) != ST_OK || done)
-            return st;
+        /* after the value: the object's '}', or a ',' (consumed; the next key's whitespace is not) */
+        skip_ws(c);
+        if (c->p >= c->end)
+            return ST_MORE;
+        if (*c->p == '}') {
+            c->p++;
+            return ST_OK;
+        }
+        if (*c->p != ',')
+            DECLINE(c, "no ',' between items");
+        c->p++;
     }
 }
 
+/* The field a key of an element is read into (F_OTHER: checked and skipped). */
+static int element_field(const Value *key) {
+    switch (key->n) {
+    case 2:
+        return key_is(key, "ph", 2) ? F_PH : key_is(key, "ts", 2) ? F_TS : F_OTHER;
+    case 3:
+        return key_is(key, "cat", 3)   ? F_CAT
+               : key_is(key, "dur", 3) ? F_DUR
+               : key_is(key, "pid", 3) ? F_PID
+               : key_is(key, "tid", 3) ? F_TID
+                                       : F_OTHER;
+    case 4:
+        return key_is(key, "name", 4) ? F_NAME : key_is(key, "args", 4) ? F_ARGS : F_OTHER;
+    }
+    return F_OTHER;
+}
+
 /* One element at c->p (its '{'): the fields RawEvent reads, the rest checked and skipped. */
-static Status scan_element(Cursor *c, Element *e) {
+/* Which of an element's memos its next keys use, once its phase is read: a profiler writes
+   complete events, instant events and flow starts and ends each with their own keys. */
+#define MEMO_SETS 5
+static inline int memo_set(const Value *ph) {
+    if (ph->kind != V_STRING || ph->n != 1)
+        return 0;
+    switch (ph->s[0]) {
+    case 'X':
+        return 1;
+    case 'i':
+    case 'I':
+        return 2;
+    case 's':
+        return 3;
+    case 'f':
+        return 4;
+    }
+    return 0;
+}
+
+/* Which memo an element's args use: each category of op has its own args (a kernel's launch
+   figures, a CPU op's ids), told apart here by the category's text where it came first. */
+#define ARGS_SETS 8
+static inline int args_set(const Value *cat) {
+    if (cat->kind != V_STRING || cat->n == 0)
+        return 0;
+    return (int)(((size_t)cat->n * 31 + cat->s[0] + cat->s[cat->n - 1]) % ARGS_SETS);
+}
+
+static Status scan_element(Cursor *c, Element *e, KeyMemo (*memos)[MEMO_KEYS], KeyMemo (*args_memos)[MEMO_KEYS]) {
+    KeyMemo *memo = memos[0]; /* until the phase is read */
     Value key, skipped;
     Status st;
     e->ph.kind = e->cat.kind = e->name.kind = e->ts.kind = e->dur.kind = e->pid.kind = e->tid.kind = V_ABSENT;
@@ -549,65 +658,67 @@ static Status scan_element(Cursor *c, Element *e) {
     for (int k = 0; k < N_ARGS; k++)
         e->arg[k].kind = V_ABSENT;
     c->p++;
-    skip_ws(c);
-    if (c->p >= c->end)
-        return ST_MORE;
-    if (*c->p == '}')
-        DECLINE(c, "an element without 'ph'");
-    for (;;) {
-        Value *slot = NULL;
-        int done;
-        if ((st = scan_key(c, &key, "an element key with an escape")) != ST_OK)
-            return st;
+    for (int index = 0;; index++) {
+        KeyMemo *m = index < MEMO_KEYS ? &memo[index] : NULL;
+        const unsigned char *from = c->p; /* after the '{' or the ',' */
+        int field;
+        if (m != NULL && memo_matches(m, from, c->end)) {
+            c->p += m->len;
+            field = m->field;
+            skip_ws(c); /* more whitespace than last time: what scan_key would skip too */
+        } else {
+            skip_ws(c);
+            if (c->p >= c->end)
+                return ST_MORE;
+            if (index == 0 && *c->p == '}')
+                DECLINE(c, "an element without 'ph'");
+            if ((st = scan_key(c, &key, "an element key with an escape")) != ST_OK)
+                return st;
+            field = element_field(&key);
+            if (m != NULL)
+                memo_record(m, from, c->p, field);
+        }
         if (c->p >= c->end)
             return ST_MORE;
-        switch (key.n) {
-        case 2:
-            if (key_is(&key, "ph", 2))
-                slot = &e->ph;
-            else if (key_is(&key, "ts", 2))
-                slot = &e->ts;
-            break;
-        case 3:
-            if (key_is(&key, "cat", 3))
-                slot = &e->cat;
-            else if (key_is(&key, "dur", 3))
-                slot = &e->dur;
-            else if (key_is(&key, "pid", 3))
-                slot = &e->pid;
-            else if (key_is(&key, "tid", 3))
-                slot = &e->tid;
-            break;
-        case 4:
-            if (key_is(&key, "name", 4))
-                slot = &e->name;
-            else if (key_is(&key, "args", 4)) {
-                if (e->args != V_ABSENT)
-                    DECLINE(c, "a field given twice");
-                if (*c->p == '{') {
-                    e->args = V_OBJECT;
-                    st = scan_args(c, e);
-                } else {
-                    st = scan_value(c, &skipped, 1, 0);
-                    e->args = skipped.kind;
-                }
-                if (st != ST_OK)
-                    return st;
-                goto next;
+        if (field == F_ARGS) {
+            if (e->args != V_ABSENT)
+                DECLINE(c, "a field given twice");
+            if (*c->p == '{') {
+                e->args = V_OBJECT;
+                st = scan_args(c, e, args_memos[args_set(&e->cat)]);
+            } else {
+                st = scan_value(c, &skipped, 1, 0);
+                e->args = skipped.kind;
             }
-            break;
-        }
-        if (slot) {
+        } else if (field == F_OTHER)
+            st = scan_value(c, &skipped, 1, 0);
+        else {
+            Value *slot = field == F_PH    ? &e->ph
+                          : field == F_CAT  ? &e->cat
+                          : field == F_NAME ? &e->name
+                          : field == F_TS   ? &e->ts
+                          : field == F_DUR  ? &e->dur
+                          : field == F_PID  ? &e->pid
+                                            : &e->tid;
             if (slot->kind != V_ABSENT)
                 DECLINE(c, "a field given twice");
             st = scan_value(c, slot, 1, 1);
-        } else
-            st = scan_value(c, &skipped, 1, 0);
+            if (field == F_PH)
+                memo = memos[memo_set(slot)];
+        }
         if (st != ST_OK)
             return st;
-    next:
-        if ((st = next_item(c, '}', &done)) != ST_OK || done)
-            return st;
+        /* after the value: the element's '}', or a ',' (consumed; the next key's whitespace is not) */
+        skip_ws(c);
+        if (c->p >= c->end)
+            return ST_MORE;
+        if (*c->p == '}') {
+            c->p++;
+            return ST_OK;
+        }
+        if (*c->p != ',')
+            DECLINE(c, "no ',' between items");
+        c->p++;
     }
 }
 
@@ -812,6 +923,8 @@ typedef struct {
     Column ts_col, dur_col;
     PyObject *cats_met, *specials; /* lists */
     int unknown_names;
+    KeyMemo element_keys[MEMO_SETS][MEMO_KEYS], args_keys[ARGS_SETS][MEMO_KEYS]; /* the last elements' keys */
+    KeyMemo seam; /* the bytes between the last two elements, from after its '}' to the next '{' */
 } Scanner;
 
 static int rows_reserve(Rows *r) {
@@ -1111,7 +1224,7 @@ static PyObject *Scanner_scan(Scanner *self, PyObject *args) {
             c.why = "an element that is not an object";
             break;
         }
-        st = scan_element(&c, &e);
+        st = scan_element(&c, &e, self->element_keys, self->args_keys);
         if (st == ST_MORE) { /* the element goes on past the bytes: the run ends before it */
             st = ST_OK;
             break;
@@ -1119,18 +1232,25 @@ static PyObject *Scanner_scan(Scanner *self, PyObject *args) {
         if (st != ST_OK)
             break;
         stop = c.p;
-        skip_ws(&c);
-        if (c.p < c.end && *c.p == ',') {
-            c.p++;
+        if (memo_matches(&self->seam, c.p, c.end)) { /* the ',' and whitespace of the last seam, and '{' */
+            c.p += self->seam.len - 1;
+            following = c.p;
+        } else {
             skip_ws(&c);
-            if (c.p < c.end && *c.p != '{') {
-                st = ST_DECLINE;
-                c.why = "an element that is not an object";
-                break;
-            }
-            following = c.p < c.end ? c.p : NULL;
-        } else if (last_run && c.p < c.end && *c.p == ']')
-            array_end = c.p;
+            if (c.p < c.end && *c.p == ',') {
+                c.p++;
+                skip_ws(&c);
+                if (c.p < c.end && *c.p != '{') {
+                    st = ST_DECLINE;
+                    c.why = "an element that is not an object";
+                    break;
+                }
+                following = c.p < c.end ? c.p : NULL;
+                if (following != NULL)
+                    memo_record(&self->seam, stop, following + 1, 0);
+            } else if (last_run && c.p < c.end && *c.p == ']')
+                array_end = c.p;
+        }
         if (following == NULL && array_end == NULL)
             break; /* the run ends before this element: no seam, or no end of the array, after it */
         if ((st = add_element(self, &c, &e, start, stop, base, n_elements)) != ST_OK)
