@@ -534,6 +534,8 @@ _ANSWERED = {
     "nccl, a float field": _run({**_X, "name": "record_param_comms", "args": {"Dst Rank": 1.0}}),
     "gloo": _run({**_X, "name": "c10d::send", "args": {"Input Dims": [[4, 4]], "Concrete Inputs": ["", "", "1"]}}),
     "kelvin sign": _run({**_X, "cat": "\u212aernel"}),
+    "new names in the order they come": _run({**_X, "name": "b"}, {**_X, "name": "a"}, {**_X, "name": "b"}, _X),
+    "one name escaped two ways": _run({**_X, "name": "ab"}, {**_X, "name": "ab"}).replace(b'"ab"', b'"a\\u0062"', 1),
 }
 _DECLINED = {
     "unknown phase": (_run(_X, {"ph": "Q"}), "an element of no known phase"),

@@ -52,8 +52,9 @@
  * after the last element (ChromeTraceStream._finish; the Python side checks that _finish
  * would try that "]" as the end of the array).
  * What the Python side still does. Names and categories are resolved against the builder's
- * dicts, but the dicts are only read here: names met for the first time are returned as the
- * run's list of names and coded on the Python side in _add_columns' order; categories met
+ * dicts, but the dicts are only read here: names met for the first time get the codes
+ * _add_columns gives them (the next ones, in the order they come) and are returned, in that
+ * order, for the Python side to record; categories met
  * are returned for the builder's record of them. For the P2P and collective ops whose args
  * _special_args reads, the scanner builds what it returns where that is plain (text, ints,
  * absent fields, raw JSON slices as msgspec.Raw keeps them); otherwise it returns the
@@ -734,6 +735,8 @@ typedef struct {
     long code;      /* name code (-1: not in name_codes when last looked) or category code */
     int special;    /* SPECIAL_P2P or SPECIAL_NCCL: an op whose args _special_args reads */
     uint64_t run;   /* the run that last counted it */
+    uint64_t new_run; /* a name not in name_codes: the run that gave it new_code */
+    long new_code;
 } Entry;
 
 typedef struct {
@@ -827,7 +830,8 @@ static int table_fill(Table *t, Entry *e, const unsigned char *s, Py_ssize_t n, 
     e->text = text;
     e->code = code;
     e->special = special;
-    e->run = 0;
+    e->run = e->new_run = 0;
+    e->new_code = -1;
     t->used++;
     return 0;
 }
@@ -893,12 +897,11 @@ typedef struct {
     int64_t *src, *start, *dur, *pid, *tid, *seq, *corr;
     int32_t *name;
     int8_t *cat;
-    PyObject **name_text; /* borrowed from the names table (entries move when it grows) */
     Py_ssize_t n, cap;
 } Rows;
 
 /* Every column of Rows, for what is done to each alike (grow, free). */
-#define ROWS_COLUMNS(X) X(src) X(start) X(dur) X(pid) X(tid) X(seq) X(corr) X(name) X(cat) X(name_text)
+#define ROWS_COLUMNS(X) X(src) X(start) X(dur) X(pid) X(tid) X(seq) X(corr) X(name) X(cat)
 
 typedef struct {
     int ints, floats;
@@ -922,7 +925,8 @@ typedef struct {
     Value first_ts;
     Column ts_col, dur_col;
     PyObject *cats_met, *specials; /* lists */
-    int unknown_names;
+    PyObject *new_codes; /* names not in name_codes -> the codes they get, from name_codes' size on */
+    Py_ssize_t next_code;
     KeyMemo element_keys[MEMO_SETS][MEMO_KEYS], args_keys[ARGS_SETS][MEMO_KEYS]; /* the last elements' keys */
     KeyMemo seam; /* the bytes between the last two elements, from after its '}' to the next '{' */
 } Scanner;
@@ -1170,10 +1174,24 @@ static Status add_element(Scanner *self, Cursor *c, Element *e, const unsigned c
     Py_ssize_t k = r->n++;
     r->src[k] = index;
     r->cat[k] = (int8_t)cat->code;
-    r->name[k] = (int32_t)name->code;
-    r->name_text[k] = name->text;
-    if (name->code < 0)
-        self->unknown_names = 1;
+    if (name->code < 0 && name->new_run != self->run) { /* new to the file: the next code */
+        /* by its text: raw bytes escaped otherwise are other entries with the same name */
+        PyObject *given = PyDict_GetItemWithError(self->new_codes, name->text); /* borrowed */
+        if (given != NULL)
+            name->new_code = PyLong_AsLong(given);
+        else if (PyErr_Occurred())
+            return ST_ERROR;
+        else {
+            PyObject *code = PyLong_FromSsize_t(self->next_code);
+            int failed = code == NULL || PyDict_SetItem(self->new_codes, name->text, code) < 0;
+            Py_XDECREF(code);
+            if (failed)
+                return ST_ERROR;
+            name->new_code = (long)self->next_code++;
+        }
+        name->new_run = self->run;
+    }
+    r->name[k] = (int32_t)(name->code >= 0 ? name->code : name->new_code);
     r->start[k] = ts;
     r->dur[k] = dur;
     r->pid[k] = e->pid.kind == V_INT ? e->pid.i : 0;
@@ -1209,10 +1227,11 @@ static PyObject *Scanner_scan(Scanner *self, PyObject *args) {
     self->first_ts_index = -1;
     memset(&self->ts_col, 0, sizeof self->ts_col);
     memset(&self->dur_col, 0, sizeof self->dur_col);
-    self->unknown_names = 0;
+    self->next_code = PyDict_Size(self->name_codes);
     Py_XSETREF(self->cats_met, PyList_New(0));
     Py_XSETREF(self->specials, PyList_New(0));
-    if (self->cats_met == NULL || self->specials == NULL)
+    Py_XSETREF(self->new_codes, PyDict_New());
+    if (self->cats_met == NULL || self->specials == NULL || self->new_codes == NULL)
         goto done;
 
     skip_ws(&c);
@@ -1292,11 +1311,8 @@ static PyObject *Scanner_scan(Scanner *self, PyObject *args) {
                                                        : PyFloat_FromDouble(self->first_ts.f);
         Py_SETREF(first_ts, value == NULL ? NULL : Py_BuildValue("(nN)", self->first_ts_index, value));
     }
-    if (self->unknown_names) {
-        Py_SETREF(names, PyList_New(r->n));
-        for (Py_ssize_t k = 0; names != NULL && k < r->n; k++)
-            PyList_SET_ITEM(names, k, Py_NewRef(r->name_text[k]));
-    }
+    if (PyDict_GET_SIZE(self->new_codes))
+        Py_SETREF(names, PyDict_Keys(self->new_codes)); /* in the order of their codes */
     if (first_ts != NULL && names != NULL)
         result = Py_BuildValue("{sn sn sn sn sO sn sN sN sN sN sN sN sN sN sN sO sO sO}",
                                "n_elements", n_elements, "end", end, "next", next, "n_complete", self->n_complete,
@@ -1313,6 +1329,7 @@ done:
     PyBuffer_Release(&view);
     Py_CLEAR(self->cats_met);
     Py_CLEAR(self->specials);
+    Py_CLEAR(self->new_codes);
     return result;
 }
 
@@ -1346,6 +1363,7 @@ static void Scanner_dealloc(Scanner *self) {
     Py_XDECREF(self->unset);
     Py_XDECREF(self->cats_met);
     Py_XDECREF(self->specials);
+    Py_XDECREF(self->new_codes);
     table_free(&self->names);
     table_free(&self->cats);
     rows_free(&self->rows);

@@ -69,7 +69,7 @@ class ScannedRun:
     tid: np.ndarray
     seq: np.ndarray
     corr: np.ndarray
-    names: list[str] | None  # every row's name, where some name is not yet coded
+    names: list[str] | None  # names not yet coded, in the order of the run's codes for them (len(name_codes) on)
     cats: list[str]  # categories of the run's complete events
     # (row, name, args) of the ops whose args _special_args reads: args as it gives them, or
     # None and the element's JSON for msgspec to decode

@@ -220,7 +220,7 @@ class _RowBuilder:
         except (KeyError, TypeError):
             names = [e.name for e in kept]
             try:
-                new_names = set(names)
+                new_names = dict.fromkeys(names)  # new names are coded in the order they come
             except TypeError:  # an unhashable name (list, dict)
                 raise _Irregular from None
             for n in new_names:
@@ -278,19 +278,16 @@ class _RowBuilder:
         kineto_native.RUNS["elements"] += run.n_elements
         if not run.n_rows:
             return
-        name_arr = run.name
-        if run.names is not None:  # names new to the file: coded in the order _add_columns codes them
+        if run.names is not None:  # names new to the file, coded in the order they came
             name_codes = self.name_codes
-            for n in set(run.names):
-                if n not in name_codes:
-                    name_codes[n] = len(name_codes)
-            name_arr = np.array([name_codes[n] for n in run.names], dtype=np.int32)
+            for n in run.names:  # the run's codes for them: len(name_codes) on, in this order
+                name_codes[n] = len(name_codes)
         for k, name, found, element in run.special:
             if found is None:  # args the scanner leaves to msgspec and _special_args
                 event = decode_element(element)
                 found = _special_args(event.name, event.args)
             self.special.append((self.n_rows + k, name, found))
-        self.parts.append((run.src + base, run.cat, name_arr, run.start, run.dur, run.pid, run.tid, run.seq, run.corr))
+        self.parts.append((run.src + base, run.cat, run.name, run.start, run.dur, run.pid, run.tid, run.seq, run.corr))
         self.n_rows += run.n_rows
 
     def _new_cat_codes(self, batch: list) -> list[int]:
