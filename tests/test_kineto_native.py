@@ -444,7 +444,7 @@ def _state(builder: _RowBuilder) -> dict:
         "cat_code_of": {k: v for k, v in builder.cat_code_of.items()},
         "columns": columns,
         "n_rows": builder.n_rows,
-        "special": builder.special,
+        "special": builder.specials(),
         "n_complete": builder.n_complete,
         "bad_categories": builder.bad_categories,
         "odd_identities": builder.odd_identities,
@@ -596,6 +596,76 @@ def test_a_run_ends_at_the_seam_the_python_cut_finds():
     # no seam after the last whole element: it waits for the next bytes
     scanned = scanner.scan(_run(_X, _X) + b" ,")
     assert scanned is not None and scanned.n_elements == 1
+
+
+def _specials_row_by_row(builder: _RowBuilder, n_rows: int, group_to_global: dict) -> tuple:
+    """REFERENCE: the P2P and collective fields worked out row by row (columns()' old loop),
+    as (names, peer, tag, nbytes, name_codes) from the builder's specials."""
+    from tracekit.ingest.kineto_comm import _gloo_p2p_args, _nccl_comm_args
+    from tracekit.ingest.kineto_rows import _nccl_args
+    from tracekit.ingest.kineto_stream import decode_shapes
+
+    names = np.concatenate([part[2] for part in builder.parts]).copy()
+    peer, tag, nbytes = (np.full(n_rows, -1, dtype=np.int64) for _ in range(3))
+    name_codes = dict(builder.name_codes)
+    for row, name, args in builder.specials():
+        if name == "record_param_comms":
+            new_name, p, b = _nccl_comm_args(_nccl_args(args) if isinstance(args, tuple) else args, group_to_global)
+            code = name_codes.setdefault(new_name, len(name_codes))
+            names[row], peer[row], nbytes[row] = code, p, b
+        else:
+            fields = decode_shapes(args) if isinstance(args, tuple) else args
+            peer[row], tag[row], nbytes[row] = _gloo_p2p_args(fields, group_to_global.get("0"))
+    return names, peer, tag, nbytes, list(name_codes)
+
+
+def _comm(name: str, **args) -> dict:
+    return {**_X, "name": name, "args": args}
+
+
+def _apart(*elements: dict) -> bytes:
+    """Elements one us apart (exact repeats would be dropped as duplicates)."""
+    return _run(*({**e, "ts": 1000 + i} for i, e in enumerate(elements)))
+
+
+_COMM_RUN = _apart(
+    _comm("record_param_comms", **{"Collective name": "recv", "Src Rank": 1, "In msg nelems": 8, "dtype": "Float"}),
+    _X,
+    _comm("record_param_comms", **{"Collective name": "send", "Dst Rank": 1, "Out msg nelems": 8, "dtype": "Float"}),
+    _comm("record_param_comms", **{"Collective name": "recv", "Src Rank": 1, "In msg nelems": 8, "dtype": "Float"}),
+    _comm("record_param_comms", **{"Collective name": "allreduce", "In msg nelems": 4, "dtype": "BFloat16"}),
+    _comm("record_param_comms", **{"Collective name": "send", "Dst Rank": 1.0}),  # a float: its own kind
+    _comm("record_param_comms", **{"Collective name": "send", "Dst Rank": 1.0}),
+    {**_X, "name": "record_param_comms"},  # no args
+    _comm("c10d::send", **{"Concrete Inputs": ["", "", "1", "7"], "Input Dims": [[4, 4]], "Input type": ["Float"]}),
+    _comm("c10d::recv_", **{"Concrete Inputs": ["", "", "1", "7"], "Input Dims": [[4, 4]], "Input type": ["Float"]}),
+    _comm("c10d::send", **{"Concrete Inputs": ["", "", "1", "7"], "Input Dims": [[4, 4]], "Input type": ["Float"]}),
+    _comm("c10d::recv_", **{"Concrete Inputs": ["", "", "0", "3"], "Input Dims": [[2]], "Input type": ["Float"]}),
+)
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_comm_fields_are_worked_out_once_per_kind_as_row_by_row(native):
+    if native and not kineto_native.available():
+        pytest.skip("the native scanner is not built")
+    builder = _RowBuilder()
+    if native:
+        scanned = builder.native_scanner().scan(_COMM_RUN + b"]", last=True)
+        assert scanned is not None
+        builder.add(scanned)
+    else:
+        assert _python_add(builder, _COMM_RUN) == "columns"
+    kinds = len(builder.special_keys)
+    # repeats share a kind; args given as a dict (a float field, no args) are each their own
+    assert len(builder.specials()) == 11 and kinds == 9
+    group_to_global = {"0": [0, 1]}
+    names, peer, tag, nbytes, name_codes = _specials_row_by_row(builder, builder.n_rows, group_to_global)
+    columns = builder.columns(0, group_to_global, rank=0, file_id=0)
+    assert list(builder.name_codes) == name_codes  # new names coded in the order of their first row
+    assert np.array_equal(columns.codes["name"], names)
+    for key, want in (("peer", peer), ("tag", tag), ("nbytes", nbytes)):
+        got = columns.numbers[key]
+        assert np.array_equal(got, want), (key, got, want)
 
 
 # -- keys read from the memo of the last elements' keys --------------------------------------------

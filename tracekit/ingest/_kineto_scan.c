@@ -924,7 +924,15 @@ typedef struct {
     Py_ssize_t n_complete, first_ts_index;
     Value first_ts;
     Column ts_col, dur_col;
-    PyObject *cats_met, *specials; /* lists */
+    PyObject *special_ids;  /* _RowBuilder.special_ids (read only): (name, args) -> kind */
+    PyObject *special_keys; /* _RowBuilder.special_keys (read only; its length) */
+    PyObject *cats_met;     /* list */
+    /* the run's P2P and collective ops: rows and kinds, and the kinds new in the run */
+    int64_t *special_row;
+    int32_t *special_kind;
+    Py_ssize_t n_special, special_cap, next_kind;
+    PyObject *special_new; /* list of (name, args or None, start, stop) */
+    PyObject *new_kinds;   /* (name, args) -> the kind it gets, from len(special_keys) on */
     PyObject *new_codes; /* names not in name_codes -> the codes they get, from name_codes' size on */
     Py_ssize_t next_code;
     KeyMemo element_keys[MEMO_SETS][MEMO_KEYS], args_keys[ARGS_SETS][MEMO_KEYS]; /* the last elements' keys */
@@ -1105,6 +1113,65 @@ static Status text_entry(Scanner *self, Cursor *c, const Value *v,
     return *out == NULL ? ST_ERROR : ST_OK;
 }
 
+/* The kind of a P2P or collective op (see _RowBuilder.special_kinds) at ``row`` of the run:
+   one of the builder's kinds where its (name, args) is one, else the next (each args the
+   Python side decodes is a kind of its own); 0, or -1 on an error. */
+static int add_special(Scanner *self, const Element *e, Entry *name, const unsigned char *start,
+                       const unsigned char *stop, const unsigned char *base, Py_ssize_t row) {
+    PyObject *found = special_args(self, e, name->special == SPECIAL_NCCL);
+    if (found == NULL && PyErr_Occurred())
+        return -1;
+    Py_ssize_t kind = -1;
+    PyObject *key = NULL;
+    if (found != NULL && PyTuple_Check(found)) { /* a plain value: a kind met before? */
+        key = PyTuple_Pack(2, name->text, found);
+        PyObject *known = key == NULL ? NULL : PyDict_GetItemWithError(self->special_ids, key);
+        if (known == NULL && !PyErr_Occurred())
+            known = PyDict_GetItemWithError(self->new_kinds, key);
+        if (known != NULL)
+            kind = PyLong_AsSsize_t(known);
+        if (PyErr_Occurred()) {
+            Py_XDECREF(key);
+            Py_DECREF(found);
+            return -1;
+        }
+    }
+    if (kind < 0) { /* a new kind */
+        kind = self->next_kind++;
+        PyObject *index = key == NULL ? NULL : PyLong_FromSsize_t(kind);
+        PyObject *entry = Py_BuildValue("(OOnn)", name->text, found ? found : Py_None,
+                                        found ? (Py_ssize_t)0 : (Py_ssize_t)(start - base),
+                                        found ? (Py_ssize_t)0 : (Py_ssize_t)(stop - base));
+        int failed = entry == NULL || PyList_Append(self->special_new, entry) < 0 ||
+                     (key != NULL && (index == NULL || PyDict_SetItem(self->new_kinds, key, index) < 0));
+        Py_XDECREF(entry);
+        Py_XDECREF(index);
+        if (failed) {
+            Py_XDECREF(key);
+            Py_XDECREF(found);
+            return -1;
+        }
+    }
+    Py_XDECREF(key);
+    Py_XDECREF(found);
+    if (self->n_special == self->special_cap) {
+        Py_ssize_t cap = self->special_cap ? self->special_cap * 2 : 256;
+        int64_t *rows = PyMem_Realloc(self->special_row, (size_t)cap * sizeof *rows);
+        if (rows != NULL)
+            self->special_row = rows;
+        int32_t *kinds = rows == NULL ? NULL : PyMem_Realloc(self->special_kind, (size_t)cap * sizeof *kinds);
+        if (kinds == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        self->special_kind = kinds;
+        self->special_cap = cap;
+    }
+    self->special_row[self->n_special] = row;
+    self->special_kind[self->n_special++] = (int32_t)kind;
+    return 0;
+}
+
 /* Record one element of the run (its index in the run: index). */
 static Status add_element(Scanner *self, Cursor *c, Element *e, const unsigned char *start,
                           const unsigned char *stop, const unsigned char *base, Py_ssize_t index) {
@@ -1157,18 +1224,8 @@ static Status add_element(Scanner *self, Cursor *c, Element *e, const unsigned c
             DECLINE(c, "an args id that is a bool, a long integer or a container");
     } else
         seq = corr = -1;
-    if (name->special && cat->code == self->cpu_op) {
-        PyObject *found = special_args(self, e, name->special == SPECIAL_NCCL);
-        if (found == NULL && PyErr_Occurred())
-            return ST_ERROR;
-        PyObject *hit = Py_BuildValue("(nONnn)", r->n, name->text, found ? found : Py_NewRef(Py_None),
-                                      (Py_ssize_t)(start - base), (Py_ssize_t)(stop - base));
-        if (hit == NULL || PyList_Append(self->specials, hit) < 0) {
-            Py_XDECREF(hit);
-            return ST_ERROR;
-        }
-        Py_DECREF(hit);
-    }
+    if (name->special && cat->code == self->cpu_op && add_special(self, e, name, start, stop, base, r->n) < 0)
+        return ST_ERROR;
     if (rows_reserve(r) < 0)
         return ST_ERROR;
     Py_ssize_t k = r->n++;
@@ -1229,9 +1286,12 @@ static PyObject *Scanner_scan(Scanner *self, PyObject *args) {
     memset(&self->dur_col, 0, sizeof self->dur_col);
     self->next_code = PyDict_Size(self->name_codes);
     Py_XSETREF(self->cats_met, PyList_New(0));
-    Py_XSETREF(self->specials, PyList_New(0));
+    Py_XSETREF(self->special_new, PyList_New(0));
+    Py_XSETREF(self->new_kinds, PyDict_New());
+    self->n_special = 0;
+    self->next_kind = PyList_GET_SIZE(self->special_keys);
     Py_XSETREF(self->new_codes, PyDict_New());
-    if (self->cats_met == NULL || self->specials == NULL || self->new_codes == NULL)
+    if (self->cats_met == NULL || self->special_new == NULL || self->new_kinds == NULL || self->new_codes == NULL)
         goto done;
 
     skip_ws(&c);
@@ -1314,7 +1374,7 @@ static PyObject *Scanner_scan(Scanner *self, PyObject *args) {
     if (PyDict_GET_SIZE(self->new_codes))
         Py_SETREF(names, PyDict_Keys(self->new_codes)); /* in the order of their codes */
     if (first_ts != NULL && names != NULL)
-        result = Py_BuildValue("{sn sn sn sn sO sn sN sN sN sN sN sN sN sN sN sO sO sO}",
+        result = Py_BuildValue("{sn sn sn sn sO sn sN sN sN sN sN sN sN sN sN sO sO sN sN sO}",
                                "n_elements", n_elements, "end", end, "next", next, "n_complete", self->n_complete,
                                "first_ts", first_ts, "n_rows", r->n,
                                "src", column_bytes(r->src, r->n, 8), "cat", column_bytes(r->cat, r->n, 1),
@@ -1322,23 +1382,28 @@ static PyObject *Scanner_scan(Scanner *self, PyObject *args) {
                                "dur", column_bytes(r->dur, r->n, 8), "pid", column_bytes(r->pid, r->n, 8),
                                "tid", column_bytes(r->tid, r->n, 8), "seq", column_bytes(r->seq, r->n, 8),
                                "corr", column_bytes(r->corr, r->n, 8), "names", names, "cats", self->cats_met,
-                               "special", self->specials);
+                               "special_rows", column_bytes(self->special_row, self->n_special, 8),
+                               "special_kinds", column_bytes(self->special_kind, self->n_special, 4),
+                               "special_new", self->special_new);
     Py_XDECREF(first_ts);
     Py_XDECREF(names);
 done:
     PyBuffer_Release(&view);
     Py_CLEAR(self->cats_met);
-    Py_CLEAR(self->specials);
+    Py_CLEAR(self->special_new);
+    Py_CLEAR(self->new_kinds);
     Py_CLEAR(self->new_codes);
     return result;
 }
 
 static int Scanner_init(Scanner *self, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"cat_code_of", "cat_code", "name_codes", "cpu_op", "special", "unset", NULL};
-    PyObject *cat_code_of, *cat_code, *name_codes, *special, *unset;
+    static char *kwlist[] = {"cat_code_of", "cat_code", "name_codes", "cpu_op", "special", "unset",
+                             "special_ids", "special_keys", NULL};
+    PyObject *cat_code_of, *cat_code, *name_codes, *special, *unset, *special_ids, *special_keys;
     long cpu_op;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OO!lO!O:Scanner", kwlist, &PyDict_Type, &cat_code_of, &cat_code,
-                                     &PyDict_Type, &name_codes, &cpu_op, &PyTuple_Type, &special, &unset))
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OO!lO!OO!O!:Scanner", kwlist, &PyDict_Type, &cat_code_of,
+                                     &cat_code, &PyDict_Type, &name_codes, &cpu_op, &PyTuple_Type, &special, &unset,
+                                     &PyDict_Type, &special_ids, &PyList_Type, &special_keys))
         return -1;
     if (self->names.slots != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "Scanner is initialised once");
@@ -1349,6 +1414,8 @@ static int Scanner_init(Scanner *self, PyObject *args, PyObject *kwds) {
     Py_XSETREF(self->name_codes, Py_NewRef(name_codes));
     Py_XSETREF(self->special, Py_NewRef(special));
     Py_XSETREF(self->unset, Py_NewRef(unset));
+    Py_XSETREF(self->special_ids, Py_NewRef(special_ids));
+    Py_XSETREF(self->special_keys, Py_NewRef(special_keys));
     self->cpu_op = cpu_op;
     if (table_grow(&self->names) < 0 || table_grow(&self->cats) < 0)
         return -1;
@@ -1362,8 +1429,13 @@ static void Scanner_dealloc(Scanner *self) {
     Py_XDECREF(self->special);
     Py_XDECREF(self->unset);
     Py_XDECREF(self->cats_met);
-    Py_XDECREF(self->specials);
+    Py_XDECREF(self->special_ids);
+    Py_XDECREF(self->special_keys);
+    Py_XDECREF(self->special_new);
+    Py_XDECREF(self->new_kinds);
     Py_XDECREF(self->new_codes);
+    PyMem_Free(self->special_row);
+    PyMem_Free(self->special_kind);
     table_free(&self->names);
     table_free(&self->cats);
     rows_free(&self->rows);

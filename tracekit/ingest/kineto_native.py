@@ -51,7 +51,8 @@ def enabled() -> bool:
 class ScannedRun:
     """The rows of one run of ``traceEvents`` elements as the scanner read them: the arrays
     :meth:`_RowBuilder._add_columns` appends to ``parts`` (``src`` counted from the run's first
-    element; ``name`` codes -1 for names not yet coded, then ``names`` lists every row's name),
+    element; names not yet coded get the next codes, ``names`` lists them), its P2P and
+    collective ops by kind (as ``_RowBuilder.special_kinds``, new kinds in ``special_new``),
     and what it counts."""
 
     end: int  # the run is the buffer's bytes before this (after its last element, or its "]")
@@ -71,9 +72,12 @@ class ScannedRun:
     corr: np.ndarray
     names: list[str] | None  # names not yet coded, in the order of the run's codes for them (len(name_codes) on)
     cats: list[str]  # categories of the run's complete events
-    # (row, name, args) of the ops whose args _special_args reads: args as it gives them, or
-    # None and the element's JSON for msgspec to decode
-    special: list[tuple[int, str, dict | tuple | None, bytes | None]]
+    # The ops whose args _special_args reads: their rows (counted in the run) and kinds (an index
+    # in the builder's special_keys); the kinds new here, from len(special_keys) on, as (name,
+    # args as _special_args gives them, None) or (name, None, the element's JSON for msgspec)
+    special_rows: np.ndarray
+    special_kinds: np.ndarray
+    special_new: list[tuple[str, dict | tuple | None, bytes | None]]
 
 
 _COLUMNS = {
@@ -86,14 +90,17 @@ _COLUMNS = {
     "tid": np.int64,
     "seq": np.int64,
     "corr": np.int64,
+    "special_rows": np.int64,
+    "special_kinds": np.int32,
 }
 
 
 class Scanner:
     """The native scanner of one file's elements, reading (never changing) a row builder's
     category and name codes: ``cat_code_of`` (raw category -> code), ``cat_code`` (the code of
-    a category not in it), ``name_codes``, the code of ``cpu_op`` and the names whose args
-    ``_special_args`` reads. Use each answer before the next scan: codes are read at scan time."""
+    a category not in it), ``name_codes``, the code of ``cpu_op``, the names whose args
+    ``_special_args`` reads and the kinds of those ops met (``special_ids``, ``special_keys``).
+    Use each answer before the next scan: codes and kinds are read at scan time."""
 
     def __init__(
         self,
@@ -102,10 +109,14 @@ class Scanner:
         name_codes: dict[str, int],
         cpu_op: int,
         special: Iterable[str],
+        special_ids: dict[tuple, int],
+        special_keys: list,
     ):
         if _kineto_scan is None:
             raise RuntimeError("tracekit's native scanner is not built")
-        self._scanner = _kineto_scan.Scanner(cat_code_of, cat_code, name_codes, cpu_op, tuple(special), msgspec.UNSET)
+        self._scanner = _kineto_scan.Scanner(
+            cat_code_of, cat_code, name_codes, cpu_op, tuple(special), msgspec.UNSET, special_ids, special_keys
+        )
 
     def scan(self, data: bytes | memoryview, last: bool = False) -> ScannedRun | None:
         """The run of whole elements at the front of ``data``, up to the last one followed by
@@ -116,9 +127,9 @@ class Scanner:
             return None
         for key, dtype in _COLUMNS.items():
             found[key] = np.frombuffer(found[key], dtype=dtype)
-        found["special"] = [
-            (row, name, args, None if args is not None else bytes(data[start:stop]))
-            for row, name, args, start, stop in found["special"]
+        found["special_new"] = [
+            (name, args, None if args is not None else bytes(data[start:stop]))
+            for name, args, start, stop in found["special_new"]
         ]
         return ScannedRun(**found)
 

@@ -171,7 +171,13 @@ class _RowBuilder:
         self.cat_code_of: dict = {NOT_COMPLETE: _NOT_COMPLETE_CODE}  # raw cat value -> cat code (< 0: dropped)
         self.parts: list[tuple[np.ndarray, ...]] = []
         self.n_rows = 0
-        self.special: list[tuple[int, str, dict | tuple]] = []  # (row, name, args) of P2P/comm ops
+        # The P2P and collective ops whose args columns() reads, by kind: each distinct (name,
+        # args) once (a rank repeats a few peers, tags and sizes thousands of times; args that
+        # are a dict are each their own kind), and the rows of each batch with their kinds.
+        self.special_keys: list[tuple[str, dict | tuple]] = []  # (name, args) of each kind
+        self.special_ids: dict[tuple, int] = {}  # (name, args) -> its kind, where args is a tuple
+        self.special_rows: list[np.ndarray] = []
+        self.special_kinds: list[np.ndarray] = []
         self.dropped = DroppedRows()  # rows that cannot be real (see columns())
         self.n_complete = 0  # complete ("X") events seen, kept or not
         self.bad_categories = 0  # complete events whose cat is no text (true, 2, [])
@@ -183,7 +189,13 @@ class _RowBuilder:
         if not kineto_native.enabled():
             return None
         return kineto_native.Scanner(
-            self.cat_code_of, self._cat_code, self.name_codes, self.cat_codes["cpu_op"], _SPECIAL_OPS
+            self.cat_code_of,
+            self._cat_code,
+            self.name_codes,
+            self.cat_codes["cpu_op"],
+            _SPECIAL_OPS,
+            self.special_ids,
+            self.special_keys,
         )
 
     def add(self, batch: list | ScannedRun) -> None:
@@ -257,9 +269,9 @@ class _RowBuilder:
             for code in special[1:]:
                 named |= name_arr == code
             hits = np.flatnonzero(named & (cat_arr == self.cat_codes["cpu_op"]))
-            for k in hits:
-                name = kept[k].name
-                self.special.append((self.n_rows + int(k), name, _special_args(name, args[k])))
+            if len(hits):
+                kinds = [self._special_kind(kept[k].name, _special_args(kept[k].name, args[k])) for k in hits]
+                self._keep_specials(hits + self.n_rows, kinds)
         self.parts.append((rows + base, cat_arr, name_arr, starts, durs, pids, tids, seqs, corrs))
         self.n_rows += len(kept)
 
@@ -282,13 +294,38 @@ class _RowBuilder:
             name_codes = self.name_codes
             for n in run.names:  # the run's codes for them: len(name_codes) on, in this order
                 name_codes[n] = len(name_codes)
-        for k, name, found, element in run.special:
-            if found is None:  # args the scanner leaves to msgspec and _special_args
+        for name, args, element in run.special_new:  # its kinds from len(special_keys) on, in order
+            if element is not None:  # args the scanner leaves to msgspec and _special_args
                 event = decode_element(element)
-                found = _special_args(event.name, event.args)
-            self.special.append((self.n_rows + k, name, found))
+                args = _special_args(event.name, event.args)
+            elif isinstance(args, tuple):
+                self.special_ids[(name, args)] = len(self.special_keys)
+            self.special_keys.append((name, args))
+        if len(run.special_rows):
+            self._keep_specials(run.special_rows + self.n_rows, run.special_kinds)
         self.parts.append((run.src + base, run.cat, run.name, run.start, run.dur, run.pid, run.tid, run.seq, run.corr))
         self.n_rows += run.n_rows
+
+    def _special_kind(self, name: str, args: dict | tuple) -> int:
+        """The kind of a P2P or collective op of ``name`` with ``args`` (see ``special_keys``)."""
+        if isinstance(args, tuple):
+            kind = self.special_ids.get((name, args))
+            if kind is not None:
+                return kind
+            self.special_ids[(name, args)] = len(self.special_keys)
+        self.special_keys.append((name, args))
+        return len(self.special_keys) - 1
+
+    def _keep_specials(self, rows, kinds) -> None:
+        self.special_rows.append(np.asarray(rows, dtype=np.int64))
+        self.special_kinds.append(np.asarray(kinds, dtype=np.int32))
+
+    def specials(self) -> list[tuple[int, str, dict | tuple]]:
+        """``(row, name, args)`` of each P2P or collective op, in row order."""
+        if not self.special_rows:
+            return []
+        rows, kinds = np.concatenate(self.special_rows), np.concatenate(self.special_kinds)
+        return [(row, *self.special_keys[kind]) for row, kind in zip(rows.tolist(), kinds.tolist())]
 
     def _new_cat_codes(self, batch: list) -> list[int]:
         """The cat codes of a batch with categories not seen before (added to ``cat_code_of``);
@@ -320,6 +357,8 @@ class _RowBuilder:
     def _add_each(self, batch: list) -> None:
         """The general way, event by event: any JSON types, exactly as the format allows."""
         src, cats, names, starts, durs, pids, tids, seqs, corrs = ([] for _ in range(9))
+        special_rows: list[int] = []
+        special_kinds: list[int] = []
         cat_of, name_codes, cat_codes = self.cat_of, self.name_codes, self.cat_codes
         base = self.n_elements
         probing = self.first_x_ts is None and base < 200
@@ -355,7 +394,8 @@ class _RowBuilder:
                 name = str(name)
             args = event.args
             if cat == "cpu_op" and (name in _P2P_CPU_OPS or name == "record_param_comms"):
-                self.special.append((self.n_rows + len(src), name, _special_args(name, args)))
+                special_rows.append(self.n_rows + len(src))
+                special_kinds.append(self._special_kind(name, _special_args(name, args)))
             if args is None:
                 seq = corr = -1
             else:
@@ -373,6 +413,8 @@ class _RowBuilder:
             tids.append(_as_int(event.tid))
             seqs.append(seq)
             corrs.append(corr)
+        if special_rows:
+            self._keep_specials(special_rows, special_kinds)
         if src:
             self.parts.append(
                 (
@@ -399,6 +441,43 @@ class _RowBuilder:
         shown = ", ".join(sorted(valid_text(c)[:30] for c in seen if c)[:5])
         return f"categories {shown}; none is one tracekit reads"
 
+    def _fill_specials(self, names, peer, tag, nbytes, group_to_global: dict[str, list[int]]) -> None:
+        """Each P2P or collective op's name (an NCCL op's own, e.g. ``nccl:send``), peer, tag and
+        size from its args, worked out once per kind, in the order of each kind's first row (so
+        names new to the file are coded in the order they come)."""
+        rows, kinds = np.concatenate(self.special_rows), np.concatenate(self.special_kinds)
+        met, first = np.unique(kinds, return_index=True)
+        n_kinds = len(self.special_keys)
+        code_of, peer_of, tag_of, size_of = (np.full(n_kinds, -1, dtype=np.int64) for _ in range(4))
+        default_group = group_to_global.get("0")
+        nccl: dict[tuple, tuple[int, int, int]] = {}  # fields -> name code, peer, size
+        gloo: dict[tuple, tuple[int, int, int]] = {}  # raw shapes -> peer, tag, size
+        for kind in met[np.argsort(rows[first], kind="stable")].tolist():
+            name, args = self.special_keys[kind]
+            if name == "record_param_comms":
+                found = nccl.get(args) if isinstance(args, tuple) else None
+                if found is None:
+                    new_name, p, b = _nccl_comm_args(
+                        _nccl_args(args) if isinstance(args, tuple) else args, group_to_global
+                    )
+                    code = self.name_codes.get(new_name)
+                    if code is None:
+                        code = self.name_codes[new_name] = len(self.name_codes)
+                    found = (code, p, b)
+                    if isinstance(args, tuple):
+                        nccl[args] = found
+                code_of[kind], peer_of[kind], size_of[kind] = found
+            else:
+                found_p2p = gloo.get(args) if isinstance(args, tuple) else None
+                if found_p2p is None:
+                    found_p2p = _gloo_p2p_args(decode_shapes(args) if isinstance(args, tuple) else args, default_group)
+                    if isinstance(args, tuple):
+                        gloo[args] = found_p2p
+                peer_of[kind], tag_of[kind], size_of[kind] = found_p2p
+        renamed = code_of[kinds] >= 0  # NCCL ops take their own names; a gloo op keeps its own
+        names[rows[renamed]] = code_of[kinds[renamed]]
+        peer[rows], tag[rows], nbytes[rows] = peer_of[kinds], tag_of[kinds], size_of[kinds]
+
     def columns(self, base_ns: int, group_to_global: dict[str, list[int]], rank: int, file_id: int) -> EventColumns:
         """The rows as event columns: times made absolute, P2P fields filled in, depth found."""
         if self.parts:
@@ -411,32 +490,8 @@ class _RowBuilder:
         peer = np.full(n, -1, dtype=np.int64)
         tag = np.full(n, -1, dtype=np.int64)
         nbytes = np.full(n, -1, dtype=np.int64)
-        default_group = group_to_global.get("0")
-        name_list = list(self.name_codes)
-        nccl: dict[tuple, tuple[int, int, int]] = {}  # fields -> name code, peer, size
-        gloo: dict[tuple, tuple[int, int, int]] = {}  # raw shapes -> peer, tag, size
-        for row, name, args in self.special:
-            if name == "record_param_comms":
-                found = nccl.get(args) if isinstance(args, tuple) else None
-                if found is None:
-                    new_name, p, b = _nccl_comm_args(
-                        _nccl_args(args) if isinstance(args, tuple) else args, group_to_global
-                    )
-                    code = self.name_codes.get(new_name)
-                    if code is None:
-                        code = self.name_codes[new_name] = len(name_list)
-                        name_list.append(new_name)
-                    found = (code, p, b)
-                    if isinstance(args, tuple):
-                        nccl[args] = found
-                names[row], peer[row], nbytes[row] = found
-            else:
-                found_p2p = gloo.get(args) if isinstance(args, tuple) else None
-                if found_p2p is None:
-                    found_p2p = _gloo_p2p_args(decode_shapes(args) if isinstance(args, tuple) else args, default_group)
-                    if isinstance(args, tuple):
-                        gloo[args] = found_p2p
-                peer[row], tag[row], nbytes[row] = found_p2p
+        if self.special_rows:
+            self._fill_specials(names, peer, tag, nbytes, group_to_global)
         start_ns = add_ns(starts, base_ns)
         end_ns = add_ns(start_ns, durs)
         keep, self.dropped = drop_impossible(
@@ -450,7 +505,7 @@ class _RowBuilder:
                 col[keep] for col in (src, cats, names, start_ns, end_ns, pids, tids, seqs, corrs, peer, tag, nbytes)
             )
             n = len(src)
-        name_list = [valid_text(name) for name in name_list]
+        name_list = [valid_text(name) for name in self.name_codes]
         async_codes = [self.name_codes[s] for s in ASYNC_SPANS if s in self.name_codes]
         depth = nesting_depth(pids, tids, start_ns, end_ns, transparent=np.isin(names, async_codes))
         numbers = {
