@@ -124,7 +124,7 @@ def series(
         build_s = time.perf_counter() - started
         mb = sum(p.stat().st_size for p in folder.iterdir()) / 1e6
         bench.wait_for_captures()  # a run being recorded would skew both
-        cmd = [sys.executable, "-m", "tracekit.cli", "analyze", str(folder), "--no-progress", "--no-cache", *extra]
+        cmd = [sys.executable, "-m", "tracekit", "analyze", str(folder), "--no-progress", "--no-cache", *extra]
         wall, cpu, rss, pss = watched(cmd, poll_s)
         shutil.rmtree(folder, ignore_errors=True)
         points.append(Point(n, mb, wall, cpu, rss, pss, build_s))
