@@ -380,6 +380,7 @@ def growth(title: str, points: list[tuple[str, Path]]) -> list[dict]:
 
 
 def main() -> None:
+    global WAIT_FOR_CAPTURES, REPEAT
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--hta-python",
@@ -404,7 +405,6 @@ def main() -> None:
     args = parser.parse_args()
     if psutil is None:
         raise SystemExit("the benchmark needs psutil: pip install 'tracekit[bench]'")
-    global WAIT_FOR_CAPTURES, REPEAT
     WAIT_FOR_CAPTURES = not args.no_wait
     REPEAT = max(1, args.repeat)
     bytecode = bytecode_as_installed()
