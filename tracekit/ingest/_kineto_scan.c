@@ -539,6 +539,57 @@ static void memo_record(KeyMemo *m, const unsigned char *from, const unsigned ch
     m->field = field;
 }
 
+#define KEY_CLOSED (-100) /* next_key: the object's '}' came where its first key would */
+
+/* The next key of an object at c->p (after its '{' or a ','), through the memo ``m`` (NULL:
+   none): *field is field_of(the key), or what ``m`` recorded for the same bytes, and c->p is
+   left at its value. Before the first key (``first``) the object's '}' may come: consumed,
+   *field = KEY_CLOSED. */
+static inline Status next_key(Cursor *c, KeyMemo *m, int first, const char *escaped_why,
+                              int (*field_of)(const Value *), int *field) {
+    const unsigned char *from = c->p;
+    Value key;
+    Status st;
+    if (m != NULL && memo_matches(m, from, c->end)) {
+        c->p += m->len;
+        *field = m->field;
+        skip_ws(c); /* more whitespace than last time: what scan_key would skip too */
+        return ST_OK;
+    }
+    skip_ws(c);
+    if (c->p >= c->end)
+        return ST_MORE;
+    if (first && *c->p == '}') {
+        c->p++;
+        *field = KEY_CLOSED;
+        return ST_OK;
+    }
+    if ((st = scan_key(c, &key, escaped_why)) != ST_OK)
+        return st;
+    *field = field_of(&key);
+    if (m != NULL)
+        memo_record(m, from, c->p, *field);
+    return ST_OK;
+}
+
+/* After a value in an object: its '}' (consumed; *done = 1) or a ',' (consumed, not the
+   whitespace after it: the next key's memo holds that; *done = 0). */
+static inline Status after_value(Cursor *c, int *done) {
+    skip_ws(c);
+    if (c->p >= c->end)
+        return ST_MORE;
+    if (*c->p == '}') {
+        c->p++;
+        *done = 1;
+        return ST_OK;
+    }
+    if (*c->p != ',')
+        DECLINE(c, "no ',' between items");
+    c->p++;
+    *done = 0;
+    return ST_OK;
+}
+
 /* The field of args a key is read into (-1: checked and skipped). */
 static int args_field(const Value *key) {
     if (key->n >= 5 && key->n <= 15) /* the lengths of ARG_KEYS */
@@ -550,31 +601,16 @@ static int args_field(const Value *key) {
 
 /* The object of "args" at c->p (depth 2); its keys through ``memo`` as an element's are. */
 static Status scan_args(Cursor *c, Element *e, KeyMemo *memo) {
-    Value key, skipped;
+    Value skipped;
     Status st;
     c->p++;
-    for (int index = 0;; index++) {
-        KeyMemo *m = index < MEMO_KEYS ? &memo[index] : NULL;
-        const unsigned char *from = c->p; /* after the '{' or the ',' */
+    for (int index = 0, done = 0; !done; index++) {
         int field;
-        if (m != NULL && memo_matches(m, from, c->end)) {
-            c->p += m->len;
-            field = m->field;
-            skip_ws(c);
-        } else {
-            skip_ws(c);
-            if (c->p >= c->end)
-                return ST_MORE;
-            if (index == 0 && *c->p == '}') {
-                c->p++;
-                return ST_OK;
-            }
-            if ((st = scan_key(c, &key, "an args key with an escape")) != ST_OK)
-                return st;
-            field = args_field(&key);
-            if (m != NULL)
-                memo_record(m, from, c->p, field);
-        }
+        if ((st = next_key(c, index < MEMO_KEYS ? &memo[index] : NULL, index == 0, "an args key with an escape",
+                           args_field, &field)) != ST_OK)
+            return st;
+        if (field == KEY_CLOSED)
+            return ST_OK; /* {} */
         if (field >= 0) {
             Value *slot = &e->arg[field];
             const unsigned char *value_start = c->p;
@@ -589,18 +625,10 @@ static Status scan_args(Cursor *c, Element *e, KeyMemo *memo) {
             }
         } else if ((st = scan_value(c, &skipped, 2, 0)) != ST_OK)
             return st;
-        /* after the value: the object's '}', or a ',' (consumed; the next key's whitespace is not) */
-        skip_ws(c);
-        if (c->p >= c->end)
-            return ST_MORE;
-        if (*c->p == '}') {
-            c->p++;
-            return ST_OK;
-        }
-        if (*c->p != ',')
-            DECLINE(c, "no ',' between items");
-        c->p++;
+        if ((st = after_value(c, &done)) != ST_OK)
+            return st;
     }
+    return ST_OK;
 }
 
 /* The field a key of an element is read into (F_OTHER: checked and skipped). */
@@ -620,7 +648,6 @@ static int element_field(const Value *key) {
     return F_OTHER;
 }
 
-/* One element at c->p (its '{'): the fields RawEvent reads, the rest checked and skipped. */
 /* Which of an element's memos its next keys use, once its phase is read: a profiler writes
    complete events, instant events and flow starts and ends each with their own keys. */
 #define MEMO_SETS 5
@@ -650,35 +677,23 @@ static inline int args_set(const Value *cat) {
     return (int)(((size_t)cat->n * 31 + cat->s[0] + cat->s[cat->n - 1]) % ARGS_SETS);
 }
 
+/* One element at c->p (its '{'): the fields RawEvent reads, the rest checked and skipped. */
 static Status scan_element(Cursor *c, Element *e, KeyMemo (*memos)[MEMO_KEYS], KeyMemo (*args_memos)[MEMO_KEYS]) {
     KeyMemo *memo = memos[0]; /* until the phase is read */
-    Value key, skipped;
+    Value skipped;
     Status st;
     e->ph.kind = e->cat.kind = e->name.kind = e->ts.kind = e->dur.kind = e->pid.kind = e->tid.kind = V_ABSENT;
     e->args = V_ABSENT;
     for (int k = 0; k < N_ARGS; k++)
         e->arg[k].kind = V_ABSENT;
     c->p++;
-    for (int index = 0;; index++) {
-        KeyMemo *m = index < MEMO_KEYS ? &memo[index] : NULL;
-        const unsigned char *from = c->p; /* after the '{' or the ',' */
+    for (int index = 0, done = 0; !done; index++) {
         int field;
-        if (m != NULL && memo_matches(m, from, c->end)) {
-            c->p += m->len;
-            field = m->field;
-            skip_ws(c); /* more whitespace than last time: what scan_key would skip too */
-        } else {
-            skip_ws(c);
-            if (c->p >= c->end)
-                return ST_MORE;
-            if (index == 0 && *c->p == '}')
-                DECLINE(c, "an element without 'ph'");
-            if ((st = scan_key(c, &key, "an element key with an escape")) != ST_OK)
-                return st;
-            field = element_field(&key);
-            if (m != NULL)
-                memo_record(m, from, c->p, field);
-        }
+        if ((st = next_key(c, index < MEMO_KEYS ? &memo[index] : NULL, index == 0, "an element key with an escape",
+                           element_field, &field)) != ST_OK)
+            return st;
+        if (field == KEY_CLOSED)
+            DECLINE(c, "an element without 'ph'");
         if (c->p >= c->end)
             return ST_MORE;
         if (field == F_ARGS) {
@@ -707,20 +722,10 @@ static Status scan_element(Cursor *c, Element *e, KeyMemo (*memos)[MEMO_KEYS], K
             if (field == F_PH)
                 memo = memos[memo_set(slot)];
         }
-        if (st != ST_OK)
+        if (st != ST_OK || (st = after_value(c, &done)) != ST_OK)
             return st;
-        /* after the value: the element's '}', or a ',' (consumed; the next key's whitespace is not) */
-        skip_ws(c);
-        if (c->p >= c->end)
-            return ST_MORE;
-        if (*c->p == '}') {
-            c->p++;
-            return ST_OK;
-        }
-        if (*c->p != ',')
-            DECLINE(c, "no ',' between items");
-        c->p++;
     }
+    return ST_OK;
 }
 
 /* -- text met: names and categories by their raw JSON bytes -------------------------------- */
