@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import pandas as pd
 
 from tracekit.errors import TracekitError
+from tracekit.model.groups import pair_codes
 from tracekit.model.names import RECV_NAMES, SEND_NAMES
 from tracekit.model.run import TIMELINES, Run
 from tracekit.reconstruct import device as dev
@@ -213,10 +215,20 @@ def _host_events(run: Run):
 
 
 def _actions_per_step(run: Run) -> list[int]:
-
-    counts = run.actions.groupby(["rank", "step"]).size()
-    wanted = pd.MultiIndex.from_arrays([run.steps["rank"], run.steps["step"]])
-    return [int(n) for n in counts.reindex(wanted, fill_value=0).tolist()]
+    """How many actions each step row holds (by rank and step): a count per (rank, step) code,
+    not a groupby and a MultiIndex reindex (~2 ms of the command's serial tail on 8 GPU ranks)."""
+    steps, actions = run.steps, run.actions
+    if not len(actions):  # a run without a pipeline (its default table's columns are objects)
+        return [0] * len(steps)
+    columns = [steps["rank"], steps["step"], actions["rank"], actions["step"]]
+    if not all(pd.api.types.is_integer_dtype(c.dtype) for c in columns):  # empty tables, or odd ones
+        counts = actions.groupby(["rank", "step"]).size()
+        wanted = pd.MultiIndex.from_arrays([steps["rank"], steps["step"]])
+        return [int(n) for n in counts.reindex(wanted, fill_value=0).tolist()]
+    step_code, action_code = pair_codes(*(c.to_numpy() for c in columns[:2]), tuple(c.to_numpy() for c in columns[2:]))
+    known, counts = np.unique(action_code, return_counts=True)
+    at = np.minimum(np.searchsorted(known, step_code), len(known) - 1)
+    return np.where(known[at] == step_code, counts[at], 0).tolist()
 
 
 def _align(run: Run, shifts: dict[int, int]) -> None:
