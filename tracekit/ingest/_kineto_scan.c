@@ -908,6 +908,15 @@ typedef struct {
 /* Every column of Rows, for what is done to each alike (grow, free). */
 #define ROWS_COLUMNS(X) X(src) X(start) X(dur) X(pid) X(tid) X(seq) X(corr) X(name) X(cat)
 
+/* A run's P2P and collective ops: each one's row in the run and its kind. */
+typedef struct {
+    int64_t *row;
+    int32_t *kind;
+    Py_ssize_t n, cap;
+} Specials;
+
+#define SPECIALS_COLUMNS(X) X(row) X(kind)
+
 typedef struct {
     int ints, floats;
     double top; /* the largest magnitude */
@@ -933,9 +942,8 @@ typedef struct {
     PyObject *special_keys; /* _RowBuilder.special_keys (read only; its length) */
     PyObject *cats_met;     /* list */
     /* the run's P2P and collective ops: rows and kinds, and the kinds new in the run */
-    int64_t *special_row;
-    int32_t *special_kind;
-    Py_ssize_t n_special, special_cap, next_kind;
+    Specials specials;
+    Py_ssize_t next_kind;
     PyObject *special_new; /* list of (name, args or None, start, stop) */
     PyObject *new_kinds;   /* (name, args) -> the kind it gets, from len(special_keys) on */
     PyObject *new_codes; /* names not in name_codes -> the codes they get, from name_codes' size on */
@@ -944,30 +952,57 @@ typedef struct {
     KeyMemo seam; /* the bytes between the last two elements, from after its '}' to the next '{' */
 } Scanner;
 
-static int rows_reserve(Rows *r) {
-    if (r->n < r->cap)
-        return 0;
-    Py_ssize_t cap = r->cap ? r->cap * 2 : 1024;
-#define GROW(field)                                                      \
-    {                                                                    \
-        void *p = PyMem_Realloc(r->field, (size_t)cap * sizeof *r->field); \
-        if (p == NULL) {                                                 \
-            PyErr_NoMemory();                                            \
-            return -1;                                                   \
-        }                                                                \
-        r->field = p;                                                    \
+/* Room for one more item in every column of a table of columns (Rows, Specials), doubling
+   them all when full; 0, or -1 on an error. */
+#define GROW(field)                                                        \
+    {                                                                      \
+        void *p = PyMem_Realloc(t->field, (size_t)cap * sizeof *t->field); \
+        if (p == NULL) {                                                   \
+            PyErr_NoMemory();                                              \
+            return -1;                                                     \
+        }                                                                  \
+        t->field = p;                                                      \
     }
-    ROWS_COLUMNS(GROW)
-#undef GROW
-    r->cap = cap;
-    return 0;
-}
+#define FREE(field) PyMem_Free(t->field);
+#define COLUMNS_FUNCTIONS(Table, COLUMNS, first_cap, reserve, release) \
+    static int reserve(Table *t) {                                     \
+        if (t->n < t->cap)                                             \
+            return 0;                                                  \
+        Py_ssize_t cap = t->cap ? t->cap * 2 : first_cap;              \
+        COLUMNS(GROW)                                                  \
+        t->cap = cap;                                                  \
+        return 0;                                                      \
+    }                                                                  \
+    static void release(Table *t) {                                    \
+        COLUMNS(FREE)                                                  \
+        memset(t, 0, sizeof *t);                                       \
+    }
 
-static void rows_free(Rows *r) {
-#define FREE(field) PyMem_Free(r->field);
-    ROWS_COLUMNS(FREE)
+COLUMNS_FUNCTIONS(Rows, ROWS_COLUMNS, 1024, rows_reserve, rows_free)
+COLUMNS_FUNCTIONS(Specials, SPECIALS_COLUMNS, 256, specials_reserve, specials_free)
+#undef COLUMNS_FUNCTIONS
 #undef FREE
-    memset(r, 0, sizeof *r);
+#undef GROW
+
+/* The code ``key`` was given in this run (``given``: key -> code), or the next one (*next,
+   then moved on), recorded there (*is_new set where not NULL); -1 on an error. */
+static Py_ssize_t given_or_next(PyObject *given, PyObject *key, Py_ssize_t *next, int *is_new) {
+    PyObject *found = PyDict_GetItemWithError(given, key); /* borrowed */
+    if (found != NULL) {
+        if (is_new != NULL)
+            *is_new = 0;
+        return PyLong_AsSsize_t(found);
+    }
+    if (PyErr_Occurred())
+        return -1;
+    PyObject *code = PyLong_FromSsize_t(*next);
+    int failed = code == NULL || PyDict_SetItem(given, key, code) < 0;
+    Py_XDECREF(code);
+    if (failed)
+        return -1;
+    if (is_new != NULL)
+        *is_new = 1;
+    return (*next)++;
 }
 
 /* The entry of a category's raw bytes, its code worked out (once) as the builder does. */
@@ -1127,53 +1162,32 @@ static int add_special(Scanner *self, const Element *e, Entry *name, const unsig
     if (found == NULL && PyErr_Occurred())
         return -1;
     Py_ssize_t kind = -1;
-    PyObject *key = NULL;
+    int is_new = 1; /* args the Python side decodes: always a kind of their own */
     if (found != NULL && PyTuple_Check(found)) { /* a plain value: a kind met before? */
-        key = PyTuple_Pack(2, name->text, found);
+        PyObject *key = PyTuple_Pack(2, name->text, found);
         PyObject *known = key == NULL ? NULL : PyDict_GetItemWithError(self->special_ids, key);
-        if (known == NULL && !PyErr_Occurred())
-            known = PyDict_GetItemWithError(self->new_kinds, key);
-        if (known != NULL)
+        if (known != NULL) {
             kind = PyLong_AsSsize_t(known);
-        if (PyErr_Occurred()) {
-            Py_XDECREF(key);
-            Py_DECREF(found);
-            return -1;
-        }
-    }
-    if (kind < 0) { /* a new kind */
+            is_new = 0;
+        } else if (key != NULL && !PyErr_Occurred())
+            kind = given_or_next(self->new_kinds, key, &self->next_kind, &is_new);
+        Py_XDECREF(key);
+    } else
         kind = self->next_kind++;
-        PyObject *index = key == NULL ? NULL : PyLong_FromSsize_t(kind);
+    if (kind >= 0 && is_new) {
         PyObject *entry = Py_BuildValue("(OOnn)", name->text, found ? found : Py_None,
                                         found ? (Py_ssize_t)0 : (Py_ssize_t)(start - base),
                                         found ? (Py_ssize_t)0 : (Py_ssize_t)(stop - base));
-        int failed = entry == NULL || PyList_Append(self->special_new, entry) < 0 ||
-                     (key != NULL && (index == NULL || PyDict_SetItem(self->new_kinds, key, index) < 0));
+        if (entry == NULL || PyList_Append(self->special_new, entry) < 0)
+            kind = -1;
         Py_XDECREF(entry);
-        Py_XDECREF(index);
-        if (failed) {
-            Py_XDECREF(key);
-            Py_XDECREF(found);
-            return -1;
-        }
     }
-    Py_XDECREF(key);
     Py_XDECREF(found);
-    if (self->n_special == self->special_cap) {
-        Py_ssize_t cap = self->special_cap ? self->special_cap * 2 : 256;
-        int64_t *rows = PyMem_Realloc(self->special_row, (size_t)cap * sizeof *rows);
-        if (rows != NULL)
-            self->special_row = rows;
-        int32_t *kinds = rows == NULL ? NULL : PyMem_Realloc(self->special_kind, (size_t)cap * sizeof *kinds);
-        if (kinds == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        self->special_kind = kinds;
-        self->special_cap = cap;
-    }
-    self->special_row[self->n_special] = row;
-    self->special_kind[self->n_special++] = (int32_t)kind;
+    if (kind < 0 || specials_reserve(&self->specials) < 0)
+        return -1;
+    Specials *sp = &self->specials;
+    sp->row[sp->n] = row;
+    sp->kind[sp->n++] = (int32_t)kind;
     return 0;
 }
 
@@ -1238,19 +1252,10 @@ static Status add_element(Scanner *self, Cursor *c, Element *e, const unsigned c
     r->cat[k] = (int8_t)cat->code;
     if (name->code < 0 && name->new_run != self->run) { /* new to the file: the next code */
         /* by its text: raw bytes escaped otherwise are other entries with the same name */
-        PyObject *given = PyDict_GetItemWithError(self->new_codes, name->text); /* borrowed */
-        if (given != NULL)
-            name->new_code = PyLong_AsLong(given);
-        else if (PyErr_Occurred())
+        Py_ssize_t code = given_or_next(self->new_codes, name->text, &self->next_code, NULL);
+        if (code < 0)
             return ST_ERROR;
-        else {
-            PyObject *code = PyLong_FromSsize_t(self->next_code);
-            int failed = code == NULL || PyDict_SetItem(self->new_codes, name->text, code) < 0;
-            Py_XDECREF(code);
-            if (failed)
-                return ST_ERROR;
-            name->new_code = (long)self->next_code++;
-        }
+        name->new_code = (long)code;
         name->new_run = self->run;
     }
     r->name[k] = (int32_t)(name->code >= 0 ? name->code : name->new_code);
@@ -1293,7 +1298,7 @@ static PyObject *Scanner_scan(Scanner *self, PyObject *args) {
     Py_XSETREF(self->cats_met, PyList_New(0));
     Py_XSETREF(self->special_new, PyList_New(0));
     Py_XSETREF(self->new_kinds, PyDict_New());
-    self->n_special = 0;
+    self->specials.n = 0;
     self->next_kind = PyList_GET_SIZE(self->special_keys);
     Py_XSETREF(self->new_codes, PyDict_New());
     if (self->cats_met == NULL || self->special_new == NULL || self->new_kinds == NULL || self->new_codes == NULL)
@@ -1387,8 +1392,8 @@ static PyObject *Scanner_scan(Scanner *self, PyObject *args) {
                                "dur", column_bytes(r->dur, r->n, 8), "pid", column_bytes(r->pid, r->n, 8),
                                "tid", column_bytes(r->tid, r->n, 8), "seq", column_bytes(r->seq, r->n, 8),
                                "corr", column_bytes(r->corr, r->n, 8), "names", names, "cats", self->cats_met,
-                               "special_rows", column_bytes(self->special_row, self->n_special, 8),
-                               "special_kinds", column_bytes(self->special_kind, self->n_special, 4),
+                               "special_rows", column_bytes(self->specials.row, self->specials.n, 8),
+                               "special_kinds", column_bytes(self->specials.kind, self->specials.n, 4),
                                "special_new", self->special_new);
     Py_XDECREF(first_ts);
     Py_XDECREF(names);
@@ -1439,8 +1444,7 @@ static void Scanner_dealloc(Scanner *self) {
     Py_XDECREF(self->special_new);
     Py_XDECREF(self->new_kinds);
     Py_XDECREF(self->new_codes);
-    PyMem_Free(self->special_row);
-    PyMem_Free(self->special_kind);
+    specials_free(&self->specials);
     table_free(&self->names);
     table_free(&self->cats);
     rows_free(&self->rows);
