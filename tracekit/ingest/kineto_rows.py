@@ -298,9 +298,7 @@ class _RowBuilder:
             if element is not None:  # args the scanner leaves to msgspec and _special_args
                 event = decode_element(element)
                 args = _special_args(event.name, event.args)
-            elif isinstance(args, tuple):
-                self.special_ids[(name, args)] = len(self.special_keys)
-            self.special_keys.append((name, args))
+            self._new_kind(name, args)
         if len(run.special_rows):
             self._keep_specials(run.special_rows + self.n_rows, run.special_kinds)
         self.parts.append((run.src + base, run.cat, run.name, run.start, run.dur, run.pid, run.tid, run.seq, run.corr))
@@ -308,13 +306,17 @@ class _RowBuilder:
 
     def _special_kind(self, name: str, args: dict | tuple) -> int:
         """The kind of a P2P or collective op of ``name`` with ``args`` (see ``special_keys``)."""
-        if isinstance(args, tuple):
-            kind = self.special_ids.get((name, args))
-            if kind is not None:
-                return kind
-            self.special_ids[(name, args)] = len(self.special_keys)
+        kind = self.special_ids.get((name, args)) if isinstance(args, tuple) else None
+        return self._new_kind(name, args) if kind is None else kind
+
+    def _new_kind(self, name: str, args: dict | tuple) -> int:
+        """A new kind for ``(name, args)``, the next one; known by its args where they are a
+        tuple and no kind has them yet."""
+        kind = len(self.special_keys)
         self.special_keys.append((name, args))
-        return len(self.special_keys) - 1
+        if isinstance(args, tuple):
+            self.special_ids.setdefault((name, args), kind)
+        return kind
 
     def _keep_specials(self, rows, kinds) -> None:
         self.special_rows.append(np.asarray(rows, dtype=np.int64))
