@@ -92,8 +92,20 @@ def first_rows(keys: np.ndarray, queries: np.ndarray) -> np.ndarray:
     """For each query (an int64 code, e.g. of :func:`pair_codes`), the first row of ``keys``
     that holds it; -1 where none does."""
     distinct, first = np.unique(np.asarray(keys, dtype=np.int64), return_index=True)
+    return _per_query(distinct, first, queries, -1)
+
+
+def counts_of(keys: np.ndarray, queries: np.ndarray) -> np.ndarray:
+    """For each query (an int64 code, e.g. of :func:`pair_codes`), how many rows of ``keys``
+    hold it."""
+    distinct, counts = np.unique(np.asarray(keys, dtype=np.int64), return_counts=True)
+    return _per_query(distinct, counts, queries, 0)
+
+
+def _per_query(distinct: np.ndarray, value: np.ndarray, queries: np.ndarray, missing: int) -> np.ndarray:
+    """``value`` of each query's entry in the sorted ``distinct``; ``missing`` where it has none."""
     if not len(distinct):
-        return np.full(len(queries), -1, dtype=np.int64)
+        return np.full(len(queries), missing, dtype=np.int64)
     at = np.minimum(np.searchsorted(distinct, queries), len(distinct) - 1)
-    found: np.ndarray = np.where(distinct[at] == queries, first[at], -1)
+    found: np.ndarray = np.where(distinct[at] == queries, value[at], missing)
     return found

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
 import pandas as pd
 
 from tracekit.errors import TracekitError
-from tracekit.model.groups import pair_codes
+from tracekit.model.groups import counts_of, pair_codes
 from tracekit.model.names import RECV_NAMES, SEND_NAMES
 from tracekit.model.run import TIMELINES, Run
 from tracekit.reconstruct import device as dev
@@ -226,9 +225,7 @@ def _actions_per_step(run: Run) -> list[int]:
         wanted = pd.MultiIndex.from_arrays([steps["rank"], steps["step"]])
         return [int(n) for n in counts.reindex(wanted, fill_value=0).tolist()]
     step_code, action_code = pair_codes(*(c.to_numpy() for c in columns[:2]), tuple(c.to_numpy() for c in columns[2:]))
-    known, counts = np.unique(action_code, return_counts=True)
-    at = np.minimum(np.searchsorted(known, step_code), len(known) - 1)
-    return np.where(known[at] == step_code, counts[at], 0).tolist()
+    return counts_of(action_code, step_code).tolist()
 
 
 def _align(run: Run, shifts: dict[int, int]) -> None:
