@@ -469,6 +469,22 @@ def _python_add(builder: _RowBuilder, run: bytes) -> str:
     return way
 
 
+def _add_both_ways(native: _RowBuilder, scanner, python: _RowBuilder, run: bytes, tail: bytes = b"]") -> tuple:
+    """Add ``run`` the Python way to ``python``, and to ``native`` through ``scanner`` where
+    it answers (else the Python way too); both builders must then agree. The way the Python
+    path took, and the scanner's answer (None: declined)."""
+    way = _python_add(python, run)
+    scanned = scanner.scan(run + tail, last=True)
+    if scanned is None:
+        _python_add(native, run)
+    else:
+        # answered: the Python path took the typed decode and the column-wise path
+        assert way == "columns", (way, run)
+        native.add(scanned)
+    assert _state(native) == _state(python), run
+    return way, scanned
+
+
 @st.composite
 def _runs(draw) -> list[bytes]:
     """Runs of elements (each valid JSON as an array), one after another in one file."""
@@ -495,17 +511,10 @@ def test_each_answered_run_equals_the_typed_decode_and_column_path():
         native, python = _RowBuilder(), _RowBuilder()
         scanner = native.native_scanner()
         for run in runs:
-            way = _python_add(python, run)
-            scanned = scanner.scan(run + b" ]", last=True)
-            if scanned is None:
-                _python_add(native, run)
-            else:
-                # answered: the Python path took the typed decode and the column-wise path
-                assert way == "columns", (way, run)
+            way, scanned = _add_both_ways(native, scanner, python, run, b" ]")
+            if scanned is not None:
                 assert scanned.end == len(run) + 1 and scanned.n_elements == len(decode_elements(b"[" + run + b"]"))
-                native.add(scanned)
             ways[way if scanned is None else "answered"] += 1
-            assert _state(native) == _state(python), run
 
     check()
     assert ways["answered"] > 100 and ways["columns"] + ways["each"] + ways["generic"] > 50, ways
@@ -718,39 +727,31 @@ _MEMO_DECLINED = {
 }
 
 
-def _memo_check(native: _RowBuilder, python: _RowBuilder, run: bytes) -> bool:
-    """Add ``run`` both ways (native where the scanner answers); whether it answered."""
+def _memo_check(native: _RowBuilder, scanner, python: _RowBuilder, run: bytes) -> bool:
+    """Add ``run`` both ways (:func:`_add_both_ways`); whether the scanner answered."""
     try:
         decode_elements(b"[" + run + b"]")
     except kineto_stream._BadCut:  # not JSON: the scanner must not answer for it either
-        assert native._scanner_for_tests.scan(run + b"]", last=True) is None
+        assert scanner.scan(run + b"]", last=True) is None
         return False
-    way = _python_add(python, run)
-    scanned = native._scanner_for_tests.scan(run + b"]", last=True)
-    if scanned is None:
-        _python_add(native, run)
-    else:
-        assert way == "columns", (way, run)
-        native.add(scanned)
-    assert _state(native) == _state(python), run
-    return scanned is not None
+    return _add_both_ways(native, scanner, python, run)[1] is not None
 
 
 @needs_scanner
 @pytest.mark.parametrize("name", sorted(_MEMO_VARIANTS))
 def test_keys_taken_from_the_memo_read_as_the_python_path_reads_them(name):
     native, python = _RowBuilder(), _RowBuilder()
-    native._scanner_for_tests = native.native_scanner()  # one scanner: its memo carries over
+    scanner = native.native_scanner()  # one scanner: its memo carries over
     seam = b",\n  "
     primer = seam.join([_LAID_OUT] * 3)
-    assert _memo_check(native, python, primer)
+    assert _memo_check(native, scanner, python, primer)
     variant = _MEMO_VARIANTS[name]
     # the variant after elements alike (keys from the memo), then alike ones again; answered
     # wherever the generic key scan answers (declining would be safe, but slow)
     answer = name not in _MEMO_DECLINED
-    assert _memo_check(native, python, seam.join([_LAID_OUT, variant, _LAID_OUT])) == answer
-    assert _memo_check(native, python, seam.join([variant, variant])) == answer
-    assert _memo_check(native, python, primer)
+    assert _memo_check(native, scanner, python, seam.join([_LAID_OUT, variant, _LAID_OUT])) == answer
+    assert _memo_check(native, scanner, python, seam.join([variant, variant])) == answer
+    assert _memo_check(native, scanner, python, primer)
 
 
 @needs_scanner
@@ -859,14 +860,14 @@ def test_elements_written_alike_read_the_same_when_one_changes_at_a_key():
     @given(runs=_templated_runs())
     def check(runs):
         native, python = _RowBuilder(), _RowBuilder()
-        native._scanner_for_tests = native.native_scanner()
+        scanner = native.native_scanner()
         for run in runs:
             try:
                 decode_elements(b"[" + run + b"]")
             except kineto_stream._BadCut:
                 ways["not JSON"] += 1
                 continue
-            ways["answered" if _memo_check(native, python, run) else "declined"] += 1
+            ways["answered" if _memo_check(native, scanner, python, run) else "declined"] += 1
 
     check()
     assert ways["answered"] > 200 and ways["declined"] > 20, ways
