@@ -910,6 +910,28 @@ def test_numbers_are_read_as_msgspec_reads_them():
     assert _state(native) == _state(python)
 
 
+@needs_scanner
+def test_integers_of_every_length_are_read_as_the_python_path_reads_them():
+    """Integer times and ids of 1 to 18 digits (the scanner reads eight digits at a step where
+    eight follow), with and without a sign, as times, durations and correlation ids."""
+    rnd = random.Random(12)
+    elements = []
+    for _ in range(20_000):
+        ts = rnd.choice(["", "-"]) + str(rnd.randint(0, 10 ** rnd.randint(0, 15)))
+        dur = str(rnd.randint(0, 10 ** rnd.randint(0, 15)))
+        corr = str(rnd.randint(0, 10 ** rnd.randint(1, 18) - 1))
+        elements.append(
+            f'{{"ph": "X", "cat": "kernel", "name": "k", "ts": {ts}, "dur": {dur}, "args": {{"correlation": {corr}}}}}'
+        )
+    run = ", ".join(elements).encode()
+    native, python = _RowBuilder(), _RowBuilder()
+    scanned = native.native_scanner().scan(run + b"]", last=True)
+    assert scanned is not None
+    native.add(scanned)
+    assert _python_add(python, run) == "columns"
+    assert _state(native) == _state(python)
+
+
 # -- used where built, off with TRACEKIT_NATIVE=0 ------------------------------------------------
 
 
