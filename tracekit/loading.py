@@ -112,7 +112,6 @@ def reduce_file(
     of its working set, only the rows the cross-rank steps read
     (:mod:`tracekit.reconstruct.per_rank`; ``device``: ranks with device work and host
     ranks without a pipeline too); a rank that needs its events keeps them."""
-    from tracekit.ingest.columns import EventColumns
     from tracekit.reconstruct.event_arrays import EventArrays
     from tracekit.reconstruct.per_rank import rank_reduce
 
@@ -123,9 +122,7 @@ def reduce_file(
             out.append((trace, columns))
             continue
         trace.reduced, keep = found  # keep: by row, and the table's rows are the columns'
-        numbers = {c: v[keep] for c, v in columns.numbers.items()}
-        codes = {c: v[keep] for c, v in columns.codes.items()}
-        out.append((trace, EventColumns(numbers, codes, columns.values)))
+        out.append((trace, columns.take(keep)))
     return out
 
 

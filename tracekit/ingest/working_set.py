@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tracekit.ingest.columns import EventColumns
+from tracekit.ingest.columns import EventColumns, take_rows
 from tracekit.model.groups import group_ids
 from tracekit.model.names import COMM_PREFIXES, LIBRARY_RANGES, RECV_NAMES, SEND_NAMES
 
@@ -47,9 +47,12 @@ def working_set(columns: EventColumns) -> EventColumns:
     keep = _kept(columns)
     if keep.all():
         return columns
-    numbers = {c: v[keep] for c, v in columns.numbers.items()}
-    codes = {c: v[keep] for c, v in columns.codes.items()}
-    return EventColumns(numbers, codes, {c: list(v) for c, v in columns.values.items()})
+    rows = np.flatnonzero(keep)
+    return EventColumns(
+        take_rows(columns.numbers, rows),
+        take_rows(columns.codes, rows),
+        {c: list(v) for c, v in columns.values.items()},
+    )
 
 
 def _kept(columns: EventColumns) -> np.ndarray:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tracekit.ingest.columns import take_rows
 from tracekit.model.groups import group_ids, split_by
 from tracekit.model.names import COMM_PREFIXES, RECV_NAMES, SEND_NAMES, STEP_MARK_PREFIX
 from tracekit.model.run import ACTION_COLUMNS
@@ -504,9 +505,9 @@ def _split_by_autograd(runs: list[tuple[str, int, int]], seq: list[int]) -> list
 
 def _sorted_groups(columns: dict, mask: np.ndarray, keys: tuple[str, ...]) -> dict:
     """Rows under ``mask`` grouped by ``keys``, each group's arrays sorted by start."""
-    picked = {c: v[mask] for c, v in columns.items()}
+    picked = take_rows(columns, mask)
     order = np.lexsort((picked["start_ns"], *[picked[k] for k in reversed(keys)]))
-    picked = {c: v[order] for c, v in picked.items()}
+    picked = take_rows(picked, order)
     groups: dict[Any, dict[str, np.ndarray]] = {}
     if not len(order):
         return groups

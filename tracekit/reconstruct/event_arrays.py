@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tracekit.ingest.columns import EventColumns
+from tracekit.ingest.columns import EventColumns, take_rows
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -61,9 +61,9 @@ class EventArrays:
 
     def take(self, rows: np.ndarray) -> EventArrays:
         """The rows ``rows`` (a mask or indices) selects, in order; the strings are shared."""
-        return EventArrays(
-            {c: v[rows] for c, v in self.numbers.items()}, {c: v[rows] for c, v in self.codes.items()}, self.values
-        )
+        if rows.dtype == bool:
+            rows = np.flatnonzero(rows)
+        return EventArrays(take_rows(self.numbers, rows), take_rows(self.codes, rows), self.values)
 
     def __getitem__(self, column: str) -> np.ndarray:
         return self.numbers[column]
