@@ -1,6 +1,7 @@
 """The Kineto parser's fast paths equal their references: the column-wise row builder equals
 the event-by-event one on real traces and on generated odd batches, the one-pass time
-conversion equals the general one, and record_param_comms's fields worked out once per
+conversion equals the general one, adding an offset to times equals adding it row by row
+with int64's limits, selecting rows by indices equals selecting them by a mask, and record_param_comms's fields worked out once per
 distinct value equal working them out per event. (Generated values and events are unit-test
 fixtures, not traces.)"""
 
@@ -18,7 +19,8 @@ from tracekit.ingest.kineto_comm import _gloo_p2p_args, _nccl_comm_args
 from tracekit.ingest.kineto_document import read_json_document
 from tracekit.ingest.kineto_rows import _Irregular, _ns, _numbers, _RowBuilder
 from tracekit.ingest.kineto_stream import ChromeTraceStream, decode_elements, event_from_object
-from tracekit.ingest.validate import MAX_DISTANCE_NS, NOT_A_TIME, drop_impossible, ns_from_us
+from tracekit.ingest.columns import take_rows
+from tracekit.ingest.validate import MAX_DISTANCE_NS, NOT_A_TIME, add_ns, drop_impossible, ns_from_us
 
 
 def _columns(builder: _RowBuilder) -> dict:
@@ -270,3 +272,56 @@ def test_p2p_fields_worked_out_once_equal_per_event(tmp_path):
         event = events[n["source_index"][row]]
         want = _gloo_p2p_args(event["args"], group)
         assert (n["peer"][row], n["tag"][row], n["nbytes"][row]) == want, event
+
+
+_INT64_MAX = np.iinfo(np.int64).max
+
+
+def _add_ns_reference(times: list[int], offsets: list[int]) -> list[int]:
+    """Row by row in Python ints: NOT_A_TIME where either side is one or the sum leaves int64."""
+    out = []
+    for t, o in zip(times, offsets):
+        total = t + o
+        out.append(NOT_A_TIME if NOT_A_TIME in (t, o) or not -_INT64_MAX - 1 <= total <= _INT64_MAX else total)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_adding_an_offset_equals_adding_it_row_by_row(seed):
+    """Both ways through add_ns (the extremes settling it, and the per-row checks) give the
+    reference, whether the offset is one number or one per row."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 50))
+    edges = np.array([NOT_A_TIME, -_INT64_MAX, -1, 0, 1, _INT64_MAX - 1, _INT64_MAX], dtype=np.int64)
+    scale = 10 ** int(rng.integers(0, 19))
+    times = rng.integers(-scale, scale, n, dtype=np.int64, endpoint=True)
+    offsets = rng.integers(-scale, scale, n, dtype=np.int64, endpoint=True)
+    if seed % 2:  # an extreme or two among ordinary rows
+        times[rng.integers(0, n)] = rng.choice(edges)
+        offsets[rng.integers(0, n)] = rng.choice(edges)
+    assert add_ns(times, offsets).tolist() == _add_ns_reference(times.tolist(), offsets.tolist())
+    one = int(offsets[0])
+    assert add_ns(times, one).tolist() == _add_ns_reference(times.tolist(), [one] * n)
+
+
+def test_adding_an_offset_at_int64s_edges():
+    edges = [NOT_A_TIME, -_INT64_MAX, -(2**40), -1, 0, 1, 2**40, _INT64_MAX - 1, _INT64_MAX]
+    for t in edges:
+        for o in edges:
+            assert add_ns(np.array([t, 5], dtype=np.int64), o).tolist() == _add_ns_reference([t, 5], [o, o]), (t, o)
+
+
+def test_selecting_rows_by_indices_equals_selecting_them_by_the_mask():
+    rng = np.random.default_rng(3)
+    columns = {
+        "start_ns": rng.integers(0, 10**15, 1000),
+        "depth": rng.integers(0, 9, 1000).astype(np.int16),
+        "on_gpu": rng.random(1000) < 0.5,
+    }
+    for mask in (rng.random(1000) < 0.3, np.zeros(1000, dtype=bool), np.ones(1000, dtype=bool)):
+        picked = take_rows(columns, mask)
+        for name, values in columns.items():
+            assert picked[name].dtype == values.dtype
+            assert picked[name].tolist() == values[mask].tolist()
+    order = rng.permutation(1000)[:400]
+    assert take_rows(columns, order)["start_ns"].tolist() == columns["start_ns"][order].tolist()

@@ -64,6 +64,13 @@ def add_ns(times: np.ndarray, offset) -> np.ndarray:
     :data:`NOT_A_TIME` where either side is one or the sum leaves int64."""
     times = np.asarray(times, dtype=np.int64)
     offset_arr = np.asarray(offset, dtype=np.int64)
+    if times.size and offset_arr.size:
+        # The usual case, settled by the extremes: no side holds NOT_A_TIME and no sum can
+        # leave int64 (every sum lies between the two below), so no per-row check is needed.
+        low, high = times.min(), offset_arr.min()
+        if low != NOT_A_TIME and high != NOT_A_TIME:
+            if -_INT64_MAX <= int(low) + int(high) and int(times.max()) + int(offset_arr.max()) <= _INT64_MAX:
+                return times + offset_arr
     total = times + offset_arr  # numpy wraps silently; the wrapped entries are found below
     wrapped = ((times > 0) & (offset_arr > 0) & (total < 0)) | ((times < 0) & (offset_arr < 0) & (total >= 0))
     bad = wrapped | (times == NOT_A_TIME) | (offset_arr == NOT_A_TIME)
