@@ -215,7 +215,8 @@ def _reference_drop(start_ns, end_ns, identity):
 @pytest.mark.parametrize("seed", range(4))
 def test_dropping_impossible_rows_equals_the_reference(seed):
     """Generated times: repeats, shared starts, NOT_A_TIME, ends before starts, and rows
-    just inside, at and beyond 24 h from the median (in float64, where it rounds)."""
+    just inside, at and beyond 24 h from the median (in float64, where it rounds), and runs
+    spanning just under 24 h (where the median is not looked for)."""
     rng = np.random.default_rng(seed)
     day = MAX_DISTANCE_NS
     for trial in range(300):
@@ -224,7 +225,8 @@ def test_dropping_impossible_rows_equals_the_reference(seed):
         start = base + rng.integers(0, 50, n) * int(rng.choice([1, 1000]))
         end = start + rng.integers(-1 if trial % 7 == 0 else 0, 4, n)
         wild = rng.random(n) < (0.1 if trial % 2 else 0.0)
-        offsets = rng.choice([day, day + 1, day + 4096, -day - 1, 2**62, -(2**62)], n)
+        near = [day - 8193, day - 8192, day - 8191, day - 1]  # spans the median need not be found for
+        offsets = rng.choice(near + [day, day + 1, day + 4096, -day - 1, 2**62, -(2**62)], n)
         start = np.where(wild, start + offsets // 2, start)
         end = np.where(wild & (rng.random(n) < 0.5), end + offsets, end)
         start[rng.random(n) < 0.03] = NOT_A_TIME

@@ -24,6 +24,8 @@ _INT64_MAX = np.iinfo(np.int64).max
 _LIMIT_US = _INT64_MAX // 1000
 # One profiling window never spans a day; real captures span seconds to minutes.
 MAX_DISTANCE_NS = 24 * 3600 * 10**9
+# More than float64's rounding can move a distance between two int64 times (~2 us at most).
+_FLOAT_ROOM_NS = 1 << 13
 
 _REASONS = {
     "not_a_time": "with a time that is not a number or overflows int64 ns",
@@ -140,20 +142,26 @@ def drop_impossible(
     if keep.any():
         every = keep.all()
         kept_start, kept_end = (start_ns, end_ns) if every else (start_ns[keep], end_ns[keep])
-        # float: the distance of a wild value from the median can itself leave int64
-        median = float(np.median(kept_start))
-        # The distance only grows away from the median, in float64 too (rounding is monotonic):
-        # when the extremes are near, every row is (the usual case: no pass over the rows).
-        extremes = np.array([kept_start.min(), kept_start.max(), kept_end.min(), kept_end.max()]).astype(np.float64)
-        if (np.abs(extremes - median) > MAX_DISTANCE_NS).any():
-            far = keep & (
-                (np.abs(start_ns.astype(np.float64) - median) > MAX_DISTANCE_NS)
-                | (np.abs(end_ns.astype(np.float64) - median) > MAX_DISTANCE_NS)
-            )
-            dropped.counts["far"] = int(far.sum())
-            keep &= ~far
-        else:
+        extremes = [int(kept_start.min()), int(kept_start.max()), int(kept_end.min()), int(kept_end.max())]
+        # No kept row is farther from the median start (itself among the kept starts) than the
+        # kept rows span: within a day, less room for float rounding, nothing is far and the
+        # median is not needed (the usual case: no partition and no pass over the rows).
+        if max(extremes) - min(extremes) <= MAX_DISTANCE_NS - _FLOAT_ROOM_NS:
             dropped.counts["far"] = 0
+        else:
+            # float: the distance of a wild value from the median can itself leave int64
+            median = float(np.median(kept_start))
+            # The distance only grows away from the median, in float64 too (rounding is
+            # monotonic): when the extremes are near, every row is.
+            if (np.abs(np.array(extremes, dtype=np.float64) - median) > MAX_DISTANCE_NS).any():
+                far = keep & (
+                    (np.abs(start_ns.astype(np.float64) - median) > MAX_DISTANCE_NS)
+                    | (np.abs(end_ns.astype(np.float64) - median) > MAX_DISTANCE_NS)
+                )
+                dropped.counts["far"] = int(far.sum())
+                keep &= ~far
+            else:
+                dropped.counts["far"] = 0
     repeats = _repeats(start_ns, end_ns, identity, keep)
     dropped.counts["duplicate"] = int(repeats.sum())
     keep &= ~repeats
