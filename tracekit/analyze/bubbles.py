@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from tracekit.analyze.shares import share, shares
+from tracekit.model.groups import reduce_by
 from tracekit.model.intervals import union_lengths
 from tracekit.reconstruct.event_arrays import EventArrays
 from tracekit.reconstruct.plain import BubbleRow, plain_busy
@@ -154,26 +155,19 @@ class RunSummary:
 
 def summarise(bubbles: pd.DataFrame) -> RunSummary:
     """Run-level and per-rank totals: idle over window, summed across steps."""
-    per_rank = bubbles.groupby("rank")[["window_ns", "busy_ns", "idle_ns"]].sum()
-    ranks = per_rank.index.to_numpy()
-    per_rank["bubble_ratio"] = shares(
-        per_rank["idle_ns"].to_numpy(), per_rank["window_ns"].to_numpy(), lambda i: f"rank {ranks[i]}: bubble ratio"
+    ranks, (window, busy, idle) = reduce_by(
+        bubbles["rank"].to_numpy(), *((bubbles[c].to_numpy(), np.add) for c in ("window_ns", "busy_ns", "idle_ns"))
     )
-    total_window = int(per_rank["window_ns"].sum())
-    total_idle = int(per_rank["idle_ns"].sum())
+    ratio = shares(idle, window, lambda i: f"rank {ranks[i]}: bubble ratio")
+    total_window = int(window.sum())
+    total_idle = int(idle.sum())
     return RunSummary(
         bubble_ratio=share(total_idle, total_window, "the run's bubble ratio"),
         window_ns=total_window,
         idle_ns=total_idle,
-        busy_ns=int(per_rank["busy_ns"].sum()),
+        busy_ns=int(busy.sum()),
         per_rank={
             int(r): RankSummary(window_ns=int(w), busy_ns=int(b), idle_ns=int(i), bubble_ratio=float(x))
-            for r, w, b, i, x in zip(
-                per_rank.index,
-                per_rank["window_ns"],
-                per_rank["busy_ns"],
-                per_rank["idle_ns"],
-                per_rank["bubble_ratio"],
-            )
+            for r, w, b, i, x in zip(ranks.tolist(), window.tolist(), busy.tolist(), idle.tolist(), ratio.tolist())
         },
     )

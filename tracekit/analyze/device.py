@@ -29,7 +29,7 @@ import pandas as pd
 
 from tracekit.analyze.bubbles import bubble_table
 from tracekit.model.device import DeviceSummary
-from tracekit.model.groups import first_rows, pair_codes, split_by
+from tracekit.model.groups import first_rows, pair_codes, reduce_by, split_by
 from tracekit.model.intervals import clipped_length
 from tracekit.model.run import Run
 
@@ -79,16 +79,13 @@ def measure_device_plain(summary: DeviceSummary) -> pd.DataFrame:
     count that stretch's idle twice. So the windows add up to the device's span, and busy
     counts what the device did in each, whichever step launched it."""
     extents = summary["compute_steps"]
-    spans = (
-        pd.DataFrame({"step": extents["step"], "lo": extents["lo_ns"], "hi": extents["hi_ns"]})
-        .groupby("step")
-        .agg(lo=("lo", "min"), hi=("hi", "max"))
-        .sort_index()
+    steps, (step_lo, step_hi) = reduce_by(
+        extents["step"], (extents["lo_ns"], np.minimum), (extents["hi_ns"], np.maximum)
     )
     present = split_by(extents["step"], extents["rank"])
     rank_q, step_q, lo_q, hi_q = [], [], [], []
     previous_end = None
-    for step, span_lo, span_hi in zip(spans.index.to_numpy(), spans["lo"], spans["hi"]):
+    for step, span_lo, span_hi in zip(steps, step_lo, step_hi):
         lo, hi = int(span_lo), int(span_hi)
         if previous_end is not None:
             lo = min(max(lo, previous_end), hi)

@@ -88,6 +88,17 @@ def split_by(key: np.ndarray, items: np.ndarray) -> dict[int, np.ndarray]:
     return dict(zip(keys.tolist(), np.split(np.asarray(items)[order], first[1:])))
 
 
+def reduce_by(key: np.ndarray, *columns: tuple[np.ndarray, np.ufunc]) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Each distinct ``key`` (ascending) and, for each ``(values, ufunc)``, the ufunc reduced
+    over the values of its rows (``np.add``: sums, ``np.minimum``: least, ...), in their dtype."""
+    key = np.asarray(key)
+    order = np.argsort(key, kind="stable")
+    keys, first = np.unique(key[order], return_index=True)
+    if not len(keys):
+        return keys, [np.asarray(values)[:0] for values, _ in columns]
+    return keys, [ufunc.reduceat(np.asarray(values)[order], first) for values, ufunc in columns]
+
+
 def first_rows(keys: np.ndarray, queries: np.ndarray) -> np.ndarray:
     """For each query (an int64 code, e.g. of :func:`pair_codes`), the first row of ``keys``
     that holds it; -1 where none does."""
