@@ -912,8 +912,8 @@ def test_numbers_are_read_as_msgspec_reads_them():
 
 @needs_scanner
 def test_integers_of_every_length_are_read_as_the_python_path_reads_them():
-    """Integer times and ids of 1 to 18 digits (the scanner reads eight digits at a step where
-    eight follow), with and without a sign, as times, durations and correlation ids."""
+    """Integer times and ids of 1 to 18 digits (the scanner reads up to eight digits at a step),
+    with and without a sign, as times, durations and correlation ids."""
     rnd = random.Random(12)
     elements = []
     for _ in range(20_000):
