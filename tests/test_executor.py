@@ -162,3 +162,37 @@ def test_the_parent_imports_what_the_caller_needs_while_the_workers_parse(tmp_pa
     assert pooled.stdout.split()[1:] == ["True", str(bool(int(pooled.stdout.split()[0]))), "True"]
     alone = subprocess.run([sys.executable, "-c", code, "1"], capture_output=True, text=True, check=True)
     assert alone.stdout.split() == ["4", "False", "False", "False"]
+
+
+def test_a_worker_socket_holds_a_whole_answer_as_far_as_the_system_allows():
+    """The worker's end of its socket is given room for a GPU rank's ~0.8 MB answer (so the
+    worker never waits mid-send for the parent to drain it); a pipe is left as it is."""
+    import multiprocessing
+    import os
+    import socket
+
+    from tracekit.ingest.executor import ANSWER_BUFFER, _room_for_answers
+
+    here, there = multiprocessing.Pipe(duplex=True)
+    try:
+        probe = socket.socket(fileno=os.dup(there.fileno()))
+    except OSError:
+        pytest.skip("this platform's pipes are no sockets")
+    before = probe.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+    _room_for_answers(there)
+    after = probe.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+    probe.close()
+    try:
+        cap = int(open("/proc/sys/net/core/wmem_max").read())
+    except OSError:
+        cap = None
+    if cap is not None and cap <= before:
+        pytest.skip(f"net.core.wmem_max ({cap}) allows no more than the default ({before})")
+    assert after > before
+    assert after >= min(ANSWER_BUFFER, cap or ANSWER_BUFFER)
+    here.close()
+    there.close()
+    reader, writer = multiprocessing.Pipe(duplex=False)
+    _room_for_answers(writer)  # no socket: nothing to do, no error
+    writer.send("still works")
+    assert reader.recv() == "still works"

@@ -320,6 +320,34 @@ def _die_with_parent() -> None:
         pass
 
 
+# A parsed GPU rank's answer is ~0.8 MB. Through a socket's default send buffer (~200 KB) the
+# worker stopped mid-send, several times a file, until this process's feeder thread got the
+# interpreter lock to drain it: 1-6 ms a file on 2 cores, the worker idle (benchmarks/README.md).
+ANSWER_BUFFER = 4 << 20
+
+
+def _room_for_answers(conn) -> None:
+    """Let a worker's end of its socket hold a whole answer, as far as the system allows
+    (Linux caps it at ``net.core.wmem_max``); nothing where the connection is no socket."""
+    import socket
+
+    try:
+        fd = os.dup(conn.fileno())
+    except (OSError, AttributeError, ValueError):  # no descriptor
+        return
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError:  # a pipe, not a socket
+        os.close(fd)
+        return
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, ANSWER_BUFFER)
+    except OSError:
+        pass
+    finally:
+        sock.close()
+
+
 class _Workers:
     """``n`` parser processes, each fed over its own pipe by a thread of this process.
 
@@ -336,6 +364,7 @@ class _Workers:
         try:
             for _ in range(n):
                 here, there = ctx.Pipe(duplex=True)
+                _room_for_answers(there)
                 self.conns.append(here)
                 proc = ctx.Process(
                     target=_worker_main,
