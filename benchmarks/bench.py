@@ -50,8 +50,9 @@ except ImportError:  # pragma: no cover - told to the user below
 
 # Issue #15's goals against HTA's load and against only decompressing the same files.
 SPEED_GOAL, MEMORY_GOAL, DECODE_GOAL = 15.0, 0.25, 2.0
-# Runs of the compared pair (HTA's load, tracekit's cold analysis) for the medians (--repeat).
-REPEAT = 3
+# Runs of the compared pair (HTA's load, tracekit's cold analysis) for the medians (--repeat):
+# tracekit's ~0.4 s runs move 0.39-0.54 s on this machine, HTA's 6.4-7.9 s.
+REPEAT = 5
 
 
 @dataclass
@@ -297,7 +298,13 @@ def decode_limit(run_dir: Path, gz_dir: Path, cores: int, hta: dict | None) -> d
             wall = _best_wall(lambda jobs=jobs: list(pool.map(decoders.gunzip_decode, jobs)))
             what = "only" if name == "none" else f"+ {name} decode"
             rows.append((f"{decoders.INFLATER} inflate {what}", wall))
-    tracekit_gz = measure(tracekit_cmd(gz_dir, "--no-cache"))
+    gz_cmd = tracekit_cmd(gz_dir, "--no-cache")
+    tracekit_gz = measure(gz_cmd)
+    # The same statistic as every row above, the best of 3 (one ~0.4 s run against zcat's best
+    # of 3 read the machine's bursts as tracekit's: 1.5x in one run, 2.1x in a busy one)
+    tracekit_gz.wall_s = min(
+        tracekit_gz.wall_s, _best_wall(lambda: subprocess.run(gz_cmd, capture_output=True, check=True))
+    )
     rows.append(("tracekit analyze .json.gz, no cache", tracekit_gz.wall_s))
     print(f"{'what':38} {'wall s':>7} {'MB/s of JSON':>13}")
     for label, wall in rows:
