@@ -573,16 +573,21 @@ _DECLINED = {
 }
 
 
-@needs_scanner
-@pytest.mark.parametrize("name", sorted(_ANSWERED))
-def test_plain_runs_are_answered_with_the_python_rows(name):
-    run = _ANSWERED[name]
+def _scanned_as_python(run: bytes) -> None:
+    """The scanner answers the whole of ``run`` (elements, no brackets) with the rows the
+    Python path adds for it."""
     native, python = _RowBuilder(), _RowBuilder()
     scanned = native.native_scanner().scan(run + b"]", last=True)
     assert scanned is not None
     native.add(scanned)
     assert _python_add(python, run) == "columns"
     assert _state(native) == _state(python)
+
+
+@needs_scanner
+@pytest.mark.parametrize("name", sorted(_ANSWERED))
+def test_plain_runs_are_answered_with_the_python_rows(name):
+    _scanned_as_python(_ANSWERED[name])
 
 
 @needs_scanner
@@ -904,10 +909,7 @@ def test_numbers_are_read_as_msgspec_reads_them():
     times = [_decimal(rnd) for _ in range(20_000)]
     times = [t for t in times if abs(float(t)) < 2.0**52]
     run = ", ".join(f'{{"ph": "X", "cat": "kernel", "ts": {t}, "dur": {t.lstrip("-")}}}' for t in times).encode()
-    native, python = _RowBuilder(), _RowBuilder()
-    native.add(native.native_scanner().scan(run + b"]", last=True))
-    assert _python_add(python, run) == "columns"
-    assert _state(native) == _state(python)
+    _scanned_as_python(run)
 
 
 @needs_scanner
@@ -923,13 +925,7 @@ def test_integers_of_every_length_are_read_as_the_python_path_reads_them():
         elements.append(
             f'{{"ph": "X", "cat": "kernel", "name": "k", "ts": {ts}, "dur": {dur}, "args": {{"correlation": {corr}}}}}'
         )
-    run = ", ".join(elements).encode()
-    native, python = _RowBuilder(), _RowBuilder()
-    scanned = native.native_scanner().scan(run + b"]", last=True)
-    assert scanned is not None
-    native.add(scanned)
-    assert _python_add(python, run) == "columns"
-    assert _state(native) == _state(python)
+    _scanned_as_python(", ".join(elements).encode())
 
 
 # -- used where built, off with TRACEKIT_NATIVE=0 ------------------------------------------------
