@@ -23,12 +23,16 @@ NUMBER_COLUMNS = [c for c in EVENT_COLUMNS if c not in STRING_COLUMNS]
 _DTYPES = {c: np.dtype(kind) for c, kind in _NUMPY_DTYPES.items()}
 
 
+def row_indices(rows: np.ndarray) -> np.ndarray:
+    """The rows ``rows`` selects as indices (a mask's set positions; indices as they are)."""
+    return np.flatnonzero(rows) if rows.dtype == bool else rows
+
+
 def take_rows(arrays: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
     """Each array's rows that ``rows`` selects (a mask or indices), in order. A mask becomes
-    indices once: indexing a dozen columns by the mask itself scans it again for each, ~4x
-    slower on a GPU rank's working set."""
-    if rows.dtype == bool:
-        rows = np.flatnonzero(rows)
+    indices once (:func:`row_indices`; for several dicts, once for them all): indexing a dozen
+    columns by the mask itself scans it again for each, ~4x slower on a GPU rank's working set."""
+    rows = row_indices(rows)
     return {c: v.take(rows) for c, v in arrays.items()}
 
 
@@ -45,8 +49,7 @@ class EventColumns:
 
     def take(self, rows: np.ndarray) -> EventColumns:
         """The rows ``rows`` selects (a mask or indices), in order; the strings are shared."""
-        if rows.dtype == bool:
-            rows = np.flatnonzero(rows)
+        rows = row_indices(rows)
         return EventColumns(take_rows(self.numbers, rows), take_rows(self.codes, rows), self.values)
 
     @classmethod

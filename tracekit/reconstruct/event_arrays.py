@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tracekit.ingest.columns import EventColumns, take_rows
+from tracekit.ingest.columns import EventColumns, row_indices, take_rows
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -61,8 +61,7 @@ class EventArrays:
 
     def take(self, rows: np.ndarray) -> EventArrays:
         """The rows ``rows`` (a mask or indices) selects, in order; the strings are shared."""
-        if rows.dtype == bool:
-            rows = np.flatnonzero(rows)
+        rows = row_indices(rows)
         return EventArrays(take_rows(self.numbers, rows), take_rows(self.codes, rows), self.values)
 
     def __getitem__(self, column: str) -> np.ndarray:
