@@ -143,12 +143,11 @@ def drop_impossible(
         every = keep.all()
         kept_start, kept_end = (start_ns, end_ns) if every else (start_ns[keep], end_ns[keep])
         extremes = [int(kept_start.min()), int(kept_start.max()), int(kept_end.min()), int(kept_end.max())]
+        dropped.counts["far"] = 0
         # No kept row is farther from the median start (itself among the kept starts) than the
         # kept rows span: within a day, less room for float rounding, nothing is far and the
         # median is not needed (the usual case: no partition and no pass over the rows).
-        if max(extremes) - min(extremes) <= MAX_DISTANCE_NS - _FLOAT_ROOM_NS:
-            dropped.counts["far"] = 0
-        else:
+        if max(extremes) - min(extremes) > MAX_DISTANCE_NS - _FLOAT_ROOM_NS:
             # float: the distance of a wild value from the median can itself leave int64
             median = float(np.median(kept_start))
             # The distance only grows away from the median, in float64 too (rounding is
@@ -160,8 +159,6 @@ def drop_impossible(
                 )
                 dropped.counts["far"] = int(far.sum())
                 keep &= ~far
-            else:
-                dropped.counts["far"] = 0
     repeats = _repeats(start_ns, end_ns, identity, keep)
     dropped.counts["duplicate"] = int(repeats.sum())
     keep &= ~repeats
