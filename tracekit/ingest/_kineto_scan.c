@@ -299,6 +299,22 @@ static inline int leading_digits(const unsigned char *p, uint64_t *value) {
 #endif
 }
 
+/* The significant digits at p, up to eight at a step while the mantissa has room for them
+   (19 digits): added to *mant, counted in *sig and *count; where they end. The digits left
+   (near the bytes' end, or past the 19th) are the caller's byte loop's. */
+static inline const unsigned char *significant_digits(const unsigned char *p, const unsigned char *end,
+                                                      uint64_t *mant, int *sig, int *count) {
+    uint64_t value;
+    int n = 8;
+    while (n == 8 && *sig <= 19 - 8 && end - p >= 8 && (n = leading_digits(p, &value)) > 0) {
+        *mant = *mant * POW10_INT[n] + value;
+        *sig += n;
+        *count += n;
+        p += n;
+    }
+    return p;
+}
+
 static const double POW10[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,  1e8,  1e9,  1e10, 1e11,
                                1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
 
@@ -319,14 +335,7 @@ static Status scan_number(Cursor *c, Value *v, int want_value) {
         p++;
         int_digits = 1;
     } else if (*p >= '1' && *p <= '9') {
-        uint64_t value;
-        int n = 8;
-        while (n == 8 && sig_digits <= 19 - 8 && end - p >= 8 && (n = leading_digits(p, &value)) > 0) {
-            mant = mant * POW10_INT[n] + value;
-            sig_digits += n;
-            int_digits += n;
-            p += n;
-        }
+        p = significant_digits(p, end, &mant, &sig_digits, &int_digits);
         while (p < end && *p >= '0' && *p <= '9') {
             if (sig_digits < 19)
                 mant = mant * 10 + (*p - '0');
@@ -343,16 +352,8 @@ static Status scan_number(Cursor *c, Value *v, int want_value) {
             return ST_MORE;
         if (!(*p >= '0' && *p <= '9'))
             DECLINE(c, "a bad number");
-        uint64_t value;
-        int n = 8;
-        /* after a significant digit every digit is one: 8 at a step, as above */
-        while (n == 8 && sig_digits > 0 && sig_digits <= 19 - 8 && end - p >= 8 &&
-               (n = leading_digits(p, &value)) > 0) {
-            mant = mant * POW10_INT[n] + value;
-            sig_digits += n;
-            frac_digits += n;
-            p += n;
-        }
+        if (sig_digits > 0) /* after a significant digit every digit is one */
+            p = significant_digits(p, end, &mant, &sig_digits, &frac_digits);
         while (p < end && *p >= '0' && *p <= '9') {
             if (sig_digits == 0 && *p == '0')
                 lead_zeros++; /* 0.000123: not significant */
