@@ -501,11 +501,17 @@ def _runs(draw) -> list[bytes]:
     return runs
 
 
+# The drawn-runs tests' settings: 300 draws, the same ones every time, no example database.
+_DRAWN_RUNS = settings(
+    max_examples=300, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck)
+)
+
+
 @needs_scanner
 def test_each_answered_run_equals_the_typed_decode_and_column_path():
     ways = Counter()
 
-    @settings(max_examples=300, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+    @_DRAWN_RUNS
     @given(runs=_runs())
     def check(runs):
         native, python = _RowBuilder(), _RowBuilder()
@@ -861,7 +867,7 @@ def _templated_runs(draw) -> list[bytes]:
 def test_elements_written_alike_read_the_same_when_one_changes_at_a_key():
     ways = Counter()
 
-    @settings(max_examples=300, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+    @_DRAWN_RUNS
     @given(runs=_templated_runs())
     def check(runs):
         native, python = _RowBuilder(), _RowBuilder()
