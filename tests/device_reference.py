@@ -12,11 +12,17 @@ definitions (tracekit issue #12) are restated here from the issue, not from trac
 * step: the rank's host ``ProfilerStep#N`` whose closed span holds the launch's start (the
   earlier step where two touch); without a launch, the one holding the op's own start; else
   no step. A rank without ProfilerStep marks is one step, 0, over everything.
-* per step: window = from the step's first compute op (over all ranks), or from where the
-  previous step's window ended if that is later, to its last compute op's end: consecutive
-  windows never overlap (with the host a step ahead, a side stream runs step N+1 while the
-  main stream still runs step N), so their sum is the device's span. Per rank, busy = length
-  of the union of all its compute ops clipped to the window, idle = window - busy.
+* before the profile (tracekit issue #28): an op without a launch in the trace that ran on
+  its stream before that stream's first op with a launch was launched before the profile
+  began: it belongs to no step and is left out of every figure.
+* per step: the window runs from the step's first compute op (over all ranks), or from where
+  the previous step's window ended if that is later, to its last compute op's end:
+  consecutive windows never overlap (with the host a step ahead, a side stream runs step N+1
+  while the main stream still runs step N). Per rank, the window starts no earlier than the
+  end of its work from before the profile; idle = the part of it where none of the rank's
+  compute ops (of any step, not from before the profile) ran; busy = the length of the union
+  of the rank's compute ops of that step, wherever they ran (a step keeps what it launched);
+  window = busy + idle.
 * a P2P kernel pair: wait = later start - earlier start (on the side that started first),
   transfer = min(end_a, end_b) - later start.
 
@@ -53,6 +59,7 @@ class DeviceOps:
     is_comm: np.ndarray
     step: np.ndarray  # NO_STEP where no step holds the op
     names: list[str]
+    before_profile: np.ndarray | None = None  # launched before the profile began (module doc)
     host_step_end_ns: dict[int, int] = field(default_factory=dict)  # ProfilerStep#N -> its host end
 
 
@@ -90,20 +97,63 @@ def bubble_rows(ranks: list[DeviceOps]) -> list[BubbleRow]:
     rows = []
     previous_end = None
     for step in steps:
-        picked = [(ops, (ops.step == step) & ~ops.is_comm) for ops in ranks]
+        picked = [(ops, (ops.step == step) & ~ops.is_comm & ~_before(ops)) for ops in ranks]
         window_end = max(int(ops.end_ns[m].max()) for ops, m in picked if m.any())
         window_start = min(int(ops.start_ns[m].min()) for ops, m in picked if m.any())
         if previous_end is not None:
             window_start = min(max(window_start, previous_end), window_end)
         previous_end = max(window_end, previous_end or window_end)
-        window = window_end - window_start
-        for ops, _m in sorted(picked, key=lambda p: p[0].rank):
-            compute = ~ops.is_comm
-            starts = np.clip(ops.start_ns[compute], window_start, window_end)
-            ends = np.clip(ops.end_ns[compute], window_start, window_end)
-            busy = union_ns(starts, ends)
-            rows.append(BubbleRow(ops.rank, step, window_start, window_end, window, busy, window - busy))
+        for ops, own in sorted(picked, key=lambda p: p[0].rank):
+            if not own.any():
+                continue
+            before = _before(ops) & ~ops.is_comm
+            start = window_start
+            if before.any():
+                start = min(max(start, int(ops.end_ns[before].max())), window_end)
+            compute = ~ops.is_comm & ~_before(ops)
+            starts = np.clip(ops.start_ns[compute], start, window_end)
+            ends = np.clip(ops.end_ns[compute], start, window_end)
+            idle = (window_end - start) - union_ns(starts, ends)
+            busy = union_ns(ops.start_ns[own], ops.end_ns[own])
+            rows.append(BubbleRow(ops.rank, step, start, window_end, busy + idle, busy, idle))
     return rows
+
+
+def collective_idle_ns(ranks: list[DeviceOps]) -> dict[int, int]:
+    """Per rank, over its bubble rows' windows: the time a comm kernel ran and no compute op
+    did (tracekit issue #28: idle time spent in collectives). A run without pipeline
+    actions: every comm kernel is outside every action."""
+    out: dict[int, int] = {}
+    rows = bubble_rows(ranks)
+    for ops in ranks:
+        profiled = ~_before(ops)
+        comm, compute = ops.is_comm & profiled, ~ops.is_comm & profiled
+        total = 0
+        for row in (r for r in rows if r.rank == ops.rank):
+            lo, hi = row.window_start_ns, row.window_end_ns
+            both = union_ns(
+                np.clip(np.concatenate([ops.start_ns[comm], ops.start_ns[compute]]), lo, hi),
+                np.clip(np.concatenate([ops.end_ns[comm], ops.end_ns[compute]]), lo, hi),
+            )
+            only_compute = union_ns(np.clip(ops.start_ns[compute], lo, hi), np.clip(ops.end_ns[compute], lo, hi))
+            total += both - only_compute  # |comm ∪ compute| - |compute| = |comm \ compute|
+        out[ops.rank] = total
+    return out
+
+
+def _before(ops: DeviceOps) -> np.ndarray:
+    return ops.before_profile if ops.before_profile is not None else np.zeros(len(ops.start_ns), dtype=bool)
+
+
+def _launched_before_profile(stream: np.ndarray, starts: np.ndarray, has_launch: np.ndarray) -> np.ndarray:
+    """Per op: no launch, and ran before the first op with a launch on its stream."""
+    out = np.zeros(len(starts), dtype=bool)
+    for s in set(stream.tolist()):
+        on = stream == s
+        launched = on & has_launch
+        if launched.any():
+            out |= on & ~has_launch & (starts < starts[launched].min())
+    return out
 
 
 def _steps_of(times_ns: np.ndarray, step_spans: list[tuple[int, int, int]]) -> np.ndarray:
@@ -155,6 +205,10 @@ def kineto_rank_ops(path: Path) -> DeviceOps:
         step = _steps_of(anchor, spans)
     else:
         step = np.zeros(len(device), dtype=np.int64)
+    stream = np.array([(e.get("args") or {}).get("stream", e.get("tid")) for e in device], dtype=np.int64)
+    before = _launched_before_profile(stream, starts, has_launch) if has_launch.any() else None
+    if before is not None:
+        step[before] = NO_STEP
     return DeviceOps(
         rank=rank,
         start_ns=starts,
@@ -163,6 +217,7 @@ def kineto_rank_ops(path: Path) -> DeviceOps:
         step=step,
         names=names,
         host_step_end_ns={n: e for n, _, e in spans},
+        before_profile=before,
     )
 
 
@@ -235,21 +290,28 @@ def _nsys_reference(conn: sqlite3.Connection) -> NsysReference:
     assert int(meta.get("EXPORT_PARAM_TIME_SHIFT", 0) or 0) == 0
     (session_start,) = conn.execute("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME").fetchone()
 
-    ops: dict[int, list[tuple[int, int, str, int]]] = {}  # pid -> (start, end, name, correlation)
+    ops: dict[int, list[tuple[int, int, str, int, int]]] = {}  # pid -> (start, end, name, correlation, stream)
     devices: dict[int, set[int]] = {}
     kernel_rows = conn.execute(
-        "SELECT start, end, globalPid, deviceId, correlationId, demangledName, shortName "
+        "SELECT start, end, globalPid, deviceId, correlationId, demangledName, shortName, streamId "
         "FROM CUPTI_ACTIVITY_KIND_KERNEL"
     ).fetchall()
-    for start, end, gpid, device, corr, demangled, short in kernel_rows:
+    for start, end, gpid, device, corr, demangled, short, stream in kernel_rows:
         pid = (gpid >> _PID_SHIFT) & _ID_MASK
         name = strings.get(demangled) or strings.get(short) or "kernel"
-        ops.setdefault(pid, []).append((start, end, name, corr))
+        ops.setdefault(pid, []).append((start, end, name, corr, stream))
         devices.setdefault(pid, set()).add(device)
+    kernel_rows = [row[:7] for row in kernel_rows]
     for table, label in (("CUPTI_ACTIVITY_KIND_MEMCPY", "memcpy"), ("CUPTI_ACTIVITY_KIND_MEMSET", "memset")):
         if table in tables:
-            for start, end, gpid, corr in conn.execute(f"SELECT start, end, globalPid, correlationId FROM {table}"):
-                ops.setdefault((gpid >> _PID_SHIFT) & _ID_MASK, []).append((start, end, label, corr))
+            query = f"SELECT start, end, globalPid, correlationId, streamId FROM {table}"
+            for start, end, gpid, corr, stream in conn.execute(query):
+                ops.setdefault((gpid >> _PID_SHIFT) & _ID_MASK, []).append((start, end, label, corr, stream))
+    # launches: runtime API rows, by process and correlation id
+    launched: set[tuple[int, int]] = set()
+    if "CUPTI_ACTIVITY_KIND_RUNTIME" in tables:
+        for gtid, corr in conn.execute("SELECT globalTid, correlationId FROM CUPTI_ACTIVITY_KIND_RUNTIME"):
+            launched.add(((gtid >> _PID_SHIFT) & _ID_MASK, corr))
 
     nvtx = (
         conn.execute(
@@ -277,14 +339,21 @@ def _nsys_reference(conn: sqlite3.Connection) -> NsysReference:
         starts = np.array([r[0] for r in rows], dtype=np.int64) + session_start
         ends = np.array([r[1] for r in rows], dtype=np.int64) + session_start
         names = [r[2] for r in rows]
+        has_launch = np.array([(pid, r[3]) in launched for r in rows], dtype=bool)
+        stream = np.array([r[4] for r in rows], dtype=np.int64)
+        before = _launched_before_profile(stream, starts, has_launch) if has_launch.any() else None
+        step = np.zeros(len(rows), dtype=np.int64)
+        if before is not None:
+            step[before] = NO_STEP
         ranks.append(
             DeviceOps(
                 rank=rank_of[pid],
                 start_ns=starts,
                 end_ns=ends,
                 is_comm=_comm(names),
-                step=np.zeros(len(rows), dtype=np.int64),
+                step=step,
                 names=names,
+                before_profile=before,
             )
         )
     ranks.sort(key=lambda r: r.rank)

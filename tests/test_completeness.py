@@ -78,6 +78,7 @@ def test_missing_rank_json_carries_completeness_and_no_whole_pipeline_figures(tm
         "world_size_source": "distributedInfo",
         "ranks_present": [0, 1, 3],
         "missing_ranks": [2],
+        "cut_short": [],
         "message": doc["warnings"][0],
     }
     assert doc["schedule"]["name"] == "unknown" and doc["schedule"]["p"] == 4
@@ -127,7 +128,9 @@ def test_check_cause_limit_on_an_allowed_incomplete_run_says_why(tmp_path):
 def test_baseline_refuses_an_incomplete_run_unless_allowed(tmp_path):
     run_dir = generated_missing_rank2(tmp_path)
     out = tmp_path / "base.json"
-    assert "tracekit baseline needs every rank" in one_error_line(cli("baseline", str(run_dir), "-o", str(out)))
+    assert "tracekit baseline needs every rank's whole trace" in one_error_line(
+        cli("baseline", str(run_dir), "-o", str(out))
+    )
     assert not out.exists()
     assert cli("baseline", str(run_dir), "-o", str(out), "--allow-incomplete").exit_code == 0
     assert json.loads(out.read_text())["incomplete"].startswith("rank 2 of 4 has no trace")
@@ -193,6 +196,81 @@ def test_capture_manifest_gives_the_world_size_when_the_files_do_not(tmp_path):
     doc = json.loads(cli("analyze", str(folder), "--json").output)
     assert doc["completeness"]["world_size_source"] == "capture.json"
     assert doc["completeness"]["missing_ranks"] == [3]
+
+
+# ---------------------------------------------------------------- a rank's trace cut short
+
+
+def generated_rank0_cut(tmp_path: Path, at_byte: int = 300_000) -> Path:
+    """sample_traces/1f1b with rank 0's JSON cut after ``at_byte`` bytes, as a profiler stopped
+    mid-write leaves it (written plain: the cut is in the JSON text, not the gzip stream)."""
+    folder = tmp_path / "generated_rank0_cut"
+    shutil.copytree(SAMPLES / "1f1b", folder)
+    text = gzip.decompress((folder / "rank0.json.gz").read_bytes())
+    (folder / "rank0.json.gz").unlink()
+    (folder / "rank0.json").write_bytes(text[:at_byte])
+    return folder
+
+
+def generated_rank3_last_step_missing(tmp_path: Path) -> Path:
+    """sample_traces/1f1b with every event of rank 3 from its last ProfilerStep on removed (a
+    whole, valid JSON file): rank 3's profiler covered one step fewer than the others'."""
+    folder = tmp_path / "generated_rank3_last_step_missing"
+    shutil.copytree(SAMPLES / "1f1b", folder)
+    path = folder / "rank3.json.gz"
+    doc = _read(path)
+    last = max(e["ts"] for e in doc["traceEvents"] if _is_step_mark(e))
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if "ts" not in e or e["ts"] < last]
+    _write(path, doc)
+    return folder
+
+
+def test_a_cut_trace_is_an_incomplete_run_said_first(tmp_path):
+    result = cli("analyze", str(generated_rank0_cut(tmp_path)))
+    assert result.exit_code == 0, result.output
+    first = result.output.splitlines()[0]
+    assert first.startswith("INCOMPLETE RUN: rank 0's trace is cut short (rank0.json ends early: "), first
+    assert "[high]" not in result.output  # a finding from part of a trace is never urgent
+    assert "schedule: 1F1B  p=4" in result.output  # every rank is there: the pipeline's shape is read
+
+
+def test_a_cut_trace_in_json_names_the_rank_and_why(tmp_path):
+    doc = json.loads(cli("analyze", str(generated_rank0_cut(tmp_path)), "--json").output)
+    jsonschema.validate(doc, SCHEMA)
+    completeness = doc["completeness"]
+    assert completeness["complete"] is False and completeness["missing_ranks"] == []
+    assert [c["rank"] for c in completeness["cut_short"]] == [0]
+    assert "rank0.json ends early" in completeness["cut_short"][0]["why"]
+    assert doc["warnings"][0] == completeness["message"]
+
+
+def test_check_and_baseline_refuse_a_cut_trace_unless_allowed(tmp_path):
+    run_dir = generated_rank0_cut(tmp_path)
+    # the cut rank reads as idle, yet the run's bubble (29.7%) passed a 35% gate before
+    line = one_error_line(cli("check", str(run_dir), "--max-bubble", "0.35"))
+    assert "incomplete run: rank 0's trace is cut short" in line and "--allow-incomplete" in line
+    allowed = cli("check", str(run_dir), "--max-bubble", "0.35", "--allow-incomplete")
+    assert allowed.exit_code == 0 and "incomplete run allowed: rank 0's trace is cut short" in allowed.output
+    out = tmp_path / "base.json"
+    assert "incomplete run" in one_error_line(cli("baseline", str(run_dir), "-o", str(out)))
+    assert not out.exists()
+    assert "incomplete run" in one_error_line(cli("whatif", str(run_dir)))
+
+
+def test_a_rank_covering_fewer_steps_is_an_incomplete_run(tmp_path):
+    run_dir = generated_rank3_last_step_missing(tmp_path)
+    doc = json.loads(cli("analyze", str(run_dir), "--json").output)
+    assert doc["completeness"]["cut_short"] == [{"rank": 3, "why": "covers steps 2-3 of 2-4"}]
+    assert doc["warnings"][0].startswith("INCOMPLETE RUN: rank 3's trace is cut short (covers steps 2-3 of 2-4)")
+    assert doc["warnings"].count(doc["warnings"][0]) == 1
+    line = one_error_line(cli("check", str(run_dir), "--max-bubble", "0.9"))
+    assert "rank 3's trace is cut short (covers steps 2-3 of 2-4)" in line
+
+
+def test_whole_samples_are_complete_and_cut_none_short():
+    for name in ("1f1b", "interleaved1f1b", "megatron_interleaved", "nsys_1f1b", "pipedream_2bw"):
+        doc = json.loads(cli("analyze", str(SAMPLES / name), "--json").output)
+        assert doc["completeness"]["complete"] is True and doc["completeness"]["cut_short"] == [], name
 
 
 # ---------------------------------------------------------------- one rank

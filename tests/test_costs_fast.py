@@ -82,7 +82,7 @@ def reference_cost_model(run: Run, graphs: list[StepGraph] | None = None) -> Cos
         )
     if run.completeness is not None and not run.completeness.complete:
         raise TracekitError(
-            f"{run.source}: incomplete run: {run.completeness.missing_text()}; what-if "
+            f"{run.source}: incomplete run: {run.completeness.gaps_text()}; what-if "
             "replays the whole pipeline, so it needs every rank's trace"
         )
     if sched.flush_free:

@@ -4,7 +4,8 @@ The run under test is a copy of the real sample capture sample_traces/1f1b in a 
 name holds ESC, BEL, a C1 CSI, a right-to-left override, backticks, a Markdown link and an
 ``<img>`` tag; in the copy, rank 0's host_name and one of its events are renamed to the same
 and more (NUL and ``</script>``, which a file name cannot hold), and rank 3's file is renamed
-too and cut short by two bytes, so that a warning quotes its name. Every command runs as a
+too and cut short by two bytes, so that a warning and the line that says the run is
+incomplete quote its name (the gates are run with ``--allow-incomplete``). Every command runs as a
 subprocess, and what it prints is checked byte by byte.
 """
 
@@ -95,7 +96,11 @@ def test_analyze_prints_the_folder_and_file_names_escaped(hostile_run):
     assert done.returncode == 0, done.stderr
     out = assert_inert(done.stdout)
     assert_inert(done.stderr)
-    assert f"tracekit 0.1.0: {for_terminal(hostile_run)}" in out.splitlines()[0]
+    first, second = out.splitlines()[:2]
+    assert first.startswith(
+        f"INCOMPLETE RUN: rank 3's trace is cut short (rank3{for_terminal(HOSTILE)}.json ends early"
+    )
+    assert f"tracekit 0.1.0: {for_terminal(hostile_run)}" in second
     assert f"  - rank3{for_terminal(HOSTILE)}.json: the file ends early" in out
     assert "\\x1b]0;pwned\\x07\\x1b[2J\\x9b\\u202e" in out
 
@@ -129,6 +134,7 @@ def test_check_junit_parses_and_shows_the_names(hostile_run, tmp_path):
         hostile_run,
         "--max-bubble",
         "0.1",
+        "--allow-incomplete",
         "--junit",
         junit,
         "--markdown",
@@ -147,7 +153,9 @@ def test_check_junit_parses_and_shows_the_names(hostile_run, tmp_path):
 
 
 def test_check_json_mode_prints_failure_lines_escaped(hostile_run, tmp_path):
-    done = tracekit("check", hostile_run, "--max-bubble", "0.1", "--json", "--no-config", cwd=tmp_path)
+    done = tracekit(
+        "check", hostile_run, "--max-bubble", "0.1", "--allow-incomplete", "--json", "--no-config", cwd=tmp_path
+    )
     assert done.returncode == 1
     assert json.loads(assert_inert(done.stdout))["source"] == str(hostile_run)
     assert "FAIL bubble ratio" in assert_inert(done.stderr)
@@ -155,7 +163,17 @@ def test_check_json_mode_prints_failure_lines_escaped(hostile_run, tmp_path):
 
 def test_check_markdown_is_inert(hostile_run, tmp_path):
     markdown = tmp_path / "check.md"
-    done = tracekit("check", hostile_run, "--max-bubble", "0.1", "--markdown", markdown, "--no-config", cwd=tmp_path)
+    done = tracekit(
+        "check",
+        hostile_run,
+        "--max-bubble",
+        "0.1",
+        "--allow-incomplete",
+        "--markdown",
+        markdown,
+        "--no-config",
+        cwd=tmp_path,
+    )
     assert done.returncode == 1
     first_lines = markdown.read_text(encoding="utf-8").splitlines()
     context = first_lines[2]
@@ -166,17 +184,17 @@ def test_check_markdown_is_inert(hostile_run, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "command, options",
+    "command, options, exit_code",
     [
-        ("diff", [SAMPLES / "1f1b"]),
-        ("whatif", ["-s", "1F1B", "-m", "8", "--replays", "4"]),
-        ("export", ["-o", f"merged{HOSTILE}.json.gz"]),
-        ("baseline", ["-o", f"base{HOSTILE}.json"]),
+        ("diff", [SAMPLES / "1f1b"], 0),
+        ("whatif", ["-s", "1F1B", "-m", "8", "--replays", "4"], 2),  # refused: rank 3's trace is cut
+        ("export", ["-o", f"merged{HOSTILE}.json.gz"], 0),
+        ("baseline", ["-o", f"base{HOSTILE}.json", "--allow-incomplete"], 0),
     ],
 )
-def test_diff_whatif_export_and_baseline_print_escaped(hostile_run, tmp_path, command, options):
+def test_diff_whatif_export_and_baseline_print_escaped(hostile_run, tmp_path, command, options, exit_code):
     done = tracekit(command, hostile_run, *options, cwd=tmp_path)
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == exit_code, done.stderr
     printed = assert_inert(done.stdout) + assert_inert(done.stderr)
     assert for_terminal(HOSTILE) in printed
 

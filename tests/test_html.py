@@ -391,6 +391,34 @@ def test_run_without_pipeline_shows_gpu_streams(tmp_path):
     assert views and any("stream" in lane for lane in views[0].lanes)
     page = write_report(analysis, tmp_path / "gpu.html").read_text()
     assert "No pipeline-parallel schedule found" in page and external_references(page) == []
+    # a run without a pipeline has no bubble: its idle share, what busy counts, and the
+    # idle its all_to_all and allreduce kernels spent, beside busy
+    assert "bubble" not in page.lower()
+    assert "idle share (measured)" in page and "busy counts" in page
+    assert "<th>of idle: in collectives</th>" in page
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "hta_distributed_info_unavailable_distributed_info_not_found.json.gz",
+        "hta_amd_trace_mi250_minitoy_train_ROCm6_2_kineto.json.gz",
+    ],
+)
+def test_a_host_only_run_draws_its_cpu_work_and_bokeh_says_nothing(name, tmp_path, caplog):
+    """These runs' CPU ops sit below ProfilerStep#N: none was drawn, and bokeh logged
+    W-1000 (MISSING_RENDERERS) for the empty timeline into the command's output."""
+    import logging
+
+    from tracekit import load
+    from tracekit.analyze import analyze
+
+    analysis = analyze(load(shared_or_skip("kineto-gpu", name)))
+    views, _ = timeline.step_views(analysis)
+    assert all(len(view.bars) for view in views)
+    with caplog.at_level(logging.WARNING):
+        write_report(analysis, tmp_path / "host.html")
+    assert not [r for r in caplog.records if r.name.startswith("bokeh")], caplog.text
 
 
 def test_report_carries_the_what_if_table(rendered):

@@ -135,7 +135,7 @@ def _analyze(run: Run, attribution: bool, progress: Callable[[str], None] | None
         result.device = device_figures(run, bubbles)
         result.host_view = summarise(measure_pipeline(_host_spans(actions)))
     completeness = run.completeness
-    if completeness is not None and not completeness.complete:
+    if completeness is not None and not completeness.every_rank:
         result.theory = Theory(
             sched.name,
             "",

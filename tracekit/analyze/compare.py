@@ -100,7 +100,7 @@ def measure(analysis: Analysis) -> Measures:
         step_ns=step_ns,
         bubble_ratio=analysis.summary.bubble_ratio,
         rank_bubble={int(r): info.bubble_ratio for r, info in per_rank.items()},
-        incomplete="" if run.completeness is None or run.completeness.complete else run.completeness.missing_text(),
+        incomplete="" if run.completeness is None or run.completeness.complete else run.completeness.gaps_text(),
         timeline=run.timeline,
     )
     attribution = analysis.attribution

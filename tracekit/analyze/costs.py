@@ -92,7 +92,7 @@ def cost_model(run: Run, graphs: list[StepGraph] | None = None) -> CostModel:
         )
     if run.completeness is not None and not run.completeness.complete:
         raise TracekitError(
-            f"{run.source}: incomplete run: {run.completeness.missing_text()}; what-if "
+            f"{run.source}: incomplete run: {run.completeness.gaps_text()}; what-if "
             "replays the whole pipeline, so it needs every rank's trace"
         )
     if sched.flush_free:

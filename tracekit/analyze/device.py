@@ -16,6 +16,8 @@ Per rank and step, beside busy and idle:
   data-parallel gradient collectives): its own share, not pipeline bubble.
 - ``p2p_wait_ns`` / ``p2p_transfer_ns``: time the rank's SendRecv kernels spun waiting for
   their peer, and moved data.
+- ``collective_idle_ns``: idle time in the window during which a collective kernel outside
+  every action ran (all_reduce, all_to_all, ...: waiting for its peers or moving data).
 - ``host_ahead_ns`` (per rank): how far the host ran ahead: the longest time from a
   launch call's end to its op's start.
 """
@@ -28,12 +30,20 @@ import numpy as np
 import pandas as pd
 
 from tracekit.analyze.bubbles import bubble_table
-from tracekit.model.device import DeviceSummary
+from tracekit.model.device import BEFORE_PROFILE, DeviceSummary
 from tracekit.model.groups import first_rows, pair_codes, reduce_by, split_by
 from tracekit.model.intervals import clipped_length
 from tracekit.model.run import Run
 
-DEVICE_RANK_COLUMNS = ["rank", "step", "launch_wait_ns", "step_end_ns", "p2p_wait_ns", "p2p_transfer_ns"]
+DEVICE_RANK_COLUMNS = [
+    "rank",
+    "step",
+    "launch_wait_ns",
+    "step_end_ns",
+    "p2p_wait_ns",
+    "p2p_transfer_ns",
+    "collective_idle_ns",
+]
 # A rank whose GPU waits for the host at least this share of its window is launch-bound.
 LAUNCH_BOUND_SHARE = 0.10
 
@@ -45,6 +55,8 @@ class DeviceFigures:
     per_step: pd.DataFrame  # DEVICE_RANK_COLUMNS
     host_ahead_ns: dict[int, int] = field(default_factory=dict)
     pairs: pd.DataFrame = field(default_factory=pd.DataFrame)  # messages with device kernels
+    # per rank: device work launched before the profile began, left out of every step
+    before_profile_ns: dict[int, int] = field(default_factory=dict)
 
     def per_rank(self) -> pd.DataFrame:
         """Each figure summed over the steps, one row a rank (indexed by it, ascending)."""
@@ -74,19 +86,30 @@ def measure_device_pipeline(actions: pd.DataFrame, summary: DeviceSummary) -> pd
 
 
 def measure_device_plain(summary: DeviceSummary) -> pd.DataFrame:
-    """Bubble table of a run without pipeline actions, on the device: each step's window
-    runs from its first compute op over all ranks (or from the end of the previous step's
-    window, if later) to its last; busy is the union of the rank's compute ops in it.
+    """Bubble table of a run without pipeline actions, on the device.
 
-    Windows never overlap: with the host a step ahead, side streams run step N+1's work
-    while the main stream still runs step N's, and per-step spans that overlapped would
-    count that stretch's idle twice. So the windows add up to the device's span, and busy
-    counts what the device did in each, whichever step launched it."""
+    Each step's window runs from its first compute op over all ranks (or from the end of the
+    previous step's window, if later) to its last. Windows never overlap: with the host a
+    step ahead, side streams run step N+1's work while the main stream still runs step N's,
+    and windows that overlapped would count that stretch's idle twice. A rank's idle in a
+    window is the time none of its profiled compute ran there, so the idle of the windows
+    adds up to the device's idle over its span.
+
+    A rank's busy in a step is the step's own compute, the union of what it launched,
+    wherever it ran (a step keeps its work; work another step launched that ran in this
+    window is neither this step's busy nor idle), and its window is busy + idle. Work
+    launched before the profile began (step ``BEFORE_PROFILE``) is no step's: a rank's
+    windows begin where it ends (``DeviceSummary.before_profile`` says how much it was)."""
     extents = summary["compute_steps"]
+    in_step = extents["step"] >= 0
+    step_col, rank_col = extents["step"][in_step], extents["rank"][in_step]
     steps, (step_lo, step_hi) = reduce_by(
-        extents["step"], (extents["lo_ns"], np.minimum), (extents["hi_ns"], np.maximum)
+        step_col, (extents["lo_ns"][in_step], np.minimum), (extents["hi_ns"][in_step], np.maximum)
     )
-    present = split_by(extents["step"], extents["rank"])
+    present = split_by(step_col, rank_col)
+    own_busy = dict(zip(zip(rank_col.tolist(), step_col.tolist()), extents["busy_ns"][in_step].tolist()))
+    before = extents["step"] == BEFORE_PROFILE
+    begins = dict(zip(extents["rank"][before].tolist(), extents["hi_ns"][before].tolist()))
     rank_q, step_q, lo_q, hi_q = [], [], [], []
     previous_end = None
     for step, span_lo, span_hi in zip(steps, step_lo, step_hi):
@@ -97,11 +120,12 @@ def measure_device_plain(summary: DeviceSummary) -> pd.DataFrame:
         for rank in sorted(set(present[int(step)].tolist())):
             rank_q.append(rank)
             step_q.append(int(step))
-            lo_q.append(lo)
+            lo_q.append(min(max(lo, begins.get(rank, lo)), hi))
             hi_q.append(hi)
     lo_a, hi_a = np.array(lo_q, dtype=np.int64), np.array(hi_q, dtype=np.int64)
-    busy = _compute_in(summary, np.array(rank_q, dtype=np.int64), lo_a, hi_a)
-    return bubble_table(list(zip(rank_q, step_q, lo_q, hi_q, (hi_a - lo_a).tolist(), busy.tolist())))
+    idle = (hi_a - lo_a) - _compute_in(summary, np.array(rank_q, dtype=np.int64), lo_a, hi_a)
+    busy = np.array([own_busy[key] for key in zip(rank_q, step_q)], dtype=np.int64)
+    return bubble_table(list(zip(rank_q, step_q, lo_q, hi_q, (busy + idle).tolist(), busy.tolist())))
 
 
 def device_figures(run: Run, bubbles: pd.DataFrame) -> DeviceFigures:
@@ -115,6 +139,7 @@ def device_figures(run: Run, bubbles: pd.DataFrame) -> DeviceFigures:
     after = _busy_after(summary, rank, step, hi)
     paired = run.device_pairs
     p2p_wait, p2p_transfer = _p2p_sums(paired, rank, step)
+    collective = _stretches_in(summary, "collective_idle", rank, lo, hi)
     zero = np.zeros(len(rank), dtype=np.int64)
     per_step = pd.DataFrame(
         {
@@ -122,12 +147,18 @@ def device_figures(run: Run, bubbles: pd.DataFrame) -> DeviceFigures:
             "step": step,
             **{
                 c: np.where(has_ops, v, zero)
-                for c, v in zip(DEVICE_RANK_COLUMNS[2:], (launch_wait, after, p2p_wait, p2p_transfer))
+                for c, v in zip(DEVICE_RANK_COLUMNS[2:], (launch_wait, after, p2p_wait, p2p_transfer, collective))
             },
         },
         columns=DEVICE_RANK_COLUMNS,
     )
-    return DeviceFigures(per_step=per_step, host_ahead_ns=dict(sorted(summary.host_ahead_ns.items())), pairs=paired)
+    before = {rank: busy for rank, (busy, _, _) in sorted(summary.before_profile().items()) if busy > 0}
+    return DeviceFigures(
+        per_step=per_step,
+        host_ahead_ns=dict(sorted(summary.host_ahead_ns.items())),
+        pairs=paired,
+        before_profile_ns=before,
+    )
 
 
 def _lookup(keys: tuple[np.ndarray, np.ndarray], rank: np.ndarray, step: np.ndarray) -> np.ndarray:
@@ -198,8 +229,13 @@ def _launch_wait(
 
 def _compute_in(summary: DeviceSummary, rank: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     """Each queried rank's compute time inside [lo, hi) (any step's: ranks not folded)."""
+    return _stretches_in(summary, "compute", rank, lo, hi)
+
+
+def _stretches_in(summary: DeviceSummary, name: str, rank: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Each queried rank's time inside [lo, hi) covered by table ``name``'s disjoint stretches."""
     total = np.zeros(len(rank), dtype=np.int64)
-    compute = summary["compute"]
+    compute = summary[name]
     by_rank = split_by(compute["rank"], np.arange(len(compute["rank"])))
     for r, queries in split_by(rank, np.arange(len(rank))).items():
         mine = by_rank.get(r)

@@ -86,7 +86,7 @@ def _console(c) -> str:
     from tracekit.text import for_terminal
     from tracekit.vocab import CAUSE_NAMES, ms, pct, points, signed_ms
 
-    out = [*c.incomplete(), c.headline(), ""]
+    out = [*(for_terminal(line) for line in c.incomplete()), c.headline(), ""]
     for label, m in (("A", c.a), ("B", c.b)):
         out.append(
             f"  {label}: {for_terminal(m.source)}  ({', '.join(m.formats)}; {m.schedule_label}; {m.n_steps} step(s))"

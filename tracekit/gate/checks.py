@@ -121,12 +121,13 @@ class GateResult:
 
 
 def refuse_incomplete(measures: Measures, command: str, also: str = "") -> None:
-    """A gate on a run with ranks missing would pass or fail on figures of part of a pipeline:
-    one line saying so (``also``: another way to allow it)."""
+    """A gate on a run with ranks missing or traces cut short would pass or fail on figures
+    of part of a pipeline: one line saying so (``also``: another way to allow it)."""
     if measures.incomplete:
         raise TracekitError(
-            f"{measures.source}: incomplete run: {measures.incomplete}; tracekit {command} needs every rank: "
-            f"add the missing traces, or pass --allow-incomplete{also} to use the ranks present"
+            f"{measures.source}: incomplete run: {measures.incomplete}; tracekit {command} needs every "
+            f"rank's whole trace: add the missing traces (or copy the cut ones again), or pass "
+            f"--allow-incomplete{also} to use what is there"
         )
 
 

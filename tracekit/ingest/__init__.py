@@ -240,7 +240,13 @@ def run_completeness(files: list[TraceFile], capture: dict | None) -> tuple[Comp
     elif present and present != list(range(len(present))):
         world, source = present[-1] + 1, INFERRED_WORLD_SIZE
     missing = sorted(set(range(world)) - set(present)) if world else []
-    return Completeness(world, source, present, missing), warnings
+    cut_short = {
+        int(rank): f"{trace.path.name} ends early: {trace.n_events_raw:,} complete events read"
+        for trace in files
+        if trace.truncated
+        for rank in (trace.ranks or [trace.rank])
+    }
+    return Completeness(world, source, present, missing, cut_short), warnings
 
 
 def _captured_ranks(capture: dict | None) -> int | None:

@@ -14,13 +14,19 @@ Tables (dicts of int64 columns, every one with ``rank``):
   device's work reached before the op (``covered_ns``; the step's first op: NOTHING_BEFORE),
   its start and its launch call's end.
 - ``compute`` / ``compute_steps`` (ranks not folded): the rank's merged compute stretches, any
-  step; each step's compute extent. Runs without pipeline actions are measured by them.
+  step but work launched before the profile began; each step's compute extent and the busy
+  time of its own compute (the union of what it launched, wherever it ran), with a row of
+  step ``BEFORE_PROFILE`` (-2) for the work launched before the profile began. Runs without
+  pipeline actions are measured by them.
 - ``sides``: each host P2P call (message side: ``file_id``, ``source_index``, ``direction``
   0 send / 1 recv, ``peer``) with the kernel it launched (``kernel``: the op's number in the
   run's device-op order, -1), when that kernel ran and whether it ``queued`` behind its
   stream's earlier P2P kernel.
 - ``p2p_kernels``: every P2P kernel (its number, step, times, the peer its own row names).
 - ``sendrecv``: SendRecv kernels that ran collectives (all_to_all launches them too).
+- ``collective_idle``: stretches where a collective kernel outside every action ran (NCCL
+  all_reduce, all_to_all, ...) and no busy op did: idle time spent in collectives, waiting
+  for their peers or moving data (work launched before the profile began aside).
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ DEVICE_TABLES: dict[str, tuple[str, ...]] = {
     "busy": ("step", "start_ns", "end_ns"),
     "gaps": ("step", "covered_ns", "start_ns", "launched_ns"),
     "compute": ("start_ns", "end_ns"),
-    "compute_steps": ("step", "lo_ns", "hi_ns"),
+    "compute_steps": ("step", "lo_ns", "hi_ns", "busy_ns"),
     "sides": (
         "file_id",
         "source_index",
@@ -48,6 +54,7 @@ DEVICE_TABLES: dict[str, tuple[str, ...]] = {
     ),
     "p2p_kernels": ("kernel", "step", "start_ns", "end_ns", "peer"),
     "sendrecv": ("step", "start_ns", "end_ns"),
+    "collective_idle": ("start_ns", "end_ns"),
 }
 # Time columns, moved when a rank's clock is aligned (NOTHING_BEFORE and -1 stay).
 TIME_COLUMNS: dict[str, tuple[str, ...]] = {
@@ -59,7 +66,11 @@ TIME_COLUMNS: dict[str, tuple[str, ...]] = {
     "sides": ("kernel_start_ns", "kernel_end_ns"),
     "p2p_kernels": ("start_ns", "end_ns"),
     "sendrecv": ("start_ns", "end_ns"),
+    "collective_idle": ("start_ns", "end_ns"),
 }
+# The step of device ops launched before the profile began (a step's number is >= 0; -1 is
+# "outside every step").
+BEFORE_PROFILE = -2
 # An explicit gap's "covered up to" for a step's first op: nothing before it.
 NOTHING_BEFORE = int(np.iinfo(np.int64).min)
 # A folded span's bounds where nothing was folded (a > b: no window is asked to hold it).
@@ -80,6 +91,16 @@ class DeviceSummary:
 
     def __getitem__(self, name: str) -> dict[str, np.ndarray]:
         return self.tables[name]
+
+    def before_profile(self) -> dict[int, tuple[int, int, int]]:
+        """Per rank (ranks not folded), its compute launched before the profile began, kept
+        apart from every step: (busy ns, first start, last end)."""
+        extents = self.tables["compute_steps"]
+        rows = np.flatnonzero(extents["step"] == BEFORE_PROFILE)
+        return {
+            int(extents["rank"][i]): (int(extents["busy_ns"][i]), int(extents["lo_ns"][i]), int(extents["hi_ns"][i]))
+            for i in rows
+        }
 
     def shift(self, shifts: dict[int, int]) -> None:
         """Put ranks on the reference clock: subtract ``shifts[rank]`` from every time of the

@@ -64,3 +64,21 @@ def union_lengths(
     ends_at = np.append(begins[1:] - 1, len(g) - 1)
     np.add.at(total, g[begins], reach[ends_at] - s[begins])
     return total
+
+
+def subtract_intervals(
+    starts: np.ndarray, ends: np.ndarray, cut_starts: np.ndarray, cut_ends: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The parts of the union of [start, end) intervals that no [cut_start, cut_end) interval
+    covers, as disjoint stretches in time order."""
+    a_start, a_end = merge_intervals(starts, ends)
+    b_start, b_end = merge_intervals(cut_starts, cut_ends)
+    if not len(a_start) or not len(b_start):
+        return a_start, a_end
+    # elementary pieces between consecutive boundaries: inside A and outside B, or not
+    times = np.unique(np.concatenate([a_start, a_end, b_start, b_end]))
+    lo, hi = times[:-1], times[1:]
+    in_a = np.searchsorted(a_start, lo, side="right") > np.searchsorted(a_end, lo, side="right")
+    in_b = np.searchsorted(b_start, lo, side="right") > np.searchsorted(b_end, lo, side="right")
+    keep = in_a & ~in_b
+    return merge_intervals(lo[keep], hi[keep])

@@ -54,6 +54,7 @@ from tracekit.model.device import DeviceSummary
 from tracekit.model.events import TraceFile
 
 if TYPE_CHECKING:
+    import numpy as np
     import pandas as pd
 
 # pandas loads where a Run is made: parser workers read the column lists below without it.
@@ -141,6 +142,29 @@ def compute_ns(actions: pd.DataFrame) -> pd.Series:
     return actions["end_ns"] - actions["start_ns"]
 
 
+def fused_groups(actions: pd.DataFrame) -> np.ndarray:
+    """Per action row, the number of the fused range it is a part of, else -1: the parts of
+    one label (same rank, label and label span) of different kinds, a forward and a
+    backward run as one range (DualPipeV's ``OVERLAP_F_B``). Such a range starts once all
+    its parts' inputs are there and sends what either part made once it ends."""
+    import numpy as np
+
+    out = np.full(len(actions), -1, dtype=np.int64)
+    if len(actions) < 2 or "label_start_ns" not in actions:
+        return out
+    labelled = (actions["label"].astype(str) != "").to_numpy()
+    keys = actions.loc[labelled, ["rank", "label", "label_start_ns", "label_end_ns"]]
+    if not len(keys):
+        return out
+    group = keys.groupby(list(keys.columns), sort=False).ngroup().to_numpy()
+    kind_code = np.unique(actions.loc[labelled, "kind"].astype(str).to_numpy(), return_inverse=True)[1]
+    pairs = np.unique(np.stack([group, kind_code.reshape(-1)]), axis=1)  # each (group, kind) once
+    fused = np.bincount(pairs[0], minlength=int(group.max()) + 1) > 1  # more than one kind
+    rows = np.flatnonzero(labelled)
+    out[rows] = np.where(fused[group], group, -1)
+    return out
+
+
 def rank_ranges(ranks: list[int], most: int = 8) -> str:
     """ "0-3, 5, 7-9": ranks in order, runs of consecutive ranks as ranges, at most ``most``
     parts (then " ...")."""
@@ -160,30 +184,40 @@ INFERRED_WORLD_SIZE = "the highest rank present (no file states the world size)"
 
 @dataclass
 class Completeness:
-    """Which ranks of the job left a trace: decided once, when the run is loaded.
+    """Which ranks of the job left a whole trace: decided when the run is loaded (ranks
+    missing, files cut off) and when its steps are found (a rank covering fewer steps).
 
     ``world_size`` is what the files state (Kineto ``distributedInfo``, an nsys report's
     rank marks), else what ``capture.json`` says, else, when the rank numbers present have a
     gap, at least the highest rank + 1; ``None`` when nothing says (ranks 0..n-1 present).
+    ``cut_short`` names each rank whose trace is there but partial, and why ("its file
+    ends early ...", "covers steps 2-3 of 2-4"): the run is incomplete, though its
+    schedule can still be read from the ranks, which are all there.
     """
 
     world_size: int | None
     world_size_source: str  # "distributedInfo", "capture.json", "highest rank present", ...
     ranks_present: list[int]
     missing_ranks: list[int] = field(default_factory=list)
+    cut_short: dict[int, str] = field(default_factory=dict)
 
     @property
     def complete(self) -> bool:
+        return not self.missing_ranks and not self.cut_short
+
+    @property
+    def every_rank(self) -> bool:
+        """Every rank of the job left a trace (whole or not): the pipeline's shape can be read."""
         return not self.missing_ranks
 
     @property
     def single_rank(self) -> bool:
         """One rank, and nothing says the job had more: there is no pipeline to analyse."""
-        return self.complete and len(self.ranks_present) == 1
+        return self.every_rank and len(self.ranks_present) == 1
 
     def missing_text(self) -> str:
-        """ "rank 2 of 4 has no trace (found ranks 0-1, 3)"; "" for a complete run."""
-        if self.complete:
+        """ "rank 2 of 4 has no trace (found ranks 0-1, 3)"; "" when no rank is missing."""
+        if not self.missing_ranks:
             return ""
         n = len(self.missing_ranks)
         which = f"rank {self.missing_ranks[0]}" if n == 1 else f"{n} ranks ({rank_ranges(self.missing_ranks)})"
@@ -193,17 +227,35 @@ class Completeness:
             else f"of {self.world_size}"
         )
         verb = "has" if n == 1 else "have"
-        return f"{which} {of} {verb} no trace (found {_ranks_phrase(self.ranks_present)})"
+        return f"{which} {of} {verb} no trace (found {ranks_phrase(self.ranks_present)})"
+
+    def cut_short_text(self) -> str:
+        """ "rank 0's trace is cut short (rank0.json ends early ...)"; "" when none is."""
+        if not self.cut_short:
+            return ""
+        parts = [f"rank {rank}'s trace is cut short ({why})" for rank, why in sorted(self.cut_short.items())[:3]]
+        more = len(self.cut_short) - len(parts)
+        return "; ".join(parts) + (f"; and {more} more rank(s)" if more > 0 else "")
+
+    def gaps_text(self) -> str:
+        """What makes the run incomplete, ranks missing and traces cut short; "" when complete."""
+        return "; ".join(text for text in (self.missing_text(), self.cut_short_text()) if text)
 
     def message(self) -> str:
         """The line an incomplete run is announced with, before anything else."""
         if self.complete:
             return ""
-        n = len(self.ranks_present)
+        if self.missing_ranks:
+            n = len(self.ranks_present)
+            return (
+                f"INCOMPLETE RUN: {self.gaps_text()}; world size {self.world_size_text()}: figures "
+                f"cover the {n} rank{'s' if n != 1 else ''} present; the schedule is not recognised "
+                "from a partial pipeline"
+            )
         return (
-            f"INCOMPLETE RUN: {self.missing_text()}; world size {self.world_size_text()}: figures "
-            f"cover the {n} rank{'s' if n != 1 else ''} present; the schedule is not recognised "
-            "from a partial pipeline"
+            f"INCOMPLETE RUN: {self.gaps_text()}: the figures of {ranks_phrase(sorted(self.cut_short))} and of the run "
+            "cover only what was recorded (work missing from a trace reads as idle); copy or "
+            "export the trace again, or profile the same steps on every rank"
         )
 
     def world_size_text(self) -> str:
@@ -219,11 +271,12 @@ class Completeness:
             "world_size_source": self.world_size_source,
             "ranks_present": list(self.ranks_present),
             "missing_ranks": list(self.missing_ranks),
+            "cut_short": [{"rank": rank, "why": why} for rank, why in sorted(self.cut_short.items())],
             "message": self.message(),
         }
 
 
-def _ranks_phrase(ranks: list[int]) -> str:
+def ranks_phrase(ranks: list[int]) -> str:
     return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {rank_ranges(ranks)}"
 
 
@@ -335,8 +388,14 @@ class Run:
 
     @property
     def is_complete(self) -> bool:
-        """Every rank of the job left a trace (or nothing says otherwise)."""
+        """Every rank of the job left a whole trace (or nothing says otherwise)."""
         return self.completeness is None or self.completeness.complete
+
+    @property
+    def has_every_rank(self) -> bool:
+        """Every rank of the job left a trace, whole or cut short: the pipeline's shape
+        (schedule, p, replicas) can be read from them."""
+        return self.completeness is None or self.completeness.every_rank
 
     @property
     def is_pipeline(self) -> bool:

@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from tracekit.model.groups import first_rows, pair_codes
+from tracekit.model.groups import first_rows, group_ids, pair_codes
+from tracekit.model.device import BEFORE_PROFILE
 from tracekit.model.run import DEVICE_OP_COLUMNS
 from tracekit.reconstruct.event_arrays import DEVICE_CATEGORIES, LAUNCH_CATEGORY, EventArrays
 from tracekit.reconstruct.steps import step_of
@@ -30,6 +31,28 @@ NSYS_P2P_PREFIX = "nccl:SendRecv|"
 # The numeric columns of one set of ops (``name`` is ``name_code`` into ``names``; ``op_id``,
 # ``kind`` and ``action_id`` are the run's, given where the sets are put together).
 NUMBER_COLUMNS = tuple(c for c in DEVICE_OP_COLUMNS if c not in ("op_id", "kind", "action_id", "name"))
+
+
+def launched_before_profile(
+    rank: np.ndarray, stream: np.ndarray, start: np.ndarray, launch_ns: np.ndarray
+) -> np.ndarray:
+    """Which ops were launched before the profile began: those with no launch call in the
+    trace that ran on their stream before the stream's first op whose launch the trace holds.
+
+    A stream runs its ops in launch order, so an op that ran before one launched inside the
+    profile was launched earlier still; where the profiler started mid-step (the host ahead
+    of the device by most of a step), those ops are the previous step's work, not the first
+    profiled step's. A stream of a rank with no launch in the trace says nothing: none."""
+    out = np.zeros(len(start), dtype=bool)
+    launched = launch_ns >= 0
+    if not launched.any() or launched.all():
+        return out
+    group = group_ids(rank, stream)
+    never = np.iinfo(np.int64).max
+    first = np.full(int(group.max()) + 1, never, dtype=np.int64)  # each stream's first launched op
+    np.minimum.at(first, group[launched], start[launched])
+    out[:] = ~launched & (first[group] != never) & (start < first[group])
+    return out
 
 
 def op_kind(name: str) -> str:
@@ -59,16 +82,20 @@ def op_columns(events: EventArrays, steps: Mapping[str, Any]) -> dict[str, Any]:
         launch_end_ns[linked] = events["end_ns"][source]
         launch_tid[linked] = events["tid"][source]
     starts = events["start_ns"][ops].astype(np.int64)
-    # An op's step is where its launch was; without a launch, where it ran.
+    # An op's step is where its launch was; without a launch, where it ran, unless it ran
+    # before the profile began (launched before it: the step before the first profiled one).
     when = np.where(launch_ns >= 0, launch_ns, starts)
+    step = step_of(ranks[ops], when, steps)
+    stream = events["tid"][ops].astype(np.int64)
+    step[launched_before_profile(ranks[ops], stream, starts, launch_ns)] = BEFORE_PROFILE
     values = events.values["name"]
     used, name_code = np.unique(events.codes["name"][ops], return_inverse=True)
     return {
         "rank": ranks[ops],
-        "step": step_of(ranks[ops], when, steps),
+        "step": step,
         "start_ns": starts,
         "end_ns": events["end_ns"][ops].astype(np.int64),
-        "stream": events["tid"][ops].astype(np.int64),
+        "stream": stream,
         "launch_ns": launch_ns,
         "launch_end_ns": launch_end_ns,
         "launch_tid": launch_tid,

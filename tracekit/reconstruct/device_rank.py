@@ -40,8 +40,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from tracekit.model.groups import SortedGroups, split_by
-from tracekit.model.device import DEVICE_TABLES, NO_SPAN, NOTHING_BEFORE, DeviceSummary, empty_table
-from tracekit.model.intervals import merge_intervals, union_lengths
+from tracekit.model.device import BEFORE_PROFILE, DEVICE_TABLES, NO_SPAN, NOTHING_BEFORE, DeviceSummary, empty_table
+from tracekit.model.intervals import merge_intervals, subtract_intervals, union_lengths
 from tracekit.reconstruct.event_arrays import EventArrays
 from tracekit.reconstruct.p2p_sides import p2p_sides
 
@@ -125,6 +125,7 @@ class RankDevice:
     sides: dict[str, np.ndarray]  # per side: its kernel (op index, -1), when it ran, queued
     p2p_kernels: dict[str, np.ndarray]  # every P2P kernel
     sendrecv: dict[str, np.ndarray]  # SendRecv kernels of collectives
+    collective_idle: dict[str, np.ndarray]  # collectives outside actions while nothing busy ran
     profile: Profile
     host_ahead_ns: int | None  # the longest launch end to op start (None: nothing launched)
     n_ops: int = 0
@@ -143,6 +144,7 @@ class RankDevice:
             "sides": {**side_columns, **self.sides},
             "p2p_kernels": self.p2p_kernels,
             "sendrecv": self.sendrecv,
+            "collective_idle": self.collective_idle,
         }
         out = {}
         for name, table in found.items():
@@ -185,6 +187,12 @@ def reduce_rank(ops: RankOps, sides: RankSides, actions: RankActions, compress: 
     launched = ops.launch_end_ns >= 0
     ahead = ops.start_ns[launched] - ops.launch_end_ns[launched]
     busy = (kind == COMPUTE) | ((kind == COLLECTIVE) & (owner >= 0))
+    profiled = ops.step != BEFORE_PROFILE
+    alone = (kind == COLLECTIVE) & (owner < 0) & profiled
+    busy_profiled = busy & profiled
+    idle_start, idle_end = subtract_intervals(
+        ops.start_ns[alone], ops.end_ns[alone], ops.start_ns[busy_profiled], ops.end_ns[busy_profiled]
+    )
     return RankDevice(
         kind=kind,
         owner=owner,
@@ -200,6 +208,7 @@ def reduce_rank(ops: RankOps, sides: RankSides, actions: RankActions, compress: 
             "peer": ops.peer[p2p],
         },
         sendrecv={c: getattr(ops, c)[collective_sendrecv] for c in DEVICE_TABLES["sendrecv"]},
+        collective_idle={"start_ns": idle_start, "end_ns": idle_end},
         profile=_profile(ops, busy, actions, a_start, a_end, compress),
         host_ahead_ns=max(0, int(ahead.max())) if len(ahead) else None,
         n_ops=len(ops),
@@ -346,11 +355,14 @@ def _profile(
     )
     if not compress:
         compute = np.flatnonzero(ops.kind == COMPUTE)
-        merged_start, merged_end = merge_intervals(ops.start_ns[compute], ops.end_ns[compute])
+        profiled = compute[ops.step[compute] != BEFORE_PROFILE]
+        merged_start, merged_end = merge_intervals(ops.start_ns[profiled], ops.end_ns[profiled])
         profile.compute = {"start_ns": merged_start, "end_ns": merged_end}
-        work = compute[ops.step[compute] >= 0]
+        work = compute[(ops.step[compute] >= 0) | (ops.step[compute] == BEFORE_PROFILE)]
         steps_of, lo, hi = _extents(ops.step[work], ops.start_ns[work], ops.end_ns[work])
-        profile.compute_steps = dict(zip(DEVICE_TABLES["compute_steps"], (steps_of, lo, hi)))
+        # each step's own work, wherever it ran (a step keeps what it launched)
+        busy_of = union_lengths(np.searchsorted(steps_of, ops.step[work]), ops.start_ns[work], ops.end_ns[work], lo, hi)
+        profile.compute_steps = dict(zip(DEVICE_TABLES["compute_steps"], (steps_of, lo, hi, busy_of)))
     return profile
 
 

@@ -52,6 +52,26 @@ def step_table(events: EventArrays) -> dict[str, np.ndarray]:
     return {name: column[order] for name, column in zip(STEP_COLUMNS[:4], columns)}
 
 
+def steps_cut_short(steps: pd.DataFrame | Mapping[str, Any]) -> dict[int, str]:
+    """Each rank whose trace covers fewer of the run's steps than another rank's does, with
+    what it covers ("covers steps 2-3 of 2-4"): the profiler stopped early there, or a file
+    of another window was put beside the rest. A step table of one rank, or whose ranks all
+    cover the same steps, gives none."""
+    from tracekit.model.run import rank_ranges
+
+    rank, step = (np.asarray(steps[c], dtype=np.int64) for c in STEP_COLUMNS[:2])
+    covered: dict[int, set[int]] = {}
+    for r, s in zip(rank.tolist(), step.tolist()):
+        covered.setdefault(r, set()).add(s)
+    every = set().union(*covered.values()) if covered else set()
+    return {
+        r: f"covers step{'s' if len(mine) != 1 else ''} {rank_ranges(sorted(mine), most=4)} of "
+        f"{rank_ranges(sorted(every), most=4)}"
+        for r, mine in sorted(covered.items())
+        if mine != every
+    }
+
+
 def _step_number(name: str) -> int:
     match = _STEP_NAME.match(name)
     return int(match.group(1)) if match else -1

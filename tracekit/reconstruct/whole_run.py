@@ -28,7 +28,7 @@ from tracekit.reconstruct.p2p import estimate_arrivals, match_messages
 from tracekit.reconstruct.per_rank import gather
 from tracekit.reconstruct.pipelines import pipeline_groups, restage, stage_is_rank
 from tracekit.reconstruct.schedule import recognise, unrecognised
-from tracekit.reconstruct.steps import find_steps
+from tracekit.reconstruct.steps import find_steps, steps_cut_short
 
 ONE_RANK = (
     "one rank: no pipeline to analyse (a single rank's trace, and no file says the job had "
@@ -83,6 +83,7 @@ def reconstruct(run: Run, timeline: str = "auto", labels: LabelSet | Sequence[st
         run.steps = find_steps(run.events)  # a rank without step marks spans all it recorded
         actions, choice, labelling = find_actions(host_events, run.steps, labels)
         annotations = annotation_counts(host_events)
+    _note_steps_cut_short(run)
     if gathered is not None:
         run.host_busy = gathered.host_busy
     if gathered is not None and gathered.device_summary is not None:
@@ -134,7 +135,7 @@ def reconstruct(run: Run, timeline: str = "auto", labels: LabelSet | Sequence[st
             messages = shift_ranks(messages, shifts, "src_rank", ["send_post_ns"])
             messages = shift_ranks(messages, shifts, "dst_rank", ["recv_post_ns", "recv_done_ns"])
         run.messages = estimate_arrivals(messages, run.actions, run.events)
-    if not run.is_complete:
+    if not run.has_every_rank:
         run.schedule = unrecognised(run.actions, run.completeness)
     else:
         overlap = actions["label"].str.contains("OVERLAP_F_B", regex=False).any()
@@ -152,6 +153,22 @@ def reconstruct(run: Run, timeline: str = "auto", labels: LabelSet | Sequence[st
             run.schedule.evidence.insert(0, chain_note)
         run.schedule.evidence.insert(0, f"actions from {labelling}")
     return run
+
+
+def _note_steps_cut_short(run: Run) -> None:
+    """A rank whose trace covers fewer steps than the others' makes the run incomplete; the
+    line that says so first is said again with it."""
+    completeness = run.completeness
+    if completeness is None:
+        return
+    short = {rank: why for rank, why in steps_cut_short(run.steps).items() if rank not in completeness.cut_short}
+    if not short:
+        return
+    before = completeness.message()
+    completeness.cut_short.update(short)
+    if before in run.warnings:
+        run.warnings.remove(before)
+    run.warnings.insert(0, completeness.message())
 
 
 def no_pipeline_message(run: Run, events, annotations: dict[str, int]) -> str:

@@ -66,7 +66,7 @@ def render(doc: dict, ranks: str | int = "auto") -> str:
         # what busy counts (analyze.bubbles.measure_plain): on the host's timeline, kernels
         # where the trace has them (--timeline host), else CPU ops and annotations
         work = "device work" if doc.get("timeline") == "device" else "recorded work (kernels if any, else CPU ops)"
-        if len(completeness.get("ranks_present", [])) == 1 and completeness.get("complete"):
+        if len(completeness.get("ranks_present", [])) == 1 and not completeness.get("missing_ranks"):
             out.append(f"One rank: no pipeline to analyse. Busy/idle of its {work}:")
         else:
             out.append(
@@ -81,7 +81,7 @@ def render(doc: dict, ranks: str | int = "auto") -> str:
         return "\n".join(out)
     replicas = sched.get("replicas", 1)
     theory = doc["theory"] or {}
-    if completeness.get("complete", True):
+    if not completeness.get("missing_ranks"):  # a trace cut short still shows the pipeline's shape
         out.append(
             f"  schedule: {sched['name']}  p={sched['p']} v={sched['v']} m={sched['m']}  "
             f"({sched['placement']} placement{', split backward' if sched['split_backward'] else ''})"
@@ -185,6 +185,13 @@ def _timeline(doc: dict) -> list[str]:
     host = doc.get("host_view") or {}
     if host.get("bubble_ratio") is not None and doc["summary"].get("bubble_ratio") is not None:
         lines.append(f"  (host-side spans would say idle {pct(host['bubble_ratio'])}; --timeline host for that view)")
+    before = {r["rank"]: r.get("before_profile_ns", 0) for r in device.get("ranks", []) if r.get("before_profile_ns")}
+    if before:
+        lines.append(
+            f"  {ms(sum(before.values()))} ms of device work launched before the profile began "
+            f"({f'rank {next(iter(before))}' if len(before) == 1 else rank_list(sorted(before))}) "
+            "ran at the first step's start: left out of every step"
+        )
     step_end = sum(r["step_end_ns"] for r in device.get("ranks", []))
     n_steps = max(doc["summary"].get("n_steps") or 1, 1)
     if step_end >= 50_000 * n_steps:  # 0.05 ms a step: "0.0 ms" would say nothing
@@ -232,11 +239,21 @@ def _labels_line(doc: dict) -> str:
 
 
 def _plain_rank_table(doc: dict, listed: list[dict] | None) -> str:
+    device = {r["rank"]: r for r in (doc.get("device") or {}).get("ranks", [])}
+    collective = {rank: r.get("collective_idle_ns", 0) for rank, r in device.items()}
+    in_collectives = any(collective.values())
     rows = [
         [str(r["rank"]), ms(r["window_ns"]), ms(r["busy_ns"]), ms(r["idle_ns"]), pct(r["bubble_ratio"])]
+        + ([ms(collective.get(r["rank"], 0))] if in_collectives else [])
         for r in (doc["ranks"] if listed is None else listed)
     ]
-    text = table(["rank", "window ms", "busy ms", "idle ms", "idle share"], rows)
+    headers = ["rank", "window ms", "busy ms", "idle ms", "idle share"]
+    text = table(headers + (["of it in collectives ms"] if in_collectives else []), rows)
+    if in_collectives:
+        text += (
+            "\n  (busy: compute kernels, copies and sets; a collective kernel (all_reduce, all_to_all, ...) "
+            "is not busy: its time spent waiting for peers or moving data is idle, shown beside it)"
+        )
     if listed is None:
         return text
     spread = doc["rollup"]["bubble_ratio"]

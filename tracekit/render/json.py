@@ -188,6 +188,7 @@ def _device(analysis: Analysis) -> dict | None:
                 **{k: int(v) for k, v in row.items()},
                 "launch_wait_share": _ratio(row["launch_wait_ns"] / window) if window else None,
                 "host_ahead_ns": int(figures.host_ahead_ns.get(int(rank), 0)),
+                "before_profile_ns": int(figures.before_profile_ns.get(int(rank), 0)),
             }
         )
 

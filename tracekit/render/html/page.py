@@ -31,7 +31,19 @@ def page_context(analysis: Analysis, notes: list[str]) -> dict:
     summary = analysis.summary
     theory = analysis.theory
     n_steps = int(analysis.bubbles["step"].nunique()) if len(analysis.bubbles) else 0
-    facts = [("bubble (measured)", _pct(summary.bubble_ratio))]
+    # a run without a pipeline has no bubble: its idle share is the device's (or host's) idle
+    ratio_label = "bubble" if analysis.is_pipeline else "idle share"
+    facts = [(f"{ratio_label} (measured)", _pct(summary.bubble_ratio))]
+    collective = _collective_idle(analysis)
+    if not analysis.is_pipeline and analysis.device is not None:
+        facts.append(
+            (
+                "busy counts",
+                "compute kernels, copies and sets; a collective kernel (all_reduce, all_to_all, ...) is idle "
+                "time spent waiting for peers or moving data"
+                + (f": {_ms(sum(collective.values()))} ms of the idle, all ranks" if collective else ""),
+            )
+        )
     if theory is not None:
         facts.append(("theory", f"{_pct(theory.bubble_ratio)}  {theory.formula}"))
     if analysis.balanced_replay_ratio is not None:
@@ -65,8 +77,11 @@ def page_context(analysis: Analysis, notes: list[str]) -> dict:
         "top": findings[0] if findings else None,
         "facts": facts,
         "notes": notes,
-        "rank_rows": _rank_rows(analysis),
-        "cause_headers": [CAUSE_NAMES[c] for c in CATEGORIES],
+        "rank_rows": _rank_rows(analysis, collective if not analysis.is_pipeline else {}),
+        "ratio_label": ratio_label,
+        "cause_headers": [CAUSE_NAMES[c] for c in CATEGORIES]
+        if analysis.attribution is not None and len(analysis.attribution.table)
+        else (["of idle: in collectives"] if collective and not analysis.is_pipeline else []),
         "stage_rows": _stage_rows(analysis),
         "link_rows": _link_rows(analysis),
         "critical": _critical_rows(analysis),
@@ -132,7 +147,9 @@ def _whatif_rows(analysis: Analysis) -> dict | None:
     }
 
 
-def _rank_rows(analysis: Analysis) -> list[list[str]]:
+def _rank_rows(analysis: Analysis, collective: dict[int, int]) -> list[list[str]]:
+    """Per rank: busy, idle, its share, then the idle causes (attributed runs) or the idle
+    spent in collectives (``collective``: per rank, a run without a pipeline)."""
     table = analysis.attribution.table if analysis.attribution is not None else None
     rows = []
     for rank, info in analysis.summary.per_rank.items():
@@ -140,8 +157,19 @@ def _rank_rows(analysis: Analysis) -> list[list[str]]:
         if table is not None and len(table):
             sums = table[table["rank"] == rank]
             row += [_ms(sums[f"{c}_ns"].sum()) for c in CATEGORIES]
+        elif collective:
+            row.append(_ms(collective.get(rank, 0)))
         rows.append(row)
     return rows
+
+
+def _collective_idle(analysis: Analysis) -> dict[int, int]:
+    """Per rank, idle time spent in collective kernels (device runs; empty where none ran)."""
+    if analysis.device is None:
+        return {}
+    per_rank = analysis.device.per_rank()
+    found = {int(rank): int(ns) for rank, ns in per_rank["collective_idle_ns"].items() if ns > 0}
+    return found
 
 
 def _stage_rows(analysis: Analysis) -> list[list[str]]:
