@@ -108,6 +108,37 @@ def test_executable_flushes_everything_and_exits_with_the_right_status(tmp_path)
     assert len(bad.stderr.strip().splitlines()) == 1 and "no such file or folder" in bad.stderr
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["analyze", str(SAMPLES / "1f1b"), "--no-cache", "--no-progress"],
+        ["analyze", str(SAMPLES / "1f1b"), "--json", "--no-cache", "--no-progress"],
+        ["check", str(SAMPLES / "1f1b"), "--max-bubble", "0.9", "--no-config", "--no-cache", "--no-progress"],
+        ["--help"],
+        ["whatif", "--help"],
+    ],
+    ids=["analyze", "analyze-json", "check", "help", "whatif-help"],
+)
+def test_standard_output_that_cannot_be_written_is_one_line_and_exit_2(args):
+    """``> /dev/full`` (ENOSPC on every write): was an internal error (exit 3), or a traceback
+    from --help."""
+    import os
+    import subprocess
+    import sys
+
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full on this system")
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(
+            [sys.executable, "-m", "tracekit.cli", *args], stdout=full, stderr=subprocess.PIPE, text=True
+        )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.splitlines() == [
+        "tracekit: error: standard output cannot be written (No space left on device): free some space or "
+        "write it elsewhere"
+    ]
+
+
 def test_executable_loads_pandas_without_pyarrow_and_answers_the_same(tmp_path):
     """The command line skips pandas' optional pyarrow strings (tracekit/_lean.py): same
     answer as the library with pyarrow loaded, and pyarrow never imported for it."""

@@ -68,6 +68,26 @@ def test_stray_json_beside_the_traces_is_skipped_with_one_warning(tmp_path):
     assert doc["summary"] == reference["summary"]
 
 
+def test_links_that_loop_or_point_nowhere_are_named_never_a_traceback(tmp_path):
+    # a trace that is a link to itself, beside the other ranks' traces
+    run = _run_copy(tmp_path / "run", ranks=(1, 2, 3))
+    (run / "rank0.json.gz").symlink_to("rank0.json.gz")
+    doc = _analysis(str(run), "--no-cache")
+    assert doc["completeness"]["missing_ranks"] == [0]
+    assert (
+        "skipped 1 file that is not a trace: rank0.json.gz (a symbolic link that loops or points nowhere)"
+        in doc["warnings"]
+    )
+    # the link given itself
+    _one_error_line(_run("analyze", str(run / "rank0.json.gz")), "rank0.json.gz: a symbolic link that loops")
+    # a folder link that loops, beside a folder of traces (os.scandir's is_dir raised ELOOP)
+    nested = tmp_path / "nested"
+    _run_copy(nested / "traces")
+    (nested / "loop").symlink_to("loop")
+    (nested / "gone").symlink_to("nowhere")
+    assert _analysis(str(nested), "--no-cache")["summary"]["n_ranks"] == 4
+
+
 def test_a_file_named_like_a_trace_that_is_broken_still_fails(tmp_path):
     """The repro of issue 11: printf x > rank2.json.gz is a broken trace, not a stray file."""
     run = _run_copy(tmp_path / "run")

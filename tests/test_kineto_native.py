@@ -961,3 +961,33 @@ def test_read_kineto_uses_the_scanner_and_TRACEKIT_NATIVE_0_turns_it_off(monkeyp
         read_kineto(path, 0)
         answered = kineto_native.RUNS["answered"] - before["answered"]
         assert (answered > 0) == used, (setting, answered)
+
+
+# -- begin/end pairs (issue #28) -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("on", [True, False], ids=["scanner", "python"])
+@pytest.mark.parametrize("chunk_bytes", [None, 4096], ids=["one-chunk", "small-chunks"])
+def test_begin_end_duration_events_are_counted_and_said_both_ways(tmp_path, on, chunk_bytes):
+    """generated_begin_end: sample_traces/1f1b rank 0 with its first 200 complete events
+    also written as B/E pairs (other Chrome-trace writers do): those were skipped without a
+    word. Both paths count them (and the same rows are read either way)."""
+    doc = json.loads(gzip.decompress((SAMPLES / "1f1b" / "rank0.json.gz").read_bytes()))
+    complete = [e for e in doc["traceEvents"] if e.get("ph") == "X"][:200]
+    pairs = []
+    for e in complete:
+        pairs.append({**{k: v for k, v in e.items() if k != "dur"}, "ph": "B"})
+        pairs.append({"ph": "E", "pid": e["pid"], "tid": e["tid"], "ts": e["ts"] + e.get("dur", 0)})
+    doc["traceEvents"] = doc["traceEvents"] + pairs
+    path = tmp_path / "rank0.json"
+    path.write_text(json.dumps(doc))
+    with _native(on, chunk_bytes):
+        trace, columns = read_kineto(path, 0)
+        _, plain = read_kineto(SAMPLES / "1f1b" / "rank0.json.gz", 0)
+    said = [w for w in trace.warnings if "begin/end" in w]
+    assert said == [
+        "rank0.json: skipped 400 duration events written as begin/end pairs (ph B and E): tracekit reads "
+        "complete events (ph X), as PyTorch's profiler writes them, so the work they mark is not counted; "
+        "export the trace with complete events"
+    ]
+    assert len(columns) == len(plain)

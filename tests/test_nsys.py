@@ -10,11 +10,13 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from click.testing import CliRunner
 
 from tracekit.errors import TraceFormatError
 from tracekit import LoadOptions, load
 from tracekit.ingest import nsys, read_run
 from tracekit.ingest.nsys_names import classify
+from tracekit.cli import main
 from tracekit.model.events import EVENT_COLUMNS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -565,3 +567,54 @@ def test_all_to_all_sendrecv_kernels_are_paired_as_collectives_with_the_referenc
     ]
     doc_device = analyze(run).device
     assert doc_device.pairs.empty
+
+
+# --------------------------------------------------------------------------------------
+# damage found by fuzzing real exports (issue #28)
+# --------------------------------------------------------------------------------------
+def _damaged_copy(tmp_path: Path, *sql: str) -> Path:
+    """generated_: a copy of the real 2-GPU report with ``sql`` run on it."""
+    path = tmp_path / "generated_damaged.sqlite"
+    shutil.copyfile(shared("nsysai_mfu_2gpu_before.sqlite"), path)
+    conn = sqlite3.connect(path)
+    for statement in sql:
+        conn.execute(statement)
+    conn.commit()
+    conn.close()
+    return path
+
+
+def _analysis_json(path: Path) -> dict:
+    result = CliRunner().invoke(main, ["analyze", str(path), "--json", "--no-cache", "--no-progress"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+@pytest.mark.parametrize("table", ["NVTX_EVENTS", "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME"])
+def test_a_table_that_is_a_view_over_the_same_rows_reads_the_same(tmp_path, table):
+    """A view has no rowid: each row read as NULL (an internal TypeError before)."""
+    reference = _analysis_json(shared("nsysai_mfu_2gpu_before.sqlite"))
+    path = _damaged_copy(
+        tmp_path, f"ALTER TABLE {table} RENAME TO raw_{table}", f"CREATE VIEW {table} AS SELECT * FROM raw_{table}"
+    )
+    doc = _analysis_json(path)
+    assert doc["summary"] == reference["summary"] and doc["ranks"] == reference["ranks"]
+
+
+@pytest.mark.parametrize(
+    "table", ["CUPTI_ACTIVITY_KIND_MEMSET", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_KERNEL"]
+)
+def test_times_before_the_capture_began_are_dropped_and_said_in_every_table(tmp_path, table):
+    """start = -start made a memset span 120 s: the bubble 0.23 -> 0.000001 and the window
+    0.6 s -> 293 s, without a word. Times count from the session start: none is negative."""
+    reference = _analysis_json(shared("nsysai_mfu_2gpu_before.sqlite"))
+    conn = sqlite3.connect(shared("nsysai_mfu_2gpu_before.sqlite"))
+    (n_rows,) = conn.execute(f"SELECT count(*) FROM {table} WHERE rowid % 7 = 0").fetchone()
+    conn.close()
+    doc = _analysis_json(_damaged_copy(tmp_path, f"UPDATE {table} SET start = -start WHERE rowid % 7 = 0"))
+    dropped = [w for w in doc["warnings"] if "cannot be real" in w]
+    assert len(dropped) == 1 and f"{n_rows:,} with a time that is not a number" in dropped[0], doc["warnings"]
+    window = sum(r["window_ns"] for r in doc["ranks"])
+    assert window <= sum(r["window_ns"] for r in reference["ranks"])  # no 120 s span
+    if table != "CUPTI_ACTIVITY_KIND_KERNEL":  # a seventh of the kernels dropped is busy time gone
+        assert abs(doc["summary"]["bubble_ratio"] - reference["summary"]["bubble_ratio"]) < 0.05

@@ -187,8 +187,9 @@ def test_odd_layouts_and_values_follow_the_format_rules(tmp_path, monkeypatch, l
         assert row.loc[7, "name"] == "None"
         assert not {6, 8, 9, 12} & set(row.index)
         assert any(
-            "dropped 3 of 298 events that cannot be real (1 with a time that is not a number or "
-            "overflows int64 ns, 1 with end before start, 1 reaching more than 24 h" in w
+            "dropped 3 of 298 events that cannot be real (1 with a time that is not a number, "
+            "overflows int64 ns or lies before the capture began, 1 with end before start, 1 reaching more than 24 h"
+            in w
             for w in trace.warnings
         ), trace.warnings
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -22,6 +23,10 @@ class _Group(click.Group):
         pandas_without_pyarrow()  # ~35 MB and 0.1 s less; see tracekit/_lean.py
         numpy_with_one_blas_thread()  # ~0.07 s less CPU on 2 cores; see tracekit/_lean.py
         keep_heap()  # ~40% fewer page faults while parsing; see tracekit/_heap.py
+        from tracekit.output import GuardedStream
+
+        stdout = sys.stdout
+        sys.stdout = GuardedStream(stdout)  # > /dev/full: one line, not an internal error
         try:
             return super().invoke(ctx)
         except TracekitError as err:
@@ -34,14 +39,22 @@ class _Group(click.Group):
             click.echo("tracekit: interrupted", err=True)
             sys.exit(130)
         except Exception as err:  # a bug in tracekit, not the user's fault
-            if os.environ.get("TRACEKIT_DEBUG"):
-                raise
-            click.echo(
-                f"tracekit: internal error: {type(err).__name__}: {for_terminal(str(err))} (a tracekit bug: "
-                "rerun with TRACEKIT_DEBUG=1 for the traceback and report it)",
-                err=True,
-            )
-            sys.exit(3)
+            _internal_error(err)
+        finally:
+            sys.stdout = stdout
+
+
+def _internal_error(err: Exception) -> None:
+    """A bug in tracekit, not the user's fault: one line and exit status 3 (the traceback
+    with TRACEKIT_DEBUG=1)."""
+    if os.environ.get("TRACEKIT_DEBUG"):
+        raise err
+    click.echo(
+        f"tracekit: internal error: {type(err).__name__}: {for_terminal(str(err))} (a tracekit bug: "
+        "rerun with TRACEKIT_DEBUG=1 for the traceback and report it)",
+        err=True,
+    )
+    sys.exit(3)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -88,9 +101,15 @@ def run() -> None:
     from tracekit._collector import pause
 
     pause()
+    from tracekit.output import GuardedStream
+
+    sys.stdout = GuardedStream(sys.stdout)  # --help > /dev/full too: one line, exit 2
     try:
         main()
         code = 0
+    except TracekitError as err:  # raised outside a command: --help's output could not be written
+        click.echo(f"tracekit: error: {for_terminal(str(err))}", err=True)
+        code = err.exit_code
     except SystemExit as done:
         code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
         if done.code is not None and not isinstance(done.code, int):
@@ -98,8 +117,16 @@ def run() -> None:
     try:
         sys.stdout.flush()
         sys.stderr.flush()
-    except (OSError, ValueError):  # stdout closed early (a pipe into head): nothing to flush
+    except BrokenPipeError:  # stdout closed early (a pipe into head): nothing to flush
         code = code or 1
+    except (OSError, ValueError) as err:  # > /dev/full: the output never arrived
+        from tracekit.output import GuardedStream, standard_output_failure
+
+        if isinstance(err, OSError) and not GuardedStream.failed:  # said once
+            with contextlib.suppress(OSError, ValueError):
+                sys.stderr.write(f"tracekit: error: {standard_output_failure(err)}\n")
+                sys.stderr.flush()
+        code = code or 2
     import atexit
 
     atexit._run_exitfuncs()

@@ -46,6 +46,52 @@ _ADVICE = {
 }
 _DEFAULT_ADVICE = "choose another output path"
 
+
+def standard_output_failure(err: OSError) -> str:
+    """The line for output that could not be written to standard output (``> /dev/full``,
+    a full disk, a closed descriptor)."""
+    reason = err.strerror or type(err).__name__
+    return f"standard output cannot be written ({reason}): {_ADVICE.get(err.errno or 0, 'redirect it elsewhere')}"
+
+
+class StandardOutputError(TracekitError):
+    """What the command printed could not be written to standard output."""
+
+
+class GuardedStream:
+    """Standard output as the command writes it: a failed write or flush (``> /dev/full``)
+    is a :class:`StandardOutputError`, one line and exit status 2, not an internal error.
+    A reader that went away (EPIPE, ``| head``) is left as it is. Everything else is the
+    wrapped stream's."""
+
+    failed = False  # a write failed: the exit path need not say so again
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+    def write(self, text):
+        try:
+            return self._stream.write(text)
+        except OSError as err:
+            raise self._failure(err) from None
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except OSError as err:
+            raise self._failure(err) from None
+
+    @staticmethod
+    def _failure(err: OSError) -> OSError | StandardOutputError:
+        if err.errno == errno.EPIPE:
+            return err
+        GuardedStream.failed = True
+        return StandardOutputError(standard_output_failure(err))
+
+
 # A descriptor of this process named as a file: written through that descriptor.
 _DESCRIPTOR_PATH = re.compile(r"/(?:dev/fd|proc/self/fd|proc/thread-self/fd|proc/(\d+)/fd)/(\d+)")
 _STANDARD_STREAMS = {"/dev/stdin": 0, "/dev/stdout": 1, "/dev/stderr": 2}

@@ -32,7 +32,8 @@
  *     would match "p\u0068" to "ph", and keeps the last of repeated keys).
  * Per element (what RawEvent/RawArgs decode and _add_columns reads):
  *   - "ph" a one-character string of a Chrome-trace phase (kineto_stream.KNOWN_PHASES);
- *     elements of phases other than "X" are counted and otherwise skipped;
+ *     elements of phases other than "X" are counted and otherwise skipped ("B" and "E"
+ *     duration events counted apart: tracekit does not pair them, and says so);
  *   - for "X": "cat" absent or a string; "args" absent, null or an object; a "ts" that is a
  *     bool or an integer of 19+ digits is declined (the time base probe would read it); of
  *     an "X" not kept, nothing else is read;
@@ -992,7 +993,7 @@ typedef struct {
     uint64_t run;
     const char *why;
     /* per run */
-    Py_ssize_t n_complete, first_ts_index;
+    Py_ssize_t n_complete, n_begin_end, first_ts_index;
     Value first_ts;
     Column ts_col, dur_col;
     PyObject *special_ids;  /* _RowBuilder.special_ids (read only): (name, args) -> kind */
@@ -1258,8 +1259,11 @@ static Status add_element(Scanner *self, Cursor *c, Element *e, const unsigned c
     if (e->ph.kind != V_STRING || e->ph.escaped || e->ph.n != 1 ||
         memchr(PHASES, e->ph.s[0], sizeof PHASES - 1) == NULL)
         DECLINE(c, "an element of no known phase");
-    if (e->ph.s[0] != 'X')
+    if (e->ph.s[0] != 'X') {
+        if (e->ph.s[0] == 'B' || e->ph.s[0] == 'E')
+            self->n_begin_end++; /* duration events tracekit does not pair: counted, said */
         return ST_OK;
+    }
     self->n_complete++;
     if (e->args != V_ABSENT && e->args != V_NULL && e->args != V_OBJECT)
         DECLINE(c, "args that is not an object");
@@ -1348,6 +1352,7 @@ static PyObject *Scanner_scan(Scanner *self, PyObject *args) {
     self->run++;
     self->rows.n = 0;
     self->n_complete = 0;
+    self->n_begin_end = 0;
     self->first_ts_index = -1;
     memset(&self->ts_col, 0, sizeof self->ts_col);
     memset(&self->dur_col, 0, sizeof self->dur_col);
@@ -1441,8 +1446,9 @@ static PyObject *Scanner_scan(Scanner *self, PyObject *args) {
     if (PyDict_GET_SIZE(self->new_codes))
         Py_SETREF(names, PyDict_Keys(self->new_codes)); /* in the order of their codes */
     if (first_ts != NULL && names != NULL)
-        result = Py_BuildValue("{sn sn sn sn sO sn sN sN sN sN sN sN sN sN sN sO sO sN sN sO}",
+        result = Py_BuildValue("{sn sn sn sn sn sO sn sN sN sN sN sN sN sN sN sN sO sO sN sN sO}",
                                "n_elements", n_elements, "end", end, "next", next, "n_complete", self->n_complete,
+                               "n_begin_end", self->n_begin_end,
                                "first_ts", first_ts, "n_rows", r->n,
                                "src", column_bytes(r->src, r->n, 8), "cat", column_bytes(r->cat, r->n, 1),
                                "name", column_bytes(r->name, r->n, 4), "start", column_bytes(r->start, r->n, 8),

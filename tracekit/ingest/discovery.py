@@ -27,6 +27,8 @@ _SEARCH_DEPTH = 4
 _SEARCH_ENTRIES = 20_000
 _ITERATION_FOLDER = re.compile(r"(?:iteration|iter|step)[-_]?(\d+)", re.IGNORECASE)
 _LISTED_NAMES = 8
+# A link whose target cannot be reached: it points to itself (ELOOP) or to nothing.
+_BROKEN_LINK = "a symbolic link that loops or points nowhere"
 
 
 @dataclasses.dataclass
@@ -65,6 +67,8 @@ def find_traces(path: Path, iteration: int | None = None, rank_pattern: str | No
     path = Path(path)
     pattern = compile_rank_pattern(rank_pattern)
     if not path.exists():
+        if path.is_symlink():
+            raise RunLayoutError(f"{path}: {_BROKEN_LINK}; give a run folder of trace files")
         raise RunLayoutError(f"{path}: no such file or folder; give a run folder of trace files")
     if path.is_file():
         if iteration is not None:
@@ -133,7 +137,15 @@ def _traces_in(folder: Path, run: Path, pattern: re.Pattern | None) -> tuple[dic
     except OSError as err:
         raise RunLayoutError(f"{folder}: cannot be listed ({err.strerror}); check its permissions") from None
     for entry in entries:
-        if entry.name.startswith(".") or not entry.is_file():
+        if entry.name.startswith("."):
+            continue
+        if not entry.is_file():
+            if (
+                entry.is_symlink()
+                and not entry.exists()
+                and entry.name.lower().endswith(KINETO_SUFFIXES + NSYS_SUFFIXES)
+            ):
+                skipped.append(f"{_relative(entry, run)} ({_BROKEN_LINK})")
             continue
         if entry.name in IGNORED_NAMES:
             if entry.name != MANIFEST_NAME:
@@ -177,15 +189,23 @@ def _subfolders(folder: Path) -> list[Path]:
         children = list(os.scandir(folder))
     except OSError:  # unreadable folders hold nothing we could read either
         return []
-    # unreadable folders (lost+found) are left out like hidden ones: nothing there could be read
+    # unreadable folders (lost+found) are left out like hidden ones: nothing there could be
+    # read; so are links that loop or point nowhere
     return [
         Path(c.path)
         for c in children
-        if c.is_dir()
+        if _is_folder(c)
         and not c.name.startswith((".", "_"))
         and os.access(c.path, os.R_OK | os.X_OK)
         and not _is_cache_folder(Path(c.path))
     ]
+
+
+def _is_folder(entry: os.DirEntry) -> bool:
+    try:
+        return entry.is_dir()
+    except OSError:  # a link that loops (ELOOP) or cannot be followed
+        return False
 
 
 def _is_cache_folder(folder: Path) -> bool:

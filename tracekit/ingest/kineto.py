@@ -79,6 +79,12 @@ def read_kineto(
             f"{path}: {stream.n_elements:,} events but none tracekit reads ({rows.why_none()}); "
             f"tracekit reads {_WHAT_WE_READ}"
         )
+    if rows.n_begin_end:
+        trace.warnings.append(
+            f"{path.name}: skipped {plural(rows.n_begin_end, 'duration event')} written as begin/end "
+            "pairs (ph B and E): tracekit reads complete events (ph X), as PyTorch's profiler writes "
+            "them, so the work they mark is not counted; export the trace with complete events"
+        )
     if stream.unknown_phases:
         shown = ", ".join(f"{what} x{n:,}" for what, n in stream.unknown_phases.most_common(4))
         trace.warnings.append(

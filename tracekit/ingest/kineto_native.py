@@ -59,6 +59,7 @@ class ScannedRun:
     next: int  # where the element after the run starts (the "]" of a last run)
     n_elements: int
     n_complete: int  # complete ("X") events, kept or not
+    n_begin_end: int  # duration events ("B" / "E"), skipped
     first_ts: tuple[int, int | float] | None  # (element, ts) of the first complete event with a number ts
     n_rows: int
     src: np.ndarray

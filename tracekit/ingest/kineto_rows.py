@@ -16,7 +16,7 @@ import numpy as np
 from tracekit.ingest import kineto_native
 from tracekit.ingest.columns import EventColumns
 from tracekit.ingest.kineto_native import ScannedRun
-from tracekit.ingest.kineto_stream import NOT_COMPLETE, RawEvent, decode_element, decode_shapes
+from tracekit.ingest.kineto_stream import BEGIN_END, NOT_COMPLETE, RawEvent, decode_element, decode_shapes
 from tracekit.ingest.nesting import nesting_depth
 from tracekit.ingest.validate import _LIMIT_US, DroppedRows, add_ns, drop_impossible, ns_from_us, ns_of_us, valid_text
 from tracekit.ingest.kineto_comm import _gloo_p2p_args, _nccl_comm_args
@@ -148,6 +148,7 @@ def _int64_or_minus_one(value) -> int:
 _CAT_NOT_TEXT = -2
 # The cat code of an element that is no complete event (another phase): not counted at all.
 _NOT_COMPLETE_CODE = -3
+_BEGIN_END_CODE = -4
 
 
 def _normal_category(cat) -> str | None:
@@ -168,7 +169,8 @@ class _RowBuilder:
         self.name_codes: dict[str, int] = {}
         self.cat_codes = {c: i for i, c in enumerate(self._CATS)}
         self.cat_of: dict = {}  # raw cat value -> normalised cat (None: dropped)
-        self.cat_code_of: dict = {NOT_COMPLETE: _NOT_COMPLETE_CODE}  # raw cat value -> cat code (< 0: dropped)
+        # raw cat value -> cat code (< 0: dropped)
+        self.cat_code_of: dict = {NOT_COMPLETE: _NOT_COMPLETE_CODE, BEGIN_END: _BEGIN_END_CODE}
         self.parts: list[tuple[np.ndarray, ...]] = []
         self.n_rows = 0
         # The P2P and collective ops whose args columns() reads, by kind: each distinct (name,
@@ -180,6 +182,7 @@ class _RowBuilder:
         self.special_kinds: list[np.ndarray] = []
         self.dropped = DroppedRows()  # rows that cannot be real (see columns())
         self.n_complete = 0  # complete ("X") events seen, kept or not
+        self.n_begin_end = 0  # duration events ("B" / "E") seen, not read
         self.bad_categories = 0  # complete events whose cat is no text (true, 2, [])
         self.odd_identities = 0  # kept events whose name is no text or pid/tid no int or label
 
@@ -258,7 +261,9 @@ class _RowBuilder:
                 if type(e) is RawEvent and isinstance(e.ts, _NUMBER):
                     self.first_x_ts = e.ts
                     break
-        self.n_complete += len(batch) - int(np.count_nonzero(code_arr == _NOT_COMPLETE_CODE))
+        n_begin_end = int(np.count_nonzero(code_arr == _BEGIN_END_CODE))
+        self.n_begin_end += n_begin_end
+        self.n_complete += len(batch) - int(np.count_nonzero(code_arr == _NOT_COMPLETE_CODE)) - n_begin_end
         if not kept:
             return
         cat_arr = code_arr[rows]
@@ -286,6 +291,7 @@ class _RowBuilder:
         if self.first_x_ts is None and base < 200 and run.first_ts is not None and run.first_ts[0] < 200 - base:
             self.first_x_ts = run.first_ts[1]
         self.n_complete += run.n_complete
+        self.n_begin_end += run.n_begin_end
         kineto_native.RUNS["answered"] += 1
         kineto_native.RUNS["elements"] += run.n_elements
         if not run.n_rows:
@@ -366,6 +372,8 @@ class _RowBuilder:
         probing = self.first_x_ts is None and base < 200
         for offset, event in enumerate(batch):
             if type(event) is not RawEvent:
+                if getattr(event, "cat", None) is BEGIN_END:
+                    self.n_begin_end += 1
                 continue
             self.n_complete += 1
             ts = event.ts
@@ -437,7 +445,9 @@ class _RowBuilder:
         """Why no event was kept, for a file that has events."""
         if not self.n_complete:
             return "no complete ('ph': 'X') events: not a profiler timeline?"
-        seen = {str(c) for c in list(self.cat_of) + list(self.cat_code_of) if c is not NOT_COMPLETE}
+        seen = {
+            str(c) for c in list(self.cat_of) + list(self.cat_code_of) if c is not NOT_COMPLETE and c is not BEGIN_END
+        }
         if seen <= {""}:
             return "no 'cat' field: a Chrome trace not written by the PyTorch profiler?"
         shown = ", ".join(sorted(valid_text(c)[:30] for c in seen if c)[:5])

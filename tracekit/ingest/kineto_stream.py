@@ -132,6 +132,10 @@ class RawEvent(msgspec.Struct, gc=False, tag_field="ph", tag="X"):
 # ``cat`` is NOT_COMPLETE, so the row builder reads every element's category in one pass and
 # tells complete events from the rest by it.
 NOT_COMPLETE = object()
+# The category of a duration event's begin or end ("B" / "E"): skipped like the other phases
+# (tracekit reads complete events, as PyTorch's profiler writes them), but counted apart so
+# that a file written by another tool in begin/end pairs is not read as empty without a word.
+BEGIN_END = object()
 OTHER_PHASES = (
     "B",
     "E",
@@ -157,9 +161,13 @@ OTHER_PHASES = (
     ")",
 )
 _OTHERS = tuple(
-    msgspec.defstruct(f"Phase_{n}", [], tag_field="ph", tag=ph, gc=False, namespace={"cat": NOT_COMPLETE})
+    msgspec.defstruct(
+        f"Phase_{n}", [], tag_field="ph", tag=ph, gc=False, namespace={"cat": BEGIN_END if ph in "BE" else NOT_COMPLETE}
+    )
     for n, ph in enumerate(OTHER_PHASES)
 )
+# What :func:`event_from_object` gives for a "B" or "E" element (its ``cat`` is BEGIN_END).
+BEGIN_END_EVENT = _OTHERS[OTHER_PHASES.index("B")]()
 _DECODER = msgspec.json.Decoder(list[Union[(RawEvent, *_OTHERS)]])
 _ELEMENT_DECODER = msgspec.json.Decoder(Union[(RawEvent, *_OTHERS)])
 KNOWN_PHASES = frozenset(("X",) + OTHER_PHASES)
@@ -171,15 +179,18 @@ def decode_element(element: bytes) -> Any:
     return _ELEMENT_DECODER.decode(element)
 
 
-def event_from_object(obj: Any, unknown_phases: Counter | None = None) -> RawEvent | None:
+def event_from_object(obj: Any, unknown_phases: Counter | None = None) -> RawEvent | Any:
     """A generically decoded element as a :class:`RawEvent` (None unless it is an object
-    with ``"ph": "X"``: the parser reads nothing else). Elements of no phase of the format
-    are counted in ``unknown_phases`` by what they hold."""
+    with ``"ph": "X"``: the parser reads nothing else; a "B" or "E" duration event is
+    :data:`BEGIN_END_EVENT`, counted apart). Elements of no phase of the format are counted
+    in ``unknown_phases`` by what they hold."""
     if not isinstance(obj, dict):
         if unknown_phases is not None:
             unknown_phases["not an object"] += 1
         return None
     phase = obj.get("ph")
+    if phase in ("B", "E"):
+        return BEGIN_END_EVENT
     if phase != "X":
         if unknown_phases is not None and not (isinstance(phase, str) and phase in KNOWN_PHASES):
             unknown_phases["no ph" if phase is None else f"ph {_shown(phase)}"] += 1

@@ -16,7 +16,7 @@ from tracekit.ingest.kineto_rows import ASYNC_SPANS
 from tracekit.ingest.nesting import nesting_depth
 from tracekit.ingest.nsys_ranks import _decide_ranks
 from tracekit.ingest.nsys_read import _Report, pid_of, tid_of
-from tracekit.ingest.validate import add_ns, drop_impossible
+from tracekit.ingest.validate import NOT_A_TIME, add_ns, drop_impossible
 from tracekit.model.events import EVENT_COLUMNS, TraceFile, conform
 
 _ROW_KEYS = [
@@ -71,13 +71,24 @@ def _empty() -> pd.DataFrame:
     )
 
 
-def _gpu_rows(frame: pd.DataFrame, cat: str, names_: pd.Series, offset: int) -> pd.DataFrame:
+def _absolute(raw: pd.Series, report: _Report) -> np.ndarray:
+    """A column of the report's own times as epoch ns; a time below 0 where none can be
+    (times from the session start, or epoch ns) is NOT_A_TIME: the row is dropped and
+    counted with the other rows that cannot be real, whatever its table."""
+    values = raw.to_numpy(np.int64)
+    out = add_ns(values, report.offset_ns)
+    if report.never_negative:
+        out = np.where(values < 0, NOT_A_TIME, out)
+    return out
+
+
+def _gpu_rows(frame: pd.DataFrame, cat: str, names_: pd.Series, report: _Report) -> pd.DataFrame:
     return _frame(
         source_index=frame["row"].to_numpy(np.int64),
         cat=np.full(len(frame), cat, dtype=object),
         name=names_.to_numpy(object),
-        start_ns=add_ns(frame["start"].to_numpy(np.int64), offset),
-        end_ns=add_ns(frame["end_"].to_numpy(np.int64), offset),
+        start_ns=_absolute(frame["start"], report),
+        end_ns=_absolute(frame["end_"], report),
         pid=frame["device"].to_numpy(np.int64),
         tid=frame["stream"].to_numpy(np.int64),
         on_gpu=np.ones(len(frame), dtype=bool),
@@ -104,7 +115,7 @@ def _domain_names(nvtx: pd.DataFrame) -> dict[tuple[int, int], str]:
     return found
 
 
-def _nvtx_rows(nvtx: pd.DataFrame, offset: int, domains: dict[tuple[int, int], str]) -> pd.DataFrame:
+def _nvtx_rows(nvtx: pd.DataFrame, report: _Report, domains: dict[tuple[int, int], str]) -> pd.DataFrame:
     # A range with no end was still open when the capture stopped: not a row. One that
     # ends before it starts goes on, to be dropped and counted with the other impossible rows.
     ranges = nvtx[nvtx["event_type"].isin(db.NVTX_RANGE_TYPES) & (nvtx["end_"] != db.NO_END)]
@@ -125,8 +136,8 @@ def _nvtx_rows(nvtx: pd.DataFrame, offset: int, domains: dict[tuple[int, int], s
         source_index=ranges["row"].to_numpy(np.int64),
         cat=np.array(cats, dtype=object),
         name=np.array(labels, dtype=object),
-        start_ns=add_ns(ranges["start"].to_numpy(np.int64), offset),
-        end_ns=add_ns(ranges["end_"].to_numpy(np.int64), offset),
+        start_ns=_absolute(ranges["start"], report),
+        end_ns=_absolute(ranges["end_"], report),
         pid=pids,
         tid=tids,
         on_gpu=np.zeros(len(ranges), dtype=bool),
@@ -245,7 +256,7 @@ def _classify_p2p(
     return how
 
 
-def _launch_table(runtime: pd.DataFrame, offset: int) -> pd.DataFrame:
+def _launch_table(runtime: pd.DataFrame, report: _Report) -> pd.DataFrame:
     if runtime.empty:
         return pd.DataFrame(columns=["pid", "tid", "correlation", "start_ns", "end_ns", "row", "name"])
     return pd.DataFrame(
@@ -253,8 +264,8 @@ def _launch_table(runtime: pd.DataFrame, offset: int) -> pd.DataFrame:
             "pid": pid_of(runtime["gtid"]),
             "tid": tid_of(runtime["gtid"]),
             "correlation": runtime["correlation"].to_numpy(np.int64),
-            "start_ns": add_ns(runtime["start"].to_numpy(np.int64), offset),
-            "end_ns": add_ns(runtime["end_"].to_numpy(np.int64), offset),
+            "start_ns": _absolute(runtime["start"], report),
+            "end_ns": _absolute(runtime["end_"], report),
             "row": runtime["row"].to_numpy(np.int64),
             "name": runtime["name"].astype(str).to_numpy(object),
         }
@@ -282,23 +293,22 @@ def _runtime_rows(launches: pd.DataFrame, gpu: pd.DataFrame) -> pd.DataFrame:
 
 
 def _build(report: _Report, file_id: int, rank_map: dict[int, int] | None) -> Parsed:
-    offset = report.offset_ns
     parts = []
-    launches = _launch_table(report.runtime, offset)
-    nvtx_rows = _nvtx_rows(report.nvtx, offset, _domain_names(report.nvtx)) if not report.nvtx.empty else _empty()
+    launches = _launch_table(report.runtime, report)
+    nvtx_rows = _nvtx_rows(report.nvtx, report, _domain_names(report.nvtx)) if not report.nvtx.empty else _empty()
     p2p_how = pd.DataFrame({"os_pid": np.zeros(0, np.int64), "how": np.zeros(0, object)})
     if not report.kernels.empty:
-        kernels = _gpu_rows(report.kernels, "kernel", report.kernels["name"].astype(str), offset)
+        kernels = _gpu_rows(report.kernels, "kernel", report.kernels["name"].astype(str), report)
         groups = _nccl_groups(nvtx_rows)
         how = _classify_p2p(kernels, report.kernels["short_name"].astype(str).to_numpy(object), launches, groups)
         p2p_how = pd.DataFrame({"os_pid": kernels["os_pid"], "how": how})
         parts.append(kernels)
     if not report.memcpy.empty:
         kinds = report.memcpy["copy_kind"].astype(int)
-        parts.append(_gpu_rows(report.memcpy, "gpu_memcpy", kinds.map(names.memcpy_name), offset))
+        parts.append(_gpu_rows(report.memcpy, "gpu_memcpy", kinds.map(names.memcpy_name), report))
     if not report.memset.empty:
         memset_names = pd.Series(["Memset (Device)"] * len(report.memset))
-        parts.append(_gpu_rows(report.memset, "gpu_memset", memset_names, offset))
+        parts.append(_gpu_rows(report.memset, "gpu_memset", memset_names, report))
     gpu = pd.concat(parts, ignore_index=True) if parts else _empty()
     events = pd.concat([gpu, _runtime_rows(launches, gpu), nvtx_rows], ignore_index=True)
     events, dropped = _drop_impossible(report, events)

@@ -35,6 +35,7 @@ class _Report:
     format: str
     offset_ns: int = 0
     clock: str = "unix"
+    never_negative: bool = True  # no timestamp of the file can be below 0 (TimeBase)
     profiler: dict = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     kernels: pd.DataFrame = field(default_factory=pd.DataFrame)
@@ -151,7 +152,7 @@ def _read_sqlite(conn: sqlite3.Connection, path: Path) -> _Report:
     ]
     earliest = int(min(starts)) if starts else None
     base = db.time_base(conn, schema, earliest)
-    report.offset_ns, report.clock = base.offset_ns, base.clock
+    report.offset_ns, report.clock, report.never_negative = base.offset_ns, base.clock, base.never_negative
     report.profiler = {
         "nsys_version": schema.nsys_version,
         "schema": schema.schema_version,

@@ -110,6 +110,12 @@ def read_schema(conn: sqlite3.Connection) -> Schema:
     return schema
 
 
+def _row(alias: str) -> str:
+    """SQL for a row's number in its table: its rowid, or where the table is a view (no
+    rowid) its position in the view."""
+    return f"COALESCE({alias}.rowid, ROW_NUMBER() OVER ())"
+
+
 def _q(identifier: str) -> str:
     return '"' + identifier.replace('"', '""') + '"'
 
@@ -123,6 +129,9 @@ class TimeBase:
     normalized: bool  # the export was made with --ts-normalize (already absolute)
     session_start_ns: int | None
     note: str = ""
+    # the file's timestamps count from the session start or are epoch ns, unshifted: none
+    # can be below 0, so a negative one is damage (a row that cannot be real)
+    never_negative: bool = True
 
 
 # Session-relative timestamps are the capture's length; 1e17 ns (~3 years) never is.
@@ -148,14 +157,15 @@ def time_base(conn: sqlite3.Connection, schema: Schema, earliest_ns: int | None)
     if not offset_fits(user_shift):
         unreadable, user_shift = f"EXPORT_PARAM_TIME_SHIFT {user_shift} is not a time shift", 0
     if unreadable:
-        return TimeBase(0, "relative", False, None, unreadable)
+        return TimeBase(0, "relative", False, None, unreadable, never_negative=not user_shift)
+    never_negative = not user_shift
     if normalized:
-        return TimeBase(-user_shift, "unix", True, start, "export made with --ts-normalize")
+        return TimeBase(-user_shift, "unix", True, start, "export made with --ts-normalize", never_negative)
     if earliest_ns is not None and earliest_ns > _EPOCH_NS_FLOOR:
-        return TimeBase(-user_shift, "unix", True, start, "timestamps are already epoch ns")
+        return TimeBase(-user_shift, "unix", True, start, "timestamps are already epoch ns", never_negative)
     if start is not None:
-        return TimeBase(start - user_shift, "unix", False, start)
-    return TimeBase(0, "relative", False, None, "no TARGET_INFO_SESSION_START_TIME")
+        return TimeBase(start - user_shift, "unix", False, start, never_negative=never_negative)
+    return TimeBase(0, "relative", False, None, "no TARGET_INFO_SESSION_START_TIME", never_negative)
 
 
 def _int_or_zero(text: str | None) -> int:
@@ -245,7 +255,7 @@ def read_kernels(conn, path: Path, schema: Schema) -> pd.DataFrame:
     name_sql = f"COALESCE({', '.join(readable)}, 'kernel')" if readable else "'kernel'"
     short_sql = f"COALESCE({', '.join(short)}, 'kernel')" if short else "'kernel'"
     sql = (
-        f"SELECT k.rowid AS row, {_times(schema, t, 'k')}, "
+        f"SELECT {_row('k')} AS row, {_times(schema, t, 'k')}, "
         f"{_col(schema, t, 'k', 'deviceId', 'device', '0')}, "
         f"{_col(schema, t, 'k', 'streamId', 'stream', '0')}, "
         f"{_col(schema, t, 'k', 'correlationId', 'correlation', '-1')}, "
@@ -261,7 +271,7 @@ def read_memory_ops(conn, path: Path, schema: Schema, table: str) -> pd.DataFram
         return pd.DataFrame()
     copy_kind = _col(schema, table, "m", "copyKind", "copy_kind", "-1")
     sql = (
-        f"SELECT m.rowid AS row, {_times(schema, table, 'm')}, "
+        f"SELECT {_row('m')} AS row, {_times(schema, table, 'm')}, "
         f"{_col(schema, table, 'm', 'deviceId', 'device', '0')}, "
         f"{_col(schema, table, 'm', 'streamId', 'stream', '0')}, "
         f"{_col(schema, table, 'm', 'correlationId', 'correlation', '-1')}, "
@@ -281,7 +291,7 @@ def read_runtime(conn, path: Path, schema: Schema) -> pd.DataFrame:
         expr, join = _string_expr(schema, "r", "nameId", "sn")
         name_sql = f"COALESCE({expr}, 'cuda_api')"
     sql = (
-        f"SELECT r.rowid AS row, {_times(schema, t, 'r')}, "
+        f"SELECT {_row('r')} AS row, {_times(schema, t, 'r')}, "
         f"{_col(schema, t, 'r', 'globalTid', 'gtid', '0')}, "
         f"{_col(schema, t, 'r', 'correlationId', 'correlation', '-1')}, "
         f"{name_sql} AS name FROM {t} r{join}"
@@ -311,7 +321,7 @@ def read_nvtx(conn, path: Path, schema: Schema) -> pd.DataFrame:
             join += " LEFT JOIN StringIds sj ON sj.id = n.jsonTextId"
     kinds = (NVTX_MARK, NVTX_THREAD_NAME, NVTX_DOMAIN_CREATE) + NVTX_RANGE_TYPES
     sql = (
-        f"SELECT n.rowid AS row, {_times(schema, t, 'n')}, {_col(schema, t, 'n', 'eventType', 'event_type')}, "
+        f"SELECT {_row('n')} AS row, {_times(schema, t, 'n')}, {_col(schema, t, 'n', 'eventType', 'event_type')}, "
         f"{_col(schema, t, 'n', 'globalTid', 'gtid', '0')}, "
         f"{_col(schema, t, 'n', 'domainId', 'domain', '0')}, "
         f"{text_sql} AS text, {json_sql} AS json FROM {t} n{join} "

@@ -28,7 +28,7 @@ MAX_DISTANCE_NS = 24 * 3600 * 10**9
 _FLOAT_ROOM_NS = 1 << 13
 
 _REASONS = {
-    "not_a_time": "with a time that is not a number or overflows int64 ns",
+    "not_a_time": "with a time that is not a number, overflows int64 ns or lies before the capture began",
     "end_before_start": "with end before start",
     "far": "reaching more than 24 h from the file's other events",
     "duplicate": "exact repeats of another event",

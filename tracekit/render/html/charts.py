@@ -285,6 +285,8 @@ def _timeline_figure(view: StepView):
         )
     if items:
         _legend(fig, list(items.items()), "below", columns=LEGEND_COLUMNS)
+    elif not len(text):  # a figure must draw something (bokeh warns W-1000 otherwise)
+        fig.text(x=[x_hi / 2], y=[first], text=["no work recorded in this window"], text_align="center")
     return fig
 
 

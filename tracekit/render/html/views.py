@@ -261,18 +261,22 @@ def _gpu_work(events: pd.DataFrame, lo: int, hi: int, stream_lane: dict) -> pd.D
 
 def _plain_work(analysis: Analysis, step: int, rank_lane: dict) -> list[pd.DataFrame]:
     """Runs without a pipeline: each rank's top-level CPU work in its step window (GPU work
-    has its own stream lanes)."""
+    has its own stream lanes): ops at the top of their thread, or right below a
+    ``ProfilerStep#N`` on the thread that holds the step marks."""
     events = analysis.run.events
     rows = analysis.bubbles[(analysis.bubbles["step"] == step) & analysis.bubbles["rank"].isin(rank_lane)]
+    is_mark = events["name"].str.startswith("ProfilerStep")
+    threads = pd.MultiIndex.from_arrays([events["pid"], events["tid"]])
+    under_mark = threads.isin(threads[is_mark.to_numpy()])
     out = []
     for row in rows.itertuples(index=False):
         ev = events[
             (events["rank"] == row.rank)
             & ~events["on_gpu"]
-            & (events["depth"] == 0)
+            & ((events["depth"] == 0) | ((events["depth"] == 1) & under_mark))
             & (events["end_ns"] > row.window_start_ns)
             & (events["start_ns"] < row.window_end_ns)
-            & ~events["name"].str.startswith("ProfilerStep")
+            & ~is_mark
         ]
         out.append(
             pd.DataFrame(
