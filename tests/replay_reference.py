@@ -5,6 +5,12 @@ holds the new ones equal to them. Message by message: a dict of edges keeping ea
 by action. Both functions were rewritten whole (their unchanged lines, such as the closing
 ``StepGraph(...)``, stand inside them); ``StepGraph`` itself is imported from
 ``tracekit.analyze.replay``.
+
+One rule added since (issue #28), stated here on its own: the parts of a fused range (one
+label of one rank, same label span, parts of different kinds: DualPipeV's OVERLAP_F_B) run
+as one range, so a message from any part leaves from the part that ends last, a message to
+any part goes to the part that starts first, and a dependency between two parts' fused
+ranges is carried by such a message.
 """
 
 from __future__ import annotations
@@ -63,6 +69,27 @@ def graph_from_run(
         prev[i] = last_on_rank.get(int(r), -1)
         last_on_rank[int(r)] = i
     notes: list[str] = []
+    fused: dict[tuple, list[int]] = {}
+    kinds_of = acts["kind"].tolist()
+    for i, key in enumerate(
+        zip(
+            acts["rank"].tolist(),
+            acts["label"].tolist(),
+            acts["label_start_ns"].tolist(),
+            acts["label_end_ns"].tolist(),
+        )
+        if "label_start_ns" in acts
+        else []
+    ):
+        if key[1]:
+            fused.setdefault(key, []).append(i)
+    first_of, last_of = list(range(n)), list(range(n))
+    for members in fused.values():
+        if len({kinds_of[i] for i in members}) > 1:
+            first = min(members, key=lambda i: (start[i], i))
+            last = max(members, key=lambda i: (end[i], -i))
+            for i in members:
+                first_of[i], last_of[i] = first, last
     if msgs is None:
         msgs = run.messages[
             (run.messages["step"] == step)
@@ -85,6 +112,8 @@ def graph_from_run(
         transfers,
     ):
         s, d = pos.get(int(producer)), pos.get(int(consumer))
+        s = None if s is None else last_of[s]
+        d = None if d is None else first_of[d]
         if s is None and d is not None and release is not None:
             release[d] = max(release[d], min(int(arrival), int(start[d])))
             continue
@@ -108,7 +137,7 @@ def graph_from_run(
     replica_of = {r: i for i, group in enumerate(run.schedule.pipelines if run.schedule else []) for r in group}
     replica = np.array([replica_of.get(int(r), 0) for r in rank], dtype=np.int64)
     for s, d in dependency_pairs(rank, stage, kind, mb, replica):
-        if (s, d) not in edges and end[s] <= start[d]:
+        if (last_of[s], first_of[d]) not in edges and (s, d) not in edges and end[s] <= start[d]:
             edges[(s, d)] = (0, -1, 0)
             unmessaged += 1
     if unmessaged:

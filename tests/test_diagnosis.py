@@ -49,6 +49,16 @@ def test_p2p_delay_is_named_as_comm(loaded_runs):
     assert "post sends" in top.advice.lower()
 
 
+def test_the_comm_findings_example_is_a_message_on_the_blamed_link(loaded_runs):
+    """megatron_interleaved blamed link 1->2 and quoted, as its latest late send, rank 2's
+    send to rank 3: another link's message."""
+    comm = next(f for f in findings_of(loaded_runs, "megatron_interleaved") if f.cause == "comm")
+    worst = comm.figures["worst_late_post"]
+    assert (worst["src_rank"], worst["dst_rank"]) == (comm.figures["src_rank"], comm.figures["dst_rank"])
+    assert f"The latest: rank {worst['src_rank']} posts" in comm.advice
+    assert f"to rank {worst['dst_rank']} " in comm.advice
+
+
 def test_clean_1f1b_is_fill_drain_with_an_m_what_if(loaded_runs):
     _, analysis = loaded_runs(sample("1f1b"))
     top = diagnose(analysis)[0]

@@ -8,6 +8,7 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from conftest import SAMPLES, capture_of, sample_runs
@@ -183,3 +184,28 @@ def test_a_flush_free_run_pairs_messages_across_its_steps(loaded_runs):
     consumer_step = run.actions.set_index("action_id").loc[crossing["consumer_action"], "step"].to_numpy()
     assert (consumer_step != crossing["step"].to_numpy()).sum() >= 6  # paired across a step boundary
     assert (msgs["producer_action"] >= 0).all() and (msgs["consumer_action"] >= 0).all()
+
+
+def test_torch_pipelining_p2p_ranges_name_each_messages_producer_and_consumer(loaded_runs):
+    """DualPipeV's OVERLAP_F_B range sends its forward's activation after its backward part
+    ran: program order took the backward part as the producer of both messages (each
+    called "bwd"), and 18 forward-to-forward dependencies a step had "no matched message"
+    (a warning on the project's own sample). The ``PP:4SEND_F4`` / ``PP:5RECV_F4`` ranges
+    around the calls say which action each side serves."""
+    run, analysis = loaded_runs(SAMPLES / "dualpipev")
+    acts = run.actions.set_index("action_id")
+    msgs = run.messages[run.messages["producer_action"] >= 0]
+    produced = acts.loc[msgs["producer_action"]]
+    consumed = acts.loc[msgs["consumer_action"]]
+    # the way each message goes is the kind of the action that made it and of the one it feeds
+    forward = (msgs["direction"] == "fwd").to_numpy()
+    assert forward.sum() and (~forward).sum()
+    assert (produced["kind"].to_numpy()[forward] == "F").all() and (consumed["kind"].to_numpy()[forward] == "F").all()
+    assert set(produced["kind"].to_numpy()[~forward]) <= {"B", "I"} and set(consumed["kind"].to_numpy()[~forward]) <= {
+        "B",
+        "I",
+    }
+    # an activation goes from stage s to s+1 of the same microbatch, a gradient from s to s-1
+    assert (consumed["stage"].to_numpy() - produced["stage"].to_numpy() == np.where(forward, 1, -1)).all()
+    assert (consumed["microbatch"].to_numpy() == produced["microbatch"].to_numpy()).all()
+    assert not [w for w in run.warnings + analysis.run.warnings if "no matched message" in w]

@@ -37,7 +37,9 @@ def test_the_client_holds_actions_and_message_rows_not_events():
     # every action and step is there, of the events only the few that messages need
     assert len(reduced.actions) == len(kept.actions) and len(reduced.steps) == len(kept.steps)
     assert len(reduced.events) < 0.25 * len(kept.events)
-    assert len(reduced.events) <= 3 * len(reduced.messages) + 2 * len(reduced.ranks) + 64
+    # per message: its two calls and a wait; with torch pipelining's labels the two P2P
+    # ranges that name the action each side serves (PP:4SEND_F4, PP:5RECV_F4)
+    assert len(reduced.events) <= 5 * len(reduced.messages) + 2 * len(reduced.ranks) + 64
     assert all(trace.reduced is None for trace in reduced.files)  # read into the run's tables
 
 

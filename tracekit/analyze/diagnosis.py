@@ -24,7 +24,7 @@ from tracekit.analyze.device import LAUNCH_BOUND_SHARE
 from tracekit.analyze.grouping import int_idxmax, int_items
 from tracekit.analyze.shares import share
 from tracekit.analyze.theory import theoretical_bubble
-from tracekit.model.run import Run, ScheduleInfo, compute_ns
+from tracekit.model.run import Run, ScheduleInfo, compute_ns, fused_groups, rank_ranges, ranks_phrase
 from tracekit.vocab import rank_list
 
 if TYPE_CHECKING:  # the package imports this module
@@ -98,12 +98,15 @@ def _from_partial_data(finding: Finding, run: Run) -> Finding:
     """A finding from a run with ranks missing: said to cover the ranks present, and never
     high: the missing ranks may hold the real cause (a slow stage, a late link)."""
     completeness = run.completeness
-    assert completeness is not None  # asked only for a run with ranks missing
+    assert completeness is not None  # asked only for an incomplete run
     present = len(completeness.ranks_present)
     severity = "medium" if finding.severity == "high" else finding.severity
-    headline = (
-        f"On the {present} ranks present (the run is incomplete): {finding.headline[:1].lower()}{finding.headline[1:]}"
+    scope = (
+        f"On the {present} ranks present (the run is incomplete)"
+        if completeness.missing_ranks
+        else f"On what was recorded ({ranks_phrase(sorted(completeness.cut_short))} cut short)"
     )
+    headline = f"{scope}: {finding.headline[:1].lower()}{finding.headline[1:]}"
     return replace(finding, severity=severity, headline=headline, figures={**finding.figures, "partial": True})
 
 
@@ -202,7 +205,14 @@ def message_latencies(analysis: Analysis) -> pd.DataFrame:
     columns = ["msg_id", "producer_action", "src_rank", "dst_rank", "step", "post_delay_ns", "wire_ns", "latency_ns"]
     if len(messages) == 0:
         return pd.DataFrame(columns=columns)
-    producer_end = run.actions.set_index("action_id")["end_ns"]
+    # a fused range (OVERLAP_F_B) sends what either part made once the range ends
+    actions = run.actions
+    group = fused_groups(actions)
+    ends = actions["end_ns"].to_numpy()
+    if (group >= 0).any():
+        last = pd.Series(ends).groupby(group).transform("max").to_numpy()
+        ends = np.where(group >= 0, last, ends)
+    producer_end = pd.Series(ends, index=actions["action_id"].to_numpy())
     known = messages[messages["producer_action"].isin(producer_end.index)]
     end = producer_end.loc[known["producer_action"]].to_numpy()
     out = known[["msg_id", "producer_action", "src_rank", "dst_rank", "step"]].copy()
@@ -269,12 +279,12 @@ def _comm(analysis: Analysis, idle_ns: int, window_ns: int, n_steps: int) -> Fin
         src, dst = (int(x) for x in by_link.index[0])
         link_text = f"link {src}->{dst}"
         figures.update(src_rank=src, dst_rank=dst, link_idle_ns_per_step=int(by_link.iloc[0] / n_steps))
-    worst = _worst_late_post(analysis, latencies)
     if "src_rank" in figures:  # the blamed link's own messages, where it has any
         on_link = latencies[
             (latencies["src_rank"] == figures["src_rank"]) & (latencies["dst_rank"] == figures["dst_rank"])
         ]
         latencies = on_link if len(on_link) else latencies
+    worst = _worst_late_post(analysis, latencies)  # the example is one of the blamed link's
     post_share = 0.0
     if len(latencies):
         median_latency = float(latencies["latency_ns"].median())
@@ -720,7 +730,6 @@ def _stages_word(stages: list[int]) -> str:
 def _slow_replica(slow: SlowReplica) -> Finding:
     """One slow replica: slower on every stage (a host), or on some ranks (a GPU)."""
     from tracekit.analyze.replicas import MAX_SLOW_RANKS
-    from tracekit.model.run import rank_ranges
 
     cost = slow.cost_share
     figures = {**slow.to_dict(), "cost_share": round(cost, 4)}

@@ -25,8 +25,8 @@ import numpy as np
 import pandas as pd
 
 from tracekit.analyze.grouping import int_groups
-from tracekit.model.groups import group_ids, pair_codes
-from tracekit.model.run import Run, compute_ns
+from tracekit.model.groups import group_ids, pair_codes, split_by
+from tracekit.model.run import Run, compute_ns, fused_groups
 
 
 @dataclass
@@ -567,6 +567,21 @@ def _dependencies(
     return producer[consumer], consumer
 
 
+def _fused_ends(
+    acts: pd.DataFrame, order: np.ndarray, start: np.ndarray, end: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per action (positions in ``order``): the first-starting and the last-ending part of
+    its fused range (:func:`tracekit.model.run.fused_groups`); itself where it is none."""
+    n = len(order)
+    first_of = np.arange(n, dtype=np.int64)
+    last_of = np.arange(n, dtype=np.int64)
+    group = fused_groups(acts)[order]
+    for members in split_by(group[group >= 0], np.flatnonzero(group >= 0)).values():
+        first_of[members] = members[np.lexsort((members, start[members]))[0]]
+        last_of[members] = members[np.lexsort((-members, end[members]))[-1]]
+    return first_of, last_of
+
+
 def step_graphs(run: Run, windows: pd.DataFrame | None = None) -> dict[int, StepGraph]:
     """The measured graph of every step (the run's tables split by step once).
 
@@ -633,6 +648,11 @@ def graph_from_run(
         _positions(ids, msgs["producer_action"].to_numpy(dtype=np.int64)),
         _positions(ids, msgs["consumer_action"].to_numpy(dtype=np.int64)),
     )
+    # A range that fuses a forward and a backward (DualPipeV's OVERLAP_F_B) runs as one: it
+    # starts once all its inputs are there, and sends what either part made once it ends.
+    first_of, last_of = _fused_ends(acts, order, start, end)
+    s = np.where(s >= 0, last_of[np.maximum(s, 0)], s)
+    d = np.where(d >= 0, first_of[np.maximum(d, 0)], d)
     arrival = msgs["arrival_ns"].to_numpy(dtype=np.int64)
     release = np.zeros(n, dtype=np.int64) if rank_start is not None else None
     if release is not None:
@@ -672,7 +692,7 @@ def graph_from_run(
     dep_src, dep_dst = _dependencies(rank, stage, kind, mb, replica)
     # a dependency no message carried, where its order allows: an edge of no latency
     # (producer, consumer) pairs as one number each: positions in the step, both below n
-    messaged = np.isin(dep_src * max(n, 1) + dep_dst, s[pick] * max(n, 1) + d[pick])
+    messaged = np.isin(last_of[dep_src] * max(n, 1) + first_of[dep_dst], s[pick] * max(n, 1) + d[pick])
     bare = ~messaged & (end[dep_src] <= start[dep_dst])
     unmessaged = int(bare.sum())
     if unmessaged:

@@ -63,9 +63,10 @@ def theoretical_bubble(
         idle = max(0.0, (p - 1) * ((t_f + t_b) + t_b - 3 * t_w))
         return Theory(
             schedule,
-            "idle = (p-1)(t_F&B + t_B - 3t_W) per device, t_F&B = t_f + t_B",
+            "idle = (p-1)(t_F&B+t_B-3t_W) per device",
             idle / (idle + work),
-            "DeepSeek's DualPipe README with PP = 2p stages; equals the replay of torch's order at t_f=t_I=t_W",
+            "t_F&B = t_f + t_B, a forward and a backward fused in one range; DeepSeek's DualPipe README "
+            "with PP = 2p stages; equals the replay of torch's order at t_f=t_I=t_W",
         )
     return Theory(schedule, "", None, f"no closed form known for {schedule}")
 

@@ -276,6 +276,23 @@ _MEGATRON_WAYS = {
 }
 
 
+# torch.distributed.pipelining's runtime wraps each P2P op in a range naming the stage, the
+# way and the microbatch (schedules.py: ``"PP:" + str(action)``, actions SEND_F, RECV_F,
+# SEND_B, RECV_B).
+TORCH_PP_P2P = re.compile(r"^PP:(?P<stage>\d+)(?P<op>SEND|RECV)_(?P<way>[FB])(?P<mb>\d+)$")
+
+
+def p2p_action(name: str) -> tuple[int, str, int] | None:
+    """(stage, "F" or "B", microbatch) of the action whose data a torch pipelining P2P range
+    sends or receives (``PP:4SEND_F4``: stage 4's forward of microbatch 4 sends its output;
+    ``PP:3RECV_B0``: stage 3's backward of microbatch 0 receives its gradient); None for
+    any other name."""
+    match = TORCH_PP_P2P.match(name)
+    if match is None:
+        return None
+    return int(match.group("stage")), match.group("way"), int(match.group("mb"))
+
+
 def p2p_ways(name: str) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
     """(the ways of the sends, of the receives) a range's name says its P2P ops go, each
     "next" or "prev" pipeline rank; None for a name that says nothing."""

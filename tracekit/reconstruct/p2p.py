@@ -19,7 +19,7 @@ import pandas as pd
 from tracekit.model.groups import SortedGroups, pair_codes
 from tracekit.model.run import MESSAGE_COLUMNS
 from tracekit.reconstruct.event_arrays import EventArrays
-from tracekit.reconstruct.labels import p2p_ways
+from tracekit.reconstruct.labels import p2p_action, p2p_ways
 from tracekit.reconstruct.p2p_sides import DIRECTIONS, p2p_sides
 from tracekit.reconstruct.steps import step_of
 
@@ -107,6 +107,7 @@ def match_messages(
     if sends.empty and recvs.empty:
         return pd.DataFrame(columns=MESSAGE_COLUMNS), warnings
     recvs = recvs.assign(done_ns=_recv_done_times(events, recvs))
+    sends, recvs = _with_action_labels(sends, events), _with_action_labels(recvs, events)
     sends, recvs, named = _peers_from_ranges(sends, recvs, events)
     if named:
         warnings.append(
@@ -133,8 +134,9 @@ def match_messages(
         known_sends, known_recvs = known_sends.assign(tag=-1), known_recvs.assign(tag=-1)
     known_sends = known_sends.assign(k=known_sends.groupby(keys[:4]).cumcount())
     known_recvs = known_recvs.assign(k=known_recvs.groupby(keys[:4]).cumcount())
-    pairs = known_sends[keys + ["start_ns", "nbytes", "file_id", "source_index"]].merge(
-        known_recvs[keys + ["start_ns", "done_ns", "nbytes", "file_id", "source_index", "tid"]],
+    labelled = list(_LABEL_COLUMNS)
+    pairs = known_sends[keys + ["start_ns", "nbytes", "file_id", "source_index", *labelled]].merge(
+        known_recvs[keys + ["start_ns", "done_ns", "nbytes", "file_id", "source_index", "tid", *labelled]],
         on=keys,
         suffixes=("_s", "_r"),
     )
@@ -161,6 +163,8 @@ def match_messages(
             "dst_source_index": pairs["source_index_r"],
             "dst_tid": pairs["tid"],
             "dst_step": pairs["dst_step"],
+            **{f"src_{c}": pairs[f"{c}_s"] for c in _LABEL_COLUMNS},
+            **{f"dst_{c}": pairs[f"{c}_r"] for c in _LABEL_COLUMNS},
         }
     ).astype("int64")
     if unmatched_sends or unmatched_recvs:
@@ -175,9 +179,49 @@ def match_messages(
     messages = messages.sort_values(["step", "send_post_ns"]).reset_index(drop=True)
     messages["msg_id"] = np.arange(len(messages))
     _link_actions(messages, actions, consumer_by_kind)
+    _link_by_labels(messages, actions)
     messages["recv_wait_ns"] = 0
     messages["arrival_ns"] = messages["recv_done_ns"]
     return messages[MESSAGE_COLUMNS + ["dst_tid"]], warnings
+
+
+# Per message side, what its framework range says (torch pipelining's ``PP:4SEND_F4``): the
+# stage, the way (1 forward: an activation, 2 backward: a gradient) and the microbatch of the
+# action whose data it carries; -1 where no such range holds the side.
+_LABEL_COLUMNS = ("label_stage", "label_way", "label_mb")
+
+
+def _with_action_labels(sides: pd.DataFrame, events: pd.DataFrame) -> pd.DataFrame:
+    """The sides with :data:`_LABEL_COLUMNS`: the torch pipelining P2P range on the side's
+    thread that holds the op's start (ranges of one thread never overlap)."""
+    out = {c: np.full(len(sides), -1, dtype=np.int64) for c in _LABEL_COLUMNS}
+    if len(sides):
+        on_cpu = ~events["on_gpu"].to_numpy(bool)
+        named = events["name"].astype(str)
+        said = {n: p2p_action(n) for n in named[on_cpu].unique()}
+        said = {n: a for n, a in said.items() if a is not None}
+        if said:
+            ranges = events[on_cpu & named.isin(said).to_numpy()]
+            actions = [said[n] for n in ranges["name"].astype(str)]
+            stage = np.array([a[0] for a in actions], dtype=np.int64)
+            way = np.array([1 if a[1] == "F" else 2 for a in actions], dtype=np.int64)
+            mb = np.array([a[2] for a in actions], dtype=np.int64)
+            thread, side_thread = pair_codes(
+                ranges["rank"].to_numpy(np.int64),
+                ranges["tid"].to_numpy(np.int64),
+                (sides["rank"].to_numpy(np.int64), sides["tid"].to_numpy(np.int64)),
+            )
+            start, end = ranges["start_ns"].to_numpy(np.int64), ranges["end_ns"].to_numpy(np.int64)
+            order = np.lexsort((start, thread))  # by thread, then start: as SortedGroups needs
+            side_start = sides["start_ns"].to_numpy(np.int64)
+            found = SortedGroups(thread[order], start[order]).last_at_most(side_thread, side_start)
+            hit = found >= 0
+            at = order[found[hit]]
+            hit[hit] = end[at] >= side_start[hit]
+            at = order[found[hit]]
+            for column, values in zip(_LABEL_COLUMNS, (stage, way, mb)):
+                out[column][hit] = values[at]
+    return sides.assign(**out)
 
 
 def _across_steps(sends: pd.DataFrame, recvs: pd.DataFrame, pairs: pd.DataFrame) -> pd.DataFrame:
@@ -195,8 +239,9 @@ def _across_steps(sends: pd.DataFrame, recvs: pd.DataFrame, pairs: pd.DataFrame)
     by = ["src_rank", "dst_rank", "tag"]
     left_s = left_s.sort_values("start_ns").assign(j=lambda f: f.groupby(by).cumcount())
     left_r = left_r.sort_values("start_ns").assign(j=lambda f: f.groupby(by).cumcount())
-    cross = left_s[by + ["j", "step", "k", "start_ns", "nbytes", "file_id", "source_index"]].merge(
-        left_r[by + ["j", "step", "start_ns", "done_ns", "nbytes", "file_id", "source_index", "tid"]],
+    labelled = list(_LABEL_COLUMNS)
+    cross = left_s[by + ["j", "step", "k", "start_ns", "nbytes", "file_id", "source_index", *labelled]].merge(
+        left_r[by + ["j", "step", "start_ns", "done_ns", "nbytes", "file_id", "source_index", "tid", *labelled]],
         on=by + ["j"],
         suffixes=("_s", "_r"),
     )
@@ -416,6 +461,41 @@ def _link_actions(messages: pd.DataFrame, actions: pd.DataFrame, consumer_by_kin
         found = SortedGroups(group[pool], starts[pool]).first_at_least(dst_group[asked], done[asked] - _TOLERANCE_NS)
         hit = found >= 0
         consumer[asked[hit]] = ids[pool[found[hit]]]
+    messages["producer_action"] = producer
+    messages["consumer_action"] = consumer
+    messages["direction"] = direction
+
+
+def _link_by_labels(messages: pd.DataFrame, actions: pd.DataFrame) -> None:
+    """Where a side's framework range names the action whose data it carries
+    (``PP:4SEND_F4``, ``PP:3RECV_B0``), that action is the producer or consumer, whatever
+    ran last or next: a fused ``OVERLAP_F_B`` range sends its forward's activation after its
+    backward part has run, which program order would take as the producer (in place)."""
+    if "src_label_way" not in messages or not len(actions):
+        return
+    producer = messages["producer_action"].to_numpy(np.int64).copy()
+    consumer = messages["consumer_action"].to_numpy(np.int64).copy()
+    direction = messages["direction"].to_numpy(object).copy()
+    grouped = {1: ("F",), 2: ("B", "I")}  # a gradient is the full backward's or the input-grad's
+    index: dict[tuple[int, int, int, int, int], int] = {}
+    columns = (actions[c].to_numpy() for c in ("rank", "step", "stage", "kind", "microbatch", "action_id"))
+    for rank, step, stage, kind, mb, action in zip(*columns):
+        for way, kinds in grouped.items():
+            if kind in kinds:
+                index.setdefault((int(rank), int(step), int(stage), way, int(mb)), int(action))
+    dst_step = messages["dst_step"] if "dst_step" in messages else messages["step"]
+    for end, rank, step, out in (
+        ("src", messages["src_rank"], messages["step"], producer),
+        ("dst", messages["dst_rank"], dst_step, consumer),
+    ):
+        way = messages[f"{end}_label_way"].to_numpy(np.int64)
+        stage = messages[f"{end}_label_stage"].to_numpy(np.int64)
+        mb = messages[f"{end}_label_mb"].to_numpy(np.int64)
+        for i in np.flatnonzero(way > 0).tolist():
+            found = index.get((int(rank.iat[i]), int(step.iat[i]), int(stage[i]), int(way[i]), int(mb[i])))
+            if found is not None:
+                out[i] = found
+                direction[i] = "fwd" if way[i] == 1 else "bwd"
     messages["producer_action"] = producer
     messages["consumer_action"] = consumer
     messages["direction"] = direction

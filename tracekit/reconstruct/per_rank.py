@@ -38,7 +38,7 @@ from tracekit.reconstruct.actions import UNLABELLED, action_table, annotation_co
 from tracekit.reconstruct.device_columns import op_columns
 from tracekit.reconstruct.device_rank import DEVICE_ACTION_COLUMNS, join_ranks, reduce_ranks
 from tracekit.reconstruct.event_arrays import LAUNCH_CATEGORY, EventArrays, has_device_work
-from tracekit.reconstruct.labels import LabelChoice, LabelSet, choose, p2p_ways
+from tracekit.reconstruct.labels import LabelChoice, LabelSet, choose, p2p_action, p2p_ways
 from tracekit.reconstruct.plain import BubbleRow, plain_busy
 from tracekit.reconstruct.steps import step_table
 
@@ -101,13 +101,14 @@ def _as_list(column: np.ndarray | list[Any]) -> list[Any]:
 def message_rows(events: EventArrays) -> np.ndarray:
     """The rows the client reads once actions are known: communication-library ops and
     ranges on the host (sends, receives, ``gloo:recv`` waits, NCCL titles, the comm ops
-    that delay a receiver's wait), framework ranges that say which way their P2P ops go,
+    that delay a receiver's wait), framework ranges that say which way their P2P ops go or
+    whose action's data they carry (``PP:4SEND_F4``),
     and each rank's earliest-starting and latest-ending row."""
     on_cpu = ~events["on_gpu"]
     keep = on_cpu & events.starts_with(_MESSAGE_PREFIXES)
     annotation = on_cpu & events.is_in("cat", ("user_annotation",))
     if annotation.any():
-        keep |= annotation & events.per_name("name", lambda n: p2p_ways(n) is not None)
+        keep |= annotation & events.per_name("name", lambda n: p2p_ways(n) is not None or p2p_action(n) is not None)
     ranks = events["rank"]
     starts, ends = events["start_ns"], events["end_ns"]
     for rank in np.unique(ranks):
