@@ -18,6 +18,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from conftest import ROOT
 from fuzz.mutate import CATEGORIES, Case, kineto_files, make_case, unmutated_case
 from fuzz.oracle import Oracle, _Invocation
 
@@ -110,3 +111,31 @@ def test_oracle_tells_an_error_line_from_a_traceback_and_a_multi_line_error(orac
     assert _verdict(oracle, case, 0, "", "rank \x9b0\n") == "raw control chars"
     assert _verdict(oracle, case, 0, "", "rank\t0\n") == "ok"
     assert _verdict(oracle, case, None, "no answer after 20 s") == "hang"
+
+
+def test_a_cut_at_event_boundaries_reads_as_truncated_and_check_refuses_it(tmp_path):
+    """A real rank file cut right after its k-th event (as a profiler stopped mid-write leaves
+    it), at every 61st boundary plus the first and last few: the parser reads exactly the k
+    events and says the file is truncated (nothing salvageable: one line); at a few of them
+    the whole run is announced as incomplete first and ``check`` refuses it. The long run,
+    every boundary of every rank, is ``python fuzz/truncate.py``."""
+    from fuzz.truncate import command_checks, event_boundaries
+    from tracekit.errors import TraceFormatError
+    from tracekit.ingest.kineto import read_kineto
+
+    run = ROOT / "sample_traces" / "1f1b"
+    text = gzip.decompress((run / "rank2.json.gz").read_bytes())
+    cuts = event_boundaries(text)
+    assert len(cuts) == len(json.loads(text)["traceEvents"]) + 1
+    path = tmp_path / "rank2.json"
+    picked = sorted(set(range(0, len(cuts), 61)) | {0, 1, 2, len(cuts) - 2, len(cuts) - 1})
+    for k in picked:
+        path.write_bytes(text[: cuts[k]])
+        if k == 0:
+            with pytest.raises(TraceFormatError):
+                read_kineto(path, 0)
+            continue
+        trace, _ = read_kineto(path, 0)
+        assert trace.truncated and trace.n_events_raw == k, k
+    n, failures = command_checks(run, "rank2.json.gz", text, len(cuts) // 3, tmp_path)
+    assert n >= 3 and not failures, failures
