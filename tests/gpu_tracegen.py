@@ -51,6 +51,34 @@ Guesses and simplifications (not read off a real multi-GPU pipeline trace; there
   fused with one on a slow link shows the slow transfer (no trace says when each direction's
   data landed). Not modelled: whether newer torch also records a ``record_param_comms`` named
   "coalesced" at the group end; the fused kernel carries no comm metadata args.
+- **Megatron-core** (``framework="megatron"``, scenarios ``megatron_*``; read off NVIDIA/Megatron-LM
+  at d98e8a64dd, ``megatron/core/pipeline_parallel/``): no labels of any kind; the schedule's
+  loops and their p2p_communicator calls as :func:`megatron_sequence` says (schedules.py
+  ``forward_backward_pipelining_without_interleaving`` ~2147-2475 and ``..._with_interleaving``
+  ~1019-2070), each call's ops in ``_batched_p2p_ops``' order (p2p_communication.py 22-57:
+  send_prev, recv_prev, send_next, recv_next). With the default config (model_parallel_config.py
+  385-395: batch_p2p_comm=True, batch_p2p_sync=True, ``megatron_p2p="batch_sync"``) a call is one
+  batch_isend_irecv group, as above: per op ``c10d::send`` / ``c10d::recv_`` >
+  ``record_param_comms``, no ``nccl:send``/``nccl:recv`` title, one ``nccl:coalesced`` range
+  launching ONE fused SendRecv kernel on the group's stream; then ``req.wait()`` (the compute
+  stream waits) and ``torch.cuda.synchronize()`` (``_communicate`` 420-424: a
+  ``cudaDeviceSynchronize`` that blocks the host until its device has run everything launched:
+  the ranks' hosts are simulated together for it). ``megatron_p2p="batch"`` leaves out the
+  synchronize; ``"overlap"`` (overlap_p2p_comm, interleaved only) issues isend/irecv one by one
+  (``_p2p_ops`` 60-134, even ranks sending first), each a plain op with its own title and kernel,
+  a receive waited on before the action that needs it and the sends at the next call (when
+  Megatron waits on its send handles exactly is simplified so). The ground truth gives each
+  message its own direction's transfer (``message_transfer_ns``) beside the kernel-level figure.
+- **Peer metadata** (scenarios ``megatron_group_ranks``, ``wrong_peer_metadata``): the peers
+  in ``nccl:send a->b`` titles, ``record_param_comms``' ``Rank`` / ``Dst Rank`` / ``Src Rank``
+  and ``c10d::send``'s ``Concrete Inputs`` are ranks of the op's process group
+  (distributed_c10d.py canonicalises ``dst`` to the group's rank; ``Process Group Ranks`` and
+  pg_config map them to the job's). ``rank_order`` lays pipeline position i on the job's rank
+  ``rank_order[i]`` (files, distributedInfo, the truth in job ranks) with a
+  ``pipeline_model_parallel_group`` in pg_config. ``p2p_comm_ranks`` writes, as pytorch#153819
+  reports for Megatron runs, the ranks of the two-rank communicator ProcessGroupNCCL runs a
+  P2P pair on (the lower rank 0: ``nccl:recv 1<-0`` where ``3<-1`` was meant);
+  ``record_shapes=False`` leaves out ``Concrete Inputs`` (the one field that stays right).
 - ``record_param_comms`` args follow torch's ParamCommsUtils / profiler util keys
   ("Collective name", "In/Out msg nelems", "dtype", "Group size", "Process Group Ranks",
   "Rank", "Dst Rank" / "Src Rank", "Seq"); the NCCL kernel carries the same metadata, as the
@@ -146,6 +174,18 @@ class Scenario:
     clock_offset_ns: dict[int, int] = field(default_factory=dict)  # rank -> ns added to its ts
     labelled: bool = True
     fused_p2p: bool = False  # torch's Schedule1F1B: batch_isend_irecv groups, one fused kernel each
+    # Megatron-core's schedules and their P2P (module doc, "Megatron-core"): "torch" or "megatron"
+    framework: str = "torch"
+    # megatron: "batch_sync" (batch_p2p_comm and batch_p2p_sync, the default config), "batch"
+    # (batch_p2p_sync=False), "overlap" (overlap_p2p_comm: separate isend/irecv, waited later)
+    megatron_p2p: str = "batch_sync"
+    # Peers as the metadata says them (module doc, "Peer metadata"): the global rank of each
+    # pipeline position (None: position = global rank); record_shapes=False leaves the c10d
+    # ops without "Concrete Inputs"; p2p_comm_ranks writes titles and record_param_comms ranks
+    # as the two-rank P2P communicator's (pytorch#153819)
+    rank_order: tuple[int, ...] | None = None
+    record_shapes: bool = True
+    p2p_comm_ranks: bool = False
     jitter: float = 0.05  # kernel durations vary by up to this fraction (seeded)
     seed: int = 0
 
@@ -163,6 +203,17 @@ class Scenario:
         if self.fused_p2p and self.schedule != "1F1B":
             # GPipe posts every op in a batch of its own; only Schedule1F1B fuses a send and a recv.
             raise ValueError("fused_p2p models torch's Schedule1F1B only")
+        if self.rank_order is not None and sorted(self.rank_order) != list(range(self.p)):
+            raise ValueError("rank_order must be a permutation of the ranks 0..p-1")
+        if self.framework not in ("torch", "megatron"):
+            raise ValueError(f"unknown framework {self.framework!r}")
+        if self.framework == "megatron":
+            if self.labelled or self.fused_p2p or self.schedule == "GPipe":
+                raise ValueError("Megatron-core writes no labels and has its own P2P: 1F1B or Interleaved1F1B")
+            if self.megatron_p2p not in ("batch_sync", "batch", "overlap"):
+                raise ValueError(f"unknown megatron_p2p {self.megatron_p2p!r}")
+            if self.megatron_p2p == "overlap" and self.schedule != "Interleaved1F1B":
+                raise ValueError("overlap_p2p_comm is the interleaved schedule's")
 
     @property
     def n_stages(self) -> int:
@@ -170,6 +221,10 @@ class Scenario:
 
     def rank_of(self, stage: int) -> int:
         return stage % self.p  # "loop" placement
+
+    def global_rank(self, position: int) -> int:
+        """The job's rank of a pipeline position (the pipeline group's rank)."""
+        return position if self.rank_order is None else self.rank_order[position]
 
     def launch_cost(self, rank: int) -> int:
         return self.rank_launch_ns.get(rank, self.launch_ns)
@@ -219,6 +274,99 @@ def schedule_order(sc: Scenario, rank: int) -> list[Action]:
             order += [unit(warmup + i, "F"), unit(i, "B")]
         return order + [unit(k, "B") for k in range(total - warmup, total)]
     raise ValueError(f"unknown schedule {sc.schedule!r}")
+
+
+# One P2P op of a Megatron communication call: (direction, peer rank, message without its step),
+# message = (kind of the producing action, producing stage, microbatch), as Kernel.ops has it.
+MegatronOp = tuple[str, int, tuple[str, int, int]]
+# _batched_p2p_ops appends its ops in this order (p2p_communication.py lines 33-52).
+_BATCH_ORDER = ("send_prev", "recv_prev", "send_next", "recv_next")
+
+
+def _overlap_position(op: tuple[str, int, tuple], rank: int) -> int:
+    """Where ``_p2p_ops`` issues an op: even ranks send_next, recv_prev, send_prev, recv_next;
+    odd ranks recv_prev, send_next, recv_next, send_prev (p2p_communication.py lines 84-133)."""
+    direction, _, message = op
+    forward = message[1] == "F"
+    slot = (
+        ("send_next" if forward else "send_prev") if direction == "send" else ("recv_prev" if forward else "recv_next")
+    )
+    even = ("send_next", "recv_prev", "send_prev", "recv_next")
+    odd = ("recv_prev", "send_next", "recv_next", "send_prev")
+    return (even if rank % 2 == 0 else odd).index(slot)
+
+
+def megatron_sequence(sc: Scenario, rank: int) -> list[tuple[str, object]]:
+    """What Megatron-core's schedule on ``rank`` does in one step, in order: ("action", Action)
+    and ("comm", [MegatronOp, ...]) items, one comm item per p2p_communicator call (one
+    batch_isend_irecv group, ops in _BATCH_ORDER; a call whose ops all fall away, such as a
+    first stage's recv_forward, is no item).
+
+    Without interleaving (schedules.py forward_backward_pipelining_without_interleaving, lines
+    ~2334-2475 at NVIDIA/Megatron-LM d98e8a64dd): warmup forwards each between a
+    recv_forward and a send_forward; then recv_forward, and per steady microbatch forward,
+    send_forward_recv_backward, backward, send_backward_recv_forward (send_backward for the
+    last); cooldown backwards each between a recv_backward and a send_backward.
+    With interleaving (forward_backward_pipelining_with_interleaving, lines ~1543-2070): a
+    recv_forward before the first forward, then after each unit (a warmup forward, a steady
+    forward + backward, a cooldown backward) one call that sends the unit's outputs and
+    receives the next unit's inputs (send_forward_recv_forward, ..._backward_recv_forward_backward,
+    send_backward_recv_backward), as the CPU captures of Megatron-core 0.16.1 in
+    sample_traces/megatron_interleaved show it (rank 1: R0 F1.0 R0 S2 F1.1 ... F1.4 B5.0 S0 R0 S2 R2)."""
+    n_stages = sc.n_stages
+
+    def output(action: Action) -> list[tuple[str, MegatronOp]]:
+        stage, kind, mb = action
+        target = stage + 1 if kind == "F" else stage - 1
+        if not 0 <= target < n_stages:
+            return []
+        slot = "send_next" if kind == "F" else "send_prev"
+        return [(slot, ("send", sc.rank_of(target), (kind, stage, mb)))]
+
+    def inputs(action: Action) -> list[tuple[str, MegatronOp]]:
+        stage, kind, mb = action
+        source = stage - 1 if kind == "F" else stage + 1
+        if not 0 <= source < n_stages:
+            return []
+        slot = "recv_prev" if kind == "F" else "recv_next"
+        return [(slot, ("recv", sc.rank_of(source), (kind, source, mb)))]
+
+    def comm(slots: list[tuple[str, MegatronOp]]) -> list[tuple[str, object]]:
+        ops = [op for _, op in sorted(slots, key=lambda s: _BATCH_ORDER.index(s[0]))]
+        return [("comm", ops)] if ops else []
+
+    order = schedule_order(sc, rank)
+    items: list[tuple[str, object]] = []
+    if sc.schedule == "1F1B":
+        forwards = [a for a in order if a[1] == "F"]
+        backwards = [a for a in order if a[1] == "B"]
+        warmup = min(sc.p - 1 - rank, sc.m)
+        for f in forwards[:warmup]:
+            items += comm(inputs(f)) + [("action", f)] + comm(output(f))
+        remaining = sc.m - warmup
+        if remaining:
+            items += comm(inputs(forwards[warmup]))
+        for i in range(remaining):
+            f, b = forwards[warmup + i], backwards[i]
+            items += [("action", f)] + comm(output(f) + inputs(b)) + [("action", b)]
+            following = inputs(forwards[warmup + i + 1]) if i + 1 < remaining else []
+            items += comm(output(b) + following)
+        for b in backwards[remaining:]:
+            items += comm(inputs(b)) + [("action", b)] + comm(output(b))
+        return items
+    # interleaved: units of the schedule's order, as Megatron's loops run them
+    total = sc.m * sc.v
+    warmup = min((sc.v - 1) * sc.p + 2 * (sc.p - 1 - rank), total)
+    units = [order[k : k + 1] for k in range(warmup)]
+    steady = order[warmup : warmup + 2 * (total - warmup)]
+    units += [steady[k : k + 2] for k in range(0, len(steady), 2)]
+    units += [order[k : k + 1] for k in range(warmup + len(steady), len(order))]
+    items += comm(inputs(units[0][0]))
+    for j, unit in enumerate(units):
+        items += [("action", a) for a in unit]
+        following = units[j + 1] if j + 1 < len(units) else []
+        items += comm([slot for a in unit for slot in output(a)] + [slot for a in following for slot in inputs(a)])
+    return items
 
 
 @dataclass
@@ -346,6 +494,60 @@ class _Rank:
             self._stream_wait(self.send_work)
             self.send_work = None
         self._optimizer(step)
+
+    def megatron_step(self, step: int, wait_until_ns: int | None):
+        """Megatron-core's step (:func:`megatron_sequence`) as a generator: it yields the kernels
+        the host waits for where it calls ``torch.cuda.synchronize()`` (p2p_communication.py
+        ``_communicate``, lines 420-424: after every call with batch_p2p_comm and
+        batch_p2p_sync, the default), and the simulation resumes it once they have run."""
+        sc = self.sc
+        step_start = self.t
+        if wait_until_ns is not None:
+            end = max(self.t + 3_000, wait_until_ns + 3_000)
+            self._runtime("cudaEventSynchronize", self.main_tid, self.t, end, 0)
+            self.t = end + 2_000
+        self.step_spans[step] = (step_start, -1)
+        self.host_compute[step] = []
+        awaited: dict[tuple, Kernel] = {}  # overlap: recv kernels, waited on before their consumer
+        sent: list[Kernel] = []  # overlap: send kernels, waited on at the next call
+        for what, item in megatron_sequence(sc, self.rank):
+            if what == "action":
+                stage, kind, mb = item  # type: ignore[misc]
+                source = stage - 1 if kind == "F" else stage + 1
+                waited = awaited.pop((step, kind, source, mb), None)
+                if waited is not None:  # wait_handles["recv_prev"].wait() before the forward
+                    self._stream_wait(waited)
+                (self._forward if kind == "F" else self._backward)(step, item)  # type: ignore[arg-type]
+                continue
+            ops = [(direction, peer, (step, *message)) for direction, peer, message in item]  # type: ignore[union-attr]
+            if sc.megatron_p2p == "overlap":
+                # _p2p_ops (lines 60-134): isend/irecv one by one, even ranks sending first
+                for kernel in sent:
+                    self._stream_wait(kernel)
+                sent = []
+                for direction, peer, message in sorted(ops, key=lambda op: _overlap_position(op, self.rank)):
+                    kernel = self._p2p(step, direction, peer, message)
+                    if direction == "recv":
+                        awaited[message] = kernel
+                    else:
+                        sent.append(kernel)
+                continue
+            self._stream_wait(self._p2p_group(step, ops))  # req.wait(): the compute stream waits
+            if sc.megatron_p2p == "batch_sync":
+                yield from self._synchronize()
+        for kernel in sent:
+            self._stream_wait(kernel)
+        self._optimizer(step)
+
+    def _synchronize(self):
+        """``torch.cuda.synchronize()``: the host waits until every kernel it launched has run
+        (yields them; resumed by the simulation once they have)."""
+        start = self.t
+        launched = list(self.kernels)
+        yield launched
+        end = max(start + 3_000, max(k.end_ns for k in launched if k.end_ns is not None) + 5_000)
+        self._runtime("cudaDeviceSynchronize", self.main_tid, start, end, 0)
+        self.t = end
 
     def end_step(self, step: int, device_end_ns: int | None) -> None:
         if device_end_ns is not None:  # cudaDeviceSynchronize: until this rank's device is done
@@ -519,6 +721,12 @@ class _Rank:
         start, end = self.t, self.t + P2P_HOST_NS
         nelems = MESSAGE_SHAPE[0] * MESSAGE_SHAPE[1]
         op = "c10d::send" if direction == "send" else "c10d::recv_"
+        shapes = {  # record_shapes=True: the call's arguments, the peer as the group's rank
+            "Concrete Inputs": ["", "", str(peer), "0"],
+            "Input type": ["TensorList", "", "Scalar", "Scalar"],
+            "Input Strides": [[[MESSAGE_SHAPE[1], 1]], [], [], []],
+            "Input Dims": [[list(MESSAGE_SHAPE)], [], [], []],
+        }
         self._event(
             "cpu_op",
             op,
@@ -529,13 +737,11 @@ class _Rank:
                 "Sequence number": self.next_sequence,
                 "Fwd thread id": 0,
                 "Record function id": 0,
-                "Concrete Inputs": ["", "", str(peer), "0"],
-                "Input type": ["TensorList", "", "Scalar", "Scalar"],
-                "Input Strides": [[[MESSAGE_SHAPE[1], 1]], [], [], []],
-                "Input Dims": [[list(MESSAGE_SHAPE)], [], [], []],
+                **(shapes if sc.record_shapes else {}),
             },
         )
         self.p2p_calls += 1
+        own, named = self._metadata_ranks(peer)
         meta = {
             "Collective name": direction,
             "In msg nelems": nelems,
@@ -544,11 +750,9 @@ class _Rank:
             "dtype": "Float",
             "In split size": "[]",
             "Out split size": "[]",
-            "Process Group Name": "0",
-            "Process Group Description": "default_pg",
-            "Process Group Ranks": str(list(range(sc.p))),
-            "Rank": peer,
-            ("Dst Rank" if direction == "send" else "Src Rank"): peer,
+            **_pipeline_group(sc),
+            "Rank": own,
+            ("Dst Rank" if direction == "send" else "Src Rank"): named,
             "Seq": self.p2p_calls,
         }
         comms = self._event(
@@ -564,12 +768,22 @@ class _Rank:
         self.t = end
         return start, comms, meta
 
+    def _metadata_ranks(self, peer: int) -> tuple[int, int]:
+        """The (own, peer) ranks a P2P op's title and record_param_comms name: the pipeline
+        group's ranks, or with p2p_comm_ranks those of the two-rank communicator NCCL runs the
+        pair on (ProcessGroupNCCL: the lower rank is 0), as pytorch#153819 reports them."""
+        if not self.sc.p2p_comm_ranks:
+            return self.rank, peer
+        own = 0 if self.rank <= peer else 1
+        return own, 1 - own
+
     def _p2p(self, step: int, direction: str, peer: int, message: tuple) -> Kernel:
         """One c10d::send / c10d::recv_ call and its NCCL kernel on the (peer, direction) stream."""
         sc = self.sc
         start, comms, meta = self._p2p_call(direction, peer)
         end = self.t
-        title = f"nccl:send {self.rank}->{peer}" if direction == "send" else f"nccl:recv {self.rank}<-{peer}"
+        own, named = self._metadata_ranks(peer)
+        title = f"nccl:send {own}->{named}" if direction == "send" else f"nccl:recv {own}<-{named}"
         annotation = self._event(
             "user_annotation", title, self.main_tid, start + 9_000, end - 6_000, **{"Record function id": 0}
         )
@@ -679,8 +893,9 @@ class _Rank:
         )
 
 
-def _resolve(kernels: list[Kernel], latency_ns: int = LAUNCH_LATENCY_NS) -> None:
-    """Device start/end of every kernel launched so far: streams in FIFO order, P2P paired."""
+def _resolve(kernels: list[Kernel], latency_ns: int = LAUNCH_LATENCY_NS, partial: bool = False) -> None:
+    """Device start/end of every kernel launched so far: streams in FIFO order, P2P paired.
+    ``partial``: kernels that cannot run yet (a peer not launched) may stay unresolved."""
     streams: dict[tuple[int, int], list[Kernel]] = {}
     for k in kernels:
         streams.setdefault((k.rank, k.stream), []).append(k)
@@ -718,8 +933,46 @@ def _resolve(kernels: list[Kernel], latency_ns: int = LAUNCH_LATENCY_NS) -> None
                 heads[key] += 1
                 progress = True
     stuck = sum(k.end_ns is None for k in kernels)
-    if stuck:
+    if stuck and not partial:
         raise RuntimeError(f"the generated schedule deadlocks on the device: {stuck} kernels never run")
+
+
+def _run_megatron_step(ranks: list[_Rank], step: int, behind: dict[int, int | None]) -> None:
+    """Every rank's host runs its Megatron step together: a host that synchronizes with its
+    device waits until the kernels it launched have run, which may need other ranks' hosts to
+    launch the peers of its P2P kernels first."""
+    programs = {host.rank: host.megatron_step(step, behind[host.rank]) for host in ranks}
+    waits: dict[int, list[Kernel] | None] = {rank: None for rank in programs}
+    while programs:
+        moved = False
+        for rank in list(programs):
+            need = waits[rank]
+            if need is not None and any(k.end_ns is None for k in need):
+                continue
+            try:
+                waits[rank] = next(programs[rank])
+            except StopIteration:
+                del programs[rank]
+            moved = True
+        _resolve([k for host in ranks for k in host.kernels], partial=True)
+        if not moved:
+            raise RuntimeError(f"the generated Megatron step {step} deadlocks: hosts {sorted(programs)} wait forever")
+
+
+def _pipeline_group(sc: Scenario) -> dict:
+    """record_param_comms' process group fields of a P2P op: the default group, or with a
+    rank_order the pipeline group (its ranks by group rank, as torch lists them)."""
+    if sc.rank_order is None:
+        return {
+            "Process Group Name": "0",
+            "Process Group Description": "default_pg",
+            "Process Group Ranks": str(list(range(sc.p))),
+        }
+    return {
+        "Process Group Name": "1",
+        "Process Group Description": "pipeline_model_parallel_group",
+        "Process Group Ranks": str(list(sc.rank_order)),
+    }
 
 
 def _union_in(spans: list[tuple[int, int]], lo: int, hi: int) -> int:
@@ -741,9 +994,12 @@ def simulate(sc: Scenario) -> tuple[list[_Rank], list[Kernel]]:
     device_end: dict[tuple[int, int], int] = {}  # (rank, step) -> its last kernel's end
     steps = [FIRST_STEP + i for i in range(sc.steps)]
     for i, step in enumerate(steps):
-        for host in ranks:
-            behind = None if sc.host_sync or i < 2 else device_end[(host.rank, steps[i - 2])]
-            host.run_step(step, behind)
+        behind = {host.rank: None if sc.host_sync or i < 2 else device_end[(host.rank, steps[i - 2])] for host in ranks}
+        if sc.framework == "megatron":
+            _run_megatron_step(ranks, step, behind)
+        else:
+            for host in ranks:
+                host.run_step(step, behind[host.rank])
         kernels = [k for host in ranks for k in host.kernels]
         _resolve(kernels)
         for host in ranks:
@@ -837,19 +1093,37 @@ def ground_truth(sc: Scenario, ranks: list[_Rank], kernels: list[Kernel]) -> dic
                 "waiting_rank": waiting,
                 "wait_ns": later - min(send.start_ns, recv.start_ns),
                 "transfer_ns": send.end_ns - later,
+                # the message's own direction (a fused kernel ends with its slowest one)
+                "message_transfer_ns": next(t for d, m, t in send.ops if m == message and d == "send"),
             }
         )
+    for row in rank_rows + per_step + pairs:  # the job's ranks, as the files name them
+        for key in ("rank", "src_rank", "dst_rank", "waiting_rank"):
+            if row.get(key) is not None:
+                row[key] = sc.global_rank(row[key])
+    rank_rows.sort(key=lambda row: row["rank"])
+    per_step.sort(key=lambda row: (row["step"], row["rank"]))
     pairs.sort(key=lambda row: (row["step"], row["src_rank"], row["dst_rank"], row["send_start_ns"]))
     return {
         "what": "GENERATED by tests/gpu_tracegen.py: ground truth of a simulated GPU pipeline, not a real trace",
         "times": "ns on the simulation's reference clock (a rank's file adds its clock_offset_ns to every ts)",
         "scenario": _scenario_json(sc),
-        "injected": sc.injected(),
+        "injected": _global_injected(sc),
         "steps": steps,
         "ranks": rank_rows,
         "per_step": per_step,
         "p2p_pairs": pairs,
     }
+
+
+def _global_injected(sc: Scenario) -> dict:
+    """:meth:`Scenario.injected` with ranks as the job numbers them (stages stay stages)."""
+    injected = sc.injected()
+    if "link" in injected:
+        injected["link"] = [sc.global_rank(r) for r in injected["link"]]
+    if "rank" in injected:
+        injected["rank"] = sc.global_rank(injected["rank"])
+    return injected
 
 
 def _host_wait(rank: int, step: int, kernels: list[Kernel], lo: int, hi: int) -> int:
@@ -873,6 +1147,7 @@ def _host_wait(rank: int, step: int, kernels: list[Kernel], lo: int, hi: int) ->
 def _scenario_json(sc: Scenario) -> dict:
     out = asdict(sc)
     out["link_transfer_ns"] = [[s, d, ns] for (s, d), ns in sc.link_transfer_ns.items()]
+    out["rank_order"] = None if sc.rank_order is None else list(sc.rank_order)
     for key in ("stage_factor", "rank_launch_ns", "clock_offset_ns"):
         out[key] = {str(k): v for k, v in out[key].items()}
     return out
@@ -885,7 +1160,7 @@ def _us(t_ns: int) -> float:
 
 def _rank_document(sc: Scenario, host: _Rank, kernels: list[Kernel]) -> dict:
     offset = ORIGIN_NS + sc.clock_offset_ns.get(host.rank, 0)
-    device = host.rank
+    device = sc.global_rank(host.rank)
     events: list[dict] = []
 
     def x(cat: str, name: str, pid, tid, start: int, end: int, args: dict) -> None:
@@ -1028,9 +1303,9 @@ def _rank_document(sc: Scenario, host: _Rank, kernels: list[Kernel]) -> dict:
         "deviceProperties": [{"id": d, **props} for d in range(sc.p)],
         "distributedInfo": {
             "backend": "nccl",
-            "rank": host.rank,
+            "rank": sc.global_rank(host.rank),
             "world_size": sc.p,
-            "pg_count": 1,
+            "pg_count": 1 if sc.rank_order is None else 2,
             "pg_config": [
                 {
                     "pg_name": "0",
@@ -1039,12 +1314,25 @@ def _rank_document(sc: Scenario, host: _Rank, kernels: list[Kernel]) -> dict:
                     "pg_size": sc.p,
                     "ranks": list(range(sc.p)),
                 }
-            ],
+            ]
+            + (
+                []
+                if sc.rank_order is None
+                else [
+                    {
+                        "pg_name": "1",
+                        "pg_desc": "pipeline_model_parallel_group",
+                        "backend_config": "cuda:nccl",
+                        "pg_size": sc.p,
+                        "ranks": list(sc.rank_order),
+                    }
+                ]
+            ),
             "nccl_version": "2.21.5",
         },
-        "record_shapes": 1,
+        "record_shapes": 1 if sc.record_shapes else 0,
         "traceEvents": events,
-        "traceName": f"generated_{sc.name}/rank{host.rank}.json",
+        "traceName": f"generated_{sc.name}/rank{sc.global_rank(host.rank)}.json",
         "displayTimeUnit": "ms",
         "baseTimeNanoseconds": BASE_TIME_NS,
     }
@@ -1063,7 +1351,8 @@ def generate(sc: Scenario, out_dir: Path | str) -> tuple[Path, dict]:
     for host in ranks:
         doc = _rank_document(sc, host, [k for k in kernels if k.rank == host.rank])
         # mtime=0: the same scenario gives the same bytes
-        (folder / f"rank{host.rank}.json.gz").write_bytes(gzip.compress(json.dumps(doc).encode(), mtime=0))
+        name = f"rank{sc.global_rank(host.rank)}.json.gz"
+        (folder / name).write_bytes(gzip.compress(json.dumps(doc).encode(), mtime=0))
     truth_path(folder).write_text(json.dumps(truth, indent=1))
     return folder, truth
 
@@ -1090,6 +1379,71 @@ SCENARIOS: dict[str, Scenario] = {
     # torch's native Schedule1F1B (no labels) on NCCL: batch_isend_irecv, fused SendRecv kernels
     "fused_1f1b": Scenario("fused_1f1b", labelled=False, fused_p2p=True),
     "fused_slow_link": Scenario("fused_slow_link", labelled=False, fused_p2p=True, link_transfer_ns={(1, 2): 400_000}),
+    # Megatron-core (no labels, its own P2P: see "Megatron-core" in the module doc)
+    "megatron_interleaved": Scenario(
+        "megatron_interleaved", schedule="Interleaved1F1B", v=2, kernel_ns=25_000, labelled=False, framework="megatron"
+    ),
+    "megatron_interleaved_nosync": Scenario(
+        "megatron_interleaved_nosync",
+        schedule="Interleaved1F1B",
+        v=2,
+        kernel_ns=25_000,
+        labelled=False,
+        framework="megatron",
+        megatron_p2p="batch",
+    ),
+    "megatron_interleaved_overlap": Scenario(
+        "megatron_interleaved_overlap",
+        schedule="Interleaved1F1B",
+        v=2,
+        kernel_ns=25_000,
+        labelled=False,
+        framework="megatron",
+        megatron_p2p="overlap",
+    ),
+    "megatron_1f1b": Scenario("megatron_1f1b", labelled=False, framework="megatron"),
+    "megatron_slow_link": Scenario(
+        "megatron_slow_link",
+        schedule="Interleaved1F1B",
+        v=2,
+        kernel_ns=25_000,
+        labelled=False,
+        framework="megatron",
+        link_transfer_ns={(1, 2): 400_000},
+    ),
+    # peers as group ranks: the pipeline runs on the job's ranks 2, 0, 3, 1 (its group ranks
+    # 0-3), and every P2P field names group ranks (the megatron_interleaved run, renumbered)
+    "megatron_group_ranks": Scenario(
+        "megatron_group_ranks",
+        schedule="Interleaved1F1B",
+        v=2,
+        kernel_ns=25_000,
+        labelled=False,
+        framework="megatron",
+        rank_order=(2, 0, 3, 1),
+    ),
+    # ... and wrong (pytorch#153819: the two-rank communicator's ranks in titles and
+    # record_param_comms, no Concrete Inputs): the unlabelled_1f1b run, renumbered
+    "wrong_peer_metadata": Scenario(
+        "wrong_peer_metadata",
+        labelled=False,
+        rank_order=(2, 0, 3, 1),
+        record_shapes=False,
+        p2p_comm_ranks=True,
+    ),
+    # the size issue #29 names: p=8, v=4, m=32 (1,024 actions a step; ~5 s to generate)
+    "megatron_p8_v4_m32": Scenario(
+        "megatron_p8_v4_m32",
+        schedule="Interleaved1F1B",
+        p=8,
+        v=4,
+        m=32,
+        kernels_f=2,
+        kernels_b=4,
+        kernel_ns=20_000,
+        labelled=False,
+        framework="megatron",
+    ),
 }
 # The acceptance scenarios the tests check: plain P2P kernels, and torch's fused batch_isend_irecv
 # (one SendRecv kernel per group). gpipe is there for the what-if tests.
@@ -1104,6 +1458,15 @@ PLAIN_SCENARIOS = [
     "clock_offset",
 ]
 FUSED_SCENARIOS = ["fused_1f1b", "fused_slow_link"]
+# Megatron-core's schedules and P2P (batch_isend_irecv groups with and without synchronize,
+# overlapped isend/irecv), small; megatron_p8_v4_m32 is checked on its own (slower)
+MEGATRON_SCENARIOS = [
+    "megatron_interleaved",
+    "megatron_interleaved_nosync",
+    "megatron_interleaved_overlap",
+    "megatron_1f1b",
+    "megatron_slow_link",
+]
 
 
 def main() -> None:

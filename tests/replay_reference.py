@@ -11,6 +11,11 @@ label of one rank, same label span, parts of different kinds: DualPipeV's OVERLA
 as one range, so a message from any part leaves from the part that ends last, a message to
 any part goes to the part that starts first, and a dependency between two parts' fused
 ranges is carried by such a message.
+
+And one more (issue #29): a device message's rendezvous transfer starts no earlier than the
+end of the last action of the receiver's rank that had ended when the receive kernel
+started (its receive was posted then: Megatron receives a unit's inputs before the unit
+runs), not the end of the consumer's previous action.
 """
 
 from __future__ import annotations
@@ -97,19 +102,22 @@ def graph_from_run(
             & (run.messages["consumer_action"] >= 0)
         ]
     edges: dict[tuple[int, int], tuple[int, int, int]] = {}  # (src, dst) -> (lat, msg_id, xfer)
+    anchors: dict[tuple[int, int], int] = {}  # (src, dst) -> the receiver's action before its post
+    posts = msgs["recv_post_ns"].tolist() if "recv_post_ns" in msgs else [None] * len(msgs)
     # Device messages: the data leaves at ``leave_ns`` and moves for ``transfer_ns`` once
     # both sides run (rendezvous); host messages: all latency up to ``arrival_ns``.
     rendezvous = "leave_ns" in msgs
     leaves = msgs["leave_ns"].tolist() if rendezvous else [-1] * len(msgs)
     transfers = msgs["transfer_ns"].tolist() if rendezvous else [-1] * len(msgs)
     release = np.zeros(n, dtype=np.int64) if rank_start is not None else None
-    for msg_id, producer, consumer, arrival, leave, transfer in zip(
+    for msg_id, producer, consumer, arrival, leave, transfer, post in zip(
         msgs["msg_id"].tolist(),
         msgs["producer_action"].tolist(),
         msgs["consumer_action"].tolist(),
         msgs["arrival_ns"].tolist(),
         leaves,
         transfers,
+        posts,
     ):
         s, d = pos.get(int(producer)), pos.get(int(consumer))
         s = None if s is None else last_of[s]
@@ -130,6 +138,14 @@ def graph_from_run(
             lat, xfer = int(min(max(arrival - end[s], 0), room)), 0
         if (s, d) not in edges or lat + xfer > edges[(s, d)][0] + edges[(s, d)][2]:
             edges[(s, d)] = (lat, int(msg_id), xfer)
+            anchor = int(prev[d])
+            if leave >= 0 and transfer >= 0 and post is not None:
+                # the last one on the rank's chain before the consumer that ended by the post
+                a = int(prev[d])
+                while a >= 0 and end[a] > post:
+                    a = int(prev[a])
+                anchor = a
+            anchors[(s, d)] = anchor
     kind = acts["kind"].to_numpy()
     stage = acts["stage"].to_numpy(dtype=np.int64)
     mb = acts["microbatch"].to_numpy(dtype=np.int64)
@@ -148,6 +164,7 @@ def graph_from_run(
     edge_lat = np.array([edges[k][0] for k in edge_keys], dtype=np.int64)
     edge_msg = np.array([edges[k][1] for k in edge_keys], dtype=np.int64)
     edge_xfer = np.array([edges[k][2] for k in edge_keys], dtype=np.int64)
+    edge_anchor = np.array([anchors.get(k, int(prev[k[1]])) for k in edge_keys], dtype=np.int64)
     t0 = int(start.min()) if n else 0
     if rank_start is not None:
         t0 = min([t0, *rank_start.values()])
@@ -161,13 +178,14 @@ def graph_from_run(
         in_edges[d].append(e)
     for i in range(n):
         origin = t0 if rank_start is None else rank_start.get(int(rank[i]), t0)
-        free = ready = origin if prev[i] < 0 else done[prev[i]]
+        ready = origin if prev[i] < 0 else done[prev[i]]
         if release is not None:
             ready = max(ready, int(release[i]))
         for e in in_edges[i]:
             arrival = done[edge_src[e]] + edge_lat[e]
             if edge_xfer[e]:
-                arrival = max(arrival, free) + edge_xfer[e]
+                partner = origin if edge_anchor[e] < 0 else done[edge_anchor[e]]
+                arrival = max(arrival, partner) + edge_xfer[e]
             ready = max(ready, arrival)
         ovh[i] = max(0, start[i] - ready)
     return StepGraph(
@@ -189,6 +207,7 @@ def graph_from_run(
         measured_end=end,
         notes=notes,
         edge_xfer=edge_xfer,
+        edge_anchor=edge_anchor,
         rank_start=rank_start,
         release=release,
     )

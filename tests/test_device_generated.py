@@ -149,11 +149,16 @@ def test_p2p_kernel_pairs_have_the_true_wait_and_transfer(analysed, name):
     for key, rows in expected.items():
         assert len(got[key]) == len(rows), f"{name} link/step {key}: {len(got[key])} pairs, expected {len(rows)}"
         for n, (want, have) in enumerate(zip(rows, got[key])):
-            off = [
-                f"{field} {want[field]} vs {have[field]}"
-                for field in ("wait_ns", "transfer_ns")
-                if abs(want[field] - have[field]) > PAIR_TOLERANCE_NS
-            ]
+            # a fused kernel moves several messages and ends with its slowest: each message's
+            # transfer is its own direction's (the truth's message_transfer_ns), within 5%
+            transfer = want["message_transfer_ns"]
+            off = (
+                [f"wait_ns {want['wait_ns']} vs {have['wait_ns']}"]
+                if abs(want["wait_ns"] - have["wait_ns"]) > PAIR_TOLERANCE_NS
+                else []
+            )
+            if abs(transfer - have["transfer_ns"]) > max(PAIR_TOLERANCE_NS, 0.05 * transfer):
+                off.append(f"transfer_ns {transfer} vs {have['transfer_ns']}")
             if want["waiting_rank"] is not None and have["waiting_rank"] != want["waiting_rank"]:
                 off.append(f"waiting rank {want['waiting_rank']} vs {have['waiting_rank']}")
             if off:

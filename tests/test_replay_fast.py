@@ -80,6 +80,7 @@ def test_generated_messages_build_the_same_graph(seed):
     if device:
         messages["leave_ns"] = np.where(rng.random(m) < 0.3, -1, rng.integers(0, 12_000, m))
         messages["transfer_ns"] = np.where(rng.random(m) < 0.3, -1, rng.integers(0, 500, m))
+        messages["recv_post_ns"] = rng.integers(0, 12_000, m)  # where the receive was posted
     run = Run(source="generated", files=[], events=pd.DataFrame(), actions=actions, messages=messages)
     starts = {r: -int(rng.integers(0, 900)) for r in range(3)} if seed % 2 else None
     _same(graph_from_run(run, 0, rank_start=starts), ref.graph_from_run(run, 0, rank_start=starts))

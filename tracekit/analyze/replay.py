@@ -64,12 +64,19 @@ class StepGraph:
     # Microbatches that differ in cost by design (TeraPipe's token slices): balancing keeps
     # each microbatch's cost and balances the stages per microbatch.
     balance_by_microbatch: bool = False
+    # Per edge, the action on the consumer's rank after which its receive was posted: the
+    # rendezvous transfer starts no earlier than that action's end (-1: the rank's start).
+    # A schedule that receives ahead (Megatron posts a unit's receives before the unit runs)
+    # posts it before the consumer's previous action. Empty: the consumer's previous action.
+    edge_anchor: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     # How replay_many walks the graph, made on its first replay (see _level_plan).
     level_plan: Any = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not len(self.edge_xfer):
             self.edge_xfer = np.zeros(len(self.edge_src), dtype=np.int64)
+        if not len(self.edge_anchor):
+            self.edge_anchor = np.asarray(self.prev, dtype=np.int64)[np.asarray(self.edge_dst, dtype=np.int64)]
 
     @property
     def ranks(self) -> np.ndarray:
@@ -231,6 +238,7 @@ def _replay_batch(graph: StepGraph, scenarios: list[Scenario]) -> list[Replay]:
         _origins(graph),
         None if graph.release is None else np.asarray(graph.release, dtype=np.int64),
         graph.edge_src,
+        np.asarray(graph.edge_anchor, dtype=np.int64),
         _stacked([s.dur for s in scenarios], graph.dur),
         _stacked([s.ovh for s in scenarios], graph.ovh),
         _stacked([s.lat for s in scenarios], graph.edge_lat),
@@ -284,6 +292,12 @@ def _replay_union(graphs: list[StepGraph], scenarios: list[list[Scenario]]) -> l
         np.concatenate([_origins(g) for g in graphs]),
         release,
         np.concatenate([np.asarray(g.edge_src, np.int64) + off for g, off in zip(graphs, node_at[:-1].tolist())]),
+        np.concatenate(
+            [
+                np.where(np.asarray(g.edge_anchor, np.int64) >= 0, np.asarray(g.edge_anchor, np.int64) + off, -1)
+                for g, off in zip(graphs, node_at[:-1].tolist())
+            ]
+        ),
         stacked("dur", "dur"),
         stacked("ovh", "ovh"),
         stacked("lat", "edge_lat"),
@@ -302,14 +316,16 @@ def _walk(
     origin: np.ndarray,
     release: np.ndarray | None,
     src: np.ndarray,
+    anchor: np.ndarray,
     dur: np.ndarray,
     ovh: np.ndarray,
     lat: np.ndarray,
     xfer: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The replay's recurrence level by level, every scenario a column (``dur``, ``ovh``:
-    action x scenario; ``lat``, ``xfer``: edge x scenario); start, end and binding as
-    scenario x action."""
+    action x scenario; ``lat``, ``xfer``: edge x scenario; ``anchor``: per edge, the action
+    whose end its rendezvous waits for, -1 the consumer's rank start); start, end and
+    binding as scenario x action."""
     n, k = dur.shape
     start = np.zeros((n, k), dtype=np.int64)
     end = np.zeros((n, k), dtype=np.int64)
@@ -323,7 +339,11 @@ def _walk(
             arrival = end[src[edges]] + lat[edges]
             if rendezvous:
                 x = xfer[edges]
-                arrival = np.where(x != 0, np.maximum(arrival, free[local_dst]) + x, arrival)
+                posted = anchor[edges]  # the receive's anchor: of an earlier level, so already replayed
+                partner = np.where(
+                    (posted >= 0)[:, None], end[np.maximum(posted, 0)], origin[nodes[local_dst]][:, None]
+                )
+                arrival = np.where(x != 0, np.maximum(arrival, partner) + x, arrival)
             latest = np.maximum.reduceat(arrival, seg_starts, axis=0)  # per action with inputs
             before = ready[seg_nodes]
             # the binding input: the first edge (in edge order) with the latest arrival, if
@@ -677,6 +697,13 @@ def graph_from_run(
     rendezvous = (leave >= 0) & (transfer >= 0)
     lat = np.minimum(np.maximum(np.where(rendezvous, leave, arrival[kept]) - end[s], 0), room)
     xfer = np.where(rendezvous, np.minimum(transfer, room - lat), 0)
+    # the receiver's action after which each receive was posted (its kernel starts once the
+    # work queued before it has run): the consumer's previous action, or an earlier one
+    # where the schedule receives ahead
+    anchor = prev[d]
+    if "recv_post_ns" in msgs:
+        posted = msgs["recv_post_ns"].to_numpy(dtype=np.int64)[kept]
+        anchor = np.where(rendezvous, _posted_after(end, d, posted, prev), anchor)
     # One edge per (producer, consumer): the first message of the largest latency + transfer.
     pick = np.lexsort((np.arange(len(kept)), -(lat + xfer), d, s))
     first = np.ones(len(pick), dtype=bool)
@@ -702,9 +729,10 @@ def graph_from_run(
     edge_lat = np.concatenate((lat[pick], np.zeros(unmessaged, dtype=np.int64)))
     edge_msg = np.concatenate((msg_id[kept][pick], np.full(unmessaged, -1, dtype=np.int64)))
     edge_xfer = np.concatenate((xfer[pick], np.zeros(unmessaged, dtype=np.int64)))
+    edge_anchor = np.concatenate((anchor[pick], prev[dep_dst[bare]]))
     by_pair = np.lexsort((edge_dst, edge_src))  # edges sorted by (producer, consumer)
-    edge_src, edge_dst, edge_lat, edge_msg, edge_xfer = (
-        a[by_pair].astype(np.int64) for a in (edge_src, edge_dst, edge_lat, edge_msg, edge_xfer)
+    edge_src, edge_dst, edge_lat, edge_msg, edge_xfer, edge_anchor = (
+        a[by_pair].astype(np.int64) for a in (edge_src, edge_dst, edge_lat, edge_msg, edge_xfer, edge_anchor)
     )
     t0 = int(start.min()) if n else 0
     if rank_start is not None:
@@ -721,7 +749,8 @@ def graph_from_run(
     free = np.where(prev >= 0, done[np.maximum(prev, 0)], origin)
     ready = free if release is None else np.maximum(free, release)
     inputs = done[edge_src] + edge_lat
-    inputs = np.where(edge_xfer != 0, np.maximum(inputs, free[edge_dst]) + edge_xfer, inputs)
+    partner = np.where(edge_anchor >= 0, done[np.maximum(edge_anchor, 0)], origin[edge_dst])
+    inputs = np.where(edge_xfer != 0, np.maximum(inputs, partner) + edge_xfer, inputs)
     np.maximum.at(ready, edge_dst, inputs)
     ovh = np.maximum(0, start - ready)
     return StepGraph(
@@ -743,9 +772,24 @@ def graph_from_run(
         measured_end=end,
         notes=notes,
         edge_xfer=edge_xfer,
+        edge_anchor=edge_anchor,
         rank_start=rank_start,
         release=release,
     )
+
+
+def _posted_after(end: np.ndarray, consumer: np.ndarray, posted: np.ndarray, prev: np.ndarray) -> np.ndarray:
+    """For each receive (its consumer's position and when it was posted): the last action
+    of the consumer's rank before the consumer that ended by then, -1 for none; the
+    consumer's previous action where the receive was posted after it (or it is unknown)."""
+    out: np.ndarray = np.array(prev[consumer], dtype=np.int64)
+    ahead = np.flatnonzero((out >= 0) & (end[np.maximum(out, 0)] > posted))  # most receives: none
+    for i in ahead.tolist():
+        a, t = int(out[i]), int(posted[i])
+        while a >= 0 and end[a] > t:  # walk back along the rank to the action done by the post
+            a = int(prev[a])
+        out[i] = a
+    return out
 
 
 def _previous_on_rank(rank: np.ndarray) -> np.ndarray:

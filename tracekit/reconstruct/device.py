@@ -217,7 +217,56 @@ def _with_kernel_times(messages: pd.DataFrame, kernels: pd.DataFrame) -> pd.Data
     )
     out["waiting_rank"] = np.where(known, waiting, -1)
     out["wait_ns"] = np.where(known, wait, -1)
-    out["transfer_ns"] = np.where(known, transfer, -1)
+    out["transfer_ns"] = np.where(known, fused_transfer(out, transfer, known), -1)
+    return out
+
+
+def fused_transfer(messages: pd.DataFrame, transfer: np.ndarray, known: np.ndarray) -> np.ndarray:
+    """Each message's transfer where a kernel moves several messages (a batch_isend_irecv
+    group's one fused kernel; Megatron sends and receives up to four at a time).
+
+    A message moves once both its kernels run (from the later start) and a kernel ends when
+    the last of its messages is done, so earlier end - later start is only a bound: the
+    kernels may end with another message, one whose peer came later or whose link is slower.
+    Where a message is the one whose peer came last in one of its kernels (the latest
+    "later start" of the kernel's messages, no tie), that kernel ended with it: the kernel's
+    end - its later start is its transfer. A link moves a message of one size in about the
+    same time, so every message of the link takes the median of those readings, never more
+    than its own bound. A link with no reading (each of its messages always fused with one
+    whose peer came later: the wrap link of an interleaved pipeline) takes the median reading
+    of the run's messages of its size, a link like the others, again never more than its
+    own bound."""
+    send_k, recv_k = messages["send_kernel"].to_numpy(np.int64), messages["recv_kernel"].to_numpy(np.int64)
+    kernels, counts = np.unique(np.concatenate((send_k[known], recv_k[known])), return_counts=True)
+    if not len(kernels) or counts.max() < 2:
+        return transfer
+    later = np.maximum(messages["send_start_ns"].to_numpy(np.int64), messages["recv_start_ns"].to_numpy(np.int64))
+    ends = {"send": messages["send_end_ns"].to_numpy(np.int64), "recv": messages["recv_end_ns"].to_numpy(np.int64)}
+    # each kernel's messages' later starts: its latest and whether two share it
+    latest: dict[int, int] = {}
+    ties: dict[int, int] = {}
+    for i in np.flatnonzero(known).tolist():
+        for k in (int(send_k[i]), int(recv_k[i])):
+            if k not in latest or later[i] > latest[k]:
+                latest[k], ties[k] = int(later[i]), 1
+            elif later[i] == latest[k]:
+                ties[k] += 1
+    link = list(zip(*(messages[c].to_numpy(np.int64).tolist() for c in ("src_rank", "dst_rank", "nbytes"))))
+    readings: dict[tuple, list[int]] = {}
+    bounds: dict[tuple, list[int]] = {}
+    for i in np.flatnonzero(known).tolist():
+        bounds.setdefault(link[i], []).append(int(transfer[i]))
+        for side, k in (("send", int(send_k[i])), ("recv", int(recv_k[i]))):
+            if later[i] == latest[k] and ties[k] == 1:
+                readings.setdefault(link[i], []).append(int(ends[side][i] - later[i]))
+    by_size: dict[int, list[int]] = {}
+    for (_, _, nbytes), seen in readings.items():
+        by_size.setdefault(nbytes, []).extend(seen)
+    out = transfer.copy()
+    for i in np.flatnonzero(known).tolist():
+        seen = readings.get(link[i]) or by_size.get(link[i][2])
+        typical = int(np.median(seen)) if seen else min(bounds[link[i]])
+        out[i] = max(0, min(int(transfer[i]), typical))
     return out
 
 
