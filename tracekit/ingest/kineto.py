@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from tracekit.errors import TraceFormatError
 from tracekit.ingest.columns import EventColumns
@@ -110,7 +110,9 @@ def read_kineto(
             "aligned across ranks only if all ranks share this file's origin"
         )
     trace.n_events_raw = stream.n_elements
-    columns = rows.columns(base_ns, _group_rank_maps(path, info, trace.warnings), trace.rank, file_id)
+    group_ranks = _group_rank_maps(path, info, trace.warnings)
+    trace.process_groups = _process_groups(info, group_ranks)
+    columns = rows.columns(base_ns, group_ranks, trace.rank, file_id)
     if rows.dropped.total and not len(columns):
         raise TraceFormatError(
             f"{path}: none of its {rows.dropped.of_rows:,} events tracekit reads can be real "
@@ -206,6 +208,17 @@ def _decide_rank(
     if from_name is not None:
         return from_name, "file name"
     return -1, "unknown"
+
+
+def _process_groups(info: dict, group_ranks: dict[str, list[int]]) -> list[dict[str, Any]]:
+    """The groups of pg_config that :func:`_group_rank_maps` read, with their descriptions."""
+    described = {}
+    for pg in info.get("pg_config") or []:
+        if isinstance(pg, dict):
+            described[valid_text(str(pg.get("pg_name")))] = valid_text(str(pg.get("pg_desc") or ""))[:200]
+    return [
+        {"name": name, "description": described.get(name, ""), "ranks": ranks} for name, ranks in group_ranks.items()
+    ]
 
 
 def _group_rank_maps(path: Path, info: dict, warnings: list[str]) -> dict[str, list[int]]:

@@ -134,6 +134,9 @@ class TraceFile:
     n_events_raw: int = 0  # events in the file before filtering
     truncated: bool = False  # file ended early; what it held was read
     profiler: dict[str, Any] = field(default_factory=dict)  # versions and settings the file names
+    # the process groups the file lists (Kineto distributedInfo.pg_config): name, description,
+    # ranks (the job's rank of each group rank)
+    process_groups: list[dict[str, Any]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     # rows="reduce": this rank's steps, actions and label counts, found where the file was
     # parsed (tracekit.reconstruct.per_rank); JSON values and int64 arrays (a GPU rank's

@@ -20,6 +20,7 @@ from tracekit.model.groups import SortedGroups, pair_codes
 from tracekit.model.run import MESSAGE_COLUMNS
 from tracekit.reconstruct.event_arrays import EventArrays
 from tracekit.reconstruct.labels import p2p_action, p2p_ways
+from tracekit.reconstruct.peers import ProcessGroup, Resolved, contradiction, matched_sides, through_groups
 from tracekit.reconstruct.p2p_sides import DIRECTIONS, p2p_sides
 from tracekit.reconstruct.steps import step_of
 
@@ -90,9 +91,16 @@ def host_p2p_ops(events: pd.DataFrame) -> pd.DataFrame:
 
 
 def match_messages(
-    events: pd.DataFrame, steps: pd.DataFrame, actions: pd.DataFrame, consumer_by_kind: bool = False
+    events: pd.DataFrame,
+    steps: pd.DataFrame,
+    actions: pd.DataFrame,
+    consumer_by_kind: bool = False,
+    groups: dict[int, list[ProcessGroup]] | None = None,
 ) -> tuple[pd.DataFrame, list[str]]:
     """Pair sends with receives; return the messages table and warnings.
+
+    ``groups``: each rank's process groups (``distributedInfo.pg_config``), which the peers
+    the metadata names may be ranks of (:mod:`tracekit.reconstruct.peers`).
 
     ``consumer_by_kind``: an activation's consumer is the receiver's next forward and a
     gradient's its next backward, not just its next action (segmented runs, where every
@@ -114,9 +122,13 @@ def match_messages(
             f"{named} send/recv ops name no peer rank; their peers are read from the framework's "
             "P2P ranges around them (Megatron's p2p_communication functions)"
         )
+    resolved = _resolve_peers(sends, recvs, actions, groups or {})
+    sends, recvs = resolved.sends, resolved.recvs
+    if resolved.warning:
+        warnings.append(resolved.warning)
     unknown_before = int((sends["peer"] < 0).sum() + (recvs["peer"] < 0).sum())
     if unknown_before:
-        sends, recvs = _infer_peers(sends, recvs, actions)
+        sends, recvs = _infer_peers(sends, recvs, actions, _pipeline_order(groups or {}, actions))
         inferred = unknown_before - int((sends["peer"] < 0).sum() + (recvs["peer"] < 0).sum())
         warnings.append(
             f"{unknown_before} send/recv ops name no peer rank (Kineto without record_shapes=True, "
@@ -178,7 +190,17 @@ def match_messages(
         return pd.DataFrame(columns=MESSAGE_COLUMNS), warnings
     messages = messages.sort_values(["step", "send_post_ns"]).reset_index(drop=True)
     messages["msg_id"] = np.arange(len(messages))
-    _link_actions(messages, actions, consumer_by_kind)
+    order = _pipeline_order(groups or {}, actions)
+    if consumer_by_kind and order is not None and order != sorted(order):
+        # which way a message goes is read from its ranks' places in the pipeline, which its
+        # pipeline group lists (the job's rank numbers need not run along it)
+        place = {rank: i for i, rank in enumerate(order)}
+        placed = messages.assign(src_rank=messages["src_rank"].map(place), dst_rank=messages["dst_rank"].map(place))
+        _link_actions(placed, actions.assign(rank=actions["rank"].map(place)), consumer_by_kind)
+        for column in ("producer_action", "consumer_action", "direction"):
+            messages[column] = placed[column].to_numpy()
+    else:
+        _link_actions(messages, actions, consumer_by_kind)
     _link_by_labels(messages, actions)
     messages["recv_wait_ns"] = 0
     messages["arrival_ns"] = messages["recv_done_ns"]
@@ -372,10 +394,67 @@ def _one_of_two(side: int, last_rank: bool) -> str | None:
     return "next"
 
 
-def _infer_peers(sends: pd.DataFrame, recvs: pd.DataFrame, actions: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+def _resolve_peers(
+    sends: pd.DataFrame, recvs: pd.DataFrame, actions: pd.DataFrame, groups: dict[int, list[ProcessGroup]]
+) -> Resolved:
+    """The peers under which the most calls find a partner (module doc of
+    :mod:`tracekit.reconstruct.peers`): the metadata as the job's ranks, as ranks of the
+    callers' process groups, or the pipeline's shape alone."""
+    named = bool((sends["peer"] >= 0).any() or (recvs["peer"] >= 0).any())
+    if not named or actions.empty:
+        return Resolved(sends, recvs, "metadata")
+    total = len(sends) + len(recvs)
+    best = Resolved(sends, recvs, "metadata")
+    best_score = matched_sides(sends, recvs)
+    if best_score < total and groups:
+        ranks = set(actions["rank"].tolist()) | set(sends["rank"].tolist()) | set(recvs["rank"].tolist())
+        grouped = Resolved(through_groups(sends, groups, ranks), through_groups(recvs, groups, ranks), "group ranks")
+        score = matched_sides(grouped.sends, grouped.recvs)
+        if score > best_score:
+            best, best_score = grouped, score
+    if best_score < total:
+        shaped_s, shaped_r = _infer_peers(
+            sends.assign(peer=-1), recvs.assign(peer=-1), actions, _pipeline_order(groups, actions)
+        )
+        if matched_sides(shaped_s, shaped_r) > best_score:
+            example = contradiction(best.sends, best.recvs, shaped_s, shaped_r)
+            return Resolved(
+                shaped_s,
+                shaped_r,
+                "pipeline shape",
+                f"the P2P metadata contradicts the trace ({example}; under it {best_score} of {total} calls "
+                "find a partner): its peers are ignored and read from the pipeline's shape instead (some "
+                "torch versions write the two-rank P2P communicator's ranks, pytorch#153819)",
+            )
+    # a call to its own rank is no message: its peer is unknown (inferred below if it can be)
+    for sides in (best.sends, best.recvs):
+        own = (sides["peer"] == sides["rank"]).to_numpy()
+        if own.any():
+            sides.loc[own, "peer"] = -1
+    return best
+
+
+def _pipeline_order(groups: dict[int, list[ProcessGroup]], actions: pd.DataFrame) -> list[int] | None:
+    """The job's ranks in pipeline order, where a pipeline process group holds every rank of
+    the run's actions (its group ranks are the stages' order); None where none does."""
+    ranks = set(actions["rank"].tolist())
+    for group in (g for listed in groups.values() for g in listed):
+        if group.is_pipeline and set(group.ranks) == ranks:
+            return list(group.ranks)
+    return None
+
+
+def _infer_peers(
+    sends: pd.DataFrame, recvs: pd.DataFrame, actions: pd.DataFrame, order: list[int] | None = None
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Fill unknown peers from the pipeline's shape: a send after a forward of stage s goes
     to stage s+1's rank, after a backward to stage s-1's; a receive feeding a forward comes
-    from stage s-1, one feeding a backward from stage s+1."""
+    from stage s-1, one feeding a backward from stage s+1. ``order``: the ranks in pipeline
+    order (a pipeline process group's), where stages are still numbered by rank."""
+    stage_is_rank_numbering = bool((actions["stage"] == actions["rank"]).all())
+    if order is not None and stage_is_rank_numbering:
+        position = {rank: i for i, rank in enumerate(order)}
+        actions = actions.assign(stage=actions["rank"].map(position))
     stage_rank = actions.groupby("stage")["rank"].first().to_dict()
     by_rank = {r: g.sort_values("start_ns") for r, g in actions.groupby("rank")}
     first, last = (min(stage_rank), max(stage_rank)) if stage_rank else (0, 0)
@@ -392,7 +471,6 @@ def _infer_peers(sends: pd.DataFrame, recvs: pd.DataFrame, actions: pd.DataFrame
         peer = stage_rank.get(stage, -1)
         return -1 if peer == action["rank"] else int(peer)
 
-    stage_is_rank_numbering = bool((actions["stage"] == actions["rank"]).all())
     sends, recvs = sends.copy(), recvs.copy()
     for idx in sends.index[sends["peer"] < 0]:
         rank_actions = by_rank.get(sends.at[idx, "rank"])

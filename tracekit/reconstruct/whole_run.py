@@ -25,6 +25,7 @@ from tracekit.reconstruct.declared import declared_mismatch
 from tracekit.reconstruct.event_arrays import LAUNCH_CATEGORY, EventArrays, has_device_work
 from tracekit.reconstruct.labels import LabelSet, custom_set, describe_annotations, parse_rule
 from tracekit.reconstruct.p2p import estimate_arrivals, match_messages
+from tracekit.reconstruct.peers import groups_of
 from tracekit.reconstruct.per_rank import gather
 from tracekit.reconstruct.pipelines import pipeline_groups, restage, stage_is_rank
 from tracekit.reconstruct.schedule import recognise, unrecognised
@@ -115,7 +116,11 @@ def reconstruct(run: Run, timeline: str = "auto", labels: LabelSet | Sequence[st
         run.warn(no_pipeline_message(run, host_events, annotations))
         return run
     messages, warnings = match_messages(
-        host_events, run.steps, actions, consumer_by_kind=run.actions_from == "segmentation"
+        host_events,
+        run.steps,
+        actions,
+        consumer_by_kind=run.actions_from == "segmentation",
+        groups=groups_of(run.files),
     )
     for message in warnings:
         run.warn(message)
