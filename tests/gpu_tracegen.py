@@ -96,6 +96,53 @@ Schema (field names, cats, args keys, pid/tid conventions, ac2g flows) copied fr
 ``shared/real-traces/kineto-gpu/hta_nccl_parser_config_nccl_data.json.gz``; no ``host_name``
 (the real GPU traces have none).
 
+ROCm naming (``rocm=True``, scenarios ``rocm_*``; tracekit issue #29). The simulation is the
+same, to the nanosecond; only what the files call things changes, each from a source:
+
+- Kineto writes HIP runtime calls as ``ActivityType::CUDA_RUNTIME`` (pytorch/kineto@114171df
+  ``libkineto/src/RocprofActivity.h:149``; before roctracer's removal, @094d3c1d
+  ``libkineto/src/RoctracerActivity.h:154``), i.e. cat ``cuda_runtime``
+  (``libkineto/include/ActivityType.h:89``), and starts an ``ac2g`` flow at hipLaunchKernel,
+  hipExtLaunchKernel, hipModuleLaunchKernel, hipExtModuleLaunchKernel (and, in rocprofiler's
+  version, hipGraphLaunch) (``RocprofActivity_inl.h:186-198``; ``RoctracerActivity_inl.h:143-147``).
+- A launch's args are roctracer's: ``kernel`` (its name), ``cid`` (not CUPTI's ``cbid``),
+  ``correlation``, ``grid``, ``block``, ``shared memory`` (``RoctracerActivity_inl.h:157-200``),
+  and ``stream`` as a handle (``"0x0"`` in the real trace; made up here); any other call: ``cid``
+  and ``correlation``. A kernel's args: ``device``, ``stream`` (the HSA queue, also its tid),
+  ``correlation``, ``kind: "Dispatch Kernel"`` (``RoctracerActivity_inl.h:44, 103-135``,
+  ``RoctracerActivity.h:113``), no grid/block (a thread-local cache the real trace never hits);
+  a kernel launched under ``record_param_comms`` gets the comm metadata on any GPU
+  (``libkineto/src/output_json.cpp:900-904``).
+- ``cid`` values are ROCm/clr@006d80ed ``hipamd/include/hip/amd_detail/hip_prof_str.h``'s
+  ``hip_api_id_t``: hipDeviceSynchronize 48 (line 73), hipEventRecord 59 (84),
+  hipEventSynchronize 60 (85), hipExtLaunchKernel 62 (87), hipExtModuleLaunchKernel 65 (90),
+  hipLaunchKernel 107 (132), hipStreamWaitEvent 200 (225); the real MI250 trace's cids for
+  the calls it holds agree.
+- RCCL runs every op, P2P or collective, in one kernel. ROCm/rccl ``release/rocm-rel-6.2``
+  (612add2b): ``src/device/common.cu:20`` defines ``ncclDevKernel_Generic(ncclDevComm*,
+  channelMasks, ncclWork*)``; ``src/enqueue.cc:38-40`` makes it the only kernel, taken by the
+  collective plans (lines 349, 456, 540) and ``scheduleP2pTasksToPlan`` (921) alike, and launched
+  by ``hipExtLaunchKernel`` (1393; ``cudaLaunchKernel``, hipified to hipLaunchKernel, when a plan
+  spans several streams, 1445). Its name elsewhere: ``rccl_main_kernel`` (rocm-rel-6.1,
+  ``src/collectives/device/common.h:366``), ``ncclDevKernel_Generic_4`` (rocm-rel-6.3.0.1,
+  ``src/device/common.cu:23``), ``ncclDevKernel_Generic_1/_2/_4(ncclDevKernelArgs4K)``
+  (ROCm/rccl@2a59f8dd ``src/device/common.cu:20-28``). ROCm 6.2 ships RCCL 2.20.5
+  (``CHANGELOG.md:14``): the ``nccl_version`` written.
+- torch builds ProcessGroupNCCL against RCCL through hipify, which leaves string literals
+  alone: the ``nccl:send a->b`` titles (``ProcessGroupNCCL::send`` > ``pointToPoint(...,
+  c10::str("nccl:send ", rank_, "->", dstRank))``, torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp),
+  ``record_param_comms``, ``c10d::send`` are as on CUDA; the CUDA calls it makes become HIP's
+  (hipEventRecord, hipStreamWaitEvent; the real trace's hipDeviceSynchronize). Compute kernels
+  keep torch's names, GEMMs are Tensile's ``Cijk_...`` launched by hipExtModuleLaunchKernel,
+  and deviceProperties are the MI250's, all as in
+  ``shared/real-traces/kineto-gpu/hta_amd_trace_mi250_minitoy_train_ROCm6_2_kineto.json.gz``.
+- Clocks: roctracer stamps the device in CLOCK_MONOTONIC and Kineto shifts it into the host's
+  clock by one offset when it writes (``RoctracerActivityApi.cpp:91-105, 131-136``): one time
+  base per file, as on CUDA (in the real MI250 trace every kernel starts 5.5-8.2 us after its
+  launch ends). Not modelled: that offset's error; HSA queue ids (the CUDA streams' numbers are
+  kept); RCCL's multi-stream launch (hipLaunchKernel); graphs. No real multi-GPU ROCm trace was
+  in reach: the per-peer streams and spin-then-transfer kernels are the CUDA model's guesses.
+
 Run ``python tests/gpu_tracegen.py --scenario slow_link --out /tmp/x`` to write one by hand.
 """
 
@@ -120,14 +167,16 @@ ORIGIN_NS = 5_000_000_000  # trace ts origin (ns); ts = (ORIGIN_NS + t + offset)
 BASE_TIME_NS = 1_790_000_000_000_000_000
 MESSAGE_SHAPE = [8, 1024]  # activations / gradients, float32
 NCCL_KERNEL = "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"
-_CBID = {
-    "cudaLaunchKernel": 211,
-    "cudaEventRecord": 135,
-    "cudaStreamWaitEvent": 147,
-    "cudaDeviceSynchronize": 165,
-    "cudaEventSynchronize": 137,
-}
+# RCCL (ROCm 6.2) runs every op, P2P or collective, in this one kernel (module doc).
+RCCL_KERNEL = "ncclDevKernel_Generic(ncclDevComm*, channelMasks, ncclWork*)"
 _GEMM = "sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x32_warpgroupsize1x1x1_execute_kernel__5x_cublas"
+# A Tensile GEMM as the real MI250 trace names it (launched through hipExtModuleLaunchKernel).
+_TENSILE_GEMM = (
+    "Cijk_Alik_Bljk_SB_Bias_AS_SAV_UserArgs_MT64x16x32_MI16x16x1_SN_LDSB0_AFC1_AFEM1_AFEM1_ASEM1_CLR1_CADS0_"
+    "EPS0_GRVWA2_GRVWB2_GSUAMB_ISA90a_IU1_K1_LBSPPA128_LBSPPB128_LBSPPM0_LPA8_LPB8_LPM0_LRVW4_LWPMn1_MIAV0_"
+    "MIWT1_1_MO40_NTn1_NTA0_NTB0_NTC0_NTD0_NTM0_NEPBS2_NLCA1_NLCB1_ONLL1_PGR2_PLR1_PKA1_SIA3_SS1_SPO1_SRVW0_"
+    "SSO0_SVW1_TLDS1_USFGROn1_VSn1_VWA1_VWB1_WSGRA1_WSGRB1_WS64_WG64_4_1"
+)
 _GELU = (
     "void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl(at::TensorIteratorBase&, "
     "at::native::GeluType)::{lambda()#2}::operator()() const::{lambda()#2}::operator()() const::"
@@ -149,6 +198,85 @@ _OPTIM_KERNEL = (
     "<float, 2, 2, 0>, std::plus<float>, float>(at::native::(anonymous namespace)::"
     "TensorListMetadata<2>, at::native::(anonymous namespace)::BinaryOpListAlphaFunctor<float, 2, 2, 0>, "
     "std::plus<float>, float)"
+)
+
+
+@dataclass(frozen=True)
+class Platform:
+    """What one GPU stack's Kineto trace names: each host API call by role (name, callback
+    id), the key the callback id goes under, the comm library's kernel, the GEMM kernel, the
+    device and the comm library's version (module doc)."""
+
+    calls: dict[str, tuple[str, int]]
+    callback_key: str
+    comm_kernel: str
+    gemm_kernel: str
+    device: dict
+    comm_version: str
+
+    @property
+    def rocm(self) -> bool:
+        return self.callback_key == "cid"
+
+
+CUDA = Platform(
+    calls={
+        "launch": ("cudaLaunchKernel", 211),
+        "gemm_launch": ("cudaLaunchKernel", 211),
+        "comm_launch": ("cudaLaunchKernel", 211),
+        "event_record": ("cudaEventRecord", 135),
+        "stream_wait": ("cudaStreamWaitEvent", 147),
+        "device_sync": ("cudaDeviceSynchronize", 165),
+        "event_sync": ("cudaEventSynchronize", 137),
+    },
+    callback_key="cbid",
+    comm_kernel=NCCL_KERNEL,
+    gemm_kernel=_GEMM,
+    device={
+        "name": "NVIDIA H100 80GB HBM3 (generated)",
+        "totalGlobalMem": 85_024_112_640,
+        "computeMajor": 9,
+        "computeMinor": 0,
+        "maxThreadsPerBlock": 1024,
+        "maxThreadsPerMultiprocessor": 2048,
+        "regsPerBlock": 65536,
+        "warpSize": 32,
+        "sharedMemPerBlock": 49152,
+        "numSms": 132,
+        "regsPerMultiprocessor": 65536,
+        "sharedMemPerBlockOptin": 232448,
+        "sharedMemPerMultiprocessor": 233472,
+    },
+    comm_version="2.21.5",
+)
+# Callback ids: ROCm/clr hip_prof_str.h's hip_api_id_t (module doc), as the real MI250 trace has them.
+ROCM = Platform(
+    calls={
+        "launch": ("hipLaunchKernel", 107),
+        "gemm_launch": ("hipExtModuleLaunchKernel", 65),
+        "comm_launch": ("hipExtLaunchKernel", 62),
+        "event_record": ("hipEventRecord", 59),
+        "stream_wait": ("hipStreamWaitEvent", 200),
+        "device_sync": ("hipDeviceSynchronize", 48),
+        "event_sync": ("hipEventSynchronize", 60),
+    },
+    callback_key="cid",
+    comm_kernel=RCCL_KERNEL,
+    gemm_kernel=_TENSILE_GEMM,
+    device={  # the real MI250 trace's deviceProperties
+        "name": "AMD Radeon Graphics (generated)",
+        "totalGlobalMem": 68_702_699_520,
+        "computeMajor": 9,
+        "computeMinor": 0,
+        "maxThreadsPerBlock": 1024,
+        "maxThreadsPerMultiprocessor": 2048,
+        "regsPerBlock": 65536,
+        "warpSize": 64,
+        "sharedMemPerBlock": 65536,
+        "numSms": 104,
+        "maxSharedMemoryPerMultiProcessor": 65536,
+    },
+    comm_version="2.20.5",  # RCCL 2.20.5 shipped with ROCm 6.2 (its CHANGELOG)
 )
 
 
@@ -186,6 +314,7 @@ class Scenario:
     rank_order: tuple[int, ...] | None = None
     record_shapes: bool = True
     p2p_comm_ranks: bool = False
+    rocm: bool = False  # ROCm's names: HIP runtime calls, RCCL's one generic kernel, roctracer's args
     jitter: float = 0.05  # kernel durations vary by up to this fraction (seeded)
     seed: int = 0
 
@@ -218,6 +347,10 @@ class Scenario:
     @property
     def n_stages(self) -> int:
         return self.p * self.v
+
+    @property
+    def platform(self) -> Platform:
+        return ROCM if self.rocm else CUDA
 
     def rank_of(self, stage: int) -> int:
         return stage % self.p  # "loop" placement
@@ -376,7 +509,7 @@ class Kernel:
     rank: int
     stream: int
     name: str
-    kind: str  # "compute", "optimizer", "send" or "recv"
+    kind: str  # "compute", "optimizer", or COMM_KINDS: "send", "recv", "sendrecv" (fused)
     step: int
     dur_ns: int  # compute: its run time; P2P: its transfer time
     launch_start_ns: int
@@ -403,6 +536,21 @@ class _HostEvent:
     start_ns: int
     end_ns: int
     args: dict
+
+
+COMM_KINDS = ("send", "recv", "sendrecv")
+
+
+def _roctracer_launch_args(kernel: str, stream: int, comm: bool) -> dict:
+    """What roctracer adds to a kernel launch's args, as the real MI250 trace has them: the
+    kernel's name, the stream as a handle, grid, block and shared memory."""
+    return {
+        "kernel": kernel,
+        "stream": f"0x{0x7F3A_0000_0000 + 0x100 * stream:x}",  # a made-up hipStream_t
+        "grid": [2, 1, 1] if comm else [512, 1, 1],
+        "block": [256, 1, 1],
+        "shared memory": 0,
+    }
 
 
 class _Rank:
@@ -436,19 +584,15 @@ class _Rank:
         self.events.append(_HostEvent(cat, name, tid, start, end, {"External id": ext, **args}))
         return ext
 
-    def _runtime(self, name: str, tid: int, start: int, end: int, external_id: int) -> int:
+    def _runtime(self, call: str, tid: int, start: int, end: int, external_id: int, launch: dict | None = None) -> int:
+        """One host API call, ``call`` a :class:`Platform` role; ``launch``: the args roctracer
+        adds to a kernel launch (ROCm). Returns its correlation id."""
+        platform = self.sc.platform
+        name, callback = platform.calls[call]
         corr = self.next_correlation
         self.next_correlation += 1
-        self.events.append(
-            _HostEvent(
-                "cuda_runtime",
-                name,
-                tid,
-                start,
-                end,
-                {"External id": external_id, "cbid": _CBID[name], "correlation": corr},
-            )
-        )
+        args = {"External id": external_id, platform.callback_key: callback, "correlation": corr, **(launch or {})}
+        self.events.append(_HostEvent("cuda_runtime", name, tid, start, end, args))
         return corr
 
     def _launch(
@@ -464,7 +608,11 @@ class _Rank:
         dur_ns: int,
         **extra,
     ) -> Kernel:
-        corr = self._runtime("cudaLaunchKernel", tid, start, end, external_id)
+        platform = self.sc.platform
+        comm = kind in COMM_KINDS
+        call = "comm_launch" if comm else "gemm_launch" if name == platform.gemm_kernel else "launch"
+        launch = _roctracer_launch_args(name, stream, comm) if platform.rocm else None
+        corr = self._runtime(call, tid, start, end, external_id, launch)
         kernel = Kernel(self.rank, stream, name, kind, step, dur_ns, start, end, tid, external_id, corr, **extra)
         self.kernels.append(kernel)
         if kind in ("compute", "optimizer"):
@@ -483,7 +631,7 @@ class _Rank:
         step_start = self.t
         if wait_until_ns is not None:  # the host waits for the device two steps back
             end = max(self.t + 3_000, wait_until_ns + 3_000)
-            self._runtime("cudaEventSynchronize", self.main_tid, self.t, end, 0)
+            self._runtime("event_sync", self.main_tid, self.t, end, 0)
             self.t = end + 2_000
         self.step_spans[step] = (step_start, -1)
         self.host_compute[step] = []
@@ -504,7 +652,7 @@ class _Rank:
         step_start = self.t
         if wait_until_ns is not None:
             end = max(self.t + 3_000, wait_until_ns + 3_000)
-            self._runtime("cudaEventSynchronize", self.main_tid, self.t, end, 0)
+            self._runtime("event_sync", self.main_tid, self.t, end, 0)
             self.t = end + 2_000
         self.step_spans[step] = (step_start, -1)
         self.host_compute[step] = []
@@ -546,13 +694,13 @@ class _Rank:
         launched = list(self.kernels)
         yield launched
         end = max(start + 3_000, max(k.end_ns for k in launched if k.end_ns is not None) + 5_000)
-        self._runtime("cudaDeviceSynchronize", self.main_tid, start, end, 0)
+        self._runtime("device_sync", self.main_tid, start, end, 0)
         self.t = end
 
     def end_step(self, step: int, device_end_ns: int | None) -> None:
         if device_end_ns is not None:  # cudaDeviceSynchronize: until this rank's device is done
             end = max(self.t + 3_000, device_end_ns + 5_000)
-            self._runtime("cudaDeviceSynchronize", self.main_tid, self.t, end, 0)
+            self._runtime("device_sync", self.main_tid, self.t, end, 0)
             self.t = end
         self.t += 5_000
         start, _ = self.step_spans[step]
@@ -617,7 +765,9 @@ class _Rank:
             seq = self.next_sequence
             self.next_sequence += 1
             top_name, inner_name, kernel_name = (
-                ("aten::linear", "aten::addmm", _GEMM) if k % 2 == 0 else ("aten::gelu", None, _GELU)
+                ("aten::linear", "aten::addmm", self.sc.platform.gemm_kernel)
+                if k % 2 == 0
+                else ("aten::gelu", None, _GELU)
             )
             top = self._event(
                 "cpu_op",
@@ -689,7 +839,7 @@ class _Rank:
                     **{"Record function id": 0},
                 )
                 self._launch(
-                    _GEMM if k % 2 == 0 else _GELU_BWD,
+                    self.sc.platform.gemm_kernel if k % 2 == 0 else _GELU_BWD,
                     "compute",
                     COMPUTE_STREAM,
                     self.autograd_tid,
@@ -709,7 +859,7 @@ class _Rank:
 
     def _stream_wait(self, kernel: Kernel) -> None:
         """work.wait() on NCCL: the compute stream waits for the kernel's end (the host goes on)."""
-        self._runtime("cudaStreamWaitEvent", self.main_tid, self.t, self.t + 1_000, 0)
+        self._runtime("stream_wait", self.main_tid, self.t, self.t + 1_000, 0)
         self.t += 2_000
         self.stream_waits.append(kernel)
 
@@ -763,8 +913,8 @@ class _Rank:
             end - 2_000,
             **{"Record function id": 0, "Global rank start": 0, "Global rank stride": 1, **meta},
         )
-        self._runtime("cudaEventRecord", self.main_tid, start + 4_000, start + 5_000, comms)
-        self._runtime("cudaStreamWaitEvent", self.main_tid, start + 6_000, start + 7_000, comms)
+        self._runtime("event_record", self.main_tid, start + 4_000, start + 5_000, comms)
+        self._runtime("stream_wait", self.main_tid, start + 6_000, start + 7_000, comms)
         self.t = end
         return start, comms, meta
 
@@ -790,7 +940,7 @@ class _Rank:
         stream = 20 + 2 * peer + (0 if direction == "send" else 1)
         src, dst = (self.rank, peer) if direction == "send" else (peer, self.rank)
         kernel = self._launch(
-            NCCL_KERNEL,
+            sc.platform.comm_kernel,
             direction,
             stream,
             self.main_tid,
@@ -844,7 +994,7 @@ class _Rank:
             "user_annotation", "nccl:coalesced", self.main_tid, start, start + 12_000, **{"Record function id": 0}
         )
         kernel = self._launch(
-            NCCL_KERNEL,
+            sc.platform.comm_kernel,
             "sendrecv",
             FUSED_STREAM,
             self.main_tid,
@@ -1158,6 +1308,34 @@ def _us(t_ns: int) -> float:
     return round(t_ns / 1000, 3)
 
 
+def _kernel_args(platform: Platform, k: Kernel, device: int) -> dict:
+    """A kernel's own args: CUPTI's, or roctracer's (device, stream, correlation, kind; no
+    grid or block, as in the real MI250 trace). Comm metadata is added beside them."""
+    if platform.rocm:
+        return {
+            "External id": k.external_id,
+            "device": device,
+            "stream": k.stream,
+            "correlation": k.correlation,
+            "kind": "Dispatch Kernel",
+        }
+    return {
+        "External id": k.external_id,
+        "queued": 0,
+        "device": device,
+        "context": 1,
+        "stream": k.stream,
+        "correlation": k.correlation,
+        "registers per thread": 96 if k.ops else 128,
+        "shared memory": 0,
+        "blocks per SM": 0.5,
+        "warps per SM": 2.0,
+        "grid": [2, 1, 1] if k.ops else [132, 1, 1],
+        "block": [640, 1, 1] if k.ops else [384, 1, 1],
+        "est. achieved occupancy %": 0 if k.ops else 19,
+    }
+
+
 def _rank_document(sc: Scenario, host: _Rank, kernels: list[Kernel]) -> dict:
     offset = ORIGIN_NS + sc.clock_offset_ns.get(host.rank, 0)
     device = sc.global_rank(host.rank)
@@ -1196,21 +1374,7 @@ def _rank_document(sc: Scenario, host: _Rank, kernels: list[Kernel]) -> dict:
         x(ev.cat, ev.name, host.pid, ev.tid, ev.start_ns, ev.end_ns, dict(ev.args))
     by_external = {ev.args["External id"]: ev for ev in host.events if ev.cat != "cuda_runtime"}
     for k in kernels:
-        args = {
-            "External id": k.external_id,
-            "queued": 0,
-            "device": device,
-            "context": 1,
-            "stream": k.stream,
-            "correlation": k.correlation,
-            "registers per thread": 96 if k.ops else 128,
-            "shared memory": 0,
-            "blocks per SM": 0.5,
-            "warps per SM": 2.0,
-            "grid": [2, 1, 1] if k.ops else [132, 1, 1],
-            "block": [640, 1, 1] if k.ops else [384, 1, 1],
-            "est. achieved occupancy %": 0 if k.ops else 19,
-        }
+        args = _kernel_args(sc.platform, k, device)
         extra = dict(k.args)
         annotation = extra.pop("_annotation", None)
         args.update(extra)
@@ -1283,24 +1447,9 @@ def _rank_document(sc: Scenario, host: _Rank, kernels: list[Kernel]) -> dict:
     x("Trace", "PyTorch Profiler (0)", "Spans", "PyTorch Profiler", first - 1_000, last + 1_000, {"Op count": 0})
     # Time order, metadata first, a parent before the children that start with it.
     events.sort(key=lambda e: (e["ph"] != "M", e["ts"], -e.get("dur", 0)))
-    props = {
-        "name": "NVIDIA H100 80GB HBM3 (generated)",
-        "totalGlobalMem": 85_024_112_640,
-        "computeMajor": 9,
-        "computeMinor": 0,
-        "maxThreadsPerBlock": 1024,
-        "maxThreadsPerMultiprocessor": 2048,
-        "regsPerBlock": 65536,
-        "warpSize": 32,
-        "sharedMemPerBlock": 49152,
-        "numSms": 132,
-        "regsPerMultiprocessor": 65536,
-        "sharedMemPerBlockOptin": 232448,
-        "sharedMemPerMultiprocessor": 233472,
-    }
     return {
         "schemaVersion": 1,
-        "deviceProperties": [{"id": d, **props} for d in range(sc.p)],
+        "deviceProperties": [{"id": d, **sc.platform.device} for d in range(sc.p)],
         "distributedInfo": {
             "backend": "nccl",
             "rank": sc.global_rank(host.rank),
@@ -1328,7 +1477,7 @@ def _rank_document(sc: Scenario, host: _Rank, kernels: list[Kernel]) -> dict:
                     }
                 ]
             ),
-            "nccl_version": "2.21.5",
+            "nccl_version": sc.platform.comm_version,
         },
         "record_shapes": 1 if sc.record_shapes else 0,
         "traceEvents": events,
@@ -1444,6 +1593,11 @@ SCENARIOS: dict[str, Scenario] = {
         labelled=False,
         framework="megatron",
     ),
+    # tracekit issue #29: the same jobs on ROCm (HIP runtime calls, RCCL's one generic kernel)
+    "rocm_1f1b": Scenario("rocm_1f1b", rocm=True),
+    "rocm_unlabelled_1f1b": Scenario("rocm_unlabelled_1f1b", labelled=False, rocm=True),
+    "rocm_slow_link": Scenario("rocm_slow_link", link_transfer_ns={(1, 2): 400_000}, rocm=True),
+    "rocm_fused_1f1b": Scenario("rocm_fused_1f1b", labelled=False, fused_p2p=True, rocm=True),
 }
 # The acceptance scenarios the tests check: plain P2P kernels, and torch's fused batch_isend_irecv
 # (one SendRecv kernel per group). gpipe is there for the what-if tests.
@@ -1467,6 +1621,9 @@ MEGATRON_SCENARIOS = [
     "megatron_1f1b",
     "megatron_slow_link",
 ]
+# ROCm naming (issue #29): plain P2P kernels, and torch's fused batch_isend_irecv on RCCL
+ROCM_PLAIN_SCENARIOS = ["rocm_1f1b", "rocm_unlabelled_1f1b", "rocm_slow_link"]
+ROCM_FUSED_SCENARIOS = ["rocm_fused_1f1b"]
 
 
 def main() -> None:

@@ -12,15 +12,28 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from dataclasses import replace
 
 import pytest
 from click.testing import CliRunner
 
-from gpu_tracegen import BASE_TIME_NS, FUSED_SCENARIOS, ORIGIN_NS, PLAIN_SCENARIOS, SCENARIOS, generate, schedule_order
+from gpu_tracegen import (
+    BASE_TIME_NS,
+    FUSED_SCENARIOS,
+    ORIGIN_NS,
+    PLAIN_SCENARIOS,
+    ROCM_FUSED_SCENARIOS,
+    ROCM_PLAIN_SCENARIOS,
+    SCENARIOS,
+    generate,
+    schedule_order,
+)
 from tracekit.cli import main
 
-# fused_*: torch's native Schedule1F1B with batch_isend_irecv (one fused SendRecv kernel per group)
-ACCEPTANCE = PLAIN_SCENARIOS + FUSED_SCENARIOS
+# fused_*: torch's native Schedule1F1B with batch_isend_irecv (one fused SendRecv kernel per group);
+# rocm_*: the same jobs with ROCm's names (RCCL's one generic kernel for every op, issue #29)
+ROCM_SCENARIOS = ROCM_PLAIN_SCENARIOS + ROCM_FUSED_SCENARIOS
+ACCEPTANCE = PLAIN_SCENARIOS + FUSED_SCENARIOS + ROCM_SCENARIOS
 BUBBLE_TOLERANCE = 0.01
 PAIR_TOLERANCE_NS = 1_000
 OTHER_CAUSES = ("schedule_gaps_ns", "imbalance_ns", "comm_ns", "overhead_ns")
@@ -39,13 +52,19 @@ def analysed(tmp_path_factory):
 
     def get(name: str, *extra: str):
         if name not in runs:
-            runs[name] = generate(SCENARIOS[name], out)
+            runs[name] = generate(_scenario(name), out)
         folder, truth = runs[name]
         if (name, extra) not in docs:
             docs[(name, extra)] = _analyze(folder, *extra)
         return docs[(name, extra)], truth
 
     return get
+
+
+def _scenario(name: str):
+    """A named scenario, or ``<rocm scenario>@cuda``: the same job with CUDA's names."""
+    base, _, platform = name.partition("@")
+    return replace(SCENARIOS[base], name=f"{base}_on_cuda", rocm=False) if platform == "cuda" else SCENARIOS[base]
 
 
 def _by_rank(rows: list[dict]) -> dict[int, dict]:
@@ -99,7 +118,7 @@ def test_a_slow_stage_is_imbalance_blamed_on_that_stage(analysed):
             assert _dominant(row["causes"]) == "imbalance_ns", (row["rank"], row["causes"])
 
 
-@pytest.mark.parametrize("name", ["slow_link", "fused_slow_link"])
+@pytest.mark.parametrize("name", ["slow_link", "fused_slow_link", "rocm_slow_link"])
 def test_a_slow_link_is_comm_blamed_on_that_link(analysed, name):
     """With fused kernels the reverse link's messages that share a kernel with the slow link's
     take as long (the kernel ends with its slower direction); the blame must still name the
@@ -166,6 +185,31 @@ def test_p2p_kernel_pairs_have_the_true_wait_and_transfer(analysed, name):
     assert not wrong, f"{name}: {len(wrong)} pairs off (expected vs got): " + "; ".join(wrong[:5])
 
 
+@pytest.mark.parametrize("name", ROCM_SCENARIOS)
+def test_on_rocm_every_message_has_its_kernels_on_both_sides(analysed, name):
+    """Issue #29: RCCL launches one generic kernel for every op (hipExtLaunchKernel); a send or
+    receive's kernel is the one its host call launched, as on CUDA: no message keeps the host's
+    times, and the schedule is the generated one."""
+    doc, truth = analysed(name)
+    sc = SCENARIOS[name]
+    assert not [w for w in doc["warnings"] if "kernel on both sides" in w], doc["warnings"]
+    assert len(doc["device"]["p2p_pairs"]) == doc["summary"]["n_messages"] == len(truth["p2p_pairs"])
+    schedule = doc["schedule"]
+    assert (schedule["name"], schedule["p"], schedule["v"], schedule["m"]) == (sc.schedule, sc.p, sc.v, sc.m)
+
+
+@pytest.mark.parametrize("name", ROCM_SCENARIOS)
+def test_a_rocm_run_reads_as_the_same_run_with_cuda_names(analysed, name):
+    """The simulation does not depend on the names: the job written with CUDA's names (NCCL's
+    SendRecv kernel, cudaLaunchKernel) gives the same analysis, figure for figure, save where
+    the files are."""
+    rocm, _ = analysed(name)
+    cuda, _ = analysed(f"{name}@cuda")
+    for key in sorted(set(rocm) | set(cuda)):
+        if key not in ("source", "files"):
+            assert rocm.get(key) == cuda.get(key), f"{name}: {key} differs from the CUDA run's"
+
+
 def test_the_host_view_differs_when_the_host_runs_ahead(analysed):
     doc, _ = analysed("host_ahead")
     host = _by_rank(doc["host_view"]["ranks"])
@@ -199,7 +243,7 @@ def test_comm_is_no_more_than_the_run_spent_in_transfer(analysed, name):
     assert not wrong, f"{name}: " + "; ".join(wrong)
 
 
-@pytest.mark.parametrize("name", FUSED_SCENARIOS)
+@pytest.mark.parametrize("name", FUSED_SCENARIOS + ROCM_FUSED_SCENARIOS)
 def test_a_fused_kernel_gives_one_pair_per_message(analysed, name):
     """batch_isend_irecv launches one kernel for a send and a receive: each of the two messages
     it moves is its own row, with its own ranks, and both rows carry that kernel's times."""

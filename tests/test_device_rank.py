@@ -23,6 +23,7 @@ from tracekit.reconstruct.device_rank import (
     RankOps,
     RankSides,
     join_ranks,
+    kind_codes,
     reduce_rank,
     stack_part,
 )
@@ -61,6 +62,7 @@ def _generated_rank(rng: np.random.Generator, n_ops: int, n_actions: int) -> tup
         launch_tid=np.full(n_ops, 1, dtype=np.int64),
         kind=kind[order_ops],
         sendrecv=np.zeros(n_ops, dtype=bool),
+        p2p_capable=np.zeros(n_ops, dtype=bool),
         peer=np.full(n_ops, -1, dtype=np.int64),
     )
     actions = RankActions(
@@ -174,3 +176,48 @@ def test_ranks_join_by_rank_whatever_files_hold_them():
             assert values.tolist() == interleaved.tables[name][column].tolist(), (name, column)
     kernels = one_each["p2p_kernels"]
     assert (kernels["kernel"][kernels["rank"] == 1] >= n_ops[0]).all()  # numbered after rank 0's ops
+
+
+# RCCL's one kernel for every op as ROCm 6.1, 6.2, 6.3 and later name it, NCCL's SendRecv kernel
+# and one of its collective kernels (issue #29; sources in tests/gpu_tracegen.py's module doc).
+_COMM_KERNELS = {
+    "rccl_main_kernel(ncclDevComm*, unsigned long, ncclWork*)": P2P,
+    "ncclDevKernel_Generic(ncclDevComm*, channelMasks, ncclWork*)": P2P,
+    "ncclDevKernel_Generic_4(ncclDevComm*, channelMasks, ncclWork*)": P2P,
+    "ncclDevKernel_Generic_2(ncclDevKernelArgsStorage<4096ul>)": P2P,
+    "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)": P2P,
+    "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)": COLLECTIVE,
+}
+
+
+def test_a_comm_kernel_is_p2p_where_a_send_or_recv_launched_it_and_never_by_its_name():
+    """generated_ ops: each comm kernel twice, once launched on the thread of a host send (at
+    or after the call began: its kernel) and once on a thread that made no P2P call. RCCL runs
+    P2P and collectives in one generic kernel, so the launch alone says P2P; NCCL's collective
+    kernel stays a collective even where a send's thread launched it."""
+    names = list(_COMM_KERNELS)
+    kinds, sendrecv, p2p_capable = kind_codes(names)
+    n = 2 * len(names)
+    code = np.repeat(np.arange(len(names)), 2)
+    launch = np.arange(n, dtype=np.int64) * 1_000 + 10
+    ops = RankOps(
+        step=np.zeros(n, dtype=np.int64),
+        start_ns=launch + 500,
+        end_ns=launch + 900,
+        stream=np.full(n, 20, dtype=np.int64),
+        launch_ns=launch,
+        launch_end_ns=launch + 100,
+        launch_tid=np.tile(np.array([1, 2], dtype=np.int64), len(names)),  # even ops: the send's thread
+        kind=kinds[code],
+        sendrecv=sendrecv[code],
+        p2p_capable=p2p_capable[code],
+        peer=np.full(n, -1, dtype=np.int64),
+    )
+    sides = RankSides(tid=np.ones(len(names), dtype=np.int64), start_ns=launch[::2] - 10)
+    no_actions = RankActions(*(np.zeros(0, dtype=np.int64) for _ in range(5)))
+    found = reduce_rank(ops, sides, no_actions, compress=False)
+    expected = list(_COMM_KERNELS.values())
+    assert found.kind[::2].tolist() == expected, "launched by a send"
+    assert found.kind[1::2].tolist() == [COLLECTIVE] * len(names), "launched where no send or recv was"
+    tied = [2 * i if kind == P2P else -1 for i, kind in enumerate(expected)]
+    assert found.sides["kernel"].tolist() == tied

@@ -19,6 +19,7 @@ from conftest import SHARED_TRACES
 KINETO_GPU = SHARED_TRACES / "kineto-gpu"
 NSYS = SHARED_TRACES / "nsys"
 NEGATIVE_QUEUE = "hta_negative_queue_length_values_check_rank0.json.gz"
+MI250 = "hta_amd_trace_mi250_minitoy_train_ROCm6_2_kineto.json.gz"
 SAMPLED_RANKS = ("hta_trace_filter_sampled_rank-0.json.gz", "hta_trace_filter_sampled_rank-1.json.gz")
 # the 2-GPU nsys reports and their ncclDevKernel_SendRecv kernels per GPU (counted in the files;
 # the shared README's "33 per GPU" holds for "before" only)
@@ -176,6 +177,27 @@ def test_work_launched_before_the_profile_is_no_steps_and_each_step_keeps_its_ow
         assert value == ref.union_ns(ops.start_ns[own], ops.end_ns[own]), step
     assert max(busy.values()) < 1.03 * min(busy.values())  # 43.8-44.7 ms: no edge step stands out
     assert all(s["ranks"][0]["window_ns"] == s["ranks"][0]["busy_ns"] + s["ranks"][0]["idle_ns"] for s in doc["steps"])
+
+
+def test_the_real_mi250_trace_reads_on_rocm_as_before():
+    """A guard for issue #29 (which kernels can run P2P now includes RCCL's generic one): the
+    real MI250 trace (ROCm 6.2, one process, no RCCL kernel) keeps the figures it had. Its 14
+    kernels and 2 copies are each tied to the HIP call that launched them (hipLaunchKernel,
+    hipExtModuleLaunchKernel, hipMemcpyWithStream under cuda_runtime), its GPU times are on the
+    host's base (a kernel starts at most 8.2 us after its launch ends), and its window is idle
+    97% waiting for the host."""
+    from tracekit import load
+
+    path = _present(KINETO_GPU, MI250)
+    ops = load(path).device
+    assert len(ops) == 16 and (ops["launch_ns"] >= 0).all() and set(ops["kind"]) == {"compute"}
+    assert int((ops["start_ns"] - ops["launch_end_ns"]).max()) == 8_177
+    doc = _analysis_document(path)
+    assert doc["timeline"] == "device" and not doc["pipeline"]
+    rank = doc["ranks"][0]
+    assert (rank["window_ns"], rank["busy_ns"], rank["idle_ns"]) == (8_911_887, 149_042, 8_762_845)
+    assert doc["device"]["ranks"][0]["launch_wait_ns"] == 8_670_526
+    assert doc["device"]["p2p_pairs"] == [] and doc["device"]["collective_pairs"] == []
 
 
 def test_idle_spent_in_collectives_is_shown_beside_busy(tmp_path):

@@ -13,17 +13,22 @@ from pathlib import Path
 
 import pytest
 
+from conftest import shared_or_skip
 from gpu_tracegen import (
     FUSED_SCENARIOS,
     LAUNCH_LATENCY_NS,
-    NCCL_KERNEL,
     ORIGIN_NS,
     PLAIN_SCENARIOS,
+    RCCL_KERNEL,
+    ROCM_FUSED_SCENARIOS,
+    ROCM_PLAIN_SCENARIOS,
     SCENARIOS,
     Scenario,
     generate,
     truth_path,
 )
+
+MI250 = ("kineto-gpu", "hta_amd_trace_mi250_minitoy_train_ROCm6_2_kineto.json.gz")
 
 
 def _ns(us: float) -> int:
@@ -31,17 +36,19 @@ def _ns(us: float) -> int:
 
 
 class RawRank:
-    """One rank file's events, times in ns on the reference clock (the rank's offset removed)."""
+    """One rank file's events, times in ns on the reference clock (the rank's offset removed);
+    ``comm_kernel``: the name of its NCCL or RCCL kernels."""
 
-    def __init__(self, path: Path, offset_ns: int):
+    def __init__(self, path: Path, offset_ns: int, comm_kernel: str):
         self.doc = json.loads(gzip.decompress(path.read_bytes()))
+        self.comm_kernel = comm_kernel
         self.rank = self.doc["distributedInfo"]["rank"]
         self.events = self.doc["traceEvents"]
         xs = [e for e in self.events if e["ph"] == "X"]
         for e in xs:
             e["start"] = _ns(e["ts"]) - ORIGIN_NS - offset_ns
             e["end"] = e["start"] + _ns(e["dur"])
-        launches = {e["args"]["correlation"]: e for e in xs if e["name"] == "cudaLaunchKernel"}
+        launches = {e["args"]["correlation"]: e for e in xs if e["cat"] == "cuda_runtime"}
         self.steps = {int(e["name"].split("#")[1]): e for e in xs if e["name"].startswith("ProfilerStep#")}
         optim = [e for e in xs if e["cat"] == "user_annotation" and e["name"].startswith("Optimizer.step")]
         self.kernels = []
@@ -56,12 +63,14 @@ class RawRank:
         return [
             k
             for k in self.kernels
-            if k["step"] == step and k["name"] != NCCL_KERNEL and (with_optimizer or not k["optimizer"])
+            if k["step"] == step and k["name"] != self.comm_kernel and (with_optimizer or not k["optimizer"])
         ]
 
 
 def _read(folder: Path, sc: Scenario) -> list[RawRank]:
-    return [RawRank(folder / f"rank{r}.json.gz", sc.clock_offset_ns.get(r, 0)) for r in range(sc.p)]
+    return [
+        RawRank(folder / f"rank{r}.json.gz", sc.clock_offset_ns.get(r, 0), sc.platform.comm_kernel) for r in range(sc.p)
+    ]
 
 
 def _union_in(spans, lo: int, hi: int) -> int:
@@ -88,7 +97,7 @@ def generated(tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("name", PLAIN_SCENARIOS + FUSED_SCENARIOS)
+@pytest.mark.parametrize("name", PLAIN_SCENARIOS + FUSED_SCENARIOS + ROCM_PLAIN_SCENARIOS + ROCM_FUSED_SCENARIOS)
 def test_busy_and_idle_from_the_raw_kernels_equal_the_truth(generated, name):
     folder, truth, ranks = generated(name)
     expected = {(row["rank"], row["step"]): row for row in truth["per_step"]}
@@ -105,13 +114,13 @@ def test_busy_and_idle_from_the_raw_kernels_equal_the_truth(generated, name):
         assert row["bubble_ratio"] == pytest.approx(row["idle_ns"] / row["window_ns"])
 
 
-@pytest.mark.parametrize("name", PLAIN_SCENARIOS)
+@pytest.mark.parametrize("name", PLAIN_SCENARIOS + ROCM_PLAIN_SCENARIOS)
 def test_p2p_kernel_pairs_from_the_raw_kernels_equal_the_truth(generated, name):
     folder, truth, ranks = generated(name)
     sends, recvs = defaultdict(list), defaultdict(list)
     for raw in ranks:
         for k in raw.kernels:
-            if k["name"] != NCCL_KERNEL:
+            if k["name"] != raw.comm_kernel:
                 continue
             args = k["args"]
             if args["Collective name"] == "send":
@@ -120,7 +129,7 @@ def test_p2p_kernel_pairs_from_the_raw_kernels_equal_the_truth(generated, name):
                 recvs[(args["Src Rank"], raw.rank)].append(k)
     # Each direction has its own stream, so the n-th send pairs with the n-th recv.
     expected = _assert_pairs_are_the_truth(name, sends, recvs, truth, by_start=True)
-    assert len(expected) == sum(1 for raw in ranks for k in raw.kernels if k["name"] == NCCL_KERNEL) // 2
+    assert len(expected) == sum(1 for raw in ranks for k in raw.kernels if k["name"] == raw.comm_kernel) // 2
 
 
 def _fused_sides(raw: RawRank) -> list[tuple[str, int, dict]]:
@@ -131,7 +140,7 @@ def _fused_sides(raw: RawRank) -> list[tuple[str, int, dict]]:
         (e for e in raw.events if e["ph"] == "X" and e["name"] in ("c10d::send", "c10d::recv_")),
         key=lambda e: e["start"],
     )
-    nccl = sorted((k for k in raw.kernels if k["name"] == NCCL_KERNEL), key=lambda k: k["launch"]["start"])
+    nccl = sorted((k for k in raw.kernels if k["name"] == raw.comm_kernel), key=lambda k: k["launch"]["start"])
     sides = []
     for call in calls:
         kernel = next(k for k in nccl if k["launch"]["start"] >= call["start"] and k["launch"]["tid"] == call["tid"])
@@ -141,7 +150,7 @@ def _fused_sides(raw: RawRank) -> list[tuple[str, int, dict]]:
     return sides
 
 
-@pytest.mark.parametrize("name", FUSED_SCENARIOS)
+@pytest.mark.parametrize("name", FUSED_SCENARIOS + ROCM_FUSED_SCENARIOS)
 def test_fused_kernels_from_the_raw_events_equal_the_truth(generated, name):
     folder, truth, ranks = generated(name)
     sends, recvs = defaultdict(list), defaultdict(list)
@@ -156,7 +165,7 @@ def test_fused_kernels_from_the_raw_events_equal_the_truth(generated, name):
         for ops in per_kernel.values():
             assert len({peer for _, peer in ops}) == 1 and len(ops) == len({d for d, _ in ops}), ops
             fused += len(ops) == 2
-        nccl = [k for k in raw.kernels if k["name"] == NCCL_KERNEL]
+        nccl = [k for k in raw.kernels if k["name"] == raw.comm_kernel]
         assert len(per_kernel) == len(nccl), f"rank {raw.rank}: a kernel no host call launched"
         assert len({k["tid"] for k in nccl}) == 1, "batch P2P runs on the process group's one NCCL stream"
         titles = {e["name"] for e in raw.events if e.get("cat") == "user_annotation" and e["name"].startswith("nccl:")}
@@ -228,7 +237,7 @@ def test_injected_causes_move_the_truth_the_way_they_should(generated):
     assert max(row["bubble_ratio"] for row in interleaved["ranks"]) < theory
 
 
-@pytest.mark.parametrize("name", PLAIN_SCENARIOS + FUSED_SCENARIOS)
+@pytest.mark.parametrize("name", PLAIN_SCENARIOS + FUSED_SCENARIOS + ROCM_PLAIN_SCENARIOS + ROCM_FUSED_SCENARIOS)
 def test_the_events_follow_the_real_gpu_trace_schema(generated, name):
     folder, _, ranks = generated(name)
     sc = SCENARIOS[name]
@@ -261,7 +270,7 @@ def test_the_events_follow_the_real_gpu_trace_schema(generated, name):
         assert bool(labels) == sc.labelled
 
 
-@pytest.mark.parametrize("name", PLAIN_SCENARIOS + FUSED_SCENARIOS)
+@pytest.mark.parametrize("name", PLAIN_SCENARIOS + FUSED_SCENARIOS + ROCM_PLAIN_SCENARIOS + ROCM_FUSED_SCENARIOS)
 def test_tracekit_reads_every_generated_file_without_warnings(generated, name):
     from tracekit.ingest import read_run
 
@@ -318,3 +327,36 @@ def _assert_pairs_are_the_truth(name: str, sends: dict, recvs: dict, truth: dict
     ]
     assert sorted(found) == sorted(expected)
     return expected
+
+
+def test_rocm_files_name_things_as_the_real_mi250_trace_does(generated):
+    """The ROCm scenarios write what the real MI250 trace (ROCm 6.2, Kineto's roctracer path)
+    shows: HIP calls under ``cuda_runtime`` with roctracer's ``cid`` (the same ids for the calls
+    both hold) and a launch's args, kernels with roctracer's own args (plus, for RCCL's, the comm
+    metadata Kineto copies from record_param_comms), the MI250's deviceProperties keys. RCCL's
+    kernel is launched by hipExtLaunchKernel, Tensile's GEMM by hipExtModuleLaunchKernel, the
+    rest by hipLaunchKernel."""
+    real = json.loads(gzip.decompress(shared_or_skip(*MI250).read_bytes()))
+    real_calls = {e["name"]: e["args"] for e in real["traceEvents"] if e.get("cat") == "cuda_runtime"}
+    real_kernel_args = {k for e in real["traceEvents"] if e.get("cat") == "kernel" for k in e["args"]}
+    _, _, ranks = generated("rocm_1f1b")
+    for raw in ranks:
+        calls = [e for e in raw.events if e.get("cat") == "cuda_runtime"]
+        assert calls and all(e["name"].startswith("hip") and "cbid" not in e["args"] for e in calls)
+        for e in calls:
+            if e["name"] in real_calls:
+                assert e["args"]["cid"] == real_calls[e["name"]]["cid"], e["name"]
+                assert set(e["args"]) == set(real_calls[e["name"]]), e["name"]
+        launchers = defaultdict(set)
+        for k in raw.kernels:
+            launch = k["launch"]
+            assert launch["args"]["kernel"] == k["name"] and set(launch["args"]) == set(real_calls["hipLaunchKernel"])
+            launchers[launch["name"]].add("rccl" if k["name"] == RCCL_KERNEL else k["name"][:4])
+            assert k["args"]["kind"] == "Dispatch Kernel"
+            if k["name"] == RCCL_KERNEL:
+                assert real_kernel_args <= set(k["args"]) and k["args"]["Collective name"] in ("send", "recv")
+            else:
+                assert set(k["args"]) == real_kernel_args, k["args"]
+        assert launchers["hipExtLaunchKernel"] == {"rccl"} and launchers["hipExtModuleLaunchKernel"] == {"Cijk"}
+        assert "rccl" not in launchers["hipLaunchKernel"] and "Cijk" not in launchers["hipLaunchKernel"]
+        assert set(raw.doc["deviceProperties"][0]) == set(real["deviceProperties"][0])

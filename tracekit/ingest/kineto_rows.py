@@ -22,9 +22,10 @@ from tracekit.ingest.validate import _LIMIT_US, DroppedRows, add_ns, drop_imposs
 from tracekit.ingest.kineto_comm import _gloo_p2p_args, _nccl_comm_args
 
 # Categories kept; everything else (python_function, flows, instants) is dropped. CUDA API
-# calls are kept as ``runtime`` (as Nsight Systems' are): a kernel's launch, joined on the
-# ``correlation`` id, says on which host thread and when the host asked for it, so device
-# work can be put in the step and the action that launched it.
+# calls are kept as ``runtime`` (as Nsight Systems' are), and so are HIP's, which Kineto files
+# under ``cuda_runtime`` too: a kernel's launch, joined on the ``correlation`` id, says on
+# which host thread and when the host asked for it, so device work can be put in the step
+# and the action that launched it.
 KEPT_CATEGORIES = {
     "cpu_op",
     "user_annotation",

@@ -9,15 +9,16 @@ pipeline is measured on the device:
   launch says which host thread asked for it and when, so an op belongs to the step (and
   the action) whose host span holds its launch, however late the device ran it: work
   launched inside ``ProfilerStep#N`` is step N's even when it runs after that span ends.
-  Kinds: ``p2p`` (an NCCL kernel launched for point-to-point host ops), ``collective``
-  (any other NCCL/RCCL kernel) and ``compute`` (the rest). The table is held only where the
-  working sets were read (outputs that draw ops); :func:`summarise_table` reduces it rank by
-  rank with the code that reduces a GPU rank where its file is parsed (:mod:`.device_rank`),
-  so the analyses read one :class:`~tracekit.model.device.DeviceSummary` either way.
+  Kinds: ``p2p`` (an NCCL SendRecv or RCCL kernel launched for point-to-point host ops),
+  ``collective`` (any other NCCL/RCCL kernel) and ``compute`` (the rest). The table is held
+  only where the working sets were read (outputs that draw ops); :func:`summarise_table`
+  reduces it rank by rank with the code that reduces a GPU rank where its file is parsed
+  (:mod:`.device_rank`), so the analyses read one :class:`~tracekit.model.device.DeviceSummary`
+  either way.
 - **Device actions** (:func:`device_actions`): an action's device span runs from the first
   to the last compute or collective op launched inside its host label (any thread of the
   rank: on GPUs the autograd engine launches backward kernels from its own thread).
-- **Device messages** (:func:`device_messages`): each matched send and receive's SendRecv
+- **Device messages** (:func:`device_messages`): each matched send and receive's P2P
   kernel. A kernel that starts before its peer's spins until the peer arrives; then both
   move the data and end together. ``wait_ns`` = later start - earlier start (on the side
   that started first), ``transfer_ns`` = earlier end - later start.
@@ -144,7 +145,7 @@ def device_actions(actions: pd.DataFrame) -> pd.DataFrame:
 
 
 def device_messages(messages: pd.DataFrame, summary: DeviceSummary) -> pd.DataFrame:
-    """Each matched message's SendRecv kernels on both sides, and its wait and transfer.
+    """Each matched message's P2P kernels on both sides, and its wait and transfer.
 
     ``messages`` holds the host's (file_id, source_index) of both calls; the kernel each call
     launched comes from the summary's ``sides`` (:mod:`.device_rank`). A message whose kernels

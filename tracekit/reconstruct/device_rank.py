@@ -5,9 +5,10 @@ over the client's device table where the working sets were read (the report, exp
 implementation. Given the rank's device ops in table order (by start, then end), its host
 point-to-point sides (:mod:`.p2p_sides`) and its actions (host spans), it:
 
-- ties each P2P side to the kernel it launched: the first NCCL kernel its thread launched at
+- ties each P2P side to the kernel it launched: the first NCCL/RCCL kernel its thread launched at
   or after the call began (``batch_isend_irecv`` posts several sides and launches one fused
-  kernel when the group closes: all of them map to it); SendRecv kernels so tied are ``p2p``;
+  kernel when the group closes: all of them map to it); kernels P2P can run in
+  (:data:`P2P_CAPABLE_KERNEL`: NCCL's SendRecv, RCCL's generic kernel) so tied are ``p2p``;
 - gives each op the action whose host label holds its launch (same step), each action its
   device span (first to last op it launched) and busy time (their union); an action that
   launched nothing gets an empty span where its rank's device was when it ran;
@@ -18,7 +19,7 @@ point-to-point sides (:mod:`.p2p_sides`) and its actions (host spans), it:
   after it: exactly, without the ops.
 
 Busy is the union of compute kernels (and copies, sets) and of collectives launched inside
-an action; P2P kernels are never busy (a SendRecv kernel spins until its peer arrives).
+an action; P2P kernels are never busy (a P2P kernel spins until its peer arrives).
 
 Why a profile is small: a pipeline step's window runs from the first action start to the
 last action end over ALL ranks, so it holds the rank's own actions' span [a, b]. Every op
@@ -45,11 +46,17 @@ from tracekit.model.intervals import merge_intervals, subtract_intervals, union_
 from tracekit.reconstruct.event_arrays import EventArrays
 from tracekit.reconstruct.p2p_sides import p2p_sides
 
-# Op kinds by name (device_columns.op_kind), as codes; P2P also for SendRecv kernels tied to
-# a host P2P call.
+# Op kinds by name (device_columns.op_kind), as codes; P2P also for kernels P2P can run in
+# that a host P2P call launched.
 COMPUTE, COLLECTIVE, P2P = 0, 1, 2
 KINDS = ("compute", "collective", "p2p")
+# NCCL's SendRecv kernels: P2P or, launched by all_to_all, a collective's (the sendrecv table).
 SENDRECV_KERNEL = re.compile(r"SendRecv", re.IGNORECASE)
+# The kernels P2P can run in: NCCL's SendRecv kernels, and RCCL's one kernel for every op,
+# P2P or collective (rccl_main_kernel to ROCm 6.1, ncclDevKernel_Generic in 6.2,
+# ncclDevKernel_Generic_1/_2/_4 from 6.3). The name never says P2P: the host call that
+# launched the kernel does (_link_sides).
+P2P_CAPABLE_KERNEL = re.compile(r"SendRecv|ncclDevKernel(?:Debug)?_Generic|rccl_main_kernel", re.IGNORECASE)
 # Each action's device span and busy time, as reduce_ranks gives them beside its actions.
 DEVICE_ACTION_COLUMNS = ("dev_start_ns", "dev_end_ns", "busy_ns")
 # A kernel that starts within this of the previous kernel's end on its stream waited for it.
@@ -69,6 +76,7 @@ class RankOps:
     launch_tid: np.ndarray
     kind: np.ndarray  # COMPUTE / COLLECTIVE / P2P, by name
     sendrecv: np.ndarray  # the name says SendRecv
+    p2p_capable: np.ndarray  # the name is a kernel P2P can run in (P2P_CAPABLE_KERNEL)
     peer: np.ndarray  # the peer the op's own row names (-1)
 
     def __len__(self) -> int:
@@ -117,7 +125,7 @@ class Profile:
 class RankDevice:
     """What :func:`reduce_rank` found (module doc)."""
 
-    kind: np.ndarray  # per op: KINDS code, SendRecv kernels tied to P2P calls made P2P
+    kind: np.ndarray  # per op: KINDS code, P2P-capable kernels tied to P2P calls made P2P
     owner: np.ndarray  # per op: index of the action that launched it, -1
     action_start_ns: np.ndarray  # per action: device span (empty where it launched nothing)
     action_end_ns: np.ndarray
@@ -155,13 +163,15 @@ class RankDevice:
         return out
 
 
-def kind_codes(names: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Each distinct op name's kind code and whether it says SendRecv (decided once a name)."""
+def kind_codes(names: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each distinct op name's kind code, whether it says SendRecv and whether P2P can run in
+    it (decided once a name)."""
     from tracekit.reconstruct.device_columns import op_kind
 
     kinds = np.array([KINDS.index(op_kind(n)) for n in names], dtype=np.int8)
     sendrecv = np.array([bool(SENDRECV_KERNEL.search(n)) for n in names], dtype=bool)
-    return kinds, sendrecv
+    p2p_capable = np.array([bool(P2P_CAPABLE_KERNEL.search(n)) for n in names], dtype=bool)
+    return kinds, sendrecv, p2p_capable
 
 
 def reduce_rank(ops: RankOps, sides: RankSides, actions: RankActions, compress: bool) -> RankDevice:
@@ -216,7 +226,7 @@ def reduce_rank(ops: RankOps, sides: RankSides, actions: RankActions, compress: 
 
 
 def _link_sides(ops: RankOps, kind: np.ndarray, sides: RankSides) -> np.ndarray:
-    """For each side, the op index of the kernel it launched (-1), and SendRecv kernels so
+    """For each side, the op index of the kernel it launched (-1), and P2P-capable kernels so
     tied made P2P in ``kind`` (in place)."""
     out = np.full(len(sides), -1, dtype=np.int64)
     comm = np.flatnonzero((kind != COMPUTE) & (ops.launch_ns >= 0))
@@ -228,9 +238,9 @@ def _link_sides(ops: RankOps, kind: np.ndarray, sides: RankSides) -> np.ndarray:
     found = first >= 0
     out[found] = comm[first[found]]
     tied = np.unique(out[found])
-    sendrecv = tied[ops.sendrecv[tied]]
-    kind[sendrecv] = P2P
-    return np.where(np.isin(out, sendrecv), out, -1)
+    p2p = tied[ops.p2p_capable[tied]]
+    kind[p2p] = P2P
+    return np.where(np.isin(out, p2p), out, -1)
 
 
 def _owners(ops: RankOps, kind: np.ndarray, actions: RankActions) -> np.ndarray:
@@ -386,9 +396,15 @@ def _columns(names: tuple[str, ...], rows: list[tuple[np.ndarray, ...]]) -> dict
     return {c: np.concatenate([r[i] for r in rows]).astype(np.int64) for i, c in enumerate(names)}
 
 
-def _rank_ops(columns: Mapping[str, np.ndarray], rows: np.ndarray, kinds: np.ndarray, sendrecv: np.ndarray) -> RankOps:
-    """The ops ``rows`` (in table order) of a set of op columns; ``kinds`` / ``sendrecv``:
-    per name code (:func:`kind_codes`)."""
+def _rank_ops(
+    columns: Mapping[str, np.ndarray],
+    rows: np.ndarray,
+    kinds: np.ndarray,
+    sendrecv: np.ndarray,
+    p2p_capable: np.ndarray,
+) -> RankOps:
+    """The ops ``rows`` (in table order) of a set of op columns; ``kinds`` / ``sendrecv`` /
+    ``p2p_capable``: per name code (:func:`kind_codes`)."""
     name = columns["name_code"][rows]
     return RankOps(
         step=columns["step"][rows],
@@ -400,6 +416,7 @@ def _rank_ops(columns: Mapping[str, np.ndarray], rows: np.ndarray, kinds: np.nda
         launch_tid=columns["launch_tid"][rows],
         kind=kinds[name],
         sendrecv=sendrecv[name],
+        p2p_capable=p2p_capable[name],
         peer=columns["peer"][rows],
     )
 
@@ -430,7 +447,7 @@ def reduce_ranks(
     ``actions``: action columns (rank, step, order, label_start_ns, label_end_ns, start_ns);
     ``world_size``: per rank, the job's size its file states (a rank's steps are folded only
     in a pipeline of several ranks: see the module doc)."""
-    kinds, sendrecv = kind_codes(names)
+    kinds, sendrecv, p2p_capable = kind_codes(names)
     sides = p2p_sides(host)
     side_rank = host["rank"][sides.rows]
     op_rank, action_rank = columns["rank"], np.asarray(actions["rank"], dtype=np.int64)
@@ -452,7 +469,7 @@ def reduce_ranks(
         mine = actions_of.get(rank, none)
         side_rows = sides.rows[sides_of.get(rank, none)]
         found = reduce_rank(
-            _rank_ops(columns, rows, kinds, sendrecv),
+            _rank_ops(columns, rows, kinds, sendrecv, p2p_capable),
             RankSides(tid=host["tid"][side_rows], start_ns=host["start_ns"][side_rows]),
             RankActions(**{c: np.asarray(actions[c], dtype=np.int64)[mine] for c in _ACTION_FIELDS}),
             compress=bool(len(mine)) and world_size.get(rank, 1) > 1,

@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 
 # The device's own work (kernels, copies, sets); a rank that records any is measured there.
 DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
-# The CUDA API calls on the host (cudaLaunchKernel, ...): they link device work to the host.
+# The CUDA or HIP API calls on the host (cudaLaunchKernel, hipExtLaunchKernel, ...): they link
+# device work to the host.
 LAUNCH_CATEGORY = "runtime"
 _STRING_COLUMNS = ("cat", "name")
 

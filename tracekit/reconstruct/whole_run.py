@@ -216,7 +216,7 @@ def _on_device(run: Run, messages) -> None:
     unlinked = int((messages["send_kernel"] < 0).sum()) if len(messages) else 0
     if unlinked:
         run.warn(
-            f"{unlinked} of {len(messages)} messages have no SendRecv kernel on both sides in the trace; "
+            f"{unlinked} of {len(messages)} messages have no P2P kernel on both sides in the trace; "
             "their times are the host's"
         )
     # Producer and consumer stay those of the host's program order (match_messages).
