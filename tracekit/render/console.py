@@ -217,14 +217,25 @@ def _timeline(doc: dict) -> list[str]:
     return lines
 
 
+# Findings on the console, worst first; the rest are counted (all are in --json and the report).
+SHOWN_FINDINGS = 3
+
+
+def _actionable(doc: dict) -> list[dict]:
+    """The findings that ask for something (info ones are for --json and the report)."""
+    return [f for f in doc.get("findings", []) if f["severity"] != "info"]
+
+
 def _findings(doc: dict) -> list[str]:
-    findings = [f for f in doc.get("findings", []) if f["severity"] != "info"][:3]
+    findings = _actionable(doc)
     if not findings:
         return []
     out = ["what to try:"]
-    for f in findings:
+    for f in findings[:SHOWN_FINDINGS]:
         out.append(f"  [{f['severity']}] {f['headline']}")
         out.append(f"         {f['advice']}")
+    if len(findings) > SHOWN_FINDINGS:
+        out.append(f"  +{len(findings) - SHOWN_FINDINGS} more (--json, report)")
     out.append("")
     return out
 
@@ -320,7 +331,7 @@ def _stage_rollup(doc: dict, ranks: str | int) -> list[str]:
         "replica with the highest bubble, slowest: with the most compute; - where all are equal):",
         table(headers, rows),
     ]
-    shown = {f["headline"] for f in [f for f in doc.get("findings", []) if f["severity"] != "info"][:3]}
+    shown = {f["headline"] for f in _actionable(doc)[:SHOWN_FINDINGS]}
     patterns = [f for f in doc.get("findings", []) if f["cause"] in _REPLICA_CAUSES]
     if not patterns:
         within = pct(rollup["slow_factor"] - 1)
