@@ -7,7 +7,7 @@ shown is one a script can read too.
 from __future__ import annotations
 
 from tracekit.text import for_terminal, map_strings
-from tracekit.vocab import CATEGORIES, CAUSE_NAMES, ms, pct, rank_list
+from tracekit.vocab import ACTION_KIND_NAMES, CATEGORIES, CAUSE_NAMES, PLACEMENT_LEGENDS, ms, pct, rank_list
 
 # The findings about patterns across replicas (tracekit.analyze.diagnosis.REPLICA_CAUSES: the
 # console renders a stored document and imports no analysis code).
@@ -84,8 +84,7 @@ def render(doc: dict, ranks: str | int = "auto") -> str:
     if not completeness.get("missing_ranks"):  # a trace cut short still shows the pipeline's shape
         out.append(
             f"  schedule: {sched['name']}  p={sched['p']} v={sched['v']} m={sched['m']}  "
-            f"({sched['placement']} placement{', split backward' if sched['split_backward'] else ''})"
-            + (f"  x {replicas} data-parallel pipelines" if replicas > 1 else "")
+            f"({_shape(sched)})" + (f"  x {replicas} data-parallel pipelines" if replicas > 1 else "")
         )
         out.append(f"  labels: {_labels_line(doc)}")
         out.append("")
@@ -139,7 +138,7 @@ def render(doc: dict, ranks: str | int = "auto") -> str:
         )
     out.append(table(headers, rows))
     if shown:
-        out.append("  (idle ms per cause, summed over steps; causes add up to idle exactly)")
+        out.append(f"  (idle ms per cause, summed over steps; causes add up to idle exactly; {_column_legend(shown)})")
     out.append("")
     out.extend(_findings(doc))
     if shown:
@@ -368,18 +367,58 @@ def _replay(doc: dict) -> list[str]:
     if not steps:
         return []
     worst = max(abs(st["replay"]["residual_ns"]) for st in steps)
-    out = [f"replay fidelity: {len(steps)} step(s) replayed, largest residual {ms(worst)} ms"]
+    out = [
+        f"replay fidelity: {len(steps)} step(s) replayed, largest residual {ms(worst)} ms "
+        "(measured minus replayed step time; the causes rest on the replay)"
+    ]
     last = steps[-1]
     path = last.get("critical_path", [])
     if path:
         compute = sum(p["compute_ns"] for p in path)
         comm = sum(p.get("comm_ns", 0) for p in path)
-        chain = " > ".join(f"r{p['rank']}:{p['kind']}{p['stage']}.{p['microbatch']}" for p in path[:12])
+        shown = path[:12]
+        chain = " > ".join(_action(p) for p in shown)
         more = f" > ... ({len(path)} actions)" if len(path) > 12 else ""
         out.append(f"critical path of step {last['step']}: compute {ms(compute)} ms, comm {ms(comm)} ms")
         out.append(f"  {chain}{more}")
+        out.append(f"  ({_path_legend(shown)})")
     out.append("")
     return out
+
+
+def _action(entry: dict) -> str:
+    """An action on the critical path, short: ``r0:F0.3``."""
+    return f"r{entry['rank']}:{entry['kind']}{entry['stage']}.{entry['microbatch']}"
+
+
+def _kind_name(kind: str) -> str:
+    return ACTION_KIND_NAMES.get(kind, kind)
+
+
+def _path_legend(path: list[dict]) -> str:
+    """What the short names of a critical path say, by its first action, and the other kinds in it."""
+    first = path[0]
+    legend = (
+        f"{_action(first)} = rank {first['rank']}'s {_kind_name(first['kind'])} of stage {first['stage']}, "
+        f"microbatch {first['microbatch']}"
+    )
+    others = sorted({p["kind"] for p in path} - {first["kind"]}, key=lambda k: (k not in ACTION_KIND_NAMES, k))
+    return "; ".join([legend, *(f"{kind} = {_kind_name(kind)}" for kind in others)])
+
+
+def _column_legend(shown: tuple[str, ...]) -> str:
+    """The rank table's cut-short cause headings, spelt out: "imbal: stage imbalance, ovhd: overhead/other"."""
+    return ", ".join(
+        f"{_LABELS[c]}: {CAUSE_NAMES[c]}" for c in shown if _LABELS[c] not in CAUSE_NAMES[c].replace("-", "").split()
+    )
+
+
+def _shape(sched: dict) -> str:
+    """ "loop placement: stage s on rank s mod p; split backward" (a custom placement as it is)."""
+    legend = PLACEMENT_LEGENDS.get(sched["placement"])
+    placement = f"{sched['placement']} placement" + (f": {legend}" if legend else "")
+    split = "split backward" if sched["split_backward"] else ""
+    return f"{placement}{'; ' if legend else ', '}{split}" if split else placement
 
 
 def _warnings(doc: dict) -> list[str]:
