@@ -50,15 +50,21 @@ def render(c: Comparison) -> str:
         ]
         out += [f"| {_text(CAUSE_NAMES[ch.key])} | {pct(ch.a)} | {pct(ch.b)} | {points(ch.delta)} |" for ch in c.causes]
     if c.ranks:
+        order = f", {c.rank_order()}" if c.compute_grew else ""
         out += [
             "",
-            "<details><summary>by rank (bubble ratio)</summary>",
+            f"<details><summary>by rank (bubble ratio){order}</summary>",
             "",
-            "| rank | A | B | change |" + (" largest cause change |" if c.rank_causes else ""),
-            "|---:|---:|---:|---:|" + ("---|" if c.rank_causes else ""),
+            "| rank | A | B | change |"
+            + (" compute/step |" if c.compute else "")
+            + (" largest cause change |" if c.rank_causes else ""),
+            "|---:|---:|---:|---:|" + ("---:|" if c.compute else "") + ("---|" if c.rank_causes else ""),
         ]
         for ch in c.ranks:
             row = f"| {ch.rank} | {pct(ch.a)} | {pct(ch.b)} | {points(ch.delta)} |"
+            compute = c.compute_change(ch.rank)
+            if compute is not None:
+                row += f" {signed_ms(compute.delta)} ms |"
             causes = c.rank_causes.get(ch.rank)
             if causes:
                 top = max(causes, key=lambda k: abs(causes[k]))
