@@ -8,14 +8,14 @@ from pathlib import Path
 
 import click
 
-from tracekit.commands.common import load_with_progress, rank_options
+from tracekit.commands.common import TracekitCommand, load_with_progress, rank_options
 from tracekit.errors import TracekitError
 
 # Blame rows shown on the console (all of them are in --json).
 _BLAME_ROWS = 5
 
 
-@click.command("diff")
+@click.command("diff", cls=TracekitCommand)
 @click.argument("run_a", type=click.Path(path_type=Path))
 @click.argument("run_b", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
