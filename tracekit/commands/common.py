@@ -6,7 +6,7 @@ import functools
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -49,7 +49,7 @@ class TracekitCommand(click.Command):
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         return super().parse_args(ctx, [*self._new_spellings(ctx, args)])
 
-    def _new_spellings(self, ctx: click.Context, args: list[str]):
+    def _new_spellings(self, ctx: click.Context, args: list[str]) -> Iterator[str]:
         """``args`` with each old spelling (``--ranks 4``, ``--ranks=4``) in its new one."""
         for i, arg in enumerate(args):
             if arg == "--":  # what follows is arguments, not options
