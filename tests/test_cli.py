@@ -246,3 +246,76 @@ def test_the_executable_prints_its_bash_completion_script():
     assert done.returncode == 0, done.stderr
     assert "_TRACEKIT_COMPLETE=bash_complete" in done.stdout
     assert "complete -o nosort -F _tracekit_completion tracekit" in done.stdout
+
+
+# --- --help: a command's own options first, the shared loading options after them ----------
+
+
+def _sections(help_text: str) -> dict[str, str]:
+    """The help's sections by heading ("Options", "Loading options")."""
+    parts: dict[str, str] = {}
+    heading = None
+    for line in help_text.splitlines():
+        if line and not line.startswith(" ") and line.endswith(":"):
+            heading = line[:-1]
+            parts[heading] = ""
+        elif heading is not None:
+            parts[heading] += line + "\n"
+    return parts
+
+
+@pytest.mark.parametrize("command, own", [("whatif", "--schedule"), ("check", "--max-bubble"), ("analyze", "--ranks")])
+def test_help_lists_the_commands_own_options_before_the_loading_options(command, own):
+    """Issue #28: whatif --help was 159 lines with --rank-from, --cache-dir, --label-rule ...
+    among its own; they now follow under one heading."""
+    text = run(command, "--help").output
+    sections = _sections(text)
+    assert list(sections)[-2:] == ["Options", "Loading options"]
+    assert own in sections["Options"] and "--help" in sections["Options"]
+    assert not sections["Options"].startswith("  RUN_DIR")  # an argument is in the usage line only
+    for shared in ("--rank-from", "--rank-map", "--progress", "--jobs", "--cache-dir", "--iteration", "--timeline"):
+        assert shared in sections["Loading options"] and shared not in sections["Options"], shared
+    assert "--label-rule" in sections["Loading options"]
+
+
+def test_every_command_that_reads_a_run_groups_its_help():
+    from tracekit.commands.common import LOADING_PARAMS, TracekitCommand
+
+    reading = [c for c in main.commands.values() if any(p.name in LOADING_PARAMS for p in c.params)]
+    assert {c.name for c in reading} == {"analyze", "whatif", "report", "check", "baseline", "diff", "export"}
+    assert all(isinstance(c, TracekitCommand) for c in reading)
+    # each holds every loading option: the section is the same wherever it appears
+    assert all(LOADING_PARAMS <= {p.name for p in c.params} for c in reading)
+
+
+# --- --ranks: the rows analyze shows; pipeline ranks are -p/--pipeline-ranks -----------------
+
+
+def test_whatif_pipeline_ranks_and_its_old_spelling():
+    args = ["whatif", str(SAMPLES / "1f1b"), "--no-cache", "--no-progress", "--replays", "4"]
+    for spelling in (["-p", "8"], ["--pipeline-ranks", "8"], ["--ranks", "8"], ["--ranks=8"]):
+        refused = CliRunner().invoke(main, [*args, *spelling])
+        assert refused.exit_code == 2, (spelling, refused.output)
+        assert refused.stdout == "" and "p=8: changing the number of ranks is out of scope" in refused.stderr
+        deprecated = [line for line in refused.stderr.splitlines() if "deprecated" in line]
+        if spelling[0].startswith("--ranks"):
+            assert deprecated == [
+                "tracekit: whatif --ranks is deprecated: write -p/--pipeline-ranks (it means the same)"
+            ]
+        else:
+            assert deprecated == []
+    assert "-p, --pipeline-ranks P" in run("whatif", "--help").output
+    assert "--ranks" not in run("whatif", "--help").output
+
+
+def test_capture_pipeline_ranks_and_its_old_spelling(tmp_path):
+    # refused by the settings check, before torch is imported or anything is written
+    for spelling in (["-p", "1"], ["--pipeline-ranks", "1"], ["--ranks", "1"]):
+        done = CliRunner().invoke(main, ["capture", "-o", str(tmp_path / "x"), *spelling])
+        assert done.exit_code == 2, (spelling, done.output)
+        assert done.stderr.splitlines()[-1] == (
+            "tracekit: error: -p/--pipeline-ranks must be at least 2 (got 1); a pipeline needs 2 stages"
+        )
+        assert ("capture --ranks is deprecated" in done.stderr) == (spelling[0] == "--ranks")
+    assert not (tmp_path / "x").exists()
+    assert "-p, --pipeline-ranks INTEGER" in run("capture", "--help").output

@@ -260,7 +260,7 @@ def test_flush_free_theory():
 @pytest.mark.parametrize(
     "args, words",
     [
-        (["--schedule", "PipeDream2BW", "-p", "4", "-m", "2"], "needs --microbatches >= --ranks"),
+        (["--schedule", "PipeDream2BW", "-p", "4", "-m", "2"], "needs --microbatches >= -p/--pipeline-ranks"),
         (["--schedule", "1F1B", "--attention-share", "0.3"], "use it with --schedule TeraPipe"),
         (["--schedule", "TeraPipe", "--attention-share", "1.5"], "must be within [0, 1]"),
         (["--schedule", "TeraPipe", "--profiler", "nsys"], "runs torch's schedules only"),

@@ -286,6 +286,24 @@ HOSTILE_MARKDOWN = [
     "\\`",
     HOSTILE,
     HOSTILE_EVENT,
+    # what opens a block where the text starts a line
+    "1. item",
+    "2) item",
+    "   3. item",
+    "> quote",
+    "- item",
+    "+ item",
+    "# heading",
+    "===",
+    "---",
+    # and what is live anywhere in it
+    "heading ##",
+    "_em_ a_b_c __init__",
+    "a~b~ $x$",
+    "&copy; &#42; & x",
+    "evil.com WWW.evil.com www.1.com",
+    "mailto:x@evil.com xmpp:x@evil.com ftp://evil.com",
+    "a\\",
 ]
 
 
@@ -310,6 +328,40 @@ def test_markdown_text_renders_as_itself_in_a_table_cell_and_a_quote(text):
         assert html.count("<td>") == 2  # the "|" in the text split no cell
     quote = _github_html(f"> {for_markdown_text(text)}\n")
     assert quote.strip() == (f"<blockquote>\n<p>{shown}</p>\n</blockquote>" if shown else "<blockquote>\n</blockquote>")
+
+
+@pytest.mark.parametrize("text", HOSTILE_MARKDOWN)
+def test_markdown_text_renders_as_itself_after_other_text_and_in_a_cell(text):
+    shown = _html_text(for_terminal(text)).replace("@", "@\u2060")
+    mid_line = for_markdown_text(text, line_start=False)  # after other text: no block can open
+    for render in (_github_html, _commonmark_html):
+        heading = render(f"### tracekit diff: {mid_line}\n")
+        assert _words(heading) == _words(f"<h3>tracekit diff: {shown}</h3>"), render
+        item = render(f"- **A**: {mid_line} · kineto\n")
+        assert _words(item) == _words(f"<ul>\n<li><strong>A</strong>: {shown} · kineto</li>\n</ul>"), render
+        table = render(f"| check | rule |\n|---|---|\n| {mid_line} | x |\n")
+        assert f"<td>{shown.strip()}</td>" in table and table.count("<td>") == 2, render
+
+
+def _words(html: str) -> list[str]:
+    """HTML split at white space (a heading drops the spaces at its ends, a paragraph keeps them)."""
+    return html.replace("<", " <").replace(">", "> ").split()
+
+
+def test_markdown_text_escapes_only_what_could_start_markup():
+    """Issue #28: `diff --markdown -` read "\\+25\\.0 points \\(1\\.0\\% \\-\\> ..." in a terminal."""
+    figures = "matters most: stage imbalance +25.0 points of the step window (1.0% -> 26.0%); stage 2 (rank 2)"
+    assert for_markdown_text(figures) == figures
+    assert for_markdown_text("pipeline warm-up, overhead/other, schedule_gaps, link 3->2, p=4 v=1") == (
+        "pipeline warm-up, overhead/other, schedule_gaps, link 3->2, p=4 v=1"
+    )
+    # where a character could start markup, it is escaped, and there only
+    assert (
+        for_markdown_text("- 1. a_b _c_ *d* x.com 1.5 http://y") == "\\- 1. a_b \\_c\\_ \\*d\\* x\\.com 1.5 http\\://y"
+    )
+    assert for_markdown_text("1. first") == "1\\. first"
+    # after other text on its line, a list marker or quote opens nothing
+    assert for_markdown_text("+12.2 points, > 1. - x", line_start=False) == "+12.2 points, > 1. - x"
 
 
 def _github_html(markdown: str) -> str:

@@ -29,10 +29,24 @@ _TERMINAL_UNSAFE = re.compile(rf"[\x00-\x1f\x7f-\x9f\ud800-\udfff\u2028\u2029{_B
 # U+FFFE and U+FFFF), a carriage return (a parser turns it into a newline), and what a CI
 # log would act on when it prints a test's message (DEL, C1 and bidi controls, separators).
 _XML_UNSAFE = re.compile(rf"[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff\ufffe\uffff\u2028\u2029{_BIDI}]")
-# Every ASCII punctuation character may be backslash-escaped in CommonMark, and escaping
-# them all leaves no emphasis, link, image, raw HTML, entity, table cell or web autolink
-# ("www.", "http:") to start.
-_MARKDOWN_PUNCTUATION = re.compile(r"""[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~]""")
+# What can be live anywhere in a line of CommonMark, GitHub's extensions or linkify: a
+# backslash escape, code span, emphasis or strikethrough, link or image bracket, raw HTML or
+# autolink, table cell, math; an entity ("&" and a name or "#"); a "_" unless between two
+# letters or digits (there it opens and closes nothing); the ":" of a scheme ("http://",
+# "mailto:x": one with text right after it); the "." of a domain ("www.", "evil.com": after a
+# letter or digit and before a letter); a run of "#" that ends the text (a heading's closing
+# sequence). Digits, "+", "-", ".", "%", "(", ")" and the rest need no escape there.
+_MARKDOWN_INLINE = re.compile(
+    r"[\\`*~\[\]<|$]"
+    r"|&(?=[#A-Za-z])"
+    r"|(?<![^\W_])_|_(?![^\W_])"
+    r"|:(?=\S)"
+    r"|(?<=[^\W_])\.(?=[^\W\d_])|(?<=[wW]{3})\."
+    r"|#(?=#*[ \t]*$)"
+)
+# What opens a block where the text starts a line (a quote, list item, heading, setext
+# underline, after up to three spaces), and an ordered list's "1." or "1)" before a space.
+_MARKDOWN_BLOCK_START = re.compile(r"^ {0,3}(?:[>#+=-]|\d{1,9}[.)](?=[ \t]|$))")
 _BACKTICK_RUN = re.compile(r"`+")
 
 
@@ -71,13 +85,25 @@ def for_markdown_code(text: str) -> str:
     return f"{fence}{content}{fence}"
 
 
-def for_markdown_text(text: str) -> str:
+def for_markdown_text(text: str, line_start: bool = True) -> str:
     """``text`` as plain Markdown text that renders as itself: controls and newlines as
-    visible escapes, every ASCII punctuation character backslash-escaped, and an invisible
+    visible escapes, a backslash before each character that could start markup where it
+    stands (and only those, so that the Markdown stays readable as text), and an invisible
     word joiner after each ``@``: GitHub finds e-mail addresses in the rendered text, where
-    escapes no longer count, and links them."""
-    escaped = _MARKDOWN_PUNCTUATION.sub(lambda m: "\\" + m.group(), for_terminal(text))
+    escapes no longer count, and links them.
+
+    ``line_start``: the text may begin a line (a quote's line, "> TEXT"), where a list
+    marker, quote or heading could open; False for text after other text on its line or in
+    a table cell (cells hold inline content only)."""
+    escaped = _MARKDOWN_INLINE.sub(_backslashed, for_terminal(text))
+    match = _MARKDOWN_BLOCK_START.match(escaped) if line_start else None
+    if match:  # the marker is the match's last character
+        escaped = f"{escaped[: match.end() - 1]}\\{escaped[match.end() - 1 :]}"
     return escaped.replace("@", "@\u2060")
+
+
+def _backslashed(match: re.Match) -> str:
+    return "\\" + match.group()
 
 
 def map_strings(value: Any, escape: Callable[[str], str]) -> Any:

@@ -20,6 +20,13 @@ CAUSE_NAMES = {
 }
 
 
+# The kinds of pipeline action (F, B, or a backward split into I and W), as the outputs name them.
+ACTION_KIND_NAMES = {"F": "forward", "B": "backward", "I": "input-grad", "W": "weight-grad"}
+# Where a schedule puts its p*v stages on the p ranks (tracekit.reconstruct.schedule), said
+# plainly; a "custom" placement is the trace's own and needs no legend.
+PLACEMENT_LEGENDS = {"loop": "stage s on rank s mod p", "v": "rank r holds stages r and 2p-1-r"}
+
+
 def ms(ns: float) -> str:
     """Nanoseconds as milliseconds, one decimal: ``12.3``."""
     return f"{ns / 1e6:.1f}"

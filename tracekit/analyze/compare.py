@@ -10,6 +10,7 @@ same schedule). The CI gate (:mod:`tracekit.gate`) checks the same measures.
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,10 +19,15 @@ from tracekit.analyze.grouping import int_groups, int_items
 from tracekit.analyze.shares import share
 from tracekit.model.run import UNRECOGNISED
 from tracekit.version import __version__
-from tracekit.vocab import CATEGORIES, CAUSE_NAMES, pct, points, signed_ms
+from tracekit.vocab import CATEGORIES, CAUSE_NAMES, ms, pct, points, rank_list, signed_ms
 
 # A change smaller than this share of the step window is capture noise, not a finding.
 NOTABLE_SHARE = 0.005
+# A rank whose compute per step grew by this share of run A's step, and by as much more than
+# the ranks' median change, is a cause: the others wait for it. A growth every rank shares (a
+# slower host) is not, nor a rank left slowest because others shrank (an uneven split's middle
+# stage); run-to-run noise on the samples stays under 3.5% (1f1b against its repeat).
+OWN_COMPUTE_GROWTH = 0.05
 
 
 @dataclass
@@ -35,6 +41,7 @@ class Measures:
     step_ns: float  # mean step window
     bubble_ratio: float
     rank_bubble: dict[int, float]
+    rank_compute_ns: dict[int, float] = field(default_factory=dict)  # busy per step, by rank
     cause_share: dict[str, float] = field(default_factory=dict)  # empty without attribution
     rank_cause_share: dict[int, dict[str, float]] = field(default_factory=dict)
     stage_imbalance_ns: dict[int, float] = field(default_factory=dict)  # per step, by stage
@@ -100,6 +107,7 @@ def measure(analysis: Analysis) -> Measures:
         step_ns=step_ns,
         bubble_ratio=analysis.summary.bubble_ratio,
         rank_bubble={int(r): info.bubble_ratio for r, info in per_rank.items()},
+        rank_compute_ns={int(r): info.busy_ns / n_steps for r, info in per_rank.items()} if n_steps else {},
         incomplete="" if run.completeness is None or run.completeness.complete else run.completeness.gaps_text(),
         timeline=run.timeline,
     )
@@ -138,7 +146,7 @@ class Change:
     b: float
     unit: str = "share"  # "share" (of the window) or "ns" (per step)
     detail: str = ""
-    rank: int | None = None  # the rank a "rank" change is about
+    rank: int | None = None  # the rank a "rank" or "compute" change is about; a stage's (first replica's)
 
     @property
     def delta(self) -> float:
@@ -166,11 +174,13 @@ class Comparison:
     a: Measures
     b: Measures
     causes: list[Change]  # share of the window per cause
-    ranks: list[Change]  # bubble ratio per rank (same ranks only)
+    ranks: list[Change]  # bubble ratio per rank (same ranks only); the ranks in compute_grew first
     rank_causes: dict[int, dict[str, float]]  # rank -> cause -> change of its share
     stages: list[Change]  # imbalance ns per step (same schedule only)
     links: list[Change]  # comm ns per step (same ranks only)
     notes: list[str]
+    compute: list[Change] = field(default_factory=list)  # compute ns per step per rank, in rank order
+    compute_grew: list[int] = field(default_factory=list)  # ranks whose own compute grew, most first
 
     @property
     def same_schedule(self) -> bool:
@@ -183,6 +193,17 @@ class Comparison:
     @property
     def bubble_delta(self) -> float:
         return self.b.bubble_ratio - self.a.bubble_ratio
+
+    def rank_order(self) -> str:
+        """How the per-rank list is ordered: "rank 2 first (its own compute grew), then ..."."""
+        if not self.compute_grew:
+            return "largest change first"
+        grew = self.compute_grew
+        who = f"rank {grew[0]} first (its" if len(grew) == 1 else f"{rank_list(grew)} first (their"
+        return f"{who} own compute grew), then the others, largest change first"
+
+    def compute_change(self, rank: int) -> Change | None:
+        return next((ch for ch in self.compute if ch.rank == rank), None)
 
     def incomplete(self) -> list[str]:
         """One line per run with ranks missing: said before anything else."""
@@ -203,7 +224,8 @@ class Comparison:
             return None
         detail = ""
         if self.ranks:
-            detail = f"most on {self.ranks[0].key} ({points(self.ranks[0].delta)})"
+            most = max(self.ranks, key=lambda ch: abs(ch.delta))
+            detail = f"most on {most.key} ({points(most.delta)})"
         return Change("run", "bubble ratio", self.a.bubble_ratio, self.b.bubble_ratio, detail=detail)
 
     def headline(self) -> str:
@@ -224,8 +246,17 @@ class Comparison:
         return f"{line}; {top.detail}" if top.detail else line
 
     def _where(self, cause: str, delta: float) -> str:
-        """Which rank, stage or link carries a cause's change (same direction as ``delta``)."""
+        """What a cause's change comes from (the rank that computes more, the stage or link
+        blamed), then the rank that shows most of it (same direction as ``delta``)."""
         parts = []
+        blame = self.stages if cause == "imbalance" else self.links if cause == "comm" else []
+        top = blame[0] if blame and blame[0].delta * delta > 0 else None
+        if cause == "imbalance" and delta > 0 and self.compute_grew:
+            parts.append(self._slower(self.compute_grew[0], top))
+            if top is not None and top.rank == self.compute_grew[0]:
+                top = None  # said with its compute
+        if top is not None:
+            parts.append(f"{top.key} {signed_ms(top.delta)} ms idle/step")
         if self.rank_causes:
             rank, change = max(
                 ((r, c.get(cause, 0.0)) for r, c in self.rank_causes.items()),
@@ -233,10 +264,18 @@ class Comparison:
             )
             if change * delta > 0:
                 parts.append(f"most on rank {rank} ({points(change)})")
-        blame = self.stages if cause == "imbalance" else self.links if cause == "comm" else []
-        if blame and blame[0].delta * delta > 0:
-            parts.append(f"{blame[0].key} {signed_ms(blame[0].delta)} ms idle/step")
         return ", ".join(parts)
+
+    def _slower(self, rank: int, blamed: Change | None) -> str:
+        """ "stage 2 (rank 2) computes 292.4 ms/step more: +755.2 ms idle/step on the ranks that wait for it"."""
+        grown = self.compute_change(rank)
+        assert grown is not None  # compute_grew names ranks of self.compute
+        if blamed is None or blamed.rank != rank:
+            return f"rank {rank} computes {ms(grown.delta)} ms/step more"
+        return (
+            f"{blamed.key} computes {ms(grown.delta)} ms/step more: "
+            f"{signed_ms(blamed.delta)} ms idle/step on the ranks that wait for it"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         top = self.matters_most()
@@ -263,6 +302,8 @@ class Comparison:
             },
             "causes": [c.to_dict() for c in self.causes],
             "ranks": [c.to_dict() for c in self.ranks],
+            "compute": [c.to_dict() for c in self.compute],
+            "compute_grew": list(self.compute_grew),
             "rank_causes": {
                 str(r): {c: _round(v) for c, v in causes.items()} for r, causes in self.rank_causes.items()
             },
@@ -298,8 +339,14 @@ def compare(a: Measures, b: Measures) -> Comparison:
     ranks: list[Change] = []
     rank_causes: dict[int, dict[str, float]] = {}
     links: list[Change] = []
+    compute: list[Change] = []
     if same_ranks:
         ranks = [Change("rank", f"rank {r}", a.rank_bubble[r], b.rank_bubble[r], rank=r) for r in sorted(a.rank_bubble)]
+        if a.rank_compute_ns and b.rank_compute_ns:
+            compute = [
+                Change("compute", f"rank {r}", a.rank_compute_ns[r], b.rank_compute_ns[r], "ns", rank=r)
+                for r in sorted(a.rank_compute_ns)
+            ]
         if a.rank_cause_share and b.rank_cause_share:
             rank_causes = {
                 r: {c: b.rank_cause_share[r][c] - a.rank_cause_share[r][c] for c in CATEGORIES}
@@ -320,23 +367,45 @@ def compare(a: Measures, b: Measures) -> Comparison:
                 a.stage_imbalance_ns.get(s, 0.0),
                 b.stage_imbalance_ns.get(s, 0.0),
                 "ns",
+                rank=stage_rank.get(s),
             )
             for s in sorted(set(a.stage_imbalance_ns) | set(b.stage_imbalance_ns))
         ]
+    grew = grew_on_their_own(compute, a.step_ns)
     return Comparison(
         a=a,
         b=b,
         causes=_largest_first(causes),
-        ranks=_largest_first(ranks),
+        ranks=_cause_first(ranks, grew),
         rank_causes=rank_causes,
         stages=_largest_first(stages),
         links=_largest_first(links),
         notes=notes,
+        compute=compute,
+        compute_grew=grew,
     )
+
+
+def grew_on_their_own(compute: list[Change], step_ns: float) -> list[int]:
+    """The ranks whose compute per step grew, and grew more than the ranks' median change, by
+    :data:`OWN_COMPUTE_GROWTH` of the step ``step_ns`` each, most grown first: the causes the
+    others wait on."""
+    if len(compute) < 2 or step_ns <= 0:
+        return []
+    least = OWN_COMPUTE_GROWTH * step_ns
+    median = statistics.median(c.delta for c in compute)
+    grown = sorted((c for c in compute if c.delta >= least and c.delta - median >= least), key=lambda c: -c.delta)
+    return [c.rank for c in grown if c.rank is not None]
 
 
 def _largest_first(changes: list[Change]) -> list[Change]:
     return sorted(changes, key=lambda c: -abs(c.delta))
+
+
+def _cause_first(ranks: list[Change], grew: list[int]) -> list[Change]:
+    """The ranks whose own compute grew (in ``grew``'s order), then the others, largest change first."""
+    causes = [next(c for c in ranks if c.rank == rank) for rank in grew]
+    return causes + _largest_first([c for c in ranks if c.rank not in grew])
 
 
 def _side(m: Measures) -> dict[str, Any]:

@@ -146,9 +146,9 @@ class CaptureConfig:
             self.stages_per_rank = 1 if self.schedule in SINGLE_STAGE else 2
         p, v, m = self.ranks, self.stages_per_rank, self.microbatches
         if p < 2:
-            raise CaptureError(f"--ranks must be at least 2 (got {p}); a pipeline needs 2 stages")
+            raise CaptureError(f"-p/--pipeline-ranks must be at least 2 (got {p}); a pipeline needs 2 stages")
         if p > 64:
-            raise CaptureError(f"--ranks {p} is too many processes for one machine; use 64 or fewer")
+            raise CaptureError(f"-p/--pipeline-ranks {p} is too many processes for one machine; use 64 or fewer")
         if v < 1:
             raise CaptureError(f"--stages-per-rank must be at least 1 (got {v})")
         if m < 1:
@@ -221,7 +221,7 @@ class CaptureConfig:
             # two weight buffers suffice only while every microbatch in flight at an update
             # (up to p-1 of them on stage 0) started after the previous update
             raise CaptureError(
-                f"PipeDream2BW keeps two weight versions, which needs --microbatches >= --ranks "
+                f"PipeDream2BW keeps two weight versions, which needs --microbatches >= -p/--pipeline-ranks "
                 f"(a weight update every m microbatches; got m={m}, p={p}); use -m {p} or more"
             )
         if self.attention_share is not None and self.schedule != "TeraPipe":

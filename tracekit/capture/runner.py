@@ -151,7 +151,7 @@ def spawn_ranks(entry, args: tuple, nprocs: int) -> None:
     lines = [ln.strip() for ln in str(last_err).strip().splitlines() if ln.strip()]
     summary = lines[-1] if lines else type(last_err).__name__
     raise CaptureError(
-        f"a rank failed during capture ({summary}); see the traceback above, or try fewer --ranks / another --schedule"
+        f"a rank failed during capture ({summary}); see the traceback above, or try fewer -p/--pipeline-ranks / another --schedule"
     ) from None
 
 

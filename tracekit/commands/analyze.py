@@ -10,6 +10,7 @@ import click
 
 from tracekit.errors import TracekitError
 from tracekit.commands.common import (
+    TracekitCommand,
     add_drawn_ops,
     cached_document,
     load_to_draw,
@@ -20,7 +21,7 @@ from tracekit.commands.common import (
 )
 
 
-@click.command("analyze")
+@click.command("analyze", cls=TracekitCommand)
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.option(
     "--json",

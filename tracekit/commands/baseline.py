@@ -7,10 +7,10 @@ from pathlib import Path
 
 import click
 
-from tracekit.commands.common import load_with_progress, rank_options
+from tracekit.commands.common import TracekitCommand, load_with_progress, rank_options
 
 
-@click.command("baseline")
+@click.command("baseline", cls=TracekitCommand)
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.option(
     "-o",

@@ -16,6 +16,7 @@ from tracekit.capture.config import (
     parse_layers_per_stage,
     schedule_by_name,
 )
+from tracekit.commands.common import TracekitCommand
 from tracekit.errors import CaptureError
 from tracekit.text import for_terminal
 
@@ -24,7 +25,7 @@ def _schedule(ctx, param, value):
     return schedule_by_name(value) if value is not None else value
 
 
-@click.command("capture")
+@click.command("capture", cls=TracekitCommand, renamed={"--ranks": "--pipeline-ranks"})
 @click.option(
     "-o",
     "--out",
@@ -49,7 +50,15 @@ def _schedule(ctx, param, value):
     "(PipelineEngine, 1F1B) or megatron (Megatron-core schedules: 1F1B, Interleaved1F1B). "
     "deepspeed and megatron must be installed.",
 )
-@click.option("-p", "--ranks", default=4, show_default=True, type=int, help="Pipeline ranks (local processes).")
+@click.option(
+    "-p",
+    "--pipeline-ranks",
+    "ranks",
+    default=4,
+    show_default=True,
+    type=int,
+    help="Pipeline ranks (local processes).",
+)
 @click.option("-m", "--microbatches", default=8, show_default=True, type=int, help="Microbatches per step.")
 @click.option(
     "-v",

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import click
 
-from tracekit.commands.common import load_with_progress, rank_options
+from tracekit.commands.common import TracekitCommand, load_with_progress, rank_options
 from tracekit.errors import TracekitError
 from tracekit.text import for_terminal
 
 
-@click.command("check")
+@click.command("check", cls=TracekitCommand)
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.option("--max-bubble", metavar="SHARE", help="Fail when the run's bubble ratio is above SHARE (e.g. 0.35).")
 @click.option("--max-rank-bubble", metavar="SHARE", help="Fail when any rank's bubble ratio is above SHARE.")

@@ -6,7 +6,7 @@ import functools
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,6 +21,49 @@ if TYPE_CHECKING:
 # Where rank_options leaves the loading options for load_with_progress (click's ctx.meta).
 _LOAD_META = "tracekit.load"
 _LOAD_OPTIONS = ("executor", "scheduler", "jobs", "cache_dir", "no_cache", "iteration", "timeline", "label_rule")
+# Every option rank_options adds: --help lists them apart, after the command's own.
+LOADING_PARAMS = frozenset({"rank_from", "rank_map", "progress", *_LOAD_OPTIONS})
+
+
+class TracekitCommand(click.Command):
+    """A subcommand whose --help lists its own options first and the options shared by
+    every command that reads a run (:func:`rank_options`) after them, under "Loading
+    options"; and which still takes an option's old spelling (``renamed``: old spelling ->
+    the option's new long one), with one line on stderr."""
+
+    def __init__(self, *args, renamed: dict[str, str] | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.renamed = renamed or {}
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        own, loading = [], []
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is not None and isinstance(param, click.Option):  # arguments are in the usage line
+                (loading if param.name in LOADING_PARAMS else own).append(record)
+        for heading, records in (("Options", own), ("Loading options", loading)):
+            if records:
+                with formatter.section(heading):
+                    formatter.write_dl(records)
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, [*self._new_spellings(ctx, args)])
+
+    def _new_spellings(self, ctx: click.Context, args: list[str]) -> Iterator[str]:
+        """``args`` with each old spelling (``--ranks 4``, ``--ranks=4``) in its new one."""
+        for i, arg in enumerate(args):
+            if arg == "--":  # what follows is arguments, not options
+                yield from args[i:]
+                return
+            old, equals, value = arg.partition("=")
+            new = self.renamed.get(old)
+            if new is None:
+                yield arg
+                continue
+            if not ctx.resilient_parsing:  # not while the shell completes a word
+                spelled = "/".join(next(p.opts for p in self.params if new in p.opts))
+                click.echo(f"tracekit: {self.name} {old} is deprecated: write {spelled} (it means the same)", err=True)
+            yield new + equals + value
 
 
 def rank_options(func):

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import click
 
-from tracekit.commands.common import load_with_progress, rank_options
+from tracekit.commands.common import TracekitCommand, load_with_progress, rank_options
 from tracekit.errors import TracekitError
 
 # Blame rows shown on the console (all of them are in --json).
 _BLAME_ROWS = 5
 
 
-@click.command("diff")
+@click.command("diff", cls=TracekitCommand)
 @click.argument("run_a", type=click.Path(path_type=Path))
 @click.argument("run_b", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
@@ -42,7 +42,8 @@ def command(
     matters most: the cause whose share of the step window moved most, with the rank,
     stage or link that carries it. Then the bubble ratio and step time, every cause's
     share of the step window, every rank's bubble ratio and the stage / link blame, each
-    list sorted by the size of the change.
+    list sorted by the size of the change; a rank whose own compute grew leads the ranks
+    (the others wait on it).
 
     The runs may come from different formats (PyTorch profiler, Nsight Systems) and even
     different schedules or pipeline sizes: shares of the step window compare across
@@ -107,16 +108,20 @@ def _console(c) -> str:
             table(["cause", "A", "B", "change"], rows),
         ]
     if c.ranks:
-        headers = ["rank", "A", "B", "change"] + (["largest cause change"] if c.rank_causes else [])
+        headers = ["rank", "A", "B", "change"] + (["compute/step"] if c.compute else [])
+        headers += ["largest cause change"] if c.rank_causes else []
         rows = []
         for ch in c.ranks:
             row = [str(ch.rank), pct(ch.a), pct(ch.b), points(ch.delta)]
+            compute = c.compute_change(ch.rank)
+            if compute is not None:
+                row.append(f"{signed_ms(compute.delta)} ms")
             causes = c.rank_causes.get(ch.rank)
             if causes:
                 top = max(causes, key=lambda k: abs(causes[k]))
                 row.append(f"{top} {points(causes[top])}")
             rows.append(row)
-        out += ["", "by rank (bubble ratio), largest change first:", table(headers, rows)]
+        out += ["", f"by rank (bubble ratio), {c.rank_order()}:", table(headers, rows)]
     blame = [ch for ch in c.stages + c.links if abs(ch.delta) > 0]
     if blame:
         blame.sort(key=lambda ch: -abs(ch.delta))

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import click
 
-from tracekit.commands.common import load_with_progress, rank_options
+from tracekit.commands.common import TracekitCommand, load_with_progress, rank_options
 from tracekit.errors import TracekitError
 from tracekit.output import OutputTarget
 from tracekit.text import for_terminal
 
 
-@click.command("export")
+@click.command("export", cls=TracekitCommand)
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.option(
     "-o",

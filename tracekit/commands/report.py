@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from tracekit.commands.common import add_drawn_ops, load_to_draw, rank_options, work_progress
+from tracekit.commands.common import TracekitCommand, add_drawn_ops, load_to_draw, rank_options, work_progress
 
 
 def default_name(run_dir: Path) -> str:
@@ -15,7 +15,7 @@ def default_name(run_dir: Path) -> str:
     return (name.split(".")[0] if run_dir.is_file() else name) or "run"
 
 
-@click.command("report")
+@click.command("report", cls=TracekitCommand)
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.option(
     "-o",

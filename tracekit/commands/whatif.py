@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from tracekit.commands.common import load_with_progress, rank_options, work_progress
+from tracekit.commands.common import TracekitCommand, load_with_progress, rank_options, work_progress
 
 SCHEDULE_CHOICES = ["GPipe", "1F1B", "Interleaved1F1B", "ZB-H1", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"]
 # chunks per rank each schedule takes when -v does not say: one, the interleaved v, or the V's two
@@ -17,7 +17,7 @@ CLASSIC = ("GPipe", "1F1B", "Interleaved1F1B")  # what -m alone, like no -s, pre
 V_SHAPED = ("ZBVZeroBubble", "DualPipeV")
 
 
-@click.command("whatif")
+@click.command("whatif", cls=TracekitCommand, renamed={"--ranks": "--pipeline-ranks"})
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.option(
     "-s",
@@ -34,11 +34,11 @@ V_SHAPED = ("ZBVZeroBubble", "DualPipeV")
 )
 @click.option(
     "-p",
-    "--ranks",
+    "--pipeline-ranks",
     "ranks",
     type=int,
     metavar="P",
-    help="Ranks of the targets: only the measured p (changing p is out of scope; refused).",
+    help="Pipeline ranks of the targets: only the measured p (changing p is out of scope; refused).",
 )
 @click.option(
     "-v",

@@ -7,7 +7,7 @@ shown is one a script can read too.
 from __future__ import annotations
 
 from tracekit.text import for_terminal, map_strings
-from tracekit.vocab import CATEGORIES, CAUSE_NAMES, ms, pct, rank_list
+from tracekit.vocab import ACTION_KIND_NAMES, CATEGORIES, CAUSE_NAMES, PLACEMENT_LEGENDS, ms, pct, rank_list
 
 # The findings about patterns across replicas (tracekit.analyze.diagnosis.REPLICA_CAUSES: the
 # console renders a stored document and imports no analysis code).
@@ -84,8 +84,7 @@ def render(doc: dict, ranks: str | int = "auto") -> str:
     if not completeness.get("missing_ranks"):  # a trace cut short still shows the pipeline's shape
         out.append(
             f"  schedule: {sched['name']}  p={sched['p']} v={sched['v']} m={sched['m']}  "
-            f"({sched['placement']} placement{', split backward' if sched['split_backward'] else ''})"
-            + (f"  x {replicas} data-parallel pipelines" if replicas > 1 else "")
+            f"({_shape(sched)})" + (f"  x {replicas} data-parallel pipelines" if replicas > 1 else "")
         )
         out.append(f"  labels: {_labels_line(doc)}")
         out.append("")
@@ -139,7 +138,7 @@ def render(doc: dict, ranks: str | int = "auto") -> str:
         )
     out.append(table(headers, rows))
     if shown:
-        out.append("  (idle ms per cause, summed over steps; causes add up to idle exactly)")
+        out.append(f"  (idle ms per cause, summed over steps; causes add up to idle exactly; {_column_legend(shown)})")
     out.append("")
     out.extend(_findings(doc))
     if shown:
@@ -217,14 +216,25 @@ def _timeline(doc: dict) -> list[str]:
     return lines
 
 
+# Findings on the console, worst first; the rest are counted (all are in --json and the report).
+SHOWN_FINDINGS = 3
+
+
+def _actionable(doc: dict) -> list[dict]:
+    """The findings that ask for something (info ones are for --json and the report)."""
+    return [f for f in doc.get("findings", []) if f["severity"] != "info"]
+
+
 def _findings(doc: dict) -> list[str]:
-    findings = [f for f in doc.get("findings", []) if f["severity"] != "info"][:3]
+    findings = _actionable(doc)
     if not findings:
         return []
     out = ["what to try:"]
-    for f in findings:
+    for f in findings[:SHOWN_FINDINGS]:
         out.append(f"  [{f['severity']}] {f['headline']}")
         out.append(f"         {f['advice']}")
+    if len(findings) > SHOWN_FINDINGS:
+        out.append(f"  +{len(findings) - SHOWN_FINDINGS} more (--json, report)")
     out.append("")
     return out
 
@@ -320,7 +330,7 @@ def _stage_rollup(doc: dict, ranks: str | int) -> list[str]:
         "replica with the highest bubble, slowest: with the most compute; - where all are equal):",
         table(headers, rows),
     ]
-    shown = {f["headline"] for f in [f for f in doc.get("findings", []) if f["severity"] != "info"][:3]}
+    shown = {f["headline"] for f in _actionable(doc)[:SHOWN_FINDINGS]}
     patterns = [f for f in doc.get("findings", []) if f["cause"] in _REPLICA_CAUSES]
     if not patterns:
         within = pct(rollup["slow_factor"] - 1)
@@ -357,18 +367,58 @@ def _replay(doc: dict) -> list[str]:
     if not steps:
         return []
     worst = max(abs(st["replay"]["residual_ns"]) for st in steps)
-    out = [f"replay fidelity: {len(steps)} step(s) replayed, largest residual {ms(worst)} ms"]
+    out = [
+        f"replay fidelity: {len(steps)} step(s) replayed, largest residual {ms(worst)} ms "
+        "(measured minus replayed step time; the causes rest on the replay)"
+    ]
     last = steps[-1]
     path = last.get("critical_path", [])
     if path:
         compute = sum(p["compute_ns"] for p in path)
         comm = sum(p.get("comm_ns", 0) for p in path)
-        chain = " > ".join(f"r{p['rank']}:{p['kind']}{p['stage']}.{p['microbatch']}" for p in path[:12])
+        shown = path[:12]
+        chain = " > ".join(_action(p) for p in shown)
         more = f" > ... ({len(path)} actions)" if len(path) > 12 else ""
         out.append(f"critical path of step {last['step']}: compute {ms(compute)} ms, comm {ms(comm)} ms")
         out.append(f"  {chain}{more}")
+        out.append(f"  ({_path_legend(shown)})")
     out.append("")
     return out
+
+
+def _action(entry: dict) -> str:
+    """An action on the critical path, short: ``r0:F0.3``."""
+    return f"r{entry['rank']}:{entry['kind']}{entry['stage']}.{entry['microbatch']}"
+
+
+def _kind_name(kind: str) -> str:
+    return ACTION_KIND_NAMES.get(kind, kind)
+
+
+def _path_legend(path: list[dict]) -> str:
+    """What the short names of a critical path say, by its first action, and the other kinds in it."""
+    first = path[0]
+    legend = (
+        f"{_action(first)} = rank {first['rank']}'s {_kind_name(first['kind'])} of stage {first['stage']}, "
+        f"microbatch {first['microbatch']}"
+    )
+    others = sorted({p["kind"] for p in path} - {first["kind"]}, key=lambda k: (k not in ACTION_KIND_NAMES, k))
+    return "; ".join([legend, *(f"{kind} = {_kind_name(kind)}" for kind in others)])
+
+
+def _column_legend(shown: tuple[str, ...]) -> str:
+    """The rank table's cut-short cause headings, spelt out: "imbal: stage imbalance, ovhd: overhead/other"."""
+    return ", ".join(
+        f"{_LABELS[c]}: {CAUSE_NAMES[c]}" for c in shown if _LABELS[c] not in CAUSE_NAMES[c].replace("-", "").split()
+    )
+
+
+def _shape(sched: dict) -> str:
+    """ "loop placement: stage s on rank s mod p; split backward" (a custom placement as it is)."""
+    legend = PLACEMENT_LEGENDS.get(sched["placement"])
+    placement = f"{sched['placement']} placement" + (f": {legend}" if legend else "")
+    split = "split backward" if sched["split_backward"] else ""
+    return f"{placement}{'; ' if legend else ', '}{split}" if split else placement
 
 
 def _warnings(doc: dict) -> list[str]:

@@ -21,7 +21,7 @@ BLAME_ROWS = 5
 def render(c: Comparison) -> str:
     """The comparison of run A with run B as one Markdown document."""
     out = [f"### tracekit diff: {_text(c.headline())}", ""]
-    out += [f"> **{_text(line)}**  " for line in c.incomplete()]
+    out += [f"> **{_text(line)}**  " for line in c.incomplete()]  # after "**": no block opens there
     if c.incomplete():
         out.append("")
     for label, m in (("A", c.a), ("B", c.b)):
@@ -31,7 +31,7 @@ def render(c: Comparison) -> str:
         )
     out.append("")
     if c.notes:
-        out += [*(f"> {_text(note)}  " for note in c.notes), ""]
+        out += [*(f"> {for_markdown_text(note)}  " for note in c.notes), ""]
     step_delta = c.b.step_ns - c.a.step_ns
     step_rel = f" ({100 * step_delta / c.a.step_ns:+.1f}%)" if c.a.step_ns else ""
     out += [
@@ -50,15 +50,21 @@ def render(c: Comparison) -> str:
         ]
         out += [f"| {_text(CAUSE_NAMES[ch.key])} | {pct(ch.a)} | {pct(ch.b)} | {points(ch.delta)} |" for ch in c.causes]
     if c.ranks:
+        order = f", {c.rank_order()}" if c.compute_grew else ""
         out += [
             "",
-            "<details><summary>by rank (bubble ratio)</summary>",
+            f"<details><summary>by rank (bubble ratio){order}</summary>",
             "",
-            "| rank | A | B | change |" + (" largest cause change |" if c.rank_causes else ""),
-            "|---:|---:|---:|---:|" + ("---|" if c.rank_causes else ""),
+            "| rank | A | B | change |"
+            + (" compute/step |" if c.compute else "")
+            + (" largest cause change |" if c.rank_causes else ""),
+            "|---:|---:|---:|---:|" + ("---:|" if c.compute else "") + ("---|" if c.rank_causes else ""),
         ]
         for ch in c.ranks:
             row = f"| {ch.rank} | {pct(ch.a)} | {pct(ch.b)} | {points(ch.delta)} |"
+            compute = c.compute_change(ch.rank)
+            if compute is not None:
+                row += f" {signed_ms(compute.delta)} ms |"
             causes = c.rank_causes.get(ch.rank)
             if causes:
                 top = max(causes, key=lambda k: abs(causes[k]))
@@ -82,5 +88,6 @@ def render(c: Comparison) -> str:
 
 
 def _text(text: str) -> str:
-    """Inert Markdown text; ``|`` escaped too, so that it cannot split a table cell."""
-    return for_markdown_text(text)
+    """Inert Markdown text after other text on its line or in a table cell; ``|`` escaped
+    too, so that it cannot split a cell."""
+    return for_markdown_text(text, line_start=False)

@@ -2,8 +2,9 @@
 pull-request comment or the job summary (``$GITHUB_STEP_SUMMARY``).
 
 Text from outside (the run's path, the baseline's, a config file's name in a rule) is made
-inert on the way in: a code span that no backtick inside can close, or text with every
-Markdown and HTML special escaped, so that a name cannot become a link, an image or raw HTML.
+inert on the way in: a code span that no backtick inside can close, or text with each
+character escaped that could start Markdown or HTML where it stands, so that a name cannot
+become a link, an image or raw HTML.
 """
 
 from __future__ import annotations
@@ -46,10 +47,11 @@ def render(result: GateResult) -> str:
         )
     out += ["", "</details>"]
     if result.notes:
-        out += ["", *(f"> {_cell(note)}  " for note in result.notes)]
+        out += ["", *(f"> {for_markdown_text(note)}  " for note in result.notes)]
     return "\n".join(out) + "\n"
 
 
 def _cell(text: str) -> str:
-    """Text for a table cell or a line: inert, and with ``|`` escaped it cannot split a cell."""
-    return for_markdown_text(text)
+    """Text for a table cell or after other text on a line: inert, and with ``|`` escaped it
+    cannot split a cell."""
+    return for_markdown_text(text, line_start=False)

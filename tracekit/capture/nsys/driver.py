@@ -74,7 +74,9 @@ def _run(
     try:
         proc = subprocess.run(cmd, env=env, cwd=cwd, text=True, timeout=timeout, **streams)
     except subprocess.TimeoutExpired:
-        raise CaptureError(f"{what} did not finish within {timeout:.0f} s; try fewer --steps or --ranks") from None
+        raise CaptureError(
+            f"{what} did not finish within {timeout:.0f} s; try fewer --steps or -p/--pipeline-ranks"
+        ) from None
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout or "").strip().splitlines()
         last = tail[-1] if tail else "see the output above"

@@ -8,7 +8,7 @@ import pandas as pd
 
 from tracekit.analyze import Analysis
 from tracekit.render.html.views import TIMELINE_WIDTH_PX, StepView
-from tracekit.vocab import CATEGORIES
+from tracekit.vocab import ACTION_KIND_NAMES, CATEGORIES
 
 
 KIND_COLORS = {
@@ -21,10 +21,7 @@ KIND_COLORS = {
     "kernel": "#17BECF",
 }
 KIND_NAMES = {
-    "F": "forward",
-    "B": "backward",
-    "I": "input-grad",
-    "W": "weight-grad",
+    **ACTION_KIND_NAMES,
     "merged": "merged actions",
     "cpu": "CPU ops (top level)",
     "kernel": "GPU work",
