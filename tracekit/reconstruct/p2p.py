@@ -96,8 +96,13 @@ def match_messages(
     actions: pd.DataFrame,
     consumer_by_kind: bool = False,
     groups: dict[int, list[ProcessGroup]] | None = None,
+    notes: list[str] | None = None,
 ) -> tuple[pd.DataFrame, list[str]]:
     """Pair sends with receives; return the messages table and warnings.
+
+    ``notes``: where to put what was found that is no problem (peers a format does not name,
+    read from the framework's ranges or the pipeline's shape; sends in flight past the
+    profile's end); without it they join the warnings.
 
     ``groups``: each rank's process groups (``distributedInfo.pg_config``), which the peers
     the metadata names may be ranks of (:mod:`tracekit.reconstruct.peers`).
@@ -109,6 +114,7 @@ def match_messages(
     Labelled runs keep the next action: a fused ``OVERLAP_F_B`` range sends both an
     activation and a gradient after its backward part, so its kind says nothing."""
     warnings: list[str] = []
+    said = warnings if notes is None else notes
     sides = host_p2p_ops(events)
     sends = _with_steps(sides[sides["direction"] == "send"], steps).sort_values("start_ns")
     recvs = _with_steps(sides[sides["direction"] == "recv"], steps).sort_values("start_ns")
@@ -118,7 +124,7 @@ def match_messages(
     sends, recvs = _with_action_labels(sends, events), _with_action_labels(recvs, events)
     sends, recvs, named = _peers_from_ranges(sends, recvs, events)
     if named:
-        warnings.append(
+        said.append(
             f"{named} send/recv ops name no peer rank; their peers are read from the framework's "
             "P2P ranges around them (Megatron's p2p_communication functions)"
         )
@@ -130,7 +136,7 @@ def match_messages(
     if unknown_before:
         sends, recvs = _infer_peers(sends, recvs, actions, _pipeline_order(groups or {}, actions))
         inferred = unknown_before - int((sends["peer"] < 0).sum() + (recvs["peer"] < 0).sum())
-        warnings.append(
+        said.append(
             f"{unknown_before} send/recv ops name no peer rank (Kineto without record_shapes=True, "
             f"or Nsight Systems NVTX); {inferred} peers inferred from stage adjacency of the "
             "action they follow or feed"
@@ -180,10 +186,17 @@ def match_messages(
         }
     ).astype("int64")
     if unmatched_sends or unmatched_recvs:
-        warnings.append(
-            f"{unmatched_sends} sends and {unmatched_recvs} receives have no partner in the "
-            "trace (a rank's trace missing, or the profiling windows differ)"
-        )
+        if _in_flight_at_the_edges(known_sends, known_recvs, pairs, steps):
+            said.append(
+                f"{unmatched_sends} sends of the last step and {unmatched_recvs} receives of the first "
+                "have their partners outside the profile (in flight across its edges: a pipeline "
+                "without a flush sends into its next step)"
+            )
+        else:
+            warnings.append(
+                f"{unmatched_sends} sends and {unmatched_recvs} receives have no partner in the "
+                "trace (a rank's trace missing, or the profiling windows differ)"
+            )
     if size_mismatch:
         warnings.append(f"{size_mismatch} matched messages differ in size between sender and receiver")
     if messages.empty:
@@ -244,6 +257,24 @@ def _with_action_labels(sides: pd.DataFrame, events: pd.DataFrame) -> pd.DataFra
             for column, values in zip(_LABEL_COLUMNS, (stage, way, mb)):
                 out[column][hit] = values[at]
     return sides.assign(**out)
+
+
+def _in_flight_at_the_edges(sends: pd.DataFrame, recvs: pd.DataFrame, pairs: pd.DataFrame, steps: pd.DataFrame) -> bool:
+    """Whether every call left without a partner is a send of its rank's last profiled step
+    or a receive of its first: a message in flight across the profile's edge, not a missing
+    one (the partner's step was not recorded)."""
+    last = steps.groupby("rank")["step"].max().to_dict()
+    first = steps.groupby("rank")["step"].min().to_dict()
+    for sides, side_key, rank_key, edge in ((sends, "_s", "src_rank", last), (recvs, "_r", "dst_rank", first)):
+        paired = set(zip(pairs[f"file_id{side_key}"], pairs[f"source_index{side_key}"]))
+        left = [
+            (rank, step)
+            for rank, step, f, i in zip(sides[rank_key], sides["step"], sides["file_id"], sides["source_index"])
+            if (f, i) not in paired
+        ]
+        if any(step != edge.get(rank) for rank, step in left):
+            return False
+    return True
 
 
 def _across_steps(sends: pd.DataFrame, recvs: pd.DataFrame, pairs: pd.DataFrame) -> pd.DataFrame:

@@ -115,12 +115,14 @@ def reconstruct(run: Run, timeline: str = "auto", labels: LabelSet | Sequence[st
             run.collective_pairs = dev.pair_collective_sendrecv(run.device_summary)
         run.warn(no_pipeline_message(run, host_events, annotations))
         return run
+    found_notes: list[str] = []
     messages, warnings = match_messages(
         host_events,
         run.steps,
         actions,
         consumer_by_kind=run.actions_from == "segmentation",
         groups=groups_of(run.files),
+        notes=found_notes,
     )
     for message in warnings:
         run.warn(message)
@@ -154,6 +156,7 @@ def reconstruct(run: Run, timeline: str = "auto", labels: LabelSet | Sequence[st
         if mismatch:
             run.warn(mismatch)
     if run.schedule is not None:
+        run.schedule.evidence.extend(found_notes)  # how the messages were found: no problem, said
         if chain_note:
             run.schedule.evidence.insert(0, chain_note)
         run.schedule.evidence.insert(0, f"actions from {labelling}")
