@@ -129,7 +129,6 @@ def _analyze(run: Run, attribution: bool, progress: Callable[[str], None] | None
         bubbles = measure_continuous(actions, run.steps)  # per-rank windows: steps do not overlap
     else:
         bubbles = measure_device_pipeline(actions, run.device_summary) if on_device else measure_pipeline(actions)
-        _warn_overlapping_steps(run, actions)
     result = Analysis(run=run, bubbles=bubbles, summary=summarise(bubbles), durations_ns=typical_durations(actions))
     if on_device:
         result.device = device_figures(run, bubbles)
@@ -189,23 +188,6 @@ def _host_plain(run: Run, events: pd.DataFrame) -> pd.DataFrame:
 def _events_read(run: Run) -> int:
     """How many events the run's files held (ranks reduced where parsed send few of them)."""
     return sum(f.n_events_raw for f in run.files) or len(run.events)
-
-
-def _warn_overlapping_steps(run: Run, actions: pd.DataFrame) -> None:
-    """Step windows are global (first compute start to last compute end, all ranks), so a
-    rank that starts step N+1 before another finishes step N puts that stretch in both.
-    Not called for a flush-free pipeline: its steps are per-rank windows that tile each
-    rank's timeline (``measure_continuous``), and its steps overlap across ranks by design."""
-    from tracekit.analyze.bubbles import step_windows
-
-    windows = step_windows(actions)
-    overlap = (windows["window_end_ns"] - windows["window_start_ns"].shift(-1)).dropna()
-    worst = overlap.max() if len(overlap) else 0
-    if worst > FIDELITY_WARN_SHARE * (windows["window_end_ns"] - windows["window_start_ns"]).mean():
-        run.warn(
-            f"consecutive steps overlap by up to {worst / 1e6:.1f} ms (ranks start the next step "
-            "before others finish this one): idle there falls in both steps' windows"
-        )
 
 
 __all__ = ["Analysis", "RankSummary", "RunSummary", "analyze", "typical_durations"]

@@ -505,6 +505,11 @@ def attribute(run: Run, bubbles: pd.DataFrame, progress: Callable[[str], None] |
     for (graph, plan), replays in replay_steps(scenarios(), on_walk=announce):
         rows = bubbles[bubbles["step"] == graph.step]
         measured_idle = {int(r): int(i) for r, i in zip(rows["rank"], rows["idle_ns"])}
-        measured_makespan = int(rows["window_ns"].max()) if len(rows) else 0
+        # the replay's step runs over the step's whole window: a flushed step's ranks may have
+        # windows split where steps overlap (bubbles.rank_windows), a flush-free one per-rank ones
+        if flush_free or not len(rows):
+            measured_makespan = int(rows["window_ns"].max()) if len(rows) else 0
+        else:
+            measured_makespan = int(rows["window_end_ns"].max() - rows["window_start_ns"].min())
         steps.append(_attributed(graph, plan, replays, measured_idle, measured_makespan))
     return Attribution(steps, graphs)

@@ -36,12 +36,41 @@ def step_windows(actions: pd.DataFrame) -> pd.DataFrame:
 
 
 def measure_pipeline(actions: pd.DataFrame) -> pd.DataFrame:
-    """Bubble table of a pipeline run (one row per rank and step)."""
-    w = step_windows(actions)
+    """Bubble table of a pipeline run (one row per rank and step), over
+    :func:`rank_windows`."""
     rank, step, group = _rank_steps(actions)
-    at = np.searchsorted(w["step"].to_numpy(), step)
-    lo, hi = w["window_start_ns"].to_numpy(np.int64)[at], w["window_end_ns"].to_numpy(np.int64)[at]
+    lo, hi = rank_windows(actions, rank, step)
     return _bubble_rows(actions, rank, step, group, lo, hi)
+
+
+def rank_windows(actions: pd.DataFrame, rank: np.ndarray, step: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each (rank, step) pair's window: the step's global one (:func:`step_windows`), except
+    where consecutive steps overlap (ranks without a barrier between steps, as ZBV's, start
+    the next step before others finish this one).
+
+    There each rank's two windows meet at its own boundary, the later of the next step's
+    global start and the end of its own last action of this step: its work stays in its
+    step, its wait before the next step's work goes to the next step, and no stretch of the
+    rank's timeline is counted in two steps (which global windows did)."""
+    w = step_windows(actions)
+    steps = w["step"].to_numpy(np.int64)
+    g_lo, g_hi = w["window_start_ns"].to_numpy(np.int64), w["window_end_ns"].to_numpy(np.int64)
+    at = np.searchsorted(steps, step)
+    lo, hi = g_lo[at].copy(), g_hi[at].copy()
+    overlapping = g_hi[:-1] > g_lo[1:]  # step k's window runs past step k+1's start
+    if not overlapping.any():
+        return lo, hi
+    last_end = actions.groupby(["rank", "step"])["end_ns"].max()
+    ends = last_end.reindex(pd.MultiIndex.from_arrays([rank, step])).to_numpy(np.int64)
+    boundary = {}
+    for i, (r, k) in enumerate(zip(rank.tolist(), at.tolist())):
+        if k + 1 < len(steps) and overlapping[k]:
+            boundary[(r, k)] = max(int(g_lo[k + 1]), int(ends[i]))
+            hi[i] = min(hi[i], boundary[(r, k)])
+    for i, (r, k) in enumerate(zip(rank.tolist(), at.tolist())):
+        if k > 0 and (r, k - 1) in boundary:
+            lo[i] = max(lo[i], boundary[(r, k - 1)])
+    return lo, hi
 
 
 def _rank_steps(actions: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from tracekit.analyze.bubbles import bubble_table
+from tracekit.analyze.bubbles import bubble_table, rank_windows
 from tracekit.model.device import BEFORE_PROFILE, DeviceSummary
 from tracekit.model.groups import first_rows, pair_codes, reduce_by, split_by
 from tracekit.model.intervals import clipped_length
@@ -73,12 +73,12 @@ class DeviceFigures:
 
 def measure_device_pipeline(actions: pd.DataFrame, summary: DeviceSummary) -> pd.DataFrame:
     """Bubble table of a pipeline run on the device: each step's window is its actions'
-    device spans over all ranks; busy is the union of the rank's busy ops of that step."""
-    w = actions.groupby("step").agg(lo=("start_ns", "min"), hi=("end_ns", "max"))
+    device spans over all ranks (split per rank where steps overlap:
+    :func:`~tracekit.analyze.bubbles.rank_windows`); busy is the union of the rank's busy
+    ops of that step."""
     pairs = np.unique(np.stack([actions["rank"].to_numpy(np.int64), actions["step"].to_numpy(np.int64)]), axis=1)
     rank, step = pairs[0], pairs[1]
-    where = w.index.get_indexer(step)
-    lo, hi = w["lo"].to_numpy(np.int64)[where], w["hi"].to_numpy(np.int64)[where]
+    lo, hi = rank_windows(actions, rank, step)
     busy = _busy_in(summary, rank, step, lo, hi)
     return bubble_table(
         list(zip(rank.tolist(), step.tolist(), lo.tolist(), hi.tolist(), (hi - lo).tolist(), busy.tolist()))
