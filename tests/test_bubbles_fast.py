@@ -26,12 +26,22 @@ from tracekit.model.intervals import union_length, union_lengths
 
 
 def reference_pipeline(actions: pd.DataFrame) -> pd.DataFrame:
-    """measure_pipeline as it was (tracekit 1b5124f): a union per (rank, step) group."""
+    """measure_pipeline as it was (tracekit 1b5124f): a union per (rank, step) group; with
+    the rule added since (issue #29), stated here on its own: where a step's window runs past
+    the next step's start, a rank's window of the first ends, and of the second begins, at
+    the later of the next step's start and the end of the rank's own last action of the first."""
     w = step_windows(actions)
     windows = {int(s): (int(lo), int(hi)) for s, lo, hi in zip(w["step"], w["window_start_ns"], w["window_end_ns"])}
+    ordered = sorted(windows)
     rows: list[BubbleRow] = []
+    last_end = {key: int(g["end_ns"].max()) for key, g in int_groups(actions, ["rank", "step"])}
     for (rank, step), group in int_groups(actions, ["rank", "step"]):
         lo, hi = windows[step]
+        k = ordered.index(step)
+        if k + 1 < len(ordered) and hi > windows[ordered[k + 1]][0]:
+            hi = min(hi, max(windows[ordered[k + 1]][0], last_end[(rank, step)]))
+        if k > 0 and windows[ordered[k - 1]][1] > lo and (rank, ordered[k - 1]) in last_end:
+            lo = max(lo, windows[step][0], last_end[(rank, ordered[k - 1])])
         busy = union_length(group["start_ns"].to_numpy(), group["end_ns"].to_numpy(), lo, hi)
         rows.append((rank, step, lo, hi, hi - lo, busy))
     return bubble_table(rows)
