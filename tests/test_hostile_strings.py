@@ -127,21 +127,16 @@ def test_html_report_shows_names_as_text_and_controls_as_escapes(hostile_run, tm
     assert page.count("\\\\x1b]0;pwned\\\\x07") >= 1  # the label, inside bokeh's JSON
 
 
+def _gate(hostile_run, tmp_path, *outputs) -> subprocess.CompletedProcess:
+    """``check`` with a bubble limit the run fails (30% > 10%), its cut rank 3 allowed."""
+    return tracekit(
+        "check", hostile_run, "--max-bubble", "0.1", "--allow-incomplete", *outputs, "--no-config", cwd=tmp_path
+    )
+
+
 def test_check_junit_parses_and_shows_the_names(hostile_run, tmp_path):
     junit, markdown = tmp_path / "check.xml", tmp_path / f"check{HOSTILE}.md"
-    done = tracekit(
-        "check",
-        hostile_run,
-        "--max-bubble",
-        "0.1",
-        "--allow-incomplete",
-        "--junit",
-        junit,
-        "--markdown",
-        markdown,
-        "--no-config",
-        cwd=tmp_path,
-    )
+    done = _gate(hostile_run, tmp_path, "--junit", junit, "--markdown", markdown)
     assert done.returncode == 1, done.stderr  # 30% > 10%: a failed check, printed
     out = assert_inert(done.stdout)
     err = assert_inert(done.stderr)
@@ -153,9 +148,7 @@ def test_check_junit_parses_and_shows_the_names(hostile_run, tmp_path):
 
 
 def test_check_json_mode_prints_failure_lines_escaped(hostile_run, tmp_path):
-    done = tracekit(
-        "check", hostile_run, "--max-bubble", "0.1", "--allow-incomplete", "--json", "--no-config", cwd=tmp_path
-    )
+    done = _gate(hostile_run, tmp_path, "--json")
     assert done.returncode == 1
     assert json.loads(assert_inert(done.stdout))["source"] == str(hostile_run)
     assert "FAIL bubble ratio" in assert_inert(done.stderr)
@@ -163,17 +156,7 @@ def test_check_json_mode_prints_failure_lines_escaped(hostile_run, tmp_path):
 
 def test_check_markdown_is_inert(hostile_run, tmp_path):
     markdown = tmp_path / "check.md"
-    done = tracekit(
-        "check",
-        hostile_run,
-        "--max-bubble",
-        "0.1",
-        "--allow-incomplete",
-        "--markdown",
-        markdown,
-        "--no-config",
-        cwd=tmp_path,
-    )
+    done = _gate(hostile_run, tmp_path, "--markdown", markdown)
     assert done.returncode == 1
     first_lines = markdown.read_text(encoding="utf-8").splitlines()
     context = first_lines[2]

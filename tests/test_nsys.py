@@ -573,15 +573,10 @@ def test_all_to_all_sendrecv_kernels_are_paired_as_collectives_with_the_referenc
 # damage found by fuzzing real exports (issue #28)
 # --------------------------------------------------------------------------------------
 def _damaged_copy(tmp_path: Path, *sql: str) -> Path:
-    """generated_: a copy of the real 2-GPU report with ``sql`` run on it."""
-    path = tmp_path / "generated_damaged.sqlite"
-    shutil.copyfile(shared("nsysai_mfu_2gpu_before.sqlite"), path)
-    conn = sqlite3.connect(path)
-    for statement in sql:
-        conn.execute(statement)
-    conn.commit()
-    conn.close()
-    return path
+    """generated_: a copy of the real 2-GPU report with ``sql`` run on it, in a run folder."""
+    from test_ingest_validation import generated_nsys
+
+    return generated_nsys(tmp_path, *sql, source=shared("nsysai_mfu_2gpu_before.sqlite"))
 
 
 def _analysis_json(path: Path) -> dict:
