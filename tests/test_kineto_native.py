@@ -566,8 +566,14 @@ _ANSWERED = {
         {**_X, "cat": "Python_Function", "name": "megatron/schedules.py(143): backward_step", "args": {"Python id": 2}},
         {"ph": "X", "cat": "python_function", "ts": 5},
         {**_X, "cat": "python_function", "name": ["megatron/schedules.py(143): backward_step"], "pid": "a"},
+        {**_X, "cat": "python_function", "name": "megatron/schedules.py(143): backward_step\n"},
+        {**_X, "cat": "python_function", "name": "pretrain_gpt.py(120): forward_step"},
         _X,
     ),
+    # a kept name escaped at its end: read whole, not dropped on its raw last bytes
+    "python frame escaped": _run(
+        {**_X, "cat": "python_function", "name": "megatron/core/pipeline_parallel/schedules.py(403): forward_step"}
+    ).replace(b'forward_step"', b'forward_st\\u0065p"'),
     "unicode": _run({**_X, "name": 'caf\u00e9 \U0001f600 "q" \t'}),
     "escapes": _run({**_X, "name": 'caf\u00e9 \U0001f600 "q" \t'}).replace("é".encode(), b"\\u00e9"),
     "epoch ints": _run({**_X, "ts": 1669783687464181, "dur": 45}),

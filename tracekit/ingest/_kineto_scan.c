@@ -39,8 +39,9 @@
  *     an "X" not kept, nothing else is read;
  *   - of a "python_function" "X" (torch.profiler's with_stack: a frame per Python call), its
  *     "name": the frame is kept where _RowBuilder.keeps_frame says its name is an action
- *     frame's (asked once per distinct name); a name absent is the empty text, a name that
- *     is no text names no such frame (both as keeps_frame reads them); the rest is skipped;
+ *     frame's (asked once per distinct name, and only of names that end with one of the
+ *     endings every action frame's name has, or hold an escape); a name absent is the empty
+ *     text, a name that is no text names no such frame (both as keeps_frame reads them);
  *   - for a kept "X" (its category is one _RowBuilder keeps): "name" absent or a string;
  *     "ts" a number, "dur" absent or a number, both below 2**52 us in magnitude, where an
  *     integer is exact times 1000 and a float is rint(x * 1000.0) in double, as numpy
@@ -999,6 +1000,7 @@ typedef struct {
     long frame_code;       /* the code cat_code gives python_function: a frame, kept or not by its name */
     long frame_cat;        /* the category code of a kept frame's row */
     PyObject *keeps_frame; /* a python_function's name -> whether the frame is kept */
+    PyObject *frame_endings; /* tuple of bytes: a kept frame's name (UTF-8) ends with one of them */
     Table names, cats;
     Rows rows;
     uint64_t run;
@@ -1140,17 +1142,35 @@ static Entry *name_entry(Scanner *self, const unsigned char *s, Py_ssize_t n, in
 
 static const unsigned char EMPTY[1] = {0};
 
+/* Whether raw bytes end with one of ``endings`` (a tuple of bytes). */
+static int ends_with_one(PyObject *endings, const unsigned char *s, Py_ssize_t n) {
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(endings); k++) {
+        PyObject *ending = PyTuple_GET_ITEM(endings, k);
+        Py_ssize_t len = PyBytes_GET_SIZE(ending);
+        if (len <= n && memcmp(s + n - len, PyBytes_AS_STRING(ending), (size_t)len) == 0)
+            return 1;
+    }
+    return 0;
+}
+
 /* Whether a python_function element is kept: keeps_frame of its name (once per distinct name;
    absent: the empty text; no text: no action frame's, as keeps_frame reads it); -1 on an error.
-   Most frames of a with_stack trace are dropped here, at the cost of finding their name. */
+   Every action frame's name ends with one of frame_endings: a name without escapes that ends
+   otherwise (nearly every frame of a with_stack trace) is dropped on its last bytes alone,
+   before it is hashed or decoded (a with_stack trace names thousands of distinct calls). */
 static int frame_kept(Scanner *self, const Value *name) {
-    Entry *e;
-    if (name->kind == V_ABSENT)
-        e = name_slot(self, EMPTY, 0, 0);
-    else if (name->kind == V_STRING)
-        e = name_slot(self, name->s, name->n, name->escaped);
-    else
+    const unsigned char *s = EMPTY;
+    Py_ssize_t n = 0;
+    int escaped = 0;
+    if (name->kind == V_STRING) {
+        s = name->s;
+        n = name->n;
+        escaped = name->escaped;
+    } else if (name->kind != V_ABSENT)
         return 0;
+    if (!escaped && !ends_with_one(self->frame_endings, s, n))
+        return 0;
+    Entry *e = name_slot(self, s, n, escaped);
     if (e == NULL)
         return -1;
     if (e->frame == FRAME_UNASKED) {
@@ -1522,13 +1542,14 @@ done:
 static int Scanner_init(Scanner *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"cat_code_of", "cat_code",   "name_codes", "cpu_op",      "special",
                              "unset",       "special_ids", "special_keys", "frame_code", "frame_cat",
-                             "keeps_frame", NULL};
-    PyObject *cat_code_of, *cat_code, *name_codes, *special, *unset, *special_ids, *special_keys, *keeps_frame;
+                             "keeps_frame", "frame_endings", NULL};
+    PyObject *cat_code_of, *cat_code, *name_codes, *special, *unset, *special_ids, *special_keys, *keeps_frame,
+        *frame_endings;
     long cpu_op, frame_code, frame_cat;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OO!lO!OO!O!llO:Scanner", kwlist, &PyDict_Type, &cat_code_of,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OO!lO!OO!O!llOO!:Scanner", kwlist, &PyDict_Type, &cat_code_of,
                                      &cat_code, &PyDict_Type, &name_codes, &cpu_op, &PyTuple_Type, &special, &unset,
                                      &PyDict_Type, &special_ids, &PyList_Type, &special_keys, &frame_code, &frame_cat,
-                                     &keeps_frame))
+                                     &keeps_frame, &PyTuple_Type, &frame_endings))
         return -1;
     if (self->names.slots != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "Scanner is initialised once");
@@ -1541,7 +1562,14 @@ static int Scanner_init(Scanner *self, PyObject *args, PyObject *kwds) {
     Py_XSETREF(self->unset, Py_NewRef(unset));
     Py_XSETREF(self->special_ids, Py_NewRef(special_ids));
     Py_XSETREF(self->special_keys, Py_NewRef(special_keys));
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(frame_endings); k++) {
+        if (!PyBytes_Check(PyTuple_GET_ITEM(frame_endings, k))) {
+            PyErr_SetString(PyExc_TypeError, "frame_endings holds bytes only");
+            return -1;
+        }
+    }
     Py_XSETREF(self->keeps_frame, Py_NewRef(keeps_frame));
+    Py_XSETREF(self->frame_endings, Py_NewRef(frame_endings));
     self->cpu_op = cpu_op;
     self->frame_code = frame_code;
     self->frame_cat = frame_cat;
@@ -1560,6 +1588,7 @@ static void Scanner_dealloc(Scanner *self) {
     Py_XDECREF(self->special_ids);
     Py_XDECREF(self->special_keys);
     Py_XDECREF(self->keeps_frame);
+    Py_XDECREF(self->frame_endings);
     Py_XDECREF(self->special_new);
     Py_XDECREF(self->new_kinds);
     Py_XDECREF(self->new_codes);
@@ -1596,7 +1625,7 @@ static PyTypeObject ScannerType = {
     .tp_basicsize = sizeof(Scanner),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "Scanner(cat_code_of, cat_code, name_codes, cpu_op, special, unset, special_ids, special_keys, "
-              "frame_code, frame_cat, keeps_frame): Kineto elements to row columns.",
+              "frame_code, frame_cat, keeps_frame, frame_endings): Kineto elements to row columns.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Scanner_init,
     .tp_dealloc = (destructor)Scanner_dealloc,

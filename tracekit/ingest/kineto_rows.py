@@ -20,7 +20,7 @@ from tracekit.ingest.kineto_stream import BEGIN_END, NOT_COMPLETE, RawEvent, dec
 from tracekit.ingest.nesting import nesting_depth
 from tracekit.ingest.validate import _LIMIT_US, DroppedRows, add_ns, drop_impossible, ns_from_us, ns_of_us, valid_text
 from tracekit.ingest.kineto_comm import _gloo_p2p_args, _nccl_comm_args
-from tracekit.model.names import FRAME_CATEGORY, is_action_frame
+from tracekit.model.names import ACTION_FRAME_ENDINGS, FRAME_CATEGORY, is_action_frame
 
 # Categories kept; everything else (flows, instants) is dropped. CUDA API calls are kept as
 # ``runtime`` (as Nsight Systems' are): a kernel's launch, joined on the ``correlation`` id,
@@ -209,6 +209,7 @@ class _RowBuilder:
             _FRAME_CODE,
             self.cat_codes[FRAME_CATEGORY],
             self.keeps_frame,
+            ACTION_FRAME_ENDINGS,
         )
 
     def keeps_frame(self, name) -> bool:

@@ -23,11 +23,14 @@ STEP_MARK_PREFIX = "ProfilerStep#"
 # any other is allowed). A training script's own forward_step (pretrain_gpt.py) is not one.
 FRAME_CATEGORY = "python_function"
 _MEGATRON_SCHEDULES = r"(?:^|/)megatron/(?:core/pipeline_parallel/)?schedules\.py\(\d+\): "
-MEGATRON_FORWARD_FRAME = _MEGATRON_SCHEDULES + "forward_step$"
-MEGATRON_BACKWARD_FRAME = _MEGATRON_SCHEDULES + "backward_step$"
+MEGATRON_FORWARD_FRAME = _MEGATRON_SCHEDULES + r"forward_step\Z"
+MEGATRON_BACKWARD_FRAME = _MEGATRON_SCHEDULES + r"backward_step\Z"
 _ACTION_FRAME = re.compile(f"{MEGATRON_FORWARD_FRAME}|{MEGATRON_BACKWARD_FRAME}")
+# How every action frame's name ends: the native scanner drops a frame whose name ends
+# otherwise on its last bytes, without reading the name (thousands of distinct calls a trace).
+ACTION_FRAME_ENDINGS = ("): forward_step", "): backward_step")
 
 
 def is_action_frame(name: str) -> bool:
     """Whether a python_function event of this name is a frame ingest keeps (see above)."""
-    return _ACTION_FRAME.search(name) is not None
+    return name.endswith(ACTION_FRAME_ENDINGS) and _ACTION_FRAME.search(name) is not None
