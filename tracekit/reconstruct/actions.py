@@ -265,58 +265,54 @@ def _tie_backwards(rows: list[tuple], events: EventArrays, ops: np.ndarray) -> l
     op of number ``q`` ran a node of the last forward starting at or below it. A backward
     takes the forward most of its numbered engine ops ran (on a GPU they run on the engine's
     thread, inside the backward's frame in time)."""
-    seq, starts, ranks = events["seq"], events["start_ns"], events["rank"]
-    numbered = ops & (seq >= 0)
+    numbered = ops & (events["seq"] >= 0)
     is_engine = events.starts_with("autograd::engine")
-    forward_ops = _by_key(np.flatnonzero(numbered & ~is_engine), ranks)
-    engine_ops = _by_key(np.flatnonzero(numbered & is_engine), ranks)
-    order = sorted(range(len(rows)), key=lambda i: (rows[i][0], rows[i][1], rows[i][5]))
+    forward_ops = _numbers_by_start(events, numbered & ~is_engine)
+    engine_ops = _numbers_by_start(events, numbered & is_engine)
     index: dict[int, int] = {}  # row -> its index among its rank's and step's forwards
     seen: dict[tuple[int, int], int] = {}
-    for i in order:
+    for i in sorted(range(len(rows)), key=lambda i: (rows[i][0], rows[i][1], rows[i][5])):
         if rows[i][2] == "F":
             key = (rows[i][0], rows[i][1])
             index[i] = seen.get(key, 0)
             seen[key] = index[i] + 1
-    first_seq: dict[int, list[tuple[int, int]]] = {}  # rank -> (lowest number, forward row), by number
+    first: dict[int, list[tuple[int, int]]] = {}  # rank -> (lowest number, forward row), by number
     for i in index:
-        rank, label_start, label_end = rows[i][0], rows[i][7], rows[i][8]
-        mine = forward_ops.get(rank, _NONE)
-        inside = mine[(starts[mine] >= label_start) & (starts[mine] <= label_end)]
-        if len(inside):
-            first_seq.setdefault(rank, []).append((int(seq[inside].min()), i))
-    for pairs in first_seq.values():
+        numbers = _numbers_within(forward_ops.get(rows[i][0]), rows[i][7], rows[i][8])
+        if len(numbers):
+            first.setdefault(rows[i][0], []).append((int(numbers.min()), i))
+    for pairs in first.values():
         pairs.sort()
     out = []
     for i, row in enumerate(rows):
-        mb = index.get(i, -1)
-        if row[2] != "F":
-            mb = _consumed_forward(row, engine_ops, first_seq, seq, starts, rows, index)
+        mb = index[i] if row[2] == "F" else -1
+        forwards = first.get(row[0])
+        if row[2] != "F" and forwards is not None:
+            numbers = _numbers_within(engine_ops.get(row[0]), row[7], row[8])
+            at = np.searchsorted([q for q, _ in forwards], numbers, side="right") - 1
+            owners = [forwards[k][1] for k in at.tolist() if k >= 0 and rows[forwards[k][1]][1] == row[1]]
+            if owners:  # most of them; a tie: the earliest forward
+                mb = index[max(sorted(set(owners)), key=owners.count)]
         out.append((*row[:4], mb, *row[5:]))
     return out
 
 
-def _consumed_forward(
-    row: tuple,
-    engine_ops: dict[int, np.ndarray],
-    first_seq: dict[int, list[tuple[int, int]]],
-    seq: np.ndarray,
-    starts: np.ndarray,
-    rows: list[tuple],
-    index: dict[int, int],
-) -> int:
-    """The index of the forward (in its rank and step) whose nodes the backward ``row``'s
-    engine ops ran, by most of them; -1 where none of its step is."""
-    rank, step, label_start, label_end = row[0], row[1], row[7], row[8]
-    mine, forwards = engine_ops.get(rank, _NONE), first_seq.get(rank)
-    if forwards is None:
-        return -1
-    numbers = seq[mine[(starts[mine] >= label_start) & (starts[mine] <= label_end)]]
-    at = np.searchsorted([q for q, _ in forwards], numbers, side="right") - 1
-    owners = [forwards[k][1] for k in at.tolist() if k >= 0 and rows[forwards[k][1]][1] == step]
-    if not owners:
-        return -1
-    return index[max(sorted(set(owners)), key=owners.count)]  # a tie: the earliest forward
+def _numbers_by_start(events: EventArrays, mask: np.ndarray) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Per rank, the starts (sorted) and sequence numbers of the rows under ``mask``."""
+    starts, seq = events["start_ns"], events["seq"]
+    out = {}
+    for rank, group in _by_key(np.flatnonzero(mask), events["rank"]).items():
+        group = group[np.argsort(starts[group], kind="stable")]
+        out[rank] = (starts[group], seq[group])
+    return out
+
+
+def _numbers_within(found: tuple[np.ndarray, np.ndarray] | None, lo: int, hi: int) -> np.ndarray:
+    """The sequence numbers of the rows (``_numbers_by_start``'s) that start within [lo, hi]."""
+    if found is None:
+        return _NONE
+    starts, numbers = found
+    return numbers[np.searchsorted(starts, lo, side="left") : np.searchsorted(starts, hi, side="right")]
 
 
 def _last_within(times: np.ndarray | None, starts: np.ndarray, ends: np.ndarray) -> list[int | None]:
