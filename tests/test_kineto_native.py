@@ -3,8 +3,9 @@ Python path's rows or declines.
 
 - ``read_kineto`` with the scanner on and off gives equal ``TraceFile`` fields and equal columns
   (every array, dtype included, and the name list) on every sample trace, the shared real GPU
-  traces and generated GPU pipelines (tests/gpu_tracegen.py), at the default chunk size and at
-  small ones (many cuts); and the scanner answered every run of those files.
+  traces, generated GPU pipelines (tests/gpu_tracegen.py) and generated ``with_stack`` traces
+  (tests/generated_python_frames.py), at the default chunk size and at small ones (many
+  cuts); and the scanner answered every run of those files.
 - Documents drawn by hypothesis (GENERATED unit-test fixtures, not traces) with odd values:
   escapes, unicode, ints and floats mixed, missing fields, nested args, bools, nulls, huge
   numbers, odd whitespace, unknown phases, repeated keys, other key orders, truncated tails:
@@ -38,6 +39,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import SAMPLES, SHARED_TRACES
+from generated_python_frames import megatron_cpu, megatron_gpu
 from gpu_tracegen import FUSED_SCENARIOS, PLAIN_SCENARIOS, SCENARIOS, generate
 from tracekit.ingest import kineto_native, kineto_stream
 from tracekit.ingest.kineto import read_kineto
@@ -174,6 +176,21 @@ def test_generated_gpu_pipelines_read_the_same_with_the_scanner(tmp_path, scenar
             assert runs["answered"] >= 1 and runs["refused"] == 0, (path.name, chunk, runs)
 
 
+@needs_scanner
+@pytest.mark.parametrize("name", ["gpu", "cpu"])
+def test_generated_with_stack_traces_read_the_same_with_the_scanner(tmp_path, name):
+    """GENERATED Megatron frames (tests/generated_python_frames.py) over a generated GPU
+    pipeline and over the real Megatron-core CPU sample: frames kept and dropped alike."""
+    if name == "gpu":
+        folder, _ = megatron_gpu(SCENARIOS["unlabelled_interleaved"], tmp_path)
+    else:
+        folder, _ = megatron_cpu(SAMPLES / "megatron_1f1b", tmp_path)
+    for path in sorted(folder.glob("rank*.json.gz"))[:2]:
+        for chunk in (None, 2048):
+            runs = _both_ways(path, chunk)
+            assert runs["answered"] >= 1 and runs["refused"] == 0, (path.name, chunk, runs)
+
+
 # -- generated documents with odd values ----------------------------------------------------------
 
 _WS = ["", "", "", " ", " ", "\n  ", "\n    ", "\t", "\r\n"]
@@ -196,6 +213,12 @@ _TEXTS = [
     "stream 7",
     "x" * 40,
     '},{"ph": "X"},{' * 3,  # candidate seams inside a string: the cut must skip them
+    # Python frames: two that name actions (kept where their category is python_function),
+    # a training script's own forward_step and a module's frame (never kept)
+    "megatron/core/pipeline_parallel/schedules.py(403): forward_step",
+    "/ws/Megatron-LM/megatron/schedules.py(143): backward_step",
+    "pretrain_gpt.py(120): forward_step",
+    "nn.Module: Linear_0",
 ]
 _CATS = [
     "cpu_op",
@@ -537,6 +560,20 @@ _ANSWERED = {
     "plain": _run(_X, {**_X, "ts": 1001}),
     "other phases": _run({"ph": "i", "ts": "x", "args": [1]}, _X, {"ph": "M", "name": 5}),
     "not kept": _run({**_X, "cat": "python_function", "name": 7, "ts": "x", "pid": "a"}),
+    "python frames": _run(
+        {**_X, "cat": "python_function", "name": "megatron/core/pipeline_parallel/schedules.py(403): forward_step"},
+        {**_X, "cat": "python_function", "name": "torch/nn/modules/module.py(1784): _call_impl", "ts": "x"},
+        {**_X, "cat": "Python_Function", "name": "megatron/schedules.py(143): backward_step", "args": {"Python id": 2}},
+        {"ph": "X", "cat": "python_function", "ts": 5},
+        {**_X, "cat": "python_function", "name": ["megatron/schedules.py(143): backward_step"], "pid": "a"},
+        {**_X, "cat": "python_function", "name": "megatron/schedules.py(143): backward_step\n"},
+        {**_X, "cat": "python_function", "name": "pretrain_gpt.py(120): forward_step"},
+        _X,
+    ),
+    # a kept name escaped at its end: read whole, not dropped on its raw last bytes
+    "python frame escaped": _run(
+        {**_X, "cat": "python_function", "name": "megatron/core/pipeline_parallel/schedules.py(403): forward_step"}
+    ).replace(b'forward_step"', b'forward_st\\u0065p"'),
     "unicode": _run({**_X, "name": 'caf\u00e9 \U0001f600 "q" \t'}),
     "escapes": _run({**_X, "name": 'caf\u00e9 \U0001f600 "q" \t'}).replace("é".encode(), b"\\u00e9"),
     "epoch ints": _run({**_X, "ts": 1669783687464181, "dur": 45}),

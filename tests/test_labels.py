@@ -127,6 +127,30 @@ def test_builtin_tables_read_the_names_the_frameworks_write():
     assert table["deepspeed-nvtx"].match("DeepSpeedEngine.forward").role == "marker"
 
 
+def test_the_megatron_frames_table_reads_megatrons_own_entry_points_only():
+    """Megatron-core's and Megatron-LM's schedules.py forward_step / backward_step frames,
+    whatever path prefix torch left; not the interleaved helpers around them (one action would
+    count twice), not a training script's own forward_step, not a wrapper of it elsewhere."""
+    table = {t.name: t for t in BUILTIN}["megatron-torch"]
+    assert table.placed_by_chains
+    for name, kind in (
+        ("megatron/core/pipeline_parallel/schedules.py(403): forward_step", "F"),
+        ("megatron/core/pipeline_parallel/schedules.py(539): backward_step", "B"),
+        ("megatron/schedules.py(92): forward_step", "F"),
+        ("/workspace/Megatron-LM/megatron/schedules.py(143): backward_step", "B"),
+    ):
+        assert table.match(name).parse(name, 3) == [(kind, 3, -1)], name
+    for name in (
+        "pretrain_gpt.py(120): forward_step",
+        "megatron/core/pipeline_parallel/schedules.py(1385): forward_step_helper",
+        "megatron/core/pipeline_parallel/schedules.py(1458): backward_step_helper",
+        "megatron/core/pipeline_parallel/schedules.py(218): forward_step_calc_loss",
+        "tracekit/capture/frameworks/megatron.py(328): forward_step",
+        "mymegatron/schedules.py(92): forward_step",
+    ):
+        assert table.match(name) is None, name
+
+
 def test_a_table_of_markers_only_is_reported_beside_segmentation():
     names = {
         "megatron.core.pipeline_parallel.schedules.forward_backward_pipelining_with_interleaving.steady": 3,

@@ -99,6 +99,53 @@ def test_array_depth_equals_the_walk_with_async_spans(seed, monkeypatch, way):
         assert np.array_equal(nesting.nesting_depth(*case), expected), case
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_rows_apart_leave_every_other_depth_as_it_was(seed, way):
+    """Rows apart (Python frames) among nested ops and async spans, ill-formed overlaps too:
+    every other row's depth is the one it has without them."""
+    rng = np.random.default_rng(200 + seed)
+    for trial in range(200):
+        intervals, flags = _generated_async(rng, int(rng.integers(1, 100)))
+        if trial % 4 == 0:
+            starts = rng.integers(0, 60, int(rng.integers(1, 30)))
+            intervals += [(int(s), int(s + rng.integers(0, 25))) for s in starts]
+            flags += [False] * len(starts)
+        start = np.array([s for s, _ in intervals], dtype=np.int64)
+        end = np.array([e for _, e in intervals], dtype=np.int64)
+        tid = rng.integers(0, 2, len(start)) if trial % 2 else np.zeros(len(start), dtype=np.int64)
+        pid = np.zeros(len(start), dtype=np.int64)
+        transparent = np.array(flags)
+        apart = ~transparent & (rng.random(len(start)) < 0.3)
+        got = nesting.nesting_depth(pid, tid, start, end, transparent, apart)
+        others = ~apart
+        alone = nesting.nesting_depth_walk(pid[others], tid[others], start[others], end[others], transparent[others])
+        assert np.array_equal(got[others], alone), (trial, intervals)
+        assert np.array_equal(got, nesting.nesting_depth_walk(pid, tid, start, end, transparent, apart))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_row_apart_is_as_deep_as_the_rows_around_it(seed, way):
+    """Among well-nested rows, a row apart is as deep as the other rows that hold it (it
+    starts inside them, after them or as long and earlier in the file, and ends by their end):
+    as deep as the ops it holds."""
+    rng = np.random.default_rng(300 + seed)
+    for trial in range(150):
+        intervals = _generated_nested(rng, int(rng.integers(1, 80)))
+        start = np.array([s for s, _ in intervals], dtype=np.int64)
+        end = np.array([e for _, e in intervals], dtype=np.int64)
+        ids = np.zeros(len(start), dtype=np.int64)
+        apart = rng.random(len(start)) < 0.3
+        got = nesting.nesting_depth(ids, ids, start, end, None, apart)
+        key = list(zip(start.tolist(), (start - end).tolist(), range(len(start))))
+        for j in np.flatnonzero(apart).tolist():
+            around = [
+                c
+                for c in np.flatnonzero(~apart).tolist()
+                if key[c] < key[j] and start[c] <= start[j] < end[c] and end[j] <= end[c]
+            ]
+            assert got[j] == len(around), (trial, j, intervals)
+
+
 def test_array_depth_on_edge_cases(way):
     """Empty intervals at a parent's end, equal ends, one row, ends before starts (bad
     rows the parsers drop, but the function must still agree with the walk)."""

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from conftest import SAMPLES, SHARED_TRACES
+from generated_python_frames import FORWARD_STEP
 from tracekit.ingest.kineto import read_kineto
 from tracekit.ingest.kineto_comm import _gloo_p2p_args, _nccl_comm_args
 from tracekit.ingest.kineto_document import read_json_document
@@ -75,7 +76,7 @@ def test_column_wise_rows_equal_event_by_event_rows_on_real_traces(path):
 def _generated_events(rng) -> list[dict]:
     """Complete events with odd but legal values, other phases between them."""
     cats = ["cpu_op", "kernel", "Kernel", "cuda_runtime", "python_function", "", 7, None, True, "gpu_memcpy"]
-    names = ["aten::mm", "c10d::send", "record_param_comms", "gloo:send", "ProfilerStep#3", "x"]
+    names = ["aten::mm", "c10d::send", "record_param_comms", "gloo:send", "ProfilerStep#3", "x", FORWARD_STEP]
     out: list[dict] = []
     for i in range(int(rng.integers(1, 60))):
         if rng.random() < 0.2:

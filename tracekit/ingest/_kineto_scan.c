@@ -37,6 +37,11 @@
  *   - for "X": "cat" absent or a string; "args" absent, null or an object; a "ts" that is a
  *     bool or an integer of 19+ digits is declined (the time base probe would read it); of
  *     an "X" not kept, nothing else is read;
+ *   - of a "python_function" "X" (torch.profiler's with_stack: a frame per Python call), its
+ *     "name": the frame is kept where _RowBuilder.keeps_frame says its name is an action
+ *     frame's (asked once per distinct name, and only of names that end with one of the
+ *     endings every action frame's name has, or hold an escape); a name absent is the empty
+ *     text, a name that is no text names no such frame (both as keeps_frame reads them);
  *   - for a kept "X" (its category is one _RowBuilder keeps): "name" absent or a string;
  *     "ts" a number, "dur" absent or a number, both below 2**52 us in magnitude, where an
  *     integer is exact times 1000 and a float is rint(x * 1000.0) in double, as numpy
@@ -800,7 +805,10 @@ typedef struct {
     uint64_t run;   /* the run that last counted it */
     uint64_t new_run; /* a name not in name_codes: the run that gave it new_code */
     long new_code;
+    int frame;        /* of a python_function's name: FRAME_UNASKED, FRAME_KEPT or FRAME_DROPPED */
 } Entry;
+
+enum { FRAME_UNASKED = 0, FRAME_KEPT, FRAME_DROPPED };
 
 typedef struct {
     Entry *slots;
@@ -895,6 +903,7 @@ static int table_fill(Table *t, Entry *e, const unsigned char *s, Py_ssize_t n, 
     e->special = special;
     e->run = e->new_run = 0;
     e->new_code = -1;
+    e->frame = FRAME_UNASKED;
     t->used++;
     return 0;
 }
@@ -988,6 +997,10 @@ typedef struct {
     PyObject *special;     /* tuple of the names whose args _special_args reads */
     PyObject *unset;       /* msgspec.UNSET */
     long cpu_op;           /* the category code of cpu_op */
+    long frame_code;       /* the code cat_code gives python_function: a frame, kept or not by its name */
+    long frame_cat;        /* the category code of a kept frame's row */
+    PyObject *keeps_frame; /* a python_function's name -> whether the frame is kept */
+    PyObject *frame_endings; /* tuple of bytes: a kept frame's name (UTF-8) ends with one of them */
     Table names, cats;
     Rows rows;
     uint64_t run;
@@ -1086,8 +1099,8 @@ static Entry *category(Scanner *self, const unsigned char *s, Py_ssize_t n, int 
     return table_fill(&self->cats, e, s, n, h, text, value, 0) < 0 ? NULL : e;
 }
 
-/* The entry of a name's raw bytes; its code looked up in name_codes once per run until found. */
-static Entry *name_entry(Scanner *self, const unsigned char *s, Py_ssize_t n, int escaped) {
+/* The entry of a name's raw bytes, made (its text decoded) where it is new. */
+static Entry *name_slot(Scanner *self, const unsigned char *s, Py_ssize_t n, int escaped) {
     uint64_t h = hash_bytes(s, n);
     Entry *e = table_slot(&self->names, s, n, h);
     if (e == NULL)
@@ -1106,6 +1119,14 @@ static Entry *name_entry(Scanner *self, const unsigned char *s, Py_ssize_t n, in
         if (table_fill(&self->names, e, s, n, h, text, -1, special) < 0)
             return NULL;
     }
+    return e;
+}
+
+/* The entry of a name's raw bytes; its code looked up in name_codes once per run until found. */
+static Entry *name_entry(Scanner *self, const unsigned char *s, Py_ssize_t n, int escaped) {
+    Entry *e = name_slot(self, s, n, escaped);
+    if (e == NULL)
+        return NULL;
     if (e->code < 0 && e->run != self->run) {
         e->run = self->run;
         PyObject *code = PyDict_GetItemWithError(self->name_codes, e->text); /* borrowed */
@@ -1117,6 +1138,50 @@ static Entry *name_entry(Scanner *self, const unsigned char *s, Py_ssize_t n, in
             return NULL;
     }
     return e;
+}
+
+static const unsigned char EMPTY[1] = {0};
+
+/* Whether raw bytes end with one of ``endings`` (a tuple of bytes). */
+static int ends_with_one(PyObject *endings, const unsigned char *s, Py_ssize_t n) {
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(endings); k++) {
+        PyObject *ending = PyTuple_GET_ITEM(endings, k);
+        Py_ssize_t len = PyBytes_GET_SIZE(ending);
+        if (len <= n && memcmp(s + n - len, PyBytes_AS_STRING(ending), (size_t)len) == 0)
+            return 1;
+    }
+    return 0;
+}
+
+/* Whether a python_function element is kept: keeps_frame of its name (once per distinct name;
+   absent: the empty text; no text: no action frame's, as keeps_frame reads it); -1 on an error.
+   Every action frame's name ends with one of frame_endings: a name without escapes that ends
+   otherwise (nearly every frame of a with_stack trace) is dropped on its last bytes alone,
+   before it is hashed or decoded (a with_stack trace names thousands of distinct calls). */
+static int frame_kept(Scanner *self, const Value *name) {
+    const unsigned char *s = EMPTY;
+    Py_ssize_t n = 0;
+    int escaped = 0;
+    if (name->kind == V_STRING) {
+        s = name->s;
+        n = name->n;
+        escaped = name->escaped;
+    } else if (name->kind != V_ABSENT)
+        return 0;
+    if (!escaped && !ends_with_one(self->frame_endings, s, n))
+        return 0;
+    Entry *e = name_slot(self, s, n, escaped);
+    if (e == NULL)
+        return -1;
+    if (e->frame == FRAME_UNASKED) {
+        PyObject *answer = PyObject_CallOneArg(self->keeps_frame, e->text);
+        int kept = answer == NULL ? -1 : PyObject_IsTrue(answer);
+        Py_XDECREF(answer);
+        if (kept < 0)
+            return -1;
+        e->frame = kept ? FRAME_KEPT : FRAME_DROPPED;
+    }
+    return e->frame == FRAME_KEPT;
 }
 
 /* A time in us as int64 ns, as kineto_rows._ns computes it; 0: not one the scanner answers for. */
@@ -1154,8 +1219,6 @@ static int id_or_minus_one(const Value *v, int64_t *out) {
         return 0;
     }
 }
-
-static const unsigned char EMPTY[1] = {0};
 
 /* What kineto_rows._special_args gives for a P2P or collective op's args, where it is plain:
    {} without args; for record_param_comms its six fields as a tuple (UNSET where absent) when
@@ -1281,7 +1344,14 @@ static Status add_element(Scanner *self, Cursor *c, Element *e, const unsigned c
         }
     } else if (e->ts.kind == V_TRUE || e->ts.kind == V_FALSE || e->ts.kind == V_BIGINT)
         DECLINE(c, "a ts the time base probe would read");
-    if (cat->code < 0)
+    long cat_code = cat->code;
+    if (cat_code == self->frame_code) { /* a Python frame: kept where it names an action */
+        int kept = frame_kept(self, &e->name);
+        if (kept < 0)
+            return ST_ERROR;
+        cat_code = kept ? self->frame_cat : -1;
+    }
+    if (cat_code < 0)
         return ST_OK; /* a category not kept */
 
     if ((st = text_entry(self, c, &e->name, name_entry, "a name that is not text", &name)) != ST_OK)
@@ -1310,7 +1380,7 @@ static Status add_element(Scanner *self, Cursor *c, Element *e, const unsigned c
         return ST_ERROR;
     Py_ssize_t k = r->n++;
     r->src[k] = index;
-    r->cat[k] = (int8_t)cat->code;
+    r->cat[k] = (int8_t)cat_code;
     if (name->code < 0 && name->new_run != self->run) { /* new to the file: the next code */
         /* by its text: raw bytes escaped otherwise are other entries with the same name */
         Py_ssize_t code = given_or_next(self->new_codes, name->text, &self->next_code, NULL);
@@ -1470,13 +1540,16 @@ done:
 }
 
 static int Scanner_init(Scanner *self, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"cat_code_of", "cat_code", "name_codes", "cpu_op", "special", "unset",
-                             "special_ids", "special_keys", NULL};
-    PyObject *cat_code_of, *cat_code, *name_codes, *special, *unset, *special_ids, *special_keys;
-    long cpu_op;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OO!lO!OO!O!:Scanner", kwlist, &PyDict_Type, &cat_code_of,
+    static char *kwlist[] = {"cat_code_of", "cat_code",   "name_codes", "cpu_op",      "special",
+                             "unset",       "special_ids", "special_keys", "frame_code", "frame_cat",
+                             "keeps_frame", "frame_endings", NULL};
+    PyObject *cat_code_of, *cat_code, *name_codes, *special, *unset, *special_ids, *special_keys, *keeps_frame,
+        *frame_endings;
+    long cpu_op, frame_code, frame_cat;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OO!lO!OO!O!llOO!:Scanner", kwlist, &PyDict_Type, &cat_code_of,
                                      &cat_code, &PyDict_Type, &name_codes, &cpu_op, &PyTuple_Type, &special, &unset,
-                                     &PyDict_Type, &special_ids, &PyList_Type, &special_keys))
+                                     &PyDict_Type, &special_ids, &PyList_Type, &special_keys, &frame_code, &frame_cat,
+                                     &keeps_frame, &PyTuple_Type, &frame_endings))
         return -1;
     if (self->names.slots != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "Scanner is initialised once");
@@ -1489,7 +1562,17 @@ static int Scanner_init(Scanner *self, PyObject *args, PyObject *kwds) {
     Py_XSETREF(self->unset, Py_NewRef(unset));
     Py_XSETREF(self->special_ids, Py_NewRef(special_ids));
     Py_XSETREF(self->special_keys, Py_NewRef(special_keys));
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(frame_endings); k++) {
+        if (!PyBytes_Check(PyTuple_GET_ITEM(frame_endings, k))) {
+            PyErr_SetString(PyExc_TypeError, "frame_endings holds bytes only");
+            return -1;
+        }
+    }
+    Py_XSETREF(self->keeps_frame, Py_NewRef(keeps_frame));
+    Py_XSETREF(self->frame_endings, Py_NewRef(frame_endings));
     self->cpu_op = cpu_op;
+    self->frame_code = frame_code;
+    self->frame_cat = frame_cat;
     if (table_grow(&self->names) < 0 || table_grow(&self->cats) < 0)
         return -1;
     return 0;
@@ -1504,6 +1587,8 @@ static void Scanner_dealloc(Scanner *self) {
     Py_XDECREF(self->cats_met);
     Py_XDECREF(self->special_ids);
     Py_XDECREF(self->special_keys);
+    Py_XDECREF(self->keeps_frame);
+    Py_XDECREF(self->frame_endings);
     Py_XDECREF(self->special_new);
     Py_XDECREF(self->new_kinds);
     Py_XDECREF(self->new_codes);
@@ -1539,7 +1624,8 @@ static PyTypeObject ScannerType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "tracekit.ingest._kineto_scan.Scanner",
     .tp_basicsize = sizeof(Scanner),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Scanner(cat_code_of, cat_code, name_codes, cpu_op, special, unset): Kineto elements to row columns.",
+    .tp_doc = "Scanner(cat_code_of, cat_code, name_codes, cpu_op, special, unset, special_ids, special_keys, "
+              "frame_code, frame_cat, keeps_frame, frame_endings): Kineto elements to row columns.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Scanner_init,
     .tp_dealloc = (destructor)Scanner_dealloc,

@@ -97,9 +97,11 @@ _FINGERPRINT: str | None = None
 def fingerprint_sources() -> list[Path]:
     """The code :func:`code_fingerprint` digests: every module of :mod:`tracekit.ingest`, in
     any subfolder (the parsers are split across files by job), the C source of its native
-    scanner (installed beside it), and the event schema."""
+    scanner (installed beside it), the event schema, and the names that decide which rows
+    are kept (the Python frames of actions)."""
     here = Path(__file__).resolve().parent
-    return sorted(here.rglob("*.py")) + sorted(here.rglob("*.c")) + [here.parent / "model" / "events.py"]
+    model = here.parent / "model"
+    return sorted(here.rglob("*.py")) + sorted(here.rglob("*.c")) + [model / "events.py", model / "names.py"]
 
 
 def code_fingerprint() -> str:

@@ -100,7 +100,10 @@ class Scanner:
     """The native scanner of one file's elements, reading (never changing) a row builder's
     category and name codes: ``cat_code_of`` (raw category -> code), ``cat_code`` (the code of
     a category not in it), ``name_codes``, the code of ``cpu_op``, the names whose args
-    ``_special_args`` reads and the kinds of those ops met (``special_ids``, ``special_keys``).
+    ``_special_args`` reads and the kinds of those ops met (``special_ids``, ``special_keys``),
+    and for Python frames (with_stack) the code ``cat_code`` gives them (``frame_code``), the
+    code of a kept frame's row (``frame_cat``), which names are kept (``keeps_frame``) and
+    how every kept name ends (``frame_endings``: others are dropped unread).
     Use each answer before the next scan: codes and kinds are read at scan time."""
 
     def __init__(
@@ -112,11 +115,26 @@ class Scanner:
         special: Iterable[str],
         special_ids: dict[tuple, int],
         special_keys: list,
+        frame_code: int,
+        frame_cat: int,
+        keeps_frame: Callable[[str], bool],
+        frame_endings: Iterable[str],
     ):
         if _kineto_scan is None:
             raise RuntimeError("tracekit's native scanner is not built")
         self._scanner = _kineto_scan.Scanner(
-            cat_code_of, cat_code, name_codes, cpu_op, tuple(special), msgspec.UNSET, special_ids, special_keys
+            cat_code_of,
+            cat_code,
+            name_codes,
+            cpu_op,
+            tuple(special),
+            msgspec.UNSET,
+            special_ids,
+            special_keys,
+            frame_code,
+            frame_cat,
+            keeps_frame,
+            tuple(ending.encode() for ending in frame_endings),
         )
 
     def scan(self, data: bytes | memoryview, last: bool = False) -> ScannedRun | None:

@@ -20,12 +20,14 @@ from tracekit.ingest.kineto_stream import BEGIN_END, NOT_COMPLETE, RawEvent, dec
 from tracekit.ingest.nesting import nesting_depth
 from tracekit.ingest.validate import _LIMIT_US, DroppedRows, add_ns, drop_impossible, ns_from_us, ns_of_us, valid_text
 from tracekit.ingest.kineto_comm import _gloo_p2p_args, _nccl_comm_args
+from tracekit.model.names import ACTION_FRAME_ENDINGS, FRAME_CATEGORY, is_action_frame
 
-# Categories kept; everything else (python_function, flows, instants) is dropped. CUDA API
-# calls are kept as ``runtime`` (as Nsight Systems' are), and so are HIP's, which Kineto files
-# under ``cuda_runtime`` too: a kernel's launch, joined on the ``correlation`` id, says on
-# which host thread and when the host asked for it, so device work can be put in the step
-# and the action that launched it.
+# Categories kept; everything else (flows, instants) is dropped. CUDA API calls are kept as
+# ``runtime`` (as Nsight Systems' are), and so are HIP's, which Kineto files under
+# ``cuda_runtime`` too: a kernel's launch, joined on the ``correlation`` id, says on which
+# host thread and when the host asked for it, so device work can be put in the step and the
+# action that launched it. Of python_function events (with_stack) only the frames of
+# frameworks' action entry points (model.names.is_action_frame): they name actions.
 KEPT_CATEGORIES = {
     "cpu_op",
     "user_annotation",
@@ -34,6 +36,7 @@ KEPT_CATEGORIES = {
     "gpu_memcpy",
     "gpu_memset",
     "runtime",
+    FRAME_CATEGORY,
 }
 _CATEGORY_ALIASES = {"cuda_runtime": "runtime", "cuda_driver": "runtime"}
 # Annotations that span from posting a message to its wait's return, across other ops.
@@ -150,6 +153,9 @@ _CAT_NOT_TEXT = -2
 # The cat code of an element that is no complete event (another phase): not counted at all.
 _NOT_COMPLETE_CODE = -3
 _BEGIN_END_CODE = -4
+# The cat code of a python_function event: kept, as FRAME_CATEGORY, where its name is that of
+# an action frame (_RowBuilder.keeps_frame), else dropped.
+_FRAME_CODE = -5
 
 
 def _normal_category(cat) -> str | None:
@@ -186,6 +192,7 @@ class _RowBuilder:
         self.n_begin_end = 0  # duration events ("B" / "E") seen, not read
         self.bad_categories = 0  # complete events whose cat is no text (true, 2, [])
         self.odd_identities = 0  # kept events whose name is no text or pid/tid no int or label
+        self.frame_names: dict[str, bool] = {}  # python_function name -> kept (keeps_frame)
 
     def native_scanner(self) -> kineto_native.Scanner | None:
         """A native scanner reading runs of elements into this builder's codes, or None (not
@@ -200,7 +207,21 @@ class _RowBuilder:
             _SPECIAL_OPS,
             self.special_ids,
             self.special_keys,
+            _FRAME_CODE,
+            self.cat_codes[FRAME_CATEGORY],
+            self.keeps_frame,
+            ACTION_FRAME_ENDINGS,
         )
+
+    def keeps_frame(self, name) -> bool:
+        """Whether a python_function event named ``name`` is kept: an action frame's name (a
+        name that is no text is none), worked out once per name."""
+        if type(name) is not str:
+            return False
+        kept = self.frame_names.get(name)
+        if kept is None:
+            kept = self.frame_names[name] = is_action_frame(name)
+        return kept
 
     def add(self, batch: list | ScannedRun) -> None:
         """Keep the rows of one batch of events (or of a run the native scanner read)."""
@@ -225,6 +246,10 @@ class _RowBuilder:
         except (KeyError, TypeError, AttributeError):  # a new category, an odd one, or a generic batch
             codes = self._new_cat_codes(batch)
         code_arr = np.array(codes, dtype=np.int8)
+        frames = np.flatnonzero(code_arr == _FRAME_CODE)
+        if len(frames):  # a with_stack trace: only the action frames among its python_function events
+            actions = [self.keeps_frame(batch[k].name) for k in frames.tolist()]
+            code_arr[frames] = np.where(actions, self.cat_codes[FRAME_CATEGORY], -1)
         keep = code_arr >= 0
         rows = np.flatnonzero(keep)
         kept = batch if len(rows) == len(batch) else list(compress(batch, keep.tolist()))
@@ -353,7 +378,9 @@ class _RowBuilder:
     def _cat_code(self, raw_cat) -> int:
         """The cat code of a raw category value (< 0: dropped), as ``cat_code_of`` records it."""
         cat = _normal_category(raw_cat)
-        return _CAT_NOT_TEXT if type(raw_cat) is not str else -1 if cat is None else self.cat_codes[cat]
+        if type(raw_cat) is not str:
+            return _CAT_NOT_TEXT
+        return -1 if cat is None else _FRAME_CODE if cat == FRAME_CATEGORY else self.cat_codes[cat]
 
     def _ids(self, values: list) -> np.ndarray:
         """pids or tids as int64; odd ones (a float, a number beyond int64, an object) counted."""
@@ -389,7 +416,7 @@ class _RowBuilder:
                 cat = cat_of[raw_cat] = _normal_category(raw_cat)
             except TypeError:  # an unhashable cat (list, dict): never a kept one
                 cat = _normal_category(raw_cat)
-            if cat is None:
+            if cat is None or (cat == FRAME_CATEGORY and not self.keeps_frame(event.name)):
                 continue
             dur = event.dur
             # A time that is no number (absent, a list, an object) is kept as "not a time":
@@ -520,7 +547,14 @@ class _RowBuilder:
             n = len(src)
         name_list = [valid_text(name) for name in self.name_codes]
         async_codes = [self.name_codes[s] for s in ASYNC_SPANS if s in self.name_codes]
-        depth = nesting_depth(pids, tids, start_ns, end_ns, transparent=np.isin(names, async_codes))
+        depth = nesting_depth(
+            pids,
+            tids,
+            start_ns,
+            end_ns,
+            transparent=np.isin(names, async_codes),
+            apart=cats == self.cat_codes[FRAME_CATEGORY],
+        )
         numbers = {
             "rank": np.full(n, rank, dtype=np.int32),
             "file_id": np.full(n, file_id, dtype=np.int32),

@@ -11,6 +11,8 @@ for why that is exact). ``TRACEKIT_NATIVE=0`` turns the C walk off.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from tracekit.ingest.options import native_allowed
@@ -22,7 +24,12 @@ except ImportError:  # not built (no C compiler at install): the array computati
 
 
 def nesting_depth(
-    pid: np.ndarray, tid: np.ndarray, start: np.ndarray, end: np.ndarray, transparent: np.ndarray | None = None
+    pid: np.ndarray,
+    tid: np.ndarray,
+    start: np.ndarray,
+    end: np.ndarray,
+    transparent: np.ndarray | None = None,
+    apart: np.ndarray | None = None,
 ) -> np.ndarray:
     """Depth of each interval within the intervals of its (pid, tid): 0 = top level.
 
@@ -30,6 +37,10 @@ def nesting_depth(
     intervals that merely overlap (ill-formed traces) are treated as siblings.
     ``transparent`` marks async spans (gloo's send/recv annotations run from posting to
     the wait's return, across unrelated ops): they get a depth but are nobody's parent.
+    ``apart`` marks rows that take no part in the others' nesting (Python frames, which
+    hold the ops they call: the rules that read depth must see the ops where they were
+    without them): every other row's depth is the one it has without them, and each of
+    them is as deep as the rows it holds: the depth a transparent row gets among the others.
     Equal to :func:`nesting_depth_walk` on every input (a property test checks).
 
     How, without walking: the walk's stack of ends never increases from bottom to top (a
@@ -39,6 +50,8 @@ def nesting_depth(
     thread with ``s[k] >= e[c]`` or ``e[k] > e[c]``; call that ``pop[c]``. The depth of row
     ``j`` is then the number of capable rows ``c < j`` with ``pop[c] > j``.
     """
+    if apart is not None and apart.any():
+        return _apart_depths(nesting_depth, pid, tid, start, end, transparent, apart)
     n = len(start)
     depth = np.zeros(n, dtype=np.int16)
     if n == 0:
@@ -72,9 +85,16 @@ def _int64(values: np.ndarray) -> np.ndarray:
 
 
 def nesting_depth_walk(
-    pid: np.ndarray, tid: np.ndarray, start: np.ndarray, end: np.ndarray, transparent: np.ndarray | None = None
+    pid: np.ndarray,
+    tid: np.ndarray,
+    start: np.ndarray,
+    end: np.ndarray,
+    transparent: np.ndarray | None = None,
+    apart: np.ndarray | None = None,
 ) -> np.ndarray:
     """:func:`nesting_depth` by walking every thread with a stack (the reference)."""
+    if apart is not None and apart.any():
+        return _apart_depths(nesting_depth_walk, pid, tid, start, end, transparent, apart)
     n = len(start)
     depth = np.zeros(n, dtype=np.int16)
     if n == 0:
@@ -124,6 +144,24 @@ def _bounds(pid: np.ndarray, tid: np.ndarray, order: np.ndarray) -> tuple[np.nda
     pid_s, tid_s = pid[order], tid[order]
     change = np.flatnonzero((pid_s[1:] != pid_s[:-1]) | (tid_s[1:] != tid_s[:-1])) + 1
     return order, np.concatenate(([0], change, [len(order)]))
+
+
+def _apart_depths(
+    depth_of: Callable[..., np.ndarray],
+    pid: np.ndarray,
+    tid: np.ndarray,
+    start: np.ndarray,
+    end: np.ndarray,
+    transparent: np.ndarray | None,
+    apart: np.ndarray,
+) -> np.ndarray:
+    """Depths by ``depth_of`` (the array computation or the walk) with rows ``apart``: theirs
+    as transparent rows among all, the others' from the others alone."""
+    depth = depth_of(pid, tid, start, end, apart if transparent is None else transparent | apart)
+    others = np.flatnonzero(~apart)
+    through = None if transparent is None else transparent[others]
+    depth[others] = depth_of(pid[others], tid[others], start[others], end[others], through)
+    return depth
 
 
 def _walk(starts: list[int], ends: list[int], parents: list[bool]) -> list[int]:

@@ -12,12 +12,14 @@ means a worker sends back and the parent holds a fraction of the file (16% of a 
 What is kept, per file (numpy only: this runs in the parser workers):
 
 - every GPU row (kernels, copies, sets, GPU annotations) and the CUDA API call that launched
-  it (``runtime``, same ``correlation``), and every user annotation
-  (``ProfilerStep#N`` marks, ``PP:`` / ``Forward i`` labels, user ranges);
+  it (``runtime``, same ``correlation``), every user annotation (``ProfilerStep#N`` marks,
+  ``PP:`` / ``Forward i`` labels, user ranges) and every Python frame kept (the few that name
+  actions: Megatron's ``forward_step`` / ``backward_step``);
 - every communication row (``c10d::``, ``gloo:``, ``record_param_comms``, ``nccl:``, ...);
-- CPU ops at depth <= 1 + the deepest user annotation on their thread (depth 0 on a
-  thread with none): the top-level compute ops of every label and step, whichever label
-  table (built-in or the user's ``--label-rule``) names the actions;
+- CPU ops at depth <= 1 + the deepest user annotation on their thread, or the deepest
+  Python frame's depth (a frame is as deep as the ops it holds; depth 0 on a thread with
+  neither): the top-level compute ops of every label and step, whichever label table
+  (built-in or the user's ``--label-rule``) names the actions;
 - ``autograd::engine`` backward ops with a sequence number, anywhere, when the file holds
   point-to-point ops (unlabelled 1F1B reads them to tie backwards to forwards);
 - each rank's earliest-starting and latest-ending row (a rank without step marks is one
@@ -33,7 +35,7 @@ import numpy as np
 
 from tracekit.ingest.columns import EventColumns, take_rows
 from tracekit.model.groups import group_ids
-from tracekit.model.names import COMM_PREFIXES, LIBRARY_RANGES, RECV_NAMES, SEND_NAMES
+from tracekit.model.names import COMM_PREFIXES, FRAME_CATEGORY, LIBRARY_RANGES, RECV_NAMES, SEND_NAMES
 
 _BACKWARD_PREFIX = "autograd::engine"
 ROWS = ("all", "analysis", "reduce")  # "reduce": the working set, then the reducer (ingest.options.Reducer)
@@ -66,27 +68,24 @@ def _kept(columns: EventColumns) -> np.ndarray:
         table = np.fromiter((test(s) for s in names), dtype=bool, count=len(names))
         return table[name_code] if len(names) else np.zeros(len(name_code), dtype=bool)
 
+    def by_cat(cat: str) -> np.ndarray:
+        return np.array([c == cat for c in cats], dtype=bool)[cat_code] if len(cats) else np.zeros(len(cat_code), bool)
+
     on_gpu = nums["on_gpu"].astype(bool)
-    annotation = (
-        np.array([c == "user_annotation" for c in cats], dtype=bool)[cat_code]
-        if len(cats)
-        else np.zeros(len(cat_code), dtype=bool)
-    )
-    keep = on_gpu | annotation | by_name(lambda s: s.startswith(COMM_PREFIXES))
+    annotation = by_cat("user_annotation")
+    frame = by_cat(FRAME_CATEGORY)
+    keep = on_gpu | annotation | frame | by_name(lambda s: s.startswith(COMM_PREFIXES))
 
     # Top-level compute of every step and label: depth <= deepest mark/label + 1 per thread.
     depth = nums["depth"].astype(np.int64)
     # Any annotation may be a label: which ones are is decided later, by the label rules.
     # Communication libraries' ranges (gloo:recv spans posting to the wait's return) are not.
-    anchor = annotation & ~on_gpu & ~by_name(lambda s: s.startswith(LIBRARY_RANGES))
-    limit_of_row = _thread_limits(nums["pid"], nums["tid"], anchor, depth)
+    # A frame is as deep as the ops it holds: it counts one level up.
+    anchor = (annotation & ~on_gpu & ~by_name(lambda s: s.startswith(LIBRARY_RANGES))) | frame
+    limit_of_row = _thread_limits(nums["pid"], nums["tid"], anchor, depth - frame)
     # The CUDA API calls that launched the GPU rows (how device work finds its host thread,
     # step and action); the many other API calls (stream queries, events) are not read.
-    runtime = (
-        np.array([c == "runtime" for c in cats], dtype=bool)[cat_code]
-        if len(cats)
-        else np.zeros(len(cat_code), dtype=bool)
-    )
+    runtime = by_cat("runtime")
     keep |= ~on_gpu & ~runtime & (depth <= limit_of_row)
     if runtime.any() and on_gpu.any():
         corr = nums["correlation"]

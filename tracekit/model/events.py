@@ -14,12 +14,15 @@ Columns (see ``EVENT_SCHEMA`` for types):
 - ``cat``           normalised category: ``cpu_op``, ``user_annotation``,
                     ``gpu_user_annotation``, ``kernel``, ``gpu_memcpy``, ``gpu_memset``,
                     ``nvtx`` (nsys ranges), ``runtime`` (CUDA API calls: Kineto's
-                    ``cuda_runtime``/``cuda_driver``, Nsight Systems' CUPTI runtime table)
+                    ``cuda_runtime``/``cuda_driver``, Nsight Systems' CUPTI runtime table),
+                    ``python_function`` (with_stack's Python frames: only those of
+                    frameworks' action entry points, ``model.names.is_action_frame``)
 - ``name``          event name as recorded
 - ``start_ns``, ``end_ns``  absolute times, ``end_ns >= start_ns``
 - ``pid``, ``tid``  process and thread (for GPU rows: device and stream)
 - ``on_gpu``        True for device-side rows (kernels, memcpy, GPU annotations)
-- ``depth``         nesting depth on its thread (0 = top level), computed by the parser
+- ``depth``         nesting depth on its thread (0 = top level), computed by the parser;
+                    Python frames nest nothing: a frame is as deep as the ops it holds
 - ``seq``           autograd sequence number (-1 when absent)
 - ``peer``          P2P peer rank for send/recv ops (-1 when unknown / not P2P)
 - ``tag``           P2P tag (-1 when unknown)

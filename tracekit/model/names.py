@@ -1,5 +1,7 @@
 """Event names the stages agree on (plain constants: parser workers import this too)."""
 
+import re
+
 # Communication and pipeline-label ops: never compute, kept whole in every working set.
 COMM_PREFIXES = ("c10d::", "gloo:", "record_param_comms", "nccl:", "tracekit:p2p", "PP:")
 # The communication libraries' own ranges (gloo:recv spans posting to the wait's return):
@@ -11,3 +13,24 @@ SEND_NAMES = ("c10d::send", "record_param_comms:send")
 RECV_NAMES = ("c10d::recv_", "c10d::recv_any_source_", "record_param_comms:recv")
 # torch.profiler's step markers: ProfilerStep#N.
 STEP_MARK_PREFIX = "ProfilerStep#"
+
+# torch.profiler's with_stack writes a python_function event for every Python call (several a
+# CPU op: the module's frames, _call_impl, forward, the builtin that runs the op). The only
+# ones read are the frames of a framework's action entry points, which name every compute
+# action: Megatron's forward_step and backward_step, in megatron/schedules.py (Megatron-LM
+# before 2023-03) or megatron/core/pipeline_parallel/schedules.py (Megatron-core), both
+# schedules, interleaved or not (torch trims the site-packages or sys.path prefix of a file;
+# any other is allowed). A training script's own forward_step (pretrain_gpt.py) is not one.
+FRAME_CATEGORY = "python_function"
+_MEGATRON_SCHEDULES = r"(?:^|/)megatron/(?:core/pipeline_parallel/)?schedules\.py\(\d+\): "
+MEGATRON_FORWARD_FRAME = _MEGATRON_SCHEDULES + r"forward_step\Z"
+MEGATRON_BACKWARD_FRAME = _MEGATRON_SCHEDULES + r"backward_step\Z"
+_ACTION_FRAME = re.compile(f"{MEGATRON_FORWARD_FRAME}|{MEGATRON_BACKWARD_FRAME}")
+# How every action frame's name ends: the native scanner drops a frame whose name ends
+# otherwise on its last bytes, without reading the name (thousands of distinct calls a trace).
+ACTION_FRAME_ENDINGS = ("): forward_step", "): backward_step")
+
+
+def is_action_frame(name: str) -> bool:
+    """Whether a python_function event of this name is a frame ingest keeps (see above)."""
+    return name.endswith(ACTION_FRAME_ENDINGS) and _ACTION_FRAME.search(name) is not None

@@ -2,10 +2,15 @@
 
 Labelled runs: the ranges named by a label table (:mod:`.labels`: torch.distributed.
 pipelining's ``PP:<stage><kind><mb>`` and ``OVERLAP_F_B``, ScheduleGPipe's ``Forward <mb>``,
-hand-labelled layers such as ``attn(F)``, or the user's own rules). Unlabelled runs (native
-Schedule1F1B, Megatron-core, DeepSpeed): the main thread's top-level ops are segmented at
-its point-to-point and other communication ops, forward runs being non-autograd ops and
+hand-labelled layers such as ``attn(F)``, Megatron's ``forward_step`` / ``backward_step``
+Python frames, or the user's own rules). Unlabelled runs (native Schedule1F1B, Megatron-core
+and DeepSpeed without ``with_stack``): the main thread's top-level ops are segmented at its
+point-to-point and other communication ops, forward runs being non-autograd ops and
 backward runs autograd ones.
+
+A Python frame holds the ops it called, but it is no op: its depth is that of the ops it
+holds (ingest's nesting leaves them where they were without frames), and no rule here
+reads a frame as an op.
 
 A label's span includes the receive wait at its start and sends at its end; the compute
 span is that of the top-level compute ops inside it (host time around them, between the
@@ -22,7 +27,7 @@ import numpy as np
 
 from tracekit.ingest.columns import take_rows
 from tracekit.model.groups import group_ids, split_by
-from tracekit.model.names import COMM_PREFIXES, RECV_NAMES, SEND_NAMES, STEP_MARK_PREFIX
+from tracekit.model.names import COMM_PREFIXES, FRAME_CATEGORY, RECV_NAMES, SEND_NAMES, STEP_MARK_PREFIX
 from tracekit.model.run import ACTION_COLUMNS
 from tracekit.reconstruct.event_arrays import EventArrays
 from tracekit.reconstruct.labels import LabelChoice, LabelRule, LabelSet, choose
@@ -31,7 +36,8 @@ from tracekit.reconstruct.steps import step_of
 if TYPE_CHECKING:
     import pandas as pd
 
-_LABEL_CATS = ("user_annotation",)
+# What label rules read: annotations, and the Python frames ingest keeps (action entry points).
+_LABEL_CATS = ("user_annotation", FRAME_CATEGORY)
 _OPTIMIZER_PREFIXES = ("Optimizer.", "Optimizer#")
 UNLABELLED = "unlabelled (segmented at P2P ops)"
 # The columns of a row as the finders make them: ACTION_COLUMNS less action_id and order.
@@ -50,7 +56,8 @@ class _Span:
 
 
 def annotation_counts(events: pd.DataFrame | EventArrays) -> dict[str, int]:
-    """Each distinct CPU annotation name (step marks aside) and how often it occurs, by name."""
+    """Each distinct CPU annotation or kept Python frame name (step marks aside) and how
+    often it occurs, by name."""
     arrays = EventArrays.of(events)
     names = arrays.values["name"]
     wanted = ~arrays["on_gpu"] & arrays.is_in("cat", _LABEL_CATS)
@@ -79,20 +86,25 @@ def action_table(
     step and start), the label table chosen (:mod:`.labels`), and how the actions were
     found (a phrase for the schedule's evidence). ``steps``: their step table."""
     on_cpu = ~events["on_gpu"]
+    frame = events.is_in("cat", (FRAME_CATEGORY,))
     choice = choose(annotation_counts(events), custom)
     labelling = UNLABELLED
     if choice.used is not None:
-        rows = _labelled(events, on_cpu, steps, choice.used)
+        rows = _labelled(events, on_cpu, frame, steps, choice.used)
         labelling = f"{choice.used.name} labels ({choice.used.what})"
     else:
-        rows = _segment_unlabelled(events, on_cpu, steps)
+        rows = _segment_unlabelled(events, on_cpu & ~frame, steps)
     return _numbered(rows), choice, labelling
 
 
 def _labelled(
-    events: EventArrays, on_cpu: np.ndarray, steps: pd.DataFrame | Mapping[str, Any], table: LabelSet
+    events: EventArrays,
+    on_cpu: np.ndarray,
+    frame: np.ndarray,
+    steps: pd.DataFrame | Mapping[str, Any],
+    table: LabelSet,
 ) -> list[tuple]:
-    """The actions of the ranges ``table``'s action rules name."""
+    """The actions of the ranges (or Python frames: ``frame``) ``table``'s action rules name."""
     is_label = on_cpu & events.is_in("cat", _LABEL_CATS)
     names = events.values["name"]
     codes = events.codes["name"]
@@ -105,10 +117,13 @@ def _labelled(
     # Only the labelled threads' ops and the receive waits matter: no copy of the rest.
     thread = group_ids(events["rank"], events["pid"], events["tid"])
     is_wait = events.is_in("name", ("gloo:recv",))
-    wanted = on_cpu & (np.isin(thread, thread[found]) | is_wait)
-    engine = on_cpu & ~wanted & (events["depth"] == 0) & events.starts_with("autograd::engine")
-    rows = _from_labels(events, wanted, found, thread, on_cpu & is_wait, steps, rule_of_name, engine)
-    if any(rule.layer_level for rule in rule_of_name.values()):
+    ops = on_cpu & ~frame
+    wanted = ops & (np.isin(thread, thread[found]) | is_wait)
+    engine = ops & ~wanted & (events["depth"] == 0) & events.starts_with("autograd::engine")
+    rows = _from_labels(events, wanted, found, thread, on_cpu & is_wait, steps, rule_of_name, engine, frame)
+    if table.placed_by_chains:
+        rows = _tie_backwards(rows, events, ops)
+    elif any(rule.layer_level for rule in rule_of_name.values()):
         rows = _group_layers(rows, events, on_cpu, rule_of_name)
     return rows
 
@@ -162,11 +177,13 @@ def _from_labels(
     steps: pd.DataFrame | Mapping[str, Any],
     rule_of_name: dict[str, LabelRule],
     engine: np.ndarray,
+    frame: np.ndarray,
 ) -> list[tuple]:
     """Actions from labels (rows ``found``), with the ops of their threads (among rows
     ``wanted``; ``thread``: each row's thread as a number). ``engine``: top-level autograd
     ops on other threads (on GPUs the autograd engine runs backward on a thread of its own
-    while the labelled thread waits): those inside a label are its compute too."""
+    while the labelled thread waits): those inside a label are its compute too. A label that
+    is a Python frame (``frame``) holds the ops of its own depth, a range those one down."""
     rows: list[tuple] = []
     ranks, starts_all, ends_all = events["rank"], events["start_ns"], events["end_ns"]
     engine_spans = {}
@@ -197,7 +214,7 @@ def _from_labels(
             engine_lo = np.searchsorted(engine_of_rank[0], label_starts, side="left").tolist()
             engine_hi = np.searchsorted(engine_of_rank[0], label_ends, side="right").tolist()
         label_steps = step_of(ranks[labels], label_starts, steps).tolist()
-        child_depths = (depth_all[labels].astype(np.int64) + 1).tolist()
+        child_depths = (depth_all[labels].astype(np.int64) + 1 - frame[labels]).tolist()
         parsed: dict[str, list[tuple[str, int, int]] | None] = {}  # a thread's rank is one: parse a name once
         columns = zip(label_steps, events.names(labels), label_starts.tolist(), label_ends.tolist())
         for k, (step, name, label_start, label_end) in enumerate(columns):
@@ -235,6 +252,67 @@ def _from_labels(
                     )
                 )
     return rows
+
+
+def _tie_backwards(rows: list[tuple], events: EventArrays, ops: np.ndarray) -> list[tuple]:
+    """The actions of a table placed by chains, numbered as the segmentation numbers its own
+    (what :func:`~.chains.restage_from_chains` reads): each forward's microbatch its index
+    among the forwards of its rank and step, each backward's the index of the forward whose
+    autograd sequence numbers its ops consume (-1 where none does: counted in order then).
+
+    Autograd numbers nodes in creation order on the forward's thread, so a forward's nodes
+    start at the lowest number among its ops (``ops``: the ops, frames aside), and an engine
+    op of number ``q`` ran a node of the last forward starting at or below it. A backward
+    takes the forward most of its numbered engine ops ran (on a GPU they run on the engine's
+    thread, inside the backward's frame in time)."""
+    numbered = ops & (events["seq"] >= 0)
+    is_engine = events.starts_with("autograd::engine")
+    forward_ops = _numbers_by_start(events, numbered & ~is_engine)
+    engine_ops = _numbers_by_start(events, numbered & is_engine)
+    index: dict[int, int] = {}  # row -> its index among its rank's and step's forwards
+    seen: dict[tuple[int, int], int] = {}
+    for i in sorted(range(len(rows)), key=lambda i: (rows[i][0], rows[i][1], rows[i][5])):
+        if rows[i][2] == "F":
+            key = (rows[i][0], rows[i][1])
+            index[i] = seen.get(key, 0)
+            seen[key] = index[i] + 1
+    first: dict[int, list[tuple[int, int]]] = {}  # rank -> (lowest number, forward row), by number
+    for i in index:
+        numbers = _numbers_within(forward_ops.get(rows[i][0]), rows[i][7], rows[i][8])
+        if len(numbers):
+            first.setdefault(rows[i][0], []).append((int(numbers.min()), i))
+    for pairs in first.values():
+        pairs.sort()
+    out = []
+    for i, row in enumerate(rows):
+        mb = index[i] if row[2] == "F" else -1
+        forwards = first.get(row[0])
+        if row[2] != "F" and forwards is not None:
+            numbers = _numbers_within(engine_ops.get(row[0]), row[7], row[8])
+            at = np.searchsorted([q for q, _ in forwards], numbers, side="right") - 1
+            owners = [forwards[k][1] for k in at.tolist() if k >= 0 and rows[forwards[k][1]][1] == row[1]]
+            if owners:  # most of them; a tie: the earliest forward
+                mb = index[max(sorted(set(owners)), key=owners.count)]
+        out.append((*row[:4], mb, *row[5:]))
+    return out
+
+
+def _numbers_by_start(events: EventArrays, mask: np.ndarray) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Per rank, the starts (sorted) and sequence numbers of the rows under ``mask``."""
+    starts, seq = events["start_ns"], events["seq"]
+    out = {}
+    for rank, group in _by_key(np.flatnonzero(mask), events["rank"]).items():
+        group = group[np.argsort(starts[group], kind="stable")]
+        out[rank] = (starts[group], seq[group])
+    return out
+
+
+def _numbers_within(found: tuple[np.ndarray, np.ndarray] | None, lo: int, hi: int) -> np.ndarray:
+    """The sequence numbers of the rows (``_numbers_by_start``'s) that start within [lo, hi]."""
+    if found is None:
+        return _NONE
+    starts, numbers = found
+    return numbers[np.searchsorted(starts, lo, side="left") : np.searchsorted(starts, hi, side="right")]
 
 
 def _last_within(times: np.ndarray | None, starts: np.ndarray, ends: np.ndarray) -> list[int | None]:

@@ -1,7 +1,8 @@
 """Stages and microbatches of unlabelled actions, from the chains their messages form.
 
-Segmented actions (no labels: native 1F1B, Megatron-core, DeepSpeed) know only their rank
-and their order. A forward's output travels to the next stage's forward, so each
+Segmented actions (no labels: native 1F1B, Megatron-core, DeepSpeed), and those of a label
+table that names no stage (Megatron's ``forward_step`` / ``backward_step`` frames), know only
+their rank and their order. A forward's output travels to the next stage's forward, so each
 microbatch's forwards form a chain through the pipeline: the forward that received
 nothing (on the first rank) is stage 0, and each forward fed by another is one stage
 further along, with the same microbatch. With one stage per rank the chain only confirms
@@ -11,8 +12,8 @@ forwards it feeds there are stage p, 2p, ...: read by rank alone such a run woul
 like 1F1B with v times the microbatches.
 
 A backward belongs to the forward whose autograd sequence numbers it consumed (the
-segmentation's ``microbatch`` of a backward is its forward's index on the rank), so it
-takes that forward's stage and microbatch.
+segmentation's ``microbatch`` of a backward is its forward's index on the rank, and so is a
+frame table's: ``actions._tie_backwards``), so it takes that forward's stage and microbatch.
 """
 
 from __future__ import annotations

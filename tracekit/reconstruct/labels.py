@@ -1,7 +1,8 @@
 """Label rules as data: which annotation names are pipeline actions, and what they say.
 
 A rule is a regular expression over a ``user_annotation`` (``record_function`` or NVTX
-range) name and a role:
+range) name, or a Python frame's (``python_function``: the few that ingest keeps, see
+:func:`tracekit.model.names.is_action_frame`), and a role:
 
 - ``F``, ``B``, ``I``, ``W``: the range is that kind of compute action;
 - ``kind``: the kind is the text of the group ``kind`` (``F``/``B``/``I``/``W``, or
@@ -19,6 +20,13 @@ consecutive ranges of the same kind on one thread, with no point-to-point op bet
 is one action, and microbatches count up in order of appearance per rank and kind (what
 hand-labelled per-layer ranges such as ``attn(F)``, ``mlp(F)`` need).
 
+A table *placed by chains* (``megatron-torch``: Megatron's ``forward_step`` /
+``backward_step`` frames, one whole action each, in every schedule) names neither stage nor
+microbatch, and a rank may hold several stages (interleaving). Its actions are placed as
+segmented ones are: forwards count up in order of appearance, a backward is the forward
+whose autograd sequence numbers it consumes, and the message chains give stage and
+microbatch (:mod:`.chains`).
+
 The built-in tables (:data:`BUILTIN`) describe what the frameworks write (see
 shared/docs/trace-formats.md), most specific first; the first whose action rules match a
 range is used and reported (``labels: torch-pp``). User rules (``--label-rule``, ``[tool.tracekit.labels]``)
@@ -31,7 +39,7 @@ import re
 from dataclasses import dataclass, field
 
 from tracekit.errors import TracekitError
-from tracekit.model.names import LIBRARY_RANGES
+from tracekit.model.names import LIBRARY_RANGES, MEGATRON_BACKWARD_FRAME, MEGATRON_FORWARD_FRAME
 
 ACTION_ROLES = ("F", "B", "I", "W", "kind", "FB")
 ROLES = ACTION_ROLES + ("comm", "marker")
@@ -101,6 +109,7 @@ class LabelSet:
     name: str
     rules: tuple[LabelRule, ...]
     what: str  # one line: which framework writes these and what they mark
+    placed_by_chains: bool = False  # whole actions without stage or microbatch (see the module doc)
 
     def match(self, name: str) -> LabelRule | None:
         for rule in self.rules:
@@ -109,8 +118,8 @@ class LabelSet:
         return None
 
 
-def _set(name: str, what: str, *rules: tuple[str, str]) -> LabelSet:
-    return LabelSet(name, tuple(LabelRule(p, r, f"built-in {name}") for p, r in rules), what)
+def _set(name: str, what: str, *rules: tuple[str, str], placed_by_chains: bool = False) -> LabelSet:
+    return LabelSet(name, tuple(LabelRule(p, r, f"built-in {name}") for p, r in rules), what, placed_by_chains)
 
 
 #: What the frameworks write, most specific first.
@@ -132,6 +141,13 @@ BUILTIN: tuple[LabelSet, ...] = (
         "layer-suffix",
         "hand-labelled layers with the action kind in a suffix (attn(F), mlp(B), ...)",
         (r"^[\w.:/ -]+\((?P<kind>[FBIW])\)$", "kind"),
+    ),
+    _set(
+        "megatron-torch",
+        "Megatron's forward_step / backward_step frames (torch.profiler with_stack)",
+        (MEGATRON_FORWARD_FRAME, "F"),
+        (MEGATRON_BACKWARD_FRAME, "B"),
+        placed_by_chains=True,
     ),
     _set(
         "megatron-nvtx",

@@ -1,6 +1,7 @@
 """Busy time of a run without pipeline actions, per rank and step, from its events: a
 rank's GPU rows (kernels, copies; not ``gpu_user_annotation``) or, where it has none, any
-CPU op or annotation but the step marks, inside each of its own step windows.
+CPU op or annotation but the step marks (and Python frames: they hold ops, they are none),
+inside each of its own step windows.
 
 Without pandas, so the process that parsed a GPU rank's file finds its host-side view
 there (:mod:`.per_rank`); :func:`tracekit.analyze.bubbles.measure_plain` tabulates the same
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tracekit.model.intervals import union_length
+from tracekit.model.names import FRAME_CATEGORY
 from tracekit.model.run import STEP_COLUMNS
 from tracekit.reconstruct.event_arrays import EventArrays
 
@@ -33,7 +35,7 @@ def plain_busy(events: EventArrays, steps: pd.DataFrame | Mapping[str, Any]) -> 
     all_starts, all_ends = events["start_ns"], events["end_ns"]
     on_gpu = events["on_gpu"]
     gpu_work = on_gpu & ~events.is_in("cat", ("gpu_user_annotation",))
-    cpu_work = ~events.starts_with("ProfilerStep")
+    cpu_work = ~events.starts_with("ProfilerStep") & ~events.is_in("cat", (FRAME_CATEGORY,))
     order = np.argsort(ranks, kind="stable")
     sorted_ranks = ranks[order]
     step_rank, step_number, step_start, step_end = (np.asarray(steps[c], dtype=np.int64) for c in STEP_COLUMNS[:4])

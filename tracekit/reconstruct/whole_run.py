@@ -115,19 +115,22 @@ def reconstruct(run: Run, timeline: str = "auto", labels: LabelSet | Sequence[st
             run.collective_pairs = dev.pair_collective_sendrecv(run.device_summary)
         run.warn(no_pipeline_message(run, host_events, annotations))
         return run
+    # Segmented actions, and those of a table that names no stage (Megatron's frames), are
+    # each one forward or one backward, placed by rank and order of appearance alone.
+    placed_by_chains = run.actions_from == "segmentation" or choice.used.placed_by_chains
     found_notes: list[str] = []
     messages, warnings = match_messages(
         host_events,
         run.steps,
         actions,
-        consumer_by_kind=run.actions_from == "segmentation",
+        consumer_by_kind=placed_by_chains,
         groups=groups_of(run.files),
         notes=found_notes,
     )
     for message in warnings:
         run.warn(message)
     chain_note = None
-    if run.actions_from == "segmentation":
+    if placed_by_chains:
         # rank alone names no stage when a rank holds several (a virtual pipeline)
         run.actions, chain_note = restage_from_chains(run.actions, messages)
         actions = run.actions

@@ -11,6 +11,7 @@ import pandas as pd
 
 from tracekit.analyze import Analysis
 from tracekit.analyze.intervals import idle_intervals
+from tracekit.model.names import FRAME_CATEGORY
 from tracekit.text import for_xml
 
 # Glyph budgets per step timeline; past them the timeline merges and drops (and says so).
@@ -277,6 +278,7 @@ def _plain_work(analysis: Analysis, step: int, rank_lane: dict) -> list[pd.DataF
             & (events["end_ns"] > row.window_start_ns)
             & (events["start_ns"] < row.window_end_ns)
             & ~is_mark
+            & (events["cat"] != FRAME_CATEGORY)  # a Python frame holds ops; it is none
         ]
         out.append(
             pd.DataFrame(
