@@ -143,3 +143,30 @@ def test_peers_from_group_ranks_or_wrong_metadata_give_the_same_answers(made, di
     assert len(doc["warnings"]) == n_warnings, doc["warnings"]
     if n_warnings:
         assert doc["warnings"][0].startswith("the P2P metadata contradicts the trace (a send on rank ")
+
+
+# -- with Megatron's own Python frames (with_stack) ---------------------------------------------
+@pytest.mark.parametrize("name", ["megatron_interleaved", "megatron_interleaved_overlap", "megatron_1f1b"])
+def test_with_stack_frames_the_actions_come_from_megatron_and_the_answers_hold(made, tmp_path, name):
+    """The same generated Megatron runs with ``forward_step`` / ``backward_step`` frames
+    (tests/generated_python_frames.py, GENERATED as torch writes them): the actions are the
+    frames' (labels: megatron-torch), in the schedule's order, and every figure is the
+    frameless run's."""
+    from generated_python_frames import megatron_gpu
+
+    from tracekit import load
+
+    folder, _ = megatron_gpu(SCENARIOS[name], tmp_path)
+    result = CliRunner().invoke(main, ["analyze", str(folder), "--json", "--no-cache"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    run = load(folder)
+    assert run.labels == "megatron-torch"
+    sc = SCENARIOS[name]
+    for (rank, step), got in run.actions.sort_values("start_ns").groupby(["rank", "step"]):
+        found = [(int(a.stage), a.kind, int(a.microbatch)) for a in got.itertuples()]
+        assert found == [item for what, item in megatron_sequence(sc, int(rank)) if what == "action"]
+    _, plain, _ = made(name)
+    assert doc["schedule"]["name"] == plain["schedule"]["name"] and doc["warnings"] == []
+    assert [r["bubble_ratio"] for r in doc["ranks"]] == [r["bubble_ratio"] for r in plain["ranks"]]
+    assert doc["summary"]["n_messages"] == plain["summary"]["n_messages"]
