@@ -422,7 +422,7 @@ def test_a_host_only_run_draws_its_cpu_work_and_bokeh_says_nothing(name, tmp_pat
 
 
 def test_report_carries_the_what_if_table(rendered):
-    """The slow-stage run's report predicts the balanced split near the balanced capture."""
+    """The slow-stage run's report predicts its ideal balance near the balanced capture."""
     import re
 
     run_dir = SAMPLES / "1f1b_slow_stage2"
@@ -431,7 +431,7 @@ def test_report_carries_the_what_if_table(rendered):
     _, path = rendered(run_dir)
     page = path.read_text()
     assert "What if: other schedules, m, a balanced split" in page
-    row = re.search(r'<td class="l">1F1B v=1 m=8 balanced</td><td>([\d.]+)%', page)
+    row = re.search(r'<td class="l">1F1B v=1 m=8 ideal balance</td><td>([\d.]+)%', page)
     assert row and 28.0 < float(row.group(1)) < 32.5  # the balanced 1f1b capture: 30.2%
     assert '<td class="l">model of the measured run</td>' in page
     assert 'id="whatif-note"' not in page

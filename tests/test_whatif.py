@@ -170,7 +170,7 @@ def test_balanced_split_of_the_slow_stage_run_predicts_the_balanced_capture(samp
     look like the balanced `1f1b` capture (same schedule) with 1.25x the compute per rank."""
     slow = what_if(samples["1f1b_slow_stage2"], [("1F1B", 1, 8)], balanced=True)
     plain, balanced = slow.predictions
-    assert "balanced" in balanced.label and "balanced" not in plain.label
+    assert balanced.label == "1F1B v=1 m=8 ideal balance" and balanced.ideal_balance and not plain.ideal_balance
     reference = what_if(samples["1f1b"], [("1F1B", 1, 8)])
     assert abs(balanced.bubble_ratio - reference.measured_bubble) < 0.02
     assert balanced.step_ns == pytest.approx(1.25 * reference.measured_step_ns, rel=0.04)
