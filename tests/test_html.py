@@ -578,3 +578,87 @@ def test_a_step_with_two_roles_is_named_once():
     assert chosen == [0, 5, 7]
     assert notes[0].count("step 0") == 1 and "step 0 (first, slowest)" in notes[0]
     assert "3 of 8 steps" in notes[0]
+
+
+# ------------------------------------------------------------------ issue #28: the page's text and what-if table
+
+
+def test_the_best_what_if_rows_are_not_folded(rendered):
+    """The best what-if answer sat in the collapsed table: the measured row, the fastest
+    configuration and the best split now stand above it."""
+    run_dir = SAMPLES / "1f1b_slow_stage2"
+    if run_dir not in ready_samples():
+        pytest.skip(f"{run_dir} holds no traces")
+    _, path = rendered(run_dir)
+    page = path.read_text()
+    best = re.search(r'<table id="whatif-best">(.*?)</table>', page, flags=re.S)
+    assert best and page.index('<table id="whatif-best">') < page.index("predictions</summary>")
+    rows = re.findall(r'<td class="l">([^<]*)</td>', best.group(1))
+    assert rows == ["measured", "1F1B v=1 m=8 best split 5,4,3,4", "Interleaved1F1B v=2 m=8"]
+
+
+def test_report_and_whatif_command_give_one_meaning_and_one_number_per_name(rendered, tmp_path):
+    """The report's "1F1B v=1 m=8 balanced" (-20.8%: every rank at the mean) and
+    ``whatif --balanced``'s best split 5,4,3,4 (-16.8%) answered the same question
+    differently. Now the idealised row is the "ideal balance", the split the "best split",
+    and every row both outputs show has the same figures in both."""
+    from tracekit.cli import main
+
+    run_dir = SAMPLES / "1f1b_slow_stage2"
+    if run_dir not in ready_samples():
+        pytest.skip(f"{run_dir} holds no traces")
+    analysis, path = rendered(run_dir)
+    done = CliRunner().invoke(main, ["whatif", str(run_dir), "--balanced", "--json", "--no-progress"])
+    assert done.exit_code == 0, done.output
+    command = json.loads(done.output)
+    report = analysis.whatif
+    assert report.result.samples == command["replays_per_row"]
+    by_label = {p.label: p for p in report.result.predictions}
+    shared = [p for p in command["predictions"] if p["label"] in by_label]
+    assert len(shared) == len(command["predictions"]) == 6
+    for p in shared:
+        assert round(by_label[p["label"]].step_ns) == p["step_ns"], p["label"]
+    (search,) = command["split"]["searches"]
+    best = report.split.recommended
+    assert best.split == search["recommended"]["split"] == [5, 4, 3, 4]
+    assert round(best.prediction.step_ns) == search["recommended"]["step_ns"]
+    assert best.prediction.label == "1F1B v=1 m=8 best split 5,4,3,4"
+    page = path.read_text()
+    assert "1F1B v=1 m=8 best split 5,4,3,4</td><td>33.5% ±0.4%</td><td>612.3 ±4.5</td><td>-16.8%" in page
+    labels = re.findall(r'<td class="l">([^<]*)</td>', page)
+    assert "1F1B v=1 m=8 ideal balance" in labels
+    assert not [label for label in labels if label.endswith(" balanced")]
+
+
+@pytest.fixture(scope="module")
+def thinned_gpu_run():
+    """A real two-GPU nsys run without a pipeline (nsys-ai's MFU example): 9,364 kernels and
+    top-level CPU ops in its one step, drawn as 51 merged bars."""
+    from tracekit.analyze import analyze
+    from tracekit.commands.common import load_to_draw
+
+    trace = shared_or_skip("nsys", "nsysai_mfu_2gpu_before.sqlite")
+    return analyze(load_to_draw(trace, None, None, False))
+
+
+def test_metadata_and_warnings_read_as_text(thinned_gpu_run, tmp_path):
+    """A run without a pipeline showed nsys's per-process counts as a Python dict
+    ({'by_launch': 0, ...}) and the warnings' Markdown backticks as they are."""
+    page = write_report(thinned_gpu_run, tmp_path / "gpu.html").read_text()
+    profiler = page[page.index("<h3>Profiler</h3>") : page.index("<h3>Warnings</h3>")]
+    assert (
+        '<th class="l">nccl_p2p_kernels</th><td class="l">by_launch=0, by_name=0, '
+        "sendrecv_named_in_collectives=32, sendrecv_named_unplaced=1</td>" in profiler
+    )
+    assert "{" not in profiler and "&#39;" not in profiler
+    warnings = page[page.index("<h3>Warnings</h3>") : page.index("</main>")]
+    assert "`" not in warnings
+    assert "<code>FSDP::post_forward (blocks.10._checkpoint_wrapped_module)</code> ×2" in warnings
+
+
+def test_code_spans_are_shown_as_code_and_escaped():
+    spans = report.with_code_spans
+    assert str(spans("top: `a<b>` ×4, `c` ×2")) == "top: <code>a&lt;b&gt;</code> ×4, <code>c</code> ×2"
+    assert str(spans("`` a`b `` and `<i>`")) == "<code>a`b</code> and <code>&lt;i&gt;</code>"  # CommonMark fences
+    assert str(spans("one ` alone <b>")) == "one ` alone &lt;b&gt;"
+    assert str(spans("`\x1b[2J`")) == "<code>\\x1b[2J</code>"  # controls as visible escapes
