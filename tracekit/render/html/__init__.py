@@ -12,7 +12,9 @@ theoretical bubble, blame tables per stage and per link, and the run's metadata.
 Figures are made with bokeh and embedded statically with its inline resources (one tab per
 step), so the file works offline without a server and fetches nothing. Large runs are thinned before drawing:
 at most ``MAX_BARS`` bars, ``MAX_IDLE`` idle spans and ``MAX_MESSAGES`` messages per step,
-and ``MAX_DETAILED_STEPS`` steps; the report says where it did so.
+and ``MAX_DETAILED_STEPS`` steps; the report says where it did so. A thinned step keeps its
+bars at full resolution too (up to ``MAX_DETAIL_BARS``), drawn in place of the merged ones
+once the zoomed view holds at most ``MAX_BARS`` of them.
 
 Every string that comes from a trace (labels, file names, hosts, warnings, capture.json)
 reaches the page escaped: the page template autoescapes, bokeh escapes its JSON data, and
