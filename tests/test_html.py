@@ -310,11 +310,13 @@ def test_large_run_is_thinned_and_says_so(synthetic_256_ranks, tmp_path):
         assert len(view.idle) <= timeline.MAX_IDLE
         assert len(view.messages) <= timeline.MAX_MESSAGES
         assert view.bars["n"].sum() == (big.run.actions["step"] == view.step).sum()  # merged, not lost
+        assert view.detail is not None and len(view.detail) == view.bars["n"].sum()
     path = write_report(big, tmp_path / "big.html")
     page = path.read_text()
     assert path.stat().st_size < 15e6
     assert "timeline was thinned" in page
-    assert "merged into one grey bar" in page and "slowest of" in page and "idle spans are shaded" in page
+    assert "merged into one bar" in page and "slowest of" in page and "idle spans are shaded" in page
+    assert "Zoom in (Ctrl + scroll) to see every one" in page  # each step's actions kept at full resolution too
     assert "256 ranks" in page  # the long tables fold
     assert "stage 2 (rank 2)" in page  # the diagnosis still holds
 
@@ -422,7 +424,7 @@ def test_a_host_only_run_draws_its_cpu_work_and_bokeh_says_nothing(name, tmp_pat
 
 
 def test_report_carries_the_what_if_table(rendered):
-    """The slow-stage run's report predicts the balanced split near the balanced capture."""
+    """The slow-stage run's report predicts its ideal balance near the balanced capture."""
     import re
 
     run_dir = SAMPLES / "1f1b_slow_stage2"
@@ -431,7 +433,7 @@ def test_report_carries_the_what_if_table(rendered):
     _, path = rendered(run_dir)
     page = path.read_text()
     assert "What if: other schedules, m, a balanced split" in page
-    row = re.search(r'<td class="l">1F1B v=1 m=8 balanced</td><td>([\d.]+)%', page)
+    row = re.search(r'<td class="l">1F1B v=1 m=8 ideal balance</td><td>([\d.]+)%', page)
     assert row and 28.0 < float(row.group(1)) < 32.5  # the balanced 1f1b capture: 30.2%
     assert '<td class="l">model of the measured run</td>' in page
     assert 'id="whatif-note"' not in page
@@ -578,3 +580,265 @@ def test_a_step_with_two_roles_is_named_once():
     assert chosen == [0, 5, 7]
     assert notes[0].count("step 0") == 1 and "step 0 (first, slowest)" in notes[0]
     assert "3 of 8 steps" in notes[0]
+
+
+# ------------------------------------------------------------------ issue #28: the page's text and what-if table
+
+
+def test_the_best_what_if_rows_are_not_folded(rendered):
+    """The best what-if answer sat in the collapsed table: the measured row, the fastest
+    configuration and the best split now stand above it."""
+    run_dir = SAMPLES / "1f1b_slow_stage2"
+    if run_dir not in ready_samples():
+        pytest.skip(f"{run_dir} holds no traces")
+    _, path = rendered(run_dir)
+    page = path.read_text()
+    best = re.search(r'<table id="whatif-best">(.*?)</table>', page, flags=re.S)
+    assert best and page.index('<table id="whatif-best">') < page.index("predictions</summary>")
+    rows = re.findall(r'<td class="l">([^<]*)</td>', best.group(1))
+    assert rows == ["measured", "1F1B v=1 m=8 best split 5,4,3,4", "Interleaved1F1B v=2 m=8"]
+
+
+def test_report_and_whatif_command_give_one_meaning_and_one_number_per_name(rendered, tmp_path):
+    """The report's "1F1B v=1 m=8 balanced" (-20.8%: every rank at the mean) and
+    ``whatif --balanced``'s best split 5,4,3,4 (-16.8%) answered the same question
+    differently. Now the idealised row is the "ideal balance", the split the "best split",
+    and every row both outputs show has the same figures in both."""
+    from tracekit.cli import main
+
+    run_dir = SAMPLES / "1f1b_slow_stage2"
+    if run_dir not in ready_samples():
+        pytest.skip(f"{run_dir} holds no traces")
+    analysis, path = rendered(run_dir)
+    done = CliRunner().invoke(main, ["whatif", str(run_dir), "--balanced", "--json", "--no-progress"])
+    assert done.exit_code == 0, done.output
+    command = json.loads(done.output)
+    report = analysis.whatif
+    assert report.result.samples == command["replays_per_row"]
+    by_label = {p.label: p for p in report.result.predictions}
+    shared = [p for p in command["predictions"] if p["label"] in by_label]
+    assert len(shared) == len(command["predictions"]) == 6
+    for p in shared:
+        assert round(by_label[p["label"]].step_ns) == p["step_ns"], p["label"]
+    (search,) = command["split"]["searches"]
+    best = report.split.recommended
+    assert best.split == search["recommended"]["split"] == [5, 4, 3, 4]
+    assert round(best.prediction.step_ns) == search["recommended"]["step_ns"]
+    assert best.prediction.label == "1F1B v=1 m=8 best split 5,4,3,4"
+    page = path.read_text()
+    assert "1F1B v=1 m=8 best split 5,4,3,4</td><td>33.5% ±0.4%</td><td>612.3 ±4.5</td><td>-16.8%" in page
+    labels = re.findall(r'<td class="l">([^<]*)</td>', page)
+    assert "1F1B v=1 m=8 ideal balance" in labels
+    assert not [label for label in labels if label.endswith(" balanced")]
+
+
+@pytest.fixture(scope="module")
+def thinned_gpu_run():
+    """A real two-GPU nsys run without a pipeline (nsys-ai's MFU example): 9,364 kernels and
+    top-level CPU ops in its one step, drawn as 51 merged bars."""
+    from tracekit.analyze import analyze
+    from tracekit.commands.common import load_to_draw
+
+    trace = shared_or_skip("nsys", "nsysai_mfu_2gpu_before.sqlite")
+    return analyze(load_to_draw(trace, None, None, False))
+
+
+def test_metadata_and_warnings_read_as_text(thinned_gpu_run, tmp_path):
+    """A run without a pipeline showed nsys's per-process counts as a Python dict
+    ({'by_launch': 0, ...}) and the warnings' Markdown backticks as they are."""
+    page = write_report(thinned_gpu_run, tmp_path / "gpu.html").read_text()
+    profiler = page[page.index("<h3>Profiler</h3>") : page.index("<h3>Warnings</h3>")]
+    assert (
+        '<th class="l">nccl_p2p_kernels</th><td class="l">by_launch=0, by_name=0, '
+        "sendrecv_named_in_collectives=32, sendrecv_named_unplaced=1</td>" in profiler
+    )
+    assert "{" not in profiler and "&#39;" not in profiler
+    warnings = page[page.index("<h3>Warnings</h3>") : page.index("</main>")]
+    assert "`" not in warnings
+    assert "<code>FSDP::post_forward (blocks.10._checkpoint_wrapped_module)</code> ×2" in warnings
+
+
+def test_code_spans_are_shown_as_code_and_escaped():
+    spans = report.with_code_spans
+    assert str(spans("top: `a<b>` ×4, `c` ×2")) == "top: <code>a&lt;b&gt;</code> ×4, <code>c</code> ×2"
+    assert str(spans("`` a`b `` and `<i>`")) == "<code>a`b</code> and <code>&lt;i&gt;</code>"  # CommonMark fences
+    assert str(spans("one ` alone <b>")) == "one ` alone &lt;b&gt;"
+    assert str(spans("`\x1b[2J`")) == "<code>\\x1b[2J</code>"  # controls as visible escapes
+
+
+# ------------------------------------------------------------------ issue #28: what the timeline shows
+
+
+def _linear_rgb(color: str):
+    import numpy as np
+
+    srgb = np.array([int(color[i : i + 2], 16) for i in (1, 3, 5)]) / 255
+    return np.where(srgb <= 0.04045, srgb / 12.92, ((srgb + 0.055) / 1.055) ** 2.4)
+
+
+# Machado, Oliveira and Fernandes (2009), severity 1, on linear RGB: how people with each
+# dichromacy see a colour.
+_DICHROMACY = {
+    "protanopia": [[0.152286, 1.052583, -0.204868], [0.114503, 0.786281, 0.099216], [-0.003882, -0.048116, 1.051998]],
+    "deuteranopia": [[0.367322, 0.860646, -0.227968], [0.280085, 0.672501, 0.047413], [-0.011820, 0.042940, 0.968881]],
+    "tritanopia": [[1.255528, -0.076749, -0.178779], [-0.078411, 0.930809, 0.147602], [0.004733, 0.691367, 0.303900]],
+}
+
+
+def _lab(linear):
+    """CIELAB (D65) of a linear RGB colour."""
+    import numpy as np
+
+    xyz = np.array([[0.4124, 0.3576, 0.1805], [0.2126, 0.7152, 0.0722], [0.0193, 0.1192, 0.9505]]) @ np.clip(
+        linear, 0, 1
+    )
+    t = xyz / np.array([0.95047, 1.0, 1.08883])
+    f = np.where(t > (6 / 29) ** 3, np.cbrt(t), t / (3 * (6 / 29) ** 2) + 4 / 29)
+    return np.array([116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])])
+
+
+def _delta_e(a: str, b: str, vision: str | None = None) -> float:
+    """CIE76 colour difference of two colours, as seen with ``vision`` (None: typical)."""
+    import numpy as np
+
+    see = np.eye(3) if vision is None else np.array(_DICHROMACY[vision])
+    return float(np.linalg.norm(_lab(see @ _linear_rgb(a)) - _lab(see @ _linear_rgb(b))))
+
+
+def test_every_idle_cause_has_its_own_colour_also_for_colour_blind_readers(dualpipev_views):
+    """Warm-up (#C7C7C7) and drain (#A5A5A5) were two greys 12.5 apart, drawn at 55% over
+    white: nearly the same. Every two causes now differ by 15 or more (CIE76; about 2.3 is
+    just noticeable), also as protanopes, deuteranopes and tritanopes see them, and the
+    timeline draws them at full strength."""
+    import itertools
+
+    from tracekit.vocab import CATEGORIES
+
+    colors = {cause: charts.CAUSE_COLORS[cause] for cause in CATEGORIES}
+    assert len(set(colors.values())) == len(CATEGORIES)
+    for vision in (None, *_DICHROMACY):
+        closest = min((_delta_e(colors[a], colors[b], vision), a, b) for a, b in itertools.combinations(CATEGORIES, 2))
+        assert closest[0] >= 15, (vision, closest)
+    _, views = dualpipev_views
+    fig = charts._timeline_figure(views[0])
+    drawn = {
+        r.glyph.fill_color: r.glyph.fill_alpha
+        for r in fig.renderers
+        if getattr(r.glyph, "fill_color", None) in set(colors.values())
+    }
+    assert set(drawn) == set(colors.values())  # DualPipeV's step 2 has idle of every cause
+    assert set(drawn.values()) == {1.0}
+
+
+def _renderer_order(fig):
+    """Each renderer's glyph kind and colour, in the order the figure draws them."""
+    out = []
+    for r in fig.renderers:
+        glyph = r.glyph
+        color = getattr(glyph, "line_color", None) if type(glyph).__name__ != "Text" else None
+        out.append((type(glyph).__name__, color))
+    return out
+
+
+def test_labels_are_drawn_over_a_thin_critical_path(dualpipev_views):
+    """The critical path's 2.5 px outline and links were drawn after the labels, through
+    them: now they are thinner and under every label, and each label sits on a box of its
+    bar's colour that no line crosses."""
+    _, views = dualpipev_views
+    fig = charts._timeline_figure(views[0])
+    order = _renderer_order(fig)
+    texts = [i for i, (kind, _) in enumerate(order) if kind == "Text"]
+    lines = [i for i, (kind, color) in enumerate(order) if color in (charts.CRITICAL_COLOR, charts.MESSAGE_COLOR)]
+    assert texts and lines and min(texts) > max(lines)
+    critical = [r.glyph for r in fig.renderers if getattr(r.glyph, "line_color", None) == charts.CRITICAL_COLOR]
+    assert len(critical) == 2 and all(g.line_width <= 1.5 for g in critical)
+    for r in fig.renderers:
+        if type(r.glyph).__name__ == "Text":
+            assert r.glyph.background_fill_color == "color"  # the bar's own colour, from the source
+
+
+def _initial_labels(fig) -> list[str]:
+    """The labels the timeline shows at its full view (each text renderer's filtered rows)."""
+    shown = []
+    for r in fig.renderers:
+        if type(r.glyph).__name__ == "Text":
+            column = r.data_source.data[r.glyph.text]  # the text's column
+            shown += [str(column[i]) for i in r.view.filter.indices]
+    return shown
+
+
+def test_narrow_bars_carry_a_short_label_and_every_bar_names_itself(loaded_runs):
+    """1f1b_slow_stage2's forwards on ranks 0, 1 and 3 are about 20 px wide: too narrow for
+    "F0.3", they had no label. Now each carries its microbatch ("3") and every bar's hover
+    gives its full name."""
+    run_dir = SAMPLES / "1f1b_slow_stage2"
+    if run_dir not in ready_samples():
+        pytest.skip(f"{run_dir} holds no traces")
+    _, analysis = loaded_runs(run_dir)
+    view = timeline.step_views(analysis)[0][0]
+    bars = view.bars
+    assert (bars["name"].str.len() > 0).all()
+    assert bars["name"].iloc[0] == "F0.0: forward, stage 0, microbatch 0"
+    fig = charts._timeline_figure(view)
+    labels = _initial_labels(fig)
+    forwards = bars[bars["kind"] == "F"]
+    assert len(forwards) == 32 and len(labels) == len(bars)  # every action labelled
+    assert {str(m) for m in range(8)} <= set(labels) and "F2.0" in labels and "B0.0" in labels
+    for r in fig.renderers:
+        if "name_id" in r.data_source.data:  # the bars: the hover looks the name up
+            (hover,) = [t for t in fig.tools if type(t).__name__ == "HoverTool" and r in t.renderers]
+            assert hover.tooltips[0] == ("", "@name_id{custom}")
+            assert "names[value]" in hover.formatters["@name_id"].code
+
+
+# A GPU run, zoomed in
+
+
+def test_a_thinned_step_keeps_every_op_for_the_zoomed_view(thinned_gpu_run):
+    views, _ = timeline.step_views(thinned_gpu_run)
+    (view,) = views
+    n_in, n_out = view.thinned["bars"]
+    assert n_out == len(view.bars) <= timeline.MAX_BARS < n_in
+    assert view.detail is not None and len(view.detail) == n_in == view.bars["n"].sum()
+    assert (view.detail["n"] == 1).all() and (view.detail["name"].str.len() > 0).all()
+    note = " ".join(timeline.thinning_notes(views))
+    assert "Zoom in (Ctrl + scroll) to see every one" in note
+
+
+ZOOM_SCRIPT = """<script>
+setTimeout(() => {
+  const doc = Bokeh.documents[0];
+  const xr = doc.get_model_by_name("step %(step)s time");
+  const shown = () => {
+    const rows = [];
+    for (const m of doc.all_models)
+      if (m.type == "IndexFilter" && m.indices != null) rows.push(m.indices.length);
+    return rows.join("+");
+  };
+  const before = shown();
+  xr.start = %(start)s; xr.end = %(end)s;
+  setTimeout(() => {
+    document.body.setAttribute("data-zoomed", before + "/" + shown());
+  }, 800);
+}, 1000);
+</script></body>"""
+
+
+@needs_chromium
+def test_zooming_in_reveals_every_kernel_in_view(thinned_gpu_run, tmp_path):
+    """In the page, zoomed to 10 of the step's 290 ms, the bars drawn are the kernels and ops
+    in view (about 430), not the 51 merged bars; and the page stays small."""
+    views, _ = timeline.step_views(thinned_gpu_run)
+    detail = views[0].detail
+    page = report.render_report(thinned_gpu_run)
+    assert len(page.encode()) < 2.0e6  # 1.53 MB; without the full-resolution bars, 1.29 MB
+    path = tmp_path / "zoomed.html"
+    path.write_text(page.replace("</body>", ZOOM_SCRIPT % {"step": views[0].step, "start": 100, "end": 110}))
+    result = chromium("--dump-dom", "--window-size=1400,1000", path.as_uri())
+    assert console_errors(result.stderr) == []
+    found = re.search(r'data-zoomed="([^"]*)/([^"]*)"', result.stdout)
+    assert found, result.stderr[-2000:]
+    before, after = (sum(int(n) for n in part.split("+")) for part in found.groups())
+    in_view = ((detail["x1"] >= 100) & (detail["x0"] <= 110)).sum()
+    assert before == len(views[0].bars) == 51
+    assert after == in_view > 8 * before

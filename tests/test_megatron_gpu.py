@@ -163,7 +163,7 @@ def test_with_stack_frames_the_actions_come_from_megatron_and_the_answers_hold(m
     run = load(folder)
     assert run.labels == "megatron-torch"
     sc = SCENARIOS[name]
-    for (rank, step), got in run.actions.sort_values("start_ns").groupby(["rank", "step"]):
+    for (rank, _step), got in run.actions.sort_values("start_ns").groupby(["rank", "step"]):
         found = [(int(a.stage), a.kind, int(a.microbatch)) for a in got.itertuples()]
         assert found == [item for what, item in megatron_sequence(sc, int(rank)) if what == "action"]
     _, plain, _ = made(name)

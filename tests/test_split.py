@@ -116,7 +116,8 @@ def test_layer_costs_of_a_split_backward_run_add_input_and_weight_grad():
 def test_balanced_falls_back_where_the_ops_show_no_layers():
     """1f1b_layer_labels: its actions come from the hand-written per-layer labels, whose
     spans cut the layers unevenly (2 forward blocks, 3 backward on stage 0): no per-layer
-    costs, so --balanced keeps the rank-balanced rows and says why."""
+    costs, so --balanced keeps the ideal-balance rows and says why; the fastest step it
+    names is a configuration to run, never an ideal balance (a bound)."""
     with pytest.raises(TracekitError, match="repeat 2 times but its B actions 3 times"):
         layer_costs_from_ops(load(SAMPLES / "1f1b_layer_labels"))
     result = CliRunner().invoke(
@@ -125,7 +126,9 @@ def test_balanced_falls_back_where_the_ops_show_no_layers():
         + ["--replays", "4", "--no-progress"],
     )
     assert result.exit_code == 0, result.output
-    assert "1F1B v=1 m=8 balanced" in result.output and "no per-layer costs" in result.output
+    assert "1F1B v=1 m=8 ideal balance" in result.output and "no per-layer costs" in result.output
+    fastest = next(line for line in result.output.splitlines() if "fastest step" in line)
+    assert "1F1B v=1 m=8," in fastest and "ideal balance" not in fastest
 
 
 def test_layer_costs_of_the_uneven_sample_find_its_split():

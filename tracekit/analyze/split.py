@@ -165,6 +165,18 @@ def ranges(split: Sequence[int]) -> list[str]:
     return out
 
 
+def default_split_target(model: CostModel) -> tuple[str, int, int]:
+    """The (schedule, v, m) a split is searched for when none is asked for: the measured
+    configuration where a split can be replayed on it, else 1F1B at the measured m."""
+    if model.schedule in SPLIT_TARGETS:
+        try:
+            check_target(model, model.schedule, model.v, model.m)
+            return model.schedule, model.v, model.m
+        except TracekitError:
+            pass
+    return "1F1B", 1, model.m
+
+
 @dataclass(frozen=True)
 class SplitCandidate:
     """One split, its stage costs and its replayed bubble and step time."""
@@ -259,7 +271,7 @@ def score(
         )
     check_split(layers, split, model.p * v)
     costs = stage_costs(layers, split)
-    label = f"{schedule} v={v} m={m} split {','.join(str(n) for n in split)}"
+    label = f"{schedule} v={v} m={m} split {_commas(split)}"
     prediction = predict(model, schedule, v, m, keep, samples, seed, stage_costs=costs, label=label)
     totals = [int(costs[(s, "F")] + costs[(s, "B")]) for s in range(len(split))]
     return SplitCandidate(list(split), role, totals, prediction)
@@ -307,10 +319,12 @@ def search_split(
     # measured one is no recommendation (the slowest stage does not decide the step alone)
     best = min(scored, key=lambda c: c.prediction.step_ns)
     ordered = [best, *sorted((c for c in scored if c is not best), key=lambda c: c.prediction.step_ns)]
-    out = [
-        replace(c, role="recommended" if c is best else c.role, matches=tuple(references.get(tuple(c.split), ())))
-        for c in ordered
-    ]
+    out = [replace(c, matches=tuple(references.get(tuple(c.split), ()))) for c in ordered]
+    out[0] = replace(
+        out[0],
+        role="recommended",
+        prediction=replace(best.prediction, label=f"{schedule} v={v} m={m} best split {_commas(best.split)}"),
+    )
     return SplitSearch(schedule, v, m, optimum, out)
 
 
@@ -372,6 +386,10 @@ def split_report(
         "layer costs (relative spread, overheads and message latencies as measured)",
     ]
     return SplitReport(layers, searches, predicted, assumptions)
+
+
+def _commas(split: Sequence[int]) -> str:
+    return ",".join(str(n) for n in split)
 
 
 def parse_split(text: str) -> list[int]:

@@ -17,9 +17,11 @@ points of the runs captured with the other schedules (tested; see README).
 
 The measured p is kept: changing the number of ranks is out of scope (refused in one line).
 
-``balanced=True`` adds, for every target, the same schedule with the stages re-split so that
-every rank computes the mean (the run's total compute kept): how much a better split of the
-layers would buy.
+``balanced=True`` adds, for every target, its *ideal balance*: the same schedule with every
+rank computing the mean (the run's total compute kept, as if layers could be cut anywhere),
+a bound on what a better split of the layers could buy. The best split in whole layers, what
+``tracekit whatif --balanced`` recommends, is :mod:`tracekit.analyze.split`'s; the report
+shows both, each under its own name.
 
 ``keep="global-batch"`` (default): the step processes the same samples, so a microbatch's
 compute scales with measured m / target m; ``keep="microbatch"``: microbatches keep their
@@ -31,7 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -44,6 +46,9 @@ from tracekit.analyze.theory import theoretical_bubble
 from tracekit.errors import TracekitError
 from tracekit.model.run import Run
 
+if TYPE_CHECKING:
+    from tracekit.analyze.split import SplitSearch
+
 # Targets with whole backwards (the findings in diagnosis.py replay these), and every target
 # (the zero-bubble family too: backward split into I and W, DualPipeV's fused pairs).
 TARGETS = ("GPipe", "1F1B", "Interleaved1F1B")
@@ -51,6 +56,9 @@ ALL_TARGETS = TARGETS + ZERO_BUBBLE
 KEEPS = ("global-batch", "microbatch")
 DEFAULT_SAMPLES = 32
 K = TypeVar("K", bound=Hashable)  # a cost pool's key
+# What a row with every rank at the mean compute is called (the best split in whole layers is
+# "best split 5,4,3,4": tracekit.analyze.split)
+IDEAL_BALANCE = "ideal balance"
 
 
 @dataclass
@@ -71,6 +79,7 @@ class Prediction:
     messages_per_step: int | None = None  # cross-rank messages one step passes
     in_flight: int | None = None  # most (stage, microbatch) activations one rank holds (tracekit.analyze.memory)
     activation_bytes: int | None = None  # their bytes, where an activation size is known (--search)
+    ideal_balance: bool = False  # every rank at the mean compute: a bound, not a configuration to run
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -278,7 +287,7 @@ def predict(
     label: str | None = None,
 ) -> Prediction:
     """Replay ``schedule`` with ``v`` chunks a rank and ``m`` microbatches on the measured
-    costs; ``balanced``: with layers moved between stages so every rank computes the same;
+    costs; ``balanced``: its ideal balance, every rank computing the mean;
     ``activation``: also the activation bytes the order holds on its fullest rank.
     ``stage_costs``: (target stage, "F" | "B") -> one microbatch's compute of that stage at
     the measured m, ns (a split of the layers, :mod:`tracekit.analyze.split`): each action's
@@ -314,7 +323,7 @@ def predict(
         graph, model, rng, samples, scale, v, rank_of, fused if fused.any() else None, work_kinds=work_kinds
     )
     theory = theoretical_bubble(schedule, model.p, v, m).bubble_ratio
-    label = label or f"{schedule} v={v} m={m}" + (" balanced" if balanced else "")
+    label = label or f"{schedule} v={v} m={m}" + (f" {IDEAL_BALANCE}" if balanced else "")
     in_flight, bytes_held = peak_activation_bytes(
         orders, activation or ActivationSize(0, ""), v, m, model.m, keep, model.ranks
     )
@@ -335,7 +344,20 @@ def predict(
         messages_per_step=len(graph.edge_src),
         in_flight=in_flight,
         activation_bytes=None if activation is None else bytes_held,
+        ideal_balance=balanced,
     )
+
+
+def fastest(predictions: Sequence[Prediction], keep: str) -> Prediction | None:
+    """The prediction a user could run fastest: the shortest step (``keep="global-batch"``) or
+    time per microbatch (``"microbatch"``: the steps do different work); ideal-balance rows
+    are bounds, not configurations, and never the answer."""
+    runnable = [p for p in predictions if not p.ideal_balance]
+    if not runnable:
+        return None
+    if keep == "global-batch":
+        return min(runnable, key=lambda p: p.step_ns)
+    return min(runnable, key=lambda p: p.step_ns / p.m)
 
 
 def check_target(model: CostModel, schedule: str, v: int, m: int) -> None:
@@ -422,7 +444,7 @@ def what_if(
     progress: Callable[[str], None] | None = None,
 ) -> WhatIf:
     """Predict every target (schedule, v, m) (default: :func:`default_targets`; the
-    zero-bubble family, :func:`zero_bubble_targets`, when asked for); targets that cannot be generated are skipped with the reason. ``balanced``: every target also with stages re-split evenly.
+    zero-bubble family, :func:`zero_bubble_targets`, when asked for); targets that cannot be generated are skipped with the reason. ``balanced``: every target also at its ideal balance.
     ``model`` and ``bubbles`` (the run's cost model and measured bubble table), when the
     caller has them already. ``links``: every prediction with the message latencies changed
     (the measured order too, as a row of its own; the model-of-the-measured row keeps the
@@ -490,8 +512,8 @@ def what_if(
     if balanced:
         factors = balance_factors(model)
         assumptions.append(
-            "'balanced' rows: layers moved between stages so every rank computes the same; "
-            + ", ".join(f"rank {r} x{f:.2f}" for r, f in factors.items())
+            f"'{IDEAL_BALANCE}' rows: every rank computes the mean (the total kept, as if layers could be cut "
+            "anywhere; a bound on what a split buys): " + ", ".join(f"rank {r} x{f:.2f}" for r, f in factors.items())
         )
     if model.held_back:
         assumptions.append(
@@ -630,28 +652,34 @@ def search(
     return result
 
 
-# The report's what-if: each default target twice (as is and balanced), within about this
-# many replayed actions in all, and at most this many replays per row.
+# The report's what-if: each default target twice (as is and at its ideal balance), and the
+# best split of the layers, within about this many replayed actions in all; as many replays
+# a row as tracekit whatif makes where that fits, so that a row of both has one figure.
 REPORT_REPLAY_BUDGET = 1_000_000
-REPORT_REPLAYS = 16
+REPORT_REPLAYS = DEFAULT_SAMPLES
 # Fewer replays per row than this say too little about the spread to be worth a table.
 REPORT_MIN_REPLAYS = 4
 
 
 @dataclass(frozen=True)
 class ReportWhatIf:
-    """The what-if table of a report (the default targets, as is and balanced), or why
-    there is none: ``note`` says what a reader of the report should know instead."""
+    """The what-if table of a report (the default targets, as is and at their ideal balance,
+    and the best split of the layers: ``tracekit whatif --balanced``), or why there is none:
+    ``note`` says what a reader of the report should know instead, ``split_note`` why the
+    best split is missing."""
 
     result: WhatIf | None
     note: str = ""
+    split: SplitSearch | None = None
+    split_note: str = ""
 
 
 def report_what_if(
     run: Run, graphs: list[StepGraph], bubbles: pd.DataFrame, progress: Callable[[str], None] | None = None
 ) -> ReportWhatIf:
-    """The default what-if (``tracekit whatif --balanced``) on the step graphs the
-    attribution replayed; a run that cannot be varied gets the reason instead."""
+    """The default what-if with ideal balance rows, and the best split of the layers on the
+    configuration ``tracekit whatif --balanced`` searches, on the step graphs the attribution
+    replayed; a run that cannot be varied gets the reason instead."""
     try:
         model = cost_model(run, graphs)
     except TracekitError as err:
@@ -669,4 +697,23 @@ def report_what_if(
         result = what_if(run, targets, samples=samples, balanced=True, model=model, bubbles=bubbles, progress=progress)
     except TracekitError as err:
         return ReportWhatIf(None, f"What if: not computed: {err}")
-    return ReportWhatIf(result)
+    split, split_note = _best_split(run, model, samples, progress)
+    return ReportWhatIf(result, split=split, split_note=split_note)
+
+
+def _best_split(
+    run: Run, model: CostModel, samples: int, progress: Callable[[str], None] | None
+) -> tuple[SplitSearch | None, str]:
+    """The split search ``tracekit whatif --balanced`` makes (its target, layer costs from the
+    run's ops), or None and why not."""
+    from tracekit.analyze.layers import layer_costs_from_ops
+    from tracekit.analyze.split import default_split_target, search_split
+
+    try:
+        layers = layer_costs_from_ops(run)
+        schedule, v, m = default_split_target(model)
+        if progress:
+            progress(f"what-if: the best split of the layers for {schedule} v={v} m={m}")
+        return search_split(model, layers, schedule, v, m, samples=samples), ""
+    except TracekitError as err:
+        return None, f"Best split of the layers (tracekit whatif --balanced): not computed here: {err}"

@@ -267,21 +267,17 @@ def load_with_progress(
     rank_map: str | None,
     progress: bool | None,
     rows: str = "reduce",
-    reduce_device: bool = True,
 ):
     """Load and reconstruct a run, with a progress bar (bytes read) on long loads.
 
     ``rows="all"``: every event, not only the analysis's working set (an output that shows
-    the trace's own ops); ``"analysis"``: the working set's events (outputs that draw them).
-    ``reduce_device=False``: a rank with device work, or a host rank of a run without a
-    pipeline, keeps its working set under "reduce" (an output that draws its host ops: the
-    report)."""
+    the trace's own ops); ``"analysis"``: the working set's events (outputs that draw them)."""
     from dataclasses import replace
 
     from tracekit.ingest import discover
     from tracekit.loading import load
 
-    options = replace(load_options(rank_from, rank_map), rows=rows, reduce_device=reduce_device)
+    options = replace(load_options(rank_from, rank_map), rows=rows)
     _refuse_cache_in_run(options.cache_dir, path)
     show = sys.stderr.isatty() if progress is None else progress
     if not show:
@@ -305,13 +301,16 @@ ONE_PASS_FILES = 32
 def load_to_draw(path: Path, rank_from: str | None, rank_map: str | None, progress: bool | None):
     """Load a run for an output that draws its ops (the HTML report): a GPU rank's kernels
     and the host ops of a run without a pipeline. A run of at most :data:`ONE_PASS_FILES`
-    files keeps every such rank's working set; a larger one is reduced like any analysis,
-    and :func:`add_drawn_ops` reads the ranks drawn again once the analysis says which."""
+    files keeps every rank's working set (the ops inside a pipeline's actions give the
+    report's best split of the layers, as ``whatif --balanced`` reads them); a larger one is
+    reduced like any analysis, and :func:`add_drawn_ops` reads the ranks drawn again once
+    the analysis says which."""
     from tracekit.ingest import discover
 
     options = load_options(rank_from, rank_map)
-    small = len(discover(path, options.iteration, rank_from)) <= ONE_PASS_FILES
-    return load_with_progress(path, rank_from, rank_map, progress, reduce_device=not small)
+    if len(discover(path, options.iteration, rank_from)) <= ONE_PASS_FILES:
+        return load_with_progress(path, rank_from, rank_map, progress, rows="analysis")
+    return load_with_progress(path, rank_from, rank_map, progress)
 
 
 def add_drawn_ops(analysis, path: Path, rank_from: str | None, rank_map: str | None, say) -> None:

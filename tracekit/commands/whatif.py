@@ -271,8 +271,8 @@ def _split(run, model, targets, balanced, splits, layer_costs, keep, replays, se
     """The split search and the given splits (a SplitReport), or, for --balanced on a run
     whose layers cannot be read, None and the note that the rank-balanced rows stand in."""
     from tracekit.analyze.layers import layer_costs_from_ops, read_layer_costs
-    from tracekit.analyze.split import SPLIT_TARGETS, parse_split, split_report
-    from tracekit.analyze.whatif import check_target
+    from tracekit.analyze.split import SPLIT_TARGETS, default_split_target, parse_split, split_report
+    from tracekit.analyze.whatif import IDEAL_BALANCE
     from tracekit.errors import TracekitError
 
     given = [parse_split(text) for text in splits]
@@ -285,14 +285,11 @@ def _split(run, model, targets, balanced, splits, layer_costs, keep, replays, se
             if given or not balanced:
                 raise
             return None, (
-                f"no per-layer costs ({err}); the 'balanced' rows re-split so every rank computes the same instead"
+                f"no per-layer costs ({err}); the '{IDEAL_BALANCE}' rows stand in for the best split: "
+                "every rank computes the same"
             )
-    if targets is None:  # the measured configuration where a split can be replayed on it, else 1F1B
-        targets = [(model.schedule, model.v, model.m) if model.schedule in SPLIT_TARGETS else ("1F1B", 1, model.m)]
-        try:
-            check_target(model, *targets[0])
-        except TracekitError:
-            targets = [("1F1B", 1, model.m)]
+    if targets is None:
+        targets = [default_split_target(model)]
     targets = [t for t in targets if t[0] in SPLIT_TARGETS]
     if not targets:
         raise TracekitError(f"--balanced / --split replay {', '.join(SPLIT_TARGETS)}; add one of them with -s")

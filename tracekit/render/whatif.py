@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tracekit.analyze.whatif import fastest
 from tracekit.text import for_terminal
 from tracekit.vocab import format_bytes
 from tracekit.version import __version__
@@ -49,15 +50,14 @@ def render(result) -> str:
                 theory,
             )
         )
-    if result.predictions and result.keep == "global-batch":
-        best = min(result.predictions, key=lambda p: p.step_ns)
+    best = fastest(result.predictions, result.keep)
+    if best is not None and result.keep == "global-batch":
         lines += [
             "",
             f"  fastest step (--keep global-batch): {best.label}, {_ms(best.step_ns)} "
             f"({best.step_ns / result.measured_step_ns - 1:+.1%} against the measured step)",
         ]
-    elif result.predictions:  # microbatches keep their size: compare time per microbatch
-        best = min(result.predictions, key=lambda p: p.step_ns / p.m)
+    elif best is not None:  # microbatches keep their size: compare time per microbatch
         per_mb = result.measured_step_ns / m.m
         lines += [
             "",

@@ -12,7 +12,9 @@ theoretical bubble, blame tables per stage and per link, and the run's metadata.
 Figures are made with bokeh and embedded statically with its inline resources (one tab per
 step), so the file works offline without a server and fetches nothing. Large runs are thinned before drawing:
 at most ``MAX_BARS`` bars, ``MAX_IDLE`` idle spans and ``MAX_MESSAGES`` messages per step,
-and ``MAX_DETAILED_STEPS`` steps; the report says where it did so.
+and ``MAX_DETAILED_STEPS`` steps; the report says where it did so. A thinned step keeps its
+bars at full resolution too (up to ``MAX_DETAIL_BARS``), drawn in place of the merged ones
+once the zoomed view holds at most ``MAX_BARS`` of them.
 
 Every string that comes from a trace (labels, file names, hosts, warnings, capture.json)
 reaches the page escaped: the page template autoescapes, bokeh escapes its JSON data, and
@@ -23,6 +25,7 @@ visible escapes (:func:`tracekit.text.for_xml`), on the page and in the timeline
 
 from __future__ import annotations
 
+import re
 from importlib.resources import files
 
 import jinja2
@@ -125,6 +128,27 @@ def _visible_controls(value):
     return for_xml(value) if isinstance(value, str) and not hasattr(value, "__html__") else value
 
 
+# A Markdown code span, as the plain-text outputs write a name (`FSDP::post_forward` x4): a
+# run of backticks, then the text up to a run of as many (CommonMark's rule).
+_CODE_SPAN = re.compile(r"(?<!`)(`+)(?!`)(.+?)(?<!`)\1(?!`)", re.DOTALL)
+
+
+def with_code_spans(text: str):
+    """``text`` for the page, escaped, its Markdown code spans shown as ``<code>`` (the
+    backticks dropped) rather than as literal backticks; controls as visible escapes."""
+    from markupsafe import Markup, escape
+
+    parts, at = [], 0
+    for span in _CODE_SPAN.finditer(text):
+        code = span.group(2)
+        if code.startswith(" ") and code.endswith(" ") and code.strip():
+            code = code[1:-1]  # CommonMark drops one space each side, there to hold a backtick off the fence
+        parts += [escape(for_xml(text[at : span.start()])), Markup("<code>{}</code>").format(for_xml(code))]
+        at = span.end()
+    parts.append(escape(for_xml(text[at:])))
+    return Markup("").join(parts)
+
+
 def _page_template() -> jinja2.Template:
     """The page, autoescaped: only bokeh's own output is marked safe."""
     from markupsafe import Markup, escape
@@ -136,5 +160,6 @@ def _page_template() -> jinja2.Template:
         undefined=jinja2.StrictUndefined,
         finalize=_visible_controls,
     )
+    env.filters["code_spans"] = with_code_spans
     env.globals["root_div"] = lambda root: Markup(_ROOT_DIV.format(escape(root.elementid), escape(root.id)))
     return env.from_string(files("tracekit.render").joinpath("templates", TEMPLATE).read_text(encoding="utf-8"))

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 
 from tracekit.analyze import Analysis
-from tracekit.render.html.views import TIMELINE_WIDTH_PX, StepView
+from tracekit.render.html.views import MAX_BARS, TIMELINE_WIDTH_PX, StepView
 from tracekit.vocab import ACTION_KIND_NAMES, CATEGORIES
 
 
@@ -26,18 +26,26 @@ KIND_NAMES = {
     "cpu": "CPU ops (top level)",
     "kernel": "GPU work",
 }
-# Bars at least this wide (pixels, unzoomed) carry their action as text, up to this many.
-LABEL_MIN_PX = 30
+# A bar carries its action as text where the text fits: "F2.3" (kind, stage, microbatch), or
+# on a narrower bar its microbatch alone ("3"; the hover names it in full). Widths are
+# estimated at the labels' 8pt: about 6 px a character and 2 px each side. At most this many
+# bars a step are labelled (past it, none: the labels would be the picture).
+LABEL_CHAR_PX = 6
+LABEL_PAD_PX = 4
 MAX_TEXT_LABELS = 600
+# Idle causes, each its own colour, light enough for the action bars to stand out: Paul Tol's
+# colour-blind safe light and muted schemes, picked so that every two of them differ by at
+# least 16 (CIE76 delta E) as drawn, also as people with protanopia, deuteranopia or
+# tritanopia see them (tests/test_html.py checks it).
 CAUSE_COLORS = {
     "busy": "#4C78A8",
-    "warmup": "#C7C7C7",
-    "drain": "#A5A5A5",
-    "schedule_gaps": "#EECA3B",
-    "imbalance": "#FF6B8A",
-    "comm": "#B279A2",
-    "overhead": "#9C755F",
-    "idle": "#D9D9D9",
+    "warmup": "#99DDFF",
+    "drain": "#77AADD",
+    "schedule_gaps": "#EEDD88",
+    "imbalance": "#EE99AA",
+    "comm": "#CCDDAA",
+    "overhead": "#CC6677",
+    "idle": "#DDDDDD",
 }
 CAUSE_NAMES = {
     "busy": "busy",
@@ -50,6 +58,9 @@ CAUSE_NAMES = {
     "idle": "idle",
 }
 CRITICAL_COLOR = "#D62728"
+# The critical path: a thin outline round its actions and thin links between them, under
+# the bars' labels.
+CRITICAL_LINE_PX = 1.5
 MESSAGE_COLOR = "#333333"
 
 
@@ -62,6 +73,12 @@ MESSAGE_COLOR = "#333333"
 ZOOM_MODIFIERS = {"ctrl": True}
 # Legend entries per row under the timeline: ~170 px each fits the plotting area's width.
 LEGEND_COLUMNS = 6
+BAR_TOOLTIPS = [
+    ("", "@name"),
+    ("rank", "@rank"),
+    ("length", "@dur_ms{0.000} ms"),
+    ("start", "@x0{0.000} ms"),
+]
 IDLE_TOOLTIPS = [
     ("idle", "@cause"),
     ("rank", "@rank"),
@@ -87,10 +104,10 @@ def _source(frame: pd.DataFrame):
     return ColumnDataSource({c: frame[c].to_numpy() for c in frame.columns})
 
 
-def _hover(fig, renderer, tooltips) -> None:
+def _hover(fig, renderer, tooltips, formatters: dict | None = None) -> None:
     from bokeh.models import HoverTool
 
-    fig.add_tools(HoverTool(renderers=[renderer], tooltips=tooltips))
+    fig.add_tools(HoverTool(renderers=[renderer], tooltips=tooltips, formatters=formatters or {}))
 
 
 def _legend(fig, items: list[tuple[str, list]], place: str, columns: int | None = None) -> None:
@@ -166,7 +183,7 @@ def _timeline_figure(view: StepView):
     fig = _figure(
         frame_width=TIMELINE_WIDTH_PX,
         frame_height=int(min(max(34 * shown, 150), 1400)),
-        x_range=Range1d(x_lo, x_hi, bounds=(x_lo, x_hi)),
+        x_range=Range1d(x_lo, x_hi, bounds=(x_lo, x_hi), name=f"step {view.step} time"),
         y_range=y_range,
         x_axis_label="ms since the step window's start",
         title=f"step {view.step}: {window_ms:.1f} ms, {100 * view.bubble_ratio:.1f}% idle"
@@ -184,55 +201,27 @@ def _timeline_figure(view: StepView):
     fig.yaxis.major_label_overrides = {i: view.lanes[i] for i in range(0, n, every)}
     items: dict[str, list] = {}
 
-    def quads(frame: pd.DataFrame, label: str, tooltips, **style):
-        renderer = fig.quad(left="x0", right="x1", bottom="y0", top="y1", source=_source(frame), **style)
+    def quads(source, label: str, tooltips, **style):
+        renderer = fig.quad(left="x0", right="x1", bottom="y0", top="y1", source=source, **style)
         items.setdefault(label, []).append(renderer)
         if tooltips:
             _hover(fig, renderer, tooltips)
+        return renderer
 
+    # drawn in this order, each over the ones before: idle, bars, messages, the critical
+    # path, and the bars' labels on top, on a box of their bar's colour, so that no line
+    # crosses a label
     for cause in CATEGORIES:
         part = view.idle[view.idle["cause"] == cause]
         if len(part):
             quads(
-                part,
+                _source(part),
                 f"idle: {CAUSE_NAMES[cause]}",
                 IDLE_TOOLTIPS,
                 fill_color=CAUSE_COLORS[cause],
                 line_alpha=0,
-                fill_alpha=0.55,
             )
-    for kind in KIND_COLORS:
-        part = view.bars[view.bars["kind"] == kind]
-        if len(part):
-            quads(
-                part,
-                KIND_NAMES[kind],
-                [
-                    ("action", "@kind"),
-                    ("rank", "@rank"),
-                    ("stage", "@stage"),
-                    ("microbatch", "@microbatch"),
-                    ("compute", "@dur_ms{0.000} ms"),
-                    ("start", "@x0{0.000} ms"),
-                    ("label", "@label"),
-                ],
-                fill_color=KIND_COLORS[kind],
-                line_color="white",
-                line_width=0.5,
-            )
-    text = _bar_text(view)
-    if len(text):
-        fig.text(
-            x="x",
-            y="y",
-            text="text",
-            source=_source(text),
-            text_color="white",
-            text_font_size="8pt",
-            text_alpha=0.95,
-            text_align="center",
-            text_baseline="middle",
-        )
+    layers = _bar_layers(fig, view, quads)
     if len(view.messages):
         renderer = fig.segment(
             x0="x0",
@@ -263,12 +252,12 @@ def _timeline_figure(view: StepView):
             y1="y1",
             source=_source(view.critical_links),
             line_color=CRITICAL_COLOR,
-            line_width=2.5,
+            line_width=CRITICAL_LINE_PX,
             line_alpha=0.9,
         )
         items["critical path"] = [links]
         quads(
-            view.critical_bars,
+            _source(view.critical_bars),
             "critical path",
             [
                 ("critical path", "@action on rank @rank"),
@@ -278,31 +267,163 @@ def _timeline_figure(view: StepView):
             ],
             fill_alpha=0,
             line_color=CRITICAL_COLOR,
-            line_width=2.5,
+            line_width=CRITICAL_LINE_PX,
         )
+    labels = _bar_labels(fig, view)
+    if labels is not None or layers:
+        _redraw_on_zoom(fig, labels, layers)
     if items:
         _legend(fig, list(items.items()), "below", columns=LEGEND_COLUMNS)
-    elif not len(text):  # a figure must draw something (bokeh warns W-1000 otherwise)
+    elif labels is None:  # a figure must draw something (bokeh warns W-1000 otherwise)
         fig.text(x=[x_hi / 2], y=[first], text=["no work recorded in this window"], text_align="center")
     return fig
 
 
+def _bar_layers(fig, view: StepView, quads) -> list[tuple]:
+    """The bars, one renderer per kind, each drawing the rows its filter picks: the merged
+    bars (rows 0 to n-1), or where the step was thinned, zoomed in, the full-resolution bars
+    in view (rows n on). Returns (filter, source, n) of each kind with full-resolution rows.
+
+    A bar's name reaches its hover as a number into the step's list of names: a GPU step's
+    thousands of kernels have a few dozen names of a hundred characters each."""
+    from bokeh.models import CDSView, CustomJSHover, IndexFilter
+
+    every = pd.concat([view.bars, view.detail], ignore_index=True) if view.detail is not None else view.bars
+    names = list(pd.unique(every["name"]))
+    code = {name: i for i, name in enumerate(names)}
+    tooltips = [("", "@name_id{custom}"), *BAR_TOOLTIPS[1:]]
+    formatters = {"@name_id": CustomJSHover(args={"names": names}, code="return names[value]")}
+    layers = []
+    for kind in KIND_COLORS:
+        merged = view.bars[view.bars["kind"] == kind]
+        detail = view.detail[view.detail["kind"] == kind] if view.detail is not None else merged.iloc[0:0]
+        if not len(merged) and not len(detail):
+            continue
+        rows = pd.concat([merged, detail], ignore_index=True)
+        source = _source(
+            pd.DataFrame(
+                {
+                    **{c: rows[c] for c in ("x0", "x1", "y0", "y1", "dur_ms")},
+                    "rank": rows["rank"].astype(np.int32),
+                    "name_id": rows["name"].map(code).astype(np.int32),
+                }
+            )
+        )
+        shown = IndexFilter(indices=list(range(len(merged))))
+        renderer = quads(
+            source, KIND_NAMES[kind], None, fill_color=KIND_COLORS[kind], line_color="white", line_width=0.5
+        )
+        renderer.view = CDSView(filter=shown)
+        _hover(fig, renderer, tooltips, formatters)
+        if len(detail):
+            layers.append((shown, source, len(merged)))
+    return layers
+
+
+def _bar_labels(fig, view: StepView):
+    """Each action bar's label where it fits, over every line: its full name ("F2.3") or its
+    microbatch ("3"), as wide as the bar is at the step's full view. Returns (the full
+    labels' filter, the short labels' filter, their source) for :func:`_redraw_on_zoom`, or
+    None where no bar is labelled."""
+    from bokeh.models import CDSView, IndexFilter
+
+    text = _bar_text(view)
+    if not len(text):
+        return None
+    source = _source(text)
+    px_per_ms = TIMELINE_WIDTH_PX / (view.window_ns / 1e6)
+    width_px = text["w"] * px_per_ms
+    full = width_px >= text["full_px"]
+    short = ~full & (width_px >= text["short_px"])
+    filters = []
+    for column, picked in (("full", full), ("short", short)):
+        shown = IndexFilter(indices=[int(i) for i in np.flatnonzero(picked.to_numpy())])
+        fig.text(
+            x="x",
+            y="y",
+            text=column,
+            source=source,
+            view=CDSView(filter=shown),
+            text_color="white",
+            text_font_size="8pt",
+            text_align="center",
+            text_baseline="middle",
+            background_fill_color="color",
+            padding=1,
+        )
+        filters.append(shown)
+    return filters[0], filters[1], source
+
+
+# Runs in the page as the timeline's x range changes: labels by the width a bar has now, and
+# where a step was thinned, its full-resolution bars in view once they are few enough.
+_ON_ZOOM = """
+const px_per_ms = width_px / (x_range.end - x_range.start);
+if (labels.length) {
+    const [full_filter, short_filter, source] = labels;
+    const w = source.get_column("w"), full_px = source.get_column("full_px"), short_px = source.get_column("short_px");
+    const full = [], short = [];
+    for (let i = 0; i < w.length; i++) {
+        const px = w[i] * px_per_ms;
+        if (px >= full_px[i]) full.push(i); else if (px >= short_px[i]) short.push(i);
+    }
+    full_filter.indices = full;
+    short_filter.indices = short;
+}
+const zoomed = x_range.end - x_range.start < 0.999 * full_ms;
+const in_view = layers.map(([, source, n]) => {
+    const x0 = source.get_column("x0"), x1 = source.get_column("x1"), rows = [];
+    if (zoomed) {
+        for (let i = n; i < x0.length; i++) {
+            if (x1[i] >= x_range.start && x0[i] <= x_range.end) rows.push(i);
+        }
+    }
+    return rows;
+});
+const detailed = zoomed && in_view.reduce((sum, rows) => sum + rows.length, 0) <= max_bars;
+layers.forEach(([filter, , n], k) => {
+    filter.indices = detailed ? in_view[k] : Array.from({length: n}, (_, i) => i);
+});
+"""
+
+
+def _redraw_on_zoom(fig, labels, layers: list[tuple]) -> None:
+    from bokeh.models import CustomJS
+
+    callback = CustomJS(
+        args={
+            "x_range": fig.x_range,
+            "width_px": TIMELINE_WIDTH_PX,
+            "full_ms": fig.x_range.end - fig.x_range.start,
+            "max_bars": MAX_BARS,
+            "labels": list(labels) if labels is not None else [],
+            "layers": [list(layer) for layer in layers],
+        },
+        code=_ON_ZOOM,
+    )
+    fig.x_range.js_on_change("start", callback)
+    fig.x_range.js_on_change("end", callback)
+
+
 def _bar_text(view: StepView) -> pd.DataFrame:
-    """Kind, stage and microbatch written on the bars wide enough to hold them."""
+    """The action bars that may carry a label (single actions, at most MAX_TEXT_LABELS), with
+    their full and short labels, the pixels each needs, and their bar's width and colour."""
     bars = view.bars
-    ms_per_px = view.window_ns / 1e6 / TIMELINE_WIDTH_PX
-    wide = bars[
-        (bars["n"] == 1)
-        & bars["kind"].isin(["F", "B", "I", "W"])
-        & (bars["x1"] - bars["x0"] >= LABEL_MIN_PX * ms_per_px)
-    ]
-    if len(wide) > MAX_TEXT_LABELS:
-        return pd.DataFrame(columns=["x", "y", "text"])
+    single = bars[(bars["n"] == 1) & bars["kind"].isin(list(ACTION_KIND_NAMES))]
+    if len(single) > MAX_TEXT_LABELS:
+        single = single.iloc[0:0]
+    full = [f"{k}{s}.{m}" for k, s, m in zip(single["kind"], single["stage"], single["microbatch"])]
+    short = [str(m) for m in single["microbatch"]]
     return pd.DataFrame(
         {
-            "x": (wide["x0"] + wide["x1"]) / 2,
-            "y": (wide["y0"] + wide["y1"]) / 2,
-            "text": [f"{k}{s}.{m}" for k, s, m in zip(wide["kind"], wide["stage"], wide["microbatch"])],
+            "x": ((single["x0"] + single["x1"]) / 2).to_numpy(),
+            "y": ((single["y0"] + single["y1"]) / 2).to_numpy(),
+            "w": (single["x1"] - single["x0"]).to_numpy(),
+            "full": full,
+            "short": short,
+            "full_px": [LABEL_CHAR_PX * len(t) + LABEL_PAD_PX for t in full],
+            "short_px": [LABEL_CHAR_PX * len(t) + LABEL_PAD_PX for t in short],
+            "color": [KIND_COLORS[k] for k in single["kind"]],
         }
     )
 

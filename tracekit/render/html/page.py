@@ -8,6 +8,7 @@ import pandas as pd
 
 from tracekit.analyze import Analysis
 from tracekit.analyze.diagnosis import message_latencies, stage_compute_ns
+from tracekit.analyze.whatif import Prediction, fastest
 from tracekit.render.html.charts import CAUSE_NAMES
 from tracekit.version import __version__
 from tracekit.vocab import CATEGORIES
@@ -125,13 +126,16 @@ def _replica_rows(analysis: Analysis) -> list[list[str]]:
 
 
 def _whatif_rows(analysis: Analysis) -> dict | None:
-    """The rows of the analysis's what-if table, or None where it has none."""
-    result = analysis.whatif.result if analysis.whatif is not None else None
-    if result is None:
+    """The rows of the analysis's what-if table, or None where it has none: ``best`` (shown
+    unfolded: the fastest configuration and the best split of the layers) and ``rows`` (every
+    prediction, the best split among them)."""
+    report = analysis.whatif
+    result = report.result if report is not None else None
+    if report is None or result is None:
         return None
     measured = result.measured_step_ns
 
-    def row(p) -> list[str]:
+    def row(p: Prediction) -> list[str]:
         return [
             p.label,
             f"{_pct(p.bubble_ratio)} ±{p.bubble_sd:.1%}",
@@ -140,10 +144,17 @@ def _whatif_rows(analysis: Analysis) -> dict | None:
             _pct(p.theory) if p.theory is not None else "",
         ]
 
+    split = report.split.recommended.prediction if report.split is not None else None
+    best = sorted(
+        (p for p in (fastest(result.predictions, result.keep), split) if p is not None), key=lambda p: p.step_ns
+    )
     return {
         "measured": [_pct(result.measured_bubble), _ms(measured)],
         "model": row(result.as_measured),
-        "rows": [row(p) for p in result.predictions],
+        "best": [row(p) for p in best],
+        "rows": [row(p) for p in [*result.predictions, *([split] if split is not None else [])]],
+        "replays": result.samples,
+        "split_note": report.split_note,
     }
 
 
@@ -272,7 +283,7 @@ def _capture_rows(capture: dict | None) -> list[tuple[str, str]]:
             rows.append(("compute, how", str(compute["how"])))
     faults = capture.get("faults") or {}
     if isinstance(faults, dict) and faults:
-        rows.append(("faults", str(faults.get("how", faults))))
+        rows.append(("faults", as_text(faults.get("how", faults))))
     return rows
 
 
@@ -280,5 +291,15 @@ def _profiler_rows(files) -> list[tuple[str, str]]:
     seen: dict[str, str] = {}
     for f in files:
         for key, value in (f.profiler or {}).items():
-            seen.setdefault(str(key), str(value))
+            seen.setdefault(str(key), as_text(value))
     return sorted(seen.items())
+
+
+def as_text(value) -> str:
+    """A metadata value as a person reads it: a mapping as ``key=value, ...`` (nsys's counts
+    per process), a list comma separated, anything else as itself; never Python's repr."""
+    if isinstance(value, dict):
+        return ", ".join(f"{key}={as_text(item)}" for key, item in value.items())
+    if isinstance(value, (list, tuple)):
+        return ", ".join(as_text(item) for item in value)
+    return str(value)

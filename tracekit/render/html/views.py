@@ -13,15 +13,22 @@ from tracekit.analyze import Analysis
 from tracekit.analyze.intervals import idle_intervals
 from tracekit.model.names import FRAME_CATEGORY
 from tracekit.text import for_xml
+from tracekit.vocab import ACTION_KIND_NAMES
 
 # Glyph budgets per step timeline; past them the timeline merges and drops (and says so).
 MAX_BARS = 3000
+# A thinned step also keeps up to this many bars at full resolution, drawn in place of the
+# merged ones once the zoomed view holds at most MAX_BARS of them. Each adds about 26 bytes
+# to the page (bokeh gzips the columns: the 9,364 ops of a real two-GPU nsys run, 0.24 MB);
+# a step past it keeps the merged bars only, and says so.
+MAX_DETAIL_BARS = 50_000
 MAX_IDLE = 3000
 MAX_MESSAGES = 1000
 MAX_DETAILED_STEPS = 4
 # Width of the timeline's plotting area in pixels: what "narrower than a pixel" means.
 TIMELINE_WIDTH_PX = 1150
 _GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+# The actions of a pipeline by kind, as a bar's hover names them.
 
 
 @dataclass
@@ -32,13 +39,16 @@ class StepView:
     window_ns: int
     bubble_ratio: float  # idle over window, all ranks (of every replica, drawn or not)
     lanes: list[str]
-    bars: pd.DataFrame  # x0 x1 y0 y1 kind rank stage microbatch dur_ms n label
+    bars: pd.DataFrame  # x0 x1 y0 y1 kind rank stage microbatch dur_ms n name
     idle: pd.DataFrame  # x0 x1 y0 y1 cause rank dur_ms blame
     messages: pd.DataFrame  # x0 y0 x1 y1 link post_ms wire_ms wait_ms direction
     critical_links: pd.DataFrame | None = None  # x0 y0 x1 y1: one action's end to the next's start
     critical_bars: pd.DataFrame | None = None  # outlines of the critical path's actions
     thinned: dict[str, tuple[int, int]] = field(default_factory=dict)  # what -> (in the run, drawn)
     merge_gap_ns: float = 0.0  # bars closer than this on a row were merged
+    # A thinned step's bars before merging (columns as ``bars``), or None where nothing was
+    # merged or there were more than MAX_DETAIL_BARS of them.
+    detail: pd.DataFrame | None = None
     # Data-parallel replicas drawn one at a time: (title, first lane, last lane), the first shown.
     groups: list[tuple[str, int, int]] = field(default_factory=list)
 
@@ -166,9 +176,14 @@ def _step_view(analysis, step, lo, hi, lanes, rank_lane, stream_lane, intervals,
     frames = [f for f in (*frames, _gpu_work(run.events, lo, hi, stream_lane)) if len(f)]
     work = pd.concat(frames, ignore_index=True) if frames else _empty_work()
     bars, merge_gap = decimate(work, MAX_BARS, pixel_ns)
+    detail = None
     if merge_gap:
         thinned["bars"] = (len(work), len(bars))
+        if len(work) <= MAX_DETAIL_BARS:  # with room for every bar, decimate only sorts them
+            detail = _to_view_bars(decimate(work, len(work), pixel_ns)[0], lo)
     bars = _to_view_bars(bars, lo)
+    if detail is not None:
+        bars.loc[bars["n"] > 1, "name"] += ": zoom in to see each"
     idle = _idle_view(intervals, step, lo, rank_lane, merge_gap, thinned, blame)
     messages = _message_view(analysis, step, lo, rank_lane, thinned)
     critical_links, critical_bars = _critical_view(analysis, step, lo, rank_lane)
@@ -186,6 +201,7 @@ def _step_view(analysis, step, lo, hi, lanes, rank_lane, stream_lane, intervals,
         critical_bars=critical_bars,
         thinned=thinned,
         merge_gap_ns=merge_gap,
+        detail=detail,
     )
 
 
@@ -202,8 +218,9 @@ def thinning_notes(views: list[StepView]) -> list[str]:
         gap_ms = max(v.merge_gap_ns for v in views) / 1e6
         sentences.append(
             f"{n_in:,} actions and ops drawn as {n_out:,} bars: neighbours on a row less than "
-            f"{gap_ms:.3g} ms apart are merged into one grey bar."
+            f"{gap_ms:.3g} ms apart are merged into one bar."
         )
+        sentences.append(_detail_sentence([v for v in views if "bars" in v.thinned]))
     if any("idle" in v.thinned for v in views):
         n_in, n_out = total("idle")
         sentences.append(
@@ -219,6 +236,20 @@ def thinning_notes(views: list[StepView]) -> list[str]:
         "This run is large, so the timeline was thinned to stay responsive (over the steps drawn): "
         + " ".join(sentences)
     ]
+
+
+def _detail_sentence(thinned: list[StepView]) -> str:
+    """What zooming in shows of the thinned steps: every action and op where they were kept."""
+    kept = sum(v.detail is not None for v in thinned)
+    if not kept:
+        return f"Over {MAX_DETAIL_BARS:,} a step, only the merged bars are kept: zooming in shows no more."
+    reveal = (
+        f"Zoom in (Ctrl + scroll) to see every one: once the view holds at most {MAX_BARS:,} of them, "
+        "each action and op is drawn instead of the merged bars"
+    )
+    if kept == len(thinned):
+        return reveal + "."
+    return reveal + f" (in the steps with at most {MAX_DETAIL_BARS:,}; the others keep the merged bars)."
 
 
 def _empty_work() -> pd.DataFrame:
@@ -348,9 +379,24 @@ def _to_view_bars(bars: pd.DataFrame, lo: int) -> pd.DataFrame:
             "microbatch": bars["microbatch"].to_numpy(dtype=np.int64),
             "dur_ms": (bars["end"].to_numpy(dtype=np.int64) - bars["start"].to_numpy(dtype=np.int64)) / 1e6,
             "n": bars["n"].to_numpy(dtype=np.int64),
-            "label": _visible_labels(bars["label"]),
+            "name": _bar_names(bars),
         }
     )
+
+
+def _bar_names(bars: pd.DataFrame) -> np.ndarray:
+    """Each bar's full name for its hover: "F2.3: forward, stage 2, microbatch 3" and the
+    trace's label where it has one, an op's own name, or "12 merged"."""
+    labels = pd.Series(_visible_labels(bars["label"]), index=bars.index)
+    action = bars["kind"].isin(list(ACTION_KIND_NAMES)) & (bars["n"] == 1)
+    names = labels.copy()
+    names[action] = [
+        f"{k}{s}.{m}: {ACTION_KIND_NAMES[k]}, stage {s}, microbatch {m}" + (f" ({label})" if label else "")
+        for k, s, m, label in zip(
+            bars.loc[action, "kind"], bars.loc[action, "stage"], bars.loc[action, "microbatch"], labels[action]
+        )
+    ]
+    return names.to_numpy(dtype=object)
 
 
 def _visible_labels(labels: pd.Series) -> np.ndarray:
