@@ -28,7 +28,7 @@ from tracekit.analyze.replicas import ReplicaRollup, rollup
 from tracekit.analyze.shares import ShareError, share
 from tracekit.analyze.slices import SliceCosts, slice_costs
 from tracekit.analyze.theory import Theory, flush_free_bubble, sliced_bubble, theoretical_bubble
-from tracekit.analyze.whatif import ReportWhatIf, report_what_if
+from tracekit.analyze.report_whatif import ReportWhatIf, report_what_if
 from tracekit.errors import TracekitError
 from tracekit.model.run import Run, compute_ns
 from tracekit.reconstruct.event_arrays import LAUNCH_CATEGORY

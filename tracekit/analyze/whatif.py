@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -45,9 +45,6 @@ from tracekit.analyze.schedules import V_PLACED, ZERO_BUBBLE, flatten, graph_fro
 from tracekit.analyze.theory import theoretical_bubble
 from tracekit.errors import TracekitError
 from tracekit.model.run import Run
-
-if TYPE_CHECKING:
-    from tracekit.analyze.split import SplitSearch
 
 # Targets with whole backwards (the findings in diagnosis.py replay these), and every target
 # (the zero-bubble family too: backward split into I and W, DualPipeV's fused pairs).
@@ -650,70 +647,3 @@ def search(
         "(weights, gradients and optimizer state are the same for every target: p is kept, and not counted)"
     )
     return result
-
-
-# The report's what-if: each default target twice (as is and at its ideal balance), and the
-# best split of the layers, within about this many replayed actions in all; as many replays
-# a row as tracekit whatif makes where that fits, so that a row of both has one figure.
-REPORT_REPLAY_BUDGET = 1_000_000
-REPORT_REPLAYS = DEFAULT_SAMPLES
-# Fewer replays per row than this say too little about the spread to be worth a table.
-REPORT_MIN_REPLAYS = 4
-
-
-@dataclass(frozen=True)
-class ReportWhatIf:
-    """The what-if table of a report (the default targets, as is and at their ideal balance,
-    and the best split of the layers: ``tracekit whatif --balanced``), or why there is none:
-    ``note`` says what a reader of the report should know instead, ``split_note`` why the
-    best split is missing."""
-
-    result: WhatIf | None
-    note: str = ""
-    split: SplitSearch | None = None
-    split_note: str = ""
-
-
-def report_what_if(
-    run: Run, graphs: list[StepGraph], bubbles: pd.DataFrame, progress: Callable[[str], None] | None = None
-) -> ReportWhatIf:
-    """The default what-if with ideal balance rows, and the best split of the layers on the
-    configuration ``tracekit whatif --balanced`` searches, on the step graphs the attribution
-    replayed; a run that cannot be varied gets the reason instead."""
-    try:
-        model = cost_model(run, graphs)
-    except TracekitError as err:
-        return ReportWhatIf(None, f"What if: not computed: {err}")
-    targets = default_targets(model)
-    samples = replays_within(REPORT_REPLAY_BUDGET, model.p, targets, rows_per_target=2, most=REPORT_REPLAYS)
-    if samples < REPORT_MIN_REPLAYS:
-        return ReportWhatIf(
-            None,
-            f"What if: not computed here: {model.p} ranks and m={model.m} are too large "
-            f"to replay {REPORT_MIN_REPLAYS} times per row within the report's budget; "
-            "run tracekit whatif with the targets you want",
-        )
-    try:
-        result = what_if(run, targets, samples=samples, balanced=True, model=model, bubbles=bubbles, progress=progress)
-    except TracekitError as err:
-        return ReportWhatIf(None, f"What if: not computed: {err}")
-    split, split_note = _best_split(run, model, samples, progress)
-    return ReportWhatIf(result, split=split, split_note=split_note)
-
-
-def _best_split(
-    run: Run, model: CostModel, samples: int, progress: Callable[[str], None] | None
-) -> tuple[SplitSearch | None, str]:
-    """The split search ``tracekit whatif --balanced`` makes (its target, layer costs from the
-    run's ops), or None and why not."""
-    from tracekit.analyze.layers import layer_costs_from_ops
-    from tracekit.analyze.split import default_split_target, search_split
-
-    try:
-        layers = layer_costs_from_ops(run)
-        schedule, v, m = default_split_target(model)
-        if progress:
-            progress(f"what-if: the best split of the layers for {schedule} v={v} m={m}")
-        return search_split(model, layers, schedule, v, m, samples=samples), ""
-    except TracekitError as err:
-        return None, f"Best split of the layers (tracekit whatif --balanced): not computed here: {err}"
