@@ -77,7 +77,7 @@ import argparse
 import gzip
 import json
 import random
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 COMPUTE_STREAM = 7
@@ -868,6 +868,32 @@ def _host_wait(rank: int, step: int, kernels: list[Kernel], lo: int, hi: int) ->
         if k.start_ns > other_ready:  # only the launch held it back
             total += max(0, min(k.start_ns, hi) - max(other_ready, lo))
     return total
+
+
+def link_costs(sc: Scenario) -> dict[tuple[int, int], dict[str, int]]:
+    """What each link (src rank, dst rank) costs the run, by simulating it again (truth by
+    construction, never read from a trace): ``freed_ns``, the idle (all ranks, all steps)
+    that making that link's transfers free saves; ``alone_ns``, the idle that link adds when
+    every other link is free. Links whose costs add up have the two equal; with many links
+    alike, freeing one saves little (the critical path moves to the next) while it alone
+    costs much."""
+
+    def idle(transfers: dict[tuple[int, int], int]) -> int:
+        changed = replace(sc, transfer_ns=0, link_transfer_ns=transfers)
+        ranks, kernels = simulate(changed)
+        return sum(row["idle_ns"] for row in ground_truth(changed, ranks, kernels)["ranks"])
+
+    ranks, kernels = simulate(sc)
+    links = sorted({(p["src_rank"], p["dst_rank"]) for p in ground_truth(sc, ranks, kernels)["p2p_pairs"]})
+    measured = {link: sc.transfer(*link) for link in links}
+    everything, nothing = idle(measured), idle({})
+    return {
+        link: {
+            "freed_ns": everything - idle({**measured, link: 0}),
+            "alone_ns": idle({link: measured[link]}) - nothing,
+        }
+        for link in links
+    }
 
 
 def _scenario_json(sc: Scenario) -> dict:
