@@ -156,13 +156,8 @@ def device_messages(messages: pd.DataFrame, summary: DeviceSummary) -> pd.DataFr
         out[col] = -1
     if out.empty:
         return out
-    sides = summary["sides"]
-    side = pd.Series(sides["kernel"], index=pd.MultiIndex.from_arrays([sides["file_id"], sides["source_index"]]))
-    side = side[~side.index.duplicated()]
-    send_k = side.reindex(pd.MultiIndex.from_arrays([out["src_file_id"], out["src_source_index"]])).to_numpy()
-    recv_k = side.reindex(pd.MultiIndex.from_arrays([out["dst_file_id"], out["dst_source_index"]])).to_numpy()
-    send_k = np.where(np.isnan(send_k.astype(float)), -1, send_k).astype(np.int64)
-    recv_k = np.where(np.isnan(recv_k.astype(float)), -1, recv_k).astype(np.int64)
+    send_k = _side_kernels(summary, out["src_file_id"], out["src_source_index"])
+    recv_k = _side_kernels(summary, out["dst_file_id"], out["dst_source_index"])
     known = (send_k >= 0) & (recv_k >= 0)
     out["send_kernel"], out["recv_kernel"] = np.where(known, send_k, -1), np.where(known, recv_k, -1)
     kernels = _kernels(summary)
@@ -173,6 +168,24 @@ def device_messages(messages: pd.DataFrame, summary: DeviceSummary) -> pd.DataFr
     out["recv_queued"] = queued
     out["leave_ns"] = -1
     return out
+
+
+def _side_kernels(summary: DeviceSummary, file_id: pd.Series, source_index: pd.Series) -> np.ndarray:
+    """The kernel each P2P call (its file and row) launched: its number in the run's
+    device-op order, -1 where it launched none."""
+    sides = summary["sides"]
+    side = pd.Series(sides["kernel"], index=pd.MultiIndex.from_arrays([sides["file_id"], sides["source_index"]]))
+    side = side[~side.index.duplicated()]
+    found = side.reindex(pd.MultiIndex.from_arrays([file_id, source_index])).to_numpy()
+    return np.where(np.isnan(found.astype(float)), -1, found).astype(np.int64)
+
+
+def receives_on_device(messages: pd.DataFrame, summary: DeviceSummary) -> np.ndarray:
+    """Whether each message's receive launched a device kernel (NCCL): such a call only
+    queues the receive on the GPU and returns, so its host never waited for the data."""
+    if messages.empty or "dst_file_id" not in messages or not len(summary["sides"]["kernel"]):
+        return np.zeros(len(messages), dtype=bool)
+    return _side_kernels(summary, messages["dst_file_id"], messages["dst_source_index"]) >= 0
 
 
 def _kernels(summary: DeviceSummary) -> pd.DataFrame:
