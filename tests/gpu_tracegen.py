@@ -51,6 +51,20 @@ Guesses and simplifications (not read off a real multi-GPU pipeline trace; there
   fused with one on a slow link shows the slow transfer (no trace says when each direction's
   data landed). Not modelled: whether newer torch also records a ``record_param_comms`` named
   "coalesced" at the group end; the fused kernel carries no comm metadata args.
+- With ``peer_streams`` (Megatron's ``_communicate`` with ``batch_p2p_comm=False``, read off
+  Megatron-LM's ``megatron/core/pipeline_parallel/p2p_communication.py`` ``_communicate`` /
+  ``_p2p_ops`` and ProcessGroupNCCL ``pointToPoint``, which keys a single P2P op's
+  communicator by ``getKeySendRecv(rank, peer)``): every op a plain ``isend`` / ``irecv``
+  with its own SendRecv kernel on the stream of its rank PAIR: a rank's sends to and
+  receives from one peer share a stream, and a send queues behind a receive from that peer
+  that is still spinning. The host posts as Megatron does: after an action, its send together
+  with the next action's receive when that action is of the other kind
+  (``send_forward_recv_backward``, ``send_backward_recv_forward``), else alone; ops with the
+  next rank send first and ops with the previous rank receive first (``_p2p_ops``' order on
+  even and odd ranks alike for such pairs), which is what keeps the paired streams from
+  deadlocking; the compute stream waits for every op of the call (``req.wait()``). 1F1B
+  only. Not modelled: at p=2 Megatron posts one direction on the WORLD group (another
+  communicator, so another stream).
 - ``record_param_comms`` args follow torch's ParamCommsUtils / profiler util keys
   ("Collective name", "In/Out msg nelems", "dtype", "Group size", "Process Group Ranks",
   "Rank", "Dst Rank" / "Src Rank", "Seq"); the NCCL kernel carries the same metadata, as the
@@ -146,6 +160,7 @@ class Scenario:
     clock_offset_ns: dict[int, int] = field(default_factory=dict)  # rank -> ns added to its ts
     labelled: bool = True
     fused_p2p: bool = False  # torch's Schedule1F1B: batch_isend_irecv groups, one fused kernel each
+    peer_streams: bool = False  # Megatron's unbatched isend/irecv: one NCCL stream per peer pair
     jitter: float = 0.05  # kernel durations vary by up to this fraction (seeded)
     seed: int = 0
 
@@ -163,6 +178,8 @@ class Scenario:
         if self.fused_p2p and self.schedule != "1F1B":
             # GPipe posts every op in a batch of its own; only Schedule1F1B fuses a send and a recv.
             raise ValueError("fused_p2p models torch's Schedule1F1B only")
+        if self.peer_streams and (self.fused_p2p or self.schedule != "1F1B"):
+            raise ValueError("peer_streams models Megatron's unbatched 1F1B only")
 
     @property
     def n_stages(self) -> int:
@@ -272,7 +289,7 @@ class _Rank:
         self.next_correlation = 1
         self.next_sequence = 1
         self.p2p_calls = 0
-        self.pending_sends: list[tuple[str, int, tuple]] = []  # fused: sends held for the next group
+        self.pending_sends: list[tuple[str, int, tuple]] = []  # fused, peer: sends held for the next call
         self.send_work: Kernel | None = None  # fused: a send posted alone, waited on later
         self.stream_waits: list[Kernel] = []  # P2P kernels the next compute kernel waits for
         self.t = 0
@@ -383,6 +400,9 @@ class _Rank:
         send = ("send", sc.rank_of(target), (step, kind, stage, mb)) if 0 <= target < sc.n_stages else None
         if sc.fused_p2p:
             self._fused_before(step, recv)
+        elif sc.peer_streams:
+            self._communicate(step, self.pending_sends + ([recv] if recv else []))
+            self.pending_sends = []
         elif recv:
             # work.wait(): the compute stream waits for the recv kernel's end.
             self._stream_wait(self._p2p(step, *recv))
@@ -392,6 +412,11 @@ class _Rank:
             self._backward(step, action)
         if sc.fused_p2p:
             self._fused_after(step, send, next_action)
+        elif sc.peer_streams:
+            if send and next_action is not None and next_action[1] != send[2][1]:
+                self.pending_sends.append(send)  # sent with the next action's receive
+            elif send:
+                self._communicate(step, [send])
         elif send:
             self._p2p(step, *send)
         if sc.labelled:
@@ -573,7 +598,8 @@ class _Rank:
         annotation = self._event(
             "user_annotation", title, self.main_tid, start + 9_000, end - 6_000, **{"Record function id": 0}
         )
-        stream = 20 + 2 * peer + (0 if direction == "send" else 1)
+        # one stream per peer and direction (a simplification), or per peer pair as NCCL has it
+        stream = 20 + 2 * peer + (0 if direction == "send" or sc.peer_streams else 1)
         src, dst = (self.rank, peer) if direction == "send" else (peer, self.rank)
         kernel = self._launch(
             NCCL_KERNEL,
@@ -590,6 +616,13 @@ class _Rank:
             args={**meta, "_annotation": (title, annotation)},
         )
         return kernel
+
+    def _communicate(self, step: int, ops: list[tuple[str, int, tuple]]) -> None:
+        """Megatron's ``_communicate`` with unbatched ops: each op its own kernel on the peer
+        pair's stream, ops with the next rank sending first and ops with the previous rank
+        receiving first (``_p2p_ops``); the compute stream waits for all of them."""
+        for op in sorted(ops, key=lambda op: (op[1] > self.rank) == (op[0] == "recv")):
+            self._stream_wait(self._p2p(step, *op))
 
     def _fused_before(self, step: int, recv: tuple | None) -> None:
         """Schedule1F1B before an action: the held sends and the action's recv go out as one
