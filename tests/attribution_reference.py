@@ -152,7 +152,18 @@ def attribute_step(graph: StepGraph, measured_idle: dict[int, int], measured_mak
             # over every link of the job.
             weights = link_weights[:, column]
             candidates = replayed_links
-            if weights.sum() <= 0:
+            if weights.sum() > 0:  # the replica's links not replayed: by latency, at its replayed links' rate
+                pipeline = group.get(r, -1)
+                unreplayed = np.array(
+                    [k for k in group_links.get(pipeline, no_links).tolist() if k not in replayed_links.tolist()],
+                    dtype=np.int64,
+                )
+                mine = link_group[replayed_links] == pipeline
+                replica_latency = link_fallback[replayed_links[mine]].sum()
+                rate = weights[mine].sum() / replica_latency if replica_latency > 0 else 0.0
+                candidates = np.concatenate((replayed_links, unreplayed))
+                weights = np.concatenate((weights, rate * link_fallback[unreplayed]))
+            else:
                 candidates = group_links.get(group.get(r, -1), no_links)
                 weights = link_fallback[candidates]
             if weights.sum() <= 0:  # no latency anywhere near: the rule of apportion, all links

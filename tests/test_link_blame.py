@@ -3,7 +3,7 @@ traces), checked against what the simulation knows.
 
 Each link's share of the comm blame must be its share of what the simulation says the link
 costs (``gpu_tracegen.link_costs``: the idle its transfers add, freed alone and alone); every
-link that carries messages is listed; at p=8 v=4 m=32 links that are alike are blamed alike
+link that carries messages is listed, past the links blame replays too; at p=8 v=4 m=32 links that are alike are blamed alike
 (it was one or two links at ~4-8x the median, decided by the jitter of a few kernels, and
 the wrap links blamed for nothing), and one slow link is blamed first, for most of the idle
 it adds.
@@ -18,6 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 from gpu_tracegen import Scenario, generate, link_costs
+from tracekit.analyze import attribution
 from tracekit.cli import main
 
 # Every link 50 us a message: comm is most of the idle, and alike on every link.
@@ -60,6 +61,18 @@ def test_each_links_share_of_the_blame_is_its_share_of_what_it_costs(tmp_path, s
         if abs(weight[link] / total_weight - blamed[link] / total_blame) > 0.01
     }
     assert not off, f"link: (simulated share, blamed share): {off}"
+
+
+def test_links_past_the_replayed_ones_are_blamed_too(tmp_path, monkeypatch):
+    """Blame replays MAX_BLAME_REPLAYS links (32: an interleaved pipeline of p > 16 has more);
+    the rest of a pipeline's links share by latency at the rate its replayed ones show, so
+    none drops off the list (p=20 v=2 m=40 listed 32 of its 40 links)."""
+    monkeypatch.setattr(attribution, "MAX_BLAME_REPLAYS", 3)
+    sc = Scenario("few_blame_replays", schedule="Interleaved1F1B", p=4, v=2, m=8, transfer_ns=ALIKE_NS)
+    folder, truth = generate(sc, tmp_path)
+    blamed = _blamed(folder)
+    assert set(blamed) == {(p["src_rank"], p["dst_rank"]) for p in truth["p2p_pairs"]}
+    assert all(ns > 0 for ns in blamed.values()), blamed
 
 
 @pytest.fixture(scope="module")

@@ -306,11 +306,14 @@ def _stage_blame(
 def _link_blame(
     ranks: list[int], comm_ns: np.ndarray, link_latency: dict[tuple[int, int], int], gain: _Gains
 ) -> pd.DataFrame:
-    """Each rank's comm share over links: the replayed links, by how much freeing each alone
-    shortens the rank's idle. A rank none of them helps shares its comm among the links of
-    its own pipeline replica by latency, not among every link of the job (with thousands of
-    ranks that was a row per rank and link, and blamed links the rank never used); with no
-    latency there either, by the rule of apportion over every link."""
+    """Each rank's comm share over links: the replayed links by their gains (module doc, 5),
+    and the links of its pipeline replica past ``MAX_BLAME_REPLAYS`` by latency, at the gain
+    per ns of latency the replayed links of that replica show for the rank (so that a
+    pipeline of more links than are replayed lists every one). A rank none of them helps
+    shares its comm among the links of its own pipeline replica by latency, not among every
+    link of the job (with thousands of ranks that was a row per rank and link, and blamed
+    links the rank never used); with no latency there either, by the rule of apportion over
+    every link."""
     links = sorted(link_latency)  # every link of the step; gain holds the replayed ones
     position = {link: k for k, link in enumerate(links)}
     replayed = np.array([position[link] for link in gain.keys], dtype=np.int64)
@@ -322,14 +325,23 @@ def _link_blame(
     blamed: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (rank rows, candidates, shares)
     has_comm = comm_ns != 0
     helped = has_comm & (weights.sum(axis=1) > 0)
-    rows = np.flatnonzero(helped)
-    blamed.append((rows, replayed, _apportioned_rows(comm_ns[rows], weights[rows])))
     rank_group = np.array([group.get(r, -1) for r in ranks], dtype=np.int64)
+    of_group = split_by(link_group, np.arange(len(links)))
+    is_replayed = np.zeros(len(links), dtype=bool)
+    is_replayed[replayed] = True
+    helped_rows = np.flatnonzero(helped)
+    for g, rows in split_by(rank_group[helped_rows], helped_rows).items():
+        unreplayed = of_group.get(g, np.zeros(0, dtype=np.int64))
+        unreplayed = unreplayed[~is_replayed[unreplayed]]
+        mine = link_group[replayed] == g
+        replica_latency = latency[replayed[mine]].sum()
+        rate = weights[rows][:, mine].sum(axis=1) / replica_latency if replica_latency > 0 else np.zeros(len(rows))
+        matrix = np.hstack((weights[rows], rate[:, None] * latency[unreplayed][None, :]))
+        blamed.append((rows, np.concatenate((replayed, unreplayed)), _apportioned_rows(comm_ns[rows], matrix)))
     rest = np.flatnonzero(has_comm & ~helped)
     # Replicas of one pipeline have as many links each: their ranks share one matrix of
     # (rank, its replica's links), a row each.
     by_count: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
-    of_group = split_by(link_group, np.arange(len(links)))
     for g, rows in split_by(rank_group[rest], rest).items():
         candidates = of_group.get(g, np.zeros(0, dtype=np.int64))
         if latency[candidates].sum() <= 0:  # no latency anywhere near: the rule of apportion, all links
