@@ -6,8 +6,9 @@ forward and backward of each stage jittered around 1 and 2 ms (a fixed seed), st
 20% slower, one latency per message and a slow link (rank 3 -> 4), and an overhead before
 every action. Generated, not measured: it has the size and shape of a real step, not a
 real run's numbers. It times building the graph's measured form, one replay, and the whole
-attribution of the step (8 replays for the Shapley values, up to 32 stage and 32 link
-blame replays), best of ``--repeat``.
+attribution of the step (8 replays for the Shapley values, up to 32 stage blame replays,
+and for up to 32 links each freed, each alone, and each pipeline's links all free), best of
+``--repeat``.
 
     python benchmarks/replay_scale.py                 # p=32 v=2 m=128: 16,384 actions
     python benchmarks/replay_scale.py --p 8 --v 2 --m 32

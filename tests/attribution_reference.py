@@ -1,14 +1,17 @@
 """``attribute_step`` as it was before its per-rank work became matrix rows (tracekit
-1b5124f, kept as it was): ``tests/test_attribution_fast.py`` holds the new one equal to it
-on every sample step and on generated schedules with faults and replicas. Rank by rank:
-the schedule's phases from a loop over the rank's holes, ``apportion`` per rank, the stage
-and link blame per rank, Shapley values per rank, and one ``idle_per_rank`` per replay.
+1b5124f, kept as it was but for the link blame's weights, restated here for issue #29):
+``tests/test_attribution_fast.py`` holds the new one equal to it on every sample step and
+on generated schedules with faults and replicas. Rank by rank: the schedule's phases from a
+loop over the rank's holes, ``apportion`` per rank, the stage and link blame per rank,
+Shapley values per rank, and one ``idle_per_rank`` per replay.
 
 Only the functions the fast version rewrote stand here, as they were in 1b5124f
 (``attribute_step``, ``shapley``, ``apportion`` and ``_apportioned``, ``_positions_by_rank``,
-``_schedule_idle``, ``_gains``, ``_link_latency``); what it left unchanged (the constants,
-the dataclasses, ``_scenario``, ``_makespan``, ``_linked_groups``, ``_stages_by_excess``,
-``_link_freed``, ``_excess_work``) is imported from ``tracekit.analyze.attribution``.
+``_schedule_idle``, ``_gains``, ``_link_latency``), with the link blame's replays and
+weights (``_link_scenarios``, ``_link_gains``: each link freed alone, and alone with the
+other links of its pipeline free, issue #29) written out link by link; what it left
+unchanged (the constants, the dataclasses, ``_scenario``, ``_makespan``, ``_linked_groups``,
+``_stages_by_excess``, ``_excess_work``) is imported from ``tracekit.analyze.attribution``.
 """
 
 from __future__ import annotations
@@ -28,7 +31,6 @@ from tracekit.analyze.attribution import (
     StepAttribution,
     _excess_work,
     _Gains,
-    _link_freed,
     _linked_groups,
     _makespan,
     _scenario,
@@ -95,7 +97,7 @@ def attribute_step(graph: StepGraph, measured_idle: dict[int, int], measured_mak
     ]
     link_latency = _link_latency(graph)
     by_latency = sorted(link_latency, key=lambda link: -link_latency[link])
-    link_scenarios = [_link_freed(graph, link) for link in by_latency[:MAX_BLAME_REPLAYS]]
+    link_scenarios = _link_scenarios(graph, by_latency[:MAX_BLAME_REPLAYS], link_latency)
     # Every replay of the step at once (replay_many walks the graph a single time).
     replayed = replay_many(graph, scenarios + stage_scenarios + link_scenarios)
     results: dict[Coalition, Replay] = dict(zip(coalitions, replayed))
@@ -109,7 +111,7 @@ def attribute_step(graph: StepGraph, measured_idle: dict[int, int], measured_mak
     stage_results = replayed[len(scenarios) : len(scenarios) + len(stage_scenarios)]
     stage_gain = _gains(graph, values[full], by_excess, stage_scenarios, stage_results)
     link_results = replayed[len(scenarios) + len(stage_scenarios) :]
-    link_gain = _gains(graph, values[full], by_latency[:MAX_BLAME_REPLAYS], link_scenarios, link_results)
+    link_gain = _link_gains(graph, values[full], by_latency[:MAX_BLAME_REPLAYS], link_scenarios, link_results)
     rows, stage_rows = [], []
     link_rows: list[tuple[int, int, int, int]] = []
     ideal_windows = graph.window_ns(ideal)
@@ -150,7 +152,18 @@ def attribute_step(graph: StepGraph, measured_idle: dict[int, int], measured_mak
             # over every link of the job.
             weights = link_weights[:, column]
             candidates = replayed_links
-            if weights.sum() <= 0:
+            if weights.sum() > 0:  # the replica's links not replayed: by latency, at its replayed links' rate
+                pipeline = group.get(r, -1)
+                unreplayed = np.array(
+                    [k for k in group_links.get(pipeline, no_links).tolist() if k not in replayed_links.tolist()],
+                    dtype=np.int64,
+                )
+                mine = link_group[replayed_links] == pipeline
+                replica_latency = link_fallback[replayed_links[mine]].sum()
+                rate = weights[mine].sum() / replica_latency if replica_latency > 0 else 0.0
+                candidates = np.concatenate((replayed_links, unreplayed))
+                weights = np.concatenate((weights, rate * link_fallback[unreplayed]))
+            else:
                 candidates = group_links.get(group.get(r, -1), no_links)
                 weights = link_fallback[candidates]
             if weights.sum() <= 0:  # no latency anywhere near: the rule of apportion, all links
@@ -227,6 +240,42 @@ def _gains(
     for key, scenario, result in zip(keys, scenarios, results):
         idle = idle_per_rank(graph, result, scenario.dur)
         gain[row[key]] = full - np.array([idle[r] for r in ranks], dtype=np.int64)
+    return _Gains(ordered, gain)
+
+
+def _link_scenarios(
+    graph: StepGraph, replayed: list[tuple[int, int]], link_latency: dict[tuple[int, int], int]
+) -> list[Scenario]:
+    """Three replays per replayed link, in turn: the link free; every other link of its
+    pipeline free; every link of its pipeline free (the baseline of the second)."""
+    group = _linked_groups(list(link_latency))
+    links = graph.edge_links()
+
+    def free(which) -> Scenario:
+        mask = np.array([which(link) for link in links], dtype=bool)
+        return Scenario(lat=np.where(mask, 0, graph.edge_lat), xfer=np.where(mask, 0, graph.edge_xfer))
+
+    out = []
+    for link in replayed:
+        pipeline = group[link[0]]
+        out.append(free(lambda e, link=link: e == link))
+        out.append(free(lambda e, link=link, pipeline=pipeline: group[e[0]] == pipeline and e != link))
+        out.append(free(lambda e, pipeline=pipeline: group[e[0]] == pipeline))
+    return out
+
+
+def _link_gains(
+    graph: StepGraph, full_idle: dict[int, int], keys: list[Any], scenarios: list[Scenario], results: list[Replay]
+) -> _Gains:
+    """Per link (rows in sorted order; those not replayed gain 0) and rank: how much freeing
+    it alone shortens the rank's idle, plus how much it alone (the other links of its
+    pipeline free) lengthens it over its pipeline all free."""
+    ranks = sorted(full_idle)
+    ordered = sorted(keys)
+    gain = np.zeros((len(ordered), len(ranks)), dtype=np.int64)
+    for k, key in enumerate(keys):
+        freed, alone, base = (idle_per_rank(graph, results[3 * k + j], scenarios[3 * k + j].dur) for j in range(3))
+        gain[ordered.index(key)] = [full_idle[r] - freed[r] + alone[r] - base[r] for r in ranks]
     return _Gains(ordered, gain)
 
 

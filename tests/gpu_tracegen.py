@@ -79,6 +79,20 @@ Guesses and simplifications (not read off a real multi-GPU pipeline trace; there
   reports for Megatron runs, the ranks of the two-rank communicator ProcessGroupNCCL runs a
   P2P pair on (the lower rank 0: ``nccl:recv 1<-0`` where ``3<-1`` was meant);
   ``record_shapes=False`` leaves out ``Concrete Inputs`` (the one field that stays right).
+- With ``peer_streams`` (Megatron's ``_communicate`` with ``batch_p2p_comm=False``, read off
+  Megatron-LM's ``megatron/core/pipeline_parallel/p2p_communication.py`` ``_communicate`` /
+  ``_p2p_ops`` and ProcessGroupNCCL ``pointToPoint``, which keys a single P2P op's
+  communicator by ``getKeySendRecv(rank, peer)``): every op a plain ``isend`` / ``irecv``
+  with its own SendRecv kernel on the stream of its rank PAIR: a rank's sends to and
+  receives from one peer share a stream, and a send queues behind a receive from that peer
+  that is still spinning. The host posts as Megatron does: after an action, its send together
+  with the next action's receive when that action is of the other kind
+  (``send_forward_recv_backward``, ``send_backward_recv_forward``), else alone; ops with the
+  next rank send first and ops with the previous rank receive first (``_p2p_ops``' order on
+  even and odd ranks alike for such pairs), which is what keeps the paired streams from
+  deadlocking; the compute stream waits for every op of the call (``req.wait()``). 1F1B
+  only. Not modelled: at p=2 Megatron posts one direction on the WORLD group (another
+  communicator, so another stream).
 - ``record_param_comms`` args follow torch's ParamCommsUtils / profiler util keys
   ("Collective name", "In/Out msg nelems", "dtype", "Group size", "Process Group Ranks",
   "Rank", "Dst Rank" / "Src Rank", "Seq"); the NCCL kernel carries the same metadata, as the
@@ -152,7 +166,7 @@ import argparse
 import gzip
 import json
 import random
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 COMPUTE_STREAM = 7
@@ -315,6 +329,7 @@ class Scenario:
     record_shapes: bool = True
     p2p_comm_ranks: bool = False
     rocm: bool = False  # ROCm's names: HIP runtime calls, RCCL's one generic kernel, roctracer's args
+    peer_streams: bool = False  # Megatron's unbatched isend/irecv: one NCCL stream per peer pair
     jitter: float = 0.05  # kernel durations vary by up to this fraction (seeded)
     seed: int = 0
 
@@ -343,6 +358,8 @@ class Scenario:
                 raise ValueError(f"unknown megatron_p2p {self.megatron_p2p!r}")
             if self.megatron_p2p == "overlap" and self.schedule != "Interleaved1F1B":
                 raise ValueError("overlap_p2p_comm is the interleaved schedule's")
+        if self.peer_streams and (self.fused_p2p or self.schedule != "1F1B"):
+            raise ValueError("peer_streams models Megatron's unbatched 1F1B only")
 
     @property
     def n_stages(self) -> int:
@@ -568,7 +585,7 @@ class _Rank:
         self.next_correlation = 1
         self.next_sequence = 1
         self.p2p_calls = 0
-        self.pending_sends: list[tuple[str, int, tuple]] = []  # fused: sends held for the next group
+        self.pending_sends: list[tuple[str, int, tuple]] = []  # fused, peer: sends held for the next call
         self.send_work: Kernel | None = None  # fused: a send posted alone, waited on later
         self.stream_waits: list[Kernel] = []  # P2P kernels the next compute kernel waits for
         self.t = 0
@@ -733,6 +750,9 @@ class _Rank:
         send = ("send", sc.rank_of(target), (step, kind, stage, mb)) if 0 <= target < sc.n_stages else None
         if sc.fused_p2p:
             self._fused_before(step, recv)
+        elif sc.peer_streams:
+            self._communicate(step, self.pending_sends + ([recv] if recv else []))
+            self.pending_sends = []
         elif recv:
             # work.wait(): the compute stream waits for the recv kernel's end.
             self._stream_wait(self._p2p(step, *recv))
@@ -742,6 +762,11 @@ class _Rank:
             self._backward(step, action)
         if sc.fused_p2p:
             self._fused_after(step, send, next_action)
+        elif sc.peer_streams:
+            if send and next_action is not None and next_action[1] != send[2][1]:
+                self.pending_sends.append(send)  # sent with the next action's receive
+            elif send:
+                self._communicate(step, [send])
         elif send:
             self._p2p(step, *send)
         if sc.labelled:
@@ -937,7 +962,10 @@ class _Rank:
         annotation = self._event(
             "user_annotation", title, self.main_tid, start + 9_000, end - 6_000, **{"Record function id": 0}
         )
-        stream = 20 + 2 * peer + (0 if direction == "send" else 1)
+        # one stream per peer and direction (a simplification), or per peer pair as NCCL has it
+        # (a single op's communicator is keyed by the rank pair: Megatron's unbatched P2P)
+        pair = sc.peer_streams or (sc.framework == "megatron" and sc.megatron_p2p == "overlap")
+        stream = 20 + 2 * peer + (0 if direction == "send" or pair else 1)
         src, dst = (self.rank, peer) if direction == "send" else (peer, self.rank)
         kernel = self._launch(
             sc.platform.comm_kernel,
@@ -954,6 +982,13 @@ class _Rank:
             args={**meta, "_annotation": (title, annotation)},
         )
         return kernel
+
+    def _communicate(self, step: int, ops: list[tuple[str, int, tuple]]) -> None:
+        """Megatron's ``_communicate`` with unbatched ops: each op its own kernel on the peer
+        pair's stream, ops with the next rank sending first and ops with the previous rank
+        receiving first (``_p2p_ops``); the compute stream waits for all of them."""
+        for op in sorted(ops, key=lambda op: (op[1] > self.rank) == (op[0] == "recv")):
+            self._stream_wait(self._p2p(step, *op))
 
     def _fused_before(self, step: int, recv: tuple | None) -> None:
         """Schedule1F1B before an action: the held sends and the action's recv go out as one
@@ -1292,6 +1327,32 @@ def _host_wait(rank: int, step: int, kernels: list[Kernel], lo: int, hi: int) ->
         if k.start_ns > other_ready:  # only the launch held it back
             total += max(0, min(k.start_ns, hi) - max(other_ready, lo))
     return total
+
+
+def link_costs(sc: Scenario) -> dict[tuple[int, int], dict[str, int]]:
+    """What each link (src rank, dst rank) costs the run, by simulating it again (truth by
+    construction, never read from a trace): ``freed_ns``, the idle (all ranks, all steps)
+    that making that link's transfers free saves; ``alone_ns``, the idle that link adds when
+    every other link is free. Links whose costs add up have the two equal; with many links
+    alike, freeing one saves little (the critical path moves to the next) while it alone
+    costs much."""
+
+    def idle(transfers: dict[tuple[int, int], int]) -> int:
+        changed = replace(sc, transfer_ns=0, link_transfer_ns=transfers)
+        ranks, kernels = simulate(changed)
+        return sum(row["idle_ns"] for row in ground_truth(changed, ranks, kernels)["ranks"])
+
+    ranks, kernels = simulate(sc)
+    links = sorted({(p["src_rank"], p["dst_rank"]) for p in ground_truth(sc, ranks, kernels)["p2p_pairs"]})
+    measured = {link: sc.transfer(*link) for link in links}
+    everything, nothing = idle(measured), idle({})
+    return {
+        link: {
+            "freed_ns": everything - idle({**measured, link: 0}),
+            "alone_ns": idle({link: measured[link]}) - nothing,
+        }
+        for link in links
+    }
 
 
 def _scenario_json(sc: Scenario) -> dict:

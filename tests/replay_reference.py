@@ -6,16 +6,16 @@ by action. Both functions were rewritten whole (their unchanged lines, such as t
 ``StepGraph(...)``, stand inside them); ``StepGraph`` itself is imported from
 ``tracekit.analyze.replay``.
 
-One rule added since (issue #28), stated here on its own: the parts of a fused range (one
-label of one rank, same label span, parts of different kinds: DualPipeV's OVERLAP_F_B) run
-as one range, so a message from any part leaves from the part that ends last, a message to
-any part goes to the part that starts first, and a dependency between two parts' fused
-ranges is carried by such a message.
-
-And one more (issue #29): a device message's rendezvous transfer starts no earlier than the
-end of the last action of the receiver's rank that had ended when the receive kernel
-started (its receive was posted then: Megatron receives a unit's inputs before the unit
-runs), not the end of the consumer's previous action.
+Rules added since, each stated here on its own: the parts of a fused range (one label of
+one rank, same label span, parts of different kinds: DualPipeV's OVERLAP_F_B) run as one
+range, so a message from any part leaves from the part that ends last, a message to any
+part goes to the part that starts first, and a dependency between two parts' fused ranges
+is carried by such a message (issue #28). On the host's timeline a message whose receive
+launched a device kernel (NCCL) is no edge and no note, and it carries its dependency
+(issue #29). A device message's rendezvous transfer starts no earlier than the end of the
+last action of the receiver's rank that had ended when the receive kernel started (its
+receive was posted then: Megatron receives a unit's inputs before the unit runs), not the
+end of the consumer's previous action (issue #29).
 """
 
 from __future__ import annotations
@@ -110,7 +110,19 @@ def graph_from_run(
     leaves = msgs["leave_ns"].tolist() if rendezvous else [-1] * len(msgs)
     transfers = msgs["transfer_ns"].tolist() if rendezvous else [-1] * len(msgs)
     release = np.zeros(n, dtype=np.int64) if rank_start is not None else None
-    for msg_id, producer, consumer, arrival, leave, transfer, post in zip(
+    sides = run.device_summary["sides"]
+    on_device = (
+        {(int(f), int(i)) for f, i, k in zip(sides["file_id"], sides["source_index"], sides["kernel"]) if k >= 0}
+        if run.timeline == "host"
+        else set()
+    )
+    receives = (
+        list(zip(msgs["dst_file_id"].tolist(), msgs["dst_source_index"].tolist()))
+        if "dst_file_id" in msgs
+        else [None] * len(msgs)
+    )
+    carried: set[tuple[int, int]] = set()  # (producer, consumer) of messages that bind no host span
+    for msg_id, producer, consumer, arrival, leave, transfer, post, receive in zip(
         msgs["msg_id"].tolist(),
         msgs["producer_action"].tolist(),
         msgs["consumer_action"].tolist(),
@@ -118,6 +130,7 @@ def graph_from_run(
         leaves,
         transfers,
         posts,
+        receives,
     ):
         s, d = pos.get(int(producer)), pos.get(int(consumer))
         s = None if s is None else last_of[s]
@@ -126,6 +139,9 @@ def graph_from_run(
             release[d] = max(release[d], min(int(arrival), int(start[d])))
             continue
         if s is None or d is None or rank[s] == rank[d]:
+            continue
+        if receive in on_device:
+            carried.add((s, d))
             continue
         if end[s] > start[d]:
             notes.append(f"message {msg_id} arrives after its consumer started; ignored")
@@ -153,7 +169,12 @@ def graph_from_run(
     replica_of = {r: i for i, group in enumerate(run.schedule.pipelines if run.schedule else []) for r in group}
     replica = np.array([replica_of.get(int(r), 0) for r in rank], dtype=np.int64)
     for s, d in dependency_pairs(rank, stage, kind, mb, replica):
-        if (last_of[s], first_of[d]) not in edges and (s, d) not in edges and end[s] <= start[d]:
+        if (
+            (last_of[s], first_of[d]) not in edges
+            and (last_of[s], first_of[d]) not in carried
+            and (s, d) not in edges
+            and end[s] <= start[d]
+        ):
             edges[(s, d)] = (0, -1, 0)
             unmessaged += 1
     if unmessaged:

@@ -19,7 +19,15 @@ Method (``shared/docs/pipeline-theory.md``, "What attribute idle time has to mea
    categories sum to the measured idle to the nanosecond). Signed values stay in the JSON.
 5. Blame: within a rank's imbalance share, each stage is weighted by how much balancing
    that stage alone shortens the rank's idle; within the comm share, each link (src->dst)
-   by how much freeing that link alone does.
+   by the sum of its two extreme marginal values: how much freeing that link alone shortens
+   the rank's idle (the link freed last) and how much that link alone, every other link of
+   its pipeline free, lengthens it (freed first). Either one alone goes wrong where links
+   are many and alike: with every link of a p=8 pipeline equally slow, freeing any one
+   shortens the step by 0.2-0.9 ms of the 53 ms that freeing all does (the critical path
+   moves to the next link's messages), so which link got the blame was decided by the
+   jitter of a few kernels; the link alone costs ~23 ms each. The sum is what Shapley's
+   average over orders weighs from its first and last positions: exact for two links and
+   for links whose costs add up, and equal for links that are alike.
 """
 
 from __future__ import annotations
@@ -179,6 +187,8 @@ class _StepReplays:
     n_stages: int
     link_latency: dict[tuple[int, int], int]
     by_latency: list[tuple[int, int]]
+    link_base: list[int]  # per replayed link: its pipeline's all-links-free replay (a position in link_groups)
+    link_groups: list[int]  # the pipelines (groups of linked ranks) of the replayed links
 
 
 def attribute_step(graph: StepGraph, measured_idle: dict[int, int], measured_makespan: int) -> StepAttribution:
@@ -202,7 +212,14 @@ def _step_replays(graph: StepGraph) -> _StepReplays:
     ]
     link_latency = _link_latency(graph)
     by_latency = sorted(link_latency, key=lambda link: -link_latency[link])
-    link_scenarios = [_link_freed(graph, link) for link in by_latency[:MAX_BLAME_REPLAYS]]
+    replayed = by_latency[:MAX_BLAME_REPLAYS]
+    group = _linked_groups(list(link_latency))
+    link_groups = sorted({group[src] for src, _ in replayed})
+    link_base = [link_groups.index(group[src]) for src, _ in replayed]
+    edge_group = _edge_groups(graph, group)
+    link_scenarios = [_link_freed(graph, link) for link in replayed]
+    link_scenarios += [_link_alone(graph, link, edge_group == group[link[0]]) for link in replayed]
+    link_scenarios += [_links_free(graph, edge_group == g) for g in link_groups]
     return _StepReplays(
         ranks,
         codes,
@@ -213,6 +230,8 @@ def _step_replays(graph: StepGraph) -> _StepReplays:
         len(stage_scenarios),
         link_latency,
         by_latency,
+        link_base,
+        link_groups,
     )
 
 
@@ -231,7 +250,7 @@ def _attributed(
     ideal = results[none]
     n_coalitions, n_stages = len(coalitions), plan.n_stages
     stage_gain = _gains(by_excess, full_idle - idle[n_coalitions : n_coalitions + n_stages])
-    link_gain = _gains(by_latency[:MAX_BLAME_REPLAYS], full_idle - idle[n_coalitions + n_stages :])
+    link_gain = _gains(by_latency[:MAX_BLAME_REPLAYS], _link_gains(plan, full_idle, idle[n_coalitions + n_stages :]))
     ideal_windows = graph.window_ns(ideal)
     measured = np.array([measured_idle[r] for r in ranks], dtype=np.int64)
     window_start = np.array([graph.rank_start.get(r, graph.t0) if graph.rank_start else graph.t0 for r in ranks])
@@ -287,11 +306,14 @@ def _stage_blame(
 def _link_blame(
     ranks: list[int], comm_ns: np.ndarray, link_latency: dict[tuple[int, int], int], gain: _Gains
 ) -> pd.DataFrame:
-    """Each rank's comm share over links: the replayed links, by how much freeing each alone
-    shortens the rank's idle. A rank none of them helps shares its comm among the links of
-    its own pipeline replica by latency, not among every link of the job (with thousands of
-    ranks that was a row per rank and link, and blamed links the rank never used); with no
-    latency there either, by the rule of apportion over every link."""
+    """Each rank's comm share over links: the replayed links by their gains (module doc, 5),
+    and the links of its pipeline replica past ``MAX_BLAME_REPLAYS`` by latency, at the gain
+    per ns of latency the replayed links of that replica show for the rank (so that a
+    pipeline of more links than are replayed lists every one). A rank none of them helps
+    shares its comm among the links of its own pipeline replica by latency, not among every
+    link of the job (with thousands of ranks that was a row per rank and link, and blamed
+    links the rank never used); with no latency there either, by the rule of apportion over
+    every link."""
     links = sorted(link_latency)  # every link of the step; gain holds the replayed ones
     position = {link: k for k, link in enumerate(links)}
     replayed = np.array([position[link] for link in gain.keys], dtype=np.int64)
@@ -303,14 +325,23 @@ def _link_blame(
     blamed: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (rank rows, candidates, shares)
     has_comm = comm_ns != 0
     helped = has_comm & (weights.sum(axis=1) > 0)
-    rows = np.flatnonzero(helped)
-    blamed.append((rows, replayed, _apportioned_rows(comm_ns[rows], weights[rows])))
     rank_group = np.array([group.get(r, -1) for r in ranks], dtype=np.int64)
+    of_group = split_by(link_group, np.arange(len(links)))
+    is_replayed = np.zeros(len(links), dtype=bool)
+    is_replayed[replayed] = True
+    helped_rows = np.flatnonzero(helped)
+    for g, rows in split_by(rank_group[helped_rows], helped_rows).items():
+        unreplayed = of_group.get(g, np.zeros(0, dtype=np.int64))
+        unreplayed = unreplayed[~is_replayed[unreplayed]]
+        mine = link_group[replayed] == g
+        replica_latency = latency[replayed[mine]].sum()
+        rate = weights[rows][:, mine].sum(axis=1) / replica_latency if replica_latency > 0 else np.zeros(len(rows))
+        matrix = np.hstack((weights[rows], rate[:, None] * latency[unreplayed][None, :]))
+        blamed.append((rows, np.concatenate((replayed, unreplayed)), _apportioned_rows(comm_ns[rows], matrix)))
     rest = np.flatnonzero(has_comm & ~helped)
     # Replicas of one pipeline have as many links each: their ranks share one matrix of
     # (rank, its replica's links), a row each.
     by_count: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
-    of_group = split_by(link_group, np.arange(len(links)))
     for g, rows in split_by(rank_group[rest], rest).items():
         candidates = of_group.get(g, np.zeros(0, dtype=np.int64))
         if latency[candidates].sum() <= 0:  # no latency anywhere near: the rule of apportion, all links
@@ -434,10 +465,44 @@ def _stages_by_excess(graph: StepGraph, balanced: np.ndarray) -> list[int]:
     return sorted((int(s) for s in np.unique(graph.stage)), key=lambda s: -_excess_work(graph, balanced, s))
 
 
+def _on_link(graph: StepGraph, link: tuple[int, int]) -> np.ndarray:
+    """Which edges carry the link (src rank, dst rank)."""
+    return np.asarray((graph.rank[graph.edge_src] == link[0]) & (graph.rank[graph.edge_dst] == link[1]))
+
+
+def _links_free(graph: StepGraph, free: np.ndarray) -> Scenario:
+    """The measured step with the edges ``free`` (a mask) costing nothing."""
+    return Scenario(lat=np.where(free, 0, graph.edge_lat), xfer=np.where(free, 0, graph.edge_xfer))
+
+
 def _link_freed(graph: StepGraph, link: tuple[int, int]) -> Scenario:
     """The measured step with one link (src rank, dst rank) free."""
-    mask = (graph.rank[graph.edge_src] == link[0]) & (graph.rank[graph.edge_dst] == link[1])
-    return Scenario(lat=np.where(mask, 0, graph.edge_lat), xfer=np.where(mask, 0, graph.edge_xfer))
+    return _links_free(graph, _on_link(graph, link))
+
+
+def _link_alone(graph: StepGraph, link: tuple[int, int], pipeline: np.ndarray) -> Scenario:
+    """The measured step with every other link of its pipeline (``pipeline``: its edges, a
+    mask) free: what that link alone costs. Other pipelines' links keep their cost, so that a
+    replica's ranks, which share the step window, are not told the link is theirs."""
+    return _links_free(graph, pipeline & ~_on_link(graph, link))
+
+
+def _edge_groups(graph: StepGraph, group: dict[int, int]) -> np.ndarray:
+    """Each edge's pipeline: the group (:func:`_linked_groups`) of its producer's rank."""
+    ranks = np.array(sorted(group), dtype=np.int64)
+    roots = np.array([group[r] for r in ranks.tolist()], dtype=np.int64)
+    if not len(ranks):
+        return np.zeros(len(graph.edge_src), dtype=np.int64)
+    return np.asarray(roots[np.searchsorted(ranks, graph.rank[graph.edge_src])])
+
+
+def _link_gains(plan: _StepReplays, full_idle: np.ndarray, idle: np.ndarray) -> np.ndarray:
+    """Per replayed link (rows, by latency) and rank: how much freeing it alone shortens the
+    rank's idle plus how much it alone (its pipeline's other links free) lengthens it.
+    ``idle``: the link replays' idle rows (freed, alone, then each pipeline all free)."""
+    n = len(plan.link_base)
+    freed, alone, bases = idle[:n], idle[n : 2 * n], idle[2 * n :]
+    return np.asarray((full_idle - freed) + (alone - bases[plan.link_base]), dtype=np.int64)
 
 
 @dataclass

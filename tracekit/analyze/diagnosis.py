@@ -24,6 +24,7 @@ from tracekit.analyze.device import LAUNCH_BOUND_SHARE
 from tracekit.analyze.grouping import int_idxmax, int_items
 from tracekit.analyze.shares import share
 from tracekit.analyze.theory import theoretical_bubble
+from tracekit.model.groups import split_by
 from tracekit.model.run import Run, ScheduleInfo, compute_ns, fused_groups, rank_ranges, ranks_phrase
 from tracekit.vocab import rank_list
 
@@ -652,15 +653,48 @@ def _launch_bound(analysis: Analysis) -> list[Finding]:
         f"The host does not keep the GPU fed: {named}{more}: launch-bound (the next kernel "
         "was not launched yet; that idle is counted as overhead)."
     )
+    # Its peers' P2P kernels spin until its own come: their waits are its host's, not theirs
+    # (nor their links'), however the queues on their NCCL streams pass it on.
+    spun = _spun_for(analysis.run.device_pairs)
+    n_steps = max(int(analysis.bubbles["step"].nunique()), 1)
+    for r, _, _ in bound[:4]:
+        if r in spun:
+            peers, spun_ns = spun[r]
+            headline += (
+                f" The P2P kernels of {ranks_phrase(peers)} spun {_ms(spun_ns / n_steps)} a step waiting for rank {r}."
+            )
     advice = (
         "Cut host time per kernel: CUDA graphs (torch.compile mode='reduce-overhead'), fused or larger "
         "kernels, fewer small ops, less Python between launches, no host syncs (.item(), .cpu()) in the step."
     )
     figures_out = {
-        "ranks": [{"rank": r, "launch_wait_ns": w, "share": round(x, 4)} for r, w, x in bound],
+        "ranks": [
+            {
+                "rank": r,
+                "launch_wait_ns": w,
+                "share": round(x, 4),
+                "peers_spun_ns": spun[r][1] if r in spun else 0,
+                "peers_spinning": spun[r][0] if r in spun else [],
+            }
+            for r, w, x in bound
+        ],
         "cost_share": round(cost, 4),
     }
     return [Finding("launch_bound", severity_of(cost), headline, advice, cost, figures_out)]
+
+
+def _spun_for(pairs: pd.DataFrame) -> dict[int, tuple[list[int], int]]:
+    """Per rank, from the device P2P pairs: the ranks whose kernels spun waiting for its
+    kernel, and how long they spun in all (ns)."""
+    waiting = pairs["waiting_rank"].to_numpy(np.int64)
+    src, dst = pairs["src_rank"].to_numpy(np.int64), pairs["dst_rank"].to_numpy(np.int64)
+    spun = (waiting >= 0) & (pairs["wait_ns"].to_numpy(np.int64) > 0)
+    waited_for = np.where(waiting == dst, src, dst)[spun]
+    out: dict[int, tuple[list[int], int]] = {}
+    for rank, rows in split_by(waited_for, np.flatnonzero(spun)).items():
+        peers = sorted({int(r) for r in waiting[rows].tolist()})
+        out[int(rank)] = (peers, int(pairs["wait_ns"].to_numpy(np.int64)[rows].sum()))
+    return out
 
 
 def _no_pipeline(analysis: Analysis) -> Finding:

@@ -27,6 +27,7 @@ import pandas as pd
 from tracekit.analyze.grouping import int_groups
 from tracekit.model.groups import group_ids, pair_codes, split_by
 from tracekit.model.run import Run, compute_ns, fused_groups
+from tracekit.reconstruct.device import receives_on_device
 
 
 @dataclass
@@ -681,6 +682,13 @@ def graph_from_run(
         np.maximum.at(release, d[outside], np.minimum(arrival[outside], start[d[outside]]))
     linked = (s >= 0) & (d >= 0)
     linked[linked] = rank[s[linked]] != rank[d[linked]]
+    # On the host's timeline a receive that queued an NCCL kernel returned at once: its host
+    # never waited for the data, so the message binds no host span (no edge, and no note
+    # where the consumer's host started first, as it mostly does); it still carries its
+    # dependency (no bare edge for it either).
+    unbound = linked & _unbound_on_host(run, msgs)
+    carried = s[unbound] * max(n, 1) + d[unbound]
+    linked &= ~unbound
     late = linked.copy()
     late[linked] = end[s[linked]] > start[d[linked]]
     notes += [f"message {m} arrives after its consumer started; ignored" for m in msg_id[late].tolist()]
@@ -719,7 +727,9 @@ def graph_from_run(
     dep_src, dep_dst = _dependencies(rank, stage, kind, mb, replica)
     # a dependency no message carried, where its order allows: an edge of no latency
     # (producer, consumer) pairs as one number each: positions in the step, both below n
-    messaged = np.isin(last_of[dep_src] * max(n, 1) + first_of[dep_dst], s[pick] * max(n, 1) + d[pick])
+    messaged = np.isin(
+        last_of[dep_src] * max(n, 1) + first_of[dep_dst], np.concatenate((s[pick] * max(n, 1) + d[pick], carried))
+    )
     bare = ~messaged & (end[dep_src] <= start[dep_dst])
     unmessaged = int(bare.sum())
     if unmessaged:
@@ -790,6 +800,14 @@ def _posted_after(end: np.ndarray, consumer: np.ndarray, posted: np.ndarray, pre
             a = int(prev[a])
         out[i] = a
     return out
+
+
+def _unbound_on_host(run: Run, msgs: pd.DataFrame) -> np.ndarray:
+    """Which messages bind no span of the run's timeline: on the host's, those whose receive
+    launched a device kernel (a GPU run read with ``--timeline host``)."""
+    if run.timeline != "host":
+        return np.zeros(len(msgs), dtype=bool)
+    return receives_on_device(msgs, run.device_summary)
 
 
 def _previous_on_rank(rank: np.ndarray) -> np.ndarray:

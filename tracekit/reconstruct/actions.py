@@ -53,6 +53,7 @@ def is_comm(name: str) -> bool:
 class _Span:
     start: int
     end: int
+    of_ops: bool = True  # False: no compute op in the label, its span from its waits and comm ops
 
 
 def annotation_counts(events: pd.DataFrame | EventArrays) -> dict[str, int]:
@@ -372,7 +373,10 @@ def _with_engine(span: _Span, label_end: int, engine: tuple[np.ndarray, np.ndarr
     if not len(ends):
         return span
     first, last = int(e_start[lo]), int(ends.max())
-    if span.end <= span.start:  # nothing on the labelled thread: the engine's ops are the compute
+    # No compute on the labelled thread: the engine's ops are the compute. The label's own
+    # span then says nothing: a send posted after the backward (a batch_isend_irecv whose
+    # nccl:coalesced range ends before the label does) would stretch the action past it.
+    if not span.of_ops or span.end <= span.start:
         return _Span(first, last)
     return _Span(min(span.start, first), max(span.end, last))
 
@@ -397,7 +401,7 @@ def _compute_span(
         start = max(start, wait_end)
     if len(inside):  # every op inside is a communication op here
         start = max(start, int(np.minimum(ends[inside], end).max()))
-    return _Span(start, max(start, end))
+    return _Span(start, max(start, end), of_ops=False)
 
 
 def _first_backward_start(inside: np.ndarray, starts: np.ndarray, is_autograd: np.ndarray, span: _Span) -> int:

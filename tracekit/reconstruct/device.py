@@ -35,9 +35,10 @@ import numpy as np
 import pandas as pd
 
 from tracekit.model.device import DeviceSummary
+from tracekit.model.groups import SortedGroups, pair_codes
 from tracekit.model.run import DEVICE_OP_COLUMNS, DEVICE_PAIR_COLUMNS
 from tracekit.reconstruct.device_columns import NUMBER_COLUMNS, op_columns, op_kind
-from tracekit.reconstruct.device_rank import DEVICE_ACTION_COLUMNS, KINDS, join_ranks, reduce_ranks
+from tracekit.reconstruct.device_rank import DEVICE_ACTION_COLUMNS, KINDS, QUEUE_SLACK_NS, join_ranks, reduce_ranks
 from tracekit.reconstruct.event_arrays import EventArrays
 from tracekit.reconstruct.p2p_sides import DIRECTIONS
 
@@ -52,6 +53,7 @@ MESSAGE_DEVICE_COLUMNS = [
     "wait_ns",
     "transfer_ns",
     "recv_queued",
+    "send_queued",
     "leave_ns",
 ]
 
@@ -157,23 +159,37 @@ def device_messages(messages: pd.DataFrame, summary: DeviceSummary) -> pd.DataFr
         out[col] = -1
     if out.empty:
         return out
-    sides = summary["sides"]
-    side = pd.Series(sides["kernel"], index=pd.MultiIndex.from_arrays([sides["file_id"], sides["source_index"]]))
-    side = side[~side.index.duplicated()]
-    send_k = side.reindex(pd.MultiIndex.from_arrays([out["src_file_id"], out["src_source_index"]])).to_numpy()
-    recv_k = side.reindex(pd.MultiIndex.from_arrays([out["dst_file_id"], out["dst_source_index"]])).to_numpy()
-    send_k = np.where(np.isnan(send_k.astype(float)), -1, send_k).astype(np.int64)
-    recv_k = np.where(np.isnan(recv_k.astype(float)), -1, recv_k).astype(np.int64)
+    send_k = _side_kernels(summary, out["src_file_id"], out["src_source_index"])
+    recv_k = _side_kernels(summary, out["dst_file_id"], out["dst_source_index"])
     known = (send_k >= 0) & (recv_k >= 0)
     out["send_kernel"], out["recv_kernel"] = np.where(known, send_k, -1), np.where(known, recv_k, -1)
     kernels = _kernels(summary)
     out = _with_kernel_times(out, kernels)
-    recv = out["recv_kernel"].to_numpy(np.int64)
-    queued = np.zeros(len(out), dtype=bool)
-    queued[recv >= 0] = kernels.loc[recv[recv >= 0], "queued"].to_numpy() > 0
-    out["recv_queued"] = queued
+    for side in ("recv", "send"):
+        kernel = out[f"{side}_kernel"].to_numpy(np.int64)
+        queued = np.zeros(len(out), dtype=bool)
+        queued[kernel >= 0] = kernels.loc[kernel[kernel >= 0], "queued"].to_numpy() > 0
+        out[f"{side}_queued"] = queued
     out["leave_ns"] = -1
     return out
+
+
+def _side_kernels(summary: DeviceSummary, file_id: pd.Series, source_index: pd.Series) -> np.ndarray:
+    """The kernel each P2P call (its file and row) launched: its number in the run's
+    device-op order, -1 where it launched none."""
+    sides = summary["sides"]
+    side = pd.Series(sides["kernel"], index=pd.MultiIndex.from_arrays([sides["file_id"], sides["source_index"]]))
+    side = side[~side.index.duplicated()]
+    found = side.reindex(pd.MultiIndex.from_arrays([file_id, source_index])).to_numpy()
+    return np.where(np.isnan(found.astype(float)), -1, found).astype(np.int64)
+
+
+def receives_on_device(messages: pd.DataFrame, summary: DeviceSummary) -> np.ndarray:
+    """Whether each message's receive launched a device kernel (NCCL): such a call only
+    queues the receive on the GPU and returns, so its host never waited for the data."""
+    if messages.empty or "dst_file_id" not in messages or not len(summary["sides"]["kernel"]):
+        return np.zeros(len(messages), dtype=bool)
+    return _side_kernels(summary, messages["dst_file_id"], messages["dst_source_index"]) >= 0
 
 
 def _kernels(summary: DeviceSummary) -> pd.DataFrame:
@@ -310,9 +326,52 @@ def apply_device_times(messages: pd.DataFrame) -> pd.DataFrame:
     leave = out["send_start_ns"].where(
         ~out["recv_queued"].astype(bool), np.maximum(out["send_start_ns"], out["recv_start_ns"])
     )
+    # A send queued behind a receive from its own receiver that spun for that receiver (a
+    # rank's single P2P ops with one peer share one NCCL stream) was held by the receiver,
+    # not by the link or its sender: a host-bound receiver posts its own send late, its
+    # peer's receive spins for it, and the peer's send to it waits behind. Had that receive
+    # not spun it would have ended one transfer after it began, and the data could leave
+    # then, or when the send was posted if later.
+    behind = _receive_ahead(messages)
+    held = behind >= 0
+    if held.any():
+        at = behind[held]
+        unblocked = out["recv_start_ns"].to_numpy()[at] + out["transfer_ns"].to_numpy()[at]
+        leave = leave.to_numpy().copy()
+        leave[held] = np.maximum(messages["send_post_ns"].to_numpy()[held], unblocked)
     out["leave_ns"] = np.where(known, leave, -1)
     spin = np.where(out["waiting_rank"].to_numpy() == out["dst_rank"].to_numpy(), out["wait_ns"].to_numpy(), 0)
     out.loc[known, "recv_wait_ns"] = spin[known]
+    return out
+
+
+def _receive_ahead(messages: pd.DataFrame) -> np.ndarray:
+    """For each message whose send kernel queued behind the P2P kernel before it on its
+    stream: the message (row position) its sender was receiving from the same peer in a
+    kernel that ended as the send began (within ``QUEUE_SLACK_NS``) after spinning for that
+    peer; -1 for the others. The receive is found by its end, not its stream (the sides do
+    not say which kernel a queued one waited behind): where sends to a peer have a stream of
+    their own, such a receive means the peer posted its side of both late, and the queued
+    send waited on the peer all the same."""
+    src, dst = messages["src_rank"].to_numpy(np.int64), messages["dst_rank"].to_numpy(np.int64)
+    out = np.full(len(messages), -1, dtype=np.int64)
+    asking = np.flatnonzero(messages["send_queued"].to_numpy(bool) & (messages["send_kernel"].to_numpy() >= 0))
+    spun = np.flatnonzero((messages["waiting_rank"].to_numpy() == dst) & (messages["recv_kernel"].to_numpy() >= 0))
+    if not len(asking) or not len(spun):
+        return out
+    # a receive on rank a from rank b, and a send on rank a to rank b: the same (a, b) code
+    receiving, sending = pair_codes(dst[spun], src[spun], (src[asking], dst[asking]))
+    ends = messages["recv_end_ns"].to_numpy(np.int64)[spun]
+    order = np.lexsort((ends, receiving))
+    found = SortedGroups(receiving[order], ends[order]).last_at_most(
+        sending, messages["send_start_ns"].to_numpy(np.int64)[asking]
+    )
+    hit = found >= 0
+    candidate = spun[order][np.maximum(found, 0)]
+    close = messages["send_start_ns"].to_numpy()[asking] - messages["recv_end_ns"].to_numpy()[candidate]
+    other = messages["recv_kernel"].to_numpy()[candidate] != messages["send_kernel"].to_numpy()[asking]
+    take = hit & (close <= QUEUE_SLACK_NS) & other
+    out[asking[take]] = candidate[take]
     return out
 
 
