@@ -193,6 +193,7 @@ VARIANTS = {
         Variant("generated_independent_1f1b_no_shapes", record_shapes=False),
         Variant("generated_independent_1f1b_unnumbered_composites", numbered_composites=False),
         Variant("generated_independent_1f1b_wrapped_forward", wrapped_forward=True),
+        Variant("generated_independent_1f1b_wrapped_unnumbered", wrapped_forward=True, numbered_composites=False),
         Variant("generated_independent_1f1b_synchronised", host_lag=0),
     )
 }
