@@ -20,8 +20,10 @@ What is kept, per file (numpy only: this runs in the parser workers):
   Python frame's depth (a frame is as deep as the ops it holds; depth 0 on a thread with
   neither): the top-level compute ops of every label and step, whichever label table
   (built-in or the user's ``--label-rule``) names the actions;
-- ``autograd::engine`` backward ops with a sequence number, anywhere, when the file holds
-  point-to-point ops (unlabelled 1F1B reads them to tie backwards to forwards);
+- CPU ops with an autograd sequence number, anywhere, when the file holds point-to-point
+  ops: ``autograd::engine`` backward ops, and the forward ops that made their nodes, which
+  may sit below a composite op that records no number (unlabelled 1F1B reads them to tie
+  backwards to forwards);
 - each rank's earliest-starting and latest-ending row (a rank without step marks is one
   step spanning all of its events).
 
@@ -37,7 +39,6 @@ from tracekit.ingest.columns import EventColumns, take_rows
 from tracekit.model.groups import group_ids
 from tracekit.model.names import COMM_PREFIXES, FRAME_CATEGORY, LIBRARY_RANGES, RECV_NAMES, SEND_NAMES
 
-_BACKWARD_PREFIX = "autograd::engine"
 ROWS = ("all", "analysis", "reduce")  # "reduce": the working set, then the reducer (ingest.options.Reducer)
 
 
@@ -93,7 +94,7 @@ def _kept(columns: EventColumns) -> np.ndarray:
         keep |= runtime & np.isin(corr, launched)
 
     if by_name(lambda s: s in SEND_NAMES or s in RECV_NAMES).any():
-        keep |= by_name(lambda s: s.startswith(_BACKWARD_PREFIX)) & (nums["seq"] >= 0)
+        keep |= ~on_gpu & (nums["seq"] >= 0)
 
     ranks = nums["rank"]
     if ranks.min() == ranks.max():  # one rank, as a file mostly is: no search for its rows

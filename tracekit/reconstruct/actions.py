@@ -416,9 +416,13 @@ def _segment_unlabelled(
 ) -> list[tuple]:
     """Native Schedule1F1B: runs of top-level ops between c10d ops on the main thread.
 
-    A forward run counts only if one of its ops has a backward in the trace (shared autograd
-    sequence number): that drops batch splitting, ``detach_`` after sending and gradient
-    scaling. A backward's microbatch is the forward whose sequence numbers it consumes.
+    A forward run counts only if one of its ops made an autograd node a backward in the
+    trace ran (shared sequence number): that drops batch splitting, ``detach_`` after
+    sending and gradient scaling. A backward's microbatch is the forward whose nodes it runs.
+    Which op made a node is read from every op with a number, nested ones too
+    (:func:`_node_makers`), not from the top-level op alone: a composite op such as
+    ``aten::linear`` may carry no number while the ``aten::t`` and ``aten::addmm`` inside it
+    make the nodes.
     """
     rows: list[tuple] = []
     classes = events.per_name("name", _op_class, dtype=np.int8)
@@ -442,6 +446,7 @@ def _segment_unlabelled(
     engine_top = _sorted_groups(columns, is_backward & (columns["depth"] == 0), ("rank", "pid", "tid"))
     marks = _sorted_groups(columns, is_mark, ("rank",))
     backward = _sorted_groups(columns, is_backward, ("rank",))
+    makers = _node_makers(columns, on_cpu)
     p2p = _sorted_groups(columns, is_p2p, ("rank",))
     step_rows = zip(*[np.asarray(steps[c]).tolist() for c in ("rank", "step", "step_start_ns", "step_end_ns")])
     for rank, step_number, lo_t, hi_t in step_rows:
@@ -453,10 +458,10 @@ def _segment_unlabelled(
         key = (rank, int(mark["pid"][0]), int(mark["tid"][0]), int(mark["depth"][0]) + 1)
         if key not in by_key:
             continue
-        ops = _unwrapped(_slice(by_key[key], lo_t, hi_t), by_key, key)
+        ops = _with_made(_unwrapped(_slice(by_key[key], lo_t, hi_t), by_key, key), makers.get(key[:3]))
         for (e_rank, _, e_tid), engine in engine_top.items():
             if e_rank == rank and e_tid != key[2]:
-                ops = _merged(ops, _slice(engine, lo_t, hi_t))
+                ops = _merged(ops, _with_made(_slice(engine, lo_t, hi_t), None))
         inside = ops["end_ns"] <= hi_t
         ops = {c: v[inside] for c, v in ops.items()}
         back = _slice(backward[rank], lo_t, hi_t) if rank in backward else {}
@@ -466,20 +471,19 @@ def _segment_unlabelled(
         forward_of_seq: dict[int, int] = {}
         n_forward = 0
         seq = ops["seq"].tolist()  # Python ints: the loops below read them one by one
-        # the last forward op with a number made its node (a backward op has its node's number too)
-        creator = {q: i for i, (q, c) in enumerate(zip(seq, ops["class"].tolist())) if q >= 0 and c == _FORWARD}
-        for kind, lo, hi in _split_by_autograd(_runs(ops["class"]), seq):
+        made = _made_lists(ops)
+        for kind, lo, hi in _split_by_autograd(_runs(ops["class"]), seq, made):
             seqs = {q for q in seq[lo:hi] if q >= 0}
             if kind == "F":
-                # The forward proper: from the first to the last op whose node a backward
-                # ran. Host work around it on the same thread (a framework loading the
-                # batch, scaling the loss, seeding the gradient) is not the stage's compute;
-                # a run with no such op is bookkeeping between actions, no stage forward.
-                core = [i for i in range(lo, hi) if seq[i] >= 0 and creator.get(seq[i]) == i and seq[i] in has_backward]
+                # The forward proper: from the first to the last op that made a node a
+                # backward ran. Host work around it on the same thread (a framework loading
+                # the batch, scaling the loss, seeding the gradient) is not the stage's
+                # compute; a run with no such op is bookkeeping between actions, no forward.
+                core = [i for i in range(lo, hi) if not has_backward.isdisjoint(made[i])]
                 if not core:
                     continue
                 lo, hi = core[0], core[-1] + 1
-                seqs = {q for q in seq[lo:hi] if q >= 0}
+                seqs = {q for i in range(lo, hi) for q in made[i]}
                 mb = n_forward
                 n_forward += 1
                 for q in seqs:
@@ -529,7 +533,9 @@ def _unwrapped(ops: dict, by_key: dict, key: tuple, limit: int = 8) -> dict:
     return ops
 
 
-def _split_by_autograd(runs: list[tuple[str, int, int]], seq: list[int]) -> list[tuple[str, int, int]]:
+def _split_by_autograd(
+    runs: list[tuple[str, int, int]], seq: list[int], made: list[range]
+) -> list[tuple[str, int, int]]:
     """Runs that hold two actions, split where the autograd sequence numbers say so.
 
     Runs break at communication ops on the segmented thread. A send posted from another
@@ -538,7 +544,8 @@ def _split_by_autograd(runs: list[tuple[str, int, int]], seq: list[int]) -> list
     creation order and a backward visits its forward's nodes from the last: so a new
     backward starts where a node's number exceeds every number of the backward so far
     (gradient accumulators, numbered once at the first forward, never do), and a forward
-    run splits where its ops' nodes start belonging to another backward."""
+    run splits where its ops' nodes (``made``: the numbers of the nodes each op made) start
+    belonging to another backward."""
     pieces: list[tuple[str, int, int]] = []
     for kind, lo, hi in runs:
         if kind != "B":
@@ -558,13 +565,6 @@ def _split_by_autograd(runs: list[tuple[str, int, int]], seq: list[int]) -> list
     for n, (kind, lo, hi) in enumerate(pieces):
         if kind == "B":
             owner.update((q, n) for q in seq[lo:hi] if q >= 0)
-    # An op that creates no node records the number the next node will get (the detach
-    # after a forward's last layer carries the next microbatch's first number): only the
-    # last op with a number, the one that created its node, says whose it is.
-    creator: dict[int, int] = {}
-    for kind, lo, hi in pieces:
-        if kind == "F":
-            creator.update((seq[i], i) for i in range(lo, hi) if seq[i] >= 0)
     out: list[tuple[str, int, int]] = []
     for kind, lo, hi in pieces:
         if kind != "F":
@@ -572,9 +572,7 @@ def _split_by_autograd(runs: list[tuple[str, int, int]], seq: list[int]) -> list
             continue
         start, current = lo, None
         for i in range(lo, hi):
-            if creator.get(seq[i]) != i:
-                continue
-            who = owner.get(seq[i])
+            who = next((owner[q] for q in made[i] if q in owner), None)
             if who is None:
                 continue
             if current is not None and who != current:
@@ -583,6 +581,62 @@ def _split_by_autograd(runs: list[tuple[str, int, int]], seq: list[int]) -> list
             current = who
         out.append(("F", start, hi))
     return out
+
+
+def _node_makers(columns: dict, on_cpu: np.ndarray) -> dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]]:
+    """Per thread (rank, pid, tid): when each autograd node was made and its number, both
+    sorted by that time.
+
+    An op records the number the next node made on its thread will get (autograd numbers
+    nodes per thread, in creation order), whether it makes that node or not: ``aten::linear``
+    and the ``aten::t`` inside it both record n and the ``aten::t`` makes node n; a
+    ``detach`` before a send records the number the next microbatch's first node gets. So
+    the op that made node n is the last forward op to record n, at any depth; ops inside a
+    backward (which record the number of the node they run) and communication ops are not
+    forward ops."""
+    classes, seq = columns["class"], columns["seq"]
+    thread_keys = ("rank", "pid", "tid")
+    backward = _sorted_groups(columns, on_cpu & (classes == _BACKWARD), thread_keys)
+    numbered = _sorted_groups(columns, on_cpu & (classes == _FORWARD) & (seq >= 0), thread_keys)
+    out = {}
+    for key, ops in numbered.items():
+        starts, depth, numbers = ops["start_ns"], ops["depth"], ops["seq"]
+        spans = backward.get(key)
+        if spans is not None:  # on CPUs the backward runs on the forward's thread
+            at = np.searchsorted(spans["start_ns"], starts, side="right") - 1
+            reach = np.maximum.accumulate(spans["end_ns"])
+            forward = (at < 0) | (reach[np.maximum(at, 0)] <= starts)
+            starts, depth, numbers = starts[forward], depth[forward], numbers[forward]
+        order = np.lexsort((depth, starts, numbers))  # by number, then time: a number's last is its maker
+        numbers, starts = numbers[order], starts[order]
+        last = np.ones(len(numbers), dtype=bool)
+        last[:-1] = numbers[1:] != numbers[:-1]
+        numbers, starts = numbers[last], starts[last]
+        by_time = np.argsort(starts, kind="stable")
+        out[key] = (starts[by_time], numbers[by_time])
+    return out
+
+
+def _with_made(ops: dict, makers: tuple[np.ndarray, np.ndarray] | None) -> dict:
+    """The ops with the range of node numbers each made (``made_lo``..``made_hi``, -1: none):
+    the nodes made while it ran, forward ops only. A thread's numbers grow with time, so an
+    op's are one range."""
+    n = len(ops["start_ns"])
+    lo, hi = np.full(n, -1, dtype=np.int64), np.full(n, -1, dtype=np.int64)
+    if makers is not None and n:
+        times, numbers = makers
+        a = np.searchsorted(times, ops["start_ns"], side="left")
+        b = np.searchsorted(times, ops["end_ns"], side="right")
+        some = (b > a) & (ops["class"] == _FORWARD)
+        lo[some] = numbers[a[some]]
+        hi[some] = numbers[b[some] - 1]
+    return {**ops, "made_lo": lo, "made_hi": hi}
+
+
+def _made_lists(ops: dict) -> list[range]:
+    return [
+        range(lo, hi + 1) if lo >= 0 else range(0) for lo, hi in zip(ops["made_lo"].tolist(), ops["made_hi"].tolist())
+    ]
 
 
 def _sorted_groups(columns: dict, mask: np.ndarray, keys: tuple[str, ...]) -> dict:
