@@ -29,19 +29,31 @@ def reference_pipeline(actions: pd.DataFrame) -> pd.DataFrame:
     """measure_pipeline as it was (tracekit 1b5124f): a union per (rank, step) group; with
     the rule added since (issue #29), stated here on its own: where a step's window runs past
     the next step's start, a rank's window of the first ends, and of the second begins, at
-    the later of the next step's start and the end of the rank's own last action of the first."""
+    the later of the next step's start and the end of the rank's own last action of the first
+    (unless the rank's own second step starts before that: then both stay global)."""
     w = step_windows(actions)
     windows = {int(s): (int(lo), int(hi)) for s, lo, hi in zip(w["step"], w["window_start_ns"], w["window_end_ns"])}
     ordered = sorted(windows)
     rows: list[BubbleRow] = []
     last_end = {key: int(g["end_ns"].max()) for key, g in int_groups(actions, ["rank", "step"])}
+    first_start = {key: int(g["start_ns"].min()) for key, g in int_groups(actions, ["rank", "step"])}
     for (rank, step), group in int_groups(actions, ["rank", "step"]):
         lo, hi = windows[step]
         k = ordered.index(step)
+
+        def boundary(r: int, j: int) -> int | None:
+            """Where rank r's windows of steps j and j+1 meet, if they are split there: not
+            where its own step j+1 starts before that (its steps overlap on its own)."""
+            nxt = ordered[j + 1]
+            b = max(windows[nxt][0], last_end[(r, ordered[j])])
+            return b if b <= first_start.get((r, nxt), b) else None
+
         if k + 1 < len(ordered) and hi > windows[ordered[k + 1]][0]:
-            hi = min(hi, max(windows[ordered[k + 1]][0], last_end[(rank, step)]))
+            b = boundary(rank, k)
+            hi = hi if b is None else min(hi, b)
         if k > 0 and windows[ordered[k - 1]][1] > lo and (rank, ordered[k - 1]) in last_end:
-            lo = max(lo, windows[step][0], last_end[(rank, ordered[k - 1])])
+            b = boundary(rank, k - 1)
+            lo = lo if b is None else max(lo, b)
         busy = union_length(group["start_ns"].to_numpy(), group["end_ns"].to_numpy(), lo, hi)
         rows.append((rank, step, lo, hi, hi - lo, busy))
     return bubble_table(rows)

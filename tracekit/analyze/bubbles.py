@@ -60,13 +60,18 @@ def rank_windows(actions: pd.DataFrame, rank: np.ndarray, step: np.ndarray) -> t
     overlapping = g_hi[:-1] > g_lo[1:]  # step k's window runs past step k+1's start
     if not overlapping.any():
         return lo, hi
-    last_end = actions.groupby(["rank", "step"])["end_ns"].max()
-    ends = last_end.reindex(pd.MultiIndex.from_arrays([rank, step])).to_numpy(np.int64)
+    spans = actions.groupby(["rank", "step"]).agg(first=("start_ns", "min"), last=("end_ns", "max"))
+    ends = spans["last"].reindex(pd.MultiIndex.from_arrays([rank, step])).to_numpy(np.int64)
+    first_of = {(int(r), int(s)): int(t) for (r, s), t in spans["first"].items()}
     boundary = {}
     for i, (r, k) in enumerate(zip(rank.tolist(), at.tolist())):
         if k + 1 < len(steps) and overlapping[k]:
-            boundary[(r, k)] = max(int(g_lo[k + 1]), int(ends[i]))
-            hi[i] = min(hi[i], boundary[(r, k)])
+            b = max(int(g_lo[k + 1]), int(ends[i]))
+            # a rank whose own next step starts before that (its steps overlap on its own
+            # device) keeps the global windows: each must hold the rank's actions of its step
+            if b <= first_of.get((r, int(steps[k + 1])), b):
+                boundary[(r, k)] = b
+                hi[i] = min(hi[i], b)
     for i, (r, k) in enumerate(zip(rank.tolist(), at.tolist())):
         if k > 0 and (r, k - 1) in boundary:
             lo[i] = max(lo[i], boundary[(r, k - 1)])
