@@ -62,7 +62,11 @@ def rank_windows(actions: pd.DataFrame, rank: np.ndarray, step: np.ndarray) -> t
         return lo, hi
     spans = actions.groupby(["rank", "step"]).agg(first=("start_ns", "min"), last=("end_ns", "max"))
     ends = spans["last"].reindex(pd.MultiIndex.from_arrays([rank, step])).to_numpy(np.int64)
-    first_of = {(int(r), int(s)): int(t) for (r, s), t in spans["first"].items()}
+    idx = spans.index
+    keys = zip(idx.get_level_values(0).tolist(), idx.get_level_values(1).tolist())
+    first_of: dict[tuple[int, int], int] = {
+        (int(r), int(s)): int(t) for (r, s), t in zip(keys, spans["first"].tolist())
+    }
     boundary = {}
     for i, (r, k) in enumerate(zip(rank.tolist(), at.tolist())):
         if k + 1 < len(steps) and overlapping[k]:
