@@ -46,6 +46,11 @@ def _capture(tmp_path: Path, *args: str) -> Path:
         (["--schedule", "Nope"], "unknown schedule"),
         (["--slow-stage", "9"], "is not a stage"),
         (["--layers", "10"], "does not split evenly"),
+        (["--device", "cuda"], "--device cuda needs --compute real"),
+        (["--device", "cuda", "--compute", "real", "--schedule", "TeraPipe"], "--device cuda runs torch.distributed"),
+        (["--device", "cuda", "--compute", "real", "--framework", "megatron"], "--device cuda runs torch.distributed"),
+        (["--device", "cuda", "--compute", "real", "--profiler", "nsys"], "drop --profiler nsys"),
+        (["--with-stack", "--framework", "deepspeed"], "--with-stack is recorded by tracekit's own"),
     ],
 )
 def test_bad_options_are_one_line_errors(tmp_path, args, words):
@@ -218,3 +223,59 @@ def test_live_capture_zero_bubble_i_and_w_take_time(tmp_path):
                 # torch runs stage 0's whole backward in W (its input needs no grad)
                 assert slept_ms >= 3.6, (e["name"], slept_ms)
         assert {"F", "I", "W"} <= seen
+
+
+# --------------------------------------------------------------------------------------
+# --device cuda and --with-stack (the GPU path is proven on a GPU only; see scripts/gpu_capture.sh)
+# --------------------------------------------------------------------------------------
+def test_device_cuda_without_a_gpu_is_one_line_and_starts_nothing(tmp_path):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the refusal is for machines without one")
+    result = CliRunner().invoke(main, ["capture", "-o", str(tmp_path / "x"), "--device", "cuda", "--compute", "real"])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().splitlines() == [
+        f"tracekit: error: --device cuda: this PyTorch ({torch.__version__}) sees no CUDA GPU; "
+        "run on a machine with one, or drop --device"
+    ]
+    assert not any((tmp_path / "x").glob("rank*"))
+
+
+def test_on_device_stage_computes_and_backpropagates_as_its_module():
+    """OnDevice (the stage of a --device cuda capture, here on the CPU): the same output and
+    gradients as the module alone, host tensors in and out; a meta input (a shape inference
+    that runs the stage on meta tensors) gives a meta output of the right shape."""
+    torch = pytest.importorskip("torch")
+    from tracekit.capture.model import OnDevice
+
+    torch.manual_seed(0)
+    inner = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
+    plain = torch.nn.Sequential(*[m for m in inner])
+    x = torch.randn(3, 8, requires_grad=True)
+    y = OnDevice(inner, torch.device("cpu"))(x)
+    y.sum().backward()
+    grad_wrapped = x.grad.clone()
+    x.grad = None
+    plain(x).sum().backward()
+    assert y.device.type == "cpu" and y.shape == (3, 4)
+    assert torch.equal(grad_wrapped, x.grad)
+    meta = OnDevice(inner, torch.device("cpu"))(torch.empty(5, 8, device="meta"))
+    assert meta.is_meta and meta.shape == (5, 4)
+
+
+def test_live_capture_with_stack_keeps_python_frames(tmp_path):
+    """--with-stack: torch.profiler(with_stack=True) writes python_function frames; capture.json
+    says so; tracekit reads the run as without them (1F1B p=4 m=4, every action)."""
+    pytest.importorskip("torch")
+    from tracekit import load
+
+    out = _capture(
+        tmp_path, "--schedule", "1F1B", "-p", "4", "-m", "4", "--steps", "1", "--layer-ms", "1", "--with-stack"
+    )
+    cap = json.loads((out / "capture.json").read_text())
+    assert cap["profiler"]["with_stack"] is True and cap["command"].endswith("--with-stack")
+    frames = [e for e in _load(out / "rank0.json.gz")["traceEvents"] if e.get("cat") == "python_function"]
+    assert len(frames) > 100
+    run = load(out)
+    assert (run.schedule.name, run.schedule.p, run.schedule.m) == ("1F1B", 4, 4)
+    assert len(run.actions) == 4 * 4 * 2 and not run.warnings

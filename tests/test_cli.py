@@ -108,7 +108,7 @@ def test_executable_flushes_everything_and_exits_with_the_right_status(tmp_path)
     assert len(bad.stderr.strip().splitlines()) == 1 and "no such file or folder" in bad.stderr
 
 
-@pytest.mark.parametrize(
+PRINTING = pytest.mark.parametrize(
     "args",
     [
         ["analyze", str(SAMPLES / "1f1b"), "--no-cache", "--no-progress"],
@@ -119,6 +119,30 @@ def test_executable_flushes_everything_and_exits_with_the_right_status(tmp_path)
     ],
     ids=["analyze", "analyze-json", "check", "help", "whatif-help"],
 )
+
+
+@PRINTING
+def test_a_reader_that_went_away_ends_quietly_with_sigpipes_status(args):
+    """``tracekit check run/ | head -1``: the reader is gone before the rest is written (EPIPE).
+    Was "internal error: BrokenPipeError" (exit 3) from check; now nothing on stderr and 141,
+    a shell's status for SIGPIPE. The pipe's read end is closed before tracekit starts, so
+    every write fails, whatever the timing."""
+    import os
+    import subprocess
+    import sys
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "tracekit.cli", *args], stdout=write_end, stderr=subprocess.PIPE, text=True
+        )
+    finally:
+        os.close(write_end)
+    assert (done.returncode, done.stderr) == (141, "")
+
+
+@PRINTING
 def test_standard_output_that_cannot_be_written_is_one_line_and_exit_2(args):
     """``> /dev/full`` (ENOSPC on every write): was an internal error (exit 3), or a traceback
     from --help."""

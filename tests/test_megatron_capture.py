@@ -294,13 +294,13 @@ def test_nsys_sample_holds_megatron_ranges_and_no_private_data():
 # The interleaved run has no label either: its stages come from the forward chains (the last
 # rank's activations go back to rank 0, tracekit/reconstruct/chains.py). Megatron's bookkeeping
 # around the layers (batch slicing, its token counter) is host time, not compute.
-READS = ["megatron_1f1b", "megatron_interleaved"]
+READS = ["megatron_1f1b", "megatron_interleaved", "megatron_interleaved_with_stack"]
 
 
 @pytest.mark.parametrize("name", READS)
 def test_tracekit_names_the_schedule(name, loaded_runs):
     run, _ = loaded_runs(_sample(name))
-    schedule, v = KINETO[name]
+    schedule, v = KINETO[name.removesuffix("_with_stack")]
     assert (run.schedule.name, run.schedule.p, run.schedule.v, run.schedule.m) == (schedule, 4, v, 8)
 
 
@@ -323,11 +323,80 @@ def test_tracekit_finds_every_action_with_stage_and_microbatch(name, loaded_runs
     _matches_the_executed_order(run, run_dir)
 
 
-@pytest.mark.parametrize("name", READS)
+@pytest.mark.parametrize("name", READS[:2])
 def test_tracekit_bubble_within_a_point_of_the_independent_one(name, loaded_runs):
     run_dir = _sample(name)
     _, analysis = loaded_runs(run_dir)
     expected = independent_bubbles(run_dir)
+    measured = {r: v.bubble_ratio for r, v in analysis.summary.per_rank.items()}
+    assert measured.keys() == expected.keys()
+    for rank in expected:
+        assert measured[rank] == pytest.approx(expected[rank], abs=0.01), (rank, measured, expected)
+
+
+# The with_stack capture: the same run with torch.profiler(with_stack=True), so Megatron's own
+# forward_step / backward_step frames name every action (the megatron-torch label table reads
+# them; tracekit/model/names.py). Real frames, as torch writes them, of a real Megatron-core run.
+WITH_STACK = "megatron_interleaved_with_stack"
+
+
+def test_the_with_stack_sample_holds_megatrons_frames():
+    run_dir = _sample(WITH_STACK)
+    cap = capture_of(run_dir)
+    assert cap["profiler"]["with_stack"] is True and cap["megatron_core_version"] == "0.16.1"
+    assert cap["command"] == (
+        f"tracekit capture -o sample_traces/{WITH_STACK} --schedule Interleaved1F1B --framework megatron "
+        "-p 4 -m 8 -v 2 --steps 3 --with-stack"
+    )
+    for rank in range(4):
+        frames = [e["name"] for e in _trace(run_dir, rank)["traceEvents"] if e.get("cat") == "python_function"]
+        for fn in ("forward_step", "backward_step"):
+            # 16 of each per step (2 chunks x 8 microbatches), 3 profiled steps
+            named = [
+                n for n in frames if re.fullmatch(rf"megatron/core/pipeline_parallel/schedules\.py\(\d+\): {fn}", n)
+            ]
+            assert len(named) == 48, (rank, fn, len(named))
+
+
+def frame_bubbles(run_dir: Path) -> dict[int, float]:
+    """Bubble ratio per rank from the raw JSON (json + numpy, no tracekit), each action read
+    from its forward_step / backward_step frame and spanning the first to the last CPU op
+    inside it: Megatron's bookkeeping between them (batch slicing, loss scaling) busy, the
+    frame's Python before its first op and after its last not. (The layer-op count of
+    :func:`independent_bubbles` leaves the bookkeeping out: about a point less busy here.)
+    Window of a step: first action start to last action end over all ranks."""
+    pattern = re.compile(r"megatron/core/pipeline_parallel/schedules\.py\(\d+\): (forward|backward)_step")
+    spans: dict[int, dict[int, np.ndarray]] = {}
+    for rank in range(4):
+        doc = _trace(run_dir, rank)
+        _, steps = _main_thread_ops(doc)
+        events = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+        ops = np.array(sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "cpu_op"))
+        actions = []
+        for f in events:
+            if f.get("cat") == "python_function" and pattern.fullmatch(f["name"]):
+                lo, hi = f["ts"], f["ts"] + f["dur"]
+                inside = ops[(ops[:, 0] >= lo) & (ops[:, 1] <= hi)]
+                actions.append((inside[:, 0].min(), inside[:, 1].max()))
+        spans[rank] = {step: np.array([a for a in actions if w[0] <= a[0] < w[1]]) for step, w in steps.items()}
+    ratios = {}
+    for rank, per_step in spans.items():
+        busy = window = 0.0
+        for step, intervals in per_step.items():
+            window += max(s[step][:, 1].max() for s in spans.values()) - min(
+                s[step][:, 0].min() for s in spans.values()
+            )
+            busy += union_length(intervals)
+        ratios[rank] = 1 - busy / window
+    return ratios
+
+
+def test_tracekit_reads_the_with_stack_sample_by_megatrons_frames(loaded_runs):
+    run_dir = _sample(WITH_STACK)
+    run, analysis = loaded_runs(run_dir)
+    assert run.labels == "megatron-torch" and run.actions_from == "labels"
+    assert not run.warnings
+    expected = frame_bubbles(run_dir)
     measured = {r: v.bubble_ratio for r, v in analysis.summary.per_rank.items()}
     assert measured.keys() == expected.keys()
     for rank in expected:

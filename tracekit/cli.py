@@ -38,10 +38,25 @@ class _Group(click.Group):
         except KeyboardInterrupt:
             click.echo("tracekit: interrupted", err=True)
             sys.exit(130)
+        except BrokenPipeError:
+            _reader_gone()
         except Exception as err:  # a bug in tracekit, not the user's fault
             _internal_error(err)
         finally:
             sys.stdout = stdout
+
+
+#: exit status when standard output's reader went away (``| head``): a shell's for SIGPIPE
+READER_GONE = 128 + 13
+
+
+def _reader_gone() -> None:
+    """Standard output's reader went away (``tracekit check run/ | head -2``): stop quietly
+    as a shell tool does, with the SIGPIPE status; what is left to print goes nowhere."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.__stdout__.fileno())
+    sys.exit(READER_GONE)
 
 
 def _internal_error(err: Exception) -> None:
@@ -118,7 +133,7 @@ def run() -> None:
         sys.stdout.flush()
         sys.stderr.flush()
     except BrokenPipeError:  # stdout closed early (a pipe into head): nothing to flush
-        code = code or 1
+        code = code or READER_GONE
     except (OSError, ValueError) as err:  # > /dev/full: the output never arrived
         from tracekit.output import GuardedStream, standard_output_failure
 
@@ -127,6 +142,8 @@ def run() -> None:
                 sys.stderr.write(f"tracekit: error: {standard_output_failure(err)}\n")
                 sys.stderr.flush()
         code = code or 2
+    if GuardedStream.reader_gone and code in (0, 1):  # click's own status for EPIPE is 1
+        code = READER_GONE
     import atexit
 
     atexit._run_exitfuncs()

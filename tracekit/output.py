@@ -65,6 +65,7 @@ class GuardedStream:
     wrapped stream's."""
 
     failed = False  # a write failed: the exit path need not say so again
+    reader_gone = False  # a write met EPIPE (``| head``): the exit status says so, 141
 
     def __init__(self, stream) -> None:
         self._stream = stream
@@ -87,6 +88,7 @@ class GuardedStream:
     @staticmethod
     def _failure(err: OSError) -> OSError | StandardOutputError:
         if err.errno == errno.EPIPE:
+            GuardedStream.reader_gone = True
             return err
         GuardedStream.failed = True
         return StandardOutputError(standard_output_failure(err))

@@ -38,6 +38,7 @@ V_PLACEMENT = {"ZBVZeroBubble", "DualPipeV"}
 SPLIT_BACKWARD = {"InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"}
 
 COMPUTE_MODES = ("emulated", "real")
+DEVICES = ("cpu", "cuda")
 
 #: TeraPipe: share of a layer's mean cost that grows with the slice's prefix (attention)
 DEFAULT_ATTENTION_SHARE = 0.5
@@ -83,6 +84,11 @@ class CaptureConfig:
     layer_labels: bool = False
     # torch.profiler(profile_memory=True): [memory] events on every allocation and free
     profile_memory: bool = False
+    #: where the stages compute: "cpu", or "cuda" (every rank on GPU 0; P2P still over gloo,
+    #: through the host: see tracekit.capture.model.OnDevice)
+    device: str = "cpu"
+    #: torch.profiler(with_stack=True): python_function frames (larger traces)
+    with_stack: bool = False
     seed: int = 0
     attention_share: float | None = None  # TeraPipe only; None: DEFAULT_ATTENTION_SHARE
     #: layers of each stage, in stage order (an uneven split); None: layers split evenly
@@ -217,6 +223,7 @@ class CaptureConfig:
             )
         if self.hidden < 1 or self.microbatch_size < 1:
             raise CaptureError("--hidden and --microbatch-size must be at least 1")
+        self._check_device()
         if self.schedule == "PipeDream2BW" and m < p:
             # two weight buffers suffice only while every microbatch in flight at an update
             # (up to p-1 of them on stage 0) started after the previous update
@@ -234,6 +241,26 @@ class CaptureConfig:
             if not 0 <= self.attention_share <= 1:
                 raise CaptureError(f"--attention-share must be within [0, 1] (got {self.attention_share:g})")
         return self
+
+    def _check_device(self) -> None:
+        if self.device not in DEVICES:
+            raise CaptureError(f"unknown device {self.device!r}; use --device cpu or --device cuda")
+        if self.with_stack and self.framework == "deepspeed":
+            raise CaptureError("--with-stack is recorded by tracekit's own torch and Megatron ranks; drop --framework")
+        if self.device == "cpu":
+            return
+        if self.framework != "torch" or self.schedule in DESIGNS:
+            # the design loops and the frameworks' ranks compute on the CPU only
+            raise CaptureError(
+                "--device cuda runs torch.distributed.pipelining's schedules "
+                f"(not {self.framework if self.framework != 'torch' else self.schedule}); drop it or pick one of those"
+            )
+        if self.compute != "real":
+            raise CaptureError(
+                "--device cuda needs --compute real (the emulated costs are host sleeps, which leave the GPU idle)"
+            )
+        if self.profile_memory:
+            raise CaptureError("--profile-memory is recorded on the CPU captures only; drop it with --device cuda")
 
     def _check_layers_per_stage(self) -> None:
         counts = self.layers_per_stage or ()
@@ -317,6 +344,10 @@ class CaptureConfig:
             parts += ["--layer-labels"]
         if self.profile_memory:
             parts += ["--profile-memory"]
+        if self.device != "cpu":
+            parts += ["--device", self.device]
+        if self.with_stack:
+            parts += ["--with-stack"]
         if self.seed != 0:
             parts += ["--seed", str(self.seed)]
         if self.schedule == "TeraPipe" and self.attention_share != DEFAULT_ATTENTION_SHARE:

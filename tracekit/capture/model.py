@@ -91,6 +91,29 @@ class EmulatedLinear(nn.Linear):
             return TracekitEmuCompute.apply(y, self.fwd_ms, self.igrad_ms, self.label)
 
 
+class OnDevice(nn.Module):
+    """A stage module computing on ``device`` behind host-side inputs and outputs.
+
+    ``--device cuda`` runs every rank on the one GPU, where NCCL refuses two ranks on one
+    device, so P2P stays on gloo, which moves host memory only. The stage's parameters live
+    on the GPU; each call copies its input there (``aten::to``, a host-to-device memcpy),
+    computes with GPU kernels, and copies the output back (device-to-host; the copy waits
+    for the kernels). Autograd runs the two copies' backwards the other way round, so the
+    backward's kernels are on the GPU too and the gradient gloo sends is on the host.
+    """
+
+    def __init__(self, inner: nn.Module, device: torch.device):
+        super().__init__()
+        self.inner = inner.to(device)
+        self.device = device
+
+    def forward(self, x):
+        if x.is_meta:  # a PipelineStage shape inference that runs the stage on meta tensors
+            params = {name: torch.empty_like(p, device="meta") for name, p in self.inner.named_parameters()}
+            return torch.func.functional_call(self.inner, params, (x,))
+        return self.inner(x.to(self.device)).to("cpu")
+
+
 def build_stage_module(cfg: CaptureConfig, stage: int, layers: list[nn.Module]) -> nn.Module:
     mods: list[nn.Module] = []
     last_layer = cfg.layers - 1

@@ -17,19 +17,27 @@ import torch
 from tracekit.capture.files import gzip_file
 
 
-def make_profiler(schedule: dict[str, int], trace_json: Path, profile_memory: bool = False) -> torch.profiler.profile:
+def make_profiler(
+    schedule: dict[str, int],
+    trace_json: Path,
+    profile_memory: bool = False,
+    *,
+    cuda: bool = False,
+    with_stack: bool = False,
+) -> torch.profiler.profile:
     """A profiler with ``schedule`` (``CaptureConfig.profiler_schedule()``: ``steps`` steps
     after unrecorded ones) writing into ``trace_json``; ``profile_memory``: with a ``[memory]``
-    event on every allocation and free (what one microbatch's activations take)."""
+    event on every allocation and free (what one microbatch's activations take); ``cuda``:
+    the GPU's kernels and copies too (CUPTI); ``with_stack``: ``python_function`` frames."""
 
     def on_trace_ready(prof):
         prof.export_chrome_trace(str(trace_json))
 
     return torch.profiler.profile(
-        activities=[torch.profiler.ProfilerActivity.CPU],
+        activities=[torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else []),
         schedule=torch.profiler.schedule(**schedule, repeat=1),
         record_shapes=True,
-        with_stack=False,
+        with_stack=with_stack,
         profile_memory=profile_memory,
         # torch 2.13 on CPU records no [memory] event while profile_all_threads is on (seen: 0
         # events with it, one per allocation without); the main thread has the compute

@@ -22,6 +22,13 @@ EMULATED_HOW = (
     "(torch runs stage 0's whole backward in W and leaves its I empty)."
 )
 REAL_HOW = "plain Linear+ReLU matmuls, no sleeps; processes time-slice the CPU cores"
+GPU_HOW = (
+    "plain Linear+ReLU matmuls on GPU 0, no sleeps; every rank's process shares the one GPU "
+    "(time-sliced, no MPS). P2P is gloo over 127.0.0.1, not NCCL (NCCL refuses two ranks on "
+    "one device): each stage copies its input to the GPU (aten::to, host-to-device memcpy) and "
+    "its output back (device-to-host, which waits for the stage's kernels), so gloo sends host "
+    "tensors; the backward's copies run the other way round"
+)
 P2P_HOW = (
     "every torch.distributed.isend is enqueued on the main thread inside a zero-length "
     "record_function('tracekit:p2p_delay') marker and posted by one FIFO sender thread per "
@@ -72,6 +79,11 @@ def run_capture(config: CaptureConfig, out_dir, *, command_out: str | None = Non
     """
     config.validate()
     torch = import_torch()
+    if config.device == "cuda" and not torch.cuda.is_available():
+        raise CaptureError(
+            f"--device cuda: this PyTorch ({torch.__version__}) sees no CUDA GPU; "
+            "run on a machine with one, or drop --device"
+        )
 
     from tracekit.capture import worker
 
@@ -81,7 +93,7 @@ def run_capture(config: CaptureConfig, out_dir, *, command_out: str | None = Non
     _log(
         f"spawning {config.ranks} ranks: {config.schedule}, p={config.ranks} v={config.v} "
         f"m={config.microbatches}, {config.n_stages} stages ({config.placement} placement), "
-        f"{config.compute} compute, gloo on 127.0.0.1"
+        f"{config.compute} compute on {'GPU 0' if config.device == 'cuda' else 'the CPU'}, gloo on 127.0.0.1"
     )
     t0 = time.perf_counter()
     spawn_ranks(worker.run_rank, (config.to_dict(), str(out.resolve())), config.ranks)
@@ -176,9 +188,9 @@ def take_losses(out: Path) -> list[float]:
 def profiler_manifest(config: CaptureConfig) -> dict:
     """capture.json's account of :func:`tracekit.capture.profiling.make_profiler`."""
     return {
-        "activities": ["CPU"],
+        "activities": ["CPU", "CUDA"] if config.device == "cuda" else ["CPU"],
         "record_shapes": True,
-        "with_stack": False,
+        "with_stack": config.with_stack,
         "profile_memory": config.profile_memory,
         "profile_all_threads": not config.profile_memory,
         "schedule": config.profiler_schedule(),
@@ -214,7 +226,8 @@ def compute_manifest(config: CaptureConfig) -> dict:
         "optimizer": "SGD lr=1e-3, one step per training step",
         "loss": "MSELoss on the last stage",
         "split_backward": config.schedule in SPLIT_BACKWARD,
-        "how": EMULATED_HOW if config.compute == "emulated" else REAL_HOW,
+        "device": config.device,
+        "how": EMULATED_HOW if config.compute == "emulated" else (GPU_HOW if config.device == "cuda" else REAL_HOW),
     }
 
 

@@ -32,7 +32,7 @@ from torch.profiler import record_function
 
 from tracekit.capture.config import DESIGNS, SCHEDULES, CaptureConfig
 from tracekit.capture.files import write_text
-from tracekit.capture.model import build_layers, build_stage_module, training_data
+from tracekit.capture.model import OnDevice, build_layers, build_stage_module, training_data
 from tracekit.capture.profiling import gzip_trace, make_profiler
 
 P2P_DELAY_MARKER = "tracekit:p2p_delay"
@@ -168,7 +168,13 @@ def run_rank(rank: int, cfg_dict: dict, out_dir: str, port: int) -> None:
 
 
 def _train_and_profile(rank: int, cfg: CaptureConfig, out: Path) -> None:
-    prof = make_profiler(cfg.profiler_schedule(), out / f"rank{rank}.json", cfg.profile_memory)
+    prof = make_profiler(
+        cfg.profiler_schedule(),
+        out / f"rank{rank}.json",
+        cfg.profile_memory,
+        cuda=cfg.device == "cuda",
+        with_stack=cfg.with_stack,
+    )
     with prof:
         if cfg.schedule in DESIGNS:
             from tracekit.capture import designs
@@ -234,8 +240,14 @@ def build_pipeline(rank: int, cfg: CaptureConfig) -> RankPipeline:
 
     my_stages = cfg.stages_of_rank(rank)
     layers = build_layers(cfg)
+    # the stage's own device is the host's even with --device cuda: gloo sends host tensors
+    # only, so a GPU stage sits behind OnDevice's copies
     device = torch.device("cpu")
-    stages = [PipelineStage(build_stage_module(cfg, s, layers), s, cfg.n_stages, device) for s in my_stages]
+
+    modules = [build_stage_module(cfg, s, layers) for s in my_stages]
+    if cfg.device == "cuda":
+        modules = [OnDevice(m, torch.device("cuda", 0)) for m in modules]
+    stages = [PipelineStage(m, s, cfg.n_stages, device) for m, s in zip(modules, my_stages)]
     del layers
     params = [p for st in stages for p in st.submod.parameters()]
     optimizer = torch.optim.SGD(params, lr=1e-3)

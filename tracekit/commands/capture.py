@@ -126,6 +126,21 @@ def _schedule(ctx, param, value):
     help="torch.profiler(profile_memory=True): a [memory] event on every allocation and free, so "
     "whatif --search can size one microbatch's activations (larger traces).",
 )
+@click.option(
+    "--device",
+    default="cpu",
+    show_default=True,
+    type=click.Choice(["cpu", "cuda"]),
+    help="Where the stages compute. cuda: every rank on GPU 0 with --compute real, the profiler "
+    "records the GPU's kernels too; P2P stays on gloo through the host (NCCL refuses two ranks "
+    "on one GPU), so each stage copies its input to the GPU and its output back.",
+)
+@click.option(
+    "--with-stack",
+    is_flag=True,
+    help="torch.profiler(with_stack=True): python_function frames in the trace (larger; with "
+    "--framework megatron they name every action: Megatron's forward_step / backward_step).",
+)
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option(
     "--attention-share",
@@ -168,6 +183,8 @@ def command(
     p2p_delay_ms,
     layer_labels,
     profile_memory,
+    device,
+    with_stack,
     seed,
     attention_share,
     profiler,
@@ -190,6 +207,7 @@ def command(
       tracekit capture -o 2bw/ --schedule PipeDream2BW   # 1F1B, no flush, 2 weight versions
       tracekit capture -o tera/ --schedule TeraPipe      # token slices, later ones cost more
       tracekit capture -o nsys_run/ --profiler nsys     # needs Nsight Systems' nsys
+      tracekit capture -o gpu/ --device cuda --compute real --with-stack   # one GPU
     """
     cfg = CaptureConfig(
         schedule=schedule,
@@ -209,6 +227,8 @@ def command(
         p2p_delay_ms=p2p_delay_ms,
         layer_labels=layer_labels,
         profile_memory=profile_memory,
+        device=device,
+        with_stack=with_stack,
         seed=seed,
         attention_share=attention_share,
     )
@@ -217,6 +237,8 @@ def command(
         raise CaptureError(f"--profiler nsys runs torch's schedules only; capture {cfg.schedule} with --profiler torch")
     if profile_memory and profiler == "nsys":
         raise CaptureError("--profile-memory is torch.profiler's; drop --profiler nsys")
+    if profiler == "nsys" and (with_stack or device != "cpu"):
+        raise CaptureError("--with-stack and --device cuda are torch.profiler captures; drop --profiler nsys")
     if not replace:
         _refuse_earlier_capture(Path(out))
     cfg.command = _command_line(ctx, out, cfg)
@@ -271,6 +293,8 @@ def _command_line(ctx: click.Context, out: str, cfg: CaptureConfig) -> str:
         "p2p_delay_ms": "--p2p-delay-ms",
         "layer_labels": "--layer-labels",
         "profile_memory": "--profile-memory",
+        "device": "--device",
+        "with_stack": "--with-stack",
         "seed": "--seed",
         "attention_share": "--attention-share",
         "profiler": "--profiler",

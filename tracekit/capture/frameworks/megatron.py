@@ -181,7 +181,7 @@ def _capture_with_torch_profiler(cfg: CaptureConfig, folder: Path) -> dict:
             "tool": "torch.profiler",
             "activities": ["CPU"],
             "record_shapes": True,
-            "with_stack": False,
+            "with_stack": cfg.with_stack,
             "profile_all_threads": True,
             "schedule": {"wait": 1, "warmup": 1, "active": cfg.steps},
             "nvtx": None,
@@ -526,7 +526,7 @@ def _profiling(rank: int, cfg: CaptureConfig, out: Path, profiler: str):
         activities=[torch.profiler.ProfilerActivity.CPU],
         schedule=torch.profiler.schedule(wait=1, warmup=1, active=cfg.steps, repeat=1),
         record_shapes=True,
-        with_stack=False,
+        with_stack=cfg.with_stack,
         experimental_config=torch.profiler._ExperimentalConfig(profile_all_threads=True),
         on_trace_ready=lambda p: p.export_chrome_trace(str(trace_json)),
     )
