@@ -82,6 +82,9 @@ DRIVER = textwrap.dedent("""
 
     config = json.loads(sys.argv[1])
     parent = os.getpid()
+    # Ctrl-C as in a terminal, however this was started: a background job of a shell without
+    # job control (CI launched with `&`) starts with SIGINT ignored, and Python keeps that
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     real_parse_one = executor.parse_one
 
     def faulty_parse_one(task, bytes_read=None):
