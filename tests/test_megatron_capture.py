@@ -136,6 +136,22 @@ def union_length(intervals: np.ndarray) -> float:
     return covered
 
 
+def bubble_ratios(spans: dict[int, dict[int, np.ndarray]]) -> dict[int, float]:
+    """Per rank, 1 - busy/window over the steps: busy the union of the rank's action spans
+    (rows of (start, end)) in a step, the window of a step its first action start to last
+    action end over all ranks."""
+    ratios = {}
+    for rank, per_step in spans.items():
+        busy = window = 0.0
+        for step, intervals in per_step.items():
+            window += max(s[step][:, 1].max() for s in spans.values()) - min(
+                s[step][:, 0].min() for s in spans.values()
+            )
+            busy += union_length(intervals)
+        ratios[rank] = 1 - busy / window
+    return ratios
+
+
 def independent_bubbles(run_dir: Path) -> dict[int, float]:
     """Bubble ratio per rank straight from the raw JSON (json + numpy, no tracekit).
 
@@ -150,16 +166,7 @@ def independent_bubbles(run_dir: Path) -> dict[int, float]:
         }
         for rank in range(cap["p"])
     }
-    ratios = {}
-    for rank, per_step in spans.items():
-        busy = window = 0.0
-        for step, intervals in per_step.items():
-            window += max(s[step][:, 1].max() for s in spans.values()) - min(
-                s[step][:, 0].min() for s in spans.values()
-            )
-            busy += union_length(intervals)
-        ratios[rank] = 1 - busy / window
-    return ratios
+    return bubble_ratios(spans)
 
 
 # --------------------------------------------------------------------------------------
@@ -379,16 +386,7 @@ def frame_bubbles(run_dir: Path) -> dict[int, float]:
                 inside = ops[(ops[:, 0] >= lo) & (ops[:, 1] <= hi)]
                 actions.append((inside[:, 0].min(), inside[:, 1].max()))
         spans[rank] = {step: np.array([a for a in actions if w[0] <= a[0] < w[1]]) for step, w in steps.items()}
-    ratios = {}
-    for rank, per_step in spans.items():
-        busy = window = 0.0
-        for step, intervals in per_step.items():
-            window += max(s[step][:, 1].max() for s in spans.values()) - min(
-                s[step][:, 0].min() for s in spans.values()
-            )
-            busy += union_length(intervals)
-        ratios[rank] = 1 - busy / window
-    return ratios
+    return bubble_ratios(spans)
 
 
 def test_tracekit_reads_the_with_stack_sample_by_megatrons_frames(loaded_runs):
