@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -29,6 +31,26 @@ def shared_or_skip(*parts: str) -> Path:
     if not path.exists():
         pytest.skip(f"{path} is absent: the shared real traces are not laid beside this checkout")
     return path
+
+
+@contextmanager
+def native_scanner(on: bool, chunk_bytes: int | None = None):
+    """The native scanner on or off (TRACEKIT_NATIVE), and the Kineto stream's chunk size,
+    for a block; both as they were after it."""
+    from tracekit.ingest import kineto_stream
+
+    saved_env, saved_chunk = os.environ.get("TRACEKIT_NATIVE"), kineto_stream.CHUNK_BYTES
+    os.environ["TRACEKIT_NATIVE"] = "1" if on else "0"
+    if chunk_bytes:
+        kineto_stream.CHUNK_BYTES = chunk_bytes
+    try:
+        yield
+    finally:
+        kineto_stream.CHUNK_BYTES = saved_chunk
+        if saved_env is None:
+            del os.environ["TRACEKIT_NATIVE"]
+        else:
+            os.environ["TRACEKIT_NATIVE"] = saved_env
 
 
 @pytest.fixture(autouse=True)

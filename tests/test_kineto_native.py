@@ -24,12 +24,10 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import random
 import shutil
 import sysconfig
 from collections import Counter
-from contextlib import contextmanager
 from pathlib import Path
 
 import msgspec
@@ -38,7 +36,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import SAMPLES, SHARED_TRACES
+from conftest import SAMPLES, SHARED_TRACES, native_scanner
 from generated_python_frames import megatron_cpu, megatron_gpu
 from gpu_tracegen import FUSED_SCENARIOS, PLAIN_SCENARIOS, SCENARIOS, generate
 from tracekit.ingest import kineto_native, kineto_stream
@@ -52,23 +50,6 @@ needs_scanner = pytest.mark.skipif(
 )
 
 
-@contextmanager
-def _native(on: bool, chunk_bytes: int | None = None):
-    """The scanner on or off (TRACEKIT_NATIVE), and the stream's chunk size, for a block."""
-    saved_env, saved_chunk = os.environ.get("TRACEKIT_NATIVE"), kineto_stream.CHUNK_BYTES
-    os.environ["TRACEKIT_NATIVE"] = "1" if on else "0"
-    if chunk_bytes:
-        kineto_stream.CHUNK_BYTES = chunk_bytes
-    try:
-        yield
-    finally:
-        kineto_stream.CHUNK_BYTES = saved_chunk
-        if saved_env is None:
-            del os.environ["TRACEKIT_NATIVE"]
-        else:
-            os.environ["TRACEKIT_NATIVE"] = saved_env
-
-
 def _array(arr: np.ndarray) -> tuple:
     return arr.dtype.str, arr.shape, arr.tobytes()
 
@@ -76,7 +57,7 @@ def _array(arr: np.ndarray) -> tuple:
 def _outcome(path: Path, native: bool, chunk_bytes: int | None = None) -> tuple:
     """What read_kineto gives for ``path``: the TraceFile's fields and every column (dtype and
     bytes), or the error it raises."""
-    with _native(native, chunk_bytes):
+    with native_scanner(native, chunk_bytes):
         try:
             trace, columns = read_kineto(path, 3)
         except Exception as err:  # TraceFormatError, or whatever else the Python path raises
@@ -92,7 +73,7 @@ def _outcome(path: Path, native: bool, chunk_bytes: int | None = None) -> tuple:
 def _streamed(path: Path, native: bool, chunk_bytes: int | None = None) -> tuple | dict:
     """The stream's batches (their sizes: where it cut), its progress calls and what it and the
     row builder hold after reading ``path`` as read_kineto does, or the error it raises."""
-    with _native(native, chunk_bytes):
+    with native_scanner(native, chunk_bytes):
         rows = _RowBuilder()
         progress: list[int] = []
         stream = ChromeTraceStream(
@@ -1018,7 +999,7 @@ def test_begin_end_duration_events_are_counted_and_said_both_ways(tmp_path, on, 
     doc["traceEvents"] = doc["traceEvents"] + pairs
     path = tmp_path / "rank0.json"
     path.write_text(json.dumps(doc))
-    with _native(on, chunk_bytes):
+    with native_scanner(on, chunk_bytes):
         trace, columns = read_kineto(path, 0)
         _, plain = read_kineto(SAMPLES / "1f1b" / "rank0.json.gz", 0)
     said = [w for w in trace.warnings if "begin/end" in w]

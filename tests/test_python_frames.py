@@ -8,13 +8,12 @@ Megatron-core CPU samples (1F1B and interleaved)."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import SAMPLES
+from conftest import SAMPLES, native_scanner
 from generated_python_frames import BACKWARD_STEP, FORWARD_STEP, megatron_cpu, megatron_gpu
 from gpu_tracegen import SCENARIOS
 from tracekit import LoadOptions, load
@@ -58,11 +57,8 @@ def _source(folder: Path, name: str, rank: int) -> Path:
 def _rows(path: Path, native: bool) -> tuple[list[tuple], list[tuple]]:
     """A file's rows but its frames, as (name, cat, start, end, pid, tid, depth, seq, peer,
     nbytes), sorted; and its frames as (name, depth, start, end, tid)."""
-    os.environ["TRACEKIT_NATIVE"] = "1" if native else "0"
-    try:
+    with native_scanner(native):
         _, columns = read_kineto(path, 0)
-    finally:
-        del os.environ["TRACEKIT_NATIVE"]
     n = columns.numbers
     cats = np.array(columns.values["cat"])[columns.codes["cat"]]
     names = np.array(columns.values["name"], dtype=object)[columns.codes["name"]]
