@@ -72,8 +72,10 @@ def subtract_intervals(
     """The parts of the union of [start, end) intervals that no [cut_start, cut_end) interval
     covers, as disjoint stretches in time order."""
     a_start, a_end = merge_intervals(starts, ends)
+    if not len(a_start):  # nothing to cut (most ranks of a pipeline: no collective outside actions)
+        return a_start, a_end
     b_start, b_end = merge_intervals(cut_starts, cut_ends)
-    if not len(a_start) or not len(b_start):
+    if not len(b_start):
         return a_start, a_end
     # elementary pieces between consecutive boundaries: inside A and outside B, or not
     times = np.unique(np.concatenate([a_start, a_end, b_start, b_end]))
