@@ -26,7 +26,8 @@ class _Group(click.Group):
         from tracekit.output import GuardedStream
 
         stdout = sys.stdout
-        sys.stdout = GuardedStream(stdout)  # > /dev/full: one line, not an internal error
+        if not isinstance(stdout, GuardedStream):  # run() guards it already; main() alone does not
+            sys.stdout = GuardedStream(stdout)  # > /dev/full: one line, not an internal error
         try:
             return super().invoke(ctx)
         except TracekitError as err:

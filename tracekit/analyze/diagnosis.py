@@ -26,7 +26,7 @@ from tracekit.analyze.shares import share
 from tracekit.analyze.theory import theoretical_bubble
 from tracekit.model.groups import split_by
 from tracekit.model.run import Run, ScheduleInfo, compute_ns, fused_groups, rank_ranges, ranks_phrase
-from tracekit.vocab import rank_list
+from tracekit.vocab import ACTION_KIND_NAMES, rank_list
 
 if TYPE_CHECKING:  # the package imports this module
     from tracekit.analyze import Analysis
@@ -261,9 +261,6 @@ def _worst_late_post(analysis: Analysis, latencies: pd.DataFrame) -> dict[str, A
     }
 
 
-_KIND_WORD = {"F": "forward", "B": "backward", "I": "input-grad", "W": "weight-grad"}
-
-
 def _comm(analysis: Analysis, idle_ns: int, window_ns: int, n_steps: int) -> Finding | None:
     """Messages: whose the latency is. A send posted late after its producer ended is the
     sender's (its engine or host held it back); the time from the post to the data being
@@ -313,7 +310,7 @@ def _comm(analysis: Analysis, idle_ns: int, window_ns: int, n_steps: int) -> Fin
     late = ""
     if worst is not None:
         late = (
-            f" The latest: rank {worst['src_rank']} posts its {_KIND_WORD.get(worst['kind'], worst['kind'])} "
+            f" The latest: rank {worst['src_rank']} posts its {ACTION_KIND_NAMES.get(worst['kind'], worst['kind'])} "
             f"send of microbatch {worst['microbatch']} (stage {worst['stage']}, step {worst['step']}) to rank "
             f"{worst['dst_rank']} {_ms(worst['post_delay_ns'])} after that action ended."
         )

@@ -156,9 +156,9 @@ def time_base(conn: sqlite3.Connection, schema: Schema, earliest_ns: int | None)
                 unreadable, start = f"its utcEpochNs {start} is no wall-clock time (not 2000-2100)", None
     if not offset_fits(user_shift):
         unreadable, user_shift = f"EXPORT_PARAM_TIME_SHIFT {user_shift} is not a time shift", 0
-    if unreadable:
-        return TimeBase(0, "relative", False, None, unreadable, never_negative=not user_shift)
     never_negative = not user_shift
+    if unreadable:
+        return TimeBase(0, "relative", False, None, unreadable, never_negative)
     if normalized:
         return TimeBase(-user_shift, "unix", True, start, "export made with --ts-normalize", never_negative)
     if earliest_ns is not None and earliest_ns > _EPOCH_NS_FLOOR:

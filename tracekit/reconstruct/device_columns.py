@@ -43,16 +43,14 @@ def launched_before_profile(
     profile was launched earlier still; where the profiler started mid-step (the host ahead
     of the device by most of a step), those ops are the previous step's work, not the first
     profiled step's. A stream of a rank with no launch in the trace says nothing: none."""
-    out = np.zeros(len(start), dtype=bool)
     launched = launch_ns >= 0
     if not launched.any() or launched.all():
-        return out
+        return np.zeros(len(start), dtype=bool)
     group = group_ids(rank, stream)
     never = np.iinfo(np.int64).max
     first = np.full(int(group.max()) + 1, never, dtype=np.int64)  # each stream's first launched op
     np.minimum.at(first, group[launched], start[launched])
-    out[:] = ~launched & (first[group] != never) & (start < first[group])
-    return out
+    return ~launched & (first[group] != never) & (start < first[group])
 
 
 def op_kind(name: str) -> str:

@@ -128,13 +128,15 @@ def match_messages(
             f"{named} send/recv ops name no peer rank; their peers are read from the framework's "
             "P2P ranges around them (Megatron's p2p_communication functions)"
         )
-    resolved = _resolve_peers(sends, recvs, actions, groups or {})
+    groups = groups or {}
+    order = _pipeline_order(groups, actions)  # the ranks in pipeline order, if a group lists it
+    resolved = _resolve_peers(sends, recvs, actions, groups, order)
     sends, recvs = resolved.sends, resolved.recvs
     if resolved.warning:
         warnings.append(resolved.warning)
     unknown_before = int((sends["peer"] < 0).sum() + (recvs["peer"] < 0).sum())
     if unknown_before:
-        sends, recvs = _infer_peers(sends, recvs, actions, _pipeline_order(groups or {}, actions))
+        sends, recvs = _infer_peers(sends, recvs, actions, order)
         inferred = unknown_before - int((sends["peer"] < 0).sum() + (recvs["peer"] < 0).sum())
         said.append(
             f"{unknown_before} send/recv ops name no peer rank (Kineto without record_shapes=True, "
@@ -203,7 +205,6 @@ def match_messages(
         return pd.DataFrame(columns=MESSAGE_COLUMNS), warnings
     messages = messages.sort_values(["step", "send_post_ns"]).reset_index(drop=True)
     messages["msg_id"] = np.arange(len(messages))
-    order = _pipeline_order(groups or {}, actions)
     if consumer_by_kind and order is not None and order != sorted(order):
         # which way a message goes is read from its ranks' places in the pipeline, which its
         # pipeline group lists (the job's rank numbers need not run along it)
@@ -426,11 +427,16 @@ def _one_of_two(side: int, last_rank: bool) -> str | None:
 
 
 def _resolve_peers(
-    sends: pd.DataFrame, recvs: pd.DataFrame, actions: pd.DataFrame, groups: dict[int, list[ProcessGroup]]
+    sends: pd.DataFrame,
+    recvs: pd.DataFrame,
+    actions: pd.DataFrame,
+    groups: dict[int, list[ProcessGroup]],
+    order: list[int] | None,
 ) -> Resolved:
     """The peers under which the most calls find a partner (module doc of
     :mod:`tracekit.reconstruct.peers`): the metadata as the job's ranks, as ranks of the
-    callers' process groups, or the pipeline's shape alone."""
+    callers' process groups, or the pipeline's shape alone (``order``: the ranks in pipeline
+    order, :func:`_pipeline_order`)."""
     named = bool((sends["peer"] >= 0).any() or (recvs["peer"] >= 0).any())
     if not named or actions.empty:
         return Resolved(sends, recvs, "metadata")
@@ -444,9 +450,7 @@ def _resolve_peers(
         if score > best_score:
             best, best_score = grouped, score
     if best_score < total:
-        shaped_s, shaped_r = _infer_peers(
-            sends.assign(peer=-1), recvs.assign(peer=-1), actions, _pipeline_order(groups, actions)
-        )
+        shaped_s, shaped_r = _infer_peers(sends.assign(peer=-1), recvs.assign(peer=-1), actions, order)
         if matched_sides(shaped_s, shaped_r) > best_score:
             example = contradiction(best.sends, best.recvs, shaped_s, shaped_r)
             return Resolved(

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tracekit.model.names import STEP_MARK_PREFIX
-from tracekit.model.run import STEP_COLUMNS
+from tracekit.model.run import STEP_COLUMNS, rank_ranges
 from tracekit.reconstruct.event_arrays import EventArrays
 
 if TYPE_CHECKING:
@@ -57,8 +57,6 @@ def steps_cut_short(steps: pd.DataFrame | Mapping[str, Any]) -> dict[int, str]:
     what it covers ("covers steps 2-3 of 2-4"): the profiler stopped early there, or a file
     of another window was put beside the rest. A step table of one rank, or whose ranks all
     cover the same steps, gives none."""
-    from tracekit.model.run import rank_ranges
-
     rank, step = (np.asarray(steps[c], dtype=np.int64) for c in STEP_COLUMNS[:2])
     covered: dict[int, set[int]] = {}
     for r, s in zip(rank.tolist(), step.tolist()):

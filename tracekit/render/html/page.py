@@ -179,8 +179,7 @@ def _collective_idle(analysis: Analysis) -> dict[int, int]:
     if analysis.device is None:
         return {}
     per_rank = analysis.device.per_rank()
-    found = {int(rank): int(ns) for rank, ns in per_rank["collective_idle_ns"].items() if ns > 0}
-    return found
+    return {int(rank): int(ns) for rank, ns in per_rank["collective_idle_ns"].items() if ns > 0}
 
 
 def _stage_rows(analysis: Analysis) -> list[list[str]]:

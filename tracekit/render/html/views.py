@@ -28,7 +28,6 @@ MAX_DETAILED_STEPS = 4
 # Width of the timeline's plotting area in pixels: what "narrower than a pixel" means.
 TIMELINE_WIDTH_PX = 1150
 _GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
-# The actions of a pipeline by kind, as a bar's hover names them.
 
 
 @dataclass
