@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
@@ -28,11 +29,13 @@ from tracekit.analyze.replicas import ReplicaRollup, rollup
 from tracekit.analyze.shares import ShareError, share
 from tracekit.analyze.slices import SliceCosts, slice_costs
 from tracekit.analyze.theory import Theory, flush_free_bubble, sliced_bubble, theoretical_bubble
-from tracekit.analyze.report_whatif import ReportWhatIf, report_what_if
 from tracekit.errors import TracekitError
 from tracekit.model.run import Run, compute_ns
 from tracekit.reconstruct.event_arrays import LAUNCH_CATEGORY
 from tracekit.reconstruct.schedule import TERAPIPE_NAME
+
+if TYPE_CHECKING:  # loaded where a report asks for its what-if (split search and all): not on analyze's path
+    from tracekit.analyze.report_whatif import ReportWhatIf
 
 # Replay residual (|measured - replayed makespan|) above this share of the step is flagged.
 FIDELITY_WARN_SHARE = 0.01
@@ -92,6 +95,8 @@ def analyze(
     except ShareError as err:
         raise ShareError(f"{run.source}: {err}") from None
     if whatif and result.is_pipeline and result.attribution is not None:
+        from tracekit.analyze.report_whatif import report_what_if
+
         result.whatif = report_what_if(run, list(result.attribution.graphs.values()), result.bubbles, progress)
     return result
 
