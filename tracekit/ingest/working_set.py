@@ -70,7 +70,8 @@ def _kept(columns: EventColumns) -> np.ndarray:
         return table[name_code] if len(names) else np.zeros(len(name_code), dtype=bool)
 
     def by_cat(cat: str) -> np.ndarray:
-        return np.array([c == cat for c in cats], dtype=bool)[cat_code] if len(cats) else np.zeros(len(cat_code), bool)
+        codes = [i for i, c in enumerate(cats) if c == cat]  # a category's code (a few categories a file)
+        return np.isin(cat_code, codes) if len(codes) > 1 else cat_code == (codes[0] if codes else -1)
 
     on_gpu = nums["on_gpu"].astype(bool)
     annotation = by_cat("user_annotation")
