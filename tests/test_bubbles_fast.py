@@ -22,7 +22,7 @@ from tracekit.analyze.bubbles import (
     step_windows,
 )
 from tracekit.analyze.grouping import int_groups
-from tracekit.model.intervals import union_length, union_lengths
+from tracekit.model.intervals import subtract_intervals, union_length, union_lengths
 
 
 def reference_pipeline(actions: pd.DataFrame) -> pd.DataFrame:
@@ -96,3 +96,27 @@ def test_generated_union_lengths_equal_one_union_per_group(seed):
     hi = lo + rng.integers(0, 50, groups) * 1_000
     expected = [union_length(starts[group == g], ends[group == g], int(lo[g]), int(hi[g])) for g in range(groups)]
     assert union_lengths(group, starts, ends, lo, hi).tolist() == expected
+
+
+def _covered(starts, ends, size: int) -> np.ndarray:
+    """Which of the time points 0..size-1 the [start, end) intervals cover (the reference)."""
+    out = np.zeros(size, dtype=bool)
+    for a, b in zip(starts.tolist(), ends.tolist()):
+        out[a:b] = True
+    return out
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_generated_subtraction_leaves_exactly_the_uncut_points(seed):
+    # Generated intervals (nested, touching, empty, reversed) on a grid of 60 points: what
+    # subtract_intervals returns covers exactly the points covered by the first set and not
+    # by the cuts, as disjoint, non-touching stretches in time order.
+    rng = np.random.default_rng(seed)
+    n, k = int(rng.integers(0, 7)), int(rng.integers(0, 9))
+    starts, cut_starts = rng.integers(0, 55, n), rng.integers(0, 55, k)
+    ends = np.clip(starts + rng.integers(-2, 8, n), 0, 60)
+    cut_ends = np.clip(cut_starts + rng.integers(-2, 8, k), 0, 60)
+    lo, hi = subtract_intervals(starts, ends, cut_starts, cut_ends)
+    assert (hi > lo).all() and (lo[1:] > hi[:-1]).all()
+    expected = _covered(starts, ends, 60) & ~_covered(cut_starts, cut_ends, 60)
+    assert _covered(lo, hi, 60).tolist() == expected.tolist()

@@ -70,17 +70,25 @@ def subtract_intervals(
     starts: np.ndarray, ends: np.ndarray, cut_starts: np.ndarray, cut_ends: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
     """The parts of the union of [start, end) intervals that no [cut_start, cut_end) interval
-    covers, as disjoint stretches in time order."""
+    covers, as disjoint stretches in time order.
+
+    The union less the cuts is its intersection with the gaps between the merged cuts: each
+    stretch of the union meets a run of consecutive gaps (two binary searches), and each
+    meeting is a piece. No sort of every boundary: the cuts (a rank's busy ops) are many,
+    the union (its collectives outside actions) mostly few."""
     a_start, a_end = merge_intervals(starts, ends)
     if not len(a_start):  # nothing to cut (most ranks of a pipeline: no collective outside actions)
         return a_start, a_end
     b_start, b_end = merge_intervals(cut_starts, cut_ends)
     if not len(b_start):
         return a_start, a_end
-    # elementary pieces between consecutive boundaries: inside A and outside B, or not
-    times = np.unique(np.concatenate([a_start, a_end, b_start, b_end]))
-    lo, hi = times[:-1], times[1:]
-    in_a = np.searchsorted(a_start, lo, side="right") > np.searchsorted(a_end, lo, side="right")
-    in_b = np.searchsorted(b_start, lo, side="right") > np.searchsorted(b_end, lo, side="right")
-    keep = in_a & ~in_b
-    return merge_intervals(lo[keep], hi[keep])
+    bound = np.iinfo(np.int64)
+    gap_start = np.concatenate(([bound.min], b_end))  # before the first cut, between them, after the last
+    gap_end = np.concatenate((b_start, [bound.max]))
+    first = np.searchsorted(gap_end, a_start, side="right")  # the first gap ending after the stretch starts
+    count = np.maximum(np.searchsorted(gap_start, a_end, side="left") - first, 0)  # gaps starting before it ends
+    stretch = np.repeat(np.arange(len(a_start)), count)
+    gap = first[stretch] + np.arange(len(stretch)) - np.repeat(np.cumsum(count) - count, count)
+    lo = np.maximum(a_start[stretch], gap_start[gap])
+    hi = np.minimum(a_end[stretch], gap_end[gap])
+    return lo, hi  # positive, and apart: stretches and gaps are both merged
