@@ -15,8 +15,8 @@ for run in "$root"/sample_traces/*/ "$root"/sample_traces/validation/*/; do
   name=$(basename "$run")
   ls "$run" | grep -qE 'rank|\.sqlite|\.nsys-rep' || continue
   d="$out/$name"; mkdir -p "$d"
-  $tk analyze "$run" --no-progress --no-config 2>&1 | norm > "$d/analyze.txt"; echo "rc=$?" >> "$d/analyze.txt"
-  $tk analyze "$run" --json --no-progress --no-config 2>/dev/null | norm > "$d/analyze.json"
+  $tk analyze "$run" --no-progress 2>&1 | norm > "$d/analyze.txt"; echo "rc=$?" >> "$d/analyze.txt"
+  $tk analyze "$run" --json --no-progress 2>/dev/null | norm > "$d/analyze.json"
   base="$root/baselines/$name.json"
   if [ -f "$base" ]; then
     $tk check "$run" --baseline "$base" --no-progress --no-config 2>&1 | norm > "$d/check.txt"
@@ -24,7 +24,7 @@ for run in "$root"/sample_traces/*/ "$root"/sample_traces/validation/*/; do
     $tk check "$run" --no-progress --no-config 2>&1 | norm > "$d/check.txt"
   fi
   echo "rc=${PIPESTATUS[0]}" >> "$d/check.txt"
-  $tk whatif "$run" -m 16 --json --no-progress --no-config 2>&1 | norm > "$d/whatif.json"
+  $tk whatif "$run" -m 16 --json --no-progress 2>&1 | norm > "$d/whatif.json"
   $tk export "$run" -o "$d/merged.json" --no-progress > /dev/null 2>&1
   [ -f "$d/merged.json" ] && norm < "$d/merged.json" > "$d/merged.norm.json" && rm -f "$d/merged.json"
   $tk export "$run" --tables "$d/tables" --csv --no-progress > /dev/null 2>&1
