@@ -25,6 +25,7 @@ from tracekit.analyze.device import (
     measure_device_plain,
 )
 from tracekit.analyze.diagnosis import Finding, diagnose, replica_findings, with_replica_findings
+from tracekit.analyze.dimensions import DimensionFigures, dimension_figures
 from tracekit.analyze.replicas import ReplicaRollup, rollup
 from tracekit.analyze.shares import ShareError, share
 from tracekit.analyze.slices import SliceCosts, slice_costs
@@ -59,6 +60,8 @@ class Analysis:
     findings: list[Finding] = field(default_factory=list)  # what is wrong and what to try, ranked
     whatif: ReportWhatIf | None = None  # the report's what-if table (asked for with whatif=True)
     replicas: ReplicaRollup | None = None  # the ranks per place over data-parallel replicas, and patterns
+    # TP collectives inside actions, DP gradient collectives, busy without TP (3-D parallel jobs)
+    dimensions: DimensionFigures | None = None
 
     @property
     def timeline(self) -> str:
@@ -88,6 +91,8 @@ def analyze(
     it starts (the replays of each step, the diagnosis, the report's what-if)."""
     try:
         result = _analyze(run, attribution, progress)
+        if result.is_pipeline and run.layout is not None and run.layout.is_3d:
+            result.dimensions = dimension_figures(run, result.bubbles)
         result.replicas = rollup(result)
         if progress:
             progress("diagnosing")

@@ -222,7 +222,10 @@ def rollup(analysis: Analysis) -> ReplicaRollup | None:
     run = analysis.run
     if not analysis.is_pipeline or run.schedule is None:
         return ReplicaRollup([sorted(per_rank)], n_steps, everyone, [], order)
-    groups = [[r for r in g if r in per_rank] for g in run.schedule.pipelines]
+    layout = run.layout
+    # data-parallel replicas: tensor-parallel shards of one stage are one replica's, never two
+    replicas = layout.replicas if layout is not None and layout.is_3d else run.schedule.pipelines
+    groups = [[r for r in g if r in per_rank] for g in replicas]
     groups = [g for g in groups if g] or [sorted(per_rank)]
     causes = _rank_causes(analysis)
     stages: dict[int, list[int]] = {}

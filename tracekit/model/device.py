@@ -24,6 +24,11 @@ Tables (dicts of int64 columns, every one with ``rank``):
   stream's earlier P2P kernel.
 - ``p2p_kernels``: every P2P kernel (its number, step, times, the peer its own row names).
 - ``sendrecv``: SendRecv kernels that ran collectives (all_to_all launches them too).
+- ``collectives``: every collective kernel (not SendRecv's P2P): its step, times, stream, the
+  order of the action that launched it in its step (-1: none), whether it is a gradient
+  collective (launched outside every action, or on a stream no forward launched a collective
+  on: data-parallel reduction from backward hooks) and the part of it no compute kernel
+  overlapped (``alone_ns``). The rest are launched inside actions: tensor-parallel work.
 - ``collective_idle``: stretches where a collective kernel outside every action ran (NCCL
   all_reduce, all_to_all, ...) and no busy op did: idle time spent in collectives, waiting
   for their peers or moving data (work launched before the profile began aside).
@@ -55,6 +60,7 @@ DEVICE_TABLES: dict[str, tuple[str, ...]] = {
     "p2p_kernels": ("kernel", "step", "start_ns", "end_ns", "peer"),
     "sendrecv": ("step", "start_ns", "end_ns"),
     "collective_idle": ("start_ns", "end_ns"),
+    "collectives": ("step", "start_ns", "end_ns", "stream", "order", "gradient", "alone_ns"),
 }
 # Time columns, moved when a rank's clock is aligned (NOTHING_BEFORE and -1 stay).
 TIME_COLUMNS: dict[str, tuple[str, ...]] = {
@@ -67,6 +73,7 @@ TIME_COLUMNS: dict[str, tuple[str, ...]] = {
     "p2p_kernels": ("start_ns", "end_ns"),
     "sendrecv": ("start_ns", "end_ns"),
     "collective_idle": ("start_ns", "end_ns"),
+    "collectives": ("start_ns", "end_ns"),
 }
 # The step of device ops launched before the profile began (a step's number is >= 0; -1 is
 # "outside every step").

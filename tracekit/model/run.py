@@ -54,6 +54,7 @@ from tracekit.model.device import DeviceSummary
 from tracekit.model.events import TraceFile
 
 if TYPE_CHECKING:
+    from tracekit.model.layout import Layout
     import numpy as np
     import pandas as pd
 
@@ -379,6 +380,8 @@ class Run:
     actions_from: str = "segmentation"  # "labels" (a table's action rules) or "segmentation"
     label_counts: dict[str, int] = field(default_factory=dict)
     capture: dict[str, Any] | None = None  # capture.json beside the traces, if any
+    # the job around the pipeline: TP shards, DP replicas, rank order (tracekit.reconstruct.layout)
+    layout: Layout | None = None
     completeness: Completeness | None = None  # set by the loader; None: not checked
     warnings: list[str] = field(default_factory=list)
 

@@ -119,6 +119,7 @@ def summarise_table(
         c: actions[c].to_numpy(np.int64)
         for c in ("rank", "step", "order", "label_start_ns", "label_end_ns", "start_ns")
     }
+    action_columns["forward"] = (actions["kind"] == "F").to_numpy(np.int64)
     found = reduce_ranks(columns, names, EventArrays.of(host_events), action_columns, world_size)
     device["kind"] = np.array(KINDS, dtype=object)[found.op_kind]
     owner = np.full(len(device), -1, dtype=np.int64)

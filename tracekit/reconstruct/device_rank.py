@@ -92,6 +92,7 @@ class RankActions:
     label_start_ns: np.ndarray
     label_end_ns: np.ndarray
     start_ns: np.ndarray  # host start (an action of a rank that launched nothing sits there)
+    forward: np.ndarray | None = None  # 1 for a forward (F) action (None: not known)
 
     def __len__(self) -> int:
         return len(self.step)
@@ -134,6 +135,7 @@ class RankDevice:
     p2p_kernels: dict[str, np.ndarray]  # every P2P kernel
     sendrecv: dict[str, np.ndarray]  # SendRecv kernels of collectives
     collective_idle: dict[str, np.ndarray]  # collectives outside actions while nothing busy ran
+    collectives: dict[str, np.ndarray]  # every collective kernel: in an action or gradient
     profile: Profile
     host_ahead_ns: int | None  # the longest launch end to op start (None: nothing launched)
     n_ops: int = 0
@@ -153,6 +155,7 @@ class RankDevice:
             "p2p_kernels": self.p2p_kernels,
             "sendrecv": self.sendrecv,
             "collective_idle": self.collective_idle,
+            "collectives": self.collectives,
         }
         out = {}
         for name, table in found.items():
@@ -180,6 +183,8 @@ def reduce_rank(ops: RankOps, sides: RankSides, actions: RankActions, compress: 
     kind = ops.kind.astype(np.int8, copy=True)
     side_kernel = _link_sides(ops, kind, sides)
     owner = _owners(ops, kind, actions)
+    gradient = _gradient_collectives(ops, kind, owner, actions)
+    owner[gradient] = -1  # launched from a backward hook, but no action waits for it
     a_start, a_end, a_busy = _action_spans(ops, owner, actions)
     queued = _queued(ops, kind)
     linked = side_kernel >= 0
@@ -219,6 +224,7 @@ def reduce_rank(ops: RankOps, sides: RankSides, actions: RankActions, compress: 
         },
         sendrecv={c: getattr(ops, c)[collective_sendrecv] for c in DEVICE_TABLES["sendrecv"]},
         collective_idle={"start_ns": idle_start, "end_ns": idle_end},
+        collectives=_collective_rows(ops, kind, owner, gradient, actions, busy & profiled),
         profile=_profile(ops, busy, actions, a_start, a_end, compress),
         host_ahead_ns=max(0, int(ahead.max())) if len(ahead) else None,
         n_ops=len(ops),
@@ -257,6 +263,63 @@ def _owners(ops: RankOps, kind: np.ndarray, actions: RankActions) -> np.ndarray:
     inside[inside] = t[inside] <= actions.label_end_ns[by_label[k[inside]]]
     owner[launched[inside]] = by_label[k[inside]]
     return owner
+
+
+def _gradient_collectives(ops: RankOps, kind: np.ndarray, owner: np.ndarray, actions: RankActions) -> np.ndarray:
+    """Per op: a gradient collective launched inside an action. Data-parallel gradient
+    reduction overlapped with the backward (torch DDP's bucket hooks, Megatron's
+    ``overlap_grad_reduce``: megatron/core/distributed/param_and_grad_buffer.py
+    ``start_grad_sync``) launches its all-reduce or reduce-scatter from a backward hook, on
+    its own process group's stream, and nothing waits for it before the optimizer
+    (``finish_grad_sync``). So: the collectives of a stream none of whose collectives an
+    action of the forward launched, on a rank that runs forwards. A tensor-parallel stream
+    all-reduces inside every forward (megatron/core/tensor_parallel/mappings.py): action work."""
+    gradient = np.zeros(len(ops), dtype=bool)
+    owned = (kind == COLLECTIVE) & (owner >= 0)
+    if actions.forward is None or not owned.any() or not actions.forward.any():
+        return gradient
+    streams = np.unique(ops.stream[owned])
+    forward_streams = np.unique(ops.stream[owned & (actions.forward[np.maximum(owner, 0)] > 0)])
+    for stream in np.setdiff1d(streams, forward_streams):
+        gradient |= owned & (ops.stream == stream)
+    return gradient
+
+
+def _collective_rows(
+    ops: RankOps, kind: np.ndarray, owner: np.ndarray, gradient: np.ndarray, actions: RankActions, busy: np.ndarray
+) -> dict[str, np.ndarray]:
+    """Every collective kernel of the profile (not SendRecv's P2P): step, times, stream, the
+    order of the action that launched it (-1: none), whether it is a gradient collective, and
+    how much of it no compute kernel overlapped (``alone_ns``: what busy loses without it)."""
+    rows = np.flatnonzero((kind == COLLECTIVE) & (ops.step != BEFORE_PROFILE))
+    compute = (kind == COMPUTE) & busy
+    start, end = ops.start_ns[rows], ops.end_ns[rows]
+    alone = end - start
+    if len(rows) and compute.any():
+        alone = alone - _covered(start, end, *merge_intervals(ops.start_ns[compute], ops.end_ns[compute]))
+    order = np.where(owner[rows] >= 0, actions.order[np.maximum(owner[rows], 0)] if len(actions) else -1, -1)
+    return {
+        "step": ops.step[rows],
+        "start_ns": start,
+        "end_ns": end,
+        "stream": ops.stream[rows],
+        "order": order.astype(np.int64),
+        "gradient": (gradient[rows] | (owner[rows] < 0)).astype(np.int64),
+        "alone_ns": alone,
+    }
+
+
+def _covered(start: np.ndarray, end: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """How much of each [start, end) the disjoint sorted stretches [lo, hi) cover."""
+    before = np.concatenate(([0], np.cumsum(hi - lo)))  # covered before stretch k
+
+    def reach(t: np.ndarray) -> np.ndarray:  # covered time up to t
+        k = np.searchsorted(lo, t, side="right")  # stretches starting at or before t
+        last = np.maximum(k - 1, 0)
+        partial = np.where(k > 0, np.clip(t - lo[last], 0, hi[last] - lo[last]), 0)
+        return before[np.maximum(k - 1, 0)] * (k > 0) + partial
+
+    return reach(end) - reach(start)
 
 
 def _action_spans(ops: RankOps, owner: np.ndarray, actions: RankActions) -> tuple[np.ndarray, ...]:
@@ -471,7 +534,7 @@ def reduce_ranks(
         found = reduce_rank(
             _rank_ops(columns, rows, kinds, sendrecv, p2p_capable),
             RankSides(tid=host["tid"][side_rows], start_ns=host["start_ns"][side_rows]),
-            RankActions(**{c: np.asarray(actions[c], dtype=np.int64)[mine] for c in _ACTION_FIELDS}),
+            RankActions(**{c: _action_field(actions, c)[mine] for c in _ACTION_FIELDS}),
             compress=bool(len(mine)) and world_size.get(rank, 1) > 1,
         )
         op_kind[rows] = found.kind
@@ -491,6 +554,16 @@ def reduce_ranks(
         n_ops[rank] = found.n_ops
     part = stack_part(rank_tables, ahead, n_ops)
     return ReducedRanks(part, dict(zip(DEVICE_ACTION_COLUMNS, (dev_start, dev_end, busy))), op_kind, op_action)
+
+
+def _action_field(actions: Mapping[str, np.ndarray], name: str) -> np.ndarray:
+    """An action column as int64; ``forward`` from ``kind`` where not given."""
+    if name == "forward" and name not in actions:
+        kinds = actions.get("kind")
+        if kinds is None:
+            return np.zeros(len(np.asarray(actions["step"])), dtype=np.int64)
+        return (np.asarray(kinds, dtype=object) == "F").astype(np.int64)
+    return np.asarray(actions[name], dtype=np.int64)
 
 
 def stack_part(
@@ -513,7 +586,7 @@ def stack_part(
     return part
 
 
-_ACTION_FIELDS = ("step", "order", "label_start_ns", "label_end_ns", "start_ns")
+_ACTION_FIELDS = ("step", "order", "label_start_ns", "label_end_ns", "start_ns", "forward")
 
 
 def join_ranks(parts: list[dict[str, dict[str, np.ndarray]]]) -> DeviceSummary:

@@ -80,12 +80,15 @@ def render(doc: dict, ranks: str | int = "auto") -> str:
         out.extend(_warnings(doc))
         return "\n".join(out)
     replicas = sched.get("replicas", 1)
+    layout = _layout(doc)
     theory = doc["theory"] or {}
     if not completeness.get("missing_ranks"):  # a trace cut short still shows the pipeline's shape
         out.append(
             f"  schedule: {sched['name']}  p={sched['p']} v={sched['v']} m={sched['m']}  "
-            f"({_shape(sched)})" + (f"  x {replicas} data-parallel pipelines" if replicas > 1 else "")
+            f"({_shape(sched)})" + (f"  x {replicas} data-parallel pipelines" if replicas > 1 and not layout else "")
         )
+        if layout:
+            out.append(f"  layout: {layout['line']}")
         out.append(f"  labels: {_labels_line(doc)}")
         out.append("")
         out.append(
@@ -93,6 +96,7 @@ def render(doc: dict, ranks: str | int = "auto") -> str:
             f"{pct(theory.get('bubble_ratio'))} theory {theory.get('formula', '')}   "
             f"{pct(theory.get('balanced_replay_bubble_ratio'))} balanced replay"
         )
+        out.extend(_dimension_lines(doc))
         out.extend(_design_lines(doc))
     else:
         out.append(f"  schedule: not recognised (ranks missing; {sched['p']} ranks in the job, m={sched['m']} seen)")
@@ -287,6 +291,35 @@ def _shown_ranks(doc: dict, ranks: str | int) -> list[dict] | None:
     count = WORST_RANKS if ranks == "auto" else int(ranks)
     by_rank = {r["rank"]: r for r in doc["ranks"]}
     return [by_rank[r] for r in doc["rollup"]["ranks_by_bubble"][:count] if r in by_rank]
+
+
+def _dimension_lines(doc: dict) -> list[str]:
+    """TP and DP collective time of a 3-D parallel job, and the bubble with busy counted as
+    compute only (where TP collectives made the two differ)."""
+    dims = doc.get("dimensions")
+    if not dims:
+        return []
+    each = dims["per_rank_step_ns"]
+    out = []
+    if dims["tp_ns"]:
+        out.append(
+            f"  TP collectives  {pct(dims['tp_share_of_busy'])} of busy, {ms(each['tp_ns'])} ms per step and rank "
+            f"(inside the actions); bubble counting compute only {pct(dims['bubble_ratio_compute_only'])}"
+        )
+    if dims["dp_ns"]:
+        out.append(
+            f"  DP gradient collectives  {ms(each['dp_ns'])} ms per step and rank, "
+            f"{ms(each['dp_exposed_ns'])} ms of it exposed after the pipeline's window"
+        )
+    return out
+
+
+def _layout(doc: dict) -> dict | None:
+    """The job's layout where it is more than one pipeline of single ranks (TP, DP, ...)."""
+    layout = doc.get("layout")
+    if not layout or all(size == 1 for role, size in layout["dims"].items() if role != "pp"):
+        return None
+    return layout
 
 
 def _replica_column(doc: dict) -> dict[int, int]:

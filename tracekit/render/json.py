@@ -41,6 +41,7 @@ def to_document(analysis: Analysis) -> dict:
         "timeline": run.timeline,
         "labels": {"table": run.labels, "actions_from": run.actions_from, "matched": dict(run.label_counts)},
         "schedule": run.schedule.to_dict() if run.schedule else None,
+        "layout": run.layout.to_dict() if run.layout else None,
         "capture": _capture_summary(run.capture),
         "summary": {
             "bubble_ratio": _ratio(analysis.summary.bubble_ratio),
@@ -59,6 +60,7 @@ def to_document(analysis: Analysis) -> dict:
         "blame": {"stages": [], "links": []},
         "slices": analysis.slices.to_dict() if analysis.slices is not None else None,
         "rollup": analysis.replicas.to_dict() if analysis.replicas is not None else None,
+        "dimensions": analysis.dimensions.to_dict(analysis.bubbles) if analysis.dimensions is not None else None,
     }
     doc["host_view"] = _host_view(analysis)
     doc["device"] = _device(analysis)

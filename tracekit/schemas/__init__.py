@@ -4,4 +4,4 @@ Bump ``ANALYSIS_SCHEMA_VERSION`` on any change to ``tracekit analyze --json`` th
 or renames a field; adding fields is a minor change (``1.x``). Baseline files record it.
 """
 
-ANALYSIS_SCHEMA_VERSION = "1.6"
+ANALYSIS_SCHEMA_VERSION = "1.7"
