@@ -2231,18 +2231,94 @@ ROCM_PLAIN_SCENARIOS = ["rocm_1f1b", "rocm_unlabelled_1f1b", "rocm_slow_link"]
 ROCM_FUSED_SCENARIOS = ["rocm_fused_1f1b"]
 
 
+# tracekit issue #31: pipelines inside 3-D jobs, Megatron-core 1F1B without labels (module doc,
+# "3-D parallel jobs"); replica 1's machine 10% slower where there are replicas
+SCENARIOS_3D: dict[str, Scenario] = {
+    "tp2_pp4": Scenario("tp2_pp4", labelled=False, framework="megatron", tp=2),
+    "dp2_pp4": Scenario("dp2_pp4", labelled=False, framework="megatron", dp=2, replica_slowdown={1: 1.1}),
+    "tp2_dp2_pp4": Scenario("tp2_dp2_pp4", labelled=False, framework="megatron", tp=2, dp=2, replica_slowdown={1: 1.1}),
+    "recompute_pp4": Scenario("recompute_pp4", labelled=False, framework="megatron", recompute=True),
+    # the same 16-rank job with no pg_config and no Process Group fields: the layout from traffic alone
+    "tp2_dp2_pp4_nometa": Scenario(
+        "tp2_dp2_pp4_nometa",
+        labelled=False,
+        framework="megatron",
+        tp=2,
+        dp=2,
+        replica_slowdown={1: 1.1},
+        pg_metadata=False,
+    ),
+}
+
+
+def _parse_slowdown(text: str) -> tuple[int, float]:
+    replica, _, factor = text.partition(":")
+    return int(replica), float(factor or 1.1)
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description="Write a GENERATED GPU pipeline trace (not a real one).")
-    parser.add_argument("--scenario", choices=sorted(SCENARIOS), required=True)
-    parser.add_argument("--out", type=Path, required=True, help="folder to write generated_<name>/ into")
+    parser = argparse.ArgumentParser(
+        description="Write a GENERATED GPU pipeline trace (not a real one): a named scenario, or a "
+        "Megatron-core 3-D job built from --tp/--dp/--pp (e.g. --tp 2 --dp 2 --pp 4 out/)."
+    )
+    parser.add_argument("out_dir", nargs="?", type=Path, help="folder to write generated_<name>/ into")
+    parser.add_argument("--scenario", choices=sorted({**SCENARIOS, **SCENARIOS_3D}))
+    parser.add_argument("--out", type=Path, help="the same as out_dir")
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks per stage")
+    parser.add_argument("--dp", type=int, default=1, help="data-parallel replicas of the pipeline")
+    parser.add_argument("--pp", type=int, default=4, help="pipeline stages")
+    parser.add_argument("--m", type=int, default=8, help="microbatches per step")
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--recompute", action="store_true", help="Megatron's activation recomputation")
+    parser.add_argument(
+        "--slow-replica", type=_parse_slowdown, metavar="R[:F]", help="replica R's machine F times slower (1.1)"
+    )
+    parser.add_argument("--no-pg-metadata", action="store_true", help="leave out pg_config and Process Group args")
+    parser.add_argument("--name", help="the run's name (generated_<name>/); made from the dimensions if left out")
     args = parser.parse_args()
-    folder, truth = generate(SCENARIOS[args.scenario], args.out)
+    out = args.out or args.out_dir
+    if out is None:
+        parser.error("give the output folder (out_dir or --out)")
+    if args.scenario:
+        sc = {**SCENARIOS, **SCENARIOS_3D}[args.scenario]
+    else:
+        name = args.name or "_".join(
+            [f"tp{args.tp}"] * (args.tp > 1)
+            + [f"dp{args.dp}"] * (args.dp > 1)
+            + [f"pp{args.pp}"]
+            + ["recompute"] * args.recompute
+            + ["nometa"] * args.no_pg_metadata
+        )
+        sc = Scenario(
+            name,
+            p=args.pp,
+            m=args.m,
+            steps=args.steps,
+            labelled=False,
+            framework="megatron",
+            tp=args.tp,
+            dp=args.dp,
+            recompute=args.recompute,
+            replica_slowdown=dict([args.slow_replica]) if args.slow_replica else {},
+            pg_metadata=not args.no_pg_metadata,
+        )
+    folder, truth = generate(sc, out)
     print(folder)
+    if "layout" in truth:
+        print(truth["layout"]["line"], f"(slow replica: {truth['slow_replica']})")
     for row in truth["ranks"]:
-        print(
+        line = (
             f"rank {row['rank']}: bubble {row['bubble_ratio']:.3f} (host view {row['host_bubble_ratio']:.3f}), "
             f"host wait {row['host_wait_ns'] / 1e6:.2f} ms"
         )
+        if "layout" in truth:
+            n = len(truth["steps"])
+            line += (
+                f"; with TP busy {row['bubble_ratio_with_tp']:.3f}, TP {row['tp_allreduce_ns'] / n / 1e6:.2f} ms/step, "
+                f"DP {row['dp_grad_ns'] / n / 1e6:.2f} ms/step ({row['dp_grad_exposed_ns'] / n / 1e6:.2f} exposed), "
+                f"recompute {row['recompute_share']:.0%}"
+            )
+        print(line)
 
 
 if __name__ == "__main__":
