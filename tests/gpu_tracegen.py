@@ -157,7 +157,92 @@ same, to the nanosecond; only what the files call things changes, each from a so
   kept); RCCL's multi-stream launch (hipLaunchKernel); graphs. No real multi-GPU ROCm trace was
   in reach: the per-peer streams and spin-then-transfer kernels are the CUDA model's guesses.
 
-Run ``python tests/gpu_tracegen.py --scenario slow_link --out /tmp/x`` to write one by hand.
+3-D parallel jobs (``tp``, ``dp``, ``recompute``, ``pg_metadata``; ``SCENARIOS_3D``, tracekit
+issue #31). Read off NVIDIA/Megatron-LM at d98e8a64dd (paths under ``megatron/core/``) and the
+torch 2.13.0 wheel's Python sources (``torch/...`` lines below are that wheel's); C++ lines of
+pytorch/pytorch are named by function, the snapshot being too large to bring here.
+
+- **Layout**: ``tp * dp`` pipelines ("pipes", pipe = tp_rank + tp * dp_rank), each the plain
+  simulation's pipeline; global rank = tp_rank + tp * dp_rank + tp * dp * pp_rank, Megatron's
+  default order "tp-cp-ep-dp-pp" (``parallel_state.py:617``) with cp = ep = 1, groups as
+  ``RankGenerator.get_ranks`` / ``generate_masked_orthogonal_rank_groups`` make them
+  (``parallel_state.py:269-330, 534-549``; :func:`_masked_groups`, checked against Megatron's
+  function when written). P2P runs between the same pipe's adjacent stages on the pipeline
+  group (peers in titles and args are its group ranks = stage positions); files, devices,
+  distributedInfo and the truth name global ranks. ``rank_launch_ns`` / ``stage_factor`` are
+  per position (every pipe); ``clock_offset_ns`` per global rank.
+- **Tensor parallelism**: ``tensor_parallel/mappings.py`` ``_reduce`` (22-37) all-reduces on
+  the TP group, synchronously, in the forward of ``_ReduceFromModelParallelRegion`` (221-235;
+  RowParallelLinear's output, ``layers.py:1566``) and the backward of ``_CopyToModelParallelRegion``
+  (201-218; ColumnParallelLinear's input grad, ``layers.py:1225``). With tp > 1 each 4 forward ops
+  are column linear, gelu, row linear, gelu: one all-reduce after the row linear in F (a
+  ``_ReduceFromModelParallelRegion`` cpu_op, the Function's apply as THPFunction_apply records it
+  under its class name, ``torch/csrc/autograd/python_function.cpp``) and one after the column
+  linear's node in B (``autograd::engine::evaluate_function: _CopyToModelParallelRegionBackward``;
+  a Function's node is its class name + "Backward", ``torch/autograd/function.py:357``). Each:
+  ``c10d::allreduce_`` > ``record_param_comms`` ("Collective name": "allreduce", "dtype":
+  "BFloat16", the TP group's "Process Group Name" / "Description" / "Ranks", "Rank" = group rank,
+  "Seq") > syncStreams > ``nccl:all_reduce`` > ``TP_ALLREDUCE_KERNEL`` on the TP communicator's
+  stream (``TP_STREAM``); the compute stream then waits for it (work.wait()). A collective's
+  kernel spins until every member's has started, then all end together after ``tp_allreduce_ns``.
+  TP and P2P kernels are on different streams and may overlap. Not modelled: sequence
+  parallelism (all-gather / reduce-scatter), the forward identity ``_CopyToModelParallelRegion``
+  and ``_ReduceFromModelParallelRegionBackward`` nodes, comm-GEMM overlap. The kernel's name is
+  the signature tracekit's issue gives (NCCL <= 2.18's); the P2P kernel keeps NCCL 2.19+'s.
+- **Data parallelism** (``overlap_grad_reduce``): grad sync is enabled for the last microbatch
+  only (``pipeline_parallel/schedules.py`` 2434, 2461, 2478 ``enable_grad_sync()``); the grad
+  accumulator's hook (``distributed/distributed_data_parallel.py:473``, ``_make_backward_post_hook``
+  553-582) calls ``register_grad_ready`` (``distributed/param_and_grad_buffer.py:863-884``, last
+  microbatch only), and a bucket's last grad starts ``start_grad_sync`` (600-): an async
+  ``all_reduce`` on the data-parallel group (700-703, 730-731). Here: ``dp_buckets`` buckets per
+  stage, one after each ``kernels_f / dp_buckets`` backward nodes of the stage's last microbatch,
+  launched inside ``autograd::engine::evaluate_function: torch::autograd::AccumulateGrad`` on
+  the autograd thread (``c10d::allreduce_`` > ``record_param_comms`` > ``nccl:all_reduce`` >
+  ``DP_ALLREDUCE_KERNEL`` on ``DP_STREAM``), not waited on; ``finalize_model_grads``
+  (``distributed/finalize_model_grads.py:640``) > ``finish_grad_sync`` waits on each (787-829)
+  before the optimizer: the compute stream waits. With Megatron's default batch_p2p_sync the
+  ``torch.cuda.synchronize()`` after a P2P call also waits for a bucket in flight. Not modelled:
+  ``_coalescing_manager`` around a bucket group (one bucket a group here), reduce-scatter with
+  the distributed optimizer, the grad-norm all-reduce. ``replica_slowdown`` {replica: factor}
+  makes a replica's machine slower: its kernels and its host's launches take factor times as long.
+- **Recomputation** (``recompute``): Megatron's ``CheckpointFunction``
+  (``tensor_parallel/random.py:591-672``): the forward runs the layers under ``torch.no_grad()``
+  (616-617) inside a ``CheckpointFunction`` cpu_op (its ops without sequence numbers); the
+  backward, ``autograd::engine::evaluate_function: CheckpointFunctionBackward``, first re-runs
+  the forward's ops and kernels under ``enable_grad`` (658-659; TP all-reduces included), then
+  ``torch.autograd.backward`` (668) runs the inner graph reentrantly: nested evaluate_function
+  ranges on the same thread. torch's non-reentrant ``torch.utils.checkpoint`` (not generated)
+  names nothing of its own: its saved-tensor hooks (``_checkpoint_hook``,
+  ``torch/utils/checkpoint.py:1153-1200``; the frame set up at 1558-1704) re-run the forward
+  (``recompute_fn``) from the unpack hook of the first backward node that needs a saved tensor,
+  so the forward's aten ops appear nested in that node's evaluate_function range.
+- **Process groups** (``pg_metadata``): distributedInfo as ``torch/profiler/profiler.py``
+  ``_get_distributed_info`` (554-572) writes it: pg_count = every group created
+  (``get_pg_count``, ``torch/distributed/distributed_c10d.py:1555-1560``), pg_config the rank's
+  groups (``_get_all_pg_configs`` over pg_map, 1546-1552; ``_get_pg_config`` 1531-1543), names
+  counted over every new_group call (``_process_group_name`` 5486-5494); Megatron's groups in
+  creation order with their ``group_desc`` (:func:`process_groups`). ``pg_metadata=False`` leaves
+  out pg_count, pg_config and every "Process Group *" arg: the layout from traffic alone.
+
+Truth of a 3-D job (keys beside the plain ones, which keep their meaning: ``busy_ns`` /
+``bubble_ratio`` count compute and optimizer kernels only). The step window is the first to
+last action kernel (compute or TP all-reduce) of any rank. Per ``per_step`` row (and summed in
+``ranks``): ``tp_rank``, ``dp_rank``, ``pp_rank``; ``busy_with_tp_ns`` / ``bubble_ratio_with_tp``
+(busy counting TP all-reduce kernels too); ``tp_allreduce_ns`` / ``tp_allreduce_count`` (the
+rank's TP kernels, summed durations); ``dp_grad_ns`` / ``dp_grad_count`` (bucket all-reduce
+kernels, summed durations, spin included), ``dp_grad_overlapped_ns`` (inside the window, i.e.
+while the pipeline drains) and ``dp_grad_exposed_ns`` (after it); ``step_end_ns`` (the rank's
+kernel time after the window: exposed buckets, optimizer); ``recompute_ns`` (re-run forward
+kernels in the window) and ``recompute_share`` (of ``busy_ns``). ``ranks`` rows add
+``overhead_share_of_idle`` (``host_wait_ns`` / idle: idle with the host late). Top level:
+``layout`` (world_size, dims {pp, tp, dp}, order "tp-dp-pp", megatron_order, the one-line
+``line``, ``groups`` {tp, dp, pp: lists of ranks}, ``process_groups`` (every group with its
+pg_name, pg_desc, backend_config, pg_size, ranks, role), pg_metadata); ``stages`` (per pp rank:
+ranks, recompute_ns, busy_ns, recompute_share); ``replicas`` (per dp rank: ranks, slowdown,
+action_busy_ns); ``slow_replica`` (the replica made slower, or None).
+
+Run ``python tests/gpu_tracegen.py --scenario slow_link --out /tmp/x`` to write one by hand, or
+``python tests/gpu_tracegen.py --tp 2 --dp 2 --pp 4 --slow-replica 1 /tmp/x`` for a 3-D job.
 """
 
 from __future__ import annotations
