@@ -157,7 +157,92 @@ same, to the nanosecond; only what the files call things changes, each from a so
   kept); RCCL's multi-stream launch (hipLaunchKernel); graphs. No real multi-GPU ROCm trace was
   in reach: the per-peer streams and spin-then-transfer kernels are the CUDA model's guesses.
 
-Run ``python tests/gpu_tracegen.py --scenario slow_link --out /tmp/x`` to write one by hand.
+3-D parallel jobs (``tp``, ``dp``, ``recompute``, ``pg_metadata``; ``SCENARIOS_3D``, tracekit
+issue #31). Read off NVIDIA/Megatron-LM at d98e8a64dd (paths under ``megatron/core/``) and the
+torch 2.13.0 wheel's Python sources (``torch/...`` lines below are that wheel's); C++ lines of
+pytorch/pytorch are named by function, the snapshot being too large to bring here.
+
+- **Layout**: ``tp * dp`` pipelines ("pipes", pipe = tp_rank + tp * dp_rank), each the plain
+  simulation's pipeline; global rank = tp_rank + tp * dp_rank + tp * dp * pp_rank, Megatron's
+  default order "tp-cp-ep-dp-pp" (``parallel_state.py:617``) with cp = ep = 1, groups as
+  ``RankGenerator.get_ranks`` / ``generate_masked_orthogonal_rank_groups`` make them
+  (``parallel_state.py:269-330, 534-549``; :func:`_masked_groups`, checked against Megatron's
+  function when written). P2P runs between the same pipe's adjacent stages on the pipeline
+  group (peers in titles and args are its group ranks = stage positions); files, devices,
+  distributedInfo and the truth name global ranks. ``rank_launch_ns`` / ``stage_factor`` are
+  per position (every pipe); ``clock_offset_ns`` per global rank.
+- **Tensor parallelism**: ``tensor_parallel/mappings.py`` ``_reduce`` (22-37) all-reduces on
+  the TP group, synchronously, in the forward of ``_ReduceFromModelParallelRegion`` (221-235;
+  RowParallelLinear's output, ``layers.py:1566``) and the backward of ``_CopyToModelParallelRegion``
+  (201-218; ColumnParallelLinear's input grad, ``layers.py:1225``). With tp > 1 each 4 forward ops
+  are column linear, gelu, row linear, gelu: one all-reduce after the row linear in F (a
+  ``_ReduceFromModelParallelRegion`` cpu_op, the Function's apply as THPFunction_apply records it
+  under its class name, ``torch/csrc/autograd/python_function.cpp``) and one after the column
+  linear's node in B (``autograd::engine::evaluate_function: _CopyToModelParallelRegionBackward``;
+  a Function's node is its class name + "Backward", ``torch/autograd/function.py:357``). Each:
+  ``c10d::allreduce_`` > ``record_param_comms`` ("Collective name": "allreduce", "dtype":
+  "BFloat16", the TP group's "Process Group Name" / "Description" / "Ranks", "Rank" = group rank,
+  "Seq") > syncStreams > ``nccl:all_reduce`` > ``TP_ALLREDUCE_KERNEL`` on the TP communicator's
+  stream (``TP_STREAM``); the compute stream then waits for it (work.wait()). A collective's
+  kernel spins until every member's has started, then all end together after ``tp_allreduce_ns``.
+  TP and P2P kernels are on different streams and may overlap. Not modelled: sequence
+  parallelism (all-gather / reduce-scatter), the forward identity ``_CopyToModelParallelRegion``
+  and ``_ReduceFromModelParallelRegionBackward`` nodes, comm-GEMM overlap. The kernel's name is
+  the signature tracekit's issue gives (NCCL <= 2.18's); the P2P kernel keeps NCCL 2.19+'s.
+- **Data parallelism** (``overlap_grad_reduce``): grad sync is enabled for the last microbatch
+  only (``pipeline_parallel/schedules.py`` 2434, 2461, 2478 ``enable_grad_sync()``); the grad
+  accumulator's hook (``distributed/distributed_data_parallel.py:473``, ``_make_backward_post_hook``
+  553-582) calls ``register_grad_ready`` (``distributed/param_and_grad_buffer.py:863-884``, last
+  microbatch only), and a bucket's last grad starts ``start_grad_sync`` (600-): an async
+  ``all_reduce`` on the data-parallel group (700-703, 730-731). Here: ``dp_buckets`` buckets per
+  stage, one after each ``kernels_f / dp_buckets`` backward nodes of the stage's last microbatch,
+  launched inside ``autograd::engine::evaluate_function: torch::autograd::AccumulateGrad`` on
+  the autograd thread (``c10d::allreduce_`` > ``record_param_comms`` > ``nccl:all_reduce`` >
+  ``DP_ALLREDUCE_KERNEL`` on ``DP_STREAM``), not waited on; ``finalize_model_grads``
+  (``distributed/finalize_model_grads.py:640``) > ``finish_grad_sync`` waits on each (787-829)
+  before the optimizer: the compute stream waits. With Megatron's default batch_p2p_sync the
+  ``torch.cuda.synchronize()`` after a P2P call also waits for a bucket in flight. Not modelled:
+  ``_coalescing_manager`` around a bucket group (one bucket a group here), reduce-scatter with
+  the distributed optimizer, the grad-norm all-reduce. ``replica_slowdown`` {replica: factor}
+  makes a replica's machine slower: its kernels and its host's launches take factor times as long.
+- **Recomputation** (``recompute``): Megatron's ``CheckpointFunction``
+  (``tensor_parallel/random.py:591-672``): the forward runs the layers under ``torch.no_grad()``
+  (616-617) inside a ``CheckpointFunction`` cpu_op (its ops without sequence numbers); the
+  backward, ``autograd::engine::evaluate_function: CheckpointFunctionBackward``, first re-runs
+  the forward's ops and kernels under ``enable_grad`` (658-659; TP all-reduces included), then
+  ``torch.autograd.backward`` (668) runs the inner graph reentrantly: nested evaluate_function
+  ranges on the same thread. torch's non-reentrant ``torch.utils.checkpoint`` (not generated)
+  names nothing of its own: its saved-tensor hooks (``_checkpoint_hook``,
+  ``torch/utils/checkpoint.py:1153-1200``; the frame set up at 1558-1704) re-run the forward
+  (``recompute_fn``) from the unpack hook of the first backward node that needs a saved tensor,
+  so the forward's aten ops appear nested in that node's evaluate_function range.
+- **Process groups** (``pg_metadata``): distributedInfo as ``torch/profiler/profiler.py``
+  ``_get_distributed_info`` (554-572) writes it: pg_count = every group created
+  (``get_pg_count``, ``torch/distributed/distributed_c10d.py:1555-1560``), pg_config the rank's
+  groups (``_get_all_pg_configs`` over pg_map, 1546-1552; ``_get_pg_config`` 1531-1543), names
+  counted over every new_group call (``_process_group_name`` 5486-5494); Megatron's groups in
+  creation order with their ``group_desc`` (:func:`process_groups`). ``pg_metadata=False`` leaves
+  out pg_count, pg_config and every "Process Group *" arg: the layout from traffic alone.
+
+Truth of a 3-D job (keys beside the plain ones, which keep their meaning: ``busy_ns`` /
+``bubble_ratio`` count compute and optimizer kernels only). The step window is the first to
+last action kernel (compute or TP all-reduce) of any rank. Per ``per_step`` row (and summed in
+``ranks``): ``tp_rank``, ``dp_rank``, ``pp_rank``; ``busy_with_tp_ns`` / ``bubble_ratio_with_tp``
+(busy counting TP all-reduce kernels too); ``tp_allreduce_ns`` / ``tp_allreduce_count`` (the
+rank's TP kernels, summed durations); ``dp_grad_ns`` / ``dp_grad_count`` (bucket all-reduce
+kernels, summed durations, spin included), ``dp_grad_overlapped_ns`` (inside the window, i.e.
+while the pipeline drains) and ``dp_grad_exposed_ns`` (after it); ``step_end_ns`` (the rank's
+kernel time after the window: exposed buckets, optimizer); ``recompute_ns`` (re-run forward
+kernels in the window) and ``recompute_share`` (of ``busy_ns``). ``ranks`` rows add
+``overhead_share_of_idle`` (``host_wait_ns`` / idle: idle with the host late). Top level:
+``layout`` (world_size, dims {pp, tp, dp}, order "tp-dp-pp", megatron_order, the one-line
+``line``, ``groups`` {tp, dp, pp: lists of ranks}, ``process_groups`` (every group with its
+pg_name, pg_desc, backend_config, pg_size, ranks, role), pg_metadata); ``stages`` (per pp rank:
+ranks, recompute_ns, busy_ns, recompute_share); ``replicas`` (per dp rank: ranks, slowdown,
+action_busy_ns); ``slow_replica`` (the replica made slower, or None).
+
+Run ``python tests/gpu_tracegen.py --scenario slow_link --out /tmp/x`` to write one by hand, or
+``python tests/gpu_tracegen.py --tp 2 --dp 2 --pp 4 --slow-replica 1 /tmp/x`` for a 3-D job.
 """
 
 from __future__ import annotations
@@ -183,6 +268,14 @@ MESSAGE_SHAPE = [8, 1024]  # activations / gradients, float32
 NCCL_KERNEL = "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"
 # RCCL (ROCm 6.2) runs every op, P2P or collective, in this one kernel (module doc).
 RCCL_KERNEL = "ncclDevKernel_Generic(ncclDevComm*, channelMasks, ncclWork*)"
+# 3-D jobs (module doc, "3-D parallel jobs"): each collective on its process group's NCCL stream
+TP_STREAM = 13  # the tensor-parallel group's communicator
+DP_STREAM = 15  # the data-parallel group's communicator
+TP_ALLREDUCE_KERNEL = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
+DP_ALLREDUCE_KERNEL = "ncclDevKernel_AllReduce_Sum_bf16_RING_SIMPLE(ncclDevComm*, unsigned long, ncclWork*)"
+TP_NELEMS = 4096 * 1024  # one layer's activations (sequence x hidden), bf16
+DP_BUCKET_NELEMS = 40_000_000  # Megatron's default bucket_size (distributed_data_parallel.py:134)
+MEGATRON_ORDER = "tp-cp-ep-dp-pp"  # initialize_model_parallel's default order (parallel_state.py:617)
 _GEMM = "sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x32_warpgroupsize1x1x1_execute_kernel__5x_cublas"
 # A Tensile GEMM as the real MI250 trace names it (launched through hipExtModuleLaunchKernel).
 _TENSILE_GEMM = (
@@ -330,6 +423,16 @@ class Scenario:
     p2p_comm_ranks: bool = False
     rocm: bool = False  # ROCm's names: HIP runtime calls, RCCL's one generic kernel, roctracer's args
     peer_streams: bool = False  # Megatron's unbatched isend/irecv: one NCCL stream per peer pair
+    # 3-D parallel jobs (module doc, "3-D parallel jobs"): tp ranks per stage, dp replicas of the
+    # whole pipeline, Megatron's rank order tp-dp-pp
+    tp: int = 1
+    dp: int = 1
+    tp_allreduce_ns: int = 40_000  # transfer time of one TP all-reduce (after the last peer arrives)
+    dp_allreduce_ns: int = 300_000  # transfer time of one gradient bucket's all-reduce
+    dp_buckets: int = 2  # gradient buckets per stage (kernels_f must be a multiple)
+    replica_slowdown: dict[int, float] = field(default_factory=dict)  # dp replica -> factor (>1: slower)
+    recompute: bool = False  # Megatron's CheckpointFunction around each stage's layers
+    pg_metadata: bool = True  # False: no pg_config, no Process Group fields (traffic alone)
     jitter: float = 0.05  # kernel durations vary by up to this fraction (seeded)
     seed: int = 0
 
@@ -360,6 +463,16 @@ class Scenario:
                 raise ValueError("overlap_p2p_comm is the interleaved schedule's")
         if self.peer_streams and (self.fused_p2p or self.schedule != "1F1B"):
             raise ValueError("peer_streams models Megatron's unbatched 1F1B only")
+        if self.tp < 1 or self.dp < 1:
+            raise ValueError("tp and dp must be >= 1")
+        if self.multi_dim and (self.rank_order is not None or self.p2p_comm_ranks or self.rocm):
+            raise ValueError("3-D jobs use Megatron's rank order on CUDA: no rank_order, p2p_comm_ranks or rocm")
+        if self.tp > 1 and self.kernels_f % 4:
+            raise ValueError("tp needs kernels_f a multiple of 4 (column linear, gelu, row linear, gelu)")
+        if self.dp > 1 and self.kernels_f % self.dp_buckets:
+            raise ValueError("dp needs kernels_f a multiple of dp_buckets")
+        if any(not 0 <= r < self.dp for r in self.replica_slowdown):
+            raise ValueError("replica_slowdown names a replica outside 0..dp-1")
 
     @property
     def n_stages(self) -> int:
@@ -369,15 +482,35 @@ class Scenario:
     def platform(self) -> Platform:
         return ROCM if self.rocm else CUDA
 
+    @property
+    def multi_dim(self) -> bool:
+        """A 3-D job's generator features are on (the truth then has the 3-D keys)."""
+        return self.tp > 1 or self.dp > 1 or self.recompute or not self.pg_metadata
+
+    @property
+    def n_pipes(self) -> int:
+        """Pipeline instances: one per (tp rank, dp rank); pipe = tp_rank + tp * dp_rank."""
+        return self.tp * self.dp
+
+    @property
+    def world_size(self) -> int:
+        return self.p * self.n_pipes
+
     def rank_of(self, stage: int) -> int:
         return stage % self.p  # "loop" placement
 
-    def global_rank(self, position: int) -> int:
-        """The job's rank of a pipeline position (the pipeline group's rank)."""
-        return position if self.rank_order is None else self.rank_order[position]
+    def global_rank(self, position: int, pipe: int = 0) -> int:
+        """The job's rank of a pipeline position (the pipeline group's rank) in pipeline instance
+        ``pipe``: Megatron's order tp-dp-pp, tp_rank + tp * dp_rank + tp * dp * pp_rank
+        (parallel_state.py:269-330, generate_masked_orthogonal_rank_groups' equation (1))."""
+        if self.rank_order is not None:
+            return self.rank_order[position]
+        return pipe + self.n_pipes * position
 
-    def launch_cost(self, rank: int) -> int:
-        return self.rank_launch_ns.get(rank, self.launch_ns)
+    def launch_cost(self, rank: int, pipe: int = 0) -> int:
+        cost = self.rank_launch_ns.get(rank, self.launch_ns)
+        slow = self.replica_slowdown.get(pipe // self.tp, 1.0)
+        return cost if slow == 1.0 else round(cost * slow)
 
     def transfer(self, src: int, dst: int) -> int:
         return self.link_transfer_ns.get((src, dst), self.transfer_ns)
@@ -543,6 +676,10 @@ class Kernel:
     ready_ns: int | None = None  # P2P: when its stream let it start (it spins from here)
     start_ns: int | None = None
     end_ns: int | None = None
+    pipe: int = 0  # the pipeline instance (tp_rank + tp * dp_rank) of its rank
+    collective: tuple | None = None  # a collective's key, the same on every member of its group
+    group_size: int = 1  # members a collective waits for
+    recompute: bool = False  # a forward kernel re-run inside a backward (activation recomputation)
 
 
 @dataclass
@@ -556,6 +693,7 @@ class _HostEvent:
 
 
 COMM_KINDS = ("send", "recv", "sendrecv")
+COLLECTIVE_KINDS = ("tp_allreduce", "dp_allreduce")
 
 
 def _roctracer_launch_args(kernel: str, stream: int, comm: bool) -> dict:
@@ -573,9 +711,14 @@ def _roctracer_launch_args(kernel: str, stream: int, comm: bool) -> dict:
 class _Rank:
     """One rank's host program: walks the schedule, records host events and launched kernels."""
 
-    def __init__(self, sc: Scenario, rank: int, rng: random.Random):
+    def __init__(self, sc: Scenario, rank: int, rng: random.Random, pipe: int = 0):
         self.sc, self.rank, self.rng = sc, rank, rng
-        self.pid = 4000 + 100 * rank
+        self.pipe = pipe  # rank = the pipeline position; pipe = tp_rank + tp * dp_rank
+        self.world_rank = sc.global_rank(rank, pipe)
+        self.groups = _rank_groups(sc, self.world_rank)  # role -> the process group it uses
+        self.collective_calls: dict[str, int] = {}  # role -> collectives issued ("Seq", group key)
+        self.grad_syncs: list[Kernel] = []  # bucket all-reduces launched, waited on before the optimizer
+        self.pid = 4000 + 100 * (rank + sc.p * pipe)
         self.main_tid = self.pid  # Linux main thread: tid == pid
         self.autograd_tid = self.pid + 11
         self.events: list[_HostEvent] = []
@@ -626,11 +769,13 @@ class _Rank:
         **extra,
     ) -> Kernel:
         platform = self.sc.platform
-        comm = kind in COMM_KINDS
+        comm = kind in COMM_KINDS or kind in COLLECTIVE_KINDS
         call = "comm_launch" if comm else "gemm_launch" if name == platform.gemm_kernel else "launch"
         launch = _roctracer_launch_args(name, stream, comm) if platform.rocm else None
         corr = self._runtime(call, tid, start, end, external_id, launch)
-        kernel = Kernel(self.rank, stream, name, kind, step, dur_ns, start, end, tid, external_id, corr, **extra)
+        kernel = Kernel(
+            self.rank, stream, name, kind, step, dur_ns, start, end, tid, external_id, corr, pipe=self.pipe, **extra
+        )
         self.kernels.append(kernel)
         if kind in ("compute", "optimizer"):
             kernel.deps += self.stream_waits
@@ -639,7 +784,8 @@ class _Rank:
         return kernel
 
     def _kernel_ns(self, stage: int) -> int:
-        factor = self.sc.stage_factor.get(stage, 1.0)
+        # a slow replica's kernels run slower too (x 1.0 leaves every other product as it was)
+        factor = self.sc.stage_factor.get(stage, 1.0) * self.sc.replica_slowdown.get(self.pipe // self.sc.tp, 1.0)
         return round(self.sc.kernel_ns * factor * (1 + self.rng.uniform(-self.sc.jitter, self.sc.jitter)))
 
     # -- one step ----------------------------------------------------------------------------
@@ -658,6 +804,7 @@ class _Rank:
         if self.send_work is not None:  # "Wait for the last backward send to finish"
             self._stream_wait(self.send_work)
             self.send_work = None
+        self._finish_grad_sync()
         self._optimizer(step)
 
     def megatron_step(self, step: int, wait_until_ns: int | None):
@@ -702,6 +849,7 @@ class _Rank:
                 yield from self._synchronize()
         for kernel in sent:
             self._stream_wait(kernel)
+        self._finish_grad_sync()
         self._optimizer(step)
 
     def _synchronize(self):
@@ -783,12 +931,40 @@ class _Rank:
 
     def _forward(self, step: int, action: Action) -> None:
         stage, _, mb = action
+        if not self.sc.recompute:
+            self.forward_ops[(stage, mb)] = self._forward_ops(step, action, self.main_tid)
+            return
+        # Megatron's CheckpointFunction.forward (tensor_parallel/random.py:601-633) runs the layers
+        # under torch.no_grad() (616-617) and saves only its inputs; the profiler records the
+        # Function's apply under its class name (THPFunction_apply's RECORD_FUNCTION with
+        # ((PyTypeObject*)cls)->tp_name, torch/csrc/autograd/python_function.cpp), with the
+        # sequence number its backward node CheckpointFunctionBackward carries.
+        seq, ext = self.next_sequence, self._take_external()
+        self.next_sequence += 1
+        start = self.t
+        self.t += 1_000
+        self._forward_ops(step, action, self.main_tid, grad=False)
+        self.t += 1_000
+        args = {"External id": ext, "Sequence number": seq, "Fwd thread id": 0, "Record function id": 0}
+        self.events.append(_HostEvent("cpu_op", "CheckpointFunction", self.main_tid, start, self.t, args))
+        self.forward_ops[(stage, mb)] = [(seq, ext)]
+
+    def _forward_ops(
+        self, step: int, action: Action, tid: int, grad: bool = True, recompute: bool = False
+    ) -> list[tuple[int, int]]:
+        """One forward's ops and kernels on thread ``tid``; returns each op's (sequence number,
+        External id). ``grad=False``: under no_grad (no sequence numbers, no autograd nodes);
+        ``recompute``: re-run inside a backward. With tp > 1 every 4 ops are Megatron's MLP as
+        column linear, gelu, row linear, gelu, the row linear's output all-reduced on the TP group."""
+        stage, _, mb = action
         cost = self.launch_cost()
-        ops = self.forward_ops[(stage, mb)] = []
+        ops: list[tuple[int, int]] = []
         for k in range(self.sc.kernels_f):
             start, end = self.t, self.t + cost
             seq = self.next_sequence
-            self.next_sequence += 1
+            if grad:
+                self.next_sequence += 1
+            autograd = {"Sequence number": seq, "Fwd thread id": 0} if grad else {}
             top_name, inner_name, kernel_name = (
                 ("aten::linear", "aten::addmm", self.sc.platform.gemm_kernel)
                 if k % 2 == 0
@@ -797,10 +973,10 @@ class _Rank:
             top = self._event(
                 "cpu_op",
                 top_name,
-                self.main_tid,
+                tid,
                 start,
                 end,
-                **{"Sequence number": seq, "Fwd thread id": 0, "Record function id": 0},
+                **{**autograd, "Record function id": 0},
             )
             ops.append((seq, top))
             owner = top
@@ -808,32 +984,78 @@ class _Rank:
                 owner = self._event(
                     "cpu_op",
                     inner_name,
-                    self.main_tid,
+                    tid,
                     start + cost // 8,
                     end - cost // 8,
-                    **{"Sequence number": seq, "Fwd thread id": 0, "Record function id": 0},
+                    **{**autograd, "Record function id": 0},
                 )
             self._launch(
                 kernel_name,
                 "compute",
                 COMPUTE_STREAM,
-                self.main_tid,
+                tid,
                 start + cost // 4,
                 start + 3 * cost // 4,
                 owner,
                 step,
                 self._kernel_ns(stage),
                 action=action,
+                recompute=recompute,
             )
             self.host_compute[step].append((start, end))
             self.t = end
+            if self.sc.tp > 1 and k % 4 == 2:
+                self._tp_allreduce(step, tid, backward=False, recompute=recompute)
+        return ops
 
     def _backward(self, step: int, action: Action) -> None:
         stage, _, mb = action
+        self.t += 3_000  # hand-off to the autograd device thread
+        saved = self.forward_ops.pop((stage, mb))
+        # overlap_grad_reduce: bucket hooks fire only in the last microbatch's backward (module doc)
+        last_microbatch = self.sc.dp > 1 and mb == self.sc.m - 1
+        if not self.sc.recompute:
+            self._backward_nodes(step, action, saved, last_microbatch)
+        else:
+            # CheckpointFunction.backward (random.py:635-672): re-run the forward under
+            # enable_grad (658-659), then torch.autograd.backward on its outputs (668), which the
+            # engine runs reentrantly on this thread: nested evaluate_function ranges.
+            ((seq, forward_ext),) = saved
+            start, outer, inner = self.t, self._take_external(), self._take_external()
+            self.t += 1_000
+            ops = self._forward_ops(step, action, self.autograd_tid, recompute=True)
+            self._backward_nodes(step, action, ops, last_microbatch)
+            self.t += 1_000
+            node = "CheckpointFunctionBackward"  # a Function's node: class name + "Backward"
+            autograd = {"Sequence number": seq, "Fwd thread id": 1, "Record function id": 0}
+            self.events.append(
+                _HostEvent(
+                    "cpu_op",
+                    f"autograd::engine::evaluate_function: {node}",
+                    self.autograd_tid,
+                    start,
+                    self.t,
+                    {"External id": outer, **autograd},
+                )
+            )
+            self.events.append(
+                _HostEvent(
+                    "cpu_op", node, self.autograd_tid, start + 200, self.t - 200, {"External id": inner, **autograd}
+                )
+            )
+            self.flows.append((seq, forward_ext, outer))
+        self.t += 3_000  # back on the main thread
+
+    def _backward_nodes(self, step: int, action: Action, ops: list[tuple[int, int]], last_microbatch: bool) -> None:
+        """The autograd nodes of one backward, last forward op first; with tp > 1 the column
+        linear's input grad all-reduced after its node; in the last microbatch with dp > 1,
+        a gradient bucket's all-reduce launched once its ops' grads are done."""
+        stage = action[0]
         cost = self.launch_cost()
         per_op = self.sc.kernels_b // self.sc.kernels_f
-        self.t += 3_000  # hand-off to the autograd device thread
-        for k, (seq, forward_ext) in reversed(list(enumerate(self.forward_ops.pop((stage, mb))))):
+        per_bucket = self.sc.kernels_f // self.sc.dp_buckets
+        done = 0
+        for k, (seq, forward_ext) in reversed(list(enumerate(ops))):
             start, end = self.t, self.t + per_op * cost
             node = "AddmmBackward0" if k % 2 == 0 else "GeluBackward0"
             top = self._event(
@@ -877,14 +1099,140 @@ class _Rank:
                 )
             self.host_compute[step].append((start, end))
             self.t = end
-        self.t += 3_000  # back on the main thread
+            if self.sc.tp > 1 and k % 4 == 0:
+                self._tp_allreduce(step, self.autograd_tid, backward=True)
+            done += 1
+            if last_microbatch and done % per_bucket == 0:
+                self._grad_bucket(step)
+
+    def _tp_allreduce(self, step: int, tid: int, backward: bool, recompute: bool = False) -> None:
+        """Megatron's ``_reduce`` (tensor_parallel/mappings.py:22-37: torch.distributed.all_reduce
+        on the TP group, synchronous): in the forward of ``_ReduceFromModelParallelRegion``
+        (221-235, RowParallelLinear's output, layers.py:1566), in the backward of
+        ``_CopyToModelParallelRegion`` (201-218, ColumnParallelLinear's input, layers.py:1225).
+        The compute stream then waits for it (work.wait())."""
+        name = "_CopyToModelParallelRegion" if backward else "_ReduceFromModelParallelRegion"
+        start, outer = self.t, self._take_external()
+        inner = self._take_external() if backward else None
+        self.t += 1_000
+        kernel = self._collective(step, "tp", tid, TP_NELEMS, self.sc.tp_allreduce_ns, recompute)
+        self._stream_wait(kernel, tid)
+        self.t += 1_000
+        if backward:
+            node = f"{name}Backward"
+            args = {"Fwd thread id": 1, "Record function id": 0}
+            self.events.append(
+                _HostEvent(
+                    "cpu_op",
+                    f"autograd::engine::evaluate_function: {node}",
+                    tid,
+                    start,
+                    self.t,
+                    {"External id": outer, **args},
+                )
+            )
+            self.events.append(
+                _HostEvent("cpu_op", node, tid, start + 200, self.t - 200, {"External id": inner, **args})
+            )
+        else:
+            self.events.append(
+                _HostEvent("cpu_op", name, tid, start, self.t, {"External id": outer, "Record function id": 0})
+            )
+
+    def _grad_bucket(self, step: int) -> None:
+        """Megatron's overlap_grad_reduce: the grad accumulator's hook
+        (distributed_data_parallel.py:473, ``_make_backward_post_hook`` 553-582) registers the
+        grads ready (param_and_grad_buffer.py:863-884, last microbatch only); the bucket's last
+        one starts ``start_grad_sync`` (600-): an async all_reduce on the DP group (730-731)."""
+        start, outer, inner = self.t, self._take_external(), self._take_external()
+        node = "torch::autograd::AccumulateGrad"
+        self.t += 1_000
+        kernel = self._collective(step, "dp", self.autograd_tid, DP_BUCKET_NELEMS, self.sc.dp_allreduce_ns)
+        self.grad_syncs.append(kernel)
+        self.t += 1_000
+        args = {"Record function id": 0}
+        self.events.append(
+            _HostEvent(
+                "cpu_op",
+                f"autograd::engine::evaluate_function: {node}",
+                self.autograd_tid,
+                start,
+                self.t,
+                {"External id": outer, **args},
+            )
+        )
+        self.events.append(
+            _HostEvent("cpu_op", node, self.autograd_tid, start + 200, self.t - 200, {"External id": inner, **args})
+        )
+
+    def _finish_grad_sync(self) -> None:
+        """finalize_model_grads (finalize_model_grads.py:640) > finish_grad_sync: every bucket's
+        handle waited on (param_and_grad_buffer.py:787-829) before the optimizer."""
+        for kernel in self.grad_syncs:
+            self._stream_wait(kernel)
+        self.grad_syncs = []
+
+    def _collective(self, step: int, role: str, tid: int, nelems: int, dur_ns: int, recompute: bool = False) -> Kernel:
+        """One ``torch.distributed.all_reduce`` on NCCL: ``c10d::allreduce_`` >
+        ``record_param_comms`` ("Collective name": "allreduce"), syncStreams (the group's NCCL
+        stream waits for the compute stream), ``nccl:all_reduce`` and its kernel on the group's
+        stream. The kernel spins until every member's has started; all end together."""
+        sc = self.sc
+        group = self.groups[role]
+        ranks = group["ranks"]
+        n = self.collective_calls[role] = self.collective_calls.get(role, 0) + 1
+        start, end = self.t, self.t + P2P_HOST_NS
+        self._event("cpu_op", "c10d::allreduce_", tid, start, end, **{"Record function id": 0})
+        meta = {
+            "Collective name": "allreduce",
+            "In msg nelems": nelems,
+            "Out msg nelems": nelems,
+            "Group size": len(ranks),
+            "dtype": "BFloat16",
+            "In split size": "[]",
+            "Out split size": "[]",
+            **(_group_fields(group) if sc.pg_metadata else {}),
+            "Rank": ranks.index(self.world_rank),
+            "Seq": n,
+        }
+        comms = self._event(
+            "cpu_op",
+            "record_param_comms",
+            tid,
+            start + 2_000,
+            end - 2_000,
+            **{"Record function id": 0, **_rank_span(ranks), **meta},
+        )
+        self._runtime("event_record", tid, start + 4_000, start + 5_000, comms)
+        self._runtime("stream_wait", tid, start + 6_000, start + 7_000, comms)
+        annotation = self._event(
+            "user_annotation", "nccl:all_reduce", tid, start + 9_000, end - 6_000, **{"Record function id": 0}
+        )
+        kernel = self._launch(
+            TP_ALLREDUCE_KERNEL if role == "tp" else DP_ALLREDUCE_KERNEL,
+            f"{role}_allreduce",
+            TP_STREAM if role == "tp" else DP_STREAM,
+            tid,
+            start + 12_000,
+            start + 20_000,
+            comms,
+            step,
+            dur_ns,
+            deps=[self.last_compute] if self.last_compute else [],
+            args={**meta, "_annotation": ("nccl:all_reduce", annotation)},
+            collective=(role, group["name"], n),
+            group_size=len(ranks),
+            recompute=recompute,
+        )
+        self.t = end
+        return kernel
 
     def launch_cost(self) -> int:
-        return self.sc.launch_cost(self.rank)
+        return self.sc.launch_cost(self.rank, self.pipe)
 
-    def _stream_wait(self, kernel: Kernel) -> None:
+    def _stream_wait(self, kernel: Kernel, tid: int | None = None) -> None:
         """work.wait() on NCCL: the compute stream waits for the kernel's end (the host goes on)."""
-        self._runtime("stream_wait", self.main_tid, self.t, self.t + 1_000, 0)
+        self._runtime("stream_wait", self.main_tid if tid is None else tid, self.t, self.t + 1_000, 0)
         self.t += 2_000
         self.stream_waits.append(kernel)
 
@@ -925,7 +1273,7 @@ class _Rank:
             "dtype": "Float",
             "In split size": "[]",
             "Out split size": "[]",
-            **_pipeline_group(sc),
+            **self._pipeline_group(),
             "Rank": own,
             ("Dst Rank" if direction == "send" else "Src Rank"): named,
             "Seq": self.p2p_calls,
@@ -936,12 +1284,24 @@ class _Rank:
             self.main_tid,
             start + 2_000,
             end - 2_000,
-            **{"Record function id": 0, "Global rank start": 0, "Global rank stride": 1, **meta},
+            **{"Record function id": 0, **self._p2p_rank_span(), **meta},
         )
         self._runtime("event_record", self.main_tid, start + 4_000, start + 5_000, comms)
         self._runtime("stream_wait", self.main_tid, start + 6_000, start + 7_000, comms)
         self.t = end
         return start, comms, meta
+
+    def _pipeline_group(self) -> dict:
+        """record_param_comms' process group fields of a P2P op: a 3-D job's pipeline group
+        (none without pg_metadata), else as :func:`_pipeline_group` says."""
+        if not self.sc.multi_dim:
+            return _pipeline_group(self.sc)
+        return _group_fields(self.groups["pp"]) if self.sc.pg_metadata else {}
+
+    def _p2p_rank_span(self) -> dict:
+        if not self.sc.multi_dim:
+            return {"Global rank start": 0, "Global rank stride": 1}
+        return _rank_span(self.groups["pp"]["ranks"])
 
     def _metadata_ranks(self, peer: int) -> tuple[int, int]:
         """The (own, peer) ranks a P2P op's title and record_param_comms name: the pipeline
@@ -1081,13 +1441,16 @@ class _Rank:
 def _resolve(kernels: list[Kernel], latency_ns: int = LAUNCH_LATENCY_NS, partial: bool = False) -> None:
     """Device start/end of every kernel launched so far: streams in FIFO order, P2P paired.
     ``partial``: kernels that cannot run yet (a peer not launched) may stay unresolved."""
-    streams: dict[tuple[int, int], list[Kernel]] = {}
+    streams: dict[tuple[int, int, int], list[Kernel]] = {}
     for k in kernels:
-        streams.setdefault((k.rank, k.stream), []).append(k)
-    peers: dict[tuple, dict[str, Kernel]] = {}  # message -> {"send": kernel, "recv": kernel}
+        streams.setdefault((k.pipe, k.rank, k.stream), []).append(k)
+    peers: dict[tuple, dict[str, Kernel]] = {}  # (pipe, message) -> {"send": kernel, "recv": kernel}
+    members: dict[tuple, list[Kernel]] = {}  # collective -> its kernels launched so far
     for k in kernels:
         for direction, message, _ in k.ops:
-            peers.setdefault(message, {})[direction] = k
+            peers.setdefault((k.pipe, message), {})[direction] = k
+        if k.collective is not None:
+            members.setdefault(k.collective, []).append(k)
     heads = {key: 0 for key in streams}
     for key, queue in streams.items():  # skip what an earlier call already resolved
         while heads[key] < len(queue) and queue[heads[key]].end_ns is not None:
@@ -1102,12 +1465,19 @@ def _resolve(kernels: list[Kernel], latency_ns: int = LAUNCH_LATENCY_NS, partial
                 if any(d.end_ns is None for d in k.deps):
                     break
                 ready = max([k.launch_end_ns + latency_ns, previous_end] + [d.end_ns for d in k.deps])
-                if not k.ops:
+                if k.collective is not None:
+                    k.ready_ns = k.start_ns = ready
+                    group = members[k.collective]
+                    if len(group) < k.group_size or any(other.ready_ns is None for other in group):
+                        break  # spins until every member has started; then all end together
+                    k.end_ns = max(other.ready_ns for other in group) + k.dur_ns
+                elif not k.ops:
                     k.start_ns, k.end_ns = ready, ready + k.dur_ns
                 else:
                     k.ready_ns = k.start_ns = ready
                     others = [
-                        peers[message].get("recv" if direction == "send" else "send") for direction, message, _ in k.ops
+                        peers[(k.pipe, message)].get("recv" if direction == "send" else "send")
+                        for direction, message, _ in k.ops
                     ]
                     if any(other is None or other.ready_ns is None for other in others):
                         break  # spins until every peer kernel it moves data with has started
@@ -1126,7 +1496,7 @@ def _run_megatron_step(ranks: list[_Rank], step: int, behind: dict[int, int | No
     """Every rank's host runs its Megatron step together: a host that synchronizes with its
     device waits until the kernels it launched have run, which may need other ranks' hosts to
     launch the peers of its P2P kernels first."""
-    programs = {host.rank: host.megatron_step(step, behind[host.rank]) for host in ranks}
+    programs = {(host.pipe, host.rank): host.megatron_step(step, behind[(host.pipe, host.rank)]) for host in ranks}
     waits: dict[int, list[Kernel] | None] = {rank: None for rank in programs}
     while programs:
         moved = False
@@ -1142,6 +1512,111 @@ def _run_megatron_step(ranks: list[_Rank], step: int, behind: dict[int, int | No
         _resolve([k for host in ranks for k in host.kernels], partial=True)
         if not moved:
             raise RuntimeError(f"the generated Megatron step {step} deadlocks: hosts {sorted(programs)} wait forever")
+
+
+def _masked_groups(sizes: dict[str, int], token: str) -> list[list[int]]:
+    """Megatron's RankGenerator.get_ranks(token) (parallel_state.py:534-549) over the order
+    MEGATRON_ORDER: the groups spanning the dimensions in ``token`` (generate_masked_orthogonal_rank_groups,
+    269-330): a rank is sum(index[d] * stride[d]) over the order's dimensions, the earlier ones
+    the faster; the groups are enumerated over the other dimensions, the earlier the faster."""
+    order = MEGATRON_ORDER.split("-")
+    stride, product = {}, 1
+    for dim in order:
+        stride[dim], product = product, product * sizes[dim]
+    inside = [d for d in order if d in token.split("-")]
+    outside = [d for d in order if d not in inside]
+
+    def points(dims: list[str]) -> list[int]:
+        offsets = [0]
+        for dim in dims:  # the earlier dimension varies fastest
+            offsets = [o + i * stride[dim] for i in range(sizes[dim]) for o in offsets]
+        return offsets
+
+    return [[base + offset for offset in points(inside)] for base in points(outside)]
+
+
+def process_groups(sc: Scenario) -> list[dict]:
+    """The process groups a 3-D job creates, in creation order, as pg_config writes them
+    (torch/distributed/distributed_c10d.py ``_get_pg_config``, torch 2.13.0 lines 1531-1543:
+    pg_name, pg_desc, backend_config, pg_size, ranks), each with its ``role``. Names count up
+    over every new_group call, members or not (``_process_group_name``, 5486-5494), so they are
+    the job's, not a rank's. Megatron's initialize_model_parallel (parallel_state.py at
+    NVIDIA/Megatron-LM d98e8a64dd) creates, with cp = ep = 1 and create_gloo_process_groups=True
+    (its default, 620): per "dp-cp" group DATA_PARALLEL_GROUP_WITH_CP and its gloo twin (963-976),
+    per "dp" group DATA_PARALLEL_GROUP and DATA_PARALLEL_GROUP_GLOO (1053-1062),
+    CONTEXT_PARALLEL_GROUP per "cp" group (1117-1122), MODEL_PARALLEL_GROUP per "tp-pp" group
+    (1147-1152), TENSOR_MODEL_PARALLEL_GROUP per "tp" group (1164-1169),
+    PIPELINE_MODEL_PARALLEL_GROUP per "pp" group (1240-1250). The groups it creates after
+    those (embedding, tp-dp, expert, ...) are left out here (a real pg_config lists them too)."""
+    sizes = {"tp": sc.tp, "cp": 1, "ep": 1, "dp": sc.dp, "pp": sc.p}
+    world = list(range(sc.world_size))
+    groups = [{"pg_name": "0", "pg_desc": "default_pg", "ranks": world, "role": "world", "gloo": False}]
+
+    def add(ranks: list[int], desc: str, role: str, gloo: bool = False) -> None:
+        groups.append({"pg_name": str(len(groups)), "pg_desc": desc, "ranks": ranks, "role": role, "gloo": gloo})
+
+    for ranks in _masked_groups(sizes, "dp-cp"):
+        add(ranks, "DATA_PARALLEL_GROUP_WITH_CP", "dp")
+        add(ranks, "DATA_PARALLEL_GROUP_WITH_CP_GLOO", "dp", gloo=True)
+    for ranks in _masked_groups(sizes, "dp"):
+        add(ranks, "DATA_PARALLEL_GROUP", "dp")
+        add(ranks, "DATA_PARALLEL_GROUP_GLOO", "dp", gloo=True)
+    for ranks in _masked_groups(sizes, "cp"):
+        add(ranks, "CONTEXT_PARALLEL_GROUP", "cp")
+    for ranks in _masked_groups(sizes, "tp-pp"):
+        add(ranks, "MODEL_PARALLEL_GROUP", "mp")
+    for ranks in _masked_groups(sizes, "tp"):
+        add(ranks, "TENSOR_MODEL_PARALLEL_GROUP", "tp")
+    for ranks in _masked_groups(sizes, "pp"):
+        add(ranks, "PIPELINE_MODEL_PARALLEL_GROUP", "pp")
+    return [
+        {
+            "pg_name": g["pg_name"],
+            "pg_desc": g["pg_desc"],
+            "backend_config": "cpu:gloo,cuda:gloo" if g["gloo"] else "cuda:nccl",
+            "pg_size": len(g["ranks"]),
+            "ranks": g["ranks"],
+            "role": g["role"],
+        }
+        for g in groups
+    ]
+
+
+# The group each role's traffic goes on: Megatron's TP all-reduces on the tensor-parallel group,
+# gradient buckets on the data-parallel group (with cp = 1 the same ranks as "dp-cp";
+# param_and_grad_buffer.py:700-703 takes data_parallel_group), P2P on the pipeline group.
+_ROLE_DESC = {
+    "tp": "TENSOR_MODEL_PARALLEL_GROUP",
+    "dp": "DATA_PARALLEL_GROUP",
+    "pp": "PIPELINE_MODEL_PARALLEL_GROUP",
+}
+
+
+def _rank_groups(sc: Scenario, world_rank: int) -> dict[str, dict]:
+    """role -> {name, desc, ranks} of the group a rank's traffic of that role goes on: the
+    default group for P2P in a plain pipeline (as before), Megatron's groups in a 3-D job."""
+    if not sc.multi_dim:
+        return {}
+    out = {}
+    for group in process_groups(sc):
+        role = next((r for r, desc in _ROLE_DESC.items() if desc == group["pg_desc"]), None)
+        if role and world_rank in group["ranks"]:
+            out[role] = {"name": group["pg_name"], "desc": group["pg_desc"], "ranks": group["ranks"]}
+    return out
+
+
+def _group_fields(group: dict) -> dict:
+    """record_param_comms' process group fields of an op on ``group``."""
+    return {
+        "Process Group Name": group["name"],
+        "Process Group Description": group["desc"],
+        "Process Group Ranks": str(group["ranks"]),
+    }
+
+
+def _rank_span(ranks: list[int]) -> dict:
+    """record_param_comms' "Global rank start" / "Global rank stride" of a strided group."""
+    return {"Global rank start": ranks[0], "Global rank stride": ranks[1] - ranks[0] if len(ranks) > 1 else 1}
 
 
 def _pipeline_group(sc: Scenario) -> dict:
@@ -1174,53 +1649,56 @@ def _union_in(spans: list[tuple[int, int]], lo: int, hi: int) -> int:
 def simulate(sc: Scenario) -> tuple[list[_Rank], list[Kernel]]:
     """Run the scenario; every kernel's device times are filled in."""
     rng = random.Random(sc.seed)
-    ranks = [_Rank(sc, r, rng) for r in range(sc.p)]
+    ranks = [_Rank(sc, r, rng, pipe) for pipe in range(sc.n_pipes) for r in range(sc.p)]
     kernels: list[Kernel] = []
-    device_end: dict[tuple[int, int], int] = {}  # (rank, step) -> its last kernel's end
+    device_end: dict[tuple[int, int, int], int] = {}  # (pipe, rank, step) -> its last kernel's end
     steps = [FIRST_STEP + i for i in range(sc.steps)]
     for i, step in enumerate(steps):
-        behind = {host.rank: None if sc.host_sync or i < 2 else device_end[(host.rank, steps[i - 2])] for host in ranks}
+        behind = {
+            (host.pipe, host.rank): None if sc.host_sync or i < 2 else device_end[(host.pipe, host.rank, steps[i - 2])]
+            for host in ranks
+        }
         if sc.framework == "megatron":
             _run_megatron_step(ranks, step, behind)
         else:
             for host in ranks:
-                host.run_step(step, behind[host.rank])
+                host.run_step(step, behind[(host.pipe, host.rank)])
         kernels = [k for host in ranks for k in host.kernels]
         _resolve(kernels)
         for host in ranks:
-            device_end[(host.rank, step)] = max(k.end_ns for k in host.kernels if k.step == step)
-            host.end_step(step, device_end[(host.rank, step)] if sc.host_sync else None)
+            end = device_end[(host.pipe, host.rank, step)] = max(k.end_ns for k in host.kernels if k.step == step)
+            host.end_step(step, end if sc.host_sync else None)
     return ranks, kernels
 
 
 def ground_truth(sc: Scenario, ranks: list[_Rank], kernels: list[Kernel]) -> dict:
-    """What the simulation knows, from its own numbers (never from the written files)."""
+    """What the simulation knows, from its own numbers (never from the written files). A 3-D
+    job's truth has more keys (module doc, "Truth of a 3-D job")."""
     steps = sorted({k.step for k in kernels})
     per_step: list[dict] = []
-    per_rank = {
-        r: {
-            "window_ns": 0,
-            "busy_ns": 0,
-            "action_busy_ns": 0,
-            "host_wait_ns": 0,
-            "host_window_ns": 0,
-            "host_busy_ns": 0,
-        }
-        for r in range(sc.p)
-    }
+    totals = ("window_ns", "busy_ns", "action_busy_ns", "host_wait_ns", "host_window_ns", "host_busy_ns")
+    if sc.multi_dim:
+        totals += _DIM_TOTALS
+    per_rank = {(h.pipe, h.rank): dict.fromkeys(totals, 0) for h in ranks}
+    by_host: dict[tuple[int, int], list[Kernel]] = {}
+    for k in kernels:
+        by_host.setdefault((k.pipe, k.rank), []).append(k)
     for step in steps:
-        actions = [k for k in kernels if k.step == step and k.kind == "compute"]
+        # the window: the action kernels (compute, and TP all-reduces inside actions) of every rank
+        actions = [k for k in kernels if k.step == step and k.kind in ("compute", "tp_allreduce")]
         lo, hi = min(k.start_ns for k in actions), max(k.end_ns for k in actions)
-        host_spans = {h.rank: h.host_compute[step] for h in ranks}
+        host_spans = {(h.pipe, h.rank): h.host_compute[step] for h in ranks}
         host_lo = min(s for spans in host_spans.values() for s, _ in spans)
         host_hi = max(e for spans in host_spans.values() for _, e in spans)
-        for r in range(sc.p):
-            mine = [k for k in kernels if k.rank == r and k.step == step and k.kind in ("compute", "optimizer")]
+        for host in ranks:
+            key = (host.pipe, host.rank)
+            mine_all = [k for k in by_host[key] if k.step == step]
+            mine = [k for k in mine_all if k.kind in ("compute", "optimizer")]
             busy = _union_in([(k.start_ns, k.end_ns) for k in mine], lo, hi)
             action_busy = _union_in([(k.start_ns, k.end_ns) for k in mine if k.kind == "compute"], lo, hi)
-            host_busy = _union_in(host_spans[r], host_lo, host_hi)
+            host_busy = _union_in(host_spans[key], host_lo, host_hi)
             row = {
-                "rank": r,
+                "rank": host.rank,
                 "step": step,
                 "window_start_ns": lo,
                 "window_end_ns": hi,
@@ -1229,35 +1707,40 @@ def ground_truth(sc: Scenario, ranks: list[_Rank], kernels: list[Kernel]) -> dic
                 "action_busy_ns": action_busy,
                 "idle_ns": hi - lo - busy,
                 "bubble_ratio": (hi - lo - busy) / (hi - lo),
-                "host_wait_ns": _host_wait(r, step, kernels, lo, hi),
+                "host_wait_ns": _host_wait(host.rank, step, by_host[key], lo, hi),
                 "host_window_ns": host_hi - host_lo,
                 "host_busy_ns": host_busy,
                 "host_bubble_ratio": (host_hi - host_lo - host_busy) / (host_hi - host_lo),
-                "host_step_start_ns": ranks[r].step_spans[step][0],
-                "host_step_end_ns": ranks[r].step_spans[step][1],
-                "device_end_ns": max(k.end_ns for k in kernels if k.rank == r and k.step == step),
+                "host_step_start_ns": host.step_spans[step][0],
+                "host_step_end_ns": host.step_spans[step][1],
+                "device_end_ns": max(k.end_ns for k in mine_all),
+                "_pipe": host.pipe,
             }
+            if sc.multi_dim:
+                row.update(_dim_figures(sc, host, mine_all, lo, hi, busy))
             per_step.append(row)
-            for key in ("window_ns", "busy_ns", "action_busy_ns", "host_wait_ns", "host_window_ns", "host_busy_ns"):
-                per_rank[r][key] += row[key]
+            for name in totals:
+                per_rank[key][name] += row[name]
     rank_rows = []
-    for r, tot in per_rank.items():
+    for (pipe, r), tot in per_rank.items():
         idle = tot["window_ns"] - tot["busy_ns"]
-        rank_rows.append(
-            {
-                "rank": r,
-                **tot,
-                "idle_ns": idle,
-                "bubble_ratio": idle / tot["window_ns"],
-                "host_bubble_ratio": (tot["host_window_ns"] - tot["host_busy_ns"]) / tot["host_window_ns"],
-                "clock_offset_ns": sc.clock_offset_ns.get(r, 0),
-            }
-        )
+        row = {
+            "rank": r,
+            **tot,
+            "idle_ns": idle,
+            "bubble_ratio": idle / tot["window_ns"],
+            "host_bubble_ratio": (tot["host_window_ns"] - tot["host_busy_ns"]) / tot["host_window_ns"],
+            "clock_offset_ns": sc.clock_offset_ns.get(sc.global_rank(r, pipe) if sc.multi_dim else r, 0),
+            "_pipe": pipe,
+        }
+        if sc.multi_dim:
+            row.update(_dim_ratios(sc, pipe, r, tot))
+        rank_rows.append(row)
     pairs = []
-    sends = {message: k for k in kernels for direction, message, _ in k.ops if direction == "send"}
-    recvs = [(message, k) for k in kernels for direction, message, _ in k.ops if direction == "recv"]
-    for message, recv in recvs:
-        send = sends[message]
+    sends = {(k.pipe, message): k for k in kernels for direction, message, _ in k.ops if direction == "send"}
+    recvs = [((k.pipe, message), k) for k in kernels for direction, message, _ in k.ops if direction == "recv"]
+    for (pipe, message), recv in recvs:
+        send = sends[(pipe, message)]
         step, kind, stage, mb = message
         later = max(send.start_ns, recv.start_ns)
         waiting = (
@@ -1280,16 +1763,18 @@ def ground_truth(sc: Scenario, ranks: list[_Rank], kernels: list[Kernel]) -> dic
                 "transfer_ns": send.end_ns - later,
                 # the message's own direction (a fused kernel ends with its slowest one)
                 "message_transfer_ns": next(t for d, m, t in send.ops if m == message and d == "send"),
+                "_pipe": pipe,
             }
         )
     for row in rank_rows + per_step + pairs:  # the job's ranks, as the files name them
+        pipe = row.pop("_pipe")
         for key in ("rank", "src_rank", "dst_rank", "waiting_rank"):
             if row.get(key) is not None:
-                row[key] = sc.global_rank(row[key])
+                row[key] = sc.global_rank(row[key], pipe)
     rank_rows.sort(key=lambda row: row["rank"])
     per_step.sort(key=lambda row: (row["step"], row["rank"]))
     pairs.sort(key=lambda row: (row["step"], row["src_rank"], row["dst_rank"], row["send_start_ns"]))
-    return {
+    truth = {
         "what": "GENERATED by tests/gpu_tracegen.py: ground truth of a simulated GPU pipeline, not a real trace",
         "times": "ns on the simulation's reference clock (a rank's file adds its clock_offset_ns to every ts)",
         "scenario": _scenario_json(sc),
@@ -1298,6 +1783,109 @@ def ground_truth(sc: Scenario, ranks: list[_Rank], kernels: list[Kernel]) -> dic
         "ranks": rank_rows,
         "per_step": per_step,
         "p2p_pairs": pairs,
+    }
+    if sc.multi_dim:
+        truth.update(_layout_truth(sc, rank_rows))
+    return truth
+
+
+# per-rank totals of a 3-D job's per-step figures (module doc, "Truth of a 3-D job")
+_DIM_TOTALS = (
+    "busy_with_tp_ns",
+    "tp_allreduce_ns",
+    "tp_allreduce_count",
+    "dp_grad_ns",
+    "dp_grad_count",
+    "dp_grad_overlapped_ns",
+    "dp_grad_exposed_ns",
+    "step_end_ns",
+    "recompute_ns",
+)
+
+
+def _dim_figures(sc: Scenario, host: _Rank, mine: list[Kernel], lo: int, hi: int, busy: int) -> dict:
+    """One rank's 3-D figures in one step, from its kernels ``mine`` and the step's window [lo, hi]."""
+    tp = [k for k in mine if k.kind == "tp_allreduce"]
+    dp = [k for k in mine if k.kind == "dp_allreduce"]
+    spans = [(k.start_ns, k.end_ns) for k in mine]
+    with_tp = _union_in(
+        [(k.start_ns, k.end_ns) for k in mine if k.kind in ("compute", "optimizer", "tp_allreduce")], lo, hi
+    )
+    recompute = _union_in([(k.start_ns, k.end_ns) for k in mine if k.recompute and k.kind == "compute"], lo, hi)
+    dp_spans = [(k.start_ns, k.end_ns) for k in dp]
+    after = max(k.end_ns for k in mine)
+    return {
+        "tp_rank": host.pipe % sc.tp,
+        "dp_rank": host.pipe // sc.tp,
+        "pp_rank": host.rank,
+        "busy_with_tp_ns": with_tp,
+        "bubble_ratio_with_tp": (hi - lo - with_tp) / (hi - lo),
+        "tp_allreduce_ns": sum(k.end_ns - k.start_ns for k in tp),
+        "tp_allreduce_count": len(tp),
+        "dp_grad_ns": sum(k.end_ns - k.start_ns for k in dp),
+        "dp_grad_count": len(dp),
+        "dp_grad_overlapped_ns": _union_in(dp_spans, min([lo] + [s for s, _ in dp_spans]), hi),
+        "dp_grad_exposed_ns": _union_in(dp_spans, hi, max(hi, after)),
+        "step_end_ns": _union_in(spans, hi, max(hi, after)),
+        "recompute_ns": recompute,
+        "recompute_share": recompute / busy if busy else 0.0,
+    }
+
+
+def _dim_ratios(sc: Scenario, pipe: int, rank: int, tot: dict) -> dict:
+    """A rank's 3-D figures over all steps: its place in the layout and the ratios of its totals."""
+    return {
+        "tp_rank": pipe % sc.tp,
+        "dp_rank": pipe // sc.tp,
+        "pp_rank": rank,
+        "bubble_ratio_with_tp": (tot["window_ns"] - tot["busy_with_tp_ns"]) / tot["window_ns"],
+        "recompute_share": tot["recompute_ns"] / tot["busy_ns"] if tot["busy_ns"] else 0.0,
+        "overhead_share_of_idle": tot["host_wait_ns"] / max(1, tot["window_ns"] - tot["busy_ns"]),
+    }
+
+
+def _layout_truth(sc: Scenario, rank_rows: list[dict]) -> dict:
+    """The job's layout, per-stage recompute and the slow replica (module doc)."""
+    groups = process_groups(sc)
+    stages = []
+    for position in range(sc.p):
+        rows = [row for row in rank_rows if row["pp_rank"] == position]
+        recompute, busy = sum(r["recompute_ns"] for r in rows), sum(r["busy_ns"] for r in rows)
+        stages.append(
+            {
+                "pp_rank": position,
+                "ranks": sorted(row["rank"] for row in rows),
+                "recompute_ns": recompute,
+                "busy_ns": busy,
+                "recompute_share": recompute / busy if busy else 0.0,
+            }
+        )
+    replicas = []
+    for replica in range(sc.dp):
+        rows = [row for row in rank_rows if row["dp_rank"] == replica]
+        replicas.append(
+            {
+                "dp_rank": replica,
+                "ranks": sorted(row["rank"] for row in rows),
+                "slowdown": sc.replica_slowdown.get(replica, 1.0),
+                "action_busy_ns": sum(r["action_busy_ns"] for r in rows),
+            }
+        )
+    slow = max(sc.replica_slowdown, key=sc.replica_slowdown.get) if sc.replica_slowdown else None
+    return {
+        "layout": {
+            "world_size": sc.world_size,
+            "dims": {"pp": sc.p, "tp": sc.tp, "dp": sc.dp},
+            "order": "tp-dp-pp",
+            "megatron_order": MEGATRON_ORDER,
+            "line": f"{sc.world_size} ranks: PP {sc.p} x TP {sc.tp} x DP {sc.dp}, Megatron order tp-dp-pp",
+            "groups": {role: [g["ranks"] for g in groups if g["pg_desc"] == desc] for role, desc in _ROLE_DESC.items()},
+            "process_groups": groups,
+            "pg_metadata": sc.pg_metadata,
+        },
+        "stages": stages,
+        "replicas": replicas,
+        "slow_replica": slow if slow is not None and sc.replica_slowdown[slow] > 1.0 else None,
     }
 
 
@@ -1355,8 +1943,27 @@ def link_costs(sc: Scenario) -> dict[tuple[int, int], dict[str, int]]:
     }
 
 
+# Scenario fields of 3-D jobs, left out of the truth's scenario where they are at their
+# defaults so that the plain scenarios' truth files stay byte for byte as they were
+_DIM_FIELDS = (
+    "tp",
+    "dp",
+    "tp_allreduce_ns",
+    "dp_allreduce_ns",
+    "dp_buckets",
+    "replica_slowdown",
+    "recompute",
+    "pg_metadata",
+)
+
+
 def _scenario_json(sc: Scenario) -> dict:
     out = asdict(sc)
+    if sc.multi_dim:
+        out["replica_slowdown"] = {str(k): v for k, v in sc.replica_slowdown.items()}
+    else:
+        for name in _DIM_FIELDS:
+            del out[name]
     out["link_transfer_ns"] = [[s, d, ns] for (s, d), ns in sc.link_transfer_ns.items()]
     out["rank_order"] = None if sc.rank_order is None else list(sc.rank_order)
     for key in ("stage_factor", "rank_launch_ns", "clock_offset_ns"):
@@ -1372,6 +1979,7 @@ def _us(t_ns: int) -> float:
 def _kernel_args(platform: Platform, k: Kernel, device: int) -> dict:
     """A kernel's own args: CUPTI's, or roctracer's (device, stream, correlation, kind; no
     grid or block, as in the real MI250 trace). Comm metadata is added beside them."""
+    comm = bool(k.ops) or k.collective is not None
     if platform.rocm:
         return {
             "External id": k.external_id,
@@ -1387,19 +1995,19 @@ def _kernel_args(platform: Platform, k: Kernel, device: int) -> dict:
         "context": 1,
         "stream": k.stream,
         "correlation": k.correlation,
-        "registers per thread": 96 if k.ops else 128,
+        "registers per thread": 96 if comm else 128,
         "shared memory": 0,
         "blocks per SM": 0.5,
         "warps per SM": 2.0,
-        "grid": [2, 1, 1] if k.ops else [132, 1, 1],
-        "block": [640, 1, 1] if k.ops else [384, 1, 1],
-        "est. achieved occupancy %": 0 if k.ops else 19,
+        "grid": [2, 1, 1] if comm else [132, 1, 1],
+        "block": [640, 1, 1] if comm else [384, 1, 1],
+        "est. achieved occupancy %": 0 if comm else 19,
     }
 
 
 def _rank_document(sc: Scenario, host: _Rank, kernels: list[Kernel]) -> dict:
-    offset = ORIGIN_NS + sc.clock_offset_ns.get(host.rank, 0)
-    device = sc.global_rank(host.rank)
+    offset = ORIGIN_NS + sc.clock_offset_ns.get(host.world_rank if sc.multi_dim else host.rank, 0)
+    device = host.world_rank
     events: list[dict] = []
 
     def x(cat: str, name: str, pid, tid, start: int, end: int, args: dict) -> None:
@@ -1510,8 +2118,10 @@ def _rank_document(sc: Scenario, host: _Rank, kernels: list[Kernel]) -> dict:
     events.sort(key=lambda e: (e["ph"] != "M", e["ts"], -e.get("dur", 0)))
     return {
         "schemaVersion": 1,
-        "deviceProperties": [{"id": d, **sc.platform.device} for d in range(sc.p)],
-        "distributedInfo": {
+        "deviceProperties": [{"id": d, **sc.platform.device} for d in range(sc.world_size)],
+        "distributedInfo": _distributed_info(sc, host.world_rank)
+        if sc.multi_dim
+        else {
             "backend": "nccl",
             "rank": sc.global_rank(host.rank),
             "world_size": sc.p,
@@ -1542,10 +2152,29 @@ def _rank_document(sc: Scenario, host: _Rank, kernels: list[Kernel]) -> dict:
         },
         "record_shapes": 1 if sc.record_shapes else 0,
         "traceEvents": events,
-        "traceName": f"generated_{sc.name}/rank{sc.global_rank(host.rank)}.json",
+        "traceName": f"generated_{sc.name}/rank{host.world_rank}.json",
         "displayTimeUnit": "ms",
         "baseTimeNanoseconds": BASE_TIME_NS,
     }
+
+
+def _distributed_info(sc: Scenario, world_rank: int) -> dict:
+    """A 3-D job's distributedInfo as torch's profiler writes it (torch/profiler/profiler.py
+    ``_get_distributed_info``, torch 2.13.0 lines 554-572): pg_count is every group the job
+    created (``get_pg_count``: _world.group_count, distributed_c10d.py 1555-1560), pg_config the
+    ones this rank is in (``_get_all_pg_configs`` over _world.pg_map, 1546-1552). Without
+    pg_metadata, neither: the layout must come from the traffic."""
+    info: dict = {"backend": "nccl", "rank": world_rank, "world_size": sc.world_size}
+    if sc.pg_metadata:
+        groups = process_groups(sc)
+        info["pg_count"] = len(groups)
+        info["pg_config"] = [
+            {key: g[key] for key in ("pg_name", "pg_desc", "backend_config", "pg_size", "ranks")}
+            for g in groups
+            if world_rank in g["ranks"]
+        ]
+    info["nccl_version"] = sc.platform.comm_version
+    return info
 
 
 def generate(sc: Scenario, out_dir: Path | str) -> tuple[Path, dict]:
@@ -1559,9 +2188,9 @@ def generate(sc: Scenario, out_dir: Path | str) -> tuple[Path, dict]:
     folder = Path(out_dir) / f"generated_{sc.name}"
     folder.mkdir(parents=True, exist_ok=True)
     for host in ranks:
-        doc = _rank_document(sc, host, [k for k in kernels if k.rank == host.rank])
+        doc = _rank_document(sc, host, [k for k in kernels if (k.pipe, k.rank) == (host.pipe, host.rank)])
         # mtime=0: the same scenario gives the same bytes
-        name = f"rank{sc.global_rank(host.rank)}.json.gz"
+        name = f"rank{host.world_rank}.json.gz"
         (folder / name).write_bytes(gzip.compress(json.dumps(doc).encode(), mtime=0))
     truth_path(folder).write_text(json.dumps(truth, indent=1))
     return folder, truth
@@ -1687,18 +2316,94 @@ ROCM_PLAIN_SCENARIOS = ["rocm_1f1b", "rocm_unlabelled_1f1b", "rocm_slow_link"]
 ROCM_FUSED_SCENARIOS = ["rocm_fused_1f1b"]
 
 
+# tracekit issue #31: pipelines inside 3-D jobs, Megatron-core 1F1B without labels (module doc,
+# "3-D parallel jobs"); replica 1's machine 10% slower where there are replicas
+SCENARIOS_3D: dict[str, Scenario] = {
+    "tp2_pp4": Scenario("tp2_pp4", labelled=False, framework="megatron", tp=2),
+    "dp2_pp4": Scenario("dp2_pp4", labelled=False, framework="megatron", dp=2, replica_slowdown={1: 1.1}),
+    "tp2_dp2_pp4": Scenario("tp2_dp2_pp4", labelled=False, framework="megatron", tp=2, dp=2, replica_slowdown={1: 1.1}),
+    "recompute_pp4": Scenario("recompute_pp4", labelled=False, framework="megatron", recompute=True),
+    # the same 16-rank job with no pg_config and no Process Group fields: the layout from traffic alone
+    "tp2_dp2_pp4_nometa": Scenario(
+        "tp2_dp2_pp4_nometa",
+        labelled=False,
+        framework="megatron",
+        tp=2,
+        dp=2,
+        replica_slowdown={1: 1.1},
+        pg_metadata=False,
+    ),
+}
+
+
+def _parse_slowdown(text: str) -> tuple[int, float]:
+    replica, _, factor = text.partition(":")
+    return int(replica), float(factor or 1.1)
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description="Write a GENERATED GPU pipeline trace (not a real one).")
-    parser.add_argument("--scenario", choices=sorted(SCENARIOS), required=True)
-    parser.add_argument("--out", type=Path, required=True, help="folder to write generated_<name>/ into")
+    parser = argparse.ArgumentParser(
+        description="Write a GENERATED GPU pipeline trace (not a real one): a named scenario, or a "
+        "Megatron-core 3-D job built from --tp/--dp/--pp (e.g. --tp 2 --dp 2 --pp 4 out/)."
+    )
+    parser.add_argument("out_dir", nargs="?", type=Path, help="folder to write generated_<name>/ into")
+    parser.add_argument("--scenario", choices=sorted({**SCENARIOS, **SCENARIOS_3D}))
+    parser.add_argument("--out", type=Path, help="the same as out_dir")
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks per stage")
+    parser.add_argument("--dp", type=int, default=1, help="data-parallel replicas of the pipeline")
+    parser.add_argument("--pp", type=int, default=4, help="pipeline stages")
+    parser.add_argument("--m", type=int, default=8, help="microbatches per step")
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--recompute", action="store_true", help="Megatron's activation recomputation")
+    parser.add_argument(
+        "--slow-replica", type=_parse_slowdown, metavar="R[:F]", help="replica R's machine F times slower (1.1)"
+    )
+    parser.add_argument("--no-pg-metadata", action="store_true", help="leave out pg_config and Process Group args")
+    parser.add_argument("--name", help="the run's name (generated_<name>/); made from the dimensions if left out")
     args = parser.parse_args()
-    folder, truth = generate(SCENARIOS[args.scenario], args.out)
+    out = args.out or args.out_dir
+    if out is None:
+        parser.error("give the output folder (out_dir or --out)")
+    if args.scenario:
+        sc = {**SCENARIOS, **SCENARIOS_3D}[args.scenario]
+    else:
+        name = args.name or "_".join(
+            [f"tp{args.tp}"] * (args.tp > 1)
+            + [f"dp{args.dp}"] * (args.dp > 1)
+            + [f"pp{args.pp}"]
+            + ["recompute"] * args.recompute
+            + ["nometa"] * args.no_pg_metadata
+        )
+        sc = Scenario(
+            name,
+            p=args.pp,
+            m=args.m,
+            steps=args.steps,
+            labelled=False,
+            framework="megatron",
+            tp=args.tp,
+            dp=args.dp,
+            recompute=args.recompute,
+            replica_slowdown=dict([args.slow_replica]) if args.slow_replica else {},
+            pg_metadata=not args.no_pg_metadata,
+        )
+    folder, truth = generate(sc, out)
     print(folder)
+    if "layout" in truth:
+        print(truth["layout"]["line"], f"(slow replica: {truth['slow_replica']})")
     for row in truth["ranks"]:
-        print(
+        line = (
             f"rank {row['rank']}: bubble {row['bubble_ratio']:.3f} (host view {row['host_bubble_ratio']:.3f}), "
             f"host wait {row['host_wait_ns'] / 1e6:.2f} ms"
         )
+        if "layout" in truth:
+            n = len(truth["steps"])
+            line += (
+                f"; with TP busy {row['bubble_ratio_with_tp']:.3f}, TP {row['tp_allreduce_ns'] / n / 1e6:.2f} ms/step, "
+                f"DP {row['dp_grad_ns'] / n / 1e6:.2f} ms/step ({row['dp_grad_exposed_ns'] / n / 1e6:.2f} exposed), "
+                f"recompute {row['recompute_share']:.0%}"
+            )
+        print(line)
 
 
 if __name__ == "__main__":
