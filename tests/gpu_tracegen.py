@@ -734,6 +734,8 @@ class _Rank:
         self.t = 0
         self.last_compute: Kernel | None = None
         self.forward_ops: dict[tuple[int, int], list[tuple[int, int]]] = {}  # (stage, mb) -> [(seq, ext)]
+        # (stage, microbatch, op index) -> the sequence number of its _CopyToModelParallelRegion node
+        self.tp_copy_seq: dict[tuple[int, int, int], int] = {}
         self.step_spans: dict[int, tuple[int, int]] = {}
         self.host_compute: dict[int, list[tuple[int, int]]] = {}  # step -> top-level compute op spans
 
@@ -960,6 +962,18 @@ class _Rank:
         cost = self.launch_cost()
         ops: list[tuple[int, int]] = []
         for k in range(self.sc.kernels_f):
+            if self.sc.tp > 1 and k % 4 == 0 and grad:
+                # the column linear's input enters _CopyToModelParallelRegion (mappings.py:201-218,
+                # layers.py:1225): an identity forward whose apply the profiler records with the
+                # sequence number of the node it makes, _CopyToModelParallelRegionBackward
+                # (THPFunction_apply, torch/csrc/autograd/python_function.cpp), which the
+                # backward visits last and where it all-reduces the input's gradient
+                copy_seq = self.next_sequence
+                self.next_sequence += 1
+                self.tp_copy_seq[(action[0], action[2], k)] = copy_seq
+                copy_args = {"Sequence number": copy_seq, "Fwd thread id": 0, "Record function id": 0}
+                self._event("cpu_op", "_CopyToModelParallelRegion", tid, self.t, self.t + 2_000, **copy_args)
+                self.t += 2_000
             start, end = self.t, self.t + cost
             seq = self.next_sequence
             if grad:
@@ -1100,12 +1114,16 @@ class _Rank:
             self.host_compute[step].append((start, end))
             self.t = end
             if self.sc.tp > 1 and k % 4 == 0:
-                self._tp_allreduce(step, self.autograd_tid, backward=True)
+                self._tp_allreduce(
+                    step, self.autograd_tid, backward=True, seq=self.tp_copy_seq.pop((action[0], action[2], k), None)
+                )
             done += 1
             if last_microbatch and done % per_bucket == 0:
                 self._grad_bucket(step)
 
-    def _tp_allreduce(self, step: int, tid: int, backward: bool, recompute: bool = False) -> None:
+    def _tp_allreduce(
+        self, step: int, tid: int, backward: bool, recompute: bool = False, seq: int | None = None
+    ) -> None:
         """Megatron's ``_reduce`` (tensor_parallel/mappings.py:22-37: torch.distributed.all_reduce
         on the TP group, synchronous): in the forward of ``_ReduceFromModelParallelRegion``
         (221-235, RowParallelLinear's output, layers.py:1566), in the backward of
@@ -1121,6 +1139,8 @@ class _Rank:
         if backward:
             node = f"{name}Backward"
             args = {"Fwd thread id": 1, "Record function id": 0}
+            if seq is not None:  # every autograd node's ranges carry its sequence number
+                args = {"Sequence number": seq, **args}
             self.events.append(
                 _HostEvent(
                     "cpu_op",
