@@ -733,6 +733,7 @@ class _Rank:
         self.stream_waits: list[Kernel] = []  # P2P kernels the next compute kernel waits for
         self.t = 0
         self.last_compute: Kernel | None = None
+        self.tp_waited: Kernel | None = None  # a TP all-reduce the compute stream waits for, no kernel after it yet
         self.forward_ops: dict[tuple[int, int], list[tuple[int, int]]] = {}  # (stage, mb) -> [(seq, ext)]
         # (stage, microbatch, op index) -> the sequence number of its _CopyToModelParallelRegion node
         self.tp_copy_seq: dict[tuple[int, int, int], int] = {}
@@ -783,7 +784,15 @@ class _Rank:
             kernel.deps += self.stream_waits
             self.stream_waits = []
             self.last_compute = kernel
+            self.tp_waited = None
         return kernel
+
+    def _compute_deps(self) -> list[Kernel]:
+        """What a P2P kernel waits for: syncStreams makes the NCCL stream wait for the compute
+        stream as it stands, its last kernel and, after a TP all-reduce's work.wait(), that
+        all-reduce (the gradient a backward sends is the all-reduced one)."""
+        deps = [self.last_compute] if self.last_compute else []
+        return deps + ([self.tp_waited] if self.tp_waited is not None else [])
 
     def _kernel_ns(self, stage: int) -> int:
         # a slow replica's kernels run slower too (x 1.0 leaves every other product as it was)
@@ -1135,6 +1144,7 @@ class _Rank:
         self.t += 1_000
         kernel = self._collective(step, "tp", tid, TP_NELEMS, self.sc.tp_allreduce_ns, recompute)
         self._stream_wait(kernel, tid)
+        self.tp_waited = kernel
         self.t += 1_000
         if backward:
             node = f"{name}Backward"
@@ -1358,7 +1368,7 @@ class _Rank:
             step,
             sc.transfer(src, dst),
             ops=[(direction, message, sc.transfer(src, dst))],
-            deps=[self.last_compute] if self.last_compute else [],
+            deps=self._compute_deps(),
             args={**meta, "_annotation": (title, annotation)},
         )
         return kernel
@@ -1419,7 +1429,7 @@ class _Rank:
             step,
             max(t for _, _, t in ops),
             ops=ops,
-            deps=[self.last_compute] if self.last_compute else [],
+            deps=self._compute_deps(),
             args={"_annotation": ("nccl:coalesced", annotation)},
         )
         self.t = start + 14_000

@@ -203,6 +203,8 @@ def host_p2p_ops(events: pd.DataFrame) -> pd.DataFrame:
     nbytes = ops["nbytes"].to_numpy(np.int64).copy()
     rank, tid, direction = ops["rank"].to_numpy(), ops["tid"].to_numpy(), ops["direction"].to_numpy()
     start, end = ops["start_ns"].to_numpy(np.int64), ops["end_ns"].to_numpy(np.int64)
+    # record_param_comms names the job's rank where its group's spacing is given: it wins
+    precise = ops["name"].astype(str).str.startswith("record_param_comms").to_numpy()
     outer = -1
     for i in range(len(ops)):
         if (
@@ -213,7 +215,7 @@ def host_p2p_ops(events: pd.DataFrame) -> pd.DataFrame:
             and start[i] <= end[outer]
         ):
             keep[i] = False
-            if peer[outer] < 0:
+            if peer[outer] < 0 or (precise[i] and peer[i] >= 0):
                 peer[outer] = peer[i]
             if nbytes[outer] < 0:
                 nbytes[outer] = nbytes[i]

@@ -18,6 +18,7 @@ from gpu_tracegen import (
     DP_ALLREDUCE_KERNEL,
     ORIGIN_NS,
     SCENARIOS_3D,
+    Scenario,
     TP_ALLREDUCE_KERNEL,
     generate,
 )
@@ -173,8 +174,21 @@ def test_generated_tp_peers_kernels_end_together(generated_3d, name):
         assert all(e == ends[0] for e in ends)
 
 
-def test_generated_tp_and_p2p_kernels_of_a_rank_overlap_in_time(generated_3d):
-    ranks, _ = generated_3d["tp2_pp4"]
+def test_generated_tp_and_p2p_kernels_of_a_rank_overlap_in_time(tmp_path):
+    """With --overlap-p2p-communication (interleaved) a receive posted for a later action waits
+    on its stream while the current action's TP all-reduce runs (with batch_p2p_sync the host
+    waits for both in turn; a send always waits for the all-reduce whose result it carries)."""
+    sc = Scenario(
+        "tp2_pp4_overlap",
+        labelled=False,
+        framework="megatron",
+        tp=2,
+        schedule="Interleaved1F1B",
+        v=2,
+        megatron_p2p="overlap",
+    )
+    folder, _ = generate(sc, tmp_path)
+    ranks = {r.rank: r for r in map(GeneratedRank, sorted(folder.glob("rank*.json.gz")))}
     overlap = 0
     for raw in ranks.values():
         tp = [(k["start"], k["end"]) for k in raw.kernels(TP_ALLREDUCE_KERNEL)]

@@ -648,9 +648,9 @@ def _specials_row_by_row(builder: _RowBuilder, n_rows: int, group_to_global: dic
     name_codes = dict(builder.name_codes)
     for row, name, args in builder.specials():
         if name == "record_param_comms":
-            new_name, p, b = _nccl_comm_args(_nccl_args(args) if isinstance(args, tuple) else args, group_to_global)
+            new_name, p, b, s = _nccl_comm_args(_nccl_args(args) if isinstance(args, tuple) else args, group_to_global)
             code = name_codes.setdefault(new_name, len(name_codes))
-            names[row], peer[row], nbytes[row] = code, p, b
+            names[row], peer[row], nbytes[row], tag[row] = code, p, b, s
         else:
             fields = decode_shapes(args) if isinstance(args, tuple) else args
             peer[row], tag[row], nbytes[row] = _gloo_p2p_args(fields, group_to_global.get("0"))

@@ -151,6 +151,8 @@ def _comm_events() -> list[dict]:
         "In msg nelems": [10, 10.0, "10", 2**62, -1],
         "Out msg nelems": [10, 20],
         "dtype": ["Float", "BFloat16", 1, 1.0, True],
+        "Global rank start": [0, 4, -1, "2", 1.0],
+        "Global rank stride": [1, 2, -1, 0, "2", 2.0, None],
     }
     rng = np.random.default_rng(3)
     events = []
@@ -171,12 +173,9 @@ def test_comm_fields_worked_out_once_equal_per_event(tmp_path):
     order = np.argsort(columns.numbers["source_index"], kind="stable")
     for row in order.tolist():
         event = events[columns.numbers["source_index"][row]]
-        want_name, want_peer, want_bytes = _nccl_comm_args(event["args"], {})
-        assert (names[row], columns.numbers["peer"][row], columns.numbers["nbytes"][row]) == (
-            want_name,
-            want_peer,
-            want_bytes,
-        ), event
+        want_name, want_peer, want_bytes, want_stride = _nccl_comm_args(event["args"], {})
+        got = (names[row], columns.numbers["peer"][row], columns.numbers["nbytes"][row], columns.numbers["tag"][row])
+        assert got == (want_name, want_peer, want_bytes, want_stride), event
 
 
 def _reference_drop(start_ns, end_ns, identity):

@@ -543,11 +543,12 @@ static Status scan_value(Cursor *c, Value *v, int depth, int want_value) {
 /* -- elements --------------------------------------------------------------------------- */
 
 /* The fields of args that RawArgs reads, in its order: the three ids _add_columns reads, the
-   six record_param_comms fields of _special_args (in its order), and three kept as raw JSON. */
-enum { A_SEQ, A_EXT, A_CORR, A_NCCL, A_RAW = A_NCCL + 6, N_ARGS = A_RAW + 3 };
+   eight record_param_comms fields of _special_args (in its order), and three kept as raw JSON. */
+enum { N_NCCL = 8, A_SEQ = 0, A_EXT, A_CORR, A_NCCL, A_RAW = A_NCCL + N_NCCL, N_ARGS = A_RAW + 3 };
 static const char *const ARG_KEYS[N_ARGS] = {
-    "Sequence number", "External id",   "correlation",    "Collective name", "Dst Rank",   "Src Rank",
-    "In msg nelems",   "Out msg nelems", "dtype",          "Concrete Inputs", "Input Dims", "Input type",
+    "Sequence number",   "External id",        "correlation",     "Collective name", "Dst Rank",
+    "Src Rank",          "In msg nelems",      "Out msg nelems",  "dtype",           "Global rank start",
+    "Global rank stride", "Concrete Inputs",   "Input Dims",      "Input type",
 };
 
 typedef struct {
@@ -655,7 +656,7 @@ static inline Status after_value(Cursor *c, int *done) {
 
 /* The field of args a key is read into (-1: checked and skipped). */
 static int args_field(const Value *key) {
-    if (key->n >= 5 && key->n <= 15) /* the lengths of ARG_KEYS */
+    if (key->n >= 5 && key->n <= 18) /* the lengths of ARG_KEYS */
         for (int k = 0; k < N_ARGS; k++)
             if (key->s[0] == (unsigned char)ARG_KEYS[k][0] && key_is(key, ARG_KEYS[k], (Py_ssize_t)strlen(ARG_KEYS[k])))
                 return k;
@@ -1241,13 +1242,13 @@ static PyObject *special_args(Scanner *self, const Element *e, int nccl) {
         }
         return out;
     }
-    for (int k = 0; k < 6; k++) {
+    for (int k = 0; k < N_NCCL; k++) {
         Kind kind = e->arg[A_NCCL + k].kind;
         if (kind != V_ABSENT && kind != V_INT && kind != V_STRING)
             return NULL;
     }
-    PyObject *out = PyTuple_New(6);
-    for (int k = 0; out != NULL && k < 6; k++) {
+    PyObject *out = PyTuple_New(N_NCCL);
+    for (int k = 0; out != NULL && k < N_NCCL; k++) {
         const Value *v = &e->arg[A_NCCL + k];
         PyObject *item = v->kind == V_ABSENT ? Py_NewRef(self->unset)
                          : v->kind == V_INT  ? PyLong_FromLongLong(v->i)

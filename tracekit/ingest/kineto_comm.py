@@ -78,8 +78,10 @@ def _elements(shape: list) -> int:
     return min(count, _MAX_BYTES)
 
 
-def _nccl_comm_args(args: dict, group_to_global: dict[str, list[int]]) -> tuple[str, int, int]:
-    """NCCL's record_param_comms: name it by collective, find the P2P peer where given."""
+def _nccl_comm_args(args: dict, group_to_global: dict[str, list[int]]) -> tuple[str, int, int, int]:
+    """NCCL's record_param_comms: name it by collective, find the P2P peer where given, and
+    its size; for a collective, the stride of its group's ranks (-1: not given or not
+    strided), which tells a tensor-parallel group from a data-parallel one."""
     collective = valid_text(str(args.get("Collective name", "unknown")))
     name = f"record_param_comms:{collective}"
     peer = -1
@@ -87,12 +89,19 @@ def _nccl_comm_args(args: dict, group_to_global: dict[str, list[int]]) -> tuple[
         peer = _int_or(args.get("Dst Rank"), -1)
     elif collective in ("recv", "recv_"):
         peer = _int_or(args.get("Src Rank"), -1)
+    # The peer is a rank of the op's process group; torch writes the group's ranks as start +
+    # i * stride where they are evenly spaced (ParamCommsUtils' globalRankStart/Stride; -1:
+    # not). Without pg_config (which the peer resolver reads) that maps it to the job's rank.
+    start, stride = _int_or(args.get("Global rank start"), -1), _int_or(args.get("Global rank stride"), -1)
+    if peer >= 0 and start >= 0 and stride > 0 and not group_to_global:
+        peer = start + peer * stride
+    group_stride = stride if stride > 0 and collective not in ("send", "recv", "recv_") else -1
     nelems = _int_or(
         args.get("In msg nelems") if collective == "send" else args.get("Out msg nelems"), -1, limit=_MAX_BYTES // 8
     )
     dtype = str(args.get("dtype", "Float"))
     nbytes = nelems * _DTYPE_BYTES.get(dtype, 4) if nelems >= 0 else -1
-    return name, peer, nbytes
+    return name, peer, nbytes, group_stride
 
 
 def _int_or(value, default: int, limit: int = 2**31) -> int:

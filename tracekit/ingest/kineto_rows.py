@@ -54,7 +54,16 @@ _EXACT_FLOAT_US = 2.0**53 / 1000
 
 # The args of NCCL's record_param_comms that give its name, peer and size (_nccl_comm_args),
 # in the order _special_args reads them.
-_NCCL_ARGS = ("Collective name", "Dst Rank", "Src Rank", "In msg nelems", "Out msg nelems", "dtype")
+_NCCL_ARGS = (
+    "Collective name",
+    "Dst Rank",
+    "Src Rank",
+    "In msg nelems",
+    "Out msg nelems",
+    "dtype",
+    "Global rank start",
+    "Global rank stride",
+)
 # Exact types (no bool, no float) of which equal values are the same value; UNSET: absent.
 _PLAIN_TYPES = {str, int, type(msgspec.UNSET)}
 
@@ -70,7 +79,16 @@ def _special_args(name: str, args) -> dict | tuple:
         return {}
     if name != "record_param_comms":
         return args.shapes()
-    fields = (args.collective, args.dst_rank, args.src_rank, args.in_nelems, args.out_nelems, args.dtype)
+    fields = (
+        args.collective,
+        args.dst_rank,
+        args.src_rank,
+        args.in_nelems,
+        args.out_nelems,
+        args.dtype,
+        args.rank_start,
+        args.rank_stride,
+    )
     if set(map(type, fields)) <= _PLAIN_TYPES:
         return fields
     return args.to_dict()
@@ -490,23 +508,23 @@ class _RowBuilder:
         n_kinds = len(self.special_keys)
         code_of, peer_of, tag_of, size_of = (np.full(n_kinds, -1, dtype=np.int64) for _ in range(4))
         default_group = group_to_global.get("0")
-        nccl: dict[tuple, tuple[int, int, int]] = {}  # fields -> name code, peer, size
+        nccl: dict[tuple, tuple[int, int, int, int]] = {}  # fields -> name code, peer, size, group stride
         gloo: dict[tuple, tuple[int, int, int]] = {}  # raw shapes -> peer, tag, size
         for kind in met[np.argsort(rows[first], kind="stable")].tolist():
             name, args = self.special_keys[kind]
             if name == "record_param_comms":
                 found = nccl.get(args) if isinstance(args, tuple) else None
                 if found is None:
-                    new_name, p, b = _nccl_comm_args(
+                    new_name, p, b, s = _nccl_comm_args(
                         _nccl_args(args) if isinstance(args, tuple) else args, group_to_global
                     )
                     code = self.name_codes.get(new_name)
                     if code is None:
                         code = self.name_codes[new_name] = len(self.name_codes)
-                    found = (code, p, b)
+                    found = (code, p, b, s)
                     if isinstance(args, tuple):
                         nccl[args] = found
-                code_of[kind], peer_of[kind], size_of[kind] = found
+                code_of[kind], peer_of[kind], size_of[kind], tag_of[kind] = found
             else:
                 found_p2p = gloo.get(args) if isinstance(args, tuple) else None
                 if found_p2p is None:

@@ -78,6 +78,9 @@ class RawArgs(msgspec.Struct, gc=False):
     in_nelems: Any = msgspec.field(name="In msg nelems", default=_UNSET)
     out_nelems: Any = msgspec.field(name="Out msg nelems", default=_UNSET)
     dtype: Any = msgspec.field(name="dtype", default=_UNSET)
+    # the op's process group as ranks start + i * stride (torch's ParamCommsUtils), -1: not strided
+    rank_start: Any = msgspec.field(name="Global rank start", default=_UNSET)
+    rank_stride: Any = msgspec.field(name="Global rank stride", default=_UNSET)
 
     def to_dict(self) -> dict:
         """The plain fields as the dict the Chrome trace held (only the fields kept)."""

@@ -25,7 +25,9 @@ Columns (see ``EVENT_SCHEMA`` for types):
                     Python frames nest nothing: a frame is as deep as the ops it holds
 - ``seq``           autograd sequence number (-1 when absent)
 - ``peer``          P2P peer rank for send/recv ops (-1 when unknown / not P2P)
-- ``tag``           P2P tag (-1 when unknown)
+- ``tag``           P2P tag (-1 when unknown); on a collective's ``record_param_comms``, the
+                    stride of its process group's ranks (torch's "Global rank stride", -1
+                    when not given or not strided)
 - ``nbytes``        message size in bytes for P2P ops (-1 when unknown)
 - ``correlation``   CUDA correlation id: the same on a device row (kernel, copy, set) and
                     the ``runtime`` row of the API call that launched it (-1 when absent;

@@ -91,10 +91,26 @@ def collective_ops(events: pd.DataFrame) -> pd.DataFrame:
     return found.assign(name=found["name"].astype(str)).reset_index(drop=True)
 
 
-def collectives_inside_actions(collectives: pd.DataFrame, actions: pd.DataFrame) -> pd.Series:
+def group_strides(events: pd.DataFrame) -> pd.DataFrame:
+    """NCCL's collectives that say how their group's ranks are spaced (rank, start_ns, stride:
+    ``record_param_comms``' "Global rank stride", which the parser keeps in ``tag``)."""
+    if events.empty:
+        return pd.DataFrame({"rank": [], "start_ns": [], "end_ns": [], "stride": []})
+    host = events[~events["on_gpu"].astype(bool)]
+    names = host["name"].astype(str)
+    hit = names.str.startswith("record_param_comms:") & (host["tag"] > 0)
+    found = host.loc[hit, ["rank", "start_ns", "end_ns", "tag"]].rename(columns={"tag": "stride"})
+    return found.reset_index(drop=True)
+
+
+def collectives_inside_actions(
+    collectives: pd.DataFrame, actions: pd.DataFrame, kinds: tuple[str, ...] | None = None
+) -> pd.Series:
     """Per collective (in ``collectives``' order): whether it started inside one of its rank's
-    actions (the action's host span)."""
+    actions (the action's host span; only actions of ``kinds`` where given)."""
     inside = np.zeros(len(collectives), dtype=bool)
+    if kinds is not None:
+        actions = actions[actions["kind"].isin(kinds)]
     if collectives.empty or actions.empty:
         return pd.Series(inside, index=collectives.index)
     lo = actions["label_start_ns"].where(actions["label_start_ns"] >= 0, actions["start_ns"])
@@ -119,9 +135,13 @@ def find_layout(
     messages: pd.DataFrame,
     pipelines: list[list[int]],
     collectives: pd.DataFrame,
+    strides: pd.DataFrame | None = None,
 ) -> Layout | None:
     """The job's layout (module doc); None for a single rank. ``pipelines``: the chains of
-    ranks joined by messages (:func:`tracekit.reconstruct.pipelines.pipeline_groups`)."""
+    ranks joined by messages (:func:`tracekit.reconstruct.pipelines.pipeline_groups`);
+    ``collectives``: :func:`collective_ops`; ``strides``: :func:`group_strides`."""
+    if strides is None:
+        strides = group_strides(pd.DataFrame())
     ranks = sorted(int(r) for r in ranks)
     if len(ranks) < 2:
         return None
@@ -134,7 +154,7 @@ def find_layout(
         evidence = [f"process groups not used: {problem}"]
     else:
         evidence = []
-    inferred, note = _inferred(ranks, pipelines, actions, collectives)
+    inferred, note = _inferred(ranks, pipelines, actions, collectives, strides)
     return _built(ranks, inferred, "traffic", [*evidence, note])
 
 
@@ -166,7 +186,9 @@ def _declared(ranks: list[int], groups: Mapping[int, list[ProcessGroup]]) -> dic
 
 
 def _declared_note(declared: dict[str, list[tuple[int, ...]]]) -> str:
-    said = ", ".join(f"{role.upper()} {len(gs[0])}" for role, gs in sorted(declared.items(), key=lambda kv: ROLES.index(kv[0])))
+    said = ", ".join(
+        f"{role.upper()} {len(gs[0])}" for role, gs in sorted(declared.items(), key=lambda kv: ROLES.index(kv[0]))
+    )
     return f"layout from the traces' process groups ({said}), checked against the messages and stages"
 
 
@@ -203,7 +225,11 @@ def _contradiction(
 
 
 def _inferred(
-    ranks: list[int], pipelines: list[list[int]], actions: pd.DataFrame, collectives: pd.DataFrame
+    ranks: list[int],
+    pipelines: list[list[int]],
+    actions: pd.DataFrame,
+    collectives: pd.DataFrame,
+    strides: pd.DataFrame,
 ) -> tuple[dict[str, list[tuple[int, ...]]], str]:
     """Role -> groups from the traffic (module doc), and how they were found."""
     chains = [sorted(c) for c in pipelines if c]
@@ -213,10 +239,15 @@ def _inferred(
     inside = collectives_inside_actions(collectives, actions)
     per_rank = collectives.loc[inside.to_numpy(), "rank"].value_counts() if len(collectives) else pd.Series(dtype=int)
     n_actions = actions.groupby("rank").size() if not actions.empty else pd.Series(dtype=int)
-    sharded = [
-        r for r in ranks if n_actions.get(r, 0) and per_rank.get(r, 0) >= _PER_ACTION * n_actions.get(r, 0)
-    ]
+    sharded = [r for r in ranks if n_actions.get(r, 0) and per_rank.get(r, 0) >= _PER_ACTION * n_actions.get(r, 0)]
     pp = [tuple(c) for c in chains]
+    split = _split_by_strides(same_place, strides, actions) if len(strides) else None
+    if split is not None:
+        tp_groups, dp_groups, note = split
+        roles = {"pp": pp, **({"tp": tp_groups} if len(tp_groups[0]) > 1 else {})}
+        if len(dp_groups[0]) > 1:
+            roles["dp"] = dp_groups
+        return roles, note
     if len(sharded) == len(ranks):
         note = (
             f"layout from the traffic: {len(chains)} chains of messages whose ranks at each place "
@@ -225,6 +256,56 @@ def _inferred(
         return {"pp": pp, "tp": same_place}, note
     note = f"layout from the traffic: {len(chains)} chains of messages, no collective inside their actions: data-parallel replicas"
     return {"pp": pp, "dp": same_place}, note
+
+
+def _split_by_strides(
+    same_place: list[tuple[int, ...]], strides: pd.DataFrame, actions: pd.DataFrame
+) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]], str] | None:
+    """The ranks at each place split into tensor- and data-parallel groups by how their
+    collectives' groups are spaced: the stride of the collectives inside forwards is the
+    tensor-parallel group's, any other the data-parallel group's (Megatron's order puts TP
+    ranks next to each other, DP ranks TP apart). None where the strides do not tile the
+    places."""
+    forward = collectives_inside_actions(strides, actions, ("F",)).to_numpy()
+    tp_strides = set(strides.loc[forward, "stride"].astype(int).tolist())
+    other = set(strides.loc[~forward, "stride"].astype(int).tolist()) - tp_strides
+    if len(tp_strides) > 1 or len(other) > 1:
+        return None
+    size = len(same_place[0])
+    s_tp = next(iter(tp_strides), None)
+    s_dp = next(iter(other), None)
+    if s_tp is not None and s_dp is not None:
+        if s_dp % s_tp or not 1 < s_dp // s_tp <= size or size % (s_dp // s_tp):
+            return None
+        tp = s_dp // s_tp
+    elif s_tp is not None:
+        tp = size
+    else:
+        tp = 1
+    tp_groups: list[tuple[int, ...]] = []
+    dp_groups: list[tuple[int, ...]] = []
+    for place in same_place:
+        members = set(place)
+        step_tp, step_dp = s_tp or 1, s_dp or (s_tp or 1) * tp
+        for r in place:
+            if not any(r in g for g in tp_groups):
+                g = tuple(r + i * step_tp for i in range(tp))
+                if not set(g) <= members:
+                    return None
+                tp_groups.append(g)
+        dp = size // tp
+        for r in place:
+            if not any(r in g for g in dp_groups):
+                g = tuple(r + j * step_dp for j in range(dp))
+                if not set(g) <= members:
+                    return None
+                dp_groups.append(g)
+    note = (
+        f"layout from the traffic: {len(same_place[0])} chains of messages; the collectives' group strides "
+        f"(record_param_comms' Global rank stride: {s_tp} inside forwards, {s_dp} outside) split each place "
+        f"into TP {tp} x DP {size // tp}"
+    )
+    return sorted(tp_groups), sorted(dp_groups), note
 
 
 def _built(ranks: list[int], roles: dict[str, list[tuple[int, ...]]], source: str, evidence: list[str]) -> Layout:
@@ -246,12 +327,7 @@ def _built(ranks: list[int], roles: dict[str, list[tuple[int, ...]]], source: st
     replicas: dict[int, list[int]] = {}
     for rank in ranks:
         replicas.setdefault(dp_index.get(rank, 0) if dims["dp"] > 1 else 0, []).append(rank)
-    groups = [
-        RoleGroup(role, g)
-        for role in ROLES
-        for g in roles.get(role, [])
-        if dims[role] > 1 or role == "pp"
-    ]
+    groups = [RoleGroup(role, g) for role in ROLES for g in roles.get(role, []) if dims[role] > 1 or role == "pp"]
     return Layout(
         world=len(ranks),
         dims=dims,

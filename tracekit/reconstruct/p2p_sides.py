@@ -51,6 +51,10 @@ def p2p_sides(events: EventArrays) -> Sides:
     values = events.values["name"]
     # decided once per distinct name (a run has tens of them, in hundreds of thousands of rows)
     kinds = np.array([_name_kind(v) for v in values], dtype=np.int64).reshape(-1, 2)
+    # NCCL's record_param_comms names the job's rank where the trace says how (its group's
+    # "Global rank start"/"stride": tracekit.ingest.kineto_comm); the c10d op around it names
+    # a rank of the op's group only: the former's peer wins
+    param_comms = np.array([str(v).startswith("record_param_comms") for v in values], dtype=bool)
     codes = events.codes["name"]
     direction = kinds[codes, 0] if len(values) else np.full(len(events), -1, dtype=np.int64)
     title_peer = kinds[codes, 1] if len(values) else np.full(len(events), -1, dtype=np.int64)
@@ -64,6 +68,7 @@ def p2p_sides(events: EventArrays) -> Sides:
     start, end = events["start_ns"][chosen].astype(np.int64), events["end_ns"][chosen].astype(np.int64)
     order = np.lexsort((-end, start, tid, rank))  # stable: ties keep table order
     rows, direction, peer = chosen[order], direction[chosen][order], peer[order]
+    precise = param_comms[events.codes["name"][rows]] if len(values) else np.zeros(len(rows), dtype=bool)
     nbytes = events["nbytes"][rows].astype(np.int64)
     rank, tid, start, end = rank[order], tid[order], start[order], end[order]
     keep = np.ones(len(rows), dtype=bool)
@@ -80,7 +85,7 @@ def p2p_sides(events: EventArrays) -> Sides:
     for i in np.flatnonzero(np.isin(run, run[overlaps])).tolist():
         if outer >= 0 and run[i] == run[outer] and start[i] <= end[outer]:
             keep[i] = False
-            if peer[outer] < 0:
+            if peer[outer] < 0 or (precise[i] and peer[i] >= 0):
                 peer[outer] = peer[i]
             if nbytes[outer] < 0:
                 nbytes[outer] = nbytes[i]

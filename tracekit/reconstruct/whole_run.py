@@ -23,7 +23,7 @@ from tracekit.reconstruct.counts import count_problems
 from tracekit.reconstruct.device_rank import DEVICE_ACTION_COLUMNS
 from tracekit.reconstruct.declared import declared_mismatch
 from tracekit.reconstruct.event_arrays import LAUNCH_CATEGORY, EventArrays, has_device_work
-from tracekit.reconstruct.layout import collective_ops, find_layout
+from tracekit.reconstruct.layout import collective_ops, find_layout, group_strides
 from tracekit.reconstruct.labels import LabelSet, custom_set, describe_annotations, parse_rule
 from tracekit.reconstruct.p2p import estimate_arrivals, match_messages
 from tracekit.reconstruct.peers import groups_of
@@ -154,7 +154,13 @@ def reconstruct(run: Run, timeline: str = "auto", labels: LabelSet | Sequence[st
         if len(pipelines) > 1 and stage_is_rank(run.actions):
             run.actions = restage(run.actions, pipelines)
         run.layout = find_layout(
-            run.ranks, groups_of(run.files), run.actions, run.messages, pipelines, collective_ops(run.events)
+            run.ranks,
+            groups_of(run.files),
+            run.actions,
+            run.messages,
+            pipelines,
+            collective_ops(run.events),
+            group_strides(run.events),
         )
         run.schedule = recognise(run.actions, overlap_labels=bool(overlap), pipelines=pipelines)
         for problem in count_problems(run.actions, run.schedule):
