@@ -215,3 +215,109 @@ def test_tp2_pp2_p2p_stays_within_the_pp_group(rank):
         recvs = [e for e in events if e["name"] == "c10d::recv_" and _inside(e, step)]
         assert len(sends) == len(recvs) == 8
         assert {e["args"]["Concrete Inputs"][2] for e in sends + recvs} == {peer_group_rank}
+
+
+# --------------------------------------------------------------------------------------
+# dp2_pp2: 2 stages x 2 replicas, replica 1 on a 10% slower "host"
+# --------------------------------------------------------------------------------------
+DP = "dp2_pp2"
+LAYER_GRAD_NUMEL = [[256 * 256 + 256]]  # one bucket: a layer's weight and bias, flat
+EMU_BACKWARD = "TracekitEmuComputeBackward"
+
+
+def _dp_all_reduces(events: list[dict], step: dict) -> list[dict]:
+    return [
+        e
+        for e in events
+        if e["name"] == "c10d::allreduce_" and _inside(e, step) and e["args"]["Input Dims"][0] == LAYER_GRAD_NUMEL
+    ]
+
+
+def test_dp2_pp2_files_and_layout():
+    _check_files(DP, 4)
+    cap = _capture(DP)
+    layout = cap["layout"]
+    assert (layout["tp"], layout["dp"], layout["pp"], layout["slow_replica"]) == (1, 2, 2, 1)
+    assert layout["slow_replica_factor"] == pytest.approx(1.1)
+    assert cap["stage_to_rank"] == [0, 2]
+    assert {(g["role"], tuple(g["ranks"])) for g in layout["groups"] if len(g["ranks"]) > 1} == {
+        ("DP", (0, 1)),
+        ("DP", (2, 3)),
+        ("PP", (0, 2)),
+        ("PP", (1, 3)),
+    }
+    assert [layout["ranks"][str(r)]["dp_rank"] for r in range(4)] == [0, 1, 0, 1]
+    words = cap["command"].split()
+    for flag, value in (("--data-parallel", "2"), ("--slow-replica", "1"), ("--slow-factor", "1.1"), ("-p", "2")):
+        assert words[words.index(flag) + 1] == value
+
+
+@pytest.mark.parametrize("rank", range(4))
+def test_dp2_pp2_pg_config_has_megatrons_groups(rank):
+    groups = _groups_by_desc(_trace(DP, rank))
+    assert groups["DATA_PARALLEL_GROUP"] == [rank - rank % 2, rank - rank % 2 + 1]
+    assert groups["PIPELINE_MODEL_PARALLEL_GROUP"] == [rank % 2, rank % 2 + 2]  # one replica's stages
+    assert groups["TENSOR_MODEL_PARALLEL_GROUP"] == [rank]
+
+
+@pytest.mark.parametrize("rank", range(4))
+def test_dp2_pp2_gradient_all_reduce_overlaps_the_last_backward(rank):
+    """8 bucket all-reduces a step (one per layer), each posted from AccumulateGrad inside the
+    last microbatch's backward (after 7 microbatches x 8 layers of input-grad sleeps), the
+    transfers on gloo's threads all done before Optimizer.step, which waits for them."""
+    trace = _trace(DP, rank)
+    events = _main_thread(trace)
+    everything = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+    for step in _steps(events):
+        posts = _dp_all_reduces(events, step)
+        assert len(posts) == 8
+        for post in posts:
+            assert "torch::autograd::AccumulateGrad" in _enclosing(post, events)
+        backwards = sorted((e for e in events if e["name"] == EMU_BACKWARD and _inside(e, step)), key=lambda e: e["ts"])
+        assert len(backwards) == 64
+        before_first = sum(e["ts"] < posts[0]["ts"] for e in backwards)
+        assert before_first >= 7 * 8 + 1
+        optimizer = next(e for e in events if e["name"].startswith("Optimizer.step") and _inside(e, step))
+        transfers = [e for e in everything if e["name"] == "gloo:all_reduce" and _inside(e, step)]
+        assert len(transfers) == 8 and all(e["tid"] != e["pid"] for e in transfers)
+        assert max(e["ts"] + e["dur"] for e in transfers) <= optimizer["ts"]
+        assert all(e["ts"] < optimizer["ts"] for e in posts)
+        measured = _measured(DP, rank)[int(step["name"].split("#")[1])]
+        assert measured["calls"] == {"dp_all_reduce_launch": 8, "dp_all_reduce_wait": 8}
+
+
+@pytest.mark.parametrize("rank", range(4))
+def test_dp2_pp2_measured_reduction_span_matches_the_trace(rank):
+    """capture.json's buckets (perf_counter: first launch to last wait's end) span what the
+    trace shows from the first post to Optimizer.step, within 1 ms (the main thread averages
+    the gradients in between); the last transfer on gloo's threads ends inside that span."""
+    trace = _trace(DP, rank)
+    events = _main_thread(trace)
+    everything = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+    buckets = _capture(DP)["layout"]["measured"][str(rank)]["dp_buckets"]
+    for step in _steps(events):
+        n = int(step["name"].split("#")[1])
+        mine = [b for b in buckets if b["step"] == n]
+        assert sorted(b["bucket"] for b in mine) == list(range(8))
+        measured_ms = (max(b["wait_end_ns"] for b in mine) - min(b["launch_ns"] for b in mine)) / 1e6
+        posts = _dp_all_reduces(events, step)
+        optimizer = next(e for e in events if e["name"].startswith("Optimizer.step") and _inside(e, step))
+        traced_ms = (optimizer["ts"] - posts[0]["ts"]) / 1e3
+        assert measured_ms == pytest.approx(traced_ms, abs=1.0)
+        transfers = [e for e in everything if e["name"] == "gloo:all_reduce" and _inside(e, step)]
+        assert (max(e["ts"] + e["dur"] for e in transfers) - posts[0]["ts"]) / 1e3 <= measured_ms
+
+
+def test_dp2_pp2_slow_replica_is_slower_and_the_fast_one_waits():
+    """Replica 1's emulated sleeps are x1.1: its compute ops take longer on both stages, and
+    replica 0 waits at the gradient all-reduce for it (capture.json's wait time)."""
+    for stage in (0, 1):
+        fast, slow = 2 * stage, 2 * stage + 1
+        compute = {
+            r: sum(e["dur"] for e in _main_thread(_trace(DP, r)) if e["name"].startswith("TracekitEmu"))
+            for r in (fast, slow)
+        }
+        assert 1.04 < compute[slow] / compute[fast] < 1.25
+        for n in PROFILED_STEPS:
+            waits = {r: _measured(DP, r)[n]["ns"]["dp_all_reduce_wait"] for r in (fast, slow)}
+            assert waits[fast] > 3 * waits[slow]
