@@ -321,3 +321,63 @@ def test_dp2_pp2_slow_replica_is_slower_and_the_fast_one_waits():
         for n in PROFILED_STEPS:
             waits = {r: _measured(DP, r)[n]["ns"]["dp_all_reduce_wait"] for r in (fast, slow)}
             assert waits[fast] > 3 * waits[slow]
+
+
+# --------------------------------------------------------------------------------------
+# pp4_recompute: 1F1B on 4 stages, each stage's layers under torch.utils.checkpoint
+# --------------------------------------------------------------------------------------
+RC = "pp4_recompute"
+FORWARD_OPS = ("aten::linear", "TracekitEmuCompute", "aten::relu", "TracekitEmuWeightGrad")
+
+
+def _recompute_hosts(events: list[dict], step: dict) -> list[dict]:
+    """The outermost backward ops holding re-run forward ops (the recomputation)."""
+    backward = [e for e in events if e["name"].startswith("autograd::engine::evaluate_function") and _inside(e, step)]
+    emu = [e for e in events if e["name"] == "TracekitEmuCompute" and _inside(e, step)]
+    hosts = [b for b in backward if any(_inside(e, b) for e in emu)]
+    return [h for h in hosts if not any(h is not o and _inside(h, o) for o in hosts)]
+
+
+def test_pp4_recompute_files_and_layout():
+    _check_files(RC, 4)
+    cap = _capture(RC)
+    layout = cap["layout"]
+    assert (layout["tp"], layout["dp"], layout["pp"], layout["groups"]) == (1, 1, 4, [])
+    assert "use_reentrant=False" in layout["recompute_how"]
+    assert cap["stage_to_rank"] == [0, 1, 2, 3] and cap["command"].endswith(" --recompute")
+    assert _trace(RC, 0)["distributedInfo"]["pg_count"] == 1  # the default group only
+
+
+@pytest.mark.parametrize("rank", range(4))
+def test_pp4_recompute_backward_reruns_the_forward(rank):
+    """Every microbatch's backward starts by re-running its stage's forward: the forward ops
+    (matmuls, emulated forward sleeps) inside the first backward op. 4 layers x 8 microbatches
+    run twice a step, except the last stage's last layer: its output is saved by nothing, so
+    checkpoint's early stop leaves its forward sleep out of the re-run (3 x 8)."""
+    events = _main_thread(_trace(RC, rank))
+    for step in _steps(events):
+        hosts = _recompute_hosts(events, step)
+        assert len(hosts) == 8  # one per microbatch
+        first_backward = "AddmmBackward0" if rank == 3 else "ReluBackward0"
+        assert {h["name"] for h in hosts} == {f"autograd::engine::evaluate_function: {first_backward}"}
+        emu = [e for e in events if e["name"] == "TracekitEmuCompute" and _inside(e, step)]
+        rerun = [e for e in emu if any(_inside(e, h) for h in hosts)]
+        assert (len(emu), len(rerun)) == ((56, 24) if rank == 3 else (64, 32))
+
+
+@pytest.mark.parametrize("rank", range(4))
+def test_pp4_recompute_measured_time_matches_the_rerun_ops(rank):
+    """capture.json's recompute wall time is the span of the re-run forward ops inside their
+    backward op (within 5% per step) and no longer than those backward ops."""
+    events = _main_thread(_trace(RC, rank))
+    forward = [e for e in events if e["name"] in FORWARD_OPS]
+    for step in _steps(events):
+        hosts = _recompute_hosts(events, step)
+        span_us = 0.0
+        for host in hosts:
+            inner = [e for e in forward if _inside(e, host)]
+            span_us += max(e["ts"] + e["dur"] for e in inner) - min(e["ts"] for e in inner)
+        measured = _measured(RC, rank)[int(step["name"].split("#")[1])]
+        assert measured["calls"] == {"recompute": 8}
+        assert measured["ns"]["recompute"] / 1e3 == pytest.approx(span_us, rel=0.05)
+        assert measured["ns"]["recompute"] / 1e3 <= sum(h["dur"] for h in hosts)
