@@ -65,6 +65,7 @@ def _check_files(folder: str, world: int) -> None:
     assert cap["command"].startswith(f"tracekit capture -o sample_traces/{folder} ")
     assert cap["torch_version"].startswith("2.13") and cap["python_version"]
     assert cap["files"] == [f"rank{r}.json.gz" for r in range(world)]
+    assert cap["world_size"] == cap["layout"]["world_size"] == world
     for rank in range(world):
         assert _trace(folder, rank)["distributedInfo"]["rank"] == rank
         assert _trace(folder, rank)["distributedInfo"]["world_size"] == world

@@ -500,6 +500,8 @@ def manifest_head(config: CaptureConfig, command: str, torch_version: str) -> di
             else f"torch.distributed.pipelining.{SCHEDULES[config.schedule]}"
         ),
         "p": config.ranks,
+        # every process: p x TP x DP (tracekit reads a run's rank count from it)
+        "world_size": config.world_size,
         "v": config.v,
         "m": config.microbatches,
         "n_stages": config.n_stages,
