@@ -175,8 +175,10 @@ def build_tp_stage_module(
     mods: list[nn.Module] = []
     indices = list(cfg.layers_of_stage(stage))
     for col, row in zip(indices[0::2], indices[1::2]):
-        mods += [ColumnParallelLinear(layers[col], tp_rank, tp, group, clock, costs), nn.ReLU()]
-        mods.append(RowParallelLinear(layers[row], tp_rank, tp, group, clock, costs))
+        column_layer, row_layer = layers[col], layers[row]
+        assert isinstance(column_layer, nn.Linear) and isinstance(row_layer, nn.Linear)
+        mods += [ColumnParallelLinear(column_layer, tp_rank, tp, group, clock, costs), nn.ReLU()]
+        mods.append(RowParallelLinear(row_layer, tp_rank, tp, group, clock, costs))
         if row != cfg.layers - 1:
             mods.append(nn.ReLU())
     return nn.Sequential(*mods)
@@ -199,7 +201,7 @@ class GradBuckets:
         self.buckets, self.group, self.dp, self.microbatches, self.clock = buckets, group, dp, microbatches, clock
         self.armed = False
         self.counts: dict[int, int] = defaultdict(int)
-        self.pending: list[tuple[int, torch.Tensor, object, int]] = []  # bucket, flat, work, launch ns
+        self.pending: list[tuple[int, torch.Tensor, dist.Work, int]] = []  # bucket, flat, work, launch ns
         self.launched: set[int] = set()
         for index, bucket in enumerate(buckets):
             for param in bucket:
@@ -238,8 +240,10 @@ class GradBuckets:
             )
             flat.div_(self.dp)
             params = self.buckets[index]
-            for param, reduced in zip(params, _unflatten_dense_tensors(flat, [p.grad for p in params])):
-                param.grad.copy_(reduced)
+            grads = [p.grad for p in params]
+            for grad, reduced in zip(grads, _unflatten_dense_tensors(flat, grads)):
+                assert grad is not None  # the bucket was launched from these gradients
+                grad.copy_(reduced)
         self.pending.clear()
         self.launched.clear()
         self.counts.clear()

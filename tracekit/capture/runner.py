@@ -263,7 +263,8 @@ def layout_manifest(config: CaptureConfig, measured: dict[str, dict]) -> dict:
             "time.perf_counter_ns in each rank around every TP all_reduce (tp_all_reduce_forward / "
             "_backward), every DP all_reduce launch (dp_all_reduce_launch) and wait "
             "(dp_all_reduce_wait), and every recompute of a stage's forward (recompute); ns and "
-            "calls per recorded ProfilerStep#N. dp_buckets: each bucket's launch and wait-end on the "
+            "calls per recorded ProfilerStep#N; with --recompute the TP all-reduces a re-run makes count "
+            "as tp_all_reduce_forward and lie inside recompute too. dp_buckets: each bucket's launch and wait-end on the "
             "rank's perf_counter clock (not the trace's)."
         ),
         "measured": measured,
