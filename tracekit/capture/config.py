@@ -93,6 +93,14 @@ class CaptureConfig:
     attention_share: float | None = None  # TeraPipe only; None: DEFAULT_ATTENTION_SHARE
     #: layers of each stage, in stage order (an uneven split); None: layers split evenly
     layers_per_stage: tuple[int, ...] | None = None
+    #: ranks per pipeline stage that split each stage's layers Megatron-style (TP)
+    tensor_parallel: int = 1
+    #: replicas of the whole pipeline whose gradients are all-reduced (DP)
+    data_parallel: int = 1
+    #: the data-parallel replica whose emulated costs are x slow_factor (a slower host)
+    slow_replica: int | None = None
+    #: torch.utils.checkpoint(use_reentrant=False) around each stage's layers
+    recompute: bool = False
     #: the command line to record in capture.json (filled by the CLI; else reconstructed)
     command: str | None = field(default=None, compare=False)
 
@@ -105,6 +113,46 @@ class CaptureConfig:
     @property
     def n_stages(self) -> int:
         return self.ranks * self.v
+
+    # ---- the 3-D layout: Megatron's order tp-dp-pp -----------------------------------
+    @property
+    def world_size(self) -> int:
+        """Processes: pipeline ranks x tensor-parallel x data-parallel."""
+        return self.ranks * self.tensor_parallel * self.data_parallel
+
+    def global_rank(self, tp_rank: int, dp_rank: int, pp_rank: int) -> int:
+        """Megatron's order tp-dp-pp (megatron/core/parallel_state.py): TP varies fastest."""
+        tp, dp = self.tensor_parallel, self.data_parallel
+        return tp_rank + tp * dp_rank + tp * dp * pp_rank
+
+    def coords(self, rank: int) -> tuple[int, int, int]:
+        """(tp_rank, dp_rank, pp_rank) of global ``rank``."""
+        tp, dp = self.tensor_parallel, self.data_parallel
+        return rank % tp, (rank // tp) % dp, rank // (tp * dp)
+
+    def process_groups(self) -> list[dict]:
+        """Every group a 3-D capture creates, in creation order (every rank creates all of
+        them, as torch.distributed.new_group requires): role, Megatron's group_desc, ranks."""
+        tp, dp, p = self.tensor_parallel, self.data_parallel, self.ranks
+        groups = []
+        for pp_rank in range(p):
+            for tp_rank in range(tp):
+                ranks = [self.global_rank(tp_rank, d, pp_rank) for d in range(dp)]
+                groups.append({"role": "DP", "desc": "DATA_PARALLEL_GROUP", "ranks": ranks})
+        for pp_rank in range(p):
+            for dp_rank in range(dp):
+                ranks = [self.global_rank(t, dp_rank, pp_rank) for t in range(tp)]
+                groups.append({"role": "TP", "desc": "TENSOR_MODEL_PARALLEL_GROUP", "ranks": ranks})
+        for dp_rank in range(dp):
+            for tp_rank in range(tp):
+                ranks = [self.global_rank(tp_rank, dp_rank, s) for s in range(p)]
+                groups.append({"role": "PP", "desc": "PIPELINE_MODEL_PARALLEL_GROUP", "ranks": ranks})
+        return groups
+
+    @property
+    def is_3d(self) -> bool:
+        """Whether the capture runs more than one pipeline (TP or DP): its own groups."""
+        return self.tensor_parallel > 1 or self.data_parallel > 1
 
     @property
     def placement(self) -> str:
@@ -200,6 +248,7 @@ class CaptureConfig:
             raise CaptureError("--slow-stage scales the emulated per-layer cost; use it with --compute emulated")
         if self.slow_stage is not None and not 0 <= self.slow_stage < self.n_stages:
             raise CaptureError(f"--slow-stage {self.slow_stage} is not a stage (stages are 0..{self.n_stages - 1})")
+        self._check_3d()
         if self.slow_factor <= 0:
             raise CaptureError(f"--slow-factor must be > 0 (got {self.slow_factor})")
         if self.layer_labels and (self.schedule != "1F1B" or self.framework != "torch" or self.compute != "emulated"):
@@ -241,6 +290,50 @@ class CaptureConfig:
             if not 0 <= self.attention_share <= 1:
                 raise CaptureError(f"--attention-share must be within [0, 1] (got {self.attention_share:g})")
         return self
+
+    def _check_3d(self) -> None:
+        tp, dp = self.tensor_parallel, self.data_parallel
+        if tp < 1 or dp < 1:
+            raise CaptureError(f"--tensor-parallel and --data-parallel must be at least 1 (got {tp}, {dp})")
+        if self.world_size > 64:
+            raise CaptureError(
+                f"-p {self.ranks} x --tensor-parallel {tp} x --data-parallel {dp} = {self.world_size} "
+                "processes is too many for one machine; use 64 or fewer"
+            )
+        if self.slow_replica is not None:
+            if self.slow_stage is not None:
+                raise CaptureError("--slow-replica and --slow-stage share --slow-factor; give one of them")
+            if self.compute != "emulated":
+                raise CaptureError("--slow-replica scales the emulated per-layer cost; use it with --compute emulated")
+            if not 0 <= self.slow_replica < dp:
+                raise CaptureError(f"--slow-replica {self.slow_replica} is not a replica (replicas are 0..{dp - 1})")
+        if not (self.is_3d or self.recompute):
+            return
+        if self.framework != "torch" or self.schedule in DESIGNS:
+            raise CaptureError(
+                "--tensor-parallel, --data-parallel and --recompute run torch.distributed.pipelining's "
+                f"schedules (not {self.framework if self.framework != 'torch' else self.schedule}); drop them"
+            )
+        if self.device != "cpu":
+            raise CaptureError("--tensor-parallel, --data-parallel and --recompute run on the CPU; drop --device cuda")
+        if self.layer_labels and tp > 1:
+            raise CaptureError("--layer-labels labels whole layers; drop it with --tensor-parallel")
+        if self.schedule in SPLIT_BACKWARD and (dp > 1 or self.recompute):
+            # the gradient buckets count full backwards; I/W split them (not handled)
+            raise CaptureError(
+                f"--data-parallel and --recompute need a schedule with a full backward; {self.schedule} splits it"
+            )
+        if tp > 1:
+            assert self.hidden is not None
+            if self.hidden % tp:
+                raise CaptureError(f"--hidden {self.hidden} does not split over --tensor-parallel {tp}")
+            odd = [c for c in self.stage_layer_counts() if c % 2]
+            if odd:
+                # Megatron's MLP: a column-parallel layer, then a row-parallel one
+                raise CaptureError(
+                    f"--tensor-parallel pairs each stage's layers (column- then row-parallel) and needs an "
+                    f"even number of layers per stage; got {self.stage_layer_counts()}"
+                )
 
     def _check_device(self) -> None:
         if self.device not in DEVICES:
@@ -308,9 +401,16 @@ class CaptureConfig:
     def stage_factor(self, stage: int) -> float:
         return self.slow_factor if self.slow_stage is not None and stage == self.slow_stage else 1.0
 
-    def layer_costs_ms(self, stage: int) -> dict[str, float]:
-        """Per-layer sleep of forward, input-grad and weight-grad for ``stage`` (emulated)."""
-        f = self.layer_ms * self.stage_factor(stage) if self.compute == "emulated" else 0.0
+    def replica_factor(self, replica: int) -> float:
+        return self.slow_factor if self.slow_replica is not None and replica == self.slow_replica else 1.0
+
+    def layer_costs_ms(self, stage: int, replica: int = 0) -> dict[str, float]:
+        """Per-layer sleep of forward, input-grad and weight-grad for ``stage`` of data-parallel
+        ``replica`` (emulated), on each of its tensor-parallel ranks: TP splits a layer's
+        work, so each TP rank sleeps layer_ms / tensor_parallel."""
+        f = 0.0
+        if self.compute == "emulated":
+            f = self.layer_ms * self.stage_factor(stage) * self.replica_factor(replica) / self.tensor_parallel
         return {"forward": f, "input_grad": f, "weight_grad": f}
 
     # ---- provenance ----------------------------------------------------------------
@@ -350,6 +450,14 @@ class CaptureConfig:
             parts += ["--with-stack"]
         if self.seed != 0:
             parts += ["--seed", str(self.seed)]
+        if self.tensor_parallel != 1:
+            parts += ["--tensor-parallel", str(self.tensor_parallel)]
+        if self.data_parallel != 1:
+            parts += ["--data-parallel", str(self.data_parallel)]
+        if self.slow_replica is not None:
+            parts += ["--slow-replica", str(self.slow_replica), "--slow-factor", _num(self.slow_factor)]
+        if self.recompute:
+            parts += ["--recompute"]
         if self.schedule == "TeraPipe" and self.attention_share != DEFAULT_ATTENTION_SHARE:
             parts += ["--attention-share", _num(self.attention_share)]
         return shlex.join(parts)
@@ -392,10 +500,13 @@ def manifest_head(config: CaptureConfig, command: str, torch_version: str) -> di
             else f"torch.distributed.pipelining.{SCHEDULES[config.schedule]}"
         ),
         "p": config.ranks,
+        # every process: p x TP x DP (tracekit reads a run's rank count from it)
+        "world_size": config.world_size,
         "v": config.v,
         "m": config.microbatches,
         "n_stages": config.n_stages,
         "placement": config.placement,
-        "stage_to_rank": [config.stage_to_rank(s) for s in range(config.n_stages)],
+        # the first pipeline's (TP rank 0, replica 0) global ranks; layout has every pipeline
+        "stage_to_rank": [config.global_rank(0, 0, config.stage_to_rank(s)) for s in range(config.n_stages)],
         "steps": config.steps,
     }

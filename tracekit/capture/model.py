@@ -124,14 +124,15 @@ def build_stage_module(cfg: CaptureConfig, stage: int, layers: list[nn.Module]) 
     return nn.Sequential(*mods)
 
 
-def build_layers(cfg: CaptureConfig) -> list[nn.Module]:
-    """All layers of the model, identical on every rank (same seed)."""
+def build_layers(cfg: CaptureConfig, replica: int = 0) -> list[nn.Module]:
+    """All layers of the model, identical on every rank (same seed); the emulated costs are
+    data-parallel ``replica``'s (``--slow-replica``)."""
     torch.manual_seed(cfg.seed)
     layers: list[nn.Module] = []
     for i in range(cfg.layers):
         stage = cfg.stage_of_layer(i)
         if cfg.compute == "emulated":
-            c = cfg.layer_costs_ms(stage)
+            c = cfg.layer_costs_ms(stage, replica)
             layers.append(
                 EmulatedLinear(
                     cfg.hidden,
@@ -152,11 +153,15 @@ def build_layers(cfg: CaptureConfig) -> list[nn.Module]:
     return layers
 
 
-def training_data(cfg: CaptureConfig) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def training_data(cfg: CaptureConfig, replica: int = 0) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Inputs and targets of every step (``steps + 2``: two unprofiled steps run first),
-    the same on every rank (the generator is seeded alike); only the end stages use them."""
+    the same on every rank (the generator is seeded alike); only the end stages use them.
+    With data parallelism the global batch is ``data_parallel`` times larger and
+    ``replica`` takes its own slice (with one replica: the batch as before)."""
     gen = torch.Generator().manual_seed(cfg.seed + 1)
     batch = cfg.microbatches * cfg.microbatch_size
-    xs = [torch.randn(batch, cfg.hidden, generator=gen) for _ in range(cfg.steps + 2)]
-    ys = [torch.randn(batch, cfg.hidden, generator=gen) for _ in range(cfg.steps + 2)]
+    rows = slice(replica * batch, (replica + 1) * batch)
+    dp = cfg.data_parallel
+    xs = [torch.randn(dp * batch, cfg.hidden, generator=gen)[rows] for _ in range(cfg.steps + 2)]
+    ys = [torch.randn(dp * batch, cfg.hidden, generator=gen)[rows] for _ in range(cfg.steps + 2)]
     return xs, ys

@@ -90,16 +90,22 @@ def run_capture(config: CaptureConfig, out_dir, *, command_out: str | None = Non
     out = prepare_out_dir(out_dir)
     cmd = config.command or config.command_line(command_out if command_out is not None else str(out))
 
+    dims = (
+        f" (pipeline {config.ranks} x TP {config.tensor_parallel} x DP {config.data_parallel}, order tp-dp-pp)"
+        if config.is_3d
+        else ""
+    )
     _log(
-        f"spawning {config.ranks} ranks: {config.schedule}, p={config.ranks} v={config.v} "
+        f"spawning {config.world_size} ranks{dims}: {config.schedule}, p={config.ranks} v={config.v} "
         f"m={config.microbatches}, {config.n_stages} stages ({config.placement} placement), "
         f"{config.compute} compute on {'GPU 0' if config.device == 'cuda' else 'the CPU'}, gloo on 127.0.0.1"
     )
     t0 = time.perf_counter()
-    spawn_ranks(worker.run_rank, (config.to_dict(), str(out.resolve())), config.ranks)
+    spawn_ranks(worker.run_rank, (config.to_dict(), str(out.resolve())), config.world_size)
     _log(f"ranks finished in {time.perf_counter() - t0:.1f} s; writing capture.json")
-    files = trace_files(out, config.ranks)
+    files = trace_files(out, config.world_size)
     losses = take_losses(out)
+    measured = take_parallel_times(out)
 
     meta = {
         **manifest_head(config, cmd, torch.__version__),
@@ -115,6 +121,7 @@ def run_capture(config: CaptureConfig, out_dir, *, command_out: str | None = Non
             if config.layer_labels
             else "none added by the capture (the schedule's own, if any)"
         ),
+        **({"layout": layout_manifest(config, measured)} if config.is_3d or config.recompute else {}),
         "seed": config.seed,
         "losses_per_step": losses,
         "created": utc_now(),
@@ -183,6 +190,85 @@ def take_losses(out: Path) -> list[float]:
         losses = json.loads(f.read_text())
         f.unlink()
     return losses
+
+
+def take_parallel_times(out: Path) -> dict[str, dict]:
+    """Each rank's ``.parallel.rank<R>.json`` (the 3-D clock), by rank; the files are removed."""
+    times: dict[str, dict] = {}
+    for f in sorted(out.glob(".parallel.rank*.json"), key=lambda f: int(f.name.split("rank")[1].split(".")[0])):
+        times[f.name.split("rank")[1].split(".")[0]] = json.loads(f.read_text())
+        f.unlink()
+    return times
+
+
+TP_HOW = (
+    "each stage's layers in pairs, as Megatron's MLP: a column-parallel Linear (output features "
+    "sharded over the TP group; its input through _CopyToModelParallelRegion: identity forward, "
+    "torch.distributed.all_reduce of the input grad in the backward), ReLU, a row-parallel Linear "
+    "(input features sharded; its partial output through _ReduceFromModelParallelRegion: "
+    "all_reduce in the forward, identity backward; bias added after the reduce): the class "
+    "names and semantics of megatron/core/tensor_parallel/mappings.py. Shards cut from the same full layers (same maths); each TP "
+    "rank's emulated sleeps are layer_ms / tensor_parallel. On stage 0 the first pair's input "
+    "needs no grad, so its backward all-reduce does not run."
+)
+DP_HOW = (
+    "tracekit's own bucketed gradient all-reduce (not torch DDP, which torch.distributed.pipelining "
+    "also supports): one bucket per Linear layer, last layer first; each parameter's "
+    "post-accumulate-grad hook counts backwards, and when every parameter of a bucket has had its "
+    "m-th (the last microbatch's backward) the bucket's flat gradient is all-reduced with "
+    "async_op=True on the DATA_PARALLEL_GROUP (Megatron overlap_grad_reduce / DDP buckets); all "
+    "buckets are waited on after the schedule and before Optimizer.step, then divided by "
+    "data_parallel. Step 0 (shape inference runs one more backward) launches its buckets at the wait."
+)
+RECOMPUTE_HOW = (
+    "torch.utils.checkpoint.checkpoint(stage_layers, x, use_reentrant=False) around each stage's "
+    "layers: the forward keeps only the stage input; the backward re-runs the stage's forward "
+    "(its matmuls and emulated forward sleeps, TP all-reduces included) before its own work"
+)
+
+
+def layout_manifest(config: CaptureConfig, measured: dict[str, dict]) -> dict:
+    """capture.json's ``layout``: the 3-D shape, every group, every rank's coordinates, and the
+    wall time each rank measured in its TP / DP collectives and recomputation per step."""
+    ranks = {}
+    for rank in range(config.world_size):
+        tp_rank, dp_rank, pp_rank = config.coords(rank)
+        ranks[str(rank)] = {
+            "tp_rank": tp_rank,
+            "dp_rank": dp_rank,
+            "pp_rank": pp_rank,
+            "stages": config.stages_of_rank(pp_rank),
+        }
+    return {
+        "tp": config.tensor_parallel,
+        "dp": config.data_parallel,
+        "pp": config.ranks,
+        "world_size": config.world_size,
+        "order": "tp-dp-pp",
+        "rank_formula": "rank = tp_rank + tp * dp_rank + tp * dp * pp_rank (megatron/core/parallel_state.py)",
+        "groups": config.process_groups() if config.is_3d else [],
+        "groups_how": (
+            "torch.distributed.new_group(ranks, group_desc=<Megatron's description>) for every group, "
+            "in the order listed, on every rank; PipelineStage(group=<its PP group>)"
+            if config.is_3d
+            else "the default group only (one pipeline)"
+        ),
+        "ranks": ranks,
+        "slow_replica": config.slow_replica,
+        "slow_replica_factor": config.slow_factor if config.slow_replica is not None else None,
+        "tensor_parallel_how": TP_HOW if config.tensor_parallel > 1 else None,
+        "data_parallel_how": DP_HOW if config.data_parallel > 1 else None,
+        "recompute_how": RECOMPUTE_HOW if config.recompute else None,
+        "measured_how": (
+            "time.perf_counter_ns in each rank around every TP all_reduce (tp_all_reduce_forward / "
+            "_backward), every DP all_reduce launch (dp_all_reduce_launch) and wait "
+            "(dp_all_reduce_wait), and every recompute of a stage's forward (recompute); ns and "
+            "calls per recorded ProfilerStep#N; with --recompute the TP all-reduces a re-run makes count "
+            "as tp_all_reduce_forward and lie inside recompute too. dp_buckets: each bucket's launch and wait-end on the "
+            "rank's perf_counter clock (not the trace's)."
+        ),
+        "measured": measured,
+    }
 
 
 def profiler_manifest(config: CaptureConfig) -> dict:

@@ -33,6 +33,14 @@ from torch.profiler import record_function
 from tracekit.capture.config import DESIGNS, SCHEDULES, CaptureConfig
 from tracekit.capture.files import write_text
 from tracekit.capture.model import OnDevice, build_layers, build_stage_module, training_data
+from tracekit.capture.parallel import (
+    CommClock,
+    GradBuckets,
+    Recomputed,
+    build_tp_stage_module,
+    make_groups,
+    stage_buckets,
+)
 from tracekit.capture.profiling import gzip_trace, make_profiler
 
 P2P_DELAY_MARKER = "tracekit:p2p_delay"
@@ -145,7 +153,8 @@ def _make_schedule(cfg: CaptureConfig, stages, loss_fn):
 
 
 def run_rank(rank: int, cfg_dict: dict, out_dir: str, port: int) -> None:
-    """Entry point of one spawned process (``torch.multiprocessing.spawn`` passes ``rank``)."""
+    """Entry point of one spawned process (``torch.multiprocessing.spawn`` passes ``rank``,
+    the global rank: pipeline rank x TP x DP in Megatron's order tp-dp-pp)."""
     cfg = CaptureConfig(**cfg_dict)
     cfg.validate()
     out = Path(out_dir)
@@ -155,7 +164,7 @@ def run_rank(rank: int, cfg_dict: dict, out_dir: str, port: int) -> None:
         "gloo",
         init_method=f"tcp://127.0.0.1:{port}",
         rank=rank,
-        world_size=cfg.ranks,
+        world_size=cfg.world_size,
         timeout=timedelta(seconds=300),
     )
     sender = install_p2p_delay(cfg.p2p_delay_ms) if cfg.p2p_delay_ms > 0 else None
@@ -182,20 +191,32 @@ def _train_and_profile(rank: int, cfg: CaptureConfig, out: Path) -> None:
             step_losses = designs.RUNNERS[cfg.schedule](rank, cfg, prof, lambda msg: _log(rank, msg))
             last = rank == cfg.ranks - 1
         else:
-            step_losses, last = _run_torch_schedule(rank, cfg, prof)
+            step_losses, last, clock = _run_torch_schedule(rank, cfg, prof)
+            if clock is not None:
+                first_profiled = cfg.profiler_schedule()["wait"] + cfg.profiler_schedule()["warmup"]
+                buckets = [b for b in clock.dp_buckets if b["step"] >= first_profiled]
+                times = {"per_step": clock.per_step(first_profiled), "dp_buckets": buckets}
+                write_text(out / f".parallel.rank{rank}.json", json.dumps(times))
     dist.barrier()
     _log(rank, "writing traces")
     gzip_trace(out / f"rank{rank}.json")
-    if last:
+    tp_rank, dp_rank, _ = cfg.coords(rank)
+    if last and tp_rank == 0 and dp_rank == 0:  # the first pipeline's losses
         write_text(out / f".losses.rank{rank}.json", json.dumps(step_losses))
 
 
-def _run_torch_schedule(rank: int, cfg: CaptureConfig, prof) -> tuple[list[float], bool]:
+def _run_torch_schedule(rank: int, cfg: CaptureConfig, prof):
     """``2 + steps`` training steps of a torch.distributed.pipelining schedule; the step
-    losses (last stage) and whether this rank holds the last stage."""
+    losses (last stage), whether this rank holds the last stage, and the 3-D clock (None
+    for a plain pipeline)."""
     pipeline = build_pipeline(rank, cfg)
+    clock = pipeline.clock
     step_losses: list[float] = []
     for step in range(cfg.steps + 2):
+        if clock is not None:
+            clock.step = step
+        if pipeline.grad_buckets is not None:
+            pipeline.grad_buckets.armed = step > 0  # step 0's shape inference runs one more backward
         phase = (
             "shape inference + warm-up"
             if step == 0
@@ -213,7 +234,7 @@ def _run_torch_schedule(rank: int, cfg: CaptureConfig, prof) -> tuple[list[float
             f"step {step} took {(time.perf_counter() - t0) * 1000:.0f} ms on rank 0 "
             f"({(time.process_time() - c0) * 1000:.0f} ms CPU)",
         )
-    return step_losses, pipeline.last
+    return step_losses, pipeline.last, clock
 
 
 @dataclasses.dataclass
@@ -228,37 +249,65 @@ class RankPipeline:
     ys: list
     first: bool
     last: bool
+    #: 3-D captures: wall time in TP / DP collectives and recomputation (None otherwise)
+    clock: CommClock | None = None
+    #: --data-parallel: the overlapped gradient all-reduce, finished before the optimizer
+    grad_buckets: GradBuckets | None = None
 
     def step(self, step: int) -> float | None:
         """Training step ``step``; its mean microbatch loss on the last stage."""
-        return train_step(self.schedule, self.optimizer, self.xs[step], self.ys[step], self.first, self.last)
+        before_optimizer = self.grad_buckets.finish if self.grad_buckets is not None else None
+        return train_step(
+            self.schedule, self.optimizer, self.xs[step], self.ys[step], self.first, self.last, before_optimizer
+        )
 
 
 def build_pipeline(rank: int, cfg: CaptureConfig) -> RankPipeline:
-    """This rank's stages of the same model every rank builds (same seed), on the CPU."""
+    """This rank's stages of the same model every rank builds (same seed), on the CPU.
+    ``rank`` is global: with TP or DP the rank's pipeline is the PP group of its TP rank
+    and replica, and its stages are those of its pipeline rank."""
     from torch.distributed.pipelining import PipelineStage
 
-    my_stages = cfg.stages_of_rank(rank)
-    layers = build_layers(cfg)
+    tp_rank, dp_rank, pp_rank = cfg.coords(rank)
+    my_stages = cfg.stages_of_rank(pp_rank)
+    layers = build_layers(cfg, dp_rank)
     # the stage's own device is the host's even with --device cuda: gloo sends host tensors
     # only, so a GPU stage sits behind OnDevice's copies
     device = torch.device("cpu")
+    clock = CommClock() if cfg.is_3d or cfg.recompute else None
+    groups = make_groups(cfg, rank) if cfg.is_3d else {}
 
-    modules = [build_stage_module(cfg, s, layers) for s in my_stages]
+    if cfg.tensor_parallel > 1:
+        modules = [build_tp_stage_module(cfg, s, layers, tp_rank, dp_rank, groups["TP"], clock) for s in my_stages]
+    else:
+        modules = [build_stage_module(cfg, s, layers) for s in my_stages]
+    grad_buckets = (
+        GradBuckets(stage_buckets(modules), groups["DP"], cfg.data_parallel, cfg.microbatches, clock)
+        if cfg.data_parallel > 1
+        else None
+    )
+    if cfg.recompute:
+        assert clock is not None
+        modules = [Recomputed(m, clock) for m in modules]
     if cfg.device == "cuda":
         modules = [OnDevice(m, torch.device("cuda", 0)) for m in modules]
-    stages = [PipelineStage(m, s, cfg.n_stages, device) for m, s in zip(modules, my_stages)]
+    pp_group = groups.get("PP")
+    stages = [PipelineStage(m, s, cfg.n_stages, device, group=pp_group) for m, s in zip(modules, my_stages)]
     del layers
     params = [p for st in stages for p in st.submod.parameters()]
     optimizer = torch.optim.SGD(params, lr=1e-3)
     schedule = _make_schedule(cfg, stages, nn.MSELoss())
-    xs, ys = training_data(cfg)
-    return RankPipeline(schedule, optimizer, xs, ys, 0 in my_stages, (cfg.n_stages - 1) in my_stages)
+    xs, ys = training_data(cfg, dp_rank)
+    return RankPipeline(
+        schedule, optimizer, xs, ys, 0 in my_stages, (cfg.n_stages - 1) in my_stages, clock, grad_buckets
+    )
 
 
-def train_step(schedule, optimizer, x, y, first: bool, last: bool) -> float | None:
+def train_step(schedule, optimizer, x, y, first: bool, last: bool, before_optimizer=None) -> float | None:
     """One training step of this rank's stages: the first stage feeds the input, the last
-    computes the loss; returns the step's mean microbatch loss on the last stage."""
+    computes the loss; ``before_optimizer`` (the DP gradient all-reduce's wait) runs
+    between the schedule and the optimizer step. Returns the step's mean microbatch loss
+    on the last stage."""
     import torch
 
     optimizer.zero_grad(set_to_none=True)
@@ -268,6 +317,8 @@ def train_step(schedule, optimizer, x, y, first: bool, last: bool) -> float | No
         schedule.step(*args, target=y, losses=losses)
     else:
         schedule.step(*args)
+    if before_optimizer is not None:
+        before_optimizer()
     optimizer.step()
     if last and losses:
         return float(torch.stack([loss.detach() for loss in losses]).mean())

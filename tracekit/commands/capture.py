@@ -57,7 +57,7 @@ def _schedule(ctx, param, value):
     default=4,
     show_default=True,
     type=int,
-    help="Pipeline ranks (local processes).",
+    help="Pipeline stages (ranks per pipeline). The processes started are p x --tensor-parallel x --data-parallel.",
 )
 @click.option("-m", "--microbatches", default=8, show_default=True, type=int, help="Microbatches per step.")
 @click.option(
@@ -106,7 +106,9 @@ def _schedule(ctx, param, value):
     type=int,
     help="Inject imbalance: multiply this stage's per-layer cost by --slow-factor.",
 )
-@click.option("--slow-factor", default=2.0, show_default=True, type=float, help="Factor for --slow-stage.")
+@click.option(
+    "--slow-factor", default=2.0, show_default=True, type=float, help="Factor for --slow-stage or --slow-replica."
+)
 @click.option(
     "--p2p-delay-ms",
     default=0.0,
@@ -140,6 +142,35 @@ def _schedule(ctx, param, value):
     is_flag=True,
     help="torch.profiler(with_stack=True): python_function frames in the trace (larger; with "
     "--framework megatron they name every action: Megatron's forward_step / backward_step).",
+)
+@click.option(
+    "--tensor-parallel",
+    default=1,
+    show_default=True,
+    type=int,
+    help="TP ranks per pipeline stage: each stage's layers split Megatron-style (column- then "
+    "row-parallel), with all-reduces on the TP group inside every forward and backward.",
+)
+@click.option(
+    "--data-parallel",
+    default=1,
+    show_default=True,
+    type=int,
+    help="Replicas of the whole pipeline; gradients all-reduced on the DP group, launched from "
+    "the last microbatch's backward and waited on before the optimizer. Ranks are numbered in "
+    "Megatron's order tp-dp-pp.",
+)
+@click.option(
+    "--slow-replica",
+    default=None,
+    type=int,
+    help="Inject a slower host: multiply every emulated cost of this data-parallel replica by --slow-factor.",
+)
+@click.option(
+    "--recompute",
+    is_flag=True,
+    help="Activation recomputation: torch.utils.checkpoint(use_reentrant=False) around each "
+    "stage's layers, so every backward re-runs its forward first.",
 )
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option(
@@ -185,6 +216,10 @@ def command(
     profile_memory,
     device,
     with_stack,
+    tensor_parallel,
+    data_parallel,
+    slow_replica,
+    recompute,
     seed,
     attention_share,
     profiler,
@@ -195,7 +230,9 @@ def command(
     \b
     Runs torch.distributed.pipelining on p local processes (gloo over 127.0.0.1),
     profiles every rank with torch.profiler, and writes one gzip Chrome trace per rank
-    plus capture.json (what ran, how, with which injected faults).
+    plus capture.json (what ran, how, with which injected faults). With
+    --tensor-parallel / --data-parallel, -p stays the pipeline's stages and
+    p x TP x DP processes run (a 3-D job, Megatron's rank order tp-dp-pp).
 
     \b
     Examples:
@@ -208,6 +245,9 @@ def command(
       tracekit capture -o tera/ --schedule TeraPipe      # token slices, later ones cost more
       tracekit capture -o nsys_run/ --profiler nsys     # needs Nsight Systems' nsys
       tracekit capture -o gpu/ --device cuda --compute real --with-stack   # one GPU
+      tracekit capture -o tp/ --tensor-parallel 2 -p 2    # 4 processes: 2 stages x TP 2
+      tracekit capture -o dp/ --data-parallel 2 -p 2 --slow-replica 1 --slow-factor 1.1
+      tracekit capture -o rc/ --recompute                 # checkpointed stages
     """
     cfg = CaptureConfig(
         schedule=schedule,
@@ -231,12 +271,20 @@ def command(
         with_stack=with_stack,
         seed=seed,
         attention_share=attention_share,
+        tensor_parallel=tensor_parallel,
+        data_parallel=data_parallel,
+        slow_replica=slow_replica,
+        recompute=recompute,
     )
     cfg.validate()  # one-line CaptureError before torch is imported
     if profiler == "nsys" and cfg.schedule in DESIGNS:
         raise CaptureError(f"--profiler nsys runs torch's schedules only; capture {cfg.schedule} with --profiler torch")
     if profile_memory and profiler == "nsys":
         raise CaptureError("--profile-memory is torch.profiler's; drop --profiler nsys")
+    if profiler == "nsys" and (cfg.is_3d or recompute):
+        raise CaptureError(
+            "--tensor-parallel, --data-parallel and --recompute are torch.profiler captures; drop --profiler nsys"
+        )
     if profiler == "nsys" and (with_stack or device != "cpu"):
         raise CaptureError("--with-stack and --device cuda are torch.profiler captures; drop --profiler nsys")
     if not replace:
@@ -295,6 +343,10 @@ def _command_line(ctx: click.Context, out: str, cfg: CaptureConfig) -> str:
         "profile_memory": "--profile-memory",
         "device": "--device",
         "with_stack": "--with-stack",
+        "tensor_parallel": "--tensor-parallel",
+        "data_parallel": "--data-parallel",
+        "slow_replica": "--slow-replica",
+        "recompute": "--recompute",
         "seed": "--seed",
         "attention_share": "--attention-share",
         "profiler": "--profiler",
