@@ -34,10 +34,11 @@ def test_schedule_and_shape_match_capture(run_dir: Path, loaded_runs):
     assert (run.schedule.p, run.schedule.v, run.schedule.m) == (cap["p"], cap["v"], cap["m"])
     assert run.schedule.placement == cap["placement"]
     assert sorted(run.steps["step"].unique().tolist()) == sorted(run.actions["step"].unique().tolist())
-    # every stage runs every microbatch's forward once per step (flush-free: its backward,
-    # one weight update every m; forwards run ahead over the update)
+    # every rank of a stage (one per TP shard and DP replica) runs every microbatch's forward
+    # once per step (flush-free: its backward, one weight update every m; forwards run ahead
+    # over the update)
     kind = "B" if run.schedule.flush_free else "F"
-    forwards = run.actions[run.actions["kind"] == kind].groupby(["step", "stage"])["microbatch"]
+    forwards = run.actions[run.actions["kind"] == kind].groupby(["step", "stage", "rank"])["microbatch"]
     assert (forwards.nunique() == cap["m"]).all()
     assert (forwards.size() == cap["m"]).all()
 

@@ -9,7 +9,8 @@ actions, data-parallel gradient collectives beside them, and busy with and witho
   the backward or from its hooks (torch DDP, Megatron's ``overlap_grad_reduce``), on their own
   stream; no action waits for them. ``dp_ns`` is their time, ``dp_exposed_ns`` the part after
   the rank's pipeline window (what the step waits for at its end), the rest overlapped the
-  pipeline's drain.
+  pipeline's drain; ``dp_after_own_ns`` the part after the rank's own last action (what it
+  waits for before its optimizer, a fast replica's wait for a slow one included).
 
 On the device the kernels say it (``DeviceSummary`` table ``collectives``: which are gradient
 collectives is decided there, see :mod:`tracekit.model.device`). On a host-only run (gloo on
@@ -27,10 +28,12 @@ import numpy as np
 import pandas as pd
 
 from tracekit.analyze.shares import share
+from tracekit.model.intervals import union_lengths
+from tracekit.model.names import TP_REGION
 from tracekit.model.run import Run
 from tracekit.reconstruct.layout import collective_ops, collectives_inside_actions
 
-DIMENSION_COLUMNS = ["rank", "step", "tp_ns", "tp_alone_ns", "dp_ns", "dp_exposed_ns"]
+DIMENSION_COLUMNS = ["rank", "step", "tp_ns", "tp_alone_ns", "dp_ns", "dp_exposed_ns", "dp_after_own_ns"]
 
 
 @dataclass
@@ -62,6 +65,7 @@ class DimensionFigures:
                     "dp_ns": int(r["dp_ns"]),
                     "dp_exposed_ns": int(r["dp_exposed_ns"]),
                     "dp_overlapped_ns": int(r["dp_ns"] - r["dp_exposed_ns"]),
+                    "dp_after_own_ns": int(r["dp_after_own_ns"]),
                     "busy_ns": int(r["busy_ns"]),
                     "busy_compute_only_ns": int(r["busy_compute_only_ns"]),
                     "bubble_ratio": round(int(r["idle_ns"]) / window, 6),
@@ -78,54 +82,125 @@ class DimensionFigures:
             "tp_share_of_busy": round(share(int(total["tp_ns"]), max(busy, 1), "TP share"), 6),
             "dp_ns": int(total["dp_ns"]),
             "dp_exposed_ns": int(total["dp_exposed_ns"]),
-            "per_rank_step_ns": {c: int(total[c]) // cells for c in ("tp_ns", "dp_ns", "dp_exposed_ns")},
+            "per_rank_step_ns": {
+                c: int(total[c]) // cells for c in ("tp_ns", "dp_ns", "dp_exposed_ns", "dp_after_own_ns")
+            },
             "bubble_ratio_compute_only": round((window - only) / window, 6),
             "ranks": rows,
         }
 
 
 def dimension_figures(run: Run, bubbles: pd.DataFrame) -> DimensionFigures | None:
-    """The figures of a run with collectives (None where it has none)."""
+    """The figures of a run with collectives (None where it has none). Each figure is a union
+    of time (gradient buckets in flight together count once)."""
     if bubbles.empty:
         return None
-    windows = bubbles[["rank", "step", "window_start_ns", "window_end_ns"]].astype(np.int64)
+    windows = bubbles[["rank", "step", "window_start_ns", "window_end_ns"]].astype(np.int64).reset_index(drop=True)
     table = run.device_summary.tables.get("collectives") if run.timeline == "device" else None
     if table is not None and len(table["rank"]):
         frame = pd.DataFrame({c: table[c] for c in ("rank", "step", "start_ns", "end_ns", "gradient", "alone_ns")})
         frame["tp"] = frame["gradient"] == 0
         source = "kernels"
     else:
-        ops = collective_ops(run.events)
-        if ops.empty:
+        frame = _host_collectives(run, windows)
+        if frame is None:
             return None
-        inside = collectives_inside_actions(ops, run.actions).to_numpy()
-        tensor = run.layout is not None and run.layout.size("tp") > 1
-        frame = ops.assign(
-            step=_step_of(ops, windows),
-            tp=inside & tensor,
-            alone_ns=(ops["end_ns"] - ops["start_ns"]).where(inside & tensor, 0),
-        )
         source = "host ops"
-    merged = frame.merge(windows, on=["rank", "step"], how="inner")
-    length = merged["end_ns"] - merged["start_ns"]
-    exposed = (merged["end_ns"] - np.maximum(merged["start_ns"], merged["window_end_ns"])).clip(lower=0)
+    cell = windows.reset_index().rename(columns={"index": "cell"})
+    merged = frame.merge(cell, on=["rank", "step"], how="inner")
+    n = len(windows)
+    group = merged["cell"].to_numpy(np.int64)
+    start, end = merged["start_ns"].to_numpy(np.int64), merged["end_ns"].to_numpy(np.int64)
     tp = merged["tp"].to_numpy(bool)
-    per = pd.DataFrame(
-        {
-            "rank": merged["rank"],
-            "step": merged["step"],
-            "tp_ns": length.where(tp, 0),
-            "tp_alone_ns": merged["alone_ns"].where(tp, 0),
-            "dp_ns": length.where(~tp, 0),
-            "dp_exposed_ns": exposed.where(~tp, 0),
-        }
-    )
-    summed = per.groupby(["rank", "step"], as_index=False)[DIMENSION_COLUMNS[2:]].sum()
-    out = windows[["rank", "step"]].merge(summed, on=["rank", "step"], how="left").fillna(0)
-    out[DIMENSION_COLUMNS[2:]] = out[DIMENSION_COLUMNS[2:]].astype(np.int64)
+    everywhere = np.full(n, np.iinfo(np.int64).min), np.full(n, np.iinfo(np.int64).max)
+    after = windows["window_end_ns"].to_numpy(np.int64), everywhere[1]
+    out = windows[["rank", "step"]].copy()
+    out["tp_ns"] = union_lengths(group[tp], start[tp], end[tp], *everywhere)
+    alone = np.zeros(n, dtype=np.int64)
+    np.add.at(alone, group[tp], merged["alone_ns"].to_numpy(np.int64)[tp])
+    out["tp_alone_ns"] = alone
+    out["dp_ns"] = union_lengths(group[~tp], start[~tp], end[~tp], *everywhere)
+    out["dp_exposed_ns"] = union_lengths(group[~tp], start[~tp], end[~tp], *after)
+    # after the rank's own last action: what it waits for before its optimizer (a fast
+    # replica's wait for a slow one lies inside the step's window, so not in dp_exposed)
+    own = run.actions.groupby(["rank", "step"], as_index=False)["end_ns"].max()
+    own_end = windows.merge(own, on=["rank", "step"], how="left")["end_ns"]
+    own_end = own_end.fillna(windows["window_end_ns"]).to_numpy(np.int64)
+    out["dp_after_own_ns"] = union_lengths(group[~tp], start[~tp], end[~tp], own_end, everywhere[1])
     if not out[DIMENSION_COLUMNS[2:]].to_numpy().any():
         return None
-    return DimensionFigures(out[DIMENSION_COLUMNS], source)
+    return DimensionFigures(out[DIMENSION_COLUMNS].reset_index(drop=True), source)
+
+
+def _host_collectives(run: Run, windows: pd.DataFrame) -> pd.DataFrame | None:
+    """A host-only run's collectives, each from its post to its completion: gloo's ``c10d``
+    op only posts the work, which its process group's worker thread does under a
+    ``gloo:<collective>`` range (torch ProcessGroupGloo's RECORD_FUNCTION in its work's run),
+    the k-th such range of a rank doing its k-th collective where the counts agree. One
+    started inside an action is a tensor-parallel collective where the layout has tensor
+    parallelism (the host waits for it there, inside the action), else a gradient collective."""
+    ops = collective_ops(run.events)
+    if ops.empty:
+        return None
+    done = ops["end_ns"].to_numpy(np.int64).copy()
+    work = _gloo_work(run.events)
+    for rank, rows in ops.groupby("rank").indices.items():
+        ends = work.get(int(rank))
+        if ends is not None and len(ends) == len(rows):
+            order = rows[np.argsort(ops["start_ns"].to_numpy()[rows], kind="stable")]
+            done[order] = np.maximum(done[order], ends)
+    inside = collectives_inside_actions(ops, run.actions).to_numpy()
+    tensor = run.layout is not None and run.layout.size("tp") > 1
+    tp = inside & tensor
+    # a TP collective waited on inside Megatron's mapping Function: done when the Function is
+    done = np.maximum(done, _region_ends(ops, run.events))
+    length = done - ops["start_ns"].to_numpy(np.int64)
+    return ops.assign(
+        end_ns=done,
+        step=_step_of(ops, windows),
+        tp=tp,
+        alone_ns=np.where(tp, length, 0),  # a host waits for it: no compute beside it
+    )
+
+
+def _region_ends(ops: pd.DataFrame, events: pd.DataFrame) -> np.ndarray:
+    """Per host collective op, the end of the TP mapping Function holding it on its thread
+    (model.names.TP_REGION: the all-reduce and its wait), or its own end where none does."""
+    out = ops["end_ns"].to_numpy(np.int64).copy()
+    names = events["name"].astype(str)
+    regions = events[names.str.match(TP_REGION) & ~events["on_gpu"].astype(bool)]
+    if regions.empty:
+        return out
+    tids = _tids(ops, events)
+    for (rank, tid), rows in pd.DataFrame({"rank": ops["rank"], "tid": tids}).groupby(["rank", "tid"]).indices.items():
+        mine = regions[(regions["rank"] == rank) & (regions["tid"] == tid)].sort_values("start_ns")
+        if mine.empty:
+            continue
+        starts, ends = mine["start_ns"].to_numpy(np.int64), mine["end_ns"].to_numpy(np.int64)
+        t = ops["start_ns"].to_numpy(np.int64)[rows]
+        k = np.searchsorted(starts, t, side="right") - 1
+        held = (k >= 0) & (ends[np.maximum(k, 0)] >= t)
+        out[rows[held]] = np.maximum(out[rows[held]], ends[k[held]])
+    return out
+
+
+def _tids(ops: pd.DataFrame, events: pd.DataFrame) -> np.ndarray:
+    """The thread of each host collective op (collective_ops keeps rank, name and times)."""
+    key = events[["rank", "name", "start_ns", "end_ns", "tid"]].astype({"name": str})
+    found = ops.merge(key.drop_duplicates(["rank", "name", "start_ns", "end_ns"]), how="left")
+    return found["tid"].fillna(-1).to_numpy(np.int64)
+
+
+def _gloo_work(events: pd.DataFrame) -> dict[int, np.ndarray]:
+    """Per rank, the ends of gloo's collective work ranges in the order they started."""
+    names = events["name"].astype(str)
+    hit = names.str.match(_GLOO_WORK) & (events["cat"].astype(str) == "user_annotation")
+    found = events.loc[hit, ["rank", "start_ns", "end_ns"]].sort_values(["rank", "start_ns"], kind="stable")
+    return {int(r): g["end_ns"].to_numpy(np.int64) for r, g in found.groupby("rank")}
+
+
+# gloo's work ranges of collectives (not its gloo:send / gloo:recv)
+_GLOO_WORK = r"^gloo:(?:all_reduce|allreduce|all_gather|allgather|reduce_scatter|all_to_all|alltoall|broadcast|reduce)"
 
 
 def _step_of(ops: pd.DataFrame, windows: pd.DataFrame) -> np.ndarray:

@@ -11,6 +11,11 @@ LIBRARY_RANGES = ("c10d::", "gloo:", "record_param_comms", "nccl:", "tracekit:p2
 # collective at parse time).
 SEND_NAMES = ("c10d::send", "record_param_comms:send")
 RECV_NAMES = ("c10d::recv_", "c10d::recv_any_source_", "record_param_comms:recv")
+# Megatron's tensor-parallel mappings (megatron/core/tensor_parallel/mappings.py): autograd
+# Functions whose apply (and backward node, "<name>Backward") holds one TP collective and its
+# wait: _ReduceFromModelParallelRegion, _CopyToModelParallelRegionBackward,
+# _GatherFromSequenceParallelRegion, _ReduceScatterToSequenceParallelRegion, ...
+TP_REGION = re.compile(r"^_[A-Za-z]+(?:Model|Sequence|Tensor)ParallelRegion(?:Backward)?$")
 # torch.profiler's step markers: ProfilerStep#N.
 STEP_MARK_PREFIX = "ProfilerStep#"
 

@@ -308,8 +308,9 @@ def _dimension_lines(doc: dict) -> list[str]:
         )
     if dims["dp_ns"]:
         out.append(
-            f"  DP gradient collectives  {ms(each['dp_ns'])} ms per step and rank, "
-            f"{ms(each['dp_exposed_ns'])} ms of it exposed after the pipeline's window"
+            f"  DP gradient collectives  {ms(each['dp_ns'])} ms per step and rank: {ms(each['dp_after_own_ns'])} ms "
+            f"after the rank's own last action (its wait before the optimizer), {ms(each['dp_exposed_ns'])} ms "
+            "after the pipeline's window"
         )
     return out
 
