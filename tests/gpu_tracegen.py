@@ -2353,7 +2353,11 @@ SCENARIOS_3D: dict[str, Scenario] = {
     "dp2_pp4": Scenario("dp2_pp4", labelled=False, framework="megatron", dp=2, replica_slowdown={1: 1.1}),
     "tp2_dp2_pp4": Scenario("tp2_dp2_pp4", labelled=False, framework="megatron", tp=2, dp=2, replica_slowdown={1: 1.1}),
     "recompute_pp4": Scenario("recompute_pp4", labelled=False, framework="megatron", recompute=True),
-    # the same 16-rank job with no pg_config and no Process Group fields: the layout from traffic alone
+    # no pg_config and no Process Group fields: the layout from traffic alone
+    "tp2_pp4_nometa": Scenario("tp2_pp4_nometa", labelled=False, framework="megatron", tp=2, pg_metadata=False),
+    "dp2_pp4_nometa": Scenario(
+        "dp2_pp4_nometa", labelled=False, framework="megatron", dp=2, replica_slowdown={1: 1.1}, pg_metadata=False
+    ),
     "tp2_dp2_pp4_nometa": Scenario(
         "tp2_dp2_pp4_nometa",
         labelled=False,
