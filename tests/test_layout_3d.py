@@ -199,3 +199,34 @@ def test_metadata_the_messages_contradict_is_not_believed():
     assert isinstance(layout, Layout)
     assert layout.source == "traffic" and layout.line() == "4 ranks: PP 4"
     assert "no pipeline group together" in layout.evidence[0]
+
+
+# -- activation recomputation ------------------------------------------------------------------
+
+
+def test_generated_recompute_share_holds(generated):
+    doc, truth = generated("recompute_pp4")
+    dims = {r["rank"]: r for r in doc["dimensions"]["ranks"]}
+    for want in truth["ranks"]:
+        got = dims[want["rank"]]
+        assert got["recompute_share_of_busy"] == pytest.approx(want["recompute_share"], abs=0.02)
+        assert got["recompute_ns"] == pytest.approx(want["recompute_ns"], rel=0.02)
+    assert doc["layout"]["line"] == "4 ranks: PP 4"
+
+
+def test_real_recompute_share_holds():
+    """torch.utils.checkpoint(use_reentrant=False) around each stage's layers: the re-run has
+    no range of its own; each rank timed its own recomputations (capture.json)."""
+    doc = _analyze(SAMPLES / "pp4_recompute")
+    dims = {r["rank"]: r for r in doc["dimensions"]["ranks"]}
+    for rank, want in _measured("pp4_recompute").items():
+        got = dims[rank]
+        assert got["recompute_ns"] == pytest.approx(want["recompute"], rel=0.05)
+        assert got["recompute_share_of_busy"] == pytest.approx(want["recompute"] / got["busy_ns"], abs=0.02)
+    assert [s["stage"] for s in doc["dimensions"]["stages"]] == [0, 1, 2, 3]
+
+
+def test_no_recompute_is_found_where_none_ran():
+    for run in ("1f1b", "megatron_1f1b", "tp2_pp2"):
+        dims = _analyze(SAMPLES / run)["dimensions"]
+        assert dims is None or dims["recompute_ns"] == 0

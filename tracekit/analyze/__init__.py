@@ -91,7 +91,7 @@ def analyze(
     it starts (the replays of each step, the diagnosis, the report's what-if)."""
     try:
         result = _analyze(run, attribution, progress)
-        if result.is_pipeline and run.layout is not None and run.layout.is_3d:
+        if result.is_pipeline:  # TP, DP and recomputation: None where a run has none of them
             result.dimensions = dimension_figures(run, result.bubbles)
         result.replicas = rollup(result)
         if progress:

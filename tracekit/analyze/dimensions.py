@@ -21,7 +21,7 @@ parallelism, else a gradient collective.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -31,9 +31,20 @@ from tracekit.analyze.shares import share
 from tracekit.model.intervals import union_lengths
 from tracekit.model.names import TP_REGION
 from tracekit.model.run import Run
+from tracekit.reconstruct.event_arrays import EventArrays
 from tracekit.reconstruct.layout import collective_ops, collectives_inside_actions
+from tracekit.reconstruct.recompute import recompute_spans
 
-DIMENSION_COLUMNS = ["rank", "step", "tp_ns", "tp_alone_ns", "dp_ns", "dp_exposed_ns", "dp_after_own_ns"]
+DIMENSION_COLUMNS = [
+    "rank",
+    "step",
+    "tp_ns",
+    "tp_alone_ns",
+    "dp_ns",
+    "dp_exposed_ns",
+    "dp_after_own_ns",
+    "recompute_ns",
+]
 
 
 @dataclass
@@ -43,6 +54,7 @@ class DimensionFigures:
 
     per_step: pd.DataFrame
     source: str
+    stage_ranks: dict[int, list[int]] = field(default_factory=dict)  # stage -> the ranks that run it
 
     def per_rank(self, bubbles: pd.DataFrame) -> pd.DataFrame:
         """Summed over steps, with each rank's busy, idle and window, busy counted as compute
@@ -70,6 +82,25 @@ class DimensionFigures:
                     "busy_compute_only_ns": int(r["busy_compute_only_ns"]),
                     "bubble_ratio": round(int(r["idle_ns"]) / window, 6),
                     "bubble_ratio_compute_only": round((window - int(r["busy_compute_only_ns"])) / window, 6),
+                    "recompute_ns": int(r["recompute_ns"]),
+                    "recompute_share_of_busy": round(
+                        share(int(r["recompute_ns"]), max(int(r["busy_ns"]), 1), "recompute share"), 6
+                    ),
+                }
+            )
+        per_rank = self.per_rank(bubbles)
+        stages = []
+        for stage, ranks in sorted(self.stage_ranks.items()):
+            mine = per_rank.loc[[r for r in ranks if r in per_rank.index]]
+            busy = max(int(mine["busy_ns"].sum()), 1)
+            stages.append(
+                {
+                    "stage": stage,
+                    "ranks": list(ranks),
+                    "recompute_ns": int(mine["recompute_ns"].sum()),
+                    "recompute_share_of_busy": round(
+                        share(int(mine["recompute_ns"].sum()), busy, "recompute share"), 6
+                    ),
                 }
             )
         total = self.per_step[DIMENSION_COLUMNS[2:]].sum()
@@ -82,9 +113,13 @@ class DimensionFigures:
             "tp_share_of_busy": round(share(int(total["tp_ns"]), max(busy, 1), "TP share"), 6),
             "dp_ns": int(total["dp_ns"]),
             "dp_exposed_ns": int(total["dp_exposed_ns"]),
+            "recompute_ns": int(total["recompute_ns"]),
+            "recompute_share_of_busy": round(share(int(total["recompute_ns"]), max(busy, 1), "recompute share"), 6),
             "per_rank_step_ns": {
-                c: int(total[c]) // cells for c in ("tp_ns", "dp_ns", "dp_exposed_ns", "dp_after_own_ns")
+                c: int(total[c]) // cells
+                for c in ("tp_ns", "dp_ns", "dp_exposed_ns", "dp_after_own_ns", "recompute_ns")
             },
+            "stages": stages,
             "bubble_ratio_compute_only": round((window - only) / window, 6),
             "ranks": rows,
         }
@@ -96,16 +131,25 @@ def dimension_figures(run: Run, bubbles: pd.DataFrame) -> DimensionFigures | Non
     if bubbles.empty:
         return None
     windows = bubbles[["rank", "step", "window_start_ns", "window_end_ns"]].astype(np.int64).reset_index(drop=True)
-    table = run.device_summary.tables.get("collectives") if run.timeline == "device" else None
-    if table is not None and len(table["rank"]):
+    on_device = run.timeline == "device"
+    if on_device:
+        table = run.device_summary.tables["collectives"]
         frame = pd.DataFrame({c: table[c] for c in ("rank", "step", "start_ns", "end_ns", "gradient", "alone_ns")})
         frame["tp"] = frame["gradient"] == 0
+        redone = pd.DataFrame(
+            {c: run.device_summary.tables["recompute"][c] for c in ("rank", "step", "start_ns", "end_ns")}
+        )
         source = "kernels"
     else:
         frame = _host_collectives(run, windows)
-        if frame is None:
-            return None
+        spans = pd.DataFrame(recompute_spans(EventArrays.of(run.events)))
+        redone = spans.assign(step=_step_of(spans, windows))[["rank", "step", "start_ns", "end_ns"]]
         source = "host ops"
+    if frame is None:
+        none = np.zeros(0, dtype=np.int64)
+        frame = pd.DataFrame(
+            {"rank": none, "step": none, "start_ns": none, "end_ns": none, "tp": none.astype(bool), "alone_ns": none}
+        )
     cell = windows.reset_index().rename(columns={"index": "cell"})
     merged = frame.merge(cell, on=["rank", "step"], how="inner")
     n = len(windows)
@@ -127,9 +171,20 @@ def dimension_figures(run: Run, bubbles: pd.DataFrame) -> DimensionFigures | Non
     own_end = windows.merge(own, on=["rank", "step"], how="left")["end_ns"]
     own_end = own_end.fillna(windows["window_end_ns"]).to_numpy(np.int64)
     out["dp_after_own_ns"] = union_lengths(group[~tp], start[~tp], end[~tp], own_end, everywhere[1])
+    again = redone.merge(cell, on=["rank", "step"], how="inner")
+    out["recompute_ns"] = union_lengths(
+        again["cell"].to_numpy(np.int64),
+        again["start_ns"].to_numpy(np.int64),
+        again["end_ns"].to_numpy(np.int64),
+        *everywhere,
+    )
     if not out[DIMENSION_COLUMNS[2:]].to_numpy().any():
         return None
-    return DimensionFigures(out[DIMENSION_COLUMNS].reset_index(drop=True), source)
+    pairs = run.actions[["stage", "rank"]].drop_duplicates().sort_values(["stage", "rank"])
+    stage_ranks: dict[int, list[int]] = {}
+    for stage, rank in zip(pairs["stage"].tolist(), pairs["rank"].tolist()):
+        stage_ranks.setdefault(int(stage), []).append(int(rank))
+    return DimensionFigures(out[DIMENSION_COLUMNS].reset_index(drop=True), source, stage_ranks)
 
 
 def _host_collectives(run: Run, windows: pd.DataFrame) -> pd.DataFrame | None:

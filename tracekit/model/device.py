@@ -29,6 +29,8 @@ Tables (dicts of int64 columns, every one with ``rank``):
   collective (launched outside every action, or on a stream no forward launched a collective
   on: data-parallel reduction from backward hooks) and the part of it no compute kernel
   overlapped (``alone_ns``). The rest are launched inside actions: tensor-parallel work.
+- ``recompute``: the compute kernels an activation recomputation launched (its re-run forward
+  ops, :mod:`tracekit.reconstruct.recompute`): step and times.
 - ``collective_idle``: stretches where a collective kernel outside every action ran (NCCL
   all_reduce, all_to_all, ...) and no busy op did: idle time spent in collectives, waiting
   for their peers or moving data (work launched before the profile began aside).
@@ -61,6 +63,7 @@ DEVICE_TABLES: dict[str, tuple[str, ...]] = {
     "sendrecv": ("step", "start_ns", "end_ns"),
     "collective_idle": ("start_ns", "end_ns"),
     "collectives": ("step", "start_ns", "end_ns", "stream", "order", "gradient", "alone_ns"),
+    "recompute": ("step", "start_ns", "end_ns"),
 }
 # Time columns, moved when a rank's clock is aligned (NOTHING_BEFORE and -1 stay).
 TIME_COLUMNS: dict[str, tuple[str, ...]] = {
@@ -74,6 +77,7 @@ TIME_COLUMNS: dict[str, tuple[str, ...]] = {
     "sendrecv": ("start_ns", "end_ns"),
     "collective_idle": ("start_ns", "end_ns"),
     "collectives": ("start_ns", "end_ns"),
+    "recompute": ("start_ns", "end_ns"),
 }
 # The step of device ops launched before the profile began (a step's number is >= 0; -1 is
 # "outside every step").

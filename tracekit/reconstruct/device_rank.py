@@ -43,6 +43,7 @@ import numpy as np
 from tracekit.model.groups import SortedGroups, split_by
 from tracekit.model.device import BEFORE_PROFILE, DEVICE_TABLES, NO_SPAN, NOTHING_BEFORE, DeviceSummary, empty_table
 from tracekit.model.intervals import merge_intervals, subtract_intervals, union_lengths
+from tracekit.reconstruct.recompute import recompute_spans
 from tracekit.reconstruct.event_arrays import EventArrays
 from tracekit.reconstruct.p2p_sides import p2p_sides
 
@@ -136,6 +137,7 @@ class RankDevice:
     sendrecv: dict[str, np.ndarray]  # SendRecv kernels of collectives
     collective_idle: dict[str, np.ndarray]  # collectives outside actions while nothing busy ran
     collectives: dict[str, np.ndarray]  # every collective kernel: in an action or gradient
+    recompute: dict[str, np.ndarray]  # kernels a recomputation launched (activation checkpointing)
     profile: Profile
     host_ahead_ns: int | None  # the longest launch end to op start (None: nothing launched)
     n_ops: int = 0
@@ -156,6 +158,7 @@ class RankDevice:
             "sendrecv": self.sendrecv,
             "collective_idle": self.collective_idle,
             "collectives": self.collectives,
+            "recompute": self.recompute,
         }
         out = {}
         for name, table in found.items():
@@ -177,9 +180,17 @@ def kind_codes(names: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return kinds, sendrecv, p2p_capable
 
 
-def reduce_rank(ops: RankOps, sides: RankSides, actions: RankActions, compress: bool) -> RankDevice:
+def reduce_rank(
+    ops: RankOps,
+    sides: RankSides,
+    actions: RankActions,
+    compress: bool,
+    recompute: Mapping[str, np.ndarray] | None = None,
+) -> RankDevice:
     """One rank's device timeline reduced (module doc). ``compress``: the run's windows hold
-    each step's actions (a pipeline of several ranks): fold each step's span."""
+    each step's actions (a pipeline of several ranks): fold each step's span. ``recompute``:
+    the rank's recomputations on the host (:func:`.recompute.recompute_spans`: tid,
+    start_ns, end_ns), whose kernels are listed apart."""
     kind = ops.kind.astype(np.int8, copy=True)
     side_kernel = _link_sides(ops, kind, sides)
     owner = _owners(ops, kind, actions)
@@ -225,6 +236,7 @@ def reduce_rank(ops: RankOps, sides: RankSides, actions: RankActions, compress: 
         sendrecv={c: getattr(ops, c)[collective_sendrecv] for c in DEVICE_TABLES["sendrecv"]},
         collective_idle={"start_ns": idle_start, "end_ns": idle_end},
         collectives=_collective_rows(ops, kind, owner, gradient, actions, busy & profiled),
+        recompute=_recompute_rows(ops, kind, recompute),
         profile=_profile(ops, busy, actions, a_start, a_end, compress),
         host_ahead_ns=max(0, int(ahead.max())) if len(ahead) else None,
         n_ops=len(ops),
@@ -307,6 +319,21 @@ def _collective_rows(
         "gradient": (gradient[rows] | (owner[rows] < 0)).astype(np.int64),
         "alone_ns": alone,
     }
+
+
+def _recompute_rows(ops: RankOps, kind: np.ndarray, spans: Mapping[str, np.ndarray] | None) -> dict[str, np.ndarray]:
+    """The compute kernels a recomputation launched: launched on its thread while it ran."""
+    picked = np.zeros(len(ops), dtype=bool)
+    if spans is not None and len(spans["start_ns"]):
+        for tid in np.unique(spans["tid"]).tolist():
+            mine = spans["tid"] == tid
+            order = np.argsort(spans["start_ns"][mine], kind="stable")
+            lo, hi = spans["start_ns"][mine][order], spans["end_ns"][mine][order]
+            here = (ops.launch_tid == tid) & (ops.launch_ns >= 0) & (kind == COMPUTE)
+            k = np.searchsorted(lo, ops.launch_ns, side="right") - 1
+            picked |= here & (k >= 0) & (hi[np.maximum(k, 0)] >= ops.launch_ns)
+    rows = np.flatnonzero(picked & (ops.step != BEFORE_PROFILE))
+    return {"step": ops.step[rows], "start_ns": ops.start_ns[rows], "end_ns": ops.end_ns[rows]}
 
 
 def _covered(start: np.ndarray, end: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
@@ -512,6 +539,8 @@ def reduce_ranks(
     in a pipeline of several ranks: see the module doc)."""
     kinds, sendrecv, p2p_capable = kind_codes(names)
     sides = p2p_sides(host)
+    spans = recompute_spans(host)
+    spans_of = split_by(spans["rank"], np.arange(len(spans["rank"])))
     side_rank = host["rank"][sides.rows]
     op_rank, action_rank = columns["rank"], np.asarray(actions["rank"], dtype=np.int64)
     ops_of = split_by(op_rank, np.arange(len(op_rank)))
@@ -536,6 +565,9 @@ def reduce_ranks(
             RankSides(tid=host["tid"][side_rows], start_ns=host["start_ns"][side_rows]),
             RankActions(**{c: _action_field(actions, c)[mine] for c in _ACTION_FIELDS}),
             compress=bool(len(mine)) and world_size.get(rank, 1) > 1,
+            recompute={c: spans[c][spans_of[rank]] for c in ("tid", "start_ns", "end_ns")}
+            if rank in spans_of
+            else None,
         )
         op_kind[rows] = found.kind
         owned = found.owner >= 0

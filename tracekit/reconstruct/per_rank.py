@@ -41,6 +41,7 @@ from tracekit.reconstruct.device_rank import DEVICE_ACTION_COLUMNS, join_ranks, 
 from tracekit.reconstruct.event_arrays import LAUNCH_CATEGORY, EventArrays, has_device_work
 from tracekit.reconstruct.labels import LabelChoice, LabelSet, choose, p2p_action, p2p_ways
 from tracekit.reconstruct.plain import BubbleRow, plain_busy
+from tracekit.reconstruct.recompute import recompute_rows
 from tracekit.reconstruct.steps import step_table
 
 if TYPE_CHECKING:  # numpy only at import: parser workers run rank_reduce; gather, in the client, loads pandas
@@ -110,6 +111,7 @@ def message_rows(events: EventArrays) -> np.ndarray:
     on_cpu = ~events["on_gpu"]
     keep = on_cpu & events.starts_with(_MESSAGE_PREFIXES)
     keep |= on_cpu & events.per_name("name", lambda n: TP_REGION.match(n) is not None)  # a TP collective's span
+    keep |= recompute_rows(events)  # activation recomputation: re-run forward ops and their backward ranges
     annotation = on_cpu & events.is_in("cat", ("user_annotation",))
     if annotation.any():
         keep |= annotation & events.per_name("name", lambda n: p2p_ways(n) is not None or p2p_action(n) is not None)

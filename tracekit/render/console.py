@@ -306,6 +306,12 @@ def _dimension_lines(doc: dict) -> list[str]:
             f"  TP collectives  {pct(dims['tp_share_of_busy'])} of busy, {ms(each['tp_ns'])} ms per step and rank "
             f"(inside the actions); bubble counting compute only {pct(dims['bubble_ratio_compute_only'])}"
         )
+    if dims["recompute_ns"]:
+        stages = ", ".join(f"stage {s['stage']} {pct(s['recompute_share_of_busy'])}" for s in dims["stages"][:8])
+        out.append(
+            f"  recomputation  {pct(dims['recompute_share_of_busy'])} of busy, {ms(each['recompute_ns'])} ms per step "
+            f"and rank: forward ops run again in the backward ({stages})"
+        )
     if dims["dp_ns"]:
         out.append(
             f"  DP gradient collectives  {ms(each['dp_ns'])} ms per step and rank: {ms(each['dp_after_own_ns'])} ms "
