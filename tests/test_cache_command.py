@@ -10,8 +10,9 @@ from click.testing import CliRunner
 
 from conftest import SAMPLES
 from tracekit.cli import main
+from tracekit.commands.cache_contents import cache_usage, clear_cache
 from tracekit.ingest import discover, parse_files
-from tracekit.ingest.cache import ParseCache, cache_usage, clear_cache
+from tracekit.ingest.cache import ParseCache
 
 KEY = "ab" + "0" * 62
 

@@ -348,7 +348,8 @@ def _document_cache(run_dir: Path, options: dict):
     settings = load_options()
     if not settings.cache_dir:  # before importing the cache (hashlib, ~7 ms): --no-cache needs none
         return None, None, None
-    from tracekit.ingest.cache import ParseCache, analysis_key
+    from tracekit.commands.document_cache import analysis_key
+    from tracekit.ingest.cache import ParseCache
     from tracekit.ingest.discovery import find_traces
 
     _refuse_cache_in_run(settings.cache_dir, run_dir)
@@ -374,7 +375,7 @@ def cached_document(run_dir: Path, options: dict) -> dict | None:
     cache, key, files = _document_cache(run_dir, options)
     if key is None:
         return None
-    from tracekit.ingest.cache import load_document
+    from tracekit.commands.document_cache import load_document
 
     return load_document(cache, key, str(Path(run_dir)), files)
 
@@ -383,6 +384,6 @@ def remember_document(run_dir: Path, options: dict, document: dict) -> None:
     """Store an analysis for the next run (its files' digests are known by now)."""
     cache, key, files = _document_cache(run_dir, options)
     if key is not None:
-        from tracekit.ingest.cache import store_document
+        from tracekit.commands.document_cache import store_document
 
         store_document(cache, key, document, str(Path(run_dir)), files)
