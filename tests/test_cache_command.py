@@ -95,11 +95,11 @@ def test_clear_removes_tracekits_files_and_nothing_else(filled, tmp_path):
 
 
 def test_a_cleared_cache_parses_again_and_fills_again(tmp_path, monkeypatch):
-    import tracekit.ingest as ingest
+    from tracekit.ingest import file_task
 
     parsed = []
-    real = ingest._parse_file
-    monkeypatch.setattr(ingest, "_parse_file", lambda path, *a, **k: parsed.append(path) or real(path, *a, **k))
+    real = file_task.parse_file
+    monkeypatch.setattr(file_task, "parse_file", lambda path, *a, **k: parsed.append(path) or real(path, *a, **k))
     run, cache_dir = discover(SAMPLES / "1f1b"), str(tmp_path / "cache")
     for _ in range(2):
         parse_files(run, cache_dir=cache_dir, jobs=1)

@@ -155,7 +155,7 @@ def rank_options(func):
         try:
             return func(*args, **kwargs)
         finally:
-            from tracekit.ingest.executor import write_deferred_entries
+            from tracekit.ingest.cache_writes import write_deferred_entries
 
             write_deferred_entries()  # cache entries of files parsed by workers, after the output
 
@@ -175,7 +175,7 @@ def parse_rank_map(text: str | None) -> dict[int, int] | None:
     return mapping
 
 
-# Imported while the parser workers parse (ingest.executor), not after the last file: what
+# Imported while the parser workers parse (ingest.pool), not after the last file: what
 # every loading command runs next (~0.03 s of module set-up on top of pandas' ~0.17 s).
 ANALYSIS_WARM_UP = ("pandas", "tracekit.reconstruct.whole_run", "tracekit.analyze")
 

@@ -17,12 +17,12 @@ if TYPE_CHECKING:  # pandas loads on first use: parser workers never import it
 
     from tracekit.model.run import Completeness, Run
 
-from tracekit.errors import RunLayoutError, TraceFormatError
-from tracekit.ingest.columns import EventColumns, events_frame
+from tracekit.errors import RunLayoutError
+from tracekit.ingest.executor import parse_files
 
 # IGNORED_NAMES and the suffixes are also tracekit.commands.outputs': what may be written into a run folder.
 from tracekit.ingest.discovery import IGNORED_NAMES, Discovery, find_traces
-from tracekit.ingest.options import WARM_UP, ReadOptions, Reducer
+from tracekit.ingest.options import ReadOptions
 from tracekit.ingest.sniff import KINETO_SUFFIXES, NSYS_JSON, NSYS_REPORT, NSYS_SUFFIXES, trace_format
 from tracekit.model.events import TraceFile
 
@@ -31,110 +31,6 @@ def discover(path: Path, iteration: int | None = None, rank_pattern: str | None 
     """The trace files of a run folder (or the one file given), in a stable order; see
     :func:`tracekit.ingest.discovery.find_traces` for how they are found."""
     return find_traces(path, iteration, rank_pattern).files
-
-
-def _parse_file(
-    path: Path,
-    file_id: int,
-    rank_pattern: str | None,
-    rank_map: dict[int, int] | None,
-    bytes_read: Callable[[int], None] | None = None,
-) -> list[tuple[TraceFile, EventColumns]]:
-    name = path.name
-    if name.endswith(NSYS_SUFFIXES) or _is_sqlite(path):
-        from tracekit.ingest import nsys
-
-        return _as_columns(nsys.parse_nsys_sqlite(path, file_id, rank_map=rank_map))
-    if name.endswith(KINETO_SUFFIXES):
-        if _looks_like_nsys_json(path):
-            from tracekit.ingest import nsys
-
-            return _as_columns(nsys.parse_nsys_json(path, file_id, rank_map=rank_map))
-        from tracekit.ingest.kineto import read_kineto
-
-        return [read_kineto(path, file_id, rank_pattern, progress=bytes_read)]
-    raise TraceFormatError(f"{path}: unknown trace format; expected .json(.gz) or .sqlite")
-
-
-def _as_columns(parsed: list[tuple[TraceFile, pd.DataFrame]]) -> list[tuple[TraceFile, EventColumns]]:
-    return [(trace, EventColumns.from_frame(events)) for trace, events in parsed]
-
-
-def _is_sqlite(path: Path) -> bool:
-    with open(path, "rb") as fh:
-        return fh.read(16) == b"SQLite format 3\x00"
-
-
-def _looks_like_nsys_json(path: Path) -> bool:
-    """nsys JSON exports are line-delimited objects, not a Chrome trace document."""
-    return trace_format(path, claimed=True) == NSYS_JSON
-
-
-def parse_files(
-    paths: list[Path],
-    rank_pattern: str | None = None,
-    rank_map: dict[int, int] | None = None,
-    progress: Callable[[Path], None] | None = None,
-    *,
-    executor: str = "local",
-    jobs: int | None = None,
-    scheduler=None,
-    cache_dir: str | None = None,
-    bytes_read: Callable[[int], None] | None = None,
-    rows: str = "all",
-    defer_cache_writes: bool = False,
-    reducer: Reducer | None = None,
-    warm_up: tuple[str, ...] = WARM_UP,
-) -> tuple[list[TraceFile], pd.DataFrame]:
-    """Parse every file; return the per-file facts and one events table for all ranks.
-
-    Files are parsed independently: ``executor`` ``"local"`` runs them in this process
-    (``jobs=1``) or a pool of ``jobs`` processes (default: one per core, at most one per
-    file); ``"dask"`` on the Dask cluster at ``scheduler`` (see
-    :mod:`tracekit.ingest.executor`). With ``cache_dir`` each file's rows are read from /
-    written to the parse cache (:mod:`tracekit.ingest.cache`). ``progress`` is called with
-    each file's path when it is done, ``bytes_read`` with counts of input bytes consumed.
-    ``rows="analysis"`` keeps only the rows the analysis reads (see
-    :mod:`tracekit.ingest.working_set`), dropped in the process that parsed the file;
-    ``rows="reduce"`` then runs ``reducer`` there too (one file alone: the working set only,
-    as there is nothing to gather across ranks). ``warm_up``: modules this process imports
-    while pool workers parse.
-    Cache entries of files parsed by pool workers are written before this returns, or with
-    ``defer_cache_writes`` by a background thread while the caller goes on (the command line
-    waits for it with :func:`tracekit.ingest.executor.write_deferred_entries` after its
-    output; at exit at the latest).
-    """
-    from tracekit.ingest.executor import IngestTask, run_tasks, write_deferred_entries
-    from tracekit.ingest.working_set import ROWS
-
-    if rows not in ROWS:
-        raise ValueError(f"rows={rows!r}: choose one of {ROWS}")
-    if rows == "reduce" and (reducer is None or len(paths) < 2):
-        rows, reducer = "analysis", None
-    tasks = [
-        IngestTask(str(path), file_id, rank_pattern, rank_map, cache_dir, rows, reducer)
-        for file_id, path in enumerate(paths)
-    ]
-    on_done = (lambda task: progress(Path(task.path))) if progress else None
-    results = run_tasks(
-        tasks,
-        executor=executor,
-        jobs=jobs,
-        scheduler=scheduler,
-        on_done=on_done,
-        bytes_read=bytes_read,
-        warm_up=warm_up,
-    )
-    # Deferred: written by a background thread, finished by the command after its output.
-    write_deferred_entries(background=defer_cache_writes)
-    files: list[TraceFile] = []
-    parts: list[EventColumns] = []
-    for parsed in results:
-        for trace, columns in parsed:
-            files.append(trace)
-            parts.append(columns)
-    del results
-    return files, events_frame(parts)
 
 
 def settle_unknown_ranks(files: list[TraceFile], events: pd.DataFrame) -> list[str]:

@@ -39,7 +39,7 @@ from typing import Any, Callable
 import numpy as np
 
 from tracekit.errors import TracekitError
-from tracekit.ingest.columns import EventColumns
+from tracekit.ingest.columns import EventColumns, Parsed
 from tracekit.model.events import TraceFile, event_schema
 from tracekit.version import __version__
 
@@ -48,8 +48,6 @@ CACHE_FORMAT = 1
 _HASH_BLOCK = 4 << 20
 _RACY_NS = 1_000_000_000
 _META_KEY = b"tracekit"
-
-Parsed = list[tuple[TraceFile, EventColumns]]
 
 
 def _filesystem(url: str):
