@@ -12,7 +12,7 @@ from typing import Callable
 
 from tracekit.errors import TracekitError
 from tracekit.ingest.columns import Parsed
-from tracekit.ingest.file_task import IngestTask, WorkerDied, file_size, ingest_one
+from tracekit.ingest.file_task import IngestTask, WorkerDied, default_jobs, file_size, ingest_one
 
 
 def _ingest_on_dask(task: IngestTask):
@@ -27,12 +27,12 @@ def _ingest_on_dask(task: IngestTask):
 def run_on_dask(
     tasks: list[IngestTask],
     scheduler,
-    workers: int,
+    jobs: int | None,
     on_done: Callable[[IngestTask], None] | None,
     bytes_read: Callable[[int], None] | None,
 ) -> list[Parsed]:
     """Run ``tasks`` on the cluster at ``scheduler`` (an address or a ``Client``), or on a
-    local cluster of ``workers`` processes; return their results in task order."""
+    local cluster of ``jobs`` processes (default: one per core, at most one per file); return their results in task order."""
     try:
         from distributed import Client, KilledWorker, LocalCluster, as_completed as dask_completed
     except ImportError:
@@ -58,7 +58,7 @@ def run_on_dask(
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 cluster = LocalCluster(
-                    n_workers=workers,
+                    n_workers=jobs or default_jobs(len(tasks)),
                     threads_per_worker=1,
                     host="127.0.0.1",
                     dashboard_address=None,

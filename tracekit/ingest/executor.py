@@ -17,14 +17,13 @@ the few rows messages need, see :mod:`tracekit.reconstruct.per_rank`). Cross-ran
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from tracekit.errors import TracekitError
 from tracekit.ingest.cache_writes import write_deferred_entries
 from tracekit.ingest.columns import EventColumns, Parsed, events_frame
-from tracekit.ingest.file_task import IngestTask, file_size, ingest_one
+from tracekit.ingest.file_task import IngestTask, default_jobs, file_size, ingest_one
 from tracekit.ingest.options import WARM_UP, Reducer
 
 if TYPE_CHECKING:  # pandas loads on first use: parser workers never import it
@@ -127,7 +126,7 @@ def run_tasks(
         from tracekit.ingest.dask_cluster import run_on_dask
 
         settle()  # Dask's machinery is no module load to pause the collector for
-        return run_on_dask(tasks, scheduler, jobs or default_jobs(len(tasks)), on_done, bytes_read)
+        return run_on_dask(tasks, scheduler, jobs, on_done, bytes_read)
     results: list[Parsed | None] = [None] * len(tasks)
     todo = _cached_here(tasks, results, on_done, bytes_read)
     jobs = default_jobs(len(todo)) if jobs is None else min(jobs, max(1, len(todo)))
@@ -166,9 +165,3 @@ def _cached_here(tasks: list[IngestTask], results: list, on_done, bytes_read) ->
                 continue
         todo.append(i)
     return todo
-
-
-def default_jobs(n_tasks: int) -> int:
-    """One worker per core, never more than there are files."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(cores, n_tasks))

@@ -4,7 +4,8 @@ or on a Dask worker (:mod:`tracekit.ingest.executor`).
 :func:`parse_file` picks the parser by the file's format. :func:`parse_one` looks the file
 up in the parse cache first, keeps its working set or runs the reducer where it was parsed
 (``IngestTask.rows``), and says which cache entry to write, so that a pool worker can leave
-the writing to its parent; :func:`ingest_one` writes it at once.
+the writing to its parent; :func:`ingest_one` writes it at once. What the executors share
+besides: :class:`WorkerDied`, :func:`file_size`, :func:`default_jobs`.
 """
 
 from __future__ import annotations
@@ -134,3 +135,9 @@ def file_size(path: str) -> int:
         return os.path.getsize(path)
     except OSError:
         return 0
+
+
+def default_jobs(n_tasks: int) -> int:
+    """One worker per core, never more than there are files."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(cores, n_tasks))
