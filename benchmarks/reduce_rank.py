@@ -30,12 +30,12 @@ def _best_ms(fn, repeat: int) -> float:
 
 
 def measure(path: Path, repeat: int) -> dict:
-    from tracekit.ingest import _parse_file
+    from tracekit.ingest.file_task import parse_file
     from tracekit.ingest.working_set import working_set
     from tracekit.loading import reduce_file
 
     def parse():
-        return [(t, working_set(c)) for t, c in _parse_file(path, 0, None, None)]
+        return [(t, working_set(c)) for t, c in parse_file(path, 0, None, None)]
 
     parsed = parse()
     before = "pandas" in sys.modules

@@ -16,11 +16,10 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-import tracekit.ingest as ingest
 from conftest import SAMPLES
 from tracekit.cli import main
 from tracekit.ingest import cache as cache_mod
-from tracekit.ingest import discover, parse_files
+from tracekit.ingest import discover, file_task, parse_files
 from tracekit.ingest.cache import ParseCache
 
 
@@ -35,13 +34,13 @@ def run_dir(tmp_path) -> Path:
 def parse_counter(monkeypatch):
     """Counts the files actually parsed (cache hits never reach the parser)."""
     parsed = []
-    real = ingest._parse_file
+    real = file_task.parse_file
 
     def counting(path, *args, **kwargs):
         parsed.append(Path(path).name)
         return real(path, *args, **kwargs)
 
-    monkeypatch.setattr(ingest, "_parse_file", counting)
+    monkeypatch.setattr(file_task, "parse_file", counting)
     return parsed
 
 
@@ -239,9 +238,9 @@ def test_code_fingerprint_covers_every_module_the_parsers_load():
     program = (
         "import json, sys\n"
         "from pathlib import Path\n"
-        "from tracekit.ingest import _parse_file\n"
+        "from tracekit.ingest.file_task import parse_file\n"
         "for i, p in enumerate(sys.argv[1:]):\n"
-        "    _parse_file(Path(p), i, None, None)\n"
+        "    parse_file(Path(p), i, None, None)\n"
         "print(json.dumps({m: getattr(sys.modules[m], '__file__', None) for m in sys.modules "
         "if m.startswith('tracekit')}))\n"
     )

@@ -10,8 +10,9 @@ from click.testing import CliRunner
 
 from conftest import SAMPLES
 from tracekit.cli import main
+from tracekit.commands.cache_contents import cache_usage, clear_cache
 from tracekit.ingest import discover, parse_files
-from tracekit.ingest.cache import ParseCache, cache_usage, clear_cache
+from tracekit.ingest.cache import ParseCache
 
 KEY = "ab" + "0" * 62
 
@@ -94,11 +95,11 @@ def test_clear_removes_tracekits_files_and_nothing_else(filled, tmp_path):
 
 
 def test_a_cleared_cache_parses_again_and_fills_again(tmp_path, monkeypatch):
-    import tracekit.ingest as ingest
+    from tracekit.ingest import file_task
 
     parsed = []
-    real = ingest._parse_file
-    monkeypatch.setattr(ingest, "_parse_file", lambda path, *a, **k: parsed.append(path) or real(path, *a, **k))
+    real = file_task.parse_file
+    monkeypatch.setattr(file_task, "parse_file", lambda path, *a, **k: parsed.append(path) or real(path, *a, **k))
     run, cache_dir = discover(SAMPLES / "1f1b"), str(tmp_path / "cache")
     for _ in range(2):
         parse_files(run, cache_dir=cache_dir, jobs=1)

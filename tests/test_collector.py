@@ -55,7 +55,8 @@ print(gc.isenabled(), gc.get_freeze_count())
 _WORKERS = """
 import gc, json, sys
 from tracekit._collector import pause
-from tracekit.ingest.executor import IngestTask, run_tasks
+from tracekit.ingest.executor import run_tasks
+from tracekit.ingest.file_task import IngestTask
 from tracekit.ingest.options import Reducer
 def collector_state(parsed):
     return [gc.isenabled(), gc.get_freeze_count() > 0]

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from conftest import SAMPLES, shared_or_skip
-from tracekit.ingest import _parse_file
+from tracekit.ingest.file_task import parse_file
 from tracekit.ingest.columns import EventColumns, events_frame
 from tracekit.ingest.working_set import working_set
 from tracekit.model.run import ACTION_COLUMNS, STEP_COLUMNS
@@ -29,7 +29,7 @@ RUNS += ["1f1b_layer_labels", "zbv"]
 
 def _files(name: str) -> list[EventColumns]:
     paths = sorted(p for p in (SAMPLES / name).iterdir() if p.name.startswith("rank") or p.suffix == ".sqlite")
-    return [working_set(c) for file_id, path in enumerate(paths) for _, c in _parse_file(path, file_id, None, None)]
+    return [working_set(c) for file_id, path in enumerate(paths) for _, c in parse_file(path, file_id, None, None)]
 
 
 def generated_recoded(columns: EventColumns) -> EventColumns:
@@ -116,7 +116,7 @@ def test_a_reducing_parser_worker_never_imports_pandas(device):
         found = "parsed[0][0].reduced['actions']['kind']"
     code = (
         "import functools, sys\n"
-        "from tracekit.ingest.executor import IngestTask, parse_one\n"
+        "from tracekit.ingest.file_task import IngestTask, parse_one\n"
         "from tracekit.ingest.options import Reducer\n"
         "from tracekit.loading import reduce_file\n"
         "reducer = Reducer(functools.partial(reduce_file, labels=None))\n"

@@ -109,7 +109,7 @@ def test_parser_workers_never_import_pandas_or_pyarrow(tmp_path):
     run = _mixed_run(tmp_path)
     code = (
         "import sys\n"
-        "from tracekit.ingest.executor import IngestTask, parse_one\n"
+        "from tracekit.ingest.file_task import IngestTask, parse_one\n"
         f"task = IngestTask({str(run / 'rank1.json.gz')!r}, 0, cache_dir={str(tmp_path / 'cache')!r})\n"
         "parsed, pending = parse_one(task)\n"
         "assert len(parsed[0][1]) > 1000 and pending is not None\n"
@@ -143,7 +143,7 @@ def test_the_parent_imports_what_the_caller_needs_while_the_workers_parse(tmp_pa
     run = _mixed_run(tmp_path)
     code = (
         "import sys\n"
-        "import tracekit.ingest.executor as ex\n"
+        "import tracekit.ingest.file_task as ex\n"
         "from tracekit.ingest import discover, parse_files\n"
         "seen = []\n"
         "real = ex.parse_one\n"
@@ -171,7 +171,7 @@ def test_a_worker_socket_holds_a_whole_answer_as_far_as_the_system_allows():
     import os
     import socket
 
-    from tracekit.ingest.executor import ANSWER_BUFFER, _room_for_answers
+    from tracekit.ingest.pool import ANSWER_BUFFER, _room_for_answers
 
     here, there = multiprocessing.Pipe(duplex=True)
     try:

@@ -78,14 +78,14 @@ def test_a_bad_file_anywhere_ends_the_command(tmp_path, position, jobs):
 DRIVER = textwrap.dedent("""
     import json, os, signal, sys, threading, multiprocessing
     from pathlib import Path
-    from tracekit.ingest import discover, executor, parse_files
+    from tracekit.ingest import discover, file_task, parse_files
 
     config = json.loads(sys.argv[1])
     parent = os.getpid()
     # Ctrl-C as in a terminal, however this was started: a background job of a shell without
     # job control (CI launched with `&`) starts with SIGINT ignored, and Python keeps that
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    real_parse_one = executor.parse_one
+    real_parse_one = file_task.parse_one
 
     def faulty_parse_one(task, bytes_read=None):
         name = Path(task.path).name
@@ -103,7 +103,7 @@ DRIVER = textwrap.dedent("""
             raise TraceFormatError(f"{task.path}: injected bad file")
         return real_parse_one(task, bytes_read)
 
-    executor.parse_one = faulty_parse_one
+    file_task.parse_one = faulty_parse_one
     outcome = "ok"
     try:
         parse_files(discover(Path(config["run"])), jobs=config["jobs"])

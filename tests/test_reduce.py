@@ -12,7 +12,7 @@ from tracekit import LoadOptions, load
 from tracekit.analyze import analyze
 from tracekit.ingest.cache import ParseCache
 from tracekit.loading import reduce_file
-from tracekit.ingest import _parse_file
+from tracekit.ingest.file_task import parse_file
 from tracekit.ingest.working_set import working_set
 from tracekit.reconstruct.per_rank import gather
 from tracekit.render.json import to_document
@@ -74,7 +74,7 @@ def test_the_reduced_entries_are_keyed_by_the_label_rules(tmp_path):
 def _reduced_ranks(run_dir: Path) -> list[dict]:
     out = []
     for file_id, path in enumerate(sorted(run_dir.glob("rank*.json.gz"))):
-        parsed = [(t, working_set(c)) for t, c in _parse_file(path, file_id, None, None)]
+        parsed = [(t, working_set(c)) for t, c in parse_file(path, file_id, None, None)]
         out.extend(trace.reduced for trace, _ in reduce_file(parsed, None))
     return out
 
@@ -102,10 +102,10 @@ def test_entries_written_after_the_analysis_keep_the_ranks_reductions(tmp_path):
     """The command line writes pool workers' entries in the background while the run is
     reconstructed, which reads each rank's reduction and lets go of it: the entry must hold
     the reduction as the worker sent it."""
-    from tracekit.ingest.executor import PendingEntry, write_deferred_entries
+    from tracekit.ingest.cache_writes import PendingEntry, write_deferred_entries
 
     path = sorted(RUN.glob("rank*.json.gz"))[1]
-    parsed = reduce_file([(t, working_set(c)) for t, c in _parse_file(path, 1, None, None)], None)
+    parsed = reduce_file([(t, working_set(c)) for t, c in parse_file(path, 1, None, None)], None)
     sent = parsed[0][0].reduced
     cache = ParseCache(tmp_path / "cache")
     found = cache.lookup(path, {"rows": "reduce"}, 1)

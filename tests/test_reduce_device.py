@@ -25,7 +25,7 @@ from conftest import ROOT, shared_or_skip
 from gpu_tracegen import SCENARIOS, generate
 from tracekit import LoadOptions, load
 from tracekit.analyze import analyze
-from tracekit.ingest import _parse_file
+from tracekit.ingest.file_task import parse_file
 from tracekit.ingest.working_set import working_set
 from tracekit.loading import reduce_file
 from tracekit.reconstruct.per_rank import gather
@@ -91,7 +91,7 @@ def test_device_ranks_reduce_in_pool_workers_and_through_the_cache(sampled, tmp_
 def _reduced(folder: Path, device: bool) -> list:
     out = []
     for file_id, path in enumerate(sorted(p for p in folder.iterdir() if ".json" in p.name)):
-        parsed = [(t, working_set(c)) for t, c in _parse_file(path, file_id, None, None)]
+        parsed = [(t, working_set(c)) for t, c in parse_file(path, file_id, None, None)]
         out.extend(trace.reduced for trace, _ in reduce_file(parsed, None, device=device))
     return out
 
@@ -173,7 +173,7 @@ def _reduced_pipeline_rank() -> dict:
     from conftest import SAMPLES
 
     path = SAMPLES / "interleaved1f1b" / "rank1.json.gz"
-    parsed = [(t, working_set(c)) for t, c in _parse_file(path, 5, None, None)]
+    parsed = [(t, working_set(c)) for t, c in parse_file(path, 5, None, None)]
     ((trace, _),) = reduce_file(parsed, None)
     assert trace.reduced is not None and "host_busy" not in trace.reduced
     return trace.reduced

@@ -40,7 +40,7 @@ def command() -> None:
 @click.option("--cache-dir", metavar="DIR", help=_CACHE_DIR_HELP)
 def info(cache_dir: str | None) -> None:
     """Where the cache is, how many entries it holds and their size."""
-    from tracekit.ingest.cache import cache_usage
+    from tracekit.commands.cache_contents import cache_usage
 
     root, origin = _root(cache_dir)
     usage = cache_usage(root)
@@ -57,7 +57,7 @@ def clear(cache_dir: str | None) -> None:
 
     Safe while another tracekit runs: it parses again what it no longer finds.
     """
-    from tracekit.ingest.cache import clear_cache
+    from tracekit.commands.cache_contents import clear_cache
 
     root, _origin = _root(cache_dir)
     removed = clear_cache(root)

@@ -155,7 +155,7 @@ def rank_options(func):
         try:
             return func(*args, **kwargs)
         finally:
-            from tracekit.ingest.executor import write_deferred_entries
+            from tracekit.ingest.cache_writes import write_deferred_entries
 
             write_deferred_entries()  # cache entries of files parsed by workers, after the output
 
@@ -175,7 +175,7 @@ def parse_rank_map(text: str | None) -> dict[int, int] | None:
     return mapping
 
 
-# Imported while the parser workers parse (ingest.executor), not after the last file: what
+# Imported while the parser workers parse (ingest.pool), not after the last file: what
 # every loading command runs next (~0.03 s of module set-up on top of pandas' ~0.17 s).
 ANALYSIS_WARM_UP = ("pandas", "tracekit.reconstruct.whole_run", "tracekit.analyze")
 
@@ -348,7 +348,8 @@ def _document_cache(run_dir: Path, options: dict):
     settings = load_options()
     if not settings.cache_dir:  # before importing the cache (hashlib, ~7 ms): --no-cache needs none
         return None, None, None
-    from tracekit.ingest.cache import ParseCache, analysis_key
+    from tracekit.commands.document_cache import analysis_key
+    from tracekit.ingest.cache import ParseCache
     from tracekit.ingest.discovery import find_traces
 
     _refuse_cache_in_run(settings.cache_dir, run_dir)
@@ -374,7 +375,7 @@ def cached_document(run_dir: Path, options: dict) -> dict | None:
     cache, key, files = _document_cache(run_dir, options)
     if key is None:
         return None
-    from tracekit.ingest.cache import load_document
+    from tracekit.commands.document_cache import load_document
 
     return load_document(cache, key, str(Path(run_dir)), files)
 
@@ -383,6 +384,6 @@ def remember_document(run_dir: Path, options: dict, document: dict) -> None:
     """Store an analysis for the next run (its files' digests are known by now)."""
     cache, key, files = _document_cache(run_dir, options)
     if key is not None:
-        from tracekit.ingest.cache import store_document
+        from tracekit.commands.document_cache import store_document
 
         store_document(cache, key, document, str(Path(run_dir)), files)

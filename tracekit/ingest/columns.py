@@ -16,7 +16,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tracekit.model.events import _NUMPY_DTYPES, EVENT_COLUMNS, STRING_COLUMNS, canonical_strings, conform, event_schema
+from tracekit.model.events import (
+    _NUMPY_DTYPES,
+    EVENT_COLUMNS,
+    STRING_COLUMNS,
+    TraceFile,
+    canonical_strings,
+    conform,
+    event_schema,
+)
 
 # numpy only at import (parser workers); pandas and pyarrow load where a method needs them.
 NUMBER_COLUMNS = [c for c in EVENT_COLUMNS if c not in STRING_COLUMNS]
@@ -100,6 +108,10 @@ class EventColumns:
 
     def to_frame(self):
         return events_frame([self])
+
+
+# One file's parse: its facts and rows, one pair per rank it holds (an nsys report may hold several).
+Parsed = list[tuple[TraceFile, EventColumns]]
 
 
 def _strings(codes: np.ndarray, values: list[str]):

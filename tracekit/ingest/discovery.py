@@ -83,6 +83,12 @@ def find_traces(path: Path, iteration: int | None = None, rank_pattern: str | No
     return found
 
 
+def discover(path: Path, iteration: int | None = None, rank_pattern: str | None = None) -> list[Path]:
+    """The trace files of a run folder (or the one file given), in a stable order; see
+    :func:`find_traces` for how they are found."""
+    return find_traces(path, iteration, rank_pattern).files
+
+
 def every_trace(path: Path) -> list[Path]:
     """Every trace under a run folder, of every iteration and subfolder, not only those a
     load would take: what no output may be written over."""
