@@ -12,7 +12,7 @@ names what the layers above use; the work is done in its modules:
 - :mod:`~tracekit.ingest.executor`: where each file is parsed (:mod:`~tracekit.ingest.pool`,
   :mod:`~tracekit.ingest.dask_cluster`), through the parse cache
   (:mod:`~tracekit.ingest.cache`, :mod:`~tracekit.ingest.cache_writes`);
-- :mod:`~tracekit.ingest.layout` and :mod:`~tracekit.ingest.capture_manifest`: whether the
+- :mod:`~tracekit.ingest.one_run` and :mod:`~tracekit.ingest.capture_manifest`: whether the
   files make one run, and what ``capture.json`` says of it;
 - :mod:`~tracekit.ingest.read`: all of it, into one :class:`Run`.
 """

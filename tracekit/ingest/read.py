@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Callable
 from tracekit.ingest.capture_manifest import load_capture_manifest
 from tracekit.ingest.discovery import Discovery, find_traces
 from tracekit.ingest.executor import parse_files
-from tracekit.ingest.layout import check_layout, refuse_empty, run_completeness, settle_unknown_ranks
+from tracekit.ingest.one_run import check_layout, refuse_empty, run_completeness, settle_unknown_ranks
 from tracekit.ingest.options import ReadOptions
 from tracekit.ingest.sniff import NSYS_REPORT
 
