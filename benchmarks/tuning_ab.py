@@ -1,12 +1,11 @@
-"""Does each of the command's runtime tunings pay? ``tracekit analyze`` with and without each, in turn.
+"""Does a runtime tuning of the command pay? ``tracekit analyze`` with and without it, in turn.
 
-The ``tracekit`` command tunes its own process in three modules: ``tracekit/_heap.py`` (glibc
-keeps 32 MB of freed heap, ``mallopt`` through ctypes), ``tracekit/_collector.py`` (the
-garbage collector paused while modules load, then ``gc.freeze``) and ``tracekit/_lean.py``
-(pandas without its pyarrow string backend, numpy without BLAS threads). Each variant here is
-the command as shipped with one of them switched off: the launcher replaces that module's
-entry point with a no-op before the command starts (every variant imports all three modules
-first, so none pays an import the others do not).
+The ``tracekit`` command tunes its own process in ``tracekit/_lean.py`` (pandas without its
+pyarrow string backend). Each variant here is the command as shipped with one tuning
+switched off: the launcher replaces its entry point with a no-op before the command starts
+(every variant imports the tuning modules first, so none pays an import the others do not).
+Three more tunings were measured this way and removed, their gain below the noise
+(benchmarks/README.md; ``git show 254a424:benchmarks/tuning_ab.py`` measures them).
 
 Inputs and harness are the benchmark's (``bench.py``): 8 ranks of ~26 MB built by
 ``make_input.py``, ``analyze DIR --no-progress --no-cache``, bytecode as installed, a running
@@ -14,8 +13,8 @@ Inputs and harness are the benchmark's (``bench.py``): 8 ranks of ~26 MB built b
 variants run in turn, ``--runs`` rounds (default 20), each round starting one variant later,
 so a busy spell of the machine falls on all of them alike. Per variant: median and IQR of the
 wall time, of the CPU time of the process and its workers (user + system, from ``wait4``)
-and of the largest process' peak RSS; per module: the median of its rounds' differences
-(off - on: what the module saves) beside their IQR (the noise), and the rounds in which the
+and of the largest process' peak RSS; per tuning: the median of its rounds' differences
+(off - on: what it saves) beside their IQR (the noise), and the rounds in which the
 shipped command was faster (wall, CPU). ``--json FILE`` keeps every run.
 
 Run: ``python benchmarks/tuning_ab.py`` (``--inputs gpu``, ``--runs 10``, ``--work-dir DIR``
@@ -41,19 +40,13 @@ sys.path.insert(0, str(HERE))
 import bench  # noqa: E402
 import make_input  # noqa: E402
 
-# What switches each module off: its entry point, called by tracekit.cli, made a no-op.
-OFF = {
-    "_heap": "tracekit._heap.keep_heap = lambda: False",
-    "_collector": "tracekit._collector.pause = lambda: None",
-    "_lean": "tracekit._lean.pandas_without_pyarrow = tracekit._lean.numpy_with_one_blas_thread = lambda: None",
-    "_lean pyarrow": "tracekit._lean.pandas_without_pyarrow = lambda: None",
-    "_lean BLAS": "tracekit._lean.numpy_with_one_blas_thread = lambda: None",
-}
+# What switches each tuning off: its entry point, called by tracekit.cli, made a no-op.
+OFF = {"_lean": "tracekit._lean.pandas_without_pyarrow = lambda: None"}
 VARIANTS = ("as shipped", *OFF)
 
 
 def command(variant: str, run_dir: Path) -> list[str]:
-    lines = ["import tracekit._heap, tracekit._collector, tracekit._lean"]
+    lines = ["import tracekit._lean"]
     if variant in OFF:
         lines.append(OFF[variant])
     lines.append("from tracekit.cli import run; run()")
@@ -97,7 +90,7 @@ def compare(name: str, run_dir: Path, variants: tuple[str, ...], runs: int) -> d
             cells.append(fmt.format(*quartiles([r[i] for r in figures[variant]])))
         print(f"{variant:<22}{cells[0]:>22}{cells[1]:>22}{cells[2]:>28}")
     print(
-        f"\n{'module switched off':<22}{'saves wall (IQR) s':>22}{'saves CPU (IQR) s':>22}{'saves RSS (IQR) MB':>22}  wins wall, CPU"
+        f"\n{'tuning switched off':<22}{'saves wall (IQR) s':>22}{'saves CPU (IQR) s':>22}{'saves RSS (IQR) MB':>22}  wins wall, CPU"
     )
     shipped = figures["as shipped"]
     for variant in variants:

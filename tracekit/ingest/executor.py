@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from tracekit._collector import settle
 from tracekit.errors import TracekitError
 from tracekit.ingest.columns import EventColumns
 from tracekit.ingest.options import WARM_UP, Reducer
@@ -221,7 +220,6 @@ def run_tasks(
     if jobs is not None and jobs < 1:
         raise TracekitError(f"--jobs {jobs}: give a number of worker processes, 1 or more")
     if executor == "dask":
-        settle()  # Dask's machinery is no module load to pause the collector for
         return _run_dask(tasks, scheduler, jobs, on_done, bytes_read)
     results: list[Parsed | None] = [None] * len(tasks)
     todo = _cached_here(tasks, results, on_done, bytes_read)
@@ -233,7 +231,6 @@ def run_tasks(
                 on_done(tasks[i])
     else:
         _run_pool(tasks, todo, results, jobs, on_done, bytes_read, warm_up)
-    settle()  # the parse's modules are in (where the command paused the collector for them)
     return results  # type: ignore[return-value]
 
 
@@ -279,7 +276,6 @@ def _worker_main(conn, inherited) -> None:
     import traceback
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    settle()  # the parent's modules, inherited: never walked here (tracekit/_collector.py)
     _die_with_parent()
     for other in inherited:  # forked: the parent's ends of the pipes, this one's included
         other.close()
@@ -546,14 +542,12 @@ def _run_pool(tasks, todo, results, jobs, on_done, bytes_read, warm_up) -> None:
 
 
 def _import_modules(names: tuple[str, ...]) -> None:
-    """Import the modules the parent needs after parsing (lean pandas alone takes ~0.17 s),
-    then let the collector run, past them (where the command paused it: tracekit/_collector.py)."""
+    """Import the modules the parent needs after parsing (lean pandas alone takes ~0.17 s)."""
     for name in names:
         try:
             importlib.import_module(name)
         except ImportError:  # reported where they are needed
             pass
-    settle()
 
 
 def _size(path: str) -> int:
