@@ -343,3 +343,27 @@ def test_capture_pipeline_ranks_and_its_old_spelling(tmp_path):
         assert ("capture --ranks is deprecated" in done.stderr) == (spelling[0] == "--ranks")
     assert not (tmp_path / "x").exists()
     assert "-p, --pipeline-ranks INTEGER" in run("capture", "--help").output
+
+
+def test_a_command_whose_module_fails_to_import_is_an_error(monkeypatch):
+    """It used to be dropped without a word: the CLI simply had one subcommand fewer."""
+    from tracekit import commands
+
+    monkeypatch.setattr(commands, "_MODULES", ["analyze", "not_written_yet"])
+    with pytest.raises(ModuleNotFoundError, match="not_written_yet"):
+        commands._collect()
+
+
+def test_every_command_module_is_registered():
+    """A module under tracekit/commands/ with a ``command`` that _MODULES forgets is a subcommand lost."""
+    import pkgutil
+
+    from tracekit import commands
+
+    found = set()
+    for info in pkgutil.iter_modules(commands.__path__):
+        module = __import__(f"tracekit.commands.{info.name}", fromlist=["command"])
+        if hasattr(module, "command"):
+            found.add(info.name)
+    assert found == set(commands._MODULES)
+    assert {c.name for c in commands.COMMANDS} <= set(main.commands)

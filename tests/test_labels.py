@@ -104,7 +104,8 @@ def test_user_rules_that_match_nothing_fall_back_to_the_builtins_and_say_so():
 
 
 def test_builtin_tables_read_the_names_the_frameworks_write():
-    """The names as shared/docs/trace-formats.md quotes them from the frameworks' sources."""
+    """The names the frameworks write, read from their sources: torch.distributed.pipelining's
+    ``"PP:" + str(action)``, ScheduleGPipe's ``Backward <mb>``, Megatron's NVTX function ranges."""
     table = {t.name: t for t in BUILTIN}
     assert table["torch-pp"].match("PP:3B7").parse("PP:3B7", 1) == [("B", 3, 7)]
     assert table["torch-pp"].match("PP:(0F5;7B2)OVERLAP_F_B").parse("PP:(0F5;7B2)OVERLAP_F_B", 0) == [

@@ -27,7 +27,6 @@ LAYERS: dict[str, int] = {
     "tracekit.output": 0,
     "tracekit.pyproject": 0,
     "tracekit._lean": 0,
-    "tracekit._collector": 0,
     "tracekit.ingest": 1,
     "tracekit.reconstruct": 2,
     "tracekit.loading": 3,

@@ -1,6 +1,7 @@
 """Attribute every idle nanosecond of every rank and step to a cause, with blame.
 
-Method (``shared/docs/pipeline-theory.md``, "What attribute idle time has to mean"):
+What the result must be: each rank's idle in each step split into named causes, each >= 0,
+that add up exactly to the measured idle, a root cause charged where it propagates. Method:
 
 1. Build the step's measured dependency graph and replay it (fidelity: it must reproduce
    the measured step; the residual is reported and folded into overhead/other).

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from tracekit.analyze.replay import StepGraph, dependency_pairs, reorder, topological_order
+from tracekit.model import schedules as traits
 
 Action = tuple[str, int, int]  # (kind, stage, microbatch)
 
@@ -270,15 +271,10 @@ GENERATORS: dict[str, Callable[[int, int, int], Mapping[int, Sequence[Entry]]]] 
     "DualPipeV": lambda p, v, m: dualpipev(p, m),
 }
 # The zero-bubble family: backward split into I and W, orders taken from torch where it is installed.
-ZERO_BUBBLE = ("ZB-H1", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
+ZERO_BUBBLE = traits.names(generated=True, split_backward=True)
 # torch.distributed.pipelining's class for each, and the placement of its stages.
-TORCH_CLASSES = {
-    "ZB-H1": "ScheduleInterleavedZeroBubble",
-    "InterleavedZeroBubble": "ScheduleInterleavedZeroBubble",
-    "ZBVZeroBubble": "ScheduleZBVZeroBubble",
-    "DualPipeV": "ScheduleDualPipeV",
-}
-V_PLACED = ("ZBVZeroBubble", "DualPipeV")
+TORCH_CLASSES = {name: traits.BY_NAME[name].runner for name in ZERO_BUBBLE}
+V_PLACED = traits.names(generated=True, v_shaped=True)
 
 
 def torch_orders(schedule: str, p: int, v: int, m: int) -> dict[int, list[Entry]]:
@@ -305,7 +301,7 @@ def _torch_orders(schedule: str, p: int, v: int, m: int) -> dict[int, tuple[Entr
         def _prepare_schedule_with_comms(self, *args: Any, **kwargs: Any) -> None:
             pass
 
-    local = 1 if schedule == "ZB-H1" else v
+    local = 1 if traits.BY_NAME[schedule].chunks == "one" else v
     stages = [
         # what the constructors read: group size and rank, stage count; submod None skips
         # the torch.compile check; stage_index_to_group_rank is written back

@@ -30,10 +30,11 @@ from tracekit.analyze.layers import LayerCosts
 from tracekit.analyze.costs import CostModel
 from tracekit.analyze.whatif import Prediction, check_target, predict
 from tracekit.errors import TracekitError
+from tracekit.model import schedules as traits
 
 #: schedules a split is replayed on: their actions are F and B, whose per-stage costs the layer
 #: costs give (zero-bubble targets would need each layer's I and W apart: not read yet)
-SPLIT_TARGETS = ("GPipe", "1F1B", "Interleaved1F1B")
+SPLIT_TARGETS = traits.names(generated=True, split_backward=False)
 #: candidates replayed besides the references (measured and even split)
 DEFAULT_CANDIDATES = 4
 #: splits whose slowest stage is within this share of the optimum are candidates

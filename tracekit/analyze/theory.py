@@ -1,4 +1,6 @@
-"""Closed-form bubbles of the known schedules (``shared/docs/pipeline-theory.md``).
+"""Closed-form bubbles of the known schedules, as their papers give them (GPipe: Huang et al.
+2019; 1F1B and interleaved 1F1B: Narayanan et al., SC'21; ZB-H1, ZB-V: Qi et al., "Zero
+Bubble Pipeline Parallelism"; DualPipe: DeepSeek's DualPipe README).
 
 Each formula gives the idle time per device and the bubble share of the step for balanced
 stages and free communication. ``t_f``, ``t_b`` (= ``t_I + t_W``) are one microbatch's

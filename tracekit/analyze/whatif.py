@@ -44,12 +44,13 @@ from tracekit.analyze.replay import Scenario, StepGraph, replay_many
 from tracekit.analyze.schedules import V_PLACED, ZERO_BUBBLE, flatten, graph_from_orders, orders_for
 from tracekit.analyze.theory import theoretical_bubble
 from tracekit.errors import TracekitError
+from tracekit.model import schedules as traits
 from tracekit.model.run import Run
 
 # Targets with whole backwards (the findings in diagnosis.py replay these), and every target
 # (the zero-bubble family too: backward split into I and W, DualPipeV's fused pairs).
-TARGETS = ("GPipe", "1F1B", "Interleaved1F1B")
-ALL_TARGETS = TARGETS + ZERO_BUBBLE
+TARGETS = traits.names(generated=True, split_backward=False)
+ALL_TARGETS = traits.names(generated=True)
 KEEPS = ("global-batch", "microbatch")
 DEFAULT_SAMPLES = 32
 K = TypeVar("K", bound=Hashable)  # a cost pool's key
@@ -399,16 +400,34 @@ def check_ranks(model: CostModel, p: int | None) -> None:
 def default_targets(model: CostModel) -> list[tuple[str, int, int]]:
     """What a user would try first: each schedule at the measured m, and twice m."""
     v_int = model.v if model.v >= 2 else 2
-    out = []
-    for m in (model.m, 2 * model.m):
-        out += [("GPipe", 1, m), ("1F1B", 1, m), ("Interleaved1F1B", v_int, m)]
-    return out
+    return [(s, traits.chunks_per_rank(s, several=v_int), m) for m in (model.m, 2 * model.m) for s in TARGETS]
+
+
+def requested_targets(
+    model: CostModel, schedules: Sequence[str] = (), vs: Sequence[int] = (), ms: Sequence[int] = ()
+) -> list[tuple[str, int, int]]:
+    """The targets ``-s`` / ``-v`` / ``-m`` ask for: each schedule (none given: the ones with
+    whole backwards, or Interleaved1F1B where only v is given) at each m (the measured m and
+    twice it unless given) and each v it takes: 1 for one chunk a rank, the V's 2, else the
+    given v (the V's too, where v is given: checked later), the measured v, or 2."""
+    chosen = schedules or (("Interleaved1F1B",) if vs else TARGETS)
+    m_values = ms or (model.m, 2 * model.m)
+    v_interleaved = tuple(vs) or ((model.v if model.v >= 2 else 2),)
+
+    def chunks(schedule: str) -> tuple[int, ...]:
+        per_rank = traits.BY_NAME[schedule].chunks
+        if per_rank == "one":
+            return (1,)
+        return (2,) if per_rank == "two" and not vs else v_interleaved
+
+    return [(s, v, m) for s in chosen for v in chunks(s) for m in m_values]
 
 
 def zero_bubble_targets(model: CostModel) -> list[tuple[str, int, int]]:
     """The zero-bubble family at the measured m, those that this p and m allow."""
     out = []
-    for schedule, v in (("ZB-H1", 1), ("InterleavedZeroBubble", 2), ("ZBVZeroBubble", 2), ("DualPipeV", 2)):
+    for schedule in ZERO_BUBBLE:
+        v = traits.chunks_per_rank(schedule, several=2)
         try:
             check_target(model, schedule, v, model.m)
         except TracekitError:

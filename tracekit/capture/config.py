@@ -11,31 +11,21 @@ import shlex
 from dataclasses import asdict, dataclass, field
 
 from tracekit.errors import CaptureError
+from tracekit.model import schedules as traits
 
-# CLI name -> torch.distributed.pipelining class name
-SCHEDULES: dict[str, str] = {
-    "GPipe": "ScheduleGPipe",
-    "1F1B": "Schedule1F1B",
-    "Interleaved1F1B": "ScheduleInterleaved1F1B",
-    "LoopedBFS": "ScheduleLoopedBFS",
-    "InterleavedZeroBubble": "ScheduleInterleavedZeroBubble",
-    "ZBVZeroBubble": "ScheduleZBVZeroBubble",
-    "DualPipeV": "ScheduleDualPipeV",
-    # designs torch.distributed.pipelining does not have: tracekit's own loops over the
-    # same model and torch.distributed P2P (tracekit/capture/designs.py)
-    "PipeDream2BW": "PipeDream2BWLoop",
-    "TeraPipe": "TeraPipeLoop",
-}
+# The schedules a capture runs (their traits: tracekit/model/schedules.py).
+# CLI name -> torch.distributed.pipelining class name, or tracekit's own loop for a design
+SCHEDULES: dict[str, str] = {s.name: s.runner for s in traits.SCHEDULES if s.captured}
 
 #: schedules run by tracekit's own loops (tracekit.capture.designs), not by a torch schedule class
-DESIGNS = {"PipeDream2BW", "TeraPipe"}
+DESIGNS = set(traits.names(captured=True, design=True))
 
 #: schedules that take one stage per rank (PipelineScheduleSingle)
-SINGLE_STAGE = {"GPipe", "1F1B", "PipeDream2BW", "TeraPipe"}
+SINGLE_STAGE = set(traits.names(captured=True, chunks="one"))
 #: schedules that place stages in a V (rank r holds stages r and 2p-1-r)
-V_PLACEMENT = {"ZBVZeroBubble", "DualPipeV"}
+V_PLACEMENT = set(traits.names(captured=True, v_shaped=True))
 #: schedules that split backward into input-grad (I) and weight-grad (W) actions
-SPLIT_BACKWARD = {"InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"}
+SPLIT_BACKWARD = set(traits.names(captured=True, split_backward=True))
 
 COMPUTE_MODES = ("emulated", "real")
 DEVICES = ("cpu", "cuda")
@@ -230,7 +220,7 @@ class CaptureConfig:
                     f"{self.schedule} needs --microbatches to be a multiple of its rounds "
                     f"(m // p = {rounds}); got m={m}, p={p}; use e.g. -m {p * rounds}"
                 )
-        if self.schedule in ("DualPipeV", "ZBVZeroBubble") and m < p * v:
+        if self.schedule in V_PLACEMENT and m < p * v:
             raise CaptureError(
                 f"{self.schedule} needs at least as many microbatches as stages "
                 f"(m={m} < {p * v} stages); use -m {p * v} or more"

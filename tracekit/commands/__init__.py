@@ -1,23 +1,21 @@
-"""One module per CLI subcommand; each exposes a click command, collected here."""
+"""One module per CLI subcommand; each exposes a click command, collected here.
+
+A command module that fails to import is an error, not a missing command: the ImportError
+propagates, so a broken install or a typo shows at once instead of as a subcommand that is
+silently not there.
+"""
 
 from __future__ import annotations
 
 import importlib
 
+import click
+
 _MODULES = ["analyze", "whatif", "report", "check", "baseline", "diff", "export", "capture", "cache"]
 
 
-def _collect():
-    commands = []
-    for name in _MODULES:
-        try:
-            module = importlib.import_module(f"tracekit.commands.{name}")
-        except ModuleNotFoundError as err:  # a command still being written
-            if err.name and err.name.startswith("tracekit.commands."):
-                continue
-            raise
-        commands.append(module.command)
-    return commands
+def _collect() -> list[click.Command]:
+    return [importlib.import_module(f"tracekit.commands.{name}").command for name in _MODULES]
 
 
 COMMANDS = _collect()

@@ -9,12 +9,9 @@ from pathlib import Path
 import click
 
 from tracekit.commands.common import TracekitCommand, load_with_progress, rank_options, work_progress
+from tracekit.model import schedules as traits
 
-SCHEDULE_CHOICES = ["GPipe", "1F1B", "Interleaved1F1B", "ZB-H1", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV"]
-# chunks per rank each schedule takes when -v does not say: one, the interleaved v, or the V's two
-ONE_CHUNK = ("GPipe", "1F1B", "ZB-H1")
-CLASSIC = ("GPipe", "1F1B", "Interleaved1F1B")  # what -m alone, like no -s, predicts
-V_SHAPED = ("ZBVZeroBubble", "DualPipeV")
+SCHEDULE_CHOICES = list(traits.names(generated=True))  # every schedule what-if generates
 
 
 @click.command("whatif", cls=TracekitCommand, renamed={"--ranks": "--pipeline-ranks"})
@@ -192,7 +189,7 @@ def command(
     """
     from tracekit.analyze.memory import activation_size, parse_bytes
     from tracekit.analyze.costs import cost_model, parse_link_latency
-    from tracekit.analyze.whatif import check_ranks, search, what_if
+    from tracekit.analyze.whatif import check_ranks, requested_targets, search, what_if
     from tracekit.errors import TracekitError
     from tracekit.render.whatif import render
 
@@ -226,17 +223,8 @@ def command(
         result = search(run, budget, size, keep, replays, seed, schedules, vs, ms, links, model)
         click.echo(json.dumps(result.to_dict(), indent=1) if as_json else render(result))
         return
-    targets = None  # what_if's defaults
-    if schedules or vs or ms:
-        # -v alone asks about interleaving; GPipe, 1F1B and ZB-H1 have one chunk per rank, the V two.
-        chosen = schedules or (("Interleaved1F1B",) if vs else CLASSIC)
-        m_values = ms or (model.m, 2 * model.m)
-        v_interleaved = vs or ((model.v if model.v >= 2 else 2),)
-
-        def chunks(s: str) -> tuple[int, ...]:
-            return (1,) if s in ONE_CHUNK else ((2,) if s in V_SHAPED and not vs else v_interleaved)
-
-        targets = [(s, v, m) for s in chosen for v in chunks(s) for m in m_values]
+    # None: what_if's defaults
+    targets = requested_targets(model, schedules, vs, ms) if schedules or vs or ms else None
     report, fallback = None, None
     if balanced or splits or layer_costs:
         report, fallback = _split(run, model, targets, balanced, splits, layer_costs, keep, replays, seed)

@@ -114,10 +114,6 @@ def run_tasks(
     consumed (as they are read when parsing here, per whole file from workers). ``warm_up``:
     the modules this process imports while pool workers parse (what the caller needs next).
     """
-    # The command's collector, not parser code: imported here, so that importing the package
-    # (as a lone parse does) loads none of it.
-    from tracekit._collector import settle
-
     if executor not in EXECUTORS:
         raise TracekitError(f"--executor {executor!r}: choose one of {', '.join(EXECUTORS)}")
     if jobs is not None and jobs < 1:
@@ -125,7 +121,6 @@ def run_tasks(
     if executor == "dask":
         from tracekit.ingest.dask_cluster import run_on_dask
 
-        settle()  # Dask's machinery is no module load to pause the collector for
         return run_on_dask(tasks, scheduler, jobs, on_done, bytes_read)
     results: list[Parsed | None] = [None] * len(tasks)
     todo = _cached_here(tasks, results, on_done, bytes_read)
@@ -139,7 +134,6 @@ def run_tasks(
         from tracekit.ingest.pool import run_pool
 
         run_pool(tasks, todo, results, jobs, on_done, bytes_read, warm_up)
-    settle()  # the parse's modules are in (where the command paused the collector for them)
     return results  # type: ignore[return-value]
 
 

@@ -16,7 +16,6 @@ import sys
 import threading
 from collections import deque
 
-from tracekit._collector import settle
 from tracekit.errors import TracekitError
 
 # parse_one is looked up at each call, so that a wrapper around it (a test's injected fault)
@@ -64,7 +63,6 @@ def _worker_main(conn, inherited) -> None:
     import traceback
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    settle()  # the parent's modules, inherited: never walked here (tracekit/_collector.py)
     _die_with_parent()
     for other in inherited:  # forked: the parent's ends of the pipes, this one's included
         other.close()
@@ -331,11 +329,9 @@ def run_pool(tasks, todo, results, jobs, on_done, bytes_read, warm_up) -> None:
 
 
 def _import_modules(names: tuple[str, ...]) -> None:
-    """Import the modules the parent needs after parsing (lean pandas alone takes ~0.17 s),
-    then let the collector run, past them (where the command paused it: tracekit/_collector.py)."""
+    """Import the modules the parent needs after parsing (lean pandas alone takes ~0.17 s)."""
     for name in names:
         try:
             importlib.import_module(name)
         except ImportError:  # reported where they are needed
             pass
-    settle()
