@@ -8,16 +8,125 @@ thing, and so that rendering a stored document imports no analysis code.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Cause:
+    """One cause idle time is attributed to: every output that lists causes reads it here.
+
+    Adding a cause is an entry in :data:`IDLE_CAUSES` plus its computation (a switch in the
+    attribution's replay for a ``removable`` one, a share of the all-causes-removed replay's
+    idle for a ``schedule`` one); the JSON, the console, the tables, the HTML report, the
+    merged trace and the gate list it from here.
+    """
+
+    key: str  # in JSON fields and table columns (``{key}_ns``), check limits and tags
+    name: str  # in sentences and the console's "where the idle time goes"
+    label: str  # the console rank table's narrow column heading
+    legend: str  # the HTML report's legend and table heading
+    # The HTML report's fill, light enough for the action bars to stand out: from Paul Tol's
+    # colour-blind safe light and muted schemes, every two differing by at least 16 (CIE76
+    # delta E) as drawn, also as people with protanopia, deuteranopia or tritanopia see them
+    # (tests/test_html.py checks it).
+    color: str
+    description: str  # what the idle is: the attribution table's column documentation
+    # schedule: what the schedule itself forces (the idle left with every removable cause
+    # switched off); removable: switched off in a replay, valued by its Shapley value
+    kind: str
+    # where the timeline lays the cause's idle within a rank's step: "front" (earliest idle
+    # first), "back" (latest first) or "middle" (what is left, in this order)
+    drawn: str
+    blamed_on: str = ""  # what the report puts its idle down to where no stage or link is named
+    aliases: tuple[str, ...] = ()  # other spellings ``tracekit check`` accepts
+
+    @property
+    def column(self) -> str:
+        """The cause's column (JSON field) of nanoseconds: ``comm_ns``."""
+        return f"{self.key}_ns"
+
+
 # The causes idle time is attributed to, in the order every output lists them.
-CATEGORIES = ("warmup", "drain", "schedule_gaps", "imbalance", "comm", "overhead")
-CAUSE_NAMES = {
-    "warmup": "pipeline warm-up",
-    "drain": "pipeline drain",
-    "schedule_gaps": "schedule gaps",
-    "imbalance": "stage imbalance",
-    "comm": "comm latency",
-    "overhead": "overhead/other",
-}
+IDLE_CAUSES: tuple[Cause, ...] = (
+    Cause(
+        key="warmup",
+        name="pipeline warm-up",
+        label="warmup",
+        legend="warm-up",
+        color="#99DDFF",
+        description="idle before the rank's first backward that the schedule itself forces (pipeline filling)",
+        kind="schedule",
+        drawn="front",
+        blamed_on="the schedule: pipeline fill",
+        aliases=("warm-up",),
+    ),
+    Cause(
+        key="drain",
+        name="pipeline drain",
+        label="drain",
+        legend="drain",
+        color="#77AADD",
+        description="idle after the rank's last forward that the schedule itself forces (pipeline emptying)",
+        kind="schedule",
+        drawn="back",
+        blamed_on="the schedule: pipeline drain",
+    ),
+    Cause(
+        key="schedule_gaps",
+        name="schedule gaps",
+        label="gaps",
+        legend="schedule gaps",
+        color="#EEDD88",
+        description="idle between those that the schedule itself forces (interleaved, zero-bubble holes)",
+        kind="schedule",
+        drawn="middle",
+        blamed_on="the schedule: waits between its actions",
+        aliases=("gaps", "schedule-gaps"),
+    ),
+    Cause(
+        key="imbalance",
+        name="stage imbalance",
+        label="imbal",
+        legend="imbalance",
+        color="#EE99AA",
+        description="idle caused by stages or actions slower than the typical one",
+        kind="removable",
+        drawn="middle",
+        aliases=("imbal",),
+    ),
+    Cause(
+        key="comm",
+        name="comm latency",
+        label="comm",
+        legend="comm latency",
+        color="#CCDDAA",
+        description="idle caused by message latency and transfer",
+        kind="removable",
+        drawn="middle",
+    ),
+    Cause(
+        key="overhead",
+        name="overhead/other",
+        label="ovhd",
+        legend="overhead/other",
+        color="#CC6677",
+        description="idle with the data there and the rank free (host overhead, replay residual)",
+        kind="removable",
+        drawn="middle",
+        blamed_on="host overhead between this rank's actions",
+        aliases=("ovhd", "other"),
+    ),
+)
+CATEGORIES = tuple(c.key for c in IDLE_CAUSES)
+CAUSE_NAMES = {c.key: c.name for c in IDLE_CAUSES}
+
+
+def cause(key: str) -> Cause:
+    """The registered cause ``key`` (KeyError for none)."""
+    for c in IDLE_CAUSES:
+        if c.key == key:
+            return c
+    raise KeyError(key)
 
 
 # The kinds of pipeline action (F, B, or a backward split into I and W), as the outputs name them.
