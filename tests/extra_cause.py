@@ -11,21 +11,19 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import tracekit.vocab as vocab
 
-EXTRA = replace(
-    vocab.IDLE_CAUSES[0],
+EXTRA = vocab.Cause(
     key="extra",
     name="extra cause",
     label="xtra",
     legend="extra legend",
     color="#44BB99",
-    description="idle of a throwaway cause a test registers",
     kind="schedule",
     drawn="middle",
+    description="idle of a throwaway cause a test registers",
     blamed_on="the extra cause",
     aliases=("xtra",),
 )

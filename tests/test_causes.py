@@ -3,7 +3,7 @@
 A throwaway cause registered there (tests/extra_cause.py, in a subprocess so that no other
 test sees it) must appear in every output, each listing exactly the registered causes in
 their order: the console, the JSON document and its schema, the tables, the HTML report,
-the merged trace and the gate (limits, baseline, checks).
+the merged trace, the gate (limits, baseline, checks) and the commands' help.
 """
 
 from __future__ import annotations
@@ -57,6 +57,9 @@ def with_extra(tmp_path_factory) -> tuple[Path, list[str]]:
         f"check {RUN} --max-cause xtra=0.99 --json --no-config --no-progress",
         f"baseline {RUN} -o {out / 'baseline.json'} --no-progress",
         f"check {RUN} --baseline {out / 'baseline.json'} --json --no-config --no-progress",
+        "check --help",
+        "baseline --help",
+        "export --help",
     ]
     argv = [a for command in commands for a in ("::", *command.split())]
     env = {**os.environ, "TRACEKIT_CACHE_DIR": str(out / "cache"), "PYTHONPATH": str(ROOT)}
@@ -115,3 +118,9 @@ def test_the_gate_checks_exactly_the_registered_causes(with_extra):
     against = json.loads(outputs[7])
     ids = [c["id"] for c in against["checks"] if c["id"].startswith("baseline.cause.")]
     assert ids == [f"baseline.cause.{c}" for c in _registered("extra")]
+
+
+def test_the_help_lists_exactly_the_registered_causes(with_extra):
+    listed = ", ".join(_registered("extra"))
+    for help_text in with_extra[1][8:]:
+        assert listed in " ".join(help_text.split()), help_text

@@ -30,13 +30,13 @@ class Cause:
     # delta E) as drawn, also as people with protanopia, deuteranopia or tritanopia see them
     # (tests/test_html.py checks it).
     color: str
-    description: str  # what the idle is: the attribution table's column documentation
     # schedule: what the schedule itself forces (the idle left with every removable cause
     # switched off); removable: switched off in a replay, valued by its Shapley value
     kind: str
     # where the timeline lays the cause's idle within a rank's step: "front" (earliest idle
     # first), "back" (latest first) or "middle" (what is left, in this order)
     drawn: str
+    description: str  # what the idle is: the attribution table's column documentation
     blamed_on: str = ""  # what the report puts its idle down to where no stage or link is named
     aliases: tuple[str, ...] = ()  # other spellings ``tracekit check`` accepts
 
@@ -46,87 +46,32 @@ class Cause:
         return f"{self.key}_ns"
 
 
-# The causes idle time is attributed to, in the order every output lists them.
+# The causes idle time is attributed to, in the order every output lists them. Columns: key,
+# name, label, legend, colour, kind, drawn, description; then, where a cause has them, what
+# the report blames it on and the other spellings check accepts.
+# fmt: off
 IDLE_CAUSES: tuple[Cause, ...] = (
-    Cause(
-        key="warmup",
-        name="pipeline warm-up",
-        label="warmup",
-        legend="warm-up",
-        color="#99DDFF",
-        description="idle before the rank's first backward that the schedule itself forces (pipeline filling)",
-        kind="schedule",
-        drawn="front",
-        blamed_on="the schedule: pipeline fill",
-        aliases=("warm-up",),
-    ),
-    Cause(
-        key="drain",
-        name="pipeline drain",
-        label="drain",
-        legend="drain",
-        color="#77AADD",
-        description="idle after the rank's last forward that the schedule itself forces (pipeline emptying)",
-        kind="schedule",
-        drawn="back",
-        blamed_on="the schedule: pipeline drain",
-    ),
-    Cause(
-        key="schedule_gaps",
-        name="schedule gaps",
-        label="gaps",
-        legend="schedule gaps",
-        color="#EEDD88",
-        description="idle between those that the schedule itself forces (interleaved, zero-bubble holes)",
-        kind="schedule",
-        drawn="middle",
-        blamed_on="the schedule: waits between its actions",
-        aliases=("gaps", "schedule-gaps"),
-    ),
-    Cause(
-        key="imbalance",
-        name="stage imbalance",
-        label="imbal",
-        legend="imbalance",
-        color="#EE99AA",
-        description="idle caused by stages or actions slower than the typical one",
-        kind="removable",
-        drawn="middle",
-        aliases=("imbal",),
-    ),
-    Cause(
-        key="comm",
-        name="comm latency",
-        label="comm",
-        legend="comm latency",
-        color="#CCDDAA",
-        description="idle caused by message latency and transfer",
-        kind="removable",
-        drawn="middle",
-    ),
-    Cause(
-        key="overhead",
-        name="overhead/other",
-        label="ovhd",
-        legend="overhead/other",
-        color="#CC6677",
-        description="idle with the data there and the rank free (host overhead, replay residual)",
-        kind="removable",
-        drawn="middle",
-        blamed_on="host overhead between this rank's actions",
-        aliases=("ovhd", "other"),
-    ),
+    Cause("warmup",        "pipeline warm-up", "warmup", "warm-up",        "#99DDFF", "schedule",  "front",
+          "idle before the rank's first backward that the schedule itself forces (pipeline filling)",
+          blamed_on="the schedule: pipeline fill", aliases=("warm-up",)),
+    Cause("drain",         "pipeline drain",   "drain",  "drain",          "#77AADD", "schedule",  "back",
+          "idle after the rank's last forward that the schedule itself forces (pipeline emptying)",
+          blamed_on="the schedule: pipeline drain"),
+    Cause("schedule_gaps", "schedule gaps",    "gaps",   "schedule gaps",  "#EEDD88", "schedule",  "middle",
+          "idle between those that the schedule itself forces (interleaved, zero-bubble holes)",
+          blamed_on="the schedule: waits between its actions", aliases=("gaps", "schedule-gaps")),
+    Cause("imbalance",     "stage imbalance",  "imbal",  "imbalance",      "#EE99AA", "removable", "middle",
+          "idle caused by stages or actions slower than the typical one",
+          aliases=("imbal",)),
+    Cause("comm",          "comm latency",     "comm",   "comm latency",   "#CCDDAA", "removable", "middle",
+          "idle caused by message latency and transfer"),
+    Cause("overhead",      "overhead/other",   "ovhd",   "overhead/other", "#CC6677", "removable", "middle",
+          "idle with the data there and the rank free (host overhead, replay residual)",
+          blamed_on="host overhead between this rank's actions", aliases=("ovhd", "other")),
 )
+# fmt: on
 CATEGORIES = tuple(c.key for c in IDLE_CAUSES)
 CAUSE_NAMES = {c.key: c.name for c in IDLE_CAUSES}
-
-
-def cause(key: str) -> Cause:
-    """The registered cause ``key`` (KeyError for none)."""
-    for c in IDLE_CAUSES:
-        if c.key == key:
-            return c
-    raise KeyError(key)
 
 
 # The kinds of pipeline action (F, B, or a backward split into I and W), as the outputs name them.
