@@ -53,9 +53,11 @@ from tracekit.analyze.replay import (
 from tracekit.model.groups import split_by
 from tracekit.model.run import Run
 from tracekit.reconstruct.schedule import TERAPIPE_NAME
-from tracekit.vocab import CATEGORIES
+from tracekit.vocab import CATEGORIES, IDLE_CAUSES
 
-CAUSES = ("imbalance", "comm", "overhead")
+# The causes a replay switches off (tracekit.vocab's "removable" ones), the players of the
+# Shapley values; :func:`_scenario` says how each is switched off.
+CAUSES = tuple(c.key for c in IDLE_CAUSES if c.kind == "removable")
 Coalition = frozenset[str]  # the causes present in one replay
 # Blame replays one stage (or link) at a time: on big pipelines only the stages with the
 # most excess work (links with the most latency) are replayed; the rest share by that amount.
@@ -256,22 +258,14 @@ def _attributed(
     measured = np.array([measured_idle[r] for r in ranks], dtype=np.int64)
     window_start = np.array([graph.rank_start.get(r, graph.t0) if graph.rank_start else graph.t0 for r in ranks])
     window_end = window_start + np.array([ideal_windows[r] for r in ranks], dtype=np.int64)
-    warmup, drain, gaps = _schedule_idle(graph, ideal, codes, window_start.astype(np.int64), window_end)
-    raw = np.column_stack(
-        [
-            warmup,
-            drain,
-            gaps,
-            [signed[r]["imbalance"] for r in ranks],
-            [signed[r]["comm"] for r in ranks],
-            np.array([signed[r]["overhead"] for r in ranks]) + (measured - full_idle),
-        ]
-    ).astype(float)
-    parts = _apportioned_rows(measured, raw)
+    schedule_idle = _schedule_idle(graph, ideal, codes, window_start.astype(np.int64), window_end)
+    raw = _cause_idle(schedule_idle, signed, ranks, measured - full_idle)
+    parts = _apportioned_rows(measured, np.column_stack([raw[c] for c in CATEGORIES]).astype(float))
     rows = [(r, graph.step, idle_ns, *shares) for r, idle_ns, shares in zip(ranks, measured.tolist(), parts.tolist())]
     table = pd.DataFrame(rows, columns=ATTRIBUTION_COLUMNS)
-    stage_blame = _stage_blame(graph, balanced, ranks, parts[:, 3], stage_gain)
-    link_blame = _link_blame(ranks, parts[:, 4], link_latency, link_gain)
+    by_cause = dict(zip(CATEGORIES, parts.T))
+    stage_blame = _stage_blame(graph, balanced, ranks, by_cause["imbalance"], stage_gain)
+    link_blame = _link_blame(ranks, by_cause["comm"], link_latency, link_gain)
     full_result = results[full]
     return StepAttribution(
         step=graph.step,
@@ -286,6 +280,25 @@ def _attributed(
         ideal_idle_ns=dict(values[none]),
         notes=list(graph.notes),
     )
+
+
+def _cause_idle(
+    schedule_idle: dict[str, np.ndarray],
+    signed: dict[int, dict[str, float]],
+    ranks: list[int],
+    residual_ns: np.ndarray,
+) -> dict[str, np.ndarray]:
+    """Each cause's idle per rank (``ranks``), before it is made >= 0 and summed to the
+    measured idle: the schedule's own from the all-causes-removed replay, each removable
+    cause's signed Shapley value, and the replay's residual (measured minus replayed idle)
+    folded into overhead."""
+    raw: dict[str, np.ndarray] = dict(schedule_idle)
+    raw.update({c: np.array([signed[r][c] for r in ranks]) for c in CAUSES})
+    raw["overhead"] = raw["overhead"] + residual_ns
+    missing = set(CATEGORIES) - set(raw)
+    if missing:  # a cause registered in tracekit.vocab without its computation here
+        raise KeyError(f"no attribution computes {sorted(missing)}")
+    return raw
 
 
 def _stage_blame(
@@ -420,14 +433,15 @@ def _linked_groups(links: list[tuple[int, int]]) -> dict[int, int]:
 
 def _schedule_idle(
     graph: StepGraph, ideal: Replay, codes: np.ndarray, window_start: np.ndarray, window_end: np.ndarray
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+) -> dict[str, np.ndarray]:
     """Split each rank's idle (``codes``: each action's rank, a column of the window arrays)
     in the all-causes-removed replay, over its window [window_start, window_end], by
     pipeline phase: warmup is idle before its first backward (the pipeline filling), drain
     is idle after its last forward (emptying), schedule gaps are idle in between
     (steady-state holes of interleaved and zero-bubble schedules).
     In a flush-free pipeline a step after the pipeline's first starts in steady state, so
-    its schedule idle is ~0; the pipeline's first step (where recorded) holds the fill."""
+    its schedule idle is ~0; the pipeline's first step (where recorded) holds the fill.
+    Returns each rank's idle keyed by cause."""
     n_ranks = len(window_start)
     order = np.lexsort((ideal.start, codes))  # rank by rank, by replayed start (ties: position)
     rank, starts, ends = codes[order], ideal.start[order], ideal.end[order]
@@ -454,11 +468,11 @@ def _schedule_idle(
     hole_rank, lo, hi = hole_rank[real], lo[real], hi[real]
     in_warmup = np.maximum(0, np.minimum(hi, first_bwd[hole_rank]) - lo)
     in_drain = np.maximum(0, hi - np.maximum(lo, drain_from[hole_rank]))
-    warmup, drain, gaps = (np.zeros(n_ranks, dtype=np.int64) for _ in range(3))
-    np.add.at(warmup, hole_rank, in_warmup)
-    np.add.at(drain, hole_rank, in_drain)
-    np.add.at(gaps, hole_rank, (hi - lo) - in_warmup - in_drain)
-    return warmup, drain, gaps
+    idle = {c: np.zeros(n_ranks, dtype=np.int64) for c in ("warmup", "drain", "schedule_gaps")}
+    np.add.at(idle["warmup"], hole_rank, in_warmup)
+    np.add.at(idle["drain"], hole_rank, in_drain)
+    np.add.at(idle["schedule_gaps"], hole_rank, (hi - lo) - in_warmup - in_drain)
+    return idle
 
 
 def _stages_by_excess(graph: StepGraph, balanced: np.ndarray) -> list[int]:

@@ -26,7 +26,7 @@ from tracekit.analyze.shares import share
 from tracekit.analyze.theory import theoretical_bubble
 from tracekit.model.groups import split_by
 from tracekit.model.run import Run, ScheduleInfo, compute_ns, fused_groups, rank_ranges, ranks_phrase
-from tracekit.vocab import ACTION_KIND_NAMES, rank_list
+from tracekit.vocab import ACTION_KIND_NAMES, IDLE_CAUSES, rank_list
 
 if TYPE_CHECKING:  # the package imports this module
     from tracekit.analyze import Analysis
@@ -399,7 +399,7 @@ def _fill_drain(analysis: Analysis, totals: dict[str, int], window_ns: int) -> F
     theory = analysis.theory
     if theory is None or theory.bubble_ratio is None:
         return None
-    idle_ns = totals.get("warmup", 0) + totals.get("drain", 0) + totals.get("schedule_gaps", 0)
+    idle_ns = sum(totals.get(c.key, 0) for c in IDLE_CAUSES if c.kind == "schedule")
     measured = (
         share(idle_ns, window_ns, f"{analysis.run.source}: the fill/drain's cost") if totals else theory.bubble_ratio
     )

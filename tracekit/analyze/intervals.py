@@ -3,8 +3,8 @@
 Attribution is per rank and step (a counterfactual replay has no single "moment" where a
 cause acts), so the timeline's shading lays each rank's attributed totals over its idle
 intervals in time order: warm-up on the earliest idle time, drain on the latest, and the
-middle intervals split among schedule gaps, imbalance, comm and overhead in proportion
-to the rank's shares. The shaded lengths per cause equal the attributed ones exactly.
+other causes end to end over the middle intervals, in the order of tracekit.vocab (each
+cause's ``drawn``). The shaded lengths per cause equal the attributed ones exactly.
 """
 
 from __future__ import annotations
@@ -14,13 +14,17 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from tracekit.vocab import CATEGORIES
+from tracekit.vocab import CATEGORIES, IDLE_CAUSES
 
 if TYPE_CHECKING:  # the package imports this module
     from tracekit.analyze import Analysis
 
 INTERVAL_COLUMNS = ["rank", "step", "start_ns", "end_ns", "cause"]
-_MIDDLE = ("schedule_gaps", "imbalance", "comm", "overhead")
+# Where each cause's idle goes (tracekit.vocab's Cause.drawn): from the front, from the back,
+# then the middle ones end to end over what is left.
+_FRONT = tuple(c.key for c in IDLE_CAUSES if c.drawn == "front")
+_BACK = tuple(c.key for c in IDLE_CAUSES if c.drawn == "back")
+_MIDDLE = tuple(c.key for c in IDLE_CAUSES if c.drawn == "middle")
 
 
 def gaps(actions: pd.DataFrame, window_start: int, window_end: int) -> list[tuple[int, int]]:
@@ -60,27 +64,11 @@ def _lay_out(
     rank: int, step: int, stretches: list[tuple[int, int]], budget: dict[str, int]
 ) -> list[tuple[int, int, int, int, str]]:
     rows: list[tuple[int, int, int, int, str]] = []
-    # warm-up from the front
-    remaining = budget["warmup"]
-    front: list[tuple[int, int]] = []
-    for lo, hi in stretches:
-        take = min(remaining, hi - lo)
-        if take > 0:
-            rows.append((rank, step, lo, lo + take, "warmup"))
-            remaining -= take
-        if lo + take < hi:
-            front.append((lo + take, hi))
-    # drain from the back
-    remaining = budget["drain"]
-    middle: list[tuple[int, int]] = []
-    for lo, hi in reversed(front):
-        take = min(remaining, hi - lo)
-        if take > 0:
-            rows.append((rank, step, hi - take, hi, "drain"))
-            remaining -= take
-        if hi - take > lo:
-            middle.append((lo, hi - take))
-    middle.reverse()
+    middle = stretches
+    for cause in _FRONT:  # warm-up from the front
+        middle = _lay_at_end(rank, step, middle, cause, budget[cause], rows, from_back=False)
+    for cause in _BACK:  # drain from the back
+        middle = _lay_at_end(rank, step, middle, cause, budget[cause], rows, from_back=True)
     # The middle causes are laid end to end over the middle intervals as one running total,
     # so each cause's drawn length equals its budget exactly.
     queue = [(c, budget[c]) for c in _MIDDLE if budget[c] > 0]
@@ -96,3 +84,25 @@ def _lay_out(
             else:
                 queue[0] = (cause, left - take)
     return rows
+
+
+def _lay_at_end(
+    rank: int,
+    step: int,
+    stretches: list[tuple[int, int]],
+    cause: str,
+    ns: int,
+    rows: list[tuple[int, int, int, int, str]],
+    from_back: bool,
+) -> list[tuple[int, int]]:
+    """Lay ``ns`` of ``cause`` over ``stretches`` (in time order) from the front, or from the
+    back, appending its intervals to ``rows``; returns what is left of the stretches, in order."""
+    kept: list[tuple[int, int]] = []
+    for lo, hi in reversed(stretches) if from_back else stretches:
+        take = min(ns, hi - lo)
+        if take > 0:
+            rows.append((rank, step, hi - take, hi, cause) if from_back else (rank, step, lo, lo + take, cause))
+            ns -= take
+        if take < hi - lo:
+            kept.append((lo, hi - take) if from_back else (lo + take, hi))
+    return kept[::-1] if from_back else kept

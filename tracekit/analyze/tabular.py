@@ -22,7 +22,7 @@ import pandas as pd
 from tracekit.analyze import Analysis
 from tracekit.analyze.grouping import int_groups
 from tracekit.analyze.shares import share
-from tracekit.vocab import CATEGORIES
+from tracekit.vocab import CATEGORIES, IDLE_CAUSES
 from tracekit.model.run import compute_ns
 
 _NS_PER_MS = 1_000_000
@@ -36,15 +36,6 @@ class TableSpec:
     columns: dict[str, tuple[str, str]]  # name -> (dtype: "int64" | "float64" | "string", doc)
     device_only: bool = False  # written only for runs measured on the GPU timeline
 
-
-_CAUSE_DOCS = {
-    "warmup": "idle before the rank's first backward that the schedule itself forces (pipeline filling)",
-    "drain": "idle after the rank's last forward that the schedule itself forces (pipeline emptying)",
-    "schedule_gaps": "idle between those that the schedule itself forces (interleaved, zero-bubble holes)",
-    "imbalance": "idle caused by stages or actions slower than the typical one",
-    "comm": "idle caused by message latency and transfer",
-    "overhead": "idle with the data there and the rank free (host overhead, replay residual)",
-}
 
 _PAIR_COLUMNS: dict[str, tuple[str, str]] = {
     "msg_id": ("int64", "the message (messages.msg_id); -1 for pairs matched by order, without actions"),
@@ -145,7 +136,7 @@ TABLES: dict[str, TableSpec] = {
             "rank": ("int64", "global rank"),
             "step": ("int64", "profiler step"),
             "idle_ns": ("int64", "the rank's idle in the step window (as in bubbles), ns"),
-            **{f"{c}_ns": ("int64", f"{_CAUSE_DOCS[c]}, ns") for c in CATEGORIES},
+            **{c.column: ("int64", f"{c.description}, ns") for c in IDLE_CAUSES},
         },
     ),
     "stage_blame": TableSpec(

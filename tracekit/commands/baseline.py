@@ -36,7 +36,7 @@ def command(
     """Record a good run's bubble ratios as the baseline later runs are checked against.
 
     The file (JSON) holds the run's bubble ratio, each rank's, and each cause's share of
-    the step window (warmup, drain, schedule_gaps, imbalance, comm, overhead), its mean
+    the step window ({causes}), its mean
     step time, with the schedule (name, p, v, m) and the tracekit and schema versions.
     Commit it; then tracekit check NEW_RUN --baseline FILE fails when NEW_RUN is worse by
     more than the tolerance (the step time too, with --step-tolerance), and refuses a run

@@ -115,7 +115,7 @@ def command(
       [tool.tracekit.check.max-cause]
       comm = 0.10
 
-    Causes: warmup, drain, schedule_gaps, imbalance, comm, overhead.
+    Causes: {causes}.
 
     Step time is compared with a baseline only with --step-tolerance: it depends on the
     GPU and the node's load, which the baseline does not record.

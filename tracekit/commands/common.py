@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import click
 
 from tracekit.errors import TracekitError
+from tracekit.vocab import CATEGORIES
 
 if TYPE_CHECKING:
     from tracekit.loading import LoadOptions
@@ -29,11 +30,14 @@ class TracekitCommand(click.Command):
     """A subcommand whose --help lists its own options first and the options shared by
     every command that reads a run (:func:`rank_options`) after them, under "Loading
     options"; and which still takes an option's old spelling (``renamed``: old spelling ->
-    the option's new long one), with one line on stderr."""
+    the option's new long one), with one line on stderr. ``{causes}`` in its help is the
+    idle causes, as tracekit.vocab registers them."""
 
     def __init__(self, *args, renamed: dict[str, str] | None = None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.renamed = renamed or {}
+        if self.help:
+            self.help = self.help.replace("{causes}", ", ".join(CATEGORIES))
 
     def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         own, loading = [], []

@@ -62,7 +62,7 @@ def command(
     Open it in https://ui.perfetto.dev or chrome://tracing. Each rank is a process with four
     threads: compute (the pipeline actions, named like "F s2 mb3"; click one for its stage,
     microbatch, duration and source event), bubbles (the idle time of each step window, as
-    slices named by cause: warmup, drain, schedule_gaps, imbalance, comm, overhead), p2p
+    slices named by cause: {causes}), p2p
     (send and receive ops) and steps. Arrows run from the action that produced each message
     to the action that consumed it. All ranks share one clock, in time since the run's first
     event. --with-ops nests under each action the ops its rank's trace recorded inside it:

@@ -19,11 +19,11 @@ import json
 from datetime import datetime, timezone
 from pathlib import Path
 
-from tracekit.analyze.attribution import CATEGORIES
 from tracekit.analyze.compare import Measures
 from tracekit.errors import TracekitError
 from tracekit.schemas import ANALYSIS_SCHEMA_VERSION
 from tracekit.version import __version__
+from tracekit.vocab import CATEGORIES
 
 KIND = "tracekit-baseline"
 SCHEMA_VERSION = "1.0"

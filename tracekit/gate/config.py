@@ -32,9 +32,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from tracekit.analyze.attribution import CATEGORIES
 from tracekit.errors import TracekitError
 from tracekit.pyproject import find_table, read_toml
+from tracekit.vocab import CATEGORIES, IDLE_CAUSES
 
 DEFAULT_TOLERANCE = 0.02
 TABLE = "[tool.tracekit.check]"
@@ -49,14 +49,7 @@ _KEYS = (
     "max-step-ms",
     "step-tolerance",
 )
-_CAUSE_ALIASES = {
-    "gaps": "schedule_gaps",
-    "schedule-gaps": "schedule_gaps",
-    "warm-up": "warmup",
-    "imbal": "imbalance",
-    "ovhd": "overhead",
-    "other": "overhead",
-}
+_CAUSE_ALIASES = {alias: c.key for c in IDLE_CAUSES for alias in c.aliases}
 
 
 @dataclass(frozen=True)

@@ -7,21 +7,23 @@ shown is one a script can read too.
 from __future__ import annotations
 
 from tracekit.text import for_terminal, map_strings
-from tracekit.vocab import ACTION_KIND_NAMES, CATEGORIES, CAUSE_NAMES, PLACEMENT_LEGENDS, ms, pct, rank_list
+from tracekit.vocab import (
+    ACTION_KIND_NAMES,
+    CATEGORIES,
+    CAUSE_NAMES,
+    IDLE_CAUSES,
+    PLACEMENT_LEGENDS,
+    ms,
+    pct,
+    rank_list,
+)
 
 # The findings about patterns across replicas (tracekit.analyze.diagnosis.REPLICA_CAUSES: the
 # console renders a stored document and imports no analysis code).
 _REPLICA_CAUSES = ("slow_replica", "slow_rank", "slowest_everywhere")
 
 # Column headings of the causes in the per-rank table (narrow: the table has one per cause).
-_LABELS = {
-    "warmup": "warmup",
-    "drain": "drain",
-    "schedule_gaps": "gaps",
-    "imbalance": "imbal",
-    "comm": "comm",
-    "overhead": "ovhd",
-}
+_LABELS = {c.key: c.label for c in IDLE_CAUSES}
 
 
 def table(headers: list[str], rows: list[list[str]]) -> str:

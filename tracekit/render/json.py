@@ -11,14 +11,14 @@ import math
 import numpy as np
 
 from tracekit.analyze import Analysis
-from tracekit.analyze.attribution import CATEGORIES
 from tracekit.model.groups import split_by
 from tracekit.schemas import ANALYSIS_SCHEMA_VERSION
 from tracekit.version import __version__
+from tracekit.vocab import IDLE_CAUSES
 
 
 def _causes(row) -> dict[str, int]:
-    return {f"{c}_ns": int(getattr(row, f"{c}_ns")) for c in CATEGORIES}
+    return {c.column: int(getattr(row, c.column)) for c in IDLE_CAUSES}
 
 
 def _ratio(x: float | None) -> float | None:
@@ -73,7 +73,7 @@ def to_document(analysis: Analysis) -> dict:
         }
     attribution = analysis.attribution
     table = attribution.table if attribution else None
-    cause_columns = [f"{c}_ns" for c in CATEGORIES]
+    cause_columns = [c.column for c in IDLE_CAUSES]
     # One groupby, not a filter of the whole table per rank (quadratic in ranks).
     cause_sums = table.groupby("rank")[cause_columns].sum() if table is not None and len(table) else None
     for rank, info in analysis.summary.per_rank.items():

@@ -8,7 +8,7 @@ import pandas as pd
 
 from tracekit.analyze import Analysis
 from tracekit.render.html.views import MAX_BARS, TIMELINE_WIDTH_PX, StepView
-from tracekit.vocab import ACTION_KIND_NAMES, CATEGORIES
+from tracekit.vocab import ACTION_KIND_NAMES, CATEGORIES, IDLE_CAUSES
 
 
 KIND_COLORS = {
@@ -33,30 +33,10 @@ KIND_NAMES = {
 LABEL_CHAR_PX = 6
 LABEL_PAD_PX = 4
 MAX_TEXT_LABELS = 600
-# Idle causes, each its own colour, light enough for the action bars to stand out: Paul Tol's
-# colour-blind safe light and muted schemes, picked so that every two of them differ by at
-# least 16 (CIE76 delta E) as drawn, also as people with protanopia, deuteranopia or
-# tritanopia see them (tests/test_html.py checks it).
-CAUSE_COLORS = {
-    "busy": "#4C78A8",
-    "warmup": "#99DDFF",
-    "drain": "#77AADD",
-    "schedule_gaps": "#EEDD88",
-    "imbalance": "#EE99AA",
-    "comm": "#CCDDAA",
-    "overhead": "#CC6677",
-    "idle": "#DDDDDD",
-}
-CAUSE_NAMES = {
-    "busy": "busy",
-    "warmup": "warm-up",
-    "drain": "drain",
-    "schedule_gaps": "schedule gaps",
-    "imbalance": "imbalance",
-    "comm": "comm latency",
-    "overhead": "overhead/other",
-    "idle": "idle",
-}
+# The stacked bars' parts (busy, then each idle cause, or idle unattributed): their colours
+# and legend names, the causes' from tracekit.vocab.
+CAUSE_COLORS = {"busy": "#4C78A8", **{c.key: c.color for c in IDLE_CAUSES}, "idle": "#DDDDDD"}
+LEGEND_NAMES = {"busy": "busy", **{c.key: c.legend for c in IDLE_CAUSES}, "idle": "idle"}
 CRITICAL_COLOR = "#D62728"
 # The critical path: a thin outline round its actions and thin links between them, under
 # the bars' labels.
@@ -216,7 +196,7 @@ def _timeline_figure(view: StepView):
         if len(part):
             quads(
                 _source(part),
-                f"idle: {CAUSE_NAMES[cause]}",
+                f"idle: {LEGEND_NAMES[cause]}",
                 IDLE_TOOLTIPS,
                 fill_color=CAUSE_COLORS[cause],
                 line_alpha=0,
@@ -478,8 +458,8 @@ def _cause_bars(fig, columns: dict[str, list], parts: list[str], x: str):
         line_color="white",
     )
     for part, renderer in zip(parts, renderers):
-        _hover(fig, renderer, [(x, f"@{x}"), (CAUSE_NAMES[part], f"@{{{part}}}{{0.0}} ms")])
-    _legend(fig, [(CAUSE_NAMES[p], [r]) for p, r in zip(parts, renderers)], "right")
+        _hover(fig, renderer, [(x, f"@{x}"), (LEGEND_NAMES[part], f"@{{{part}}}{{0.0}} ms")])
+    _legend(fig, [(LEGEND_NAMES[p], [r]) for p, r in zip(parts, renderers)], "right")
     fig.name = "causes"
     return fig
 

@@ -9,7 +9,7 @@ import pandas as pd
 from tracekit.analyze import Analysis
 from tracekit.analyze.diagnosis import message_latencies, stage_compute_ns
 from tracekit.analyze.whatif import Prediction, fastest
-from tracekit.render.html.charts import CAUSE_NAMES
+from tracekit.render.html.charts import LEGEND_NAMES
 from tracekit.version import __version__
 from tracekit.vocab import CATEGORIES
 
@@ -80,7 +80,7 @@ def page_context(analysis: Analysis, notes: list[str]) -> dict:
         "notes": notes,
         "rank_rows": _rank_rows(analysis, collective if not analysis.is_pipeline else {}),
         "ratio_label": ratio_label,
-        "cause_headers": [CAUSE_NAMES[c] for c in CATEGORIES]
+        "cause_headers": [LEGEND_NAMES[c] for c in CATEGORIES]
         if analysis.attribution is not None and len(analysis.attribution.table)
         else (["of idle: in collectives"] if collective and not analysis.is_pipeline else []),
         "stage_rows": _stage_rows(analysis),
@@ -119,7 +119,7 @@ def _replica_rows(analysis: Analysis) -> list[list[str]]:
             _ms(p.busy_per_step_ns.median),
             _ms(p.busy_per_step_ns.max),
             "-" if p.busy_per_step_ns.min == p.busy_per_step_ns.max else str(p.slowest_replica),
-            CAUSE_NAMES.get(p.top_cause, "") if p.top_cause else "",
+            LEGEND_NAMES.get(p.top_cause, "") if p.top_cause else "",
         ]
         for p in rollup.places
     ]

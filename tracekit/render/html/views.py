@@ -13,7 +13,7 @@ from tracekit.analyze import Analysis
 from tracekit.analyze.intervals import idle_intervals
 from tracekit.model.names import FRAME_CATEGORY
 from tracekit.text import for_xml
-from tracekit.vocab import ACTION_KIND_NAMES
+from tracekit.vocab import ACTION_KIND_NAMES, IDLE_CAUSES
 
 # Glyph budgets per step timeline; past them the timeline merges and drops (and says so).
 MAX_BARS = 3000
@@ -122,12 +122,7 @@ def step_views(
 
 
 # What an idle span of a cause without a stage or link to blame is put down to.
-_BLAMED_ON = {
-    "warmup": "the schedule: pipeline fill",
-    "drain": "the schedule: pipeline drain",
-    "schedule_gaps": "the schedule: waits between its actions",
-    "overhead": "host overhead between this rank's actions",
-}
+_BLAMED_ON = {c.key: c.blamed_on for c in IDLE_CAUSES if c.blamed_on}
 # Culprits named per idle span, largest first; the rest are counted.
 MAX_BLAMED = 3
 
