@@ -1051,21 +1051,7 @@ class _Rank:
             self.t += 1_000
             node = "CheckpointFunctionBackward"  # a Function's node: class name + "Backward"
             autograd = {"Sequence number": seq, "Fwd thread id": 1, "Record function id": 0}
-            self.events.append(
-                _HostEvent(
-                    "cpu_op",
-                    f"autograd::engine::evaluate_function: {node}",
-                    self.autograd_tid,
-                    start,
-                    self.t,
-                    {"External id": outer, **autograd},
-                )
-            )
-            self.events.append(
-                _HostEvent(
-                    "cpu_op", node, self.autograd_tid, start + 200, self.t - 200, {"External id": inner, **autograd}
-                )
-            )
+            self._node_ranges(node, self.autograd_tid, start, (outer, inner), autograd)
             self.flows.append((seq, forward_ext, outer))
         self.t += 3_000  # back on the main thread
 
@@ -1151,19 +1137,7 @@ class _Rank:
             args = {"Fwd thread id": 1, "Record function id": 0}
             if seq is not None:  # every autograd node's ranges carry its sequence number
                 args = {"Sequence number": seq, **args}
-            self.events.append(
-                _HostEvent(
-                    "cpu_op",
-                    f"autograd::engine::evaluate_function: {node}",
-                    tid,
-                    start,
-                    self.t,
-                    {"External id": outer, **args},
-                )
-            )
-            self.events.append(
-                _HostEvent("cpu_op", node, tid, start + 200, self.t - 200, {"External id": inner, **args})
-            )
+            self._node_ranges(node, tid, start, (outer, inner), args)
         else:
             self.events.append(
                 _HostEvent("cpu_op", name, tid, start, self.t, {"External id": outer, "Record function id": 0})
@@ -1180,20 +1154,23 @@ class _Rank:
         kernel = self._collective(step, "dp", self.autograd_tid, DP_BUCKET_NELEMS, self.sc.dp_allreduce_ns)
         self.grad_syncs.append(kernel)
         self.t += 1_000
-        args = {"Record function id": 0}
+        self._node_ranges(node, self.autograd_tid, start, (outer, inner), {"Record function id": 0})
+
+    def _node_ranges(self, node: str, tid: int, start: int, externals: tuple[int, int | None], args: dict) -> None:
+        """An autograd node run by the engine from ``start`` to now: its evaluate_function range
+        and, inside, the node's own (each with its External id)."""
+        outer, inner = externals
         self.events.append(
             _HostEvent(
                 "cpu_op",
                 f"autograd::engine::evaluate_function: {node}",
-                self.autograd_tid,
+                tid,
                 start,
                 self.t,
                 {"External id": outer, **args},
             )
         )
-        self.events.append(
-            _HostEvent("cpu_op", node, self.autograd_tid, start + 200, self.t - 200, {"External id": inner, **args})
-        )
+        self.events.append(_HostEvent("cpu_op", node, tid, start + 200, self.t - 200, {"External id": inner, **args}))
 
     def _finish_grad_sync(self) -> None:
         """finalize_model_grads (finalize_model_grads.py:640) > finish_grad_sync: every bucket's

@@ -20,6 +20,7 @@ from gpu_tracegen import (
     SCENARIOS_3D,
     Scenario,
     TP_ALLREDUCE_KERNEL,
+    _union_in,
     generate,
 )
 
@@ -61,16 +62,6 @@ def generated_3d(tmp_path_factory):
         ranks = {r.rank: r for r in map(GeneratedRank, sorted(folder.glob("rank*.json.gz")))}
         runs[name] = (ranks, truth)
     return runs
-
-
-def _union_in(spans, lo: int, hi: int) -> int:
-    total, reach = 0, lo
-    for start, end in sorted(spans):
-        start, end = max(start, reach), min(end, hi)
-        if end > start:
-            total += end - start
-            reach = end
-    return total
 
 
 def _rows(truth: dict) -> dict[int, dict]:

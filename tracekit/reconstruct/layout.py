@@ -282,30 +282,32 @@ def _split_by_strides(
         tp = size
     else:
         tp = 1
-    tp_groups: list[tuple[int, ...]] = []
-    dp_groups: list[tuple[int, ...]] = []
-    for place in same_place:
-        members = set(place)
-        step_tp, step_dp = s_tp or 1, s_dp or (s_tp or 1) * tp
-        for r in place:
-            if not any(r in g for g in tp_groups):
-                g = tuple(r + i * step_tp for i in range(tp))
-                if not set(g) <= members:
-                    return None
-                tp_groups.append(g)
-        dp = size // tp
-        for r in place:
-            if not any(r in g for g in dp_groups):
-                g = tuple(r + j * step_dp for j in range(dp))
-                if not set(g) <= members:
-                    return None
-                dp_groups.append(g)
+    step_tp = s_tp or 1
+    tp_groups = _strided_groups(same_place, step_tp, tp)
+    dp_groups = _strided_groups(same_place, s_dp or step_tp * tp, size // tp)
+    if tp_groups is None or dp_groups is None:
+        return None
     note = (
         f"layout from the traffic: {len(same_place[0])} chains of messages; the collectives' group strides "
         f"(record_param_comms' Global rank stride: {s_tp} inside forwards, {s_dp} outside) split each place "
         f"into TP {tp} x DP {size // tp}"
     )
     return sorted(tp_groups), sorted(dp_groups), note
+
+
+def _strided_groups(places: list[tuple[int, ...]], stride: int, size: int) -> list[tuple[int, ...]] | None:
+    """Each place's ranks in groups of ``size`` spaced ``stride`` apart, from the lowest rank
+    not yet grouped; None where a group would leave its place."""
+    groups: list[tuple[int, ...]] = []
+    for place in places:
+        members = set(place)
+        for r in place:
+            if not any(r in g for g in groups):
+                group = tuple(r + i * stride for i in range(size))
+                if not set(group) <= members:
+                    return None
+                groups.append(group)
+    return groups
 
 
 def _built(ranks: list[int], roles: dict[str, list[tuple[int, ...]]], source: str, evidence: list[str]) -> Layout:
