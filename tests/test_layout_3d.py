@@ -230,3 +230,39 @@ def test_no_recompute_is_found_where_none_ran():
     for run in ("1f1b", "megatron_1f1b", "tp2_pp2"):
         dims = _analyze(SAMPLES / run)["dimensions"]
         assert dims is None or dims["recompute_ns"] == 0
+
+
+# -- TP and PP on the same links -------------------------------------------------------------
+
+
+def test_generated_tp_and_p2p_overlap_is_measured_from_the_kernels(tmp_path):
+    """With --overlap-p2p-communication a receive waits on its stream while a TP all-reduce
+    runs: the overlap per rank equals the raw kernels' (the generator slows no transfer under
+    it, so no finding)."""
+    import gzip
+
+    from gpu_tracegen import TP_ALLREDUCE_KERNEL, Scenario, _union_in
+
+    sc = Scenario(
+        "tp2_pp4_overlap",
+        labelled=False,
+        framework="megatron",
+        tp=2,
+        schedule="Interleaved1F1B",
+        v=2,
+        megatron_p2p="overlap",
+    )
+    folder, _ = generate(sc, tmp_path)
+    links = _analyze(folder)["dimensions"]["shared_links"]
+    for path in sorted(folder.glob("rank*.json.gz")):
+        rank = int(path.name[4:].split(".")[0])
+        kernels = [e for e in json.loads(gzip.open(path).read())["traceEvents"] if e.get("cat") == "kernel"]
+        span = [(round(e["ts"] * 1000), round((e["ts"] + e["dur"]) * 1000)) for e in kernels]
+        tp = [s for s, e in zip(span, kernels) if e["name"] == TP_ALLREDUCE_KERNEL]
+        p2p = [s for s, e in zip(span, kernels) if e["name"].startswith("ncclDevKernel_SendRecv")]
+        # overlap of the two unions = |TP| + |P2P| - |TP or P2P|
+        lo, hi = min(s for s, _ in span), max(e for _, e in span)
+        want = _union_in(tp, lo, hi) + _union_in(p2p, lo, hi) - _union_in(tp + p2p, lo, hi)
+        assert abs(links["overlap_ns"][str(rank)] - want) <= 2 * len(p2p)  # ns rounding of each kernel
+    assert sum(links["overlap_ns"].values()) > 0
+    assert links["n_transfers_overlapped"] + links["n_transfers_alone"] > 0

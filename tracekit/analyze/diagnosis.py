@@ -48,7 +48,7 @@ class Finding:
     """One cause of idle time: what is wrong (headline), what to try (advice), and the
     figures both sentences were built from."""
 
-    cause: str  # "imbalance" | "comm" | "overhead" | "launch_bound" | "fill_drain" | "no_pipeline"
+    cause: str  # "imbalance" | "comm" | "overhead" | "launch_bound" | "fill_drain" | "no_pipeline" | ...
     severity: str  # "high" | "medium" | "low" | "info"
     headline: str
     advice: str
@@ -81,6 +81,7 @@ def diagnose(analysis: Analysis) -> list[Finding]:
         for finding in (
             _comm(analysis, totals["comm"], window_ns, n_steps),
             _overhead(analysis, totals["overhead"], window_ns),
+            _shared_links(analysis, window_ns),
         ):
             if finding:
                 faults.append(finding)
@@ -259,6 +260,35 @@ def _worst_late_post(analysis: Analysis, latencies: pd.DataFrame) -> dict[str, A
         "microbatch": int(producer["microbatch"]),
         "post_delay_ns": int(worst["post_delay_ns"]),
     }
+
+
+# Transfers this much slower while a TP collective runs on either end, over at least this
+# many of each, are a finding.
+SHARED_LINK_SLOWDOWN = 1.25
+SHARED_LINK_MIN_TRANSFERS = 5
+
+
+def _shared_links(analysis: Analysis, window_ns: int) -> Finding | None:
+    """TP collectives and the pipeline's transfers contending for the same links: transfers
+    slower while a TP all-reduce runs on either end (tracekit.analyze.dimensions.SharedLinks)."""
+    links = analysis.dimensions.shared_links if analysis.dimensions is not None else None
+    if links is None or links.slowdown < SHARED_LINK_SLOWDOWN:
+        return None
+    if min(links.n_overlapped, links.n_alone) < SHARED_LINK_MIN_TRANSFERS:
+        return None
+    cost = (links.median_overlapped_ns - links.median_alone_ns) * links.n_overlapped / window_ns
+    headline = (
+        f"Pipeline transfers take {links.slowdown:.2f}x as long while a tensor-parallel collective runs on "
+        f"either end (median {_ms(links.median_overlapped_ns)} vs {_ms(links.median_alone_ns)}, "
+        f"{links.n_overlapped} of {links.n_overlapped + links.n_alone} transfers): TP and PP share the links."
+    )
+    advice = (
+        "Keep each TP group on the fastest links (within a node: Megatron's rank order puts TP ranks next "
+        "to each other, so TP <= GPUs per node keeps them there) and let only pipeline traffic cross "
+        "nodes; where both must share a link, overlapping P2P with compute moves the transfers off the "
+        "TP all-reduces' time."
+    )
+    return Finding("shared_links", severity_of(cost), headline, advice, cost, links.to_dict())
 
 
 def _comm(analysis: Analysis, idle_ns: int, window_ns: int, n_steps: int) -> Finding | None:

@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from tracekit.analyze.shares import share
-from tracekit.model.intervals import union_lengths
+from tracekit.model.intervals import covered_lengths, merge_intervals, union_lengths
 from tracekit.model.names import TP_REGION
 from tracekit.model.run import Run
 from tracekit.reconstruct.event_arrays import EventArrays
@@ -47,6 +47,37 @@ DIMENSION_COLUMNS = [
 ]
 
 
+@dataclass(frozen=True)
+class SharedLinks:
+    """TP collectives and PP transfers of the same ranks at the same time (GPU runs): how long
+    a rank's TP collective kernels and its P2P kernels overlapped, and the pipeline's
+    transfers with and without a TP collective running on either end (the seeds' concern:
+    TP all-reduce and virtual-pipeline P2P contending for one network)."""
+
+    overlap_ns: dict[int, int]  # per rank
+    n_overlapped: int  # P2P transfers during which a TP collective ran on either end
+    n_alone: int
+    median_overlapped_ns: int
+    median_alone_ns: int
+
+    @property
+    def slowdown(self) -> float:
+        """Median transfer while a TP collective ran over the median without one (1.0: none)."""
+        if not self.n_overlapped or not self.n_alone or self.median_alone_ns <= 0:
+            return 1.0
+        return self.median_overlapped_ns / self.median_alone_ns
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "overlap_ns": {str(r): v for r, v in sorted(self.overlap_ns.items())},
+            "n_transfers_overlapped": self.n_overlapped,
+            "n_transfers_alone": self.n_alone,
+            "median_transfer_overlapped_ns": self.median_overlapped_ns,
+            "median_transfer_alone_ns": self.median_alone_ns,
+            "slowdown": round(self.slowdown, 4),
+        }
+
+
 @dataclass
 class DimensionFigures:
     """Per rank and step (``per_step``: DIMENSION_COLUMNS), from ``source`` ("kernels" or
@@ -55,6 +86,7 @@ class DimensionFigures:
     per_step: pd.DataFrame
     source: str
     stage_ranks: dict[int, list[int]] = field(default_factory=dict)  # stage -> the ranks that run it
+    shared_links: SharedLinks | None = None  # GPU runs with TP collectives and P2P kernels
 
     def per_rank(self, bubbles: pd.DataFrame) -> pd.DataFrame:
         """Summed over steps, with each rank's busy, idle and window, busy counted as compute
@@ -67,7 +99,7 @@ class DimensionFigures:
 
     def to_dict(self, bubbles: pd.DataFrame) -> dict[str, Any]:
         rows = []
-        for rank, r in self.per_rank(bubbles).iterrows():
+        for rank, r in zip(self.per_rank(bubbles).index.tolist(), self.per_rank(bubbles).to_dict("records")):
             window = max(int(r["window_ns"]), 1)
             rows.append(
                 {
@@ -120,6 +152,7 @@ class DimensionFigures:
                 for c in ("tp_ns", "dp_ns", "dp_exposed_ns", "dp_after_own_ns", "recompute_ns")
             },
             "stages": stages,
+            "shared_links": self.shared_links.to_dict() if self.shared_links is not None else None,
             "bubble_ratio_compute_only": round((window - only) / window, 6),
             "ranks": rows,
         }
@@ -141,15 +174,11 @@ def dimension_figures(run: Run, bubbles: pd.DataFrame) -> DimensionFigures | Non
         )
         source = "kernels"
     else:
-        frame = _host_collectives(run, windows)
+        host = _host_collectives(run, windows)
+        frame = host if host is not None else _no_collectives()
         spans = pd.DataFrame(recompute_spans(EventArrays.of(run.events)))
         redone = spans.assign(step=_step_of(spans, windows))[["rank", "step", "start_ns", "end_ns"]]
         source = "host ops"
-    if frame is None:
-        none = np.zeros(0, dtype=np.int64)
-        frame = pd.DataFrame(
-            {"rank": none, "step": none, "start_ns": none, "end_ns": none, "tp": none.astype(bool), "alone_ns": none}
-        )
     cell = windows.reset_index().rename(columns={"index": "cell"})
     merged = frame.merge(cell, on=["rank", "step"], how="inner")
     n = len(windows)
@@ -168,8 +197,8 @@ def dimension_figures(run: Run, bubbles: pd.DataFrame) -> DimensionFigures | Non
     # after the rank's own last action: what it waits for before its optimizer (a fast
     # replica's wait for a slow one lies inside the step's window, so not in dp_exposed)
     own = run.actions.groupby(["rank", "step"], as_index=False)["end_ns"].max()
-    own_end = windows.merge(own, on=["rank", "step"], how="left")["end_ns"]
-    own_end = own_end.fillna(windows["window_end_ns"]).to_numpy(np.int64)
+    own_ends = windows.merge(own, on=["rank", "step"], how="left")["end_ns"]
+    own_end = own_ends.fillna(windows["window_end_ns"]).to_numpy(np.int64)
     out["dp_after_own_ns"] = union_lengths(group[~tp], start[~tp], end[~tp], own_end, everywhere[1])
     again = redone.merge(cell, on=["rank", "step"], how="inner")
     out["recompute_ns"] = union_lengths(
@@ -184,7 +213,56 @@ def dimension_figures(run: Run, bubbles: pd.DataFrame) -> DimensionFigures | Non
     stage_ranks: dict[int, list[int]] = {}
     for stage, rank in zip(pairs["stage"].tolist(), pairs["rank"].tolist()):
         stage_ranks.setdefault(int(stage), []).append(int(rank))
-    return DimensionFigures(out[DIMENSION_COLUMNS].reset_index(drop=True), source, stage_ranks)
+    links = _shared_links(run, frame[frame["tp"]]) if on_device and bool(frame["tp"].any()) else None
+    return DimensionFigures(out[DIMENSION_COLUMNS].reset_index(drop=True), source, stage_ranks, links)
+
+
+def _shared_links(run: Run, tp: pd.DataFrame) -> SharedLinks | None:
+    """:class:`SharedLinks` from the device tables: TP kernels (``tp``: rank, start_ns,
+    end_ns), each rank's P2P kernels and each message's transfer (the last ``transfer_ns`` of
+    its receive kernel)."""
+    kernels = run.device_summary["p2p_kernels"]
+    if not len(kernels["rank"]):
+        return None
+    overlap: dict[int, int] = {}
+    lo_of: dict[int, np.ndarray] = {}
+    hi_of: dict[int, np.ndarray] = {}
+    tp_rank = tp["rank"].to_numpy(np.int64)
+    for rank in np.unique(tp_rank).tolist():
+        rows = tp_rank == rank
+        lo, hi = merge_intervals(tp["start_ns"].to_numpy(np.int64)[rows], tp["end_ns"].to_numpy(np.int64)[rows])
+        lo_of[rank], hi_of[rank] = lo, hi
+        mine = kernels["rank"] == rank
+        p_lo, p_hi = merge_intervals(kernels["start_ns"][mine], kernels["end_ns"][mine])
+        overlap[rank] = int(covered_lengths(p_lo, p_hi, lo, hi).sum())
+    pairs = run.device_pairs
+    pairs = pairs[(pairs["transfer_ns"] > 0) & (pairs["recv_end_ns"] >= 0)]
+    if pairs.empty:
+        return SharedLinks(overlap, 0, 0, 0, 0)
+    end = pairs["recv_end_ns"].to_numpy(np.int64)
+    start = end - pairs["transfer_ns"].to_numpy(np.int64)
+    during = np.zeros(len(pairs), dtype=bool)
+    for side in ("src_rank", "dst_rank"):
+        ranks = pairs[side].to_numpy(np.int64)
+        for rank in np.unique(ranks).tolist():
+            if rank in lo_of:
+                at = ranks == rank
+                during[at] |= covered_lengths(start[at], end[at], lo_of[rank], hi_of[rank]) > 0
+    transfer = pairs["transfer_ns"].to_numpy(np.int64)
+    return SharedLinks(
+        overlap,
+        int(during.sum()),
+        int((~during).sum()),
+        int(np.median(transfer[during])) if during.any() else 0,
+        int(np.median(transfer[~during])) if (~during).any() else 0,
+    )
+
+
+def _no_collectives() -> pd.DataFrame:
+    none = np.zeros(0, dtype=np.int64)
+    return pd.DataFrame(
+        {"rank": none, "step": none, "start_ns": none, "end_ns": none, "tp": none.astype(bool), "alone_ns": none}
+    )
 
 
 def _host_collectives(run: Run, windows: pd.DataFrame) -> pd.DataFrame | None:
@@ -199,8 +277,10 @@ def _host_collectives(run: Run, windows: pd.DataFrame) -> pd.DataFrame | None:
         return None
     done = ops["end_ns"].to_numpy(np.int64).copy()
     work = _gloo_work(run.events)
-    for rank, rows in ops.groupby("rank").indices.items():
-        ends = work.get(int(rank))
+    op_rank = ops["rank"].to_numpy(np.int64)
+    for rank in np.unique(op_rank).tolist():
+        rows = np.flatnonzero(op_rank == rank)
+        ends = work.get(rank)
         if ends is not None and len(ends) == len(rows):
             order = rows[np.argsort(ops["start_ns"].to_numpy()[rows], kind="stable")]
             done[order] = np.maximum(done[order], ends)
@@ -227,7 +307,9 @@ def _region_ends(ops: pd.DataFrame, events: pd.DataFrame) -> np.ndarray:
     if regions.empty:
         return out
     tids = _tids(ops, events)
-    for (rank, tid), rows in pd.DataFrame({"rank": ops["rank"], "tid": tids}).groupby(["rank", "tid"]).indices.items():
+    op_rank = ops["rank"].to_numpy(np.int64)
+    for rank, tid in sorted(set(zip(op_rank.tolist(), tids.tolist()))):
+        rows = np.flatnonzero((op_rank == rank) & (tids == tid))
         mine = regions[(regions["rank"] == rank) & (regions["tid"] == tid)].sort_values("start_ns")
         if mine.empty:
             continue
@@ -251,7 +333,9 @@ def _gloo_work(events: pd.DataFrame) -> dict[int, np.ndarray]:
     names = events["name"].astype(str)
     hit = names.str.match(_GLOO_WORK) & (events["cat"].astype(str) == "user_annotation")
     found = events.loc[hit, ["rank", "start_ns", "end_ns"]].sort_values(["rank", "start_ns"], kind="stable")
-    return {int(r): g["end_ns"].to_numpy(np.int64) for r, g in found.groupby("rank")}
+    ranks = found["rank"].to_numpy(np.int64)
+    ends = found["end_ns"].to_numpy(np.int64)
+    return {rank: ends[ranks == rank] for rank in np.unique(ranks).tolist()}
 
 
 # gloo's work ranges of collectives (not its gloo:send / gloo:recv)

@@ -92,3 +92,18 @@ def subtract_intervals(
     lo = np.maximum(a_start[stretch], gap_start[gap])
     hi = np.minimum(a_end[stretch], gap_end[gap])
     return lo, hi  # positive, and apart: stretches and gaps are both merged
+
+
+def covered_lengths(start: np.ndarray, end: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """How much of each [start, end) the disjoint stretches [lo, hi), sorted, cover (by a
+    running total of their lengths: two searches per interval)."""
+    before = np.concatenate(([0], np.cumsum(hi - lo)))  # covered before stretch k
+
+    def reach(t: np.ndarray) -> np.ndarray:  # covered time up to t
+        k = np.searchsorted(lo, t, side="right")  # stretches starting at or before t
+        last = np.maximum(k - 1, 0)
+        inside = np.where(k > 0, np.clip(t - lo[last], 0, hi[last] - lo[last]), 0)
+        return np.where(k > 0, before[last], 0) + inside
+
+    covered: np.ndarray = reach(np.asarray(end)) - reach(np.asarray(start))
+    return covered

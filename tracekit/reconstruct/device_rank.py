@@ -42,7 +42,7 @@ import numpy as np
 
 from tracekit.model.groups import SortedGroups, split_by
 from tracekit.model.device import BEFORE_PROFILE, DEVICE_TABLES, NO_SPAN, NOTHING_BEFORE, DeviceSummary, empty_table
-from tracekit.model.intervals import merge_intervals, subtract_intervals, union_lengths
+from tracekit.model.intervals import covered_lengths, merge_intervals, subtract_intervals, union_lengths
 from tracekit.reconstruct.recompute import recompute_spans
 from tracekit.reconstruct.event_arrays import EventArrays
 from tracekit.reconstruct.p2p_sides import p2p_sides
@@ -308,7 +308,7 @@ def _collective_rows(
     start, end = ops.start_ns[rows], ops.end_ns[rows]
     alone = end - start
     if len(rows) and compute.any():
-        alone = alone - _covered(start, end, *merge_intervals(ops.start_ns[compute], ops.end_ns[compute]))
+        alone = alone - covered_lengths(start, end, *merge_intervals(ops.start_ns[compute], ops.end_ns[compute]))
     order = np.where(owner[rows] >= 0, actions.order[np.maximum(owner[rows], 0)] if len(actions) else -1, -1)
     return {
         "step": ops.step[rows],
@@ -334,19 +334,6 @@ def _recompute_rows(ops: RankOps, kind: np.ndarray, spans: Mapping[str, np.ndarr
             picked |= here & (k >= 0) & (hi[np.maximum(k, 0)] >= ops.launch_ns)
     rows = np.flatnonzero(picked & (ops.step != BEFORE_PROFILE))
     return {"step": ops.step[rows], "start_ns": ops.start_ns[rows], "end_ns": ops.end_ns[rows]}
-
-
-def _covered(start: np.ndarray, end: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """How much of each [start, end) the disjoint sorted stretches [lo, hi) cover."""
-    before = np.concatenate(([0], np.cumsum(hi - lo)))  # covered before stretch k
-
-    def reach(t: np.ndarray) -> np.ndarray:  # covered time up to t
-        k = np.searchsorted(lo, t, side="right")  # stretches starting at or before t
-        last = np.maximum(k - 1, 0)
-        partial = np.where(k > 0, np.clip(t - lo[last], 0, hi[last] - lo[last]), 0)
-        return before[np.maximum(k - 1, 0)] * (k > 0) + partial
-
-    return reach(end) - reach(start)
 
 
 def _action_spans(ops: RankOps, owner: np.ndarray, actions: RankActions) -> tuple[np.ndarray, ...]:

@@ -308,6 +308,14 @@ def _dimension_lines(doc: dict) -> list[str]:
             f"  TP collectives  {pct(dims['tp_share_of_busy'])} of busy, {ms(each['tp_ns'])} ms per step and rank "
             f"(inside the actions); bubble counting compute only {pct(dims['bubble_ratio_compute_only'])}"
         )
+    links = dims.get("shared_links")
+    if links and any(links["overlap_ns"].values()):
+        out.append(
+            f"  TP and PP kernels overlap  {ms(sum(links['overlap_ns'].values()) / max(len(dims['ranks']), 1))} ms "
+            f"a rank; transfers while a TP collective runs: median {ms(links['median_transfer_overlapped_ns'])} ms "
+            f"({links['n_transfers_overlapped']}), otherwise {ms(links['median_transfer_alone_ns'])} ms "
+            f"({links['n_transfers_alone']})"
+        )
     if dims["recompute_ns"]:
         stages = ", ".join(f"stage {s['stage']} {pct(s['recompute_share_of_busy'])}" for s in dims["stages"][:8])
         out.append(
