@@ -396,3 +396,27 @@ def with_links(model: CostModel, change: LinkChange) -> CostModel:
         transfer=pools(model.transfer, True),
         all_transfer=change.apply(model.all_transfer, True),
     )
+
+
+# The kinds whose samples hold a backward's recomputation (the input-grad half of a split one).
+_RECOMPUTING_KINDS = ("B", "I", "I0")
+
+
+def without_recompute(model: CostModel, per_backward: dict[int, int], stage_ranks: dict[int, list[int]]) -> CostModel:
+    """The cost model with each rank's backwards (or input-grad halves) short of the
+    recomputation they ran (``per_backward``: rank -> mean ns in one of its backwards;
+    ``stage_ranks``: the ranks of each stage, whose mean a stage's samples lose)."""
+
+    def less(samples: np.ndarray, ns: int) -> np.ndarray:
+        return np.maximum(samples - ns, 0)
+
+    work = {
+        key: less(x, per_backward.get(key[0], 0)) if key[1] in _RECOMPUTING_KINDS else x
+        for key, x in model.work.items()
+    }
+    stage_work = {}
+    for key, x in model.stage_work.items():
+        ranks = stage_ranks.get(key[0], [])
+        ns = int(np.mean([per_backward.get(r, 0) for r in ranks])) if ranks else 0
+        stage_work[key] = less(x, ns) if key[1] in _RECOMPUTING_KINDS else x
+    return replace(model, work=work, stage_work=stage_work)

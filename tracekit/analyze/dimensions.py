@@ -352,3 +352,24 @@ def _step_of(ops: pd.DataFrame, windows: pd.DataFrame) -> np.ndarray:
         k = np.searchsorted(mine["window_start_ns"].to_numpy(), ops["start_ns"].to_numpy()[rows], side="right") - 1
         out[rows] = np.where(k >= 0, mine["step"].to_numpy()[np.maximum(k, 0)], -1)
     return out
+
+
+def recompute_per_backward(run: Run) -> dict[int, int]:
+    """Per rank, the mean recomputation inside one of its backwards (or input-grad halves),
+    ns: on the device the union of the kernels recomputations launched, on the host their
+    spans; ranks that recompute nothing are left out."""
+    if run.timeline == "device":
+        table = run.device_summary["recompute"]
+        rank, start, end = table["rank"], table["start_ns"], table["end_ns"]
+        total = {}
+        for r in np.unique(rank).tolist():
+            lo, hi = merge_intervals(start[rank == r], end[rank == r])
+            total[r] = int((hi - lo).sum())
+    else:
+        spans = recompute_spans(EventArrays.of(run.events))
+        total = {}
+        for r, ns in zip(spans["rank"].tolist(), (spans["end_ns"] - spans["start_ns"]).tolist()):
+            total[r] = total.get(r, 0) + int(ns)
+    actions = run.actions[(run.actions["step"] >= 0) & run.actions["kind"].isin(("B", "I"))]
+    counts = actions.groupby("rank").size()
+    return {r: ns // int(counts[r]) for r, ns in total.items() if ns > 0 and r in counts.index and counts[r] > 0}

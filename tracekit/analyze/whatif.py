@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 import numpy as np
 import pandas as pd
 
-from tracekit.analyze.costs import CostModel, LinkChange, LinkKey, cost_model, with_links
+from tracekit.analyze.costs import CostModel, LinkChange, LinkKey, cost_model, with_links, without_recompute
 from tracekit.analyze.memory import ActivationSize, in_flight_per_rank, orders_of_graph, peak_activation_bytes
 from tracekit.analyze.replay import Scenario, StepGraph, replay_many
 from tracekit.analyze.schedules import V_PLACED, ZERO_BUBBLE, flatten, graph_from_orders, orders_for
@@ -458,6 +458,7 @@ def what_if(
     activation: ActivationSize | None = None,
     p: int | None = None,
     progress: Callable[[str], None] | None = None,
+    no_recompute: dict[int, int] | None = None,
 ) -> WhatIf:
     """Predict every target (schedule, v, m) (default: :func:`default_targets`; the
     zero-bubble family, :func:`zero_bubble_targets`, when asked for); targets that cannot be generated are skipped with the reason. ``balanced``: every target also at its ideal balance.
@@ -475,14 +476,18 @@ def what_if(
     measured_model = model
     if links is not None:
         model = with_links(model, links)
+    if no_recompute is not None:
+        model = without_recompute(model, no_recompute, _stage_ranks(run))
     if bubbles is None:
         bubbles = measure_pipeline(run.actions[run.actions["step"] >= 0])
     measured_bubble = float(bubbles["idle_ns"].sum() / max(1, bubbles["window_ns"].sum()))
     measured_step = float(bubbles.groupby("step")["window_ns"].first().mean())
     predictions: list[Prediction] = []
     skipped: list[str] = []
-    if links is not None:
-        predictions.append(as_measured(model, samples, seed, activation, f"measured order, {links.short()}"))
+    if links is not None or no_recompute is not None:
+        changed = [links.short()] if links is not None else []
+        changed += ["no recomputation"] if no_recompute is not None else []
+        predictions.append(as_measured(model, samples, seed, activation, f"measured order, {', '.join(changed)}"))
     # The zero-bubble family only when asked for: its orders come from torch's classes, and
     # importing torch's pipelining takes seconds (3.3 s here), more than all the replays of a
     # default what-if; the output says how to ask.
@@ -531,6 +536,12 @@ def what_if(
             f"'{IDEAL_BALANCE}' rows: every rank computes the mean (the total kept, as if layers could be cut "
             "anywhere; a bound on what a split buys): " + ", ".join(f"rank {r} x{f:.2f}" for r, f in factors.items())
         )
+    if no_recompute is not None:
+        assumptions.append(
+            "recomputation off: each backward without the forward it ran again ("
+            + ", ".join(f"rank {r} -{ns / 1e6:.1f} ms" for r, ns in sorted(no_recompute.items()))
+            + " a backward, as measured); the activations it kept out of memory are not sized here"
+        )
     if model.held_back:
         assumptions.append(
             f"{model.held_back} sends were held back by their sender behind a receive of its own: "
@@ -549,6 +560,14 @@ def what_if(
         assumptions,
         links,
     )
+
+
+def _stage_ranks(run: Run) -> dict[int, list[int]]:
+    pairs = run.actions[["stage", "rank"]].drop_duplicates()
+    out: dict[int, list[int]] = {}
+    for stage, rank in zip(pairs["stage"].tolist(), pairs["rank"].tolist()):
+        out.setdefault(int(stage), []).append(int(rank))
+    return out
 
 
 def keep_assumption(keep: str) -> str:

@@ -127,6 +127,13 @@ SCHEDULE_CHOICES = list(traits.names(generated=True))  # every schedule what-if 
     help="P2P fully overlapped with compute: every message free, the order (data dependencies) kept.",
 )
 @click.option(
+    "--no-recompute",
+    is_flag=True,
+    help="Activation recomputation off: every backward without the forward it ran again (measured per "
+    "rank; a run without recomputation is refused). Time only: the activations recomputation kept out of "
+    "memory are not sized.",
+)
+@click.option(
     "--json",
     "as_json",
     is_flag=True,
@@ -150,6 +157,7 @@ def command(
     activation_bytes: str | None,
     link_latency: str | None,
     overlap_p2p: bool,
+    no_recompute: bool,
     as_json: bool,
     rank_from: str | None,
     rank_map: str | None,
@@ -180,6 +188,7 @@ def command(
       tracekit whatif run/ --search --memory-budget 2GiB --activation-bytes 96MiB
       tracekit whatif run/ --link-latency x0.5         # a link twice as fast
       tracekit whatif run/ --overlap-p2p               # messages hidden behind compute
+      tracekit whatif run/ --no-recompute              # activation recomputation off
 
     With --search the grid is every generated schedule, v in 1, 2, 4, 8 and m at half, once,
     twice and four times the measured m (what -s / -v / -m give instead). Activation memory
@@ -204,6 +213,10 @@ def command(
         raise TracekitError(
             "--activation-bytes sizes the activations --search weighs: add --search --memory-budget SIZE"
         )
+    if no_recompute and (do_search or balanced or splits or layer_costs):
+        raise TracekitError(
+            "--no-recompute predicts the measured split's schedules: run --search / --balanced / --split apart"
+        )
     if do_search and (balanced or splits or layer_costs):
         raise TracekitError(
             "--balanced / --split / --layer-costs and --search: the search keeps the measured split; run them apart"
@@ -217,6 +230,16 @@ def command(
         say("what-if: the cost model from the measured steps")
     model = cost_model(run)
     check_ranks(model, ranks)
+    recompute = None
+    if no_recompute:
+        from tracekit.analyze.dimensions import recompute_per_backward
+
+        recompute = recompute_per_backward(run)
+        if not recompute:
+            raise TracekitError(
+                f"{run_dir}: --no-recompute: no activation recomputation in these traces (no forward op run "
+                "again inside a backward): nothing to switch off"
+            )
     if do_search:
         assert budget is not None  # checked above
         size = activation_size(run, user_bytes, None if user_bytes is not None else _memory_events(run))
@@ -239,6 +262,7 @@ def command(
         p=ranks,
         links=links,
         progress=say,
+        no_recompute=recompute,
     )
     if fallback is not None:
         result.assumptions.append(fallback)
