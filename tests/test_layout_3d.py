@@ -91,6 +91,9 @@ def test_generated_tp_and_dp_time(generated, name):
         assert got["tp_ns"] == pytest.approx(want["tp_allreduce_ns"], rel=0.02)
         assert got["dp_ns"] == pytest.approx(want["dp_grad_ns"], rel=0.05)
         assert got["dp_exposed_ns"] == pytest.approx(want["dp_grad_exposed_ns"], rel=0.05, abs=10_000)
+    device = {r["rank"]: r for r in doc["device"]["ranks"]}
+    for want in truth["ranks"]:  # the step's end: its optimizer and its exposed gradient buckets
+        assert device[want["rank"]]["step_end_ns"] == pytest.approx(want["step_end_ns"], rel=0.05)
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if SCENARIOS_3D[n].replica_slowdown])

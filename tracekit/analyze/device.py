@@ -32,7 +32,7 @@ import pandas as pd
 from tracekit.analyze.bubbles import bubble_table, rank_windows
 from tracekit.model.device import BEFORE_PROFILE, DeviceSummary
 from tracekit.model.groups import first_rows, pair_codes, reduce_by, split_by
-from tracekit.model.intervals import clipped_length
+from tracekit.model.intervals import clipped_length, union_lengths
 from tracekit.model.run import Run
 
 DEVICE_RANK_COLUMNS = [
@@ -202,13 +202,21 @@ def _busy_in(summary: DeviceSummary, rank: np.ndarray, step: np.ndarray, lo: np.
 
 
 def _busy_after(summary: DeviceSummary, rank: np.ndarray, step: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """Busy time of each queried rank's step after ``hi`` (the step's work past its window)."""
-    total = np.zeros(len(rank), dtype=np.int64)
+    """Busy time of each queried rank's step after ``hi`` (the step's work past its window):
+    its busy stretches and its gradient collectives (no action's work, but the step's), each
+    moment once."""
     busy = summary["busy"]
     rows, query = _rows_of(busy, rank, step)
-    late = np.maximum(busy["end_ns"][rows] - np.maximum(busy["start_ns"][rows], hi[query]), 0)
-    np.add.at(total, query, late)
-    return total
+    starts, ends, queries = [busy["start_ns"][rows]], [busy["end_ns"][rows]], [query]
+    collectives = summary["collectives"]
+    if len(collectives["rank"]):
+        rows, query = _rows_of(collectives, rank, step)
+        gradient = collectives["gradient"][rows] > 0
+        starts.append(collectives["start_ns"][rows][gradient])
+        ends.append(collectives["end_ns"][rows][gradient])
+        queries.append(query[gradient])
+    never = np.full(len(rank), np.iinfo(np.int64).max, dtype=np.int64)
+    return union_lengths(np.concatenate(queries), np.concatenate(starts), np.concatenate(ends), hi, never)
 
 
 def _launch_wait(
