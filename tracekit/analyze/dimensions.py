@@ -29,7 +29,7 @@ import pandas as pd
 
 from tracekit.analyze.shares import share
 from tracekit.model.intervals import covered_lengths, merge_intervals, union_lengths
-from tracekit.model.names import TP_REGION
+from tracekit.model.names import GLOO_COLLECTIVE, TP_REGION
 from tracekit.model.run import Run
 from tracekit.reconstruct.event_arrays import EventArrays
 from tracekit.reconstruct.layout import collective_ops, collectives_inside_actions
@@ -331,15 +331,11 @@ def _tids(ops: pd.DataFrame, events: pd.DataFrame) -> np.ndarray:
 def _gloo_work(events: pd.DataFrame) -> dict[int, np.ndarray]:
     """Per rank, the ends of gloo's collective work ranges in the order they started."""
     names = events["name"].astype(str)
-    hit = names.str.match(_GLOO_WORK) & (events["cat"].astype(str) == "user_annotation")
+    hit = names.str.match(GLOO_COLLECTIVE) & (events["cat"].astype(str) == "user_annotation")
     found = events.loc[hit, ["rank", "start_ns", "end_ns"]].sort_values(["rank", "start_ns"], kind="stable")
     ranks = found["rank"].to_numpy(np.int64)
     ends = found["end_ns"].to_numpy(np.int64)
     return {rank: ends[ranks == rank] for rank in np.unique(ranks).tolist()}
-
-
-# gloo's work ranges of collectives (not its gloo:send / gloo:recv)
-_GLOO_WORK = r"^gloo:(?:all_reduce|allreduce|all_gather|allgather|reduce_scatter|all_to_all|alltoall|broadcast|reduce)"
 
 
 def _step_of(ops: pd.DataFrame, windows: pd.DataFrame) -> np.ndarray:

@@ -16,6 +16,11 @@ RECV_NAMES = ("c10d::recv_", "c10d::recv_any_source_", "record_param_comms:recv"
 # wait: _ReduceFromModelParallelRegion, _CopyToModelParallelRegionBackward,
 # _GatherFromSequenceParallelRegion, _ReduceScatterToSequenceParallelRegion, ...
 TP_REGION = re.compile(r"^_[A-Za-z]+(?:Model|Sequence|Tensor)ParallelRegion(?:Backward)?$")
+# gloo's worker-thread range of a collective's work (ProcessGroupGloo; not its gloo:send /
+# gloo:recv): when a posted collective was done.
+GLOO_COLLECTIVE = re.compile(
+    r"^gloo:(?:all_reduce|allreduce|all_gather|allgather|reduce_scatter|all_to_all|alltoall|broadcast|reduce)"
+)
 # torch.profiler's step markers: ProfilerStep#N.
 STEP_MARK_PREFIX = "ProfilerStep#"
 

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tracekit.model.names import TP_REGION
+from tracekit.model.names import GLOO_COLLECTIVE, TP_REGION
 from tracekit.model.run import ACTION_COLUMNS, STEP_COLUMNS
 from tracekit.reconstruct.actions import UNLABELLED, action_table, annotation_counts
 from tracekit.reconstruct.device_columns import op_columns
@@ -51,10 +51,9 @@ if TYPE_CHECKING:  # numpy only at import: parser workers run rank_reduce; gathe
 
 # Names of the rows message matching and arrival estimates read (tracekit.reconstruct.p2p):
 # the c10d and record_param_comms ops (sends, receives, and the comm ops whose ends delay a
-# receiver's wait), the gloo:recv waits, gloo's collective work ranges (when a posted
-# collective was done: tracekit.analyze.dimensions) and ProcessGroupNCCL's titles
-# ("nccl:send 0->1").
-_MESSAGE_PREFIXES = ("c10d::", "record_param_comms", "gloo:", "nccl:send", "nccl:recv")
+# receiver's wait), the gloo:recv waits and ProcessGroupNCCL's titles ("nccl:send 0->1").
+# message_rows keeps a few more: the figures per parallel dimension read them.
+_MESSAGE_PREFIXES = ("c10d::", "record_param_comms", "gloo:recv", "nccl:send", "nccl:recv")
 # The action columns a rank sends (action_id is numbered over the whole run).
 _RANK_ACTION_COLUMNS = [c for c in ACTION_COLUMNS if c != "action_id"]
 
@@ -111,6 +110,7 @@ def message_rows(events: EventArrays) -> np.ndarray:
     on_cpu = ~events["on_gpu"]
     keep = on_cpu & events.starts_with(_MESSAGE_PREFIXES)
     keep |= on_cpu & events.per_name("name", lambda n: TP_REGION.match(n) is not None)  # a TP collective's span
+    keep |= on_cpu & events.per_name("name", lambda n: GLOO_COLLECTIVE.match(n) is not None)  # ... its completion
     keep |= recompute_rows(events)  # activation recomputation: re-run forward ops and their backward ranges
     annotation = on_cpu & events.is_in("cat", ("user_annotation",))
     if annotation.any():
