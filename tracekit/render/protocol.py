@@ -22,6 +22,7 @@ from its options (``RENDERERS["console"](ranks="all")``), and every option has a
 from __future__ import annotations
 
 from dataclasses import dataclass
+from importlib import import_module
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 if TYPE_CHECKING:
@@ -55,63 +56,28 @@ class NamedTable:
     run_meta: dict[str, str]
 
 
-def _console(**options: Any) -> Renderer[Any]:
-    from tracekit.render.console import ConsoleRenderer
+@dataclass(frozen=True)
+class _Lazy:
+    """A renderer class named by its module, imported when first made: a renderer's module
+    (bokeh for HTML, pyarrow for the tables) is imported only by the command that writes
+    its output."""
 
-    return ConsoleRenderer(**options)
+    module: str
+    cls: str
 
-
-def _json(**options: Any) -> Renderer[Any]:
-    from tracekit.render.json import JsonRenderer
-
-    return JsonRenderer(**options)
-
-
-def _junit(**options: Any) -> Renderer[Any]:
-    from tracekit.render.junit import JunitRenderer
-
-    return JunitRenderer(**options)
+    def __call__(self, **options: Any) -> Renderer[Any]:
+        made: Renderer[Any] = getattr(import_module(self.module), self.cls)(**options)
+        return made
 
 
-def _markdown(**options: Any) -> Renderer[Any]:
-    from tracekit.render.markdown import MarkdownRenderer
-
-    return MarkdownRenderer(**options)
-
-
-def _html(**options: Any) -> Renderer[Any]:
-    from tracekit.render.html import HtmlRenderer
-
-    return HtmlRenderer(**options)
-
-
-def _parquet(**options: Any) -> Renderer[Any]:
-    from tracekit.render.tables import ParquetRenderer
-
-    return ParquetRenderer(**options)
-
-
-def _csv(**options: Any) -> Renderer[Any]:
-    from tracekit.render.tables import CsvRenderer
-
-    return CsvRenderer(**options)
-
-
-def _tensorboard(**options: Any) -> Renderer[Any]:
-    from tracekit.render.tensorboard import TensorBoardRenderer
-
-    return TensorBoardRenderer(**options)
-
-
-# Each renderer by name. Made on demand: a renderer's module (bokeh for HTML, pyarrow for
-# the tables) is imported only by the command that writes its output.
+# Each renderer by name: calling an entry makes one.
 RENDERERS: dict[str, Callable[..., Renderer[Any]]] = {
-    "console": _console,
-    "json": _json,
-    "junit": _junit,
-    "markdown": _markdown,
-    "html": _html,
-    "parquet": _parquet,
-    "csv": _csv,
-    "tensorboard": _tensorboard,
+    "console": _Lazy("tracekit.render.console", "ConsoleRenderer"),
+    "json": _Lazy("tracekit.render.json", "JsonRenderer"),
+    "junit": _Lazy("tracekit.render.junit", "JunitRenderer"),
+    "markdown": _Lazy("tracekit.render.markdown", "MarkdownRenderer"),
+    "html": _Lazy("tracekit.render.html", "HtmlRenderer"),
+    "parquet": _Lazy("tracekit.render.tables", "ParquetRenderer"),
+    "csv": _Lazy("tracekit.render.tables", "CsvRenderer"),
+    "tensorboard": _Lazy("tracekit.render.tensorboard", "TensorBoardRenderer"),
 }
