@@ -86,6 +86,11 @@ def ms(ns: float) -> str:
     return f"{ns / 1e6:.1f}"
 
 
+def in_ms(ns: float) -> str:
+    """Nanoseconds as milliseconds with the unit: ``12.3 ms``."""
+    return f"{ms(ns)} ms"
+
+
 def format_bytes(n: float) -> str:
     """A size in bytes, binary units, one decimal: ``512 B``, ``40.0 KiB``, ``2.5 GiB``."""
     for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):

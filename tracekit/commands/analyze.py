@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -79,7 +78,7 @@ def command(
       tracekit analyze run/ -o analysis.json --html report.html
     """
     from tracekit.commands.outputs import distinct, run_output
-    from tracekit.render import console
+    from tracekit.render.protocol import RENDERERS
 
     shown = _ranks_shown(ranks_shown)
     json_target = run_output(output, "-o", run_dir) if output else None
@@ -102,18 +101,17 @@ def command(
         remember_document(run_dir, options, doc)
         if html_target:
             add_drawn_ops(analysis, run_dir, rank_from, rank_map, say)
+    as_text = RENDERERS["json"]()
     if json_target:
-        json_target.write(json.dumps(doc, indent=1).encode())
+        json_target.write(as_text.render(doc).encode())
         click.echo(json_target.wrote(), err=True)
     if html_target:
-        from tracekit.render.html import render_report
-
-        html_target.write(render_report(analysis).encode())
+        html_target.write(RENDERERS["html"]().render(analysis).encode())
         click.echo(html_target.wrote(), err=True)
     if as_json:
-        sys.stdout.write(json.dumps(doc, indent=1) + "\n")
+        sys.stdout.write(as_text.render(doc) + "\n")
     else:
-        click.echo(console.render(doc, ranks=shown))
+        click.echo(RENDERERS["console"](ranks=shown).render(doc))
 
 
 def _ranks_shown(value: str | None) -> str | int:

@@ -141,7 +141,7 @@ def command(
     from tracekit.gate.baseline import read_baseline
     from tracekit.gate.checks import GateResult
     from tracekit.gate.config import CheckConfig
-    from tracekit.render import junit, markdown
+    from tracekit.render.protocol import RENDERERS
 
     if config_file and no_config:
         raise TracekitError("--config and --no-config contradict each other; give one")
@@ -180,9 +180,9 @@ def command(
     result: GateResult = evaluate(measure(analyze(run)), config, baseline_measures)
 
     if junit_target:
-        junit_target.write(junit.render(result))
+        junit_target.write(RENDERERS["junit"]().render(result))
         click.echo(junit_target.wrote(), err=True)
-    text = markdown.render(result)
+    text = RENDERERS["markdown"]().render(result)
     if markdown_target:
         markdown_target.write(text.encode())
         click.echo(markdown_target.wrote(), err=True)

@@ -158,15 +158,15 @@ def _table_targets(folder: Path, run_dir: Path, with_csv: bool) -> dict[str, Out
 
 def _write_tables(analysis, folder: Path, targets: dict[str, OutputTarget], with_csv: bool) -> None:
     from tracekit.analyze.tabular import tables
-    from tracekit.render.tables import csv_bytes, parquet_bytes
+    from tracekit.render.protocol import RENDERERS, NamedTable
 
     run = analysis.run
     run_meta = {"source": run.source, "timeline": run.timeline}
     frames = tables(analysis)
+    renderers = [RENDERERS[kind]() for kind in (("parquet", "csv") if with_csv else ("parquet",))]
     for name, frame in frames.items():
-        targets[f"{name}.parquet"].write(parquet_bytes(name, frame, run_meta))
-        if with_csv:
-            targets[f"{name}.csv"].write(csv_bytes(frame))
+        for renderer in renderers:
+            targets[f"{name}.{renderer.name}"].write(renderer.render(NamedTable(name, frame, run_meta)))
     formats = "Parquet and CSV" if with_csv else "Parquet"
     rows = ", ".join(f"{name} {len(frame)}" for name, frame in frames.items())
     click.echo(for_terminal(f"wrote {folder}: {len(frames)} tables as {formats} (rows: {rows})"), err=True)
@@ -177,12 +177,13 @@ def _write_tensorboard(analysis, logdir: Path, run_dir: Path) -> None:
 
     from tracekit.analyze.tabular import step_scalars
     from tracekit.commands.outputs import run_output
-    from tracekit.render.tensorboard import event_file_bytes, event_file_name
+    from tracekit.render.protocol import RENDERERS
+    from tracekit.render.tensorboard import event_file_name
 
     scalars = step_scalars(analysis)
     now_s = time.time()
     target = run_output(logdir / event_file_name(scalars, now_s), "--tensorboard", run_dir)
-    target.write(event_file_bytes(scalars, now_s))
+    target.write(RENDERERS["tensorboard"](now_s=now_s).render(scalars))
     click.echo(
         target.wrote(f"{len(scalars)} scalars over {scalars['step'].nunique()} steps; tensorboard --logdir {logdir}"),
         err=True,

@@ -6,10 +6,17 @@ shown is one a script can read too.
 
 from __future__ import annotations
 
+from tracekit.render.document import (
+    AnalysisDocument,
+    cause_totals,
+    device_totals,
+    idle_by_cause,
+    overlap_per_rank_ns,
+    replay_totals,
+)
 from tracekit.text import for_terminal, map_strings
 from tracekit.vocab import (
     ACTION_KIND_NAMES,
-    CATEGORIES,
     CAUSE_NAMES,
     IDLE_CAUSES,
     PLACEMENT_LEGENDS,
@@ -41,7 +48,20 @@ ROLLUP_RANKS = 16
 WORST_RANKS = 8
 
 
-def render(doc: dict, ranks: str | int = "auto") -> str:
+class ConsoleRenderer:
+    """The console summary (:func:`render`) as a :class:`~tracekit.render.protocol.Renderer`."""
+
+    name = "console"
+    reads = "document"
+
+    def __init__(self, ranks: str | int = "auto") -> None:
+        self.ranks = ranks
+
+    def render(self, doc: AnalysisDocument) -> str:
+        return render(doc, self.ranks)
+
+
+def render(doc: AnalysisDocument, ranks: str | int = "auto") -> str:
     """The console summary of one analysis document.
 
     ``ranks``: "auto" (every rank of a small single pipeline; past ``ROLLUP_RANKS`` ranks or
@@ -110,7 +130,8 @@ def render(doc: dict, ranks: str | int = "auto") -> str:
     out.append("")
     out.extend(_stage_rollup(doc, ranks))
     # Without attribution (--no-attribution, an incomplete run) there are no causes to show.
-    shown = CATEGORIES if any("causes" in r for r in doc["ranks"]) else ()
+    totals = cause_totals(doc)
+    shown = tuple(totals)
     listed = _shown_ranks(doc, ranks)
     replica = _replica_column(doc) if listed is not None else {}
     headers = ["rank", *(["replica"] if replica else []), "busy ms", "idle ms", "bubble", *[_LABELS[c] for c in shown]]
@@ -127,7 +148,6 @@ def render(doc: dict, ranks: str | int = "auto") -> str:
                 *[ms(causes.get(f"{c}_ns", 0)) for c in shown],
             ]
         )
-    totals = {c: sum(r.get("causes", {}).get(f"{c}_ns", 0) for r in doc["ranks"]) for c in shown}
     rows.append(
         [
             "all",
@@ -148,7 +168,7 @@ def render(doc: dict, ranks: str | int = "auto") -> str:
     out.append("")
     out.extend(_findings(doc))
     if shown:
-        out.extend(_causes(doc, totals))
+        out.extend(_causes(doc))
     out.extend(_replay(doc))
     out.extend(_warnings(doc))
     return "\n".join(out)
@@ -190,34 +210,32 @@ def _timeline(doc: dict) -> list[str]:
     host = doc.get("host_view") or {}
     if host.get("bubble_ratio") is not None and doc["summary"].get("bubble_ratio") is not None:
         lines.append(f"  (host-side spans would say idle {pct(host['bubble_ratio'])}; --timeline host for that view)")
-    before = {r["rank"]: r.get("before_profile_ns", 0) for r in device.get("ranks", []) if r.get("before_profile_ns")}
+    totals = device_totals(doc)
+    before = [r["rank"] for r in device.get("ranks", []) if r.get("before_profile_ns")]
     if before:
         lines.append(
-            f"  {ms(sum(before.values()))} ms of device work launched before the profile began "
-            f"({f'rank {next(iter(before))}' if len(before) == 1 else rank_list(sorted(before))}) "
+            f"  {ms(totals['before_profile_ns'])} ms of device work launched before the profile began "
+            f"({f'rank {before[0]}' if len(before) == 1 else rank_list(sorted(before))}) "
             "ran at the first step's start: left out of every step"
         )
-    step_end = sum(r["step_end_ns"] for r in device.get("ranks", []))
-    n_steps = max(doc["summary"].get("n_steps") or 1, 1)
-    if step_end >= 50_000 * n_steps:  # 0.05 ms a step: "0.0 ms" would say nothing
+    step_end = totals["step_end_per_step_ns"]
+    if step_end >= 50_000:  # 0.05 ms a step: "0.0 ms" would say nothing
         lines.append(
-            f"  {ms(step_end / n_steps)} ms of device work per step after the pipeline's window "
+            f"  {ms(step_end)} ms of device work per step after the pipeline's window "
             "(optimizer, gradient collectives; all ranks): its own share, not bubble"
         )
     collective = device.get("collective_pairs") or []
     if collective:
         lines.append(
             f"  {len(collective)} SendRecv kernel pairs of collectives (such as all_to_all; not P2P): "
-            f"{ms(sum(p['wait_ns'] for p in collective))} ms spinning for the peer, "
-            f"{ms(sum(p['transfer_ns'] for p in collective))} ms moving data"
+            f"{ms(totals['collective_wait_ns'])} ms spinning for the peer, "
+            f"{ms(totals['collective_transfer_ns'])} ms moving data"
         )
     pairs = device.get("p2p_pairs") or []
     if pairs:
-        wait = sum(p["wait_ns"] for p in pairs)
-        transfer = sum(p["transfer_ns"] for p in pairs)
         lines.append(
-            f"  {len(pairs)} device P2P kernel pairs: {ms(wait)} ms spinning for the peer, "
-            f"{ms(transfer)} ms moving data"
+            f"  {len(pairs)} device P2P kernel pairs: {ms(totals['p2p_wait_ns'])} ms spinning for the peer, "
+            f"{ms(totals['p2p_transfer_ns'])} ms moving data"
         )
     return lines
 
@@ -311,7 +329,7 @@ def _dimension_lines(doc: dict) -> list[str]:
     links = dims.get("shared_links")
     if links and any(links["overlap_ns"].values()):
         out.append(
-            f"  TP and PP kernels overlap  {ms(sum(links['overlap_ns'].values()) / max(len(dims['ranks']), 1))} ms "
+            f"  TP and PP kernels overlap  {ms(overlap_per_rank_ns(dims))} ms "
             f"a rank; transfers while a TP collective runs: median {ms(links['median_transfer_overlapped_ns'])} ms "
             f"({links['n_transfers_overlapped']}), otherwise {ms(links['median_transfer_alone_ns'])} ms "
             f"({links['n_transfers_alone']})"
@@ -394,13 +412,10 @@ def _stage_rollup(doc: dict, ranks: str | int) -> list[str]:
     return out
 
 
-def _causes(doc: dict, totals: dict[str, int]) -> list[str]:
-    idle = doc["summary"]["idle_ns"] or 1
+def _causes(doc: dict) -> list[str]:
     out = ["where the idle time goes:"]
-    for cause, value in sorted(totals.items(), key=lambda kv: -kv[1]):
-        if value <= 0:
-            continue
-        line = f"  {CAUSE_NAMES[cause]:<17} {ms(value):>9} ms  {100 * value / idle:5.1f}% of idle"
+    for cause, value, percent_of_idle in idle_by_cause(doc):
+        line = f"  {CAUSE_NAMES[cause]:<17} {ms(value):>9} ms  {percent_of_idle:5.1f}% of idle"
         if cause == "imbalance" and doc["blame"]["stages"]:
             top = doc["blame"]["stages"][:3]
             line += "  <- " + ", ".join(f"stage {b['stage']} ({_ranks(b)}) {ms(b['imbalance_ns'])} ms" for b in top)
@@ -413,23 +428,22 @@ def _causes(doc: dict, totals: dict[str, int]) -> list[str]:
 
 
 def _replay(doc: dict) -> list[str]:
-    steps = [st for st in doc["steps"] if "replay" in st]
-    if not steps:
+    replay = replay_totals(doc)
+    if replay is None:
         return []
-    worst = max(abs(st["replay"]["residual_ns"]) for st in steps)
     out = [
-        f"replay fidelity: {len(steps)} step(s) replayed, largest residual {ms(worst)} ms "
+        f"replay fidelity: {replay['n_steps']} step(s) replayed, largest residual {ms(replay['worst_residual_ns'])} ms "
         "(measured minus replayed step time; the causes rest on the replay)"
     ]
-    last = steps[-1]
-    path = last.get("critical_path", [])
+    path = replay["critical_path"]
     if path:
-        compute = sum(p["compute_ns"] for p in path)
-        comm = sum(p.get("comm_ns", 0) for p in path)
         shown = path[:12]
         chain = " > ".join(_action(p) for p in shown)
         more = f" > ... ({len(path)} actions)" if len(path) > 12 else ""
-        out.append(f"critical path of step {last['step']}: compute {ms(compute)} ms, comm {ms(comm)} ms")
+        out.append(
+            f"critical path of step {replay['step']}: compute {ms(replay['path_compute_ns'])} ms, "
+            f"comm {ms(replay['path_comm_ns'])} ms"
+        )
         out.append(f"  {chain}{more}")
         out.append(f"  ({_path_legend(shown)})")
     out.append("")

@@ -6,12 +6,14 @@ Its version is :data:`tracekit.schemas.ANALYSIS_SCHEMA_VERSION` (bump it there).
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
 
 from tracekit.analyze import Analysis
 from tracekit.model.groups import split_by
+from tracekit.render.document import AnalysisDocument
 from tracekit.schemas import ANALYSIS_SCHEMA_VERSION
 from tracekit.version import __version__
 from tracekit.vocab import IDLE_CAUSES
@@ -27,7 +29,17 @@ def _ratio(x: float | None) -> float | None:
     return round(float(x), 6)
 
 
-def to_document(analysis: Analysis) -> dict:
+class JsonRenderer:
+    """The document as ``analyze --json`` and ``-o`` write it: indented by one space."""
+
+    name = "json"
+    reads = "document"
+
+    def render(self, doc: AnalysisDocument) -> str:
+        return json.dumps(doc, indent=1)
+
+
+def to_document(analysis: Analysis) -> AnalysisDocument:
     """The whole analysis as plain JSON-able data."""
     run = analysis.run
     doc: dict = {

@@ -6,10 +6,7 @@ from __future__ import annotations
 
 from tracekit.analyze.split import SplitCandidate, SplitReport, ranges
 from tracekit.text import for_terminal
-
-
-def _ms(ns: float) -> str:
-    return f"{ns / 1e6:.1f} ms"
+from tracekit.vocab import in_ms
 
 
 def _row(c: SplitCandidate, measured_step_ns: float) -> str:
@@ -17,8 +14,8 @@ def _row(c: SplitCandidate, measured_step_ns: float) -> str:
     role = c.role + (f" (= {', '.join(c.matches)})" if c.matches else "")
     return (
         f"    {role:28} {','.join(str(n) for n in c.split):>14}  {p.bubble_ratio:6.1%} ±{p.bubble_sd:.1%}  "
-        f"{_ms(p.step_ns):>10} ±{p.step_sd / 1e6:.1f}  {p.step_ns / measured_step_ns - 1:+7.1%}  "
-        f"slowest stage {_ms(max(c.stage_ns))}"
+        f"{in_ms(p.step_ns):>10} ±{p.step_sd / 1e6:.1f}  {p.step_ns / measured_step_ns - 1:+7.1%}  "
+        f"slowest stage {in_ms(max(c.stage_ns))}"
     )
 
 
@@ -36,11 +33,11 @@ def render_split(report: SplitReport, measured_step_ns: float) -> str:
         lines += [
             "",
             f"  best split for {search.schedule} v={search.v} m={search.m}: {','.join(str(n) for n in best.split)} "
-            f"-> predicted bubble {best.prediction.bubble_ratio:.1%}, step {_ms(best.prediction.step_ns)} "
+            f"-> predicted bubble {best.prediction.bubble_ratio:.1%}, step {in_ms(best.prediction.step_ns)} "
             f"({best.prediction.step_ns / measured_step_ns - 1:+.1%} against the measured step)",
         ]
         for stage, (text, ns) in enumerate(zip(ranges(best.split), best.stage_ns)):
-            lines.append(f"    stage {stage}: layers {text:8} F+B {_ms(ns)}")
+            lines.append(f"    stage {stage}: layers {text:8} F+B {in_ms(ns)}")
         lines.append(f"    {'split':28} {'layers/stage':>14}  {'bubble':>13}  {'step time':>16}  {'vs meas':>7}")
         lines += [_row(c, measured_step_ns) for c in search.candidates]
     if report.given:

@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tracekit.analyze.tabular import TABLES
+from tracekit.render.protocol import NamedTable
 from tracekit.version import __version__
 
 _ARROW_TYPES = {"int64": pa.int64(), "float64": pa.float64(), "string": pa.string()}
@@ -46,3 +47,23 @@ def parquet_bytes(name: str, frame: pd.DataFrame, run_meta: dict[str, str]) -> b
 def csv_bytes(frame: pd.DataFrame) -> bytes:
     """``frame`` as CSV (UTF-8, a header row, no index)."""
     return frame.to_csv(index=False, lineterminator="\n").encode()
+
+
+class ParquetRenderer:
+    """One table (:class:`~tracekit.render.protocol.NamedTable`) as a Parquet file."""
+
+    name = "parquet"
+    reads = "table"
+
+    def render(self, table: NamedTable) -> bytes:
+        return parquet_bytes(table.name, table.frame, table.run_meta)
+
+
+class CsvRenderer:
+    """One table (:class:`~tracekit.render.protocol.NamedTable`) as a CSV file."""
+
+    name = "csv"
+    reads = "table"
+
+    def render(self, table: NamedTable) -> bytes:
+        return csv_bytes(table.frame)

@@ -4,12 +4,8 @@ from __future__ import annotations
 
 from tracekit.analyze.whatif import fastest
 from tracekit.text import for_terminal
-from tracekit.vocab import format_bytes
+from tracekit.vocab import format_bytes, in_ms
 from tracekit.version import __version__
-
-
-def _ms(ns: float) -> str:
-    return f"{ns / 1e6:.1f} ms"
 
 
 def render(result) -> str:
@@ -27,13 +23,13 @@ def render(result) -> str:
     def row(label: str, bubble: str, step: str, change: str, theory: str) -> str:
         return f"  {label:34} {bubble:>15} {step:>20} {change:>12} {theory:>8}"
 
-    lines.append(row("measured", f"{result.measured_bubble:.1%}", _ms(result.measured_step_ns), "", ""))
+    lines.append(row("measured", f"{result.measured_bubble:.1%}", in_ms(result.measured_step_ns), "", ""))
     model = result.as_measured
     lines.append(
         row(
             "model of the measured run",
             f"{model.bubble_ratio:.1%} ±{model.bubble_sd:.1%}",
-            f"{_ms(model.step_ns)} ±{model.step_sd / 1e6:.1f}",
+            f"{in_ms(model.step_ns)} ±{model.step_sd / 1e6:.1f}",
             f"{model.step_ns / result.measured_step_ns - 1:+.1%}",
             "",
         )
@@ -45,7 +41,7 @@ def render(result) -> str:
             row(
                 p.label,
                 f"{p.bubble_ratio:.1%} ±{p.bubble_sd:.1%}",
-                f"{_ms(p.step_ns)} ±{p.step_sd / 1e6:.1f}",
+                f"{in_ms(p.step_ns)} ±{p.step_sd / 1e6:.1f}",
                 f"{p.step_ns / result.measured_step_ns - 1:+.1%}",
                 theory,
             )
@@ -54,15 +50,15 @@ def render(result) -> str:
     if best is not None and result.keep == "global-batch":
         lines += [
             "",
-            f"  fastest step (--keep global-batch): {best.label}, {_ms(best.step_ns)} "
+            f"  fastest step (--keep global-batch): {best.label}, {in_ms(best.step_ns)} "
             f"({best.step_ns / result.measured_step_ns - 1:+.1%} against the measured step)",
         ]
     elif best is not None:  # microbatches keep their size: compare time per microbatch
         per_mb = result.measured_step_ns / m.m
         lines += [
             "",
-            f"  most microbatches per second (--keep microbatch): {best.label}, {_ms(best.step_ns / best.m)} a microbatch "
-            f"({best.step_ns / best.m / per_mb - 1:+.1%} against the measured {_ms(per_mb)})",
+            f"  most microbatches per second (--keep microbatch): {best.label}, {in_ms(best.step_ns / best.m)} a microbatch "
+            f"({best.step_ns / best.m / per_mb - 1:+.1%} against the measured {in_ms(per_mb)})",
         ]
     for reason in dict.fromkeys(result.skipped):
         lines.append(f"  skipped: {reason}")
@@ -98,11 +94,11 @@ def render_search(result) -> str:
         msgs = "" if p.messages_per_step is None else str(p.messages_per_step)
         return (
             f"  {p.label:30} {f'{p.bubble_ratio:.1%} ±{p.bubble_sd:.1%}':>14} "
-            f"{f'{_ms(p.step_ns)} ±{p.step_sd / 1e6:.1f}':>18} {p.step_ns / result.measured_step_ns - 1:>+9.1%} "
+            f"{f'{in_ms(p.step_ns)} ±{p.step_sd / 1e6:.1f}':>18} {p.step_ns / result.measured_step_ns - 1:>+9.1%} "
             f"{msgs:>9} {flight:>9} {act:>12}{mark}"
         )
 
-    lines.append(f"  {'measured':30} {result.measured_bubble:>14.1%} {_ms(result.measured_step_ns):>18}")
+    lines.append(f"  {'measured':30} {result.measured_bubble:>14.1%} {in_ms(result.measured_step_ns):>18}")
 
     def mark(p) -> str:
         return "  over budget" if p.activation_bytes is not None and p.activation_bytes > found.budget_bytes else ""
@@ -111,10 +107,10 @@ def render_search(result) -> str:
     lines.append("")
     for p in result.predictions:
         lines.append(row(p, mark(p)))
-    lines += ["", f"  per v (the fastest m that fits; median message latency {_ms(found.message_latency_ns)}):"]
+    lines += ["", f"  per v (the fastest m that fits; median message latency {in_ms(found.message_latency_ns)}):"]
     for p in found.per_v:
         fits = found.fits(p)
-        cost = f"{_ms(p.step_ns / p.m)} a microbatch" if per_mb else f"step {_ms(p.step_ns)}"
+        cost = f"{in_ms(p.step_ns / p.m)} a microbatch" if per_mb else f"step {in_ms(p.step_ns)}"
         lines.append(
             f"    {p.schedule} v={p.v}: m={p.m}, bubble {p.bubble_ratio:.1%}, {p.messages_per_step} messages a step, "
             f"{cost}" + ("" if fits else f", needs {format_bytes(p.activation_bytes or 0)}: nothing fits")
@@ -126,13 +122,13 @@ def render_search(result) -> str:
         best = found.best
         fastest = found.fastest
         lines.append(
-            f"  fastest under the budget: {best.label}, {_ms(best.step_ns)} a step "
+            f"  fastest under the budget: {best.label}, {in_ms(best.step_ns)} a step "
             f"({best.step_ns / result.measured_step_ns - 1:+.1%} against the measured step), "
             f"{format_bytes(best.activation_bytes or 0)} of activations"
         )
         if fastest is not None and fastest is not best:
             lines.append(
-                f"  (fastest of all, {fastest.label} at {_ms(fastest.step_ns)}, needs "
+                f"  (fastest of all, {fastest.label} at {in_ms(fastest.step_ns)}, needs "
                 f"{format_bytes(fastest.activation_bytes or 0)})"
             )
     for reason in dict.fromkeys(result.skipped):

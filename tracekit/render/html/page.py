@@ -11,7 +11,7 @@ from tracekit.analyze.diagnosis import message_latencies, stage_compute_ns
 from tracekit.analyze.whatif import Prediction, fastest
 from tracekit.render.html.charts import LEGEND_NAMES
 from tracekit.version import __version__
-from tracekit.vocab import CATEGORIES
+from tracekit.vocab import CATEGORIES, pct
 
 # Tables longer than this are folded (<details>) so the page stays readable.
 FOLD_ROWS = 32
@@ -19,10 +19,6 @@ FOLD_ROWS = 32
 
 def _ms(ns: float) -> str:
     return f"{ns / 1e6:,.1f}"
-
-
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{100 * x:.1f}%"
 
 
 def page_context(analysis: Analysis, notes: list[str]) -> dict:
@@ -34,7 +30,7 @@ def page_context(analysis: Analysis, notes: list[str]) -> dict:
     n_steps = int(analysis.bubbles["step"].nunique()) if len(analysis.bubbles) else 0
     # a run without a pipeline has no bubble: its idle share is the device's (or host's) idle
     ratio_label = "bubble" if analysis.is_pipeline else "idle share"
-    facts = [(f"{ratio_label} (measured)", _pct(summary.bubble_ratio))]
+    facts = [(f"{ratio_label} (measured)", pct(summary.bubble_ratio))]
     collective = _collective_idle(analysis)
     if not analysis.is_pipeline and analysis.device is not None:
         facts.append(
@@ -46,9 +42,9 @@ def page_context(analysis: Analysis, notes: list[str]) -> dict:
             )
         )
     if theory is not None:
-        facts.append(("theory", f"{_pct(theory.bubble_ratio)}  {theory.formula}"))
+        facts.append(("theory", f"{pct(theory.bubble_ratio)}  {theory.formula}"))
     if analysis.balanced_replay_ratio is not None:
-        facts.append(("balanced replay", _pct(analysis.balanced_replay_ratio)))
+        facts.append(("balanced replay", pct(analysis.balanced_replay_ratio)))
     if sched is not None:
         facts.append(
             (
@@ -62,7 +58,7 @@ def page_context(analysis: Analysis, notes: list[str]) -> dict:
             ("timeline", f"device (kernels); host runs ahead by up to {_ms(analysis.device.host_ahead_max_ns)} ms")
         )
         if analysis.host_view is not None:
-            facts.append(("host-side spans would say", _pct(analysis.host_view.bubble_ratio)))
+            facts.append(("host-side spans would say", pct(analysis.host_view.bubble_ratio)))
     else:
         facts.append(("timeline", "host (CPU op spans)"))
     facts += [
@@ -110,9 +106,9 @@ def _replica_rows(analysis: Analysis) -> list[list[str]]:
     return [
         [
             ",".join(map(str, p.stages)),
-            _pct(p.bubble_ratio.min),
-            _pct(p.bubble_ratio.median),
-            _pct(p.bubble_ratio.max),
+            pct(p.bubble_ratio.min),
+            pct(p.bubble_ratio.median),
+            pct(p.bubble_ratio.max),
             "-" if p.bubble_ratio.min == p.bubble_ratio.max else str(p.worst_replica),
             _ms(p.idle_per_step_ns.median),
             _ms(p.busy_per_step_ns.min),
@@ -138,10 +134,10 @@ def _whatif_rows(analysis: Analysis) -> dict | None:
     def row(p: Prediction) -> list[str]:
         return [
             p.label,
-            f"{_pct(p.bubble_ratio)} ±{p.bubble_sd:.1%}",
+            f"{pct(p.bubble_ratio)} ±{p.bubble_sd:.1%}",
             f"{_ms(p.step_ns)} ±{p.step_sd / 1e6:.1f}",
             f"{p.step_ns / measured - 1:+.1%}",
-            _pct(p.theory) if p.theory is not None else "",
+            pct(p.theory) if p.theory is not None else "",
         ]
 
     split = report.split.recommended.prediction if report.split is not None else None
@@ -149,7 +145,7 @@ def _whatif_rows(analysis: Analysis) -> dict | None:
         (p for p in (fastest(result.predictions, result.keep), split) if p is not None), key=lambda p: p.step_ns
     )
     return {
-        "measured": [_pct(result.measured_bubble), _ms(measured)],
+        "measured": [pct(result.measured_bubble), _ms(measured)],
         "model": row(result.as_measured),
         "best": [row(p) for p in best],
         "rows": [row(p) for p in [*result.predictions, *([split] if split is not None else [])]],
@@ -164,7 +160,7 @@ def _rank_rows(analysis: Analysis, collective: dict[int, int]) -> list[list[str]
     table = analysis.attribution.table if analysis.attribution is not None else None
     rows = []
     for rank, info in analysis.summary.per_rank.items():
-        row = [str(rank), _ms(info.busy_ns), _ms(info.idle_ns), _pct(info.bubble_ratio)]
+        row = [str(rank), _ms(info.busy_ns), _ms(info.idle_ns), pct(info.bubble_ratio)]
         if table is not None and len(table):
             sums = table[table["rank"] == rank]
             row += [_ms(sums[f"{c}_ns"].sum()) for c in CATEGORIES]
@@ -200,7 +196,7 @@ def _stage_rows(analysis: Analysis) -> list[list[str]]:
                 _ms(compute[stage]),
                 f"{compute[stage] / median:.2f}x" if median else "n/a",
                 _ms(by_stage.get(stage, 0)),
-                _pct(by_stage.get(stage, 0) / idle),
+                pct(by_stage.get(stage, 0) / idle),
             ]
         )
     return rows
@@ -226,7 +222,7 @@ def _link_rows(analysis: Analysis) -> list[list[str]]:
                 _ms(s["latency"]),
                 _ms(s["post"]),
                 _ms(by_link.get(link, 0)),
-                _pct(by_link.get(link, 0) / idle),
+                pct(by_link.get(link, 0) / idle),
             ]
         )
     return rows
