@@ -267,29 +267,36 @@ def _no_collectives() -> pd.DataFrame:
 
 def _host_collectives(run: Run, windows: pd.DataFrame) -> pd.DataFrame | None:
     """A host-only run's collectives, each from its post to its completion: gloo's ``c10d``
-    op only posts the work, which its process group's worker thread does under a
-    ``gloo:<collective>`` range (torch ProcessGroupGloo's RECORD_FUNCTION in its work's run),
-    the k-th such range of a rank doing its k-th collective where the counts agree. One
-    started inside an action is a tensor-parallel collective where the layout has tensor
-    parallelism (the host waits for it there, inside the action), else a gradient collective."""
+    op only posts the work, which a worker thread of its process group does under a
+    ``gloo:<collective>`` range (ProcessGroupGloo's RECORD_FUNCTION in its work's run): the
+    k-th such range of a class does the rank's k-th collective of that class where the counts
+    agree. A collective waited on inside Megatron's TP mapping Function (model.names.TP_REGION)
+    is done when the Function is. Classes: one started inside an action is tensor-parallel
+    where the layout has tensor parallelism (inside a mapping Function, where the rank has
+    any), else a gradient collective; a worker thread is the TP group's where its ranges
+    start inside mapping Functions."""
     ops = collective_ops(run.events)
     if ops.empty:
         return None
-    done = ops["end_ns"].to_numpy(np.int64).copy()
-    work = _gloo_work(run.events)
+    region_end, in_region = _region_ends(ops, run.events)
     op_rank = ops["rank"].to_numpy(np.int64)
-    for rank in np.unique(op_rank).tolist():
-        rows = np.flatnonzero(op_rank == rank)
-        ends = work.get(rank)
-        if ends is not None and len(ends) == len(rows):
-            order = rows[np.argsort(ops["start_ns"].to_numpy()[rows], kind="stable")]
-            done[order] = np.maximum(done[order], ends)
+    has_regions = np.isin(op_rank, op_rank[in_region])
     inside = collectives_inside_actions(ops, run.actions).to_numpy()
     tensor = run.layout is not None and run.layout.size("tp") > 1
-    tp = inside & tensor
-    # a TP collective waited on inside Megatron's mapping Function: done when the Function is
-    done = np.maximum(done, _region_ends(ops, run.events))
-    length = done - ops["start_ns"].to_numpy(np.int64)
+    tp = inside & tensor & (in_region | ~has_regions)
+    done = np.maximum(ops["end_ns"].to_numpy(np.int64), region_end)
+    work = _gloo_work(run.events, _regions(run.events))
+    starts = ops["start_ns"].to_numpy(np.int64)
+    for rank in np.unique(op_rank).tolist():
+        ranges = work[work["rank"] == rank]
+        for kind in (True, False):
+            rows = np.flatnonzero((op_rank == rank) & (tp == kind))
+            ends = ranges.loc[ranges["tp"] == kind, "end_ns"].to_numpy(np.int64)
+            if not len(ends) or len(ends) != len(rows):
+                continue
+            order = rows[np.argsort(starts[rows], kind="stable")]
+            done[order] = np.maximum(done[order], ends)
+    length = done - starts
     return ops.assign(
         end_ns=done,
         step=_step_of(ops, windows),
@@ -298,19 +305,26 @@ def _host_collectives(run: Run, windows: pd.DataFrame) -> pd.DataFrame | None:
     )
 
 
-def _region_ends(ops: pd.DataFrame, events: pd.DataFrame) -> np.ndarray:
-    """Per host collective op, the end of the TP mapping Function holding it on its thread
-    (model.names.TP_REGION: the all-reduce and its wait), or its own end where none does."""
-    out = ops["end_ns"].to_numpy(np.int64).copy()
+def _regions(events: pd.DataFrame) -> pd.DataFrame:
+    """Megatron's TP mapping Functions on the host (rank, tid, start_ns, end_ns)."""
     names = events["name"].astype(str)
-    regions = events[names.str.match(TP_REGION) & ~events["on_gpu"].astype(bool)]
+    found = events[names.str.match(TP_REGION) & ~events["on_gpu"].astype(bool)]
+    return found[["rank", "tid", "start_ns", "end_ns"]].sort_values(["rank", "start_ns"], kind="stable")
+
+
+def _region_ends(ops: pd.DataFrame, events: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Per host collective op, the end of the TP mapping Function holding it on its thread
+    (its own end where none does), and whether one does."""
+    out = ops["end_ns"].to_numpy(np.int64).copy()
+    held_by = np.zeros(len(ops), dtype=bool)
+    regions = _regions(events)
     if regions.empty:
-        return out
+        return out, held_by
     tids = _tids(ops, events)
     op_rank = ops["rank"].to_numpy(np.int64)
     for rank, tid in sorted(set(zip(op_rank.tolist(), tids.tolist()))):
         rows = np.flatnonzero((op_rank == rank) & (tids == tid))
-        mine = regions[(regions["rank"] == rank) & (regions["tid"] == tid)].sort_values("start_ns")
+        mine = regions[(regions["rank"] == rank) & (regions["tid"] == tid)]
         if mine.empty:
             continue
         starts, ends = mine["start_ns"].to_numpy(np.int64), mine["end_ns"].to_numpy(np.int64)
@@ -318,7 +332,8 @@ def _region_ends(ops: pd.DataFrame, events: pd.DataFrame) -> np.ndarray:
         k = np.searchsorted(starts, t, side="right") - 1
         held = (k >= 0) & (ends[np.maximum(k, 0)] >= t)
         out[rows[held]] = np.maximum(out[rows[held]], ends[k[held]])
-    return out
+        held_by[rows[held]] = True
+    return out, held_by
 
 
 def _tids(ops: pd.DataFrame, events: pd.DataFrame) -> np.ndarray:
@@ -328,14 +343,28 @@ def _tids(ops: pd.DataFrame, events: pd.DataFrame) -> np.ndarray:
     return found["tid"].fillna(-1).to_numpy(np.int64)
 
 
-def _gloo_work(events: pd.DataFrame) -> dict[int, np.ndarray]:
-    """Per rank, the ends of gloo's collective work ranges in the order they started."""
+def _gloo_work(events: pd.DataFrame, regions: pd.DataFrame) -> pd.DataFrame:
+    """gloo's collective work ranges (rank, end_ns, tp) in the order they started; ``tp``: on a
+    worker thread most of whose ranges start inside a TP mapping Function of the rank."""
     names = events["name"].astype(str)
     hit = names.str.match(GLOO_COLLECTIVE) & (events["cat"].astype(str) == "user_annotation")
-    found = events.loc[hit, ["rank", "start_ns", "end_ns"]].sort_values(["rank", "start_ns"], kind="stable")
-    ranks = found["rank"].to_numpy(np.int64)
-    ends = found["end_ns"].to_numpy(np.int64)
-    return {rank: ends[ranks == rank] for rank in np.unique(ranks).tolist()}
+    found = events.loc[hit, ["rank", "tid", "start_ns", "end_ns"]].sort_values(["rank", "start_ns"], kind="stable")
+    found = found.assign(tp=False)
+    for rank in np.unique(found["rank"].to_numpy(np.int64)).tolist():
+        mine = regions[regions["rank"] == rank]
+        if mine.empty:
+            continue
+        at = (found["rank"] == rank).to_numpy()
+        t = found["start_ns"].to_numpy(np.int64)[at]
+        lo, hi = mine["start_ns"].to_numpy(np.int64), mine["end_ns"].to_numpy(np.int64)
+        k = np.searchsorted(lo, t, side="right") - 1
+        started_in = (k >= 0) & (hi[np.maximum(k, 0)] >= t)
+        tids = found["tid"].to_numpy(np.int64)[at]
+        # a thread most of whose ranges start inside mapping Functions (a gradient bucket's
+        # work may start while the host happens to be in one)
+        tp_threads = [tid for tid in np.unique(tids).tolist() if started_in[tids == tid].mean() >= 0.5]
+        found.loc[at, "tp"] = np.isin(tids, tp_threads)
+    return found[["rank", "end_ns", "tp"]]
 
 
 def _step_of(ops: pd.DataFrame, windows: pd.DataFrame) -> np.ndarray:

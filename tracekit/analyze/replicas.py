@@ -233,6 +233,11 @@ def rollup(analysis: Analysis) -> ReplicaRollup | None:
     for rank, stage in zip(pairs["rank"].tolist(), pairs["stage"].tolist()):
         stages.setdefault(int(rank), []).append(int(stage))
     busy = {r: s.busy_ns / n_steps for r, s in per_rank.items()}
+    if analysis.dimensions is not None:
+        # compute only: a TP collective's time is mostly waiting for the slowest peer of its
+        # group, which is that peer's slowness, not this rank's
+        tp_alone = analysis.dimensions.per_step.groupby("rank")["tp_alone_ns"].sum()
+        busy = {r: b - float(tp_alone.get(r, 0)) / n_steps for r, b in busy.items()}
     places = []
     for place in range(min(len(g) for g in groups)):
         ranks = [g[place] for g in groups]
