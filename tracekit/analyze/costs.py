@@ -408,7 +408,8 @@ def without_recompute(model: CostModel, per_backward: dict[int, int], stage_rank
     ``stage_ranks``: the ranks of each stage, whose mean a stage's samples lose)."""
 
     def less(samples: np.ndarray, ns: int) -> np.ndarray:
-        return np.maximum(samples - ns, 0)
+        shorter: np.ndarray = np.maximum(samples - ns, 0)
+        return shorter
 
     work = {
         key: less(x, per_backward.get(key[0], 0)) if key[1] in _RECOMPUTING_KINDS else x
