@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,7 +37,7 @@ def row_indices(rows: np.ndarray) -> np.ndarray:
     return np.flatnonzero(rows) if rows.dtype == bool else rows
 
 
-def take_rows(arrays: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
+def take_rows(arrays: Mapping[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
     """Each array's rows that ``rows`` selects (a mask or indices), in order. A mask becomes
     indices once (:func:`row_indices`; for several dicts, once for them all): indexing a dozen
     columns by the mask itself scans it again for each, ~4x slower on a GPU rank's working set."""
