@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # pandas loads on first use: parser workers never import it
 
 
 def read_run(
-    path,
+    path: str | Path,
     options: ReadOptions | None = None,
     *,
     progress: Callable[[Path], None] | None = None,
@@ -74,7 +74,7 @@ def read_run(
     return run
 
 
-def read_files(path, options: ReadOptions, file_ids: list[int]) -> pd.DataFrame:
+def read_files(path: str | Path, options: ReadOptions, file_ids: list[int]) -> pd.DataFrame:
     """The events of some of a run's files, read again as ``options`` says (e.g. another
     ``rows``): ``file_ids`` as :func:`read_run` numbered the files of the folder ``path``
     (the file ids of its rows), and kept so in the table returned."""
