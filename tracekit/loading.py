@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from os import PathLike
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tracekit.ingest.options import ReadOptions, Reducer
 
@@ -137,6 +137,6 @@ def _code_digest() -> str:
     )
 
 
-def _reducer_key(labels: LabelSet | None, device: bool) -> dict:
+def _reducer_key(labels: LabelSet | None, device: bool) -> dict[str, Any]:
     rules = [(r.pattern, r.role) for r in labels.rules] if labels is not None else []
     return {"code": _code_digest(), "labels": rules, "device": device}

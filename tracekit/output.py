@@ -27,13 +27,14 @@ import stat
 import sys
 import tempfile
 from collections.abc import Mapping
+from typing import Any, TextIO
 from pathlib import Path
 
 from tracekit.errors import TracekitError
 from tracekit.text import for_terminal
 
 # What to do about a failed write, by errno; anything else: write it elsewhere.
-_ADVICE = {
+_ADVICE: dict[int | None, str] = {
     errno.ENOSPC: "free some space or write it elsewhere",
     errno.EDQUOT: "free some space or write it elsewhere",
     errno.EFBIG: "the file size limit (ulimit -f) or the file system's stops it; write it elsewhere",
@@ -67,13 +68,13 @@ class GuardedStream:
     failed = False  # a write failed: the exit path need not say so again
     reader_gone = False  # a write met EPIPE (``| head``): the exit status says so, 141
 
-    def __init__(self, stream) -> None:
+    def __init__(self, stream: TextIO) -> None:
         self._stream = stream
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
 
-    def write(self, text):
+    def write(self, text: str) -> int:
         try:
             return self._stream.write(text)
         except OSError as err:
@@ -107,7 +108,9 @@ class OutputTarget:
     its manifest, the baseline a check reads) to what each is, for the error line.
     """
 
-    def __init__(self, path: str | os.PathLike, option: str = "-o", protect: Mapping[Path, str] | None = None) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], option: str = "-o", protect: Mapping[Path, str] | None = None
+    ) -> None:
         self.path = Path(path)
         self.option = option
         text = os.fspath(path)
@@ -204,6 +207,7 @@ class OutputTarget:
             raise self._failure(OSError(errno.ENOTDIR, os.strerror(errno.ENOTDIR)))
 
     def _descriptor_stat(self) -> os.stat_result:
+        assert self.descriptor is not None  # asked only of a descriptor
         try:
             return os.fstat(self.descriptor)
         except OSError:

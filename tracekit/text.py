@@ -53,7 +53,7 @@ _BACKTICK_RUN = re.compile(r"`+")
 _SHORT_ESCAPES = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
 
 
-def _visible(match: re.Match) -> str:
+def _visible(match: re.Match[str]) -> str:
     char = match.group()
     code = ord(char)
     return _SHORT_ESCAPES.get(char) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
@@ -102,7 +102,7 @@ def for_markdown_text(text: str, line_start: bool = True) -> str:
     return escaped.replace("@", "@\u2060")
 
 
-def _backslashed(match: re.Match) -> str:
+def _backslashed(match: re.Match[str]) -> str:
     return "\\" + match.group()
 
 

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 import click
 
 from tracekit.text import for_terminal
 from tracekit.vocab import format_bytes
+
+if TYPE_CHECKING:
+    from tracekit.commands.cache_contents import CacheUsage
 
 _CACHE_DIR_HELP = (
     "The cache folder (a path or an fsspec URL; default: $TRACEKIT_CACHE_DIR or "
@@ -75,6 +79,6 @@ def _root(option: str | None) -> tuple[str, str]:
     return default_cache_dir(), "$TRACEKIT_CACHE_DIR" if os.environ.get("TRACEKIT_CACHE_DIR") else "the default"
 
 
-def _contents(usage) -> str:
+def _contents(usage: CacheUsage) -> str:
     kinds = [f"{n} {_KIND_NAMES[kind][n != 1]}" for kind, n in usage.files.items() if n]
     return f"{', '.join(kinds)}: {format_bytes(usage.bytes)}"

@@ -13,6 +13,7 @@ import os
 import re
 import stat
 from collections.abc import Iterator
+from typing import NoReturn
 
 from tracekit.errors import TracekitError
 from tracekit.ingest.cache import ParseCache, first_line
@@ -44,7 +45,7 @@ class CacheUsage:
         return sum(self.files.values())
 
 
-def cache_usage(root: str | os.PathLike) -> CacheUsage:
+def cache_usage(root: str | os.PathLike[str]) -> CacheUsage:
     """How many of tracekit's files the cache at ``root`` holds, by kind, and their bytes."""
     cache = _open_cache(root)
     usage = CacheUsage(str(root), dict.fromkeys(OWN_KINDS, 0), 0)
@@ -54,7 +55,7 @@ def cache_usage(root: str | os.PathLike) -> CacheUsage:
     return usage
 
 
-def clear_cache(root: str | os.PathLike) -> CacheUsage:
+def clear_cache(root: str | os.PathLike[str]) -> CacheUsage:
     """Remove tracekit's files from the cache at ``root``, and the folders that leaves empty;
     nothing else there. Each file goes in one unlink, so a tracekit running meanwhile reads a
     whole entry or none (a miss: it parses again), and one whose temporary is removed under
@@ -82,7 +83,7 @@ def clear_cache(root: str | os.PathLike) -> CacheUsage:
     return removed
 
 
-def _open_cache(root: str | os.PathLike) -> ParseCache:
+def _open_cache(root: str | os.PathLike[str]) -> ParseCache:
     cache = ParseCache(root)
     if cache.fs is None and os.path.lexists(cache.base) and not os.path.isdir(cache.base):
         raise TracekitError(f"cache {root}: is a file, not a cache folder; give the folder tracekit caches in")
@@ -99,6 +100,7 @@ def _own_files(cache: ParseCache, usage: CacheUsage) -> Iterator[tuple[str, str,
             usage.others += 1
             continue
         kind = "temporary" if match["temporary"] else next(k for k in OWN_KINDS[:3] if match[k])
+        assert size is not None  # only a regular file's name was matched
         yield f"{base}/{relative}", kind, size
 
 
@@ -106,7 +108,7 @@ def _local_files(cache: ParseCache) -> Iterator[tuple[str, int | None]]:
     """(path relative to the root, bytes) of every file in its format folders (bytes None:
     not a regular file), and (name, None) for each other thing at the top of the root."""
 
-    def fail(err: OSError):
+    def fail(err: OSError) -> NoReturn:
         raise TracekitError(f"cache {cache.root}: cannot read {err.filename} ({err.strerror})")
 
     try:

@@ -21,7 +21,7 @@ from tracekit.errors import CaptureError
 from tracekit.text import for_terminal
 
 
-def _schedule(ctx, param, value):
+def _schedule(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     return schedule_by_name(value) if value is not None else value
 
 
@@ -195,36 +195,36 @@ def _schedule(ctx, param, value):
 )
 @click.pass_context
 def command(
-    ctx,
-    out,
-    schedule,
-    framework,
-    ranks,
-    microbatches,
-    stages_per_rank,
-    steps,
-    compute,
-    layer_ms,
-    layers,
-    layers_per_stage,
-    hidden,
-    microbatch_size,
-    slow_stage,
-    slow_factor,
-    p2p_delay_ms,
-    layer_labels,
-    profile_memory,
-    device,
-    with_stack,
-    tensor_parallel,
-    data_parallel,
-    slow_replica,
-    recompute,
-    seed,
-    attention_share,
-    profiler,
-    replace,
-):
+    ctx: click.Context,
+    out: str,
+    schedule: str,
+    framework: str,
+    ranks: int,
+    microbatches: int,
+    stages_per_rank: int | None,
+    steps: int,
+    compute: str,
+    layer_ms: float,
+    layers: int,
+    layers_per_stage: str | None,
+    hidden: int | None,
+    microbatch_size: int,
+    slow_stage: int | None,
+    slow_factor: float,
+    p2p_delay_ms: float,
+    layer_labels: bool,
+    profile_memory: bool,
+    device: str,
+    with_stack: bool,
+    tensor_parallel: int,
+    data_parallel: int,
+    slow_replica: int | None,
+    recompute: bool,
+    seed: int,
+    attention_share: float | None,
+    profiler: str,
+    replace: bool,
+) -> None:
     """Record a real pipeline-parallel training run (needs torch).
 
     \b

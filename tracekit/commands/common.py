@@ -6,9 +6,9 @@ import functools
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import click
 
@@ -16,7 +16,10 @@ from tracekit.errors import TracekitError
 from tracekit.vocab import CATEGORIES
 
 if TYPE_CHECKING:
+    from tracekit.analyze import Analysis
+    from tracekit.ingest.cache import ParseCache
     from tracekit.loading import LoadOptions
+    from tracekit.model.run import Run
     from tracekit.reconstruct.labels import LabelSet
 
 # Where rank_options leaves the loading options for load_with_progress (click's ctx.meta).
@@ -33,14 +36,15 @@ class TracekitCommand(click.Command):
     the option's new long one), with one line on stderr. ``{causes}`` in its help is the
     idle causes, as tracekit.vocab registers them."""
 
-    def __init__(self, *args, renamed: dict[str, str] | None = None, **kwargs) -> None:
+    def __init__(self, *args: Any, renamed: dict[str, str] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.renamed = renamed or {}
         if self.help:
             self.help = self.help.replace("{causes}", ", ".join(CATEGORIES))
 
     def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        own, loading = [], []
+        own: list[tuple[str, str]] = []
+        loading: list[tuple[str, str]] = []
         for param in self.get_params(ctx):
             record = param.get_help_record(ctx)
             if record is not None and isinstance(param, click.Option):  # arguments are in the usage line
@@ -70,7 +74,7 @@ class TracekitCommand(click.Command):
             yield new + equals + value
 
 
-def rank_options(func):
+def rank_options(func: Callable[..., Any]) -> Callable[..., Any]:
     """--rank-from, --rank-map, --progress/--no-progress, --iteration, --timeline, --label-rule,
     and how to load: --jobs, --executor, --scheduler, --cache-dir, --no-cache.
 
@@ -149,7 +153,7 @@ def rank_options(func):
         "E.g. --label-rule '^fwd_mb(?P<mb>\\d+)$=F' --label-rule '^bwd_mb(?P<mb>\\d+)$=B'",
     )
     @functools.wraps(func)
-    def wrapper(*args, **kwargs):
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
         from tracekit.ingest.discovery import compile_rank_pattern
 
         ctx = click.get_current_context()
@@ -212,7 +216,7 @@ def load_options(rank_from: str | None = None, rank_map: str | None = None) -> L
     )
 
 
-def label_rules(flags) -> LabelSet | None:
+def label_rules(flags: Iterable[str]) -> LabelSet | None:
     """The user's label rules: ``[tool.tracekit.labels]`` of the closest pyproject.toml, then
     each ``--label-rule`` (a bad one is one line, before any file is read)."""
     from tracekit.pyproject import find_table, tracekit_table
@@ -271,7 +275,7 @@ def load_with_progress(
     rank_map: str | None,
     progress: bool | None,
     rows: str = "reduce",
-):
+) -> Run:
     """Load and reconstruct a run, with a progress bar (bytes read) on long loads.
 
     ``rows="all"``: every event, not only the analysis's working set (an output that shows
@@ -302,7 +306,7 @@ def load_with_progress(
 ONE_PASS_FILES = 32
 
 
-def load_to_draw(path: Path, rank_from: str | None, rank_map: str | None, progress: bool | None):
+def load_to_draw(path: Path, rank_from: str | None, rank_map: str | None, progress: bool | None) -> Run:
     """Load a run for an output that draws its ops (the HTML report): a GPU rank's kernels
     and the host ops of a run without a pipeline. A run of at most :data:`ONE_PASS_FILES`
     files keeps every rank's working set (the ops inside a pipeline's actions give the
@@ -317,7 +321,9 @@ def load_to_draw(path: Path, rank_from: str | None, rank_map: str | None, progre
     return load_with_progress(path, rank_from, rank_map, progress)
 
 
-def add_drawn_ops(analysis, path: Path, rank_from: str | None, rank_map: str | None, say) -> None:
+def add_drawn_ops(
+    analysis: Analysis, path: Path, rank_from: str | None, rank_map: str | None, say: Callable[[str], None] | None
+) -> None:
     """After :func:`load_to_draw` and the analysis: the working sets of the ranks the report
     draws, where the load reduced them (``loading.with_drawn_ops``)."""
     run = analysis.run
@@ -346,7 +352,7 @@ def work_progress(progress: bool | None) -> Callable[[str], None] | None:
     return say
 
 
-def _document_cache(run_dir: Path, options: dict):
+def _document_cache(run_dir: Path, options: dict[str, Any]) -> tuple[ParseCache | None, str | None, list[Path] | None]:
     """The parse cache, this analysis's key in it and the run's trace files, or Nones
     without a cache (or before every file's digest is known)."""
     settings = load_options()
@@ -361,7 +367,7 @@ def _document_cache(run_dir: Path, options: dict):
     found = find_traces(run_dir, settings.iteration, options.get("rank_from"))
     folder = Path(run_dir) if Path(run_dir).is_dir() else Path(run_dir).parent
     # What discovery decided (which files are traces, which iteration) is part of the answer.
-    labels = settings.labels
+    labels = cast("LabelSet | None", settings.labels)  # load_options reads them into a LabelSet
     decided = {
         **options,
         "iteration": settings.iteration,
@@ -373,21 +379,23 @@ def _document_cache(run_dir: Path, options: dict):
     return cache, key, found.files
 
 
-def cached_document(run_dir: Path, options: dict) -> dict | None:
+def cached_document(run_dir: Path, options: dict[str, Any]) -> dict[str, Any] | None:
     """The stored analysis of this unchanged run with these options, if any, naming this
     run's own folder and files (a copy of a run elsewhere is the same analysis)."""
     cache, key, files = _document_cache(run_dir, options)
     if key is None:
         return None
+    assert cache is not None and files is not None  # a key comes with both
     from tracekit.commands.document_cache import load_document
 
     return load_document(cache, key, str(Path(run_dir)), files)
 
 
-def remember_document(run_dir: Path, options: dict, document: dict) -> None:
+def remember_document(run_dir: Path, options: dict[str, Any], document: dict[str, Any]) -> None:
     """Store an analysis for the next run (its files' digests are known by now)."""
     cache, key, files = _document_cache(run_dir, options)
     if key is not None:
+        assert cache is not None and files is not None  # a key comes with both
         from tracekit.commands.document_cache import store_document
 
         store_document(cache, key, document, str(Path(run_dir)), files)

@@ -5,11 +5,15 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from tracekit.commands.common import TracekitCommand, load_with_progress, rank_options
 from tracekit.errors import TracekitError
+
+if TYPE_CHECKING:
+    from tracekit.analyze.compare import Comparison
 
 # Blame rows shown on the console (all of them are in --json).
 _BLAME_ROWS = 5
@@ -82,7 +86,7 @@ def command(
         click.echo(_console(comparison))
 
 
-def _console(c) -> str:
+def _console(c: Comparison) -> str:
     from tracekit.render.console import table
     from tracekit.text import for_terminal
     from tracekit.vocab import CAUSE_NAMES, ms, pct, points, signed_ms
@@ -112,6 +116,7 @@ def _console(c) -> str:
         headers += ["largest cause change"] if c.rank_causes else []
         rows = []
         for ch in c.ranks:
+            assert ch.rank is not None  # a rank's change names it
             row = [str(ch.rank), pct(ch.a), pct(ch.b), points(ch.delta)]
             compute = c.compute_change(ch.rank)
             if compute is not None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
 from tracekit.ingest.cache import CACHE_FORMAT, ParseCache, file_stamp, sources_digest
 from tracekit.version import __version__
@@ -24,7 +25,9 @@ def package_fingerprint() -> str:
     return sources_digest(sorted(package.rglob("*.py")) + sorted(package.rglob("*.c")), __version__.encode())
 
 
-def analysis_key(cache: ParseCache, run: Path, paths: list[Path], options: dict, extra_files: list[Path]) -> str | None:
+def analysis_key(
+    cache: ParseCache, run: Path, paths: list[Path], options: dict[str, Any], extra_files: list[Path]
+) -> str | None:
     """The key of a whole analysis: every trace file's content and place in the run (from
     the digest memo only, so the lookup reads no trace), ``extra_files``' bytes
     (capture.json), the options and the code; not where the run is, so a copy of a run
@@ -53,7 +56,7 @@ def _place_in_run(path: Path, run: Path) -> str:
 # files): the answer names the folder it is asked about, not the one it was computed for.
 
 
-def store_document(cache: ParseCache, key: str, document: dict, source: str, files: list[Path]) -> None:
+def store_document(cache: ParseCache, key: str, document: dict[str, Any], source: str, files: list[Path]) -> None:
     """Store ``document`` (the analysis of the run ``source`` made of ``files``) under
     ``key``, without its paths; a document naming other paths is not stored."""
     index = {str(path): number for number, path in enumerate(files)}
@@ -69,7 +72,7 @@ def store_document(cache: ParseCache, key: str, document: dict, source: str, fil
     cache.write_file(_document_path(cache, key), hashlib.sha256(body).hexdigest().encode() + b"\n" + body)
 
 
-def load_document(cache: ParseCache, key: str, source: str, files: list[Path]) -> dict | None:
+def load_document(cache: ParseCache, key: str, source: str, files: list[Path]) -> dict[str, Any] | None:
     """The document stored under ``key``, naming ``source`` and ``files``; None when there
     is none or it is not exactly what was stored (cut short, altered): analyse again."""
     data = cache.read_file(_document_path(cache, key))
@@ -79,7 +82,7 @@ def load_document(cache: ParseCache, key: str, source: str, files: list[Path]) -
     if hashlib.sha256(body).hexdigest().encode() != checksum:
         return None
     try:
-        document = json.loads(body)
+        document: dict[str, Any] = json.loads(body)
         document["source"] = source
         for described in document["files"]:
             described["path"] = str(files[described["path"]])

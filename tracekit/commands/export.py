@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -13,6 +14,9 @@ from tracekit.commands.common import TracekitCommand, load_with_progress, rank_o
 from tracekit.errors import TracekitError
 from tracekit.output import OutputTarget
 from tracekit.text import for_terminal
+
+if TYPE_CHECKING:
+    from tracekit.analyze import Analysis
 
 
 @click.command("export", cls=TracekitCommand)
@@ -113,6 +117,7 @@ def command(
     run = load_with_progress(run_dir, rank_from, rank_map, progress, "all" if with_ops else "analysis")
     analysis = analyze(run)
     if target is not None:
+        assert output is not None  # the target is output's
         _write_chrome_trace(analysis, target, output, with_ops)
     elif run.completeness is not None and not run.completeness.complete:
         click.echo(f"tracekit: warning: {for_terminal(run.completeness.message())}", err=True)
@@ -122,7 +127,7 @@ def command(
         _write_tensorboard(analysis, logdir, run_dir)
 
 
-def _write_chrome_trace(analysis, target: OutputTarget, output: Path, with_ops: bool) -> None:
+def _write_chrome_trace(analysis: Analysis, target: OutputTarget, output: Path, with_ops: bool) -> None:
     from tracekit.render.chrome_trace import encode_chrome_trace, to_chrome_trace
 
     document = to_chrome_trace(analysis, with_ops=with_ops)
@@ -156,7 +161,7 @@ def _table_targets(folder: Path, run_dir: Path, with_csv: bool) -> dict[str, Out
     }
 
 
-def _write_tables(analysis, folder: Path, targets: dict[str, OutputTarget], with_csv: bool) -> None:
+def _write_tables(analysis: Analysis, folder: Path, targets: dict[str, OutputTarget], with_csv: bool) -> None:
     from tracekit.analyze.tabular import tables
     from tracekit.render.protocol import RENDERERS, NamedTable
 
@@ -172,7 +177,7 @@ def _write_tables(analysis, folder: Path, targets: dict[str, OutputTarget], with
     click.echo(for_terminal(f"wrote {folder}: {len(frames)} tables as {formats} (rows: {rows})"), err=True)
 
 
-def _write_tensorboard(analysis, logdir: Path, run_dir: Path) -> None:
+def _write_tensorboard(analysis: Analysis, logdir: Path, run_dir: Path) -> None:
     import time
 
     from tracekit.analyze.tabular import step_scalars

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -11,7 +12,9 @@ from tracekit.ingest.discovery import every_trace
 from tracekit.output import OutputTarget
 
 
-def run_output(path: Path, option: str, run_dir: Path, also_protect: Mapping[Path, str] | None = None) -> OutputTarget:
+def run_output(
+    path: str | os.PathLike[str], option: str, run_dir: Path, also_protect: Mapping[Path, str] | None = None
+) -> OutputTarget:
     """Where a command will write ``path``, refused now if that would write over one of the
     run's files (its traces, its capture manifest, or ``also_protect``: other inputs such as
     a baseline) or drop a file into the run folder that the next ``tracekit analyze`` would

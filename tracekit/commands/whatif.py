@@ -5,11 +5,18 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from tracekit.commands.common import TracekitCommand, load_with_progress, rank_options, work_progress
 from tracekit.model import schedules as traits
+
+if TYPE_CHECKING:
+    from tracekit.analyze.costs import CostModel
+    from tracekit.analyze.split import SplitReport
+    from tracekit.ingest.kineto_memory import MemoryEvents
+    from tracekit.model.run import Run
 
 SCHEDULE_CHOICES = list(traits.names(generated=True))  # every schedule what-if generates
 
@@ -279,7 +286,17 @@ def command(
             click.echo(render_split(report, result.measured_step_ns))
 
 
-def _split(run, model, targets, balanced, splits, layer_costs, keep, replays, seed):
+def _split(
+    run: Run,
+    model: CostModel,
+    targets: list[tuple[str, int, int]] | None,
+    balanced: bool,
+    splits: tuple[str, ...],
+    layer_costs: Path | None,
+    keep: str,
+    replays: int,
+    seed: int,
+) -> tuple[SplitReport | None, str | None]:
     """The split search and the given splits (a SplitReport), or, for --balanced on a run
     whose layers cannot be read, None and the note that the rank-balanced rows stand in."""
     from tracekit.analyze.layers import layer_costs_from_ops, read_layer_costs
@@ -308,7 +325,7 @@ def _split(run, model, targets, balanced, splits, layer_costs, keep, replays, se
     return split_report(model, layers, targets, balanced, given, keep, replays, seed), None
 
 
-def _memory_events(run) -> dict:
+def _memory_events(run: Run) -> dict[int, MemoryEvents]:
     """Each Kineto file's [memory] events by rank (read only when an activation size is asked for)."""
     from tracekit.ingest.kineto_memory import read_memory_events
 

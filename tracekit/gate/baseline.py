@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from tracekit.analyze.compare import Measures
 from tracekit.errors import TracekitError
@@ -29,7 +30,7 @@ KIND = "tracekit-baseline"
 SCHEMA_VERSION = "1.0"
 
 
-def to_document(measures: Measures) -> dict:
+def to_document(measures: Measures) -> dict[str, Any]:
     """The baseline file's content for a measured run."""
     return {
         "kind": KIND,
@@ -86,7 +87,7 @@ def read_baseline(path: Path) -> Measures:
         ) from None
 
 
-def _measures(doc: dict) -> Measures:
+def _measures(doc: dict[str, Any]) -> Measures:
     schedule = doc["schedule"]
     if schedule is not None:
         schedule = {
@@ -115,7 +116,7 @@ def _measures(doc: dict) -> Measures:
     )
 
 
-def _share(value) -> float:
+def _share(value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
         raise ValueError(f"{value!r} is not a ratio between 0 and 1")
     return float(value)

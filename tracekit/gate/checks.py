@@ -9,6 +9,7 @@ baseline, so that the gate keeps what was won.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from tracekit.analyze.compare import Measures, schedule_key
 from tracekit.errors import TracekitError
@@ -48,7 +49,7 @@ class Check:
         text = f"{status} {self.name} {self.shown(self.value)} {op} {self.rule}"
         return f"{text}: {self.note}" if self.note else text
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         digits = 0 if self.unit == "ns" else 6
         return {
             "id": self.id,
@@ -94,7 +95,7 @@ class GateResult:
         ordered = self.failures + [c for c in self.checks if c.passed]
         return [c.line() for c in ordered] + [f"note: {n}" for n in self.notes]
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         m = self.measures
         return {
             "kind": "tracekit-check",
@@ -232,6 +233,7 @@ def _check_step_time(result: GateResult) -> None:
         )
     if not against_baseline:
         return
+    assert baseline is not None and config.step_tolerance is not None  # against_baseline says so
     base, tolerance = baseline.step_ns, config.step_tolerance
     if base <= 0:
         raise TracekitError(

@@ -29,6 +29,7 @@ choice made for one known machine, never a default that turns existing gates red
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -120,7 +121,7 @@ def cause_name(text: str, where: str) -> str:
     return name
 
 
-def share(value, where: str) -> float:
+def share(value: object, where: str) -> float:
     """A share of the window, 0..1; ``"10%"`` is accepted for 0.10."""
     text = str(value).strip()
     try:
@@ -132,7 +133,7 @@ def share(value, where: str) -> float:
     return number
 
 
-def step_ms(value, where: str) -> int:
+def step_ms(value: object, where: str) -> int:
     """A step time limit in milliseconds (``520``, ``520.5``), as ns."""
     try:
         number = float(str(value).strip())  # TOML's true reads "True": not a number
@@ -145,7 +146,7 @@ def step_ms(value, where: str) -> int:
     return round(number * 1e6)
 
 
-def cause_items(items, where: str) -> dict[str, Limit]:
+def cause_items(items: dict[str, object] | Iterable[str], where: str) -> dict[str, Limit]:
     """``("comm=0.10", ...)`` (flags) or ``{"comm": 0.10}`` (config) -> cause -> limit."""
     out: dict[str, Limit] = {}
     pairs = items.items() if isinstance(items, dict) else (_split(item, where) for item in items)

@@ -50,7 +50,7 @@ _RACY_NS = 1_000_000_000
 _META_KEY = b"tracekit"
 
 
-def _filesystem(url: str):
+def _filesystem(url: str) -> tuple[Any, str]:  # (an fsspec filesystem, its path)
     """The fsspec filesystem and path of a cache URL, or one line on what to install."""
     try:
         import fsspec
@@ -60,7 +60,8 @@ def _filesystem(url: str):
             "install fsspec s3fs); or give a local folder"
         ) from None
     try:
-        return fsspec.core.url_to_fs(url)
+        fs_and_path: tuple[Any, str] = fsspec.core.url_to_fs(url)
+        return fs_and_path
     except ImportError as err:  # a known protocol whose package is not installed
         raise TracekitError(f"{url}: {first_line(err)} (e.g. pip install s3fs); or give a local folder") from None
     except ValueError as err:  # an unknown protocol
@@ -136,7 +137,7 @@ class Lookup:
 class ParseCache:
     """Parsed files under one root folder (local path or fsspec URL)."""
 
-    def __init__(self, root: str | os.PathLike):
+    def __init__(self, root: str | os.PathLike[str]):
         root = str(root)
         if "://" in root:
             self.fs, base = _filesystem(root)
@@ -148,7 +149,7 @@ class ParseCache:
         self.misses = 0
 
     # -- lookups -----------------------------------------------------------------------
-    def lookup(self, path: Path, options: dict, file_id: int, hash_file: bool = True) -> Lookup:
+    def lookup(self, path: Path, options: dict[str, Any], file_id: int, hash_file: bool = True) -> Lookup:
         """Find ``path``'s entry. Its digest comes from the memo, else (``hash_file``) from
         reading the file; without either there is no key and no hit."""
         path = Path(path)
@@ -161,7 +162,7 @@ class ParseCache:
         key = self.entry_key(path.name, options, digest)
         return Lookup(key, self.load(key, path, file_id), stamp)
 
-    def entry_key(self, name: str, options: dict, digest: str) -> str:
+    def entry_key(self, name: str, options: dict[str, Any], digest: str) -> str:
         ident = json.dumps(
             {
                 "format": CACHE_FORMAT,
@@ -199,7 +200,8 @@ class ParseCache:
         file is read."""
         memo = self._read_json(self._memo_path(path))
         if memo and memo.get("stamp") == stamp and memo.get("trusted") and isinstance(memo.get("sha256"), str):
-            return memo["sha256"]
+            digest: str = memo["sha256"]
+            return digest
         return None
 
     def _hash(self, path: Path, stamp: list[int]) -> str:
@@ -240,7 +242,7 @@ class ParseCache:
         self.hits += 1
         return parsed
 
-    def _unpack(self, table, key: str, path: Path, file_id: int) -> Parsed:
+    def _unpack(self, table: Any, key: str, path: Path, file_id: int) -> Parsed:
         meta = json.loads(table.schema.metadata[_META_KEY])
         if meta.get("key") != key or table.schema.names != event_schema().names:
             raise ValueError("entry does not match its key or the event schema")
@@ -292,11 +294,12 @@ class ParseCache:
             if self.fs is None:
                 return Path(path).read_bytes()
             with self.fs.open(path, "rb") as fh:
-                return fh.read()
+                data: bytes = fh.read()
+                return data
         except OSError:
             return None
 
-    def _read_json(self, path: str) -> dict | None:
+    def _read_json(self, path: str) -> dict[str, Any] | None:
         data = self.read_file(path)
         try:
             value = json.loads(data) if data is not None else None
@@ -308,7 +311,7 @@ class ParseCache:
         """Write ``data`` to ``path`` in the cache, whole or not at all."""
         self._write(path, lambda fh: fh.write(data))
 
-    def _write(self, path: str, write: Callable) -> None:
+    def _write(self, path: str, write: Callable[..., Any]) -> None:
         """Write ``path`` through a temporary file and a rename: readers see the old entry
         or the new one, never a part. A cache that cannot be written (read-only, full disk)
         is skipped: it only ever saves time."""
@@ -357,7 +360,7 @@ def _arrays(value: Any) -> Any:
     return value  # (no array lies in a list)
 
 
-def _facts_digest(files: list) -> str:
+def _facts_digest(files: list[Any]) -> str:
     """Parquet checksums cover the column pages, not the footer's metadata, where the file
     facts (rank, world size, ...) are: they carry their own digest."""
     return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()

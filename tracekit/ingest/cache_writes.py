@@ -13,8 +13,12 @@ import dataclasses
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tracekit.ingest.columns import Parsed
+
+if TYPE_CHECKING:
+    from tracekit.ingest.cache import ParseCache
 
 
 @dataclass
@@ -50,7 +54,7 @@ class PendingEntry:
         except OSError:
             return False
 
-    def _cache(self):
+    def _cache(self) -> ParseCache:
         from tracekit.ingest.cache import ParseCache
 
         return ParseCache(self.cache_dir)

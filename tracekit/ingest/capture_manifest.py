@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any, NoReturn
 
 
-def load_capture_manifest(folder: Path, warnings: list[str] | None = None) -> dict | None:
+def load_capture_manifest(folder: Path, warnings: list[str] | None = None) -> dict[str, Any] | None:
     """``capture.json`` beside the traces (what ran: optional metadata), or None. One that
     cannot be read (not UTF-8, not JSON, not an object) is ignored with a warning."""
     manifest = folder / "capture.json"
@@ -35,7 +36,7 @@ def load_capture_manifest(folder: Path, warnings: list[str] | None = None) -> di
     return None
 
 
-def _not_json(token: str):
+def _not_json(token: str) -> NoReturn:
     """Python's json reads NaN and Infinity; JSON has no such numbers, and the documents
     that carry the manifest on must stay JSON."""
     raise ValueError(f"{token} is not JSON")
@@ -49,7 +50,7 @@ def _finite(token: str) -> float:
     return value
 
 
-def _encodable(document: dict) -> dict:
+def _encodable(document: dict[str, Any]) -> dict[str, Any]:
     """The manifest with every string encodable as UTF-8 (JSON's escapes allow lone
     surrogates; the writers that show the manifest do not)."""
     text = json.dumps(document, ensure_ascii=False)
@@ -58,5 +59,6 @@ def _encodable(document: dict) -> dict:
     except UnicodeEncodeError:
         from tracekit.ingest.validate import valid_text
 
-        return json.loads(valid_text(text))
+        encodable: dict[str, Any] = json.loads(valid_text(text))
+        return encodable
     return document

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import ctypes
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -26,6 +28,9 @@ from tracekit.model.events import (
     event_schema,
 )
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 # numpy only at import (parser workers); pandas and pyarrow load where a method needs them.
 NUMBER_COLUMNS = [c for c in EVENT_COLUMNS if c not in STRING_COLUMNS]
 _DTYPES = {c: np.dtype(kind) for c, kind in _NUMPY_DTYPES.items()}
@@ -36,7 +41,7 @@ def row_indices(rows: np.ndarray) -> np.ndarray:
     return np.flatnonzero(rows) if rows.dtype == bool else rows
 
 
-def take_rows(arrays: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
+def take_rows(arrays: Mapping[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
     """Each array's rows that ``rows`` selects (a mask or indices), in order. A mask becomes
     indices once (:func:`row_indices`; for several dicts, once for them all): indexing a dozen
     columns by the mask itself scans it again for each, ~4x slower on a GPU rank's working set."""
@@ -61,7 +66,7 @@ class EventColumns:
         return EventColumns(take_rows(self.numbers, rows), take_rows(self.codes, rows), self.values)
 
     @classmethod
-    def from_frame(cls, frame) -> "EventColumns":
+    def from_frame(cls, frame: pd.DataFrame) -> "EventColumns":
         import pandas as pd
 
         frame = conform(frame)
@@ -74,7 +79,7 @@ class EventColumns:
         return cls(numbers, codes, values)
 
     @classmethod
-    def from_arrow(cls, table) -> "EventColumns":
+    def from_arrow(cls, table: Any) -> "EventColumns":  # a pyarrow.Table (pyarrow ships no types)
         import pyarrow as pa
 
         numbers = {c: table.column(c).to_numpy().astype(_DTYPES[c], copy=False) for c in NUMBER_COLUMNS}
@@ -87,7 +92,7 @@ class EventColumns:
             values[col] = encoded.dictionary.to_pylist()
         return cls(numbers, codes, values)
 
-    def to_arrow(self):
+    def to_arrow(self) -> Any:  # a pyarrow.Table
         import pyarrow as pa
 
         schema = event_schema()
@@ -106,7 +111,7 @@ class EventColumns:
             {c: list(v) for c, v in self.values.items()},
         )
 
-    def to_frame(self):
+    def to_frame(self) -> pd.DataFrame:
         return events_frame([self])
 
 
@@ -114,13 +119,13 @@ class EventColumns:
 Parsed = list[tuple[TraceFile, EventColumns]]
 
 
-def _strings(codes: np.ndarray, values: list[str]):
+def _strings(codes: np.ndarray, values: list[str]) -> Any:  # a pyarrow.DictionaryArray
     import pyarrow as pa
 
     return pa.DictionaryArray.from_arrays(pa.array(codes, type=pa.int32()), pa.array(values, type=pa.large_string()))
 
 
-def events_frame(parts: list[EventColumns]):
+def events_frame(parts: list[EventColumns]) -> pd.DataFrame:
     """All parts as one conformed events table. Empties ``parts`` as it goes (each part's
     arrays are released once copied), so call it with parts nobody else needs."""
     held = sum(v.nbytes for part in parts for v in part.numbers.values())
@@ -157,7 +162,7 @@ def release_freed_memory() -> None:
         pass
 
 
-def _join_strings(parts: list[EventColumns], col: str):
+def _join_strings(parts: list[EventColumns], col: str) -> Any:  # a pandas extension array
     index: dict[str, int] = {}
     pieces = []
     for part in parts:
@@ -170,10 +175,11 @@ def _join_strings(parts: list[EventColumns], col: str):
 
     values = list(index)
     if not len(codes) or codes.min() < 0:
-        return canonical_strings(pd.Categorical.from_codes(codes, categories=values)).array
+        # pandas-stubs take categories only as an Index; pandas takes any list-like
+        return canonical_strings(pd.Categorical.from_codes(codes, categories=values)).array  # type: ignore[call-overload]
     # canonical_strings' categories (the values present, sorted) built at once: ~1.4 ms less a
     # column than its two steps through a Series
     present = sorted(np.flatnonzero(np.bincount(codes, minlength=len(values))).tolist(), key=values.__getitem__)
     recode = np.empty(len(values), dtype=np.int32)
     recode[present] = np.arange(len(present), dtype=np.int32)
-    return pd.Categorical.from_codes(recode[codes], categories=[values[i] for i in present])
+    return pd.Categorical.from_codes(recode[codes], categories=[values[i] for i in present])  # type: ignore[call-overload]

@@ -8,14 +8,14 @@ of the files it parses (:func:`~tracekit.ingest.file_task.ingest_one`).
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 from tracekit.errors import TracekitError
 from tracekit.ingest.columns import Parsed
 from tracekit.ingest.file_task import IngestTask, WorkerDied, default_jobs, file_size, ingest_one
 
 
-def _ingest_on_dask(task: IngestTask):
+def _ingest_on_dask(task: IngestTask) -> tuple[str, Parsed | TracekitError]:
     """:func:`ingest_one` for a Dask worker: a user's bad file comes back as a value, not as a
     failed task, which Dask would log with its traceback on the worker's stderr."""
     try:
@@ -26,7 +26,7 @@ def _ingest_on_dask(task: IngestTask):
 
 def run_on_dask(
     tasks: list[IngestTask],
-    scheduler,
+    scheduler: Any,  # an address, a distributed.Client or None
     jobs: int | None,
     on_done: Callable[[IngestTask], None] | None,
     bytes_read: Callable[[int], None] | None,
@@ -43,7 +43,7 @@ def run_on_dask(
     else:
         if scheduler:
             try:
-                client = Client(scheduler, timeout="30s")
+                client = Client(scheduler, timeout="30s")  # type: ignore[no-untyped-call]  # distributed leaves it untyped
             except (OSError, TimeoutError) as err:
                 raise TracekitError(
                     f"--scheduler {scheduler}: cannot reach a Dask scheduler there ({err}); give "
@@ -57,21 +57,21 @@ def run_on_dask(
             # port moved because another cluster holds 8787) are not the user's business.
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                cluster = LocalCluster(
+                cluster = LocalCluster(  # type: ignore[no-untyped-call]  # distributed leaves it untyped
                     n_workers=jobs or default_jobs(len(tasks)),
                     threads_per_worker=1,
                     host="127.0.0.1",
                     dashboard_address=None,
                     silence_logs=logging.CRITICAL,
                 )
-            client = Client(cluster)
+            client = Client(cluster)  # type: ignore[no-untyped-call]  # distributed leaves it untyped
         own_client = True
     futures = []
     try:
         futures = client.map(_ingest_on_dask, tasks, pure=False)
         index = {future.key: i for i, future in enumerate(futures)}
         results: list[Parsed | None] = [None] * len(tasks)
-        for future in dask_completed(futures):
+        for future in dask_completed(futures):  # type: ignore[no-untyped-call]  # distributed leaves it untyped
             i = index[future.key]
             try:
                 status, answer = future.result()
@@ -90,8 +90,8 @@ def run_on_dask(
         return results  # type: ignore[return-value]
     finally:
         if futures:
-            client.cancel([f for f in futures if not f.done()])
+            client.cancel([f for f in futures if not f.done()])  # type: ignore[no-untyped-call]  # distributed leaves it untyped
         if own_client:
-            client.close()
+            client.close()  # type: ignore[no-untyped-call]  # distributed leaves it untyped
         if cluster is not None:
             cluster.close()

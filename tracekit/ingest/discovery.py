@@ -14,6 +14,7 @@ import dataclasses
 import os
 import re
 from pathlib import Path
+from typing import Any, cast
 
 from tracekit.errors import RunLayoutError, TracekitError
 from tracekit.ingest.sniff import KINETO, KINETO_SUFFIXES, NSYS_SUFFIXES, trace_format
@@ -42,7 +43,7 @@ class Discovery:
     skipped: list[str]  # names (relative to the run folder) of files that are not traces
 
 
-def compile_rank_pattern(rank_pattern: str | None) -> re.Pattern | None:
+def compile_rank_pattern(rank_pattern: str | None) -> re.Pattern[str] | None:
     """``--rank-from`` as a regex with a group, or one line saying what is wrong with it."""
     if rank_pattern is None:
         return None
@@ -76,7 +77,9 @@ def find_traces(path: Path, iteration: int | None = None, rank_pattern: str | No
                 f"--iteration {iteration}: {path} is one file; --iteration chooses "
                 "among the iteration_N folders of a run folder"
             )
-        found = Discovery([path], {path: trace_format(path, pattern, claimed=True)}, [], [])
+        claimed_format = trace_format(path, pattern, claimed=True)
+        assert claimed_format is not None  # a file the user names always has a format
+        found = Discovery([path], {path: claimed_format}, [], [])
     else:
         found = _search(path, iteration, pattern)
     _check_rank_pattern(found, rank_pattern, pattern)
@@ -101,7 +104,7 @@ def every_trace(path: Path) -> list[Path]:
     return sorted(traces)
 
 
-def _search(run: Path, iteration: int | None, pattern: re.Pattern | None) -> Discovery:
+def _search(run: Path, iteration: int | None, pattern: re.Pattern[str] | None) -> Discovery:
     formats, skipped = _traces_in(run, run, pattern)
     warnings: list[str] = []
     if formats:
@@ -133,7 +136,7 @@ def _search(run: Path, iteration: int | None, pattern: re.Pattern | None) -> Dis
     return Discovery(files, {f: formats[f] for f in files}, warnings, skipped)
 
 
-def _traces_in(folder: Path, run: Path, pattern: re.Pattern | None) -> tuple[dict[Path, str], list[str]]:
+def _traces_in(folder: Path, run: Path, pattern: re.Pattern[str] | None) -> tuple[dict[Path, str], list[str]]:
     """The traces directly in ``folder`` with their formats, and the names of the files
     there that have a trace's suffix but are not traces."""
     formats: dict[Path, str] = {}
@@ -165,7 +168,7 @@ def _traces_in(folder: Path, run: Path, pattern: re.Pattern | None) -> tuple[dic
     return formats, skipped
 
 
-def _trace_folders(run: Path, pattern: re.Pattern | None) -> dict[Path, tuple[dict[Path, str], list[str]]]:
+def _trace_folders(run: Path, pattern: re.Pattern[str] | None) -> dict[Path, tuple[dict[Path, str], list[str]]]:
     """Every folder below ``run`` (to a bounded depth) that holds traces, with them; the
     search goes no deeper into a folder of traces."""
     found: dict[Path, tuple[dict[Path, str], list[str]]] = {}
@@ -207,7 +210,7 @@ def _subfolders(folder: Path) -> list[Path]:
     ]
 
 
-def _is_folder(entry: os.DirEntry) -> bool:
+def _is_folder(entry: os.DirEntry[str]) -> bool:
     try:
         return entry.is_dir()
     except OSError:  # a link that loops (ELOOP) or cannot be followed
@@ -219,7 +222,7 @@ def _is_cache_folder(folder: Path) -> bool:
     return any(re.fullmatch(r"v\d+", child.name) and (child / "hashes").is_dir() for child in folder.iterdir())
 
 
-def _choose(run: Path, folders: dict, iteration: int | None) -> tuple[dict, list[str]]:
+def _choose(run: Path, folders: dict[Any, Any], iteration: int | None) -> tuple[dict[Any, Any], list[str]]:
     """The folders that make the run: every folder of traces, but of the iteration_N
     folders only those of one N (``iteration``, else the highest)."""
     numbers = {folder: int(m.group(1)) for folder in folders if (m := _ITERATION_FOLDER.fullmatch(folder.name))}
@@ -229,7 +232,8 @@ def _choose(run: Path, folders: dict, iteration: int | None) -> tuple[dict, list
         return folders, []
     available = sorted(set(numbers.values()))
     names = sorted(
-        {folder.name for folder in numbers}, key=lambda name: int(_ITERATION_FOLDER.fullmatch(name).group(1))
+        {folder.name for folder in numbers},
+        key=lambda name: int(cast(re.Match[str], _ITERATION_FOLDER.fullmatch(name)).group(1)),  # each one matched
     )
     if iteration is None:
         taken = available[-1]
@@ -247,7 +251,7 @@ def _choose(run: Path, folders: dict, iteration: int | None) -> tuple[dict, list
     return chosen, warnings
 
 
-def _refuse_one_rank_in_two_folders(run: Path, chosen: dict, pattern: re.Pattern | None) -> None:
+def _refuse_one_rank_in_two_folders(run: Path, chosen: dict[Any, Any], pattern: re.Pattern[str] | None) -> None:
     """Folders of traces that are not iterations of one another are read as one run; a rank
     (by file name) in two of them means they are not one run."""
     if len(chosen) < 2:
@@ -269,7 +273,7 @@ def _refuse_one_rank_in_two_folders(run: Path, chosen: dict, pattern: re.Pattern
             seen[ident] = trace
 
 
-def _check_rank_pattern(found: Discovery, text: str | None, pattern: re.Pattern | None) -> None:
+def _check_rank_pattern(found: Discovery, text: str | None, pattern: re.Pattern[str] | None) -> None:
     """Before any parsing: every Kineto trace's name must give its rank to ``--rank-from``."""
     if pattern is None:
         return

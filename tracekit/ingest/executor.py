@@ -18,7 +18,7 @@ the few rows messages need, see :mod:`tracekit.reconstruct.per_rank`). Cross-ran
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from tracekit.errors import TracekitError
 from tracekit.ingest.cache_writes import write_deferred_entries
@@ -42,7 +42,7 @@ def parse_files(
     *,
     executor: str = "local",
     jobs: int | None = None,
-    scheduler=None,
+    scheduler: Any = None,  # an address or a distributed.Client
     cache_dir: str | None = None,
     bytes_read: Callable[[int], None] | None = None,
     rows: str = "all",
@@ -103,7 +103,7 @@ def run_tasks(
     tasks: list[IngestTask],
     executor: str = "local",
     jobs: int | None = None,
-    scheduler=None,
+    scheduler: Any = None,  # an address or a distributed.Client
     on_done: Callable[[IngestTask], None] | None = None,
     bytes_read: Callable[[int], None] | None = None,
     warm_up: tuple[str, ...] = WARM_UP,
@@ -137,7 +137,12 @@ def run_tasks(
     return results  # type: ignore[return-value]
 
 
-def _cached_here(tasks: list[IngestTask], results: list, on_done, bytes_read) -> list[int]:
+def _cached_here(
+    tasks: list[IngestTask],
+    results: list[Any],
+    on_done: Callable[[IngestTask], None] | None,
+    bytes_read: Callable[[int], None] | None,
+) -> list[int]:
     """Fill ``results`` with the parses the cache holds for files whose digest is already
     known (no hashing here); return the indices still to parse."""
     if not any(task.cache_dir for task in tasks):  # nothing to look up: no cache to import

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from tracekit.errors import TracekitError, TraceFormatError
 from tracekit.ingest.columns import EventColumns, Parsed
@@ -78,9 +78,9 @@ class IngestTask:
     rows: str = "all"  # "all", "analysis": the working set (ingest.working_set), or "reduce"
     reducer: Reducer | None = None  # rows="reduce": run on the working set (ingest.options)
 
-    def options(self) -> dict:
+    def options(self) -> dict[str, Any]:
         rank_map = sorted(self.rank_map.items()) if self.rank_map else None
-        options = {"rank_pattern": self.rank_pattern, "rank_map": rank_map}
+        options: dict[str, Any] = {"rank_pattern": self.rank_pattern, "rank_map": rank_map}
         if self.rows != "all":
             options["rows"] = self.rows
         if self.rows == "reduce" and self.reducer is not None:
@@ -121,6 +121,7 @@ def parse_one(task: IngestTask, bytes_read: Callable[[int], None] | None = None)
     if found is not None and found.key is not None:
         from tracekit.ingest.cache_writes import PendingEntry
 
+        assert task.cache_dir is not None  # found is the cache's answer
         return parsed, PendingEntry(task.cache_dir, found.key, task.path, found.stamp)
     return parsed, None
 

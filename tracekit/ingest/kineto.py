@@ -135,7 +135,7 @@ _WHAT_WE_READ = "PyTorch profiler (Kineto) traces and Nsight Systems SQLite expo
 _MAX_RANKS = 1 << 24
 
 
-def _header_count(path: Path, info: dict, key: str, least: int, warnings: list[str]) -> int | None:
+def _header_count(path: Path, info: dict[str, Any], key: str, least: int, warnings: list[str]) -> int | None:
     """An integer of ``distributedInfo`` (``world_size``, ``rank``): a number written as
     text is read as one; a value of another type is ignored with a warning; a number no
     job can have is a damaged header (one line)."""
@@ -157,12 +157,12 @@ def _header_count(path: Path, info: dict, key: str, least: int, warnings: list[s
     return value
 
 
-def _shown(value) -> str:
+def _shown(value: object) -> str:
     text = valid_text(repr(value))
     return text if len(text) <= 40 else text[:40] + "..."
 
 
-def _header_text(value) -> str | None:
+def _header_text(value: object) -> str | None:
     """A header string (host name, backend) as text every writer can encode; None if absent
     or not a string."""
     return valid_text(value) if isinstance(value, str) else None
@@ -171,7 +171,7 @@ def _header_text(value) -> str | None:
 _EPOCH_US_FLOOR = 9.0e14
 
 
-def _time_base(path: Path, doc: dict, first_x_ts, warnings: list[str]) -> tuple[int, str]:
+def _time_base(path: Path, doc: dict[str, Any], first_x_ts: int | float | None, warnings: list[str]) -> tuple[int, str]:
     """The ns to add to ``ts * 1000``, and whether the result is Unix time."""
     base_ns = doc.get("baseTimeNanoseconds")
     if isinstance(base_ns, (int, float)) and not isinstance(base_ns, bool) and base_ns > 0:
@@ -186,7 +186,7 @@ def _time_base(path: Path, doc: dict, first_x_ts, warnings: list[str]) -> tuple[
 
 
 def _decide_rank(
-    path: Path, info: dict, rank_pattern: str | None, warnings: list[str] | None = None
+    path: Path, info: dict[str, Any], rank_pattern: str | None, warnings: list[str] | None = None
 ) -> tuple[int, str]:
     if rank_pattern:
         match = re.search(rank_pattern, path.name)
@@ -210,7 +210,7 @@ def _decide_rank(
     return -1, "unknown"
 
 
-def _process_groups(info: dict, group_ranks: dict[str, list[int]]) -> list[dict[str, Any]]:
+def _process_groups(info: dict[str, Any], group_ranks: dict[str, list[int]]) -> list[dict[str, Any]]:
     """The groups of pg_config that :func:`_group_rank_maps` read, with their descriptions."""
     described = {}
     for pg in info.get("pg_config") or []:
@@ -221,7 +221,7 @@ def _process_groups(info: dict, group_ranks: dict[str, list[int]]) -> list[dict[
     ]
 
 
-def _group_rank_maps(path: Path, info: dict, warnings: list[str]) -> dict[str, list[int]]:
+def _group_rank_maps(path: Path, info: dict[str, Any], warnings: list[str]) -> dict[str, list[int]]:
     """Process group name -> its global ranks, from ``distributedInfo.pg_config``; entries
     that are not a group with a list of ranks are ignored (with one warning)."""
     groups = info.get("pg_config") or []

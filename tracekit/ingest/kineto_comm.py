@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from tracekit.ingest.validate import valid_text
 
 _DTYPE_BYTES = {
@@ -38,7 +40,7 @@ _DTYPE_BYTES = {
 }
 
 
-def _gloo_p2p_args(args: dict, default_group: list[int] | None) -> tuple[int, int, int]:
+def _gloo_p2p_args(args: dict[str, Any], default_group: list[int] | None) -> tuple[int, int, int]:
     """Peer, tag and size of a c10d::send / c10d::recv_ (present with record_shapes=True)."""
     concrete = args.get("Concrete Inputs") or []
     peer = tag = nbytes = -1
@@ -68,7 +70,7 @@ def _gloo_p2p_args(args: dict, default_group: list[int] | None) -> tuple[int, in
 _MAX_BYTES = 1 << 60
 
 
-def _elements(shape: list) -> int:
+def _elements(shape: list[Any]) -> int:
     """Elements of a tensor shape; a huge number where a dimension is not a size."""
     count = 1
     for dim in shape:
@@ -78,7 +80,7 @@ def _elements(shape: list) -> int:
     return min(count, _MAX_BYTES)
 
 
-def _nccl_comm_args(args: dict, group_to_global: dict[str, list[int]]) -> tuple[str, int, int, int]:
+def _nccl_comm_args(args: dict[str, Any], group_to_global: dict[str, list[int]]) -> tuple[str, int, int, int]:
     """NCCL's record_param_comms: name it by collective, find the P2P peer where given, and
     its size; for a collective, the stride of its group's ranks (-1: not given or not
     strided), which tells a tensor-parallel group from a data-parallel one."""
@@ -104,7 +106,7 @@ def _nccl_comm_args(args: dict, group_to_global: dict[str, list[int]]) -> tuple[
     return name, peer, nbytes, group_stride
 
 
-def _int_or(value, default: int, limit: int = 2**31) -> int:
+def _int_or(value: Any, default: int, limit: int = 2**31) -> int:
     """``value`` as an int in ``[-limit, limit)`` (peers and tags are int32), else ``default``."""
     try:
         number = int(value)

@@ -8,6 +8,7 @@ import gzip
 import json
 import zlib
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -15,7 +16,7 @@ from tracekit.errors import TraceFormatError
 from tracekit.ingest.kineto_stream import complete_elements
 
 
-def read_json_document(path: Path) -> tuple[dict, bool]:
+def read_json_document(path: Path) -> tuple[dict[str, Any], bool]:
     """Decode a (possibly gzipped, possibly truncated) Chrome-trace document.
 
     Returns ``(document, truncated)``. A document cut off mid-write is salvaged up to its
@@ -44,7 +45,7 @@ def read_json_document(path: Path) -> tuple[dict, bool]:
     return doc, truncated
 
 
-def _json_kind(value) -> str:
+def _json_kind(value: object) -> str:
     if value is None:
         return "null"
     return {bool: "a boolean", int: "a number", float: "a number", str: "a string", dict: "an object"}.get(
@@ -70,14 +71,14 @@ def _read_bytes(path: Path) -> tuple[bytes, bool]:
         return out, True
 
 
-def _salvage(raw: bytes, path: Path) -> dict:
+def _salvage(raw: bytes, path: Path) -> dict[str, Any]:
     """Recover the header fields and every complete event of a truncated document."""
     text = raw.decode("utf-8", errors="replace")
     start = text.find('"traceEvents"')
     if start < 0:
         raise TraceFormatError(f"{path}: not valid JSON and no 'traceEvents' found; is this a PyTorch profiler trace?")
     events = complete_elements(text, text.find("[", start) + 1)
-    header: dict = {}
+    header: dict[str, Any] = {}
     head_text = text[:start].rstrip().rstrip(",") + "}"
     try:
         header = json.loads(head_text)

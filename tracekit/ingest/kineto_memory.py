@@ -21,6 +21,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeGuard
 
 import pandas as pd
 
@@ -36,7 +37,7 @@ class MemoryEvents:
     step_starts_ns: dict[int, int]
 
 
-def _number(x: object) -> bool:
+def _number(x: object) -> TypeGuard[int | float]:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 import msgspec
 import numpy as np
@@ -29,12 +29,12 @@ import numpy as np
 from tracekit.ingest.options import native_allowed
 
 try:
-    from tracekit.ingest import _kineto_scan
+    from tracekit.ingest import _kineto_scan  # type: ignore[attr-defined]  # a C extension, no stub
 except ImportError:  # not built (no C compiler at install): the Python path reads everything
-    _kineto_scan = None  # type: ignore[assignment]
+    _kineto_scan = None
 
 # Runs answered ("answered", with their "elements") and declined ("declined", and per reason).
-RUNS: Counter = Counter()
+RUNS: Counter[str] = Counter()
 
 
 def available() -> bool:
@@ -78,7 +78,7 @@ class ScannedRun:
     # args as _special_args gives them, None) or (name, None, the element's JSON for msgspec)
     special_rows: np.ndarray
     special_kinds: np.ndarray
-    special_new: list[tuple[str, dict | tuple | None, bytes | None]]
+    special_new: list[tuple[str, dict[str, Any] | tuple[Any, ...] | None, bytes | None]]
 
 
 _COLUMNS = {
@@ -108,13 +108,13 @@ class Scanner:
 
     def __init__(
         self,
-        cat_code_of: dict,
+        cat_code_of: dict[Any, Any],
         cat_code: Callable[[str], int],
         name_codes: dict[str, int],
         cpu_op: int,
         special: Iterable[str],
-        special_ids: dict[tuple, int],
-        special_keys: list,
+        special_ids: dict[tuple[Any, ...], int],
+        special_keys: list[Any],
         frame_code: int,
         frame_cat: int,
         keeps_frame: Callable[[str], bool],

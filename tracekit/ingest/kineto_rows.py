@@ -8,10 +8,13 @@ from __future__ import annotations
 import math
 import re
 import zlib
+from collections.abc import Iterator
 from itertools import compress
+from typing import Any
 
 import msgspec
 import numpy as np
+from numpy.typing import ArrayLike
 
 from tracekit.ingest import kineto_native
 from tracekit.ingest.columns import EventColumns
@@ -68,7 +71,7 @@ _NCCL_ARGS = (
 _PLAIN_TYPES = {str, int, type(msgspec.UNSET)}
 
 
-def _special_args(name: str, args) -> dict | tuple:
+def _special_args(name: str, args: Any) -> dict[str, Any] | tuple[Any, ...]:
     """The args a P2P or collective op's fields come from, in a form :meth:`_RowBuilder.columns`
     works out once per distinct value (a rank repeats a few peers, tags, shapes and sizes
     thousands of times): a gloo send/recv's raw shape and type lists (:meth:`RawArgs.shapes`),
@@ -78,7 +81,8 @@ def _special_args(name: str, args) -> dict | tuple:
     if args is None:
         return {}
     if name != "record_param_comms":
-        return args.shapes()
+        shapes: tuple[Any, ...] = args.shapes()
+        return shapes
     fields = (
         args.collective,
         args.dst_rank,
@@ -91,10 +95,11 @@ def _special_args(name: str, args) -> dict | tuple:
     )
     if set(map(type, fields)) <= _PLAIN_TYPES:
         return fields
-    return args.to_dict()
+    fields_dict: dict[str, Any] = args.to_dict()
+    return fields_dict
 
 
-def _nccl_args(fields: tuple) -> dict:
+def _nccl_args(fields: tuple[Any, ...]) -> dict[str, Any]:
     """The args dict of record_param_comms fields given as a tuple by :func:`_special_args`."""
     return {key: v for key, v in zip(_NCCL_ARGS, fields) if v is not msgspec.UNSET}
 
@@ -103,7 +108,7 @@ class _Irregular(Exception):
     """A batch with values the column-wise path does not handle (odd types)."""
 
 
-def _numbers(values: list) -> np.ndarray:
+def _numbers(values: list[Any]) -> np.ndarray:
     """``ts`` or ``dur`` values as an int64 or float64 array; irregular unless all are
     numbers and converting them to float loses nothing the exact path would keep."""
     try:
@@ -124,7 +129,7 @@ def _numbers(values: list) -> np.ndarray:
     raise _Irregular  # a missing or non-numeric value: that event is skipped, event by event
 
 
-def _ns(values: list) -> np.ndarray:
+def _ns(values: list[Any]) -> np.ndarray:
     """``ts`` or ``dur`` values in microseconds as int64 ns, as ``ns_from_us(_numbers(values))``
     gives them; floats well inside the exact range (what profilers write) in one pass."""
     try:
@@ -144,7 +149,7 @@ def _ns(values: list) -> np.ndarray:
     return ns_from_us(_numbers(values))
 
 
-def _int_array(values: list) -> np.ndarray | None:
+def _int_array(values: list[Any]) -> np.ndarray | None:
     """``values`` as an int64 array when they are all plain ints that fit, else None."""
     try:
         arr = np.array(values)
@@ -155,14 +160,14 @@ def _int_array(values: list) -> np.ndarray | None:
     return None
 
 
-def _ints_or_minus_one(values: list) -> np.ndarray:
+def _ints_or_minus_one(values: list[Any]) -> np.ndarray:
     arr = _int_array(values)
     if arr is not None:
         return arr
     return np.array([_int64_or_minus_one(v) for v in values], dtype=np.int64)
 
 
-def _int64_or_minus_one(value) -> int:
+def _int64_or_minus_one(value: object) -> int:
     return value if type(value) is int and _INT64_MIN <= value <= _INT64_MAX else -1
 
 
@@ -176,7 +181,7 @@ _BEGIN_END_CODE = -4
 _FRAME_CODE = -5
 
 
-def _normal_category(cat) -> str | None:
+def _normal_category(cat: object) -> str | None:
     text = str(cat).lower()
     text = _CATEGORY_ALIASES.get(text, text)
     return text if text in KEPT_CATEGORIES else None
@@ -193,16 +198,16 @@ class _RowBuilder:
         self.first_x_ts: int | float | None = None  # ts of the first complete event (time base probe)
         self.name_codes: dict[str, int] = {}
         self.cat_codes = {c: i for i, c in enumerate(self._CATS)}
-        self.cat_of: dict = {}  # raw cat value -> normalised cat (None: dropped)
+        self.cat_of: dict[Any, Any] = {}  # raw cat value -> normalised cat (None: dropped)
         # raw cat value -> cat code (< 0: dropped)
-        self.cat_code_of: dict = {NOT_COMPLETE: _NOT_COMPLETE_CODE, BEGIN_END: _BEGIN_END_CODE}
+        self.cat_code_of: dict[Any, Any] = {NOT_COMPLETE: _NOT_COMPLETE_CODE, BEGIN_END: _BEGIN_END_CODE}
         self.parts: list[tuple[np.ndarray, ...]] = []
         self.n_rows = 0
         # The P2P and collective ops whose args columns() reads, by kind: each distinct (name,
         # args) once (a rank repeats a few peers, tags and sizes thousands of times; args that
         # are a dict are each their own kind), and the rows of each batch with their kinds.
-        self.special_keys: list[tuple[str, dict | tuple]] = []  # (name, args) of each kind
-        self.special_ids: dict[tuple, int] = {}  # (name, args) -> its kind, where args is a tuple
+        self.special_keys: list[tuple[str, dict[str, Any] | tuple[Any, ...]]] = []  # (name, args) of each kind
+        self.special_ids: dict[tuple[Any, ...], int] = {}  # (name, args) -> its kind, where args is a tuple
         self.special_rows: list[np.ndarray] = []
         self.special_kinds: list[np.ndarray] = []
         self.dropped = DroppedRows()  # rows that cannot be real (see columns())
@@ -231,7 +236,7 @@ class _RowBuilder:
             ACTION_FRAME_ENDINGS,
         )
 
-    def keeps_frame(self, name) -> bool:
+    def keeps_frame(self, name: object) -> bool:
         """Whether a python_function event named ``name`` is kept: an action frame's name (a
         name that is no text is none), worked out once per name."""
         if type(name) is not str:
@@ -241,19 +246,20 @@ class _RowBuilder:
             kept = self.frame_names[name] = is_action_frame(name)
         return kept
 
-    def add(self, batch: list | ScannedRun) -> None:
+    def add(self, batch: list[Any] | ScannedRun) -> None:
         """Keep the rows of one batch of events (or of a run the native scanner read)."""
         if type(batch) is ScannedRun:
             self._add_scanned(batch)
             self.n_elements += batch.n_elements
             return
+        assert isinstance(batch, list)  # a run is no list: handled above
         try:
             self._add_columns(batch)
         except _Irregular:
             self._add_each(batch)
         self.n_elements += len(batch)
 
-    def _add_columns(self, batch: list) -> None:
+    def _add_columns(self, batch: list[Any]) -> None:
         """The fast way: one pass per field, numbers converted by numpy. Raises
         :class:`_Irregular` (having changed nothing that matters) on anything unusual, for
         :meth:`_add_each` to handle event by event."""
@@ -348,18 +354,19 @@ class _RowBuilder:
             if element is not None:  # args the scanner leaves to msgspec and _special_args
                 event = decode_element(element)
                 args = _special_args(event.name, event.args)
+            assert args is not None  # the scanner gives a kind's args or its element's bytes
             self._new_kind(name, args)
         if len(run.special_rows):
             self._keep_specials(run.special_rows + self.n_rows, run.special_kinds)
         self.parts.append((run.src + base, run.cat, run.name, run.start, run.dur, run.pid, run.tid, run.seq, run.corr))
         self.n_rows += run.n_rows
 
-    def _special_kind(self, name: str, args: dict | tuple) -> int:
+    def _special_kind(self, name: str, args: dict[str, Any] | tuple[Any, ...]) -> int:
         """The kind of a P2P or collective op of ``name`` with ``args`` (see ``special_keys``)."""
         kind = self.special_ids.get((name, args)) if isinstance(args, tuple) else None
         return self._new_kind(name, args) if kind is None else kind
 
-    def _new_kind(self, name: str, args: dict | tuple) -> int:
+    def _new_kind(self, name: str, args: dict[str, Any] | tuple[Any, ...]) -> int:
         """A new kind for ``(name, args)``, the next one; known by its args where they are a
         tuple and no kind has them yet."""
         kind = len(self.special_keys)
@@ -368,18 +375,18 @@ class _RowBuilder:
             self.special_ids.setdefault((name, args), kind)
         return kind
 
-    def _keep_specials(self, rows, kinds) -> None:
+    def _keep_specials(self, rows: ArrayLike, kinds: ArrayLike) -> None:
         self.special_rows.append(np.asarray(rows, dtype=np.int64))
         self.special_kinds.append(np.asarray(kinds, dtype=np.int32))
 
-    def specials(self) -> list[tuple[int, str, dict | tuple]]:
+    def specials(self) -> list[tuple[int, str, dict[str, Any] | tuple[Any, ...]]]:
         """``(row, name, args)`` of each P2P or collective op, in row order."""
         if not self.special_rows:
             return []
         rows, kinds = np.concatenate(self.special_rows), np.concatenate(self.special_kinds)
         return [(row, *self.special_keys[kind]) for row, kind in zip(rows.tolist(), kinds.tolist())]
 
-    def _new_cat_codes(self, batch: list) -> list[int]:
+    def _new_cat_codes(self, batch: list[Any]) -> list[int]:
         """The cat codes of a batch with categories not seen before (added to ``cat_code_of``);
         elements that are None (a generically decoded batch) are no complete events."""
         cat_of = self.cat_code_of
@@ -393,14 +400,14 @@ class _RowBuilder:
                 cat_of[c] = self._cat_code(c)
         return [cat_of[c] for c in raw_cats]
 
-    def _cat_code(self, raw_cat) -> int:
+    def _cat_code(self, raw_cat: object) -> int:
         """The cat code of a raw category value (< 0: dropped), as ``cat_code_of`` records it."""
         cat = _normal_category(raw_cat)
         if type(raw_cat) is not str:
             return _CAT_NOT_TEXT
         return -1 if cat is None else _FRAME_CODE if cat == FRAME_CATEGORY else self.cat_codes[cat]
 
-    def _ids(self, values: list) -> np.ndarray:
+    def _ids(self, values: list[Any]) -> np.ndarray:
         """pids or tids as int64; odd ones (a float, a number beyond int64, an object) counted."""
         arr = _int_array(values)
         if arr is not None:
@@ -408,9 +415,10 @@ class _RowBuilder:
         self.odd_identities += sum(1 for v in values if not _plain_id(v))
         return np.array([_as_int(v) for v in values], dtype=np.int64)
 
-    def _add_each(self, batch: list) -> None:
+    def _add_each(self, batch: list[Any]) -> None:
         """The general way, event by event: any JSON types, exactly as the format allows."""
-        src, cats, names, starts, durs, pids, tids, seqs, corrs = ([] for _ in range(9))
+        empty_lists: Iterator[list[Any]] = ([] for _ in range(9))
+        src, cats, names, starts, durs, pids, tids, seqs, corrs = empty_lists
         special_rows: list[int] = []
         special_kinds: list[int] = []
         cat_of, name_codes, cat_codes = self.cat_of, self.name_codes, self.cat_codes
@@ -499,7 +507,14 @@ class _RowBuilder:
         shown = ", ".join(sorted(valid_text(c)[:30] for c in seen if c)[:5])
         return f"categories {shown}; none is one tracekit reads"
 
-    def _fill_specials(self, names, peer, tag, nbytes, group_to_global: dict[str, list[int]]) -> None:
+    def _fill_specials(
+        self,
+        names: np.ndarray,
+        peer: np.ndarray,
+        tag: np.ndarray,
+        nbytes: np.ndarray,
+        group_to_global: dict[str, list[int]],
+    ) -> None:
         """Each P2P or collective op's name (an NCCL op's own, e.g. ``nccl:send``), peer, tag and
         size from its args, worked out once per kind, in the order of each kind's first row (so
         names new to the file are coded in the order they come)."""
@@ -508,8 +523,8 @@ class _RowBuilder:
         n_kinds = len(self.special_keys)
         code_of, peer_of, tag_of, size_of = (np.full(n_kinds, -1, dtype=np.int64) for _ in range(4))
         default_group = group_to_global.get("0")
-        nccl: dict[tuple, tuple[int, int, int, int]] = {}  # fields -> name code, peer, size, group stride
-        gloo: dict[tuple, tuple[int, int, int]] = {}  # raw shapes -> peer, tag, size
+        nccl: dict[tuple[Any, ...], tuple[int, int, int, int]] = {}  # fields -> name code, peer, size, group stride
+        gloo: dict[tuple[Any, ...], tuple[int, int, int]] = {}  # raw shapes -> peer, tag, size
         for kind in met[np.argsort(rows[first], kind="stable")].tolist():
             name, args = self.special_keys[kind]
             if name == "record_param_comms":
@@ -594,12 +609,12 @@ class _RowBuilder:
         )
 
 
-def _plain_id(value) -> bool:
+def _plain_id(value: object) -> bool:
     """A pid or tid as profilers write them: an int64, or a label such as "stream 7"."""
     return isinstance(value, str) or (type(value) is int and _INT64_MIN <= value <= _INT64_MAX)
 
 
-def _as_int(value) -> int:
+def _as_int(value: object) -> int:
     """Kineto pids/tids are usually ints, but some exporters write labels ("stream 7").
     Anything else (a list, a number beyond int64) gets an id of its own from its text."""
     if type(value) is int and _INT64_MIN <= value <= _INT64_MAX:

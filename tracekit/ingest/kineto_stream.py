@@ -27,6 +27,7 @@ whole instead, so every valid file still loads.
 from __future__ import annotations
 
 import json
+import types
 import zlib
 from collections import Counter
 from pathlib import Path
@@ -40,10 +41,11 @@ from tracekit.errors import TraceFormatError
 if TYPE_CHECKING:
     from tracekit.ingest.kineto_native import ScannedRun, Scanner
 
+_inflate: types.ModuleType
 try:  # ISA-L's inflate reads the same gzip streams ~2x faster than zlib's (benchmarks/README.md)
     from isal import isal_zlib as _inflate
 except ImportError:  # pragma: no cover - an install without the wheel: zlib, same bytes
-    _inflate = zlib  # type: ignore[assignment]
+    _inflate = zlib
 
 # Decompressed bytes gathered before a batch is cut and decoded (~3,000 Kineto events).
 # With the native scanner each batch's Python work is what a larger one saves: a 26 MB GPU
@@ -82,7 +84,7 @@ class RawArgs(msgspec.Struct, gc=False):
     rank_start: Any = msgspec.field(name="Global rank start", default=_UNSET)
     rank_stride: Any = msgspec.field(name="Global rank stride", default=_UNSET)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """The plain fields as the dict the Chrome trace held (only the fields kept)."""
         out = {}
         for key, attr, default in _PLAIN_KEYS:
@@ -97,7 +99,7 @@ class RawArgs(msgspec.Struct, gc=False):
         return (bytes(self.concrete_inputs), bytes(self.input_dims), bytes(self.input_type))
 
 
-def decode_shapes(raws: tuple[bytes, ...]) -> dict:
+def decode_shapes(raws: tuple[bytes, ...]) -> dict[Any, Any]:
     """:meth:`RawArgs.shapes` as the dict entries the Chrome trace held."""
     out = {}
     for (key, _), raw in zip(_RAW_KEYS, raws):
@@ -171,7 +173,8 @@ _OTHERS = tuple(
 )
 # What :func:`event_from_object` gives for a "B" or "E" element (its ``cat`` is BEGIN_END).
 BEGIN_END_EVENT = _OTHERS[OTHER_PHASES.index("B")]()
-_DECODER = msgspec.json.Decoder(list[Union[(RawEvent, *_OTHERS)]])
+# the union is of structs made at run time above: no static type names them
+_DECODER = msgspec.json.Decoder(list[Union[(RawEvent, *_OTHERS)]])  # type: ignore[valid-type]
 _ELEMENT_DECODER = msgspec.json.Decoder(Union[(RawEvent, *_OTHERS)])
 KNOWN_PHASES = frozenset(("X",) + OTHER_PHASES)
 
@@ -182,7 +185,7 @@ def decode_element(element: bytes) -> Any:
     return _ELEMENT_DECODER.decode(element)
 
 
-def event_from_object(obj: Any, unknown_phases: Counter | None = None) -> RawEvent | Any:
+def event_from_object(obj: Any, unknown_phases: Counter[str] | None = None) -> RawEvent | Any:
     """A generically decoded element as a :class:`RawEvent` (None unless it is an object
     with ``"ph": "X"``: the parser reads nothing else; a "B" or "E" duration event is
     :data:`BEGIN_END_EVENT`, counted apart). Elements of no phase of the format are counted
@@ -243,7 +246,7 @@ class _BadCut(Exception):
     """The bytes before a candidate cut are not a run of whole elements."""
 
 
-def decode_elements(array_text: bytes, unknown_phases: Counter | None = None) -> list[RawEvent | None]:
+def decode_elements(array_text: bytes, unknown_phases: Counter[str] | None = None) -> list[RawEvent | None]:
     """Decode ``[ ... ]`` into events; typed fast path, generic path for odd elements
     (those of no known phase are counted in ``unknown_phases``)."""
     try:
@@ -279,7 +282,7 @@ class ChromeTraceStream:
         path: Path,
         chunk_bytes: int | None = None,
         progress: Callable[[int], None] | None = None,
-        whole_document: Callable[[Path], tuple[dict, bool]] | None = None,
+        whole_document: Callable[[Path], tuple[dict[str, Any], bool]] | None = None,
         scanner: Scanner | None = None,
     ):
         self.path = Path(path)
@@ -287,10 +290,10 @@ class ChromeTraceStream:
         self.chunk_bytes = chunk_bytes or CHUNK_BYTES
         self.progress = progress
         self.whole_document = whole_document
-        self.header: dict = {}
+        self.header: dict[str, Any] = {}
         self.truncated = False
         self.n_elements = 0
-        self.unknown_phases: Counter = Counter()
+        self.unknown_phases: Counter[str] = Counter()
         self.streamed = True
         self.peak_buffer = 0  # most bytes of the document held at once
         self._bare = False
@@ -360,6 +363,7 @@ class ChromeTraceStream:
             return
         body = buf[body_start:]
         del buf
+        batch: ScannedRun | list[Any] | None
         for chunk in chunks:
             body += chunk
             self.peak_buffer = max(self.peak_buffer, len(body))
@@ -436,7 +440,7 @@ class ChromeTraceStream:
         self.scanner.decline("a seam the Python cut would not reach")
         return None, body
 
-    def _cut(self, body: bytes) -> tuple[list | None, bytes]:
+    def _cut(self, body: bytes) -> tuple[list[Any] | None, bytes]:
         """Decode the whole elements at the front of ``body``; return them and the rest."""
         for attempt, (end, nxt) in enumerate(self._seams(body)):
             if attempt >= CUT_ATTEMPTS:
@@ -446,7 +450,7 @@ class ChromeTraceStream:
                 return batch, body[nxt:]
         return None, body
 
-    def _decode_run(self, run: bytes | memoryview) -> list | None:
+    def _decode_run(self, run: bytes | memoryview) -> list[Any] | None:
         """The events of ``run`` (array elements without the brackets), counted; None when
         it is not a run of whole elements."""
         try:
@@ -456,7 +460,7 @@ class ChromeTraceStream:
         self.n_elements += len(batch)
         return batch
 
-    def _finish(self, body: bytes) -> Iterator[list | ScannedRun]:
+    def _finish(self, body: bytes) -> Iterator[list[Any] | ScannedRun]:
         """The last elements, the array's end and the fields after it."""
         head = body.lstrip(_WS)
         if head[:1] == b"]":  # empty array (or one that ended right at a cut)
@@ -522,7 +526,7 @@ class ChromeTraceStream:
         if isinstance(trailer, dict):
             self.header.update(trailer)
 
-    def _read_whole(self) -> Iterator[list]:
+    def _read_whole(self) -> Iterator[list[Any]]:
         """A document that cannot be streamed is decoded whole (the old, general way)."""
         self.streamed = False
         if self.whole_document is None:
@@ -545,11 +549,11 @@ def _skip_ws(data: bytes, pos: int) -> int:
     return pos
 
 
-def complete_elements(text: str, pos: int = 0) -> list:
+def complete_elements(text: str, pos: int = 0) -> list[Any]:
     """Every complete JSON value of an array body from ``pos``, one at a time, up to the
     array's end or the first damaged one (slow; only for a truncated or damaged tail)."""
     decoder = json.JSONDecoder()
-    values: list = []
+    values: list[Any] = []
     n = len(text)
     while pos < n:
         while pos < n and text[pos] in " \t\r\n,":
@@ -564,6 +568,6 @@ def complete_elements(text: str, pos: int = 0) -> list:
     return values
 
 
-def _salvage_elements(body: bytes, unknown_phases: Counter) -> list:
+def _salvage_elements(body: bytes, unknown_phases: Counter[str]) -> list[Any]:
     """Every complete element at the front of ``body``, as events."""
     return [event_from_object(e, unknown_phases) for e in complete_elements(body.decode("utf-8", errors="replace"))]

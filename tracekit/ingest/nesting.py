@@ -18,9 +18,9 @@ import numpy as np
 from tracekit.ingest.options import native_allowed
 
 try:
-    from tracekit.ingest import _nesting
+    from tracekit.ingest import _nesting  # type: ignore[attr-defined]  # a C extension, no stub
 except ImportError:  # not built (no C compiler at install): the array computation below
-    _nesting = None  # type: ignore[assignment]
+    _nesting = None
 
 
 def nesting_depth(

@@ -43,7 +43,7 @@ from tracekit.ingest.nsys_events import Parsed, _build
 from tracekit.ingest.nsys_read import _read_json, _read_sqlite
 
 
-def parse_nsys_sqlite(path, file_id: int, rank_map: dict[int, int] | None = None) -> Parsed:
+def parse_nsys_sqlite(path: str | Path, file_id: int, rank_map: dict[int, int] | None = None) -> Parsed:
     """Parse an ``nsys export --type sqlite`` file: one ``(TraceFile, events)`` per rank."""
     path = Path(path)
     conn = db.connect_read_only(path)
@@ -56,7 +56,7 @@ def parse_nsys_sqlite(path, file_id: int, rank_map: dict[int, int] | None = None
     return _build(report, file_id, rank_map)
 
 
-def parse_nsys_json(path, file_id: int, rank_map: dict[int, int] | None = None) -> Parsed:
+def parse_nsys_json(path: str | Path, file_id: int, rank_map: dict[int, int] | None = None) -> Parsed:
     """Parse an ``nsys export --type json`` file (line-delimited objects): NVTX ranges only.
 
     The JSON export has no session start time, so its times are relative to the capture

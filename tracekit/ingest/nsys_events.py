@@ -5,6 +5,8 @@ apart by where they were launched, and the rows of each rank assembled."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -42,7 +44,7 @@ _ALL_TO_ALL_RANGE = re.compile(r"^(nccl:all_to_all|c10d::alltoall)")
 Parsed = list[tuple[TraceFile, pd.DataFrame]]
 
 
-def _frame(**cols) -> pd.DataFrame:
+def _frame(**cols: Any) -> pd.DataFrame:
     n = len(next(iter(cols.values())))
     base = {"seq": -1, "peer": -1, "tag": -1, "nbytes": -1, "correlation": -1}
     out = {}
@@ -109,7 +111,7 @@ def _domain_names(nvtx: pd.DataFrame) -> dict[tuple[int, int], str]:
     if len(ranges):
         keyed = ranges.assign(pid=pid_of(ranges["gtid"]))
         for (pid, dom), group in keyed.groupby(["pid", "domain"]):
-            key = (int(pid), int(dom))
+            key = (int(cast(int, pid)), int(cast(int, dom)))
             if key not in found and names.looks_like_nccl_domain(set(group["text"].dropna().astype(str))):
                 found[key] = "NCCL"
     return found
@@ -162,12 +164,13 @@ def _nccl_groups(nvtx_rows: pd.DataFrame) -> pd.DataFrame:
         key: (g["start_ns"].to_numpy(np.int64), g["end_ns"].to_numpy(np.int64))
         for key, g in all_to_all.groupby(["pid", "tid"])
     }
-    out = {k: [] for k in ("pid", "tid", "start_ns", "end_ns", "p2p", "peer", "nbytes")}
+    out: dict[str, list[Any]] = {k: [] for k in ("pid", "tid", "start_ns", "end_ns", "p2p", "peer", "nbytes")}
     for (pid, tid), thread in nccl.groupby(["pid", "tid"]):
         a2a_start, a2a_end = spans.get((pid, tid), (np.zeros(0, np.int64), np.zeros(0, np.int64)))
         depth = 0
         calls: list[tuple[str, int, int]] = []
-        for row in thread.itertuples(index=False):
+        thread_rows: Iterable[Any] = thread.itertuples(index=False)
+        for row in thread_rows:
             call = row.name[len("nccl:") :]
             if call == names.NCCL_GROUP_START:
                 if depth == 0:
@@ -315,7 +318,7 @@ def _build(report: _Report, file_id: int, rank_map: dict[int, int] | None) -> Pa
     events = events.sort_values(["start_ns", "end_ns"], kind="stable").reset_index(drop=True)
 
     pids = sorted(int(p) for p in pd.unique(pd.concat([gpu["os_pid"], nvtx_rows["os_pid"]])))
-    devices = {int(p): set(g["pid"].astype(int)) for p, g in gpu[gpu["cat"] == "kernel"].groupby("os_pid")}
+    devices = {int(cast(int, p)): set(g["pid"].astype(int)) for p, g in gpu[gpu["cat"] == "kernel"].groupby("os_pid")}
     decision = _decide_ranks(report, pids, devices, rank_map)
     report_warnings = list(report.warnings) + decision.warnings + ([dropped] if dropped else [])
     by_name = int((p2p_how["how"] == "name").sum())

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
+from typing import TypeGuard
 
 # emit_nvtx's suffixes, in the order torch writes them (torch/csrc/profiler/util.cpp getNvtxStr)
 _EMIT_NVTX = re.compile(
@@ -90,12 +92,12 @@ def nccl_payload(json_text: str | None) -> tuple[int, int]:
     return peer, nbytes
 
 
-def _count(value, limit: int) -> bool:
+def _count(value: object, limit: int) -> TypeGuard[int | float]:
     """A JSON number usable as a peer rank or a size (finite, 0 <= value < limit)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < limit
 
 
-def _walk(doc):
+def _walk(doc: object) -> Iterator[tuple[str, object]]:
     if isinstance(doc, dict):
         for key, value in doc.items():
             if isinstance(value, (dict, list)):

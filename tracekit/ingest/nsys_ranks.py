@@ -153,7 +153,7 @@ def _env_rank(env: dict[str, str], args: list[str]) -> tuple[int, str, int | Non
     return None
 
 
-def _is_int(text) -> bool:
+def _is_int(text: object) -> bool:
     """A rank or world size written as decimal digits, within what any job has."""
     return text is not None and _DECIMAL.match(str(text).strip()) is not None
 

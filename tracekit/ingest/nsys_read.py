@@ -7,9 +7,12 @@ from __future__ import annotations
 import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import orjson
+from numpy.typing import ArrayLike
 import pandas as pd
 
 from tracekit.errors import TraceFormatError
@@ -19,11 +22,11 @@ from tracekit.ingest.validate import NOT_A_TIME
 _PID_MASK = 0xFFFFFF
 
 
-def pid_of(gtid) -> np.ndarray:
+def pid_of(gtid: ArrayLike) -> np.ndarray:
     return (np.asarray(gtid, dtype=np.int64) >> 24) & _PID_MASK
 
 
-def tid_of(gtid) -> np.ndarray:
+def tid_of(gtid: ArrayLike) -> np.ndarray:
     return np.asarray(gtid, dtype=np.int64) & _PID_MASK
 
 
@@ -36,7 +39,7 @@ class _Report:
     offset_ns: int = 0
     clock: str = "unix"
     never_negative: bool = True  # no timestamp of the file can be below 0 (TimeBase)
-    profiler: dict = field(default_factory=dict)
+    profiler: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     kernels: pd.DataFrame = field(default_factory=pd.DataFrame)
     memcpy: pd.DataFrame = field(default_factory=pd.DataFrame)
@@ -52,7 +55,9 @@ def _read_json(path: Path) -> _Report:
     """The NVTX ranges of an ``nsys export --type json`` file (line-delimited objects)."""
     report = _Report(path=path, format="nsys-json", clock="relative")
     strings: list[str] = []
-    rows: dict[str, list] = {k: [] for k in ("row", "start", "end_", "event_type", "gtid", "domain", "text", "json")}
+    rows: dict[str, list[Any]] = {
+        k: [] for k in ("row", "start", "end_", "event_type", "gtid", "domain", "text", "json")
+    }
     skipped: dict[str, int] = {}
     with open(path, "rb") as fh:
         for line_no, line in enumerate(fh):
@@ -111,7 +116,7 @@ def _read_json(path: Path) -> _Report:
     return report
 
 
-def _int(value, default: int) -> int:
+def _int(value: Any, default: int) -> int:
     """``value`` as an int64, else ``default`` (times that are not, are dropped later)."""
     try:
         number = int(value)
@@ -186,7 +191,7 @@ def _launch_env(capture: list[tuple[str, str]]) -> dict[str, str]:
     return env
 
 
-def _env_pairs(text: str):
+def _env_pairs(text: str) -> Iterator[tuple[str, str]]:
     sep = "\x00" if "\x00" in text else ";"
     for item in text.split(sep):
         key, eq, value = item.partition("=")

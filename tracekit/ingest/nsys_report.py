@@ -65,7 +65,8 @@ def _sound(export: Path, cache: ParseCache | None) -> bool:
         expected = json.loads(record.read_text()).get("sha256")
     except (OSError, ValueError, AttributeError):
         return False
-    return expected == cache.digest(export)
+    unchanged: bool = expected == cache.digest(export)
+    return unchanged
 
 
 def _export(nsys: str, report: Path, target: Path) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -175,7 +176,7 @@ def _int_or_zero(text: str | None) -> int:
         return 0
 
 
-def _int_or_none(value) -> int | None:
+def _int_or_none(value: Any) -> int | None:
     """An integer stored as an integer, a real or text; None when it is none of these."""
     if isinstance(value, int):
         return value
@@ -238,7 +239,7 @@ def _times(schema: Schema, table: str, alias: str) -> str:
 NO_END = -1
 
 
-def read_kernels(conn, path: Path, schema: Schema) -> pd.DataFrame:
+def read_kernels(conn: sqlite3.Connection, path: Path, schema: Schema) -> pd.DataFrame:
     """row, start, end, device, stream, correlation, gpid, name (readable), short_name."""
     t = KERNEL_TABLE
     if not schema.has(t):
@@ -265,7 +266,7 @@ def read_kernels(conn, path: Path, schema: Schema) -> pd.DataFrame:
     return _select(conn, path, sql)
 
 
-def read_memory_ops(conn, path: Path, schema: Schema, table: str) -> pd.DataFrame:
+def read_memory_ops(conn: sqlite3.Connection, path: Path, schema: Schema, table: str) -> pd.DataFrame:
     """row, start, end, device, stream, correlation, gpid, bytes, copy_kind (memcpy only)."""
     if not schema.has(table):
         return pd.DataFrame()
@@ -281,7 +282,7 @@ def read_memory_ops(conn, path: Path, schema: Schema, table: str) -> pd.DataFram
     return _select(conn, path, sql)
 
 
-def read_runtime(conn, path: Path, schema: Schema) -> pd.DataFrame:
+def read_runtime(conn: sqlite3.Connection, path: Path, schema: Schema) -> pd.DataFrame:
     """row, start, end, gtid, correlation, name: CUDA runtime/driver API calls."""
     t = RUNTIME_TABLE
     if not schema.has(t) or "correlationId" not in schema.cols(t):
@@ -299,7 +300,7 @@ def read_runtime(conn, path: Path, schema: Schema) -> pd.DataFrame:
     return _select(conn, path, sql)
 
 
-def read_nvtx(conn, path: Path, schema: Schema) -> pd.DataFrame:
+def read_nvtx(conn: sqlite3.Connection, path: Path, schema: Schema) -> pd.DataFrame:
     """row, start, end, event_type, gtid, domain, text, json: ranges, marks, names, domains."""
     t = NVTX_TABLE
     if not schema.has(t):
@@ -331,7 +332,7 @@ def read_nvtx(conn, path: Path, schema: Schema) -> pd.DataFrame:
 
 
 def read_name_value(
-    conn, path: Path, schema: Schema, table: str, names: tuple[str, ...] | None = None
+    conn: sqlite3.Connection, path: Path, schema: Schema, table: str, names: tuple[str, ...] | None = None
 ) -> list[tuple[str, str]]:
     """(name, value) rows of a name/value table such as META_DATA_CAPTURE."""
     if not {"name", "value"} <= set(schema.cols(table)):

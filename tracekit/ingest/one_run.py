@@ -9,7 +9,7 @@ left no trace here.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tracekit.errors import RunLayoutError
 
@@ -96,7 +96,7 @@ def _name_list(names: list[str], shown: int = 3) -> str:
     return ", ".join(names[:shown]) + (f" and {more} more" if more > 0 else "")
 
 
-def run_completeness(files: list[TraceFile], capture: dict | None) -> tuple[Completeness, list[str]]:
+def run_completeness(files: list[TraceFile], capture: dict[str, Any] | None) -> tuple[Completeness, list[str]]:
     """Which ranks of the job left a trace here, and warnings about conflicting sources.
 
     The world size is the one the files state (after :func:`check_layout`, at most one),
@@ -132,7 +132,7 @@ def run_completeness(files: list[TraceFile], capture: dict | None) -> tuple[Comp
     return Completeness(world, source, present, missing, cut_short), warnings
 
 
-def _captured_ranks(capture: dict | None) -> int | None:
+def _captured_ranks(capture: dict[str, Any] | None) -> int | None:
     """The rank count capture.json states: ``world_size`` (tracekit.trace_handler; it counts
     data-parallel replicas too), else ``p`` (tracekit capture runs one pipeline), if it is one."""
     ranks = capture.get("world_size", capture.get("p")) if isinstance(capture, dict) else None

@@ -11,7 +11,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-
 WARM_UP = ("pandas",)  # what a parent imports while its pool workers parse, unless told otherwise
 
 

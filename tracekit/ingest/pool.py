@@ -15,17 +15,22 @@ import os
 import sys
 import threading
 from collections import deque
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from multiprocessing.context import ForkContext, ForkServerContext, SpawnContext
+from typing import Any
 
 from tracekit.errors import TracekitError
 
 # parse_one is looked up at each call, so that a wrapper around it (a test's injected fault)
 # reaches this process and the forked workers alike
 from tracekit.ingest import file_task
-from tracekit.ingest.cache_writes import write_deferred_entries
-from tracekit.ingest.file_task import WorkerDied, file_size
+from tracekit.ingest.cache_writes import PendingEntry, write_deferred_entries
+from tracekit.ingest.columns import Parsed
+from tracekit.ingest.file_task import IngestTask, WorkerDied, file_size
 
 
-def _pool_context():
+def _pool_context() -> ForkContext | ForkServerContext | SpawnContext:
     methods = multiprocessing.get_all_start_methods()
     # Forking copies no interpreter start-up and no imports, but is only safe while this
     # process runs no other threads (one could hold a lock the child inherits).
@@ -53,7 +58,7 @@ class _RemoteTraceback(Exception):
         return self.text
 
 
-def _worker_main(conn, inherited) -> None:
+def _worker_main(conn: Connection, inherited: list[Connection]) -> None:
     """A parser process: parse each task it is sent, send back (rows, entry) or the error.
 
     The parent alone decides when the load ends: Ctrl-C reaches it and it ends the workers
@@ -74,7 +79,7 @@ def _worker_main(conn, inherited) -> None:
         if task is None:
             return
         try:
-            answer = ("ok", file_task.parse_one(task))
+            answer: tuple[str, Any] = ("ok", file_task.parse_one(task))
         except BaseException as err:  # noqa: BLE001 - every error goes back to the parent
             if not isinstance(err, TracekitError):
                 err.__cause__ = _RemoteTraceback(traceback.format_exc())
@@ -109,7 +114,7 @@ def _die_with_parent() -> None:
 ANSWER_BUFFER = 4 << 20
 
 
-def _room_for_answers(conn) -> None:
+def _room_for_answers(conn: Connection) -> None:
     """Let a worker's end of its socket hold a whole answer, as far as the system allows
     (Linux caps it at ``net.core.wmem_max``); nothing where the connection is no socket."""
     import socket
@@ -142,8 +147,8 @@ class _Workers:
     def __init__(self, n: int):
         ctx = _pool_context()
         forked = ctx.get_start_method() == "fork"
-        self.conns: list = []
-        self.procs: list = []
+        self.conns: list[Any] = []
+        self.procs: list[Any] = []
         try:
             for _ in range(n):
                 here, there = ctx.Pipe(duplex=True)
@@ -201,7 +206,15 @@ class _Workers:
             proc.close()
 
 
-def run_pool(tasks, todo, results, jobs, on_done, bytes_read, warm_up) -> None:
+def run_pool(
+    tasks: list[IngestTask],
+    todo: list[int],
+    results: list[Any],
+    jobs: int,
+    on_done: Callable[[IngestTask], None] | None,
+    bytes_read: Callable[[int], None] | None,
+    warm_up: tuple[str, ...],
+) -> None:
     """Parse ``todo`` on ``jobs`` cores: ``jobs - 1`` worker processes and this process.
 
     The workers fork first, while this process has loaded neither pandas nor pyarrow, so
@@ -237,7 +250,7 @@ def run_pool(tasks, todo, results, jobs, on_done, bytes_read, warm_up) -> None:
         stopped.set()
         fed.set()  # stop waiting for the feeders: close() ends their workers
 
-    def finish(i: int, parsed, pending, whole_file: bool) -> None:
+    def finish(i: int, parsed: Parsed, pending: PendingEntry | None, whole_file: bool) -> None:
         if pending is not None:
             pending.defer(parsed)
         with lock:
@@ -274,7 +287,8 @@ def run_pool(tasks, todo, results, jobs, on_done, bytes_read, warm_up) -> None:
                 if status == "error":
                     fail(answer)
                     return
-                finish(i, *answer, whole_file=True)
+                parsed, pending = answer
+                finish(i, parsed, pending, whole_file=True)
         except (BrokenPipeError, ConnectionResetError):
             if not stopped.is_set():
                 fail(workers.died(k, tasks[inflight[-1]].path))

@@ -4,6 +4,7 @@ or some of its files read again (:func:`read_files`).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -21,7 +22,7 @@ if TYPE_CHECKING:  # pandas loads on first use: parser workers never import it
 
 
 def read_run(
-    path,
+    path: str | os.PathLike[str],
     options: ReadOptions | None = None,
     *,
     progress: Callable[[Path], None] | None = None,
@@ -74,7 +75,7 @@ def read_run(
     return run
 
 
-def read_files(path, options: ReadOptions, file_ids: list[int]) -> pd.DataFrame:
+def read_files(path: str | os.PathLike[str], options: ReadOptions, file_ids: list[int]) -> pd.DataFrame:
     """The events of some of a run's files, read again as ``options`` says (e.g. another
     ``rows``): ``file_ids`` as :func:`read_run` numbered the files of the folder ``path``
     (the file ids of its rows), and kept so in the table returned."""

@@ -44,7 +44,7 @@ _KINETO_KEY = re.compile(
 )
 
 
-def trace_format(path: Path, rank_pattern: re.Pattern | None = None, claimed: bool = False) -> str | None:
+def trace_format(path: Path, rank_pattern: re.Pattern[str] | None = None, claimed: bool = False) -> str | None:
     """The format of ``path`` (:data:`KINETO`, :data:`NSYS_SQLITE`, :data:`NSYS_JSON`,
     :data:`NSYS_REPORT`), or None when it is not a trace.
 

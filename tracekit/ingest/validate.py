@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -53,7 +54,7 @@ def ns_from_us(us: np.ndarray) -> np.ndarray:
     return np.where(fits, np.where(fits, us, 0) * 1000, NOT_A_TIME)
 
 
-def ns_of_us(value) -> int:
+def ns_of_us(value: Any) -> int:
     """One time in microseconds (any JSON number) as int ns, or :data:`NOT_A_TIME`."""
     if isinstance(value, float) and not math.isfinite(value):
         return NOT_A_TIME
@@ -61,7 +62,7 @@ def ns_of_us(value) -> int:
     return ns if -_INT64_MAX <= ns <= _INT64_MAX else NOT_A_TIME
 
 
-def add_ns(times: np.ndarray, offset) -> np.ndarray:
+def add_ns(times: np.ndarray, offset: int | np.ndarray) -> np.ndarray:
     """``times + offset`` (offset: an int or an array) in int64 without wrapping around:
     :data:`NOT_A_TIME` where either side is one or the sum leaves int64."""
     times = np.asarray(times, dtype=np.int64)

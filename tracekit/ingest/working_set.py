@@ -33,6 +33,8 @@ real trace is the same from the working set as from all rows.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from tracekit.ingest.columns import EventColumns, take_rows
@@ -65,7 +67,7 @@ def _kept(columns: EventColumns) -> np.ndarray:
     cats = columns.values["cat"]
     cat_code = columns.codes["cat"]
 
-    def by_name(test) -> np.ndarray:
+    def by_name(test: Callable[[str], bool]) -> np.ndarray:
         table = np.fromiter((test(s) for s in names), dtype=bool, count=len(names))
         return table[name_code] if len(names) else np.zeros(len(name_code), dtype=bool)
 
@@ -76,7 +78,7 @@ def _kept(columns: EventColumns) -> np.ndarray:
     on_gpu = nums["on_gpu"].astype(bool)
     annotation = by_cat("user_annotation")
     frame = by_cat(FRAME_CATEGORY)
-    keep = on_gpu | annotation | frame | by_name(lambda s: s.startswith(COMM_PREFIXES))
+    keep: np.ndarray = on_gpu | annotation | frame | by_name(lambda s: s.startswith(COMM_PREFIXES))
 
     # Top-level compute of every step and label: depth <= deepest mark/label + 1 per thread.
     depth = nums["depth"].astype(np.int64)
@@ -138,4 +140,5 @@ def _thread_limits_sorted(pid: np.ndarray, tid: np.ndarray, anchor: np.ndarray, 
     thread = group_ids(pid, tid)  # one code per (pid, tid)
     deepest = np.full(int(thread.max()) + 1, -1, dtype=np.int64)
     np.maximum.at(deepest, thread[anchor], depth[anchor])
-    return deepest[thread] + 1
+    limit: np.ndarray = deepest[thread] + 1
+    return limit

@@ -43,6 +43,8 @@ UNLABELLED = "unlabelled (segmented at P2P ops)"
 # The columns of a row as the finders make them: ACTION_COLUMNS less action_id and order.
 _ROW_COLUMNS = [c for c in ACTION_COLUMNS if c not in ("action_id", "order")]
 _STRING_ACTION_COLUMNS = ("kind", "label")
+_Row = tuple[Any, ...]  # one action: its _ROW_COLUMNS values, in order
+_Columns = dict[str, np.ndarray]  # rows as columns, one array each
 
 
 def is_comm(name: str) -> bool:
@@ -104,7 +106,7 @@ def _labelled(
     frame: np.ndarray,
     steps: pd.DataFrame | Mapping[str, Any],
     table: LabelSet,
-) -> list[tuple]:
+) -> list[_Row]:
     """The actions of the ranges (or Python frames: ``frame``) ``table``'s action rules name."""
     is_label = on_cpu & events.is_in("cat", _LABEL_CATS)
     names = events.values["name"]
@@ -129,7 +131,7 @@ def _labelled(
     return rows
 
 
-def _numbered(rows: list[tuple]) -> dict[str, Any]:
+def _numbered(rows: list[_Row]) -> dict[str, Any]:
     """The rows as columns, sorted by rank, step and start (stable: found order where they
     tie), with the microbatches labels did not name counted (:func:`_count_microbatches`),
     each action's ``order`` on its rank within the step and ``action_id``."""
@@ -161,7 +163,7 @@ def _count_microbatches(columns: dict[str, Any]) -> None:
     unknown = np.flatnonzero(microbatch < 0).tolist()
     if not unknown:
         return
-    seen: dict[tuple, int] = {}
+    seen: dict[tuple[int, int, int, str], int] = {}
     rank, step, stage, kind = columns["rank"], columns["step"], columns["stage"], columns["kind"]
     for i in unknown:
         key = (int(rank[i]), int(step[i]), int(stage[i]), kind[i])
@@ -179,13 +181,13 @@ def _from_labels(
     rule_of_name: dict[str, LabelRule],
     engine: np.ndarray,
     frame: np.ndarray,
-) -> list[tuple]:
+) -> list[_Row]:
     """Actions from labels (rows ``found``), with the ops of their threads (among rows
     ``wanted``; ``thread``: each row's thread as a number). ``engine``: top-level autograd
     ops on other threads (on GPUs the autograd engine runs backward on a thread of its own
     while the labelled thread waits): those inside a label are its compute too. A label that
     is a Python frame (``frame``) holds the ops of its own depth, a range those one down."""
-    rows: list[tuple] = []
+    rows: list[_Row] = []
     ranks, starts_all, ends_all = events["rank"], events["start_ns"], events["end_ns"]
     engine_spans = {}
     for r, group in _by_key(np.flatnonzero(engine), ranks).items():
@@ -255,7 +257,7 @@ def _from_labels(
     return rows
 
 
-def _tie_backwards(rows: list[tuple], events: EventArrays, ops: np.ndarray) -> list[tuple]:
+def _tie_backwards(rows: list[_Row], events: EventArrays, ops: np.ndarray) -> list[_Row]:
     """The actions of a table placed by chains, numbered as the segmentation numbers its own
     (what :func:`~.chains.restage_from_chains` reads): each forward's microbatch its index
     among the forwards of its rank and step, each backward's the index of the forward whose
@@ -332,18 +334,18 @@ def _by_key(rows: np.ndarray, keys: np.ndarray) -> dict[int, np.ndarray]:
 
 
 def _group_layers(
-    rows: list[tuple], events: EventArrays, on_cpu: np.ndarray, rule_of_name: dict[str, LabelRule]
-) -> list[tuple]:
+    rows: list[_Row], events: EventArrays, on_cpu: np.ndarray, rule_of_name: dict[str, LabelRule]
+) -> list[_Row]:
     """Layer-level ranges (no microbatch in the name) as actions: consecutive ranges of one
     kind and stage in one step of a rank, with no point-to-point op starting between them,
     are one action (a run of ``attn(F)``, ``mlp(F)`` is one forward)."""
     p2p = np.flatnonzero(on_cpu & events.is_in("name", SEND_NAMES + RECV_NAMES))
     p2p_starts = {r: np.sort(events["start_ns"][g]) for r, g in _by_key(p2p, events["rank"]).items()}
-    out: list[tuple] = []
+    out: list[_Row] = []
     layer_level = {name: rule.layer_level for name, rule in rule_of_name.items()}
     layer_rows = sorted((r for r in rows if layer_level[r[9]]), key=lambda r: (r[0], r[7]))
     out.extend(r for r in rows if not layer_level[r[9]])
-    current: list | None = None
+    current: list[Any] | None = None
     for row in layer_rows:
         rank, step, kind, stage = row[0], row[1], row[2], row[3]
         if current is not None and (current[0], current[1], current[2], current[3]) == (rank, step, kind, stage):
@@ -411,9 +413,7 @@ def _first_backward_start(inside: np.ndarray, starts: np.ndarray, is_autograd: n
     return (span.start + span.end) // 2
 
 
-def _segment_unlabelled(
-    events: EventArrays, on_cpu: np.ndarray, steps: pd.DataFrame | Mapping[str, Any]
-) -> list[tuple]:
+def _segment_unlabelled(events: EventArrays, on_cpu: np.ndarray, steps: pd.DataFrame | Mapping[str, Any]) -> list[_Row]:
     """Native Schedule1F1B: runs of top-level ops between c10d ops on the main thread.
 
     A forward run counts only if one of its ops made an autograd node a backward in the
@@ -424,7 +424,7 @@ def _segment_unlabelled(
     ``aten::linear`` may carry no number while the ``aten::t`` and ``aten::addmm`` inside it
     make the nodes.
     """
-    rows: list[tuple] = []
+    rows: list[_Row] = []
     classes = events.per_name("name", _op_class, dtype=np.int8)
     is_annotation = events.is_in("cat", ("user_annotation",))
     is_mark = is_annotation & events.starts_with(STEP_MARK_PREFIX)
@@ -513,7 +513,7 @@ def _segment_unlabelled(
     return rows
 
 
-def _unwrapped(ops: dict, by_key: dict, key: tuple, limit: int = 8) -> dict:
+def _unwrapped(ops: _Columns, by_key: dict[Any, _Columns], key: tuple[int, int, int, int], limit: int = 8) -> _Columns:
     """The ops of a thread's level with every wrapping range replaced by what it holds
     (the ops one level down inside it), down to ``limit`` levels."""
     rank, pid, tid, depth = key
@@ -583,7 +583,7 @@ def _split_by_autograd(
     return out
 
 
-def _node_makers(columns: dict, on_cpu: np.ndarray) -> dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]]:
+def _node_makers(columns: _Columns, on_cpu: np.ndarray) -> dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]]:
     """Per thread (rank, pid, tid): when each autograd node was made and its number, both
     sorted by that time.
 
@@ -617,7 +617,7 @@ def _node_makers(columns: dict, on_cpu: np.ndarray) -> dict[tuple[int, int, int]
     return out
 
 
-def _with_made(ops: dict, makers: tuple[np.ndarray, np.ndarray] | None) -> dict:
+def _with_made(ops: _Columns, makers: tuple[np.ndarray, np.ndarray] | None) -> _Columns:
     """The ops with the range of node numbers each made (``made_lo``..``made_hi``, -1: none):
     the nodes made while it ran, forward ops only. A thread's numbers grow with time, so an
     op's are one range."""
@@ -633,13 +633,13 @@ def _with_made(ops: dict, makers: tuple[np.ndarray, np.ndarray] | None) -> dict:
     return {**ops, "made_lo": lo, "made_hi": hi}
 
 
-def _made_lists(ops: dict) -> list[range]:
+def _made_lists(ops: _Columns) -> list[range]:
     return [
         range(lo, hi + 1) if lo >= 0 else range(0) for lo, hi in zip(ops["made_lo"].tolist(), ops["made_hi"].tolist())
     ]
 
 
-def _sorted_groups(columns: dict, mask: np.ndarray, keys: tuple[str, ...]) -> dict:
+def _sorted_groups(columns: _Columns, mask: np.ndarray, keys: tuple[str, ...]) -> dict[Any, _Columns]:
     """Rows under ``mask`` grouped by ``keys``, each group's arrays sorted by start."""
     picked = take_rows(columns, mask)
     order = np.lexsort((picked["start_ns"], *[picked[k] for k in reversed(keys)]))
@@ -656,7 +656,7 @@ def _sorted_groups(columns: dict, mask: np.ndarray, keys: tuple[str, ...]) -> di
     return groups
 
 
-def _merged(a: dict, b: dict) -> dict:
+def _merged(a: _Columns, b: _Columns) -> _Columns:
     """Two sorted groups of rows as one, sorted by start."""
     if not len(b["start_ns"]):
         return a
@@ -665,7 +665,7 @@ def _merged(a: dict, b: dict) -> dict:
     return {c: v[order] for c, v in joined.items()}
 
 
-def _slice(group: dict, lo: int, hi: int) -> dict:
+def _slice(group: _Columns, lo: int, hi: int) -> _Columns:
     """The rows of a sorted group that start within [lo, hi]."""
     a = np.searchsorted(group["start_ns"], lo, side="left")
     b = np.searchsorted(group["start_ns"], hi, side="right")

@@ -12,6 +12,7 @@ host of the lowest rank, walking the graph of hosts that exchanged messages.
 from __future__ import annotations
 
 from collections import deque
+from typing import cast
 
 import pandas as pd
 
@@ -47,7 +48,7 @@ def estimate_offsets(files: list[TraceFile], messages: pd.DataFrame) -> tuple[di
         ]
     # fastest apparent delay per ordered host pair
     crossing = crossing.assign(apparent=crossing["recv_done_ns"] - crossing["send_post_ns"])
-    fastest = crossing.groupby(["src_host", "dst_host"])["apparent"].min().to_dict()
+    fastest = cast(dict[tuple[str, str], int], crossing.groupby(["src_host", "dst_host"])["apparent"].min().to_dict())
     reference = hosts[min(hosts)]
     offset = {reference: 0}
     queue = deque([reference])
@@ -64,6 +65,7 @@ def estimate_offsets(files: list[TraceFile], messages: pd.DataFrame) -> tuple[di
                 elif ahead is not None:
                     x = min(0, ahead)  # only bound: x <= ahead
                 else:
+                    assert behind is not None  # (here, there) is a key of fastest one way or the other
                     x = max(0, -behind)  # only bound: x >= -behind
                 offset[there] = offset[a] + int(x)
                 queue.append(there)

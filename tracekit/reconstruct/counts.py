@@ -10,7 +10,7 @@ import pandas as pd
 from tracekit.model.run import ScheduleInfo
 
 
-def count_problems(actions: pd.DataFrame, schedule: ScheduleInfo, limit: int = 3) -> list[str]:
+def count_problems(actions: pd.DataFrame, schedule: ScheduleInfo | None, limit: int = 3) -> list[str]:
     """One warning when some step's actions are not p·v·m per kind, naming the first few
     (step, stage, kind) that differ; [] when they add up."""
     if actions.empty or schedule is None or schedule.m <= 0 or schedule.flush_free:

@@ -29,10 +29,11 @@ pipeline is measured on the device:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
+from numpy.typing import ArrayLike
 
 from tracekit.model.device import DeviceSummary
 from tracekit.model.groups import SortedGroups, pair_codes
@@ -270,8 +271,8 @@ def fused_transfer(messages: pd.DataFrame, transfer: np.ndarray, known: np.ndarr
             elif later[i] == latest[k]:
                 ties[k] += 1
     link = list(zip(*(messages[c].to_numpy(np.int64).tolist() for c in ("src_rank", "dst_rank", "nbytes"))))
-    readings: dict[tuple, list[int]] = {}
-    bounds: dict[tuple, list[int]] = {}
+    readings: dict[tuple[int, int, int], list[int]] = {}
+    bounds: dict[tuple[int, int, int], list[int]] = {}
     for i in np.flatnonzero(known).tolist():
         bounds.setdefault(link[i], []).append(int(transfer[i]))
         for side, k in (("send", int(send_k[i])), ("recv", int(recv_k[i]))):
@@ -282,13 +283,15 @@ def fused_transfer(messages: pd.DataFrame, transfer: np.ndarray, known: np.ndarr
         by_size.setdefault(nbytes, []).extend(seen)
     out = transfer.copy()
     for i in np.flatnonzero(known).tolist():
-        seen = readings.get(link[i]) or by_size.get(link[i][2])
-        typical = int(np.median(seen)) if seen else min(bounds[link[i]])
+        sample = readings.get(link[i]) or by_size.get(link[i][2])
+        typical = int(np.median(sample)) if sample else min(bounds[link[i]])
         out[i] = max(0, min(int(transfer[i]), typical))
     return out
 
 
-def wait_and_transfer(a_start, a_end, b_start, b_end, a_rank, b_rank) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def wait_and_transfer(
+    a_start: ArrayLike, a_end: ArrayLike, b_start: ArrayLike, b_end: ArrayLike, a_rank: ArrayLike, b_rank: ArrayLike
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """For pairs of kernels (one on rank a, its peer's on rank b): the rank that waited (the
     one whose kernel started first, -1 for neither), the wait (later start - earlier start)
     and the transfer (earlier end - later start, at least 0)."""
@@ -324,7 +327,7 @@ def apply_device_times(messages: pd.DataFrame) -> pd.DataFrame:
     # (rendezvous: the replay adds ``transfer_ns`` from the later of the two). A receive queued
     # behind the link's earlier messages on its stream was held by the link, not its rank: the
     # data could leave only when that queue let it.
-    leave = out["send_start_ns"].where(
+    leave_unheld = out["send_start_ns"].where(
         ~out["recv_queued"].astype(bool), np.maximum(out["send_start_ns"], out["recv_start_ns"])
     )
     # A send queued behind a receive from its own receiver that spun for that receiver (a
@@ -335,10 +338,11 @@ def apply_device_times(messages: pd.DataFrame) -> pd.DataFrame:
     # then, or when the send was posted if later.
     behind = _receive_ahead(messages)
     held = behind >= 0
+    leave: pd.Series[Any] | np.ndarray = leave_unheld
     if held.any():
         at = behind[held]
         unblocked = out["recv_start_ns"].to_numpy()[at] + out["transfer_ns"].to_numpy()[at]
-        leave = leave.to_numpy().copy()
+        leave = leave_unheld.to_numpy().copy()
         leave[held] = np.maximum(messages["send_post_ns"].to_numpy()[held], unblocked)
     out["leave_ns"] = np.where(known, leave, -1)
     spin = np.where(out["waiting_rank"].to_numpy() == out["dst_rank"].to_numpy(), out["wait_ns"].to_numpy(), 0)
@@ -481,8 +485,11 @@ def pair_p2p_kernels(summary: DeviceSummary) -> pd.DataFrame:
         .merge(times, on="kernel")
         .sort_values("start_ns", kind="stable")
     )
-    groups = {k: g for k, g in table.groupby(["rank", "peer", "direction"])}
-    rows = []
+    # the keys are (rank, peer, direction): pandas-stubs type a groupby key as Hashable
+    groups = cast(
+        dict[tuple[int, int, str], pd.DataFrame], {k: g for k, g in table.groupby(["rank", "peer", "direction"])}
+    )
+    rows: list[tuple[Any, ...]] = []
     for (a, b, direction), side_a in sorted(groups.items()):
         if direction == "send":
             side_b = groups.get((b, a, "recv"))
@@ -498,7 +505,7 @@ def pair_p2p_kernels(summary: DeviceSummary) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=DEVICE_PAIR_COLUMNS)
 
 
-def _pair_row(a: int, b: int, s, r, direction: str) -> tuple:
+def _pair_row(a: int, b: int, s: Any, r: Any, direction: str) -> tuple[Any, ...]:
     """One pair of kernels (``s`` on rank a, ``r`` on rank b) as a DEVICE_PAIR_COLUMNS row."""
     waiting, wait, transfer = wait_and_transfer(s.start_ns, s.end_ns, r.start_ns, r.end_ns, a, b)
     return (

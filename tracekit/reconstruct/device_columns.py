@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -24,6 +24,9 @@ from tracekit.model.device import BEFORE_PROFILE
 from tracekit.model.run import DEVICE_OP_COLUMNS
 from tracekit.reconstruct.event_arrays import DEVICE_CATEGORIES, LAUNCH_CATEGORY, EventArrays
 from tracekit.reconstruct.steps import step_of
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 COMM_KERNEL = re.compile(r"nccl|rccl", re.IGNORECASE)
 # Nsight Systems' reader names the kernels it proved P2P by their launch this way.
@@ -50,7 +53,8 @@ def launched_before_profile(
     never = np.iinfo(np.int64).max
     first = np.full(int(group.max()) + 1, never, dtype=np.int64)  # each stream's first launched op
     np.minimum.at(first, group[launched], start[launched])
-    return ~launched & (first[group] != never) & (start < first[group])
+    before_launches: np.ndarray = ~launched & (first[group] != never) & (start < first[group])
+    return before_launches
 
 
 def op_kind(name: str) -> str:
@@ -58,7 +62,7 @@ def op_kind(name: str) -> str:
     return "p2p" if name.startswith(NSYS_P2P_PREFIX) else "collective" if COMM_KERNEL.search(name) else "compute"
 
 
-def op_columns(events: EventArrays, steps: Mapping[str, Any]) -> dict[str, Any]:
+def op_columns(events: EventArrays, steps: pd.DataFrame | Mapping[str, Any]) -> dict[str, Any]:
     """The device ops of ``events`` in event order: :data:`NUMBER_COLUMNS` as int64 arrays,
     ``name_code`` (int64) into ``names`` (the distinct names of these ops).
     ``steps``: a step table holding these events' ranks (:func:`~.steps.step_table`)."""

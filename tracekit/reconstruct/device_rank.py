@@ -581,7 +581,8 @@ def _action_field(actions: Mapping[str, np.ndarray], name: str) -> np.ndarray:
         kinds = actions.get("kind")
         if kinds is None:
             return np.zeros(len(np.asarray(actions["step"])), dtype=np.int64)
-        return (np.asarray(kinds, dtype=object) == "F").astype(np.int64)
+        forward: np.ndarray = (np.asarray(kinds, dtype=object) == "F").astype(np.int64)
+        return forward
     return np.asarray(actions[name], dtype=np.int64)
 
 

@@ -73,7 +73,8 @@ class EventArrays:
         values = self.values[column]
         if not values:
             return np.zeros(len(self), dtype=dtype)
-        return np.array([decide(v) for v in values], dtype=dtype)[self.codes[column]]
+        decided: np.ndarray = np.array([decide(v) for v in values], dtype=dtype)[self.codes[column]]
+        return decided
 
     def is_in(self, column: str, strings: tuple[str, ...]) -> np.ndarray:
         """Which rows' ``column`` is one of ``strings``."""

@@ -65,7 +65,7 @@ class LabelRule:
     pattern: str
     role: str
     origin: str = "built-in"
-    regex: re.Pattern = field(init=False, repr=False, compare=False)
+    regex: re.Pattern[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "regex", re.compile(self.pattern))

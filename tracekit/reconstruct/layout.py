@@ -329,13 +329,13 @@ def _built(ranks: list[int], roles: dict[str, list[tuple[int, ...]]], source: st
     replicas: dict[int, list[int]] = {}
     for rank in ranks:
         replicas.setdefault(dp_index.get(rank, 0) if dims["dp"] > 1 else 0, []).append(rank)
-    groups = [RoleGroup(role, g) for role in ROLES for g in roles.get(role, []) if dims[role] > 1 or role == "pp"]
+    role_groups = [RoleGroup(role, g) for role in ROLES for g in roles.get(role, []) if dims[role] > 1 or role == "pp"]
     return Layout(
         world=len(ranks),
         dims=dims,
         order=order,
         source=source,
-        groups=groups,
+        groups=role_groups,
         replicas=[sorted(rs, key=place) for _, rs in sorted(replicas.items())],
         evidence=evidence,
     )

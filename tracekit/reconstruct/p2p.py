@@ -13,6 +13,9 @@ that started after the data was there).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any, cast
+
 import numpy as np
 import pandas as pd
 
@@ -234,8 +237,8 @@ def _with_action_labels(sides: pd.DataFrame, events: pd.DataFrame) -> pd.DataFra
     if len(sides):
         on_cpu = ~events["on_gpu"].to_numpy(bool)
         named = events["name"].astype(str)
-        said = {n: p2p_action(n) for n in named[on_cpu].unique()}
-        said = {n: a for n, a in said.items() if a is not None}
+        read = {n: p2p_action(n) for n in named[on_cpu].unique()}
+        said = {n: a for n, a in read.items() if a is not None}
         if said:
             ranges = events[on_cpu & named.isin(said).to_numpy()]
             actions = [said[n] for n in ranges["name"].astype(str)]
@@ -317,7 +320,7 @@ def _peers_from_ranges(
     ranges = annotations[annotations["name"].map(lambda n: ways.get(str(n)) is not None).to_numpy(dtype=bool)]
     if ranges.empty:
         return sends, recvs, 0
-    ranks = sorted(set(sends["rank"].tolist()) | set(recvs["rank"].tolist()))
+    ranks: list[int] = sorted(set(sends["rank"].tolist()) | set(recvs["rank"].tolist()))
     place = {r: i for i, r in enumerate(ranks)}
 
     def peer_of(rank: int, way: str) -> int:
@@ -358,7 +361,11 @@ def _peers_from_ranges(
 
 
 def _settle_by_counts(
-    ambiguous: list[tuple[int, int, int]], sends: pd.DataFrame, recvs: pd.DataFrame, peer_of, max_choices: int = 256
+    ambiguous: list[tuple[int, int, int]],
+    sends: pd.DataFrame,
+    recvs: pd.DataFrame,
+    peer_of: Callable[[int, str], int],
+    max_choices: int = 256,
 ) -> int:
     """Peers of lone ops that could go either way, from the other side: a rank's peer
     posted as many matching ops as it has partners. Of the ways to pick which ops go to the
@@ -370,7 +377,7 @@ def _settle_by_counts(
     groups: dict[tuple[int, int, int], list[int]] = {}
     for side, row, rank in ambiguous:
         table = sends if side == 0 else recvs
-        groups.setdefault((side, rank, int(table.at[row, "step"])), []).append(row)
+        groups.setdefault((side, rank, int(cast(int, table.at[row, "step"]))), []).append(row)
     for (side, rank, step), rows in groups.items():
         mine, theirs = (sends, recvs) if side == 0 else (recvs, sends)
         nxt, prv = peer_of(rank, "next"), peer_of(rank, "prev")
@@ -490,11 +497,11 @@ def _infer_peers(
     if order is not None and stage_is_rank_numbering:
         position = {rank: i for i, rank in enumerate(order)}
         actions = actions.assign(stage=actions["rank"].map(position))
-    stage_rank = actions.groupby("stage")["rank"].first().to_dict()
-    by_rank = {r: g.sort_values("start_ns") for r, g in actions.groupby("rank")}
+    stage_rank = cast(dict[int, int], actions.groupby("stage")["rank"].first().to_dict())
+    by_rank: dict[Any, pd.DataFrame] = {r: g.sort_values("start_ns") for r, g in actions.groupby("rank")}
     first, last = (min(stage_rank), max(stage_rank)) if stage_rank else (0, 0)
 
-    def neighbour(action, towards_output: bool) -> int:
+    def neighbour(action: pd.Series[Any], towards_output: bool) -> int:
         step = 1 if towards_output else -1
         stage = int(action["stage"]) + step
         if stage_is_rank_numbering and stage not in stage_rank:
@@ -511,7 +518,7 @@ def _infer_peers(
         rank_actions = by_rank.get(sends.at[idx, "rank"])
         if rank_actions is None:
             continue
-        before = rank_actions[rank_actions["end_ns"] <= sends.at[idx, "start_ns"] + _TOLERANCE_NS]
+        before = rank_actions[rank_actions["end_ns"] <= cast(int, sends.at[idx, "start_ns"]) + _TOLERANCE_NS]
         if len(before):
             producer = before.iloc[-1]
             sends.at[idx, "peer"] = neighbour(producer, producer["kind"] == "F")
@@ -519,7 +526,7 @@ def _infer_peers(
         rank_actions = by_rank.get(recvs.at[idx, "rank"])
         if rank_actions is None:
             continue
-        after = rank_actions[rank_actions["start_ns"] >= recvs.at[idx, "done_ns"] - _TOLERANCE_NS]
+        after = rank_actions[rank_actions["start_ns"] >= cast(int, recvs.at[idx, "done_ns"]) - _TOLERANCE_NS]
         if len(after):
             consumer = after.iloc[0]
             recvs.at[idx, "peer"] = neighbour(consumer, consumer["kind"] != "F")
@@ -593,9 +600,9 @@ def _link_by_labels(messages: pd.DataFrame, actions: pd.DataFrame) -> None:
     index: dict[tuple[int, int, int, int, int], int] = {}
     columns = (actions[c].to_numpy() for c in ("rank", "step", "stage", "kind", "microbatch", "action_id"))
     for rank, step, stage, kind, mb, action in zip(*columns):
-        for way, kinds in grouped.items():
+        for label_way, kinds in grouped.items():
             if kind in kinds:
-                index.setdefault((int(rank), int(step), int(stage), way, int(mb)), int(action))
+                index.setdefault((int(rank), int(step), int(stage), label_way, int(mb)), int(action))
     dst_step = messages["dst_step"] if "dst_step" in messages else messages["step"]
     for end, rank, step, out in (
         ("src", messages["src_rank"], messages["step"], producer),
@@ -605,7 +612,9 @@ def _link_by_labels(messages: pd.DataFrame, actions: pd.DataFrame) -> None:
         stage = messages[f"{end}_label_stage"].to_numpy(np.int64)
         mb = messages[f"{end}_label_mb"].to_numpy(np.int64)
         for i in np.flatnonzero(way > 0).tolist():
-            found = index.get((int(rank.iat[i]), int(step.iat[i]), int(stage[i]), int(way[i]), int(mb[i])))
+            found = index.get(
+                (int(cast(int, rank.iat[i])), int(cast(int, step.iat[i])), int(stage[i]), int(way[i]), int(mb[i]))
+            )
             if found is not None:
                 out[i] = found
                 direction[i] = "fwd" if way[i] == 1 else "bwd"

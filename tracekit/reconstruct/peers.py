@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from typing import cast
 
 import pandas as pd
 
@@ -90,12 +91,12 @@ def through_groups(sides: pd.DataFrame, groups: dict[int, list[ProcessGroup]], r
     is another rank of the run; a rank no group explains keeps its peers."""
     out = sides.copy()
     for rank, mine in sides.groupby("rank"):
-        named = mine["peer"][mine["peer"] >= 0]
+        named: pd.Series[int] = mine["peer"][mine["peer"] >= 0]
         if named.empty:
             continue
-        candidates = sorted(groups.get(int(rank), []), key=lambda g: (not g.is_pipeline, len(g.ranks)))
+        candidates = sorted(groups.get(int(cast(int, rank)), []), key=lambda g: (not g.is_pipeline, len(g.ranks)))
         for group in candidates:
-            if int(named.max()) >= len(group.ranks) or int(rank) not in group.ranks:
+            if int(named.max()) >= len(group.ranks) or int(cast(int, rank)) not in group.ranks:
                 continue
             mapped = named.map(dict(enumerate(group.ranks)))
             if (mapped != rank).all() and mapped.isin(ranks).all():

@@ -28,8 +28,9 @@ report, which draws its host ops) its working set.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -78,7 +79,7 @@ def rank_reduce(
     plain = not on_device and not len(actions["action_id"])  # a host rank without a pipeline
     if plain and not device:
         return None  # an output that draws its host ops (the report) reads them
-    reduced = {
+    reduced: dict[str, Any] = {
         "table": choice.used.name if choice.used is not None else None,
         "counts": annotation_counts(host),
         "device": on_device,
@@ -108,7 +109,7 @@ def message_rows(events: EventArrays) -> np.ndarray:
     whose action's data they carry (``PP:4SEND_F4``),
     and each rank's earliest-starting and latest-ending row."""
     on_cpu = ~events["on_gpu"]
-    keep = on_cpu & events.starts_with(_MESSAGE_PREFIXES)
+    keep: np.ndarray = on_cpu & events.starts_with(_MESSAGE_PREFIXES)
     keep |= on_cpu & events.per_name("name", lambda n: TP_REGION.match(n) is not None)  # a TP collective's span
     keep |= on_cpu & events.per_name("name", lambda n: GLOO_COLLECTIVE.match(n) is not None)  # ... its completion
     keep |= recompute_rows(events)  # activation recomputation: re-run forward ops and their backward ranges
@@ -160,7 +161,7 @@ def run_choice(reduced: list[dict[str, Any] | None], labels: LabelSet | None) ->
     return choice if all(part is not None and part["table"] == table for part in reduced) else None
 
 
-def run_annotations(reduced: list[dict[str, Any] | None]) -> dict[str, int]:
+def run_annotations(reduced: Sequence[dict[str, Any] | None]) -> dict[str, int]:
     """The ranks' annotation counts summed (:func:`~.actions.annotation_counts` of the run)."""
     counts: dict[str, int] = {}
     for part in reduced:
@@ -191,7 +192,8 @@ def gather(reduced: list[dict[str, Any] | None], labels: LabelSet | None) -> Gat
     if device:
         found.device_summary = join_ranks([part["device_summary"] for part in parts])
     if all("host_busy" in part for part in parts):  # GPU ranks, or host ranks without a pipeline
-        rows = [tuple(int(v) for v in row) for part in parts for row in part["host_busy"]]
+        # each part's host_busy rows are BubbleRows, sent as lists
+        rows = [cast(BubbleRow, tuple(int(v) for v in row)) for part in parts for row in part["host_busy"]]
         found.host_busy = sorted(rows, key=lambda row: row[0])  # stable: a rank's steps in table order
     if not any(part["actions"]["rank"] for part in parts):  # device ranks without a pipeline
         return found

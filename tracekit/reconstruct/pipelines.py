@@ -43,7 +43,8 @@ def pipeline_groups(actions: pd.DataFrame, messages: pd.DataFrame) -> list[list[
         return [ranks]
     if stage_is_rank(actions):
         return found  # native schedules name no stages: each replica's ranks are its stages
-    stages = actions.groupby("rank")["stage"].agg(lambda s: frozenset(s.tolist()))
+    # pandas-stubs type agg's result as a scalar; pandas keeps any object the function returns
+    stages = actions.groupby("rank")["stage"].agg(lambda s: frozenset(s.tolist()))  # type: ignore[type-var]
     stage_sets = {frozenset().union(*(stages[r] for r in group)) for group in found}
     if len(stage_sets) != 1:
         return [ranks]

@@ -17,6 +17,8 @@ Two designs beyond torch's schedules:
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 import pandas as pd
 
@@ -54,7 +56,7 @@ def recognise(
     for (stage, rank), _ in actions.groupby(["stage", "rank"]):
         if stage in stage_to_rank and stage_to_rank[stage] != rank:
             evidence.append(f"stage {stage} ran on ranks {stage_to_rank[stage]} and {rank}")
-        stage_to_rank.setdefault(int(stage), int(rank))
+        stage_to_rank.setdefault(int(cast(int, stage)), int(cast(int, rank)))
     n_stages = len(stage_to_rank)
     v = max(1, n_stages // p) if p else 1
     crossing = _microbatches_across_steps(actions)
@@ -178,7 +180,9 @@ def unrecognised(actions: pd.DataFrame, completeness: Completeness) -> ScheduleI
     The missing ranks' stages, their messages and their place in the order are unknown, so
     the name, the placement and a replica split read from the rest would describe another
     pipeline (three ranks of four look like a complete p=3 1F1B)."""
-    stage_to_rank = {int(stage): int(rank) for (stage, rank), _ in actions.groupby(["stage", "rank"])}
+    stage_to_rank = {
+        int(cast(int, stage)): int(cast(int, rank)) for (stage, rank), _ in actions.groupby(["stage", "rank"])
+    }
     per_step = actions[actions["kind"] == "F"].groupby(["step", "stage"])["microbatch"].nunique()
     m = int(per_step.max()) if len(per_step) else 0
     present = completeness.ranks_present
@@ -209,7 +213,7 @@ def _span(ranks: list[int]) -> str:
     return ",".join(map(str, ranks))
 
 
-def _placement(stage_to_rank: dict[int, int], ranks: list, p: int) -> str:
+def _placement(stage_to_rank: dict[int, int], ranks: list[int], p: int) -> str:
     index = {r: i for i, r in enumerate(ranks)}
     if all(index[r] == s % p for s, r in stage_to_rank.items()):
         return "loop"

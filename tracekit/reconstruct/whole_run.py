@@ -118,7 +118,8 @@ def reconstruct(run: Run, timeline: str = "auto", labels: LabelSet | Sequence[st
         return run
     # Segmented actions, and those of a table that names no stage (Megatron's frames), are
     # each one forward or one backward, placed by rank and order of appearance alone.
-    placed_by_chains = run.actions_from == "segmentation" or choice.used.placed_by_chains
+    # (actions_from is "segmentation" exactly where choice.used is None)
+    placed_by_chains = run.actions_from == "segmentation" or (choice.used is not None and choice.used.placed_by_chains)
     found_notes: list[str] = []
     messages, warnings = match_messages(
         host_events,
@@ -147,6 +148,7 @@ def reconstruct(run: Run, timeline: str = "auto", labels: LabelSet | Sequence[st
             messages = shift_ranks(messages, shifts, "dst_rank", ["recv_post_ns", "recv_done_ns"])
         run.messages = estimate_arrivals(messages, run.actions, run.events)
     if not run.has_every_rank:
+        assert run.completeness is not None  # a run without one has every rank
         run.schedule = unrecognised(run.actions, run.completeness)
     else:
         overlap = actions["label"].str.contains("OVERLAP_F_B", regex=False).any()
@@ -192,7 +194,7 @@ def _note_steps_cut_short(run: Run) -> None:
     run.warnings.insert(0, completeness.message())
 
 
-def no_pipeline_message(run: Run, events, annotations: dict[str, int]) -> str:
+def no_pipeline_message(run: Run, events: pd.DataFrame, annotations: dict[str, int]) -> str:
     """What was seen where no pipeline was found, and what to do about it: ``events`` (host
     rows, for their P2P ops) and the run's ``annotations`` (name -> count)."""
 
@@ -208,7 +210,7 @@ def no_pipeline_message(run: Run, events, annotations: dict[str, int]) -> str:
     )
 
 
-def _on_device(run: Run, messages) -> None:
+def _on_device(run: Run, messages: pd.DataFrame) -> None:
     """Put the actions and messages on the device timeline, clocks aligned from the device
     P2P kernels."""
 
@@ -246,7 +248,7 @@ def _world_sizes(run: Run) -> dict[int, int]:
     return {rank: trace.world_size or 1 for trace in run.files for rank in (trace.ranks or [trace.rank])}
 
 
-def _host_events(run: Run):
+def _host_events(run: Run) -> pd.DataFrame:
     """The events without CUDA API calls (they link device work to the host, nothing more)."""
     return run.events[(run.events["cat"] != LAUNCH_CATEGORY).to_numpy()]
 
@@ -262,8 +264,10 @@ def _actions_per_step(run: Run) -> list[int]:
         counts = actions.groupby(["rank", "step"]).size()
         wanted = pd.MultiIndex.from_arrays([steps["rank"], steps["step"]])
         return [int(n) for n in counts.reindex(wanted, fill_value=0).tolist()]
-    step_code, action_code = pair_codes(*(c.to_numpy() for c in columns[:2]), tuple(c.to_numpy() for c in columns[2:]))
-    return counts_of(action_code, step_code).tolist()
+    step_rank, step_number, action_rank, action_step = (c.to_numpy() for c in columns)
+    step_code, action_code = pair_codes(step_rank, step_number, (action_rank, action_step))
+    per_step: list[int] = counts_of(action_code, step_code).tolist()
+    return per_step
 
 
 def _align(run: Run, shifts: dict[int, int]) -> None:
