@@ -78,7 +78,7 @@ def command(
       tracekit analyze run/ -o analysis.json --html report.html
     """
     from tracekit.commands.outputs import distinct, run_output
-    from tracekit.render.protocol import RENDERERS
+    from tracekit.render.protocol import RENDERERS, bytes_of, text_of
 
     shown = _ranks_shown(ranks_shown)
     json_target = run_output(output, "-o", run_dir) if output else None
@@ -103,13 +103,13 @@ def command(
             add_drawn_ops(analysis, run_dir, rank_from, rank_map, say)
     as_text = RENDERERS["json"]()
     if json_target:
-        json_target.write(as_text.render(doc).encode())
+        json_target.write(bytes_of(as_text.render(doc)))
         click.echo(json_target.wrote(), err=True)
     if html_target:
-        html_target.write(RENDERERS["html"]().render(analysis).encode())
+        html_target.write(bytes_of(RENDERERS["html"]().render(analysis)))
         click.echo(html_target.wrote(), err=True)
     if as_json:
-        sys.stdout.write(as_text.render(doc) + "\n")
+        sys.stdout.write(text_of(as_text.render(doc)) + "\n")
     else:
         click.echo(RENDERERS["console"](ranks=shown).render(doc))
 

@@ -141,7 +141,7 @@ def command(
     from tracekit.gate.baseline import read_baseline
     from tracekit.gate.checks import GateResult
     from tracekit.gate.config import CheckConfig
-    from tracekit.render.protocol import RENDERERS
+    from tracekit.render.protocol import RENDERERS, bytes_of, text_of
 
     if config_file and no_config:
         raise TracekitError("--config and --no-config contradict each other; give one")
@@ -180,9 +180,9 @@ def command(
     result: GateResult = evaluate(measure(analyze(run)), config, baseline_measures)
 
     if junit_target:
-        junit_target.write(RENDERERS["junit"]().render(result))
+        junit_target.write(bytes_of(RENDERERS["junit"]().render(result)))
         click.echo(junit_target.wrote(), err=True)
-    text = RENDERERS["markdown"]().render(result)
+    text = text_of(RENDERERS["markdown"]().render(result))
     if markdown_target:
         markdown_target.write(text.encode())
         click.echo(markdown_target.wrote(), err=True)

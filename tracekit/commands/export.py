@@ -163,7 +163,7 @@ def _table_targets(folder: Path, run_dir: Path, with_csv: bool) -> dict[str, Out
 
 def _write_tables(analysis: Analysis, folder: Path, targets: dict[str, OutputTarget], with_csv: bool) -> None:
     from tracekit.analyze.tabular import tables
-    from tracekit.render.protocol import RENDERERS, NamedTable
+    from tracekit.render.protocol import RENDERERS, NamedTable, bytes_of
 
     run = analysis.run
     run_meta = {"source": run.source, "timeline": run.timeline}
@@ -171,7 +171,7 @@ def _write_tables(analysis: Analysis, folder: Path, targets: dict[str, OutputTar
     renderers = [RENDERERS[kind]() for kind in (("parquet", "csv") if with_csv else ("parquet",))]
     for name, frame in frames.items():
         for renderer in renderers:
-            targets[f"{name}.{renderer.name}"].write(renderer.render(NamedTable(name, frame, run_meta)))
+            targets[f"{name}.{renderer.name}"].write(bytes_of(renderer.render(NamedTable(name, frame, run_meta))))
     formats = "Parquet and CSV" if with_csv else "Parquet"
     rows = ", ".join(f"{name} {len(frame)}" for name, frame in frames.items())
     click.echo(for_terminal(f"wrote {folder}: {len(frames)} tables as {formats} (rows: {rows})"), err=True)
@@ -182,13 +182,13 @@ def _write_tensorboard(analysis: Analysis, logdir: Path, run_dir: Path) -> None:
 
     from tracekit.analyze.tabular import step_scalars
     from tracekit.commands.outputs import run_output
-    from tracekit.render.protocol import RENDERERS
+    from tracekit.render.protocol import RENDERERS, bytes_of
     from tracekit.render.tensorboard import event_file_name
 
     scalars = step_scalars(analysis)
     now_s = time.time()
     target = run_output(logdir / event_file_name(scalars, now_s), "--tensorboard", run_dir)
-    target.write(RENDERERS["tensorboard"](now_s=now_s).render(scalars))
+    target.write(bytes_of(RENDERERS["tensorboard"](now_s=now_s).render(scalars)))
     click.echo(
         target.wrote(f"{len(scalars)} scalars over {scalars['step'].nunique()} steps; tensorboard --logdir {logdir}"),
         err=True,

@@ -46,6 +46,16 @@ class Renderer(Protocol[Subject]):
     def render(self, subject: Subject) -> str | bytes: ...
 
 
+def text_of(rendered: str | bytes) -> str:
+    """A text renderer's output as text (UTF-8 where it gave bytes)."""
+    return rendered if isinstance(rendered, str) else rendered.decode()
+
+
+def bytes_of(rendered: str | bytes) -> bytes:
+    """Any renderer's output as the bytes a file holds (text as UTF-8)."""
+    return rendered.encode() if isinstance(rendered, str) else rendered
+
+
 @dataclass(frozen=True)
 class NamedTable:
     """One table of :func:`tracekit.analyze.tabular.tables`, as a table file renders it:
