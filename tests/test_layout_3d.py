@@ -295,3 +295,19 @@ def test_whatif_without_recompute_refuses_a_run_that_recomputes_nothing():
     result = CliRunner().invoke(main, ["whatif", str(SAMPLES / "1f1b"), "--no-recompute", "--no-progress"])
     assert result.exit_code == 2
     assert "no activation recomputation" in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_real_tp_dp_pp_capture_reads_every_dimension():
+    """TP 2 x DP 2 x PP 2 on 8 gloo processes, replica 1 slowed 10% (sample_traces/tp2_dp2_pp2)."""
+    doc = _analyze(SAMPLES / "tp2_dp2_pp2")
+    assert doc["layout"]["line"] == "8 ranks: PP 2 x TP 2 x DP 2, Megatron order tp-dp-pp"
+    assert doc["schedule"]["p"] == 2 and doc["summary"]["n_messages"] == 192
+    dims = {r["rank"]: r for r in doc["dimensions"]["ranks"]}
+    for rank, want in _measured("tp2_dp2_pp2").items():
+        tp = want["tp_all_reduce_forward"] + want["tp_all_reduce_backward"]
+        assert dims[rank]["tp_ns"] == pytest.approx(tp, rel=0.05)
+        waited = want["dp_all_reduce_launch"] + want["dp_all_reduce_wait"]
+        if waited > 100_000_000:  # the fast replica's ranks wait for the slow one
+            assert dims[rank]["dp_after_own_ns"] == pytest.approx(waited, rel=0.10)
+    slow = [f for f in doc["findings"] if f["cause"] == "slow_replica"]
+    assert len(slow) == 1 and slow[0]["figures"]["replica_ranks"] == [2, 3, 6, 7]

@@ -73,9 +73,11 @@ def schedule_label(schedule: dict[str, Any] | None) -> str:
     if schedule["name"] == UNRECOGNISED:
         return f"schedule not recognised: ranks missing, world size {schedule['p']}, m={schedule['m']}"
     replicas = schedule.get("replicas", 1)
-    return f"{schedule['name']} p={schedule['p']} v={schedule['v']} m={schedule['m']}" + (
-        f" x{replicas} replicas" if replicas > 1 else ""
-    )
+    # the job around the pipeline, where the layout says it (its chains are TP shards and DP
+    # replicas), else the chains as replicas
+    dims = [f"{role.upper()} {schedule[role]}" for role in ("tp", "dp") if schedule.get(role, 1) > 1]
+    around = f" x {' x '.join(dims)}" if dims else (f" x{replicas} replicas" if replicas > 1 else "")
+    return f"{schedule['name']} p={schedule['p']} v={schedule['v']} m={schedule['m']}" + around
 
 
 def schedule_key(schedule: dict[str, Any] | None) -> tuple[str, int, int, int] | None:
@@ -102,6 +104,11 @@ def measure(analysis: Analysis) -> Measures:
             "v": sched.v,
             "m": sched.m,
             **({"replicas": sched.replicas} if sched.replicas > 1 else {}),
+            **(
+                {role: run.layout.size(role) for role in ("tp", "dp") if run.layout.size(role) > 1}
+                if run.layout is not None
+                else {}
+            ),
         },
         n_steps=n_steps,
         step_ns=step_ns,

@@ -96,6 +96,7 @@ def _measures(doc: dict[str, Any]) -> Measures:
             "v": int(schedule["v"]),
             "m": int(schedule["m"]),
             **({"replicas": int(schedule["replicas"])} if int(schedule.get("replicas", 1)) > 1 else {}),
+            **{role: int(schedule[role]) for role in ("tp", "dp") if int(schedule.get(role, 1)) > 1},
         }
     causes = {str(c): _share(v) for c, v in doc["causes"].items()}
     unknown = set(causes) - set(CATEGORIES)
