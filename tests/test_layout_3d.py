@@ -311,3 +311,11 @@ def test_real_tp_dp_pp_capture_reads_every_dimension():
             assert dims[rank]["dp_after_own_ns"] == pytest.approx(waited, rel=0.10)
     slow = [f for f in doc["findings"] if f["cause"] == "slow_replica"]
     assert len(slow) == 1 and slow[0]["figures"]["replica_ranks"] == [2, 3, 6, 7]
+    # a stage's TP shards are places of their own, compared across the replicas
+    places = doc["rollup"]["places"]
+    assert [(p["stages"], p["tp_rank"], p["ranks"]) for p in places] == [
+        ([0], 0, [0, 2]),
+        ([0], 1, [1, 3]),
+        ([1], 0, [4, 6]),
+        ([1], 1, [5, 7]),
+    ]

@@ -29,6 +29,7 @@ from tracekit.vocab import CATEGORIES
 
 if TYPE_CHECKING:  # the package imports this module
     from tracekit.analyze import Analysis
+    from tracekit.model.layout import Layout
 
 # A place's compute at least this much above the other replicas' median at the same place is slow.
 SLOW_FACTOR = 1.05
@@ -75,9 +76,11 @@ class PlaceRollup:
     slowest_replica: int  # most compute per step (ties: the first replica)
     causes_ns: dict[str, int]  # idle by cause at this place, summed over replicas and steps
     top_cause: str | None  # the cause with the most idle here (None without attribution)
+    tp_rank: int | None = None  # the ranks' tensor-parallel rank, where the layout has TP
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            **({"tp_rank": self.tp_rank} if self.tp_rank is not None else {}),
             "place": self.place,
             "stages": list(self.stages),
             "ranks": list(self.ranks),
@@ -258,6 +261,7 @@ def rollup(analysis: Analysis) -> ReplicaRollup | None:
                 slowest_replica=slowest,
                 causes_ns=summed,
                 top_cause=top,
+                tp_rank=_tp_rank(layout, ranks[0]),
             )
         )
     result = ReplicaRollup(groups, n_steps, everyone, places, order)
@@ -275,6 +279,13 @@ def rollup(analysis: Analysis) -> ReplicaRollup | None:
         }
         result.timeline_replicas = _timeline_replicas(result)
     return result
+
+
+def _tp_rank(layout: Layout | None, rank: int) -> int | None:
+    """``rank``'s place in its tensor-parallel group (None without tensor parallelism)."""
+    if layout is None or layout.size("tp") < 2:
+        return None
+    return layout.peers("tp", rank).index(rank)
 
 
 def _timeline_replicas(result: ReplicaRollup) -> list[tuple[int, str]]:

@@ -379,7 +379,7 @@ def _stage_rollup(doc: dict, ranks: str | int) -> list[str]:
         bubble = place["bubble_ratio"]
         rows.append(
             [
-                ",".join(map(str, place["stages"])),
+                ",".join(map(str, place["stages"])) + (f" tp{place['tp_rank']}" if "tp_rank" in place else ""),
                 *spread(bubble, pct),
                 "-" if bubble["min"] == bubble["max"] else str(place["worst_replica"]),
                 *spread(place["idle_per_step_ns"], ms),
