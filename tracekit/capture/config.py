@@ -299,11 +299,7 @@ class CaptureConfig:
                 raise CaptureError(f"--slow-replica {self.slow_replica} is not a replica (replicas are 0..{dp - 1})")
         if not (self.is_3d or self.recompute):
             return
-        if self.framework != "torch" or self.schedule in DESIGNS:
-            raise CaptureError(
-                "--tensor-parallel, --data-parallel and --recompute run torch.distributed.pipelining's "
-                f"schedules (not {self.framework if self.framework != 'torch' else self.schedule}); drop them"
-            )
+        self._torch_schedules_only("--tensor-parallel, --data-parallel and --recompute run", "drop them")
         if self.device != "cpu":
             raise CaptureError("--tensor-parallel, --data-parallel and --recompute run on the CPU; drop --device cuda")
         if self.layer_labels and tp > 1:
@@ -325,6 +321,13 @@ class CaptureConfig:
                     f"even number of layers per stage; got {self.stage_layer_counts()}"
                 )
 
+    def _torch_schedules_only(self, what: str, fix: str) -> None:
+        """Refuse (``what``: the options and their verb) anything but torch.distributed.pipelining's
+        own schedules: a framework's ranks or a design loop."""
+        if self.framework != "torch" or self.schedule in DESIGNS:
+            ran = self.framework if self.framework != "torch" else self.schedule
+            raise CaptureError(f"{what} torch.distributed.pipelining's schedules (not {ran}); {fix}")
+
     def _check_device(self) -> None:
         if self.device not in DEVICES:
             raise CaptureError(f"unknown device {self.device!r}; use --device cpu or --device cuda")
@@ -332,12 +335,8 @@ class CaptureConfig:
             raise CaptureError("--with-stack is recorded by tracekit's own torch and Megatron ranks; drop --framework")
         if self.device == "cpu":
             return
-        if self.framework != "torch" or self.schedule in DESIGNS:
-            # the design loops and the frameworks' ranks compute on the CPU only
-            raise CaptureError(
-                "--device cuda runs torch.distributed.pipelining's schedules "
-                f"(not {self.framework if self.framework != 'torch' else self.schedule}); drop it or pick one of those"
-            )
+        # the design loops and the frameworks' ranks compute on the CPU only
+        self._torch_schedules_only("--device cuda runs", "drop it or pick one of those")
         if self.compute != "real":
             raise CaptureError(
                 "--device cuda needs --compute real (the emulated costs are host sleeps, which leave the GPU idle)"

@@ -12,16 +12,6 @@ from tracekit.gate.checks import GateResult
 from tracekit.text import for_xml
 
 
-class JunitRenderer:
-    """:func:`render` as a :class:`~tracekit.render.protocol.Renderer` of the gate's result."""
-
-    name = "junit"
-    reads = "gate"
-
-    def render(self, result: GateResult) -> bytes:
-        return render(result)
-
-
 def render(result: GateResult) -> bytes:
     """The JUnit XML document of one gate result."""
     n_tests, n_failures = str(len(result.checks)), str(len(result.failures))

@@ -14,16 +14,6 @@ from tracekit.gate.checks import GateResult
 from tracekit.text import for_markdown_code, for_markdown_text
 
 
-class MarkdownRenderer:
-    """:func:`render` as a :class:`~tracekit.render.protocol.Renderer` of the gate's result."""
-
-    name = "markdown"
-    reads = "gate"
-
-    def render(self, result: GateResult) -> str:
-        return render(result)
-
-
 def render(result: GateResult) -> str:
     """A heading that says pass or fail, each failure's line, then every check in a table."""
     m = result.measures

@@ -80,13 +80,39 @@ class _Lazy:
         return made
 
 
+@dataclass(frozen=True)
+class FunctionRenderer:
+    """A module's ``render`` function as a :class:`Renderer` (the gate's JUnit and Markdown,
+    the HTML report: each reads something else than the document, see the module doc)."""
+
+    name: str
+    reads: str
+    function: Callable[[Any], str | bytes]
+
+    def render(self, subject: Any) -> str | bytes:
+        return self.function(subject)
+
+
+@dataclass(frozen=True)
+class _LazyFunction:
+    """A render function named by its module, imported when first made (as :class:`_Lazy`)."""
+
+    module: str
+    function: str
+    name: str
+    reads: str
+
+    def __call__(self, **options: Any) -> Renderer[Any]:
+        return FunctionRenderer(self.name, self.reads, getattr(import_module(self.module), self.function))
+
+
 # Each renderer by name: calling an entry makes one.
 RENDERERS: dict[str, Callable[..., Renderer[Any]]] = {
     "console": _Lazy("tracekit.render.console", "ConsoleRenderer"),
     "json": _Lazy("tracekit.render.json", "JsonRenderer"),
-    "junit": _Lazy("tracekit.render.junit", "JunitRenderer"),
-    "markdown": _Lazy("tracekit.render.markdown", "MarkdownRenderer"),
-    "html": _Lazy("tracekit.render.html", "HtmlRenderer"),
+    "junit": _LazyFunction("tracekit.render.junit", "render", "junit", "gate"),
+    "markdown": _LazyFunction("tracekit.render.markdown", "render", "markdown", "gate"),
+    "html": _LazyFunction("tracekit.render.html", "render_report", "html", "analysis"),
     "parquet": _Lazy("tracekit.render.tables", "ParquetRenderer"),
     "csv": _Lazy("tracekit.render.tables", "CsvRenderer"),
     "tensorboard": _Lazy("tracekit.render.tensorboard", "TensorBoardRenderer"),

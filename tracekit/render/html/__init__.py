@@ -48,17 +48,6 @@ from tracekit.text import for_xml
 TEMPLATE = "report.html.j2"
 
 
-class HtmlRenderer:
-    """The report as a :class:`~tracekit.render.protocol.Renderer`: it reads the Analysis, not
-    the document, for its figures draw every action and idle interval."""
-
-    name = "html"
-    reads = "analysis"
-
-    def render(self, analysis: Analysis) -> str:
-        return render_report(analysis)
-
-
 def render_report(analysis: Analysis) -> str:
     """The report as one HTML document."""
     from bokeh.embed import file_html
