@@ -185,6 +185,10 @@ def dimension_figures(run: Run, bubbles: pd.DataFrame) -> DimensionFigures | Non
     group = merged["cell"].to_numpy(np.int64)
     start, end = merged["start_ns"].to_numpy(np.int64), merged["end_ns"].to_numpy(np.int64)
     tp = merged["tp"].to_numpy(bool)
+    # the rest are gradient collectives where the job has data-parallel replicas; a pipeline
+    # alone has other collectives outside its actions (DeepSpeed's loss all-reduce and
+    # broadcast), which are no dimension's
+    dp = ~tp & (run.layout is not None and run.layout.size("dp") > 1)
     everywhere = np.full(n, np.iinfo(np.int64).min), np.full(n, np.iinfo(np.int64).max)
     after = windows["window_end_ns"].to_numpy(np.int64), everywhere[1]
     out = windows[["rank", "step"]].copy()
@@ -192,14 +196,14 @@ def dimension_figures(run: Run, bubbles: pd.DataFrame) -> DimensionFigures | Non
     alone = np.zeros(n, dtype=np.int64)
     np.add.at(alone, group[tp], merged["alone_ns"].to_numpy(np.int64)[tp])
     out["tp_alone_ns"] = alone
-    out["dp_ns"] = union_lengths(group[~tp], start[~tp], end[~tp], *everywhere)
-    out["dp_exposed_ns"] = union_lengths(group[~tp], start[~tp], end[~tp], *after)
+    out["dp_ns"] = union_lengths(group[dp], start[dp], end[dp], *everywhere)
+    out["dp_exposed_ns"] = union_lengths(group[dp], start[dp], end[dp], *after)
     # after the rank's own last action: what it waits for before its optimizer (a fast
     # replica's wait for a slow one lies inside the step's window, so not in dp_exposed)
     own = run.actions.groupby(["rank", "step"], as_index=False)["end_ns"].max()
     own_ends = windows.merge(own, on=["rank", "step"], how="left")["end_ns"]
     own_end = own_ends.fillna(windows["window_end_ns"]).to_numpy(np.int64)
-    out["dp_after_own_ns"] = union_lengths(group[~tp], start[~tp], end[~tp], own_end, everywhere[1])
+    out["dp_after_own_ns"] = union_lengths(group[dp], start[dp], end[dp], own_end, everywhere[1])
     again = redone.merge(cell, on=["rank", "step"], how="inner")
     out["recompute_ns"] = union_lengths(
         again["cell"].to_numpy(np.int64),
