@@ -7,6 +7,8 @@ analysis code, so that rendering a stored document stays quick.
 
 from __future__ import annotations
 
+import json
+
 from typing import Any
 
 from tracekit.vocab import IDLE_CAUSES
@@ -71,3 +73,14 @@ def replay_totals(doc: AnalysisDocument) -> dict[str, Any] | None:
         "path_compute_ns": sum(p["compute_ns"] for p in path),
         "path_comm_ns": sum(p.get("comm_ns", 0) for p in path),
     }
+
+
+class JsonRenderer:
+    """The document as ``analyze --json`` and ``-o`` write it: indented by one space (here,
+    beside the document's type: a cached analysis is written without the analysis code)."""
+
+    name = "json"
+    reads = "document"
+
+    def render(self, doc: AnalysisDocument) -> str:
+        return json.dumps(doc, indent=1)

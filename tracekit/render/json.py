@@ -6,17 +6,19 @@ Its version is :data:`tracekit.schemas.ANALYSIS_SCHEMA_VERSION` (bump it there).
 
 from __future__ import annotations
 
-import json
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tracekit.analyze import Analysis
 from tracekit.model.groups import split_by
 from tracekit.render.document import AnalysisDocument
 from tracekit.schemas import ANALYSIS_SCHEMA_VERSION
 from tracekit.version import __version__
 from tracekit.vocab import IDLE_CAUSES
+
+if TYPE_CHECKING:  # the package needs pandas; writing a cached document needs neither
+    from tracekit.analyze import Analysis
 
 
 def _causes(row) -> dict[str, int]:
@@ -27,16 +29,6 @@ def _ratio(x: float | None) -> float | None:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return None
     return round(float(x), 6)
-
-
-class JsonRenderer:
-    """The document as ``analyze --json`` and ``-o`` write it: indented by one space."""
-
-    name = "json"
-    reads = "document"
-
-    def render(self, doc: AnalysisDocument) -> str:
-        return json.dumps(doc, indent=1)
 
 
 def to_document(analysis: Analysis) -> AnalysisDocument:

@@ -109,7 +109,7 @@ class _LazyFunction:
 # Each renderer by name: calling an entry makes one.
 RENDERERS: dict[str, Callable[..., Renderer[Any]]] = {
     "console": _Lazy("tracekit.render.console", "ConsoleRenderer"),
-    "json": _Lazy("tracekit.render.json", "JsonRenderer"),
+    "json": _Lazy("tracekit.render.document", "JsonRenderer"),
     "junit": _LazyFunction("tracekit.render.junit", "render", "junit", "gate"),
     "markdown": _LazyFunction("tracekit.render.markdown", "render", "markdown", "gate"),
     "html": _LazyFunction("tracekit.render.html", "render_report", "html", "analysis"),
