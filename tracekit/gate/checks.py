@@ -16,7 +16,7 @@ from tracekit.errors import TracekitError
 from tracekit.gate.baseline import read_baseline
 from tracekit.gate.config import CheckConfig, Limit
 from tracekit.version import __version__
-from tracekit.vocab import pct, points
+from tracekit.vocab import in_ms, pct, points
 
 # Ratios are stored to 6 decimals: equal to the limit within that is at the limit.
 _EPSILON = 1e-6
@@ -41,7 +41,7 @@ class Check:
 
     def shown(self, value: float) -> str:
         """One of this check's figures as people read it: ``30.2%`` or ``474.4 ms``."""
-        return _ms(value) if self.unit == "ns" else pct(value)
+        return in_ms(value) if self.unit == "ns" else pct(value)
 
     def line(self) -> str:
         """One line that says what was checked and, for a failure, by how much it failed."""
@@ -228,7 +228,12 @@ def _check_step_time(result: GateResult) -> None:
         limit = config.max_step_ns
         result.checks.append(
             Check(
-                "step_time", name, measures.step_ns, limit.value, f"max {_ms(limit.value)} ({limit.origin})", unit="ns"
+                "step_time",
+                name,
+                measures.step_ns,
+                limit.value,
+                f"max {in_ms(limit.value)} ({limit.origin})",
+                unit="ns",
             )
         )
     if not against_baseline:
@@ -240,7 +245,7 @@ def _check_step_time(result: GateResult) -> None:
             f"baseline {config.baseline}: records no step time; remake it (tracekit baseline "
             f"RUN_DIR -o FILE) or drop the step tolerance ({tolerance.origin})"
         )
-    rule = f"baseline {_ms(base)} + {100 * tolerance.value:.1f}% ({tolerance.origin})"
+    rule = f"baseline {in_ms(base)} + {100 * tolerance.value:.1f}% ({tolerance.origin})"
     check = Check(
         "baseline.step_time", name, measures.step_ns, base * (1 + tolerance.value), rule, baseline=base, unit="ns"
     )
@@ -253,10 +258,6 @@ def _check_step_time(result: GateResult) -> None:
             "(tracekit baseline RUN_DIR -o FILE) to keep the gain"
         )
     result.checks.append(check)
-
-
-def _ms(ns: float) -> str:
-    return f"{ns / 1e6:.1f} ms"
 
 
 def _against_limit(check_id: str, name: str, value: float, limit: Limit, where: str = "") -> Check:

@@ -27,8 +27,8 @@ segmented ones are: forwards count up in order of appearance, a backward is the 
 whose autograd sequence numbers it consumes, and the message chains give stage and
 microbatch (:mod:`.chains`).
 
-The built-in tables (:data:`BUILTIN`) describe what the frameworks write (see
-shared/docs/trace-formats.md), most specific first; the first whose action rules match a
+The built-in tables (:data:`BUILTIN`) describe what the frameworks write (each table says
+which framework writes its names and what they mark), most specific first; the first whose action rules match a
 range is used and reported (``labels: torch-pp``). User rules (``--label-rule``, ``[tool.tracekit.labels]``)
 come first; where they match nothing the built-in tables are tried and a warning says so.
 """
