@@ -14,9 +14,13 @@ actions, data-parallel gradient collectives beside them, and busy with and witho
 
 On the device the kernels say it (``DeviceSummary`` table ``collectives``: which are gradient
 collectives is decided there, see :mod:`tracekit.model.device`). On a host-only run (gloo on
-CPU) the host ops of collectives do (:func:`tracekit.reconstruct.layout.collective_ops`): one
-started inside an action is a tensor-parallel collective where the layout has tensor
-parallelism, else a gradient collective.
+CPU) the host ops of collectives do (:func:`tracekit.reconstruct.layout.collective_ops`), each
+from its post to its completion (:func:`_host_collectives`). Collectives that are neither
+tensor-parallel nor, in a job with data-parallel replicas, gradient collectives (a lone
+pipeline's loss all-reduce) are no dimension's.
+
+Recomputation (:mod:`tracekit.reconstruct.recompute`): per rank and step, on the device the
+kernels a recomputation launched, on the host its spans.
 """
 
 from __future__ import annotations
@@ -28,12 +32,15 @@ import numpy as np
 import pandas as pd
 
 from tracekit.analyze.shares import share
+from tracekit.analyze.grouping import ranks_by_stage
+from tracekit.model.groups import group_ids, holding, pair_codes
 from tracekit.model.intervals import covered_lengths, merge_intervals, union_lengths
 from tracekit.model.names import GLOO_COLLECTIVE, TP_REGION
 from tracekit.model.run import Run
 from tracekit.reconstruct.event_arrays import EventArrays
 from tracekit.reconstruct.layout import collective_ops, collectives_inside_actions
 from tracekit.reconstruct.recompute import recompute_spans
+from tracekit.reconstruct.steps import step_of
 
 DIMENSION_COLUMNS = [
     "rank",
@@ -98,8 +105,9 @@ class DimensionFigures:
         return out
 
     def to_dict(self, bubbles: pd.DataFrame) -> dict[str, Any]:
+        per_rank = self.per_rank(bubbles)
         rows = []
-        for rank, r in zip(self.per_rank(bubbles).index.tolist(), self.per_rank(bubbles).to_dict("records")):
+        for rank, r in zip(per_rank.index.tolist(), per_rank.to_dict("records")):
             window = max(int(r["window_ns"]), 1)
             rows.append(
                 {
@@ -120,7 +128,6 @@ class DimensionFigures:
                     ),
                 }
             )
-        per_rank = self.per_rank(bubbles)
         stages = []
         for stage, ranks in sorted(self.stage_ranks.items()):
             mine = per_rank.loc[[r for r in ranks if r in per_rank.index]]
@@ -174,10 +181,11 @@ def dimension_figures(run: Run, bubbles: pd.DataFrame) -> DimensionFigures | Non
         )
         source = "kernels"
     else:
-        host = _host_collectives(run, windows)
+        host = _host_collectives(run)
         frame = host if host is not None else _no_collectives()
         spans = pd.DataFrame(recompute_spans(EventArrays.of(run.events)))
-        redone = spans.assign(step=_step_of(spans, windows))[["rank", "step", "start_ns", "end_ns"]]
+        redone = spans.assign(step=step_of(spans["rank"].to_numpy(), spans["start_ns"].to_numpy(), run.steps))
+        redone = redone[["rank", "step", "start_ns", "end_ns"]]
         source = "host ops"
     cell = windows.reset_index().rename(columns={"index": "cell"})
     merged = frame.merge(cell, on=["rank", "step"], how="inner")
@@ -213,12 +221,8 @@ def dimension_figures(run: Run, bubbles: pd.DataFrame) -> DimensionFigures | Non
     )
     if not out[DIMENSION_COLUMNS[2:]].to_numpy().any():
         return None
-    pairs = run.actions[["stage", "rank"]].drop_duplicates().sort_values(["stage", "rank"])
-    stage_ranks: dict[int, list[int]] = {}
-    for stage, rank in zip(pairs["stage"].tolist(), pairs["rank"].tolist()):
-        stage_ranks.setdefault(int(stage), []).append(int(rank))
     links = _shared_links(run, frame[frame["tp"]]) if on_device and bool(frame["tp"].any()) else None
-    return DimensionFigures(out[DIMENSION_COLUMNS].reset_index(drop=True), source, stage_ranks, links)
+    return DimensionFigures(out[DIMENSION_COLUMNS].reset_index(drop=True), source, ranks_by_stage(run.actions), links)
 
 
 def _shared_links(run: Run, tp: pd.DataFrame) -> SharedLinks | None:
@@ -269,7 +273,7 @@ def _no_collectives() -> pd.DataFrame:
     )
 
 
-def _host_collectives(run: Run, windows: pd.DataFrame) -> pd.DataFrame | None:
+def _host_collectives(run: Run) -> pd.DataFrame | None:
     """A host-only run's collectives, each from its post to its completion: gloo's ``c10d``
     op only posts the work, which a worker thread of its process group does under a
     ``gloo:<collective>`` range (ProcessGroupGloo's RECORD_FUNCTION in its work's run): the
@@ -282,14 +286,15 @@ def _host_collectives(run: Run, windows: pd.DataFrame) -> pd.DataFrame | None:
     ops = collective_ops(run.events)
     if ops.empty:
         return None
-    region_end, in_region = _region_ends(ops, run.events)
+    regions = _regions(run.events)
+    region_end, in_region = _region_ends(ops, regions)
     op_rank = ops["rank"].to_numpy(np.int64)
     has_regions = np.isin(op_rank, op_rank[in_region])
     inside = collectives_inside_actions(ops, run.actions).to_numpy()
     tensor = run.layout is not None and run.layout.size("tp") > 1
     tp = inside & tensor & (in_region | ~has_regions)
     done = np.maximum(ops["end_ns"].to_numpy(np.int64), region_end)
-    work = _gloo_work(run.events, _regions(run.events))
+    work = _gloo_work(run.events, regions)
     starts = ops["start_ns"].to_numpy(np.int64)
     for rank in np.unique(op_rank).tolist():
         ranges = work[work["rank"] == rank]
@@ -303,7 +308,7 @@ def _host_collectives(run: Run, windows: pd.DataFrame) -> pd.DataFrame | None:
     length = done - starts
     return ops.assign(
         end_ns=done,
-        step=_step_of(ops, windows),
+        step=step_of(op_rank, starts, run.steps),
         tp=tp,
         alone_ns=np.where(tp, length, 0),  # a host waits for it: no compute beside it
     )
@@ -316,35 +321,19 @@ def _regions(events: pd.DataFrame) -> pd.DataFrame:
     return found[["rank", "tid", "start_ns", "end_ns"]].sort_values(["rank", "start_ns"], kind="stable")
 
 
-def _region_ends(ops: pd.DataFrame, events: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+def _region_ends(ops: pd.DataFrame, regions: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """Per host collective op, the end of the TP mapping Function holding it on its thread
     (its own end where none does), and whether one does."""
+    region_rank, region_tid, starts_at, ends = (
+        regions[c].to_numpy(np.int64) for c in ("rank", "tid", "start_ns", "end_ns")
+    )
+    op_thread, region_thread = pair_codes(
+        ops["rank"].to_numpy(np.int64), ops["tid"].to_numpy(np.int64), (region_rank, region_tid)
+    )
+    held = holding(region_thread, starts_at, ends, op_thread, ops["start_ns"].to_numpy(np.int64))
     out = ops["end_ns"].to_numpy(np.int64).copy()
-    held_by = np.zeros(len(ops), dtype=bool)
-    regions = _regions(events)
-    if regions.empty:
-        return out, held_by
-    tids = _tids(ops, events)
-    op_rank = ops["rank"].to_numpy(np.int64)
-    for rank, tid in sorted(set(zip(op_rank.tolist(), tids.tolist()))):
-        rows = np.flatnonzero((op_rank == rank) & (tids == tid))
-        mine = regions[(regions["rank"] == rank) & (regions["tid"] == tid)]
-        if mine.empty:
-            continue
-        starts, ends = mine["start_ns"].to_numpy(np.int64), mine["end_ns"].to_numpy(np.int64)
-        t = ops["start_ns"].to_numpy(np.int64)[rows]
-        k = np.searchsorted(starts, t, side="right") - 1
-        held = (k >= 0) & (ends[np.maximum(k, 0)] >= t)
-        out[rows[held]] = np.maximum(out[rows[held]], ends[k[held]])
-        held_by[rows[held]] = True
-    return out, held_by
-
-
-def _tids(ops: pd.DataFrame, events: pd.DataFrame) -> np.ndarray:
-    """The thread of each host collective op (collective_ops keeps rank, name and times)."""
-    key = events[["rank", "name", "start_ns", "end_ns", "tid"]].astype({"name": str})
-    found = ops.merge(key.drop_duplicates(["rank", "name", "start_ns", "end_ns"]), how="left")
-    return found["tid"].fillna(-1).to_numpy(np.int64)
+    out[held >= 0] = np.maximum(out[held >= 0], ends[held[held >= 0]])
+    return out, held >= 0
 
 
 def _gloo_work(events: pd.DataFrame, regions: pd.DataFrame) -> pd.DataFrame:
@@ -353,34 +342,14 @@ def _gloo_work(events: pd.DataFrame, regions: pd.DataFrame) -> pd.DataFrame:
     names = events["name"].astype(str)
     hit = names.str.match(GLOO_COLLECTIVE) & (events["cat"].astype(str) == "user_annotation")
     found = events.loc[hit, ["rank", "tid", "start_ns", "end_ns"]].sort_values(["rank", "start_ns"], kind="stable")
-    found = found.assign(tp=False)
-    for rank in np.unique(found["rank"].to_numpy(np.int64)).tolist():
-        mine = regions[regions["rank"] == rank]
-        if mine.empty:
-            continue
-        at = (found["rank"] == rank).to_numpy()
-        t = found["start_ns"].to_numpy(np.int64)[at]
-        lo, hi = mine["start_ns"].to_numpy(np.int64), mine["end_ns"].to_numpy(np.int64)
-        k = np.searchsorted(lo, t, side="right") - 1
-        started_in = (k >= 0) & (hi[np.maximum(k, 0)] >= t)
-        tids = found["tid"].to_numpy(np.int64)[at]
-        # a thread most of whose ranges start inside mapping Functions (a gradient bucket's
-        # work may start while the host happens to be in one)
-        tp_threads = [tid for tid in np.unique(tids).tolist() if started_in[tids == tid].mean() >= 0.5]
-        found.loc[at, "tp"] = np.isin(tids, tp_threads)
-    return found[["rank", "end_ns", "tp"]]
-
-
-def _step_of(ops: pd.DataFrame, windows: pd.DataFrame) -> np.ndarray:
-    """Each host op's step: the last of its rank's windows starting at or before it (-1)."""
-    out = np.full(len(ops), -1, dtype=np.int64)
-    for rank, rows in ops.groupby("rank").indices.items():
-        mine = windows[windows["rank"] == rank].sort_values("window_start_ns")
-        if mine.empty:
-            continue
-        k = np.searchsorted(mine["window_start_ns"].to_numpy(), ops["start_ns"].to_numpy()[rows], side="right") - 1
-        out[rows] = np.where(k >= 0, mine["step"].to_numpy()[np.maximum(k, 0)], -1)
-    return out
+    rank, tid, start = (found[c].to_numpy(np.int64) for c in ("rank", "tid", "start_ns"))
+    region_rank, region_start, region_end = (regions[c].to_numpy(np.int64) for c in ("rank", "start_ns", "end_ns"))
+    started_in = holding(region_rank, region_start, region_end, rank, start) >= 0
+    # a thread most of whose ranges start inside mapping Functions (a gradient bucket's work
+    # may start while the host happens to be in one)
+    thread = group_ids(rank, tid)
+    share_in = np.bincount(thread, weights=started_in) / np.maximum(np.bincount(thread), 1)
+    return found.assign(tp=share_in[thread] >= 0.5)[["rank", "end_ns", "tp"]]
 
 
 def recompute_per_backward(run: Run) -> dict[int, int]:

@@ -28,3 +28,12 @@ def int_items(series: pd.Series[Any]) -> Iterator[tuple[int, Any]]:
 def int_idxmax(series: pd.Series[Any]) -> int:
     """``series.idxmax()`` of a series indexed by one integer id."""
     return int(cast(int, series.idxmax()))
+
+
+def ranks_by_stage(actions: pd.DataFrame) -> dict[int, list[int]]:
+    """Stage -> the ranks that run it (one per TP shard and DP replica), each ascending."""
+    pairs = actions[["stage", "rank"]].drop_duplicates().sort_values(["stage", "rank"])
+    out: dict[int, list[int]] = {}
+    for stage, rank in zip(pairs["stage"].tolist(), pairs["rank"].tolist()):
+        out.setdefault(int(stage), []).append(int(rank))
+    return out

@@ -39,6 +39,7 @@ import numpy as np
 import pandas as pd
 
 from tracekit.analyze.costs import CostModel, LinkChange, LinkKey, cost_model, with_links, without_recompute
+from tracekit.analyze.grouping import ranks_by_stage
 from tracekit.analyze.memory import ActivationSize, in_flight_per_rank, orders_of_graph, peak_activation_bytes
 from tracekit.analyze.replay import Scenario, StepGraph, replay_many
 from tracekit.analyze.schedules import V_PLACED, ZERO_BUBBLE, flatten, graph_from_orders, orders_for
@@ -477,7 +478,7 @@ def what_if(
     if links is not None:
         model = with_links(model, links)
     if no_recompute is not None:
-        model = without_recompute(model, no_recompute, _stage_ranks(run))
+        model = without_recompute(model, no_recompute, ranks_by_stage(run.actions))
     if bubbles is None:
         bubbles = measure_pipeline(run.actions[run.actions["step"] >= 0])
     measured_bubble = float(bubbles["idle_ns"].sum() / max(1, bubbles["window_ns"].sum()))
@@ -560,14 +561,6 @@ def what_if(
         assumptions,
         links,
     )
-
-
-def _stage_ranks(run: Run) -> dict[int, list[int]]:
-    pairs = run.actions[["stage", "rank"]].drop_duplicates()
-    out: dict[int, list[int]] = {}
-    for stage, rank in zip(pairs["stage"].tolist(), pairs["rank"].tolist()):
-        out.setdefault(int(stage), []).append(int(rank))
-    return out
 
 
 def keep_assumption(keep: str) -> str:

@@ -52,6 +52,26 @@ class SortedGroups:
         return np.where(ok, position, -1)
 
 
+def holding(
+    span_group: np.ndarray, span_start: np.ndarray, span_end: np.ndarray, group: np.ndarray, t: np.ndarray
+) -> np.ndarray:
+    """For each query (``group``, ``t``): the span of its group that started last at or before
+    ``t``, where that span still runs at ``t`` (its index into the spans given), else -1.
+    Every query at once (:class:`SortedGroups`), however many groups."""
+    span_group, span_start = np.asarray(span_group, dtype=np.int64), np.asarray(span_start, dtype=np.int64)
+    t = np.asarray(t, dtype=np.int64)
+    out = np.full(len(t), -1, dtype=np.int64)
+    if not len(span_start) or not len(t):
+        return out
+    order = np.lexsort((span_start, span_group))
+    k = SortedGroups(span_group[order], span_start[order]).last_at_most(np.asarray(group, dtype=np.int64), t)
+    found = np.flatnonzero(k >= 0)
+    span = order[k[found]]
+    runs = np.asarray(span_end, dtype=np.int64)[span] >= t[found]
+    out[found[runs]] = span[runs]
+    return out
+
+
 def pair_codes(first: np.ndarray, second: np.ndarray, *more: tuple[np.ndarray, np.ndarray]) -> list[np.ndarray]:
     """One int64 per (first, second) pair, ordered as the pairs are, the same pair the same
     code across every set given (``more``: further (first, second) sets)."""

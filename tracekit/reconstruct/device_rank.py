@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tracekit.model.groups import SortedGroups, split_by
+from tracekit.model.groups import SortedGroups, holding, split_by
 from tracekit.model.device import BEFORE_PROFILE, DEVICE_TABLES, NO_SPAN, NOTHING_BEFORE, DeviceSummary, empty_table
 from tracekit.model.intervals import covered_lengths, merge_intervals, subtract_intervals, union_lengths
 from tracekit.reconstruct.recompute import recompute_spans
@@ -324,14 +324,9 @@ def _collective_rows(
 def _recompute_rows(ops: RankOps, kind: np.ndarray, spans: Mapping[str, np.ndarray] | None) -> dict[str, np.ndarray]:
     """The compute kernels a recomputation launched: launched on its thread while it ran."""
     picked = np.zeros(len(ops), dtype=bool)
-    if spans is not None and len(spans["start_ns"]):
-        for tid in np.unique(spans["tid"]).tolist():
-            mine = spans["tid"] == tid
-            order = np.argsort(spans["start_ns"][mine], kind="stable")
-            lo, hi = spans["start_ns"][mine][order], spans["end_ns"][mine][order]
-            here = (ops.launch_tid == tid) & (ops.launch_ns >= 0) & (kind == COMPUTE)
-            k = np.searchsorted(lo, ops.launch_ns, side="right") - 1
-            picked |= here & (k >= 0) & (hi[np.maximum(k, 0)] >= ops.launch_ns)
+    if spans is not None:
+        held = holding(spans["tid"], spans["start_ns"], spans["end_ns"], ops.launch_tid, ops.launch_ns)
+        picked = (held >= 0) & (ops.launch_ns >= 0) & (kind == COMPUTE)
     rows = np.flatnonzero(picked & (ops.step != BEFORE_PROFILE))
     return {"step": ops.step[rows], "start_ns": ops.start_ns[rows], "end_ns": ops.end_ns[rows]}
 

@@ -78,16 +78,16 @@ def role_of(group: ProcessGroup) -> str | None:
 
 
 def collective_ops(events: pd.DataFrame) -> pd.DataFrame:
-    """The host ops of collectives (rank, name, start_ns, end_ns): all-reduce, all-gather,
-    reduce-scatter, all-to-all, broadcast, reduce; P2P and barriers aside."""
+    """The host ops of collectives (rank, tid, name, start_ns, end_ns): all-reduce,
+    all-gather, reduce-scatter, all-to-all, broadcast, reduce; P2P and barriers aside."""
     if events.empty:
-        return pd.DataFrame({"rank": [], "name": [], "start_ns": [], "end_ns": []})
+        return pd.DataFrame({"rank": [], "tid": [], "name": [], "start_ns": [], "end_ns": []})
     host = events[~events["on_gpu"].astype(bool)]
     names = host["name"].astype(str)
     hit = names.str.startswith("c10d::")
     if hit.any():
         hit[hit] = names[hit].str.match(_COLLECTIVE)
-    found = host.loc[hit, ["rank", "name", "start_ns", "end_ns"]]
+    found = host.loc[hit, ["rank", "tid", "name", "start_ns", "end_ns"]]
     return found.assign(name=found["name"].astype(str)).reset_index(drop=True)
 
 

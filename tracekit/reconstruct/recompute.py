@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tracekit.model.groups import group_ids, holding
 from tracekit.reconstruct.event_arrays import EventArrays
 
 BACKWARD_RANGE = "autograd::engine::evaluate_function"
@@ -35,32 +36,29 @@ def recomputed(events: EventArrays) -> tuple[np.ndarray, np.ndarray]:
     numbered = on_cpu & (events["seq"] >= 0) & ~backward
     if not backward.any() or not numbered.any():
         return out, holder
-    key = events["rank"].astype(np.int64) * (1 << 40) + events["tid"].astype(np.int64) % (1 << 40)
+    thread = group_ids(events["rank"].astype(np.int64), events["tid"].astype(np.int64))
     start, end, seq = events["start_ns"], events["end_ns"], events["seq"]
-    ranges = np.flatnonzero(backward)
-    ranges = ranges[np.lexsort((start[ranges], key[ranges]))]
-    r_key, r_start, r_end, r_seq = key[ranges], start[ranges], end[ranges], seq[ranges]
-    candidates = np.flatnonzero(numbered)
-    c_key, c_start = key[candidates], start[candidates]
+    ranges, candidates = np.flatnonzero(backward), np.flatnonzero(numbered)
     # the innermost backward range holding each op: the latest-starting range of its thread
-    # that starts at or before it and still runs; backward ranges nest (a reentrant
-    # checkpoint's inner backward), so walk outwards from the latest, and only where some
-    # range before it still runs (the ranges' running reach)
-    for thread in np.unique(c_key):
-        mine = np.flatnonzero(r_key == thread)
-        if not len(mine):
-            continue
-        reach = np.maximum.accumulate(r_end[mine])
-        rows = np.flatnonzero(c_key == thread)
-        k = np.searchsorted(r_start[mine], c_start[rows], side="right") - 1
-        held = (k >= 0) & (reach[np.maximum(k, 0)] >= c_start[rows])
-        for i, j in zip(rows[held].tolist(), k[held].tolist()):
-            t, q = int(c_start[i]), int(seq[candidates[i]])
-            while j >= 0 and r_end[mine[j]] < t:
-                j -= 1
-            if j >= 0 and int(r_seq[mine[j]]) != q:
-                out[candidates[i]] = True
-                holder[candidates[i]] = ranges[mine[j]]
+    # at or before it, where that one still runs (holding)
+    inner = holding(thread[ranges], start[ranges], end[ranges], thread[candidates], start[candidates])
+    # backward ranges nest (a reentrant checkpoint's inner backward): past a nested range's
+    # end, the range around it holds the op. Those few are where a range of the thread that
+    # started before the op still runs (the ranges' running reach): look outwards for them
+    reach = end[ranges].astype(np.int64).copy()
+    by_thread = np.lexsort((start[ranges], thread[ranges]))
+    for segment in np.split(by_thread, np.flatnonzero(np.diff(thread[ranges][by_thread])) + 1):
+        reach[segment] = np.maximum.accumulate(reach[segment])
+    outer = holding(thread[ranges], start[ranges], reach, thread[candidates], start[candidates])
+    for i in np.flatnonzero((inner < 0) & (outer >= 0)).tolist():
+        mine = ranges[(thread[ranges] == thread[candidates[i]]) & (start[ranges] <= start[candidates[i]])]
+        around = mine[end[mine] >= start[candidates[i]]]
+        if len(around):
+            inner[i] = int(np.flatnonzero(ranges == around[np.argmax(start[around])])[0])
+    found = inner >= 0
+    found[found] = seq[ranges[inner[found]]] != seq[candidates[found]]
+    out[candidates[found]] = True
+    holder[candidates[found]] = ranges[inner[found]]
     return out, holder
 
 
@@ -83,7 +81,7 @@ def recompute_spans(events: EventArrays) -> dict[str, np.ndarray]:
         empty = np.zeros(0, dtype=np.int64)
         return {"rank": empty, "tid": empty, "start_ns": empty, "end_ns": empty}
     # a nested range's recomputation is its own (a reentrant checkpoint inside another)
-    ranges, first = np.unique(holder[rows], return_index=True)
+    ranges = np.unique(holder[rows])
     starts = np.full(len(ranges), np.iinfo(np.int64).max, dtype=np.int64)
     ends = np.full(len(ranges), np.iinfo(np.int64).min, dtype=np.int64)
     which = np.searchsorted(ranges, holder[rows])
