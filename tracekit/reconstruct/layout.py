@@ -150,7 +150,7 @@ def find_layout(
     if declared is not None:
         problem = _contradiction(declared, messages, stages)
         if problem is None:
-            return _built(ranks, declared, "process groups", [_declared_note(declared)])
+            return _built(ranks, declared, "process groups", [_declared_note(declared)], _described(ranks, groups))
         evidence = [f"process groups not used: {problem}"]
     else:
         evidence = []
@@ -162,11 +162,8 @@ def _declared(ranks: list[int], groups: Mapping[int, list[ProcessGroup]]) -> dic
     """Role -> its groups' ranks, from the described process groups of the traced ranks; None
     where no group has a role or a role's groups do not partition the ranks evenly."""
     found: dict[str, dict[tuple[int, ...], None]] = {}
-    for rank in ranks:
-        for group in groups.get(rank, []):
-            role = role_of(group)
-            if role is not None and group.ranks:
-                found.setdefault(role, {})[tuple(sorted(group.ranks))] = None
+    for group in _described(ranks, groups).values():
+        found.setdefault(group.role, {})[group.ranks] = None
     if not found:
         return None
     out: dict[str, list[tuple[int, ...]]] = {}
@@ -182,6 +179,21 @@ def _declared(ranks: list[int], groups: Mapping[int, list[ProcessGroup]]) -> dic
         out[role] = sorted(seen)
     if not any(len(g[0]) > 1 for g in out.values()):
         return None
+    return out
+
+
+def _described(
+    ranks: list[int], groups: Mapping[int, list[ProcessGroup]]
+) -> dict[tuple[str, tuple[int, ...]], RoleGroup]:
+    """The traced ranks' process groups that span one dimension, by role and (sorted) ranks,
+    with their names and descriptions."""
+    out: dict[tuple[str, tuple[int, ...]], RoleGroup] = {}
+    for rank in ranks:
+        for group in groups.get(rank, []):
+            role = role_of(group)
+            if role is not None and group.ranks:
+                members = tuple(sorted(group.ranks))
+                out.setdefault((role, members), RoleGroup(role, members, group.name, group.description))
     return out
 
 
@@ -310,7 +322,15 @@ def _strided_groups(places: list[tuple[int, ...]], stride: int, size: int) -> li
     return groups
 
 
-def _built(ranks: list[int], roles: dict[str, list[tuple[int, ...]]], source: str, evidence: list[str]) -> Layout:
+def _built(
+    ranks: list[int],
+    roles: dict[str, list[tuple[int, ...]]],
+    source: str,
+    evidence: list[str],
+    described: Mapping[tuple[str, tuple[int, ...]], RoleGroup] | None = None,
+) -> Layout:
+    """The layout of ``roles`` (role -> its groups' ranks); ``described``: the process groups
+    the traces name, whose names and descriptions the groups keep."""
     dims = {role: (len(roles[role][0]) if role in roles else 1) for role in ROLES}
     if "pp" not in roles:  # no pipeline group described: the rest of the job is the pipeline
         others = int(np.prod([dims[r] for r in ROLES if r != "pp"]))
@@ -329,7 +349,13 @@ def _built(ranks: list[int], roles: dict[str, list[tuple[int, ...]]], source: st
     replicas: dict[int, list[int]] = {}
     for rank in ranks:
         replicas.setdefault(dp_index.get(rank, 0) if dims["dp"] > 1 else 0, []).append(rank)
-    role_groups = [RoleGroup(role, g) for role in ROLES for g in roles.get(role, []) if dims[role] > 1 or role == "pp"]
+    named = described or {}
+    role_groups = [
+        named.get((role, g), RoleGroup(role, g))
+        for role in ROLES
+        for g in roles.get(role, [])
+        if dims[role] > 1 or role == "pp"
+    ]
     return Layout(
         world=len(ranks),
         dims=dims,
