@@ -2347,6 +2347,21 @@ SCENARIOS_3D: dict[str, Scenario] = {
 }
 
 
+# TP all-reduces and pipeline transfers overlapping on a rank: with
+# --overlap-p2p-communication (interleaved) a receive posted for a later action waits on its
+# stream while the current action's TP all-reduce runs (not in SCENARIOS_3D: the layout tests
+# over those hold them to the truth's figures, which this one is built for only in part)
+TP_OVERLAP_SCENARIO = Scenario(
+    "tp2_pp4_overlap",
+    labelled=False,
+    framework="megatron",
+    tp=2,
+    schedule="Interleaved1F1B",
+    v=2,
+    megatron_p2p="overlap",
+)
+
+
 def _parse_slowdown(text: str) -> tuple[int, float]:
     replica, _, factor = text.partition(":")
     return int(replica), float(factor or 1.1)

@@ -18,7 +18,7 @@ from gpu_tracegen import (
     DP_ALLREDUCE_KERNEL,
     ORIGIN_NS,
     SCENARIOS_3D,
-    Scenario,
+    TP_OVERLAP_SCENARIO,
     TP_ALLREDUCE_KERNEL,
     _union_in,
     generate,
@@ -169,16 +169,7 @@ def test_generated_tp_and_p2p_kernels_of_a_rank_overlap_in_time(tmp_path):
     """With --overlap-p2p-communication (interleaved) a receive posted for a later action waits
     on its stream while the current action's TP all-reduce runs (with batch_p2p_sync the host
     waits for both in turn; a send always waits for the all-reduce whose result it carries)."""
-    sc = Scenario(
-        "tp2_pp4_overlap",
-        labelled=False,
-        framework="megatron",
-        tp=2,
-        schedule="Interleaved1F1B",
-        v=2,
-        megatron_p2p="overlap",
-    )
-    folder, _ = generate(sc, tmp_path)
+    folder, _ = generate(TP_OVERLAP_SCENARIO, tmp_path)
     ranks = {r.rank: r for r in map(GeneratedRank, sorted(folder.glob("rank*.json.gz")))}
     overlap = 0
     for raw in ranks.values():

@@ -134,23 +134,26 @@ def _measured(run: str) -> dict[int, dict[str, int]]:
     return out
 
 
+def _read_real(run: str, layout: str, n_messages: int) -> tuple[dict, dict[int, dict]]:
+    """A real p=2 capture analysed: its layout line and messages checked; the document and its
+    per-rank dimension figures."""
+    doc = _analyze(SAMPLES / run)
+    assert doc["layout"]["line"] == layout
+    assert doc["schedule"]["p"] == 2 and doc["summary"]["n_messages"] == n_messages
+    return doc, {r["rank"]: r for r in doc["dimensions"]["ranks"]}
+
+
 def test_real_tp_capture_reads_as_tp_pairs_and_its_tp_time_holds():
-    doc = _analyze(SAMPLES / "tp2_pp2")
-    assert doc["layout"]["line"] == "4 ranks: PP 2 x TP 2, Megatron order tp-pp"
-    assert doc["schedule"]["p"] == 2 and doc["summary"]["n_messages"] == 96
-    dims = {r["rank"]: r for r in doc["dimensions"]["ranks"]}
+    _, dims = _read_real("tp2_pp2", "4 ranks: PP 2 x TP 2, Megatron order tp-pp", 96)
     for rank, want in _measured("tp2_pp2").items():
         tp = want["tp_all_reduce_forward"] + want["tp_all_reduce_backward"]
         assert dims[rank]["tp_ns"] == pytest.approx(tp, rel=0.05)
 
 
 def test_real_dp_capture_reads_as_replicas_names_the_slow_one_and_its_wait_holds():
-    doc = _analyze(SAMPLES / "dp2_pp2")
-    assert doc["layout"]["line"] == "4 ranks: PP 2 x DP 2, Megatron order dp-pp"
-    assert doc["schedule"]["p"] == 2 and doc["summary"]["n_messages"] == 96
+    doc, dims = _read_real("dp2_pp2", "4 ranks: PP 2 x DP 2, Megatron order dp-pp", 96)
     slow = [f for f in doc["findings"] if f["cause"] == "slow_replica"]
     assert len(slow) == 1 and "Replica 1 " in slow[0]["headline"]
-    dims = {r["rank"]: r for r in doc["dimensions"]["ranks"]}
     for rank, want in _measured("dp2_pp2").items():
         waited = want["dp_all_reduce_launch"] + want["dp_all_reduce_wait"]
         if waited > 100_000_000:  # the fast replica's ranks wait ~60 ms a step for the slow one
@@ -244,18 +247,9 @@ def test_generated_tp_and_p2p_overlap_is_measured_from_the_kernels(tmp_path):
     it, so no finding)."""
     import gzip
 
-    from gpu_tracegen import TP_ALLREDUCE_KERNEL, Scenario, _union_in
+    from gpu_tracegen import TP_ALLREDUCE_KERNEL, TP_OVERLAP_SCENARIO, _union_in
 
-    sc = Scenario(
-        "tp2_pp4_overlap",
-        labelled=False,
-        framework="megatron",
-        tp=2,
-        schedule="Interleaved1F1B",
-        v=2,
-        megatron_p2p="overlap",
-    )
-    folder, _ = generate(sc, tmp_path)
+    folder, _ = generate(TP_OVERLAP_SCENARIO, tmp_path)
     links = _analyze(folder)["dimensions"]["shared_links"]
     for path in sorted(folder.glob("rank*.json.gz")):
         rank = int(path.name[4:].split(".")[0])
@@ -299,10 +293,7 @@ def test_whatif_without_recompute_refuses_a_run_that_recomputes_nothing():
 
 def test_real_tp_dp_pp_capture_reads_every_dimension():
     """TP 2 x DP 2 x PP 2 on 8 gloo processes, replica 1 slowed 10% (sample_traces/tp2_dp2_pp2)."""
-    doc = _analyze(SAMPLES / "tp2_dp2_pp2")
-    assert doc["layout"]["line"] == "8 ranks: PP 2 x TP 2 x DP 2, Megatron order tp-dp-pp"
-    assert doc["schedule"]["p"] == 2 and doc["summary"]["n_messages"] == 192
-    dims = {r["rank"]: r for r in doc["dimensions"]["ranks"]}
+    doc, dims = _read_real("tp2_dp2_pp2", "8 ranks: PP 2 x TP 2 x DP 2, Megatron order tp-dp-pp", 192)
     for rank, want in _measured("tp2_dp2_pp2").items():
         tp = want["tp_all_reduce_forward"] + want["tp_all_reduce_backward"]
         assert dims[rank]["tp_ns"] == pytest.approx(tp, rel=0.05)
