@@ -16,7 +16,8 @@ from tracekit.model.schedules import BY_NAME, SCHEDULES, chunks_per_rank, names
 def test_what_each_reader_sees():
     """The sets each layer used to spell out itself, now read from the one table."""
     assert ALL_TARGETS == tuple(SCHEDULE_CHOICES) == tuple(GENERATORS)
-    assert TARGETS == SPLIT_TARGETS == ("GPipe", "1F1B", "Interleaved1F1B")
+    assert TARGETS == ("GPipe", "1F1B", "Interleaved1F1B")  # the default grid
+    assert SPLIT_TARGETS == (*TARGETS, "LoopedBFS")
     assert ZERO_BUBBLE == ("ZB-H1", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
     assert V_PLACED == ("ZBVZeroBubble", "DualPipeV") and capture.V_PLACEMENT == set(V_PLACED)
     assert TORCH_CLASSES["ZB-H1"] == TORCH_CLASSES["InterleavedZeroBubble"] == "ScheduleInterleavedZeroBubble"
@@ -30,7 +31,7 @@ def test_what_each_reader_sees():
 
 
 def test_chunks_per_rank():
-    assert [chunks_per_rank(s, several=4) for s in names(generated=True)] == [1, 1, 4, 1, 4, 2, 2]
+    assert [chunks_per_rank(s, several=4) for s in names(generated=True)] == [1, 1, 4, 4, 1, 4, 2, 2]
     assert all(s.v_shaped == (s.chunks == "two") for s in SCHEDULES)
     assert len(BY_NAME) == len(SCHEDULES)
 

@@ -50,7 +50,7 @@ from tracekit.model.run import Run
 
 # Targets with whole backwards (the findings in diagnosis.py replay these), and every target
 # (the zero-bubble family too: backward split into I and W, DualPipeV's fused pairs).
-TARGETS = traits.names(generated=True, split_backward=False)
+TARGETS = traits.names(generated=True, split_backward=False, offered=True)
 ALL_TARGETS = traits.names(generated=True)
 KEEPS = ("global-batch", "microbatch")
 DEFAULT_SAMPLES = 32
@@ -398,10 +398,18 @@ def check_ranks(model: CostModel, p: int | None) -> None:
         )
 
 
+def _grid(model: CostModel) -> tuple[str, ...]:
+    """The schedules a what-if tries unasked: :data:`TARGETS`, and the measured one where it
+    is generated with whole backwards but not offered by default (a LoopedBFS run)."""
+    own = model.schedule
+    mine = own in traits.names(generated=True, split_backward=False) and own not in TARGETS
+    return (*TARGETS, own) if mine else TARGETS
+
+
 def default_targets(model: CostModel) -> list[tuple[str, int, int]]:
     """What a user would try first: each schedule at the measured m, and twice m."""
     v_int = model.v if model.v >= 2 else 2
-    return [(s, traits.chunks_per_rank(s, several=v_int), m) for m in (model.m, 2 * model.m) for s in TARGETS]
+    return [(s, traits.chunks_per_rank(s, several=v_int), m) for m in (model.m, 2 * model.m) for s in _grid(model)]
 
 
 def requested_targets(
@@ -411,7 +419,7 @@ def requested_targets(
     whole backwards, or Interleaved1F1B where only v is given) at each m (the measured m and
     twice it unless given) and each v it takes: 1 for one chunk a rank, the V's 2, else the
     given v (the V's too, where v is given: checked later), the measured v, or 2."""
-    chosen = schedules or (("Interleaved1F1B",) if vs else TARGETS)
+    chosen = schedules or (("Interleaved1F1B",) if vs else _grid(model))
     m_values = ms or (model.m, 2 * model.m)
     v_interleaved = tuple(vs) or ((model.v if model.v >= 2 else 2),)
 
