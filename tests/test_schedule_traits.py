@@ -48,8 +48,11 @@ def test_the_grid_that_s_v_m_ask_for():
 
     from tracekit.analyze.whatif import requested_targets
 
-    model = SimpleNamespace(m=8, v=1)
+    model = SimpleNamespace(m=8, v=1, schedule="1F1B")
     assert requested_targets(model, ms=(16,)) == [("GPipe", 1, 16), ("1F1B", 1, 16), ("Interleaved1F1B", 2, 16)]
+    # a run of a schedule the grid leaves out unasked gets its own rows
+    looped = SimpleNamespace(m=8, v=2, schedule="LoopedBFS")
+    assert requested_targets(looped, ms=(8,))[-1] == ("LoopedBFS", 2, 8)
     assert requested_targets(model, vs=(2, 4), ms=(8,)) == [("Interleaved1F1B", 2, 8), ("Interleaved1F1B", 4, 8)]
     assert requested_targets(model, ("ZB-H1", "ZBVZeroBubble", "InterleavedZeroBubble"), ms=(8,)) == [
         ("ZB-H1", 1, 8),
