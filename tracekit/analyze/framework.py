@@ -85,22 +85,15 @@ def detect_framework(run: Run, given: str | None = None) -> Framework:
     else the strongest evidence in the traces (see the module doc)."""
     if given is not None:
         return Framework(given, ("--framework",))
-    found: dict[str, list[str]] = {}
-
-    def saw(name: str, why: str) -> None:
-        found.setdefault(name, []).append(why)
-
+    evidence = _trace_evidence(run)
     manifest = _from_manifest(run.capture)
     if manifest is not None:
-        return Framework(manifest, ("capture.json",) + tuple(_trace_evidence(run).get(manifest, ())))
-    for name, reasons in _trace_evidence(run).items():
-        for why in reasons:
-            saw(name, why)
-    if "torchtitan" in found and "torch" in found:
-        found["torchtitan"] += found.pop("torch")
+        return Framework(manifest, ("capture.json", *evidence.get(manifest, ())))
+    if "torchtitan" in evidence and "torch" in evidence:
+        evidence["torchtitan"] += evidence.pop("torch")
     for name in _PRECEDENCE:
-        if name in found:
-            return Framework(name, tuple(found[name]))
+        if name in evidence:
+            return Framework(name, tuple(evidence[name]))
     return Framework(None, ())
 
 

@@ -23,6 +23,4 @@ def config_block(advice: Advice | None, label: str, indent: str = "  ") -> list[
             out.append(f"{indent}    ({line.note})")
     out += [f"{indent}  ({note})" for note in config.notes]
     out += [f"{indent}  cannot: {reason}" for reason in config.cannot]
-    if not config.lines and not config.cannot:
-        out.append(f"{indent}  (nothing to change)")
     return out
