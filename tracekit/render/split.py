@@ -4,7 +4,9 @@ and step time."""
 
 from __future__ import annotations
 
+from tracekit.analyze.framework_config import Advice
 from tracekit.analyze.split import SplitCandidate, SplitReport, ranges
+from tracekit.render.framework import config_block
 from tracekit.text import for_terminal
 from tracekit.vocab import in_ms
 
@@ -19,7 +21,9 @@ def _row(c: SplitCandidate, measured_step_ns: float) -> str:
     )
 
 
-def render_split(report: SplitReport, measured_step_ns: float) -> str:
+def render_split(report: SplitReport, measured_step_ns: float, advice: Advice | None = None) -> str:
+    """The split section; ``advice``: each best and each given split also in the config lines
+    of the framework that ran."""
     layers = report.layers
     lines = [
         "",
@@ -38,6 +42,7 @@ def render_split(report: SplitReport, measured_step_ns: float) -> str:
         ]
         for stage, (text, ns) in enumerate(zip(ranges(best.split), best.stage_ns)):
             lines.append(f"    stage {stage}: layers {text:8} F+B {in_ms(ns)}")
+        lines += config_block(advice, best.prediction.label, "    ")
         lines.append(f"    {'split':28} {'layers/stage':>14}  {'bubble':>13}  {'step time':>16}  {'vs meas':>7}")
         lines += [_row(c, measured_step_ns) for c in search.candidates]
     if report.given:
@@ -45,6 +50,7 @@ def render_split(report: SplitReport, measured_step_ns: float) -> str:
         for c in report.given:
             p = c.prediction
             lines.append(_row(c, measured_step_ns) + f"  [{p.schedule} v={p.v} m={p.m}: {' | '.join(ranges(c.split))}]")
+            lines += config_block(advice, p.label, "      ")
     lines += ["", "  split: " + report.assumptions[0]]
     lines += [f"         {a}" for a in report.assumptions[1:]]
     return "\n".join(for_terminal(line) for line in lines)

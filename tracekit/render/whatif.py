@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 from tracekit.analyze.whatif import fastest
+from tracekit.render.framework import config_block, framework_line
 from tracekit.text import for_terminal
 from tracekit.vocab import format_bytes, in_ms
 from tracekit.version import __version__
 
 
-def render(result) -> str:
+def render(result, advice=None) -> str:
+    """The what-if table; ``advice`` (tracekit.analyze.framework_config.Advice): the fastest
+    row also in its framework's config lines."""
     if result.search is not None:
-        return render_search(result)
+        return render_search(result, advice)
     m = result.model
     lines = [
         f"tracekit {__version__} what-if: {result.source}",
         f"  measured: {m.schedule} p={m.p} v={m.v} m={m.m}, {len(m.graphs)} step(s), "
         f"{m.n_actions} actions, {m.n_messages} messages",
+        *framework_line(advice),
         "",
         f"  {'':34} {'bubble':>15} {'step time':>20} {'vs measured':>12} {'theory':>8}",
     ]
@@ -60,6 +64,10 @@ def render(result) -> str:
             f"  most microbatches per second (--keep microbatch): {best.label}, {in_ms(best.step_ns / best.m)} a microbatch "
             f"({best.step_ns / best.m / per_mb - 1:+.1%} against the measured {in_ms(per_mb)})",
         ]
+    if best is not None:
+        lines += config_block(advice, best.label)
+        if advice is not None and advice.configs and not advice.runs(best.label):
+            lines += _fastest_runnable(result, advice)
     for reason in dict.fromkeys(result.skipped):
         lines.append(f"  skipped: {reason}")
     lines += ["", "  how: " + result.assumptions[0]]
@@ -70,9 +78,23 @@ def render(result) -> str:
     return "\n".join(for_terminal(line) for line in lines)
 
 
-def render_search(result) -> str:
+def _fastest_runnable(result, advice) -> list[str]:
+    """Where the framework cannot run the fastest row: the fastest it can, in its lines."""
+    title = advice.framework.title
+    best = fastest([p for p in result.predictions if advice.runs(p.label)], result.keep)
+    if best is None:
+        return [f"  {title} runs none of these rows"]
+    return [
+        f"  fastest step {title} runs: {best.label}, {in_ms(best.step_ns)} "
+        f"({best.step_ns / result.measured_step_ns - 1:+.1%} against the measured step)",
+        *config_block(advice, best.label),
+    ]
+
+
+def render_search(result, advice=None) -> str:
     """``whatif --search``: every replayed (schedule, v, m) with its activation memory, the
-    fastest that fits, and per (schedule, v) the fastest m that fits."""
+    fastest that fits (also in its framework's config lines, with ``advice``), and per
+    (schedule, v) the fastest m that fits."""
     m = result.model
     found = result.search
     per_mb = found.objective == "time per microbatch"
@@ -83,6 +105,7 @@ def render_search(result) -> str:
         f"  memory budget: {format_bytes(found.budget_bytes)} of activations per rank; one microbatch on one "
         f"rank's layers: {format_bytes(found.activation.bytes_per_microbatch)} from {found.activation.source}",
         f"  fastest by {found.objective} (--keep {result.keep}; see how: below)",
+        *framework_line(advice),
         "",
         f"  {'':30} {'bubble':>14} {'step time':>18} {'vs meas.':>9} {'msgs/step':>9} {'in flight':>9} "
         f"{'activations':>12}",
@@ -131,6 +154,7 @@ def render_search(result) -> str:
                 f"  (fastest of all, {fastest.label} at {in_ms(fastest.step_ns)}, needs "
                 f"{format_bytes(fastest.activation_bytes or 0)})"
             )
+        lines += config_block(advice, best.label)
     for reason in dict.fromkeys(result.skipped):
         lines.append(f"  skipped: {reason}")
     lines += ["", "  how: " + result.assumptions[0]]
