@@ -80,6 +80,15 @@ class Prediction:
     activation_bytes: int | None = None  # their bytes, where an activation size is known (--search)
     ideal_balance: bool = False  # every rank at the mean compute: a bound, not a configuration to run
 
+    @property
+    def microbatch_ns(self) -> float:
+        """Its step time per microbatch."""
+        return self.step_ns / self.m
+
+    def against(self, measured_step_ns: float) -> float:
+        """Its step time's change against a measured step: +0.05 is 5% slower."""
+        return self.step_ns / measured_step_ns - 1
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "label": self.label,
@@ -115,6 +124,20 @@ class WhatIf:
     assumptions: list[str]
     links: LinkChange | None = None
     search: Search | None = None
+
+    @property
+    def fastest(self) -> Prediction | None:
+        """The prediction a user could run fastest, by what ``keep`` holds (:func:`fastest`)."""
+        return fastest(self.predictions, self.keep)
+
+    @property
+    def measured_microbatch_ns(self) -> float:
+        """The measured step's time per microbatch (``keep="microbatch"`` compares by it)."""
+        return self.measured_step_ns / self.model.m
+
+    def microbatch_against(self, p: Prediction) -> float:
+        """``p``'s time per microbatch against the measured one's: +0.05 is 5% slower."""
+        return p.microbatch_ns / self.measured_microbatch_ns - 1
 
     def to_dict(self) -> dict[str, Any]:
         m = self.model
@@ -356,7 +379,7 @@ def fastest(predictions: Sequence[Prediction], keep: str) -> Prediction | None:
         return None
     if keep == "global-batch":
         return min(runnable, key=lambda p: p.step_ns)
-    return min(runnable, key=lambda p: p.step_ns / p.m)
+    return min(runnable, key=lambda p: p.microbatch_ns)
 
 
 def check_target(model: CostModel, schedule: str, v: int, m: int) -> None:
@@ -609,8 +632,12 @@ class Search:
     def fits(self, p: Prediction) -> bool:
         return p.activation_bytes is not None and p.activation_bytes <= self.budget_bytes
 
+    def over_budget(self, p: Prediction) -> bool:
+        """Its activations are known and exceed the budget (an unknown size is neither)."""
+        return p.activation_bytes is not None and p.activation_bytes > self.budget_bytes
+
     def cost(self, p: Prediction) -> float:
-        return p.step_ns / p.m if self.objective == "time per microbatch" else p.step_ns
+        return p.microbatch_ns if self.objective == "time per microbatch" else p.step_ns
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -34,7 +34,7 @@ def render(result, advice=None) -> str:
             "model of the measured run",
             f"{model.bubble_ratio:.1%} ±{model.bubble_sd:.1%}",
             f"{in_ms(model.step_ns)} ±{model.step_sd / 1e6:.1f}",
-            f"{model.step_ns / result.measured_step_ns - 1:+.1%}",
+            f"{model.against(result.measured_step_ns):+.1%}",
             "",
         )
     )
@@ -46,23 +46,22 @@ def render(result, advice=None) -> str:
                 p.label,
                 f"{p.bubble_ratio:.1%} ±{p.bubble_sd:.1%}",
                 f"{in_ms(p.step_ns)} ±{p.step_sd / 1e6:.1f}",
-                f"{p.step_ns / result.measured_step_ns - 1:+.1%}",
+                f"{p.against(result.measured_step_ns):+.1%}",
                 theory,
             )
         )
-    best = fastest(result.predictions, result.keep)
+    best = result.fastest
     if best is not None and result.keep == "global-batch":
         lines += [
             "",
             f"  fastest step (--keep global-batch): {best.label}, {in_ms(best.step_ns)} "
-            f"({best.step_ns / result.measured_step_ns - 1:+.1%} against the measured step)",
+            f"({best.against(result.measured_step_ns):+.1%} against the measured step)",
         ]
     elif best is not None:  # microbatches keep their size: compare time per microbatch
-        per_mb = result.measured_step_ns / m.m
         lines += [
             "",
-            f"  most microbatches per second (--keep microbatch): {best.label}, {in_ms(best.step_ns / best.m)} a microbatch "
-            f"({best.step_ns / best.m / per_mb - 1:+.1%} against the measured {in_ms(per_mb)})",
+            f"  most microbatches per second (--keep microbatch): {best.label}, {in_ms(best.microbatch_ns)} a microbatch "
+            f"({result.microbatch_against(best):+.1%} against the measured {in_ms(result.measured_microbatch_ns)})",
         ]
     if best is not None:
         lines += config_block(advice, best.label)
@@ -86,7 +85,7 @@ def _fastest_runnable(result, advice) -> list[str]:
         return [f"  {title} runs none of these rows"]
     return [
         f"  fastest step {title} runs: {best.label}, {in_ms(best.step_ns)} "
-        f"({best.step_ns / result.measured_step_ns - 1:+.1%} against the measured step)",
+        f"({best.against(result.measured_step_ns):+.1%} against the measured step)",
         *config_block(advice, best.label),
     ]
 
@@ -117,14 +116,14 @@ def render_search(result, advice=None) -> str:
         msgs = "" if p.messages_per_step is None else str(p.messages_per_step)
         return (
             f"  {p.label:30} {f'{p.bubble_ratio:.1%} ±{p.bubble_sd:.1%}':>14} "
-            f"{f'{in_ms(p.step_ns)} ±{p.step_sd / 1e6:.1f}':>18} {p.step_ns / result.measured_step_ns - 1:>+9.1%} "
+            f"{f'{in_ms(p.step_ns)} ±{p.step_sd / 1e6:.1f}':>18} {p.against(result.measured_step_ns):>+9.1%} "
             f"{msgs:>9} {flight:>9} {act:>12}{mark}"
         )
 
     lines.append(f"  {'measured':30} {result.measured_bubble:>14.1%} {in_ms(result.measured_step_ns):>18}")
 
     def mark(p) -> str:
-        return "  over budget" if p.activation_bytes is not None and p.activation_bytes > found.budget_bytes else ""
+        return "  over budget" if found.over_budget(p) else ""
 
     lines.append(row(result.as_measured, mark(result.as_measured)))
     lines.append("")
@@ -133,7 +132,7 @@ def render_search(result, advice=None) -> str:
     lines += ["", f"  per v (the fastest m that fits; median message latency {in_ms(found.message_latency_ns)}):"]
     for p in found.per_v:
         fits = found.fits(p)
-        cost = f"{in_ms(p.step_ns / p.m)} a microbatch" if per_mb else f"step {in_ms(p.step_ns)}"
+        cost = f"{in_ms(found.cost(p))} a microbatch" if per_mb else f"step {in_ms(p.step_ns)}"
         lines.append(
             f"    {p.schedule} v={p.v}: m={p.m}, bubble {p.bubble_ratio:.1%}, {p.messages_per_step} messages a step, "
             f"{cost}" + ("" if fits else f", needs {format_bytes(p.activation_bytes or 0)}: nothing fits")
@@ -146,7 +145,7 @@ def render_search(result, advice=None) -> str:
         fastest = found.fastest
         lines.append(
             f"  fastest under the budget: {best.label}, {in_ms(best.step_ns)} a step "
-            f"({best.step_ns / result.measured_step_ns - 1:+.1%} against the measured step), "
+            f"({best.against(result.measured_step_ns):+.1%} against the measured step), "
             f"{format_bytes(best.activation_bytes or 0)} of activations"
         )
         if fastest is not None and fastest is not best:
