@@ -16,8 +16,8 @@ def _row(c: SplitCandidate, measured_step_ns: float) -> str:
     role = c.role + (f" (= {', '.join(c.matches)})" if c.matches else "")
     return (
         f"    {role:28} {','.join(str(n) for n in c.split):>14}  {p.bubble_ratio:6.1%} ±{p.bubble_sd:.1%}  "
-        f"{in_ms(p.step_ns):>10} ±{p.step_sd / 1e6:.1f}  {p.step_ns / measured_step_ns - 1:+7.1%}  "
-        f"slowest stage {in_ms(max(c.stage_ns))}"
+        f"{in_ms(p.step_ns):>10} ±{p.step_sd / 1e6:.1f}  {p.against(measured_step_ns):+7.1%}  "
+        f"slowest stage {in_ms(c.slowest_stage_ns)}"
     )
 
 
@@ -38,7 +38,7 @@ def render_split(report: SplitReport, measured_step_ns: float, advice: Advice | 
             "",
             f"  best split for {search.schedule} v={search.v} m={search.m}: {','.join(str(n) for n in best.split)} "
             f"-> predicted bubble {best.prediction.bubble_ratio:.1%}, step {in_ms(best.prediction.step_ns)} "
-            f"({best.prediction.step_ns / measured_step_ns - 1:+.1%} against the measured step)",
+            f"({best.prediction.against(measured_step_ns):+.1%} against the measured step)",
         ]
         for stage, (text, ns) in enumerate(zip(ranges(best.split), best.stage_ns)):
             lines.append(f"    stage {stage}: layers {text:8} F+B {in_ms(ns)}")
