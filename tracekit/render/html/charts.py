@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 
 from tracekit.analyze import Analysis
+from tracekit.analyze.report_figures import busy_per_step_ns, place_means, rank_causes_ns
 from tracekit.render.html.views import MAX_BARS, TIMELINE_WIDTH_PX, StepView
 from tracekit.vocab import ACTION_KIND_NAMES, CATEGORIES, IDLE_CAUSES
 
@@ -411,17 +412,15 @@ def _bar_text(view: StepView) -> pd.DataFrame:
 def causes_root(analysis: Analysis):
     """Per-rank stacked bars: busy, then idle by cause (ms, all steps)."""
 
-    table = analysis.attribution.table if analysis.attribution is not None else None
-    attributed = table is not None and len(table) > 0
-    parts = ["busy", *CATEGORIES] if attributed else ["busy", "idle"]
+    causes = rank_causes_ns(analysis)
+    parts = ["busy", *CATEGORIES] if causes else ["busy", "idle"]
     columns: dict[str, list] = {"rank": [], **{p: [] for p in parts}}
-    sums = table.groupby("rank")[[f"{c}_ns" for c in CATEGORIES]].sum() if attributed else None
     for rank, info in analysis.summary.per_rank.items():
         columns["rank"].append(str(rank))
         columns["busy"].append(info.busy_ns / 1e6)
-        if sums is not None:
+        if causes:
             for cause in CATEGORIES:
-                columns[cause].append(float(sums.at[rank, f"{cause}_ns"]) / 1e6 if rank in sums.index else 0.0)
+                columns[cause].append(causes[rank][cause] / 1e6)
         else:
             columns["idle"].append(info.idle_ns / 1e6)
     if not columns["rank"]:  # no rank has device work (a CPU-only capture that is no pipeline): no bars to draw
@@ -570,6 +569,7 @@ def spread_root(analysis: Analysis):
     rollup = analysis.replicas
     assert rollup is not None and rollup.places  # drawn only for a replicated pipeline
     per_rank = analysis.summary.per_rank
+    compute_ns = busy_per_step_ns(analysis)
     n = rollup.n_replicas
     columns: dict[str, list] = {"x": [], "bubble": [], "compute": [], "rank": [], "replica": [], "stage": []}
     for place in rollup.places:
@@ -577,7 +577,7 @@ def spread_root(analysis: Analysis):
             # replicas spread across the stage's column so that equal values stay visible
             columns["x"].append(place.place + (0.7 * (i + 0.5) / n - 0.35))
             columns["bubble"].append(100 * per_rank[rank].bubble_ratio)
-            columns["compute"].append(per_rank[rank].busy_ns / rollup.n_steps / 1e6)
+            columns["compute"].append(compute_ns[rank] / 1e6)
             columns["rank"].append(rank)
             columns["replica"].append(i)
             columns["stage"].append(",".join(map(str, place.stages)))
@@ -610,19 +610,19 @@ def place_causes_root(analysis: Analysis):
 
     rollup = analysis.replicas
     assert rollup is not None and rollup.places  # drawn only for a replicated pipeline
-    per_rank = analysis.summary.per_rank
-    attributed = any(p.causes_ns for p in rollup.places)
+    places = place_means(analysis)
+    attributed = any(p.causes_ns for p in places)
     parts = ["busy", *CATEGORIES] if attributed else ["busy", "idle"]
     n = rollup.n_replicas
     columns: dict[str, list] = {"stage": [], **{p: [] for p in parts}}
-    for place in rollup.places:
+    for place in places:
         columns["stage"].append(",".join(map(str, place.stages)))
-        columns["busy"].append(sum(per_rank[r].busy_ns for r in place.ranks) / n / 1e6)
+        columns["busy"].append(place.busy_ns / 1e6)
         if attributed:
             for cause in CATEGORIES:
-                columns[cause].append(place.causes_ns.get(cause, 0) / n / 1e6)
+                columns[cause].append(place.causes_ns[cause] / 1e6)
         else:
-            columns["idle"].append(sum(per_rank[r].idle_ns for r in place.ranks) / n / 1e6)
+            columns["idle"].append(place.idle_ns / 1e6)
     fig = _figure(
         frame_width=min(max(160, 40 * len(rollup.places)), 1100),
         frame_height=300,
