@@ -10,11 +10,13 @@ from tracekit.analyze.diagnosis import message_latencies
 from tracekit.analyze.report_figures import (
     busy_per_step_ns,
     collective_idle,
+    culprits,
     link_figures,
     place_means,
     rank_causes_ns,
     slowest_critical_path,
     stage_figures,
+    step_figures,
 )
 from tracekit.vocab import CATEGORIES
 
@@ -75,3 +77,27 @@ def test_place_means_over_replicas_add_up_to_the_ranks(loaded_runs):
         assert sum(place.causes_ns.values()) * n == pytest.approx(sum(rolled.causes_ns.values()))
     per_step = busy_per_step_ns(analysis)
     assert per_step[0] * rollup.n_steps == pytest.approx(per_rank[0].busy_ns)
+
+
+def test_each_steps_window_and_bubble_are_over_every_rank(loaded_runs):
+    _, analysis = loaded_runs(SAMPLES / "dp2_pp2")
+    steps = step_figures(analysis)
+    bubbles = analysis.bubbles
+    assert sorted(steps) == sorted(int(s) for s in bubbles["step"].unique())
+    for step, figures in steps.items():
+        rows = bubbles[bubbles["step"] == step]
+        assert figures.start_ns == rows["window_start_ns"].min() and figures.end_ns == rows["window_end_ns"].max()
+        assert figures.bubble_ratio == pytest.approx(rows["idle_ns"].sum() / rows["window_ns"].sum())
+
+
+def test_idle_is_blamed_on_the_slow_stage_first(loaded_runs):
+    _, analysis = loaded_runs(SAMPLES / "1f1b_slow_stage2")
+    found = culprits(analysis)
+    step = analysis.attribution.steps[-1]
+    blamed = found[(1, step.step, "imbalance")]
+    assert [c.blamed_ns for c in blamed] == sorted((c.blamed_ns for c in blamed), reverse=True)
+    assert blamed[0].stage == 2 and blamed[0].stage_rank == 2 and blamed[0].link is None
+    rows = step.stage_blame[step.stage_blame["rank"] == 1]
+    assert sum(c.blamed_ns for c in blamed) == pytest.approx(rows["imbalance_ns"].sum())
+    links = [c for (rank, s, cause), cs in found.items() if cause == "comm" for c in cs]
+    assert all(c.link is not None and c.stage is None for c in links)

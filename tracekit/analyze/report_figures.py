@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pandas as pd
 
 from tracekit.analyze.diagnosis import message_latencies, stage_compute_ns
@@ -149,6 +150,73 @@ def slowest_critical_path(analysis: Analysis) -> CriticalPath | None:
         compute_ns=sum(p["compute_ns"] for p in path),
         comm_ns=sum(p.get("comm_ns", 0) for p in path),
     )
+
+
+@dataclass(frozen=True)
+class StepFigures:
+    """One step over every rank: its window (the ranks' earliest start to latest end) and its
+    bubble ratio (idle over window, summed over the ranks)."""
+
+    start_ns: int
+    end_ns: int
+    bubble_ratio: float
+
+
+def step_figures(analysis: Analysis) -> dict[int, StepFigures]:
+    """Each measured step's window and bubble ratio, by step."""
+    bubbles = analysis.bubbles
+    if not len(bubbles):
+        return {}
+    by_step = bubbles.groupby("step").agg(
+        lo=("window_start_ns", "min"), hi=("window_end_ns", "max"), idle=("idle_ns", "sum"), window=("window_ns", "sum")
+    )
+    return {
+        int(step): StepFigures(int(lo), int(hi), float(idle / max(int(window), 1)))
+        for step, lo, hi, idle, window in zip(
+            by_step.index.tolist(), by_step["lo"], by_step["hi"], by_step["idle"], by_step["window"]
+        )
+    }
+
+
+@dataclass(frozen=True)
+class Culprit:
+    """A stage (on its rank) or a link that a rank's idle of one cause in one step is blamed
+    on, and how much of that idle (the attribution's stage_blame and link_blame)."""
+
+    blamed_ns: float
+    stage: int | None = None
+    stage_rank: int | None = None  # the rank that runs the stage (None: the schedule does not say)
+    link: tuple[int, int] | None = None
+
+
+def culprits(analysis: Analysis) -> dict[tuple[int, int, str], list[Culprit]]:
+    """(rank, step, cause) -> who that idle is blamed on, largest first: the stages behind
+    the rank's imbalance and the links behind its comm latency."""
+    if analysis.attribution is None:
+        return {}
+    schedule = analysis.run.schedule
+    to_rank = schedule.stage_to_rank if schedule is not None else {}
+    out: dict[tuple[int, int, str], list[Culprit]] = {}
+    for step in analysis.attribution.steps:
+        for rank, rows in step.stage_blame.groupby("rank"):
+            rows = rows.sort_values("imbalance_ns", ascending=False)
+            out[(_int(rank), step.step, "imbalance")] = [
+                Culprit(float(ns), stage=int(s), stage_rank=to_rank.get(int(s)))
+                for s, ns in zip(rows["stage"], rows["imbalance_ns"])
+            ]
+        for rank, rows in step.link_blame.groupby("rank"):
+            rows = rows.sort_values("comm_ns", ascending=False)
+            out[(_int(rank), step.step, "comm")] = [
+                Culprit(float(ns), link=(int(a), int(b)))
+                for a, b, ns in zip(rows["src_rank"], rows["dst_rank"], rows["comm_ns"])
+            ]
+    return out
+
+
+def _int(value: object) -> int:
+    """A group's key (a rank) as an int."""
+    assert isinstance(value, (int, np.integer))
+    return int(value)
 
 
 @dataclass(frozen=True)
