@@ -182,12 +182,21 @@ def _timeline_figure(view: StepView):
     fig.yaxis.major_label_overrides = {i: view.lanes[i] for i in range(0, n, every)}
     items: dict[str, list] = {}
 
-    def quads(source, label: str, tooltips, **style):
-        renderer = fig.quad(left="x0", right="x1", bottom="y0", top="y1", source=source, **style)
+    def legend_item(renderer, label: str, tooltips):
         items.setdefault(label, []).append(renderer)
         if tooltips:
             _hover(fig, renderer, tooltips)
         return renderer
+
+    def quads(source, label: str, tooltips, **style):
+        return legend_item(
+            fig.quad(left="x0", right="x1", bottom="y0", top="y1", source=source, **style), label, tooltips
+        )
+
+    def segments(frame: pd.DataFrame, label: str, tooltips, **style):
+        return legend_item(
+            fig.segment(x0="x0", y0="y0", x1="x1", y1="y1", source=_source(frame), **style), label, tooltips
+        )
 
     # drawn in this order, each over the ones before: idle, bars, messages, the critical
     # path, and the bars' labels on top, on a box of their bar's colour, so that no line
@@ -204,39 +213,28 @@ def _timeline_figure(view: StepView):
             )
     layers = _bar_layers(fig, view, quads)
     if len(view.messages):
-        renderer = fig.segment(
-            x0="x0",
-            y0="y0",
-            x1="x1",
-            y1="y1",
-            source=_source(view.messages),
-            line_color=MESSAGE_COLOR,
-            line_width=1,
-            line_alpha=0.55,
-        )
-        items["message (send -> arrival)"] = [renderer]
-        _hover(
-            fig,
-            renderer,
+        segments(
+            view.messages,
+            "message (send -> arrival)",
             [
                 ("message", "@link (@direction)"),
                 ("send left after", "@post_ms{0.000} ms"),
                 ("in flight", "@wire_ms{0.000} ms"),
                 ("receiver waited", "@wait_ms{0.000} ms"),
             ],
+            line_color=MESSAGE_COLOR,
+            line_width=1,
+            line_alpha=0.55,
         )
     if view.critical_bars is not None and len(view.critical_bars):
-        links = fig.segment(
-            x0="x0",
-            y0="y0",
-            x1="x1",
-            y1="y1",
-            source=_source(view.critical_links),
+        segments(
+            view.critical_links,
+            "critical path",
+            None,
             line_color=CRITICAL_COLOR,
             line_width=CRITICAL_LINE_PX,
             line_alpha=0.9,
         )
-        items["critical path"] = [links]
         quads(
             _source(view.critical_bars),
             "critical path",
