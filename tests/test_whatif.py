@@ -205,6 +205,8 @@ def test_the_figures_the_renderers_show_are_the_results():
     result = WhatIf("run", model, 0.3, 100e6, rows[0], rows, [], "global-batch", 4, ["how"])
     assert rows[0].against(100e6) == pytest.approx(-0.1) and rows[1].microbatch_ns == pytest.approx(150e6 / 16)
     assert result.fastest is rows[0]
+    assert result.fastest_where(lambda label: label != "a") is rows[1]  # a framework that cannot run "a"
+    assert result.fastest_where(lambda label: False) is None
     assert result.measured_microbatch_ns == pytest.approx(12.5e6)
     assert result.microbatch_against(rows[1]) == pytest.approx(150 / 16 / 12.5 - 1)
     result.keep = "microbatch"

@@ -130,6 +130,10 @@ class WhatIf:
         """The prediction a user could run fastest, by what ``keep`` holds (:func:`fastest`)."""
         return fastest(self.predictions, self.keep)
 
+    def fastest_where(self, runs: Callable[[str], bool]) -> Prediction | None:
+        """The fastest of the rows whose label ``runs`` accepts (those a framework can run)."""
+        return fastest([p for p in self.predictions if runs(p.label)], self.keep)
+
     @property
     def measured_microbatch_ns(self) -> float:
         """The measured step's time per microbatch (``keep="microbatch"`` compares by it)."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from tracekit.analyze.whatif import fastest
 from tracekit.render.framework import config_block, framework_line
 from tracekit.text import for_terminal
 from tracekit.vocab import format_bytes, in_ms
@@ -80,7 +79,7 @@ def render(result, advice=None) -> str:
 def _fastest_runnable(result, advice) -> list[str]:
     """Where the framework cannot run the fastest row: the fastest it can, in its lines."""
     title = advice.framework.title
-    best = fastest([p for p in result.predictions if advice.runs(p.label)], result.keep)
+    best = result.fastest_where(advice.runs)
     if best is None:
         return [f"  {title} runs none of these rows"]
     return [
