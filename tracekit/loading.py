@@ -82,13 +82,13 @@ def load(
     return reconstruct(run, timeline=options.timeline, labels=labels)
 
 
-def with_drawn_ops(run: Run, path: str | PathLike[str], options: LoadOptions, ranks: list[int]) -> None:
+def with_drawn_ops(run: Run, path: str | PathLike[str], options: LoadOptions, ranks: list[int]) -> Run:
     """Put the working sets of ``ranks`` (the ranks an output draws) into ``run.events`` in
-    place of what the reduce left of them (in place). A run loaded with ``rows="reduce"``
+    place of what the reduce left of them. A run loaded with ``rows="reduce"``
     holds no op of its GPU ranks, nor of the ranks of a run without a pipeline: an output
     that draws a few of many ranks reads those ranks' files again (or their cache entries)
     instead of holding every rank's working set. Their times are moved by the run's clock
-    shifts, as reconstruction moved the rest."""
+    shifts, as reconstruction moved the rest. Returns the run with them."""
     import pandas as pd
 
     from tracekit.ingest import read_files
@@ -97,11 +97,11 @@ def with_drawn_ops(run: Run, path: str | PathLike[str], options: LoadOptions, ra
     wanted = run.events["rank"].isin(ranks).to_numpy()
     file_ids = sorted(int(f) for f in run.events["file_id"][wanted].unique())
     if not file_ids:
-        return
+        return run
     drawn = read_files(path, replace(options, rows="analysis", reducer=None), file_ids)
     drawn = shift_ranks(drawn, run.clock_shifts, "rank", ["start_ns", "end_ns"])
     others = run.events[~run.events["file_id"].isin(file_ids).to_numpy()]
-    run.events = pd.concat([others, drawn], ignore_index=True)
+    return replace(run, events=pd.concat([others, drawn], ignore_index=True))
 
 
 def reduce_file(

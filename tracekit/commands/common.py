@@ -335,7 +335,7 @@ def add_drawn_ops(
     drawn = drawn_ranks(analysis)
     if say:
         say(f"reading the ops of the {len(drawn)} rank(s) drawn")
-    with_drawn_ops(run, path, load_options(rank_from, rank_map), drawn)
+    analysis.run = with_drawn_ops(run, path, load_options(rank_from, rank_map), drawn)
 
 
 def work_progress(progress: bool | None) -> Callable[[str], None] | None:

@@ -60,19 +60,27 @@ def read_run(
         trace.path = exported.get(trace.path, trace.path)
     # Imported after parsing: parser workers fork while this process has no pandas (the
     # executor loads it while they parse), so each stays ~30-50 MB.
-    from tracekit.model.run import Run
+    from tracekit.model.run import Run, add_warning
 
     capture_warnings: list[str] = []
-    run = Run(source=str(path), files=files, events=events, capture=load_capture_manifest(path, capture_warnings))
+    capture = load_capture_manifest(path, capture_warnings)
+    warnings: list[str] = []
     for message in found.warnings + settle_unknown_ranks(files, events) + check_layout(files) + capture_warnings:
-        run.warn(message)
+        add_warning(warnings, message)
     refuse_empty(path, files, events)
-    run.completeness, notes = run_completeness(files, run.capture)
-    if not run.completeness.complete:  # said first: every figure after it covers only the ranks present
-        run.warnings.insert(0, run.completeness.message())
+    completeness, notes = run_completeness(files, capture)
+    if not completeness.complete:  # said first: every figure after it covers only the ranks present
+        warnings.insert(0, completeness.message())
     for note in notes:
-        run.warn(note)
-    return run
+        add_warning(warnings, note)
+    return Run(
+        source=str(path),
+        files=files,
+        events=events,
+        capture=capture,
+        completeness=completeness,
+        warnings=tuple(warnings),
+    )
 
 
 def read_files(path: str | os.PathLike[str], options: ReadOptions, file_ids: list[int]) -> pd.DataFrame:
