@@ -205,15 +205,33 @@ def _report(folder: Path, out: Path, one_pass_files: int, monkeypatch) -> str:
     return _uuids_out(out.read_text())
 
 
-@pytest.mark.parametrize("name", ["clock_offset", "fused_1f1b", "sampled"])
+@pytest.mark.parametrize("name", ["clock_offset", "fused_1f1b", "sampled", "host_plain"])
 def test_a_large_runs_report_keeps_the_drawn_ops_and_draws_the_same(name, sampled, tmp_path, monkeypatch):
     """Past ONE_PASS_FILES files, report analyses the reduce, each rank keeping the ops the
     page draws (LoadOptions.draw_ops): the page is the one the working sets give (clocks
-    aligned as the rest: generated_clock_offset moves two ranks' clocks)."""
-    folder = sampled if name == "sampled" else generate(SCENARIOS[name], tmp_path)[0]
+    aligned as the rest: generated_clock_offset moves two ranks' clocks; host ranks without
+    a pipeline draw their host ops)."""
+    if name == "sampled":
+        folder = sampled
+    elif name == "host_plain":
+        import sys
+
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        import make_input
+
+        folder = tmp_path / "generated_host_plain"
+        make_input.build_gpu(
+            folder, ranks=3, target_mb=3, source=shared_or_skip("kineto-gpu", make_input.GPU_TRACE.name)
+        )
+    else:
+        folder = generate(SCENARIOS[name], tmp_path)[0]
     once = _report(folder, tmp_path / "once.html", 10**6, monkeypatch)
     reduced = _report(folder, tmp_path / "reduced.html", 0, monkeypatch)
-    assert reduced == once and GPU_BARS in reduced
+    assert reduced == once
+    from tracekit.render.html import charts
+
+    drawn = f'"value":"{charts.KIND_NAMES["cpu"]}"' if name == "host_plain" else GPU_BARS
+    assert drawn in reduced
 
 
 @pytest.fixture(scope="module")
