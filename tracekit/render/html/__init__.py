@@ -82,16 +82,6 @@ def render_report(analysis: Analysis) -> str:
     )
 
 
-def drawn_ranks(analysis: Analysis) -> list[int]:
-    """The ranks whose timeline the report draws: the replicas the roll-up picked in a run of
-    data-parallel replicas, else every rank measured."""
-    rollup = analysis.replicas
-    if _replicated(analysis):
-        assert rollup is not None
-        return sorted(r for replica, _ in rollup.timeline_replicas for r in rollup.replicas[replica])
-    return sorted(int(r) for r in analysis.bubbles["rank"].unique()) if len(analysis.bubbles) else []
-
-
 def _replicated(analysis: Analysis) -> bool:
     rollup = analysis.replicas
     return analysis.is_pipeline and rollup is not None and rollup.n_replicas > 1 and bool(rollup.places)
