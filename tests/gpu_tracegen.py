@@ -242,6 +242,19 @@ pytorch/pytorch are named by function, the snapshot being too large to bring her
   on the all-reduce. The default, 1.0, is the plain model. Deterministic: the seed still
   draws only the kernels' jitter.
 
+Activation memory (``record_shapes``, the truth's ``activation_memory`` with ``recompute``;
+a model of what autograd keeps, not a measurement): each forward op records its inputs'
+shapes as ``record_shapes=True`` does ("Input Dims" / "Input type": :func:`_forward_shapes`,
+an MLP on MESSAGE_SHAPE's rows x H float activations) and keeps its first input, the
+activation, for its backward (a linear its input for the weight gradient, its weight being a
+parameter; a gelu its input). Without recomputation a microbatch in flight keeps all of them;
+with it only the CheckpointFunction's input (``tensor_parallel/random.py:628``
+``ctx.save_for_backward(*args)``), and a backward first rebuilds its microbatch's activations
+(one microbatch at a time: held x kept + the rebuilt ones). Per rank, walking its actions in
+the order its kernels ran: ``in_flight`` (most microbatches held), ``kept_per_microbatch_bytes``,
+``activations_per_microbatch_bytes``, ``peak_recompute_on_bytes``, ``peak_recompute_off_bytes``.
+Transients inside an action (a forward's temporaries under no_grad, gradients) are not modelled.
+
 Truth of a 3-D job (keys beside the plain ones, which keep their meaning: ``busy_ns`` /
 ``bubble_ratio`` count compute and optimizer kernels only). The step window is the first to
 last action kernel (compute or TP all-reduce) of any rank. Per ``per_step`` row (and summed in
@@ -1033,6 +1046,7 @@ class _Rank:
             if grad:
                 self.next_sequence += 1
             autograd = {"Sequence number": seq, "Fwd thread id": 0} if grad else {}
+            top_shapes, inner_shapes = _forward_shapes(k, self.sc.tp) if self.sc.record_shapes else ({}, {})
             top_name, inner_name, kernel_name = (
                 ("aten::linear", "aten::addmm", self.sc.platform.gemm_kernel)
                 if k % 2 == 0
@@ -1044,7 +1058,7 @@ class _Rank:
                 tid,
                 start,
                 end,
-                **{**autograd, "Record function id": 0},
+                **{**autograd, "Record function id": 0, **top_shapes},
             )
             ops.append((seq, top))
             owner = top
@@ -1055,7 +1069,7 @@ class _Rank:
                     tid,
                     start + cost // 8,
                     end - cost // 8,
-                    **{**autograd, "Record function id": 0},
+                    **{**autograd, "Record function id": 0, **inner_shapes},
                 )
             self._launch(
                 kernel_name,
@@ -1593,6 +1607,33 @@ def _taken(
     return k.taken[message]
 
 
+def _forward_shapes(k: int, tp: int) -> tuple[dict, dict]:
+    """The record_shapes args of forward op ``k`` (module doc, "Activation memory") and of the
+    aten::addmm inside a linear: every 4 ops an MLP, linear H -> 4H/tp, gelu, linear 4H/tp -> H,
+    gelu, on rows x H float activations (MESSAGE_SHAPE)."""
+    rows, hidden = MESSAGE_SHAPE
+    inner = 4 * hidden // tp
+    width = hidden if k % 4 in (0, 3) else inner  # the op's input
+    if k % 2:
+        return {"Input Dims": [[rows, width]], "Input type": ["float"]}, {}
+    out = inner if k % 4 == 0 else hidden
+    top = {"Input Dims": [[rows, width], [out, width], [out]], "Input type": ["float", "float", "float"]}
+    addmm = {
+        "Input Dims": [[out], [rows, width], [width, out], [], []],
+        "Input type": ["float", "float", "float", "Scalar", "Scalar"],
+    }
+    return top, addmm
+
+
+def forward_input_bytes(sc: Scenario) -> list[int]:
+    """Bytes of each forward op's activation input, its first (module doc, "Activation memory")."""
+    out = []
+    for k in range(sc.kernels_f):
+        rows, width = _forward_shapes(k, sc.tp)[0]["Input Dims"][0]
+        out.append(rows * width * 4)
+    return out
+
+
 def _run_megatron_step(ranks: list[_Rank], step: int, behind: dict[int, int | None]) -> None:
     """Every rank's host runs its Megatron step together: a host that synchronizes with its
     device waits until the kernels it launched have run, which may need other ranks' hosts to
@@ -1900,7 +1941,44 @@ def ground_truth(sc: Scenario, ranks: list[_Rank], kernels: list[Kernel]) -> dic
         truth.update(_layout_truth(sc, rank_rows))
     if links is not None:
         truth["shared_links"] = links
+    if sc.recompute:
+        truth["activation_memory"] = _activation_memory_truth(sc, by_host)
     return truth
+
+
+def _activation_memory_truth(sc: Scenario, by_host: dict[tuple[int, int], list[Kernel]]) -> dict:
+    """Activation memory per rank with recomputation on (as run) and off (module doc,
+    "Activation memory"), walking each rank's actions in the order its kernels ran."""
+    inputs = forward_input_bytes(sc)
+    kept, everything = inputs[0], sum(inputs)  # per microbatch: the checkpoint's input; every op's
+    rows = []
+    for (pipe, rank), mine in sorted(by_host.items()):
+        held: set[tuple[int, int, int]] = set()
+        seen: set[tuple[int, tuple]] = set()
+        in_flight = peak_on = peak_off = 0
+        for k in sorted((k for k in mine if k.kind == "compute"), key=lambda k: k.start_ns):
+            if (k.step, k.action) in seen:
+                continue
+            seen.add((k.step, k.action))
+            stage, kind, mb = k.action
+            if kind == "F":
+                held.add((k.step, stage, mb))
+                in_flight = max(in_flight, len(held))
+                peak_on, peak_off = max(peak_on, len(held) * kept), max(peak_off, len(held) * everything)
+            else:  # its forward re-run first: one microbatch's activations rebuilt beside the rest
+                peak_on = max(peak_on, len(held) * kept + everything - kept)
+                held.discard((k.step, stage, mb))
+        rows.append(
+            {
+                "rank": sc.global_rank(rank, pipe),
+                "in_flight": in_flight,
+                "kept_per_microbatch_bytes": kept,
+                "activations_per_microbatch_bytes": everything,
+                "peak_recompute_on_bytes": peak_on,
+                "peak_recompute_off_bytes": peak_off,
+            }
+        )
+    return {"ranks": sorted(rows, key=lambda row: row["rank"])}
 
 
 def _shared_links_truth(sc: Scenario, by_host: dict[tuple[int, int], list[Kernel]], pairs: list[dict]) -> dict:
