@@ -2652,6 +2652,10 @@ TP_OVERLAP_SCENARIO = Scenario(
 CONTENDED_SCENARIO = replace(TP_OVERLAP_SCENARIO, name="tp2_pp4_contended", transfer_ns=200_000, tp_p2p_contention=1.6)
 
 
+# by name for the command line (tp2_pp4_overlap, tp2_pp4_contended)
+_SHARED_LINK_SCENARIOS = {sc.name: sc for sc in (TP_OVERLAP_SCENARIO, CONTENDED_SCENARIO)}
+
+
 def _parse_slowdown(text: str) -> tuple[int, float]:
     replica, _, factor = text.partition(":")
     return int(replica), float(factor or 1.1)
@@ -2663,7 +2667,7 @@ def main() -> None:
         "Megatron-core 3-D job built from --tp/--dp/--pp (e.g. --tp 2 --dp 2 --pp 4 out/)."
     )
     parser.add_argument("out_dir", nargs="?", type=Path, help="folder to write generated_<name>/ into")
-    parser.add_argument("--scenario", choices=sorted({**SCENARIOS, **SCENARIOS_3D}))
+    parser.add_argument("--scenario", choices=sorted({**SCENARIOS, **SCENARIOS_3D, **_SHARED_LINK_SCENARIOS}))
     parser.add_argument("--out", type=Path, help="the same as out_dir")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks per stage")
     parser.add_argument("--dp", type=int, default=1, help="data-parallel replicas of the pipeline")
@@ -2681,7 +2685,7 @@ def main() -> None:
     if out is None:
         parser.error("give the output folder (out_dir or --out)")
     if args.scenario:
-        sc = {**SCENARIOS, **SCENARIOS_3D}[args.scenario]
+        sc = {**SCENARIOS, **SCENARIOS_3D, **_SHARED_LINK_SCENARIOS}[args.scenario]
     else:
         name = args.name or "_".join(
             [f"tp{args.tp}"] * (args.tp > 1)
