@@ -86,6 +86,12 @@ class WindowAnalyses:
                 self._thread.start()
             self._lock.notify_all()
 
+    @property
+    def in_flight(self) -> int | None:
+        """The window being analysed now, if any."""
+        with self._lock:
+            return self._running
+
     def wait(self, timeout: float | None = None) -> bool:
         """Block until every submitted window is analysed or skipped (for the end of a
         script, never inside a training step); False if ``timeout`` seconds passed first."""
