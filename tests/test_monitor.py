@@ -230,7 +230,7 @@ def test_without_tensorboard_a_folder_asked_for_is_refused_and_the_default_is_le
         tracekit.trace_handler(tmp_path / "a", rank=0, analyze=True, tensorboard=tmp_path / "logs")
     caplog.set_level(logging.WARNING, logger="tracekit.monitor")
     handler = tracekit.trace_handler(tmp_path / "b", rank=0, analyze=True)
-    assert handler._tensorboard is None and "no TensorBoard scalars while training" in caplog.text
+    assert handler.tensorboard is None and "no TensorBoard scalars while training" in caplog.text
 
 
 def test_the_handler_and_monitor_import_neither_torch_nor_pandas():

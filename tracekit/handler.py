@@ -128,7 +128,7 @@ class TraceHandler:
         self._facts = facts
         self._manifest_written = False
         self._analyze = analyze
-        self._tensorboard = tensorboard
+        self.tensorboard = tensorboard
         self._sink = sink
         self._microbatches = microbatches
         self._analyses: WindowAnalyses | None = None
@@ -150,7 +150,7 @@ class TraceHandler:
                 self._analyses = WindowAnalyses(
                     self.run_dir,
                     _world_size(),
-                    tensorboard=self._tensorboard,
+                    tensorboard=self.tensorboard,
                     sink=self._sink,
                     microbatches=self._microbatches,
                 )

@@ -10,6 +10,11 @@ figures are what a training loop wants. A failed analysis, a failing sink or a p
 that cannot be started is a warning on the ``tracekit.monitor`` logger, never an exception
 in the training.
 
+An analysis in flight when the training process ends finishes in its own process (its
+summary and event file are written; the sink, in the ended process, is not called); a window
+still waiting then is not analysed. :meth:`WindowAnalyses.wait` (``handler.wait()``) at the
+end of a script waits for both.
+
 Standard library only, like :mod:`tracekit.handler`.
 """
 
