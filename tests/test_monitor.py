@@ -148,7 +148,7 @@ def _traces_of(run_dir: Path, window: int) -> None:
 def test_a_newer_window_replaces_the_waiting_one_and_the_sink_gets_every_analysed_step(tmp_path, caplog):
     run_dir = tmp_path / "run"
     sunk: list[tuple[int, dict[str, float]]] = []
-    analyses = WindowAnalyses(run_dir, 4, sink=lambda scalars, step: sunk.append((step, scalars)), nice=0)
+    analyses = WindowAnalyses(run_dir, 4, sink=lambda scalars, step: sunk.append((step, scalars)), idle=False)
     caplog.set_level(logging.INFO, logger="tracekit.monitor")
     analyses.submit(3)  # its traces are not there yet: its analysis waits for them
     _in_flight(analyses, 3)
@@ -180,7 +180,7 @@ def test_a_failed_analysis_and_a_failing_sink_are_warnings(tmp_path, caplog):
     def sink(scalars, step):
         raise RuntimeError("the logger is down")
 
-    analyses = WindowAnalyses(run_dir, 1, sink=sink, nice=0)
+    analyses = WindowAnalyses(run_dir, 1, sink=sink, idle=False)
     caplog.set_level(logging.INFO, logger="tracekit.monitor")
     analyses.submit(2)  # returns at once; the analysis fails in its process
     assert analyses.wait(timeout=120)
@@ -200,7 +200,7 @@ def test_a_window_whose_ranks_never_all_arrive_is_given_up(tmp_path, caplog):
     run_dir = tmp_path / "run"
     _traces_of(run_dir, 4)
     (run_dir / "iteration_4" / "rank3.json.gz").unlink()
-    analyses = WindowAnalyses(run_dir, 4, wait_s=1, nice=0)
+    analyses = WindowAnalyses(run_dir, 4, wait_s=1, idle=False)
     caplog.set_level(logging.WARNING, logger="tracekit.monitor")
     analyses.submit(4)
     assert analyses.wait(timeout=120)

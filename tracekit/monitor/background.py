@@ -2,8 +2,8 @@
 
 :meth:`WindowAnalyses.submit` is all the training step does (from the handler, inside
 ``prof.step()``): it notes the window's number under a lock and returns. A thread of this
-process starts ``python -m tracekit.monitor.window`` for it (a process of its own, at a lower
-priority, one core), waits for that process outside the GIL, then hands the window's
+process starts ``python -m tracekit.monitor.window`` for it (a process of its own, on one
+core, given only the CPU time the training leaves), waits for that process outside the GIL, then hands the window's
 scalars to the sink. One analysis is in flight at a time; a window that arrives meanwhile
 waits, and a newer one replaces it (the older is skipped, with a log line): the newest
 figures are what a training loop wants. A failed analysis, a failing sink or a process
@@ -36,16 +36,16 @@ LOG = logging.getLogger("tracekit.monitor")
 #: ``sink(scalars, step)``: one call per profiled step, its scalars by tag (W&B's ``wandb.log`` fits)
 Sink = Callable[[dict[str, float], int], object]
 DEFAULT_WAIT_S = 600.0  # how long an analysis waits for the last rank's trace of its window
-DEFAULT_NICE = 10
 
 
 class WindowAnalyses:
     """The windows of one run analysed in the background, one at a time (see the module).
 
-    ``world_size``: the ranks whose traces make a window (None: those there when its
-    analysis starts); ``tensorboard``: the event files' folder (None: none written);
-    ``microbatches``: the m values replayed for the suggestion (empty: half, once, twice and
-    four times the measured m); ``nice``: how much lower the analysis runs than training.
+        ``world_size``: the ranks whose traces make a window (None: those there when its
+        analysis starts); ``tensorboard``: the event files' folder (None: none written);
+        ``microbatches``: the m values replayed for the suggestion (empty: half, once, twice and
+        four times the measured m); ``idle``: the analysis runs only on CPU time the training
+    leaves (Linux's ``SCHED_IDLE``, else the lowest priority; False: at the training's own).
     """
 
     def __init__(
@@ -57,7 +57,7 @@ class WindowAnalyses:
         sink: Sink | None = None,
         microbatches: Sequence[int] = (),
         wait_s: float = DEFAULT_WAIT_S,
-        nice: int = DEFAULT_NICE,
+        idle: bool = True,
     ) -> None:
         self.run_dir = run_dir
         self.world_size = world_size
@@ -65,7 +65,7 @@ class WindowAnalyses:
         self.sink = sink
         self.microbatches = tuple(microbatches)
         self.wait_s = wait_s
-        self.nice = nice
+        self.idle = idle
         self.analysed: list[int] = []  # windows whose summary was written, in order
         self.failed: list[int] = []
         self.skipped: list[int] = []
@@ -146,7 +146,7 @@ class WindowAnalyses:
     def command(self, window: int) -> list[str]:
         """The analysis process's command line for ``window``."""
         command = [sys.executable, "-m", "tracekit.monitor.window", str(self.run_dir), "--iteration", str(window)]
-        command += ["--wait-s", str(self.wait_s), "--nice", str(self.nice)]
+        command += ["--wait-s", str(self.wait_s)] + ([] if self.idle else ["--no-idle"])
         if self.world_size is not None:
             command += ["--world-size", str(self.world_size)]
         if self.tensorboard is not None:
