@@ -250,3 +250,13 @@ def test_the_docstring_examples_run(module):
 
     found = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
     assert found.failed == 0 and found.attempted > 0
+
+
+def test_the_monitored_run_folder_still_analyses_without_options(live):
+    run_dir, report, _ = live
+    result = CliRunner().invoke(main, ["analyze", str(run_dir), "--json", "--no-progress"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert {Path(f["path"]).parent.name for f in document["files"]} == {f"iteration_{WINDOWS[-1]}"}
+    # the summaries, logs and event files beside the traces are no traces, and not even worth a warning
+    assert not [w for w in document["warnings"] if "monitor" in w or "tensorboard" in w or "tfevents" in w]
