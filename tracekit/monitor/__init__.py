@@ -52,12 +52,27 @@ SUMMARY_KEYS = (
 
 
 def summary_path(run_dir: str | os.PathLike[str], window: int) -> Path:
-    """Where the summary of the window whose traces are ``iteration_<window>`` lies."""
+    """Where the summary of the window whose traces are ``iteration_<window>`` lies.
+
+    >>> summary_path("runs/pp", 14).as_posix()
+    'runs/pp/monitor/window_14.json'
+    """
     return Path(run_dir) / MONITOR_FOLDER / f"window_{window}.json"
 
 
 def analysed_windows(run_dir: str | os.PathLike[str]) -> list[int]:
-    """The windows with a summary written, oldest first."""
+    """The windows with a summary written, oldest first.
+
+    >>> import pathlib, tempfile
+    >>> run = pathlib.Path(tempfile.mkdtemp())
+    >>> analysed_windows(run)
+    []
+    >>> (run / "monitor").mkdir()
+    >>> for n in (14, 7):
+    ...     _ = (run / "monitor" / f"window_{n}.json").write_text("{}")
+    >>> analysed_windows(run)
+    [7, 14]
+    """
     try:
         names = os.listdir(Path(run_dir) / MONITOR_FOLDER)
     except OSError:  # nothing analysed yet: the folder is made by the first analysis
