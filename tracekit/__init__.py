@@ -8,8 +8,13 @@
 
 from tracekit.version import __version__
 
-_WHERE = {"load": "tracekit.loading", "LoadOptions": "tracekit.loading", "trace_handler": "tracekit.handler"}
-__all__ = ["LoadOptions", "__version__", "load", "trace_handler"]
+_WHERE = {
+    "load": "tracekit.loading",
+    "LoadOptions": "tracekit.loading",
+    "trace_handler": "tracekit.handler",
+    "Monitor": "tracekit.monitor",
+}
+__all__ = ["LoadOptions", "Monitor", "__version__", "load", "trace_handler"]
 
 
 def __getattr__(name: str):
