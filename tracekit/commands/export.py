@@ -41,6 +41,12 @@ if TYPE_CHECKING:
 )
 @click.option("--csv", "with_csv", is_flag=True, help="With --tables: write each table as CSV too.")
 @click.option(
+    "--run-id",
+    metavar="ID",
+    help="With --tables: the run_id column's value in every table (default: RUN_DIR as given), "
+    "to tell runs apart once their tables are concatenated.",
+)
+@click.option(
     "--tensorboard",
     "logdir",
     type=click.Path(path_type=Path),
@@ -55,6 +61,7 @@ def command(
     with_ops: bool,
     tables_dir: Path | None,
     with_csv: bool,
+    run_id: str | None,
     logdir: Path | None,
     rank_from: str | None,
     rank_map: str | None,
@@ -74,10 +81,12 @@ def command(
     rank traces), or on a GPU run the kernels it launched.
 
     --tables DIR writes actions, messages, bubbles (per rank and step), attribution,
-    stage_blame and link_blame, and on GPU runs device_pairs, collective_pairs, device_steps
-    and device_ranks, as DIR/<table>.parquet (and .csv with --csv): integers in ns, ratios
-    0..1, each column documented in the Parquet schema. In Python,
-    tracekit.analyze.tabular.tables(analysis) returns the same DataFrames.
+    stage_blame, link_blame and idle_intervals (each idle interval with its cause and the
+    stage or link blamed), and on GPU runs device_pairs, collective_pairs, device_steps and
+    device_ranks, as DIR/<table>.parquet (and .csv with --csv): integers in ns, ratios 0..1,
+    each column documented in the Parquet schema. Every table ends with run_id (--run-id)
+    and each absolute time again since its step's start (start_ns -> start_in_step_ns). In
+    Python, tracekit.analyze.tabular.tables(analysis) returns the same DataFrames.
 
     --tensorboard LOGDIR writes, per profiler step, pipeline/step_ms, pipeline/bubble_ratio,
     pipeline/stage_<s>/compute_ms and pipeline/rank_<r>/idle_<cause>_ms. TensorBoard reads
@@ -104,6 +113,8 @@ def command(
         raise TracekitError("--with-ops: nests the ops in the merged trace; give -o FILE")
     if with_csv and tables_dir is None:
         raise TracekitError("--csv: writes the --tables as CSV too; give --tables DIR")
+    if run_id is not None and tables_dir is None:
+        raise TracekitError("--run-id: names the run in the --tables; give --tables DIR")
     if logdir is not None:
         from tracekit.render.tensorboard import require_tensorboard
 
@@ -122,7 +133,7 @@ def command(
     elif run.completeness is not None and not run.completeness.complete:
         click.echo(f"tracekit: warning: {for_terminal(run.completeness.message())}", err=True)
     if tables_dir is not None:
-        _write_tables(analysis, tables_dir, table_targets, with_csv)
+        _write_tables(analysis, tables_dir, table_targets, with_csv, run_id)
     if logdir is not None:
         _write_tensorboard(analysis, logdir, run_dir)
 
@@ -161,13 +172,15 @@ def _table_targets(folder: Path, run_dir: Path, with_csv: bool) -> dict[str, Out
     }
 
 
-def _write_tables(analysis: Analysis, folder: Path, targets: dict[str, OutputTarget], with_csv: bool) -> None:
+def _write_tables(
+    analysis: Analysis, folder: Path, targets: dict[str, OutputTarget], with_csv: bool, run_id: str | None
+) -> None:
     from tracekit.analyze.tabular import tables
     from tracekit.render.protocol import RENDERERS, NamedTable, bytes_of
 
     run = analysis.run
     run_meta = {"source": run.source, "timeline": run.timeline}
-    frames = tables(analysis)
+    frames = tables(analysis, run_id)
     renderers = [RENDERERS[kind]() for kind in (("parquet", "csv") if with_csv else ("parquet",))]
     for name, frame in frames.items():
         for renderer in renderers:
