@@ -299,7 +299,7 @@ def tables(analysis: Analysis, run_id: str | None = None) -> dict[str, pd.DataFr
     step_start = analysis.bubbles.groupby("step")["window_start_ns"].min()
     common = _Common(run.source if run_id is None else run_id, step_start)
     return {
-        name: _typed(common.added(raw[name], TABLES[name]), TABLES[name]) for name in table_names(figures is not None)
+        name: typed(common.added(raw[name], TABLES[name]), TABLES[name]) for name in table_names(figures is not None)
     }
 
 
@@ -332,7 +332,7 @@ class _Common:
         return frame.assign(**extra)
 
 
-def _typed(frame: pd.DataFrame, spec: TableSpec) -> pd.DataFrame:
+def typed(frame: pd.DataFrame, spec: TableSpec) -> pd.DataFrame:
     """``frame``'s documented columns, in order, with their types (an empty frame gets them all)."""
     out = pd.DataFrame(index=range(len(frame)))
     for name, (dtype, _) in spec.columns.items():
@@ -403,4 +403,4 @@ def _stage_compute_ns(analysis: Analysis) -> dict[int, dict[int, float]]:
     return out
 
 
-__all__ = ["TABLES", "TableSpec", "in_step", "step_scalars", "table_names", "tables"]
+__all__ = ["TABLES", "TableSpec", "in_step", "step_scalars", "table_names", "tables", "typed"]

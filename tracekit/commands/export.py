@@ -16,6 +16,8 @@ from tracekit.output import OutputTarget
 from tracekit.text import for_terminal
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from tracekit.analyze import Analysis
 
 
@@ -120,10 +122,10 @@ def command(
 
         require_tensorboard()
     target = run_output(output, "-o", run_dir) if output is not None else None
-    table_targets = _table_targets(tables_dir, run_dir, with_csv) if tables_dir is not None else {}
+    tables_to_write = table_targets(tables_dir, run_dir, with_csv) if tables_dir is not None else {}
     if logdir is not None:
         _check_folder(logdir, "--tensorboard", run_dir)
-    distinct(target, *table_targets.values())
+    distinct(target, *tables_to_write.values())
     # the ops nested under actions lie deeper than the analysis reads
     run = load_with_progress(run_dir, rank_from, rank_map, progress, "all" if with_ops else "analysis")
     analysis = analyze(run)
@@ -133,7 +135,7 @@ def command(
     elif run.completeness is not None and not run.completeness.complete:
         click.echo(f"tracekit: warning: {for_terminal(run.completeness.message())}", err=True)
     if tables_dir is not None:
-        _write_tables(analysis, tables_dir, table_targets, with_csv, run_id)
+        write_tables(analysis, tables_dir, tables_to_write, with_csv, run_id)
     if logdir is not None:
         _write_tensorboard(analysis, logdir, run_dir)
 
@@ -157,7 +159,7 @@ def _write_chrome_trace(analysis: Analysis, target: OutputTarget, output: Path, 
     )
 
 
-def _table_targets(folder: Path, run_dir: Path, with_csv: bool) -> dict[str, OutputTarget]:
+def table_targets(folder: Path, run_dir: Path, with_csv: bool) -> dict[str, OutputTarget]:
     """Every file --tables may write (the device tables too: a GPU run is known only once
     loaded), checked now, before the run is read. Keyed by file name."""
     from tracekit.analyze.tabular import TABLES
@@ -172,22 +174,33 @@ def _table_targets(folder: Path, run_dir: Path, with_csv: bool) -> dict[str, Out
     }
 
 
-def _write_tables(
-    analysis: Analysis, folder: Path, targets: dict[str, OutputTarget], with_csv: bool, run_id: str | None
-) -> None:
+def write_tables(
+    analysis: Analysis,
+    folder: Path,
+    targets: dict[str, OutputTarget],
+    with_csv: bool,
+    run_id: str | None,
+    frames: dict[str, pd.DataFrame] | None = None,
+) -> list[str]:
+    """Write the run's tables (``frames``, where the caller has them already) into the
+    ``targets`` of :func:`table_targets`; returns the names of the files written."""
     from tracekit.analyze.tabular import tables
     from tracekit.render.protocol import RENDERERS, NamedTable, bytes_of
 
     run = analysis.run
     run_meta = {"source": run.source, "timeline": run.timeline}
-    frames = tables(analysis, run_id)
+    frames = tables(analysis, run_id) if frames is None else frames
     renderers = [RENDERERS[kind]() for kind in (("parquet", "csv") if with_csv else ("parquet",))]
+    written = []
     for name, frame in frames.items():
         for renderer in renderers:
-            targets[f"{name}.{renderer.name}"].write(bytes_of(renderer.render(NamedTable(name, frame, run_meta))))
+            file_name = f"{name}.{renderer.name}"
+            targets[file_name].write(bytes_of(renderer.render(NamedTable(name, frame, run_meta))))
+            written.append(file_name)
     formats = "Parquet and CSV" if with_csv else "Parquet"
     rows = ", ".join(f"{name} {len(frame)}" for name, frame in frames.items())
     click.echo(for_terminal(f"wrote {folder}: {len(frames)} tables as {formats} (rows: {rows})"), err=True)
+    return written
 
 
 def _write_tensorboard(analysis: Analysis, logdir: Path, run_dir: Path) -> None:
