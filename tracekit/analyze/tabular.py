@@ -6,7 +6,10 @@ the run (a CPU run's actions have ``host_start_ns`` = ``start_ns``; a run with n
 attribution has an empty ``attribution`` table with its columns), so a query written
 against one run works on the next. Integers stay ``int64`` (times and durations in ns),
 ratios are ``float64`` in 0..1, names are strings. :data:`TABLES` documents each column;
-the Parquet files carry the same text in their schema metadata.
+the Parquet files carry the same text in their schema metadata. Every table ends with the
+same added columns: ``run_id`` (to concatenate the tables of several runs), then each of its
+absolute times again since its step's start (``start_ns`` -> ``start_in_step_ns``, nullable
+``Int64``: null outside every measured step).
 
 :func:`step_scalars` is what ``export --tensorboard`` writes: per step, per-stage compute,
 per-rank idle by cause, the bubble ratio and the step time, in ms.
