@@ -299,7 +299,7 @@ def _split(
 ) -> tuple[SplitReport | None, str | None]:
     """The split search and the given splits (a SplitReport), or, for --balanced on a run
     whose layers cannot be read, None and the note that the rank-balanced rows stand in."""
-    from tracekit.analyze.layers import layer_costs_from_ops, read_layer_costs
+    from tracekit.analyze.layers import layer_costs_from_trace, read_layer_costs
     from tracekit.analyze.split import SPLIT_TARGETS, default_split_target, parse_split, split_report
     from tracekit.analyze.whatif import IDEAL_BALANCE
     from tracekit.errors import TracekitError
@@ -309,7 +309,7 @@ def _split(
         layers = read_layer_costs(layer_costs)
     else:
         try:
-            layers = layer_costs_from_ops(run)
+            layers = layer_costs_from_trace(run)
         except TracekitError as err:
             if given or not balanced:
                 raise
