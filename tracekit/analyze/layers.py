@@ -396,7 +396,8 @@ def _by_op_period(
             )
         unit, per_action = found
         starts[stage] = [
-            None if s is None else [int(start), *s[1:]] for s, start in zip(per_action, forwards[stage]["start_ns"].tolist())
+            None if s is None else [int(start), *s[1:]]
+            for s, start in zip(per_action, forwards[stage]["start_ns"].tolist())
         ]
         if unit not in units:
             units.append(unit)
