@@ -384,20 +384,20 @@ def _by_op_period(
         candidates = [period.unit] if period is not None and period.repeats > 1 else sorted(set(shared), key=len)[::-1]
         found = None
         for unit in candidates:
-            per_action = [None if top is None else _unit_starts(top, unit) for top in stage_tops]
-            counts = {len(s) for s, top in zip(per_action, stage_tops) if top is not None and s is not None}
-            if len(counts) == 1 and all(s is not None for s, top in zip(per_action, stage_tops) if top is not None):
-                found = unit, per_action
+            action_starts = [None if top is None else _unit_starts(top, unit) for top in stage_tops]
+            read = [s for s, top in zip(action_starts, stage_tops) if top is not None]
+            if all(s is not None for s in read) and len({len(s) for s in read if s is not None}) == 1:
+                found = unit, action_starts
                 break
         if found is None:
             raise TracekitError(
                 f"{source}: stage {stage}'s forwards repeat no unit of ops that all of them hold alike (no layers to "
                 "read); record module names (torch.profiler with_stack=True) or give --layer-costs FILE"
             )
-        unit, per_action = found
+        unit, action_starts = found
         starts[stage] = [
             None if s is None else [int(start), *s[1:]]
-            for s, start in zip(per_action, forwards[stage]["start_ns"].tolist())
+            for s, start in zip(action_starts, forwards[stage]["start_ns"].tolist())
         ]
         if unit not in units:
             units.append(unit)
