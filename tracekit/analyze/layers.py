@@ -157,15 +157,20 @@ def layer_costs_from_trace(run: Run) -> LayerCosts:
         # the stage's input needs no gradient): per layer, the time of all of them over the
         # number of B and W actions read
         backward = np.zeros(n)
-        backward_samples = 0
+        backward_samples = backwards = 0
+        backward_ns = 0.0  # all of the stage's backward actions, read or not
+        left_out = False
         for kind in BACKWARD_KINDS:
             group = actions[(actions["stage"] == stage) & (actions["kind"] == kind)]
             read = [_backward_blocks(ops, by_seq, n, action) for action in group.itertuples()]
             blocks = [b for b in read if b is not None]
+            left_out |= len(blocks) < len(read)
             if blocks:
                 backward += np.sum(np.array(blocks, dtype=float), axis=0)
+            backward_ns += float((group["end_ns"] - group["start_ns"]).sum())
             if kind != "I":
                 backward_samples += len(blocks)
+                backwards += len(group)
         if not backward_samples:
             raise TracekitError(
                 f"{run.source}: stage {stage}'s backwards hold no op that names a forward op read (autograd "
@@ -173,6 +178,14 @@ def layer_costs_from_trace(run: Run) -> LayerCosts:
             )
         backward /= backward_samples
         fwd = forward.mean(axis=0)
+        # Where actions were left out (a forward unlike its stage's others, a backward of one),
+        # those read give each layer's share, and the stage's layers still add up to the mean
+        # of all its actions: the left-out ones may cost more or less (TeraPipe's slices do).
+        group = forwards[stage]
+        if len(forward) < len(group):
+            fwd *= float((group["end_ns"] - group["start_ns"]).mean()) / max(1.0, float(fwd.sum()))
+        if left_out and backward.sum() > 0:
+            backward *= backward_ns / backwards / float(backward.sum())
         for k in range(n):
             costs.append(
                 LayerCost(
