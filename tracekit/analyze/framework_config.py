@@ -595,7 +595,7 @@ def advise(framework: Framework, facts: RunFacts, result: WhatIf, report: SplitR
         if p.basis == "generated order" and not p.ideal_balance
     ]
     if report is not None:
-        chosen = [s.recommended for s in report.searches] + list(report.given)
+        chosen = [best for s in report.searches if (best := s.recommended) is not None] + list(report.given)
         for c in chosen:
             p = c.prediction
             targets.append(Target(p.label, p.schedule, p.p, p.v, p.m, p.keep, tuple(c.split)))

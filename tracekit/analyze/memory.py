@@ -214,6 +214,76 @@ def peak_activation_bytes(
     microbatch's rows, and so its activations, scale with measured m / m). ``ranks``: the
     measured rank of each order's key (generated orders count ranks from 0)."""
     counts = in_flight_per_rank(orders)
+    held = activation_bytes_per_rank(orders, size, v, m, measured_m, keep, ranks)
+    return max(counts.values(), default=0), max(held.values(), default=0)
+
+
+def activation_bytes_per_rank(
+    orders: Mapping[int, Sequence[Entry]],
+    size: ActivationSize,
+    v: int,
+    m: int,
+    measured_m: int,
+    keep: str,
+    ranks: Sequence[int] | None = None,
+) -> dict[int, int]:
+    """Each order's rank (its key) -> the most activation bytes it holds at once: its peak
+    in flight times one chunk's share (``size`` of its measured rank / ``v``), with the rows
+    scaled as :func:`peak_activation_bytes` says."""
     rows = measured_m / m if keep == "global-batch" else 1.0
-    held = [n * size.of_rank(ranks[r] if ranks is not None else r) / v * rows for r, n in counts.items()]
-    return max(counts.values(), default=0), int(round(max(held, default=0.0)))
+    return {
+        r: int(round(n * size.of_rank(ranks[r] if ranks is not None else r) / v * rows))
+        for r, n in in_flight_per_rank(orders).items()
+    }
+
+
+def layer_activation_bytes(
+    size: ActivationSize, n_layers: int, measured_split: Sequence[int] | None, stage_rank: Mapping[int, int]
+) -> list[float]:
+    """What one microbatch (at the measured size) leaves on each layer, for sizing a split
+    whose stages hold other layers: a rank's measured activations (``size``) shared evenly
+    over the layers it ran (``measured_split``: layers per measured stage, ``stage_rank``:
+    each measured stage's rank). Without a measured split of that many stages, every layer
+    gets an equal share of the mean rank's activations times the ranks."""
+    if measured_split is not None and sum(measured_split) == n_layers and len(stage_rank) == len(measured_split):
+        rank_layers: dict[int, int] = {}
+        for stage, n in enumerate(measured_split):
+            rank_layers[stage_rank[stage]] = rank_layers.get(stage_rank[stage], 0) + n
+        out: list[float] = []
+        for stage, n in enumerate(measured_split):
+            rank = stage_rank[stage]
+            out += [size.of_rank(rank) / rank_layers[rank]] * n
+        return out
+    ranks = sorted(set(stage_rank.values())) or [0]
+    total = sum(size.of_rank(r) for r in ranks)
+    return [total / n_layers] * n_layers
+
+
+def split_activation_bytes(
+    orders: Mapping[int, Sequence[Entry]],
+    stage_bytes: Sequence[float],
+    m: int,
+    measured_m: int,
+    keep: str,
+) -> dict[int, int]:
+    """Each order's rank -> the most activation bytes it holds at once when stage ``s`` keeps
+    ``stage_bytes[s]`` per microbatch in flight (a split of the layers: each stage its own
+    layers' share), rows scaled as :func:`peak_activation_bytes` says."""
+    rows = measured_m / m if keep == "global-batch" else 1.0
+    out: dict[int, int] = {}
+    for r, order in orders.items():
+        actions = _actions(order)
+        released_by_w = {(s, i) for k, s, i in actions if k == "W"}
+        held: set[tuple[int, int]] = set()
+        now = peak = 0.0
+        for kind, stage, mb in actions:
+            key = (stage, mb)
+            if kind == "F" and key not in held:
+                held.add(key)
+                now += stage_bytes[stage]
+                peak = max(peak, now)
+            elif (kind == "W" or (kind == "B" and key not in released_by_w)) and key in held:
+                held.discard(key)
+                now -= stage_bytes[stage]
+        out[r] = int(round(peak * rows))
+    return out

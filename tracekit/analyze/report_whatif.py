@@ -44,7 +44,8 @@ class ReportWhatIf:
     @property
     def split_prediction(self) -> Prediction | None:
         """The best split's replayed bubble and step, or None where there is none."""
-        return self.split.recommended.prediction if self.split is not None else None
+        best = None if self.split is None else self.split.recommended
+        return None if best is None else best.prediction
 
     @property
     def rows(self) -> list[Prediction]:

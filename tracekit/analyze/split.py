@@ -18,6 +18,11 @@ per layer:
    is a max over paths that the slowest stage alone does not decide. The recommended split
    is the one with the shortest predicted step, references included (every split is
    replayed with the same draws, so the comparison is paired).
+4. Where the layers' activations are sized (``layer_bytes``:
+   :func:`tracekit.analyze.memory.layer_activation_bytes`), each candidate's stages hold
+   their own layers' share per microbatch in flight, and with a ``memory_budget`` a split
+   whose fullest rank exceeds it is never recommended: the fastest that fits is (none
+   fitting: no recommendation, said so).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from typing import Any
 
 from tracekit.analyze.layers import LayerCosts
 from tracekit.analyze.costs import CostModel
+from tracekit.analyze.memory import MEMORY_EVENTS_NOTE
 from tracekit.analyze.whatif import Prediction, check_target, predict
 from tracekit.errors import TracekitError
 from tracekit.model import schedules as traits
@@ -187,6 +193,12 @@ class SplitCandidate:
     stage_ns: list[int]  # F + B of one microbatch per stage (the layer costs' sums)
     prediction: Prediction
     matches: tuple[str, ...] = ()  # which references it equals: "measured", "even"
+    stage_activation_bytes: list[int] | None = None  # per stage, one microbatch (measured size); None: not sized
+
+    @property
+    def activation_bytes(self) -> int | None:
+        """The most activation bytes any rank holds at once (None: not sized)."""
+        return self.prediction.activation_bytes
 
     @property
     def slowest_stage_ns(self) -> int:
@@ -206,6 +218,16 @@ class SplitCandidate:
             "bubble_sd": p.bubble_sd,
             "step_ns": int(round(p.step_ns)),
             "step_sd_ns": int(round(p.step_sd)),
+            **(
+                {
+                    "stage_activation_bytes": list(self.stage_activation_bytes),
+                    "activation_bytes_per_rank": list(p.activation_bytes_per_rank or []),
+                    "activation_bytes": p.activation_bytes,
+                }
+                if self.stage_activation_bytes is not None
+                else {}
+            ),
+            **({"over_budget": p.over_budget} if p.over_budget is not None else {}),
         }
 
 
@@ -218,19 +240,24 @@ class SplitSearch:
     m: int
     optimum_bottleneck_ns: int  # the DP's smallest slowest stage
     candidates: list[SplitCandidate]  # the recommendation first, then by predicted step
+    memory_budget: int | None = None  # --memory-budget: over it, a split is never recommended
 
     @property
-    def recommended(self) -> SplitCandidate:
-        return self.candidates[0]
+    def recommended(self) -> SplitCandidate | None:
+        """The fastest split within the memory budget (None: none fits)."""
+        first = self.candidates[0]
+        return first if first.role == "recommended" else None
 
     def to_dict(self) -> dict[str, Any]:
+        best = self.recommended
         return {
             "schedule": self.schedule,
             "v": self.v,
             "m": self.m,
             "optimum_max_stage_ns": self.optimum_bottleneck_ns,
-            "recommended": self.recommended.to_dict(),
+            "recommended": None if best is None else best.to_dict(),
             "candidates": [c.to_dict() for c in self.candidates],
+            **({"memory_budget_bytes": self.memory_budget} if self.memory_budget is not None else {}),
         }
 
 
@@ -269,8 +296,12 @@ def score(
     keep: str = "global-batch",
     samples: int = 32,
     seed: int = 0,
+    layer_bytes: Sequence[float] | None = None,
+    memory_budget: int | None = None,
 ) -> SplitCandidate:
-    """Replay ``schedule`` with the stages of ``split``."""
+    """Replay ``schedule`` with the stages of ``split``; ``layer_bytes``: each layer's
+    activations per microbatch (measured size), which size each stage's (over
+    ``memory_budget``: marked)."""
     if schedule not in SPLIT_TARGETS:
         raise TracekitError(
             f"{schedule}: a split is replayed on {', '.join(SPLIT_TARGETS)} (forward and full backward "
@@ -279,9 +310,24 @@ def score(
     check_split(layers, split, model.p * v)
     costs = stage_costs(layers, split)
     label = f"{schedule} v={v} m={m} split {_commas(split)}"
-    prediction = predict(model, schedule, v, m, keep, samples, seed, stage_costs=costs, label=label)
+    stage_bytes = None if layer_bytes is None else split_cost_float(layer_bytes, split)
+    prediction = predict(
+        model, schedule, v, m, keep, samples, seed, stage_costs=costs, label=label, stage_activation_bytes=stage_bytes
+    )
+    if memory_budget is not None and prediction.activation_bytes is not None:
+        prediction = replace(prediction, over_budget=prediction.activation_bytes > memory_budget)
     totals = [int(costs[(s, "F")] + costs[(s, "B")]) for s in range(len(split))]
-    return SplitCandidate(list(split), role, totals, prediction)
+    sized = None if stage_bytes is None else [int(round(b)) for b in stage_bytes]
+    return SplitCandidate(list(split), role, totals, prediction, stage_activation_bytes=sized)
+
+
+def split_cost_float(values: Sequence[float], split: Sequence[int]) -> list[float]:
+    """Per stage of ``split``, the sum of its layers' ``values`` (activation bytes)."""
+    out, first = [], 0
+    for n in split:
+        out.append(float(sum(values[first : first + n])))
+        first += n
+    return out
 
 
 def search_split(
@@ -295,8 +341,12 @@ def search_split(
     seed: int = 0,
     n_candidates: int = DEFAULT_CANDIDATES,
     slack: float = DEFAULT_SLACK,
+    layer_bytes: Sequence[float] | None = None,
+    memory_budget: int | None = None,
 ) -> SplitSearch:
-    """The best split of ``layers`` for ``schedule`` at ``v`` and ``m`` (see the module doc)."""
+    """The best split of ``layers`` for ``schedule`` at ``v`` and ``m`` (see the module doc);
+    ``layer_bytes`` / ``memory_budget``: each candidate's activations sized, and one over the
+    budget never recommended."""
     check_target(model, schedule, v, m)
     if schedule not in SPLIT_TARGETS:
         raise TracekitError(
@@ -318,13 +368,20 @@ def search_split(
         references.setdefault(tuple(layers.measured_split), []).append("measured")
     if len(totals) % n_stages == 0:
         references.setdefault((len(totals) // n_stages,) * n_stages, []).append("even")
-    scored = [score(model, layers, s, schedule, v, m, "candidate", keep, samples, seed) for s in chosen]
+    sizing = (layer_bytes, memory_budget)
+    scored = [score(model, layers, s, schedule, v, m, "candidate", keep, samples, seed, *sizing) for s in chosen]
     for reference in references:
         if list(reference) not in chosen:
-            scored.append(score(model, layers, reference, schedule, v, m, "reference", keep, samples, seed))
+            scored.append(score(model, layers, reference, schedule, v, m, "reference", keep, samples, seed, *sizing))
     # the fastest replayed step wins, a reference too: a split that replays slower than the
-    # measured one is no recommendation (the slowest stage does not decide the step alone)
-    best = min(scored, key=lambda c: c.prediction.step_ns)
+    # measured one is no recommendation (the slowest stage does not decide the step alone);
+    # one over the memory budget never wins
+    fitting = [c for c in scored if not c.prediction.over_budget]
+    if not fitting:  # nothing fits: no recommendation, every candidate by its step
+        ordered = sorted(scored, key=lambda c: c.prediction.step_ns)
+        out = [replace(c, matches=tuple(references.get(tuple(c.split), ()))) for c in ordered]
+        return SplitSearch(schedule, v, m, optimum, out, memory_budget)
+    best = min(fitting, key=lambda c: c.prediction.step_ns)
     ordered = [best, *sorted((c for c in scored if c is not best), key=lambda c: c.prediction.step_ns)]
     out = [replace(c, matches=tuple(references.get(tuple(c.split), ()))) for c in ordered]
     out[0] = replace(
@@ -332,7 +389,7 @@ def search_split(
         role="recommended",
         prediction=replace(best.prediction, label=f"{schedule} v={v} m={m} best split {_commas(best.split)}"),
     )
-    return SplitSearch(schedule, v, m, optimum, out)
+    return SplitSearch(schedule, v, m, optimum, out, memory_budget)
 
 
 @dataclass(frozen=True)
@@ -366,11 +423,25 @@ def split_report(
     keep: str = "global-batch",
     samples: int = 32,
     seed: int = 0,
+    layer_bytes: Sequence[float] | None = None,
+    memory_budget: int | None = None,
+    memory_source: str | None = None,
 ) -> SplitReport:
     """The split search (``search``) and the ``given`` splits on each target (schedule, v, m);
     a given split is predicted on the targets with as many stages as it has, and one that
-    fits none is a TracekitError."""
-    searches = [search_split(model, layers, s, v, m, keep, samples, seed) for s, v, m in targets] if search else []
+    fits none is a TracekitError. ``layer_bytes`` (from ``memory_source``) and
+    ``memory_budget``: see :func:`search_split`."""
+    sizing = (layer_bytes, memory_budget)
+    searches = (
+        [
+            search_split(
+                model, layers, s, v, m, keep, samples, seed, layer_bytes=layer_bytes, memory_budget=memory_budget
+            )
+            for s, v, m in targets
+        ]
+        if search
+        else []
+    )
     predicted: list[SplitCandidate] = []
     for split in given:
         fits = [(s, v, m) for s, v, m in targets if model.p * v == len(split)]
@@ -381,7 +452,7 @@ def split_report(
                 f"p*v = {', '.join(str(n) for n in stages)} (choose -v to match)"
             )
         for s, v, m in fits:
-            predicted.append(score(model, layers, split, s, v, m, "given", keep, samples, seed))
+            predicted.append(score(model, layers, split, s, v, m, "given", keep, samples, seed, *sizing))
     assumptions = [
         f"layer costs: {layers.found()} ({layers.detail}); one microbatch at the measured m, mean of "
         f"{min((c.samples for c in layers.layers), default=0) or 'the file'}"
@@ -392,6 +463,14 @@ def split_report(
         "a split's stages replayed with each rank's measured cost samples rescaled to the stage's "
         "layer costs (relative spread, overheads and message latencies as measured)",
     ]
+    if layer_bytes is not None:
+        assumptions.append(
+            f"a split's activation memory: each stage keeps its own layers' activations per microbatch in flight, "
+            f"a layer's share being its measured rank's activations over the layers that rank ran ({memory_source}); "
+            "the peak per rank walks the schedule's order"
+        )
+    else:
+        assumptions.append(f"a split's activation memory: not sized ({MEMORY_EVENTS_NOTE})")
     return SplitReport(layers, searches, predicted, assumptions)
 
 

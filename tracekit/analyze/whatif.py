@@ -40,7 +40,13 @@ import pandas as pd
 
 from tracekit.analyze.costs import CostModel, LinkChange, LinkKey, cost_model, with_links, without_recompute
 from tracekit.analyze.grouping import ranks_by_stage
-from tracekit.analyze.memory import ActivationSize, in_flight_per_rank, orders_of_graph, peak_activation_bytes
+from tracekit.analyze.memory import (
+    ActivationSize,
+    activation_bytes_per_rank,
+    in_flight_per_rank,
+    orders_of_graph,
+    split_activation_bytes,
+)
 from tracekit.analyze.recompute_memory import RecomputeMemory
 from tracekit.analyze.replay import Scenario, StepGraph, replay_many
 from tracekit.analyze.schedules import V_PLACED, ZERO_BUBBLE, flatten, graph_from_orders, orders_for
@@ -80,6 +86,10 @@ class Prediction:
     in_flight: int | None = None  # most (stage, microbatch) activations one rank holds (tracekit.analyze.memory)
     activation_bytes: int | None = None  # their bytes, where an activation size is known (--search)
     ideal_balance: bool = False  # every rank at the mean compute: a bound, not a configuration to run
+    # each pipeline rank's peak activation bytes (rank i of the order on the i-th measured
+    # rank), where an activation size is known; over_budget: set where --memory-budget is given
+    activation_bytes_per_rank: list[int] | None = None
+    over_budget: bool | None = None
 
     @property
     def microbatch_ns(self) -> float:
@@ -108,6 +118,12 @@ class Prediction:
             "in_flight": self.in_flight,
             "activation_bytes": self.activation_bytes,
             **({"orders": self.orders} if self.orders else {}),
+            **(
+                {"activation_bytes_per_rank": list(self.activation_bytes_per_rank)}
+                if self.activation_bytes_per_rank is not None
+                else {}
+            ),
+            **({"over_budget": self.over_budget} if self.over_budget is not None else {}),
         }
 
 
@@ -126,15 +142,24 @@ class WhatIf:
     links: LinkChange | None = None
     search: Search | None = None
     recompute_memory: RecomputeMemory | None = None  # --no-recompute: activation memory on and off
+    activation: ActivationSize | None = None  # what the rows' activation bytes were sized from
+    memory_budget: int | None = None  # --memory-budget (without --search): rows over it are never the fastest
 
     @property
     def fastest(self) -> Prediction | None:
-        """The prediction a user could run fastest, by what ``keep`` holds (:func:`fastest`)."""
+        """The prediction a user could run fastest, by what ``keep`` holds (:func:`fastest`),
+        among those within ``memory_budget`` where one is given."""
+        return fastest([p for p in self.predictions if not p.over_budget], self.keep)
+
+    @property
+    def fastest_of_all(self) -> Prediction | None:
+        """The fastest row, in budget or not."""
         return fastest(self.predictions, self.keep)
 
     def fastest_where(self, runs: Callable[[str], bool]) -> Prediction | None:
-        """The fastest of the rows whose label ``runs`` accepts (those a framework can run)."""
-        return fastest([p for p in self.predictions if runs(p.label)], self.keep)
+        """The fastest of the rows whose label ``runs`` accepts (those a framework can run)
+        and that fit the memory budget."""
+        return fastest([p for p in self.predictions if runs(p.label) and not p.over_budget], self.keep)
 
     @property
     def measured_microbatch_ns(self) -> float:
@@ -154,6 +179,17 @@ class WhatIf:
             extra["search"] = self.search.to_dict()
         if self.recompute_memory is not None:
             extra["recompute_memory"] = self.recompute_memory.to_dict()
+        if self.search is None and (self.activation is not None or self.memory_budget is not None):
+            best, first = self.fastest, self.fastest_of_all
+            extra["memory"] = {
+                "memory_budget_bytes": self.memory_budget,
+                "activation_bytes_per_microbatch": None
+                if self.activation is None
+                else self.activation.bytes_per_microbatch,
+                "activation_source": None if self.activation is None else self.activation.source,
+                "fastest_within_budget": None if best is None else best.label,
+                "fastest": None if first is None else first.label,
+            }
         return {
             "source": self.source,
             "measured": {
@@ -271,11 +307,13 @@ def as_measured(
         steps.extend(s)
     theory = theoretical_bubble(model.schedule, model.p, model.v, model.m).bubble_ratio
     in_flight = bytes_held = None
+    per_rank: list[int] | None = None
     if model.graphs:
         orders = orders_of_graph(model.graphs[0])
         in_flight = max(in_flight_per_rank(orders).values(), default=0)
         if activation is not None:
-            bytes_held = peak_activation_bytes(orders, activation, model.v, model.m, model.m, "microbatch")[1]
+            held = activation_bytes_per_rank(orders, activation, model.v, model.m, model.m, "microbatch")
+            bytes_held, per_rank = max(held.values(), default=0), [held[r] for r in sorted(held)]
     return Prediction(
         label,
         model.schedule,
@@ -292,6 +330,7 @@ def as_measured(
         messages_per_step=int(round(model.n_messages / max(1, len(model.graphs)))),
         in_flight=in_flight,
         activation_bytes=bytes_held,
+        activation_bytes_per_rank=per_rank,
     )
 
 
@@ -315,6 +354,7 @@ def predict(
     activation: ActivationSize | None = None,
     stage_costs: Mapping[tuple[int, str], float] | None = None,
     label: str | None = None,
+    stage_activation_bytes: Sequence[float] | None = None,
 ) -> Prediction:
     """Replay ``schedule`` with ``v`` chunks a rank and ``m`` microbatches on the measured
     costs; ``balanced``: its ideal balance, every rank computing the mean;
@@ -322,7 +362,9 @@ def predict(
     ``stage_costs``: (target stage, "F" | "B") -> one microbatch's compute of that stage at
     the measured m, ns (a split of the layers, :mod:`tracekit.analyze.split`): each action's
     draws from its rank's samples are rescaled so that their mean is that cost (the rank's
-    relative spread kept; the measured split gives back the measured costs)."""
+    relative spread kept; the measured split gives back the measured costs).
+    ``stage_activation_bytes``: what one microbatch (measured size) leaves on each target
+    stage (a split's own layers), sizing the activations instead of ``activation``."""
     check_target(model, schedule, v, m)
     if keep not in KEEPS:
         raise TracekitError(f"--keep {keep!r}: choose one of {', '.join(KEEPS)}")
@@ -354,9 +396,12 @@ def predict(
     )
     theory = theoretical_bubble(schedule, model.p, v, m).bubble_ratio
     label = label or f"{schedule} v={v} m={m}" + (f" {IDEAL_BALANCE}" if balanced else "")
-    in_flight, bytes_held = peak_activation_bytes(
-        orders, activation or ActivationSize(0, ""), v, m, model.m, keep, model.ranks
-    )
+    in_flight = max(in_flight_per_rank(orders).values(), default=0)
+    if stage_activation_bytes is not None:
+        held = split_activation_bytes(orders, stage_activation_bytes, m, model.m, keep)
+    else:
+        held = activation_bytes_per_rank(orders, activation or ActivationSize(0, ""), v, m, model.m, keep, model.ranks)
+    sized = activation is not None or stage_activation_bytes is not None
     return Prediction(
         label,
         schedule,
@@ -373,8 +418,9 @@ def predict(
         keep=keep,
         messages_per_step=len(graph.edge_src),
         in_flight=in_flight,
-        activation_bytes=None if activation is None else bytes_held,
+        activation_bytes=max(held.values(), default=0) if sized else None,
         ideal_balance=balanced,
+        activation_bytes_per_rank=[held[r] for r in sorted(held)] if sized else None,
     )
 
 
@@ -500,6 +546,7 @@ def what_if(
     progress: Callable[[str], None] | None = None,
     no_recompute: dict[int, int] | None = None,
     recompute_memory: RecomputeMemory | None = None,
+    memory_budget: int | None = None,
 ) -> WhatIf:
     """Predict every target (schedule, v, m) (default: :func:`default_targets`; the
     zero-bubble family, :func:`zero_bubble_targets`, when asked for); targets that cannot be generated are skipped with the reason. ``balanced``: every target also at its ideal balance.
@@ -510,7 +557,9 @@ def what_if(
     bytes their order holds. ``p``: the targets' number of ranks, refused unless the
     measured one (changing p is out of scope). ``progress`` is told each target as its
     replays start. ``no_recompute``: per rank the recomputation a backward sheds (ns), every
-    prediction without it; ``recompute_memory``: what that costs in activation memory."""
+    prediction without it; ``recompute_memory``: what that costs in activation memory.
+    ``memory_budget``: rows whose activations (sized by ``activation``) exceed it are marked
+    and never the fastest."""
     from tracekit.analyze.bubbles import measure_pipeline
 
     model = cost_model(run) if model is None else model
@@ -548,6 +597,10 @@ def what_if(
                 skipped.append(str(err))
     if not predictions and skipped:
         raise TracekitError(skipped[0])
+    if memory_budget is not None:
+        for pr in predictions:
+            if pr.activation_bytes is not None:
+                pr.over_budget = pr.activation_bytes > memory_budget
     assumptions = [
         f"compute per microbatch and rank, overheads and latencies drawn from {model.n_actions} "
         f"measured actions and {model.n_messages} messages; {samples} replays per row",
@@ -607,6 +660,8 @@ def what_if(
         assumptions,
         links,
         recompute_memory=recompute_memory,
+        activation=activation,
+        memory_budget=memory_budget,
     )
 
 

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from tracekit.analyze.framework_config import Advice
     from tracekit.analyze.whatif import WhatIf
     from tracekit.analyze.split import SplitReport
+    from tracekit.analyze.memory import ActivationSize
     from tracekit.ingest.kineto_memory import MemoryEvents
     from tracekit.model.run import Run
 
@@ -120,14 +121,16 @@ SCHEDULE_CHOICES = list(traits.names(generated=True))  # every schedule what-if 
 @click.option(
     "--memory-budget",
     metavar="SIZE",
-    help="Activation memory per rank for --search (2GiB, 512MB, bytes).",
+    help="Activation memory per rank (2GiB, 512MB, bytes): rows and splits over it are marked and never the "
+    "fastest or recommended one; with --search, the budget the grid is searched under. Needs the activations "
+    "sized: a profile_memory trace or --activation-bytes.",
 )
 @click.option(
     "--activation-bytes",
     metavar="SIZE",
-    help="For --search: what one microbatch (measured size) leaves on all of one rank's layers; default: "
-    "from the profiler's memory events where the trace has them, else a proxy from the P2P message sizes "
-    "(the output says which).",
+    help="What one microbatch (measured size) leaves on all of one rank's layers; default: from the "
+    "profiler's memory events where the trace has them (profile_memory=True), else (--search only) a proxy "
+    "from the P2P message sizes, else not sized (the output says which).",
 )
 @click.option(
     "--link-latency",
@@ -229,12 +232,6 @@ def command(
     user_bytes = None if activation_bytes is None else parse_bytes(activation_bytes, "--activation-bytes")
     if do_search and budget is None:
         raise TracekitError("--search needs --memory-budget SIZE (activation memory per rank, e.g. 2GiB)")
-    if budget is not None and not do_search:
-        raise TracekitError("--memory-budget is for --search: add --search")
-    if user_bytes is not None and not do_search:
-        raise TracekitError(
-            "--activation-bytes sizes the activations --search weighs: add --search --memory-budget SIZE"
-        )
     if no_recompute and (do_search or balanced or splits or layer_costs):
         raise TracekitError(
             "--no-recompute predicts the measured split's schedules: run --search / --balanced / --split apart"
@@ -275,11 +272,14 @@ def command(
             else render(result, advice)
         )
         return
+    activation = _activation(run, user_bytes, budget)
     # None: what_if's defaults
     targets = requested_targets(model, schedules, vs, ms) if schedules or vs or ms else None
     report, fallback = None, None
     if balanced or splits or layer_costs:
-        report, fallback = _split(run, model, targets, balanced, splits, layer_costs, keep, replays, seed)
+        report, fallback = _split(
+            run, model, targets, balanced, splits, layer_costs, keep, replays, seed, activation, budget
+        )
     result = what_if(
         run,
         targets,
@@ -293,6 +293,8 @@ def command(
         progress=say,
         no_recompute=recompute,
         recompute_memory=recompute_memory,
+        activation=activation,
+        memory_budget=budget,
     )
     if fallback is not None:
         result.assumptions.append(fallback)
@@ -321,9 +323,12 @@ def _split(
     keep: str,
     replays: int,
     seed: int,
+    activation: ActivationSize | None = None,
+    budget: int | None = None,
 ) -> tuple[SplitReport | None, str | None]:
     """The split search and the given splits (a SplitReport), or, for --balanced on a run
-    whose layers cannot be read, None and the note that the rank-balanced rows stand in."""
+    whose layers cannot be read, None and the note that the rank-balanced rows stand in.
+    ``activation``: the splits' activations sized from it (``budget``: over it, never recommended)."""
     from tracekit.analyze.layers import layer_costs_from_trace, read_layer_costs
     from tracekit.analyze.split import SPLIT_TARGETS, default_split_target, parse_split, split_report
     from tracekit.analyze.whatif import IDEAL_BALANCE
@@ -347,7 +352,26 @@ def _split(
     targets = [t for t in targets if t[0] in SPLIT_TARGETS]
     if not targets:
         raise TracekitError(f"--balanced / --split replay {', '.join(SPLIT_TARGETS)}; add one of them with -s")
-    return split_report(model, layers, targets, balanced, given, keep, replays, seed), None
+    layer_bytes = None
+    if activation is not None:
+        from tracekit.analyze.memory import layer_activation_bytes
+
+        stage_rank = {int(s): int(r) for s, r in zip(model.graphs[0].stage.tolist(), model.graphs[0].rank.tolist())}
+        layer_bytes = layer_activation_bytes(activation, len(layers.layers), layers.measured_split, stage_rank)
+    report = split_report(
+        model,
+        layers,
+        targets,
+        balanced,
+        given,
+        keep,
+        replays,
+        seed,
+        layer_bytes,
+        budget,
+        None if activation is None else activation.source,
+    )
+    return report, None
 
 
 def _advice(run: Run, model: CostModel, framework: str | None, result: WhatIf, report: SplitReport | None) -> Advice:
@@ -357,6 +381,27 @@ def _advice(run: Run, model: CostModel, framework: str | None, result: WhatIf, r
     from tracekit.analyze.framework_config import advise, run_facts
 
     return advise(detect_framework(run, framework), run_facts(run, model.m), result, report)
+
+
+def _activation(run: Run, user_bytes: int | None, budget: int | None) -> ActivationSize | None:
+    """What sizes the rows' activations outside --search: ``--activation-bytes``, else the
+    profiler's memory events where the capture recorded them (capture.json's
+    profile_memory) or a budget asks for them, else None (not sized); a budget with nothing
+    to size against is a one-line error."""
+    from tracekit.analyze.memory import MEMORY_EVENTS_NOTE, SOURCE_USER, ActivationSize, activation_size_from_memory
+    from tracekit.errors import TracekitError
+
+    if user_bytes is not None:
+        return ActivationSize(user_bytes, SOURCE_USER)
+    profiler = (run.capture or {}).get("profiler")
+    recorded = isinstance(profiler, dict) and profiler.get("profile_memory") is True
+    found = activation_size_from_memory(run, _memory_events(run)) if recorded or budget is not None else None
+    if found is None and budget is not None:
+        raise TracekitError(
+            f"{run.source}: --memory-budget: no activation size (no [memory] events in these traces); "
+            f"{MEMORY_EVENTS_NOTE}"
+        )
+    return found
 
 
 def _op_inputs(run: Run) -> dict[int, pd.DataFrame]:

@@ -8,7 +8,7 @@ from tracekit.analyze.framework_config import Advice
 from tracekit.analyze.split import SplitCandidate, SplitReport, ranges
 from tracekit.render.framework import config_block
 from tracekit.text import for_terminal
-from tracekit.vocab import in_ms
+from tracekit.vocab import format_bytes, in_ms
 
 
 def _row(c: SplitCandidate, measured_step_ns: float) -> str:
@@ -17,7 +17,16 @@ def _row(c: SplitCandidate, measured_step_ns: float) -> str:
     return (
         f"    {role:28} {','.join(str(n) for n in c.split):>14}  {p.bubble_ratio:6.1%} ±{p.bubble_sd:.1%}  "
         f"{in_ms(p.step_ns):>10} ±{p.step_sd / 1e6:.1f}  {p.against(measured_step_ns):+7.1%}  "
-        f"slowest stage {in_ms(c.slowest_stage_ns)}"
+        f"slowest stage {in_ms(c.slowest_stage_ns)}" + _memory(c)
+    )
+
+
+def _memory(c: SplitCandidate) -> str:
+    """``, activations 1.5 MiB on the fullest rank`` (``  over budget``), or nothing where not sized."""
+    if c.activation_bytes is None:
+        return ""
+    return f", activations {format_bytes(c.activation_bytes)} on the fullest rank" + (
+        "  over budget" if c.prediction.over_budget else ""
     )
 
 
@@ -33,15 +42,31 @@ def render_split(report: SplitReport, measured_step_ns: float, advice: Advice | 
     ]
     for search in report.searches:
         best = search.recommended
-        lines += [
-            "",
-            f"  best split for {search.schedule} v={search.v} m={search.m}: {','.join(str(n) for n in best.split)} "
-            f"-> predicted bubble {best.prediction.bubble_ratio:.1%}, step {in_ms(best.prediction.step_ns)} "
-            f"({best.prediction.against(measured_step_ns):+.1%} against the measured step)",
-        ]
-        for stage, (text, ns) in enumerate(zip(ranges(best.split), best.stage_ns)):
-            lines.append(f"    stage {stage}: layers {text:8} F+B {in_ms(ns)}")
-        lines += config_block(advice, best.prediction.label, "    ")
+        if best is None:
+            budget = format_bytes(search.memory_budget or 0)
+            lines += [
+                "",
+                f"  no split for {search.schedule} v={search.v} m={search.m} fits the memory budget {budget}: "
+                "every candidate below is over it",
+            ]
+        else:
+            lines += [
+                "",
+                f"  best split for {search.schedule} v={search.v} m={search.m}: "
+                f"{','.join(str(n) for n in best.split)} -> predicted bubble {best.prediction.bubble_ratio:.1%}, "
+                f"step {in_ms(best.prediction.step_ns)} "
+                f"({best.prediction.against(measured_step_ns):+.1%} against the measured step)" + _memory(best),
+            ]
+            for stage, (text, ns) in enumerate(zip(ranges(best.split), best.stage_ns)):
+                held = (
+                    ""
+                    if best.stage_activation_bytes is None
+                    else f", {format_bytes(best.stage_activation_bytes[stage])}"
+                )
+                lines.append(
+                    f"    stage {stage}: layers {text:8} F+B {in_ms(ns)}" + (f"{held} a microbatch" if held else "")
+                )
+            lines += config_block(advice, best.prediction.label, "    ")
         lines.append(f"    {'split':28} {'layers/stage':>14}  {'bubble':>13}  {'step time':>16}  {'vs meas':>7}")
         lines += [_row(c, measured_step_ns) for c in search.candidates]
     if report.given:

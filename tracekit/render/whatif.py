@@ -14,17 +14,25 @@ def render(result, advice=None) -> str:
     if result.search is not None:
         return render_search(result, advice)
     m = result.model
+    # the activations column only where they are sized (a profile_memory trace, --activation-bytes)
+    sized = result.activation is not None
     lines = [
         f"tracekit {__version__} what-if: {result.source}",
         f"  measured: {m.schedule} p={m.p} v={m.v} m={m.m}, {len(m.graphs)} step(s), "
         f"{m.n_actions} actions, {m.n_messages} messages",
         *framework_line(advice),
+        *memory_header(result),
         "",
-        f"  {'':34} {'bubble':>15} {'step time':>20} {'vs measured':>12} {'theory':>8}",
+        f"  {'':34} {'bubble':>15} {'step time':>20} {'vs measured':>12} {'theory':>8}"
+        + (f" {'activations':>12}" if sized else ""),
     ]
 
-    def row(label: str, bubble: str, step: str, change: str, theory: str) -> str:
-        return f"  {label:34} {bubble:>15} {step:>20} {change:>12} {theory:>8}"
+    def row(label: str, bubble: str, step: str, change: str, theory: str, p=None) -> str:
+        text = f"  {label:34} {bubble:>15} {step:>20} {change:>12} {theory:>8}"
+        if sized and p is not None:
+            text += f" {'' if p.activation_bytes is None else format_bytes(p.activation_bytes):>12}"
+            text += "  over budget" if p.over_budget else ""
+        return text
 
     lines.append(row("measured", f"{result.measured_bubble:.1%}", in_ms(result.measured_step_ns), "", ""))
     model = result.as_measured
@@ -35,6 +43,7 @@ def render(result, advice=None) -> str:
             f"{in_ms(model.step_ns)} ±{model.step_sd / 1e6:.1f}",
             f"{model.against(result.measured_step_ns):+.1%}",
             "",
+            model,
         )
     )
     lines.append("")
@@ -47,9 +56,12 @@ def render(result, advice=None) -> str:
                 f"{in_ms(p.step_ns)} ±{p.step_sd / 1e6:.1f}",
                 f"{p.against(result.measured_step_ns):+.1%}",
                 theory,
+                p,
             )
         )
     best = result.fastest
+    if best is None and result.memory_budget is not None and result.fastest_of_all is not None:
+        lines += ["", f"  nothing fits the memory budget {format_bytes(result.memory_budget)}: every row is over it"]
     if best is not None and result.keep == "global-batch":
         lines += [
             "",
@@ -62,6 +74,12 @@ def render(result, advice=None) -> str:
             f"  most microbatches per second (--keep microbatch): {best.label}, {in_ms(best.microbatch_ns)} a microbatch "
             f"({result.microbatch_against(best):+.1%} against the measured {in_ms(result.measured_microbatch_ns)})",
         ]
+    first = result.fastest_of_all
+    if best is not None and first is not None and first is not best:
+        lines.append(
+            f"  (fastest of all, {first.label} at {in_ms(first.step_ns)}, needs "
+            f"{format_bytes(first.activation_bytes or 0)}: over the memory budget)"
+        )
     if best is not None:
         lines += config_block(advice, best.label)
         if advice is not None and advice.configs and not advice.runs(best.label):
@@ -76,6 +94,18 @@ def render(result, advice=None) -> str:
     # Each entry is one line; the run's path and the reasons a target was skipped quote
     # names from the traces, which must reach the terminal inert.
     return "\n".join(for_terminal(line) for line in lines)
+
+
+def memory_header(result) -> list[str]:
+    """Where the rows' activations were sized from, and the budget (none: no line)."""
+    size = result.activation
+    if size is None:
+        return []
+    budget = "" if result.memory_budget is None else f"; budget {format_bytes(result.memory_budget)} per rank"
+    return [
+        f"  activations: peak (stage, microbatch) pairs in flight on the fullest rank x one microbatch on one "
+        f"rank's layers, {format_bytes(size.bytes_per_microbatch)} from {size.source}{budget}"
+    ]
 
 
 def recompute_memory_lines(memory) -> list[str]:
