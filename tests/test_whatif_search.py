@@ -149,11 +149,10 @@ def test_cli_search_console_and_json(one_f_one_b):
     "args,message",
     [
         (["--search"], "--search needs --memory-budget"),
-        (["--memory-budget", "1GiB"], "add --search"),
+        (["--memory-budget", "1GiB"], "--memory-budget: no activation size"),  # no [memory] events here
         (["--search", "--memory-budget", "lots"], "--memory-budget 'lots'"),
         (["--link-latency", "fast"], "--link-latency 'fast'"),
         (["--search", "--memory-budget", "1GiB", "--balanced"], "and --search: the search keeps the measured split"),
-        (["--activation-bytes", "1MiB"], "add --search"),
     ],
 )
 def test_cli_bad_options_are_one_line_and_exit_2(args, message):
