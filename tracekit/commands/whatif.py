@@ -211,6 +211,7 @@ def command(
       tracekit whatif run/ --split 5,3,4,4 --split 4,4,4,4
       tracekit whatif run/ -s ZBVZeroBubble -s DualPipeV -m 8 -m 16
       tracekit whatif run/ --search --memory-budget 2GiB --activation-bytes 96MiB
+      tracekit whatif run/ --balanced --memory-budget 2GiB   # over it: marked, never recommended
       tracekit whatif run/ --link-latency x0.5         # a link twice as fast
       tracekit whatif run/ --overlap-p2p               # messages hidden behind compute
       tracekit whatif run/ --no-recompute              # activation recomputation off
@@ -219,7 +220,10 @@ def command(
     twice and four times the measured m (what -s / -v / -m give instead). Activation memory
     per rank is the most (stage, microbatch) pairs the order holds at once (a forward's
     activations live until its backward, or its W) times one chunk's activations; the output
-    says where that size comes from.
+    says where that size comes from. Without --search, every row and every split is sized the
+    same way where the traces recorded profile_memory (or --activation-bytes is given; a split's
+    stage holds its own layers' share), and --memory-budget marks those over it: the fastest
+    row and the recommended split are the fastest within the budget.
     """
     from tracekit.analyze.memory import activation_size, parse_bytes
     from tracekit.analyze.costs import cost_model, parse_link_latency
