@@ -67,8 +67,9 @@ def trace_handler(
     one's own. ``rank``: this process's rank when ``torch.distributed`` is not initialised.
 
     ``analyze=True``: while the training goes on, each profiled window is analysed once every
-    rank's trace of it is written, in a process of its own started by rank 0's handler (one
-    at a time; see :mod:`tracekit.monitor.background`), and
+    rank's trace of it is written, by one analysis worker (a process of its own, started by
+    rank 0's handler at the first window and ending with the training; one window at a
+    time; see :mod:`tracekit.monitor.background`), and
 
     - ``tensorboard``: its per-step scalars (per-stage compute, idle by cause, bubble ratio,
       step time, the suggested m) go to an event file in this folder (True, the default:
@@ -81,7 +82,7 @@ def trace_handler(
 
     The training step only hands rank 0's thread the window's number; a failed analysis is
     a warning on the ``tracekit.monitor`` logger. ``handler.wait()`` waits for the analyses
-    at the end of a script.
+    at the end of a script; ``handler.close()`` lets the worker go before the process ends.
 
     Raises :class:`~tracekit.errors.TracekitError` at once when ``run_dir`` already holds
     this rank's trace or manifest, when a dict of facts is malformed, when ``tensorboard``
@@ -169,6 +170,18 @@ class TraceHandler:
         True
         """
         return True if self._analyses is None else self._analyses.wait(timeout)
+
+    def close(self, timeout: float = 1.0) -> bool:
+        """Hand no more windows to the analysis and let its worker go (it finishes the window
+        in flight first); wait up to ``timeout`` seconds for it to exit, True if it did. The
+        end of the training process does the same.
+
+        >>> import tempfile
+        >>> import tracekit
+        >>> tracekit.trace_handler(tempfile.mkdtemp(), rank=0, analyze=True).close()
+        True
+        """
+        return True if self._analyses is None else self._analyses.close(timeout)
 
     @property
     def analysed(self) -> list[int]:

@@ -48,6 +48,7 @@ SUMMARY_KEYS = (
     "whatif_command",
     "scalars",
     "analysis_s",
+    "analysis_cpu_s",
 )
 
 
