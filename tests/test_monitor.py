@@ -299,6 +299,28 @@ def test_the_worker_does_not_outlive_the_training(tmp_path, how):
             os.kill(pid, signal.SIGKILL)
 
 
+def test_a_tracekit_folder_where_the_training_runs_does_not_stand_in_for_the_workers(tmp_path):
+    """``python train.py`` finds tracekit by its path; the worker must find the same one, not
+    a folder of that name in the working folder (``python -m`` would put it first)."""
+    decoy = tmp_path / "work"
+    (decoy / "tracekit" / "monitor").mkdir(parents=True)
+    (decoy / "tracekit" / "__init__.py").write_text("raise ImportError('the decoy tracekit')\n")
+    (decoy / "tracekit" / "monitor" / "__init__.py").write_text("")
+    run_dir = tmp_path / "run"
+    _traces_of(run_dir, 1)
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import sys\nfrom pathlib import Path\nfrom tracekit.monitor.background import WindowAnalyses\n"
+        "analyses = WindowAnalyses(Path(sys.argv[1]), 4, idle=False)\nanalyses.submit(1)\n"
+        "assert analyses.wait(timeout=300) and analyses.close(timeout=60)\nprint(analyses.analysed, analyses.failed)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    done = subprocess.run(
+        [sys.executable, str(script), str(run_dir)], cwd=decoy, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0 and done.stdout.split("\n")[0] == "[1] []", done.stdout + done.stderr
+
+
 # --------------------------------------------------------------------------------------
 # the handler's options
 # --------------------------------------------------------------------------------------

@@ -207,8 +207,9 @@ class WindowAnalyses:
         return self._worker
 
     def command(self) -> list[str]:
-        """The analysis worker's command line."""
-        command = [sys.executable, "-m", "tracekit.monitor.worker", str(self.run_dir)]
+        """The analysis worker's command line. ``-P``: the working folder is not on its path, so
+        a ``tracekit`` folder there cannot stand in for this one (found by ``PYTHONPATH``)."""
+        command = [sys.executable, "-P", "-m", "tracekit.monitor.worker", str(self.run_dir)]
         command += ["--wait-s", str(self.wait_s)] + ([] if self.idle else ["--no-idle"])
         if self.world_size is not None:
             command += ["--world-size", str(self.world_size)]
