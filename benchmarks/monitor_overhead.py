@@ -14,10 +14,10 @@ without). The variants alternate, each round starting with another one, so a bus
 the machine falls on each alike.
 
 CPU: per run the CPU seconds of the whole process tree (the 4 ranks, the spawner and the
-analysis processes, each reaped: ``getrusage(RUSAGE_CHILDREN)``), and per variant the median
-extra CPU a window over the run without analysis of the same round; with this tree's worker
-also the worker's own CPU seconds a window (``analysis_cpu_s`` of the summaries: the work
-after the imports, which it does once).
+analysis processes, each reaped: ``getrusage(RUSAGE_CHILDREN)``; on a busy machine it moves
+by a second or more between runs), and the analysis processes' own (rank 0's children,
+reaped before it reports: imports included) over the windows analysed; with this tree's
+worker also its CPU seconds a window after its imports (``analysis_cpu_s`` of the summaries).
 
 ``--baseline-tree PATH`` adds a third variant, "with analysis, PATH": the same ranks script
 with another checkout's tracekit (e.g. the ``main`` before a change), in the same rounds.
@@ -58,7 +58,8 @@ def one_run(variant: str, windows: int, work: Path, tree: Path | None) -> dict[s
         command.append("--no-analyze")
     env = dict(os.environ, PYTHONPATH=str(tree or ROOT))
     started, cpu_before = time.perf_counter(), _tree_cpu_s()
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    # run where that tracekit lies: an older one starts its analysis by "python -m", cwd first
+    done = subprocess.run(command, cwd=tree or ROOT, env=env, capture_output=True, text=True, timeout=900)
     cpu_s = _tree_cpu_s() - cpu_before
     if done.returncode != 0:
         raise SystemExit(f"{variant}: the run failed:\n{done.stderr[-3000:]}")
@@ -73,6 +74,7 @@ def one_run(variant: str, windows: int, work: Path, tree: Path | None) -> dict[s
         "analysed": found.get("analysed", []),
         "skipped": found.get("skipped", []),
         "tree_cpu_s": cpu_s,
+        "analysis_cpu_s": found.get("analysis_cpu_s"),
         "worker_cpu_s_a_window": statistics.median(worker_cpu) if worker_cpu else None,
         "wall_s": time.perf_counter() - started,
     }
@@ -123,18 +125,20 @@ def main() -> None:
         differences = [w - wo for w, wo in zip(medians[variant], medians[WITHOUT])]
         label = f"{variant} - without"
         print(f"  {label:{width}} {statistics.median(differences):8.1f}  {spread(differences)}  (per round)")
-    print(
-        f"\nCPU seconds of the process tree, and extra a window submitted ({args.windows}) over the round's run without"
-    )
+    print("\nCPU seconds: the process tree; the analysis processes a window analysed (imports included)")
     cpu = {v: [float(str(r["tree_cpu_s"])) for r in by_variant[v]] for v in variants}
     for variant in variants:
         line = f"  {variant:{width}} tree {statistics.median(cpu[variant]):6.1f} s  {spread(cpu[variant])}"
         if variant != WITHOUT:
-            extra = [(w - wo) / args.windows for w, wo in zip(cpu[variant], cpu[WITHOUT])]
-            line += f";  extra a window {statistics.median(extra):5.2f} s  {spread(extra, 2)}"
+            per_window = [
+                float(str(r["analysis_cpu_s"])) / len(analysed)
+                for r in by_variant[variant]
+                if (analysed := r["analysed"]) and isinstance(analysed, list)
+            ]
+            line += f";  analysis a window {statistics.median(per_window):5.2f} s  {spread(per_window, 2)}"
         worker = [float(str(r["worker_cpu_s_a_window"])) for r in by_variant[variant] if r["worker_cpu_s_a_window"]]
         if worker:
-            line += f";  worker a window {statistics.median(worker):5.2f} s"
+            line += f";  after the imports {statistics.median(worker):5.2f} s"
         print(line)
     if args.json:
         args.json.write_text(json.dumps(runs, indent=1))

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -252,6 +253,26 @@ def test_a_worker_that_dies_is_a_warning_and_the_next_window_starts_another(tmp_
     assert analyses.wait(timeout=300)
     assert analyses.analysed == [6] and analyses.workers_started == 2 and analyses.worker_pid != first
     assert analyses.close(timeout=60) and analyses.worker_pid is None
+
+
+def test_where_the_world_size_is_known_the_handler_starts_the_worker_before_the_first_window(tmp_path, monkeypatch):
+    initialised = types.SimpleNamespace(
+        is_available=lambda: True, is_initialized=lambda: True, get_world_size=lambda: 4
+    )
+    monkeypatch.setitem(sys.modules, "torch.distributed", initialised)  # as after init_process_group
+    handler = tracekit.trace_handler(tmp_path / "run", rank=0, analyze=True, tensorboard=False)
+    analyses = handler._analyses
+    assert analyses is not None and analyses.world_size == 4
+    deadline = time.monotonic() + 60
+    while analyses.worker_pid is None:  # started by the thread, not by trace_handler
+        assert time.monotonic() < deadline, "no worker before the first window"
+        time.sleep(0.05)
+    worker = analyses.worker_pid
+    _traces_of(tmp_path / "run", 7)
+    analyses.submit(7)
+    assert handler.wait(timeout=300) and handler.analysed == [7]
+    assert analyses.workers_started == 1 and analyses.worker_pid == worker
+    assert handler.close(timeout=60) and _gone(worker)
 
 
 # A training process of its own: one window analysed, then an exit of each kind, the worker's pid on stdout.

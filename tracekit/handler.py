@@ -30,6 +30,7 @@ import logging
 import os
 import platform
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -134,6 +135,10 @@ class TraceHandler:
         self._microbatches = microbatches
         self._analyses: WindowAnalyses | None = None
         self.monitor = Monitor(folder)
+        world_size = _initialised_world_size() if analyze and rank == 0 else None
+        if world_size is not None:
+            # the worker imports while the first steps run, not when the first window is there
+            self._start_analyses(world_size).start()
 
     def __call__(self, prof: Any) -> None:
         step = int(getattr(prof, "step_num", 0))
@@ -147,17 +152,16 @@ class TraceHandler:
 
     def _submit(self, window: int) -> None:
         try:
-            if self._analyses is None:
-                self._analyses = WindowAnalyses(
-                    self.run_dir,
-                    _world_size(),
-                    tensorboard=self.tensorboard,
-                    sink=self._sink,
-                    microbatches=self._microbatches,
-                )
-            self._analyses.submit(window)
+            analyses = self._analyses or self._start_analyses(_world_size())
+            analyses.submit(window)
         except Exception as err:  # noqa: BLE001 - the training goes on without the analysis
             LOG.warning("tracekit: window %d: the analysis while training could not start: %s", window, err)
+
+    def _start_analyses(self, world_size: int | None) -> WindowAnalyses:
+        self._analyses = WindowAnalyses(
+            self.run_dir, world_size, tensorboard=self.tensorboard, sink=self._sink, microbatches=self._microbatches
+        )
+        return self._analyses
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until every window handed to the analysis is analysed or skipped (rank 0;
@@ -328,6 +332,15 @@ def _this_rank() -> int:
     except ImportError:
         return 0
     return int(dist.get_rank()) if dist.is_available() and dist.is_initialized() else 0
+
+
+def _initialised_world_size() -> int | None:
+    """The world size where the training has already imported and initialised
+    ``torch.distributed`` (this module never imports torch for it), else None."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return None
+    return int(dist.get_world_size())
 
 
 def _world_size() -> int | None:

@@ -5,7 +5,8 @@
 process hands the number to the analysis worker (``python -m tracekit.monitor.worker``, a
 process of its own on one core, given only the CPU time the training leaves; see
 :mod:`tracekit.monitor.worker`), waits for its answer outside the GIL, then hands the
-window's scalars to the sink. The worker is started by that thread at the first window (the
+window's scalars to the sink. The worker is started by that thread when the handler is made where
+the world size is known then (:meth:`WindowAnalyses.start`), else at the first window (the
 training step never waits for it), imports the analysis once, sleeps between windows, and
 is started again at the next window if it died. One analysis is in flight at a time; a
 window that arrives meanwhile waits, and a newer one replaces it (the older is skipped, with
@@ -101,11 +102,22 @@ class WindowAnalyses:
                     self._running,
                 )
             self._pending = window
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._work, name="tracekit-monitor", daemon=True)
-                self._thread.start()
-                atexit.register(self.close)
+            self._start_thread(early=False)
             self._lock.notify_all()
+
+    def start(self) -> None:
+        """Start the worker now, before the first window, so that its imports are done when
+        that window comes; returns at once (the thread starts it). A worker that cannot start
+        is a warning, and is tried again at the first window."""
+        with self._lock:
+            self._start_thread(early=True)
+
+    def _start_thread(self, early: bool) -> None:
+        """The thread that talks to the worker, started once (called under the lock)."""
+        if self._thread is None and not self._closed:
+            self._thread = threading.Thread(target=self._work, args=(early,), name="tracekit-monitor", daemon=True)
+            self._thread.start()
+            atexit.register(self.close)
 
     @property
     def in_flight(self) -> int | None:
@@ -146,7 +158,12 @@ class WindowAnalyses:
         with self._lock:
             return self._lock.wait_for(lambda: self._pending is None and self._running is None, timeout)
 
-    def _work(self) -> None:
+    def _work(self, early: bool) -> None:
+        if early:
+            try:
+                self._running_worker()
+            except Exception as err:  # noqa: BLE001 - tried again at the first window
+                LOG.warning("tracekit: the analysis worker could not start: %s", err)
         while True:
             with self._lock:
                 self._lock.wait_for(lambda: self._pending is not None)
@@ -176,7 +193,10 @@ class WindowAnalyses:
             self.failed.append(window)
             if not line:
                 self._worker = None
-                status = worker.poll()
+                try:  # its output ended: it is ending, or has ended
+                    status: int | None = worker.wait(CLOSE_WAIT_S * 5)
+                except subprocess.TimeoutExpired:
+                    status = None
                 reason = f"the analysis worker ended (exit status {status})" if status is not None else "no answer"
             else:
                 reason = str(reply.get("error", "no message"))
@@ -190,21 +210,26 @@ class WindowAnalyses:
             self._to_sink(window)
 
     def _running_worker(self) -> subprocess.Popen[bytes]:
-        """The worker, started now if there is none or it died."""
+        """The worker, started now if there is none or it died (not after :meth:`close`)."""
         if self._worker is not None and self._worker.poll() is None:
             return self._worker
         folder = self.run_dir / MONITOR_FOLDER
         folder.mkdir(parents=True, exist_ok=True)
         with open(folder / WORKER_LOG, "ab") as log:
-            self._worker = subprocess.Popen(
+            worker = subprocess.Popen(
                 self.command(),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=log,
                 env=_child_env(),
             )
-        self.workers_started += 1
-        return self._worker
+        with self._lock:  # not started under the lock: submit(), in the training step, takes it
+            self._worker = worker
+            self.workers_started += 1
+            closed = self._closed
+        if closed and worker.stdin is not None:
+            worker.stdin.close()  # it goes at once; this window is a warning
+        return worker
 
     def command(self) -> list[str]:
         """The analysis worker's command line. ``-P``: the working folder is not on its path, so
