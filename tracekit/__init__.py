@@ -6,13 +6,15 @@
 ``import tracekit`` stays light.
 """
 
+from typing import Any
+
 from tracekit.version import __version__
 
 _WHERE = {"load": "tracekit.loading", "LoadOptions": "tracekit.loading", "trace_handler": "tracekit.handler"}
 __all__ = ["LoadOptions", "__version__", "load", "trace_handler"]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     if name not in _WHERE:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     import importlib

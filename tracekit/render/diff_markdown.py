@@ -62,10 +62,10 @@ def render(c: Comparison) -> str:
         ]
         for ch in c.ranks:
             row = f"| {ch.rank} | {pct(ch.a)} | {pct(ch.b)} | {points(ch.delta)} |"
-            compute = c.compute_change(ch.rank)
+            compute = c.compute_change(ch.rank) if ch.rank is not None else None
             if compute is not None:
                 row += f" {signed_ms(compute.delta)} ms |"
-            causes = c.rank_causes.get(ch.rank)
+            causes = c.rank_causes.get(ch.rank) if ch.rank is not None else None
             if causes:
                 top = max(causes, key=lambda k: abs(causes[k]))
                 row += f" {_text(top)} {points(causes[top])} |"

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from tracekit.analyze.whatif import fastest
+from tracekit.analyze.whatif import Prediction, Search, WhatIf, fastest
 from tracekit.text import for_terminal
 from tracekit.vocab import format_bytes, in_ms
 from tracekit.version import __version__
 
 
-def render(result) -> str:
+def render(result: WhatIf) -> str:
     if result.search is not None:
-        return render_search(result)
+        return render_search(result, result.search)
     m = result.model
     lines = [
         f"tracekit {__version__} what-if: {result.source}",
@@ -70,11 +70,10 @@ def render(result) -> str:
     return "\n".join(for_terminal(line) for line in lines)
 
 
-def render_search(result) -> str:
+def render_search(result: WhatIf, found: Search) -> str:
     """``whatif --search``: every replayed (schedule, v, m) with its activation memory, the
     fastest that fits, and per (schedule, v) the fastest m that fits."""
     m = result.model
-    found = result.search
     per_mb = found.objective == "time per microbatch"
     lines = [
         f"tracekit {__version__} what-if search: {result.source}",
@@ -88,7 +87,7 @@ def render_search(result) -> str:
         f"{'activations':>12}",
     ]
 
-    def row(p, mark: str = "") -> str:
+    def row(p: Prediction, mark: str = "") -> str:
         act = "" if p.activation_bytes is None else format_bytes(p.activation_bytes)
         flight = "" if p.in_flight is None else str(p.in_flight)
         msgs = "" if p.messages_per_step is None else str(p.messages_per_step)
@@ -100,7 +99,7 @@ def render_search(result) -> str:
 
     lines.append(f"  {'measured':30} {result.measured_bubble:>14.1%} {in_ms(result.measured_step_ns):>18}")
 
-    def mark(p) -> str:
+    def mark(p: Prediction) -> str:
         return "  over budget" if p.activation_bytes is not None and p.activation_bytes > found.budget_bytes else ""
 
     lines.append(row(result.as_measured, mark(result.as_measured)))

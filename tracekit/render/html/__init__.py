@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import re
 from importlib.resources import files
+from typing import TYPE_CHECKING
 
 import jinja2
 
@@ -43,6 +44,10 @@ from tracekit.render.html.charts import (
 from tracekit.render.html.page import page_context
 from tracekit.render.html.views import step_views, thinning_notes
 from tracekit.text import for_xml
+
+if TYPE_CHECKING:
+    from bokeh.models import LayoutDOM
+    from markupsafe import Markup
 
 # The page: a Jinja template shipped as package data beside the renderers.
 TEMPLATE = "report.html.j2"
@@ -73,13 +78,14 @@ def render_report(analysis: Analysis) -> str:
     context["has_timeline"] = timeline is not None
     context["has_bubble"] = bubble is not None
     context["has_replicas"] = replicated
-    return file_html(
+    page: str = file_html(
         roots,
         resources=INLINE,
         title=f"tracekit report: {analysis.run.source}",
         template=_page_template(),
         template_variables=context,
     )
+    return page
 
 
 def drawn_ranks(analysis: Analysis) -> list[int]:
@@ -97,13 +103,13 @@ def _replicated(analysis: Analysis) -> bool:
     return analysis.is_pipeline and rollup is not None and rollup.n_replicas > 1 and bool(rollup.places)
 
 
-def _replicated_parts(analysis: Analysis):
+def _replicated_parts(analysis: Analysis) -> tuple[LayoutDOM | None, LayoutDOM, list[str]]:
     """A run of data-parallel replicas: the timeline of the replicas the roll-up picked (one
     shown at a time, the slowest first, another picked in the page), the per-stage causes,
     and the notes on what was drawn."""
     rollup = analysis.replicas
     assert rollup is not None  # only for a replicated run
-    groups = []
+    groups: list[tuple[str, list[int]]] = []
     for replica, why in rollup.timeline_replicas:
         ranks = rollup.replicas[replica]
         idle = 100 * rollup.replica_bubble[replica]
@@ -123,7 +129,7 @@ def _replicated_parts(analysis: Analysis):
 _ROOT_DIV = '<div id="{}" data-root-id="{}" style="display: contents;"></div>'
 
 
-def _visible_controls(value):
+def _visible_controls(value: object) -> object:
     """Each value the page shows, with controls as visible escapes (markup is bokeh's own)."""
     return for_xml(value) if isinstance(value, str) and not hasattr(value, "__html__") else value
 
@@ -133,7 +139,7 @@ def _visible_controls(value):
 _CODE_SPAN = re.compile(r"(?<!`)(`+)(?!`)(.+?)(?<!`)\1(?!`)", re.DOTALL)
 
 
-def with_code_spans(text: str):
+def with_code_spans(text: str) -> Markup:
     """``text`` for the page, escaped, its Markdown code spans shown as ``<code>`` (the
     backticks dropped) rather than as literal backticks; controls as visible escapes."""
     from markupsafe import Markup, escape

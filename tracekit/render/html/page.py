@@ -4,14 +4,21 @@ run's files and capture), as strings ready for the template."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
 import pandas as pd
 
 from tracekit.analyze import Analysis
 from tracekit.analyze.diagnosis import message_latencies, stage_compute_ns
+from tracekit.analyze.grouping import int_items
 from tracekit.analyze.whatif import Prediction, fastest
 from tracekit.render.html.charts import LEGEND_NAMES
 from tracekit.version import __version__
 from tracekit.vocab import CATEGORIES, pct
+
+if TYPE_CHECKING:
+    from tracekit.model.events import TraceFile
 
 # Tables longer than this are folded (<details>) so the page stays readable.
 FOLD_ROWS = 32
@@ -21,7 +28,7 @@ def _ms(ns: float) -> str:
     return f"{ns / 1e6:,.1f}"
 
 
-def page_context(analysis: Analysis, notes: list[str]) -> dict:
+def page_context(analysis: Analysis, notes: list[str]) -> dict[str, Any]:
     run = analysis.run
     findings = analysis.findings
     sched = run.schedule
@@ -121,7 +128,7 @@ def _replica_rows(analysis: Analysis) -> list[list[str]]:
     ]
 
 
-def _whatif_rows(analysis: Analysis) -> dict | None:
+def _whatif_rows(analysis: Analysis) -> dict[str, Any] | None:
     """The rows of the analysis's what-if table, or None where it has none: ``best`` (shown
     unfolded: the fastest configuration and the best split of the layers) and ``rows`` (every
     prediction, the best split among them)."""
@@ -175,11 +182,11 @@ def _collective_idle(analysis: Analysis) -> dict[int, int]:
     if analysis.device is None:
         return {}
     per_rank = analysis.device.per_rank()
-    return {int(rank): int(ns) for rank, ns in per_rank["collective_idle_ns"].items() if ns > 0}
+    return {rank: int(ns) for rank, ns in int_items(per_rank["collective_idle_ns"]) if ns > 0}
 
 
 def _stage_rows(analysis: Analysis) -> list[list[str]]:
-    if analysis.attribution is None or not analysis.is_pipeline:
+    if analysis.attribution is None or not analysis.is_pipeline or analysis.run.schedule is None:
         return []
     blame = analysis.attribution.stage_blame
     compute = stage_compute_ns(analysis.run.actions)
@@ -228,7 +235,7 @@ def _link_rows(analysis: Analysis) -> list[list[str]]:
     return rows
 
 
-def _critical_rows(analysis: Analysis) -> dict | None:
+def _critical_rows(analysis: Analysis) -> dict[str, Any] | None:
     attribution = analysis.attribution
     if attribution is None or not attribution.steps:
         return None
@@ -255,10 +262,10 @@ def _critical_rows(analysis: Analysis) -> dict | None:
     }
 
 
-def _capture_rows(capture: dict | None) -> list[tuple[str, str]]:
+def _capture_rows(capture: dict[str, Any] | None) -> list[tuple[str, str]]:
     if not capture:
         return []
-    rows = []
+    rows: list[tuple[str, str]] = []
     for key in (
         "command",
         "tracekit_version",
@@ -282,7 +289,7 @@ def _capture_rows(capture: dict | None) -> list[tuple[str, str]]:
     return rows
 
 
-def _profiler_rows(files) -> list[tuple[str, str]]:
+def _profiler_rows(files: Iterable[TraceFile]) -> list[tuple[str, str]]:
     seen: dict[str, str] = {}
     for f in files:
         for key, value in (f.profiler or {}).items():
@@ -290,7 +297,7 @@ def _profiler_rows(files) -> list[tuple[str, str]]:
     return sorted(seen.items())
 
 
-def as_text(value) -> str:
+def as_text(value: object) -> str:
     """A metadata value as a person reads it: a mapping as ``key=value, ...`` (nsys's counts
     per process), a list comma separated, anything else as itself; never Python's repr."""
     if isinstance(value, dict):
