@@ -80,6 +80,7 @@ PAIRS: list[Pair] = [
     Pair("1F1B -> ZBVZeroBubble", "1f1b", "ZBVZeroBubble", 2, 8, GB, "zbv"),
     Pair("1F1B -> InterleavedZeroBubble", "1f1b", "InterleavedZeroBubble", 2, 8, GB, "interleaved_zb"),
     Pair("1F1B -> DualPipeV", "1f1b", "DualPipeV", 2, 8, GB, "dualpipev"),
+    Pair("1F1B -> LoopedBFS v=2", "1f1b", "LoopedBFS", 2, 8, GB, "looped_bfs"),
     # every other capture replayed as 1F1B
     Pair("GPipe -> 1F1B", "gpipe", "1F1B", 1, 8, GB, "1f1b"),
     Pair("Interleaved1F1B -> 1F1B", "interleaved1f1b", "1F1B", 1, 8, GB, "1f1b"),

@@ -234,7 +234,9 @@ kernels, summed durations, spin included), ``dp_grad_overlapped_ns`` (inside the
 while the pipeline drains) and ``dp_grad_exposed_ns`` (after it); ``step_end_ns`` (the rank's
 kernel time after the window: exposed buckets, optimizer); ``recompute_ns`` (re-run forward
 kernels in the window) and ``recompute_share`` (of ``busy_ns``). ``ranks`` rows add
-``overhead_share_of_idle`` (``host_wait_ns`` / idle: idle with the host late). Top level:
+``overhead_share_of_idle`` (``host_wait_ns`` / idle: idle with the rank's own host late; not
+tracekit's overhead, which charges a late host where its delay propagates: compare that with
+:func:`cause_shares`, each cause's Shapley value over re-simulations with it switched off). Top level:
 ``layout`` (world_size, dims {pp, tp, dp}, order "tp-dp-pp", megatron_order, the one-line
 ``line``, ``groups`` {tp, dp, pp: lists of ranks}, ``process_groups`` (every group with its
 pg_name, pg_desc, backend_config, pg_size, ranks, role), pg_metadata); ``stages`` (per pp rank:
@@ -406,6 +408,9 @@ class Scenario:
     launch_ns: int = 5_000  # host cost of one kernel launch
     rank_launch_ns: dict[int, int] = field(default_factory=dict)  # launch-bound rank -> ns
     host_sync: bool = True
+    # False: a host that costs nothing (launches, P2P calls, launch latency, synchronize
+    # returns, hand-offs: the "overhead" a counterfactual of :func:`cause_shares` removes)
+    host_costs: bool = True
     clock_offset_ns: dict[int, int] = field(default_factory=dict)  # rank -> ns added to its ts
     labelled: bool = True
     fused_p2p: bool = False  # torch's Schedule1F1B: batch_isend_irecv groups, one fused kernel each
@@ -508,6 +513,8 @@ class Scenario:
         return pipe + self.n_pipes * position
 
     def launch_cost(self, rank: int, pipe: int = 0) -> int:
+        if not self.host_costs:
+            return 0
         cost = self.rank_launch_ns.get(rank, self.launch_ns)
         slow = self.replica_slowdown.get(pipe // self.tp, 1.0)
         return cost if slow == 1.0 else round(cost * slow)
@@ -741,6 +748,11 @@ class _Rank:
         self.host_compute: dict[int, list[tuple[int, int]]] = {}  # step -> top-level compute op spans
 
     # -- host events -------------------------------------------------------------------------
+
+    def _host(self, ns: int) -> int:
+        """Host time ``ns``, or none on a host that costs nothing (``Scenario.host_costs``)."""
+        return ns if self.sc.host_costs else 0
+
     def _event(self, cat: str, name: str, tid: int, start: int, end: int, **args) -> int:
         ext = self.next_external
         self.next_external += 1
@@ -869,16 +881,18 @@ class _Rank:
         start = self.t
         launched = list(self.kernels)
         yield launched
-        end = max(start + 3_000, max(k.end_ns for k in launched if k.end_ns is not None) + 5_000)
+        end = max(
+            start + self._host(3_000), max(k.end_ns for k in launched if k.end_ns is not None) + self._host(5_000)
+        )
         self._runtime("device_sync", self.main_tid, start, end, 0)
         self.t = end
 
     def end_step(self, step: int, device_end_ns: int | None) -> None:
         if device_end_ns is not None:  # cudaDeviceSynchronize: until this rank's device is done
-            end = max(self.t + 3_000, device_end_ns + 5_000)
+            end = max(self.t + self._host(3_000), device_end_ns + self._host(5_000))
             self._runtime("device_sync", self.main_tid, self.t, end, 0)
             self.t = end
-        self.t += 5_000
+        self.t += self._host(5_000)
         start, _ = self.step_spans[step]
         self.step_spans[step] = (start, self.t)
         self.events.append(
@@ -891,7 +905,7 @@ class _Rank:
                 {"External id": self._take_external()},
             )
         )
-        self.t += STEP_GAP_NS
+        self.t += self._host(STEP_GAP_NS)
 
     def _take_external(self) -> int:
         ext = self.next_external
@@ -953,9 +967,9 @@ class _Rank:
         seq, ext = self.next_sequence, self._take_external()
         self.next_sequence += 1
         start = self.t
-        self.t += 1_000
+        self.t += self._host(1_000)
         self._forward_ops(step, action, self.main_tid, grad=False)
-        self.t += 1_000
+        self.t += self._host(1_000)
         args = {"External id": ext, "Sequence number": seq, "Fwd thread id": 0, "Record function id": 0}
         self.events.append(_HostEvent("cpu_op", "CheckpointFunction", self.main_tid, start, self.t, args))
         self.forward_ops[(stage, mb)] = [(seq, ext)]
@@ -982,7 +996,7 @@ class _Rank:
                 self.tp_copy_seq[(action[0], action[2], k)] = copy_seq
                 copy_args = {"Sequence number": copy_seq, "Fwd thread id": 0, "Record function id": 0}
                 self._event("cpu_op", "_CopyToModelParallelRegion", tid, self.t, self.t + 2_000, **copy_args)
-                self.t += 2_000
+                self.t += self._host(2_000)
             start, end = self.t, self.t + cost
             seq = self.next_sequence
             if grad:
@@ -1033,7 +1047,7 @@ class _Rank:
 
     def _backward(self, step: int, action: Action) -> None:
         stage, _, mb = action
-        self.t += 3_000  # hand-off to the autograd device thread
+        self.t += self._host(3_000)  # hand-off to the autograd device thread
         saved = self.forward_ops.pop((stage, mb))
         # overlap_grad_reduce: bucket hooks fire only in the last microbatch's backward (module doc)
         last_microbatch = self.sc.dp > 1 and mb == self.sc.m - 1
@@ -1045,15 +1059,15 @@ class _Rank:
             # engine runs reentrantly on this thread: nested evaluate_function ranges.
             ((seq, forward_ext),) = saved
             start, outer, inner = self.t, self._take_external(), self._take_external()
-            self.t += 1_000
+            self.t += self._host(1_000)
             ops = self._forward_ops(step, action, self.autograd_tid, recompute=True)
             self._backward_nodes(step, action, ops, last_microbatch)
-            self.t += 1_000
+            self.t += self._host(1_000)
             node = "CheckpointFunctionBackward"  # a Function's node: class name + "Backward"
             autograd = {"Sequence number": seq, "Fwd thread id": 1, "Record function id": 0}
             self._node_ranges(node, self.autograd_tid, start, (outer, inner), autograd)
             self.flows.append((seq, forward_ext, outer))
-        self.t += 3_000  # back on the main thread
+        self.t += self._host(3_000)  # back on the main thread
 
     def _backward_nodes(self, step: int, action: Action, ops: list[tuple[int, int]], last_microbatch: bool) -> None:
         """The autograd nodes of one backward, last forward op first; with tp > 1 the column
@@ -1127,11 +1141,11 @@ class _Rank:
         name = "_CopyToModelParallelRegion" if backward else "_ReduceFromModelParallelRegion"
         start, outer = self.t, self._take_external()
         inner = self._take_external() if backward else None
-        self.t += 1_000
+        self.t += self._host(1_000)
         kernel = self._collective(step, "tp", tid, TP_NELEMS, self.sc.tp_allreduce_ns, recompute)
         self._stream_wait(kernel, tid)
         self.tp_waited = kernel
-        self.t += 1_000
+        self.t += self._host(1_000)
         if backward:
             node = f"{name}Backward"
             args = {"Fwd thread id": 1, "Record function id": 0}
@@ -1150,10 +1164,10 @@ class _Rank:
         one starts ``start_grad_sync`` (600-): an async all_reduce on the DP group (730-731)."""
         start, outer, inner = self.t, self._take_external(), self._take_external()
         node = "torch::autograd::AccumulateGrad"
-        self.t += 1_000
+        self.t += self._host(1_000)
         kernel = self._collective(step, "dp", self.autograd_tid, DP_BUCKET_NELEMS, self.sc.dp_allreduce_ns)
         self.grad_syncs.append(kernel)
-        self.t += 1_000
+        self.t += self._host(1_000)
         self._node_ranges(node, self.autograd_tid, start, (outer, inner), {"Record function id": 0})
 
     def _node_ranges(self, node: str, tid: int, start: int, externals: tuple[int, int | None], args: dict) -> None:
@@ -1188,7 +1202,7 @@ class _Rank:
         group = self.groups[role]
         ranks = group["ranks"]
         n = self.collective_calls[role] = self.collective_calls.get(role, 0) + 1
-        start, end = self.t, self.t + P2P_HOST_NS
+        start, end = self.t, self.t + self._host(P2P_HOST_NS)
         self._event("cpu_op", "c10d::allreduce_", tid, start, end, **{"Record function id": 0})
         meta = {
             "Collective name": "allreduce",
@@ -1240,7 +1254,7 @@ class _Rank:
     def _stream_wait(self, kernel: Kernel, tid: int | None = None) -> None:
         """work.wait() on NCCL: the compute stream waits for the kernel's end (the host goes on)."""
         self._runtime("stream_wait", self.main_tid if tid is None else tid, self.t, self.t + 1_000, 0)
-        self.t += 2_000
+        self.t += self._host(2_000)
         self.stream_waits.append(kernel)
 
     def _p2p_call(self, direction: str, peer: int) -> tuple[int, int, dict]:
@@ -1248,7 +1262,7 @@ class _Rank:
         and syncStreams (the NCCL stream waits for the work already queued on the compute stream).
         Returns the call's start, the record_param_comms External id and its comm metadata."""
         sc = self.sc
-        start, end = self.t, self.t + P2P_HOST_NS
+        start, end = self.t, self.t + self._host(P2P_HOST_NS)
         nelems = MESSAGE_SHAPE[0] * MESSAGE_SHAPE[1]
         op = "c10d::send" if direction == "send" else "c10d::recv_"
         shapes = {  # record_shapes=True: the call's arguments, the peer as the group's rank
@@ -1390,7 +1404,7 @@ class _Rank:
             self._p2p_call(direction, peer)
             src, dst = (self.rank, peer) if direction == "send" else (peer, self.rank)
             ops.append((direction, message, sc.transfer(src, dst)))
-            self.t += 1_000
+            self.t += self._host(1_000)
         start = self.t
         annotation = self._event(
             "user_annotation", "nccl:coalesced", self.main_tid, start, start + 12_000, **{"Record function id": 0}
@@ -1443,6 +1457,10 @@ class _Rank:
                 {"External id": ext, "Record function id": 0},
             )
         )
+
+
+def _latency(sc: Scenario) -> int:
+    return LAUNCH_LATENCY_NS if sc.host_costs else 0
 
 
 def _resolve(kernels: list[Kernel], latency_ns: int = LAUNCH_LATENCY_NS, partial: bool = False) -> None:
@@ -1516,7 +1534,7 @@ def _run_megatron_step(ranks: list[_Rank], step: int, behind: dict[int, int | No
             except StopIteration:
                 del programs[rank]
             moved = True
-        _resolve([k for host in ranks for k in host.kernels], partial=True)
+        _resolve([k for host in ranks for k in host.kernels], _latency(ranks[0].sc), partial=True)
         if not moved:
             raise RuntimeError(f"the generated Megatron step {step} deadlocks: hosts {sorted(programs)} wait forever")
 
@@ -1671,7 +1689,7 @@ def simulate(sc: Scenario) -> tuple[list[_Rank], list[Kernel]]:
             for host in ranks:
                 host.run_step(step, behind[(host.pipe, host.rank)])
         kernels = [k for host in ranks for k in host.kernels]
-        _resolve(kernels)
+        _resolve(kernels, _latency(sc))
         for host in ranks:
             end = device_end[(host.pipe, host.rank, step)] = max(k.end_ns for k in host.kernels if k.step == step)
             host.end_step(step, end if sc.host_sync else None)
@@ -1717,7 +1735,9 @@ def ground_truth(sc: Scenario, ranks: list[_Rank], kernels: list[Kernel]) -> dic
                 "host_wait_ns": _host_wait(host.rank, step, by_host[key], lo, hi),
                 "host_window_ns": host_hi - host_lo,
                 "host_busy_ns": host_busy,
-                "host_bubble_ratio": (host_hi - host_lo - host_busy) / (host_hi - host_lo),
+                "host_bubble_ratio": (host_hi - host_lo - host_busy) / (host_hi - host_lo)
+                if host_hi > host_lo
+                else 0.0,
                 "host_step_start_ns": host.step_spans[step][0],
                 "host_step_end_ns": host.step_spans[step][1],
                 "device_end_ns": max(k.end_ns for k in mine_all),
@@ -1922,6 +1942,62 @@ def _host_wait(rank: int, step: int, kernels: list[Kernel], lo: int, hi: int) ->
         if k.start_ns > other_ready:  # only the launch held it back
             total += max(0, min(k.start_ns, hi) - max(other_ready, lo))
     return total
+
+
+CAUSES = ("imbalance", "comm", "overhead")
+
+
+def cause_shares(sc: Scenario) -> dict[int, dict[str, float]]:
+    """Each rank's idle split over tracekit's three removable causes by re-simulating the job
+    (truth by construction, never read from a trace): the exact Shapley value of each cause
+    over the 2^3 simulations with some of them switched off, summed over steps. Switched off:
+    **imbalance** (no slow stage or replica, no jitter), **comm** (every P2P transfer free),
+    **overhead** (a host that costs nothing: ``host_costs=False``; launches, P2P calls, launch
+    latency, synchronize returns). Values in ns per rank, for both idle definitions: ``idle``
+    (busy = compute and optimizer kernels) and ``idle_with_tp`` (TP all-reduce kernels busy
+    too, tracekit's default on a TP job, where a TP kernel's wait for its slowest peer shrinks
+    with the overhead). What a root cause costs where it propagates, as tracekit's attribution
+    charges it; ``host_wait_ns`` in the truth is the rank's own late launches only."""
+    from itertools import combinations
+    from math import factorial
+
+    def idle(present: frozenset[str]) -> dict[int, tuple[int, int]]:
+        changed = sc
+        if "imbalance" not in present:
+            changed = replace(changed, stage_factor={}, replica_slowdown={}, jitter=0.0)
+        if "comm" not in present:
+            changed = replace(changed, transfer_ns=0, link_transfer_ns={})
+        if "overhead" not in present:
+            changed = replace(changed, host_costs=False)
+        ranks, kernels = simulate(changed)
+        rows = ground_truth(changed, ranks, kernels)["ranks"]
+        return {
+            row["rank"]: (
+                row["window_ns"] - row["busy_ns"],
+                row["window_ns"] - row.get("busy_with_tp_ns", row["busy_ns"]),
+            )
+            for row in rows
+        }
+
+    values = {frozenset(c): idle(frozenset(c)) for k in range(len(CAUSES) + 1) for c in combinations(CAUSES, k)}
+    n = len(CAUSES)
+    out: dict[int, dict[str, float]] = {}
+    for rank in values[frozenset(CAUSES)]:
+        row: dict[str, float] = {}
+        for which, key in ((0, "idle"), (1, "idle_with_tp")):
+            for cause in CAUSES:
+                others = [c for c in CAUSES if c != cause]
+                total = 0.0
+                for k in range(n):
+                    weight = factorial(k) * factorial(n - k - 1) / factorial(n)
+                    for coalition in combinations(others, k):
+                        with_it = values[frozenset(coalition) | {cause}][rank][which]
+                        without = values[frozenset(coalition)][rank][which]
+                        total += weight * (with_it - without)
+                row[f"{cause}_{key}_ns"] = total
+            row[f"{key}_ns"] = values[frozenset(CAUSES)][rank][which]
+        out[rank] = row
+    return out
 
 
 def link_costs(sc: Scenario) -> dict[tuple[int, int], dict[str, int]]:

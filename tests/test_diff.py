@@ -154,6 +154,28 @@ def test_small_changes_are_noise():
     assert moved.matters_most().key == "comm"
 
 
+def test_the_comparison_computes_what_its_renderers_show():
+    """The step's change, each rank's largest cause change and the blame that moved are the
+    comparison's figures (the console and Markdown only format them)."""
+    shares = {"warmup": 0.1, "drain": 0.1, "schedule_gaps": 0.0, "imbalance": 0.0, "comm": 0.05, "overhead": 0.0}
+    a = _measures({0: 0.25, 1: 0.25}, shares)
+    b = _measures({0: 0.3, 1: 0.26}, {**shares, "comm": 0.08})
+    a.rank_cause_share = {0: dict(shares), 1: dict(shares)}
+    b.rank_cause_share = {0: {**shares, "comm": 0.1, "drain": 0.08}, 1: {**shares, "warmup": 0.09}}
+    a.stage_imbalance_ns, b.stage_imbalance_ns = {0: 1e6, 1: 2e6}, {0: 1e6, 1: 5e6}
+    a.link_comm_ns, b.link_comm_ns = {(0, 1): 3e6}, {(0, 1): 1e6}
+    b.step_ns = 1.25e8
+    c = compare(a, b)
+    assert c.step_delta_ns == 2.5e7 and c.step_change_pct == pytest.approx(25.0)
+    assert c.top_cause_change(0) == ("comm", pytest.approx(0.05))
+    assert c.top_cause_change(1) == ("warmup", pytest.approx(-0.01))
+    assert c.top_cause_change(7) is None
+    # stage 0 did not move; stage 1 grew by 3 ms, the link shrank by 2 ms
+    assert [(ch.key, ch.delta) for ch in c.blame()] == [(c.stages[0].key, 3e6), (c.links[0].key, -2e6)]
+    a.step_ns = 0
+    assert compare(a, b).step_change_pct is None
+
+
 # --- diff --markdown: the comparison for a pull-request comment ------------------------------
 
 

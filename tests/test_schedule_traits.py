@@ -16,7 +16,8 @@ from tracekit.model.schedules import BY_NAME, SCHEDULES, chunks_per_rank, names
 def test_what_each_reader_sees():
     """The sets each layer used to spell out itself, now read from the one table."""
     assert ALL_TARGETS == tuple(SCHEDULE_CHOICES) == tuple(GENERATORS)
-    assert TARGETS == SPLIT_TARGETS == ("GPipe", "1F1B", "Interleaved1F1B")
+    assert TARGETS == ("GPipe", "1F1B", "Interleaved1F1B")  # the default grid
+    assert SPLIT_TARGETS == (*TARGETS, "LoopedBFS")
     assert ZERO_BUBBLE == ("ZB-H1", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
     assert V_PLACED == ("ZBVZeroBubble", "DualPipeV") and capture.V_PLACEMENT == set(V_PLACED)
     assert TORCH_CLASSES["ZB-H1"] == TORCH_CLASSES["InterleavedZeroBubble"] == "ScheduleInterleavedZeroBubble"
@@ -30,7 +31,7 @@ def test_what_each_reader_sees():
 
 
 def test_chunks_per_rank():
-    assert [chunks_per_rank(s, several=4) for s in names(generated=True)] == [1, 1, 4, 1, 4, 2, 2]
+    assert [chunks_per_rank(s, several=4) for s in names(generated=True)] == [1, 1, 4, 4, 1, 4, 2, 2]
     assert all(s.v_shaped == (s.chunks == "two") for s in SCHEDULES)
     assert len(BY_NAME) == len(SCHEDULES)
 
@@ -47,8 +48,11 @@ def test_the_grid_that_s_v_m_ask_for():
 
     from tracekit.analyze.whatif import requested_targets
 
-    model = SimpleNamespace(m=8, v=1)
+    model = SimpleNamespace(m=8, v=1, schedule="1F1B")
     assert requested_targets(model, ms=(16,)) == [("GPipe", 1, 16), ("1F1B", 1, 16), ("Interleaved1F1B", 2, 16)]
+    # a run of a schedule the grid leaves out unasked gets its own rows
+    looped = SimpleNamespace(m=8, v=2, schedule="LoopedBFS")
+    assert requested_targets(looped, ms=(8,))[-1] == ("LoopedBFS", 2, 8)
     assert requested_targets(model, vs=(2, 4), ms=(8,)) == [("Interleaved1F1B", 2, 8), ("Interleaved1F1B", 4, 8)]
     assert requested_targets(model, ("ZB-H1", "ZBVZeroBubble", "InterleavedZeroBubble"), ms=(8,)) == [
         ("ZB-H1", 1, 8),

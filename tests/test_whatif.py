@@ -13,7 +13,9 @@ from conftest import SAMPLES
 from generated_costs import constant_cost_model
 from tracekit.analyze.theory import theoretical_bubble
 from tracekit.analyze.costs import CostModel
-from tracekit.analyze.whatif import predict, what_if
+from tracekit.analyze.memory import ActivationSize
+from tracekit.analyze.report_whatif import ReportWhatIf
+from tracekit.analyze.whatif import Prediction, Search, WhatIf, predict, what_if
 from tracekit.cli import main
 from tracekit.errors import TracekitError
 from tracekit import LoadOptions, load
@@ -188,3 +190,31 @@ def test_balanced_split_of_the_slow_stage_run_predicts_the_balanced_capture(samp
     assert abs(balanced.bubble_ratio - reference.measured_bubble) < 0.02
     assert balanced.step_ns == pytest.approx(1.25 * reference.measured_step_ns, rel=0.04)
     assert plain.bubble_ratio - balanced.bubble_ratio > 0.1
+
+
+def _prediction(label: str, step_ms: float, m: int, **kw) -> Prediction:
+    return Prediction(label, "1F1B", 4, 1, m, 0.2, 0.0, step_ms * 1e6, 0.0, None, "generated order", **kw)
+
+
+def test_the_figures_the_renderers_show_are_the_results():
+    """Change against the measured step, time per microbatch, the fastest row (an ideal
+    balance is a bound, never it), the over-budget mark and the report's best rows are
+    computed by the what-if, not by the console or the page."""
+    rows = [_prediction("a", 90, 8), _prediction("b", 150, 16), _prediction("bound", 50, 8, ideal_balance=True)]
+    model = constant_cost_model(4, {"F": 1_000_000, "B": 2_000_000})  # m=8
+    result = WhatIf("run", model, 0.3, 100e6, rows[0], rows, [], "global-batch", 4, ["how"])
+    assert rows[0].against(100e6) == pytest.approx(-0.1) and rows[1].microbatch_ns == pytest.approx(150e6 / 16)
+    assert result.fastest is rows[0]
+    assert result.fastest_where(lambda label: label != "a") is rows[1]  # a framework that cannot run "a"
+    assert result.fastest_where(lambda label: False) is None
+    assert result.measured_microbatch_ns == pytest.approx(12.5e6)
+    assert result.microbatch_against(rows[1]) == pytest.approx(150 / 16 / 12.5 - 1)
+    result.keep = "microbatch"
+    assert result.fastest is rows[1]  # 9.4 ms a microbatch against 11.25
+    search = Search(100, ActivationSize(10, "test"), "step time", None, [], 0)
+    over, unknown = _prediction("x", 1, 8, activation_bytes=101), _prediction("y", 1, 8)
+    assert search.over_budget(over) and not search.fits(over)
+    assert not search.over_budget(unknown) and not search.fits(unknown)  # an unknown size is neither
+    report = ReportWhatIf(result)
+    assert report.best == [rows[1]] and report.rows == rows
+    assert ReportWhatIf(None, "why").best == [] and ReportWhatIf(None, "why").rows == []

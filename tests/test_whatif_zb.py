@@ -60,6 +60,33 @@ def test_torch_and_tracekit_orders_agree_action_for_action(schedule):
     assert _orders_or_refusal(torch_orders, "DualPipeV", 4, 2, 7) == "refused"
 
 
+def test_looped_bfs_order_is_torchs():
+    """LoopedBFS targets (what-if) come from tracekit's generator: the same order as torch's
+    ScheduleLoopedBFS, action for action."""
+    pytest.importorskip("torch.distributed.pipelining")
+    for p, v, m in [(p, v, m) for p in (2, 3, 4, 8) for v in (1, 2, 3) for m in (1, 4, 8, 9)]:
+        assert _orders_or_refusal(GENERATORS["LoopedBFS"], p, v, m) == _orders_or_refusal(
+            torch_orders, "LoopedBFS", p, v, m
+        ), (p, v, m)
+
+
+def test_a_looped_bfs_run_is_a_target_of_its_own_what_if():
+    """Every schedule tracekit reads is a target: the real LoopedBFS capture's what-if lists
+    LoopedBFS (not in the default grid of other runs) and replays its measured configuration
+    as the model of the measured run does; a 1F1B run takes ``-s LoopedBFS``."""
+    looped = CliRunner().invoke(main, ["whatif", str(SAMPLES / "looped_bfs"), "--json", "--no-progress"])
+    assert looped.exit_code == 0, looped.output
+    doc = json.loads(looped.stdout)
+    rows = {(r["schedule"], r["v"], r["m"]): r for r in doc["predictions"]}
+    assert ("LoopedBFS", 2, 8) in rows and ("LoopedBFS", 2, 16) in rows
+    own = rows[("LoopedBFS", 2, 8)]
+    assert abs(own["bubble_ratio"] - doc["model_of_measured"]["bubble_ratio"]) < 0.01
+    plain = CliRunner().invoke(main, ["whatif", str(SAMPLES / "1f1b"), "--json", "--no-progress"])
+    assert not any(r["schedule"] == "LoopedBFS" for r in json.loads(plain.stdout)["predictions"])
+    asked = CliRunner().invoke(main, ["whatif", str(SAMPLES / "1f1b"), "-s", "LoopedBFS", "--no-progress"])
+    assert asked.exit_code == 0 and "LoopedBFS v=2 m=8" in asked.output, asked.output
+
+
 def test_without_torch_the_generator_gives_the_order(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)  # as if not installed: import torch fails
     orders, source = orders_for("ZBVZeroBubble", 4, 2, 8)

@@ -71,6 +71,11 @@ class Analysis:
     def is_pipeline(self) -> bool:
         return self.run.is_pipeline
 
+    @property
+    def n_steps(self) -> int:
+        """The steps measured (on any rank)."""
+        return int(self.bubbles["step"].nunique()) if len(self.bubbles) else 0
+
 
 def typical_durations(actions: pd.DataFrame) -> dict[str, int]:
     """Median compute time of each action kind (one microbatch, one stage)."""

@@ -201,6 +201,28 @@ class Comparison:
     def bubble_delta(self) -> float:
         return self.b.bubble_ratio - self.a.bubble_ratio
 
+    @property
+    def step_delta_ns(self) -> float:
+        return self.b.step_ns - self.a.step_ns
+
+    @property
+    def step_change_pct(self) -> float | None:
+        """The step time's change in percent of run A's; None where A has no step time."""
+        return 100 * self.step_delta_ns / self.a.step_ns if self.a.step_ns else None
+
+    def top_cause_change(self, rank: int) -> tuple[str, float] | None:
+        """The cause whose share of the window changed most on ``rank``, and by how much;
+        None where the runs' causes are not compared per rank."""
+        causes = self.rank_causes.get(rank)
+        if not causes:
+            return None
+        top = max(causes, key=lambda k: abs(causes[k]))
+        return top, causes[top]
+
+    def blame(self) -> list[Change]:
+        """The stages' and links' blame that changed, largest change first."""
+        return sorted((ch for ch in self.stages + self.links if abs(ch.delta) > 0), key=lambda ch: -abs(ch.delta))
+
     def rank_order(self) -> str:
         """How the per-rank list is ordered: "rank 2 first (its own compute grew), then ..."."""
         if not self.compute_grew:
@@ -305,7 +327,7 @@ class Comparison:
             "step_ns": {
                 "a": round(self.a.step_ns),
                 "b": round(self.b.step_ns),
-                "delta": round(self.b.step_ns - self.a.step_ns),
+                "delta": round(self.step_delta_ns),
             },
             "causes": [c.to_dict() for c in self.causes],
             "ranks": [c.to_dict() for c in self.ranks],

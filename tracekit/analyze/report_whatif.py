@@ -13,7 +13,7 @@ from tracekit.analyze.costs import CostModel, cost_model
 from tracekit.analyze.layers import layer_costs_from_ops
 from tracekit.analyze.replay import StepGraph
 from tracekit.analyze.split import SplitSearch, default_split_target, search_split
-from tracekit.analyze.whatif import DEFAULT_SAMPLES, WhatIf, default_targets, replays_within, what_if
+from tracekit.analyze.whatif import DEFAULT_SAMPLES, Prediction, WhatIf, default_targets, replays_within, what_if
 from tracekit.errors import TracekitError
 from tracekit.model.run import Run
 
@@ -40,6 +40,28 @@ class ReportWhatIf:
     note: str = ""
     split: SplitSearch | None = None
     split_note: str = ""
+
+    @property
+    def split_prediction(self) -> Prediction | None:
+        """The best split's replayed bubble and step, or None where there is none."""
+        return self.split.recommended.prediction if self.split is not None else None
+
+    @property
+    def rows(self) -> list[Prediction]:
+        """Every prediction of the table, the best split last."""
+        if self.result is None:
+            return []
+        split = self.split_prediction
+        return [*self.result.predictions, *([split] if split is not None else [])]
+
+    @property
+    def best(self) -> list[Prediction]:
+        """The fastest configuration and the best split of the layers, the shorter step first."""
+        if self.result is None:
+            return []
+        return sorted(
+            (p for p in (self.result.fastest, self.split_prediction) if p is not None), key=lambda p: p.step_ns
+        )
 
 
 def report_what_if(

@@ -77,6 +77,20 @@ def interleaved_1f1b(p: int, v: int, m: int) -> dict[int, list[Action]]:
     return orders
 
 
+def looped_bfs(p: int, v: int, m: int) -> dict[int, list[Action]]:
+    """Breadth-first pipelining, torch 2.13's ScheduleLoopedBFS
+    (``torch/distributed/pipelining/schedules.py``, ``_calculate_single_rank_operations``):
+    rank r runs every microbatch's forward of its stages r, p + r, ... in stage order, then
+    every backward of them in reverse stage order, the microbatches last to first (the
+    padding it starts with only delays the order). With v = 1 it is GPipe's order, backwards
+    reversed."""
+    return {
+        r: [("F", c * p + r, i) for c in range(v) for i in range(m)]
+        + [("B", c * p + r, i) for c in reversed(range(v)) for i in reversed(range(m))]
+        for r in range(p)
+    }
+
+
 def interleaved_zero_bubble(p: int, v: int, m: int) -> dict[int, list[Action]]:
     """torch's ScheduleInterleavedZeroBubble (the paper's ZB-1P), v chunks a rank, stage
     c*p + r on rank r; with v=1 it is ZB-H1.
@@ -265,6 +279,7 @@ GENERATORS: dict[str, Callable[[int, int, int], Mapping[int, Sequence[Entry]]]] 
     "GPipe": lambda p, v, m: gpipe(p, m),
     "1F1B": lambda p, v, m: one_f_one_b(p, m),
     "Interleaved1F1B": interleaved_1f1b,
+    "LoopedBFS": looped_bfs,
     "ZB-H1": lambda p, v, m: zb_h1(p, m),
     "InterleavedZeroBubble": interleaved_zero_bubble,
     "ZBVZeroBubble": lambda p, v, m: zbv_zero_bubble(p, m),
@@ -272,14 +287,15 @@ GENERATORS: dict[str, Callable[[int, int, int], Mapping[int, Sequence[Entry]]]] 
 }
 # The zero-bubble family: backward split into I and W, orders taken from torch where it is installed.
 ZERO_BUBBLE = traits.names(generated=True, split_backward=True)
-# torch.distributed.pipelining's class for each, and the placement of its stages.
-TORCH_CLASSES = {name: traits.BY_NAME[name].runner for name in ZERO_BUBBLE}
+# torch.distributed.pipelining's class for each (and for LoopedBFS, whose generator here is
+# checked against it: tests/test_whatif_zb.py), and the placement of its stages.
+TORCH_CLASSES = {name: traits.BY_NAME[name].runner for name in (*ZERO_BUBBLE, "LoopedBFS")}
 V_PLACED = traits.names(generated=True, v_shaped=True)
 
 
 def torch_orders(schedule: str, p: int, v: int, m: int) -> dict[int, list[Entry]]:
     """The per-rank order torch's own schedule class computes for ``schedule`` (one of
-    :data:`ZERO_BUBBLE`), without running it: the classes build ``pipeline_order`` for every
+    :data:`TORCH_CLASSES`), without running it: the classes build ``pipeline_order`` for every
     rank in their constructor from the stages' group size, stage count and the microbatch
     count, so stand-in stages carrying just those (no module, no process group) are enough;
     the constructor's last step, lowering the order into send/recv actions, is skipped.

@@ -188,6 +188,11 @@ class SplitCandidate:
     prediction: Prediction
     matches: tuple[str, ...] = ()  # which references it equals: "measured", "even"
 
+    @property
+    def slowest_stage_ns(self) -> int:
+        """The bottleneck: its slowest stage's F + B of one microbatch."""
+        return max(self.stage_ns)
+
     def to_dict(self) -> dict[str, Any]:
         p = self.prediction
         return {
@@ -196,7 +201,7 @@ class SplitCandidate:
             "role": self.role,
             "matches": list(self.matches),
             "stage_ns": list(self.stage_ns),
-            "max_stage_ns": max(self.stage_ns),
+            "max_stage_ns": self.slowest_stage_ns,
             "bubble_ratio": p.bubble_ratio,
             "bubble_sd": p.bubble_sd,
             "step_ns": int(round(p.step_ns)),

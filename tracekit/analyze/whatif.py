@@ -50,7 +50,7 @@ from tracekit.model.run import Run
 
 # Targets with whole backwards (the findings in diagnosis.py replay these), and every target
 # (the zero-bubble family too: backward split into I and W, DualPipeV's fused pairs).
-TARGETS = traits.names(generated=True, split_backward=False)
+TARGETS = traits.names(generated=True, split_backward=False, offered=True)
 ALL_TARGETS = traits.names(generated=True)
 KEEPS = ("global-batch", "microbatch")
 DEFAULT_SAMPLES = 32
@@ -79,6 +79,15 @@ class Prediction:
     in_flight: int | None = None  # most (stage, microbatch) activations one rank holds (tracekit.analyze.memory)
     activation_bytes: int | None = None  # their bytes, where an activation size is known (--search)
     ideal_balance: bool = False  # every rank at the mean compute: a bound, not a configuration to run
+
+    @property
+    def microbatch_ns(self) -> float:
+        """Its step time per microbatch."""
+        return self.step_ns / self.m
+
+    def against(self, measured_step_ns: float) -> float:
+        """Its step time's change against a measured step: +0.05 is 5% slower."""
+        return self.step_ns / measured_step_ns - 1
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -115,6 +124,24 @@ class WhatIf:
     assumptions: list[str]
     links: LinkChange | None = None
     search: Search | None = None
+
+    @property
+    def fastest(self) -> Prediction | None:
+        """The prediction a user could run fastest, by what ``keep`` holds (:func:`fastest`)."""
+        return fastest(self.predictions, self.keep)
+
+    def fastest_where(self, runs: Callable[[str], bool]) -> Prediction | None:
+        """The fastest of the rows whose label ``runs`` accepts (those a framework can run)."""
+        return fastest([p for p in self.predictions if runs(p.label)], self.keep)
+
+    @property
+    def measured_microbatch_ns(self) -> float:
+        """The measured step's time per microbatch (``keep="microbatch"`` compares by it)."""
+        return self.measured_step_ns / self.model.m
+
+    def microbatch_against(self, p: Prediction) -> float:
+        """``p``'s time per microbatch against the measured one's: +0.05 is 5% slower."""
+        return p.microbatch_ns / self.measured_microbatch_ns - 1
 
     def to_dict(self) -> dict[str, Any]:
         m = self.model
@@ -356,7 +383,7 @@ def fastest(predictions: Sequence[Prediction], keep: str) -> Prediction | None:
         return None
     if keep == "global-batch":
         return min(runnable, key=lambda p: p.step_ns)
-    return min(runnable, key=lambda p: p.step_ns / p.m)
+    return min(runnable, key=lambda p: p.microbatch_ns)
 
 
 def check_target(model: CostModel, schedule: str, v: int, m: int) -> None:
@@ -398,10 +425,18 @@ def check_ranks(model: CostModel, p: int | None) -> None:
         )
 
 
+def _grid(model: CostModel) -> tuple[str, ...]:
+    """The schedules a what-if tries unasked: :data:`TARGETS`, and the measured one where it
+    is generated with whole backwards but not offered by default (a LoopedBFS run)."""
+    own = model.schedule
+    mine = own in traits.names(generated=True, split_backward=False) and own not in TARGETS
+    return (*TARGETS, own) if mine else TARGETS
+
+
 def default_targets(model: CostModel) -> list[tuple[str, int, int]]:
     """What a user would try first: each schedule at the measured m, and twice m."""
     v_int = model.v if model.v >= 2 else 2
-    return [(s, traits.chunks_per_rank(s, several=v_int), m) for m in (model.m, 2 * model.m) for s in TARGETS]
+    return [(s, traits.chunks_per_rank(s, several=v_int), m) for m in (model.m, 2 * model.m) for s in _grid(model)]
 
 
 def requested_targets(
@@ -411,7 +446,7 @@ def requested_targets(
     whole backwards, or Interleaved1F1B where only v is given) at each m (the measured m and
     twice it unless given) and each v it takes: 1 for one chunk a rank, the V's 2, else the
     given v (the V's too, where v is given: checked later), the measured v, or 2."""
-    chosen = schedules or (("Interleaved1F1B",) if vs else TARGETS)
+    chosen = schedules or (("Interleaved1F1B",) if vs else _grid(model))
     m_values = ms or (model.m, 2 * model.m)
     v_interleaved = tuple(vs) or ((model.v if model.v >= 2 else 2),)
 
@@ -601,8 +636,12 @@ class Search:
     def fits(self, p: Prediction) -> bool:
         return p.activation_bytes is not None and p.activation_bytes <= self.budget_bytes
 
+    def over_budget(self, p: Prediction) -> bool:
+        """Its activations are known and exceed the budget (an unknown size is neither)."""
+        return p.activation_bytes is not None and p.activation_bytes > self.budget_bytes
+
     def cost(self, p: Prediction) -> float:
-        return p.step_ns / p.m if self.objective == "time per microbatch" else p.step_ns
+        return p.microbatch_ns if self.objective == "time per microbatch" else p.step_ns
 
     def to_dict(self) -> dict[str, Any]:
         return {

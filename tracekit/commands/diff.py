@@ -97,12 +97,11 @@ def _console(c: Comparison) -> str:
             f"  {label}: {for_terminal(m.source)}  ({', '.join(m.formats)}; {m.schedule_label}; {m.n_steps} step(s))"
         )
     out += [f"  note: {for_terminal(n)}" for n in c.notes]
-    step_delta = c.b.step_ns - c.a.step_ns
-    step_rel = f", {100 * step_delta / c.a.step_ns:+.1f}%" if c.a.step_ns else ""
+    step_rel = f", {c.step_change_pct:+.1f}%" if c.step_change_pct is not None else ""
     out += [
         "",
         f"bubble ratio  {pct(c.a.bubble_ratio)} -> {pct(c.b.bubble_ratio)}  ({points(c.bubble_delta)})",
-        f"step time     {ms(c.a.step_ns)} ms -> {ms(c.b.step_ns)} ms  ({signed_ms(step_delta)} ms{step_rel})",
+        f"step time     {ms(c.a.step_ns)} ms -> {ms(c.b.step_ns)} ms  ({signed_ms(c.step_delta_ns)} ms{step_rel})",
     ]
     if c.causes:
         rows = [[CAUSE_NAMES[ch.key], pct(ch.a), pct(ch.b), points(ch.delta)] for ch in c.causes]
@@ -121,15 +120,13 @@ def _console(c: Comparison) -> str:
             compute = c.compute_change(ch.rank)
             if compute is not None:
                 row.append(f"{signed_ms(compute.delta)} ms")
-            causes = c.rank_causes.get(ch.rank)
-            if causes:
-                top = max(causes, key=lambda k: abs(causes[k]))
-                row.append(f"{top} {points(causes[top])}")
+            top = c.top_cause_change(ch.rank)
+            if top is not None:
+                row.append(f"{top[0]} {points(top[1])}")
             rows.append(row)
         out += ["", f"by rank (bubble ratio), {c.rank_order()}:", table(headers, rows)]
-    blame = [ch for ch in c.stages + c.links if abs(ch.delta) > 0]
+    blame = c.blame()
     if blame:
-        blame.sort(key=lambda ch: -abs(ch.delta))
         rows = [[ch.key, ms(ch.a), ms(ch.b), signed_ms(ch.delta)] for ch in blame[:_BLAME_ROWS]]
         out += [
             "",

@@ -11,9 +11,12 @@ import click
 
 from tracekit.commands.common import TracekitCommand, load_with_progress, rank_options, work_progress
 from tracekit.model import schedules as traits
+from tracekit.model.frameworks import FRAMEWORKS
 
 if TYPE_CHECKING:
     from tracekit.analyze.costs import CostModel
+    from tracekit.analyze.framework_config import Advice
+    from tracekit.analyze.whatif import WhatIf
     from tracekit.analyze.split import SplitReport
     from tracekit.ingest.kineto_memory import MemoryEvents
     from tracekit.model.run import Run
@@ -141,6 +144,13 @@ SCHEDULE_CHOICES = list(traits.names(generated=True))  # every schedule what-if 
     "memory are not sized.",
 )
 @click.option(
+    "--framework",
+    type=click.Choice(list(FRAMEWORKS)),
+    help="The framework whose config lines each recommendation is also printed as: Megatron-LM's flags, "
+    "torchtitan's config, DeepSpeed's PipelineModule and config keys, torch.distributed.pipelining's classes. "
+    "Default: the one the traces show (capture.json, label names, process groups, trace folders).",
+)
+@click.option(
     "--json",
     "as_json",
     is_flag=True,
@@ -165,6 +175,7 @@ def command(
     link_latency: str | None,
     overlap_p2p: bool,
     no_recompute: bool,
+    framework: str | None,
     as_json: bool,
     rank_from: str | None,
     rank_map: str | None,
@@ -251,7 +262,12 @@ def command(
         assert budget is not None  # checked above
         size = activation_size(run, user_bytes, None if user_bytes is not None else _memory_events(run))
         result = search(run, budget, size, keep, replays, seed, schedules, vs, ms, links, model)
-        click.echo(json.dumps(result.to_dict(), indent=1) if as_json else render(result))
+        advice = _advice(run, model, framework, result, None)
+        click.echo(
+            json.dumps({**result.to_dict(), "framework": advice.to_dict()}, indent=1)
+            if as_json
+            else render(result, advice)
+        )
         return
     # None: what_if's defaults
     targets = requested_targets(model, schedules, vs, ms) if schedules or vs or ms else None
@@ -273,17 +289,19 @@ def command(
     )
     if fallback is not None:
         result.assumptions.append(fallback)
+    advice = _advice(run, model, framework, result, report)
     if as_json:
         doc = result.to_dict()
         if report is not None:
             doc["split"] = report.to_dict()
+        doc["framework"] = advice.to_dict()
         sys.stdout.write(json.dumps(doc, indent=1) + "\n")
     else:
-        click.echo(render(result))
+        click.echo(render(result, advice))
         if report is not None:
             from tracekit.render.split import render_split
 
-            click.echo(render_split(report, result.measured_step_ns))
+            click.echo(render_split(report, result.measured_step_ns, advice))
 
 
 def _split(
@@ -323,6 +341,15 @@ def _split(
     if not targets:
         raise TracekitError(f"--balanced / --split replay {', '.join(SPLIT_TARGETS)}; add one of them with -s")
     return split_report(model, layers, targets, balanced, given, keep, replays, seed), None
+
+
+def _advice(run: Run, model: CostModel, framework: str | None, result: WhatIf, report: SplitReport | None) -> Advice:
+    """Each recommendation in the config lines of the framework that ran (``--framework``,
+    else detected from the traces)."""
+    from tracekit.analyze.framework import detect_framework
+    from tracekit.analyze.framework_config import advise, run_facts
+
+    return advise(detect_framework(run, framework), run_facts(run, model.m), result, report)
 
 
 def _memory_events(run: Run) -> dict[int, MemoryEvents]:

@@ -25,6 +25,7 @@ class Schedule:
     captured: bool  # ``tracekit capture`` runs it
     generated: bool  # what-if generates its order (and replays it)
     design: bool = False  # run by tracekit's own loop (tracekit.capture.designs), not a torch class
+    offered: bool = True  # in what-if's default grid of targets (else on request, -s)
 
     @property
     def v_shaped(self) -> bool:
@@ -36,8 +37,9 @@ SCHEDULES: tuple[Schedule, ...] = (
     Schedule("GPipe", "one", False, "ScheduleGPipe", captured=True, generated=True),
     Schedule("1F1B", "one", False, "Schedule1F1B", captured=True, generated=True),
     Schedule("Interleaved1F1B", "several", False, "ScheduleInterleaved1F1B", captured=True, generated=True),
-    # v >= 1: with one chunk a rank it is GPipe's order
-    Schedule("LoopedBFS", "several", False, "ScheduleLoopedBFS", captured=True, generated=False),
+    # v >= 1: with one chunk a rank it is GPipe's order (backwards reversed). On request only:
+    # at the same v it has Interleaved1F1B's bubble and holds every microbatch's activations
+    Schedule("LoopedBFS", "several", False, "ScheduleLoopedBFS", captured=True, generated=True, offered=False),
     # torch has no class of that name: ScheduleInterleavedZeroBubble with one stage a rank
     Schedule("ZB-H1", "one", True, "ScheduleInterleavedZeroBubble", captured=False, generated=True),
     Schedule("InterleavedZeroBubble", "several", True, "ScheduleInterleavedZeroBubble", captured=True, generated=True),

@@ -41,6 +41,8 @@ _MEGATRON_DESCRIPTIONS = {
     "DATA_PARALLEL_GROUP": "dp",
     "PIPELINE_MODEL_PARALLEL_GROUP": "pp",
 }
+#: the descriptions above: a trace that holds one was written by Megatron (tracekit.analyze.framework)
+MEGATRON_DESCRIPTIONS = frozenset(_MEGATRON_DESCRIPTIONS)
 # torch DeviceMesh: each mesh dimension's group is described "mesh_<dim name>"
 # (torch/distributed/device_mesh.py, _init_process_groups: group_desc=f"mesh_{dim_name}").
 _MESH = re.compile(r"^mesh_([a-z]+)(?:_(replicate|shard))?$")

@@ -68,23 +68,16 @@ def _host_ops(run: Run, add: Add, action_track: dict[int, Placed]) -> int:
         inside = inside[inside["depth"].to_numpy() < top + OP_LEVELS]
         key = action_track[int(action.action_id)][0]
         for op in inside.itertuples(index=False):
-            add(
-                key[0],
-                key[1],
-                key[2],
-                int(op.start_ns),
-                int(op.end_ns),
-                str(op.name),
-                str(op.cat),
-                {
-                    "action_id": int(action.action_id),
-                    "depth": int(op.depth),
-                    "source_file": names[int(op.file_id)],
-                    "source_index": int(op.source_index),
-                },
-            )
+            _add_op(add, key, op, str(op.cat), {"action_id": int(action.action_id), "depth": int(op.depth)}, names)
             added += 1
     return added
+
+
+def _add_op(add: Add, key: Track, op: Any, cat: str, args: dict[str, Any], names: list[str]) -> None:
+    """One op as a slice on its action's track ``key``, its args followed by the file and the
+    event it was read from."""
+    source = {"source_file": names[int(op.file_id)], "source_index": int(op.source_index)}
+    add(key[0], key[1], key[2], int(op.start_ns), int(op.end_ns), str(op.name), cat, {**args, **source})
 
 
 def _device_ops(run: Run, add: Add, action_track: dict[int, Placed]) -> tuple[int, int]:
@@ -101,22 +94,8 @@ def _device_ops(run: Run, add: Add, action_track: dict[int, Placed]) -> tuple[in
             if int(op.start_ns) < busy_until:  # overlaps the op before it (another stream)
                 left_out += 1
                 continue
-            add(
-                key[0],
-                key[1],
-                key[2],
-                int(op.start_ns),
-                int(op.end_ns),
-                str(op.name),
-                "device",
-                {
-                    "action_id": action_id,
-                    "kind": str(op.kind),
-                    "stream": int(op.stream),
-                    "source_file": names[int(op.file_id)],
-                    "source_index": int(op.source_index),
-                },
-            )
+            args = {"action_id": action_id, "kind": str(op.kind), "stream": int(op.stream)}
+            _add_op(add, key, op, "device", args, names)
             busy_until = int(op.end_ns)
             added += 1
     return added, left_out

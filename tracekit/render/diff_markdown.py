@@ -32,13 +32,12 @@ def render(c: Comparison) -> str:
     out.append("")
     if c.notes:
         out += [*(f"> {for_markdown_text(note)}  " for note in c.notes), ""]
-    step_delta = c.b.step_ns - c.a.step_ns
-    step_rel = f" ({100 * step_delta / c.a.step_ns:+.1f}%)" if c.a.step_ns else ""
+    step_rel = f" ({c.step_change_pct:+.1f}%)" if c.step_change_pct is not None else ""
     out += [
         "| | A | B | change |",
         "|---|---:|---:|---:|",
         f"| bubble ratio | {pct(c.a.bubble_ratio)} | {pct(c.b.bubble_ratio)} | {points(c.bubble_delta)} |",
-        f"| step time | {ms(c.a.step_ns)} ms | {ms(c.b.step_ns)} ms | {signed_ms(step_delta)} ms{step_rel} |",
+        f"| step time | {ms(c.a.step_ns)} ms | {ms(c.b.step_ns)} ms | {signed_ms(c.step_delta_ns)} ms{step_rel} |",
     ]
     if c.causes:
         out += [
@@ -65,15 +64,14 @@ def render(c: Comparison) -> str:
             compute = c.compute_change(ch.rank) if ch.rank is not None else None
             if compute is not None:
                 row += f" {signed_ms(compute.delta)} ms |"
-            causes = c.rank_causes.get(ch.rank) if ch.rank is not None else None
-            if causes:
-                top = max(causes, key=lambda k: abs(causes[k]))
-                row += f" {_text(top)} {points(causes[top])} |"
+            top = c.top_cause_change(ch.rank) if ch.rank is not None else None
+            if top is not None:
+                row += f" {_text(top[0])} {points(top[1])} |"
             elif c.rank_causes:
                 row += " |"
             out.append(row)
         out += ["", "</details>"]
-    blame = sorted((ch for ch in c.stages + c.links if abs(ch.delta) > 0), key=lambda ch: -abs(ch.delta))
+    blame = c.blame()
     if blame:
         out += [
             "",

@@ -59,7 +59,7 @@ def to_document(analysis: Analysis) -> AnalysisDocument:
             "busy_ns": analysis.summary.busy_ns,
             "idle_ns": analysis.summary.idle_ns,
             "n_ranks": analysis.summary.n_ranks,
-            "n_steps": int(analysis.bubbles["step"].nunique()) if len(analysis.bubbles) else 0,
+            "n_steps": analysis.n_steps,
             "n_actions": int(len(run.actions)),
             "n_messages": int(len(run.messages)),
         },
@@ -84,13 +84,8 @@ def to_document(analysis: Analysis) -> AnalysisDocument:
     doc["host_view"] = _host_view(analysis)
     doc["device"] = _device(analysis)
     attribution = analysis.attribution
-    table = attribution.table if attribution else None
     cause_columns = [c.column for c in IDLE_CAUSES]
-    # One groupby, not a filter of the whole table per rank (quadratic in ranks).
-    cause_sums = None
-    if table is not None and len(table):
-        summed = table.groupby("rank")[cause_columns].sum()
-        cause_sums = dict(zip(summed.index.tolist(), summed.to_numpy().tolist()))  # rank -> its causes' idle
+    rank_causes = attribution.rank_causes_ns(analysis.summary.per_rank) if attribution else {}
     for rank, info in analysis.summary.per_rank.items():
         entry: RankRow = {
             "rank": rank,
@@ -99,9 +94,8 @@ def to_document(analysis: Analysis) -> AnalysisDocument:
             "idle_ns": info.idle_ns,
             "bubble_ratio": _ratio(info.bubble_ratio),
         }
-        if cause_sums is not None:
-            sums = cause_sums.get(rank, [0] * len(cause_columns))
-            entry["causes"] = {k: int(v) for k, v in zip(cause_columns, sums)}
+        if rank_causes:
+            entry["causes"] = {c.column: rank_causes[rank][c.key] for c in IDLE_CAUSES}
         doc["ranks"].append(entry)
     by_step = {s.step: s for s in attribution.steps} if attribution else {}
     # Each column read once as Python values, each step's rows (in table order) split out at

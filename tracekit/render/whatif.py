@@ -2,20 +2,29 @@
 
 from __future__ import annotations
 
-from tracekit.analyze.whatif import Prediction, Search, WhatIf, fastest
+from typing import TYPE_CHECKING
+
+from tracekit.render.framework import config_block, framework_line
 from tracekit.text import for_terminal
 from tracekit.vocab import format_bytes, in_ms
 from tracekit.version import __version__
 
+if TYPE_CHECKING:
+    from tracekit.analyze.framework_config import Advice
+    from tracekit.analyze.whatif import Prediction, Search, WhatIf
 
-def render(result: WhatIf) -> str:
+
+def render(result: WhatIf, advice: Advice | None = None) -> str:
+    """The what-if table; ``advice`` (tracekit.analyze.framework_config.Advice): the fastest
+    row also in its framework's config lines."""
     if result.search is not None:
-        return render_search(result, result.search)
+        return render_search(result, result.search, advice)
     m = result.model
     lines = [
         f"tracekit {__version__} what-if: {result.source}",
         f"  measured: {m.schedule} p={m.p} v={m.v} m={m.m}, {len(m.graphs)} step(s), "
         f"{m.n_actions} actions, {m.n_messages} messages",
+        *framework_line(advice),
         "",
         f"  {'':34} {'bubble':>15} {'step time':>20} {'vs measured':>12} {'theory':>8}",
     ]
@@ -30,7 +39,7 @@ def render(result: WhatIf) -> str:
             "model of the measured run",
             f"{model.bubble_ratio:.1%} ±{model.bubble_sd:.1%}",
             f"{in_ms(model.step_ns)} ±{model.step_sd / 1e6:.1f}",
-            f"{model.step_ns / result.measured_step_ns - 1:+.1%}",
+            f"{model.against(result.measured_step_ns):+.1%}",
             "",
         )
     )
@@ -42,24 +51,27 @@ def render(result: WhatIf) -> str:
                 p.label,
                 f"{p.bubble_ratio:.1%} ±{p.bubble_sd:.1%}",
                 f"{in_ms(p.step_ns)} ±{p.step_sd / 1e6:.1f}",
-                f"{p.step_ns / result.measured_step_ns - 1:+.1%}",
+                f"{p.against(result.measured_step_ns):+.1%}",
                 theory,
             )
         )
-    best = fastest(result.predictions, result.keep)
+    best = result.fastest
     if best is not None and result.keep == "global-batch":
         lines += [
             "",
             f"  fastest step (--keep global-batch): {best.label}, {in_ms(best.step_ns)} "
-            f"({best.step_ns / result.measured_step_ns - 1:+.1%} against the measured step)",
+            f"({best.against(result.measured_step_ns):+.1%} against the measured step)",
         ]
     elif best is not None:  # microbatches keep their size: compare time per microbatch
-        per_mb = result.measured_step_ns / m.m
         lines += [
             "",
-            f"  most microbatches per second (--keep microbatch): {best.label}, {in_ms(best.step_ns / best.m)} a microbatch "
-            f"({best.step_ns / best.m / per_mb - 1:+.1%} against the measured {in_ms(per_mb)})",
+            f"  most microbatches per second (--keep microbatch): {best.label}, {in_ms(best.microbatch_ns)} a microbatch "
+            f"({result.microbatch_against(best):+.1%} against the measured {in_ms(result.measured_microbatch_ns)})",
         ]
+    if best is not None:
+        lines += config_block(advice, best.label)
+        if advice is not None and advice.configs and not advice.runs(best.label):
+            lines += _fastest_runnable(result, advice)
     for reason in dict.fromkeys(result.skipped):
         lines.append(f"  skipped: {reason}")
     lines += ["", "  how: " + result.assumptions[0]]
@@ -70,9 +82,23 @@ def render(result: WhatIf) -> str:
     return "\n".join(for_terminal(line) for line in lines)
 
 
-def render_search(result: WhatIf, found: Search) -> str:
+def _fastest_runnable(result: WhatIf, advice: Advice) -> list[str]:
+    """Where the framework cannot run the fastest row: the fastest it can, in its lines."""
+    title = advice.framework.title
+    best = result.fastest_where(advice.runs)
+    if best is None:
+        return [f"  {title} runs none of these rows"]
+    return [
+        f"  fastest step {title} runs: {best.label}, {in_ms(best.step_ns)} "
+        f"({best.against(result.measured_step_ns):+.1%} against the measured step)",
+        *config_block(advice, best.label),
+    ]
+
+
+def render_search(result: WhatIf, found: Search, advice: Advice | None = None) -> str:
     """``whatif --search``: every replayed (schedule, v, m) with its activation memory, the
-    fastest that fits, and per (schedule, v) the fastest m that fits."""
+    fastest that fits (also in its framework's config lines, with ``advice``), and per
+    (schedule, v) the fastest m that fits."""
     m = result.model
     per_mb = found.objective == "time per microbatch"
     lines = [
@@ -82,6 +108,7 @@ def render_search(result: WhatIf, found: Search) -> str:
         f"  memory budget: {format_bytes(found.budget_bytes)} of activations per rank; one microbatch on one "
         f"rank's layers: {format_bytes(found.activation.bytes_per_microbatch)} from {found.activation.source}",
         f"  fastest by {found.objective} (--keep {result.keep}; see how: below)",
+        *framework_line(advice),
         "",
         f"  {'':30} {'bubble':>14} {'step time':>18} {'vs meas.':>9} {'msgs/step':>9} {'in flight':>9} "
         f"{'activations':>12}",
@@ -93,14 +120,14 @@ def render_search(result: WhatIf, found: Search) -> str:
         msgs = "" if p.messages_per_step is None else str(p.messages_per_step)
         return (
             f"  {p.label:30} {f'{p.bubble_ratio:.1%} ±{p.bubble_sd:.1%}':>14} "
-            f"{f'{in_ms(p.step_ns)} ±{p.step_sd / 1e6:.1f}':>18} {p.step_ns / result.measured_step_ns - 1:>+9.1%} "
+            f"{f'{in_ms(p.step_ns)} ±{p.step_sd / 1e6:.1f}':>18} {p.against(result.measured_step_ns):>+9.1%} "
             f"{msgs:>9} {flight:>9} {act:>12}{mark}"
         )
 
     lines.append(f"  {'measured':30} {result.measured_bubble:>14.1%} {in_ms(result.measured_step_ns):>18}")
 
     def mark(p: Prediction) -> str:
-        return "  over budget" if p.activation_bytes is not None and p.activation_bytes > found.budget_bytes else ""
+        return "  over budget" if found.over_budget(p) else ""
 
     lines.append(row(result.as_measured, mark(result.as_measured)))
     lines.append("")
@@ -109,7 +136,7 @@ def render_search(result: WhatIf, found: Search) -> str:
     lines += ["", f"  per v (the fastest m that fits; median message latency {in_ms(found.message_latency_ns)}):"]
     for p in found.per_v:
         fits = found.fits(p)
-        cost = f"{in_ms(p.step_ns / p.m)} a microbatch" if per_mb else f"step {in_ms(p.step_ns)}"
+        cost = f"{in_ms(found.cost(p))} a microbatch" if per_mb else f"step {in_ms(p.step_ns)}"
         lines.append(
             f"    {p.schedule} v={p.v}: m={p.m}, bubble {p.bubble_ratio:.1%}, {p.messages_per_step} messages a step, "
             f"{cost}" + ("" if fits else f", needs {format_bytes(p.activation_bytes or 0)}: nothing fits")
@@ -122,7 +149,7 @@ def render_search(result: WhatIf, found: Search) -> str:
         fastest = found.fastest
         lines.append(
             f"  fastest under the budget: {best.label}, {in_ms(best.step_ns)} a step "
-            f"({best.step_ns / result.measured_step_ns - 1:+.1%} against the measured step), "
+            f"({best.against(result.measured_step_ns):+.1%} against the measured step), "
             f"{format_bytes(best.activation_bytes or 0)} of activations"
         )
         if fastest is not None and fastest is not best:
@@ -130,6 +157,7 @@ def render_search(result: WhatIf, found: Search) -> str:
                 f"  (fastest of all, {fastest.label} at {in_ms(fastest.step_ns)}, needs "
                 f"{format_bytes(fastest.activation_bytes or 0)})"
             )
+        lines += config_block(advice, best.label)
     for reason in dict.fromkeys(result.skipped):
         lines.append(f"  skipped: {reason}")
     lines += ["", "  how: " + result.assumptions[0]]

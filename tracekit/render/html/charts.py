@@ -4,12 +4,13 @@ bubble against theory."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from tracekit.analyze import Analysis
+from tracekit.analyze.report_figures import busy_per_step_ns, place_means, rank_causes_ns
 from tracekit.render.html.views import MAX_BARS, TIMELINE_WIDTH_PX, StepView
 from tracekit.vocab import ACTION_KIND_NAMES, CATEGORIES, IDLE_CAUSES
 
@@ -196,12 +197,21 @@ def _timeline_figure(view: StepView) -> figure:
     fig.yaxis.major_label_overrides = {i: view.lanes[i] for i in range(0, n, every)}
     items: dict[str, list[GlyphRenderer]] = {}
 
-    def quads(source: ColumnDataSource, label: str, tooltips: Tooltips | None, **style: Any) -> GlyphRenderer:
-        renderer = fig.quad(left="x0", right="x1", bottom="y0", top="y1", source=source, **style)
+    def legend_item(renderer: GlyphRenderer, label: str, tooltips: Tooltips | None) -> GlyphRenderer:
         items.setdefault(label, []).append(renderer)
         if tooltips:
             _hover(fig, renderer, tooltips)
         return renderer
+
+    def quads(source: ColumnDataSource, label: str, tooltips: Tooltips | None, **style: Any) -> GlyphRenderer:
+        return legend_item(
+            fig.quad(left="x0", right="x1", bottom="y0", top="y1", source=source, **style), label, tooltips
+        )
+
+    def segments(frame: pd.DataFrame, label: str, tooltips: Tooltips | None, **style: Any) -> GlyphRenderer:
+        return legend_item(
+            fig.segment(x0="x0", y0="y0", x1="x1", y1="y1", source=_source(frame), **style), label, tooltips
+        )
 
     # drawn in this order, each over the ones before: idle, bars, messages, the critical
     # path, and the bars' labels on top, on a box of their bar's colour, so that no line
@@ -218,39 +228,28 @@ def _timeline_figure(view: StepView) -> figure:
             )
     layers = _bar_layers(fig, view, quads)
     if len(view.messages):
-        renderer = fig.segment(
-            x0="x0",
-            y0="y0",
-            x1="x1",
-            y1="y1",
-            source=_source(view.messages),
-            line_color=MESSAGE_COLOR,
-            line_width=1,
-            line_alpha=0.55,
-        )
-        items["message (send -> arrival)"] = [renderer]
-        _hover(
-            fig,
-            renderer,
+        segments(
+            view.messages,
+            "message (send -> arrival)",
             [
                 ("message", "@link (@direction)"),
                 ("send left after", "@post_ms{0.000} ms"),
                 ("in flight", "@wire_ms{0.000} ms"),
                 ("receiver waited", "@wait_ms{0.000} ms"),
             ],
+            line_color=MESSAGE_COLOR,
+            line_width=1,
+            line_alpha=0.55,
         )
     if view.critical_bars is not None and view.critical_links is not None and len(view.critical_bars):
-        links = fig.segment(
-            x0="x0",
-            y0="y0",
-            x1="x1",
-            y1="y1",
-            source=_source(view.critical_links),
+        segments(
+            view.critical_links,
+            "critical path",
+            None,
             line_color=CRITICAL_COLOR,
             line_width=CRITICAL_LINE_PX,
             line_alpha=0.9,
         )
-        items["critical path"] = [links]
         quads(
             _source(view.critical_bars),
             "critical path",
@@ -426,19 +425,15 @@ def _bar_text(view: StepView) -> pd.DataFrame:
 def causes_root(analysis: Analysis) -> LayoutDOM:
     """Per-rank stacked bars: busy, then idle by cause (ms, all steps)."""
 
-    table = analysis.attribution.table if analysis.attribution is not None else None
-    attributed = table is not None and len(table) > 0
-    parts = ["busy", *CATEGORIES] if attributed else ["busy", "idle"]
+    causes = rank_causes_ns(analysis)
+    parts = ["busy", *CATEGORIES] if causes else ["busy", "idle"]
     columns: dict[str, list[Any]] = {"rank": [], **{p: [] for p in parts}}
-    sums = table.groupby("rank")[[f"{c}_ns" for c in CATEGORIES]].sum() if table is not None and attributed else None
     for rank, info in analysis.summary.per_rank.items():
         columns["rank"].append(str(rank))
         columns["busy"].append(info.busy_ns / 1e6)
-        if sums is not None:
+        if causes:
             for cause in CATEGORIES:
-                columns[cause].append(
-                    float(cast(float, sums.at[rank, f"{cause}_ns"])) / 1e6 if rank in sums.index else 0.0
-                )
+                columns[cause].append(causes[rank][cause] / 1e6)
         else:
             columns["idle"].append(info.idle_ns / 1e6)
     if not columns["rank"]:  # no rank has device work (a CPU-only capture that is no pipeline): no bars to draw
@@ -587,6 +582,7 @@ def spread_root(analysis: Analysis) -> LayoutDOM:
     rollup = analysis.replicas
     assert rollup is not None and rollup.places  # drawn only for a replicated pipeline
     per_rank = analysis.summary.per_rank
+    compute_ns = busy_per_step_ns(analysis)
     n = rollup.n_replicas
     columns: dict[str, list[Any]] = {"x": [], "bubble": [], "compute": [], "rank": [], "replica": [], "stage": []}
     for place in rollup.places:
@@ -594,7 +590,7 @@ def spread_root(analysis: Analysis) -> LayoutDOM:
             # replicas spread across the stage's column so that equal values stay visible
             columns["x"].append(place.place + (0.7 * (i + 0.5) / n - 0.35))
             columns["bubble"].append(100 * per_rank[rank].bubble_ratio)
-            columns["compute"].append(per_rank[rank].busy_ns / rollup.n_steps / 1e6)
+            columns["compute"].append(compute_ns[rank] / 1e6)
             columns["rank"].append(rank)
             columns["replica"].append(i)
             columns["stage"].append(",".join(map(str, place.stages)))
@@ -627,19 +623,19 @@ def place_causes_root(analysis: Analysis) -> LayoutDOM:
 
     rollup = analysis.replicas
     assert rollup is not None and rollup.places  # drawn only for a replicated pipeline
-    per_rank = analysis.summary.per_rank
-    attributed = any(p.causes_ns for p in rollup.places)
+    places = place_means(analysis)
+    attributed = any(p.causes_ns for p in places)
     parts = ["busy", *CATEGORIES] if attributed else ["busy", "idle"]
     n = rollup.n_replicas
     columns: dict[str, list[Any]] = {"stage": [], **{p: [] for p in parts}}
-    for place in rollup.places:
+    for place in places:
         columns["stage"].append(",".join(map(str, place.stages)))
-        columns["busy"].append(sum(per_rank[r].busy_ns for r in place.ranks) / n / 1e6)
+        columns["busy"].append(place.busy_ns / 1e6)
         if attributed:
             for cause in CATEGORIES:
-                columns[cause].append(place.causes_ns.get(cause, 0) / n / 1e6)
+                columns[cause].append(place.causes_ns[cause] / 1e6)
         else:
-            columns["idle"].append(sum(per_rank[r].idle_ns for r in place.ranks) / n / 1e6)
+            columns["idle"].append(place.idle_ns / 1e6)
     fig = _figure(
         frame_width=min(max(160, 40 * len(rollup.places)), 1100),
         frame_height=300,

@@ -7,12 +7,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-import pandas as pd
-
 from tracekit.analyze import Analysis
-from tracekit.analyze.diagnosis import message_latencies, stage_compute_ns
-from tracekit.analyze.grouping import int_items
-from tracekit.analyze.whatif import Prediction, fastest
+from tracekit.analyze.report_figures import (
+    collective_idle,
+    link_figures,
+    rank_causes_ns,
+    slowest_critical_path,
+    stage_figures,
+)
+from tracekit.analyze.whatif import Prediction
 from tracekit.render.html.charts import LEGEND_NAMES
 from tracekit.version import __version__
 from tracekit.vocab import CATEGORIES, pct
@@ -34,18 +37,17 @@ def page_context(analysis: Analysis, notes: list[str]) -> dict[str, Any]:
     sched = run.schedule
     summary = analysis.summary
     theory = analysis.theory
-    n_steps = int(analysis.bubbles["step"].nunique()) if len(analysis.bubbles) else 0
     # a run without a pipeline has no bubble: its idle share is the device's (or host's) idle
     ratio_label = "bubble" if analysis.is_pipeline else "idle share"
     facts = [(f"{ratio_label} (measured)", pct(summary.bubble_ratio))]
-    collective = _collective_idle(analysis)
+    collective = collective_idle(analysis)
     if not analysis.is_pipeline and analysis.device is not None:
         facts.append(
             (
                 "busy counts",
                 "compute kernels, copies and sets; a collective kernel (all_reduce, all_to_all, ...) is idle "
                 "time spent waiting for peers or moving data"
-                + (f": {_ms(sum(collective.values()))} ms of the idle, all ranks" if collective else ""),
+                + (f": {_ms(collective.total_ns)} ms of the idle, all ranks" if collective.per_rank else ""),
             )
         )
     if theory is not None:
@@ -70,7 +72,7 @@ def page_context(analysis: Analysis, notes: list[str]) -> dict[str, Any]:
         facts.append(("timeline", "host (CPU op spans)"))
     facts += [
         ("ranks", str(summary.n_ranks)),
-        ("steps", str(n_steps)),
+        ("steps", str(analysis.n_steps)),
         ("actions", str(len(run.actions))),
         ("messages", str(len(run.messages))),
     ]
@@ -81,11 +83,11 @@ def page_context(analysis: Analysis, notes: list[str]) -> dict[str, Any]:
         "top": findings[0] if findings else None,
         "facts": facts,
         "notes": notes,
-        "rank_rows": _rank_rows(analysis, collective if not analysis.is_pipeline else {}),
+        "rank_rows": _rank_rows(analysis, collective.per_rank if not analysis.is_pipeline else {}),
         "ratio_label": ratio_label,
         "cause_headers": [LEGEND_NAMES[c] for c in CATEGORIES]
         if analysis.attribution is not None and len(analysis.attribution.table)
-        else (["of idle: in collectives"] if collective and not analysis.is_pipeline else []),
+        else (["of idle: in collectives"] if collective.per_rank and not analysis.is_pipeline else []),
         "stage_rows": _stage_rows(analysis),
         "link_rows": _link_rows(analysis),
         "critical": _critical_rows(analysis),
@@ -143,19 +145,15 @@ def _whatif_rows(analysis: Analysis) -> dict[str, Any] | None:
             p.label,
             f"{pct(p.bubble_ratio)} ±{p.bubble_sd:.1%}",
             f"{_ms(p.step_ns)} ±{p.step_sd / 1e6:.1f}",
-            f"{p.step_ns / measured - 1:+.1%}",
+            f"{p.against(measured):+.1%}",
             pct(p.theory) if p.theory is not None else "",
         ]
 
-    split = report.split.recommended.prediction if report.split is not None else None
-    best = sorted(
-        (p for p in (fastest(result.predictions, result.keep), split) if p is not None), key=lambda p: p.step_ns
-    )
     return {
         "measured": [pct(result.measured_bubble), _ms(measured)],
         "model": row(result.as_measured),
-        "best": [row(p) for p in best],
-        "rows": [row(p) for p in [*result.predictions, *([split] if split is not None else [])]],
+        "best": [row(p) for p in report.best],
+        "rows": [row(p) for p in report.rows],
         "replays": result.samples,
         "split_note": report.split_note,
     }
@@ -164,83 +162,50 @@ def _whatif_rows(analysis: Analysis) -> dict[str, Any] | None:
 def _rank_rows(analysis: Analysis, collective: dict[int, int]) -> list[list[str]]:
     """Per rank: busy, idle, its share, then the idle causes (attributed runs) or the idle
     spent in collectives (``collective``: per rank, a run without a pipeline)."""
-    table = analysis.attribution.table if analysis.attribution is not None else None
+    causes = rank_causes_ns(analysis)
     rows = []
     for rank, info in analysis.summary.per_rank.items():
         row = [str(rank), _ms(info.busy_ns), _ms(info.idle_ns), pct(info.bubble_ratio)]
-        if table is not None and len(table):
-            sums = table[table["rank"] == rank]
-            row += [_ms(sums[f"{c}_ns"].sum()) for c in CATEGORIES]
+        if causes:
+            row += [_ms(causes[rank][c]) for c in CATEGORIES]
         elif collective:
             row.append(_ms(collective.get(rank, 0)))
         rows.append(row)
     return rows
 
 
-def _collective_idle(analysis: Analysis) -> dict[int, int]:
-    """Per rank, idle time spent in collective kernels (device runs; empty where none ran)."""
-    if analysis.device is None:
-        return {}
-    per_rank = analysis.device.per_rank()
-    return {rank: int(ns) for rank, ns in int_items(per_rank["collective_idle_ns"]) if ns > 0}
-
-
 def _stage_rows(analysis: Analysis) -> list[list[str]]:
-    if analysis.attribution is None or not analysis.is_pipeline or analysis.run.schedule is None:
-        return []
-    blame = analysis.attribution.stage_blame
-    compute = stage_compute_ns(analysis.run.actions)
-    idle = max(analysis.summary.idle_ns, 1)
-    to_rank = analysis.run.schedule.stage_to_rank
-    by_stage = blame.groupby("stage")["imbalance_ns"].sum() if len(blame) else pd.Series(dtype=float)
-    median = float(compute.median()) if len(compute) else 0.0
-    rows = []
-    for stage in sorted(compute.index, key=lambda s: -by_stage.get(s, 0)):
-        rows.append(
-            [
-                str(int(stage)),
-                str(to_rank.get(int(stage), "?")),
-                _ms(compute[stage]),
-                f"{compute[stage] / median:.2f}x" if median else "n/a",
-                _ms(by_stage.get(stage, 0)),
-                pct(by_stage.get(stage, 0) / idle),
-            ]
-        )
-    return rows
+    return [
+        [
+            str(s.stage),
+            "?" if s.rank is None else str(s.rank),
+            _ms(s.compute_ns),
+            f"{s.vs_median:.2f}x" if s.vs_median is not None else "n/a",
+            _ms(s.blamed_ns),
+            pct(s.idle_share),
+        ]
+        for s in stage_figures(analysis)
+    ]
 
 
 def _link_rows(analysis: Analysis) -> list[list[str]]:
-    if analysis.attribution is None or not analysis.is_pipeline:
-        return []
-    blame = analysis.attribution.link_blame
-    idle = max(analysis.summary.idle_ns, 1)
-    latencies = message_latencies(analysis)
-    by_link = blame.groupby(["src_rank", "dst_rank"])["comm_ns"].sum() if len(blame) else pd.Series(dtype=float)
-    stats = latencies.groupby(["src_rank", "dst_rank"]).agg(
-        n=("latency_ns", "size"), latency=("latency_ns", "median"), post=("post_delay_ns", "median")
-    )
-    rows = []
-    for link in sorted(stats.index, key=lambda k: -by_link.get(k, 0)):
-        s = stats.loc[link]
-        rows.append(
-            [
-                f"{link[0]} -> {link[1]}",
-                str(int(s["n"])),
-                _ms(s["latency"]),
-                _ms(s["post"]),
-                _ms(by_link.get(link, 0)),
-                pct(by_link.get(link, 0) / idle),
-            ]
-        )
-    return rows
+    return [
+        [
+            f"{link.src_rank} -> {link.dst_rank}",
+            str(link.n_messages),
+            _ms(link.latency_ns),
+            _ms(link.post_delay_ns),
+            _ms(link.blamed_ns),
+            pct(link.idle_share),
+        ]
+        for link in link_figures(analysis)
+    ]
 
 
 def _critical_rows(analysis: Analysis) -> dict[str, Any] | None:
-    attribution = analysis.attribution
-    if attribution is None or not attribution.steps:
+    critical = slowest_critical_path(analysis)
+    if critical is None:
         return None
-    slowest = max(attribution.steps, key=lambda s: s.measured_makespan_ns)
-    path = list(reversed(slowest.critical_path))
     rows = [
         [
             f"{p['kind']}{p['stage']}.{p['microbatch']}",
@@ -251,14 +216,14 @@ def _critical_rows(analysis: Analysis) -> dict[str, Any] | None:
             _ms(p.get("comm_ns", 0)),
             _ms(p.get("overhead_ns", 0)),
         ]
-        for p in path
+        for p in critical.path
     ]
     return {
-        "step": slowest.step,
-        "makespan": _ms(slowest.measured_makespan_ns),
+        "step": critical.step,
+        "makespan": _ms(critical.makespan_ns),
         "rows": rows,
-        "compute": _ms(sum(p["compute_ns"] for p in path)),
-        "comm": _ms(sum(p.get("comm_ns", 0) for p in path)),
+        "compute": _ms(critical.compute_ns),
+        "comm": _ms(critical.comm_ns),
     }
 
 

@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 
 from tracekit.analyze import Analysis
-from tracekit.analyze.grouping import int_groups
 from tracekit.analyze.intervals import idle_intervals
+from tracekit.analyze.report_figures import Culprit, StepFigures, culprits, step_figures
 from tracekit.model.names import FRAME_CATEGORY
 from tracekit.text import for_xml
 from tracekit.vocab import ACTION_KIND_NAMES, IDLE_CAUSES
@@ -96,8 +96,8 @@ def step_views(
     bubbles = analysis.bubbles
     if len(bubbles) == 0:
         return [], []
-    windows = bubbles.groupby("step").agg(lo=("window_start_ns", "min"), hi=("window_end_ns", "max"))
-    step_ns = {int(s): int(ns) for s, ns in zip(windows.index.tolist(), (windows["hi"] - windows["lo"]).tolist())}
+    windows = step_figures(analysis)
+    step_ns = {step: w.end_ns - w.start_ns for step, w in windows.items()}
     steps, notes = chosen_steps(sorted(step_ns), step_ns)
     present = sorted(int(r) for r in bubbles["rank"].unique())
     if groups is None:
@@ -118,8 +118,7 @@ def step_views(
     blame = idle_blame(analysis)
     views = []
     for step in steps:
-        lo, hi = int(cast(int, windows.at[step, "lo"])), int(cast(int, windows.at[step, "hi"]))
-        view = _step_view(analysis, step, lo, hi, lanes, rank_lane, stream_lane, intervals, blame)
+        view = _step_view(analysis, step, windows[step], lanes, rank_lane, stream_lane, intervals, blame)
         view.groups = spans
         views.append(view)
     return views, notes
@@ -135,28 +134,13 @@ def idle_blame(analysis: Analysis) -> dict[tuple[int, int, str], str]:
     """(rank, step, cause) -> who the rank's idle of that cause in that step is blamed on:
     the stages behind its imbalance and the links behind its comm latency, each with its
     share (the attribution's stage_blame and link_blame), largest first."""
-    if analysis.attribution is None:
-        return {}
-    to_rank = analysis.run.schedule.stage_to_rank if analysis.run.schedule is not None else {}
-    out: dict[tuple[int, int, str], str] = {}
-    for step in analysis.attribution.steps:
-        for (rank,), rows in int_groups(step.stage_blame, ["rank"]):
-            rows = rows.sort_values("imbalance_ns", ascending=False)
-            out[(rank, step.step, "imbalance")] = _culprits(
-                [
-                    f"stage {int(s)} (rank {to_rank.get(int(s), '?')}) {_ms3(ns)} ms"
-                    for s, ns in zip(rows["stage"], rows["imbalance_ns"])
-                ]
-            )
-        for (rank,), rows in int_groups(step.link_blame, ["rank"]):
-            rows = rows.sort_values("comm_ns", ascending=False)
-            out[(rank, step.step, "comm")] = _culprits(
-                [
-                    f"link {int(a)} -> {int(b)} {_ms3(ns)} ms"
-                    for a, b, ns in zip(rows["src_rank"], rows["dst_rank"], rows["comm_ns"])
-                ]
-            )
-    return out
+    return {key: _culprits([_culprit(c) for c in found]) for key, found in culprits(analysis).items()}
+
+
+def _culprit(c: Culprit) -> str:
+    if c.link is not None:
+        return f"link {c.link[0]} -> {c.link[1]} {_ms3(c.blamed_ns)} ms"
+    return f"stage {c.stage} (rank {'?' if c.stage_rank is None else c.stage_rank}) {_ms3(c.blamed_ns)} ms"
 
 
 def _culprits(named: list[str]) -> str:
@@ -167,8 +151,7 @@ def _culprits(named: list[str]) -> str:
 def _step_view(
     analysis: Analysis,
     step: int,
-    lo: int,
-    hi: int,
+    window: StepFigures,
     lanes: list[str],
     rank_lane: dict[int, int],
     stream_lane: dict[tuple[int, int], int],
@@ -176,6 +159,7 @@ def _step_view(
     blame: dict[tuple[int, int, str], str],
 ) -> StepView:
     run = analysis.run
+    lo, hi = window.start_ns, window.end_ns
     thinned: dict[str, tuple[int, int]] = {}
     pixel_ns = max((hi - lo) / TIMELINE_WIDTH_PX, 1.0)
     frames = (
@@ -195,12 +179,10 @@ def _step_view(
     idle = _idle_view(intervals, step, lo, rank_lane, merge_gap, thinned, blame)
     messages = _message_view(analysis, step, lo, rank_lane, thinned)
     critical_links, critical_bars = _critical_view(analysis, step, lo, rank_lane)
-    rows = analysis.bubbles[analysis.bubbles["step"] == step]
-    bubble = float(rows["idle_ns"].sum() / max(int(rows["window_ns"].sum()), 1))
     return StepView(
         step=step,
         window_ns=hi - lo,
-        bubble_ratio=bubble,
+        bubble_ratio=window.bubble_ratio,
         lanes=lanes,
         bars=bars,
         idle=idle,
