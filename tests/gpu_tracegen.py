@@ -223,6 +223,37 @@ pytorch/pytorch are named by function, the snapshot being too large to bring her
   counted over every new_group call (``_process_group_name`` 5486-5494); Megatron's groups in
   creation order with their ``group_desc`` (:func:`process_groups`). ``pg_metadata=False`` leaves
   out pg_count, pg_config and every "Process Group *" arg: the layout from traffic alone.
+- **Contention** (``tp_p2p_contention``, ``CONTENDED_SCENARIO``; a model, not read off any
+  source): a TP all-reduce and a pipeline P2P transfer of the same rank run on different
+  streams, being ops of two process groups (Megatron's ``parallel_state.py:1169`` and ``1250``
+  create TENSOR_MODEL_PARALLEL_GROUP and PIPELINE_MODEL_PARALLEL_GROUP apart; ProcessGroupNCCL's
+  ``getNCCLComm`` gives each communicator its own stream), but move their data over the same
+  hardware, NVLink within a node, the NICs and the network between nodes, so each gets less
+  bandwidth while both run. Modelled as: a
+  transfer that a TP all-reduce kernel of either end's rank (spinning or moving data) overlaps
+  takes ``tp_p2p_contention`` times its link's time, the whole transfer, not only the
+  overlapped part. Decided once per message when its transfer starts, from what the kernels
+  resolved by then say (the simulation resolves kernels as they become runnable, not in time
+  order): an all-reduce that starts during the transfer but is resolved after it is missed,
+  and one still waiting for a member not yet resolved counts as running though it may end
+  before the transfer starts. So a few transfers differ from the rule (in CONTENDED_SCENARIO
+  12 of 448 overlap an all-reduce unslowed, 4 are slowed by one that ended before); the
+  truth classes transfers by the kernels' final times, as a trace reader sees them. No effect
+  on the all-reduce. The default, 1.0, is the plain model. Deterministic: the seed still
+  draws only the kernels' jitter.
+
+Activation memory (``record_shapes``, the truth's ``activation_memory`` with ``recompute``;
+a model of what autograd keeps, not a measurement): each forward op records its inputs'
+shapes as ``record_shapes=True`` does ("Input Dims" / "Input type": :func:`_forward_shapes`,
+an MLP on MESSAGE_SHAPE's rows x H float activations) and keeps its first input, the
+activation, for its backward (a linear its input for the weight gradient, its weight being a
+parameter; a gelu its input). Without recomputation a microbatch in flight keeps all of them;
+with it only the CheckpointFunction's input (``tensor_parallel/random.py:628``
+``ctx.save_for_backward(*args)``), and a backward first rebuilds its microbatch's activations
+(one microbatch at a time: held x kept + the rebuilt ones). Per rank, walking its actions in
+the order its kernels ran: ``in_flight`` (most microbatches held), ``kept_per_microbatch_bytes``,
+``activations_per_microbatch_bytes``, ``peak_recompute_on_bytes``, ``peak_recompute_off_bytes``.
+Transients inside an action (a forward's temporaries under no_grad, gradients) are not modelled.
 
 Truth of a 3-D job (keys beside the plain ones, which keep their meaning: ``busy_ns`` /
 ``bubble_ratio`` count compute and optimizer kernels only). The step window is the first to
@@ -241,7 +272,12 @@ tracekit's overhead, which charges a late host where its delay propagates: compa
 ``line``, ``groups`` {tp, dp, pp: lists of ranks}, ``process_groups`` (every group with its
 pg_name, pg_desc, backend_config, pg_size, ranks, role), pg_metadata); ``stages`` (per pp rank:
 ranks, recompute_ns, busy_ns, recompute_share); ``replicas`` (per dp rank: ranks, slowdown,
-action_busy_ns); ``slow_replica`` (the replica made slower, or None).
+action_busy_ns); ``slow_replica`` (the replica made slower, or None). With tp > 1,
+``shared_links``: per rank the time its TP all-reduce kernels and its P2P kernels overlap
+(``overlap_ns``), the transfers (each message's ``transfer_ns``, ending at ``recv_end_ns``)
+that a TP all-reduce kernel of either end overlaps and the rest, with their medians
+(``median_transfer_overlapped_ns``, ``median_transfer_alone_ns``), ``contention_factor`` and
+``n_transfers_slowed``; a message's ``message_transfer_ns`` is what contention left it.
 
 Run ``python tests/gpu_tracegen.py --scenario slow_link --out /tmp/x`` to write one by hand, or
 ``python tests/gpu_tracegen.py --tp 2 --dp 2 --pp 4 --slow-replica 1 /tmp/x`` for a 3-D job.
@@ -437,6 +473,9 @@ class Scenario:
     dp_buckets: int = 2  # gradient buckets per stage (kernels_f must be a multiple)
     replica_slowdown: dict[int, float] = field(default_factory=dict)  # dp replica -> factor (>1: slower)
     recompute: bool = False  # Megatron's CheckpointFunction around each stage's layers
+    # TP and PP on the same links (module doc, "Contention"): a P2P transfer that a TP
+    # all-reduce kernel of either end's rank overlaps takes this many times its link's time
+    tp_p2p_contention: float = 1.0
     pg_metadata: bool = True  # False: no pg_config, no Process Group fields (traffic alone)
     jitter: float = 0.05  # kernel durations vary by up to this fraction (seeded)
     seed: int = 0
@@ -472,6 +511,8 @@ class Scenario:
             raise ValueError("tp and dp must be >= 1")
         if self.multi_dim and (self.rank_order is not None or self.p2p_comm_ranks or self.rocm):
             raise ValueError("3-D jobs use Megatron's rank order on CUDA: no rank_order, p2p_comm_ranks or rocm")
+        if self.tp_p2p_contention < 1.0 or (self.tp_p2p_contention != 1.0 and self.tp < 2):
+            raise ValueError("tp_p2p_contention is a slowdown (>= 1) of a job with tp > 1")
         if self.tp > 1 and self.kernels_f % 4:
             raise ValueError("tp needs kernels_f a multiple of 4 (column linear, gelu, row linear, gelu)")
         if self.dp > 1 and self.kernels_f % self.dp_buckets:
@@ -687,6 +728,9 @@ class Kernel:
     collective: tuple | None = None  # a collective's key, the same on every member of its group
     group_size: int = 1  # members a collective waits for
     recompute: bool = False  # a forward kernel re-run inside a backward (activation recomputation)
+    # P2P: the transfer each message took where contention changed it (message -> ns); both
+    # ends of a message take the first end's decision
+    taken: dict[tuple, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -1002,6 +1046,7 @@ class _Rank:
             if grad:
                 self.next_sequence += 1
             autograd = {"Sequence number": seq, "Fwd thread id": 0} if grad else {}
+            top_shapes, inner_shapes = _forward_shapes(k, self.sc.tp) if self.sc.record_shapes else ({}, {})
             top_name, inner_name, kernel_name = (
                 ("aten::linear", "aten::addmm", self.sc.platform.gemm_kernel)
                 if k % 2 == 0
@@ -1013,7 +1058,7 @@ class _Rank:
                 tid,
                 start,
                 end,
-                **{**autograd, "Record function id": 0},
+                **{**autograd, "Record function id": 0, **top_shapes},
             )
             ops.append((seq, top))
             owner = top
@@ -1024,7 +1069,7 @@ class _Rank:
                     tid,
                     start + cost // 8,
                     end - cost // 8,
-                    **{**autograd, "Record function id": 0},
+                    **{**autograd, "Record function id": 0, **inner_shapes},
                 )
             self._launch(
                 kernel_name,
@@ -1463,12 +1508,19 @@ def _latency(sc: Scenario) -> int:
     return LAUNCH_LATENCY_NS if sc.host_costs else 0
 
 
-def _resolve(kernels: list[Kernel], latency_ns: int = LAUNCH_LATENCY_NS, partial: bool = False) -> None:
+def _resolve(
+    kernels: list[Kernel], latency_ns: int = LAUNCH_LATENCY_NS, partial: bool = False, contention: float = 1.0
+) -> None:
     """Device start/end of every kernel launched so far: streams in FIFO order, P2P paired.
-    ``partial``: kernels that cannot run yet (a peer not launched) may stay unresolved."""
+    ``partial``: kernels that cannot run yet (a peer not launched) may stay unresolved.
+    ``contention``: the factor a transfer takes while a TP all-reduce of either end runs
+    (module doc, "Contention")."""
     streams: dict[tuple[int, int, int], list[Kernel]] = {}
+    tp_of: dict[tuple[int, int], list[Kernel]] = {}  # (pipe, rank) -> its TP all-reduce kernels
     for k in kernels:
         streams.setdefault((k.pipe, k.rank, k.stream), []).append(k)
+        if contention != 1.0 and k.kind == "tp_allreduce":
+            tp_of.setdefault((k.pipe, k.rank), []).append(k)
     peers: dict[tuple, dict[str, Kernel]] = {}  # (pipe, message) -> {"send": kernel, "recv": kernel}
     members: dict[tuple, list[Kernel]] = {}  # collective -> its kernels launched so far
     for k in kernels:
@@ -1508,13 +1560,78 @@ def _resolve(kernels: list[Kernel], latency_ns: int = LAUNCH_LATENCY_NS, partial
                         break  # spins until every peer kernel it moves data with has started
                     # Each direction moves once both sides run; the kernel ends with the last.
                     k.end_ns = max(
-                        max(k.ready_ns, other.ready_ns) + transfer for other, (_, _, transfer) in zip(others, k.ops)
+                        max(k.ready_ns, other.ready_ns)
+                        + _taken(k, other, message, transfer, tp_of, members, contention)
+                        for other, (_, message, transfer) in zip(others, k.ops)
                     )
                 heads[key] += 1
                 progress = True
     stuck = sum(k.end_ns is None for k in kernels)
     if stuck and not partial:
         raise RuntimeError(f"the generated schedule deadlocks on the device: {stuck} kernels never run")
+
+
+def _taken(
+    k: Kernel,
+    other: Kernel,
+    message: tuple,
+    transfer: int,
+    tp_of: dict[tuple[int, int], list[Kernel]],
+    members: dict[tuple, list[Kernel]],
+    factor: float,
+) -> int:
+    """The time ``message``'s transfer takes between kernels ``k`` and ``other`` (module doc,
+    "Contention"): ``transfer``, or ``factor`` times it where a TP all-reduce kernel of either
+    end's rank runs during it (as far as the kernels resolved so far say); decided once per
+    message, by whichever end resolves first."""
+    if factor == 1.0:
+        return transfer
+    if message in other.taken:
+        return other.taken[message]
+    begin = max(k.ready_ns, other.ready_ns)  # type: ignore[type-var]
+
+    def ends_after_begin(tp: Kernel) -> bool:
+        if tp.end_ns is not None:
+            return tp.end_ns > begin
+        group = members[tp.collective]
+        if len(group) < tp.group_size or any(o.ready_ns is None for o in group):
+            return True  # still spinning for a member
+        return max(o.ready_ns for o in group) + tp.dur_ns > begin  # its end, not yet written
+
+    busy = any(
+        tp.ready_ns is not None and tp.ready_ns < begin + transfer and ends_after_begin(tp)
+        for end in (k, other)
+        for tp in tp_of.get((end.pipe, end.rank), [])
+    )
+    k.taken[message] = other.taken[message] = round(transfer * factor) if busy else transfer
+    return k.taken[message]
+
+
+def _forward_shapes(k: int, tp: int) -> tuple[dict, dict]:
+    """The record_shapes args of forward op ``k`` (module doc, "Activation memory") and of the
+    aten::addmm inside a linear: every 4 ops an MLP, linear H -> 4H/tp, gelu, linear 4H/tp -> H,
+    gelu, on rows x H float activations (MESSAGE_SHAPE)."""
+    rows, hidden = MESSAGE_SHAPE
+    inner = 4 * hidden // tp
+    width = hidden if k % 4 in (0, 3) else inner  # the op's input
+    if k % 2:
+        return {"Input Dims": [[rows, width]], "Input type": ["float"]}, {}
+    out = inner if k % 4 == 0 else hidden
+    top = {"Input Dims": [[rows, width], [out, width], [out]], "Input type": ["float", "float", "float"]}
+    addmm = {
+        "Input Dims": [[out], [rows, width], [width, out], [], []],
+        "Input type": ["float", "float", "float", "Scalar", "Scalar"],
+    }
+    return top, addmm
+
+
+def forward_input_bytes(sc: Scenario) -> list[int]:
+    """Bytes of each forward op's activation input, its first (module doc, "Activation memory")."""
+    out = []
+    for k in range(sc.kernels_f):
+        rows, width = _forward_shapes(k, sc.tp)[0]["Input Dims"][0]
+        out.append(rows * width * 4)
+    return out
 
 
 def _run_megatron_step(ranks: list[_Rank], step: int, behind: dict[int, int | None]) -> None:
@@ -1534,7 +1651,12 @@ def _run_megatron_step(ranks: list[_Rank], step: int, behind: dict[int, int | No
             except StopIteration:
                 del programs[rank]
             moved = True
-        _resolve([k for host in ranks for k in host.kernels], _latency(ranks[0].sc), partial=True)
+        _resolve(
+            [k for host in ranks for k in host.kernels],
+            _latency(ranks[0].sc),
+            partial=True,
+            contention=ranks[0].sc.tp_p2p_contention,
+        )
         if not moved:
             raise RuntimeError(f"the generated Megatron step {step} deadlocks: hosts {sorted(programs)} wait forever")
 
@@ -1689,7 +1811,7 @@ def simulate(sc: Scenario) -> tuple[list[_Rank], list[Kernel]]:
             for host in ranks:
                 host.run_step(step, behind[(host.pipe, host.rank)])
         kernels = [k for host in ranks for k in host.kernels]
-        _resolve(kernels, _latency(sc))
+        _resolve(kernels, _latency(sc), contention=sc.tp_p2p_contention)
         for host in ranks:
             end = device_end[(host.pipe, host.rank, step)] = max(k.end_ns for k in host.kernels if k.step == step)
             host.end_step(step, end if sc.host_sync else None)
@@ -1788,11 +1910,15 @@ def ground_truth(sc: Scenario, ranks: list[_Rank], kernels: list[Kernel]) -> dic
                 "waiting_rank": waiting,
                 "wait_ns": later - min(send.start_ns, recv.start_ns),
                 "transfer_ns": send.end_ns - later,
-                # the message's own direction (a fused kernel ends with its slowest one)
-                "message_transfer_ns": next(t for d, m, t in send.ops if m == message and d == "send"),
+                # the message's own direction (a fused kernel ends with its slowest one), as
+                # contention left it
+                "message_transfer_ns": send.taken.get(
+                    message, next(t for d, m, t in send.ops if m == message and d == "send")
+                ),
                 "_pipe": pipe,
             }
         )
+    links = _shared_links_truth(sc, by_host, pairs) if sc.tp > 1 else None
     for row in rank_rows + per_step + pairs:  # the job's ranks, as the files name them
         pipe = row.pop("_pipe")
         for key in ("rank", "src_rank", "dst_rank", "waiting_rank"):
@@ -1813,7 +1939,90 @@ def ground_truth(sc: Scenario, ranks: list[_Rank], kernels: list[Kernel]) -> dic
     }
     if sc.multi_dim:
         truth.update(_layout_truth(sc, rank_rows))
+    if links is not None:
+        truth["shared_links"] = links
+    if sc.recompute:
+        truth["activation_memory"] = _activation_memory_truth(sc, by_host)
     return truth
+
+
+def _activation_memory_truth(sc: Scenario, by_host: dict[tuple[int, int], list[Kernel]]) -> dict:
+    """Activation memory per rank with recomputation on (as run) and off (module doc,
+    "Activation memory"), walking each rank's actions in the order its kernels ran."""
+    inputs = forward_input_bytes(sc)
+    kept, everything = inputs[0], sum(inputs)  # per microbatch: the checkpoint's input; every op's
+    rows = []
+    for (pipe, rank), mine in sorted(by_host.items()):
+        held: set[tuple[int, int, int]] = set()
+        seen: set[tuple[int, tuple]] = set()
+        in_flight = peak_on = peak_off = 0
+        for k in sorted((k for k in mine if k.kind == "compute"), key=lambda k: k.start_ns):
+            if (k.step, k.action) in seen:
+                continue
+            seen.add((k.step, k.action))
+            stage, kind, mb = k.action
+            if kind == "F":
+                held.add((k.step, stage, mb))
+                in_flight = max(in_flight, len(held))
+                peak_on, peak_off = max(peak_on, len(held) * kept), max(peak_off, len(held) * everything)
+            else:  # its forward re-run first: one microbatch's activations rebuilt beside the rest
+                peak_on = max(peak_on, len(held) * kept + everything - kept)
+                held.discard((k.step, stage, mb))
+        rows.append(
+            {
+                "rank": sc.global_rank(rank, pipe),
+                "in_flight": in_flight,
+                "kept_per_microbatch_bytes": kept,
+                "activations_per_microbatch_bytes": everything,
+                "peak_recompute_on_bytes": peak_on,
+                "peak_recompute_off_bytes": peak_off,
+            }
+        )
+    return {"ranks": sorted(rows, key=lambda row: row["rank"])}
+
+
+def _shared_links_truth(sc: Scenario, by_host: dict[tuple[int, int], list[Kernel]], pairs: list[dict]) -> dict:
+    """TP and PP on the same links (module doc, "Contention"), from the simulation's kernels
+    and ``pairs`` (pipeline positions, before they are named by job rank): per rank the time
+    its TP all-reduce kernels and its P2P kernels overlap; the transfers (each pair's last
+    ``transfer_ns`` before its receive ends) a TP all-reduce of either end overlaps, and the
+    rest, each with its median; how many contention slowed."""
+    overlap = {}
+    spans = {}
+    for (pipe, rank), mine in by_host.items():
+        tp = [(k.start_ns, k.end_ns) for k in mine if k.kind == "tp_allreduce"]
+        p2p = [(k.start_ns, k.end_ns) for k in mine if k.kind in COMM_KINDS]
+        lo = min(s for s, _ in tp + p2p) if tp + p2p else 0
+        hi = max(e for _, e in tp + p2p) if tp + p2p else 0
+        overlap[sc.global_rank(rank, pipe)] = (
+            _union_in(tp, lo, hi) + _union_in(p2p, lo, hi) - _union_in(tp + p2p, lo, hi)
+        )
+        spans[(pipe, rank)] = tp
+    during, alone = [], []
+    slowed = 0
+    for pair in pairs:
+        end, transfer = pair["recv_end_ns"], pair["transfer_ns"]
+        ends = [(pair["_pipe"], pair["src_rank"]), (pair["_pipe"], pair["dst_rank"])]
+        hit = any(s < end and e > end - transfer for key in ends for s, e in spans[key])
+        (during if hit else alone).append(transfer)
+        slowed += pair["message_transfer_ns"] != sc.transfer(pair["src_rank"], pair["dst_rank"])
+    return {
+        "contention_factor": sc.tp_p2p_contention,
+        "overlap_ns": {str(r): ns for r, ns in sorted(overlap.items())},
+        "n_transfers_overlapped": len(during),
+        "n_transfers_alone": len(alone),
+        "median_transfer_overlapped_ns": _median(during),
+        "median_transfer_alone_ns": _median(alone),
+        "n_transfers_slowed": slowed,
+    }
+
+
+def _median(values: list[int]) -> int:
+    """numpy's median of ints, truncated to an int as tracekit reports it (0 for none)."""
+    if not values:
+        return 0
+    ordered, mid = sorted(values), len(values) // 2
+    return ordered[mid] if len(values) % 2 else int((ordered[mid - 1] + ordered[mid]) / 2)
 
 
 # per-rank totals of a 3-D job's per-step figures (module doc, "Truth of a 3-D job")
@@ -2037,6 +2246,7 @@ _DIM_FIELDS = (
     "replica_slowdown",
     "recompute",
     "pg_metadata",
+    "tp_p2p_contention",
 )
 
 
@@ -2436,6 +2646,14 @@ TP_OVERLAP_SCENARIO = Scenario(
     v=2,
     megatron_p2p="overlap",
 )
+# The same job with TP and PP sharing the links (module doc, "Contention"): activations that
+# take 200 us on the wire (a pipeline across nodes) and transfers 1.6x as long while a TP
+# all-reduce of either end runs; not in SCENARIOS_3D, for the same reason
+CONTENDED_SCENARIO = replace(TP_OVERLAP_SCENARIO, name="tp2_pp4_contended", transfer_ns=200_000, tp_p2p_contention=1.6)
+
+
+# by name for the command line (tp2_pp4_overlap, tp2_pp4_contended)
+_SHARED_LINK_SCENARIOS = {sc.name: sc for sc in (TP_OVERLAP_SCENARIO, CONTENDED_SCENARIO)}
 
 
 def _parse_slowdown(text: str) -> tuple[int, float]:
@@ -2449,7 +2667,7 @@ def main() -> None:
         "Megatron-core 3-D job built from --tp/--dp/--pp (e.g. --tp 2 --dp 2 --pp 4 out/)."
     )
     parser.add_argument("out_dir", nargs="?", type=Path, help="folder to write generated_<name>/ into")
-    parser.add_argument("--scenario", choices=sorted({**SCENARIOS, **SCENARIOS_3D}))
+    parser.add_argument("--scenario", choices=sorted({**SCENARIOS, **SCENARIOS_3D, **_SHARED_LINK_SCENARIOS}))
     parser.add_argument("--out", type=Path, help="the same as out_dir")
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks per stage")
     parser.add_argument("--dp", type=int, default=1, help="data-parallel replicas of the pipeline")
@@ -2467,7 +2685,7 @@ def main() -> None:
     if out is None:
         parser.error("give the output folder (out_dir or --out)")
     if args.scenario:
-        sc = {**SCENARIOS, **SCENARIOS_3D}[args.scenario]
+        sc = {**SCENARIOS, **SCENARIOS_3D, **_SHARED_LINK_SCENARIOS}[args.scenario]
     else:
         name = args.name or "_".join(
             [f"tp{args.tp}"] * (args.tp > 1)

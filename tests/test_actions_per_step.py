@@ -7,7 +7,6 @@ import random
 
 import pandas as pd
 
-from tracekit.model.run import Run
 from tracekit.reconstruct.whole_run import _actions_per_step
 
 
@@ -16,10 +15,6 @@ def _reference(steps: pd.DataFrame, actions: pd.DataFrame) -> list[int]:
     counts = actions.groupby(["rank", "step"]).size()
     wanted = pd.MultiIndex.from_arrays([steps["rank"], steps["step"]])
     return [int(n) for n in counts.reindex(wanted, fill_value=0).tolist()]
-
-
-def _run(steps: pd.DataFrame, actions: pd.DataFrame) -> Run:
-    return Run(source="generated", files=[], events=pd.DataFrame(), actions=actions, steps=steps)
 
 
 def test_counts_equal_the_groupby_on_drawn_tables():
@@ -35,7 +30,7 @@ def test_counts_equal_the_groupby_on_drawn_tables():
                 "step": [rnd.randint(-1, 5) for _ in range(n_actions)],
             }
         ).astype(rnd.choice(["int64", "int32"]))
-        got = _actions_per_step(_run(steps, actions))
+        got = _actions_per_step(steps, actions)
         assert got == _reference(steps, actions), (steps, actions)
         assert all(type(n) is int for n in got)
 
@@ -43,6 +38,6 @@ def test_counts_equal_the_groupby_on_drawn_tables():
 def test_tables_without_integer_columns_take_the_groupby():
     steps = pd.DataFrame({"rank": [0, 1], "step": [3, 3]})
     actions = pd.DataFrame({"rank": pd.Series([], dtype=object), "step": pd.Series([], dtype=object)})
-    assert _actions_per_step(_run(steps, actions)) == [0, 0]
+    assert _actions_per_step(steps, actions) == [0, 0]
     actions = pd.DataFrame({"rank": [0.0, 0.0, 1.0], "step": [3.0, 3.0, 3.0]})
-    assert _actions_per_step(_run(steps, actions)) == _reference(steps, actions) == [2, 1]
+    assert _actions_per_step(steps, actions) == _reference(steps, actions) == [2, 1]

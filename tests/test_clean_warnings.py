@@ -60,14 +60,14 @@ def test_a_clean_generated_run_prints_no_warning(generated, name, timeline):
     if name in NOT_CLEAN[timeline]:
         assert not [w for w in run.warnings if any(note in w for note in FALSE_NOTES)], run.warnings
     else:
-        assert run.warnings == []
+        assert run.warnings == ()
 
 
 @pytest.mark.parametrize("timeline", ["auto", "host"])
 def test_a_labelled_backward_that_posts_its_send_keeps_its_messages(generated, timeline):
     run = load(generated(LABELLED_FUSED), LoadOptions(timeline=timeline))
     analyze(run)
-    assert run.warnings == []
+    assert run.warnings == ()
     # each gradient's producer is a backward: the action whose range posted it
     kinds = run.actions.set_index("action_id")["kind"]
     gradients = run.messages[run.messages["dst_rank"] < run.messages["src_rank"]]

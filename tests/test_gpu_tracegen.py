@@ -278,7 +278,7 @@ def test_tracekit_reads_every_generated_file_without_warnings(generated, name):
     run = read_run(folder)
     assert sorted(f.rank for f in run.files) == list(range(SCENARIOS[name].p))
     assert [w for f in run.files for w in f.warnings] == []
-    assert run.warnings == []
+    assert run.warnings == ()
 
 
 def test_the_same_scenario_writes_the_same_bytes(tmp_path):

@@ -180,6 +180,46 @@ def test_generated_tp_and_p2p_kernels_of_a_rank_overlap_in_time(tmp_path):
     assert overlap > 0
 
 
+def test_generated_contention_slows_the_transfers_a_tp_allreduce_overlaps(tmp_path):
+    """CONTENDED_SCENARIO: the transfers that took the link's time x the factor are those a TP
+    all-reduce kernel (from the files) of either end overlaps, but for the few the module doc
+    says the simulation's order of resolving decides otherwise (5% of them at most); the
+    truth's medians are those of the truth's transfers classed by the files' kernels."""
+    from gpu_tracegen import CONTENDED_SCENARIO
+
+    sc = CONTENDED_SCENARIO
+    folder, truth = generate(sc, tmp_path)
+    ranks = {r.rank: r for r in map(GeneratedRank, sorted(folder.glob("rank*.json.gz")))}
+    tp = {r: [(k["start"], k["end"]) for k in raw.kernels(TP_ALLREDUCE_KERNEL)] for r, raw in ranks.items()}
+    slow = round(sc.transfer_ns * sc.tp_p2p_contention)
+    during, alone = [], []
+    for pair in truth["p2p_pairs"]:
+        # both SendRecv kernels end together; the later start begins the transfer
+        end, begin = pair["recv_end_ns"], max(pair["send_start_ns"], pair["recv_start_ns"])
+        assert end - begin == pair["transfer_ns"] == pair["message_transfer_ns"]
+        assert pair["transfer_ns"] in (sc.transfer_ns, slow)
+        hit = any(s < end and e > begin for r in (pair["src_rank"], pair["dst_rank"]) for s, e in tp[r])
+        (during if hit else alone).append(pair["transfer_ns"])
+    links = truth["shared_links"]
+    assert (len(during), len(alone)) == (links["n_transfers_overlapped"], links["n_transfers_alone"])
+    assert sorted(during)[len(during) // 2] == links["median_transfer_overlapped_ns"] == slow
+    assert sorted(alone)[len(alone) // 2] == links["median_transfer_alone_ns"] == sc.transfer_ns
+    off_rule = sum(t != slow for t in during) + sum(t == slow for t in alone)
+    assert off_rule <= 0.05 * len(truth["p2p_pairs"])
+    assert links["n_transfers_slowed"] == sum(t == slow for t in during + alone) > 100
+
+
+def test_generated_contention_factor_one_is_the_plain_model(tmp_path):
+    """tp_p2p_contention=1.0 (the default) leaves every transfer at its link's time."""
+    from dataclasses import replace
+
+    from gpu_tracegen import CONTENDED_SCENARIO
+
+    _, truth = generate(replace(CONTENDED_SCENARIO, name="uncontended", tp_p2p_contention=1.0), tmp_path)
+    assert {p["transfer_ns"] for p in truth["p2p_pairs"]} == {CONTENDED_SCENARIO.transfer_ns}
+    assert truth["shared_links"]["n_transfers_slowed"] == 0
+
+
 @pytest.mark.parametrize("name", list(SCENARIOS_3D))
 def test_generated_busy_under_both_definitions_equals_the_truth(generated_3d, name):
     """Busy from the raw kernels in the truth's window: compute (+ optimizer), and with TP comm."""

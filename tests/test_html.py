@@ -192,7 +192,7 @@ def test_trace_strings_are_escaped(tmp_path):
     # and straight into the places the report draws from, whatever reconstruction keeps
     run.actions.loc[run.actions.index[0], "label"] = EVIL_DOM
     run.actions.loc[run.actions.index[1], "label"] = EVIL
-    run.warn(f"a warning quoting {EVIL}")
+    run = dataclasses.replace(run, warnings=(*run.warnings, f"a warning quoting {EVIL}"))
     path = write_report(analyze(run), tmp_path / "evil.html")
     page = path.read_text()
     for raw in (EVIL, EVIL_DOM, "<img src=x"):
@@ -266,7 +266,7 @@ def synthetic_large(analysis, copies: int):
         ),
         steps=replicate(run.steps, ("rank",)),
         schedule=schedule,
-        warnings=list(run.warnings),
+        warnings=run.warnings,
     )
     steps = [
         dataclasses.replace(

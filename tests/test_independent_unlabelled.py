@@ -122,4 +122,4 @@ def test_each_ranks_bubble_is_within_a_hundredth_of_the_truth(written, name):
 def test_nothing_is_said_to_be_wrong(written, name):
     _, _, run, doc = written(name)
     assert doc["warnings"] == []
-    assert run.warnings == []
+    assert run.warnings == ()

@@ -4,6 +4,7 @@ with no pipeline says."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from click.testing import CliRunner
@@ -251,8 +252,7 @@ def test_layer_labels_and_segmentation_read_the_same_run_alike(loaded_runs):
             e["end_ns"].to_numpy(),
             transparent=gloo[mine],
         )
-    run.events = events
-    reconstruct(run)
+    run = reconstruct(replace(run, events=events))
     assert run.actions_from == "segmentation" and len(run.actions) == len(labelled.run.actions)
     segmented = analyze(run).summary.per_rank
     by_labels = labelled.summary.per_rank

@@ -270,8 +270,11 @@ def test_generated_tp_and_p2p_overlap_is_measured_from_the_kernels(tmp_path):
 
     from gpu_tracegen import TP_ALLREDUCE_KERNEL, TP_OVERLAP_SCENARIO, _union_in
 
-    folder, _ = generate(TP_OVERLAP_SCENARIO, tmp_path)
-    links = _analyze(folder)["dimensions"]["shared_links"]
+    folder, truth = generate(TP_OVERLAP_SCENARIO, tmp_path)
+    doc = _analyze(folder)
+    links = doc["dimensions"]["shared_links"]
+    assert links["overlap_ns"] == truth["shared_links"]["overlap_ns"]
+    assert not [f for f in doc["findings"] if f["cause"] == "shared_links"]  # overlap, but no slowdown
     for path in sorted(folder.glob("rank*.json.gz")):
         rank = int(path.name[4:].split(".")[0])
         kernels = [e for e in json.loads(gzip.open(path).read())["traceEvents"] if e.get("cat") == "kernel"]
@@ -284,6 +287,46 @@ def test_generated_tp_and_p2p_overlap_is_measured_from_the_kernels(tmp_path):
         assert abs(links["overlap_ns"][str(rank)] - want) <= 2 * len(p2p)  # ns rounding of each kernel
     assert sum(links["overlap_ns"].values()) > 0
     assert links["n_transfers_overlapped"] + links["n_transfers_alone"] > 0
+
+
+def test_generated_contended_links_are_a_finding_that_names_them(tmp_path):
+    """GENERATED: the same job with transfers 1.6x as long while a TP all-reduce of either end
+    runs (the generator's contention model): tracekit's medians with and without overlap within
+    5% of the truth's, and a shared_links finding naming the slowdown, the links and the ranks."""
+    from gpu_tracegen import CONTENDED_SCENARIO
+
+    folder, truth = generate(CONTENDED_SCENARIO, tmp_path)
+    want = truth["shared_links"]
+    assert want["n_transfers_slowed"] > 100  # the model slows many transfers, not a handful
+    doc = _analyze(folder)
+    got = doc["dimensions"]["shared_links"]
+    for key in ("median_transfer_overlapped_ns", "median_transfer_alone_ns"):
+        assert got[key] == pytest.approx(want[key], rel=0.05)
+    assert got["n_transfers_overlapped"] == pytest.approx(want["n_transfers_overlapped"], rel=0.05)
+    assert got["overlap_ns"] == want["overlap_ns"]
+    assert got["slowdown"] == pytest.approx(CONTENDED_SCENARIO.tp_p2p_contention, rel=0.05)
+    assert sum(link["n_transfers_overlapped"] for link in got["links"]) == got["n_transfers_overlapped"]
+    (finding,) = [f for f in doc["findings"] if f["cause"] == "shared_links"]
+    top = got["links"][0]
+    assert f"{top['src_rank']}->{top['dst_rank']} ({top['n_transfers_overlapped']} transfers" in finding["headline"]
+    assert "1.60x as long" in finding["headline"]
+    result = CliRunner().invoke(main, ["analyze", str(folder), "--no-progress", "--no-cache"])
+    assert result.exit_code == 0
+    console = " ".join(result.output.split())
+    assert "Pipeline transfers take 1.60x as long while a tensor-parallel collective runs" in console
+    assert "check where these ranks sit" in console and "TP <= GPUs per node" in console
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_generated_runs_without_contention_have_no_shared_links_finding(generated, name):
+    doc, truth = generated(name)
+    assert not [f for f in doc["findings"] if f["cause"] == "shared_links"]
+    if "shared_links" in truth:  # TP jobs: nothing slowed, the medians agree
+        links = doc["dimensions"]["shared_links"]
+        assert truth["shared_links"]["n_transfers_slowed"] == 0
+        assert links["median_transfer_alone_ns"] == pytest.approx(
+            truth["shared_links"]["median_transfer_alone_ns"], rel=0.05
+        )
 
 
 def test_whatif_without_recompute_predicts_the_run_that_did_not_recompute(tmp_path):

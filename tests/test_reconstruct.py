@@ -209,7 +209,7 @@ def test_torch_pipelining_p2p_ranges_name_each_messages_producer_and_consumer(lo
     # an activation goes from stage s to s+1 of the same microbatch, a gradient from s to s-1
     assert (consumed["stage"].to_numpy() - produced["stage"].to_numpy() == np.where(forward, 1, -1)).all()
     assert (consumed["microbatch"].to_numpy() == produced["microbatch"].to_numpy()).all()
-    assert not [w for w in run.warnings + analysis.run.warnings if "no matched message" in w]
+    assert not [w for w in analysis.warnings if "no matched message" in w]
 
 
 def test_overlapping_steps_count_no_stretch_of_a_rank_twice(loaded_runs):
@@ -224,7 +224,7 @@ def test_overlapping_steps_count_no_stretch_of_a_rank_twice(loaded_runs):
         starts, ends = rows["window_start_ns"].to_numpy(), rows["window_end_ns"].to_numpy()
         assert (starts[1:] >= ends[:-1]).all(), rank  # no stretch in two steps
         assert int(rows["window_ns"].sum()) == span, rank
-    assert not any("overlap" in w for w in analysis.run.warnings)
+    assert not any("overlap" in w for w in analysis.warnings)
     assert 0.09 < analysis.summary.bubble_ratio < 0.11
 
 
@@ -241,4 +241,4 @@ def test_a_committed_sample_prints_no_warning(run_dir: Path, loaded_runs):
     """Issue #29: a clean trace prints no warning. What is found but no problem (peers an nsys
     report does not name, sends in flight past the profile's end) is evidence."""
     _, analysis = loaded_runs(run_dir)
-    assert analysis.run.warnings == []
+    assert analysis.warnings == []

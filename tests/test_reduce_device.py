@@ -205,41 +205,75 @@ def _report(folder: Path, out: Path, one_pass_files: int, monkeypatch) -> str:
     return _uuids_out(out.read_text())
 
 
-@pytest.mark.parametrize("name", ["clock_offset", "fused_1f1b", "sampled"])
-def test_a_large_runs_report_reads_the_drawn_ranks_again_and_draws_the_same(name, sampled, tmp_path, monkeypatch):
-    """Past ONE_PASS_FILES files, report analyses the reduce and reads the drawn ranks' files
-    again for their ops: the page is the one the working sets give (clocks aligned as the
-    rest: generated_clock_offset moves two ranks' clocks)."""
-    folder = sampled if name == "sampled" else generate(SCENARIOS[name], tmp_path)[0]
+@pytest.mark.parametrize("name", ["clock_offset", "fused_1f1b", "sampled", "host_plain"])
+def test_a_large_runs_report_keeps_the_drawn_ops_and_draws_the_same(name, sampled, tmp_path, monkeypatch):
+    """Past ONE_PASS_FILES files, report analyses the reduce, each rank keeping the ops the
+    page draws (LoadOptions.draw_ops): the page is the one the working sets give (clocks
+    aligned as the rest: generated_clock_offset moves two ranks' clocks; host ranks without
+    a pipeline draw their host ops)."""
+    if name == "sampled":
+        folder = sampled
+    elif name == "host_plain":
+        import sys
+
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        import make_input
+
+        folder = tmp_path / "generated_host_plain"
+        make_input.build_gpu(
+            folder, ranks=3, target_mb=3, source=shared_or_skip("kineto-gpu", make_input.GPU_TRACE.name)
+        )
+    else:
+        folder = generate(SCENARIOS[name], tmp_path)[0]
     once = _report(folder, tmp_path / "once.html", 10**6, monkeypatch)
-    twice = _report(folder, tmp_path / "twice.html", 0, monkeypatch)
-    assert twice == once and GPU_BARS in twice
+    reduced = _report(folder, tmp_path / "reduced.html", 0, monkeypatch)
+    assert reduced == once
+    from tracekit.render.html import charts
+
+    drawn = f'"value":"{charts.KIND_NAMES["cpu"]}"' if name == "host_plain" else GPU_BARS
+    assert drawn in reduced
 
 
-def test_only_the_drawn_replicas_files_are_read_again(tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def replicated(tmp_path_factory) -> Path:
     """A GENERATED GPU pipeline of 8 replicas (benchmarks/make_input.py: tests/gpu_tracegen.py's
-    run repeated): the timeline keeps up to 6 replicas, and only their files are read again."""
+    run repeated): the timeline keeps up to 6 replicas."""
     import sys
-
-    import tracekit.ingest as ingest
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import make_input
 
-    folder = tmp_path / "generated_gpu_pp32"
+    folder = tmp_path_factory.mktemp("replicated") / "generated_gpu_pp32"
     make_input.build_generated_gpu_pipeline(folder, ranks=32, kernels=2, steps=2)
-    read_again: list[int] = []
-    real_read_files = ingest.read_files
+    return folder
 
-    def counted(path, options, file_ids):
-        read_again.extend(file_ids)
-        return real_read_files(path, options, file_ids)
 
-    monkeypatch.setattr(ingest, "read_files", counted)
-    page = _report(folder, tmp_path / "r.html", 0, monkeypatch)
-    assert 0 < len(read_again) <= 6 * 4 < 32
-    monkeypatch.setattr(ingest, "read_files", real_read_files)
-    assert page == _report(folder, tmp_path / "once.html", 10**6, monkeypatch)
+def test_a_large_runs_report_reads_each_file_once(replicated, tmp_path, monkeypatch):
+    """The drawn ops are asked for before loading: each file is parsed once (the report read
+    the drawn replicas' files again after the analysis), and the page is the one-pass page."""
+    import tracekit.ingest.read as read
+
+    parsed: list[Path] = []
+    real_parse_files = read.parse_files
+
+    def counted(paths, *args, **kwargs):
+        parsed.extend(paths)
+        return real_parse_files(paths, *args, **kwargs)
+
+    monkeypatch.setattr(read, "parse_files", counted)
+    page = _report(replicated, tmp_path / "r.html", 0, monkeypatch)
+    assert len(parsed) == 32 and len(set(parsed)) == 32
+    monkeypatch.setattr(read, "parse_files", real_parse_files)
+    assert page == _report(replicated, tmp_path / "once.html", 10**6, monkeypatch)
+
+
+def test_keeping_the_drawn_ops_changes_no_figure(replicated):
+    """The rows a reduced rank keeps for the drawing (its kernels) are in run.events beside
+    the rows the analysis reads: the analysis is the one without them."""
+    with_ops = load(replicated, LoadOptions(jobs=1, rows="reduce", draw_ops=True))
+    without = load(replicated, LoadOptions(jobs=1, rows="reduce"))
+    assert len(with_ops.events) > len(without.events)  # the kernels are kept
+    assert _document(with_ops) == _document(without)
 
 
 def test_analyze_html_draws_what_report_draws(tmp_path, monkeypatch):

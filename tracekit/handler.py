@@ -16,23 +16,32 @@ that left no trace is reported missing), versions, and, with ``schedule=``, what
 declares: its name, p, v, m and which rank runs each stage. ``tracekit analyze`` warns when
 the order it reads in the traces says otherwise (:mod:`tracekit.reconstruct.declared`).
 
+With ``analyze=True``, rank 0's handler also has each window analysed in the background
+once every rank's trace of it is there: TensorBoard scalars, a sink of one's own, and
+:class:`tracekit.Monitor` for the training loop (:mod:`tracekit.monitor`).
+
 torch is not imported by ``import tracekit``; the handler uses the torch that calls it.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import platform
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from tracekit import __version__
 from tracekit.errors import TracekitError
+from tracekit.monitor import Monitor
+from tracekit.monitor.background import Sink, WindowAnalyses
 
+LOG = logging.getLogger("tracekit.monitor")
+TENSORBOARD_HINT = "pip install 'tracekit[tensorboard]'"
 MANIFEST_NAME = "capture.json"
 WRITTEN_BY = "tracekit.trace_handler"
 _PLACEMENTS = ("loop", "v")
@@ -41,8 +50,15 @@ _FACT_KEYS = ("schedule", "schedule_class", "p", "v", "m", "n_stages", "placemen
 
 
 def trace_handler(
-    run_dir: str | os.PathLike[str], schedule: Any = None, *, rank: int | None = None
-) -> Callable[[Any], None]:
+    run_dir: str | os.PathLike[str],
+    schedule: Any = None,
+    *,
+    rank: int | None = None,
+    analyze: bool = False,
+    tensorboard: str | os.PathLike[str] | bool = True,
+    sink: Sink | None = None,
+    microbatches: Sequence[int] = (),
+) -> TraceHandler:
     """``on_trace_ready`` for ``torch.profiler.profile``: each rank's trace into ``run_dir``.
 
     ``schedule``: the ``torch.distributed.pipelining`` schedule object the ranks step (e.g.
@@ -50,25 +66,143 @@ def trace_handler(
     (``schedule``, ``p``, ``v``, ``m``, ``stage_to_rank``, ``placement``) for a framework of
     one's own. ``rank``: this process's rank when ``torch.distributed`` is not initialised.
 
+    ``analyze=True``: while the training goes on, each profiled window is analysed once every
+    rank's trace of it is written, in a process of its own started by rank 0's handler (one
+    at a time; see :mod:`tracekit.monitor.background`), and
+
+    - ``tensorboard``: its per-step scalars (per-stage compute, idle by cause, bubble ratio,
+      step time, the suggested m) go to an event file in this folder (True, the default:
+      ``run_dir/tensorboard``; False: none);
+    - ``sink``: ``sink(scalars, step)`` is called for each profiled step, from a thread of
+      rank 0's process (``wandb.log`` fits);
+    - :class:`tracekit.Monitor` (``handler.monitor``, on any rank) reads the newest window's
+      summary: findings, figures, and the microbatch count its replay runs fastest among
+      ``microbatches`` (default: half, once, twice and four times the measured m).
+
+    The training step only hands rank 0's thread the window's number; a failed analysis is
+    a warning on the ``tracekit.monitor`` logger. ``handler.wait()`` waits for the analyses
+    at the end of a script.
+
     Raises :class:`~tracekit.errors.TracekitError` at once when ``run_dir`` already holds
-    this rank's trace or manifest, or when a dict of facts is malformed.
+    this rank's trace or manifest, when a dict of facts is malformed, when ``tensorboard``
+    names a folder but the tensorboard package is not installed, or for analysis options
+    without ``analyze=True``.
+
+    >>> import tempfile
+    >>> import tracekit
+    >>> run_dir = tempfile.mkdtemp() + "/run"
+    >>> handler = tracekit.trace_handler(run_dir, {"schedule": "1F1B", "p": 4, "m": 8}, rank=0, analyze=True)
+    >>> handler.monitor.latest() is None     # nothing profiled yet
+    True
+
+    In a training script (every rank the same): ``torch.profiler.profile(schedule=
+    torch.profiler.schedule(wait=8, warmup=1, active=2), on_trace_ready=handler)``, and in the
+    loop ``handler.monitor.suggest_microbatches()``.
     """
     folder = Path(run_dir)
     facts = schedule_facts(schedule) if schedule is not None else {}
     my_rank = _this_rank() if rank is None else _checked_rank(rank)
+    if not analyze and (sink is not None or microbatches or not isinstance(tensorboard, bool)):
+        raise TracekitError("trace_handler: sink=, tensorboard= and microbatches= are for analyze=True; add it")
+    checked_ms = _checked_microbatches(microbatches)
+    logdir = _tensorboard_folder(folder, tensorboard) if analyze else None
     _refuse_earlier_files(folder, my_rank)
-    manifest_written = False
+    return TraceHandler(folder, facts, my_rank, analyze, logdir, sink, checked_ms)
 
-    def on_trace_ready(prof: Any) -> None:
-        nonlocal manifest_written
+
+class TraceHandler:
+    """What :func:`trace_handler` returns: called by the profiler with each finished cycle."""
+
+    def __init__(
+        self,
+        folder: Path,
+        facts: dict[str, Any],
+        rank: int,
+        analyze: bool,
+        tensorboard: Path | None,
+        sink: Sink | None,
+        microbatches: tuple[int, ...],
+    ) -> None:
+        self.run_dir = folder
+        self.rank = rank
+        self._facts = facts
+        self._manifest_written = False
+        self._analyze = analyze
+        self.tensorboard = tensorboard
+        self._sink = sink
+        self._microbatches = microbatches
+        self._analyses: WindowAnalyses | None = None
+        self.monitor = Monitor(folder)
+
+    def __call__(self, prof: Any) -> None:
         step = int(getattr(prof, "step_num", 0))
-        target = folder / f"iteration_{step}" / f"rank{my_rank}.json.gz"
+        target = self.run_dir / f"iteration_{step}" / f"rank{self.rank}.json.gz"
         _write_trace(prof, target)
-        if my_rank == 0 and not manifest_written:
-            _write_new(folder / MANIFEST_NAME, (json.dumps(_manifest(facts), indent=2) + "\n").encode())
-            manifest_written = True
+        if self.rank == 0 and not self._manifest_written:
+            _write_new(self.run_dir / MANIFEST_NAME, (json.dumps(_manifest(self._facts), indent=2) + "\n").encode())
+            self._manifest_written = True
+        if self._analyze and self.rank == 0:
+            self._submit(step)
 
-    return on_trace_ready
+    def _submit(self, window: int) -> None:
+        try:
+            if self._analyses is None:
+                self._analyses = WindowAnalyses(
+                    self.run_dir,
+                    _world_size(),
+                    tensorboard=self.tensorboard,
+                    sink=self._sink,
+                    microbatches=self._microbatches,
+                )
+            self._analyses.submit(window)
+        except Exception as err:  # noqa: BLE001 - the training goes on without the analysis
+            LOG.warning("tracekit: window %d: the analysis while training could not start: %s", window, err)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until every window handed to the analysis is analysed or skipped (rank 0;
+        at once elsewhere); False when ``timeout`` seconds pass first. For the end of a
+        script: a training step never waits.
+
+        >>> import tempfile
+        >>> import tracekit
+        >>> tracekit.trace_handler(tempfile.mkdtemp(), rank=0, analyze=True).wait(timeout=1)
+        True
+        """
+        return True if self._analyses is None else self._analyses.wait(timeout)
+
+    @property
+    def analysed(self) -> list[int]:
+        """The windows analysed so far by this handler (rank 0), in order."""
+        return [] if self._analyses is None else list(self._analyses.analysed)
+
+    @property
+    def skipped(self) -> list[int]:
+        """The windows left out because a newer one came while another was analysed."""
+        return [] if self._analyses is None else list(self._analyses.skipped)
+
+
+def _checked_microbatches(microbatches: Sequence[int]) -> tuple[int, ...]:
+    values = tuple(microbatches)
+    if not all(isinstance(m, int) and not isinstance(m, bool) and m >= 1 for m in values):
+        raise TracekitError(f"trace_handler(microbatches=...): positive integers, not {list(values)!r}")
+    return values
+
+
+def _tensorboard_folder(folder: Path, tensorboard: str | os.PathLike[str] | bool) -> Path | None:
+    """Where the event files go: None without tensorboard (installed or wanted)."""
+    import importlib.util
+
+    if tensorboard is False:
+        return None
+    installed = importlib.util.find_spec("tensorboard") is not None
+    if tensorboard is True:
+        if not installed:
+            LOG.warning("tracekit: no TensorBoard scalars while training: %s", TENSORBOARD_HINT)
+            return None
+        return folder / "tensorboard"
+    if not installed:
+        raise TracekitError(f"trace_handler(tensorboard=...): needs the tensorboard package: {TENSORBOARD_HINT}")
+    return Path(tensorboard)
 
 
 def schedule_facts(schedule: Any) -> dict[str, Any]:

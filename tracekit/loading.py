@@ -25,14 +25,24 @@ class LoadOptions(ReadOptions):
     reconstruct it: ``timeline`` ``auto`` (the device wherever the traces record device
     work), ``device`` or ``host`` (see :func:`tracekit.reconstruct.whole_run.reconstruct`);
     ``labels``: the user's label rules (a ``LabelSet``, or ``"REGEX=KIND"`` strings), tried
-    before the built-in tables."""
+    before the built-in tables.
+
+    >>> import tracekit
+    >>> run = tracekit.load("sample_traces/1f1b", tracekit.LoadOptions(timeline="host", jobs=1))
+    >>> run.timeline
+    'host'
+    """
 
     timeline: str = "auto"
     labels: LabelSet | Sequence[str] | None = None
     # rows="reduce": a rank with device work, or a host rank of a run without a pipeline, is
     # reduced too (its device ops as columns, its busy rows: tracekit.reconstruct.per_rank);
-    # False: it keeps its working set, for outputs that draw its host ops (the report)
+    # False: it keeps its working set
     reduce_device: bool = True
+    # rows="reduce": the output draws ops (the HTML report): a reduced rank keeps the rows
+    # drawn (its device work; a rank without a pipeline its top host ops) in run.events too,
+    # asked for here, before any file is read, as nothing is read again after the analysis
+    draw_ops: bool = False
 
 
 def load(
@@ -47,6 +57,11 @@ def load(
     ``options``: a :class:`LoadOptions` (default: every row, parsed in local processes, no
     cache, the highest iteration, the device timeline where there is one). ``progress`` is
     called with each file's path when it is parsed, ``bytes_read`` with counts of bytes read.
+
+    >>> import tracekit
+    >>> run = tracekit.load("sample_traces/interleaved1f1b")
+    >>> run.schedule.name, run.schedule.p, run.schedule.v, run.schedule.m
+    ('Interleaved1F1B', 4, 2, 8)
     """
     # Imported here: the command line builds LoadOptions on paths that never load (a cached
     # analysis); and reconstruct brings pandas, which must come after read_run has forked its
@@ -66,9 +81,9 @@ def load(
 
         return reconstruct(run, timeline=options.timeline, labels=labels)
     reducer = Reducer(
-        functools.partial(reduce_file, labels=labels, device=options.reduce_device),
+        functools.partial(reduce_file, labels=labels, device=options.reduce_device, draw=options.draw_ops),
         # what decides a reduced entry of the parse cache; nothing reads it without one
-        _reducer_key(labels, options.reduce_device) if options.cache_dir else {},
+        _reducer_key(labels, options.reduce_device, options.draw_ops) if options.cache_dir else {},
     )
     run = read_run(path, replace(options, reducer=reducer), progress=progress, bytes_read=bytes_read)
     from tracekit.reconstruct.whole_run import reconstruct
@@ -82,46 +97,28 @@ def load(
     return reconstruct(run, timeline=options.timeline, labels=labels)
 
 
-def with_drawn_ops(run: Run, path: str | PathLike[str], options: LoadOptions, ranks: list[int]) -> None:
-    """Put the working sets of ``ranks`` (the ranks an output draws) into ``run.events`` in
-    place of what the reduce left of them (in place). A run loaded with ``rows="reduce"``
-    holds no op of its GPU ranks, nor of the ranks of a run without a pipeline: an output
-    that draws a few of many ranks reads those ranks' files again (or their cache entries)
-    instead of holding every rank's working set. Their times are moved by the run's clock
-    shifts, as reconstruction moved the rest."""
-    import pandas as pd
-
-    from tracekit.ingest import read_files
-    from tracekit.reconstruct.clock import shift_ranks
-
-    wanted = run.events["rank"].isin(ranks).to_numpy()
-    file_ids = sorted(int(f) for f in run.events["file_id"][wanted].unique())
-    if not file_ids:
-        return
-    drawn = read_files(path, replace(options, rows="analysis", reducer=None), file_ids)
-    drawn = shift_ranks(drawn, run.clock_shifts, "rank", ["start_ns", "end_ns"])
-    others = run.events[~run.events["file_id"].isin(file_ids).to_numpy()]
-    run.events = pd.concat([others, drawn], ignore_index=True)
-
-
 def reduce_file(
-    parsed: list[tuple[TraceFile, EventColumns]], labels: LabelSet | None, device: bool = True
+    parsed: list[tuple[TraceFile, EventColumns]], labels: LabelSet | None, device: bool = True, draw: bool = False
 ) -> list[tuple[TraceFile, EventColumns]]:
     """The map step's reduce (``rows="reduce"``), run where a file was parsed: each rank's
     steps and actions on its :class:`~tracekit.model.events.TraceFile` (``reduced``) and,
     of its working set, only the rows the cross-rank steps read
     (:mod:`tracekit.reconstruct.per_rank`; ``device``: ranks with device work and host
-    ranks without a pipeline too); a rank that needs its events keeps them."""
+    ranks without a pipeline too), and with ``draw`` the rows an output draws; a rank that
+    needs its events keeps them."""
     from tracekit.reconstruct.event_arrays import EventArrays
-    from tracekit.reconstruct.per_rank import rank_reduce
+    from tracekit.reconstruct.per_rank import drawn_rows, rank_reduce
 
     out = []
     for trace, columns in parsed:
-        found = rank_reduce(EventArrays.of(columns), labels, device, trace.world_size or 1)
+        events = EventArrays.of(columns)
+        found = rank_reduce(events, labels, device, trace.world_size or 1)
         if found is None:
             out.append((trace, columns))
             continue
         trace.reduced, keep = found  # keep: by row, and the table's rows are the columns'
+        if draw:
+            keep = keep | drawn_rows(events, trace.reduced)
         out.append((trace, columns.take(keep)))
     return out
 
@@ -137,6 +134,6 @@ def _code_digest() -> str:
     )
 
 
-def _reducer_key(labels: LabelSet | None, device: bool) -> dict[str, Any]:
+def _reducer_key(labels: LabelSet | None, device: bool, draw: bool) -> dict[str, Any]:
     rules = [(r.pattern, r.role) for r in labels.rules] if labels is not None else []
-    return {"code": _code_digest(), "labels": rules, "device": device}
+    return {"code": _code_digest(), "labels": rules, "device": device, "draw": draw}

@@ -31,7 +31,7 @@ from tracekit.analyze.shares import ShareError, share
 from tracekit.analyze.slices import SliceCosts, slice_costs
 from tracekit.analyze.theory import Theory, flush_free_bubble, sliced_bubble, theoretical_bubble
 from tracekit.errors import TracekitError
-from tracekit.model.run import Run, compute_ns
+from tracekit.model.run import Run, add_warning, compute_ns
 from tracekit.reconstruct.event_arrays import LAUNCH_CATEGORY
 from tracekit.reconstruct.schedule import TERAPIPE_NAME
 
@@ -62,6 +62,19 @@ class Analysis:
     replicas: ReplicaRollup | None = None  # the ranks per place over data-parallel replicas, and patterns
     # TP collectives inside actions, DP gradient collectives, busy without TP (3-D parallel jobs)
     dimensions: DimensionFigures | None = None
+    # What the analysis itself warns of (a replay far from the measured step, a step's notes),
+    # each once and none the run says already: the run's warnings are the run's (see warnings)
+    own_warnings: list[str] = field(default_factory=list)
+
+    @property
+    def warnings(self) -> list[str]:
+        """What the outputs warn of: the run's warnings, then the analysis' own."""
+        return [*self.run.warnings, *self.own_warnings]
+
+    def warn(self, message: str) -> None:
+        """Warn of ``message`` where neither the run nor the analysis has yet."""
+        if message not in self.run.warnings:
+            add_warning(self.own_warnings, message)
 
     @property
     def timeline(self) -> str:
@@ -180,13 +193,13 @@ def _analyze(run: Run, attribution: bool, progress: Callable[[str], None] | None
             result.balanced_replay_ratio = share(ideal_idle, ideal_window, "the balanced replay's bubble ratio")
         for s in result.attribution.steps:
             if s.measured_makespan_ns and abs(s.residual_ns) > FIDELITY_WARN_SHARE * s.measured_makespan_ns:
-                run.warn(
+                result.warn(
                     f"step {s.step}: replay differs from the measured step by "
                     f"{s.residual_ns / 1e6:.2f} ms ({s.residual_ns / s.measured_makespan_ns:.1%}); "
                     "attribution there is less certain"
                 )
             for note in s.notes:
-                run.warn(f"step {s.step}: {note}")
+                result.warn(f"step {s.step}: {note}")
     if not sched.flush_free:
         result.slices = slice_costs(actions, result.attribution.graphs if result.attribution else None)
         if result.slices is not None and sched.name == TERAPIPE_NAME and sched.p == sched.n_stages:

@@ -268,27 +268,44 @@ def _worst_late_post(analysis: Analysis, latencies: pd.DataFrame) -> dict[str, A
 # many of each, are a finding.
 SHARED_LINK_SLOWDOWN = 1.25
 SHARED_LINK_MIN_TRANSFERS = 5
+SHARED_LINKS_NAMED = 3  # links and ranks a shared_links finding names
 
 
 def _shared_links(analysis: Analysis, window_ns: int) -> Finding | None:
     """TP collectives and the pipeline's transfers contending for the same links: transfers
-    slower while a TP all-reduce runs on either end (tracekit.analyze.dimensions.SharedLinks)."""
+    slower while a TP all-reduce runs on either end (tracekit.analyze.dimensions.SharedLinks).
+    The headline names the links where most slowed transfers ran and the ranks whose TP and P2P
+    kernels overlapped longest; the trace shows the slowdown, not the topology behind it."""
     links = analysis.dimensions.shared_links if analysis.dimensions is not None else None
     if links is None or links.slowdown < SHARED_LINK_SLOWDOWN:
         return None
     if min(links.n_overlapped, links.n_alone) < SHARED_LINK_MIN_TRANSFERS:
         return None
     cost = (links.median_overlapped_ns - links.median_alone_ns) * links.n_overlapped / window_ns
+    worst = [link for link in links.links if link.n_overlapped][:SHARED_LINKS_NAMED]
+    on_links = ", ".join(
+        f"{link.src_rank}->{link.dst_rank} ({link.n_overlapped}{' transfers' if i == 0 else ''}"
+        + (f" at {link.slowdown:.2f}x)" if link.slowdown != 1.0 else ")")
+        for i, link in enumerate(worst)
+    )
+    longest = sorted((r for r, ns in links.overlap_ns.items() if ns > 0), key=lambda r: (-links.overlap_ns[r], r))
+    named = longest[:SHARED_LINKS_NAMED]
+    n_steps = max(int(analysis.bubbles["step"].nunique()), 1)
     headline = (
         f"Pipeline transfers take {links.slowdown:.2f}x as long while a tensor-parallel collective runs on "
-        f"either end (median {_ms(links.median_overlapped_ns)} vs {_ms(links.median_alone_ns)}, "
-        f"{links.n_overlapped} of {links.n_overlapped + links.n_alone} transfers): TP and PP share the links."
+        f"either end (median {links.median_overlapped_ns / 1e6:.2f} ms vs {links.median_alone_ns / 1e6:.2f} ms, "
+        f"{links.n_overlapped} of {links.n_overlapped + links.n_alone} transfers; most on links {on_links}): "
+        "TP all-reduces and pipeline P2P appear to contend for the same links. TP and P2P kernels overlap "
+        f"longest on {rank_list(named)} ("
+        + ", ".join(f"{links.overlap_ns[r] / 1e6:.1f}" for r in named)
+        + f" ms over {n_steps} step{'s' if n_steps > 1 else ''})."
     )
     advice = (
-        "Keep each TP group on the fastest links (within a node: Megatron's rank order puts TP ranks next "
-        "to each other, so TP <= GPUs per node keeps them there) and let only pipeline traffic cross "
-        "nodes; where both must share a link, overlapping P2P with compute moves the transfers off the "
-        "TP all-reduces' time."
+        "The trace shows the slowdown, not which links the ranks share: check where these ranks sit. Keep each "
+        "TP group on the fastest links (within a node: Megatron's rank order puts TP ranks next to each other, "
+        "so TP <= GPUs per node keeps them there) and let only pipeline traffic cross nodes; where both must "
+        "share a link, posting P2P between actions (Megatron without --overlap-p2p-communication) keeps the "
+        "transfers off the TP all-reduces, at the cost of no longer hiding them behind compute."
     )
     return Finding("shared_links", severity_of(cost), headline, advice, cost, dict(links.to_dict()))
 

@@ -43,7 +43,13 @@ from tracekit.reconstruct.recompute import recompute_spans
 from tracekit.reconstruct.steps import step_of
 
 if TYPE_CHECKING:
-    from tracekit.schemas.analysis import DimensionRankDoc, DimensionsDoc, DimensionStageDoc, SharedLinksDoc
+    from tracekit.schemas.analysis import (
+        DimensionRankDoc,
+        DimensionsDoc,
+        DimensionStageDoc,
+        SharedLinkDoc,
+        SharedLinksDoc,
+    )
 
 DIMENSION_COLUMNS = [
     "rank",
@@ -58,6 +64,37 @@ DIMENSION_COLUMNS = [
 
 
 @dataclass(frozen=True)
+class LinkTransfers:
+    """One link's (src rank -> dst rank) transfers with and without a TP collective running
+    on either end, and the median of each (0 where there are none)."""
+
+    src_rank: int
+    dst_rank: int
+    n_overlapped: int
+    n_alone: int
+    median_overlapped_ns: int
+    median_alone_ns: int
+
+    @property
+    def slowdown(self) -> float:
+        """As :attr:`SharedLinks.slowdown`, on this link alone (1.0 where a side has none)."""
+        if not self.n_overlapped or not self.n_alone or self.median_alone_ns <= 0:
+            return 1.0
+        return self.median_overlapped_ns / self.median_alone_ns
+
+    def to_dict(self) -> SharedLinkDoc:
+        return {
+            "src_rank": self.src_rank,
+            "dst_rank": self.dst_rank,
+            "n_transfers_overlapped": self.n_overlapped,
+            "n_transfers_alone": self.n_alone,
+            "median_transfer_overlapped_ns": self.median_overlapped_ns,
+            "median_transfer_alone_ns": self.median_alone_ns,
+            "slowdown": round(self.slowdown, 4),
+        }
+
+
+@dataclass(frozen=True)
 class SharedLinks:
     """TP collectives and PP transfers of the same ranks at the same time (GPU runs): how long
     a rank's TP collective kernels and its P2P kernels overlapped, and the pipeline's
@@ -69,6 +106,8 @@ class SharedLinks:
     n_alone: int
     median_overlapped_ns: int
     median_alone_ns: int
+    # per link, most transfers overlapped first (by src, dst rank where tied)
+    links: tuple[LinkTransfers, ...] = ()
 
     @property
     def slowdown(self) -> float:
@@ -85,6 +124,7 @@ class SharedLinks:
             "median_transfer_overlapped_ns": self.median_overlapped_ns,
             "median_transfer_alone_ns": self.median_alone_ns,
             "slowdown": round(self.slowdown, 4),
+            "links": [link.to_dict() for link in self.links],
         }
 
 
@@ -260,13 +300,34 @@ def _shared_links(run: Run, tp: pd.DataFrame) -> SharedLinks | None:
                 at = ranks == rank
                 during[at] |= covered_lengths(start[at], end[at], lo_of[rank], hi_of[rank]) > 0
     transfer = pairs["transfer_ns"].to_numpy(np.int64)
+    src, dst = pairs["src_rank"].to_numpy(np.int64), pairs["dst_rank"].to_numpy(np.int64)
+    links = []
+    for link in np.unique(group_ids(src, dst), return_index=True)[1].tolist():
+        mine = (src == src[link]) & (dst == dst[link])
+        links.append(
+            LinkTransfers(
+                int(src[link]),
+                int(dst[link]),
+                int((mine & during).sum()),
+                int((mine & ~during).sum()),
+                _median(transfer[mine & during]),
+                _median(transfer[mine & ~during]),
+            )
+        )
+    links.sort(key=lambda link: -link.n_overlapped)
     return SharedLinks(
         overlap,
         int(during.sum()),
         int((~during).sum()),
-        int(np.median(transfer[during])) if during.any() else 0,
-        int(np.median(transfer[~during])) if (~during).any() else 0,
+        _median(transfer[during]),
+        _median(transfer[~during]),
+        tuple(links),
     )
+
+
+def _median(ns: np.ndarray) -> int:
+    """The median of ``ns`` as whole ns (0 for none)."""
+    return int(np.median(ns)) if len(ns) else 0
 
 
 def _no_collectives() -> pd.DataFrame:

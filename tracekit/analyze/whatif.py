@@ -41,6 +41,7 @@ import pandas as pd
 from tracekit.analyze.costs import CostModel, LinkChange, LinkKey, cost_model, with_links, without_recompute
 from tracekit.analyze.grouping import ranks_by_stage
 from tracekit.analyze.memory import ActivationSize, in_flight_per_rank, orders_of_graph, peak_activation_bytes
+from tracekit.analyze.recompute_memory import RecomputeMemory
 from tracekit.analyze.replay import Scenario, StepGraph, replay_many
 from tracekit.analyze.schedules import V_PLACED, ZERO_BUBBLE, flatten, graph_from_orders, orders_for
 from tracekit.analyze.theory import theoretical_bubble
@@ -124,6 +125,7 @@ class WhatIf:
     assumptions: list[str]
     links: LinkChange | None = None
     search: Search | None = None
+    recompute_memory: RecomputeMemory | None = None  # --no-recompute: activation memory on and off
 
     @property
     def fastest(self) -> Prediction | None:
@@ -150,6 +152,8 @@ class WhatIf:
             extra["links"] = self.links.describe()
         if self.search is not None:
             extra["search"] = self.search.to_dict()
+        if self.recompute_memory is not None:
+            extra["recompute_memory"] = self.recompute_memory.to_dict()
         return {
             "source": self.source,
             "measured": {
@@ -495,6 +499,7 @@ def what_if(
     p: int | None = None,
     progress: Callable[[str], None] | None = None,
     no_recompute: dict[int, int] | None = None,
+    recompute_memory: RecomputeMemory | None = None,
 ) -> WhatIf:
     """Predict every target (schedule, v, m) (default: :func:`default_targets`; the
     zero-bubble family, :func:`zero_bubble_targets`, when asked for); targets that cannot be generated are skipped with the reason. ``balanced``: every target also at its ideal balance.
@@ -504,7 +509,8 @@ def what_if(
     measured links: it is the model's error). ``activation``: rows also say the activation
     bytes their order holds. ``p``: the targets' number of ranks, refused unless the
     measured one (changing p is out of scope). ``progress`` is told each target as its
-    replays start."""
+    replays start. ``no_recompute``: per rank the recomputation a backward sheds (ns), every
+    prediction without it; ``recompute_memory``: what that costs in activation memory."""
     from tracekit.analyze.bubbles import measure_pipeline
 
     model = cost_model(run) if model is None else model
@@ -576,7 +582,12 @@ def what_if(
         assumptions.append(
             "recomputation off: each backward without the forward it ran again ("
             + ", ".join(f"rank {r} -{ns / 1e6:.1f} ms" for r, ns in sorted(no_recompute.items()))
-            + " a backward, as measured); the activations it kept out of memory are not sized here"
+            + " a backward, as measured); "
+            + (
+                "the activations it kept out of memory are not sized here"
+                if recompute_memory is None
+                else "what it kept out of memory: 'activation memory' (sized from the traces' op shapes)"
+            )
         )
     if model.held_back:
         assumptions.append(
@@ -595,6 +606,7 @@ def what_if(
         samples,
         assumptions,
         links,
+        recompute_memory=recompute_memory,
     )
 
 

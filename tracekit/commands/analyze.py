@@ -10,7 +10,6 @@ import click
 from tracekit.errors import TracekitError
 from tracekit.commands.common import (
     TracekitCommand,
-    add_drawn_ops,
     cached_document,
     load_to_draw,
     load_with_progress,
@@ -99,8 +98,6 @@ def command(
         analysis = analyze(run, attribution=not no_attribution, whatif=html_target is not None, progress=say)
         doc = to_document(analysis)
         remember_document(run_dir, options, doc)
-        if html_target:
-            add_drawn_ops(analysis, run_dir, rank_from, rank_map, say)
     as_text = RENDERERS["json"]()
     if json_target:
         json_target.write(bytes_of(as_text.render(doc)))

@@ -16,7 +16,6 @@ from tracekit.errors import TracekitError
 from tracekit.vocab import CATEGORIES
 
 if TYPE_CHECKING:
-    from tracekit.analyze import Analysis
     from tracekit.ingest.cache import ParseCache
     from tracekit.loading import LoadOptions
     from tracekit.model.run import Run
@@ -276,17 +275,19 @@ def load_with_progress(
     rank_map: str | None,
     progress: bool | None,
     rows: str = "reduce",
+    draw_ops: bool = False,
 ) -> Run:
     """Load and reconstruct a run, with a progress bar (bytes read) on long loads.
 
     ``rows="all"``: every event, not only the analysis's working set (an output that shows
-    the trace's own ops); ``"analysis"``: the working set's events (outputs that draw them)."""
+    the trace's own ops); ``"analysis"``: the working set's events (outputs that draw them).
+    ``draw_ops``: with ``rows="reduce"``, the ranks reduced keep the ops an output draws."""
     from dataclasses import replace
 
     from tracekit.ingest import discover
     from tracekit.loading import load
 
-    options = replace(load_options(rank_from, rank_map), rows=rows)
+    options = replace(load_options(rank_from, rank_map), rows=rows, draw_ops=draw_ops)
     _refuse_cache_in_run(options.cache_dir, path)
     show = sys.stderr.isatty() if progress is None else progress
     if not show:
@@ -302,41 +303,24 @@ def load_with_progress(
         return load(path, options, bytes_read=bar.update)
 
 
-# Runs of at most this many files are read once for the HTML report, every rank's working set
-# kept for the drawing; larger ones twice: reduced for the analysis, then the drawn ranks' files.
+# Runs of at most this many files keep every rank's working set for the HTML report; larger
+# ones are reduced where parsed, each rank keeping the ops the page draws as well.
 ONE_PASS_FILES = 32
 
 
 def load_to_draw(path: Path, rank_from: str | None, rank_map: str | None, progress: bool | None) -> Run:
     """Load a run for an output that draws its ops (the HTML report): a GPU rank's kernels
-    and the host ops of a run without a pipeline. A run of at most :data:`ONE_PASS_FILES`
-    files keeps every rank's working set (the ops inside a pipeline's actions give the
-    report's best split of the layers, as ``whatif --balanced`` reads them); a larger one is
-    reduced like any analysis, and :func:`add_drawn_ops` reads the ranks drawn again once
-    the analysis says which."""
+    and the host ops of a run without a pipeline, each file read once. A run of at most
+    :data:`ONE_PASS_FILES` files keeps every rank's working set (the ops inside a
+    pipeline's actions give the report's best split of the layers, as ``whatif --balanced``
+    reads them); a larger one is reduced like any analysis, each rank keeping the ops drawn
+    (``LoadOptions.draw_ops``: which ranks the page draws is known only after the analysis)."""
     from tracekit.ingest import discover
 
     options = load_options(rank_from, rank_map)
     if len(discover(path, options.iteration, rank_from)) <= ONE_PASS_FILES:
         return load_with_progress(path, rank_from, rank_map, progress, rows="analysis")
-    return load_with_progress(path, rank_from, rank_map, progress)
-
-
-def add_drawn_ops(
-    analysis: Analysis, path: Path, rank_from: str | None, rank_map: str | None, say: Callable[[str], None] | None
-) -> None:
-    """After :func:`load_to_draw` and the analysis: the working sets of the ranks the report
-    draws, where the load reduced them (``loading.with_drawn_ops``)."""
-    run = analysis.run
-    if run.host_busy is None:  # no rank whose drawn ops the reduce dropped
-        return
-    from tracekit.loading import with_drawn_ops
-    from tracekit.render.html import drawn_ranks
-
-    drawn = drawn_ranks(analysis)
-    if say:
-        say(f"reading the ops of the {len(drawn)} rank(s) drawn")
-    with_drawn_ops(run, path, load_options(rank_from, rank_map), drawn)
+    return load_with_progress(path, rank_from, rank_map, progress, draw_ops=True)
 
 
 def work_progress(progress: bool | None) -> Callable[[str], None] | None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from tracekit.commands.common import TracekitCommand, add_drawn_ops, load_to_draw, rank_options, work_progress
+from tracekit.commands.common import TracekitCommand, load_to_draw, rank_options, work_progress
 
 
 def default_name(run_dir: Path) -> str:
@@ -45,12 +45,11 @@ def command(
     from tracekit.render.html import render_report
 
     target = run_output(output or Path("reports") / f"{default_name(run_dir)}.html", "-o", run_dir)
-    # The report draws a GPU rank's kernels and the host ops of a run without a pipeline: of
-    # every rank of a small run; of a large one, only the ranks drawn are read again.
+    # The report draws a GPU rank's kernels and the host ops of a run without a pipeline:
+    # the loader keeps them (every rank's working set of a small run, those ops of a large one).
     run = load_to_draw(run_dir, rank_from, rank_map, progress)
     say = work_progress(progress)
     analysis = analyze(run, whatif=True, progress=say)
-    add_drawn_ops(analysis, run_dir, rank_from, rank_map, say)
     if say:
         say("rendering the report")
     data = render_report(analysis).encode()

@@ -14,6 +14,8 @@ from tracekit.model import schedules as traits
 from tracekit.model.frameworks import FRAMEWORKS
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from tracekit.analyze.costs import CostModel
     from tracekit.analyze.framework_config import Advice
     from tracekit.analyze.whatif import WhatIf
@@ -140,8 +142,8 @@ SCHEDULE_CHOICES = list(traits.names(generated=True))  # every schedule what-if 
     "--no-recompute",
     is_flag=True,
     help="Activation recomputation off: every backward without the forward it ran again (measured per "
-    "rank; a run without recomputation is refused). Time only: the activations recomputation kept out of "
-    "memory are not sized.",
+    "rank; a run without recomputation is refused), with each rank's activation memory on and off, sized "
+    "from the re-run ops' recorded shapes (record_shapes=True).",
 )
 @click.option(
     "--framework",
@@ -248,9 +250,10 @@ def command(
         say("what-if: the cost model from the measured steps")
     model = cost_model(run)
     check_ranks(model, ranks)
-    recompute = None
+    recompute = recompute_memory = None
     if no_recompute:
         from tracekit.analyze.dimensions import recompute_per_backward
+        from tracekit.analyze.recompute_memory import recompute_memory as size_recompute
 
         recompute = recompute_per_backward(run)
         if not recompute:
@@ -258,6 +261,7 @@ def command(
                 f"{run_dir}: --no-recompute: no activation recomputation in these traces (no forward op run "
                 "again inside a backward): nothing to switch off"
             )
+        recompute_memory = size_recompute(run, _op_inputs(run), recompute)
     if do_search:
         assert budget is not None  # checked above
         size = activation_size(run, user_bytes, None if user_bytes is not None else _memory_events(run))
@@ -286,6 +290,7 @@ def command(
         links=links,
         progress=say,
         no_recompute=recompute,
+        recompute_memory=recompute_memory,
     )
     if fallback is not None:
         result.assumptions.append(fallback)
@@ -350,6 +355,18 @@ def _advice(run: Run, model: CostModel, framework: str | None, result: WhatIf, r
     from tracekit.analyze.framework_config import advise, run_facts
 
     return advise(detect_framework(run, framework), run_facts(run, model.m), result, report)
+
+
+def _op_inputs(run: Run) -> dict[int, pd.DataFrame]:
+    """Each Kineto file's host ops with their first input's shape, by rank (read only for
+    --no-recompute's activation memory); ranks of other formats get none."""
+    import pandas as pd
+
+    from tracekit.ingest.kineto_shapes import OP_COLUMNS, read_op_inputs
+
+    return {
+        f.rank: read_op_inputs(f.path) if f.format == "kineto" else pd.DataFrame(columns=OP_COLUMNS) for f in run.files
+    }
 
 
 def _memory_events(run: Run) -> dict[int, MemoryEvents]:

@@ -23,7 +23,7 @@ from __future__ import annotations
 from tracekit.ingest.discovery import IGNORED_NAMES, discover
 from tracekit.ingest.executor import parse_files
 from tracekit.ingest.options import ReadOptions, Reducer
-from tracekit.ingest.read import read_files, read_run
+from tracekit.ingest.read import read_run
 from tracekit.ingest.sniff import KINETO_SUFFIXES, NSYS_SUFFIXES
 
 __all__ = [
@@ -34,6 +34,5 @@ __all__ = [
     "Reducer",
     "discover",
     "parse_files",
-    "read_files",
     "read_run",
 ]

@@ -1,6 +1,4 @@
-"""Reading a run: its trace files found, parsed and checked to be one run (:func:`read_run`),
-or some of its files read again (:func:`read_files`).
-"""
+"""Reading a run: its trace files found, parsed and checked to be one run (:func:`read_run`)."""
 
 from __future__ import annotations
 
@@ -16,8 +14,6 @@ from tracekit.ingest.options import ReadOptions
 from tracekit.ingest.sniff import NSYS_REPORT
 
 if TYPE_CHECKING:  # pandas loads on first use: parser workers never import it
-    import pandas as pd
-
     from tracekit.model.run import Run
 
 
@@ -60,45 +56,27 @@ def read_run(
         trace.path = exported.get(trace.path, trace.path)
     # Imported after parsing: parser workers fork while this process has no pandas (the
     # executor loads it while they parse), so each stays ~30-50 MB.
-    from tracekit.model.run import Run
+    from tracekit.model.run import Run, add_warning
 
     capture_warnings: list[str] = []
-    run = Run(source=str(path), files=files, events=events, capture=load_capture_manifest(path, capture_warnings))
+    capture = load_capture_manifest(path, capture_warnings)
+    warnings: list[str] = []
     for message in found.warnings + settle_unknown_ranks(files, events) + check_layout(files) + capture_warnings:
-        run.warn(message)
+        add_warning(warnings, message)
     refuse_empty(path, files, events)
-    run.completeness, notes = run_completeness(files, run.capture)
-    if not run.completeness.complete:  # said first: every figure after it covers only the ranks present
-        run.warnings.insert(0, run.completeness.message())
+    completeness, notes = run_completeness(files, capture)
+    if not completeness.complete:  # said first: every figure after it covers only the ranks present
+        warnings.insert(0, completeness.message())
     for note in notes:
-        run.warn(note)
-    return run
-
-
-def read_files(path: str | os.PathLike[str], options: ReadOptions, file_ids: list[int]) -> pd.DataFrame:
-    """The events of some of a run's files, read again as ``options`` says (e.g. another
-    ``rows``): ``file_ids`` as :func:`read_run` numbered the files of the folder ``path``
-    (the file ids of its rows), and kept so in the table returned."""
-    found = find_traces(Path(path), options.iteration, options.rank_from)
-    paths = _readable_paths(found, options.cache_dir)
-    file_ids = sorted(set(file_ids))
-    _, events = parse_files(
-        [paths[i] for i in file_ids],
-        options.rank_from,
-        options.rank_map,
-        executor=options.executor,
-        jobs=options.jobs,
-        scheduler=options.scheduler,
-        cache_dir=options.cache_dir,
-        rows=options.rows,
-        reducer=options.reducer,
+        add_warning(warnings, note)
+    return Run(
+        source=str(path),
+        files=files,
+        events=events,
+        capture=capture,
+        completeness=completeness,
+        warnings=tuple(warnings),
     )
-    import numpy as np  # (the package imports no numpy at its top: a cached analysis reads none of this)
-
-    events["file_id"] = np.asarray(file_ids, dtype=np.int64)[events["file_id"].to_numpy()].astype(
-        events["file_id"].dtype
-    )
-    return events
 
 
 def _readable_paths(found: Discovery, cache_dir: str | None) -> list[Path]:

@@ -352,9 +352,11 @@ def _empty(columns: list[str]) -> pd.DataFrame:
     return _EMPTY[key].copy()
 
 
-@dataclass
+@dataclass(frozen=True)
 class Run:
-    """Everything loaded from one run folder."""
+    """Everything loaded from one run folder: built once, as read (:func:`tracekit.ingest.read_run`)
+    and again as reconstructed (:func:`tracekit.reconstruct.whole_run.reconstruct`), never
+    changed after (the tables inside are pandas frames: a test may still edit one)."""
 
     source: str  # the folder or file given
     files: list[TraceFile]
@@ -385,7 +387,8 @@ class Run:
     # the job around the pipeline: TP shards, DP replicas, rank order (tracekit.reconstruct.layout)
     layout: Layout | None = None
     completeness: Completeness | None = None  # set by the loader; None: not checked
-    warnings: list[str] = field(default_factory=list)
+    # what reading and reconstruction found to warn of, each once (the analysis' own are its own)
+    warnings: tuple[str, ...] = ()
 
     @property
     def ranks(self) -> list[int]:
@@ -406,6 +409,8 @@ class Run:
     def is_pipeline(self) -> bool:
         return self.schedule is not None and len(self.actions) > 0
 
-    def warn(self, message: str) -> None:
-        if message not in self.warnings:
-            self.warnings.append(message)
+
+def add_warning(warnings: list[str], message: str) -> None:
+    """``message`` at the end of ``warnings``, unless it is there already."""
+    if message not in warnings:
+        warnings.append(message)

@@ -22,8 +22,12 @@ it would choose alone, and :func:`gather` uses the ranks' actions only where eve
 chose the table the whole run chooses, and where the ranks all reduced the same way (on
 the device or on the host, and on the host all with a pipeline or all without). A host
 rank with no action (a run without a pipeline) sends its steps, counts, message rows and
-busy rows (:mod:`.plain`): what the client measures such a run by; without ``device`` (the
-report, which draws its host ops) its working set.
+busy rows (:mod:`.plain`): what the client measures such a run by; without ``device`` its
+working set.
+
+An output that draws ops (the HTML report) asks for them before the files are read: a
+reduced rank then keeps, beside the rows the client reads, the rows drawn (:func:`drawn_rows`),
+so nothing is read again once the analysis says which ranks the page draws.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from tracekit.model.run import ACTION_COLUMNS, STEP_COLUMNS
 from tracekit.reconstruct.actions import UNLABELLED, action_table, annotation_counts
 from tracekit.reconstruct.device_columns import op_columns
 from tracekit.reconstruct.device_rank import DEVICE_ACTION_COLUMNS, join_ranks, reduce_ranks
-from tracekit.reconstruct.event_arrays import LAUNCH_CATEGORY, EventArrays, has_device_work
+from tracekit.reconstruct.event_arrays import DEVICE_CATEGORIES, LAUNCH_CATEGORY, EventArrays, has_device_work
 from tracekit.reconstruct.labels import LabelChoice, LabelSet, choose, p2p_action, p2p_ways
 from tracekit.reconstruct.plain import BubbleRow, plain_busy
 from tracekit.reconstruct.recompute import recompute_rows
@@ -122,6 +126,17 @@ def message_rows(events: EventArrays) -> np.ndarray:
         mine = np.flatnonzero(ranks == rank)
         keep[mine[np.argmin(starts[mine])]] = True
         keep[mine[np.argmax(ends[mine])]] = True
+    return keep
+
+
+def drawn_rows(events: EventArrays, reduced: dict[str, Any]) -> np.ndarray:
+    """The rows of one rank (or file) :func:`rank_reduce` reduced to ``reduced`` that an output
+    drawing ops draws: its device work (kernels, copies, sets) and, where it has no pipeline
+    action, its host ops at the top of their threads or one below (a ``ProfilerStep`` mark and
+    what it holds)."""
+    keep: np.ndarray = events["on_gpu"] & events.is_in("cat", DEVICE_CATEGORIES)
+    if not reduced["actions"]["rank"]:
+        keep |= ~events["on_gpu"] & (events["depth"] <= 1)
     return keep
 
 

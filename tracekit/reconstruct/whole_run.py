@@ -1,6 +1,7 @@
 """The whole run's reconstruction, on the client: every rank's events (or the ranks' reduced
 steps and actions) into a pipeline timeline: steps, actions, messages, device times, aligned
-clocks and the schedule. Works in place on a :class:`tracekit.model.Run`.
+clocks and the schedule: a :class:`tracekit.model.Run` as read in, the reconstructed one out
+(its fields found first, then built once).
 
 It loads pandas; the package itself does not, so parser workers that import
 :mod:`tracekit.reconstruct.per_rank` for the per-rank reduce stay without it."""
@@ -8,13 +9,17 @@ It loads pandas; the package itself does not, so parser workers that import
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, fields, replace
+from typing import Any
 
 import pandas as pd
 
 from tracekit.errors import TracekitError
 from tracekit.model.groups import counts_of, pair_codes
 from tracekit.model.names import RECV_NAMES, SEND_NAMES
-from tracekit.model.run import TIMELINES, Run
+from tracekit.model.device import DeviceSummary
+from tracekit.model.layout import Layout
+from tracekit.model.run import TIMELINES, Completeness, Run, ScheduleInfo, add_warning
 from tracekit.reconstruct import device as dev
 from tracekit.reconstruct.actions import annotation_counts, find_actions
 from tracekit.reconstruct.chains import restage_from_chains
@@ -38,8 +43,46 @@ ONE_RANK = (
 )
 
 
+@dataclass
+class _Found:
+    """What reconstruction finds of a run, gathered here field by field (the run's as read
+    to start with) and built into the reconstructed :class:`Run` once (:meth:`run_of`)."""
+
+    events: pd.DataFrame
+    steps: pd.DataFrame
+    actions: pd.DataFrame
+    messages: pd.DataFrame
+    device: pd.DataFrame
+    device_summary: DeviceSummary
+    device_pairs: pd.DataFrame
+    collective_pairs: pd.DataFrame
+    timeline: str
+    clock_shifts: dict[int, int]
+    host_busy: list[tuple[int, int, int, int, int, int]] | None
+    labels: str
+    actions_from: str
+    label_counts: dict[str, int]
+    schedule: ScheduleInfo | None
+    layout: Layout | None
+    completeness: Completeness | None
+    warnings: list[str]
+
+    @classmethod
+    def of(cls, run: Run) -> _Found:
+        found: dict[str, Any] = {f.name: getattr(run, f.name) for f in fields(cls)}
+        return cls(**{**found, "warnings": list(run.warnings)})
+
+    def warn(self, message: str) -> None:
+        add_warning(self.warnings, message)
+
+    def run_of(self, run: Run) -> Run:
+        """``run`` (as read) with what was found."""
+        found: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
+        return replace(run, **{**found, "warnings": tuple(self.warnings)})
+
+
 def reconstruct(run: Run, timeline: str = "auto", labels: LabelSet | Sequence[str] | None = None) -> Run:
-    """Fill ``run.steps``, ``run.actions``, ``run.messages``, ``run.device`` and ``run.schedule``.
+    """``run`` (as read) reconstructed: its steps, actions, messages, device tables and schedule.
 
     ``timeline``: ``auto`` measures on the device wherever the trace records device work
     (kernels, copies), else on the host; ``device`` insists (an error for a trace with no
@@ -59,139 +102,141 @@ def reconstruct(run: Run, timeline: str = "auto", labels: LabelSet | Sequence[st
         labels = custom_set([parse_rule(text, "label rule") for text in labels])
     if timeline not in TIMELINES:
         raise ValueError(f"timeline must be one of {TIMELINES}, not {timeline!r}")
-    if run.events.empty:
-        run.warn("no events were read: nothing to analyse")
-        return run
+    found = _Found.of(run)
+    if found.events.empty:
+        found.warn("no events were read: nothing to analyse")
+        return found.run_of(run)
     reduced = [trace.reduced for trace in run.files]
     # Ranks reduced on the device sent their device ops, not their kernels' rows.
     on_device = any(part is not None and part.get("device") for part in reduced)
-    on_device = on_device or has_device_work(EventArrays.of(run.events))
+    on_device = on_device or has_device_work(EventArrays.of(found.events))
     if timeline == "device" and not on_device:
         raise TracekitError(
             f"{run.source}: --timeline device, but the traces record no device work (no "
             "kernel, memcpy or memset): profile with CUDA activity, or use --timeline host"
         )
     use_device = on_device and timeline != "host"
-    run.timeline = "device" if use_device else "host"
+    found.timeline = "device" if use_device else "host"
     # CUDA API calls only link device work to the host: never an action's op.
-    host_events = _host_events(run) if on_device else run.events
+    host_events = _host_events(run) if on_device else found.events
     # Each rank's steps and actions, where the processes that parsed the files found them
     # (on the device, the events are then its device rows, launches and message rows).
     gathered = gather(reduced, labels)
     if gathered is not None:
-        run.steps, actions, choice, labelling = gathered.steps, gathered.actions, gathered.choice, gathered.labelling
+        found.steps, actions, choice, labelling = gathered.steps, gathered.actions, gathered.choice, gathered.labelling
         annotations = gathered.annotations
     else:
-        run.steps = find_steps(run.events)  # a rank without step marks spans all it recorded
-        actions, choice, labelling = find_actions(host_events, run.steps, labels)
+        found.steps = find_steps(found.events)  # a rank without step marks spans all it recorded
+        actions, choice, labelling = find_actions(host_events, found.steps, labels)
         annotations = annotation_counts(host_events)
-    _note_steps_cut_short(run)
+    _note_steps_cut_short(found)
     if gathered is not None:
-        run.host_busy = gathered.host_busy
+        found.host_busy = gathered.host_busy
     if gathered is not None and gathered.device_summary is not None:
-        run.device_summary = gathered.device_summary  # the actions carry their device spans
+        found.device_summary = gathered.device_summary  # the actions carry their device spans
     elif on_device:
         if any(part is not None for part in reduced):
             raise TracekitError(f"{run.source}: its ranks were reduced in ways that do not fit together")
         # the working sets were read (an output that draws ops): the same reduce, on the table
-        run.device = dev.device_ops(run.events, run.steps)
-        run.device_summary, actions = dev.summarise_table(run.device, host_events, actions, _world_sizes(run))
+        found.device = dev.device_ops(found.events, found.steps)
+        found.device_summary, actions = dev.summarise_table(found.device, host_events, actions, _world_sizes(run))
     if not use_device:
         actions = dev.without_device_spans(actions)
     for trace in run.files:
         trace.reduced = None  # read: the run's tables hold it now
-    run.labels, run.label_counts = choice.name, dict(choice.counts)
-    run.actions_from = "labels" if choice.used is not None else "segmentation"
+    found.labels, found.label_counts = choice.name, dict(choice.counts)
+    found.actions_from = "labels" if choice.used is not None else "segmentation"
     for note in choice.notes:
-        run.warn(note)
-    run.actions = actions
-    run.steps["n_actions"] = _actions_per_step(run)
-    if run.completeness is not None and run.completeness.single_rank:
-        run.actions = dev.without_device_spans(actions)
-        run.warn(f"{ONE_RANK} ({describe_annotations(annotations)})")
-        return run
+        found.warn(note)
+    found.actions = actions
+    found.steps["n_actions"] = _actions_per_step(found.steps, found.actions)
+    if found.completeness is not None and found.completeness.single_rank:
+        found.actions = dev.without_device_spans(actions)
+        found.warn(f"{ONE_RANK} ({describe_annotations(annotations)})")
+        return found.run_of(run)
     if actions.empty:
         if use_device:
-            run.device_pairs = dev.pair_p2p_kernels(run.device_summary)
-            run.collective_pairs = dev.pair_collective_sendrecv(run.device_summary)
-        run.warn(no_pipeline_message(run, host_events, annotations))
-        return run
+            found.device_pairs = dev.pair_p2p_kernels(found.device_summary)
+            found.collective_pairs = dev.pair_collective_sendrecv(found.device_summary)
+        found.warn(no_pipeline_message(run, host_events, annotations))
+        return found.run_of(run)
     # Segmented actions, and those of a table that names no stage (Megatron's frames), are
     # each one forward or one backward, placed by rank and order of appearance alone.
     # (actions_from is "segmentation" exactly where choice.used is None)
-    placed_by_chains = run.actions_from == "segmentation" or (choice.used is not None and choice.used.placed_by_chains)
+    placed_by_chains = found.actions_from == "segmentation" or (
+        choice.used is not None and choice.used.placed_by_chains
+    )
     found_notes: list[str] = []
     messages, warnings = match_messages(
         host_events,
-        run.steps,
+        found.steps,
         actions,
         consumer_by_kind=placed_by_chains,
         groups=groups_of(run.files),
         notes=found_notes,
     )
     for message in warnings:
-        run.warn(message)
+        found.warn(message)
     chain_note = None
     if placed_by_chains:
         # rank alone names no stage when a rank holds several (a virtual pipeline)
-        run.actions, chain_note = restage_from_chains(run.actions, messages)
-        actions = run.actions
+        found.actions, chain_note = restage_from_chains(found.actions, messages)
+        actions = found.actions
     if use_device:
-        _on_device(run, messages)
+        _on_device(found, run, messages)
     else:
         shifts, notes = estimate_offsets(run.files, messages)
         for note in notes:
-            run.warn(note)
+            found.warn(note)
         if shifts:
-            _align(run, shifts)
+            _align(found, shifts)
             messages = shift_ranks(messages, shifts, "src_rank", ["send_post_ns"])
             messages = shift_ranks(messages, shifts, "dst_rank", ["recv_post_ns", "recv_done_ns"])
-        run.messages = estimate_arrivals(messages, run.actions, run.events)
-    if not run.has_every_rank:
-        assert run.completeness is not None  # a run without one has every rank
-        run.schedule = unrecognised(run.actions, run.completeness)
+        found.messages = estimate_arrivals(messages, found.actions, found.events)
+    if not (found.completeness is None or found.completeness.every_rank):
+        assert found.completeness is not None  # a run without one has every rank
+        found.schedule = unrecognised(found.actions, found.completeness)
     else:
         overlap = actions["label"].str.contains("OVERLAP_F_B", regex=False).any()
-        pipelines = pipeline_groups(run.actions, run.messages)
-        if len(pipelines) > 1 and stage_is_rank(run.actions):
-            run.actions = restage(run.actions, pipelines)
-        run.layout = find_layout(
+        pipelines = pipeline_groups(found.actions, found.messages)
+        if len(pipelines) > 1 and stage_is_rank(found.actions):
+            found.actions = restage(found.actions, pipelines)
+        found.layout = find_layout(
             run.ranks,
             groups_of(run.files),
-            run.actions,
-            run.messages,
+            found.actions,
+            found.messages,
             pipelines,
-            collective_ops(run.events),
-            group_strides(run.events),
+            collective_ops(found.events),
+            group_strides(found.events),
         )
-        run.schedule = recognise(run.actions, overlap_labels=bool(overlap), pipelines=pipelines)
-        for problem in count_problems(run.actions, run.schedule):
-            run.warn(problem)
-        mismatch = declared_mismatch(run.capture, run.schedule)
+        found.schedule = recognise(found.actions, overlap_labels=bool(overlap), pipelines=pipelines)
+        for problem in count_problems(found.actions, found.schedule):
+            found.warn(problem)
+        mismatch = declared_mismatch(run.capture, found.schedule)
         if mismatch:
-            run.warn(mismatch)
-    if run.schedule is not None:
-        run.schedule.evidence.extend(found_notes)  # how the messages were found: no problem, said
+            found.warn(mismatch)
+    if found.schedule is not None:
+        found.schedule.evidence.extend(found_notes)  # how the messages were found: no problem, said
         if chain_note:
-            run.schedule.evidence.insert(0, chain_note)
-        run.schedule.evidence.insert(0, f"actions from {labelling}")
-    return run
+            found.schedule.evidence.insert(0, chain_note)
+        found.schedule.evidence.insert(0, f"actions from {labelling}")
+    return found.run_of(run)
 
 
-def _note_steps_cut_short(run: Run) -> None:
+def _note_steps_cut_short(found: _Found) -> None:
     """A rank whose trace covers fewer steps than the others' makes the run incomplete; the
     line that says so first is said again with it."""
-    completeness = run.completeness
-    if completeness is None:
+    before = found.completeness
+    if before is None:
         return
-    short = {rank: why for rank, why in steps_cut_short(run.steps).items() if rank not in completeness.cut_short}
+    short = {rank: why for rank, why in steps_cut_short(found.steps).items() if rank not in before.cut_short}
     if not short:
         return
-    before = completeness.message()
-    completeness.cut_short.update(short)
-    if before in run.warnings:
-        run.warnings.remove(before)
-    run.warnings.insert(0, completeness.message())
+    found.completeness = replace(before, cut_short={**before.cut_short, **short})
+    if before.message() in found.warnings:
+        found.warnings.remove(before.message())
+    found.warnings.insert(0, found.completeness.message())
 
 
 def no_pipeline_message(run: Run, events: pd.DataFrame, annotations: dict[str, int]) -> str:
@@ -210,37 +255,37 @@ def no_pipeline_message(run: Run, events: pd.DataFrame, annotations: dict[str, i
     )
 
 
-def _on_device(run: Run, messages: pd.DataFrame) -> None:
+def _on_device(found: _Found, run: Run, messages: pd.DataFrame) -> None:
     """Put the actions and messages on the device timeline, clocks aligned from the device
     P2P kernels."""
 
-    summary = run.device_summary
+    summary = found.device_summary
     messages = dev.device_messages(messages, summary)
     shifts, notes = dev.device_clock_offsets(messages, host_of_rank(run.files))
     for note in notes:
-        run.warn(note)
+        found.warn(note)
     if shifts:
-        _align(run, shifts)
-        run.actions = shift_ranks(run.actions, shifts, "rank", list(DEVICE_ACTION_COLUMNS[:2]))
+        _align(found, shifts)
+        found.actions = shift_ranks(found.actions, shifts, "rank", list(DEVICE_ACTION_COLUMNS[:2]))
         summary.shift(shifts)
-        if len(run.device):  # held for outputs that draw it
-            run.device = shift_ranks(run.device, shifts, "rank", ["start_ns", "end_ns"])
-            run.device = shift_ranks(run.device, shifts, "rank", ["launch_ns", "launch_end_ns"], unset=-1)
+        if len(found.device):  # held for outputs that draw it
+            found.device = shift_ranks(found.device, shifts, "rank", ["start_ns", "end_ns"])
+            found.device = shift_ranks(found.device, shifts, "rank", ["launch_ns", "launch_end_ns"], unset=-1)
         messages = shift_ranks(messages, shifts, "src_rank", ["send_post_ns"])
         messages = shift_ranks(messages, shifts, "dst_rank", ["recv_post_ns", "recv_done_ns"])
         # wait and transfer compare both sides' kernels: measured again on the one clock
         messages = dev.kernel_times(messages, summary)
-    run.actions = dev.device_actions(run.actions)
+    found.actions = dev.device_actions(found.actions)
     unlinked = int((messages["send_kernel"] < 0).sum()) if len(messages) else 0
     if unlinked:
-        run.warn(
+        found.warn(
             f"{unlinked} of {len(messages)} messages have no P2P kernel on both sides in the trace; "
             "their times are the host's"
         )
     # Producer and consumer stay those of the host's program order (match_messages).
-    run.messages = dev.apply_device_times(messages)
-    run.device_pairs = dev.pairs_from_messages(messages)
-    run.collective_pairs = dev.pair_collective_sendrecv(summary)
+    found.messages = dev.apply_device_times(messages)
+    found.device_pairs = dev.pairs_from_messages(messages)
+    found.collective_pairs = dev.pair_collective_sendrecv(summary)
 
 
 def _world_sizes(run: Run) -> dict[int, int]:
@@ -253,10 +298,10 @@ def _host_events(run: Run) -> pd.DataFrame:
     return run.events[(run.events["cat"] != LAUNCH_CATEGORY).to_numpy()]
 
 
-def _actions_per_step(run: Run) -> list[int]:
-    """How many actions each step row holds (by rank and step): a count per (rank, step) code,
-    not a groupby and a MultiIndex reindex (~2 ms of the command's serial tail on 8 GPU ranks)."""
-    steps, actions = run.steps, run.actions
+def _actions_per_step(steps: pd.DataFrame, actions: pd.DataFrame) -> list[int]:
+    """How many actions each step row of ``steps`` holds of ``actions`` (by rank and step): a
+    count per (rank, step) code, not a groupby and a MultiIndex reindex (~2 ms of the
+    command's serial tail on 8 GPU ranks)."""
     if not len(actions):  # a run without a pipeline (its default table's columns are objects)
         return [0] * len(steps)
     columns = [steps["rank"], steps["step"], actions["rank"], actions["step"]]
@@ -270,10 +315,10 @@ def _actions_per_step(run: Run) -> list[int]:
     return per_step
 
 
-def _align(run: Run, shifts: dict[int, int]) -> None:
+def _align(found: _Found, shifts: dict[int, int]) -> None:
     """Put every rank's times on the reference clock."""
 
-    run.clock_shifts = dict(shifts)
-    run.events = shift_ranks(run.events, shifts, "rank", ["start_ns", "end_ns"])
-    run.actions = shift_ranks(run.actions, shifts, "rank", ["start_ns", "end_ns", "label_start_ns", "label_end_ns"])
-    run.steps = shift_ranks(run.steps, shifts, "rank", ["step_start_ns", "step_end_ns"])
+    found.clock_shifts = dict(shifts)
+    found.events = shift_ranks(found.events, shifts, "rank", ["start_ns", "end_ns"])
+    found.actions = shift_ranks(found.actions, shifts, "rank", ["start_ns", "end_ns", "label_start_ns", "label_end_ns"])
+    found.steps = shift_ranks(found.steps, shifts, "rank", ["step_start_ns", "step_end_ns"])

@@ -45,7 +45,7 @@ def to_document(analysis: Analysis) -> AnalysisDocument:
         "tracekit_version": __version__,
         "source": run.source,
         "files": [f.describe() for f in run.files],
-        "warnings": list(run.warnings),
+        "warnings": analysis.warnings,
         "completeness": run.completeness.to_dict() if run.completeness else None,
         "pipeline": analysis.is_pipeline,
         "timeline": run.timeline,

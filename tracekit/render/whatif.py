@@ -11,6 +11,7 @@ from tracekit.version import __version__
 
 if TYPE_CHECKING:
     from tracekit.analyze.framework_config import Advice
+    from tracekit.analyze.recompute_memory import RecomputeMemory
     from tracekit.analyze.whatif import Prediction, Search, WhatIf
 
 
@@ -72,6 +73,8 @@ def render(result: WhatIf, advice: Advice | None = None) -> str:
         lines += config_block(advice, best.label)
         if advice is not None and advice.configs and not advice.runs(best.label):
             lines += _fastest_runnable(result, advice)
+    if result.recompute_memory is not None:
+        lines += recompute_memory_lines(result.recompute_memory)
     for reason in dict.fromkeys(result.skipped):
         lines.append(f"  skipped: {reason}")
     lines += ["", "  how: " + result.assumptions[0]]
@@ -80,6 +83,33 @@ def render(result: WhatIf, advice: Advice | None = None) -> str:
     # Each entry is one line; the run's path and the reasons a target was skipped quote
     # names from the traces, which must reach the terminal inert.
     return "\n".join(for_terminal(line) for line in lines)
+
+
+def recompute_memory_lines(memory: RecomputeMemory) -> list[str]:
+    """``whatif --no-recompute``: each rank's activation memory with recomputation on (as
+    measured) and off (:mod:`tracekit.analyze.recompute_memory`), and how it was sized."""
+
+    def size(n: int | None) -> str:
+        return "?" if n is None else format_bytes(n)
+
+    lines = [
+        "",
+        "  activation memory per rank, recomputation on (as measured) and off:",
+        f"  {'rank':>6} {'stages':>8} {'in flight':>10} {'on /mb':>10} {'off /mb':>10} "
+        f"{'peak on':>10} {'peak off':>10} {'saved':>10}",
+    ]
+    for r in memory.ranks:
+        row = r.to_dict()
+        lines.append(
+            f"  {r.rank:>6} {','.join(map(str, r.stages)):>8} {r.in_flight:>10} "
+            f"{size(r.kept_per_microbatch_bytes):>10} {size(r.activations_per_microbatch_bytes):>10} "
+            f"{size(row['peak_recompute_on_bytes']):>10} {size(row['peak_recompute_off_bytes']):>10} "
+            f"{size(row['saved_bytes']):>10}"
+        )
+    lines.append(f"  sized from {memory.source}")  # one line, as the assumptions are
+    if memory.unsized:
+        lines.append(f"  not sized (?): {memory.unsized}")
+    return lines
 
 
 def _fastest_runnable(result: WhatIf, advice: Advice) -> list[str]:

@@ -335,6 +335,18 @@ class DimensionRankDoc(TypedDict):
     recompute_share_of_busy: NotRequired[float]
 
 
+class SharedLinkDoc(TypedDict):
+    """One link's transfers with and without a TP collective (``shared_links.links[]``)."""
+
+    src_rank: int
+    dst_rank: int
+    n_transfers_overlapped: int
+    n_transfers_alone: int
+    median_transfer_overlapped_ns: int
+    median_transfer_alone_ns: int
+    slowdown: float
+
+
 class SharedLinksDoc(TypedDict):
     overlap_ns: dict[str, int]
     n_transfers_overlapped: int
@@ -342,6 +354,7 @@ class SharedLinksDoc(TypedDict):
     median_transfer_overlapped_ns: int
     median_transfer_alone_ns: int
     slowdown: float
+    links: NotRequired[list[SharedLinkDoc]]
 
 
 class DimensionStageDoc(TypedDict):

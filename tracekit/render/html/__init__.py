@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import re
 from importlib.resources import files
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import jinja2
 
@@ -58,20 +58,10 @@ def render_report(analysis: Analysis) -> str:
     from bokeh.embed import file_html
     from bokeh.resources import INLINE
 
-    rollup = analysis.replicas
     replicated = _replicated(analysis)
-    if replicated:
-        assert rollup is not None
-        timeline, causes, notes = _replicated_parts(analysis)
-        extra = [heatmap_root(analysis, [r for g in rollup.replicas for r in g]), spread_root(analysis)]
-    else:
-        views, step_notes = step_views(analysis)
-        timeline, causes, notes, extra = (
-            timeline_root(views),
-            causes_root(analysis),
-            step_notes + thinning_notes(views),
-            [],
-        )
+    timeline, notes = report_timeline(analysis)
+    causes = report_causes(analysis)
+    extra = [heatmap_root(analysis, heatmap_order(analysis)), spread_root(analysis)] if replicated else []
     bubble = bubble_root(analysis) if analysis.is_pipeline else None
     roots = [r for r in (timeline, causes, bubble, *extra) if r is not None]
     context = page_context(analysis, notes)
@@ -88,25 +78,19 @@ def render_report(analysis: Analysis) -> str:
     return page
 
 
-def drawn_ranks(analysis: Analysis) -> list[int]:
-    """The ranks whose timeline the report draws: the replicas the roll-up picked in a run of
-    data-parallel replicas, else every rank measured."""
-    rollup = analysis.replicas
-    if _replicated(analysis):
-        assert rollup is not None
-        return sorted(r for replica, _ in rollup.timeline_replicas for r in rollup.replicas[replica])
-    return sorted(int(r) for r in analysis.bubbles["rank"].unique()) if len(analysis.bubbles) else []
-
-
 def _replicated(analysis: Analysis) -> bool:
     rollup = analysis.replicas
     return analysis.is_pipeline and rollup is not None and rollup.n_replicas > 1 and bool(rollup.places)
 
 
-def _replicated_parts(analysis: Analysis) -> tuple[LayoutDOM | None, LayoutDOM, list[str]]:
-    """A run of data-parallel replicas: the timeline of the replicas the roll-up picked (one
-    shown at a time, the slowest first, another picked in the page), the per-stage causes,
-    and the notes on what was drawn."""
+def report_timeline(analysis: Analysis) -> tuple[Any, list[str]]:
+    """The report's timeline (a bokeh layout, one tab per step drawn; None where there is
+    nothing to draw) and the notes on what it left out. With data-parallel replicas: the
+    replicas the roll-up picked, one shown at a time (the slowest first, another picked in
+    the page)."""
+    if not _replicated(analysis):
+        views, step_notes = step_views(analysis)
+        return timeline_root(views), step_notes + thinning_notes(views)
     rollup = analysis.replicas
     assert rollup is not None  # only for a replicated run
     groups: list[tuple[str, list[int]]] = []
@@ -123,7 +107,23 @@ def _replicated_parts(analysis: Analysis) -> tuple[LayoutDOM | None, LayoutDOM, 
         *step_notes,
         *thinning_notes(views),
     ]
-    return timeline_root(views), place_causes_root(analysis), notes
+    return timeline_root(views), notes
+
+
+def report_causes(analysis: Analysis) -> Any:
+    """The report's causes chart: per rank busy, then idle by cause; with data-parallel
+    replicas per stage, the mean over the replicas."""
+    return place_causes_root(analysis) if _replicated(analysis) else causes_root(analysis)
+
+
+def heatmap_order(analysis: Analysis) -> list[int]:
+    """The rows of the bubble heat map (:func:`~tracekit.render.html.charts.heatmap_root`):
+    by replica, then stage, where the run has data-parallel replicas; else by rank."""
+    rollup = analysis.replicas
+    if _replicated(analysis):
+        assert rollup is not None
+        return [r for group in rollup.replicas for r in group]
+    return sorted(int(r) for r in analysis.bubbles["rank"].unique())
 
 
 _ROOT_DIV = '<div id="{}" data-root-id="{}" style="display: contents;"></div>'

@@ -96,7 +96,7 @@ def page_context(analysis: Analysis, notes: list[str]) -> dict[str, Any]:
         "theory": theory,
         "capture": _capture_rows(run.capture),
         "profiler": _profiler_rows(run.files),
-        "warnings": list(run.warnings),
+        "warnings": analysis.warnings,
         "fold_rows": FOLD_ROWS,
         "pipeline": analysis.is_pipeline,
         "whatif": _whatif_rows(analysis),

@@ -1,0 +1,262 @@
+"""The analysis while training (``trace_handler(..., analyze=True)``, :mod:`tracekit.monitor`):
+a live 4-rank pipelining run whose windows are analysed while it trains (TensorBoard scalars
+read back during the training, the sink, ``suggest_microbatches()`` against ``tracekit
+whatif`` on the same traces); the queue of one (newest first) and its failures as warnings,
+on the real sample traces; the handler's refusals; the docstrings' examples."""
+
+from __future__ import annotations
+
+import doctest
+import gzip
+import json
+import logging
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from conftest import ROOT, SAMPLES
+
+import tracekit
+from tracekit.cli import main
+from tracekit.errors import TracekitError
+from tracekit.monitor import Monitor, analysed_windows, summary_path
+from tracekit.monitor.background import WindowAnalyses
+
+WINDOWS = (7, 14)  # tests/monitor_ranks.py --windows 2: traces ready at steps 7 and 14
+CANDIDATES = (2, 4, 8, 16)  # half, once, twice and four times its m=4
+
+
+def _whatif_fastest_m(run_dir: Path, window: int, ms) -> int:
+    """The m of ``tracekit whatif``'s fastest prediction, read from its JSON (the shortest step)."""
+    args = ["whatif", str(run_dir), "--iteration", str(window), "-s", "1F1B", "--json", "--no-progress"]
+    result = CliRunner().invoke(main, args + [a for m in ms for a in ("-m", str(m))])
+    assert result.exit_code == 0, result.output
+    predictions = json.loads(result.stdout)["predictions"]
+    assert sorted(p["m"] for p in predictions) == sorted(ms)
+    return min(predictions, key=lambda p: p["step_ns"])["m"]
+
+
+# --------------------------------------------------------------------------------------
+# live: torch.distributed.pipelining, 4 ranks, gloo, analysed while it trains
+# --------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    pytest.importorskip("torch", reason="torch is not installed (pip install 'tracekit[capture]')")
+    pytest.importorskip("tensorboard", reason="tensorboard is not installed (pip install 'tracekit[tensorboard]')")
+    folder = tmp_path_factory.mktemp("live")
+    run_dir, report = folder / "run", folder / "report.json"
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "tests" / "monitor_ranks.py"),
+            str(run_dir),
+            str(report),
+            "--until-analysed",
+            "300",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=560,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return run_dir, json.loads(report.read_text()), done.stderr
+
+
+def test_scalars_are_read_back_while_the_run_trains(live):
+    run_dir, report, _ = live
+    # rank 0 saw a window's summary, read the event files, and the training went on after it
+    assert report["first_seen_step"] is not None and report["first_seen_step"] < report["steps"]
+    window = report["first_seen_window"]
+    summary = json.loads(summary_path(run_dir, window).read_text())
+    read_back = report["read_back"]
+    for step in summary["steps"]:
+        figures = summary["scalars"][str(step)]
+        for tag in ("pipeline/bubble_ratio", "pipeline/step_ms", "pipeline/idle_comm_ms", "pipeline/idle_warmup_ms"):
+            assert [step, pytest.approx(figures[tag], rel=1e-6)] in read_back[tag], tag
+        for stage in range(4):
+            tag = f"pipeline/stage_{stage}/compute_ms"
+            assert [step, pytest.approx(figures[tag], rel=1e-6)] in read_back[tag], tag
+        # the causes of every rank add up to its idle time
+        for rank in range(4):
+            causes = sum(
+                v
+                for k, v in figures.items()
+                if k.startswith(f"pipeline/rank_{rank}/idle_") and k != f"pipeline/rank_{rank}/idle_ms"
+            )
+            assert causes == pytest.approx(figures[f"pipeline/rank_{rank}/idle_ms"], abs=1e-3)
+
+
+def test_every_window_is_analysed_or_said_skipped_and_the_sink_gets_each_step(live):
+    run_dir, report, stderr = live
+    assert report["all_analysed"]
+    assert sorted(report["analysed"] + report["skipped"]) == list(WINDOWS)
+    assert report["analysed"][-1] == WINDOWS[-1] and report["latest_window"] == WINDOWS[-1]
+    for window in report["skipped"]:
+        assert f"window {window} not analysed" in stderr
+    assert analysed_windows(run_dir) == report["analysed"]
+    sunk = {step: scalars for step, scalars in report["sink"]}
+    for window in report["analysed"]:
+        summary = json.loads(summary_path(run_dir, window).read_text())
+        assert summary["window"] == window and summary["schedule"] == {"name": "1F1B", "p": 4, "v": 1, "m": 4}
+        assert len(summary["steps"]) == 2 and all(str(s) in summary["scalars"] for s in summary["steps"])
+        assert summary["findings"] and {"cause", "severity", "headline", "advice"} <= set(summary["findings"][0])
+        # per cause over every rank and step: the sum of the per-step scalars
+        for cause, ms in summary["idle_ms_by_cause"].items():
+            per_step = sum(summary["scalars"][str(s)][f"pipeline/idle_{cause}_ms"] for s in summary["steps"])
+            assert per_step == pytest.approx(ms, abs=1e-3)
+        for step in summary["steps"]:
+            assert sunk[step] == summary["scalars"][str(step)]
+
+
+def test_suggest_microbatches_is_tracekit_whatifs_answer(live):
+    run_dir, report, _ = live
+    last = report["latest_window"]
+    summary = json.loads(summary_path(run_dir, last).read_text())
+    assert summary["whatif_command"] == f"tracekit whatif {run_dir} --iteration {last} -s 1F1B -m 2 -m 4 -m 8 -m 16"
+    assert (
+        report["suggested"] == Monitor(run_dir).suggest_microbatches() == _whatif_fastest_m(run_dir, last, CANDIDATES)
+    )
+    scalars = summary["scalars"][str(max(summary["steps"]))]
+    assert scalars["pipeline/suggested_microbatches"] == report["suggested"]
+    for window in report["analysed"]:  # every window, not only the last
+        expected = _whatif_fastest_m(run_dir, window, CANDIDATES)
+        assert json.loads(summary_path(run_dir, window).read_text())["suggested_microbatches"] == expected
+
+
+# --------------------------------------------------------------------------------------
+# the queue of one, on the sample run's real traces
+# --------------------------------------------------------------------------------------
+def _in_flight(analyses: WindowAnalyses, window: int, within_s: float = 60) -> None:
+    deadline = time.monotonic() + within_s
+    while analyses.in_flight != window:
+        assert time.monotonic() < deadline, f"window {window} never started"
+        time.sleep(0.05)
+
+
+def _traces_of(run_dir: Path, window: int) -> None:
+    folder = run_dir / f"iteration_{window}"
+    folder.mkdir(parents=True)
+    for trace in sorted((SAMPLES / "1f1b").glob("rank*.json.gz")):
+        shutil.copy(trace, folder / trace.name)
+
+
+def test_a_newer_window_replaces_the_waiting_one_and_the_sink_gets_every_analysed_step(tmp_path, caplog):
+    run_dir = tmp_path / "run"
+    sunk: list[tuple[int, dict[str, float]]] = []
+    analyses = WindowAnalyses(run_dir, 4, sink=lambda scalars, step: sunk.append((step, scalars)), idle=False)
+    caplog.set_level(logging.INFO, logger="tracekit.monitor")
+    analyses.submit(3)  # its traces are not there yet: its analysis waits for them
+    _in_flight(analyses, 3)
+    analyses.submit(6)
+    analyses.submit(9)  # 6 never started: 9 is newer
+    assert analyses.skipped == [6]
+    assert "window 6 not analysed: window 9 came while window 3 was still being analysed" in caplog.text
+    _traces_of(run_dir, 3)
+    _traces_of(run_dir, 9)
+    assert analyses.wait(timeout=300)
+    assert analyses.analysed == [3, 9] and analysed_windows(run_dir) == [3, 9] and analyses.failed == []
+    summary = Monitor(run_dir).latest()
+    assert summary is not None and summary["window"] == 9
+    assert [step for step, _ in sunk] == summary["steps"] * 2  # the same traces twice
+    assert all(scalars == summary["scalars"][str(step)] for step, scalars in sunk)
+    # the suggestion is whatif's, the figures add up
+    assert summary["suggested_microbatches"] == _whatif_fastest_m(run_dir, 9, (4, 8, 16, 32))
+    assert sum(summary["idle_ms_by_cause"].values()) == pytest.approx(
+        sum(r["idle_ms"] for r in summary["ranks"].values()), abs=1e-3
+    )
+
+
+def test_a_failed_analysis_and_a_failing_sink_are_warnings(tmp_path, caplog):
+    run_dir = tmp_path / "run"
+    (run_dir / "iteration_2").mkdir(parents=True)
+    with gzip.open(run_dir / "iteration_2" / "rank0.json.gz", "wt") as f:
+        f.write("this is no trace")
+
+    def sink(scalars, step):
+        raise RuntimeError("the logger is down")
+
+    analyses = WindowAnalyses(run_dir, 1, sink=sink, idle=False)
+    caplog.set_level(logging.INFO, logger="tracekit.monitor")
+    analyses.submit(2)  # returns at once; the analysis fails in its process
+    assert analyses.wait(timeout=120)
+    assert analyses.failed == [2] and analyses.analysed == []
+    assert "window 2 not analysed:" in caplog.text and "window_2.log" in caplog.text
+    assert Monitor(run_dir).latest() is None
+
+    _traces_of(run_dir, 5)
+    analyses.world_size = 4
+    analyses.submit(5)
+    assert analyses.wait(timeout=300)
+    assert analyses.analysed == [5]
+    assert "window 5: the sink failed at step" in caplog.text and "the logger is down" in caplog.text
+
+
+def test_a_window_whose_ranks_never_all_arrive_is_given_up(tmp_path, caplog):
+    run_dir = tmp_path / "run"
+    _traces_of(run_dir, 4)
+    (run_dir / "iteration_4" / "rank3.json.gz").unlink()
+    analyses = WindowAnalyses(run_dir, 4, wait_s=1, idle=False)
+    caplog.set_level(logging.WARNING, logger="tracekit.monitor")
+    analyses.submit(4)
+    assert analyses.wait(timeout=120)
+    assert analyses.failed == [4]
+    assert "window 4 not analysed: window 4: 3 of 4 ranks' traces" in caplog.text
+
+
+# --------------------------------------------------------------------------------------
+# the handler's options
+# --------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("options", "words"),
+    [
+        ({"sink": print}, "are for analyze=True"),
+        ({"tensorboard": "logs"}, "are for analyze=True"),
+        ({"analyze": True, "microbatches": [8, 0]}, "positive integers"),
+    ],
+)
+def test_analysis_options_are_checked_when_the_handler_is_made(tmp_path, options, words):
+    with pytest.raises(TracekitError, match=words):
+        tracekit.trace_handler(tmp_path / "run", rank=0, **options)
+
+
+def test_without_tensorboard_a_folder_asked_for_is_refused_and_the_default_is_left_out(tmp_path, monkeypatch, caplog):
+    monkeypatch.setitem(sys.modules, "tensorboard", None)  # as if not installed
+    with pytest.raises(TracekitError, match=r"needs the tensorboard package: pip install 'tracekit\[tensorboard\]'"):
+        tracekit.trace_handler(tmp_path / "a", rank=0, analyze=True, tensorboard=tmp_path / "logs")
+    caplog.set_level(logging.WARNING, logger="tracekit.monitor")
+    handler = tracekit.trace_handler(tmp_path / "b", rank=0, analyze=True)
+    assert handler.tensorboard is None and "no TensorBoard scalars while training" in caplog.text
+
+
+def test_the_handler_and_monitor_import_neither_torch_nor_pandas():
+    code = (
+        "import sys, tempfile, tracekit\n"
+        "h = tracekit.trace_handler(tempfile.mkdtemp(), rank=0, analyze=True)\n"
+        "tracekit.Monitor(h.run_dir).latest()\n"
+        "print(sorted({'torch', 'pandas', 'numpy'} & set(sys.modules)))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr
+
+
+@pytest.mark.parametrize("module", ["tracekit.monitor", "tracekit.monitor.window", "tracekit.handler"])
+def test_the_docstring_examples_run(module):
+    import importlib
+
+    found = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
+    assert found.failed == 0 and found.attempted > 0
+
+
+def test_the_monitored_run_folder_still_analyses_without_options(live):
+    run_dir, report, _ = live
+    result = CliRunner().invoke(main, ["analyze", str(run_dir), "--json", "--no-progress"])
+    assert result.exit_code == 0, result.output
+    document = json.loads(result.stdout)
+    assert {Path(f["path"]).parent.name for f in document["files"]} == {f"iteration_{WINDOWS[-1]}"}
+    # the summaries, logs and event files beside the traces are no traces, and not even worth a warning
+    assert not [w for w in document["warnings"] if "monitor" in w or "tensorboard" in w or "tfevents" in w]
