@@ -204,7 +204,7 @@ def _split_prediction(runs: Runs, pair: Pair):
         from tracekit.analyze import layers, split  # lane "split"
     except ImportError:
         return None
-    costs = layers.layer_costs_from_ops(runs.run(pair.source))
+    costs = layers.layer_costs_from_trace(runs.run(pair.source))
     model = runs.model(pair.source)
     return split.score(model, costs, list(pair.split or ()), pair.schedule, pair.v, pair.m, "validation").prediction
 

@@ -97,7 +97,10 @@ def test_the_tables_list_exactly_the_registered_causes(with_extra):
     out, _ = with_extra
     with open(out / "tables" / "attribution.csv") as f:
         header = next(csv.reader(f))
-    assert header == ["rank", "step", "idle_ns", *[f"{c}_ns" for c in _registered("extra")]]
+    assert header == ["rank", "step", "idle_ns", *[f"{c}_ns" for c in _registered("extra")], "run_id"]
+    with open(out / "tables" / "idle_intervals.csv") as f:
+        causes = {row["cause"] for row in csv.DictReader(f)}
+    assert "extra" in causes and causes <= set(_registered("extra"))
 
 
 def test_the_report_and_the_merged_trace_draw_the_cause(with_extra):

@@ -25,7 +25,7 @@ from tracekit.render.json import to_document
 
 SLOW_STAGE2 = SAMPLES / "1f1b_slow_stage2"
 CAUSE_COLUMNS = [f"{c}_ns" for c in CATEGORIES]
-PANDAS_DTYPES = {"int64": "int64", "float64": "float64", "string": "string"}
+PANDAS_DTYPES = {"int64": "int64", "Int64": "Int64", "float64": "float64", "string": "string"}
 
 
 def cli(*args):
@@ -109,7 +109,7 @@ def test_export_writes_parquet_and_csv_that_pandas_reads_back(tmp_path, cached, 
     out = tmp_path / "tables"
     result = cli("export", SLOW_STAGE2, "--tables", out, "--csv")
     assert result.exit_code == 0, result.output
-    assert f"wrote {out}: 6 tables as Parquet and CSV" in result.output
+    assert f"wrote {out}: 7 tables as Parquet and CSV" in result.output
     _, analysis = loaded_runs(SLOW_STAGE2)
     expected = tables(analysis)
     assert sorted(p.name for p in out.iterdir()) == sorted(f"{n}.{ext}" for n in expected for ext in ("parquet", "csv"))
@@ -117,7 +117,11 @@ def test_export_writes_parquet_and_csv_that_pandas_reads_back(tmp_path, cached, 
         from_parquet = pd.read_parquet(out / f"{name}.parquet")
         pd.testing.assert_frame_equal(from_parquet, frame, check_dtype=True)
         dtypes = {column: PANDAS_DTYPES[dtype] for column, (dtype, _) in TABLES[name].columns.items()}
-        from_csv = pd.read_csv(out / f"{name}.csv", dtype=dtypes, keep_default_na=False)
+        # an empty field of a nullable integer column (a time since the step's start) is null
+        nullable = [column for column, dtype in dtypes.items() if dtype == "Int64"]
+        from_csv = pd.read_csv(
+            out / f"{name}.csv", dtype=dtypes, keep_default_na=False, na_values={c: [""] for c in nullable}
+        )
         pd.testing.assert_frame_equal(from_csv, frame, check_dtype=True)
         schema = pq.read_schema(out / f"{name}.parquet")
         assert schema.metadata[b"tracekit.table"] == name.encode()
@@ -127,7 +131,9 @@ def test_export_writes_parquet_and_csv_that_pandas_reads_back(tmp_path, cached, 
             assert field.metadata[b"doc"].decode() == TABLES[name].columns[field.name][1]
             assert (
                 str(field.type)
-                == {"int64": "int64", "float64": "double", "string": "string"}[TABLES[name].columns[field.name][0]]
+                == {"int64": "int64", "Int64": "int64", "float64": "double", "string": "string"}[
+                    TABLES[name].columns[field.name][0]
+                ]
             )
 
 
@@ -187,6 +193,8 @@ def test_a_gpu_run_adds_the_device_tables(tmp_path, gpu_run):
 
 
 def _records(frame: pd.DataFrame) -> list[dict]:
+    """The rows as the JSON report has them: without the columns every table adds (run_id, times in the step)."""
+    frame = frame.drop(columns=[c for c in frame.columns if c == "run_id" or c.endswith("_in_step_ns")])
     return [{k: (v if isinstance(v, str) else int(v)) for k, v in row.items()} for row in frame.to_dict("records")]
 
 
@@ -317,3 +325,79 @@ def test_step_scalars_name_every_stage_and_cause(loaded_runs):
     assert (scalars["wall_time_ns"] >= 0).all()  # the sample's traces are on the Unix clock
     per_step = scalars.groupby("step").size()
     assert per_step.nunique() == 1 and list(per_step.index) == sorted(analysis.bubbles["step"].unique())
+
+
+def test_the_idle_intervals_table_is_the_merged_traces_intervals_with_their_blame(loaded_runs):
+    """Each idle interval the merged trace shades, cut where its blame changes hands: per rank
+    and step a cause's intervals add up to the attribution, a stage's (link's) to its blame."""
+    from tracekit.analyze.intervals import idle_intervals
+
+    _, analysis = loaded_runs(SLOW_STAGE2)
+    frames = tables(analysis)
+    intervals, attribution = frames["idle_intervals"], frames["attribution"]
+    assert (intervals["duration_ns"] == intervals["end_ns"] - intervals["start_ns"]).all()
+    assert (intervals["duration_ns"] > 0).all()
+    per_cause = intervals.groupby(["rank", "step", "cause"])["duration_ns"].sum()
+    for row in attribution.itertuples(index=False):
+        for cause in CATEGORIES:
+            assert per_cause.get((row.rank, row.step, cause), 0) == getattr(row, f"{cause}_ns")
+    imbalance = intervals[intervals["cause"] == "imbalance"]
+    assert (imbalance["blamed_stage"] >= 0).all() and (imbalance["blamed_src_rank"] == -1).all()
+    by_stage = imbalance.groupby(["rank", "step", "blamed_stage"])["duration_ns"].sum()
+    stage_blame = frames["stage_blame"].set_index(["rank", "step", "stage"])["imbalance_ns"]
+    assert by_stage.to_dict() == stage_blame[stage_blame > 0].to_dict()
+    comm = intervals[intervals["cause"] == "comm"]
+    assert (comm["blamed_src_rank"] >= 0).all() and (comm["blamed_stage"] == -1).all()
+    by_link = comm.groupby(["rank", "step", "blamed_src_rank", "blamed_dst_rank"])["duration_ns"].sum()
+    link_blame = frames["link_blame"].set_index(["rank", "step", "src_rank", "dst_rank"])["comm_ns"]
+    assert by_link.to_dict() == link_blame[link_blame > 0].to_dict()
+    others = intervals[~intervals["cause"].isin(["imbalance", "comm"])]
+    assert (others[["blamed_stage", "blamed_src_rank", "blamed_dst_rank"]] == -1).all().all()
+    # the same time as the merged trace's slices: each of its intervals is covered end to end
+    shaded = idle_intervals(analysis)
+    assert int(shaded["end_ns"].sum() - shaded["start_ns"].sum()) == int(intervals["duration_ns"].sum())
+    cuts = set(zip(intervals["rank"], intervals["start_ns"])) | set(zip(intervals["rank"], intervals["end_ns"]))
+    assert set(zip(shaded["rank"], shaded["start_ns"])) <= cuts and set(zip(shaded["rank"], shaded["end_ns"])) <= cuts
+    # stage 2 is the slow one: the imbalance idle is blamed on it
+    assert int(imbalance.groupby("blamed_stage")["duration_ns"].sum().idxmax()) == 2
+
+
+def test_every_table_names_its_run_and_gives_times_since_the_step_start(loaded_runs):
+    _, analysis = loaded_runs(SLOW_STAGE2)
+    frames = tables(analysis, run_id="slow")
+    step_start = frames["bubbles"].groupby("step")["window_start_ns"].min()
+    for name, frame in frames.items():
+        assert (frame["run_id"] == "slow").all(), name
+        for column in TABLES[name].step_times:
+            since = frame[column] - frame["step"].map(step_start)
+            assert (frame[column.removesuffix("_ns") + "_in_step_ns"] == since).all(), (name, column)
+    assert (frames["bubbles"].groupby("step")["window_start_in_step_ns"].min() == 0).all()
+    assert (tables(analysis)["actions"]["run_id"] == analysis.run.source).all()
+    # the tables of two runs concatenate, and stay apart by their run_id
+    both = pd.concat([frames["attribution"], tables(analysis, run_id="again")["attribution"]], ignore_index=True)
+    assert both.groupby("run_id")["idle_ns"].sum().to_dict() == {
+        "slow": int(analysis.bubbles["idle_ns"].sum()),
+        "again": int(analysis.bubbles["idle_ns"].sum()),
+    }
+
+
+def test_a_time_outside_every_measured_step_has_no_time_in_its_step(loaded_runs):
+    from dataclasses import replace
+
+    run, analysis = loaded_runs(SLOW_STAGE2)
+    actions = run.actions.copy()
+    actions.loc[0, "step"] = -1  # as an action outside every ProfilerStep#N is recorded
+    frames = tables(replace(analysis, run=replace(run, actions=actions)))
+    in_step = frames["actions"]["start_in_step_ns"]
+    assert in_step.isna().tolist() == [True] + [False] * (len(actions) - 1)
+    assert frames["actions"]["start_ns"].notna().all()
+
+
+def test_export_run_id_names_the_run_and_needs_tables(tmp_path, cached):
+    out = tmp_path / "tables"
+    assert cli("export", SLOW_STAGE2, "--tables", out, "--run-id", "before").exit_code == 0
+    assert set(pd.read_parquet(out / "idle_intervals.parquet")["run_id"]) == {"before"}
+    alone = cli("export", SLOW_STAGE2, "-o", tmp_path / "merged.json", "--run-id", "before")
+    assert alone.exit_code == 2 and alone.output.strip().splitlines() == [
+        "tracekit: error: --run-id: names the run in the --tables; give --tables DIR"
+    ]

@@ -1,6 +1,6 @@
 """Python frames (torch.profiler ``with_stack``), issue #29: ingest keeps Megatron's
-``forward_step`` / ``backward_step`` frames and nothing else of them, every other row as it was
-without frames; the ``megatron-torch`` table reads them into actions whose stage and
+``forward_step`` / ``backward_step`` frames and the ``nn.Module`` frames (issue #32: the
+model's layer names) and nothing else of them, every other row as it was without frames; the ``megatron-torch`` table reads them into actions whose stage and
 microbatch come out as the run executed them, on GENERATED frames
 (``tests/generated_python_frames.py``) over a generated GPU pipeline and over the real
 Megatron-core CPU samples (1F1B and interleaved)."""
@@ -20,6 +20,7 @@ from tracekit import LoadOptions, load
 from tracekit.analyze import analyze
 from tracekit.ingest import kineto_native
 from tracekit.ingest.kineto import read_kineto
+from tracekit.model.names import MODULE_FRAME
 from tracekit.reconstruct.event_arrays import EventArrays
 from tracekit.reconstruct.plain import plain_busy
 from tracekit.reconstruct.steps import step_table
@@ -71,7 +72,9 @@ def _rows(path: Path, native: bool) -> tuple[list[tuple], list[tuple]]:
 
 @pytest.mark.parametrize("native", [True, False], ids=["scanner", "python"])
 @pytest.mark.parametrize("name", sorted(RUNS))
-def test_ingest_keeps_the_action_frames_only_and_every_other_row_as_it_was(framed_run, name, native):
+def test_ingest_keeps_the_action_and_module_frames_only_and_every_other_row_as_it_was(framed_run, name, native):
+    """Of the frames, Megatron's forward_step / backward_step (labels) and the nn.Module calls
+    (layer names, tracekit.analyze.layers) are kept; none pushes an op deeper."""
     if native and not kineto_native.available():
         pytest.skip("the native scanner is not built (no C compiler at install)")
     folder, truth = framed_run(name)
@@ -80,7 +83,10 @@ def test_ingest_keeps_the_action_frames_only_and_every_other_row_as_it_was(frame
         before, none = _rows(_source(folder, name, rank), native)
         assert others == before and not none, rank  # depth too: frames push no op deeper
         kinds = [kind for step in truth["order"][str(rank)].values() for kind, _, _ in step]
-        assert sorted(f[0] for f in frames) == sorted(FORWARD_STEP if k == "F" else BACKWARD_STEP for k in kinds)
+        modules = [f[0] for f in frames if f[0].startswith("nn.Module: ")]
+        actions = [f[0] for f in frames if not f[0].startswith("nn.Module: ")]
+        assert sorted(actions) == sorted(FORWARD_STEP if k == "F" else BACKWARD_STEP for k in kinds)
+        assert modules and all(MODULE_FRAME.match(m) for m in modules)
 
 
 @pytest.mark.parametrize("name", ["gpu_interleaved", "cpu_1f1b"])
@@ -91,6 +97,8 @@ def test_a_frame_is_as_deep_as_the_ops_it_holds(framed_run, name):
     others, frames = _rows(folder / "rank1.json.gz", native=False)
     for frame_name, depth, start, end, tid in frames:
         held = [row for row in others if row[5] == tid and start <= row[2] and row[3] <= end]
+        if frame_name.startswith("nn.Module: "):  # no rule reads a module frame's depth, only its span
+            continue
         assert depth == 1 and (held or frame_name == BACKWARD_STEP)
         assert min((row[6] for row in held), default=1) == depth
 

@@ -4,6 +4,7 @@ search on the uneven capture against the measured even one."""
 
 from __future__ import annotations
 
+import gzip
 import itertools
 import json
 import random
@@ -17,7 +18,7 @@ from click.testing import CliRunner
 
 from conftest import SAMPLES
 from tracekit import load
-from tracekit.analyze.layers import layer_costs_from_ops, read_layer_costs
+from tracekit.analyze.layers import layer_costs_from_trace, read_layer_costs
 from tracekit.analyze.split import (
     best_bottleneck,
     best_split,
@@ -79,9 +80,9 @@ def test_ranges_name_the_layers_of_each_stage():
 # --- per-layer costs from a real sample ---------------------------------------------------
 def test_layer_costs_of_the_even_sample_are_its_16_emulated_layers():
     run = load(EVEN)
-    costs = layer_costs_from_ops(run)
+    costs = layer_costs_from_trace(run)
     cap = json.loads((EVEN / "capture.json").read_text())["compute"]
-    assert costs.source == "op-pattern" and costs.measured_split == [4, 4, 4, 4]
+    assert costs.source == "op-period" and costs.measured_split == [4, 4, 4, 4]
     assert len(costs.layers) == cap["layers"] == 16
     assert "TracekitEmuWeightGrad" in costs.detail  # the first op of every emulated layer's forward
     # The emulated figure is the sleep alone (3 ms forward, 6 ms backward); each layer also
@@ -108,22 +109,42 @@ def test_layer_costs_of_the_even_sample_are_its_16_emulated_layers():
 def test_layer_costs_of_a_split_backward_run_add_input_and_weight_grad():
     """zbv splits backward into I and W (torch leaves stage 0's I empty and runs its whole
     backward in W): each layer's backward is its I block plus its W block."""
-    costs = layer_costs_from_ops(load(SAMPLES / "zbv"))
+    costs = layer_costs_from_trace(load(SAMPLES / "zbv"))
     assert costs.measured_split == [2] * 8 and len(costs.layers) == 16
     assert all(6e6 <= c.backward_ns <= 1.25 * 6e6 for c in costs.layers), [c.backward_ns for c in costs.layers]
 
 
-def test_balanced_falls_back_where_the_ops_show_no_layers():
-    """1f1b_layer_labels: its actions come from the hand-written per-layer labels, whose
-    spans cut the layers unevenly (2 forward blocks, 3 backward on stage 0): no per-layer
-    costs, so --balanced keeps the ideal-balance rows and says why; the fastest step it
-    names is a configuration to run, never an ideal balance (a bound)."""
-    with pytest.raises(TracekitError, match="repeat 2 times but its B actions 3 times"):
-        layer_costs_from_ops(load(SAMPLES / "1f1b_layer_labels"))
+def test_the_hand_labelled_layers_are_read_whole():
+    """1f1b_layer_labels: each action is a run of the hand-written per-layer ranges, which
+    start before the action's first compute op and end after its last; read by their middles
+    the ranges repeat once per layer (``linear#(F) > aten::relu``, the last layer's ReLU-less
+    repeat counted): the 16 layers of the capture, 4 a stage, where the op counts inside the
+    compute span read 2 forward blocks and refused."""
+    costs = layer_costs_from_trace(load(SAMPLES / "1f1b_layer_labels"))
+    assert costs.source == "op-period" and costs.measured_split == [4, 4, 4, 4]
+    assert "linear#(F) > aten::relu" in costs.detail
+    assert all(3e6 <= c.forward_ns <= 1.25 * 3e6 and 6e6 <= c.backward_ns <= 1.3 * 6e6 for c in costs.layers)
+
+
+def test_balanced_falls_back_where_the_ops_show_no_layers(tmp_path):
+    """generated_no_sequence_numbers: sample_traces/gpipe (its actions labelled, ``Forward 3``)
+    with every op's autograd sequence number taken out (a profiler that records none; the
+    unlabelled 1F1B runs need them to find their actions at all): no backward op names the forward op it
+    differentiates, so no per-layer backward, and --balanced keeps the ideal-balance rows
+    and says why; the fastest step it names is a configuration to run, never an ideal
+    balance (a bound)."""
+    run_dir = tmp_path / "generated_no_sequence_numbers"
+    run_dir.mkdir()
+    for path in (SAMPLES / "gpipe").glob("rank*.json.gz"):
+        doc = json.loads(gzip.decompress(path.read_bytes()))
+        for event in doc["traceEvents"]:
+            event.get("args", {}).pop("Sequence number", None)
+        (run_dir / path.name).write_bytes(gzip.compress(json.dumps(doc).encode()))
+    with pytest.raises(TracekitError, match="hold no op that names a forward op"):
+        layer_costs_from_trace(load(run_dir))
     result = CliRunner().invoke(
         main,
-        ["whatif", str(SAMPLES / "1f1b_layer_labels"), "-s", "1F1B", "-m", "8", "--balanced"]
-        + ["--replays", "4", "--no-progress"],
+        ["whatif", str(run_dir), "-s", "1F1B", "-m", "8", "--balanced"] + ["--replays", "4", "--no-progress"],
     )
     assert result.exit_code == 0, result.output
     assert "1F1B v=1 m=8 ideal balance" in result.output and "no per-layer costs" in result.output
@@ -132,7 +153,7 @@ def test_balanced_falls_back_where_the_ops_show_no_layers():
 
 
 def test_layer_costs_of_the_uneven_sample_find_its_split():
-    costs = layer_costs_from_ops(load(UNEVEN))
+    costs = layer_costs_from_trace(load(UNEVEN))
     assert costs.measured_split == [6, 4, 3, 3]
     assert [c.stage for c in costs.layers] == [0] * 6 + [1] * 4 + [2] * 3 + [3] * 3
 
@@ -212,7 +233,7 @@ def test_parse_layers_per_stage():
 @pytest.fixture(scope="module")
 def uneven():
     run = load(UNEVEN)
-    return run, cost_model(run), layer_costs_from_ops(run)
+    return run, cost_model(run), layer_costs_from_trace(run)
 
 
 def test_the_measured_split_replays_as_the_plain_prediction(uneven):
@@ -247,7 +268,7 @@ def test_the_even_run_predicts_the_uneven_capture():
     the uneven capture (39.5% / 545.7 ms against 39.3% / 545.4 ms); same tolerance, same
     reason as above."""
     run = load(EVEN)
-    got = score(cost_model(run), layer_costs_from_ops(run), [6, 4, 3, 3], "1F1B", 1, 8, "given").prediction
+    got = score(cost_model(run), layer_costs_from_trace(run), [6, 4, 3, 3], "1F1B", 1, 8, "given").prediction
     bubble, step_ns = what_if_measured(UNEVEN)
     assert abs(got.bubble_ratio - bubble) < 0.02
     assert got.step_ns == pytest.approx(step_ns, rel=0.05)
@@ -275,7 +296,7 @@ def test_whatif_balanced_and_split_json_follow_the_schema(tmp_path):
     doc = json.loads(result.output)
     jsonschema.validate(doc, schema)
     split = doc["split"]
-    assert split["layer_costs"]["source"] == "op-pattern" and len(split["layer_costs"]["layers"]) == 16
+    assert split["layer_costs"]["source"] == "op-period" and len(split["layer_costs"]["layers"]) == 16
     assert split["searches"][0]["recommended"]["ranges"] == ["0-3", "4-7", "8-11", "12-15"]
     assert split["given"][0]["split"] == [5, 3, 4, 4] and split["given"][0]["role"] == "given"
 
@@ -358,7 +379,7 @@ def test_live_capture_of_an_uneven_split_shows_it_in_the_trace(tmp_path):
     cap = json.loads((out / "capture.json").read_text())
     assert cap["compute"]["layers_per_stage"] == [3, 1] and "--layers-per-stage 3,1" in cap["command"]
     run = load(out)
-    costs = layer_costs_from_ops(run)
+    costs = layer_costs_from_trace(run)
     assert costs.measured_split == [3, 1]
     forward = run.actions[run.actions["kind"] == "F"]
     per_stage = (forward["end_ns"] - forward["start_ns"]).groupby(forward["stage"]).median()

@@ -25,7 +25,13 @@ class LoadOptions(ReadOptions):
     reconstruct it: ``timeline`` ``auto`` (the device wherever the traces record device
     work), ``device`` or ``host`` (see :func:`tracekit.reconstruct.whole_run.reconstruct`);
     ``labels``: the user's label rules (a ``LabelSet``, or ``"REGEX=KIND"`` strings), tried
-    before the built-in tables."""
+    before the built-in tables.
+
+    >>> import tracekit
+    >>> run = tracekit.load("sample_traces/1f1b", tracekit.LoadOptions(timeline="host", jobs=1))
+    >>> run.timeline
+    'host'
+    """
 
     timeline: str = "auto"
     labels: LabelSet | Sequence[str] | None = None
@@ -51,6 +57,11 @@ def load(
     ``options``: a :class:`LoadOptions` (default: every row, parsed in local processes, no
     cache, the highest iteration, the device timeline where there is one). ``progress`` is
     called with each file's path when it is parsed, ``bytes_read`` with counts of bytes read.
+
+    >>> import tracekit
+    >>> run = tracekit.load("sample_traces/interleaved1f1b")
+    >>> run.schedule.name, run.schedule.p, run.schedule.v, run.schedule.m
+    ('Interleaved1F1B', 4, 2, 8)
     """
     # Imported here: the command line builds LoadOptions on paths that never load (a cached
     # analysis); and reconstruct brings pandas, which must come after read_run has forked its

@@ -106,3 +106,53 @@ def _lay_at_end(
         if take < hi - lo:
             kept.append((lo, hi - take) if from_back else (lo + take, hi))
     return kept[::-1] if from_back else kept
+
+
+BLAMED_COLUMNS = [*INTERVAL_COLUMNS, "blamed_stage", "blamed_src_rank", "blamed_dst_rank"]
+NO_BLAME = -1  # an interval of a cause no stage or link is blamed for
+
+
+def blamed_intervals(analysis: Analysis) -> pd.DataFrame:
+    """:func:`idle_intervals` with who each is blamed on: a rank's imbalance intervals of a
+    step are cut, in time order, into the stages its ``stage_blame`` rows charge (largest
+    share first) and its comm intervals into the links of ``link_blame``, so each stage's
+    (link's) intervals add up to its blame exactly. Columns: those of :func:`idle_intervals`,
+    ``blamed_stage``, ``blamed_src_rank`` and ``blamed_dst_rank`` (-1 where not blamed on one)."""
+    intervals = idle_intervals(analysis)
+    if analysis.attribution is None or intervals.empty:
+        return intervals.assign(blamed_stage=NO_BLAME, blamed_src_rank=NO_BLAME, blamed_dst_rank=NO_BLAME)[
+            BLAMED_COLUMNS
+        ]
+    # (rank, step, cause) -> who is blamed and for how many ns, in the order laid out
+    shares: dict[tuple[int, int, str], list[tuple[tuple[int, int, int], int]]] = {}
+    for attributed in analysis.attribution.steps:
+        stages = attributed.stage_blame.sort_values(["imbalance_ns", "stage"], ascending=[False, True], kind="stable")
+        for rank, stage, ns in zip(stages["rank"], stages["stage"], stages["imbalance_ns"]):
+            key = (int(rank), attributed.step, "imbalance")
+            shares.setdefault(key, []).append(((int(stage), NO_BLAME, NO_BLAME), int(ns)))
+        links = attributed.link_blame.sort_values(
+            ["comm_ns", "src_rank", "dst_rank"], ascending=[False, True, True], kind="stable"
+        )
+        for rank, src, dst, ns in zip(links["rank"], links["src_rank"], links["dst_rank"], links["comm_ns"]):
+            key = (int(rank), attributed.step, "comm")
+            shares.setdefault(key, []).append(((NO_BLAME, int(src), int(dst)), int(ns)))
+    rows: list[tuple[int, int, int, int, str, int, int, int]] = []
+    unblamed = (NO_BLAME, NO_BLAME, NO_BLAME)
+    queues = {key: [share for share in blamed if share[1] > 0] for key, blamed in shares.items()}
+    in_order = intervals.sort_values(["rank", "step", "cause", "start_ns"], kind="stable")
+    for rank, step, lo, hi, cause in in_order[INTERVAL_COLUMNS].itertuples(index=False, name=None):
+        queue = queues.get((int(rank), int(step), str(cause)), [])
+        cursor = int(lo)
+        while cursor < hi:
+            if not queue:  # blame short of the cause's idle (none recorded): the rest is unblamed
+                rows.append((int(rank), int(step), cursor, int(hi), str(cause), *unblamed))
+                break
+            who, left = queue[0]
+            take = min(left, int(hi) - cursor)
+            rows.append((int(rank), int(step), cursor, cursor + take, str(cause), *who))
+            cursor += take
+            queue[0] = (who, left - take)
+            if queue[0][1] == 0:
+                queue.pop(0)
+    frame = pd.DataFrame(rows, columns=BLAMED_COLUMNS)
+    return frame.sort_values(["rank", "step", "start_ns"], kind="stable", ignore_index=True)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tracekit.analyze.costs import CostModel, cost_model
-from tracekit.analyze.layers import layer_costs_from_ops
+from tracekit.analyze.layers import layer_costs_from_trace
 from tracekit.analyze.replay import StepGraph
 from tracekit.analyze.split import SplitSearch, default_split_target, search_split
 from tracekit.analyze.whatif import DEFAULT_SAMPLES, Prediction, WhatIf, default_targets, replays_within, what_if
@@ -97,7 +97,7 @@ def _best_split(
     """The split search ``tracekit whatif --balanced`` makes (its target, layer costs from the
     run's ops), or None and why not."""
     try:
-        layers = layer_costs_from_ops(run)
+        layers = layer_costs_from_trace(run)
         schedule, v, m = default_split_target(model)
         if progress:
             progress(f"what-if: the best split of the layers for {schedule} v={v} m={m}")

@@ -253,7 +253,8 @@ def check_split(layers: LayerCosts, split: Sequence[int], n_stages: int, what: s
         raise TracekitError(f"{what} {given}: every stage needs at least one layer")
     if sum(split) != len(layers.layers):
         raise TracekitError(
-            f"{what} {given} holds {sum(split)} layers; the model has {len(layers.layers)} ({layers.source})"
+            f"{what} {given} holds {sum(split)} layers; the model has {layers.found()}: a split moves whole "
+            f"layers, {n_stages} counts summing to {len(layers.layers)}"
         )
 
 
@@ -382,7 +383,7 @@ def split_report(
         for s, v, m in fits:
             predicted.append(score(model, layers, split, s, v, m, "given", keep, samples, seed))
     assumptions = [
-        f"layer costs: {layers.source} ({layers.detail}); one microbatch at the measured m, mean of "
+        f"layer costs: {layers.found()} ({layers.detail}); one microbatch at the measured m, mean of "
         f"{min((c.samples for c in layers.layers), default=0) or 'the file'}"
         + (" actions each" if layers.source != "file" else ""),
         "best split: the smallest slowest stage (F+B of one microbatch) by dynamic programming, ties "
@@ -404,5 +405,6 @@ def parse_split(text: str) -> list[int]:
         return [int(part) for part in text.split(",")]
     except ValueError:
         raise TracekitError(
-            f"--split {text!r}: give layer counts per stage separated by commas, e.g. 5,3,4,4"
+            f"--split {text!r}: a split moves whole layers; give layer counts per stage separated by commas, "
+            "e.g. 5,3,4,4"
         ) from None

@@ -6,7 +6,10 @@ the run (a CPU run's actions have ``host_start_ns`` = ``start_ns``; a run with n
 attribution has an empty ``attribution`` table with its columns), so a query written
 against one run works on the next. Integers stay ``int64`` (times and durations in ns),
 ratios are ``float64`` in 0..1, names are strings. :data:`TABLES` documents each column;
-the Parquet files carry the same text in their schema metadata.
+the Parquet files carry the same text in their schema metadata. Every table ends with the
+same added columns: ``run_id`` (to concatenate the tables of several runs), then each of its
+absolute times again since its step's start (``start_ns`` -> ``start_in_step_ns``, nullable
+``Int64``: null outside every measured step).
 
 :func:`step_scalars` is what ``export --tensorboard`` writes: per step, per-stage compute,
 per-rank idle by cause, the bubble ratio and the step time, in ms.
@@ -21,6 +24,7 @@ import pandas as pd
 
 from tracekit.analyze import Analysis
 from tracekit.analyze.grouping import int_groups
+from tracekit.analyze.intervals import blamed_intervals
 from tracekit.analyze.shares import share
 from tracekit.vocab import CATEGORIES, IDLE_CAUSES
 from tracekit.model.run import compute_ns
@@ -33,8 +37,10 @@ class TableSpec:
     """What a table holds (``doc``) and each column's type and meaning, in column order."""
 
     doc: str
-    columns: dict[str, tuple[str, str]]  # name -> (dtype: "int64" | "float64" | "string", doc)
+    columns: dict[str, tuple[str, str]]  # name -> (dtype: "int64" | "Int64" | "float64" | "string", doc)
     device_only: bool = False  # written only for runs measured on the GPU timeline
+    # absolute times (ns): each also as <name>_in_step_ns, since its step's start (with_common)
+    step_times: tuple[str, ...] = ()
 
 
 _PAIR_COLUMNS: dict[str, tuple[str, str]] = {
@@ -59,7 +65,9 @@ _PAIR_COLUMNS: dict[str, tuple[str, str]] = {
     "transfer_ns": ("int64", "earlier kernel end - later kernel start: data movement; -1 when a kernel is unknown, ns"),
 }
 
-TABLES: dict[str, TableSpec] = {
+_PAIR_TIMES = ("send_start_ns", "send_end_ns", "recv_start_ns", "recv_end_ns")
+
+_OWN_COLUMNS: dict[str, TableSpec] = {
     "actions": TableSpec(
         "One row per pipeline compute action (forward, backward, input- or weight-grad) on one rank in one step.",
         {
@@ -84,6 +92,7 @@ TABLES: dict[str, TableSpec] = {
             "file_id": ("int64", "index of the trace file it came from (the JSON report's files list)"),
             "source_index": ("int64", "index of the source event in that file"),
         },
+        step_times=("start_ns", "end_ns", "label_start_ns", "label_end_ns", "host_start_ns", "host_end_ns"),
     ),
     "messages": TableSpec(
         "One row per matched point-to-point message between two ranks.",
@@ -111,6 +120,7 @@ TABLES: dict[str, TableSpec] = {
             "dst_file_id": ("int64", "trace file of the receive op"),
             "dst_source_index": ("int64", "index of the receive op in that file"),
         },
+        step_times=("send_post_ns", "recv_post_ns", "recv_done_ns", "arrival_ns"),
     ),
     "bubbles": TableSpec(
         "One row per rank and step: the step window, busy and idle time, bubble ratio.",
@@ -127,6 +137,7 @@ TABLES: dict[str, TableSpec] = {
             "idle_ns": ("int64", "window_ns - busy_ns"),
             "bubble_ratio": ("float64", "idle_ns / window_ns, 0..1"),
         },
+        step_times=("window_start_ns", "window_end_ns"),
     ),
     "attribution": TableSpec(
         "One row per rank and step of a whole pipeline: its idle time split by cause; "
@@ -160,17 +171,38 @@ TABLES: dict[str, TableSpec] = {
             "comm_ns": ("int64", "the share of the rank's comm idle charged to that link, ns"),
         },
     ),
+    "idle_intervals": TableSpec(
+        "One row per idle interval of a rank in a step, with its cause and, for imbalance and "
+        "comm, the stage or link it is blamed on: the intervals the merged trace and the report's "
+        "timeline shade. Per rank and step the intervals of a cause add up to the attribution's "
+        "figure, and those blamed on a stage (link) to its stage_blame (link_blame) row. Empty "
+        "where not attributed.",
+        {
+            "rank": ("int64", "the rank that sat idle"),
+            "step": ("int64", "profiler step"),
+            "start_ns": ("int64", "start of the interval, ns"),
+            "end_ns": ("int64", "end of the interval, ns"),
+            "duration_ns": ("int64", "end_ns - start_ns"),
+            "cause": ("string", "the cause: " + ", ".join(CATEGORIES)),
+            "blamed_stage": ("int64", "imbalance: the stage whose excess work it waited for; -1 otherwise"),
+            "blamed_src_rank": ("int64", "comm: the sending end of the link it waited for; -1 otherwise"),
+            "blamed_dst_rank": ("int64", "comm: the receiving end of that link; -1 otherwise"),
+        },
+        step_times=("start_ns", "end_ns"),
+    ),
     "device_pairs": TableSpec(
         "GPU runs: one row per pair of point-to-point kernels (a send's and its "
         "receive's), split into waiting for the peer and moving data.",
         _PAIR_COLUMNS,
         device_only=True,
+        step_times=_PAIR_TIMES,
     ),
     "collective_pairs": TableSpec(
         "GPU runs: SendRecv kernels of collectives (all_to_all) paired across a "
         "two-rank run; not pipeline messages (msg_id -1).",
         _PAIR_COLUMNS,
         device_only=True,
+        step_times=_PAIR_TIMES,
     ),
     "device_steps": TableSpec(
         "GPU runs: per rank and step, what the device timeline adds to the bubbles.",
@@ -204,14 +236,45 @@ TABLES: dict[str, TableSpec] = {
     ),
 }
 
+RUN_ID_DOC = (
+    "the run the row is of: tables(analysis, run_id=...), export --run-id; default the run as "
+    "named when loaded (its folder or file), so tables of several runs concatenate"
+)
+
+
+def in_step(column: str) -> str:
+    """The column that holds absolute time ``column`` since its step's start: ``start_ns`` ->
+    ``start_in_step_ns``."""
+    return column.removesuffix("_ns") + "_in_step_ns"
+
+
+def _with_common(spec: TableSpec) -> TableSpec:
+    """``spec`` with the columns every table ends with: ``run_id``, then each absolute time
+    (``step_times``) again since its step's start."""
+    added = {"run_id": ("string", RUN_ID_DOC)}
+    for column in spec.step_times:
+        added[in_step(column)] = (
+            "Int64",
+            f"{column} since its step's start (the step window's start over all ranks: the earliest "
+            "bubbles.window_start_ns of the step, where the report's timeline starts), ns; null where the "
+            "step was not measured (-1: outside every profiled step)",
+        )
+    return TableSpec(spec.doc, {**spec.columns, **added}, spec.device_only, spec.step_times)
+
+
+# Every table's columns, in order: its own, then run_id and its times since the step's start.
+TABLES: dict[str, TableSpec] = {name: _with_common(spec) for name, spec in _OWN_COLUMNS.items()}
+
 
 def table_names(on_device: bool) -> list[str]:
     """The tables a run has: the device ones only when measured on the GPU timeline."""
     return [name for name, spec in TABLES.items() if on_device or not spec.device_only]
 
 
-def tables(analysis: Analysis) -> dict[str, pd.DataFrame]:
-    """Every table of ``analysis`` (see :data:`TABLES`), typed, in the documented column order."""
+def tables(analysis: Analysis, run_id: str | None = None) -> dict[str, pd.DataFrame]:
+    """Every table of ``analysis`` (see :data:`TABLES`), typed, in the documented column order.
+    ``run_id``: the value of every table's ``run_id`` column (default: ``run.source``, the run
+    as named when loaded)."""
     run = analysis.run
     actions = run.actions.assign(compute_ns=compute_ns(run.actions) if len(run.actions) else [])
     if "host_start_ns" not in actions:
@@ -224,6 +287,7 @@ def tables(analysis: Analysis) -> dict[str, pd.DataFrame]:
         "attribution": attribution.table if attribution else pd.DataFrame(),
         "stage_blame": attribution.stage_blame if attribution else pd.DataFrame(),
         "link_blame": attribution.link_blame if attribution else pd.DataFrame(),
+        "idle_intervals": _idle_intervals(analysis),
     }
     figures = analysis.device
     if figures is not None:
@@ -235,10 +299,43 @@ def tables(analysis: Analysis) -> dict[str, pd.DataFrame]:
             device_steps=figures.per_step,
             device_ranks=per_rank,
         )
-    return {name: _typed(raw[name], TABLES[name]) for name in table_names(figures is not None)}
+    step_start = analysis.bubbles.groupby("step")["window_start_ns"].min()
+    common = _Common(run.source if run_id is None else run_id, step_start)
+    return {
+        name: typed(common.added(raw[name], TABLES[name]), TABLES[name]) for name in table_names(figures is not None)
+    }
 
 
-def _typed(frame: pd.DataFrame, spec: TableSpec) -> pd.DataFrame:
+def _idle_intervals(analysis: Analysis) -> pd.DataFrame:
+    intervals = blamed_intervals(analysis)
+    return intervals.assign(duration_ns=intervals["end_ns"] - intervals["start_ns"])
+
+
+@dataclass(frozen=True)
+class _Common:
+    """What every table adds to its own columns: the run id, and times since the step's start."""
+
+    run_id: str
+    step_start_ns: pd.Series  # step -> the step window's start over all ranks
+
+    def added(self, frame: pd.DataFrame, spec: TableSpec) -> pd.DataFrame:
+        if not len(frame):
+            return frame
+        extra: dict[str, str | pd.arrays.IntegerArray] = {"run_id": self.run_id}
+        if spec.step_times:
+            steps = frame["step"].to_numpy(np.int64)
+            known = np.isin(steps, self.step_start_ns.index.to_numpy(np.int64))
+            starts = pd.Series(self.step_start_ns.to_numpy(np.int64), index=self.step_start_ns.index.to_numpy(np.int64))
+            start_ns = np.zeros(len(frame), dtype=np.int64)
+            start_ns[known] = starts.loc[steps[known]].to_numpy(np.int64)
+            for column in spec.step_times:
+                since = frame[column].to_numpy(np.int64) - start_ns
+                # integers throughout: epoch ns lose precision as floats
+                extra[in_step(column)] = pd.arrays.IntegerArray(since, ~known)
+        return frame.assign(**extra)
+
+
+def typed(frame: pd.DataFrame, spec: TableSpec) -> pd.DataFrame:
     """``frame``'s documented columns, in order, with their types (an empty frame gets them all)."""
     out = pd.DataFrame(index=range(len(frame)))
     for name, (dtype, _) in spec.columns.items():
@@ -309,4 +406,4 @@ def _stage_compute_ns(analysis: Analysis) -> dict[int, dict[int, float]]:
     return out
 
 
-__all__ = ["TABLES", "TableSpec", "step_scalars", "table_names", "tables"]
+__all__ = ["TABLES", "TableSpec", "in_step", "step_scalars", "table_names", "tables", "typed"]

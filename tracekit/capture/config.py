@@ -28,6 +28,9 @@ V_PLACEMENT = set(traits.names(captured=True, v_shaped=True))
 SPLIT_BACKWARD = set(traits.names(captured=True, split_backward=True))
 
 COMPUTE_MODES = ("emulated", "real")
+#: what one layer of the model is (tracekit.capture.model): an emulated Linear, the Linear whose
+#: input and weight each pass one autograd Function, or a transformer block of four Linears
+LAYER_KINDS = ("linear", "sleep-linear", "transformer")
 DEVICES = ("cpu", "cuda")
 
 #: TeraPipe: share of a layer's mean cost that grows with the slice's prefix (attention)
@@ -91,6 +94,8 @@ class CaptureConfig:
     slow_replica: int | None = None
     #: torch.utils.checkpoint(use_reentrant=False) around each stage's layers
     recompute: bool = False
+    #: what one layer is: one of LAYER_KINDS
+    layer_kind: str = "linear"
     #: the command line to record in capture.json (filled by the CLI; else reconstructed)
     command: str | None = field(default=None, compare=False)
 
@@ -246,6 +251,7 @@ class CaptureConfig:
                 "--layer-labels labels the emulated layers of torch's 1F1B (which leaves no labels "
                 "of its own); use it with --schedule 1F1B and --compute emulated"
             )
+        self._check_layer_kind()
         if self.profile_memory and self.framework != "torch":
             raise CaptureError("--profile-memory is recorded by tracekit's own torch ranks; drop --framework")
         if self.profile_memory and self.p2p_delay_ms:
@@ -344,6 +350,18 @@ class CaptureConfig:
         if self.profile_memory:
             raise CaptureError("--profile-memory is recorded on the CPU captures only; drop it with --device cuda")
 
+    def _check_layer_kind(self) -> None:
+        if self.layer_kind not in LAYER_KINDS:
+            raise CaptureError(f"unknown --layer-kind {self.layer_kind!r}; choose one of {', '.join(LAYER_KINDS)}")
+        if self.layer_kind == "linear":
+            return
+        self._torch_schedules_only(f"--layer-kind {self.layer_kind} runs with", "drop it or pick one of those")
+        if self.compute != "emulated" or self.layer_labels or self.tensor_parallel > 1:
+            raise CaptureError(
+                f"--layer-kind {self.layer_kind} builds emulated layers of its own: drop --compute real, "
+                "--layer-labels and --tensor-parallel"
+            )
+
     def _check_layers_per_stage(self) -> None:
         counts = self.layers_per_stage or ()
         given = ",".join(str(c) for c in counts)
@@ -419,6 +437,8 @@ class CaptureConfig:
             parts += ["--layer-ms", _num(self.layer_ms)]
         if self.layers != 16:
             parts += ["--layers", str(self.layers)]
+        if self.layer_kind != "linear":
+            parts += ["--layer-kind", self.layer_kind]
         if self.layers_per_stage is not None:
             parts += ["--layers-per-stage", ",".join(str(c) for c in self.layers_per_stage)]
         if self.hidden != DEFAULT_HIDDEN[self.compute]:

@@ -15,6 +15,18 @@ processes share two cores:
     sleeps the weight-grad cost. It sits only on the weight path, so autograd runs it in a
     full backward (B) and in the weight pass (W, ``stage_backward_weight``), never in I.
 So B costs 2x forward and, for split schedules, I and W cost 1x forward each.
+
+``--layer-kind`` picks what one layer is (the same costs per layer in each):
+  * ``linear`` (default): one ``EmulatedLinear`` and a ReLU after it (not after the last).
+  * ``sleep-linear``: one ``SleepLinear``, whose input and weight each pass the same autograd
+    Function, ``TracekitSleep`` (forward sleeps half the layer's forward cost on each; the
+    input's backward sleeps the input-grad cost, the weight's the weight-grad cost), and a
+    ReLU after it: ``TracekitSleep`` runs twice a layer, and a layer finder that takes any
+    repeating op for a layer reads twice as many layers as the model has.
+  * ``transformer``: one ``TransformerLayer``, a pre-norm block over the microbatch's rows
+    (LayerNorm, a qkv Linear, softmax attention over the rows, an output Linear, residual;
+    LayerNorm, a 4x wide Linear, GELU, a Linear back, residual): four ``EmulatedLinear`` a
+    layer, each with a quarter of the layer's costs.
 (torch quirk, recorded honestly: in split schedules torch skips I on stage 0 when its input
 needs no grad and runs stage 0's whole backward in W.)
 """
@@ -69,6 +81,22 @@ class TracekitEmuWeightGrad(torch.autograd.Function):
         return (grad,) + (None,) * (len(ctx.needs_input_grad) - 1)
 
 
+class TracekitSleep(torch.autograd.Function):
+    """Identity on a tensor; forward sleeps ``fwd_ms``, backward ``bwd_ms`` (run only where
+    autograd needs the gradient of that tensor)."""
+
+    @staticmethod
+    def forward(ctx, t, fwd_ms: float, bwd_ms: float):
+        _sleep_ms(fwd_ms)
+        ctx.bwd_ms = bwd_ms
+        return t.view_as(t)
+
+    @staticmethod
+    def backward(ctx, grad):
+        _sleep_ms(ctx.bwd_ms)
+        return grad, None, None
+
+
 def _labelled(label: str | None, kind: str):
     """A hand-written per-layer range, ``linear3(F)``, or nothing for an unlabelled layer."""
     return record_function(f"{label}({kind})") if label else contextlib.nullcontext()
@@ -80,8 +108,16 @@ class EmulatedLinear(nn.Linear):
     ``label``: leave per-layer ranges with the action kind in a suffix, as hand-instrumented
     models do (``linear3(F)`` around the forward, ``linear3(B)`` around each backward part)."""
 
-    def __init__(self, hidden: int, fwd_ms: float, igrad_ms: float, wgrad_ms: float, label: str | None = None):
-        super().__init__(hidden, hidden)
+    def __init__(
+        self,
+        hidden: int,
+        fwd_ms: float,
+        igrad_ms: float,
+        wgrad_ms: float,
+        label: str | None = None,
+        out_features: int | None = None,
+    ):
+        super().__init__(hidden, out_features or hidden)
         self.fwd_ms, self.igrad_ms, self.wgrad_ms, self.label = fwd_ms, igrad_ms, wgrad_ms, label
 
     def forward(self, x):
@@ -89,6 +125,44 @@ class EmulatedLinear(nn.Linear):
             w = TracekitEmuWeightGrad.apply(self.weight, self.wgrad_ms, self.label)
             y = F.linear(x, w, self.bias)
             return TracekitEmuCompute.apply(y, self.fwd_ms, self.igrad_ms, self.label)
+
+
+class SleepLinear(nn.Linear):
+    """A Linear whose input and weight each pass ``TracekitSleep``: forward sleeps half the
+    layer's forward cost on each, backward the input-grad cost on the input (not run where the
+    input needs no gradient: the first layer of stage 0) and the weight-grad cost on the weight."""
+
+    def __init__(self, hidden: int, fwd_ms: float, igrad_ms: float, wgrad_ms: float):
+        super().__init__(hidden, hidden)
+        self.fwd_ms, self.igrad_ms, self.wgrad_ms = fwd_ms, igrad_ms, wgrad_ms
+
+    def forward(self, x):
+        x = TracekitSleep.apply(x, self.fwd_ms / 2, self.igrad_ms)
+        w = TracekitSleep.apply(self.weight, self.fwd_ms / 2, self.wgrad_ms)
+        return F.linear(x, w, self.bias)
+
+
+class TransformerLayer(nn.Module):
+    """A pre-norm transformer block over one microbatch's rows (each row a token): attention
+    (qkv, softmax over the rows, output projection) and an MLP (4x wide, GELU), each added to
+    its input. Its four Linears are ``EmulatedLinear`` with a quarter of the layer's costs."""
+
+    def __init__(self, hidden: int, fwd_ms: float, igrad_ms: float, wgrad_ms: float):
+        super().__init__()
+        f, i, w = fwd_ms / 4, igrad_ms / 4, wgrad_ms / 4
+        self.norm1 = nn.LayerNorm(hidden)
+        self.qkv = EmulatedLinear(hidden, f, i, w, out_features=3 * hidden)
+        self.proj = EmulatedLinear(hidden, f, i, w)
+        self.norm2 = nn.LayerNorm(hidden)
+        self.fc1 = EmulatedLinear(hidden, f, i, w, out_features=4 * hidden)
+        self.fc2 = EmulatedLinear(4 * hidden, f, i, w, out_features=hidden)
+        self.scale = hidden**-0.5
+
+    def forward(self, x):
+        q, k, v = self.qkv(self.norm1(x)).chunk(3, dim=-1)
+        attention = torch.softmax(q @ k.transpose(0, 1) * self.scale, dim=-1)
+        x = x + self.proj(attention @ v)
+        return x + self.fc2(F.gelu(self.fc1(self.norm2(x))))
 
 
 class OnDevice(nn.Module):
@@ -119,7 +193,7 @@ def build_stage_module(cfg: CaptureConfig, stage: int, layers: list[nn.Module]) 
     last_layer = cfg.layers - 1
     for i in cfg.layers_of_stage(stage):
         mods.append(layers[i])
-        if i != last_layer:
+        if i != last_layer and cfg.layer_kind != "transformer":  # a transformer block ends in its residual
             mods.append(nn.ReLU())
     return nn.Sequential(*mods)
 
@@ -131,7 +205,11 @@ def build_layers(cfg: CaptureConfig, replica: int = 0) -> list[nn.Module]:
     layers: list[nn.Module] = []
     for i in range(cfg.layers):
         stage = cfg.stage_of_layer(i)
-        if cfg.compute == "emulated":
+        if cfg.compute == "emulated" and cfg.layer_kind != "linear":
+            c = cfg.layer_costs_ms(stage, replica)
+            kind = SleepLinear if cfg.layer_kind == "sleep-linear" else TransformerLayer
+            layers.append(kind(cfg.hidden, c["forward"], c["input_grad"], c["weight_grad"]))
+        elif cfg.compute == "emulated":
             c = cfg.layer_costs_ms(stage, replica)
             layers.append(
                 EmulatedLinear(
@@ -148,8 +226,10 @@ def build_layers(cfg: CaptureConfig, replica: int = 0) -> list[nn.Module]:
         # He init keeps activations and gradients O(1) through the ReLU stack; with torch's
         # default init they shrink into float32 denormals by the first stage, and CPU matmuls
         # on denormals run ~40x slower (seen: 20 ms instead of 0.5 ms per backward mm).
-        nn.init.kaiming_normal_(layer.weight, nonlinearity="relu")
-        nn.init.zeros_(layer.bias)
+        # (A Linear layer is its own only Linear: the same draws as ever.)
+        for linear in (m for m in layer.modules() if isinstance(m, nn.Linear)):
+            nn.init.kaiming_normal_(linear.weight, nonlinearity="relu")
+            nn.init.zeros_(linear.bias)
     return layers
 
 

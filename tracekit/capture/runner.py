@@ -300,6 +300,8 @@ def compute_manifest(config: CaptureConfig) -> dict:
             else None
         ),
         "layers": config.layers,
+        # what one layer is (tracekit.capture.model): linear, sleep-linear or transformer
+        "layer_kind": config.layer_kind,
         # one number for an even split (as before), the per-stage list for an uneven one
         "layers_per_stage": (
             list(config.layers_per_stage) if config.layers_per_stage is not None else config.layers // config.n_stages

@@ -9,6 +9,7 @@ import click
 
 from tracekit.capture.config import (
     COMPUTE_MODES,
+    LAYER_KINDS,
     DESIGNS,
     FRAMEWORKS,
     SCHEDULES,
@@ -90,6 +91,16 @@ def _schedule(ctx: click.Context, param: click.Parameter, value: str | None) -> 
     show_default=True,
     type=int,
     help="Linear layers in the model (split evenly over p*v stages unless --layers-per-stage).",
+)
+@click.option(
+    "--layer-kind",
+    default="linear",
+    show_default=True,
+    type=click.Choice(LAYER_KINDS),
+    help="What one layer is, at the same emulated costs: linear (a Linear and a ReLU); sleep-linear (a "
+    "Linear whose input and weight each pass one autograd Function, TracekitSleep, and a ReLU); "
+    "transformer (a pre-norm block: LayerNorm, qkv, attention over the rows, projection, LayerNorm, "
+    "4x MLP with GELU; four Linears a layer). torch's schedules, emulated compute.",
 )
 @click.option(
     "--layers-per-stage",
@@ -206,6 +217,7 @@ def command(
     compute: str,
     layer_ms: float,
     layers: int,
+    layer_kind: str,
     layers_per_stage: str | None,
     hidden: int | None,
     microbatch_size: int,
@@ -248,6 +260,7 @@ def command(
       tracekit capture -o tp/ --tensor-parallel 2 -p 2    # 4 processes: 2 stages x TP 2
       tracekit capture -o dp/ --data-parallel 2 -p 2 --slow-replica 1 --slow-factor 1.1
       tracekit capture -o rc/ --recompute                 # checkpointed stages
+      tracekit capture -o tf/ --layer-kind transformer --with-stack   # named blocks
     """
     cfg = CaptureConfig(
         schedule=schedule,
@@ -259,6 +272,7 @@ def command(
         compute=compute,
         layer_ms=layer_ms,
         layers=layers,
+        layer_kind=layer_kind,
         layers_per_stage=parse_layers_per_stage(layers_per_stage),
         hidden=hidden,
         microbatch_size=microbatch_size,
@@ -333,6 +347,7 @@ def _command_line(ctx: click.Context, out: str, cfg: CaptureConfig) -> str:
         "compute": "--compute",
         "layer_ms": "--layer-ms",
         "layers": "--layers",
+        "layer_kind": "--layer-kind",
         "layers_per_stage": "--layers-per-stage",
         "hidden": "--hidden",
         "microbatch_size": "--microbatch-size",

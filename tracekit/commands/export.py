@@ -16,6 +16,8 @@ from tracekit.output import OutputTarget
 from tracekit.text import for_terminal
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from tracekit.analyze import Analysis
 
 
@@ -41,6 +43,12 @@ if TYPE_CHECKING:
 )
 @click.option("--csv", "with_csv", is_flag=True, help="With --tables: write each table as CSV too.")
 @click.option(
+    "--run-id",
+    metavar="ID",
+    help="With --tables: the run_id column's value in every table (default: RUN_DIR as given), "
+    "to tell runs apart once their tables are concatenated.",
+)
+@click.option(
     "--tensorboard",
     "logdir",
     type=click.Path(path_type=Path),
@@ -55,6 +63,7 @@ def command(
     with_ops: bool,
     tables_dir: Path | None,
     with_csv: bool,
+    run_id: str | None,
     logdir: Path | None,
     rank_from: str | None,
     rank_map: str | None,
@@ -74,10 +83,12 @@ def command(
     rank traces), or on a GPU run the kernels it launched.
 
     --tables DIR writes actions, messages, bubbles (per rank and step), attribution,
-    stage_blame and link_blame, and on GPU runs device_pairs, collective_pairs, device_steps
-    and device_ranks, as DIR/<table>.parquet (and .csv with --csv): integers in ns, ratios
-    0..1, each column documented in the Parquet schema. In Python,
-    tracekit.analyze.tabular.tables(analysis) returns the same DataFrames.
+    stage_blame, link_blame and idle_intervals (each idle interval with its cause and the
+    stage or link blamed), and on GPU runs device_pairs, collective_pairs, device_steps and
+    device_ranks, as DIR/<table>.parquet (and .csv with --csv): integers in ns, ratios 0..1,
+    each column documented in the Parquet schema. Every table ends with run_id (--run-id)
+    and each absolute time again since its step's start (start_ns -> start_in_step_ns). In
+    Python, tracekit.analyze.tabular.tables(analysis) returns the same DataFrames.
 
     --tensorboard LOGDIR writes, per profiler step, pipeline/step_ms, pipeline/bubble_ratio,
     pipeline/stage_<s>/compute_ms and pipeline/rank_<r>/idle_<cause>_ms. TensorBoard reads
@@ -104,15 +115,17 @@ def command(
         raise TracekitError("--with-ops: nests the ops in the merged trace; give -o FILE")
     if with_csv and tables_dir is None:
         raise TracekitError("--csv: writes the --tables as CSV too; give --tables DIR")
+    if run_id is not None and tables_dir is None:
+        raise TracekitError("--run-id: names the run in the --tables; give --tables DIR")
     if logdir is not None:
         from tracekit.render.tensorboard import require_tensorboard
 
         require_tensorboard()
     target = run_output(output, "-o", run_dir) if output is not None else None
-    table_targets = _table_targets(tables_dir, run_dir, with_csv) if tables_dir is not None else {}
+    tables_to_write = table_targets(tables_dir, run_dir, with_csv) if tables_dir is not None else {}
     if logdir is not None:
         _check_folder(logdir, "--tensorboard", run_dir)
-    distinct(target, *table_targets.values())
+    distinct(target, *tables_to_write.values())
     # the ops nested under actions lie deeper than the analysis reads
     run = load_with_progress(run_dir, rank_from, rank_map, progress, "all" if with_ops else "analysis")
     analysis = analyze(run)
@@ -122,7 +135,7 @@ def command(
     elif run.completeness is not None and not run.completeness.complete:
         click.echo(f"tracekit: warning: {for_terminal(run.completeness.message())}", err=True)
     if tables_dir is not None:
-        _write_tables(analysis, tables_dir, table_targets, with_csv)
+        write_tables(analysis, tables_dir, tables_to_write, with_csv, run_id)
     if logdir is not None:
         _write_tensorboard(analysis, logdir, run_dir)
 
@@ -146,7 +159,7 @@ def _write_chrome_trace(analysis: Analysis, target: OutputTarget, output: Path, 
     )
 
 
-def _table_targets(folder: Path, run_dir: Path, with_csv: bool) -> dict[str, OutputTarget]:
+def table_targets(folder: Path, run_dir: Path, with_csv: bool) -> dict[str, OutputTarget]:
     """Every file --tables may write (the device tables too: a GPU run is known only once
     loaded), checked now, before the run is read. Keyed by file name."""
     from tracekit.analyze.tabular import TABLES
@@ -161,20 +174,33 @@ def _table_targets(folder: Path, run_dir: Path, with_csv: bool) -> dict[str, Out
     }
 
 
-def _write_tables(analysis: Analysis, folder: Path, targets: dict[str, OutputTarget], with_csv: bool) -> None:
+def write_tables(
+    analysis: Analysis,
+    folder: Path,
+    targets: dict[str, OutputTarget],
+    with_csv: bool,
+    run_id: str | None,
+    frames: dict[str, pd.DataFrame] | None = None,
+) -> list[str]:
+    """Write the run's tables (``frames``, where the caller has them already) into the
+    ``targets`` of :func:`table_targets`; returns the names of the files written."""
     from tracekit.analyze.tabular import tables
     from tracekit.render.protocol import RENDERERS, NamedTable, bytes_of
 
     run = analysis.run
     run_meta = {"source": run.source, "timeline": run.timeline}
-    frames = tables(analysis)
+    frames = tables(analysis, run_id) if frames is None else frames
     renderers = [RENDERERS[kind]() for kind in (("parquet", "csv") if with_csv else ("parquet",))]
+    written = []
     for name, frame in frames.items():
         for renderer in renderers:
-            targets[f"{name}.{renderer.name}"].write(bytes_of(renderer.render(NamedTable(name, frame, run_meta))))
+            file_name = f"{name}.{renderer.name}"
+            targets[file_name].write(bytes_of(renderer.render(NamedTable(name, frame, run_meta))))
+            written.append(file_name)
     formats = "Parquet and CSV" if with_csv else "Parquet"
     rows = ", ".join(f"{name} {len(frame)}" for name, frame in frames.items())
     click.echo(for_terminal(f"wrote {folder}: {len(frames)} tables as {formats} (rows: {rows})"), err=True)
+    return written
 
 
 def _write_tensorboard(analysis: Analysis, logdir: Path, run_dir: Path) -> None:

@@ -79,19 +79,21 @@ SCHEDULE_CHOICES = list(traits.names(generated=True))  # every schedule what-if 
 @click.option(
     "--balanced",
     is_flag=True,
-    help="Search the best split of the layers over the p*v stages: per-layer costs from the "
-    "trace's repeating ops (or --layer-costs), dynamic programming for the smallest slowest "
-    "stage, the best few candidates replayed; prints layer ranges per stage with the predicted "
-    "bubble and step time. Where the trace shows no layers and no --layer-costs is given, the "
-    "rows re-split so every rank computes the same instead (said so).",
+    help="Search the best split of the layers over the p*v stages: the layers as the model has them, "
+    "from its module names (nn.Module frames of a with_stack trace, layers.N ranges), else from the "
+    "repeating unit of each stage's forward ops, or --layer-costs (the output says which, and how many "
+    "layers a stage); dynamic programming for the smallest slowest stage, the best few candidates "
+    "replayed; prints layer ranges per stage with the predicted bubble and step time. Where the trace "
+    "shows no layers and no --layer-costs is given, the rows re-split so every rank computes the same "
+    "instead (said so).",
 )
 @click.option(
     "--split",
     "splits",
     multiple=True,
     metavar="N,N,...",
-    help="Predict a given split: layers per stage in stage order, e.g. 5,3,4,4 (repeatable), "
-    "on the targets with that many stages (p*v).",
+    help="Predict a given split: whole layers per stage in stage order, e.g. 5,3,4,4 (repeatable), "
+    "on the targets with that many stages (p*v); one that does not add up to the model's layers is refused.",
 )
 @click.option(
     "--layer-costs",
@@ -322,7 +324,7 @@ def _split(
 ) -> tuple[SplitReport | None, str | None]:
     """The split search and the given splits (a SplitReport), or, for --balanced on a run
     whose layers cannot be read, None and the note that the rank-balanced rows stand in."""
-    from tracekit.analyze.layers import layer_costs_from_ops, read_layer_costs
+    from tracekit.analyze.layers import layer_costs_from_trace, read_layer_costs
     from tracekit.analyze.split import SPLIT_TARGETS, default_split_target, parse_split, split_report
     from tracekit.analyze.whatif import IDEAL_BALANCE
     from tracekit.errors import TracekitError
@@ -332,7 +334,7 @@ def _split(
         layers = read_layer_costs(layer_costs)
     else:
         try:
-            layers = layer_costs_from_ops(run)
+            layers = layer_costs_from_trace(run)
         except TracekitError as err:
             if given or not balanced:
                 raise

@@ -23,14 +23,15 @@ from tracekit.ingest.kineto_stream import BEGIN_END, NOT_COMPLETE, RawEvent, dec
 from tracekit.ingest.nesting import nesting_depth
 from tracekit.ingest.validate import _LIMIT_US, DroppedRows, add_ns, drop_impossible, ns_from_us, ns_of_us, valid_text
 from tracekit.ingest.kineto_comm import _gloo_p2p_args, _nccl_comm_args
-from tracekit.model.names import ACTION_FRAME_ENDINGS, FRAME_CATEGORY, is_action_frame
+from tracekit.model.names import FRAME_CATEGORY, KEPT_FRAME_ENDINGS, is_kept_frame
 
 # Categories kept; everything else (flows, instants) is dropped. CUDA API calls are kept as
 # ``runtime`` (as Nsight Systems' are), and so are HIP's, which Kineto files under
 # ``cuda_runtime`` too: a kernel's launch, joined on the ``correlation`` id, says on which
 # host thread and when the host asked for it, so device work can be put in the step and the
 # action that launched it. Of python_function events (with_stack) only the frames of
-# frameworks' action entry points (model.names.is_action_frame): they name actions.
+# frameworks' action entry points, which name actions, and of nn.Module calls, which name
+# the model's layers (model.names.is_kept_frame).
 KEPT_CATEGORIES = {
     "cpu_op",
     "user_annotation",
@@ -233,17 +234,17 @@ class _RowBuilder:
             _FRAME_CODE,
             self.cat_codes[FRAME_CATEGORY],
             self.keeps_frame,
-            ACTION_FRAME_ENDINGS,
+            KEPT_FRAME_ENDINGS,
         )
 
     def keeps_frame(self, name: object) -> bool:
-        """Whether a python_function event named ``name`` is kept: an action frame's name (a
-        name that is no text is none), worked out once per name."""
+        """Whether a python_function event named ``name`` is kept: an action frame's or a
+        module frame's name (a name that is no text is none), worked out once per name."""
         if type(name) is not str:
             return False
         kept = self.frame_names.get(name)
         if kept is None:
-            kept = self.frame_names[name] = is_action_frame(name)
+            kept = self.frame_names[name] = is_kept_frame(name)
         return kept
 
     def add(self, batch: list[Any] | ScannedRun) -> None:

@@ -25,8 +25,8 @@ GLOO_COLLECTIVE = re.compile(
 STEP_MARK_PREFIX = "ProfilerStep#"
 
 # torch.profiler's with_stack writes a python_function event for every Python call (several a
-# CPU op: the module's frames, _call_impl, forward, the builtin that runs the op). The only
-# ones read are the frames of a framework's action entry points, which name every compute
+# CPU op: the module's frames, _call_impl, forward, the builtin that runs the op). The ones
+# read as labels are the frames of a framework's action entry points, which name every compute
 # action: Megatron's forward_step and backward_step, in megatron/schedules.py (Megatron-LM
 # before 2023-03) or megatron/core/pipeline_parallel/schedules.py (Megatron-core), both
 # schedules, interleaved or not (torch trims the site-packages or sys.path prefix of a file;
@@ -36,11 +36,23 @@ _MEGATRON_SCHEDULES = r"(?:^|/)megatron/(?:core/pipeline_parallel/)?schedules\.p
 MEGATRON_FORWARD_FRAME = _MEGATRON_SCHEDULES + r"forward_step\Z"
 MEGATRON_BACKWARD_FRAME = _MEGATRON_SCHEDULES + r"backward_step\Z"
 _ACTION_FRAME = re.compile(f"{MEGATRON_FORWARD_FRAME}|{MEGATRON_BACKWARD_FRAME}")
-# How every action frame's name ends: the native scanner drops a frame whose name ends
-# otherwise on its last bytes, without reading the name (thousands of distinct calls a trace).
+# The frames of nn.Module calls are kept too, no label: ``nn.Module: <Class>_<k>`` (torch
+# numbers each class's instances per process), the model's own names for its layers
+# (tracekit.analyze.layers reads them).
+MODULE_FRAME = re.compile(r"^nn\.Module: (?P<cls>.+)_(?P<index>\d+)\Z")
+# How every kept frame's name ends (an action frame's, a module frame's digit): the native
+# scanner drops a frame whose name ends otherwise on its last bytes, without reading the name
+# (thousands of distinct calls a trace).
 ACTION_FRAME_ENDINGS = ("): forward_step", "): backward_step")
+KEPT_FRAME_ENDINGS = ACTION_FRAME_ENDINGS + tuple("0123456789")
 
 
 def is_action_frame(name: str) -> bool:
-    """Whether a python_function event of this name is a frame ingest keeps (see above)."""
+    """Whether a python_function event of this name names an action (see above)."""
     return name.endswith(ACTION_FRAME_ENDINGS) and _ACTION_FRAME.search(name) is not None
+
+
+def is_kept_frame(name: str) -> bool:
+    """Whether a python_function event of this name is a frame ingest keeps: an action's or
+    an nn.Module call's (see above)."""
+    return is_action_frame(name) or MODULE_FRAME.match(name) is not None

@@ -27,7 +27,14 @@ import numpy as np
 
 from tracekit.ingest.columns import take_rows
 from tracekit.model.groups import group_ids, split_by
-from tracekit.model.names import COMM_PREFIXES, FRAME_CATEGORY, RECV_NAMES, SEND_NAMES, STEP_MARK_PREFIX
+from tracekit.model.names import (
+    COMM_PREFIXES,
+    FRAME_CATEGORY,
+    RECV_NAMES,
+    SEND_NAMES,
+    STEP_MARK_PREFIX,
+    is_action_frame,
+)
 from tracekit.model.run import ACTION_COLUMNS
 from tracekit.reconstruct.event_arrays import EventArrays
 from tracekit.reconstruct.labels import LabelChoice, LabelRule, LabelSet, choose
@@ -36,8 +43,15 @@ from tracekit.reconstruct.steps import step_of
 if TYPE_CHECKING:
     import pandas as pd
 
-# What label rules read: annotations, and the Python frames ingest keeps (action entry points).
-_LABEL_CATS = ("user_annotation", FRAME_CATEGORY)
+
+# What label rules read: annotations, and the Python frames of action entry points (not the
+# nn.Module frames ingest keeps beside them: those name layers, tracekit.analyze.layers).
+def _label_rows(events: EventArrays) -> np.ndarray:
+    frames = events.is_in("cat", (FRAME_CATEGORY,)) & events.per_name("name", is_action_frame)
+    rows: np.ndarray = ~events["on_gpu"] & (events.is_in("cat", ("user_annotation",)) | frames)
+    return rows
+
+
 _OPTIMIZER_PREFIXES = ("Optimizer.", "Optimizer#")
 UNLABELLED = "unlabelled (segmented at P2P ops)"
 # The columns of a row as the finders make them: ACTION_COLUMNS less action_id and order.
@@ -63,7 +77,7 @@ def annotation_counts(events: pd.DataFrame | EventArrays) -> dict[str, int]:
     often it occurs, by name."""
     arrays = EventArrays.of(events)
     names = arrays.values["name"]
-    wanted = ~arrays["on_gpu"] & arrays.is_in("cat", _LABEL_CATS)
+    wanted = _label_rows(arrays)
     counts = np.bincount(arrays.codes["name"][wanted], minlength=len(names)).tolist()
     found = [(names[code], n) for code, n in enumerate(counts) if n and not names[code].startswith(STEP_MARK_PREFIX)]
     return dict(sorted(found))
@@ -108,7 +122,7 @@ def _labelled(
     table: LabelSet,
 ) -> list[_Row]:
     """The actions of the ranges (or Python frames: ``frame``) ``table``'s action rules name."""
-    is_label = on_cpu & events.is_in("cat", _LABEL_CATS)
+    is_label = _label_rows(events)
     names = events.values["name"]
     codes = events.codes["name"]
     rule_of_name: dict[str, LabelRule] = {}

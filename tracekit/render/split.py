@@ -27,8 +27,7 @@ def render_split(report: SplitReport, measured_step_ns: float, advice: Advice | 
     layers = report.layers
     lines = [
         "",
-        f"  stage split from per-layer costs ({layers.source}): {len(layers.layers)} layers"
-        + (f", measured split {','.join(str(n) for n in layers.measured_split)}" if layers.measured_split else ""),
+        f"  stage split from per-layer costs: {layers.found()}",
         "    layer F / B ms: "
         + "  ".join(f"{c.layer}:{c.forward_ns / 1e6:.1f}/{c.backward_ns / 1e6:.1f}" for c in layers.layers),
     ]

@@ -16,14 +16,16 @@ from tracekit.analyze.tabular import TABLES
 from tracekit.render.protocol import NamedTable
 from tracekit.version import __version__
 
-_ARROW_TYPES = {"int64": pa.int64(), "float64": pa.float64(), "string": pa.string()}
+# "Int64": integers that may be null (pandas' nullable Int64: a time since the step's start,
+# outside every measured step)
+_ARROW_TYPES = {"int64": pa.int64(), "Int64": pa.int64(), "float64": pa.float64(), "string": pa.string()}
 
 
 def arrow_schema(name: str, run_meta: dict[str, str]) -> pa.Schema:
     """Table ``name``'s schema with its documentation; ``run_meta`` adds facts about the run."""
     spec = TABLES[name]
     fields = [
-        pa.field(column, _ARROW_TYPES[dtype], nullable=False, metadata={"doc": doc})
+        pa.field(column, _ARROW_TYPES[dtype], nullable=dtype == "Int64", metadata={"doc": doc})
         for column, (dtype, doc) in spec.columns.items()
     ]
     meta = {
@@ -41,7 +43,8 @@ def parquet_bytes(name: str, frame: pd.DataFrame, run_meta: dict[str, str]) -> b
     table = pa.Table.from_pandas(frame, schema=arrow_schema(name, run_meta), preserve_index=False)
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink)
-    return sink.getvalue().to_pybytes()
+    data: bytes = sink.getvalue().to_pybytes()
+    return data
 
 
 def csv_bytes(frame: pd.DataFrame) -> bytes:

@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from tracekit.render.framework import config_block, framework_line
 from tracekit.text import for_terminal
 from tracekit.vocab import format_bytes, in_ms
 from tracekit.version import __version__
 
+if TYPE_CHECKING:
+    from tracekit.analyze.framework_config import Advice
+    from tracekit.analyze.recompute_memory import RecomputeMemory
+    from tracekit.analyze.whatif import Prediction, Search, WhatIf
 
-def render(result, advice=None) -> str:
+
+def render(result: WhatIf, advice: Advice | None = None) -> str:
     """The what-if table; ``advice`` (tracekit.analyze.framework_config.Advice): the fastest
     row also in its framework's config lines."""
     if result.search is not None:
-        return render_search(result, advice)
+        return render_search(result, result.search, advice)
     m = result.model
     lines = [
         f"tracekit {__version__} what-if: {result.source}",
@@ -78,7 +85,7 @@ def render(result, advice=None) -> str:
     return "\n".join(for_terminal(line) for line in lines)
 
 
-def recompute_memory_lines(memory) -> list[str]:
+def recompute_memory_lines(memory: RecomputeMemory) -> list[str]:
     """``whatif --no-recompute``: each rank's activation memory with recomputation on (as
     measured) and off (:mod:`tracekit.analyze.recompute_memory`), and how it was sized."""
 
@@ -105,7 +112,7 @@ def recompute_memory_lines(memory) -> list[str]:
     return lines
 
 
-def _fastest_runnable(result, advice) -> list[str]:
+def _fastest_runnable(result: WhatIf, advice: Advice) -> list[str]:
     """Where the framework cannot run the fastest row: the fastest it can, in its lines."""
     title = advice.framework.title
     best = result.fastest_where(advice.runs)
@@ -118,12 +125,11 @@ def _fastest_runnable(result, advice) -> list[str]:
     ]
 
 
-def render_search(result, advice=None) -> str:
+def render_search(result: WhatIf, found: Search, advice: Advice | None = None) -> str:
     """``whatif --search``: every replayed (schedule, v, m) with its activation memory, the
     fastest that fits (also in its framework's config lines, with ``advice``), and per
     (schedule, v) the fastest m that fits."""
     m = result.model
-    found = result.search
     per_mb = found.objective == "time per microbatch"
     lines = [
         f"tracekit {__version__} what-if search: {result.source}",
@@ -138,7 +144,7 @@ def render_search(result, advice=None) -> str:
         f"{'activations':>12}",
     ]
 
-    def row(p, mark: str = "") -> str:
+    def row(p: Prediction, mark: str = "") -> str:
         act = "" if p.activation_bytes is None else format_bytes(p.activation_bytes)
         flight = "" if p.in_flight is None else str(p.in_flight)
         msgs = "" if p.messages_per_step is None else str(p.messages_per_step)
@@ -150,7 +156,7 @@ def render_search(result, advice=None) -> str:
 
     lines.append(f"  {'measured':30} {result.measured_bubble:>14.1%} {in_ms(result.measured_step_ns):>18}")
 
-    def mark(p) -> str:
+    def mark(p: Prediction) -> str:
         return "  over budget" if found.over_budget(p) else ""
 
     lines.append(row(result.as_measured, mark(result.as_measured)))

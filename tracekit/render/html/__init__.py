@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import re
 from importlib.resources import files
+from typing import TYPE_CHECKING, Any
 
 import jinja2
 
@@ -44,6 +45,10 @@ from tracekit.render.html.page import page_context
 from tracekit.render.html.views import step_views, thinning_notes
 from tracekit.text import for_xml
 
+if TYPE_CHECKING:
+    from bokeh.models import LayoutDOM
+    from markupsafe import Markup
+
 # The page: a Jinja template shipped as package data beside the renderers.
 TEMPLATE = "report.html.j2"
 
@@ -53,33 +58,24 @@ def render_report(analysis: Analysis) -> str:
     from bokeh.embed import file_html
     from bokeh.resources import INLINE
 
-    rollup = analysis.replicas
     replicated = _replicated(analysis)
-    if replicated:
-        assert rollup is not None
-        timeline, causes, notes = _replicated_parts(analysis)
-        extra = [heatmap_root(analysis, [r for g in rollup.replicas for r in g]), spread_root(analysis)]
-    else:
-        views, step_notes = step_views(analysis)
-        timeline, causes, notes, extra = (
-            timeline_root(views),
-            causes_root(analysis),
-            step_notes + thinning_notes(views),
-            [],
-        )
+    timeline, notes = report_timeline(analysis)
+    causes = report_causes(analysis)
+    extra = [heatmap_root(analysis, heatmap_order(analysis)), spread_root(analysis)] if replicated else []
     bubble = bubble_root(analysis) if analysis.is_pipeline else None
     roots = [r for r in (timeline, causes, bubble, *extra) if r is not None]
     context = page_context(analysis, notes)
     context["has_timeline"] = timeline is not None
     context["has_bubble"] = bubble is not None
     context["has_replicas"] = replicated
-    return file_html(
+    page: str = file_html(
         roots,
         resources=INLINE,
         title=f"tracekit report: {analysis.run.source}",
         template=_page_template(),
         template_variables=context,
     )
+    return page
 
 
 def _replicated(analysis: Analysis) -> bool:
@@ -87,13 +83,17 @@ def _replicated(analysis: Analysis) -> bool:
     return analysis.is_pipeline and rollup is not None and rollup.n_replicas > 1 and bool(rollup.places)
 
 
-def _replicated_parts(analysis: Analysis):
-    """A run of data-parallel replicas: the timeline of the replicas the roll-up picked (one
-    shown at a time, the slowest first, another picked in the page), the per-stage causes,
-    and the notes on what was drawn."""
+def report_timeline(analysis: Analysis) -> tuple[Any, list[str]]:
+    """The report's timeline (a bokeh layout, one tab per step drawn; None where there is
+    nothing to draw) and the notes on what it left out. With data-parallel replicas: the
+    replicas the roll-up picked, one shown at a time (the slowest first, another picked in
+    the page)."""
+    if not _replicated(analysis):
+        views, step_notes = step_views(analysis)
+        return timeline_root(views), step_notes + thinning_notes(views)
     rollup = analysis.replicas
     assert rollup is not None  # only for a replicated run
-    groups = []
+    groups: list[tuple[str, list[int]]] = []
     for replica, why in rollup.timeline_replicas:
         ranks = rollup.replicas[replica]
         idle = 100 * rollup.replica_bubble[replica]
@@ -107,13 +107,29 @@ def _replicated_parts(analysis: Analysis):
         *step_notes,
         *thinning_notes(views),
     ]
-    return timeline_root(views), place_causes_root(analysis), notes
+    return timeline_root(views), notes
+
+
+def report_causes(analysis: Analysis) -> Any:
+    """The report's causes chart: per rank busy, then idle by cause; with data-parallel
+    replicas per stage, the mean over the replicas."""
+    return place_causes_root(analysis) if _replicated(analysis) else causes_root(analysis)
+
+
+def heatmap_order(analysis: Analysis) -> list[int]:
+    """The rows of the bubble heat map (:func:`~tracekit.render.html.charts.heatmap_root`):
+    by replica, then stage, where the run has data-parallel replicas; else by rank."""
+    rollup = analysis.replicas
+    if _replicated(analysis):
+        assert rollup is not None
+        return [r for group in rollup.replicas for r in group]
+    return sorted(int(r) for r in analysis.bubbles["rank"].unique())
 
 
 _ROOT_DIV = '<div id="{}" data-root-id="{}" style="display: contents;"></div>'
 
 
-def _visible_controls(value):
+def _visible_controls(value: object) -> object:
     """Each value the page shows, with controls as visible escapes (markup is bokeh's own)."""
     return for_xml(value) if isinstance(value, str) and not hasattr(value, "__html__") else value
 
@@ -123,7 +139,7 @@ def _visible_controls(value):
 _CODE_SPAN = re.compile(r"(?<!`)(`+)(?!`)(.+?)(?<!`)\1(?!`)", re.DOTALL)
 
 
-def with_code_spans(text: str):
+def with_code_spans(text: str) -> Markup:
     """``text`` for the page, escaped, its Markdown code spans shown as ``<code>`` (the
     backticks dropped) rather than as literal backticks; controls as visible escapes."""
     from markupsafe import Markup, escape
