@@ -69,8 +69,9 @@ def trace_handler(
 
     ``analyze=True``: while the training goes on, each profiled window is analysed once every
     rank's trace of it is written, by one analysis worker (a process of its own, started by
-    rank 0's handler at the first window and ending with the training; one window at a
-    time; see :mod:`tracekit.monitor.background`), and
+    rank 0's handler when it is made if ``torch.distributed`` is initialised then, else at
+    the first window, and ending with the training; one window at a time; see
+    :mod:`tracekit.monitor.background`), and
 
     - ``tensorboard``: its per-step scalars (per-stage compute, idle by cause, bubble ratio,
       step time, the suggested m) go to an event file in this folder (True, the default:
