@@ -12,7 +12,8 @@ Rank 0 times every training step (``train_step`` and ``prof.step()``, the handle
 included) and writes REPORT (JSON): the step times, and with the analysis: the step at which
 ``handler.monitor.latest()`` first gave a window, the TensorBoard scalars read back from the
 event files at that moment (the training still running), the windows analysed and skipped,
-what the handler's ``sink`` was given (step, scalars) and the last ``suggest_microbatches()``. ``--until-analysed S``: keep training (unprofiled
+what the handler's ``sink`` was given (step, scalars), the last ``suggest_microbatches()`` and
+the CPU seconds of the analysis processes (rank 0's children). ``--until-analysed S``: keep training (unprofiled
 steps) until the last profiled window is analysed, at most S seconds, then 3 steps more;
 every rank stops at the same step (rank 0 decides, a broadcast tells the others).
 """
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import resource
 import sys
 import time
 from datetime import timedelta
@@ -110,6 +112,11 @@ def rank_main(rank: int, out: str, report: str, analyze: bool, windows: int, unt
                 found["analysed"], found["skipped"] = handler.analysed, handler.skipped
                 found["suggested"] = handler.monitor.suggest_microbatches()
                 found["latest_window"] = (handler.monitor.latest() or {}).get("window")
+                # a tracekit without close() ran a process a window, each reaped when done
+                getattr(handler, "close", lambda timeout: True)(timeout=60)
+                # rank 0's only children are the analysis processes: their CPU, imports included
+                usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+                found["analysis_cpu_s"] = usage.ru_utime + usage.ru_stime
             Path(report).write_text(json.dumps(found))
     finally:
         dist.destroy_process_group()

@@ -35,8 +35,9 @@ LAYERS: dict[str, int] = {
     "tracekit.render": 5,
     "tracekit.gate": 5,
     "tracekit.commands": 6,
-    # a window analysed while training runs, in a process of its own: the handler's command
+    # a window analysed while training runs, in the handler's analysis worker (a process of its own)
     "tracekit.monitor.window": 6,
+    "tracekit.monitor.worker": 6,
     "tracekit.notebook": 6,  # the notebook face: tracekit.analysis, compare, whatif (figures from render)
     "tracekit.cli": 7,
     "tracekit.__main__": 7,

@@ -10,10 +10,13 @@ import doctest
 import gzip
 import json
 import logging
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -160,6 +163,7 @@ def test_a_newer_window_replaces_the_waiting_one_and_the_sink_gets_every_analyse
     _traces_of(run_dir, 9)
     assert analyses.wait(timeout=300)
     assert analyses.analysed == [3, 9] and analysed_windows(run_dir) == [3, 9] and analyses.failed == []
+    assert analyses.workers_started == 1 and set(analyses.cpu_s) == {3, 9}  # one worker for both
     summary = Monitor(run_dir).latest()
     assert summary is not None and summary["window"] == 9
     assert [step for step, _ in sunk] == summary["steps"] * 2  # the same traces twice
@@ -180,20 +184,21 @@ def test_a_failed_analysis_and_a_failing_sink_are_warnings(tmp_path, caplog):
     def sink(scalars, step):
         raise RuntimeError("the logger is down")
 
-    analyses = WindowAnalyses(run_dir, 1, sink=sink, idle=False)
+    analyses = WindowAnalyses(run_dir, None, sink=sink, idle=False)  # the ranks there: 1, then 4
     caplog.set_level(logging.INFO, logger="tracekit.monitor")
-    analyses.submit(2)  # returns at once; the analysis fails in its process
+    analyses.submit(2)  # returns at once; the analysis fails in the worker
     assert analyses.wait(timeout=120)
     assert analyses.failed == [2] and analyses.analysed == []
-    assert "window 2 not analysed:" in caplog.text and "window_2.log" in caplog.text
+    assert "window 2 not analysed:" in caplog.text and "worker.log" in caplog.text
+    assert "window 2:" in (run_dir / "monitor" / "worker.log").read_text()
     assert Monitor(run_dir).latest() is None
 
     _traces_of(run_dir, 5)
-    analyses.world_size = 4
     analyses.submit(5)
     assert analyses.wait(timeout=300)
-    assert analyses.analysed == [5]
+    assert analyses.analysed == [5] and analyses.workers_started == 1  # the worker outlived the failure
     assert "window 5: the sink failed at step" in caplog.text and "the logger is down" in caplog.text
+    assert analyses.close(timeout=60)
 
 
 def test_a_window_whose_ranks_never_all_arrive_is_given_up(tmp_path, caplog):
@@ -206,6 +211,135 @@ def test_a_window_whose_ranks_never_all_arrive_is_given_up(tmp_path, caplog):
     assert analyses.wait(timeout=120)
     assert analyses.failed == [4]
     assert "window 4 not analysed: window 4: 3 of 4 ranks' traces" in caplog.text
+
+
+# --------------------------------------------------------------------------------------
+# the worker's lifecycle: one per handler, started again if it dies, gone with the training
+# --------------------------------------------------------------------------------------
+def _gone(pid: int) -> bool:
+    """No such process, or one that has exited and waits to be reaped by whoever adopted it."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rpartition(")")[2].split()[0] in ("Z", "X")
+
+
+def _until_gone(pid: int, within_s: float) -> bool:
+    deadline = time.monotonic() + within_s
+    while not _gone(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_a_worker_that_dies_is_a_warning_and_the_next_window_starts_another(tmp_path, caplog):
+    run_dir = tmp_path / "run"
+    analyses = WindowAnalyses(run_dir, 4, idle=False)
+    caplog.set_level(logging.WARNING, logger="tracekit.monitor")
+    analyses.submit(3)  # no traces yet: the worker waits for them
+    _in_flight(analyses, 3)
+    deadline = time.monotonic() + 60
+    while analyses.worker_pid is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    first = analyses.worker_pid
+    os.kill(first, signal.SIGKILL)
+    assert analyses.wait(timeout=60)
+    assert analyses.failed == [3] and "window 3 not analysed: the analysis worker ended (exit status -9)" in caplog.text
+    _traces_of(run_dir, 6)
+    analyses.submit(6)
+    assert analyses.wait(timeout=300)
+    assert analyses.analysed == [6] and analyses.workers_started == 2 and analyses.worker_pid != first
+    assert analyses.close(timeout=60) and analyses.worker_pid is None
+
+
+def test_where_the_world_size_is_known_the_handler_starts_the_worker_before_the_first_window(tmp_path, monkeypatch):
+    initialised = types.SimpleNamespace(
+        is_available=lambda: True, is_initialized=lambda: True, get_world_size=lambda: 4
+    )
+    monkeypatch.setitem(sys.modules, "torch.distributed", initialised)  # as after init_process_group
+    handler = tracekit.trace_handler(tmp_path / "run", rank=0, analyze=True, tensorboard=False)
+    analyses = handler._analyses
+    assert analyses is not None and analyses.world_size == 4
+    deadline = time.monotonic() + 60
+    while analyses.worker_pid is None:  # started by the thread, not by trace_handler
+        assert time.monotonic() < deadline, "no worker before the first window"
+        time.sleep(0.05)
+    worker = analyses.worker_pid
+    _traces_of(tmp_path / "run", 7)
+    analyses.submit(7)
+    assert handler.wait(timeout=300) and handler.analysed == [7]
+    assert analyses.workers_started == 1 and analyses.worker_pid == worker
+    assert handler.close(timeout=60) and _gone(worker)
+
+
+# A training process of its own: one window analysed, then an exit of each kind, the worker's pid on stdout.
+_TRAINING = """
+import os, signal, sys, time
+from pathlib import Path
+from tracekit.monitor.background import WindowAnalyses
+run_dir, how = Path(sys.argv[1]), sys.argv[2]
+analyses = WindowAnalyses(run_dir, 4, idle=False, wait_s=5)
+analyses.submit(1)
+assert analyses.wait(timeout=300) and analyses.analysed == [1], analyses.failed
+print(analyses.worker_pid, flush=True)
+if how == "in flight":
+    analyses.submit(2)  # no traces: in flight until the worker gives up after wait_s
+    while analyses.in_flight != 2:
+        time.sleep(0.05)
+if how == "forked child":  # a child that keeps the worker's pipe open and outlives us
+    child = os.fork()
+    if child == 0:
+        time.sleep(120)
+        os._exit(0)
+    print(child, flush=True)
+if how in ("killed", "forked child"):
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.parametrize("how", ["normal", "in flight", "killed", "forked child"])
+def test_the_worker_does_not_outlive_the_training(tmp_path, how):
+    run_dir = tmp_path / "run"
+    _traces_of(run_dir, 1)
+    done = subprocess.run(
+        [sys.executable, "-c", _TRAINING, str(run_dir), how], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    pids = [int(line) for line in done.stdout.split()]
+    try:
+        assert done.returncode == (-signal.SIGKILL if how in ("killed", "forked child") else 0), done.stderr
+        worker = pids[0]
+        # an idle worker goes at once; one in flight finishes its window (wait_s=5) first
+        assert _until_gone(worker, 30 if how == "in flight" else 10), f"worker {worker} still runs"
+        if how == "in flight":
+            assert "window 2: 0 of 4 ranks' traces" in (run_dir / "monitor" / "worker.log").read_text()
+    finally:
+        for pid in pids[1:]:  # the forked child, which we started
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_tracekit_folder_where_the_training_runs_does_not_stand_in_for_the_workers(tmp_path):
+    """``python train.py`` finds tracekit by its path; the worker must find the same one, not
+    a folder of that name in the working folder (``python -m`` would put it first)."""
+    decoy = tmp_path / "work"
+    (decoy / "tracekit" / "monitor").mkdir(parents=True)
+    (decoy / "tracekit" / "__init__.py").write_text("raise ImportError('the decoy tracekit')\n")
+    (decoy / "tracekit" / "monitor" / "__init__.py").write_text("")
+    run_dir = tmp_path / "run"
+    _traces_of(run_dir, 1)
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import sys\nfrom pathlib import Path\nfrom tracekit.monitor.background import WindowAnalyses\n"
+        "analyses = WindowAnalyses(Path(sys.argv[1]), 4, idle=False)\nanalyses.submit(1)\n"
+        "assert analyses.wait(timeout=300) and analyses.close(timeout=60)\nprint(analyses.analysed, analyses.failed)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    done = subprocess.run(
+        [sys.executable, str(script), str(run_dir)], cwd=decoy, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0 and done.stdout.split("\n")[0] == "[1] []", done.stdout + done.stderr
 
 
 # --------------------------------------------------------------------------------------

@@ -16,12 +16,17 @@ from __future__ import annotations
 import importlib.abc
 import importlib.util
 import sys
+from collections.abc import Sequence
+from importlib.machinery import ModuleSpec
+from types import ModuleType
 
 
 class _WithoutPyarrow(importlib.abc.MetaPathFinder):
     """While pandas itself is being imported, ``import pyarrow`` fails as if not installed."""
 
-    def find_spec(self, name, path=None, target=None):
+    def find_spec(
+        self, name: str, path: Sequence[str] | None = None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
         if name != "pandas":
             return None
         sys.meta_path.remove(self)
@@ -31,10 +36,10 @@ class _WithoutPyarrow(importlib.abc.MetaPathFinder):
         real = spec.loader
 
         class _Loader(importlib.abc.Loader):
-            def create_module(self, spec):
+            def create_module(self, spec: ModuleSpec) -> ModuleType | None:
                 return real.create_module(spec)
 
-            def exec_module(self, module):
+            def exec_module(self, module: ModuleType) -> None:
                 hidden = "pyarrow" not in sys.modules
                 if hidden:
                     sys.modules["pyarrow"] = None  # type: ignore[assignment]  # "import pyarrow" raises ImportError

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from typing import NoReturn
 
 import click
 
@@ -16,7 +17,7 @@ from tracekit.version import __version__
 class _Group(click.Group):
     """Turns a user's mistake into one line and exit status 2, never a traceback."""
 
-    def invoke(self, ctx: click.Context):
+    def invoke(self, ctx: click.Context) -> object:
         from tracekit._lean import pandas_without_pyarrow
 
         pandas_without_pyarrow()  # ~40 MB and ~0.1 s of CPU less; see tracekit/_lean.py
@@ -48,16 +49,17 @@ class _Group(click.Group):
 READER_GONE = 128 + 13
 
 
-def _reader_gone() -> None:
+def _reader_gone() -> NoReturn:
     """Standard output's reader went away (``tracekit check run/ | head -2``): stop quietly
     as a shell tool does, with the SIGPIPE status; what is left to print goes nowhere."""
     with contextlib.suppress(OSError, ValueError):
         devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.__stdout__.fileno())
+        if sys.__stdout__ is not None:  # None only where Python started without a stdout
+            os.dup2(devnull, sys.__stdout__.fileno())
     sys.exit(READER_GONE)
 
 
-def _internal_error(err: Exception) -> None:
+def _internal_error(err: Exception) -> NoReturn:
     """A bug in tracekit, not the user's fault: one line and exit status 3 (the traceback
     with TRACEKIT_DEBUG=1)."""
     if os.environ.get("TRACEKIT_DEBUG"):

@@ -30,6 +30,7 @@ import logging
 import os
 import platform
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -67,8 +68,10 @@ def trace_handler(
     one's own. ``rank``: this process's rank when ``torch.distributed`` is not initialised.
 
     ``analyze=True``: while the training goes on, each profiled window is analysed once every
-    rank's trace of it is written, in a process of its own started by rank 0's handler (one
-    at a time; see :mod:`tracekit.monitor.background`), and
+    rank's trace of it is written, by one analysis worker (a process of its own, started by
+    rank 0's handler when it is made if ``torch.distributed`` is initialised then, else at
+    the first window, and ending with the training; one window at a time; see
+    :mod:`tracekit.monitor.background`), and
 
     - ``tensorboard``: its per-step scalars (per-stage compute, idle by cause, bubble ratio,
       step time, the suggested m) go to an event file in this folder (True, the default:
@@ -81,7 +84,7 @@ def trace_handler(
 
     The training step only hands rank 0's thread the window's number; a failed analysis is
     a warning on the ``tracekit.monitor`` logger. ``handler.wait()`` waits for the analyses
-    at the end of a script.
+    at the end of a script; ``handler.close()`` lets the worker go before the process ends.
 
     Raises :class:`~tracekit.errors.TracekitError` at once when ``run_dir`` already holds
     this rank's trace or manifest, when a dict of facts is malformed, when ``tensorboard``
@@ -133,6 +136,10 @@ class TraceHandler:
         self._microbatches = microbatches
         self._analyses: WindowAnalyses | None = None
         self.monitor = Monitor(folder)
+        world_size = _initialised_world_size() if analyze and rank == 0 else None
+        if world_size is not None:
+            # the worker imports while the first steps run, not when the first window is there
+            self._start_analyses(world_size).start()
 
     def __call__(self, prof: Any) -> None:
         step = int(getattr(prof, "step_num", 0))
@@ -146,17 +153,16 @@ class TraceHandler:
 
     def _submit(self, window: int) -> None:
         try:
-            if self._analyses is None:
-                self._analyses = WindowAnalyses(
-                    self.run_dir,
-                    _world_size(),
-                    tensorboard=self.tensorboard,
-                    sink=self._sink,
-                    microbatches=self._microbatches,
-                )
-            self._analyses.submit(window)
+            analyses = self._analyses or self._start_analyses(_world_size())
+            analyses.submit(window)
         except Exception as err:  # noqa: BLE001 - the training goes on without the analysis
             LOG.warning("tracekit: window %d: the analysis while training could not start: %s", window, err)
+
+    def _start_analyses(self, world_size: int | None) -> WindowAnalyses:
+        self._analyses = WindowAnalyses(
+            self.run_dir, world_size, tensorboard=self.tensorboard, sink=self._sink, microbatches=self._microbatches
+        )
+        return self._analyses
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until every window handed to the analysis is analysed or skipped (rank 0;
@@ -169,6 +175,18 @@ class TraceHandler:
         True
         """
         return True if self._analyses is None else self._analyses.wait(timeout)
+
+    def close(self, timeout: float = 1.0) -> bool:
+        """Hand no more windows to the analysis and let its worker go (it finishes the window
+        in flight first); wait up to ``timeout`` seconds for it to exit, True if it did. The
+        end of the training process does the same.
+
+        >>> import tempfile
+        >>> import tracekit
+        >>> tracekit.trace_handler(tempfile.mkdtemp(), rank=0, analyze=True).close()
+        True
+        """
+        return True if self._analyses is None else self._analyses.close(timeout)
 
     @property
     def analysed(self) -> list[int]:
@@ -315,6 +333,15 @@ def _this_rank() -> int:
     except ImportError:
         return 0
     return int(dist.get_rank()) if dist.is_available() and dist.is_initialized() else 0
+
+
+def _initialised_world_size() -> int | None:
+    """The world size where the training has already imported and initialised
+    ``torch.distributed`` (this module never imports torch for it), else None."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return None
+    return int(dist.get_world_size())
 
 
 def _world_size() -> int | None:

@@ -6,6 +6,7 @@ import copy
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from tracekit.errors import TracekitError
 
@@ -27,15 +28,16 @@ def find_table(start: Path, name: str) -> Path | None:
     return None
 
 
-def tracekit_table(path: Path, name: str) -> dict | None:
+def tracekit_table(path: Path, name: str) -> dict[str, Any] | None:
     """``[tool.tracekit.<name>]`` of ``path``, None where it has none."""
-    return read_toml(path).get("tool", {}).get("tracekit", {}).get(name)
+    table: dict[str, Any] | None = read_toml(path).get("tool", {}).get("tracekit", {}).get(name)
+    return table
 
 
-_READ: dict[tuple[str, int, int], dict] = {}  # (path, mtime, size) -> its tables
+_READ: dict[tuple[str, int, int], dict[str, Any]] = {}  # (path, mtime, size) -> its tables
 
 
-def read_toml(path: Path) -> dict:
+def read_toml(path: Path) -> dict[str, Any]:
     """The file's tables; parsed once while it is unchanged (a command looks for several
     tables, each lookup from the working folder up), a copy to each caller."""
     try:
@@ -48,7 +50,7 @@ def read_toml(path: Path) -> dict:
     return copy.deepcopy(_READ[key])
 
 
-def _parse_toml(path: Path) -> dict:
+def _parse_toml(path: Path) -> dict[str, Any]:
     if tomllib is None:  # pragma: no cover - Python 3.10 without tomli
         raise TracekitError(
             f"{path}: reading TOML on Python < 3.11 needs tomli (pip install tomli), or give the settings as flags"

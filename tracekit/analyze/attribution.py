@@ -53,6 +53,7 @@ from tracekit.analyze.replay import (
 from tracekit.model.groups import split_by
 from tracekit.model.run import Run
 from tracekit.reconstruct.schedule import TERAPIPE_NAME
+from tracekit.schemas.analysis import PathStepDoc
 from tracekit.vocab import CATEGORIES, IDLE_CAUSES
 
 # The causes a replay switches off (tracekit.vocab's "removable" ones), the players of the
@@ -72,7 +73,7 @@ class StepAttribution:
     signed_shapley: dict[int, dict[str, float]]  # rank -> cause -> signed Shapley value (ns)
     stage_blame: pd.DataFrame  # rank, stage, imbalance_ns
     link_blame: pd.DataFrame  # rank, src_rank, dst_rank, comm_ns
-    critical_path: list[dict[str, Any]]
+    critical_path: list[PathStepDoc]
     replay_makespan_ns: int
     measured_makespan_ns: int
     ideal_makespan_ns: int  # all causes removed

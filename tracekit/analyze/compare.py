@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any
 
 from tracekit.analyze import Analysis
@@ -67,7 +68,7 @@ class Measures:
         return f"link {src}->{dst}"
 
 
-def schedule_label(schedule: dict[str, Any] | None) -> str:
+def schedule_label(schedule: Mapping[str, Any] | None) -> str:
     if not schedule:
         return "no pipeline schedule"
     if schedule["name"] == UNRECOGNISED:

@@ -15,7 +15,7 @@ inform (a fill/drain with nothing to gain, no pipeline found) come last.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pandas as pd
@@ -31,6 +31,7 @@ from tracekit.vocab import ACTION_KIND_NAMES, IDLE_CAUSES, rank_list
 if TYPE_CHECKING:  # the package imports this module
     from tracekit.analyze import Analysis
     from tracekit.analyze.replicas import SlowReplica
+    from tracekit.schemas.analysis import FindingDoc
 
 # Severity by cost (share of the device time): "high" at or above HIGH_SHARE, "medium" at
 # or above MEDIUM_SHARE: a fix gains at most that much throughput.
@@ -55,8 +56,9 @@ class Finding:
     cost_share: float  # idle device time of this cause / all ranks' step windows
     figures: dict[str, Any] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self) -> FindingDoc:
+        # asdict: the fields above by name, ``figures`` copied deep (a dataclass in it as a dict)
+        return cast("FindingDoc", asdict(self))
 
 
 def severity_of(cost_share: float) -> str:
@@ -305,7 +307,7 @@ def _shared_links(analysis: Analysis, window_ns: int) -> Finding | None:
         "share a link, posting P2P between actions (Megatron without --overlap-p2p-communication) keeps the "
         "transfers off the TP all-reduces, at the cost of no longer hiding them behind compute."
     )
-    return Finding("shared_links", severity_of(cost), headline, advice, cost, links.to_dict())
+    return Finding("shared_links", severity_of(cost), headline, advice, cost, dict(links.to_dict()))
 
 
 def _comm(analysis: Analysis, idle_ns: int, window_ns: int, n_steps: int) -> Finding | None:

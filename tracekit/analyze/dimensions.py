@@ -26,7 +26,7 @@ kernels a recomputation launched, on the host its spans.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -41,6 +41,15 @@ from tracekit.reconstruct.event_arrays import EventArrays
 from tracekit.reconstruct.layout import collective_ops, collectives_inside_actions
 from tracekit.reconstruct.recompute import recompute_spans
 from tracekit.reconstruct.steps import step_of
+
+if TYPE_CHECKING:
+    from tracekit.schemas.analysis import (
+        DimensionRankDoc,
+        DimensionsDoc,
+        DimensionStageDoc,
+        SharedLinkDoc,
+        SharedLinksDoc,
+    )
 
 DIMENSION_COLUMNS = [
     "rank",
@@ -73,7 +82,7 @@ class LinkTransfers:
             return 1.0
         return self.median_overlapped_ns / self.median_alone_ns
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> SharedLinkDoc:
         return {
             "src_rank": self.src_rank,
             "dst_rank": self.dst_rank,
@@ -107,7 +116,7 @@ class SharedLinks:
             return 1.0
         return self.median_overlapped_ns / self.median_alone_ns
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> SharedLinksDoc:
         return {
             "overlap_ns": {str(r): v for r, v in sorted(self.overlap_ns.items())},
             "n_transfers_overlapped": self.n_overlapped,
@@ -138,9 +147,9 @@ class DimensionFigures:
         out["busy_compute_only_ns"] = out["busy_ns"] - out["tp_alone_ns"]
         return out
 
-    def to_dict(self, bubbles: pd.DataFrame) -> dict[str, Any]:
+    def to_dict(self, bubbles: pd.DataFrame) -> DimensionsDoc:
         per_rank = self.per_rank(bubbles)
-        rows = []
+        rows: list[DimensionRankDoc] = []
         for rank, r in zip(per_rank.index.tolist(), per_rank.to_dict("records")):
             window = max(int(r["window_ns"]), 1)
             rows.append(
@@ -162,7 +171,7 @@ class DimensionFigures:
                     ),
                 }
             )
-        stages = []
+        stages: list[DimensionStageDoc] = []
         for stage, ranks in sorted(self.stage_ranks.items()):
             mine = per_rank.loc[[r for r in ranks if r in per_rank.index]]
             busy = max(int(mine["busy_ns"].sum()), 1)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import numpy as np
 import pandas as pd
@@ -28,6 +28,9 @@ from tracekit.analyze.grouping import int_groups
 from tracekit.model.groups import group_ids, pair_codes, split_by
 from tracekit.model.run import Run, compute_ns, fused_groups
 from tracekit.reconstruct.device import receives_on_device
+
+if TYPE_CHECKING:
+    from tracekit.schemas.analysis import PathStepDoc
 
 
 @dataclass
@@ -454,15 +457,15 @@ def idle_per_rank(graph: StepGraph, result: Replay, dur: np.ndarray | None = Non
     return {int(r): windows[int(r)] - int(b) for r, b in zip(ranks, busy)}
 
 
-def critical_path(graph: StepGraph, result: Replay) -> list[dict[str, Any]]:
+def critical_path(graph: StepGraph, result: Replay) -> list[PathStepDoc]:
     """The chain of actions and waits that set the step's length, last action first."""
     if len(result.end) == 0:
         return []
     i = int(np.argmax(result.end))
-    path = []
+    path: list[PathStepDoc] = []
     while i >= 0:
         e = int(result.binding[i])
-        entry = {
+        entry: PathStepDoc = {
             "action_id": int(graph.action_id[i]),
             "rank": int(graph.rank[i]),
             "kind": str(graph.kind[i]),
@@ -470,16 +473,15 @@ def critical_path(graph: StepGraph, result: Replay) -> list[dict[str, Any]]:
             "microbatch": int(graph.microbatch[i]),
             "compute_ns": int(result.end[i] - result.start[i]),
             "overhead_ns": int(graph.ovh[i]) if result.start[i] >= graph.ovh[i] else 0,
+            "via": "message" if e >= 0 else "rank order",
         }
         if e >= 0:
-            entry["via"] = "message"
             entry["msg_id"] = int(graph.edge_msg[e])
             entry["link"] = f"{int(graph.rank[graph.edge_src[e]])}->{int(graph.rank[i])}"
             entry["comm_ns"] = int(result.start[i] - graph.ovh[i] - result.end[graph.edge_src[e]])
             path.append(entry)
             i = int(graph.edge_src[e])
         else:
-            entry["via"] = "rank order"
             path.append(entry)
             i = int(graph.prev[i])
     return path

@@ -20,7 +20,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
@@ -30,6 +30,15 @@ from tracekit.vocab import CATEGORIES
 if TYPE_CHECKING:  # the package imports this module
     from tracekit.analyze import Analysis
     from tracekit.model.layout import Layout
+    from tracekit.schemas.analysis import (
+        PlaceDoc,
+        RollupDoc,
+        SlowestEverywhereDoc,
+        SlowRankDoc,
+        SlowReplicaDoc,
+        SpreadDoc,
+        SpreadNsDoc,
+    )
 
 # A place's compute at least this much above the other replicas' median at the same place is slow.
 SLOW_FACTOR = 1.05
@@ -55,10 +64,12 @@ class Spread:
     def of(cls, values: Sequence[float]) -> Spread:
         return cls(float(min(values)), float(statistics.median(values)), float(max(values)))
 
-    def to_dict(self, integer: bool = False) -> dict[str, Any]:
-        if integer:
-            return {"min": int(round(self.min)), "median": int(round(self.median)), "max": int(round(self.max))}
+    def to_dict(self) -> SpreadDoc:
         return {"min": round(self.min, 6), "median": round(self.median, 6), "max": round(self.max, 6)}
+
+    def to_ns_dict(self) -> SpreadNsDoc:
+        """A spread of times: whole ns."""
+        return {"min": int(round(self.min)), "median": int(round(self.median)), "max": int(round(self.max))}
 
 
 @dataclass(frozen=True)
@@ -78,21 +89,21 @@ class PlaceRollup:
     top_cause: str | None  # the cause with the most idle here (None without attribution)
     tp_rank: int | None = None  # the ranks' tensor-parallel rank, where the layout has TP
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            **({"tp_rank": self.tp_rank} if self.tp_rank is not None else {}),
+    def to_dict(self) -> PlaceDoc:
+        out: PlaceDoc = {
             "place": self.place,
             "stages": list(self.stages),
             "ranks": list(self.ranks),
             "bubble_ratio": self.bubble_ratio.to_dict(),
-            "idle_per_step_ns": self.idle_per_step_ns.to_dict(integer=True),
-            "busy_per_step_ns": self.busy_per_step_ns.to_dict(integer=True),
+            "idle_per_step_ns": self.idle_per_step_ns.to_ns_dict(),
+            "busy_per_step_ns": self.busy_per_step_ns.to_ns_dict(),
             "worst_replica": self.worst_replica,
             "worst_rank": self.worst_rank,
             "slowest_replica": self.slowest_replica,
             "causes_ns": dict(self.causes_ns),
             "top_cause": self.top_cause,
         }
+        return out if self.tp_rank is None else {"tp_rank": self.tp_rank, **out}  # tp_rank first
 
 
 @dataclass(frozen=True)
@@ -107,7 +118,7 @@ class SlowRank:
     others_median_ns: int  # the same place in the other replicas, median
     slowdown: float  # busy_per_step_ns / others_median_ns
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> SlowRankDoc:
         return {
             "rank": self.rank,
             "replica": self.replica,
@@ -138,7 +149,7 @@ class SlowReplica:
     excess_per_step_ns: int
     cost_share: float
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> SlowReplicaDoc:
         return {
             "replica": self.replica,
             "replica_ranks": list(self.replica_ranks),
@@ -161,7 +172,7 @@ class SlowestEverywhere:
     min_ratio: float  # over replicas: its compute over the other places' median in that replica
     median_ratio: float
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> SlowestEverywhereDoc:
         return {
             "place": self.place,
             "stages": list(self.stages),
@@ -194,7 +205,7 @@ class ReplicaRollup:
     def replica_of(self, rank: int) -> int:
         return next((i for i, group in enumerate(self.replicas) if rank in group), -1)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> RollupDoc:
         return {
             "n_replicas": self.n_replicas,
             "replicas": [list(g) for g in self.replicas],

@@ -6,7 +6,7 @@ the slowest step's critical path, and the per-stage means over data-parallel rep
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -16,6 +16,7 @@ from tracekit.vocab import IDLE_CAUSES
 
 if TYPE_CHECKING:
     from tracekit.analyze import Analysis
+    from tracekit.schemas.analysis import PathStepDoc
 
 
 def rank_causes_ns(analysis: Analysis) -> dict[int, dict[str, int]]:
@@ -130,7 +131,7 @@ class CriticalPath:
 
     step: int
     makespan_ns: int
-    path: list[dict[str, Any]]  # the attribution's entries: kind, stage, microbatch, rank, ...
+    path: list[PathStepDoc]  # the attribution's entries: kind, stage, microbatch, rank, ...
     compute_ns: int
     comm_ns: int
 

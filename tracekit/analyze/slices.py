@@ -26,13 +26,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from tracekit.analyze.replay import Scenario, StepGraph, idle_per_rank, replay_steps
 from tracekit.model.run import compute_ns
+
+if TYPE_CHECKING:
+    from tracekit.schemas.analysis import SlicesDoc
 
 
 @dataclass
@@ -64,7 +67,7 @@ class SliceCosts:
             return None
         return self.skew_idle_ns / self.replay_idle_ns
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> SlicesDoc:
         share = self.skew_idle_share
         return {
             "microbatches": list(self.microbatches),

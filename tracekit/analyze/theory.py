@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 
 @dataclass
@@ -20,14 +19,6 @@ class Theory:
     formula: str
     bubble_ratio: float | None  # None when no closed form applies
     note: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "schedule": self.schedule,
-            "formula": self.formula,
-            "bubble_ratio": self.bubble_ratio,
-            "note": self.note,
-        }
 
 
 def theoretical_bubble(

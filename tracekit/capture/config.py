@@ -9,6 +9,7 @@ from __future__ import annotations
 import platform
 import shlex
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from tracekit.errors import CaptureError
 from tracekit.model import schedules as traits
@@ -106,6 +107,12 @@ class CaptureConfig:
         return self.stages_per_rank
 
     @property
+    def width(self) -> int:
+        """``hidden`` as ``validate`` resolved it (its default by compute mode)."""
+        assert self.hidden is not None
+        return self.hidden
+
+    @property
     def n_stages(self) -> int:
         return self.ranks * self.v
 
@@ -125,7 +132,7 @@ class CaptureConfig:
         tp, dp = self.tensor_parallel, self.data_parallel
         return rank % tp, (rank // tp) % dp, rank // (tp * dp)
 
-    def process_groups(self) -> list[dict]:
+    def process_groups(self) -> list[dict[str, Any]]:
         """Every group a 3-D capture creates, in creation order (every rank creates all of
         them, as torch.distributed.new_group requires): role, Megatron's group_desc, ranks."""
         tp, dp, p = self.tensor_parallel, self.data_parallel, self.ranks
@@ -467,11 +474,12 @@ class CaptureConfig:
             parts += ["--slow-replica", str(self.slow_replica), "--slow-factor", _num(self.slow_factor)]
         if self.recompute:
             parts += ["--recompute"]
-        if self.schedule == "TeraPipe" and self.attention_share != DEFAULT_ATTENTION_SHARE:
-            parts += ["--attention-share", _num(self.attention_share)]
+        share = self.attention_share
+        if self.schedule == "TeraPipe" and share is not None and share != DEFAULT_ATTENTION_SHARE:
+            parts += ["--attention-share", _num(share)]
         return shlex.join(parts)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -491,7 +499,7 @@ def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else repr(float(x))
 
 
-def manifest_head(config: CaptureConfig, command: str, torch_version: str) -> dict:
+def manifest_head(config: CaptureConfig, command: str, torch_version: str) -> dict[str, Any]:
     """The part of capture.json every profiler writes alike: what ran, where, how shaped."""
     from tracekit.version import __version__
 

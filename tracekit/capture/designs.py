@@ -39,6 +39,7 @@ from tracekit.capture.model import (
     EmulatedLinear,
     TracekitEmuCompute,
     TracekitEmuWeightGrad,
+    applied,
     build_layers,
     build_stage_module,
 )
@@ -53,9 +54,9 @@ def _label(stage: int, kind: str, mb: int) -> str:
 class _Links:
     """This rank's messages to and from its neighbours (one stage per rank)."""
 
-    def __init__(self, rank: int, p: int, shape: tuple[int, int]):
+    def __init__(self, rank: int, p: int, shape: tuple[int, int]) -> None:
         self.rank, self.p, self.shape = rank, p, shape
-        self.sends: list = []
+        self.sends: list[dist.Work] = []
 
     def buffer(self) -> torch.Tensor:
         """A receive buffer, made before the action's label opens (as torch's stages make
@@ -64,13 +65,17 @@ class _Links:
 
     @staticmethod
     def recv(buf: torch.Tensor, src: int, tag: int) -> torch.Tensor:
-        dist.irecv(buf, src=src, tag=tag).wait()
+        work = dist.irecv(buf, src=src, tag=tag)
+        assert work is not None  # None only on a rank outside the default group
+        work.wait()
         return buf
 
     def send(self, tensor: torch.Tensor, dst: int, tag: int) -> None:
         # not waited on here: a gloo send completes once the peer receives it; torch's
         # schedules also wait on sends only at the end of a step (see wait_sends)
-        self.sends.append(dist.isend(tensor.detach().contiguous(), dst=dst, tag=tag))
+        work = dist.isend(tensor.detach().contiguous(), dst=dst, tag=tag)
+        assert work is not None  # None only on a rank outside the default group
+        self.sends.append(work)
 
     def wait_sends(self) -> None:
         for work in self.sends:
@@ -126,7 +131,8 @@ class TwoBufferedWeights:
 
     def forward(self, mb: int, x: torch.Tensor) -> torch.Tensor:
         self.stash[mb] = self.newest
-        return self.buffers[self.newest](x)
+        y: torch.Tensor = self.buffers[self.newest](x)  # Module.__call__ is Any in torch
+        return y
 
     def backward_done(self, mb: int) -> None:
         del self.stash[mb]
@@ -147,7 +153,9 @@ class TwoBufferedWeights:
         self.newest = older
 
 
-def pipedream_2bw(rank: int, cfg: CaptureConfig, prof, log: Callable[[str], None]) -> list[float]:
+def pipedream_2bw(
+    rank: int, cfg: CaptureConfig, prof: torch.profiler.profile, log: Callable[[str], None]
+) -> list[float]:
     """Run PipeDream-2BW on this rank: ``(steps + 1) * m`` microbatches, one update (and one
     ``prof.step()``) every m backwards. The profiler's first recorded step is the pipeline's
     start; the last update, not recorded, holds the drain (a 2BW run drains once, at its end).
@@ -158,7 +166,7 @@ def pipedream_2bw(rank: int, cfg: CaptureConfig, prof, log: Callable[[str], None
     n = (cfg.steps + 1) * m
     layers = build_layers(cfg)
     weights = TwoBufferedWeights(build_stage_module(cfg, rank, layers))
-    links = _Links(rank, p, (cfg.microbatch_size, cfg.hidden))
+    links = _Links(rank, p, (cfg.microbatch_size, cfg.width))
     xs, ys = _microbatch_data(cfg, n)
     first, last = rank == 0, rank == p - 1
     loss_fn = nn.MSELoss()
@@ -188,6 +196,7 @@ def pipedream_2bw(rank: int, cfg: CaptureConfig, prof, log: Callable[[str], None
                 torch.autograd.backward(out, grad)
                 weights.backward_done(mb)
                 if not first:
+                    assert x.grad is not None  # a received input requires grad
                     links.send(x.grad, rank - 1, tag=mb)
         if kind == "B":
             backwards += 1
@@ -213,7 +222,7 @@ class SlicedAttentionStage(nn.Module):
     its gradient on them; :meth:`backward` of slice i then pushes those gradients through
     slice i's own graph. That is why backwards run last slice first."""
 
-    def __init__(self, linears: list[EmulatedLinear], last_stage: bool):
+    def __init__(self, linears: list[EmulatedLinear], last_stage: bool) -> None:
         super().__init__()
         self.linears = nn.ModuleList(linears)
         self.last_stage = last_stage
@@ -228,8 +237,9 @@ class SlicedAttentionStage(nn.Module):
         own = []
         h = x
         for layer_index, lin in enumerate(self.linears):
-            w = TracekitEmuWeightGrad.apply(lin.weight, lin.wgrad_ms * factor)
-            k = TracekitEmuCompute.apply(F.linear(h, w, lin.bias), lin.fwd_ms * factor, lin.igrad_ms * factor)
+            assert isinstance(lin, EmulatedLinear)  # what __init__ took; ModuleList items read as Module
+            w = applied(TracekitEmuWeightGrad)(lin.weight, lin.wgrad_ms * factor)
+            k = applied(TracekitEmuCompute)(F.linear(h, w, lin.bias), lin.fwd_ms * factor, lin.igrad_ms * factor)
             context = torch.cat([*self.keys[layer_index], k]) if self.keys[layer_index] else k
             scores = k @ context.T / math.sqrt(k.shape[-1])
             # the mean of the two keeps the scale of a plain layer (a sum doubles it per layer)
@@ -254,16 +264,20 @@ class SlicedAttentionStage(nn.Module):
         torch.autograd.backward(tensors, grads)
 
 
-def terapipe(rank: int, cfg: CaptureConfig, prof, log: Callable[[str], None]) -> list[float]:
+def terapipe(rank: int, cfg: CaptureConfig, prof: torch.profiler.profile, log: Callable[[str], None]) -> list[float]:
     """Run TeraPipe on this rank for ``steps + 2`` sequences (the first two not recorded,
     as the torch captures' wait and warm-up steps). Returns each step's mean slice loss
     (last stage; else [])."""
     p, m = cfg.ranks, cfg.microbatches
     layers = build_layers(cfg)
-    linears = [layers[i] for i in cfg.layers_of_stage(rank)]
+    linears: list[EmulatedLinear] = []
+    for i in cfg.layers_of_stage(rank):
+        layer = layers[i]
+        assert isinstance(layer, EmulatedLinear)  # forward_slice reads the layer's emulated costs
+        linears.append(layer)
     stage = SlicedAttentionStage(linears, last_stage=rank == p - 1)
     optimizer = torch.optim.SGD(stage.parameters(), lr=LR)
-    links = _Links(rank, p, (cfg.microbatch_size, cfg.hidden))
+    links = _Links(rank, p, (cfg.microbatch_size, cfg.width))
     first, last = rank == 0, rank == p - 1
     loss_fn = nn.MSELoss()
     losses: list[float] = []
@@ -290,6 +304,7 @@ def terapipe(rank: int, cfg: CaptureConfig, prof, log: Callable[[str], None]) ->
                     grad = None if last else links.recv(buf, rank + 1, tag=i)
                     stage.backward_slice(i, out, grad)
                     if not first:
+                        assert x.grad is not None  # a received input requires grad
                         links.send(x.grad, rank - 1, tag=i)
         optimizer.step()
         links.wait_sends()
@@ -305,11 +320,11 @@ def terapipe_order(m: int) -> list[tuple[str, int]]:
     return [("F", i) for i in range(m)] + [("B", i) for i in reversed(range(m))]
 
 
-def _microbatch_data(cfg: CaptureConfig, n: int, sequence: int = 0) -> tuple[list, list]:
+def _microbatch_data(cfg: CaptureConfig, n: int, sequence: int = 0) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """``n`` input and target microbatches (slices), the same on every rank (seeded)."""
     gen = torch.Generator().manual_seed(cfg.seed + 1 + 1000 * sequence)
-    xs = [torch.randn(cfg.microbatch_size, cfg.hidden, generator=gen) for _ in range(n)]
-    ys = [torch.randn(cfg.microbatch_size, cfg.hidden, generator=gen) for _ in range(n)]
+    xs = [torch.randn(cfg.microbatch_size, cfg.width, generator=gen) for _ in range(n)]
+    ys = [torch.randn(cfg.microbatch_size, cfg.width, generator=gen) for _ in range(n)]
     return xs, ys
 
 

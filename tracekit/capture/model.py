@@ -35,6 +35,9 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any, cast
 
 import torch
 import torch.nn as nn
@@ -42,6 +45,17 @@ import torch.nn.functional as F
 from torch.profiler import record_function
 
 from tracekit.capture.config import CaptureConfig
+
+
+def applied(function: type[torch.autograd.Function]) -> Callable[..., torch.Tensor]:
+    """``function.apply``, typed: torch leaves ``Function.apply`` unannotated, and every
+    Function of the capture takes a tensor and numbers (or labels) and returns one tensor."""
+    return cast("Callable[..., torch.Tensor]", function.apply)
+
+
+# A Function's ``ctx`` is torch's attribute bag (FunctionCtx), given our own fields below:
+# typed Any, as torch's Function.forward / backward type it.
+_Grads = tuple[torch.Tensor | None, ...]
 
 
 def _sleep_ms(ms: float) -> None:
@@ -54,13 +68,13 @@ class TracekitEmuCompute(torch.autograd.Function):
     (inside a ``<label>(B)`` range when the layer is labelled)."""
 
     @staticmethod
-    def forward(ctx, y, fwd_ms: float, igrad_ms: float, label: str | None = None):
+    def forward(ctx: Any, y: torch.Tensor, fwd_ms: float, igrad_ms: float, label: str | None = None) -> torch.Tensor:
         _sleep_ms(fwd_ms)
         ctx.igrad_ms, ctx.label = igrad_ms, label
         return y.view_as(y)
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx: Any, grad: torch.Tensor) -> _Grads:
         with _labelled(ctx.label, "B"):
             _sleep_ms(ctx.igrad_ms)
         return (grad,) + (None,) * (len(ctx.needs_input_grad) - 1)  # label given or not
@@ -70,12 +84,12 @@ class TracekitEmuWeightGrad(torch.autograd.Function):
     """Identity on a weight; backward sleeps ``wgrad_ms`` (only on the weight-grad path)."""
 
     @staticmethod
-    def forward(ctx, w, wgrad_ms: float, label: str | None = None):
+    def forward(ctx: Any, w: torch.Tensor, wgrad_ms: float, label: str | None = None) -> torch.Tensor:
         ctx.wgrad_ms, ctx.label = wgrad_ms, label
         return w.view_as(w)
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx: Any, grad: torch.Tensor) -> _Grads:
         with _labelled(ctx.label, "B"):
             _sleep_ms(ctx.wgrad_ms)
         return (grad,) + (None,) * (len(ctx.needs_input_grad) - 1)
@@ -86,18 +100,18 @@ class TracekitSleep(torch.autograd.Function):
     autograd needs the gradient of that tensor)."""
 
     @staticmethod
-    def forward(ctx, t, fwd_ms: float, bwd_ms: float):
+    def forward(ctx: Any, t: torch.Tensor, fwd_ms: float, bwd_ms: float) -> torch.Tensor:
         _sleep_ms(fwd_ms)
         ctx.bwd_ms = bwd_ms
         return t.view_as(t)
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx: Any, grad: torch.Tensor) -> _Grads:
         _sleep_ms(ctx.bwd_ms)
         return grad, None, None
 
 
-def _labelled(label: str | None, kind: str):
+def _labelled(label: str | None, kind: str) -> AbstractContextManager[object]:
     """A hand-written per-layer range, ``linear3(F)``, or nothing for an unlabelled layer."""
     return record_function(f"{label}({kind})") if label else contextlib.nullcontext()
 
@@ -116,15 +130,15 @@ class EmulatedLinear(nn.Linear):
         wgrad_ms: float,
         label: str | None = None,
         out_features: int | None = None,
-    ):
+    ) -> None:
         super().__init__(hidden, out_features or hidden)
         self.fwd_ms, self.igrad_ms, self.wgrad_ms, self.label = fwd_ms, igrad_ms, wgrad_ms, label
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         with _labelled(self.label, "F"):
-            w = TracekitEmuWeightGrad.apply(self.weight, self.wgrad_ms, self.label)
+            w = applied(TracekitEmuWeightGrad)(self.weight, self.wgrad_ms, self.label)
             y = F.linear(x, w, self.bias)
-            return TracekitEmuCompute.apply(y, self.fwd_ms, self.igrad_ms, self.label)
+            return applied(TracekitEmuCompute)(y, self.fwd_ms, self.igrad_ms, self.label)
 
 
 class SleepLinear(nn.Linear):
@@ -132,13 +146,13 @@ class SleepLinear(nn.Linear):
     layer's forward cost on each, backward the input-grad cost on the input (not run where the
     input needs no gradient: the first layer of stage 0) and the weight-grad cost on the weight."""
 
-    def __init__(self, hidden: int, fwd_ms: float, igrad_ms: float, wgrad_ms: float):
+    def __init__(self, hidden: int, fwd_ms: float, igrad_ms: float, wgrad_ms: float) -> None:
         super().__init__(hidden, hidden)
         self.fwd_ms, self.igrad_ms, self.wgrad_ms = fwd_ms, igrad_ms, wgrad_ms
 
-    def forward(self, x):
-        x = TracekitSleep.apply(x, self.fwd_ms / 2, self.igrad_ms)
-        w = TracekitSleep.apply(self.weight, self.fwd_ms / 2, self.wgrad_ms)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = applied(TracekitSleep)(x, self.fwd_ms / 2, self.igrad_ms)
+        w = applied(TracekitSleep)(self.weight, self.fwd_ms / 2, self.wgrad_ms)
         return F.linear(x, w, self.bias)
 
 
@@ -147,7 +161,7 @@ class TransformerLayer(nn.Module):
     (qkv, softmax over the rows, output projection) and an MLP (4x wide, GELU), each added to
     its input. Its four Linears are ``EmulatedLinear`` with a quarter of the layer's costs."""
 
-    def __init__(self, hidden: int, fwd_ms: float, igrad_ms: float, wgrad_ms: float):
+    def __init__(self, hidden: int, fwd_ms: float, igrad_ms: float, wgrad_ms: float) -> None:
         super().__init__()
         f, i, w = fwd_ms / 4, igrad_ms / 4, wgrad_ms / 4
         self.norm1 = nn.LayerNorm(hidden)
@@ -158,11 +172,12 @@ class TransformerLayer(nn.Module):
         self.fc2 = EmulatedLinear(4 * hidden, f, i, w, out_features=hidden)
         self.scale = hidden**-0.5
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv(self.norm1(x)).chunk(3, dim=-1)
         attention = torch.softmax(q @ k.transpose(0, 1) * self.scale, dim=-1)
         x = x + self.proj(attention @ v)
-        return x + self.fc2(F.gelu(self.fc1(self.norm2(x))))
+        out: torch.Tensor = x + self.fc2(F.gelu(self.fc1(self.norm2(x))))  # Module calls are Any
+        return out
 
 
 class OnDevice(nn.Module):
@@ -176,16 +191,18 @@ class OnDevice(nn.Module):
     backward's kernels are on the GPU too and the gradient gloo sends is on the host.
     """
 
-    def __init__(self, inner: nn.Module, device: torch.device):
+    def __init__(self, inner: nn.Module, device: torch.device) -> None:
         super().__init__()
         self.inner = inner.to(device)
         self.device = device
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.is_meta:  # a PipelineStage shape inference that runs the stage on meta tensors
             params = {name: torch.empty_like(p, device="meta") for name, p in self.inner.named_parameters()}
-            return torch.func.functional_call(self.inner, params, (x,))
-        return self.inner(x.to(self.device)).to("cpu")
+            meta: torch.Tensor = torch.func.functional_call(self.inner, params, (x,))  # Any in torch
+            return meta
+        y: torch.Tensor = self.inner(x.to(self.device))  # Module.__call__ is Any in torch
+        return y.to("cpu")
 
 
 def build_stage_module(cfg: CaptureConfig, stage: int, layers: list[nn.Module]) -> nn.Module:
@@ -208,12 +225,12 @@ def build_layers(cfg: CaptureConfig, replica: int = 0) -> list[nn.Module]:
         if cfg.compute == "emulated" and cfg.layer_kind != "linear":
             c = cfg.layer_costs_ms(stage, replica)
             kind = SleepLinear if cfg.layer_kind == "sleep-linear" else TransformerLayer
-            layers.append(kind(cfg.hidden, c["forward"], c["input_grad"], c["weight_grad"]))
+            layers.append(kind(cfg.width, c["forward"], c["input_grad"], c["weight_grad"]))
         elif cfg.compute == "emulated":
             c = cfg.layer_costs_ms(stage, replica)
             layers.append(
                 EmulatedLinear(
-                    cfg.hidden,
+                    cfg.width,
                     c["forward"],
                     c["input_grad"],
                     c["weight_grad"],
@@ -221,7 +238,7 @@ def build_layers(cfg: CaptureConfig, replica: int = 0) -> list[nn.Module]:
                 )
             )
         else:
-            layers.append(nn.Linear(cfg.hidden, cfg.hidden))
+            layers.append(nn.Linear(cfg.width, cfg.width))
     for layer in layers:
         # He init keeps activations and gradients O(1) through the ReLU stack; with torch's
         # default init they shrink into float32 denormals by the first stage, and CPU matmuls
@@ -242,6 +259,6 @@ def training_data(cfg: CaptureConfig, replica: int = 0) -> tuple[list[torch.Tens
     batch = cfg.microbatches * cfg.microbatch_size
     rows = slice(replica * batch, (replica + 1) * batch)
     dp = cfg.data_parallel
-    xs = [torch.randn(dp * batch, cfg.hidden, generator=gen)[rows] for _ in range(cfg.steps + 2)]
-    ys = [torch.randn(dp * batch, cfg.hidden, generator=gen)[rows] for _ in range(cfg.steps + 2)]
+    xs = [torch.randn(dp * batch, cfg.width, generator=gen)[rows] for _ in range(cfg.steps + 2)]
+    ys = [torch.randn(dp * batch, cfg.width, generator=gen)[rows] for _ in range(cfg.steps + 2)]
     return xs, ys

@@ -32,6 +32,8 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import defaultdict
+from collections.abc import Callable, Iterator
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -40,7 +42,13 @@ import torch.nn.functional as F
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from tracekit.capture.config import CaptureConfig
-from tracekit.capture.model import TracekitEmuCompute, TracekitEmuWeightGrad
+from tracekit.capture.model import TracekitEmuCompute, TracekitEmuWeightGrad, applied
+
+# torch leaves these two helpers unannotated: typed as used here
+flatten_dense = cast("Callable[[list[torch.Tensor | None]], torch.Tensor]", _flatten_dense_tensors)
+unflatten_dense = cast(
+    "Callable[[torch.Tensor, list[torch.Tensor | None]], tuple[torch.Tensor, ...]]", _unflatten_dense_tensors
+)
 
 
 class CommClock:
@@ -51,10 +59,10 @@ class CommClock:
         self.ns: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         self.calls: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         #: DP buckets: (step, bucket, launch_start_ns, wait_end_ns) on this process's clock
-        self.dp_buckets: list[dict] = []
+        self.dp_buckets: list[dict[str, int]] = []
 
     @contextlib.contextmanager
-    def timed(self, kind: str):
+    def timed(self, kind: str) -> Iterator[None]:
         t0 = time.perf_counter_ns()
         try:
             yield
@@ -62,7 +70,7 @@ class CommClock:
             self.ns[self.step][kind] += time.perf_counter_ns() - t0
             self.calls[self.step][kind] += 1
 
-    def per_step(self, first_profiled: int) -> list[dict]:
+    def per_step(self, first_profiled: int) -> list[dict[str, Any]]:
         """The profiled steps' figures, ``ProfilerStep#<step>`` each."""
         out = []
         for step in sorted(s for s in self.ns if s >= first_profiled):
@@ -99,12 +107,12 @@ class _CopyToModelParallelRegion(torch.autograd.Function):
     """Identity forward; all-reduce of the gradient over the TP group in the backward."""
 
     @staticmethod
-    def forward(ctx, x, group, clock):
+    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup, clock: CommClock) -> torch.Tensor:
         ctx.group, ctx.clock = group, clock
         return x.view_as(x)
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         grad = grad.clone()
         if _is_real(grad):
             with ctx.clock.timed("tp_all_reduce_backward"):
@@ -116,7 +124,7 @@ class _ReduceFromModelParallelRegion(torch.autograd.Function):
     """All-reduce over the TP group in the forward; identity backward."""
 
     @staticmethod
-    def forward(ctx, x, group, clock):
+    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup, clock: CommClock) -> torch.Tensor:
         out = x.clone()
         if _is_real(out):
             with clock.timed("tp_all_reduce_forward"):
@@ -124,14 +132,14 @@ class _ReduceFromModelParallelRegion(torch.autograd.Function):
         return out
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         return grad, None, None
 
 
 class _TPLinear(nn.Module):
     """One shard of a Linear layer, with the emulated costs of :mod:`tracekit.capture.model`."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor, costs_ms: dict[str, float] | None):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor, costs_ms: dict[str, float] | None) -> None:
         super().__init__()
         self.weight = nn.Parameter(weight.detach().clone())
         self.bias = nn.Parameter(bias.detach().clone())
@@ -141,33 +149,55 @@ class _TPLinear(nn.Module):
         if self.costs_ms is None:
             return F.linear(x, self.weight, bias)
         c = self.costs_ms
-        w = TracekitEmuWeightGrad.apply(self.weight, c["weight_grad"])
-        return TracekitEmuCompute.apply(F.linear(x, w, bias), c["forward"], c["input_grad"])
+        w = applied(TracekitEmuWeightGrad)(self.weight, c["weight_grad"])
+        return applied(TracekitEmuCompute)(F.linear(x, w, bias), c["forward"], c["input_grad"])
 
 
 class ColumnParallelLinear(_TPLinear):
-    def __init__(self, full: nn.Linear, tp_rank: int, tp: int, group, clock, costs_ms):
+    def __init__(
+        self,
+        full: nn.Linear,
+        tp_rank: int,
+        tp: int,
+        group: dist.ProcessGroup,
+        clock: CommClock,
+        costs_ms: dict[str, float] | None,
+    ) -> None:
         rows = slice(tp_rank * full.out_features // tp, (tp_rank + 1) * full.out_features // tp)
         super().__init__(full.weight[rows], full.bias[rows], costs_ms)
         self.group, self.clock = group, clock
 
-    def forward(self, x):
-        return self._matmul(_CopyToModelParallelRegion.apply(x, self.group, self.clock), self.bias)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._matmul(applied(_CopyToModelParallelRegion)(x, self.group, self.clock), self.bias)
 
 
 class RowParallelLinear(_TPLinear):
-    def __init__(self, full: nn.Linear, tp_rank: int, tp: int, group, clock, costs_ms):
+    def __init__(
+        self,
+        full: nn.Linear,
+        tp_rank: int,
+        tp: int,
+        group: dist.ProcessGroup,
+        clock: CommClock,
+        costs_ms: dict[str, float] | None,
+    ) -> None:
         cols = slice(tp_rank * full.in_features // tp, (tp_rank + 1) * full.in_features // tp)
         super().__init__(full.weight[:, cols], full.bias, costs_ms)
         self.group, self.clock = group, clock
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         partial = self._matmul(x, None)
-        return _ReduceFromModelParallelRegion.apply(partial, self.group, self.clock) + self.bias
+        return applied(_ReduceFromModelParallelRegion)(partial, self.group, self.clock) + self.bias
 
 
 def build_tp_stage_module(
-    cfg: CaptureConfig, stage: int, layers: list[nn.Module], tp_rank: int, replica: int, group, clock: CommClock
+    cfg: CaptureConfig,
+    stage: int,
+    layers: list[nn.Module],
+    tp_rank: int,
+    replica: int,
+    group: dist.ProcessGroup,
+    clock: CommClock,
 ) -> nn.Module:
     """``stage``'s layers as this TP rank's shards: (column, ReLU, row, ReLU) per pair."""
     costs = cfg.layer_costs_ms(stage, replica) if cfg.compute == "emulated" else None
@@ -197,7 +227,9 @@ class GradBuckets:
     launched (step 0, whose shape inference runs an extra backward, is not armed), waits for
     all of them in launch order, and writes the average back into ``.grad``."""
 
-    def __init__(self, buckets: list[list[nn.Parameter]], group, dp: int, microbatches: int, clock: CommClock):
+    def __init__(
+        self, buckets: list[list[nn.Parameter]], group: dist.ProcessGroup, dp: int, microbatches: int, clock: CommClock
+    ) -> None:
         self.buckets, self.group, self.dp, self.microbatches, self.clock = buckets, group, dp, microbatches, clock
         self.armed = False
         self.counts: dict[int, int] = defaultdict(int)
@@ -205,9 +237,13 @@ class GradBuckets:
         self.launched: set[int] = set()
         for index, bucket in enumerate(buckets):
             for param in bucket:
-                param.register_post_accumulate_grad_hook(self._hook(index))
+                # Tensor.register_post_accumulate_grad_hook is unannotated in torch
+                register = cast(
+                    "Callable[[Callable[[nn.Parameter], None]], object]", param.register_post_accumulate_grad_hook
+                )
+                register(self._hook(index))
 
-    def _hook(self, index: int):
+    def _hook(self, index: int) -> Callable[[nn.Parameter], None]:
         def on_grad(param: nn.Parameter) -> None:
             self.counts[id(param)] += 1
             if self.armed and index not in self.launched and self._ready(index):
@@ -220,7 +256,7 @@ class GradBuckets:
 
     def _launch(self, index: int) -> None:
         grads = [p.grad for p in self.buckets[index]]
-        flat = _flatten_dense_tensors(grads)
+        flat = flatten_dense(grads)
         start = time.perf_counter_ns()
         with self.clock.timed("dp_all_reduce_launch"):
             work = dist.all_reduce(flat, group=self.group, async_op=True)
@@ -241,7 +277,7 @@ class GradBuckets:
             flat.div_(self.dp)
             params = self.buckets[index]
             grads = [p.grad for p in params]
-            for grad, reduced in zip(grads, _unflatten_dense_tensors(flat, grads)):
+            for grad, reduced in zip(grads, unflatten_dense(flat, grads)):
                 assert grad is not None  # the bucket was launched from these gradients
                 grad.copy_(reduced)
         self.pending.clear()
@@ -251,7 +287,7 @@ class GradBuckets:
 
 def stage_buckets(modules: list[nn.Module]) -> list[list[nn.Parameter]]:
     """One bucket per layer with parameters, last layer first (the order backward frees them)."""
-    buckets = []
+    buckets: list[list[nn.Parameter]] = []
     for module in modules:
         for layer in module.modules():
             own = list(layer.parameters(recurse=False))
@@ -268,22 +304,28 @@ class Recomputed(nn.Module):
     stage's input is kept, and its backward re-runs ``inner``'s forward first. The re-run's
     wall time goes to the clock as ``recompute``."""
 
-    def __init__(self, inner: nn.Module, clock: CommClock):
+    def __init__(self, inner: nn.Module, clock: CommClock) -> None:
         super().__init__()
         self.inner, self.clock = inner, clock
         self._in_forward = False
 
-    def _run(self, x):
+    def _run(self, x: torch.Tensor) -> torch.Tensor:
+        y: torch.Tensor  # Module.__call__ is Any in torch
         if self._in_forward:
-            return self.inner(x)
+            y = self.inner(x)
+            return y
         with self.clock.timed("recompute"):
-            return self.inner(x)
+            y = self.inner(x)
+            return y
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y: torch.Tensor  # Module.__call__ and checkpoint() are Any in torch
         if not torch.is_grad_enabled():
-            return self.inner(x)
+            y = self.inner(x)
+            return y
         self._in_forward = True
         try:
-            return torch.utils.checkpoint.checkpoint(self._run, x, use_reentrant=False)
+            y = torch.utils.checkpoint.checkpoint(self._run, x, use_reentrant=False)
+            return y
         finally:
             self._in_forward = False

@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 import torch
+from torch._C._profiler import _ExperimentalConfig  # torch.profiler re-exports it without __all__
 
 from tracekit.capture.files import gzip_file
 
@@ -30,7 +31,7 @@ def make_profiler(
     event on every allocation and free (what one microbatch's activations take); ``cuda``:
     the GPU's kernels and copies too (CUPTI); ``with_stack``: ``python_function`` frames."""
 
-    def on_trace_ready(prof):
+    def on_trace_ready(prof: torch.profiler.profile) -> None:
         prof.export_chrome_trace(str(trace_json))
 
     return torch.profiler.profile(
@@ -41,7 +42,7 @@ def make_profiler(
         profile_memory=profile_memory,
         # torch 2.13 on CPU records no [memory] event while profile_all_threads is on (seen: 0
         # events with it, one per allocation without); the main thread has the compute
-        experimental_config=torch.profiler._ExperimentalConfig(profile_all_threads=not profile_memory),
+        experimental_config=_ExperimentalConfig(profile_all_threads=not profile_memory),
         on_trace_ready=on_trace_ready,
     )
 

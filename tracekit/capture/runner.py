@@ -6,8 +6,10 @@ import json
 import socket
 import sys
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any, cast
 
 from tracekit.capture.config import DESIGNS, SPLIT_BACKWARD, CaptureConfig, manifest_head
 from tracekit.capture.files import write_text
@@ -46,10 +48,13 @@ def _log(msg: str) -> None:
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]  # (host, port) for AF_INET
+        return port
 
 
-def import_torch():
+def import_torch() -> None:
+    """Check that torch, torch.distributed and numpy import; a CaptureError line if not
+    (callers then ``import torch`` themselves)."""
     try:
         import torch  # noqa: F401
         import torch.distributed  # noqa: F401
@@ -68,17 +73,18 @@ def import_torch():
         import numpy  # noqa: F401  (PipelineStage shape inference uses recv_object_list)
     except ImportError:
         raise CaptureError("capture needs numpy (PipelineStage shape inference); pip install numpy") from None
-    return torch
 
 
-def run_capture(config: CaptureConfig, out_dir, *, command_out: str | None = None) -> Path:
+def run_capture(config: CaptureConfig, out_dir: str | Path, *, command_out: str | None = None) -> Path:
     """Run a profiled pipeline-parallel training on ``config.ranks`` local processes.
 
     Writes ``rank<R>.json.gz`` for every rank and ``capture.json`` into ``out_dir`` and
     returns that folder. Raises CaptureError (one line) for anything the user can fix.
     """
     config.validate()
-    torch = import_torch()
+    import_torch()
+    import torch
+
     if config.device == "cuda" and not torch.cuda.is_available():
         raise CaptureError(
             f"--device cuda: this PyTorch ({torch.__version__}) sees no CUDA GPU; "
@@ -134,7 +140,7 @@ def run_capture(config: CaptureConfig, out_dir, *, command_out: str | None = Non
 # ---------------------------------------------------------------------------------------
 # the parts every capture runner shares (this one and tracekit.capture.frameworks)
 # ---------------------------------------------------------------------------------------
-def prepare_out_dir(out_dir) -> Path:
+def prepare_out_dir(out_dir: str | Path) -> Path:
     """The output folder, made if missing and emptied of an earlier capture's traces."""
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
@@ -148,16 +154,18 @@ def prepare_out_dir(out_dir) -> Path:
     return out
 
 
-def spawn_ranks(entry, args: tuple, nprocs: int) -> None:
+def spawn_ranks(entry: Callable[..., None], args: tuple[object, ...], nprocs: int) -> None:
     """``torch.multiprocessing.spawn(entry, args + (port,))`` on a free port, retried when
     another process takes the port first; a failed rank becomes one CaptureError line."""
-    import torch.multiprocessing as mp
+    from torch.multiprocessing.spawn import spawn as torch_spawn
 
+    # torch's spawn has no annotations: typed as called here (it returns None with join=True)
+    spawn = cast("Callable[..., object]", torch_spawn)
     last_err: Exception | None = None
     for _attempt in range(3):
         port = _free_port()
         try:
-            mp.spawn(entry, args=(*args, port), nprocs=nprocs, join=True)
+            spawn(entry, args=(*args, port), nprocs=nprocs, join=True)
             return
         except Exception as err:  # ProcessRaisedException / ProcessExitedException
             last_err = err
@@ -192,9 +200,9 @@ def take_losses(out: Path) -> list[float]:
     return losses
 
 
-def take_parallel_times(out: Path) -> dict[str, dict]:
+def take_parallel_times(out: Path) -> dict[str, dict[str, Any]]:
     """Each rank's ``.parallel.rank<R>.json`` (the 3-D clock), by rank; the files are removed."""
-    times: dict[str, dict] = {}
+    times: dict[str, dict[str, Any]] = {}
     for f in sorted(out.glob(".parallel.rank*.json"), key=lambda f: int(f.name.split("rank")[1].split(".")[0])):
         times[f.name.split("rank")[1].split(".")[0]] = json.loads(f.read_text())
         f.unlink()
@@ -227,7 +235,7 @@ RECOMPUTE_HOW = (
 )
 
 
-def layout_manifest(config: CaptureConfig, measured: dict[str, dict]) -> dict:
+def layout_manifest(config: CaptureConfig, measured: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """capture.json's ``layout``: the 3-D shape, every group, every rank's coordinates, and the
     wall time each rank measured in its TP / DP collectives and recomputation per step."""
     ranks = {}
@@ -271,7 +279,7 @@ def layout_manifest(config: CaptureConfig, measured: dict[str, dict]) -> dict:
     }
 
 
-def profiler_manifest(config: CaptureConfig) -> dict:
+def profiler_manifest(config: CaptureConfig) -> dict[str, Any]:
     """capture.json's account of :func:`tracekit.capture.profiling.make_profiler`."""
     return {
         "activities": ["CPU", "CUDA"] if config.device == "cuda" else ["CPU"],
@@ -283,7 +291,7 @@ def profiler_manifest(config: CaptureConfig) -> dict:
     }
 
 
-def compute_manifest(config: CaptureConfig) -> dict:
+def compute_manifest(config: CaptureConfig) -> dict[str, Any]:
     """capture.json's account of the model and its costs (:mod:`tracekit.capture.model`)."""
     per_layer = config.layer_costs_ms(0)
     return {
@@ -319,7 +327,7 @@ def compute_manifest(config: CaptureConfig) -> dict:
     }
 
 
-def faults_manifest(config: CaptureConfig) -> dict:
+def faults_manifest(config: CaptureConfig) -> dict[str, Any]:
     return {
         "slow_stage": config.slow_stage,
         "slow_factor": config.slow_factor if config.slow_stage is not None else None,
@@ -332,7 +340,7 @@ def utc_now() -> str:
     return datetime.now(timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
-def write_manifest(out: Path, meta: dict, files: list[str]) -> None:
+def write_manifest(out: Path, meta: dict[str, Any], files: list[str]) -> None:
     write_text(out / "capture.json", json.dumps(meta, indent=2) + "\n")
     size = sum((out / f).stat().st_size for f in files)
     _log(f"wrote {len(files)} traces ({size / 1e6:.2f} MB) and capture.json to {out}")
@@ -347,7 +355,7 @@ LOOP_HOW = (
 )
 
 
-def design_manifest(config: CaptureConfig) -> dict:
+def design_manifest(config: CaptureConfig) -> dict[str, Any]:
     """capture.json's ``design``: what the design loop ran, its order and its costs."""
     m, steps = config.microbatches, config.steps
     per_layer = config.layer_costs_ms(0)["forward"]
@@ -381,6 +389,8 @@ def design_manifest(config: CaptureConfig) -> dict:
         }
     factors = [config.slice_factor(i) for i in range(m)]
     fwd = [round(per_layer * f * layers, 4) for f in factors]
+    share = config.attention_share
+    assert share is not None  # validate() sets TeraPipe's default
     return {
         "name": "TeraPipe",
         "paper": "Li et al., TeraPipe: Token-Level Pipeline Parallelism for Training Large-Scale Language "
@@ -404,8 +414,8 @@ def design_manifest(config: CaptureConfig) -> dict:
             "(a + b*(i+0.5)/m), a = 1 - attention_share, b = 2*attention_share: the mean slice "
             "costs layer_ms, attention's part grows with the prefix"
         ),
-        "a": 1 - config.attention_share,
-        "b": 2 * config.attention_share,
+        "a": 1 - share,
+        "b": 2 * share,
         "slice_factor": [round(f, 6) for f in factors],
         "per_slice_stage_ms": {"forward": fwd, "backward_full": [2 * x for x in fwd]},
     }

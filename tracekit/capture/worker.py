@@ -22,8 +22,10 @@ import queue
 import sys
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.distributed as dist
@@ -43,6 +45,10 @@ from tracekit.capture.parallel import (
 )
 from tracekit.capture.profiling import gzip_trace, make_profiler
 
+if TYPE_CHECKING:
+    from torch.distributed.pipelining import PipelineStage
+    from torch.distributed.pipelining.schedules import _PipelineSchedule  # every schedule's base
+
 P2P_DELAY_MARKER = "tracekit:p2p_delay"
 P2P_DELAY_SLEEP = "tracekit:p2p_delay_sleep"
 
@@ -60,22 +66,23 @@ class _DelayedSend:
 
     __slots__ = ("due", "args", "kwargs", "work", "error", "posted")
 
-    def __init__(self, due, args, kwargs):
+    def __init__(self, due: float, args: tuple[object, ...], kwargs: dict[str, object]) -> None:
         self.due, self.args, self.kwargs = due, args, kwargs
-        self.work = None
+        self.work: dist.Work | None = None
         self.error: BaseException | None = None
         self.posted = threading.Event()
 
-    def wait(self, timeout=None):
+    def wait(self, timeout: timedelta | None = None) -> bool:
         self.posted.wait()
         if self.error is not None:
             raise self.error
+        assert self.work is not None  # c10d.isend returns None only on a rank outside the group
         return self.work.wait() if timeout is None else self.work.wait(timeout)
 
-    def is_completed(self):
+    def is_completed(self) -> bool:
         return self.posted.is_set() and (self.work is None or self.work.is_completed())
 
-    def __bool__(self):
+    def __bool__(self) -> bool:
         return True
 
 
@@ -89,20 +96,20 @@ class DelayedSender:
     its ``gloo:send`` therefore appear on the sender thread, D ms after the marker.
     """
 
-    def __init__(self, delay_ms: float, real_isend):
+    def __init__(self, delay_ms: float, real_isend: Callable[..., dist.Work | None]) -> None:
         self.delay_s = delay_ms / 1000.0
         self.real_isend = real_isend
-        self.q: queue.Queue = queue.Queue()
+        self.q: queue.Queue[_DelayedSend | None] = queue.Queue()
         self.thread = threading.Thread(target=self._run, name="tracekit-p2p-delay", daemon=True)
         self.thread.start()
 
-    def isend(self, *args, **kwargs):
+    def isend(self, *args: object, **kwargs: object) -> _DelayedSend:
         with record_function(P2P_DELAY_MARKER):
             item = _DelayedSend(time.perf_counter() + self.delay_s, args, kwargs)
             self.q.put(item)
         return item
 
-    def _run(self):
+    def _run(self) -> None:
         while True:
             item = self.q.get()
             if item is None:
@@ -118,7 +125,7 @@ class DelayedSender:
             finally:
                 item.posted.set()
 
-    def close(self):
+    def close(self) -> None:
         self.q.put(None)
         self.thread.join(timeout=10)
 
@@ -129,30 +136,42 @@ def install_p2p_delay(delay_ms: float) -> DelayedSender:
 
     sender = DelayedSender(delay_ms, c10d.isend)
 
-    def isend(tensor, dst=None, group=None, tag=0, group_dst=None):
+    def isend(
+        tensor: torch.Tensor,
+        dst: int | None = None,
+        group: dist.ProcessGroup | None = None,
+        tag: int = 0,
+        group_dst: int | None = None,
+    ) -> _DelayedSend:
         return sender.isend(tensor, dst=dst, group=group, tag=tag, group_dst=group_dst)
 
     isend.__wrapped__ = c10d.isend  # type: ignore[attr-defined]
     # batch_isend_irecv tells sends from receives with `op is isend` against c10d's global,
     # and pipelining builds P2POp(dist.isend, ...): patch both names.
-    c10d.isend = isend
-    dist.isend = isend
+    # a _DelayedSend stands in for the Work c10d.isend returns (wait, is_completed): typed as that
+    patched = cast("Callable[..., dist.Work | None]", isend)
+    c10d.isend = patched
+    dist.isend = patched
     return sender
 
 
 # ---------------------------------------------------------------------------------------
 # the rank
 # ---------------------------------------------------------------------------------------
-def _make_schedule(cfg: CaptureConfig, stages, loss_fn):
+def _make_schedule(
+    cfg: CaptureConfig, stages: list[PipelineStage], loss_fn: Callable[..., torch.Tensor]
+) -> _PipelineSchedule:
     import torch.distributed.pipelining as pp
 
     cls = getattr(pp, SCHEDULES[cfg.schedule])
     if cfg.schedule in ("GPipe", "1F1B"):
-        return cls(stages[0], n_microbatches=cfg.microbatches, loss_fn=loss_fn)
-    return cls(stages, n_microbatches=cfg.microbatches, loss_fn=loss_fn)
+        single: _PipelineSchedule = cls(stages[0], n_microbatches=cfg.microbatches, loss_fn=loss_fn)
+        return single
+    multi: _PipelineSchedule = cls(stages, n_microbatches=cfg.microbatches, loss_fn=loss_fn)  # getattr: Any
+    return multi
 
 
-def run_rank(rank: int, cfg_dict: dict, out_dir: str, port: int) -> None:
+def run_rank(rank: int, cfg_dict: dict[str, Any], out_dir: str, port: int) -> None:
     """Entry point of one spawned process (``torch.multiprocessing.spawn`` passes ``rank``,
     the global rank: pipeline rank x TP x DP in Megatron's order tp-dp-pp)."""
     cfg = CaptureConfig(**cfg_dict)
@@ -205,7 +224,9 @@ def _train_and_profile(rank: int, cfg: CaptureConfig, out: Path) -> None:
         write_text(out / f".losses.rank{rank}.json", json.dumps(step_losses))
 
 
-def _run_torch_schedule(rank: int, cfg: CaptureConfig, prof):
+def _run_torch_schedule(
+    rank: int, cfg: CaptureConfig, prof: torch.profiler.profile
+) -> tuple[list[float], bool, CommClock | None]:
     """``2 + steps`` training steps of a torch.distributed.pipelining schedule; the step
     losses (last stage), whether this rank holds the last stage, and the 3-D clock (None
     for a plain pipeline)."""
@@ -243,10 +264,10 @@ class RankPipeline:
     and whether it holds the first and the last stage. Every torch.distributed.pipelining
     capture (Kineto here, nsys in :mod:`tracekit.capture.nsys.ranks`) trains through it."""
 
-    schedule: object
+    schedule: _PipelineSchedule
     optimizer: torch.optim.Optimizer
-    xs: list
-    ys: list
+    xs: list[torch.Tensor]
+    ys: list[torch.Tensor]
     first: bool
     last: bool
     #: 3-D captures: wall time in TP / DP collectives and recomputation (None otherwise)
@@ -278,14 +299,14 @@ def build_pipeline(rank: int, cfg: CaptureConfig) -> RankPipeline:
     groups = make_groups(cfg, rank) if cfg.is_3d else {}
 
     if cfg.tensor_parallel > 1:
+        assert clock is not None  # TP is 3-D
         modules = [build_tp_stage_module(cfg, s, layers, tp_rank, dp_rank, groups["TP"], clock) for s in my_stages]
     else:
         modules = [build_stage_module(cfg, s, layers) for s in my_stages]
-    grad_buckets = (
-        GradBuckets(stage_buckets(modules), groups["DP"], cfg.data_parallel, cfg.microbatches, clock)
-        if cfg.data_parallel > 1
-        else None
-    )
+    grad_buckets = None
+    if cfg.data_parallel > 1:
+        assert clock is not None  # DP is 3-D
+        grad_buckets = GradBuckets(stage_buckets(modules), groups["DP"], cfg.data_parallel, cfg.microbatches, clock)
     if cfg.recompute:
         assert clock is not None
         modules = [Recomputed(m, clock) for m in modules]
@@ -303,7 +324,15 @@ def build_pipeline(rank: int, cfg: CaptureConfig) -> RankPipeline:
     )
 
 
-def train_step(schedule, optimizer, x, y, first: bool, last: bool, before_optimizer=None) -> float | None:
+def train_step(
+    schedule: _PipelineSchedule,
+    optimizer: torch.optim.Optimizer,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    first: bool,
+    last: bool,
+    before_optimizer: Callable[[], None] | None = None,
+) -> float | None:
     """One training step of this rank's stages: the first stage feeds the input, the last
     computes the loss; ``before_optimizer`` (the DP gradient all-reduce's wait) runs
     between the schedule and the optimizer step. Returns the step's mean microbatch loss
@@ -311,7 +340,7 @@ def train_step(schedule, optimizer, x, y, first: bool, last: bool, before_optimi
     import torch
 
     optimizer.zero_grad(set_to_none=True)
-    losses: list = []
+    losses: list[torch.Tensor] = []
     args = (x,) if first else ()
     if last:
         schedule.step(*args, target=y, losses=losses)

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from tracekit.loading import LoadOptions
     from tracekit.model.run import Run
     from tracekit.reconstruct.labels import LabelSet
+    from tracekit.schemas.analysis import AnalysisDocument
 
 # Where rank_options leaves the loading options for load_with_progress (click's ctx.meta).
 _LOAD_META = "tracekit.load"
@@ -363,7 +364,7 @@ def _document_cache(run_dir: Path, options: dict[str, Any]) -> tuple[ParseCache 
     return cache, key, found.files
 
 
-def cached_document(run_dir: Path, options: dict[str, Any]) -> dict[str, Any] | None:
+def cached_document(run_dir: Path, options: dict[str, Any]) -> AnalysisDocument | None:
     """The stored analysis of this unchanged run with these options, if any, naming this
     run's own folder and files (a copy of a run elsewhere is the same analysis)."""
     cache, key, files = _document_cache(run_dir, options)
@@ -375,7 +376,7 @@ def cached_document(run_dir: Path, options: dict[str, Any]) -> dict[str, Any] | 
     return load_document(cache, key, str(Path(run_dir)), files)
 
 
-def remember_document(run_dir: Path, options: dict[str, Any], document: dict[str, Any]) -> None:
+def remember_document(run_dir: Path, options: dict[str, Any], document: AnalysisDocument) -> None:
     """Store an analysis for the next run (its files' digests are known by now)."""
     cache, key, files = _document_cache(run_dir, options)
     if key is not None:

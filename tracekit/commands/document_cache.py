@@ -13,10 +13,13 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from tracekit.ingest.cache import CACHE_FORMAT, ParseCache, file_stamp, sources_digest
 from tracekit.version import __version__
+
+if TYPE_CHECKING:
+    from tracekit.schemas.analysis import AnalysisDocument
 
 
 def package_fingerprint() -> str:
@@ -56,7 +59,7 @@ def _place_in_run(path: Path, run: Path) -> str:
 # files): the answer names the folder it is asked about, not the one it was computed for.
 
 
-def store_document(cache: ParseCache, key: str, document: dict[str, Any], source: str, files: list[Path]) -> None:
+def store_document(cache: ParseCache, key: str, document: AnalysisDocument, source: str, files: list[Path]) -> None:
     """Store ``document`` (the analysis of the run ``source`` made of ``files``) under
     ``key``, without its paths; a document naming other paths is not stored."""
     index = {str(path): number for number, path in enumerate(files)}
@@ -72,7 +75,7 @@ def store_document(cache: ParseCache, key: str, document: dict[str, Any], source
     cache.write_file(_document_path(cache, key), hashlib.sha256(body).hexdigest().encode() + b"\n" + body)
 
 
-def load_document(cache: ParseCache, key: str, source: str, files: list[Path]) -> dict[str, Any] | None:
+def load_document(cache: ParseCache, key: str, source: str, files: list[Path]) -> AnalysisDocument | None:
     """The document stored under ``key``, naming ``source`` and ``files``; None when there
     is none or it is not exactly what was stored (cut short, altered): analyse again."""
     data = cache.read_file(_document_path(cache, key))
@@ -88,7 +91,8 @@ def load_document(cache: ParseCache, key: str, source: str, files: list[Path]) -
             described["path"] = str(files[described["path"]])
     except (ValueError, TypeError, KeyError, IndexError):
         return None
-    return document
+    # stored by store_document under a key that names this package's build: its document type
+    return cast("AnalysisDocument", document)
 
 
 def _document_path(cache: ParseCache, key: str) -> str:

@@ -45,6 +45,8 @@ if TYPE_CHECKING:
     import pandas as pd
     import pyarrow as pa
 
+    from tracekit.schemas.analysis import FileDoc
+
 # Plain Python and numpy only at import: parser worker processes import this module and
 # must not pay for pandas and pyarrow (~75 MB and 0.4 s each); those load on first use.
 _FIELDS = [
@@ -148,7 +150,7 @@ class TraceFile:
     # device ops), which the parse cache keeps.
     reduced: dict[str, Any] | None = None
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> FileDoc:
         return {
             "path": str(self.path),
             "format": self.format,

@@ -13,7 +13,10 @@ adjacent stages, so the traffic alone shows 4 separate chains of 4 ranks.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tracekit.schemas.analysis import LayoutDoc, RoleGroupDoc
 
 # The dimensions, in Megatron's default rank order (fastest first).
 ROLES = ("tp", "cp", "ep", "dp", "pp")
@@ -36,7 +39,7 @@ class RoleGroup:
     name: str = ""  # the process group's name (pg_config's pg_name), "" when inferred
     description: str = ""  # its description (pg_desc, e.g. TENSOR_MODEL_PARALLEL_GROUP)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> RoleGroupDoc:
         return {"role": self.role, "ranks": list(self.ranks), "name": self.name, "description": self.description}
 
 
@@ -82,7 +85,7 @@ class Layout:
             order = f", {kind} {self.order}"
         return f"{self.world} ranks: {' x '.join(shown)}{order}"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> LayoutDoc:
         return {
             "line": self.line(),
             "world": self.world,

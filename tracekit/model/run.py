@@ -58,6 +58,8 @@ if TYPE_CHECKING:
     import numpy as np
     import pandas as pd
 
+    from tracekit.schemas.analysis import CompletenessDoc, ScheduleDoc
+
 # pandas loads where a Run is made: parser workers read the column lists below without it.
 
 ACTION_COLUMNS = [
@@ -265,7 +267,7 @@ class Completeness:
             return f"at least {self.world_size} (no file states it; that is the highest rank present + 1)"
         return f"{self.world_size} from {self.world_size_source}"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> CompletenessDoc:
         return {
             "complete": self.complete,
             "world_size": self.world_size,
@@ -320,7 +322,7 @@ class ScheduleInfo:
     def n_stages(self) -> int:
         return self.p * self.v
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> ScheduleDoc:
         return {
             "name": self.name,
             "p": self.p,

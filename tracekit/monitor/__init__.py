@@ -1,9 +1,10 @@
 """The analysis of a run *while it trains*: what ``tracekit.trace_handler(..., analyze=True)``
 writes, and :class:`Monitor`, which reads it back in the training loop.
 
-Once every rank's trace of a profiled window is written, the handler of rank 0 analyses that
-window in a process of its own (:mod:`tracekit.monitor.window`, started and awaited by a
-thread of :mod:`tracekit.monitor.background`): the training step only hands it the window's
+Once every rank's trace of a profiled window is written, the handler of rank 0 has that
+window analysed (:mod:`tracekit.monitor.window`) by its analysis worker, one process of its
+own for the whole run (:mod:`tracekit.monitor.worker`, fed and awaited by a thread of
+:mod:`tracekit.monitor.background`): the training step only hands that thread the window's
 number. The analysis writes
 
 - ``RUN_DIR/monitor/window_<N>.json``: the window's summary (:data:`SUMMARY_KEYS`), written
@@ -48,6 +49,7 @@ SUMMARY_KEYS = (
     "whatif_command",
     "scalars",
     "analysis_s",
+    "analysis_cpu_s",
 )
 
 

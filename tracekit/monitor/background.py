@@ -1,25 +1,32 @@
-"""The training process's side of the analysis while training: a queue of one.
+"""The training process's side of the analysis while training: a queue of one, and one worker.
 
 :meth:`WindowAnalyses.submit` is all the training step does (from the handler, inside
 ``prof.step()``): it notes the window's number under a lock and returns. A thread of this
-process starts ``python -m tracekit.monitor.window`` for it (a process of its own, on one
-core, given only the CPU time the training leaves), waits for that process outside the GIL, then hands the window's
-scalars to the sink. One analysis is in flight at a time; a window that arrives meanwhile
-waits, and a newer one replaces it (the older is skipped, with a log line): the newest
-figures are what a training loop wants. A failed analysis, a failing sink or a process
-that cannot be started is a warning on the ``tracekit.monitor`` logger, never an exception
-in the training.
+process hands the number to the analysis worker (``python -m tracekit.monitor.worker``, a
+process of its own on one core, given only the CPU time the training leaves; see
+:mod:`tracekit.monitor.worker`), waits for its answer outside the GIL, then hands the
+window's scalars to the sink. The worker is started by that thread when the handler is made where
+the world size is known then (:meth:`WindowAnalyses.start`), else at the first window (the
+training step never waits for it), imports the analysis once, sleeps between windows, and
+is started again at the next window if it died. One analysis is in flight at a time; a
+window that arrives meanwhile waits, and a newer one replaces it (the older is skipped, with
+a log line): the newest figures are what a training loop wants. A failed analysis, a failing
+sink or a worker that cannot be started or dies is a warning on the ``tracekit.monitor``
+logger, never an exception in the training.
 
-An analysis in flight when the training process ends finishes in its own process (its
-summary and event file are written; the sink, in the ended process, is not called); a window
-still waiting then is not analysed. :meth:`WindowAnalyses.wait` (``handler.wait()``) at the
-end of a script waits for both.
+The worker exits when the training process ends (its standard input, this process's pipe,
+closes; at a normal exit :meth:`WindowAnalyses.close` also waits a moment for it): an
+analysis in flight then finishes first (its summary and event file are written; the sink, in
+the ended process, is not called); a window still waiting then is not analysed.
+:meth:`WindowAnalyses.wait` (``handler.wait()``) at the end of a script waits for both. The
+worker's standard error (tracebacks, anything it prints) is ``RUN_DIR/monitor/worker.log``.
 
 Standard library only, like :mod:`tracekit.handler`.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
@@ -36,6 +43,8 @@ LOG = logging.getLogger("tracekit.monitor")
 #: ``sink(scalars, step)``: one call per profiled step, its scalars by tag (W&B's ``wandb.log`` fits)
 Sink = Callable[[dict[str, float], int], object]
 DEFAULT_WAIT_S = 600.0  # how long an analysis waits for the last rank's trace of its window
+WORKER_LOG = "worker.log"
+CLOSE_WAIT_S = 1.0  # how long a normal exit of the training waits for an idle worker to go
 
 
 class WindowAnalyses:
@@ -69,6 +78,10 @@ class WindowAnalyses:
         self.analysed: list[int] = []  # windows whose summary was written, in order
         self.failed: list[int] = []
         self.skipped: list[int] = []
+        self.cpu_s: dict[int, float] = {}  # the worker's CPU seconds for each analysed window
+        self.workers_started = 0
+        self._worker: subprocess.Popen[bytes] | None = None
+        self._closed = False
         self._lock = threading.Condition()
         self._pending: int | None = None
         self._running: int | None = None
@@ -77,6 +90,9 @@ class WindowAnalyses:
     def submit(self, window: int) -> None:
         """Analyse ``window`` when the one in flight is done; never waits."""
         with self._lock:
+            if self._closed:
+                LOG.info("tracekit: window %d not analysed: the analysis is closed", window)
+                return
             if self._pending is not None:
                 self.skipped.append(self._pending)
                 LOG.info(
@@ -86,10 +102,22 @@ class WindowAnalyses:
                     self._running,
                 )
             self._pending = window
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._work, name="tracekit-monitor", daemon=True)
-                self._thread.start()
+            self._start_thread(early=False)
             self._lock.notify_all()
+
+    def start(self) -> None:
+        """Start the worker now, before the first window, so that its imports are done when
+        that window comes; returns at once (the thread starts it). A worker that cannot start
+        is a warning, and is tried again at the first window."""
+        with self._lock:
+            self._start_thread(early=True)
+
+    def _start_thread(self, early: bool) -> None:
+        """The thread that talks to the worker, started once (called under the lock)."""
+        if self._thread is None and not self._closed:
+            self._thread = threading.Thread(target=self._work, args=(early,), name="tracekit-monitor", daemon=True)
+            self._thread.start()
+            atexit.register(self.close)
 
     @property
     def in_flight(self) -> int | None:
@@ -97,13 +125,45 @@ class WindowAnalyses:
         with self._lock:
             return self._running
 
+    @property
+    def worker_pid(self) -> int | None:
+        """The analysis worker's process id while it runs (None before the first window)."""
+        worker = self._worker
+        return None if worker is None or worker.poll() is not None else worker.pid
+
+    def close(self, timeout: float = CLOSE_WAIT_S) -> bool:
+        """Take no more windows and let the worker go: it exits once the window in flight, if
+        any, is analysed. Waits up to ``timeout`` seconds for it (run at the training
+        process's exit); True if no worker is left."""
+        with self._lock:
+            self._closed = True
+            self._pending = None
+            worker = self._worker
+        if worker is None:
+            return True
+        if worker.stdin is not None:
+            try:
+                worker.stdin.close()
+            except OSError:  # a pipe the worker has already closed: it is gone
+                pass
+        try:
+            worker.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
     def wait(self, timeout: float | None = None) -> bool:
         """Block until every submitted window is analysed or skipped (for the end of a
         script, never inside a training step); False if ``timeout`` seconds passed first."""
         with self._lock:
             return self._lock.wait_for(lambda: self._pending is None and self._running is None, timeout)
 
-    def _work(self) -> None:
+    def _work(self, early: bool) -> None:
+        if early:
+            try:
+                self._running_worker()
+            except Exception as err:  # noqa: BLE001 - tried again at the first window
+                LOG.warning("tracekit: the analysis worker could not start: %s", err)
         while True:
             with self._lock:
                 self._lock.wait_for(lambda: self._pending is not None)
@@ -120,32 +180,61 @@ class WindowAnalyses:
                     self._lock.notify_all()
 
     def _analyse(self, window: int) -> None:
-        folder = self.run_dir / MONITOR_FOLDER
-        folder.mkdir(parents=True, exist_ok=True)
-        log_path = folder / f"window_{window}.log"
-        with open(log_path, "wb") as log:
-            done = subprocess.run(
-                self.command(window), stdout=log, stderr=log, stdin=subprocess.DEVNULL, env=_child_env(), check=False
-            )
-        if done.returncode != 0:
+        worker = self._running_worker()
+        assert worker.stdin is not None and worker.stdout is not None
+        try:
+            worker.stdin.write(f"{window}\n".encode())
+            worker.stdin.flush()
+            line = worker.stdout.readline()
+        except (OSError, ValueError):  # a worker gone, or closed meanwhile
+            line = b""
+        reply: dict[str, Any] = json.loads(line) if line else {}
+        if reply.get("window") != window or not reply.get("ok"):
             self.failed.append(window)
-            lines = log_path.read_text(encoding="utf-8", errors="replace").strip().splitlines()
+            if not line:
+                self._worker = None
+                try:  # its output ended: it is ending, or has ended
+                    status: int | None = worker.wait(CLOSE_WAIT_S * 5)
+                except subprocess.TimeoutExpired:
+                    status = None
+                reason = f"the analysis worker ended (exit status {status})" if status is not None else "no answer"
+            else:
+                reason = str(reply.get("error", "no message"))
             LOG.warning(
-                "tracekit: window %d not analysed: %s (exit status %d; %s)",
-                window,
-                lines[-1] if lines else "no message",
-                done.returncode,
-                log_path,
+                "tracekit: window %d not analysed: %s (%s)", window, reason, self.run_dir / MONITOR_FOLDER / WORKER_LOG
             )
             return
-        log_path.unlink(missing_ok=True)
         self.analysed.append(window)
+        self.cpu_s[window] = float(reply.get("cpu_s", 0.0))
         if self.sink is not None:
             self._to_sink(window)
 
-    def command(self, window: int) -> list[str]:
-        """The analysis process's command line for ``window``."""
-        command = [sys.executable, "-m", "tracekit.monitor.window", str(self.run_dir), "--iteration", str(window)]
+    def _running_worker(self) -> subprocess.Popen[bytes]:
+        """The worker, started now if there is none or it died (not after :meth:`close`)."""
+        if self._worker is not None and self._worker.poll() is None:
+            return self._worker
+        folder = self.run_dir / MONITOR_FOLDER
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(folder / WORKER_LOG, "ab") as log:
+            worker = subprocess.Popen(
+                self.command(),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                env=_child_env(),
+            )
+        with self._lock:  # not started under the lock: submit(), in the training step, takes it
+            self._worker = worker
+            self.workers_started += 1
+            closed = self._closed
+        if closed and worker.stdin is not None:
+            worker.stdin.close()  # it goes at once; this window is a warning
+        return worker
+
+    def command(self) -> list[str]:
+        """The analysis worker's command line. ``-P``: the working folder is not on its path, so
+        a ``tracekit`` folder there cannot stand in for this one (found by ``PYTHONPATH``)."""
+        command = [sys.executable, "-P", "-m", "tracekit.monitor.worker", str(self.run_dir)]
         command += ["--wait-s", str(self.wait_s)] + ([] if self.idle else ["--no-idle"])
         if self.world_size is not None:
             command += ["--world-size", str(self.world_size)]

@@ -1,10 +1,10 @@
-"""One profiled window analysed in a process of its own, while the training goes on:
-``python -m tracekit.monitor.window RUN_DIR --iteration N --world-size W ...``, started by
-:mod:`tracekit.monitor.background` (never by hand; its options are that module's).
+"""One profiled window analysed while the training goes on, in the handler's analysis worker
+(:mod:`tracekit.monitor.worker`, a process of its own).
 
-It waits until every rank's ``iteration_<N>/rank<R>.json.gz`` is there (the handler writes
-each whole or not at all), takes only CPU time the training leaves (:func:`run_when_idle`), reads the window as ``tracekit analyze
-RUN_DIR --iteration N`` does (in this process: one core), and writes:
+:func:`analyse_window` waits until every rank's ``iteration_<N>/rank<R>.json.gz`` is there (the handler writes
+each whole or not at all), reads the window as ``tracekit analyze RUN_DIR --iteration N`` does
+(in this process: one core, which takes only CPU time the training leaves: :func:`run_when_idle`),
+and writes:
 
 - ``RUN_DIR/monitor/window_<N>.json``, the summary :class:`tracekit.Monitor` reads:
   ``window``, ``steps`` (the profiled steps), ``schedule`` (name, p, v, m), ``bubble_ratio``
@@ -14,24 +14,23 @@ RUN_DIR --iteration N`` does (in this process: one core), and writes:
   severity, headline, advice, as ``tracekit analyze`` words them), ``suggested_microbatches``
   and ``microbatch_replays`` (each candidate m's replayed step and bubble: the answer of
   ``whatif_command``), ``suggestion_note`` (why there is no suggestion, else null),
-  ``scalars`` (per step, the scalars below) and ``analysis_s``;
-- with ``--tensorboard LOGDIR``, one event file of the window's scalars: per step those of
+  ``scalars`` (per step, the scalars below), ``analysis_s`` (wall seconds, from the last
+  rank's trace found to the summary) and ``analysis_cpu_s`` (the worker's CPU seconds for it);
+- with a TensorBoard folder, one event file of the window's scalars: per step those of
   ``tracekit export --tensorboard`` (:func:`tracekit.analyze.tabular.step_scalars`:
   ``pipeline/step_ms``, ``pipeline/bubble_ratio``, ``pipeline/stage_<s>/compute_ms``,
   ``pipeline/rank_<r>/idle_ms``, ``pipeline/rank_<r>/idle_<cause>_ms``), plus
   ``pipeline/idle_<cause>_ms`` (all ranks) and, at the window's last step,
   ``pipeline/suggested_microbatches``.
 
-Any failure is one line on standard error and exit status 1: the training process logs it
-as a warning (:mod:`tracekit.monitor.background`).
+Any failure is an exception, which the worker answers as one line: the training process logs
+it as a warning (:mod:`tracekit.monitor.background`).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -214,7 +213,7 @@ def analyse_window(
     from tracekit.loading import LoadOptions, load
 
     wait_for_ranks(run_dir, window, world_size, wait_s)
-    started = time.monotonic()
+    started, started_cpu_s = time.monotonic(), time.process_time()
     # as the command line reads a run (rows="reduce"), in this one process
     options = LoadOptions(rows="reduce", iteration=window, jobs=1)
     run = load(run_dir, options)
@@ -233,6 +232,7 @@ def analyse_window(
     summary = summarise_window(analysis, window, scalars)
     summary.update(found)
     summary["analysis_s"] = round(time.monotonic() - started, 3)
+    summary["analysis_cpu_s"] = round(time.process_time() - started_cpu_s, 3)
     if tensorboard is not None:
         write_event_file(tensorboard, window, scalars)
     target = OutputTarget(summary_path(run_dir, window), "the window's summary")
@@ -262,28 +262,3 @@ def run_when_idle() -> None:
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     except (AttributeError, OSError):  # not Linux, or not allowed
         os.nice(19)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tracekit.monitor.window", description=__doc__)
-    parser.add_argument("run_dir", type=Path)
-    parser.add_argument("--iteration", type=int, required=True)
-    parser.add_argument("--world-size", type=int)
-    parser.add_argument("--wait-s", type=float, default=600.0)
-    parser.add_argument("--tensorboard", type=Path)
-    parser.add_argument("--microbatches", default="", help="candidate m values, comma-separated")
-    parser.add_argument("--no-idle", dest="idle", action="store_false", help="run at the caller's priority")
-    args = parser.parse_args(argv)
-    if args.idle:
-        run_when_idle()
-    try:
-        ms = [int(m) for m in args.microbatches.split(",") if m]
-        analyse_window(args.run_dir, args.iteration, args.world_size, args.wait_s, args.tensorboard, ms)
-    except Exception as err:  # noqa: BLE001 - one line for the training's log, whatever went wrong
-        print(f"{type(err).__name__}: {err}" if not isinstance(err, TracekitError) else str(err), file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

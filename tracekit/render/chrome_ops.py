@@ -19,15 +19,21 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from tracekit.analyze.grouping import int_groups
 from tracekit.model.run import Run
 
 OP_LEVELS = 2  # the action's top-level ops and the ops directly inside them
 _HOST_CATS = ("cpu_op", "user_annotation", "nvtx")  # nvtx: an Nsight Systems report's ranges
 
-Add = Callable[[int, str, int, int, int, str, str, dict], None]
+# A thread of the merged trace: (rank, track, lane).
+Track = tuple[int, str, int]
+# A slice placed on a thread: (its thread, start ns, end ns).
+Placed = tuple[Track, int, int]
+# Adds one slice: rank, track, lane, start ns, end ns, name, category, args.
+Add = Callable[[int, str, int, int, int, str, str, dict[str, Any]], None]
 
 
-def add_action_ops(run: Run, add: Add, action_track: dict[int, tuple]) -> tuple[int, int]:
+def add_action_ops(run: Run, add: Add, action_track: dict[int, Placed]) -> tuple[int, int]:
     """Add each action's ops as slices on its track (``action_track``: action id -> (track
     key, start, end)); returns (ops added, ops left out)."""
     if run.timeline == "device":
@@ -35,13 +41,15 @@ def add_action_ops(run: Run, add: Add, action_track: dict[int, tuple]) -> tuple[
     return _host_ops(run, add, action_track), 0
 
 
-def _host_ops(run: Run, add: Add, action_track: dict[int, tuple]) -> int:
+def _host_ops(run: Run, add: Add, action_track: dict[int, Placed]) -> int:
     ev = run.events
     ev = ev[ev["cat"].isin(_HOST_CATS).to_numpy() & ~ev["on_gpu"].to_numpy()]
     source = ev.set_index(["file_id", "source_index"])[["pid", "tid"]]
     names = [f.path.name for f in run.files]
     added = 0
     threads = {key: group.sort_values(["start_ns", "depth"]) for key, group in ev.groupby(["rank", "pid", "tid"])}
+    action: Any  # rows of the actions and events tables (pandas types their fields as any scalar)
+    op: Any
     for action in run.actions.itertuples(index=False):
         if int(action.action_id) not in action_track:
             continue
@@ -65,27 +73,28 @@ def _host_ops(run: Run, add: Add, action_track: dict[int, tuple]) -> int:
     return added
 
 
-def _add_op(add: Add, key: tuple, op: Any, cat: str, args: dict[str, Any], names: list[str]) -> None:
+def _add_op(add: Add, key: Track, op: Any, cat: str, args: dict[str, Any], names: list[str]) -> None:
     """One op as a slice on its action's track ``key``, its args followed by the file and the
     event it was read from."""
     source = {"source_file": names[int(op.file_id)], "source_index": int(op.source_index)}
     add(key[0], key[1], key[2], int(op.start_ns), int(op.end_ns), str(op.name), cat, {**args, **source})
 
 
-def _device_ops(run: Run, add: Add, action_track: dict[int, tuple]) -> tuple[int, int]:
+def _device_ops(run: Run, add: Add, action_track: dict[int, Placed]) -> tuple[int, int]:
     names = [f.path.name for f in run.files]
     added = left_out = 0
     owned = run.device[run.device["action_id"].to_numpy() >= 0]
-    for action_id, ops in owned.groupby("action_id", sort=True):
-        if int(action_id) not in action_track:
+    op: Any  # a row of the device ops table (pandas types its fields as any scalar)
+    for (action_id,), ops in int_groups(owned, ["action_id"]):
+        if action_id not in action_track:
             continue
-        key, start, end = action_track[int(action_id)]
+        key, start, end = action_track[action_id]
         busy_until = start
         for op in _inside(ops.sort_values(["start_ns", "end_ns"]), start, end).itertuples(index=False):
             if int(op.start_ns) < busy_until:  # overlaps the op before it (another stream)
                 left_out += 1
                 continue
-            args = {"action_id": int(action_id), "kind": str(op.kind), "stream": int(op.stream)}
+            args = {"action_id": action_id, "kind": str(op.kind), "stream": int(op.stream)}
             _add_op(add, key, op, "device", args, names)
             busy_until = int(op.end_ns)
             added += 1

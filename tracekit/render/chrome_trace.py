@@ -26,15 +26,22 @@ rank can overlap the next step's warm-up; the second lies on ``bubbles (2)``.
 from __future__ import annotations
 
 import gzip
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import pandas as pd
 
 from tracekit.analyze import Analysis
+from tracekit.analyze.grouping import int_groups
 from tracekit.analyze.intervals import idle_intervals
 from tracekit.errors import TracekitError
 from tracekit.version import __version__
+
+if TYPE_CHECKING:
+    from tracekit.model.run import Run
+    from tracekit.render.chrome_ops import Add, Placed, Track
 
 TRACKS = ("compute", "bubbles", "p2p", "steps")  # top to bottom within a rank
 
@@ -49,7 +56,7 @@ class _Tracks:
     def tid(self, rank: int, track: str, lane: int = 0) -> int:
         return self.tids.setdefault((rank, track, lane), 0)
 
-    def metadata(self) -> list[dict]:
+    def metadata(self) -> list[dict[str, Any]]:
         out = []
         for rank in self.ranks:
             pid = pid_of(rank)
@@ -86,7 +93,7 @@ def lanes(starts: list[int], ends: list[int]) -> list[int]:
     return out
 
 
-def to_chrome_trace(analysis: Analysis, with_ops: bool = False) -> dict:
+def to_chrome_trace(analysis: Analysis, with_ops: bool = False) -> dict[str, Any]:
     """The merged trace document (``traceEvents`` plus ``otherData``); ``with_ops``: each
     action's original ops nested under it (:mod:`tracekit.render.chrome_ops`)."""
     run = analysis.run
@@ -97,14 +104,16 @@ def to_chrome_trace(analysis: Analysis, with_ops: bool = False) -> dict:
         )
     origin = int(run.events["start_ns"].min())
 
-    def us(ns) -> float:
+    def us(ns: int) -> float:
         return round((int(ns) - origin) / 1000, 3)
 
     tracks = _Tracks(ranks=run.ranks)
-    slices: list[tuple[tuple[int, str, int], dict]] = []  # track key -> X event (tid set at the end)
+    slices: list[tuple[Track, dict[str, Any]]] = []  # track key -> X event (tid set at the end)
     names = [f.path.name for f in run.files]
 
-    def add(rank: int, track: str, lane: int, start_ns: int, end_ns: int, name: str, cat: str, args: dict) -> None:
+    def add(
+        rank: int, track: str, lane: int, start_ns: int, end_ns: int, name: str, cat: str, args: dict[str, Any]
+    ) -> None:
         key = (rank, track, lane)
         tracks.tid(*key)
         slices.append(
@@ -122,8 +131,9 @@ def to_chrome_trace(analysis: Analysis, with_ops: bool = False) -> dict:
             )
         )
 
-    action_track: dict[int, tuple] = {}
-    for rank, group in run.actions.groupby("rank", sort=True):
+    action_track: dict[int, Placed] = {}
+    row: Any  # rows of the run's tables (pandas types their fields as any scalar)
+    for (rank,), group in int_groups(run.actions, ["rank"]):
         for row, lane in zip(group.itertuples(index=False), lanes(list(group["start_ns"]), list(group["end_ns"]))):
             mb = row.microbatch if row.microbatch >= 0 else "?"
             add(
@@ -148,7 +158,7 @@ def to_chrome_trace(analysis: Analysis, with_ops: bool = False) -> dict:
             )
             action_track[int(row.action_id)] = ((int(rank), "compute", lane), int(row.start_ns), int(row.end_ns))
 
-    op_counts = {}
+    op_counts: dict[str, int] = {}
     if with_ops:
         from tracekit.render.chrome_ops import add_action_ops
 
@@ -156,7 +166,7 @@ def to_chrome_trace(analysis: Analysis, with_ops: bool = False) -> dict:
         op_counts = {"ops": added, "ops_left_out": left_out}
 
     intervals = idle_intervals(analysis)
-    for rank, group in intervals.groupby("rank", sort=True):
+    for (rank,), group in int_groups(intervals, ["rank"]):
         # step windows are global, so one step's drain on a rank can overlap the next one's warm-up
         for row, lane in zip(group.itertuples(index=False), lanes(list(group["start_ns"]), list(group["end_ns"]))):
             add(
@@ -173,6 +183,7 @@ def to_chrome_trace(analysis: Analysis, with_ops: bool = False) -> dict:
     send_track = _p2p_ops(run, add)
     flows = _flows(run, us, tracks, action_track, send_track)
 
+    step: Any
     for step in run.steps.itertuples(index=False):
         add(
             int(step.rank),
@@ -192,7 +203,7 @@ def to_chrome_trace(analysis: Analysis, with_ops: bool = False) -> dict:
         event["tid"] = tracks.tids[key]
     timeline = sorted([e for _, e in slices] + [e for _, e in flows], key=lambda e: e["ts"])
     clocks = sorted({f.clock for f in run.files})
-    warnings = []
+    warnings: list[str] = []
     if run.completeness is not None and not run.completeness.complete:
         warnings.append(run.completeness.message())
     if clocks != ["unix"] and len(run.files) > 1:
@@ -221,7 +232,7 @@ def to_chrome_trace(analysis: Analysis, with_ops: bool = False) -> dict:
     }
 
 
-def _p2p_ops(run, add) -> dict[int, tuple]:
+def _p2p_ops(run: Run, add: Add) -> dict[int, Placed]:
     """The send and receive op of every message on its rank's p2p track; msg_id -> the send op's
     (track key, start, end), for arrows that have no producing action to start from."""
     msgs = run.messages
@@ -234,7 +245,10 @@ def _p2p_ops(run, add) -> dict[int, tuple]:
         (int(f), int(i)): (int(s), int(e), str(n))
         for f, i, s, e, n in zip(ev["file_id"], ev["source_index"], ev["start_ns"], ev["end_ns"], ev["name"])
     }
-    ops = []  # (rank, start, end, name, args, msg_id, is_send)
+    ops: list[
+        tuple[int, int, int, str, dict[str, Any], int, bool]
+    ] = []  # (rank, start, end, name, args, msg_id, is_send)
+    m: Any  # a message row (pandas types its fields as any scalar)
     for m in msgs.itertuples(index=False):
         common = {
             "msg_id": int(m.msg_id),
@@ -269,9 +283,10 @@ def _p2p_ops(run, add) -> dict[int, tuple]:
                     False,
                 )
             )
-    send_track = {}
+    send_track: dict[int, Placed] = {}
     by_rank = pd.DataFrame(ops, columns=["rank", "start", "end", "name", "args", "msg_id", "is_send"])
-    for rank, group in by_rank.groupby("rank", sort=True):
+    row: Any
+    for (rank,), group in int_groups(by_rank, ["rank"]):
         for row, lane in zip(group.itertuples(index=False), lanes(list(group["start"]), list(group["end"]))):
             add(int(rank), "p2p", lane, row.start, row.end, row.name, "p2p", row.args)
             if row.is_send:
@@ -280,11 +295,16 @@ def _p2p_ops(run, add) -> dict[int, tuple]:
 
 
 def _flows(
-    run, us, tracks: _Tracks, action_track: dict[int, tuple], send_track: dict[int, tuple]
-) -> list[tuple[tuple, dict]]:
+    run: Run,
+    us: Callable[[int], float],
+    tracks: _Tracks,
+    action_track: dict[int, Placed],
+    send_track: dict[int, Placed],
+) -> list[tuple[Track, dict[str, Any]]]:
     """An s/f pair per message: producer's end (else the send op) -> consumer (else the
     receiver's next action after the data arrived)."""
-    out = []
+    out: list[tuple[Track, dict[str, Any]]] = []
+    m: Any  # a message row (pandas types its fields as any scalar)
     for m in run.messages.itertuples(index=False):
         if m.producer_action in action_track:
             key, start, end = action_track[m.producer_action]
@@ -311,7 +331,7 @@ def _flows(
     return out
 
 
-def encode_chrome_trace(document: dict, compressed: bool) -> bytes:
+def encode_chrome_trace(document: dict[str, Any], compressed: bool) -> bytes:
     """The document as the bytes of a trace file: JSON, gzip-compressed when ``compressed``."""
     data = orjson.dumps(document)
     return gzip.compress(data, compresslevel=6, mtime=0) if compressed else data

@@ -6,13 +6,26 @@ shown is one a script can read too.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from tracekit.render.document import (
-    AnalysisDocument,
     cause_totals,
     device_totals,
     idle_by_cause,
     overlap_per_rank_ns,
     replay_totals,
+)
+from tracekit.schemas.analysis import (
+    AnalysisDocument,
+    FindingDoc,
+    LayoutDoc,
+    PathStepDoc,
+    RankRow,
+    ScheduleDoc,
+    SpreadDoc,
+    SpreadNsDoc,
+    StageBlameDoc,
 )
 from tracekit.text import for_terminal, map_strings
 from tracekit.vocab import (
@@ -70,9 +83,9 @@ def render(doc: AnalysisDocument, ranks: str | int = "auto") -> str:
     # Paths, host and event names in the document are someone else's text: every string is
     # made inert for the terminal here, once, so no field can be missed further down.
     doc = map_strings(doc, for_terminal)
-    completeness = doc.get("completeness") or {}
+    completeness = doc.get("completeness")
     # An incomplete run says so before any figure: they cover only the ranks present.
-    out: list[str] = [completeness["message"]] if completeness.get("message") else []
+    out: list[str] = [completeness["message"]] if completeness and completeness["message"] else []
     s = doc["summary"]
     formats = sorted({f["format"] for f in doc["files"]})
     n_files = len({f["path"] for f in doc["files"]})
@@ -83,12 +96,12 @@ def render(doc: AnalysisDocument, ranks: str | int = "auto") -> str:
     )
     out.extend(_timeline(doc))
     sched = doc["schedule"]
-    if not doc["pipeline"]:
+    if not doc["pipeline"] or sched is None:
         out.append("")
         # what busy counts (analyze.bubbles.measure_plain): on the host's timeline, kernels
         # where the trace has them (--timeline host), else CPU ops and annotations
         work = "device work" if doc.get("timeline") == "device" else "recorded work (kernels if any, else CPU ops)"
-        if len(completeness.get("ranks_present", [])) == 1 and not completeness.get("missing_ranks"):
+        if completeness and len(completeness["ranks_present"]) == 1 and not completeness["missing_ranks"]:
             out.append(f"One rank: no pipeline to analyse. Busy/idle of its {work}:")
         else:
             out.append(
@@ -103,8 +116,8 @@ def render(doc: AnalysisDocument, ranks: str | int = "auto") -> str:
         return "\n".join(out)
     replicas = sched.get("replicas", 1)
     layout = _layout(doc)
-    theory = doc["theory"] or {}
-    if not completeness.get("missing_ranks"):  # a trace cut short still shows the pipeline's shape
+    theory = doc["theory"]
+    if not (completeness and completeness["missing_ranks"]):  # a trace cut short still shows the pipeline's shape
         out.append(
             f"  schedule: {sched['name']}  p={sched['p']} v={sched['v']} m={sched['m']}  "
             f"({_shape(sched)})" + (f"  x {replicas} data-parallel pipelines" if replicas > 1 and not layout else "")
@@ -115,8 +128,8 @@ def render(doc: AnalysisDocument, ranks: str | int = "auto") -> str:
         out.append("")
         out.append(
             f"bubble ratio  {pct(s['bubble_ratio'])} measured   "
-            f"{pct(theory.get('bubble_ratio'))} theory {theory.get('formula', '')}   "
-            f"{pct(theory.get('balanced_replay_bubble_ratio'))} balanced replay"
+            f"{pct(theory['bubble_ratio'] if theory else None)} theory {theory['formula'] if theory else ''}   "
+            f"{pct(theory['balanced_replay_bubble_ratio'] if theory else None)} balanced replay"
         )
         out.extend(_dimension_lines(doc))
         out.extend(_design_lines(doc))
@@ -135,7 +148,7 @@ def render(doc: AnalysisDocument, ranks: str | int = "auto") -> str:
     listed = _shown_ranks(doc, ranks)
     replica = _replica_column(doc) if listed is not None else {}
     headers = ["rank", *(["replica"] if replica else []), "busy ms", "idle ms", "bubble", *[_LABELS[c] for c in shown]]
-    rows = []
+    rows: list[list[str]] = []
     for r in doc["ranks"] if listed is None else listed:
         causes = r.get("causes", {})
         rows.append(
@@ -178,17 +191,18 @@ def render(doc: AnalysisDocument, ranks: str | int = "auto") -> str:
 SLICE_LINE_GROWTH = 1.2
 
 
-def _design_lines(doc: dict) -> list[str]:
+def _design_lines(doc: AnalysisDocument) -> list[str]:
     """What a flush-free pipeline's steps are, and how much dearer later slices are."""
     lines = []
-    if doc["schedule"].get("flush_free"):
+    sched = doc["schedule"]
+    if sched and sched.get("flush_free"):
         lines.append(
             "  no flush: a step is one rank's stretch between two of its weight updates (steps of "
             "different ranks overlap by design); only the pipeline's fill is schedule idle"
         )
     slices = doc.get("slices")
-    if slices and (doc["schedule"]["name"].startswith("TeraPipe") or slices["growth"] >= SLICE_LINE_GROWTH):
-        share = slices.get("skew_idle_share")
+    if slices and ((sched and sched["name"].startswith("TeraPipe")) or slices["growth"] >= SLICE_LINE_GROWTH):
+        share = slices["skew_idle_share"]
         tail = (
             f"; skew accounts for {pct(share)} of idle"
             if share is not None and share >= 0
@@ -201,14 +215,14 @@ def _design_lines(doc: dict) -> list[str]:
     return lines
 
 
-def _timeline(doc: dict) -> list[str]:
+def _timeline(doc: AnalysisDocument) -> list[str]:
     """Which clock the figures are on, and how far the host-side figure is from them."""
     device = doc.get("device")
     if doc.get("timeline") != "device" or not device:
         return []
     lines = [f"  device timeline from kernels; host runs ahead by up to {ms(device['host_ahead_max_ns'])} ms"]
-    host = doc.get("host_view") or {}
-    if host.get("bubble_ratio") is not None and doc["summary"].get("bubble_ratio") is not None:
+    host = doc.get("host_view")
+    if host and host["bubble_ratio"] is not None and doc["summary"]["bubble_ratio"] is not None:
         lines.append(f"  (host-side spans would say idle {pct(host['bubble_ratio'])}; --timeline host for that view)")
     totals = device_totals(doc)
     before = [r["rank"] for r in device.get("ranks", []) if r.get("before_profile_ns")]
@@ -244,12 +258,12 @@ def _timeline(doc: dict) -> list[str]:
 SHOWN_FINDINGS = 3
 
 
-def _actionable(doc: dict) -> list[dict]:
+def _actionable(doc: AnalysisDocument) -> list[FindingDoc]:
     """The findings that ask for something (info ones are for --json and the report)."""
     return [f for f in doc.get("findings", []) if f["severity"] != "info"]
 
 
-def _findings(doc: dict) -> list[str]:
+def _findings(doc: AnalysisDocument) -> list[str]:
     findings = _actionable(doc)
     if not findings:
         return []
@@ -263,17 +277,18 @@ def _findings(doc: dict) -> list[str]:
     return out
 
 
-def _labels_line(doc: dict) -> str:
+def _labels_line(doc: AnalysisDocument) -> str:
     """ "torch-pp" or "none (actions segmented between point-to-point ops)"."""
-    labels = doc.get("labels") or {}
-    table = labels.get("table", "none")
-    if labels.get("actions_from") == "labels":
+    labels = doc["labels"]
+    table = labels["table"]
+    if labels["actions_from"] == "labels":
         return table
     return f"{table} (actions segmented between point-to-point ops)"
 
 
-def _plain_rank_table(doc: dict, listed: list[dict] | None) -> str:
-    device = {r["rank"]: r for r in (doc.get("device") or {}).get("ranks", [])}
+def _plain_rank_table(doc: AnalysisDocument, listed: list[RankRow] | None) -> str:
+    device_doc = doc.get("device")
+    device = {r["rank"]: r for r in (device_doc["ranks"] if device_doc else [])}
     collective = {rank: r.get("collective_idle_ns", 0) for rank, r in device.items()}
     in_collectives = any(collective.values())
     rows = [
@@ -288,9 +303,10 @@ def _plain_rank_table(doc: dict, listed: list[dict] | None) -> str:
             "\n  (busy: compute kernels, copies and sets; a collective kernel (all_reduce, all_to_all, ...) "
             "is not busy: its time spent waiting for peers or moving data is idle, shown beside it)"
         )
-    if listed is None:
+    rollup = doc.get("rollup")
+    if listed is None or rollup is None:  # ranks are listed worst first from the roll-up only
         return text
-    spread = doc["rollup"]["bubble_ratio"]
+    spread = rollup["bubble_ratio"]
     return (
         f"the {len(listed)} of {len(doc['ranks'])} ranks with the highest idle share (--ranks all for every rank); "
         f"idle share over ranks: min {pct(spread['min'])}, median {pct(spread['median'])}, max {pct(spread['max'])}\n"
@@ -298,22 +314,23 @@ def _plain_rank_table(doc: dict, listed: list[dict] | None) -> str:
     )
 
 
-def _rolled_up(doc: dict) -> bool:
+def _rolled_up(doc: AnalysisDocument) -> bool:
     """Whether the run is summarised instead of listed rank by rank (see :func:`render`)."""
     rollup = doc.get("rollup")
-    return bool(rollup) and (rollup["n_replicas"] > 1 or len(doc["ranks"]) > ROLLUP_RANKS)
+    return rollup is not None and (rollup["n_replicas"] > 1 or len(doc["ranks"]) > ROLLUP_RANKS)
 
 
-def _shown_ranks(doc: dict, ranks: str | int) -> list[dict] | None:
+def _shown_ranks(doc: AnalysisDocument, ranks: str | int) -> list[RankRow] | None:
     """The rank rows to list, worst first; None for every rank in rank order."""
-    if ranks == "all" or (ranks == "auto" and not _rolled_up(doc)) or not doc.get("rollup"):
+    rollup = doc.get("rollup")
+    if ranks == "all" or (ranks == "auto" and not _rolled_up(doc)) or not rollup:
         return None
     count = WORST_RANKS if ranks == "auto" else int(ranks)
     by_rank = {r["rank"]: r for r in doc["ranks"]}
-    return [by_rank[r] for r in doc["rollup"]["ranks_by_bubble"][:count] if r in by_rank]
+    return [by_rank[r] for r in rollup["ranks_by_bubble"][:count] if r in by_rank]
 
 
-def _dimension_lines(doc: dict) -> list[str]:
+def _dimension_lines(doc: AnalysisDocument) -> list[str]:
     """TP and DP collective time of a 3-D parallel job, and the bubble with busy counted as
     compute only (where TP collectives made the two differ)."""
     dims = doc.get("dimensions")
@@ -349,7 +366,7 @@ def _dimension_lines(doc: dict) -> list[str]:
     return out
 
 
-def _layout(doc: dict) -> dict | None:
+def _layout(doc: AnalysisDocument) -> LayoutDoc | None:
     """The job's layout where it is more than one pipeline of single ranks (TP, DP, ...)."""
     layout = doc.get("layout")
     if not layout or all(size == 1 for role, size in layout["dims"].items() if role != "pp"):
@@ -357,24 +374,24 @@ def _layout(doc: dict) -> dict | None:
     return layout
 
 
-def _replica_column(doc: dict) -> dict[int, int]:
+def _replica_column(doc: AnalysisDocument) -> dict[int, int]:
     """rank: its replica, where there are several."""
-    rollup = doc.get("rollup") or {}
-    if rollup.get("n_replicas", 1) < 2:
+    rollup = doc.get("rollup")
+    if not rollup or rollup["n_replicas"] < 2:
         return {}
     return {rank: i for i, group in enumerate(rollup["replicas"]) for rank in group}
 
 
-def _stage_rollup(doc: dict, ranks: str | int) -> list[str]:
+def _stage_rollup(doc: AnalysisDocument, ranks: str | int) -> list[str]:
     """One row per stage over the replicas, and the patterns across them."""
     rollup = doc.get("rollup")
     if not rollup or rollup["n_replicas"] < 2 or ranks == "all" or not rollup["places"]:
         return []
 
-    def spread(values: dict, fmt) -> list[str]:
+    def spread(values: SpreadDoc | SpreadNsDoc, fmt: Callable[[Any], str]) -> list[str]:
         return [fmt(values["min"]), fmt(values["median"]), fmt(values["max"])]
 
-    rows = []
+    rows: list[list[str]] = []
     for place in rollup["places"]:
         bubble = place["bubble_ratio"]
         rows.append(
@@ -412,7 +429,7 @@ def _stage_rollup(doc: dict, ranks: str | int) -> list[str]:
     return out
 
 
-def _causes(doc: dict) -> list[str]:
+def _causes(doc: AnalysisDocument) -> list[str]:
     out = ["where the idle time goes:"]
     for cause, value, percent_of_idle in idle_by_cause(doc):
         line = f"  {CAUSE_NAMES[cause]:<17} {ms(value):>9} ms  {percent_of_idle:5.1f}% of idle"
@@ -420,14 +437,14 @@ def _causes(doc: dict) -> list[str]:
             top = doc["blame"]["stages"][:3]
             line += "  <- " + ", ".join(f"stage {b['stage']} ({_ranks(b)}) {ms(b['imbalance_ns'])} ms" for b in top)
         if cause == "comm" and doc["blame"]["links"]:
-            top = doc["blame"]["links"][:3]
-            line += "  <- " + ", ".join(f"link {b['src_rank']}->{b['dst_rank']} {ms(b['comm_ns'])} ms" for b in top)
+            links = doc["blame"]["links"][:3]
+            line += "  <- " + ", ".join(f"link {b['src_rank']}->{b['dst_rank']} {ms(b['comm_ns'])} ms" for b in links)
         out.append(line)
     out.append("")
     return out
 
 
-def _replay(doc: dict) -> list[str]:
+def _replay(doc: AnalysisDocument) -> list[str]:
     replay = replay_totals(doc)
     if replay is None:
         return []
@@ -450,7 +467,7 @@ def _replay(doc: dict) -> list[str]:
     return out
 
 
-def _action(entry: dict) -> str:
+def _action(entry: PathStepDoc) -> str:
     """An action on the critical path, short: ``r0:F0.3``."""
     return f"r{entry['rank']}:{entry['kind']}{entry['stage']}.{entry['microbatch']}"
 
@@ -459,7 +476,7 @@ def _kind_name(kind: str) -> str:
     return ACTION_KIND_NAMES.get(kind, kind)
 
 
-def _path_legend(path: list[dict]) -> str:
+def _path_legend(path: list[PathStepDoc]) -> str:
     """What the short names of a critical path say, by its first action, and the other kinds in it."""
     first = path[0]
     legend = (
@@ -477,7 +494,7 @@ def _column_legend(shown: tuple[str, ...]) -> str:
     )
 
 
-def _shape(sched: dict) -> str:
+def _shape(sched: ScheduleDoc) -> str:
     """ "loop placement: stage s on rank s mod p; split backward" (a custom placement as it is)."""
     legend = PLACEMENT_LEGENDS.get(sched["placement"])
     placement = f"{sched['placement']} placement" + (f": {legend}" if legend else "")
@@ -485,7 +502,7 @@ def _shape(sched: dict) -> str:
     return f"{placement}{'; ' if legend else ', '}{split}" if split else placement
 
 
-def _warnings(doc: dict) -> list[str]:
+def _warnings(doc: AnalysisDocument) -> list[str]:
     if not doc["warnings"]:
         return []
     shown = doc["warnings"][:10]
@@ -496,7 +513,7 @@ def _warnings(doc: dict) -> list[str]:
     return out
 
 
-def _ranks(blame: dict) -> str:
+def _ranks(blame: StageBlameDoc) -> str:
     """ "rank 2", or "ranks 2,6" where data-parallel replicas run the stage too."""
     ranks = blame.get("ranks") or [blame["rank"]]
     return f"rank {ranks[0]}" if len(ranks) == 1 else rank_list(ranks)

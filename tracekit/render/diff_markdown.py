@@ -61,10 +61,10 @@ def render(c: Comparison) -> str:
         ]
         for ch in c.ranks:
             row = f"| {ch.rank} | {pct(ch.a)} | {pct(ch.b)} | {points(ch.delta)} |"
-            compute = c.compute_change(ch.rank)
+            compute = c.compute_change(ch.rank) if ch.rank is not None else None
             if compute is not None:
                 row += f" {signed_ms(compute.delta)} ms |"
-            top = c.top_cause_change(ch.rank)
+            top = c.top_cause_change(ch.rank) if ch.rank is not None else None
             if top is not None:
                 row += f" {_text(top[0])} {points(top[1])} |"
             elif c.rank_causes:

@@ -8,14 +8,10 @@ analysis code, so that rendering a stored document stays quick.
 from __future__ import annotations
 
 import json
+from typing import TypedDict
 
-from typing import Any
-
+from tracekit.schemas.analysis import AnalysisDocument, DevicePairDoc, DeviceRankDoc, DimensionsDoc, PathStepDoc
 from tracekit.vocab import IDLE_CAUSES
-
-# The analysis document: plain JSON-able data, described by
-# tracekit/schemas/analysis.schema.json (times in integer ns, ratios 0..1).
-AnalysisDocument = dict[str, Any]
 
 
 def cause_totals(doc: AnalysisDocument) -> dict[str, int]:
@@ -38,11 +34,11 @@ def device_totals(doc: AnalysisDocument) -> dict[str, float]:
     """A device timeline's sums over ranks and kernel pairs: the work launched before the
     profile began, the work after the pipeline's window per step, and the time SendRecv
     kernels of collectives and of P2P spent waiting for the peer and moving data."""
-    device = doc.get("device") or {}
-    ranks = device.get("ranks", [])
-    collective = device.get("collective_pairs") or []
-    pairs = device.get("p2p_pairs") or []
-    n_steps = max(doc["summary"].get("n_steps") or 1, 1)
+    device = doc.get("device")
+    ranks: list[DeviceRankDoc] = device["ranks"] if device else []
+    collective: list[DevicePairDoc] = (device.get("collective_pairs") or []) if device else []
+    pairs: list[DevicePairDoc] = device["p2p_pairs"] if device else []
+    n_steps = max(doc["summary"]["n_steps"] or 1, 1)
     return {
         "before_profile_ns": sum(r.get("before_profile_ns", 0) for r in ranks),
         "step_end_per_step_ns": sum(r["step_end_ns"] for r in ranks) / n_steps,
@@ -53,12 +49,22 @@ def device_totals(doc: AnalysisDocument) -> dict[str, float]:
     }
 
 
-def overlap_per_rank_ns(dimensions: dict[str, Any]) -> float:
+def overlap_per_rank_ns(dimensions: DimensionsDoc) -> float:
     """Time TP and PP kernels of a 3-D parallel job ran at once, per rank."""
-    return sum(dimensions["shared_links"]["overlap_ns"].values()) / max(len(dimensions["ranks"]), 1)
+    links = dimensions.get("shared_links")
+    return sum(links["overlap_ns"].values() if links else []) / max(len(dimensions["ranks"]), 1)
 
 
-def replay_totals(doc: AnalysisDocument) -> dict[str, Any] | None:
+class ReplayTotals(TypedDict):
+    n_steps: int  # steps replayed
+    worst_residual_ns: int  # the largest measured-minus-replayed step time, either sign
+    step: int  # the last replayed step, whose critical path this is
+    critical_path: list[PathStepDoc]
+    path_compute_ns: int
+    path_comm_ns: int
+
+
+def replay_totals(doc: AnalysisDocument) -> ReplayTotals | None:
     """The replay's fidelity over the replayed steps (their count, the largest residual) and
     the last one's critical path with its compute and comm; None where nothing was replayed."""
     steps = [st for st in doc["steps"] if "replay" in st]

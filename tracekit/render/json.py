@@ -7,22 +7,28 @@ Its version is :data:`tracekit.schemas.ANALYSIS_SCHEMA_VERSION` (bump it there).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from tracekit.model.groups import split_by
-from tracekit.render.document import AnalysisDocument
 from tracekit.schemas import ANALYSIS_SCHEMA_VERSION
+from tracekit.schemas.analysis import (
+    AnalysisDocument,
+    DeviceDoc,
+    DevicePairDoc,
+    DeviceRankDoc,
+    HostViewDoc,
+    RankRow,
+    StepDoc,
+)
 from tracekit.version import __version__
 from tracekit.vocab import IDLE_CAUSES
 
 if TYPE_CHECKING:  # the package needs pandas; writing a cached document needs neither
+    import pandas as pd
+
     from tracekit.analyze import Analysis
-
-
-def _causes(row) -> dict[str, int]:
-    return {c.column: int(getattr(row, c.column)) for c in IDLE_CAUSES}
 
 
 def _ratio(x: float | None) -> float | None:
@@ -34,7 +40,7 @@ def _ratio(x: float | None) -> float | None:
 def to_document(analysis: Analysis) -> AnalysisDocument:
     """The whole analysis as plain JSON-able data."""
     run = analysis.run
-    doc: dict = {
+    doc: AnalysisDocument = {
         "schema_version": ANALYSIS_SCHEMA_VERSION,
         "tracekit_version": __version__,
         "source": run.source,
@@ -57,7 +63,16 @@ def to_document(analysis: Analysis) -> AnalysisDocument:
             "n_actions": int(len(run.actions)),
             "n_messages": int(len(run.messages)),
         },
-        "theory": None,
+        "theory": None
+        if analysis.theory is None
+        else {
+            "schedule": analysis.theory.schedule,
+            "formula": analysis.theory.formula,
+            "bubble_ratio": _ratio(analysis.theory.bubble_ratio),
+            "note": analysis.theory.note,
+            "balanced_replay_bubble_ratio": _ratio(analysis.balanced_replay_ratio),
+            "durations_ns": dict(analysis.durations_ns),
+        },
         "findings": [f.to_dict() for f in analysis.findings],
         "ranks": [],
         "steps": [],
@@ -68,18 +83,11 @@ def to_document(analysis: Analysis) -> AnalysisDocument:
     }
     doc["host_view"] = _host_view(analysis)
     doc["device"] = _device(analysis)
-    if analysis.theory is not None:
-        doc["theory"] = {
-            **analysis.theory.to_dict(),
-            "bubble_ratio": _ratio(analysis.theory.bubble_ratio),
-            "balanced_replay_bubble_ratio": _ratio(analysis.balanced_replay_ratio),
-            "durations_ns": dict(analysis.durations_ns),
-        }
     attribution = analysis.attribution
     cause_columns = [c.column for c in IDLE_CAUSES]
     rank_causes = attribution.rank_causes_ns(analysis.summary.per_rank) if attribution else {}
     for rank, info in analysis.summary.per_rank.items():
-        entry = {
+        entry: RankRow = {
             "rank": rank,
             "window_ns": info.window_ns,
             "busy_ns": info.busy_ns,
@@ -99,7 +107,7 @@ def to_document(analysis: Analysis) -> AnalysisDocument:
     for step, at in split_by(steps, np.arange(len(steps))).items():
         rows = at.tolist()
         att = by_step.get(int(step))
-        step_doc = {
+        step_doc: StepDoc = {
             "step": int(step),
             "window_start_ns": int(min(column["window_start_ns"][i] for i in rows)),
             "window_end_ns": int(max(column["window_end_ns"][i] for i in rows)),
@@ -112,14 +120,14 @@ def to_document(analysis: Analysis) -> AnalysisDocument:
             att_rows = {int(r): [c[i] for c in causes] for i, r in enumerate(att.table["rank"].tolist())}
         for i in rows:
             rank = int(column["rank"][i])
-            rank_doc = {
+            rank_doc: RankRow = {
                 "rank": rank,
                 "window_ns": int(column["window_ns"][i]),
                 "busy_ns": int(column["busy_ns"][i]),
                 "idle_ns": int(column["idle_ns"][i]),
                 "bubble_ratio": _ratio(column["bubble_ratio"][i]),
             }
-            if att_rows is not None and rank in att_rows:
+            if att is not None and att_rows is not None and rank in att_rows:
                 rank_doc["causes"] = {k: int(v) for k, v in zip(cause_columns, att_rows[rank])}
                 rank_doc["signed_shapley_ns"] = {k: round(v, 1) for k, v in att.signed_shapley[rank].items()}
             step_doc["ranks"].append(rank_doc)
@@ -143,18 +151,19 @@ def to_document(analysis: Analysis) -> AnalysisDocument:
                     "rank": int(run.schedule.stage_to_rank.get(int(s), -1)) if run.schedule else -1,
                     "ranks": run.schedule.ranks_of_stage(int(s)) if run.schedule else [],
                 }
-                for s, v in grouped.items()
+                for s, v in zip(grouped.index.tolist(), grouped.tolist())
             ]
         links = attribution.link_blame
         if len(links):
             grouped = links.groupby(["src_rank", "dst_rank"])["comm_ns"].sum().sort_values(ascending=False)
             doc["blame"]["links"] = [
-                {"src_rank": int(s), "dst_rank": int(d), "comm_ns": int(v)} for (s, d), v in grouped.items()
+                {"src_rank": int(s), "dst_rank": int(d), "comm_ns": int(v)}
+                for (s, d), v in zip(grouped.index.tolist(), grouped.tolist())
             ]
     return doc
 
 
-def _host_view(analysis: Analysis) -> dict | None:
+def _host_view(analysis: Analysis) -> HostViewDoc | None:
     """The host-side figures of a run measured on the device (what CPU op spans say)."""
     view = analysis.host_view
     if view is None:
@@ -175,28 +184,36 @@ def _host_view(analysis: Analysis) -> dict | None:
     }
 
 
-def _device(analysis: Analysis) -> dict | None:
+def _device(analysis: Analysis) -> DeviceDoc | None:
     """Device-timeline figures: launch waits, step-end work, P2P wait vs transfer."""
     figures = analysis.device
     if figures is None:
         return None
     per_rank = figures.per_rank()
     windows = analysis.summary.per_rank
-    ranks = []
-    for rank, row in per_rank.iterrows():
+    ranks: list[DeviceRankDoc] = []
+    for rank, row in zip(per_rank.index.tolist(), per_rank.to_dict("records")):
         window = windows[int(rank)].window_ns if int(rank) in windows else 0
         ranks.append(
             {
                 "rank": int(rank),
-                **{k: int(v) for k, v in row.items()},
+                "launch_wait_ns": int(row["launch_wait_ns"]),
+                "step_end_ns": int(row["step_end_ns"]),
+                "p2p_wait_ns": int(row["p2p_wait_ns"]),
+                "p2p_transfer_ns": int(row["p2p_transfer_ns"]),
+                "collective_idle_ns": int(row["collective_idle_ns"]),
                 "launch_wait_share": _ratio(row["launch_wait_ns"] / window) if window else None,
                 "host_ahead_ns": int(figures.host_ahead_ns.get(int(rank), 0)),
                 "before_profile_ns": int(figures.before_profile_ns.get(int(rank), 0)),
             }
         )
 
-    def rows(table) -> list[dict]:
-        return [{k: (v if isinstance(v, str) else int(v)) for k, v in row.items()} for row in table.to_dict("records")]
+    def rows(table: pd.DataFrame) -> list[DevicePairDoc]:
+        # a table of model.run.DEVICE_PAIR_COLUMNS, each row those keys
+        return [
+            cast("DevicePairDoc", {str(k): (v if isinstance(v, str) else int(v)) for k, v in row.items()})
+            for row in table.to_dict("records")
+        ]
 
     return {
         "host_ahead_max_ns": figures.host_ahead_max_ns,
@@ -207,7 +224,7 @@ def _device(analysis: Analysis) -> dict | None:
     }
 
 
-def _capture_summary(capture: dict | None) -> dict | None:
+def _capture_summary(capture: dict[str, Any] | None) -> dict[str, Any] | None:
     if not capture:
         return None
     keys = (

@@ -43,4 +43,5 @@ def render(result: GateResult) -> bytes:
         if element.text:
             element.text = for_xml(element.text)
     ET.indent(suites)
-    return ET.tostring(suites, encoding="utf-8", xml_declaration=True) + b"\n"
+    xml: bytes = ET.tostring(suites, encoding="utf-8", xml_declaration=True)
+    return xml + b"\n"

@@ -38,10 +38,14 @@ class Renderer(Protocol[Subject]):
     """One output format: ``render`` formats ``subject`` (for most renderers the analysis
     document) and computes nothing of its own."""
 
-    name: str
-    # what it reads: "document" (the analysis document), "gate" (the gate's result),
-    # "analysis" (the Analysis), "table" (a NamedTable) or "scalars" (step_scalars' frame)
-    reads: str
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def reads(self) -> str:
+        """What it reads: "document" (the analysis document), "gate" (the gate's result),
+        "analysis" (the Analysis), "table" (a NamedTable) or "scalars" (step_scalars' frame)."""
+        ...
 
     def render(self, subject: Subject) -> str | bytes: ...
 

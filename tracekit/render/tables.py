@@ -43,7 +43,8 @@ def parquet_bytes(name: str, frame: pd.DataFrame, run_meta: dict[str, str]) -> b
     table = pa.Table.from_pandas(frame, schema=arrow_schema(name, run_meta), preserve_index=False)
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink)
-    return sink.getvalue().to_pybytes()
+    data: bytes = sink.getvalue().to_pybytes()
+    return data
 
 
 def csv_bytes(frame: pd.DataFrame) -> bytes:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import time
+from typing import Any
 
 import pandas as pd
 
@@ -47,6 +48,7 @@ def event_file_bytes(scalars: pd.DataFrame, now_s: float | None = None) -> bytes
     records = RecordWriter(buffer)
     first_wall_s = _wall_s(int(scalars["wall_time_ns"].min()), now_s) if len(scalars) else now_s
     records.write(event_pb2.Event(wall_time=first_wall_s, file_version="brain.Event:2").SerializeToString())
+    row: Any  # a scalar's row (pandas types its fields as any scalar)
     for row in scalars.sort_values(["step", "tag"], kind="stable").itertuples(index=False):
         value = summary_pb2.Summary.Value(tag=str(row.tag), simple_value=float(row.value))
         summary = summary_pb2.Summary(value=[value])

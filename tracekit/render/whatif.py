@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from tracekit.render.framework import config_block, framework_line
 from tracekit.text import for_terminal
 from tracekit.vocab import format_bytes, in_ms
 from tracekit.version import __version__
 
+if TYPE_CHECKING:
+    from tracekit.analyze.framework_config import Advice
+    from tracekit.analyze.recompute_memory import RecomputeMemory
+    from tracekit.analyze.whatif import Prediction, Search, WhatIf
 
-def render(result, advice=None) -> str:
+
+def render(result: WhatIf, advice: Advice | None = None) -> str:
     """The what-if table; ``advice`` (tracekit.analyze.framework_config.Advice): the fastest
     row also in its framework's config lines."""
     if result.search is not None:
-        return render_search(result, advice)
+        return render_search(result, result.search, advice)
     m = result.model
     # the activations column only where they are sized (a profile_memory trace, --activation-bytes)
     sized = result.activation is not None
@@ -27,7 +34,7 @@ def render(result, advice=None) -> str:
         + (f" {'activations':>12}" if sized else ""),
     ]
 
-    def row(label: str, bubble: str, step: str, change: str, theory: str, p=None) -> str:
+    def row(label: str, bubble: str, step: str, change: str, theory: str, p: Prediction | None = None) -> str:
         text = f"  {label:34} {bubble:>15} {step:>20} {change:>12} {theory:>8}"
         if sized and p is not None:
             text += f" {'' if p.activation_bytes is None else format_bytes(p.activation_bytes):>12}"
@@ -96,7 +103,7 @@ def render(result, advice=None) -> str:
     return "\n".join(for_terminal(line) for line in lines)
 
 
-def memory_header(result) -> list[str]:
+def memory_header(result: WhatIf) -> list[str]:
     """Where the rows' activations were sized from, and the budget (none: no line)."""
     size = result.activation
     if size is None:
@@ -108,7 +115,7 @@ def memory_header(result) -> list[str]:
     ]
 
 
-def recompute_memory_lines(memory) -> list[str]:
+def recompute_memory_lines(memory: RecomputeMemory) -> list[str]:
     """``whatif --no-recompute``: each rank's activation memory with recomputation on (as
     measured) and off (:mod:`tracekit.analyze.recompute_memory`), and how it was sized."""
 
@@ -135,7 +142,7 @@ def recompute_memory_lines(memory) -> list[str]:
     return lines
 
 
-def _fastest_runnable(result, advice) -> list[str]:
+def _fastest_runnable(result: WhatIf, advice: Advice) -> list[str]:
     """Where the framework cannot run the fastest row: the fastest it can, in its lines."""
     title = advice.framework.title
     best = result.fastest_where(advice.runs)
@@ -148,12 +155,11 @@ def _fastest_runnable(result, advice) -> list[str]:
     ]
 
 
-def render_search(result, advice=None) -> str:
+def render_search(result: WhatIf, found: Search, advice: Advice | None = None) -> str:
     """``whatif --search``: every replayed (schedule, v, m) with its activation memory, the
     fastest that fits (also in its framework's config lines, with ``advice``), and per
     (schedule, v) the fastest m that fits."""
     m = result.model
-    found = result.search
     per_mb = found.objective == "time per microbatch"
     lines = [
         f"tracekit {__version__} what-if search: {result.source}",
@@ -168,7 +174,7 @@ def render_search(result, advice=None) -> str:
         f"{'activations':>12}",
     ]
 
-    def row(p, mark: str = "") -> str:
+    def row(p: Prediction, mark: str = "") -> str:
         act = "" if p.activation_bytes is None else format_bytes(p.activation_bytes)
         flight = "" if p.in_flight is None else str(p.in_flight)
         msgs = "" if p.messages_per_step is None else str(p.messages_per_step)
@@ -180,7 +186,7 @@ def render_search(result, advice=None) -> str:
 
     lines.append(f"  {'measured':30} {result.measured_bubble:>14.1%} {in_ms(result.measured_step_ns):>18}")
 
-    def mark(p) -> str:
+    def mark(p: Prediction) -> str:
         return "  over budget" if found.over_budget(p) else ""
 
     lines.append(row(result.as_measured, mark(result.as_measured)))

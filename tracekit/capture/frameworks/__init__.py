@@ -5,6 +5,7 @@ torch.distributed.pipelining: the same model, emulated costs and folder layout a
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from pathlib import Path
 
 from tracekit.capture.config import CaptureConfig
@@ -28,4 +29,5 @@ def run_framework_capture(cfg: CaptureConfig, out: str, profiler: str) -> Path:
             f"install it with: pip install 'tracekit[{extra}]'"
         ) from None
     module = importlib.import_module(f"tracekit.capture.frameworks.{module_name}")
-    return module.run_capture(cfg, out, profiler)
+    run: Callable[[CaptureConfig, str, str], Path] = module.run_capture  # each module's, same signature
+    return run(cfg, out, profiler)

@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from tracekit.capture.config import CaptureConfig, manifest_head
 from tracekit.capture.runner import (
@@ -59,13 +60,14 @@ def _log(msg: str) -> None:
     print(f"tracekit capture (deepspeed): {msg}", file=sys.stderr, flush=True)
 
 
-def run_capture(config: CaptureConfig, out_dir, profiler: str) -> Path:
+def run_capture(config: CaptureConfig, out_dir: str | Path, profiler: str) -> Path:
     """Run the capture of ``config`` under DeepSpeed; writes rank<R>.json.gz + capture.json."""
     config.validate()
     if profiler != "torch":
         raise CaptureError(f"--framework deepspeed records with the PyTorch profiler only; drop --profiler {profiler}")
-    torch = import_torch()
+    import_torch()
     import deepspeed
+    import torch
 
     from tracekit.capture.frameworks import deepspeed_rank
 
@@ -114,9 +116,9 @@ def run_capture(config: CaptureConfig, out_dir, profiler: str) -> Path:
     return out
 
 
-def _take_engine_logs(out: Path, ranks: int) -> dict:
+def _take_engine_logs(out: Path, ranks: int) -> dict[str, Any]:
     """The ranks' ``.engine.rank<R>.json`` as capture.json's ``engine`` section (files removed)."""
-    per_rank = {}
+    per_rank: dict[int, dict[str, Any]] = {}
     for r in range(ranks):
         path = out / f".engine.rank{r}.json"
         if not path.exists():

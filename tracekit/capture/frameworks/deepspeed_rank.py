@@ -24,8 +24,11 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -55,7 +58,7 @@ def _log(rank: int, msg: str) -> None:
         print(f"tracekit capture (deepspeed): {msg}", file=sys.stderr, flush=True)
 
 
-def ds_config(cfg: CaptureConfig) -> dict:
+def ds_config(cfg: CaptureConfig) -> dict[str, Any]:
     """The DeepSpeed config of a capture: m microbatches of ``microbatch_size`` rows per
     step (gradient accumulation), no ZeRO, fp32, nothing printed per step."""
     return {
@@ -81,7 +84,7 @@ class InstructionLog:
 
     def __init__(self, num_pipe_buffers: int):
         self.num_pipe_buffers = num_pipe_buffers
-        self.steps: dict[int, list[list]] = {}
+        self.steps: dict[int, list[list[object]]] = {}
         self._step = -1
         self._seen: dict[str, int] = {}
 
@@ -90,11 +93,11 @@ class InstructionLog:
         self.steps[step] = []
         self._seen = {}
 
-    def wrap(self, name: str, execute):
+    def wrap(self, name: str, execute: Callable[..., object]) -> Callable[..., object]:
         """``execute`` (an unbound executor, called as ``execute(engine, **kwargs)``) logged."""
         log = self
 
-        def logged(engine, **kwargs):
+        def logged(engine: object, **kwargs: object) -> object:
             buffer_id = kwargs.get("buffer_id", -1)
             microbatch = -1
             if name in PER_MICROBATCH:
@@ -113,7 +116,7 @@ class InstructionLog:
         return logged
 
 
-def run_rank(rank: int, cfg_dict: dict, out_dir: str, env: dict, port: int) -> None:
+def run_rank(rank: int, cfg_dict: dict[str, Any], out_dir: str, env: dict[str, str], port: int) -> None:
     """Entry point of one spawned process (``torch.multiprocessing.spawn`` passes ``rank``)."""
     cfg = CaptureConfig(**cfg_dict)
     cfg.validate()
@@ -141,7 +144,7 @@ def run_rank(rank: int, cfg_dict: dict, out_dir: str, env: dict, port: int) -> N
         dist.destroy_process_group()
 
 
-def _train_and_profile(rank: int, cfg: CaptureConfig, out: Path, deepspeed) -> None:
+def _train_and_profile(rank: int, cfg: CaptureConfig, out: Path, deepspeed: ModuleType) -> None:
     from deepspeed.pipe import PipelineModule
     from deepspeed.runtime.pipe.engine import PipelineEngine
 

@@ -50,14 +50,25 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from datetime import timedelta
 from functools import partial
 from importlib.metadata import version as package_version
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, cast
 
 from tracekit.capture.config import CaptureConfig, manifest_head
 from tracekit.capture.files import gzip_file, write_text
 from tracekit.errors import CaptureError
+
+if TYPE_CHECKING:
+    import torch
+    import torch.nn as nn
+
+#: what a rank's executed-order log holds per action: kind, stage, chunk, microbatch
+Action = dict[str, Any]
 
 SCHEDULE_FUNCTIONS = {
     "1F1B": "forward_backward_pipelining_without_interleaving",
@@ -129,18 +140,22 @@ def run_capture(cfg: CaptureConfig, out: str, profiler: str) -> Path:
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]  # (host, port) for AF_INET
+        return port
 
 
 def _spawn(cfg: CaptureConfig, work_dir: Path, profiler: str) -> None:
-    import torch.multiprocessing as mp
+    from torch.multiprocessing.spawn import spawn as torch_spawn
+
+    # torch's spawn has no annotations: typed as called here (it returns None with join=True)
+    spawn = cast("Callable[..., object]", torch_spawn)
 
     _log(
         f"spawning {cfg.ranks} ranks: Megatron-core {SCHEDULE_FUNCTIONS[cfg.schedule]}, p={cfg.ranks} "
         f"v={cfg.v} m={cfg.microbatches}, gloo on 127.0.0.1, profiler {profiler}"
     )
     try:
-        mp.spawn(
+        spawn(
             _run_rank,
             args=(cfg.to_dict(), str(work_dir.resolve()), _free_port(), profiler),
             nprocs=cfg.ranks,
@@ -154,9 +169,9 @@ def _spawn(cfg: CaptureConfig, work_dir: Path, profiler: str) -> None:
         ) from None
 
 
-def _collect_order(cfg: CaptureConfig, work_dir: Path) -> tuple[dict, list[float]]:
+def _collect_order(cfg: CaptureConfig, work_dir: Path) -> tuple[dict[str, Any], list[float]]:
     """The executed order each rank recorded, and the last rank's per-step losses."""
-    executed: dict[str, dict] = {}
+    executed: dict[str, Any] = {}
     losses: list[float] = []
     for rank in range(cfg.ranks):
         path = work_dir / ORDER_FILE.format(rank=rank)
@@ -169,7 +184,7 @@ def _collect_order(cfg: CaptureConfig, work_dir: Path) -> tuple[dict, list[float
     return executed, losses
 
 
-def _capture_with_torch_profiler(cfg: CaptureConfig, folder: Path) -> dict:
+def _capture_with_torch_profiler(cfg: CaptureConfig, folder: Path) -> dict[str, Any]:
     _spawn(cfg, folder, "torch")
     files = [f"rank{r}.json.gz" for r in range(cfg.ranks)]
     missing = [f for f in files if not (folder / f).exists()]
@@ -192,7 +207,7 @@ def _capture_with_torch_profiler(cfg: CaptureConfig, folder: Path) -> dict:
     }
 
 
-def _capture_under_nsys(cfg: CaptureConfig, folder: Path) -> dict:
+def _capture_under_nsys(cfg: CaptureConfig, folder: Path) -> dict[str, Any]:
     from tracekit.capture import nsys
 
     nsys_bin = nsys.find_nsys()
@@ -228,7 +243,7 @@ def _capture_under_nsys(cfg: CaptureConfig, folder: Path) -> dict:
     }
 
 
-def _manifest(cfg: CaptureConfig, cmd: str) -> dict:
+def _manifest(cfg: CaptureConfig, cmd: str) -> dict[str, Any]:
     import torch
 
     from tracekit.capture.runner import compute_manifest, faults_manifest, utc_now
@@ -286,14 +301,17 @@ def install_cpu_shim(with_nvtx: bool) -> None:
 
     real_zeros = torch.zeros
 
-    def zeros(*size, **kwargs):
+    def zeros(*size: Any, **kwargs: Any) -> torch.Tensor:
         device = kwargs.get("device")
         if device is not None and torch.device(device).type == "cuda":
             kwargs["device"] = "cpu"
         return real_zeros(*size, **kwargs)
 
-    torch.zeros = zeros
-    torch.cuda.current_device = lambda: torch.device("cpu")
+    # the shim stands in for torch's own functions (typed as theirs): zeros as itself, and
+    # current_device answering a device where torch's answers an index (Megatron passes it on
+    # as a device argument)
+    torch.zeros = cast(Any, zeros)
+    torch.cuda.current_device = cast("Callable[[], int]", lambda: torch.device("cpu"))
     if with_nvtx:
         import nvtx
 
@@ -301,7 +319,7 @@ def install_cpu_shim(with_nvtx: bool) -> None:
         torch.cuda.nvtx.range_pop = nvtx.pop_range
 
 
-def _schedules_module(with_nvtx: bool):
+def _schedules_module(with_nvtx: bool) -> ModuleType:
     """Megatron's schedules module; with NVTX, as if NVTX had been on before the import."""
     schedules = importlib.import_module(SCHEDULES_MODULE)
     if with_nvtx:
@@ -318,14 +336,15 @@ class ExecutedOrder:
     """Wraps ``forward_step`` / ``backward_step`` of Megatron's schedules module and records
     each call as ``{"kind", "stage", "chunk", "microbatch"}`` while ``recording`` is set."""
 
-    def __init__(self, schedules, rank: int, p: int):
-        self.actions: list[dict] = []
+    def __init__(self, schedules: ModuleType, rank: int, p: int) -> None:
+        module: Any = schedules  # Megatron's (unannotated) module, whose two step functions are replaced
+        self.actions: list[Action] = []
         self.recording = False
-        self._forward_of_output: dict[int, dict] = {}
-        real_forward, real_backward = schedules.forward_step, schedules.backward_step
+        self._forward_of_output: dict[int, Action] = {}
+        real_forward, real_backward = module.forward_step, module.backward_step
         forward_sig, backward_sig = inspect.signature(real_forward), inspect.signature(real_backward)
 
-        def forward_step(*args, **kwargs):
+        def forward_step(*args: Any, **kwargs: Any) -> tuple[Any, Any]:
             call = forward_sig.bind(*args, **kwargs).arguments
             chunk = call.get("vp_stage") or 0
             stage = call["model"].stage
@@ -338,7 +357,7 @@ class ExecutedOrder:
                 self.actions.append(action)
             return output, num_tokens
 
-        def backward_step(*args, **kwargs):
+        def backward_step(*args: Any, **kwargs: Any) -> Any:
             call = backward_sig.bind(*args, **kwargs).arguments
             forward = self._forward_of_output.pop(id(_first(call["output_tensor"])))
             grad = real_backward(*args, **kwargs)
@@ -346,41 +365,42 @@ class ExecutedOrder:
                 self.actions.append({**forward, "kind": "B"})
             return grad
 
-        schedules.forward_step = forward_step
-        schedules.backward_step = backward_step
+        module.forward_step = forward_step
+        module.backward_step = backward_step
 
 
-def _first(tensors):
+def _first(tensors: object) -> object:
     return tensors[0] if isinstance(tensors, (list, tuple)) else tensors
 
 
-def _build_chunks(cfg: CaptureConfig, rank: int, model_config):
+def _build_chunks(cfg: CaptureConfig, rank: int, model_config: object) -> list[nn.Module]:
     import torch.nn as nn
     from megatron.core.enums import ModelType
 
-    from tracekit.capture import worker
+    from tracekit.capture.model import build_layers, build_stage_module
 
     class MegatronChunk(nn.Module):
         """One model chunk as Megatron's schedules expect it: ``config``, ``model_type`` and
         ``set_input_tensor`` (the activation Megatron received for a non-first stage)."""
 
-        def __init__(self, body: nn.Module, stage: int):
+        def __init__(self, body: nn.Module, stage: int) -> None:
             super().__init__()
             self.body, self.stage = body, stage
             self.config, self.model_type = model_config, ModelType.encoder_or_decoder
-            self.input_tensor = None
+            self.input_tensor: object = None
 
-        def set_input_tensor(self, input_tensor):
+        def set_input_tensor(self, input_tensor: object) -> None:
             self.input_tensor = _first(input_tensor)
 
-        def forward(self, x):
-            return self.body(x if self.stage == 0 else self.input_tensor)
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y: torch.Tensor = self.body(x if self.stage == 0 else self.input_tensor)  # Module calls: Any
+            return y
 
-    layers = worker.build_layers(cfg)
-    return [MegatronChunk(worker.build_stage_module(cfg, s, layers), s) for s in cfg.stages_of_rank(rank)]
+    layers = build_layers(cfg)
+    return [MegatronChunk(build_stage_module(cfg, s, layers), s) for s in cfg.stages_of_rank(rank)]
 
 
-def _run_rank(rank: int, cfg_dict: dict, out_dir: str, port: int, profiler: str) -> None:
+def _run_rank(rank: int, cfg_dict: dict[str, Any], out_dir: str, port: int, profiler: str) -> None:
     """Entry point of one spawned process (``torch.multiprocessing.spawn`` passes ``rank``)."""
     import torch
     import torch.distributed as dist
@@ -417,7 +437,9 @@ def _run_rank(rank: int, cfg_dict: dict, out_dir: str, port: int, profiler: str)
         dist.destroy_process_group()
 
 
-def _train(rank: int, cfg: CaptureConfig, out: Path, schedules, profiler: str) -> tuple[dict, list[float] | None]:
+def _train(
+    rank: int, cfg: CaptureConfig, out: Path, schedules: ModuleType, profiler: str
+) -> tuple[dict[str, list[Action]], list[float] | None]:
     """``2 + steps`` training steps (Megatron schedule + SGD); the last ``steps`` profiled."""
     import torch
     import torch.nn.functional as F
@@ -443,18 +465,21 @@ def _train(rank: int, cfg: CaptureConfig, out: Path, schedules, profiler: str) -
 
     gen = torch.Generator().manual_seed(cfg.seed + 1)  # same data on every rank, as worker.py
     batch = m * cfg.microbatch_size
-    xs = [torch.randn(batch, cfg.hidden, generator=gen) for _ in range(cfg.steps + 2)]
-    ys = [torch.randn(batch, cfg.hidden, generator=gen) for _ in range(cfg.steps + 2)]
+    xs = [torch.randn(batch, cfg.width, generator=gen) for _ in range(cfg.steps + 2)]
+    ys = [torch.randn(batch, cfg.width, generator=gen) for _ in range(cfg.steps + 2)]
 
-    def loss_func(target, output):
+    def loss_func(target: torch.Tensor, output: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         loss = F.mse_loss(output, target)
         return loss, {"mse": loss.detach().clone()}  # Megatron scales the loss in place next
 
-    def forward_step_func(data_iterator, model):
+    def forward_step_func(
+        data_iterator: Iterator[tuple[torch.Tensor, torch.Tensor]], model: nn.Module
+    ) -> tuple[torch.Tensor, Callable[[torch.Tensor], tuple[torch.Tensor, dict[str, torch.Tensor]]]]:
         x, y = next(data_iterator)
-        return model(x), partial(loss_func, y)
+        out: torch.Tensor = model(x)  # Module.__call__ is Any in torch
+        return out, partial(loss_func, y)
 
-    def microbatches(step: int):
+    def microbatches(step: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Microbatch i = rows i*b..(i+1)*b as [s, b, h], cut when Megatron asks for it (as a
         get_batch would), so the slicing runs inside each forward_step."""
         rows = cfg.microbatch_size
@@ -477,7 +502,7 @@ def _train(rank: int, cfg: CaptureConfig, out: Path, schedules, profiler: str) -
             return float(torch.stack([d["mse"] for d in store]).mean())
         return None
 
-    steps: dict[str, list[dict]] = {}
+    steps: dict[str, list[Action]] = {}
     losses: list[float] = []
     with _profiling(rank, cfg, out, profiler) as next_step:
         for step in range(cfg.steps + 2):
@@ -497,7 +522,9 @@ def _train(rank: int, cfg: CaptureConfig, out: Path, schedules, profiler: str) -
 
 
 @contextlib.contextmanager
-def _profiling(rank: int, cfg: CaptureConfig, out: Path, profiler: str):
+def _profiling(
+    rank: int, cfg: CaptureConfig, out: Path, profiler: str
+) -> Iterator[Callable[[int], AbstractContextManager[None]]]:
     """Yields ``step_context(step)``: torch.profiler's step boundaries, or NVTX under nsys."""
     import torch
 
@@ -509,7 +536,7 @@ def _profiling(rank: int, cfg: CaptureConfig, out: Path, profiler: str):
         emitter = NvtxOpEmitter()
 
         @contextlib.contextmanager
-        def nvtx_step(step: int):
+        def nvtx_step(step: int) -> Iterator[None]:
             if step == 2:  # as the Kineto capture's schedule(wait=1, warmup=1, active=steps)
                 emitter.__enter__()
             with record_function(f"ProfilerStep#{step}") if step >= 2 else contextlib.nullcontext():
@@ -521,18 +548,20 @@ def _profiling(rank: int, cfg: CaptureConfig, out: Path, profiler: str):
             emitter.__exit__(None, None, None)
         return
 
+    from torch._C._profiler import _ExperimentalConfig  # torch.profiler re-exports it without __all__
+
     trace_json = out / f"rank{rank}.json"
     prof = torch.profiler.profile(
         activities=[torch.profiler.ProfilerActivity.CPU],
         schedule=torch.profiler.schedule(wait=1, warmup=1, active=cfg.steps, repeat=1),
         record_shapes=True,
         with_stack=cfg.with_stack,
-        experimental_config=torch.profiler._ExperimentalConfig(profile_all_threads=True),
+        experimental_config=_ExperimentalConfig(profile_all_threads=True),
         on_trace_ready=lambda p: p.export_chrome_trace(str(trace_json)),
     )
 
     @contextlib.contextmanager
-    def kineto_step(step: int):
+    def kineto_step(step: int) -> Iterator[None]:
         yield
         prof.step()
 

@@ -11,6 +11,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from tracekit.capture.config import CaptureConfig, manifest_head
 from tracekit.capture.files import write_text
@@ -64,11 +65,11 @@ def _check_python_side() -> None:
 def _run(
     cmd: list[str],
     what: str,
-    env: dict | None = None,
+    env: dict[str, str] | None = None,
     cwd: Path | None = None,
     timeout: float = 1800,
     show_output: bool = False,
-) -> subprocess.CompletedProcess:
+) -> subprocess.CompletedProcess[str]:
     """Run a tool; ``show_output`` passes its output (the ranks' progress) to our stderr."""
     streams = {"stdout": sys.stderr, "stderr": sys.stderr} if show_output else {"capture_output": True}
     try:
@@ -84,7 +85,7 @@ def _run(
     return proc
 
 
-def run_nsys_capture(config: CaptureConfig, out_dir, *, command_out: str | None = None) -> Path:
+def run_nsys_capture(config: CaptureConfig, out_dir: str | Path, *, command_out: str | None = None) -> Path:
     """Run ``config``'s pipeline training under ``nsys profile`` and write a scrubbed report.
 
     Writes ``nsys_report.sqlite`` and ``capture.json`` into ``out_dir`` and returns that
@@ -193,10 +194,10 @@ def _capture_meta(
     cmd_line: str,
     nsys_version: str,
     rank_pids: dict[int, int],
-    losses: list,
+    losses: list[float],
     emitter: str,
     removed: dict[str, int],
-) -> dict:
+) -> dict[str, Any]:
     import torch
 
     return {

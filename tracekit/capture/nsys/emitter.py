@@ -4,6 +4,16 @@ Runs inside each rank (imports torch and nvtx only when used)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Literal, cast
+
+if TYPE_CHECKING:
+    from torch import Tensor
+    from torch._ops import OpOverload
+    from torch.autograd.profiler import record_function
+
 # record_function's own ops: its enter/exit, not work (Kineto does not show them either)
 _UNTRACED_NAMESPACES = ("profiler::",)
 _GLOO_LABELS = {"c10d::send": "gloo:send", "c10d::recv_": "gloo:recv", "c10d::recv_any_source_": "gloo:recv"}
@@ -20,15 +30,16 @@ class NvtxOpEmitter:
     and gloo sends/receives as start/end ranges from post to ``wait()``.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         import nvtx
         import torch
 
-        self._nvtx = nvtx
-        self._torch = torch
+        # modules kept on the emitter so its hot path (every op) does no import
+        self._nvtx: ModuleType = nvtx
+        self._torch: ModuleType = torch
         self._op_id = 0
-        self._mode = None
-        self.pending_range = None  # the gloo range started inside the last c10d send/recv
+        self._mode: Any = None  # a TorchDispatchMode (torch leaves its methods unannotated)
+        self.pending_range: object = None  # the gloo range started inside the last c10d send/recv
         self._patches: list[tuple[object, str, object]] = []
 
     # -- text --------------------------------------------------------------------------
@@ -36,7 +47,7 @@ class NvtxOpEmitter:
         self._op_id += 1
         return self._op_id
 
-    def _text(self, name: str, seq: int, inputs=()) -> str:
+    def _text(self, name: str, seq: int, inputs: Sequence[object] = ()) -> str:
         text = name
         if seq >= 0:
             text += f", seq = {seq}"
@@ -46,7 +57,7 @@ class NvtxOpEmitter:
             text += ", sizes = [" + ", ".join(shapes) + "]"
         return text
 
-    def _shape(self, value) -> str:
+    def _shape(self, value: object) -> str:
         if isinstance(value, self._torch.Tensor):
             return "[" + ", ".join(str(d) for d in value.shape) + "]"
         return "[]"
@@ -60,18 +71,27 @@ class NvtxOpEmitter:
     def _seq_now(self, made_node: bool) -> int:
         if not self._torch.is_grad_enabled():
             return -1
-        peek = self._torch._C._autograd._get_sequence_nr()
+        peek: int = self._torch._C._autograd._get_sequence_nr()
         return peek - 1 if made_node else peek
 
     # -- install -----------------------------------------------------------------------
-    def __enter__(self):
+    def __enter__(self) -> NvtxOpEmitter:
         torch = self._torch
         from torch.utils._python_dispatch import TorchDispatchMode
 
         emitter = self
 
         class _OpRanges(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            def __init__(self) -> None:  # TorchDispatchMode's own __init__ is unannotated
+                TorchDispatchMode.__init__(self)
+
+            def __torch_dispatch__(
+                self,
+                func: OpOverload,
+                types: Sequence[type],
+                args: tuple[Any, ...] = (),
+                kwargs: dict[str, Any] | None = None,
+            ) -> Any:
                 if func._schema.name.startswith(_UNTRACED_NAMESPACES):
                     return func(*args, **(kwargs or {}))
                 flat = list(args) + list((kwargs or {}).values())
@@ -98,7 +118,7 @@ class NvtxOpEmitter:
         self._mode.__enter__()
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> Literal[False]:
         if self._mode is not None:
             self._mode.__exit__(*exc)
             self._mode = None
@@ -107,20 +127,25 @@ class NvtxOpEmitter:
         self._patches.clear()
         return False
 
-    def _set(self, owner, attr: str, value) -> None:
-        self._patches.append((owner, attr, getattr(owner, attr)))
+    def _set(self, owner: object, attr: str, value: object) -> None:
+        # a class's own entry as stored (a classmethod itself, not the method bound to the class)
+        own = vars(owner) if isinstance(owner, type) else {}
+        self._patches.append((owner, attr, own[attr] if attr in own else getattr(owner, attr)))
         setattr(owner, attr, value)
 
     def _patch_record_function(self) -> None:
         from torch.autograd.profiler import record_function
 
-        enter, leave, emitter = record_function.__enter__, record_function.__exit__, self
+        # torch leaves record_function's __enter__ (returns self) and __exit__ unannotated
+        enter = cast("Callable[[record_function], record_function]", record_function.__enter__)
+        leave = cast("Callable[..., None]", record_function.__exit__)
+        emitter = self
 
-        def __enter__(rf):
+        def __enter__(rf: record_function) -> record_function:
             emitter.push(emitter._text(rf.name, -1))
             return enter(rf)
 
-        def __exit__(rf, *exc):
+        def __exit__(rf: record_function, *exc: Any) -> None:
             try:
                 return leave(rf, *exc)
             finally:
@@ -132,40 +157,39 @@ class NvtxOpEmitter:
     def _patch_function_apply(self) -> None:
         from torch.autograd.function import Function
 
-        original, emitter = Function.__dict__["apply"], self
-        apply = original.__func__
+        apply, emitter = Function.__dict__["apply"].__func__, self
 
-        def traced(cls, *args, **kwargs):
+        def traced(cls: type[Function], *args: Any, **kwargs: Any) -> Any:
             emitter.push(emitter._text(cls.__name__, emitter._seq_now(False), args))
             try:
                 return apply(cls, *args, **kwargs)
             finally:
                 emitter.pop()
 
-        self._patches.append((Function, "apply", original))
-        Function.apply = classmethod(traced)
+        self._set(Function, "apply", classmethod(traced))
 
     def _patch_backward(self) -> None:
         torch, emitter = self._torch, self
         backward, grad = torch.autograd.backward, torch.autograd.grad
 
-        def hooked_backward(tensors, *args, **kwargs):
+        def hooked_backward(tensors: Any, *args: Any, **kwargs: Any) -> object:
             emitter._hook_graph(tensors)
             return backward(tensors, *args, **kwargs)
 
-        def hooked_grad(outputs, *args, **kwargs):
+        def hooked_grad(outputs: Any, *args: Any, **kwargs: Any) -> object:
             emitter._hook_graph(outputs)
             return grad(outputs, *args, **kwargs)
 
         self._set(torch.autograd, "backward", hooked_backward)
         self._set(torch.autograd, "grad", hooked_grad)
 
-    def _hook_graph(self, roots) -> None:
+    def _hook_graph(self, roots: Any) -> None:
         """Give every node reachable from ``roots`` a range: autograd's evaluate_function."""
         torch = self._torch
         if isinstance(roots, (torch.Tensor, torch.autograd.graph.GradientEdge)):
             roots = [roots]
-        stack = []
+        # autograd's C++ nodes; torch's Node ABC types ``metadata`` as a method, a dict at run time
+        stack: list[Any] = []
         for root in roots:
             node = root.grad_fn if isinstance(root, torch.Tensor) else getattr(root, "node", None)
             if node is not None:
@@ -182,14 +206,14 @@ class NvtxOpEmitter:
             node.register_hook(self._node_exit)
             stack.extend(n for n, _ in node.next_functions if n is not None)
 
-    def _node_enter(self, name: str, seq: int):
-        def enter(grad_outputs):
+    def _node_enter(self, name: str, seq: int) -> Callable[[tuple[Tensor | None, ...]], None]:
+        def enter(grad_outputs: tuple[Tensor | None, ...]) -> None:
             self.push(self._text(f"autograd::engine::evaluate_function: {name}", seq))
             self.push(self._text(name, seq, grad_outputs))
 
         return enter
 
-    def _node_exit(self, grad_inputs, grad_outputs):
+    def _node_exit(self, grad_inputs: tuple[Tensor | None, ...], grad_outputs: tuple[Tensor | None, ...]) -> None:
         self.pop()
         self.pop()
 
@@ -199,8 +223,8 @@ class NvtxOpEmitter:
 
         emitter = self
 
-        def traced(post):
-            def call(*args, **kwargs):
+        def traced(post: Callable[..., Any]) -> Callable[..., Any]:
+            def call(*args: Any, **kwargs: Any) -> Any:
                 emitter.pending_range = None
                 work = post(*args, **kwargs)
                 range_id, emitter.pending_range = emitter.pending_range, None
@@ -208,7 +232,7 @@ class NvtxOpEmitter:
                     return work
                 return _EndOnWait(work, lambda: emitter._nvtx.end_range(range_id))
 
-            call.__wrapped__ = post
+            call.__wrapped__ = post  # type: ignore[attr-defined]  # functools.wraps' marker, set by hand
             return call
 
         isend, irecv = traced(c10d.isend), traced(c10d.irecv)
@@ -221,10 +245,10 @@ class NvtxOpEmitter:
 class _EndOnWait:
     """A posted send/recv whose NVTX range ends when ``wait()`` returns."""
 
-    def __init__(self, work, end):
+    def __init__(self, work: Any, end: Callable[[], None] | None) -> None:
         self._work, self._end = work, end
 
-    def wait(self, *args, **kwargs):
+    def wait(self, *args: Any, **kwargs: Any) -> bool:
         try:
             return self._work.wait(*args, **kwargs) if self._work is not None else True
         finally:
@@ -232,11 +256,11 @@ class _EndOnWait:
                 self._end()
                 self._end = None
 
-    def __getattr__(self, attr):
+    def __getattr__(self, attr: str) -> Any:
         return getattr(self._work, attr)
 
 
-def emitter_for_this_torch():
+def emitter_for_this_torch() -> tuple[AbstractContextManager[object], str]:
     import torch
 
     if torch.cuda.is_available():

@@ -9,6 +9,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any, cast
 
 from tracekit.capture.config import CaptureConfig
 from tracekit.capture.nsys.emitter import emitter_for_this_torch
@@ -21,7 +22,7 @@ def _log(msg: str) -> None:
     print(f"tracekit capture (nsys): {msg}", file=sys.stderr, flush=True)
 
 
-def run_rank_under_nsys(rank: int, cfg_dict: dict, out_dir: str, port: int) -> None:
+def run_rank_under_nsys(rank: int, cfg_dict: dict[str, Any], out_dir: str, port: int) -> None:
     """One spawned rank: the Kineto worker's training, with NVTX ranges instead of torch.profiler."""
     from datetime import timedelta
 
@@ -85,13 +86,18 @@ def spawn_ranks(config_path: str, out_dir: str) -> None:
     """The program nsys launches: start the ranks, then record which pid is which rank."""
     import socket
 
-    import torch.multiprocessing as mp
+    from collections.abc import Callable
+
+    from torch.multiprocessing.spawn import spawn as torch_spawn
+
+    # torch's spawn has no annotations: typed as called here (it returns None with join=True)
+    spawn = cast("Callable[..., object]", torch_spawn)
 
     cfg = json.loads(Path(config_path).read_text())
     out = Path(out_dir)
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(run_rank_under_nsys, args=(cfg, out_dir, port), nprocs=cfg["ranks"], join=True)
+    spawn(run_rank_under_nsys, args=(cfg, out_dir, port), nprocs=cfg["ranks"], join=True)
     pids = {r: int((out / f"pid.rank{r}").read_text()) for r in range(cfg["ranks"])}
     write_text(out / "rank_pids.json", json.dumps(pids))

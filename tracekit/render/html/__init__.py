@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import re
 from importlib.resources import files
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jinja2
 
@@ -44,6 +44,10 @@ from tracekit.render.html.charts import (
 from tracekit.render.html.page import page_context
 from tracekit.render.html.views import step_views, thinning_notes
 from tracekit.text import for_xml
+
+if TYPE_CHECKING:
+    from bokeh.models import LayoutDOM
+    from markupsafe import Markup
 
 # The page: a Jinja template shipped as package data beside the renderers.
 TEMPLATE = "report.html.j2"
@@ -64,13 +68,14 @@ def render_report(analysis: Analysis) -> str:
     context["has_timeline"] = timeline is not None
     context["has_bubble"] = bubble is not None
     context["has_replicas"] = replicated
-    return file_html(
+    page: str = file_html(
         roots,
         resources=INLINE,
         title=f"tracekit report: {analysis.run.source}",
         template=_page_template(),
         template_variables=context,
     )
+    return page
 
 
 def _replicated(analysis: Analysis) -> bool:
@@ -88,7 +93,7 @@ def report_timeline(analysis: Analysis) -> tuple[Any, list[str]]:
         return timeline_root(views), step_notes + thinning_notes(views)
     rollup = analysis.replicas
     assert rollup is not None  # only for a replicated run
-    groups = []
+    groups: list[tuple[str, list[int]]] = []
     for replica, why in rollup.timeline_replicas:
         ranks = rollup.replicas[replica]
         idle = 100 * rollup.replica_bubble[replica]
@@ -124,7 +129,7 @@ def heatmap_order(analysis: Analysis) -> list[int]:
 _ROOT_DIV = '<div id="{}" data-root-id="{}" style="display: contents;"></div>'
 
 
-def _visible_controls(value):
+def _visible_controls(value: object) -> object:
     """Each value the page shows, with controls as visible escapes (markup is bokeh's own)."""
     return for_xml(value) if isinstance(value, str) and not hasattr(value, "__html__") else value
 
@@ -134,7 +139,7 @@ def _visible_controls(value):
 _CODE_SPAN = re.compile(r"(?<!`)(`+)(?!`)(.+?)(?<!`)\1(?!`)", re.DOTALL)
 
 
-def with_code_spans(text: str):
+def with_code_spans(text: str) -> Markup:
     """``text`` for the page, escaped, its Markdown code spans shown as ``<code>`` (the
     backticks dropped) rather than as literal backticks; controls as visible escapes."""
     from markupsafe import Markup, escape

@@ -3,6 +3,9 @@ bubble against theory."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 import pandas as pd
 
@@ -10,6 +13,18 @@ from tracekit.analyze import Analysis
 from tracekit.analyze.report_figures import busy_per_step_ns, place_means, rank_causes_ns
 from tracekit.render.html.views import MAX_BARS, TIMELINE_WIDTH_PX, StepView
 from tracekit.vocab import ACTION_KIND_NAMES, CATEGORIES, IDLE_CAUSES
+
+if TYPE_CHECKING:  # bokeh is imported where a figure is drawn (the HTML report only)
+    from bokeh.models import ColumnDataSource, GlyphRenderer, IndexFilter, LayoutDOM
+    from bokeh.plotting import figure
+
+# A hover's rows: (label, bokeh field format), such as ("rank", "@rank").
+Tooltips = list[tuple[str, str]]
+# A timeline's kind of bar drawn at full resolution when zoomed in: (its filter, its source,
+# its merged rows).
+Layer = tuple["IndexFilter", "ColumnDataSource", int]
+# The bar labels' filters (full, short) and their source.
+Labels = tuple["IndexFilter", "IndexFilter", "ColumnDataSource"]
 
 
 KIND_COLORS = {
@@ -68,7 +83,7 @@ IDLE_TOOLTIPS = [
 ]
 
 
-def _figure(**kwargs):
+def _figure(**kwargs: Any) -> figure:
     """A figure drawn on canvas (WebGL is absent from many headless and remote browsers, and
     these plots are small enough for canvas), sized by its plotting area so that axes and a
     legend outside it grow the figure instead of spilling over what follows."""
@@ -77,7 +92,7 @@ def _figure(**kwargs):
     return figure(output_backend="canvas", tools=[], toolbar_location="right", **kwargs)
 
 
-def _source(frame: pd.DataFrame):
+def _source(frame: pd.DataFrame) -> ColumnDataSource:
     """The frame's columns as arrays (bokeh's own DataFrame path adds an index column, and
     calls a reset_index(inplace=True) that pandas deprecates)."""
     from bokeh.models import ColumnDataSource
@@ -85,13 +100,13 @@ def _source(frame: pd.DataFrame):
     return ColumnDataSource({c: frame[c].to_numpy() for c in frame.columns})
 
 
-def _hover(fig, renderer, tooltips, formatters: dict | None = None) -> None:
+def _hover(fig: figure, renderer: GlyphRenderer, tooltips: Tooltips, formatters: dict[str, Any] | None = None) -> None:
     from bokeh.models import HoverTool
 
     fig.add_tools(HoverTool(renderers=[renderer], tooltips=tooltips, formatters=formatters or {}))
 
 
-def _legend(fig, items: list[tuple[str, list]], place: str, columns: int | None = None) -> None:
+def _legend(fig: figure, items: list[tuple[str, list[GlyphRenderer]]], place: str, columns: int | None = None) -> None:
     """One legend entry per label (renderers sharing a label toggle together), outside the
     plotting area; a click hides the entry's layers."""
     from bokeh.models import Legend, LegendItem
@@ -111,7 +126,7 @@ def _legend(fig, items: list[tuple[str, list]], place: str, columns: int | None 
     fig.add_layout(legend, place)
 
 
-def timeline_root(views: list[StepView]):
+def timeline_root(views: list[StepView]) -> LayoutDOM | None:
     if not views:
         return None
     from bokeh.models import TabPanel, Tabs
@@ -127,7 +142,7 @@ def timeline_root(views: list[StepView]):
     return root
 
 
-def _with_replica_selector(root, figures, groups: list[tuple[str, int, int]]):
+def _with_replica_selector(root: LayoutDOM, figures: list[figure], groups: list[tuple[str, int, int]]) -> LayoutDOM:
     """A menu above the timeline that shows one replica's lanes at a time (every step's
     figure holds the lanes of all the replicas kept; the menu moves their y range)."""
     from bokeh.layouts import column
@@ -148,7 +163,7 @@ def _with_replica_selector(root, figures, groups: list[tuple[str, int, int]]):
     return column(select, root)
 
 
-def _timeline_figure(view: StepView):
+def _timeline_figure(view: StepView) -> figure:
     from bokeh.models import FixedTicker, PanTool, Range1d, ResetTool, SaveTool, WheelZoomTool
 
     n = len(view.lanes)
@@ -180,20 +195,20 @@ def _timeline_figure(view: StepView):
     every = max(1, int(np.ceil(shown / max(1, fig.frame_height // 14))))
     fig.yaxis.ticker = FixedTicker(ticks=list(range(0, n, every)))
     fig.yaxis.major_label_overrides = {i: view.lanes[i] for i in range(0, n, every)}
-    items: dict[str, list] = {}
+    items: dict[str, list[GlyphRenderer]] = {}
 
-    def legend_item(renderer, label: str, tooltips):
+    def legend_item(renderer: GlyphRenderer, label: str, tooltips: Tooltips | None) -> GlyphRenderer:
         items.setdefault(label, []).append(renderer)
         if tooltips:
             _hover(fig, renderer, tooltips)
         return renderer
 
-    def quads(source, label: str, tooltips, **style):
+    def quads(source: ColumnDataSource, label: str, tooltips: Tooltips | None, **style: Any) -> GlyphRenderer:
         return legend_item(
             fig.quad(left="x0", right="x1", bottom="y0", top="y1", source=source, **style), label, tooltips
         )
 
-    def segments(frame: pd.DataFrame, label: str, tooltips, **style):
+    def segments(frame: pd.DataFrame, label: str, tooltips: Tooltips | None, **style: Any) -> GlyphRenderer:
         return legend_item(
             fig.segment(x0="x0", y0="y0", x1="x1", y1="y1", source=_source(frame), **style), label, tooltips
         )
@@ -226,7 +241,7 @@ def _timeline_figure(view: StepView):
             line_width=1,
             line_alpha=0.55,
         )
-    if view.critical_bars is not None and len(view.critical_bars):
+    if view.critical_bars is not None and view.critical_links is not None and len(view.critical_bars):
         segments(
             view.critical_links,
             "critical path",
@@ -258,7 +273,7 @@ def _timeline_figure(view: StepView):
     return fig
 
 
-def _bar_layers(fig, view: StepView, quads) -> list[tuple]:
+def _bar_layers(fig: figure, view: StepView, quads: Callable[..., GlyphRenderer]) -> list[Layer]:
     """The bars, one renderer per kind, each drawing the rows its filter picks: the merged
     bars (rows 0 to n-1), or where the step was thinned, zoomed in, the full-resolution bars
     in view (rows n on). Returns (filter, source, n) of each kind with full-resolution rows.
@@ -272,7 +287,7 @@ def _bar_layers(fig, view: StepView, quads) -> list[tuple]:
     code = {name: i for i, name in enumerate(names)}
     tooltips = [("", "@name_id{custom}"), *BAR_TOOLTIPS[1:]]
     formatters = {"@name_id": CustomJSHover(args={"names": names}, code="return names[value]")}
-    layers = []
+    layers: list[Layer] = []
     for kind in KIND_COLORS:
         merged = view.bars[view.bars["kind"] == kind]
         detail = view.detail[view.detail["kind"] == kind] if view.detail is not None else merged.iloc[0:0]
@@ -299,7 +314,7 @@ def _bar_layers(fig, view: StepView, quads) -> list[tuple]:
     return layers
 
 
-def _bar_labels(fig, view: StepView):
+def _bar_labels(fig: figure, view: StepView) -> Labels | None:
     """Each action bar's label where it fits, over every line: its full name ("F2.3") or its
     microbatch ("3"), as wide as the bar is at the step's full view. Returns (the full
     labels' filter, the short labels' filter, their source) for :func:`_redraw_on_zoom`, or
@@ -366,7 +381,7 @@ layers.forEach(([filter, , n], k) => {
 """
 
 
-def _redraw_on_zoom(fig, labels, layers: list[tuple]) -> None:
+def _redraw_on_zoom(fig: figure, labels: Labels | None, layers: list[Layer]) -> None:
     from bokeh.models import CustomJS
 
     callback = CustomJS(
@@ -407,12 +422,12 @@ def _bar_text(view: StepView) -> pd.DataFrame:
     )
 
 
-def causes_root(analysis: Analysis):
+def causes_root(analysis: Analysis) -> LayoutDOM:
     """Per-rank stacked bars: busy, then idle by cause (ms, all steps)."""
 
     causes = rank_causes_ns(analysis)
     parts = ["busy", *CATEGORIES] if causes else ["busy", "idle"]
-    columns: dict[str, list] = {"rank": [], **{p: [] for p in parts}}
+    columns: dict[str, list[Any]] = {"rank": [], **{p: [] for p in parts}}
     for rank, info in analysis.summary.per_rank.items():
         columns["rank"].append(str(rank))
         columns["busy"].append(info.busy_ns / 1e6)
@@ -441,7 +456,7 @@ def causes_root(analysis: Analysis):
     return _cause_bars(fig, columns, parts, "rank")
 
 
-def _cause_bars(fig, columns: dict[str, list], parts: list[str], x: str):
+def _cause_bars(fig: figure, columns: dict[str, list[Any]], parts: list[str], x: str) -> figure:
     """Stacked bars of ``parts`` (busy, then idle by cause, ms) per ``x`` (a rank or a stage)
     on ``fig``, with their hovers and legend: the report's "causes" chart."""
     from bokeh.models import ColumnDataSource
@@ -461,7 +476,7 @@ def _cause_bars(fig, columns: dict[str, list], parts: list[str], x: str):
     return fig
 
 
-def bubble_root(analysis: Analysis):
+def bubble_root(analysis: Analysis) -> LayoutDOM:
     """Measured bubble against the closed form and the balanced replay."""
     from bokeh.models import ColumnDataSource
 
@@ -513,7 +528,7 @@ HEAT_ROW_PX = 6
 HEAT_MAX_PX = 900
 
 
-def heatmap_root(analysis: Analysis, order: list[int]):
+def heatmap_root(analysis: Analysis, order: list[int]) -> LayoutDOM:
     """Bubble ratio per rank (rows, in ``order``) and step (columns), every rank: one image."""
     from bokeh.models import ColorBar, ColumnDataSource, CustomJSHover, FixedTicker, HoverTool, LinearColorMapper
 
@@ -559,7 +574,7 @@ def heatmap_root(analysis: Analysis, order: list[int]):
     return fig
 
 
-def spread_root(analysis: Analysis):
+def spread_root(analysis: Analysis) -> LayoutDOM:
     """Per stage, each replica's rank as a dot: bubble ratio, and compute per step."""
     from bokeh.layouts import row
     from bokeh.models import ColumnDataSource, FixedTicker
@@ -569,7 +584,7 @@ def spread_root(analysis: Analysis):
     per_rank = analysis.summary.per_rank
     compute_ns = busy_per_step_ns(analysis)
     n = rollup.n_replicas
-    columns: dict[str, list] = {"x": [], "bubble": [], "compute": [], "rank": [], "replica": [], "stage": []}
+    columns: dict[str, list[Any]] = {"x": [], "bubble": [], "compute": [], "rank": [], "replica": [], "stage": []}
     for place in rollup.places:
         for i, rank in enumerate(place.ranks):
             # replicas spread across the stage's column so that equal values stay visible
@@ -603,7 +618,7 @@ def spread_root(analysis: Analysis):
     return root
 
 
-def place_causes_root(analysis: Analysis):
+def place_causes_root(analysis: Analysis) -> LayoutDOM:
     """Per stage, mean over replicas: busy, then idle by cause (ms, all steps)."""
 
     rollup = analysis.replicas
@@ -612,7 +627,7 @@ def place_causes_root(analysis: Analysis):
     attributed = any(p.causes_ns for p in places)
     parts = ["busy", *CATEGORIES] if attributed else ["busy", "idle"]
     n = rollup.n_replicas
-    columns: dict[str, list] = {"stage": [], **{p: [] for p in parts}}
+    columns: dict[str, list[Any]] = {"stage": [], **{p: [] for p in parts}}
     for place in places:
         columns["stage"].append(",".join(map(str, place.stages)))
         columns["busy"].append(place.busy_ns / 1e6)

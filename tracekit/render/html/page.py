@@ -4,6 +4,9 @@ run's files and capture), as strings ready for the template."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
 from tracekit.analyze import Analysis
 from tracekit.analyze.report_figures import (
     collective_idle,
@@ -17,6 +20,9 @@ from tracekit.render.html.charts import LEGEND_NAMES
 from tracekit.version import __version__
 from tracekit.vocab import CATEGORIES, pct
 
+if TYPE_CHECKING:
+    from tracekit.model.events import TraceFile
+
 # Tables longer than this are folded (<details>) so the page stays readable.
 FOLD_ROWS = 32
 
@@ -25,7 +31,7 @@ def _ms(ns: float) -> str:
     return f"{ns / 1e6:,.1f}"
 
 
-def page_context(analysis: Analysis, notes: list[str]) -> dict:
+def page_context(analysis: Analysis, notes: list[str]) -> dict[str, Any]:
     run = analysis.run
     findings = analysis.findings
     sched = run.schedule
@@ -124,7 +130,7 @@ def _replica_rows(analysis: Analysis) -> list[list[str]]:
     ]
 
 
-def _whatif_rows(analysis: Analysis) -> dict | None:
+def _whatif_rows(analysis: Analysis) -> dict[str, Any] | None:
     """The rows of the analysis's what-if table, or None where it has none: ``best`` (shown
     unfolded: the fastest configuration and the best split of the layers) and ``rows`` (every
     prediction, the best split among them)."""
@@ -196,7 +202,7 @@ def _link_rows(analysis: Analysis) -> list[list[str]]:
     ]
 
 
-def _critical_rows(analysis: Analysis) -> dict | None:
+def _critical_rows(analysis: Analysis) -> dict[str, Any] | None:
     critical = slowest_critical_path(analysis)
     if critical is None:
         return None
@@ -221,10 +227,10 @@ def _critical_rows(analysis: Analysis) -> dict | None:
     }
 
 
-def _capture_rows(capture: dict | None) -> list[tuple[str, str]]:
+def _capture_rows(capture: dict[str, Any] | None) -> list[tuple[str, str]]:
     if not capture:
         return []
-    rows = []
+    rows: list[tuple[str, str]] = []
     for key in (
         "command",
         "tracekit_version",
@@ -248,7 +254,7 @@ def _capture_rows(capture: dict | None) -> list[tuple[str, str]]:
     return rows
 
 
-def _profiler_rows(files) -> list[tuple[str, str]]:
+def _profiler_rows(files: Iterable[TraceFile]) -> list[tuple[str, str]]:
     seen: dict[str, str] = {}
     for f in files:
         for key, value in (f.profiler or {}).items():
@@ -256,7 +262,7 @@ def _profiler_rows(files) -> list[tuple[str, str]]:
     return sorted(seen.items())
 
 
-def as_text(value) -> str:
+def as_text(value: object) -> str:
     """A metadata value as a person reads it: a mapping as ``key=value, ...`` (nsys's counts
     per process), a list comma separated, anything else as itself; never Python's repr."""
     if isinstance(value, dict):

@@ -5,6 +5,7 @@ messages and the critical path, in ms since the step's window, thinned to a glyp
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -53,12 +54,14 @@ class StepView:
     groups: list[tuple[str, int, int]] = field(default_factory=list)
 
 
-def _lanes(analysis: Analysis, ranks: list[int]) -> tuple[list[str], dict, dict]:
+def _lanes(analysis: Analysis, ranks: list[int]) -> tuple[list[str], dict[int, int], dict[tuple[int, int], int]]:
     """Lane names, rank -> lane, (rank, stream) -> lane: a rank's GPU streams under it."""
     events = analysis.run.events
     gpu = events[events["on_gpu"] & events["cat"].isin(_GPU_CATS)]
     streams = gpu.groupby("rank")["tid"].unique().to_dict() if len(gpu) else {}
-    names, rank_lane, stream_lane = [], {}, {}
+    names: list[str] = []
+    rank_lane: dict[int, int] = {}
+    stream_lane: dict[tuple[int, int], int] = {}
     for r in ranks:
         rank_lane[r] = len(names)
         names.append(f"rank {r}")
@@ -145,7 +148,16 @@ def _culprits(named: list[str]) -> str:
     return ", ".join(named[:MAX_BLAMED]) + (f" and {rest} more" if rest > 0 else "")
 
 
-def _step_view(analysis, step, window: StepFigures, lanes, rank_lane, stream_lane, intervals, blame) -> StepView:
+def _step_view(
+    analysis: Analysis,
+    step: int,
+    window: StepFigures,
+    lanes: list[str],
+    rank_lane: dict[int, int],
+    stream_lane: dict[tuple[int, int], int],
+    intervals: pd.DataFrame,
+    blame: dict[tuple[int, int, str], str],
+) -> StepView:
     run = analysis.run
     lo, hi = window.start_ns, window.end_ns
     thinned: dict[str, tuple[int, int]] = {}
@@ -234,7 +246,7 @@ def _empty_work() -> pd.DataFrame:
     return pd.DataFrame({c: [] for c in ("lane", "start", "end", "kind", "rank", "stage", "microbatch", "label")})
 
 
-def _action_work(actions: pd.DataFrame, step: int, rank_lane: dict) -> pd.DataFrame:
+def _action_work(actions: pd.DataFrame, step: int, rank_lane: dict[int, int]) -> pd.DataFrame:
     acts = actions[(actions["step"] == step) & actions["rank"].isin(rank_lane)]
     return pd.DataFrame(
         {
@@ -250,7 +262,7 @@ def _action_work(actions: pd.DataFrame, step: int, rank_lane: dict) -> pd.DataFr
     )
 
 
-def _gpu_work(events: pd.DataFrame, lo: int, hi: int, stream_lane: dict) -> pd.DataFrame:
+def _gpu_work(events: pd.DataFrame, lo: int, hi: int, stream_lane: dict[tuple[int, int], int]) -> pd.DataFrame:
     if not stream_lane:
         return _empty_work()
     gpu = events[events["on_gpu"] & events["cat"].isin(_GPU_CATS) & (events["end_ns"] > lo) & (events["start_ns"] < hi)]
@@ -269,7 +281,7 @@ def _gpu_work(events: pd.DataFrame, lo: int, hi: int, stream_lane: dict) -> pd.D
     ).query("lane >= 0")
 
 
-def _plain_work(analysis: Analysis, step: int, rank_lane: dict) -> list[pd.DataFrame]:
+def _plain_work(analysis: Analysis, step: int, rank_lane: dict[int, int]) -> list[pd.DataFrame]:
     """Runs without a pipeline: each rank's top-level CPU work in its step window (GPU work
     has its own stream lanes): ops at the top of their thread, or right below a
     ``ProfilerStep#N`` on the thread that holds the step marks."""
@@ -279,6 +291,7 @@ def _plain_work(analysis: Analysis, step: int, rank_lane: dict) -> list[pd.DataF
     threads = pd.MultiIndex.from_arrays([events["pid"], events["tid"]])
     under_mark = threads.isin(threads[is_mark.to_numpy()])
     out = []
+    row: Any  # a bubble row (pandas types its fields as any scalar)
     for row in rows.itertuples(index=False):
         ev = events[
             (events["rank"] == row.rank)
@@ -387,9 +400,9 @@ def _idle_view(
     intervals: pd.DataFrame,
     step: int,
     lo: int,
-    rank_lane: dict,
+    rank_lane: dict[int, int],
     merge_gap: float,
-    thinned: dict,
+    thinned: dict[str, tuple[int, int]],
     blame: dict[tuple[int, int, str], str],
 ) -> pd.DataFrame:
     columns = ["x0", "y0", "x1", "y1", "cause", "rank", "dur_ms", "blame"]
@@ -419,7 +432,9 @@ def _idle_view(
     )
 
 
-def _message_view(analysis: Analysis, step: int, lo: int, rank_lane: dict, thinned: dict) -> pd.DataFrame:
+def _message_view(
+    analysis: Analysis, step: int, lo: int, rank_lane: dict[int, int], thinned: dict[str, tuple[int, int]]
+) -> pd.DataFrame:
     columns = ["x0", "y0", "x1", "y1", "link", "post_ms", "wire_ms", "wait_ms", "direction"]
     messages = analysis.run.messages
     if not analysis.is_pipeline or len(messages) == 0:
@@ -450,7 +465,9 @@ def _message_view(analysis: Analysis, step: int, lo: int, rank_lane: dict, thinn
     )
 
 
-def _critical_view(analysis: Analysis, step: int, lo: int, rank_lane: dict):
+def _critical_view(
+    analysis: Analysis, step: int, lo: int, rank_lane: dict[int, int]
+) -> tuple[pd.DataFrame | None, pd.DataFrame | None]:
     attribution = analysis.attribution
     if attribution is None:
         return None, None
@@ -461,13 +478,13 @@ def _critical_view(analysis: Analysis, step: int, lo: int, rank_lane: dict):
     path = [
         p
         for p in reversed(by_step[step].critical_path)
-        if p["action_id"] in actions.index and int(actions.at[p["action_id"], "rank"]) in rank_lane
+        if p["action_id"] in actions.index and int(cast(int, actions.at[p["action_id"], "rank"])) in rank_lane
     ]
     if not path:  # the step's critical path runs through another replica
         return None, None
     rows = []
     for p in path:
-        a = actions.loc[p["action_id"]]
+        a: Any = actions.loc[p["action_id"]]  # the action's row (ids are unique)
         y = float(rank_lane[int(a["rank"])])
         rows.append(
             (
