@@ -36,7 +36,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from tracekit import __version__
+from tracekit.version import __version__
 from tracekit.errors import TracekitError
 from tracekit.monitor import Monitor
 from tracekit.monitor.background import Sink, WindowAnalyses
