@@ -16,6 +16,21 @@ from tracekit.errors import TraceFormatError
 from tracekit.ingest.kineto_stream import complete_elements
 
 
+def trace_events_or_none(path: Path) -> list[Any] | None:
+    """The ``traceEvents`` list of the Kineto file at ``path``, decoded whole by the standard
+    library, or None where the file cannot be read or holds no such list: for the second reads
+    that fall back quietly (memory events, recorded op shapes), whose callers say what they
+    could not size."""
+    try:
+        opener = gzip.open if path.name.endswith(".gz") else open
+        with opener(path, "rb") as f:
+            doc = json.load(f)
+    except (OSError, ValueError, EOFError):
+        return None
+    events = doc.get("traceEvents") if isinstance(doc, dict) else None
+    return events if isinstance(events, list) else None
+
+
 def read_json_document(path: Path) -> tuple[dict[str, Any], bool]:
     """Decode a (possibly gzipped, possibly truncated) Chrome-trace document.
 

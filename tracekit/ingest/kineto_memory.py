@@ -16,14 +16,14 @@ so loading a run costs nothing more. Times are the file's own ``ts`` in ns; the 
 
 from __future__ import annotations
 
-import gzip
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeGuard
 
 import pandas as pd
+
+from tracekit.ingest.kineto_document import trace_events_or_none
 
 MEMORY_COLUMNS = ["ts_ns", "tid", "bytes", "total_allocated", "device_type"]
 
@@ -45,14 +45,8 @@ def read_memory_events(path: Path) -> MemoryEvents:
     """The memory events of the Kineto file at ``path`` (none where it has none, or cannot
     be read: the callers fall back to other sources and say so)."""
     empty = MemoryEvents(pd.DataFrame(columns=MEMORY_COLUMNS), {})
-    try:
-        opener = gzip.open if path.name.endswith(".gz") else open
-        with opener(path, "rb") as f:
-            doc = json.load(f)
-    except (OSError, ValueError, EOFError):
-        return empty
-    events = doc.get("traceEvents") if isinstance(doc, dict) else None
-    if not isinstance(events, list):
+    events = trace_events_or_none(path)
+    if events is None:
         return empty
     rows: list[tuple[int, int, int, int, int]] = []
     steps: dict[int, int] = {}

@@ -15,8 +15,6 @@ ops of one file with each other only.
 
 from __future__ import annotations
 
-import gzip
-import json
 import math
 from pathlib import Path
 from typing import Any, TypeGuard
@@ -24,6 +22,7 @@ from typing import Any, TypeGuard
 import pandas as pd
 
 from tracekit.ingest.kineto_comm import _DTYPE_BYTES
+from tracekit.ingest.kineto_document import trace_events_or_none
 
 OP_COLUMNS = ["name", "tid", "start_ns", "end_ns", "seq", "input_dims", "input_bytes"]
 
@@ -57,14 +56,8 @@ def read_op_inputs(path: Path) -> pd.DataFrame:
     empty = pd.DataFrame(
         {c: pd.Series(dtype="int64" if c not in ("name", "input_dims") else "object") for c in OP_COLUMNS}
     )
-    try:
-        opener = gzip.open if path.name.endswith(".gz") else open
-        with opener(path, "rb") as f:
-            doc = json.load(f)
-    except (OSError, ValueError, EOFError):
-        return empty
-    events = doc.get("traceEvents") if isinstance(doc, dict) else None
-    if not isinstance(events, list):
+    events = trace_events_or_none(path)
+    if events is None:
         return empty
     rows: list[tuple[str, int, int, int, int, str, int]] = []
     for e in events:
