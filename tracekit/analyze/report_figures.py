@@ -5,6 +5,7 @@ the slowest step's critical path, and the per-stage means over data-parallel rep
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -256,3 +257,45 @@ def busy_per_step_ns(analysis: Analysis) -> dict[int, float]:
     if rollup is None:
         return {}
     return {rank: info.busy_ns / rollup.n_steps for rank, info in analysis.summary.per_rank.items()}
+
+
+MESSAGE_TIMING_COLUMNS = [
+    "src_rank",
+    "dst_rank",
+    "send_post_ns",
+    "arrival_ns",
+    "latency_ns",
+    "post_ns",
+    "wire_ns",
+    "recv_wait_ns",
+    "direction",
+]
+
+
+def message_timings(analysis: Analysis, step: int, ranks: Collection[int]) -> pd.DataFrame:
+    """The step's messages between ``ranks`` as the report's timeline draws them (the
+    messages table's index kept): when each was posted and arrived, its latency from its
+    producer's end (from the send's post where no producer is known), split into the wait
+    before the post (``post_ns``) and the rest (``wire_ns``), and the receiver's wait. Empty
+    off a pipeline."""
+    messages = analysis.run.messages
+    if not analysis.is_pipeline or len(messages) == 0:
+        return pd.DataFrame(columns=MESSAGE_TIMING_COLUMNS)
+    msgs = messages[(messages["step"] == step) & messages["src_rank"].isin(ranks) & messages["dst_rank"].isin(ranks)]
+    producer_end = analysis.run.actions.set_index("action_id")["end_ns"]
+    ready = msgs["producer_action"].map(producer_end).fillna(msgs["send_post_ns"]).astype(np.int64)
+    latency = (msgs["arrival_ns"] - ready).clip(lower=0)
+    post = (msgs["send_post_ns"] - ready).clip(lower=0)
+    return pd.DataFrame(
+        {
+            "src_rank": msgs["src_rank"],
+            "dst_rank": msgs["dst_rank"],
+            "send_post_ns": msgs["send_post_ns"],
+            "arrival_ns": msgs["arrival_ns"],
+            "latency_ns": latency,
+            "post_ns": post,
+            "wire_ns": (latency - post).clip(lower=0),
+            "recv_wait_ns": msgs["recv_wait_ns"],
+            "direction": msgs["direction"],
+        }
+    )

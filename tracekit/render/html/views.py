@@ -12,7 +12,7 @@ import pandas as pd
 
 from tracekit.analyze import Analysis
 from tracekit.analyze.intervals import idle_intervals
-from tracekit.analyze.report_figures import Culprit, StepFigures, culprits, step_figures
+from tracekit.analyze.report_figures import Culprit, StepFigures, culprits, message_timings, step_figures
 from tracekit.model.names import FRAME_CATEGORY
 from tracekit.text import for_xml
 from tracekit.vocab import ACTION_KIND_NAMES, IDLE_CAUSES
@@ -436,20 +436,12 @@ def _message_view(
     analysis: Analysis, step: int, lo: int, rank_lane: dict[int, int], thinned: dict[str, tuple[int, int]]
 ) -> pd.DataFrame:
     columns = ["x0", "y0", "x1", "y1", "link", "post_ms", "wire_ms", "wait_ms", "direction"]
-    messages = analysis.run.messages
-    if not analysis.is_pipeline or len(messages) == 0:
+    if not analysis.is_pipeline or len(analysis.run.messages) == 0:
         return pd.DataFrame(columns=columns)
-    msgs = messages[
-        (messages["step"] == step) & messages["src_rank"].isin(rank_lane) & messages["dst_rank"].isin(rank_lane)
-    ]
-    producer_end = analysis.run.actions.set_index("action_id")["end_ns"]
-    ready = msgs["producer_action"].map(producer_end).fillna(msgs["send_post_ns"]).astype(np.int64)
-    latency = (msgs["arrival_ns"] - ready).clip(lower=0)
-    if len(msgs) > MAX_MESSAGES:
+    msgs = message_timings(analysis, step, rank_lane)
+    if len(msgs) > MAX_MESSAGES:  # the longest latencies kept
         thinned["messages"] = (len(msgs), MAX_MESSAGES)
-        keep = latency.nlargest(MAX_MESSAGES).index
-        msgs, ready, latency = msgs.loc[keep], ready.loc[keep], latency.loc[keep]
-    post = (msgs["send_post_ns"] - ready).clip(lower=0)
+        msgs = msgs.loc[msgs["latency_ns"].nlargest(MAX_MESSAGES).index]
     return pd.DataFrame(
         {
             "x0": (msgs["send_post_ns"].to_numpy() - lo) / 1e6,
@@ -457,8 +449,8 @@ def _message_view(
             "x1": (msgs["arrival_ns"].to_numpy() - lo) / 1e6,
             "y1": msgs["dst_rank"].map(rank_lane).to_numpy(dtype=float),
             "link": [f"{s}->{d}" for s, d in zip(msgs["src_rank"], msgs["dst_rank"])],
-            "post_ms": post.to_numpy() / 1e6,
-            "wire_ms": (latency - post).clip(lower=0).to_numpy() / 1e6,
+            "post_ms": msgs["post_ns"].to_numpy() / 1e6,
+            "wire_ms": msgs["wire_ns"].to_numpy() / 1e6,
             "wait_ms": msgs["recv_wait_ns"].to_numpy() / 1e6,
             "direction": msgs["direction"].astype(str).to_numpy(),
         }
