@@ -40,7 +40,7 @@ import pandas as pd
 from tracekit.analyze import Analysis, analyze
 from tracekit.analyze.compare import Comparison, measure, schedule_label
 from tracekit.analyze.grouping import int_groups
-from tracekit.analyze.tabular import TableSpec, tables, typed
+from tracekit.analyze.tabular import CAUSE_COLUMN_SPECS, TableSpec, tables, typed
 from tracekit.errors import TracekitError
 from tracekit.vocab import IDLE_CAUSES, pct
 
@@ -49,7 +49,6 @@ if TYPE_CHECKING:
     from tracekit.loading import LoadOptions
     from tracekit.model.run import Run
 
-_CAUSE_COLUMNS: dict[str, tuple[str, str]] = {c.column: ("int64", f"{c.description}, ns") for c in IDLE_CAUSES}
 # Rows shown in the summary Jupyter draws (the DataFrames hold them all).
 _HTML_RANKS = 16
 
@@ -67,7 +66,7 @@ FRAMES: dict[str, TableSpec] = {
             "busy_ns": ("int64", "its compute inside them, ns"),
             "idle_ns": ("int64", "window_ns - busy_ns"),
             "bubble_ratio": ("float64", "idle_ns / window_ns, 0..1"),
-            **_CAUSE_COLUMNS,
+            **CAUSE_COLUMN_SPECS,
         },
     ),
     "steps": TableSpec(
@@ -80,7 +79,7 @@ FRAMES: dict[str, TableSpec] = {
             "busy_ns": ("int64", "the ranks' compute summed, ns"),
             "idle_ns": ("int64", "window_ns - busy_ns"),
             "bubble_ratio": ("float64", "idle_ns / window_ns, 0..1"),
-            **_CAUSE_COLUMNS,
+            **CAUSE_COLUMN_SPECS,
         },
     ),
     "findings": TableSpec(
@@ -295,7 +294,7 @@ class RunAnalysis:
                 "busy_ns": info.busy_ns,
                 "idle_ns": info.idle_ns,
                 "bubble_ratio": info.bubble_ratio,
-                **causes.get((rank,), dict.fromkeys(_CAUSE_COLUMNS, 0)),
+                **causes.get((rank,), dict.fromkeys(CAUSE_COLUMN_SPECS, 0)),
             }
             for rank, info in result.summary.per_rank.items()
         ]
@@ -325,7 +324,7 @@ class RunAnalysis:
                     "busy_ns": int(window["busy_ns"].sum()),
                     "idle_ns": idle,
                     "bubble_ratio": idle / width if width else 0.0,
-                    **causes.get((step,), dict.fromkeys(_CAUSE_COLUMNS, 0)),
+                    **causes.get((step,), dict.fromkeys(CAUSE_COLUMN_SPECS, 0)),
                 }
             )
         return typed(pd.DataFrame(rows), FRAMES["steps"])
@@ -358,7 +357,7 @@ class RunAnalysis:
         if attributed is None or attributed.table.empty:
             return {}
         return {
-            key: {column: int(group[column].sum()) for column in _CAUSE_COLUMNS}
+            key: {column: int(group[column].sum()) for column in CAUSE_COLUMN_SPECS}
             for key, group in int_groups(attributed.table, keys)
         }
 
@@ -453,7 +452,7 @@ class RunAnalysis:
         )
 
 
-CAUSE_COLUMNS = tuple(_CAUSE_COLUMNS)  # the idle causes' columns of ranks and steps, in order
+CAUSE_COLUMNS = tuple(CAUSE_COLUMN_SPECS)  # the idle causes' columns of ranks and steps, in order
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,10 @@ class TableSpec:
     step_times: tuple[str, ...] = ()
 
 
+# Each idle cause's column of nanoseconds, in the registry's order: the attribution table's
+# and the notebook's ranks and steps frames.
+CAUSE_COLUMN_SPECS: dict[str, tuple[str, str]] = {c.column: ("int64", f"{c.description}, ns") for c in IDLE_CAUSES}
+
 _PAIR_COLUMNS: dict[str, tuple[str, str]] = {
     "msg_id": ("int64", "the message (messages.msg_id); -1 for pairs matched by order, without actions"),
     "step": ("int64", "profiler step"),
@@ -147,7 +151,7 @@ _OWN_COLUMNS: dict[str, TableSpec] = {
             "rank": ("int64", "global rank"),
             "step": ("int64", "profiler step"),
             "idle_ns": ("int64", "the rank's idle in the step window (as in bubbles), ns"),
-            **{c.column: ("int64", f"{c.description}, ns") for c in IDLE_CAUSES},
+            **CAUSE_COLUMN_SPECS,
         },
     ),
     "stage_blame": TableSpec(
