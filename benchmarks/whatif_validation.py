@@ -125,6 +125,19 @@ PAIRS: list[Pair] = [
 #: two captures of one config each: the noise floor
 NOISE: list[tuple[str, str]] = [("1f1b", "validation/1f1b_repeat")]
 
+#: capture sets: ``PAIRS`` names the first; another set holds the same configs under
+#: ``sample_traces/<folder>/<last part of the name>`` (a config it lacks: "not captured")
+SETS: dict[str, str] = {"first": "", "quiet": "validation/quiet"}
+
+
+def in_set(name: str, folder: str) -> str:
+    """``name`` (a folder of the first set) in the capture set under ``folder``."""
+    return f"{folder}/{name.rsplit('/', 1)[-1]}" if folder else name
+
+
+def pairs_of(folder: str) -> list[Pair]:
+    return [dataclasses.replace(p, source=in_set(p.source, folder), measured=in_set(p.measured, folder)) for p in PAIRS]
+
 
 @dataclass
 class Measured:
@@ -262,10 +275,10 @@ def evaluate(pair: Pair, runs: Runs, replays: int = REPLAYS, seed: int = SEED) -
     return row
 
 
-def noise_floor(runs: Runs) -> list[dict]:
+def noise_floor(runs: Runs, folder: str = "") -> list[dict]:
     """Each pair of same-config captures, measured against measured."""
     out = []
-    for a, b in NOISE:
+    for a, b in ((in_set(a, folder), in_set(b, folder)) for a, b in NOISE):
         if not (runs.exists(a) and runs.exists(b)):
             out.append({"a": a, "b": b, "status": "not captured"})
             continue
@@ -306,11 +319,11 @@ def compute_stretch(run: Run, capture: dict) -> dict[str, float] | None:
     return out or None
 
 
-def compute_lines(runs: Runs, replays: int = REPLAYS, seed: int = SEED) -> list[dict]:
+def compute_lines(runs: Runs, pairs: list[Pair], replays: int = REPLAYS, seed: int = SEED) -> list[dict]:
     """Per capture in the table: its compute over the emulated cost, and the model of the
     measured run (its own order replayed on its own costs) against what it measured: the
     model's own error, which a pair's error has on top of the costs moving between captures."""
-    names = sorted({n for p in PAIRS for n in (p.source, p.measured) if runs.exists(n)})
+    names = sorted({n for p in pairs for n in (p.source, p.measured) if runs.exists(n)})
     out = []
     for name in names:
         capture = json.loads((SAMPLES / name / "capture.json").read_text())
@@ -415,10 +428,17 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=SEED)
     parser.add_argument("--ranks", type=int, default=0, help="also time tracekit whatif on this many ranks")
     parser.add_argument("--json", type=Path, help="write every figure here")
+    parser.add_argument(
+        "--set",
+        choices=sorted(SETS),
+        default="first",
+        help="which captures: first (made over several days, some under load) or quiet (one session, idle machine)",
+    )
     args = parser.parse_args()
 
     runs = Runs()
-    rows = [evaluate(pair, runs, args.replays, args.seed) for pair in PAIRS]
+    pairs = pairs_of(SETS[args.set])
+    rows = [evaluate(pair, runs, args.replays, args.seed) for pair in pairs]
     print(f"what-if against re-captures ({args.replays} replays a prediction, seed {args.seed});")
     print(f"goal: within {GOAL_POINTS:g} points of bubble and {100 * GOAL_STEP:g}% of step time (4 ranks)\n")
     print(table(rows))
@@ -428,7 +448,7 @@ def main() -> None:
     judged = [r for r in rows if r.status in ("ok", "miss")]
     print(f"\n4-rank pairs within the goal: {sum(r.status == 'ok' for r in judged)} of {len(judged)}")
 
-    noise = noise_floor(runs)
+    noise = noise_floor(runs, SETS[args.set])
     print("\nnoise floor (two captures of one config, measured against measured):")
     for n in noise:
         if n.get("status"):
@@ -440,7 +460,7 @@ def main() -> None:
                 f"({100 * n['step_error']:+.1f}%)"
             )
 
-    stretch = compute_lines(runs, args.replays, args.seed)
+    stretch = compute_lines(runs, pairs, args.replays, args.seed)
     print(
         "\nper capture: compute over the emulated cost (median action per rank: median over ranks / worst rank);"
         "\nmodel of the measured run against measured (bubble points, step time)"
