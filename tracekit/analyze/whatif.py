@@ -205,12 +205,15 @@ def _replay_many(
     fused: np.ndarray | None = None,
     by_stage: bool = False,
     work_kinds: np.ndarray | None = None,
+    m_scale: float = 1.0,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Bubble ratios and step times of ``samples`` replays with freshly drawn costs;
     ``scale`` multiplies the compute (a number, or one per action); ``fused`` marks actions
     whose overhead comes from the fused-label pool; ``by_stage``: compute drawn per stage
     chunk (replaying the measured order) instead of per rank; ``work_kinds``: the compute
-    pool of each action's kind on its rank (default: its kind; see tracekit.analyze.costs._split_costs)."""
+    pool of each action's kind on its rank (default: its kind; see tracekit.analyze.costs._split_costs);
+    ``m_scale``: a microbatch's rows scaled (--keep global-batch): each draw's per-row part
+    scales, its fixed part stays (CostModel.m_scaled)."""
     if by_stage:  # the measured order: each action's own stage (a rank's chunks can differ)
         pools, work_keys = model.stage_work, list(zip(graph.stage.tolist(), graph.kind.tolist()))
     else:
@@ -223,6 +226,9 @@ def _replay_many(
         into_fused = fused[graph.edge_dst].tolist()
         links = [(a, b, "fused") if f else (a, b) for (a, b), f in zip(pairs, into_fused)]
     n_ranks = len(set(ranks))
+    if m_scale != 1.0:
+        per_key = {key: model.m_scaled(key, m_scale) for key in set(work_keys)}
+        scale = scale * np.array([per_key[key] for key in work_keys])
     # Every sample's costs drawn first (in the same order as one replay after another), then
     # all replayed in one walk of the graph.
     scenarios: list[Scenario] = []
@@ -336,7 +342,8 @@ def predict(
     # stage 0's I and W draw from pools of their own (torch leaves that I empty)
     first_iw = (graph.stage == 0) & np.isin(graph.kind, ("I", "W"))
     work_kinds = np.where(first_iw, graph.kind.astype(str) + "0", graph.kind.astype(str))
-    scale: float | np.ndarray = model.m / m if keep == "global-batch" else 1.0
+    m_scale = model.m / m if keep == "global-batch" else 1.0
+    scale: float | np.ndarray = 1.0
     if balanced:
         factors = balance_factors(model)
         scale = scale * np.array([factors[r] for r in rank_of.tolist()])
@@ -350,7 +357,16 @@ def predict(
         )
     rng = np.random.default_rng(seed)
     bubbles, steps = _replay_many(
-        graph, model, rng, samples, scale, v, rank_of, fused if fused.any() else None, work_kinds=work_kinds
+        graph,
+        model,
+        rng,
+        samples,
+        scale,
+        v,
+        rank_of,
+        fused if fused.any() else None,
+        work_kinds=work_kinds,
+        m_scale=m_scale,
     )
     theory = theoretical_bubble(schedule, model.p, v, m).bubble_ratio
     label = label or f"{schedule} v={v} m={m}" + (f" {IDEAL_BALANCE}" if balanced else "")
