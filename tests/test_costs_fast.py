@@ -143,7 +143,7 @@ def reference_cost_model(run: Run, graphs: list[StepGraph] | None = None) -> Cos
             n = max(len(i_s), len(w_s))
             i_at, w_at = rng.integers(0, len(i_s), n), rng.integers(0, len(w_s), n)
             pairs = [(i_s[i] + w_s[w], fixed_kind[(r, "I")][i] + fixed_kind[(r, "W")][w]) for i, w in zip(i_at, w_at)]
-            once = [0 for _ in pairs]
+            once = [fixed // 2 for _, fixed in pairs]  # the walk's fixed part, paid once
             work[(r, "B")] = np.array([b - o for (b, _), o in zip(pairs, once)], dtype=np.int64)
             share[(r, "B")] = _share(np.array([f - o for (_, f), o in zip(pairs, once)]), work[(r, "B")])
         for kind, name in (("F", "forward"), ("B", "backward")):

@@ -5,12 +5,16 @@ max over many paths, so the spread of the costs matters, not just their typical 
 
 - **compute**: for each rank and kind (F, B, I, W), one microbatch's compute on that rank,
   i.e. each measured action's duration times the measured v (a rank's layers split evenly
-  over its chunks). Where the run split its backwards, B is drawn as I + W. The zero-bubble
-  targets' I and W (ZB-H1, InterleavedZeroBubble, ZBVZeroBubble, DualPipeV): as measured
-  where the run split its backwards, else each half of the measured B (an assumption, said
-  in the output; on the project's samples a split backward costs ~4-6% more than a whole
-  one, which that estimate misses); stage 0 on its own either way, since torch leaves its I
-  empty and runs the whole backward in W (see ``_split_costs``).
+  over its chunks). Each pool also has a **fixed share** (see :func:`op_fixed_ns`): the part
+  of its compute outside the work ops (the small ops and the gaps between ops), which does
+  not shrink with a smaller microbatch (``--keep global-batch``). Where the run split its
+  backwards, B is drawn as I + W less the fixed part that I and W both paid (each walks the
+  layers' autograd graph; a whole backward walks it once). The zero-bubble targets' I and W
+  (ZB-H1, InterleavedZeroBubble, ZBVZeroBubble, DualPipeV): as measured where the run split
+  its backwards, else each half of a measured B's work ops plus all of its fixed part (an
+  assumption, said in the output; on the project's samples a split backward costs ~5% more
+  than a whole one, and halves of B missed that); stage 0 on its own either way, since torch
+  leaves its I empty and runs the whole backward in W (see ``_split_costs``).
 - **overhead**: each measured action's host overhead, per rank (the gap between "data there
   and rank free" and the compute starting); the second halves of fused labels (DualPipeV's
   ``OVERLAP_F_B``) in a pool of their own, used only where the replayed order fuses too.
@@ -162,7 +166,7 @@ def cost_model(run: Run, graphs: list[StepGraph] | None = None) -> CostModel:
             i_s, w_s = work[(r, "I")], work[(r, "W")]
             n = max(len(i_s), len(w_s))
             i_at, w_at = rng.integers(0, len(i_s), n), rng.integers(0, len(w_s), n)
-            once = np.zeros(n, dtype=np.int64)
+            once = (fixed_kind[(r, "I")][i_at] + fixed_kind[(r, "W")][w_at]) // 2
             work[(r, "B")] = i_s[i_at] + w_s[w_at] - once
             share[(r, "B")] = _share(fixed_kind[(r, "I")][i_at] + fixed_kind[(r, "W")][w_at] - once, work[(r, "B")])
         for kind, name in (("F", "forward"), ("B", "backward")):
@@ -322,8 +326,8 @@ def _split_costs(
                 work[(r, kind)] = np.array(later_iw[(r, kind)], dtype=np.int64)
             else:  # not measured past stage 0 on this rank (or at all): from a backward
                 b_share = share.get((r, "B"), 0.0)
-                work[(r, kind)] = work[(r, "B")] // 2
-                share[(r, kind)] = b_share
+                work[(r, kind)] = np.rint(work[(r, "B")] * (1.0 + b_share) / 2).astype(np.int64)
+                share[(r, kind)] = 2 * b_share / (1.0 + b_share)
                 estimated.append(r)
     if not split:
         return (
