@@ -572,7 +572,8 @@ def _advised(
     dropped = [r for r in ranked if not r["helps"]]
     how = (
         "Replayed with this run's own overheads, latencies and spread (tracekit whatif, --keep global-batch: "
-        "compute per microbatch scales as 1/m, only approximately true on GPUs)"
+        "compute per microbatch scales as 1/m but for its fixed part, the small ops and the gaps between ops; "
+        "only approximately true on GPUs)"
     )
 
     def said(r: dict[str, Any]) -> str:

@@ -568,7 +568,7 @@ def what_if(
         f"compute per microbatch and rank, overheads and latencies drawn from {model.n_actions} "
         f"measured actions and {model.n_messages} messages; {samples} replays per row",
         "a rank's layers split evenly over its chunks (compute per chunk = rank compute / v)",
-        keep_assumption(keep),
+        keep_assumption(keep, model),
         "message latencies as measured (links the run never used take the pooled samples)"
         if links is None
         else f"message latencies: {links.describe()} (links the run never used take the pooled samples)",
@@ -626,12 +626,18 @@ def what_if(
     )
 
 
-def keep_assumption(keep: str) -> str:
-    """What a prediction with this ``--keep`` assumes, in one line (quoted wherever it is)."""
+def keep_assumption(keep: str, model: CostModel | None = None) -> str:
+    """What a prediction with this ``--keep`` assumes, in one line (quoted wherever it is;
+    ``model``: also the share of its compute that is fixed per op)."""
     if keep == "global-batch":
+        fixed = ""
+        if model is not None and model.fixed_share:
+            fixed = f": {100 * float(np.median(list(model.fixed_share.values()))):.0f}% of an action here, median"
         return (
-            "--keep global-batch: the step's samples kept, so compute per microbatch scales as 1/m "
-            "(measured m / target m; only approximately true on GPUs, where small microbatches use the device less well)"
+            "--keep global-batch: the step's samples kept, so an action's work ops scale as 1/m "
+            "(measured m / target m) and its fixed part (the small ops and the gaps between ops, measured per "
+            f"rank and kind{fixed}) stays; only approximately true on GPUs, where small microbatches use the "
+            "device less well"
         )
     return (
         "--keep microbatch: microbatches keep their size, compute per microbatch as measured, the step does more work"
