@@ -219,7 +219,9 @@ def op_fixed_ns(run: Run) -> pd.Series:
     between ops. A microbatch of fewer rows shrinks the work ops; the small ops' dispatch
     and the host's time between ops stay: on the project's 1F1B samples 1.0 ms of a 13.8 ms
     forward at m=8 and 0.94 of 7.6 ms at m=16 (same global batch). 0 for every action of a
-    device trace (its compute is its kernels' busy time) and where no events were read."""
+    device trace (its compute is its kernels' busy time) and where no events were read; an
+    action with no host op read inside it (a load that kept only the actions: ``rows="reduce"``)
+    is left out, so that its pool's share is 0 (all of it per row, as before this part)."""
     acts = run.actions
     out = pd.Series(0, index=acts["action_id"].to_numpy(dtype=np.int64), dtype=np.int64)
     events = run.events
@@ -234,7 +236,10 @@ def op_fixed_ns(run: Run) -> pd.Series:
         lo, hi = np.searchsorted(starts, a0, "left"), np.searchsorted(starts, a1, "right")
         for aid, first, last, begin, end in zip(mine["action_id"].tolist(), lo, hi, a0, a1):
             s, e = starts[first:last], ends[first:last]
-            work = (e <= end) & (e - s >= (end - begin) * WORK_OP_SHARE)
+            inside = e <= end
+            if not inside.any():
+                continue  # no op read inside: left out (see above)
+            work = inside & (e - s >= (end - begin) * WORK_OP_SHARE)
             out[aid] = max(0, int(end - begin) - _union_ns(s[work], e[work]))
     return out
 

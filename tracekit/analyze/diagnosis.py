@@ -572,8 +572,7 @@ def _advised(
     dropped = [r for r in ranked if not r["helps"]]
     how = (
         "Replayed with this run's own overheads, latencies and spread (tracekit whatif, --keep global-batch: "
-        "compute per microbatch scales as 1/m but for its fixed part, the small ops and the gaps between ops; "
-        "only approximately true on GPUs)"
+        "compute per microbatch scales as 1/m, only approximately true on GPUs)"
     )
 
     def said(r: dict[str, Any]) -> str:
@@ -626,7 +625,10 @@ def _replayed(analysis: Analysis, suggestions: list[_Suggestion]) -> tuple[list[
         playable.remove(max(playable, key=lambda s: s.v * s.m))
     samples = max(2, replays(playable))
     try:
-        model = cost_model(analysis.run, list(analysis.attribution.graphs.values()))
+        # the compute scaled whole by m (no fixed part: tracekit.analyze.costs.op_fixed_ns needs
+        # the ops inside the actions, which `tracekit analyze`'s load does not keep, and the
+        # finding reads the same however the run was loaded); tracekit whatif keeps it
+        model = replace(cost_model(analysis.run, list(analysis.attribution.graphs.values())), fixed_share={})
         measured_step = float(analysis.bubbles.groupby("step")["window_ns"].first().mean())
         found = [(s, predict(model, s.schedule, s.v, s.m, keep=_FINDING_KEEP, samples=samples)) for s in playable]
     except Exception as err:  # noqa: BLE001 - a finding never fails the analysis; whatif says why

@@ -631,8 +631,10 @@ def keep_assumption(keep: str, model: CostModel | None = None) -> str:
     ``model``: also the share of its compute that is fixed per op)."""
     if keep == "global-batch":
         fixed = ""
-        if model is not None and model.fixed_share:
+        if model is not None and any(model.fixed_share.values()):
             fixed = f": {100 * float(np.median(list(model.fixed_share.values()))):.0f}% of an action here, median"
+        elif model is not None:
+            fixed = ": none here, the ops inside the actions were not read"
         return (
             "--keep global-batch: the step's samples kept, so an action's work ops scale as 1/m "
             "(measured m / target m) and its fixed part (the small ops and the gaps between ops, measured per "

@@ -243,9 +243,10 @@ def command(
         raise TracekitError(
             "--balanced / --split / --layer-costs and --search: the search keeps the measured split; run them apart"
         )
-    # Layer costs are read from the ops inside each action: the working set keeps them, a
-    # rank's reduce (the default) keeps only the actions.
-    rows = "analysis" if (balanced or splits) and layer_costs is None else "reduce"
+    # Layer costs and each action's fixed part (tracekit.analyze.costs.op_fixed_ns) are read
+    # from the ops inside each action: the working set keeps them, a rank's reduce keeps only
+    # the actions (its fixed part then 0: every --keep global-batch draw scaled whole).
+    rows = "analysis"
     run = load_with_progress(run_dir, rank_from, rank_map, progress, rows=rows)
     say = work_progress(progress)
     if say:

@@ -215,8 +215,9 @@ def analyse_window(
 
     wait_for_ranks(run_dir, window, world_size, wait_s)
     started = time.monotonic()
-    # as the command line reads a run (rows="reduce"), in this one process
-    options = LoadOptions(rows="reduce", iteration=window, jobs=1)
+    # as tracekit whatif reads a run (rows="analysis": the ops inside the actions, whose fixed
+    # part the cost model measures), in this one process
+    options = LoadOptions(rows="analysis", iteration=window, jobs=1)
     run = load(run_dir, options)
     try:
         found = suggestion(run, window, run_dir, ms)
