@@ -22,8 +22,12 @@ worker also its CPU seconds a window after its imports (``analysis_cpu_s`` of th
 ``--baseline-tree PATH`` adds a third variant, "with analysis, PATH": the same ranks script
 with another checkout's tracekit (e.g. the ``main`` before a change), in the same rounds.
 
+``--spare-core``: a machine where the training leaves a core free (a GPU node's usual case),
+made on this one: every rank pinned to the cores but the last (both variants), the analysis
+worker to the last (``trace_handler(..., analysis_cpus=[last])``).
+
 Run: ``python benchmarks/monitor_overhead.py`` (``--rounds 5``, ``--windows 4``,
-``--json FILE``, ``--baseline-tree PATH``).
+``--json FILE``, ``--baseline-tree PATH``, ``--spare-core``).
 """
 
 from __future__ import annotations
@@ -50,12 +54,15 @@ def _tree_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def one_run(variant: str, windows: int, work: Path, tree: Path | None) -> dict[str, object]:
+def one_run(variant: str, windows: int, work: Path, tree: Path | None, spare_core: bool = False) -> dict[str, object]:
     run_dir = Path(tempfile.mkdtemp(prefix="run-", dir=work))
     report = run_dir.with_suffix(".json")
     command = [sys.executable, str(RANKS_SCRIPT), str(run_dir), str(report), "--windows", str(windows)]
     if variant == WITHOUT:
         command.append("--no-analyze")
+    if spare_core:
+        last = (os.cpu_count() or 2) - 1
+        command += ["--ranks-cpus", ",".join(str(c) for c in range(last)), "--analysis-cpus", str(last)]
     env = dict(os.environ, PYTHONPATH=str(tree or ROOT))
     started, cpu_before = time.perf_counter(), _tree_cpu_s()
     # run where that tracekit lies: an older one starts its analysis by "python -m", cwd first
@@ -93,18 +100,28 @@ def main() -> None:
     parser.add_argument("--windows", type=int, default=4, help="profiled windows a run (default 4)")
     parser.add_argument("--json", type=Path, help="keep every run's figures in this file")
     parser.add_argument("--baseline-tree", type=Path, help="also with analysis by this checkout's tracekit")
+    parser.add_argument(
+        "--spare-core", action="store_true", help="ranks on every core but the last, the analysis on the last"
+    )
     args = parser.parse_args()
+    if args.spare_core and ((os.cpu_count() or 1) < 2 or args.baseline_tree):
+        parser.error("--spare-core needs 2 cores or more, and no --baseline-tree (an older tracekit cannot pin)")
     trees: dict[str, Path | None] = {WITHOUT: None, WITH: None}
     if args.baseline_tree:
         trees[f"{WITH}, {args.baseline_tree}"] = args.baseline_tree.resolve()
     variants = list(trees)
     runs: list[dict[str, object]] = []
-    print(f"load average at the start: {os.getloadavg()}", file=sys.stderr, flush=True)
+    print(
+        f"load average at the start: {os.getloadavg()}"
+        + (" (ranks on every core but the last, the analysis on the last)" if args.spare_core else ""),
+        file=sys.stderr,
+        flush=True,
+    )
     with tempfile.TemporaryDirectory(prefix="tracekit-monitor-bench-") as work:
         for round_no in range(args.rounds):
             order = variants[round_no % len(variants) :] + variants[: round_no % len(variants)]
             for variant in order:
-                run = one_run(variant, args.windows, Path(work), trees[variant])
+                run = one_run(variant, args.windows, Path(work), trees[variant], args.spare_core)
                 run["round"] = round_no
                 runs.append(run)
                 print(

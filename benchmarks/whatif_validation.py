@@ -300,8 +300,9 @@ def noise_floor(runs: Runs, folder: str = "") -> list[dict]:
 
 def compute_stretch(run: Run, capture: dict) -> dict[str, float] | None:
     """Median compute of the forward and full-backward actions over their emulated cost, per
-    rank; the worst rank's ratio and the median over ranks. None for real compute or a split
-    this cannot state (uneven layers)."""
+    rank; the worst rank's ratio and the median over ranks; and the forward's tail (mean over
+    median per rank, the median over ranks). None for real compute or a split this cannot
+    state (uneven layers)."""
     comp = capture.get("compute") or {}
     per_layer = comp.get("per_layer_ms") or {}
     layers = comp.get("layers_per_stage")
@@ -312,10 +313,14 @@ def compute_stretch(run: Run, capture: dict) -> dict[str, float] | None:
     acts = acts.assign(compute_ms=compute_ns(acts).to_numpy() / 1e6)
     out: dict[str, float] = {}
     for kind, want in expected_ms.items():
-        per_rank = acts[acts["kind"] == kind].groupby("rank")["compute_ms"].median() / want
+        mine = acts[acts["kind"] == kind].groupby("rank")["compute_ms"]
+        per_rank = mine.median() / want
         if len(per_rank):
             out[f"{kind}_median"] = float(per_rank.median())
             out[f"{kind}_worst"] = float(per_rank.max())
+            # the tail: mean over median (1.00: no action stretched past the typical one);
+            # a step is a sum of actions, so a heavy tail lengthens it beyond what medians say
+            out[f"{kind}_tail"] = float((mine.mean() / mine.median()).median())
     return out or None
 
 
@@ -463,12 +468,14 @@ def main() -> None:
     stretch = compute_lines(runs, pairs, args.replays, args.seed)
     print(
         "\nper capture: compute over the emulated cost (median action per rank: median over ranks / worst rank);"
+        "\nthe forward's tail (mean over median action per rank: the machine's load during the capture);"
         "\nmodel of the measured run against measured (bubble points, step time)"
     )
     for s in stretch:
         kinds = [f"{k} x{s[k + '_median']:.2f} / x{s[k + '_worst']:.2f}" for k in ("F", "B") if k + "_median" in s]
+        tail = f"tail x{s['F_tail']:.2f}" if "F_tail" in s else ""
         own = f"own model {s['own_points']:+.1f} pts {100 * s['own_step_error']:+.1f}%"
-        print(f"  {s['capture']:<36} p={s['p']}  {'   '.join(kinds):<36}  {own}")
+        print(f"  {s['capture']:<36} p={s['p']}  {'   '.join(kinds):<36}  {tail:<10}  {own}")
 
     timing = None
     if args.ranks:

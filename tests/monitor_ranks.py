@@ -1,6 +1,7 @@
 """A live 4-rank pipeline run analysed while it trains (tests/test_monitor.py, benchmarks/monitor_overhead.py).
 
-``python tests/monitor_ranks.py OUT REPORT [--no-analyze] [--steps N] [--until-analysed S]``
+``python tests/monitor_ranks.py OUT REPORT [--no-analyze] [--steps N] [--until-analysed S]
+[--ranks-cpus 0 --analysis-cpus 1]``
 spawns 4 ranks (gloo over 127.0.0.1) that train tracekit capture's emulated model
 (``tracekit.capture.model``: real matmuls, real gloo P2P and SGD, each layer's cost set by
 sleeps; 2 layers of 1 ms a stage) with torch.distributed.pipelining's Schedule1F1B, m=4,
@@ -16,6 +17,8 @@ what the handler's ``sink`` was given (step, scalars), the last ``suggest_microb
 the CPU seconds of the analysis processes (rank 0's children). ``--until-analysed S``: keep training (unprofiled
 steps) until the last profiled window is analysed, at most S seconds, then 3 steps more;
 every rank stops at the same step (rank 0 decides, a broadcast tells the others).
+``--ranks-cpus``: the ranks pinned to these cores; ``--analysis-cpus``: the handler's
+``analysis_cpus`` (a core the training leaves free).
 """
 
 from __future__ import annotations
@@ -44,7 +47,21 @@ def read_scalars(logdir: Path) -> dict[str, list[list[float]]]:
     return {tag: [[e.step, e.value] for e in accumulator.Scalars(tag)] for tag in accumulator.Tags()["scalars"]}
 
 
-def rank_main(rank: int, out: str, report: str, analyze: bool, windows: int, until_s: float, port: int) -> None:
+def rank_main(
+    rank: int,
+    out: str,
+    report: str,
+    analyze: bool,
+    windows: int,
+    until_s: float,
+    port: int,
+    ranks_cpus: tuple[int, ...] = (),
+    analysis_cpus: tuple[int, ...] = (),
+) -> None:
+    import os
+
+    if ranks_cpus:
+        os.sched_setaffinity(0, set(ranks_cpus))
     import torch
     import torch.distributed as dist
     import torch.distributed.pipelining as pp
@@ -76,6 +93,8 @@ def rank_main(rank: int, out: str, report: str, analyze: bool, windows: int, unt
             found["sink"].append([step, scalars])
 
         options: dict[str, Any] = {"analyze": True, "sink": sink} if analyze else {}
+        if analyze and analysis_cpus:
+            options["analysis_cpus"] = analysis_cpus
         handler = tracekit.trace_handler(out, schedule=sched, **options)
         last_window = windows * CYCLE
         started = time.monotonic()
@@ -133,10 +152,25 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--no-analyze", dest="analyze", action="store_false")
     parser.add_argument("--windows", type=int, default=2)
     parser.add_argument("--until-analysed", type=float, default=0.0, metavar="S")
+    parser.add_argument("--ranks-cpus", default="", help="pin the ranks to these cores (comma-separated)")
+    parser.add_argument("--analysis-cpus", default="", help="the analysis worker's cores (comma-separated)")
     args = parser.parse_args(argv)
+
+    def cpus(text: str) -> tuple[int, ...]:
+        return tuple(int(c) for c in text.split(",") if c)
+
     mp.spawn(
         rank_main,
-        args=(args.out, args.report, args.analyze, args.windows, args.until_analysed, _free_port()),
+        args=(
+            args.out,
+            args.report,
+            args.analyze,
+            args.windows,
+            args.until_analysed,
+            _free_port(),
+            cpus(args.ranks_cpus),
+            cpus(args.analysis_cpus),
+        ),
         nprocs=P,
         join=True,
     )

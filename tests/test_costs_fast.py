@@ -6,7 +6,8 @@ messages (threads that receive and send, unknown threads). The references are
 ``cost_model`` and ``held_back_ns`` of 1b5124f whole (their opening checks did not change,
 but they are inside the rewritten functions); what the fast version left unchanged
 (``CostModel``, ``LinkKey``, ``_fused``, ``_split_costs``) is imported from
-``tracekit.analyze.costs``."""
+``tracekit.analyze.costs``. Since then each pool's fixed share is pooled too (the loop here;
+each action's fixed part, ``op_fixed_ns``, and ``_share`` imported)."""
 
 from __future__ import annotations
 
@@ -20,9 +21,11 @@ from tracekit.analyze.costs import (
     LinkKey,
     StepGraph,
     _fused,
+    _share,
     _split_costs,
     cost_model,
     held_back_ns,
+    op_fixed_ns,
     step_graphs,
 )
 from tracekit.errors import TracekitError
@@ -94,6 +97,8 @@ def reference_cost_model(run: Run, graphs: list[StepGraph] | None = None) -> Cos
         )
     graphs = list(step_graphs(run).values()) if graphs is None else list(graphs)
     per_kind: dict[tuple[int, str], list[int]] = {}
+    fixed_kind: dict[tuple[int, str], list[int]] = {}
+    fixed_of = op_fixed_ns(run).to_dict()
     later_iw: dict[tuple[int, str], list[int]] = {}  # I and W of stages past the first
     overhead: dict[int, list[int]] = {}
     fused_overhead: dict[int, list[int]] = {}
@@ -104,8 +109,11 @@ def reference_cost_model(run: Run, graphs: list[StepGraph] | None = None) -> Cos
     fused_of_graph = [_fused(labels, g) for g in graphs]
     held = held_back_ns(run)
     for g, fused in zip(graphs, fused_of_graph):
-        for r, k, d, o, f in zip(g.rank.tolist(), g.kind.tolist(), g.dur.tolist(), g.ovh.tolist(), fused.tolist()):
+        for r, k, d, o, f, a in zip(
+            g.rank.tolist(), g.kind.tolist(), g.dur.tolist(), g.ovh.tolist(), fused.tolist(), g.action_id.tolist()
+        ):
             per_kind.setdefault((r, k), []).append(d * sched.v)
+            fixed_kind.setdefault((r, k), []).append(min(fixed_of.get(a, 0), d) * sched.v)
             (fused_overhead if f else overhead).setdefault(r, []).append(o)
         for r, s, k, d in zip(g.rank.tolist(), g.stage.tolist(), g.kind.tolist(), g.dur.tolist()):
             per_stage.setdefault((s, k), []).append(d)
@@ -125,19 +133,25 @@ def reference_cost_model(run: Run, graphs: list[StepGraph] | None = None) -> Cos
             overhead[r] = list(fused_overhead[r])
     work: dict[tuple[int, str], np.ndarray] = {}
     rng = np.random.default_rng(0)
+    share: dict[tuple[int, str], float] = {}
     for (r, k), samples in per_kind.items():
         work[(r, k)] = np.array(samples, dtype=np.int64)
+        share[(r, k)] = _share(np.array(fixed_kind[(r, k)]), work[(r, k)])
     for r in ranks:
         if (r, "B") not in work and (r, "I") in work and (r, "W") in work:
             i_s, w_s = work[(r, "I")], work[(r, "W")]
             n = max(len(i_s), len(w_s))
-            work[(r, "B")] = rng.choice(i_s, n) + rng.choice(w_s, n)  # I and W paired at random
+            i_at, w_at = rng.integers(0, len(i_s), n), rng.integers(0, len(w_s), n)
+            pairs = [(i_s[i] + w_s[w], fixed_kind[(r, "I")][i] + fixed_kind[(r, "W")][w]) for i, w in zip(i_at, w_at)]
+            once = [fixed // 2 for _, fixed in pairs]  # the walk's fixed part, paid once
+            work[(r, "B")] = np.array([b - o for (b, _), o in zip(pairs, once)], dtype=np.int64)
+            share[(r, "B")] = _share(np.array([f - o for (_, f), o in zip(pairs, once)]), work[(r, "B")])
         for kind, name in (("F", "forward"), ("B", "backward")):
             if (r, kind) not in work:
                 raise TracekitError(f"{run.source}: rank {r} has no {name} actions; what-if needs both on every rank")
     stage_work = {k: np.array(v, dtype=np.int64) for k, v in per_stage.items()}
     split = any(k in ("I", "W") for _, k in per_kind)
-    iw_source = _split_costs(work, later_iw, stage_work, ranks, sched.v, split)
+    iw_source = _split_costs(work, later_iw, stage_work, ranks, sched.v, split, share)
     all_latency = np.array([x for k, v in latency.items() if len(k) == 2 for x in v] or [0], dtype=np.int64)
     return CostModel(
         schedule=sched.name,
@@ -160,6 +174,7 @@ def reference_cost_model(run: Run, graphs: list[StepGraph] | None = None) -> Cos
         n_messages=int(sum((g.edge_msg >= 0).sum() for g in graphs)),
         split_backward=split,
         iw_source=iw_source,
+        fixed_share=share,
     )
 
 
@@ -195,6 +210,7 @@ def test_cost_model_equals_the_loops_on_every_sample(loaded_runs, run_dir):
         "n_messages",
         "split_backward",
         "iw_source",
+        "fixed_share",
     ):
         assert getattr(fast, name) == getattr(slow, name), name
     assert [f.tolist() for f in fast.fused] == [f.tolist() for f in slow.fused]

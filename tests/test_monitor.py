@@ -275,6 +275,28 @@ def test_where_the_world_size_is_known_the_handler_starts_the_worker_before_the_
     assert handler.close(timeout=60) and _gone(worker)
 
 
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="pinning a process to cores is Linux's")
+def test_the_worker_runs_on_the_cores_given_and_analyses_there(tmp_path):
+    # the training's process keeps its own cores; the worker moves to the one given
+    mine = os.sched_getaffinity(0)
+    last = max(mine)
+    handler = tracekit.trace_handler(tmp_path / "run", rank=0, analyze=True, tensorboard=False, analysis_cpus=[last])
+    _traces_of(tmp_path / "run", 7)
+    analyses = handler._start_analyses(4)
+    analyses.submit(7)
+    deadline = time.monotonic() + 60
+    while analyses.worker_pid is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    pid = analyses.worker_pid
+    while os.sched_getaffinity(pid) != {last}:  # set by the worker as it starts
+        assert time.monotonic() < deadline, os.sched_getaffinity(pid)
+        time.sleep(0.05)
+    assert handler.wait(timeout=300) and analyses.analysed == [7]
+    assert os.sched_getaffinity(0) == mine
+    assert handler.close(timeout=60)
+
+
 # A training process of its own: one window analysed, then an exit of each kind, the worker's pid on stdout.
 _TRAINING = """
 import os, signal, sys, time
@@ -351,6 +373,9 @@ def test_a_tracekit_folder_where_the_training_runs_does_not_stand_in_for_the_wor
         ({"sink": print}, "are for analyze=True"),
         ({"tensorboard": "logs"}, "are for analyze=True"),
         ({"analyze": True, "microbatches": [8, 0]}, "positive integers"),
+        ({"analysis_cpus": [0]}, "are for analyze=True"),
+        ({"analyze": True, "analysis_cpus": [-1]}, "CPU numbers"),
+        ({"analyze": True, "analysis_cpus": [10_000]}, "this machine has CPUs 0-"),
     ],
 )
 def test_analysis_options_are_checked_when_the_handler_is_made(tmp_path, options, words):

@@ -59,6 +59,7 @@ def trace_handler(
     tensorboard: str | os.PathLike[str] | bool = True,
     sink: Sink | None = None,
     microbatches: Sequence[int] = (),
+    analysis_cpus: Sequence[int] = (),
 ) -> TraceHandler:
     """``on_trace_ready`` for ``torch.profiler.profile``: each rank's trace into ``run_dir``.
 
@@ -80,7 +81,12 @@ def trace_handler(
       rank 0's process (``wandb.log`` fits);
     - :class:`tracekit.Monitor` (``handler.monitor``, on any rank) reads the newest window's
       summary: findings, figures, and the microbatch count its replay runs fastest among
-      ``microbatches`` (default: half, once, twice and four times the measured m).
+      ``microbatches`` (default: half, once, twice and four times the measured m);
+    - ``analysis_cpus``: the CPU cores the worker may run on (Linux; default: those the
+      training's process may), e.g. a core the training leaves free. The worker takes only
+      CPU time the training leaves (``SCHED_IDLE``), but where the training keeps every core
+      busy it still costs the step a few percent (``benchmarks/monitor_overhead.py``); on a
+      core of its own it costs nothing measurable.
 
     The training step only hands rank 0's thread the window's number; a failed analysis is
     a warning on the ``tracekit.monitor`` logger. ``handler.wait()`` waits for the analyses
@@ -105,12 +111,15 @@ def trace_handler(
     folder = Path(run_dir)
     facts = schedule_facts(schedule) if schedule is not None else {}
     my_rank = _this_rank() if rank is None else _checked_rank(rank)
-    if not analyze and (sink is not None or microbatches or not isinstance(tensorboard, bool)):
-        raise TracekitError("trace_handler: sink=, tensorboard= and microbatches= are for analyze=True; add it")
+    if not analyze and (sink is not None or microbatches or analysis_cpus or not isinstance(tensorboard, bool)):
+        raise TracekitError(
+            "trace_handler: sink=, tensorboard=, microbatches= and analysis_cpus= are for analyze=True; add it"
+        )
     checked_ms = _checked_microbatches(microbatches)
+    cpus = _checked_cpus(analysis_cpus)
     logdir = _tensorboard_folder(folder, tensorboard) if analyze else None
     _refuse_earlier_files(folder, my_rank)
-    return TraceHandler(folder, facts, my_rank, analyze, logdir, sink, checked_ms)
+    return TraceHandler(folder, facts, my_rank, analyze, logdir, sink, checked_ms, cpus)
 
 
 class TraceHandler:
@@ -125,6 +134,7 @@ class TraceHandler:
         tensorboard: Path | None,
         sink: Sink | None,
         microbatches: tuple[int, ...],
+        cpus: tuple[int, ...] = (),
     ) -> None:
         self.run_dir = folder
         self.rank = rank
@@ -134,6 +144,7 @@ class TraceHandler:
         self.tensorboard = tensorboard
         self._sink = sink
         self._microbatches = microbatches
+        self._cpus = cpus
         self._analyses: WindowAnalyses | None = None
         self.monitor = Monitor(folder)
         world_size = _initialised_world_size() if analyze and rank == 0 else None
@@ -160,7 +171,12 @@ class TraceHandler:
 
     def _start_analyses(self, world_size: int | None) -> WindowAnalyses:
         self._analyses = WindowAnalyses(
-            self.run_dir, world_size, tensorboard=self.tensorboard, sink=self._sink, microbatches=self._microbatches
+            self.run_dir,
+            world_size,
+            tensorboard=self.tensorboard,
+            sink=self._sink,
+            microbatches=self._microbatches,
+            cpus=self._cpus,
         )
         return self._analyses
 
@@ -203,6 +219,19 @@ def _checked_microbatches(microbatches: Sequence[int]) -> tuple[int, ...]:
     values = tuple(microbatches)
     if not all(isinstance(m, int) and not isinstance(m, bool) and m >= 1 for m in values):
         raise TracekitError(f"trace_handler(microbatches=...): positive integers, not {list(values)!r}")
+    return values
+
+
+def _checked_cpus(cpus: Sequence[int]) -> tuple[int, ...]:
+    """The worker's cores: CPU numbers this machine has (none: wherever the training may run)."""
+    values = tuple(cpus)
+    if not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in values):
+        raise TracekitError(f"trace_handler(analysis_cpus=...): CPU numbers (integers from 0), not {list(values)!r}")
+    if values and not hasattr(os, "sched_setaffinity"):
+        raise TracekitError("trace_handler(analysis_cpus=...): this system cannot pin a process to cores (Linux can)")
+    count = os.cpu_count() or 0
+    if count and any(c >= count for c in values):
+        raise TracekitError(f"trace_handler(analysis_cpus={list(values)!r}): this machine has CPUs 0-{count - 1}")
     return values
 
 

@@ -613,7 +613,7 @@ class WhatIfResult:
     >>> import tracekit
     >>> w = tracekit.whatif(tracekit.analysis("sample_traces/1f1b_slow_stage2"), ["1F1B"], m=[16, 32])
     >>> w.best.label, bool(w.predictions["step_change"].iloc[1:].lt(0).all())
-    ('1F1B v=1 m=32', True)
+    ('1F1B v=1 m=16', False)
     """
 
     def __init__(self, whatif: WhatIf, run_id: str) -> None:

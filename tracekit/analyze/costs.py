@@ -5,12 +5,16 @@ max over many paths, so the spread of the costs matters, not just their typical 
 
 - **compute**: for each rank and kind (F, B, I, W), one microbatch's compute on that rank,
   i.e. each measured action's duration times the measured v (a rank's layers split evenly
-  over its chunks). Where the run split its backwards, B is drawn as I + W. The zero-bubble
-  targets' I and W (ZB-H1, InterleavedZeroBubble, ZBVZeroBubble, DualPipeV): as measured
-  where the run split its backwards, else each half of the measured B (an assumption, said
-  in the output; on the project's samples a split backward costs ~4-6% more than a whole
-  one, which that estimate misses); stage 0 on its own either way, since torch leaves its I
-  empty and runs the whole backward in W (see ``_split_costs``).
+  over its chunks). Each pool also has a **fixed share** (see :func:`op_fixed_ns`): the part
+  of its compute outside the work ops (the small ops and the gaps between ops), which does
+  not shrink with a smaller microbatch (``--keep global-batch``). Where the run split its
+  backwards, B is drawn as I + W less the fixed part that I and W both paid (each walks the
+  layers' autograd graph; a whole backward walks it once). The zero-bubble targets' I and W
+  (ZB-H1, InterleavedZeroBubble, ZBVZeroBubble, DualPipeV): as measured where the run split
+  its backwards, else each half of a measured B's work ops plus all of its fixed part (an
+  assumption, said in the output; on the project's samples a split backward costs ~5% more
+  than a whole one, and halves of B missed that); stage 0 on its own either way, since torch
+  leaves its I empty and runs the whole backward in W (see ``_split_costs``).
 - **overhead**: each measured action's host overhead, per rank (the gap between "data there
   and rank free" and the compute starting); the second halves of fused labels (DualPipeV's
   ``OVERLAP_F_B``) in a pool of their own, used only where the replayed order fuses too.
@@ -37,7 +41,7 @@ import pandas as pd
 from tracekit.analyze.replay import StepGraph, step_graphs
 from tracekit.errors import TracekitError
 from tracekit.model.groups import SortedGroups, pair_codes
-from tracekit.model.run import Run
+from tracekit.model.run import FIXED_COLUMN, Run
 
 # A message pool: (src rank, dst rank), or (src, dst, "fused") for messages into the second
 # half of a fused label (see _fused)
@@ -72,6 +76,15 @@ class CostModel:
     # for stage 0, whose I torch leaves empty.
     split_backward: bool = False
     iw_source: str = ""
+    # (rank, kind) -> the share of that pool's compute that is fixed per op rather than per
+    # row (see op_fixed_ns): it does not shrink when --keep global-batch shrinks a microbatch
+    fixed_share: dict[tuple[int, str], float] = field(default_factory=dict)
+
+    def m_scaled(self, key: tuple[int, str], scale: float) -> float:
+        """What a draw from ``key``'s pool is multiplied by when a microbatch's rows are
+        scaled by ``scale``: its per-row part scales, its fixed part stays."""
+        share = self.fixed_share.get(key, 0.0)
+        return share + (1.0 - share) * scale
 
     def all_overhead(self) -> np.ndarray:
         return np.concatenate([*self.overhead.values(), *self.fused_overhead.values()])
@@ -113,6 +126,10 @@ def cost_model(run: Run, graphs: list[StepGraph] | None = None) -> CostModel:
     kinds = np.concatenate([np.asarray(g.kind, dtype=object) for g in graphs]) if graphs else np.zeros(0, dtype=object)
     fused = np.concatenate(fused_of_graph).astype(bool) if graphs else np.zeros(0, dtype=bool)
     per_kind = _pools([rank, kinds], dur * sched.v)
+    fixed_of = op_fixed_ns(run)
+    ids = _joined(graphs, "action_id")
+    fixed = np.minimum(fixed_of.reindex(ids).fillna(0).to_numpy(dtype=np.int64), dur)
+    fixed_kind = _pools([rank, kinds], fixed * sched.v)
     overhead = {r: v for (r,), v in _pools([rank[~fused]], ovh[~fused]).items()}
     fused_overhead = {r: v for (r,), v in _pools([rank[fused]], ovh[fused]).items()}
     per_stage = _pools([stage, kinds], dur)
@@ -139,17 +156,24 @@ def cost_model(run: Run, graphs: list[StepGraph] | None = None) -> CostModel:
     rng = np.random.default_rng(0)
     for (r, k), samples in per_kind.items():
         work[(r, k)] = samples
+    share = {key: _share(fixed_kind[key], samples) for key, samples in per_kind.items()}
     for r in ranks:
         if (r, "B") not in work and (r, "I") in work and (r, "W") in work:
+            # I and W paired at random; each walked its layers' autograd graph and paid the
+            # walk's fixed part (see _split_costs): a whole backward pays it once, the mean
+            # of the pair's two
             i_s, w_s = work[(r, "I")], work[(r, "W")]
             n = max(len(i_s), len(w_s))
-            work[(r, "B")] = rng.choice(i_s, n) + rng.choice(w_s, n)  # I and W paired at random
+            i_at, w_at = rng.integers(0, len(i_s), n), rng.integers(0, len(w_s), n)
+            once = (fixed_kind[(r, "I")][i_at] + fixed_kind[(r, "W")][w_at]) // 2
+            work[(r, "B")] = i_s[i_at] + w_s[w_at] - once
+            share[(r, "B")] = _share(fixed_kind[(r, "I")][i_at] + fixed_kind[(r, "W")][w_at] - once, work[(r, "B")])
         for kind, name in (("F", "forward"), ("B", "backward")):
             if (r, kind) not in work:
                 raise TracekitError(f"{run.source}: rank {r} has no {name} actions; what-if needs both on every rank")
     stage_work = {k: np.array(v, dtype=np.int64) for k, v in per_stage.items()}
     split = any(k in ("I", "W") for _, k in per_kind)
-    iw_source = _split_costs(work, later_iw, stage_work, ranks, sched.v, split)
+    iw_source = _split_costs(work, later_iw, stage_work, ranks, sched.v, split, share)
     all_latency = _all_of(latency)
     return CostModel(
         schedule=sched.name,
@@ -172,7 +196,26 @@ def cost_model(run: Run, graphs: list[StepGraph] | None = None) -> CostModel:
         n_messages=int(sum((g.edge_msg >= 0).sum() for g in graphs)),
         split_backward=split,
         iw_source=iw_source,
+        fixed_share=share,
     )
+
+
+def _share(fixed: np.ndarray, samples: np.ndarray) -> float:
+    """The fixed part's share of a pool's compute (0 where the pool computes nothing)."""
+    total = float(np.sum(samples))
+    return min(1.0, float(np.sum(fixed)) / total) if total > 0 else 0.0
+
+
+def op_fixed_ns(run: Run) -> pd.Series:
+    """action_id -> ns of the action's span that is fixed per op rather than per row (the
+    action column ``fixed_ns``: :mod:`tracekit.reconstruct.fixed_part`). 0 for every action
+    of a device trace (its compute is its kernels' busy time) and where the column is absent
+    (actions made by hand): all of such an action scales with the rows."""
+    acts = run.actions
+    ids = acts["action_id"].to_numpy(dtype=np.int64)
+    if "busy_ns" in acts or FIXED_COLUMN not in acts:
+        return pd.Series(0, index=ids, dtype=np.int64)
+    return pd.Series(acts[FIXED_COLUMN].fillna(0).to_numpy(dtype=np.int64), index=ids)
 
 
 def _joined(graphs: list[StepGraph], attr: str, shift: bool = False) -> np.ndarray:
@@ -221,6 +264,7 @@ def _split_costs(
     ranks: list[int],
     v: int,
     split: bool,
+    share: dict[tuple[int, str], float],
 ) -> str:
     """Fill ``work`` with the input-grad (I) and weight-grad (W) pools the zero-bubble targets
     draw from, and say where they came from.
@@ -229,7 +273,11 @@ def _split_costs(
     gradient, so stage 0's I computes nothing and its W is the whole backward (seen in every
     split sample: I ~0.05 ms, W ~ B). So stage 0 has pools of its own, (first rank, "I0"/"W0"),
     and (rank, "I"/"W") hold the other stages' samples. Measured where the run split its
-    backwards; otherwise each taken as half of a measured B, stage 0's I as 0 and its W as B."""
+    backwards; otherwise each estimated from a measured B: half of its work ops each, plus the
+    whole of its fixed part (``share``: see op_fixed_ns) each, since I and W each walk the
+    layers' autograd graph (on the project's samples I + W of a chunk is 14.3 ms against
+    13.6 ms for its whole backward, whose fixed part is 0.9 ms); stage 0's I as 0 and its W
+    as B. ``share`` gains the estimated pools' fixed shares."""
     first = ranks[0]
     if split and (0, "I") in stage_work and (0, "W") in stage_work:
         work[(first, "I0")] = stage_work[(0, "I")] * v
@@ -237,22 +285,30 @@ def _split_costs(
     else:
         work[(first, "I0")] = np.zeros(1, dtype=np.int64)
         work[(first, "W0")] = work[(first, "B")]
+    share[(first, "I0")] = 0.0
+    share[(first, "W0")] = share.get((first, "W") if split else (first, "B"), 0.0)
     estimated = []
     for r in ranks:
         for kind in ("I", "W"):
             if split and (r, kind) in later_iw:
                 work[(r, kind)] = np.array(later_iw[(r, kind)], dtype=np.int64)
-            else:  # not measured past stage 0 on this rank (or at all): half of a backward
-                work[(r, kind)] = work[(r, "B")] // 2
+            else:  # not measured past stage 0 on this rank (or at all): from a backward
+                b_share = share.get((r, "B"), 0.0)
+                work[(r, kind)] = np.rint(work[(r, "B")] * (1.0 + b_share) / 2).astype(np.int64)
+                share[(r, kind)] = 2 * b_share / (1.0 + b_share)
                 estimated.append(r)
     if not split:
         return (
-            "I and W not measured (this run's backwards are whole): each taken as half of B, "
-            "except stage 0's, whose I torch leaves empty: I = 0, W = B there"
+            "I and W not measured (this run's backwards are whole): each half of B's work ops plus all of "
+            "its fixed part (its small ops and the gaps between them: each of I and W walks the layers' "
+            "autograd graph), except stage 0's, whose I torch leaves empty: I = 0, W = B there"
         )
     if estimated:
         missing = ", ".join(str(r) for r in sorted(set(estimated)))
-        return f"I and W as measured; rank {missing} split no stage past the first: half of B each there"
+        return (
+            f"I and W as measured; rank {missing} split no stage past the first: half of B's work ops "
+            "plus all of its fixed part each there"
+        )
     return "I and W as measured (stage 0's on their own: torch leaves its I empty and runs the backward in W)"
 
 

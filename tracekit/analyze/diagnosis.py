@@ -574,7 +574,7 @@ def _advised(
     dropped = [r for r in ranked if not r["helps"]]
     how = (
         "Replayed with this run's own overheads, latencies and spread (tracekit whatif, --keep global-batch: "
-        "compute per microbatch scales as 1/m, only approximately true on GPUs)"
+        "an action's work scales as 1/m, its fixed part stays; only approximately true on GPUs)"
     )
 
     def said(r: dict[str, Any]) -> str:
@@ -627,6 +627,7 @@ def _replayed(analysis: Analysis, suggestions: list[_Suggestion]) -> tuple[list[
         playable.remove(max(playable, key=lambda s: s.v * s.m))
     samples = max(2, replays(playable))
     try:
+        # the same cost model as tracekit whatif's, each action's fixed part included
         model = cost_model(analysis.run, list(analysis.attribution.graphs.values()))
         measured_step = float(analysis.bubbles.groupby("step")["window_ns"].first().mean())
         found = [(s, predict(model, s.schedule, s.v, s.m, keep=_FINDING_KEEP, samples=samples)) for s in playable]

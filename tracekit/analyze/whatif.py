@@ -241,12 +241,15 @@ def _replay_many(
     fused: np.ndarray | None = None,
     by_stage: bool = False,
     work_kinds: np.ndarray | None = None,
+    m_scale: float = 1.0,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Bubble ratios and step times of ``samples`` replays with freshly drawn costs;
     ``scale`` multiplies the compute (a number, or one per action); ``fused`` marks actions
     whose overhead comes from the fused-label pool; ``by_stage``: compute drawn per stage
     chunk (replaying the measured order) instead of per rank; ``work_kinds``: the compute
-    pool of each action's kind on its rank (default: its kind; see tracekit.analyze.costs._split_costs)."""
+    pool of each action's kind on its rank (default: its kind; see tracekit.analyze.costs._split_costs);
+    ``m_scale``: a microbatch's rows scaled (--keep global-batch): each draw's per-row part
+    scales, its fixed part stays (CostModel.m_scaled)."""
     if by_stage:  # the measured order: each action's own stage (a rank's chunks can differ)
         pools, work_keys = model.stage_work, list(zip(graph.stage.tolist(), graph.kind.tolist()))
     else:
@@ -259,6 +262,9 @@ def _replay_many(
         into_fused = fused[graph.edge_dst].tolist()
         links = [(a, b, "fused") if f else (a, b) for (a, b), f in zip(pairs, into_fused)]
     n_ranks = len(set(ranks))
+    if m_scale != 1.0:
+        per_key = {key: model.m_scaled(key, m_scale) for key in set(work_keys)}
+        scale = scale * np.array([per_key[key] for key in work_keys])
     # Every sample's costs drawn first (in the same order as one replay after another), then
     # all replayed in one walk of the graph.
     scenarios: list[Scenario] = []
@@ -378,7 +384,8 @@ def predict(
     # stage 0's I and W draw from pools of their own (torch leaves that I empty)
     first_iw = (graph.stage == 0) & np.isin(graph.kind, ("I", "W"))
     work_kinds = np.where(first_iw, graph.kind.astype(str) + "0", graph.kind.astype(str))
-    scale: float | np.ndarray = model.m / m if keep == "global-batch" else 1.0
+    m_scale = model.m / m if keep == "global-batch" else 1.0
+    scale: float | np.ndarray = 1.0
     if balanced:
         factors = balance_factors(model)
         scale = scale * np.array([factors[r] for r in rank_of.tolist()])
@@ -392,7 +399,16 @@ def predict(
         )
     rng = np.random.default_rng(seed)
     bubbles, steps = _replay_many(
-        graph, model, rng, samples, scale, v, rank_of, fused if fused.any() else None, work_kinds=work_kinds
+        graph,
+        model,
+        rng,
+        samples,
+        scale,
+        v,
+        rank_of,
+        fused if fused.any() else None,
+        work_kinds=work_kinds,
+        m_scale=m_scale,
     )
     theory = theoretical_bubble(schedule, model.p, v, m).bubble_ratio
     label = label or f"{schedule} v={v} m={m}" + (f" {IDEAL_BALANCE}" if balanced else "")
@@ -605,7 +621,7 @@ def what_if(
         f"compute per microbatch and rank, overheads and latencies drawn from {model.n_actions} "
         f"measured actions and {model.n_messages} messages; {samples} replays per row",
         "a rank's layers split evenly over its chunks (compute per chunk = rank compute / v)",
-        keep_assumption(keep),
+        keep_assumption(keep, model),
         "message latencies as measured (links the run never used take the pooled samples)"
         if links is None
         else f"message latencies: {links.describe()} (links the run never used take the pooled samples)",
@@ -665,12 +681,20 @@ def what_if(
     )
 
 
-def keep_assumption(keep: str) -> str:
-    """What a prediction with this ``--keep`` assumes, in one line (quoted wherever it is)."""
+def keep_assumption(keep: str, model: CostModel | None = None) -> str:
+    """What a prediction with this ``--keep`` assumes, in one line (quoted wherever it is;
+    ``model``: also the share of its compute that is fixed per op)."""
     if keep == "global-batch":
+        fixed = ""
+        if model is not None and any(model.fixed_share.values()):
+            fixed = f": {100 * float(np.median(list(model.fixed_share.values()))):.0f}% of an action here, median"
+        elif model is not None:
+            fixed = ": none here, the ops inside the actions were not read"
         return (
-            "--keep global-batch: the step's samples kept, so compute per microbatch scales as 1/m "
-            "(measured m / target m; only approximately true on GPUs, where small microbatches use the device less well)"
+            "--keep global-batch: the step's samples kept, so an action's work ops scale as 1/m "
+            "(measured m / target m) and its fixed part (the small ops and the gaps between ops, measured per "
+            f"rank and kind{fixed}) stays; only approximately true on GPUs, where small microbatches use the "
+            "device less well"
         )
     return (
         "--keep microbatch: microbatches keep their size, compute per microbatch as measured, the step does more work"

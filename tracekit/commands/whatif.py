@@ -245,7 +245,8 @@ def command(
             "--balanced / --split / --layer-costs and --search: the search keeps the measured split; run them apart"
         )
     # Layer costs are read from the ops inside each action: the working set keeps them, a
-    # rank's reduce (the default) keeps only the actions.
+    # rank's reduce (the default) keeps only the actions (with each one's fixed part:
+    # tracekit.reconstruct.fixed_part).
     rows = "analysis" if (balanced or splits) and layer_costs is None else "reduce"
     run = load_with_progress(run_dir, rank_from, rank_map, progress, rows=rows)
     say = work_progress(progress)

@@ -78,6 +78,9 @@ ACTION_COLUMNS = [
     "file_id",
     "source_index",
 ]
+#: an optional action column of host timelines: the ns of the action's span that does not
+#: scale with a microbatch's rows (tracekit.reconstruct.fixed_part), carried by every load
+FIXED_COLUMN = "fixed_ns"
 MESSAGE_COLUMNS = [
     "msg_id",
     "step",

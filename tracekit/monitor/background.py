@@ -54,7 +54,8 @@ class WindowAnalyses:
         analysis starts); ``tensorboard``: the event files' folder (None: none written);
         ``microbatches``: the m values replayed for the suggestion (empty: half, once, twice and
         four times the measured m); ``idle``: the analysis runs only on CPU time the training
-    leaves (Linux's ``SCHED_IDLE``, else the lowest priority; False: at the training's own).
+    leaves (Linux's ``SCHED_IDLE``, else the lowest priority; False: at the training's own);
+    ``cpus``: the cores the worker runs on (empty: those of the training's process).
     """
 
     def __init__(
@@ -67,6 +68,7 @@ class WindowAnalyses:
         microbatches: Sequence[int] = (),
         wait_s: float = DEFAULT_WAIT_S,
         idle: bool = True,
+        cpus: Sequence[int] = (),
     ) -> None:
         self.run_dir = run_dir
         self.world_size = world_size
@@ -75,6 +77,7 @@ class WindowAnalyses:
         self.microbatches = tuple(microbatches)
         self.wait_s = wait_s
         self.idle = idle
+        self.cpus = tuple(cpus)
         self.analysed: list[int] = []  # windows whose summary was written, in order
         self.failed: list[int] = []
         self.skipped: list[int] = []
@@ -242,6 +245,8 @@ class WindowAnalyses:
             command += ["--tensorboard", str(self.tensorboard)]
         if self.microbatches:
             command += ["--microbatches", ",".join(str(m) for m in self.microbatches)]
+        if self.cpus:
+            command += ["--cpus", ",".join(str(c) for c in self.cpus)]
         return command
 
     def _to_sink(self, window: int) -> None:

@@ -98,10 +98,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tensorboard", type=Path)
     parser.add_argument("--microbatches", default="", help="candidate m values, comma-separated")
     parser.add_argument("--no-idle", dest="idle", action="store_false", help="run at the caller's priority")
+    parser.add_argument("--cpus", default="", help="the cores to run on, comma-separated (default: the caller's)")
     args = parser.parse_args(argv)
     parent = os.getppid()
     if args.idle:
         run_when_idle()
+    if args.cpus:
+        # the training's process may be pinned elsewhere: these cores are the user's choice
+        os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
     # the answers keep standard output to themselves: anything else printed goes to the log
     replies = os.fdopen(os.dup(sys.stdout.fileno()), "w", encoding="utf-8")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())

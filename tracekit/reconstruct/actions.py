@@ -35,8 +35,9 @@ from tracekit.model.names import (
     STEP_MARK_PREFIX,
     is_action_frame,
 )
-from tracekit.model.run import ACTION_COLUMNS
+from tracekit.model.run import ACTION_COLUMNS, FIXED_COLUMN
 from tracekit.reconstruct.event_arrays import EventArrays
+from tracekit.reconstruct.fixed_part import fixed_ns
 from tracekit.reconstruct.labels import LabelChoice, LabelRule, LabelSet, choose
 from tracekit.reconstruct.steps import step_of
 
@@ -92,13 +93,14 @@ def find_actions(
     table, choice, labelling = action_table(EventArrays.of(events), steps, custom)
     if not len(table["action_id"]):
         return pd.DataFrame(columns=ACTION_COLUMNS), choice, labelling
-    return pd.DataFrame(table, columns=ACTION_COLUMNS), choice, labelling
+    return pd.DataFrame(table, columns=[*ACTION_COLUMNS, FIXED_COLUMN]), choice, labelling
 
 
 def action_table(
     events: EventArrays, steps: pd.DataFrame | Mapping[str, Any], custom: LabelSet | None = None
 ) -> tuple[dict[str, Any], LabelChoice, str]:
-    """All compute actions of the events (columns :data:`~tracekit.model.run.ACTION_COLUMNS`:
+    """All compute actions of the events (columns :data:`~tracekit.model.run.ACTION_COLUMNS`
+    and ``fixed_ns``, :mod:`.fixed_part`:
     numbers as int64 arrays, ``kind`` and ``label`` as lists of strings; sorted by rank,
     step and start), the label table chosen (:mod:`.labels`), and how the actions were
     found (a phrase for the schedule's evidence). ``steps``: their step table."""
@@ -111,7 +113,9 @@ def action_table(
         labelling = f"{choice.used.name} labels ({choice.used.what})"
     else:
         rows = _segment_unlabelled(events, on_cpu & ~frame, steps)
-    return _numbered(rows), choice, labelling
+    table = _numbered(rows)
+    table[FIXED_COLUMN] = fixed_ns(events, table)
+    return table, choice, labelling
 
 
 def _labelled(

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from tracekit.model.names import GLOO_COLLECTIVE, TP_REGION
-from tracekit.model.run import ACTION_COLUMNS, STEP_COLUMNS
+from tracekit.model.run import ACTION_COLUMNS, FIXED_COLUMN, STEP_COLUMNS
 from tracekit.reconstruct.actions import UNLABELLED, action_table, annotation_counts
 from tracekit.reconstruct.device_columns import op_columns
 from tracekit.reconstruct.device_rank import DEVICE_ACTION_COLUMNS, join_ranks, reduce_ranks
@@ -60,7 +60,7 @@ if TYPE_CHECKING:  # numpy only at import: parser workers run rank_reduce; gathe
 # message_rows keeps a few more: the figures per parallel dimension read them.
 _MESSAGE_PREFIXES = ("c10d::", "record_param_comms", "gloo:recv", "nccl:send", "nccl:recv")
 # The action columns a rank sends (action_id is numbered over the whole run).
-_RANK_ACTION_COLUMNS = [c for c in ACTION_COLUMNS if c != "action_id"]
+_RANK_ACTION_COLUMNS = [c for c in ACTION_COLUMNS if c != "action_id"] + [FIXED_COLUMN]
 
 
 def rank_reduce(
@@ -217,7 +217,7 @@ def gather(reduced: list[dict[str, Any] | None], labels: LabelSet | None) -> Gat
     # Stable, as find_actions' sort: a rank's rows keep their order where start times tie.
     actions = actions.sort_values(["rank", "step", "start_ns"], kind="stable").reset_index(drop=True)
     actions["action_id"] = np.arange(len(actions))
-    found.actions = actions[ACTION_COLUMNS + (list(DEVICE_ACTION_COLUMNS) if device else [])]
+    found.actions = actions[[*ACTION_COLUMNS, FIXED_COLUMN] + (list(DEVICE_ACTION_COLUMNS) if device else [])]
     return found
 
 
