@@ -16,7 +16,7 @@ from conftest import SAMPLES, shared_or_skip
 from tracekit.ingest.file_task import parse_file
 from tracekit.ingest.columns import EventColumns, events_frame
 from tracekit.ingest.working_set import working_set
-from tracekit.model.run import ACTION_COLUMNS, STEP_COLUMNS
+from tracekit.model.run import ACTION_COLUMNS, FIXED_COLUMN, STEP_COLUMNS
 from tracekit.reconstruct.actions import action_table, annotation_counts, find_actions
 from tracekit.reconstruct.event_arrays import EventArrays
 from tracekit.reconstruct.steps import find_steps, step_table
@@ -58,7 +58,7 @@ def test_a_parsed_file_and_the_events_table_give_the_same_steps_and_actions(name
             plain_steps = step_table(arrays)
             pd.testing.assert_frame_equal(_as_frame(plain_steps, STEP_COLUMNS[:4]), steps[STEP_COLUMNS[:4]])
             table, plain_choice, _ = action_table(arrays, plain_steps)
-            pd.testing.assert_frame_equal(_as_frame(table, ACTION_COLUMNS), actions)
+            pd.testing.assert_frame_equal(_as_frame(table, [*ACTION_COLUMNS, FIXED_COLUMN]), actions)
             assert plain_choice.name == choice.name
             counts = annotation_counts(arrays)
             assert counts == annotation_counts(frame) and list(counts) == sorted(counts)

@@ -232,11 +232,12 @@ def _every_committed_run() -> list[Path]:
     """Every committed sample run: the captured ones, their Nsight Systems twins and the
     what-if validation's captures."""
     runs = set(sample_runs()) | {SAMPLES / "nsys_1f1b", SAMPLES / "megatron_interleaved_nsys"}
-    runs |= {p for p in (SAMPLES / "validation").iterdir() if p.is_dir()}
+    runs |= {p for p in (SAMPLES / "validation").iterdir() if p.is_dir() and (p / "capture.json").is_file()}
+    runs |= {p for p in (SAMPLES / "validation" / "quiet").iterdir() if p.is_dir()}  # the idle machine's set
     return sorted(runs)
 
 
-@pytest.mark.parametrize("run_dir", _every_committed_run(), ids=lambda p: p.name)
+@pytest.mark.parametrize("run_dir", _every_committed_run(), ids=lambda p: str(p.relative_to(SAMPLES)))
 def test_a_committed_sample_prints_no_warning(run_dir: Path, loaded_runs):
     """Issue #29: a clean trace prints no warning. What is found but no problem (peers an nsys
     report does not name, sends in flight past the profile's end) is evidence."""

@@ -116,3 +116,22 @@ def test_deepspeed_sends_held_back_behind_a_receive_are_not_link_latency(runs):
     # posted by another thread: link latency as the receiver sees it, kept as measured
     for name in ("1f1b", "1f1b_p2p_delay5ms", "interleaved1f1b", "dualpipev"):
         assert held_back_ns(runs.run(name)) == {}, name
+
+
+def test_the_quiet_set_meets_the_goal_on_18_of_its_20_4_rank_pairs(runs):
+    # sample_traces/validation/quiet/: every config captured back to back on an idle machine
+    # (sample_traces/README.md). Issue #32's goal: 17 of 19 four-rank pairs within 3 points
+    # and 5%; with 32 replays the benchmark gives 19 of 20 (the miss: 1F1B -> ZBVZeroBubble,
+    # +4.1 points, benchmarks/README.md says why); 16 replays here give the same 19. At least
+    # 18: without each action's fixed part (tracekit.reconstruct.fixed_part) it is 17, the two
+    # m 8 -> 16 global-batch pairs missing by 7-8% of step time.
+    pairs = wv.pairs_of(wv.SETS["quiet"])
+    assert all(runs.exists(name) for p in pairs for name in (p.source, p.measured))
+    rows = [wv.evaluate(p, runs, replays=16) for p in pairs]
+    judged = [r for r in rows if r.status in ("ok", "miss")]
+    assert len(judged) == 20
+    ok = [r.pair.name for r in judged if r.status == "ok"]
+    assert len(ok) >= 18, [(r.pair.name, r.points, r.step_error) for r in judged if r.status == "miss"]
+    # and its noise floor is well below the goal
+    (floor,) = wv.noise_floor(runs, wv.SETS["quiet"])
+    assert abs(floor["points"]) < 1.0 and abs(floor["step_error"]) < 0.02

@@ -11,13 +11,15 @@ from tracekit.analyze import analyze
 from tracekit import LoadOptions, load
 from tracekit.render.json import to_document
 
-# every sample folder, and those grouped one level down (sample_traces/validation/<name>)
+# every sample folder, and those grouped one level down (sample_traces/validation/<name>);
+# not validation/quiet/<name>: the same commands as the folders above, captured again on an
+# idle machine for the what-if table (test_reconstruct reads each of them)
 SAMPLE_RUNS = sorted(
     str(run.relative_to(SAMPLES))
     for folder in SAMPLES.iterdir()
     if folder.is_dir()
     for run in ([folder] if (folder / "capture.json").is_file() else sorted(folder.iterdir()))
-    if run.is_dir()
+    if run.is_dir() and (run / "capture.json").is_file()
 )
 
 
