@@ -122,3 +122,35 @@ def test_fixed_ns_is_the_span_outside_the_work_ops():
     actions = {"rank": [0, 1, 0], "start_ns": [0, 2000, 5000], "end_ns": [1000, 3000, 6000]}
     # work ops cover [50, 650) and [700, 900): 800 ns; the rest of the span is fixed
     assert fixed_ns(_ops(rows), actions).tolist() == [200, 0, 0]
+
+
+@pytest.mark.parametrize("name", ["1f1b", "dualpipev", "interleaved_zb", "megatron_interleaved", "tp2_dp2_pp2"])
+def test_every_action_at_once_equals_one_at_a_time(name):
+    # fixed_ns finds every action's ops at once where a rank's actions lie apart; each
+    # action alone (_one: its own window of the rank's ops) is the plain statement of it
+    from tracekit.model.names import COMM_PREFIXES, FRAME_CATEGORY
+    from tracekit.reconstruct.event_arrays import EventArrays
+    from tracekit.reconstruct.fixed_part import _one, fixed_ns
+
+    run = load(SAMPLES / name, LoadOptions(jobs=1, rows="analysis"))
+    events = EventArrays.of(run.events)
+    acts = run.actions
+    got = fixed_ns(events, {c: acts[c].to_numpy() for c in ("rank", "start_ns", "end_ns")})
+    host = ~events["on_gpu"] & ~events.starts_with(COMM_PREFIXES) & ~events.is_in("cat", (FRAME_CATEGORY,))
+    want = []
+    for rank, begin, end in zip(acts["rank"], acts["start_ns"], acts["end_ns"]):
+        mine = np.flatnonzero(host & (events["rank"] == rank))
+        order = np.argsort(events["start_ns"][mine], kind="stable")
+        starts, ends = events["start_ns"][mine][order], events["end_ns"][mine][order]
+        want.append(_one(starts, ends, int(begin), int(end)))
+    assert got.tolist() == want
+    assert (got > 0).any()
+
+
+def test_actions_that_overlap_on_a_rank_each_get_their_own_ops():
+    from tracekit.reconstruct.fixed_part import fixed_ns
+
+    rows = [(2, 0, 600, "aten::mm", "cpu_op", False), (2, 700, 1400, "aten::mm", "cpu_op", False)]
+    # [0, 1000) holds the first op only (the second ends past it); [500, 1500) the second only
+    actions = {"rank": [2, 2], "start_ns": [0, 500], "end_ns": [1000, 1500]}
+    assert fixed_ns(_ops(rows), actions).tolist() == [400, 300]

@@ -39,7 +39,10 @@ analyses read it, each GPU rank reduced to its steps and P2P kernels (whether or
 kernels each action launched, messages by their SendRecv kernels) or ``host`` (CPU op
 spans: CPU runs, and GPU runs read with ``--timeline host``). On the device timeline the
 actions keep their host spans as ``host_start_ns`` / ``host_end_ns``, and ``busy_ns`` is the
-union of the kernels each launched (see :func:`compute_ns`).
+union of the kernels each launched (see :func:`compute_ns`). Every load's actions also carry
+``fixed_ns`` (:data:`FIXED_COLUMN`): the part of the action's host span outside its work ops,
+which a smaller microbatch does not shrink (:mod:`tracekit.reconstruct.fixed_part`; what-if
+reads it on the host timeline only).
 
 ``completeness`` says whether every rank of the job left a trace (see :class:`Completeness`):
 a run with a rank missing is never read as a smaller pipeline.

@@ -53,16 +53,52 @@ def fixed_ns(events: EventArrays, actions: Mapping[str, Any]) -> np.ndarray:
     for rank, mine in zip(rank_of.tolist(), np.split(by_rank, at[1:])):
         first, last = np.searchsorted(op_ranks, rank, "left"), np.searchsorted(op_ranks, rank, "right")
         starts, ends = op_starts[first:last], op_ends[first:last]
-        for i in mine.tolist():
-            begin, end = int(a0[i]), int(a1[i])
-            lo, hi = np.searchsorted(starts, begin, "left"), np.searchsorted(starts, end, "right")
-            s, e = starts[lo:hi], ends[lo:hi]
-            inside = e <= end
-            if not inside.any():
-                continue
-            work = inside & (e - s >= (end - begin) * WORK_OP_SHARE)
-            out[i] = max(0, end - begin - _union_ns(s[work], e[work]))
+        mine = mine[np.argsort(a0[mine], kind="stable")]
+        begins, stops = a0[mine], a1[mine]
+        if (begins[1:] < stops[:-1]).any():  # actions that overlap on this rank: one at a time
+            out[mine] = [_one(starts, ends, int(b), int(e)) for b, e in zip(begins, stops)]
+        else:
+            out[mine] = _apart(starts, ends, begins, stops)
     return out
+
+
+def _one(starts: np.ndarray, ends: np.ndarray, begin: int, end: int) -> int:
+    """One action's fixed part, from its rank's ops sorted by start."""
+    lo, hi = np.searchsorted(starts, begin, "left"), np.searchsorted(starts, end, "right")
+    s, e = starts[lo:hi], ends[lo:hi]
+    inside = e <= end
+    if not inside.any():
+        return 0
+    work = inside & (e - s >= (end - begin) * WORK_OP_SHARE)
+    return max(0, end - begin - _union_ns(s[work], e[work]))
+
+
+def _apart(starts: np.ndarray, ends: np.ndarray, begins: np.ndarray, stops: np.ndarray) -> np.ndarray:
+    """:func:`_one` of every action of one rank at once, the actions sorted by start and apart
+    (none starts before the one before it ends): each op belongs to the last action starting
+    at or before it, if it also ends within it."""
+    n = len(begins)
+    at = np.searchsorted(begins, starts, "right") - 1
+    ok = at >= 0
+    at_ok = np.where(ok, at, 0)
+    inside = ok & (ends <= stops[at_ok])
+    has_op = np.bincount(at[inside], minlength=n) > 0
+    spans = stops - begins
+    work = inside & ((ends - starts) >= spans[at_ok] * WORK_OP_SHARE)
+    owner = at[work]
+    # times from each action's start, each action shifted past the one before: one running
+    # maximum then finds the runs of overlapping work ops of every action at once
+    shift = owner * (int(spans.max(initial=0)) + 1)
+    s = starts[work] - begins[owner] + shift
+    e = ends[work] - begins[owner] + shift
+    covered = np.zeros(n, dtype=np.int64)
+    if len(s):
+        reach = np.maximum.accumulate(e)
+        new = np.ones(len(s), dtype=bool)
+        new[1:] = s[1:] > reach[:-1]
+        first = np.flatnonzero(new)
+        np.add.at(covered, owner[first], np.maximum.reduceat(e, first) - s[first])
+    return np.where(has_op, np.maximum(0, spans - covered), 0)
 
 
 def _union_ns(starts: np.ndarray, ends: np.ndarray) -> int:
