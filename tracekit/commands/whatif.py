@@ -74,8 +74,9 @@ SCHEDULE_CHOICES = list(traits.names(generated=True))  # every schedule what-if 
     type=click.Choice(["global-batch", "microbatch"]),
     default="global-batch",
     show_default=True,
-    help="What stays fixed when m changes: the samples per step (a microbatch's compute "
-    "scales with measured m / new m) or the microbatch size (the step does more work).",
+    help="What stays fixed when m changes: the samples per step (an action's work ops "
+    "scale with measured m / new m, its fixed part, the small ops and the gaps between ops, "
+    "stays) or the microbatch size (the step does more work).",
 )
 @click.option(
     "--balanced",
