@@ -314,6 +314,11 @@ if how == "in flight":
 if how == "forked child":  # a child that keeps the worker's pipe open and outlives us
     child = os.fork()
     if child == 0:
+        # the test's stdout and stderr let go (else the test waits for this child to end),
+        # the worker's pipes kept
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 1)
+        os.dup2(null, 2)
         time.sleep(120)
         os._exit(0)
     print(child, flush=True)
