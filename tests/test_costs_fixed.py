@@ -15,7 +15,7 @@ from conftest import SAMPLES
 from tracekit import LoadOptions, load
 from tracekit.analyze.costs import cost_model, op_fixed_ns
 from tracekit.analyze.whatif import predict
-from tracekit.reconstruct.fixed_part import _union_ns
+from tracekit.model.intervals import union_length
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +86,7 @@ def test_union_of_generated_intervals(seed):
     covered = np.zeros(70, dtype=bool)
     for s, e in zip(starts, ends):
         covered[s:e] = True
-    assert _union_ns(starts, ends) == int(covered.sum())
+    assert union_length(starts, ends, 0, 100) == int(covered.sum())
 
 
 def _ops(rows):

@@ -217,15 +217,20 @@ class TraceHandler:
 
 def _checked_microbatches(microbatches: Sequence[int]) -> tuple[int, ...]:
     values = tuple(microbatches)
-    if not all(isinstance(m, int) and not isinstance(m, bool) and m >= 1 for m in values):
+    if not _integers(values, least=1):
         raise TracekitError(f"trace_handler(microbatches=...): positive integers, not {list(values)!r}")
     return values
+
+
+def _integers(values: tuple[object, ...], least: int) -> bool:
+    """Every value an int (a bool is not one) of at least ``least``."""
+    return all(isinstance(v, int) and not isinstance(v, bool) and v >= least for v in values)
 
 
 def _checked_cpus(cpus: Sequence[int]) -> tuple[int, ...]:
     """The worker's cores: CPU numbers this machine has (none: wherever the training may run)."""
     values = tuple(cpus)
-    if not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in values):
+    if not _integers(values, least=0):
         raise TracekitError(f"trace_handler(analysis_cpus=...): CPU numbers (integers from 0), not {list(values)!r}")
     if values and not hasattr(os, "sched_setaffinity"):
         raise TracekitError("trace_handler(analysis_cpus=...): this system cannot pin a process to cores (Linux can)")

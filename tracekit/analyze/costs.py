@@ -165,9 +165,10 @@ def cost_model(run: Run, graphs: list[StepGraph] | None = None) -> CostModel:
             i_s, w_s = work[(r, "I")], work[(r, "W")]
             n = max(len(i_s), len(w_s))
             i_at, w_at = rng.integers(0, len(i_s), n), rng.integers(0, len(w_s), n)
-            once = (fixed_kind[(r, "I")][i_at] + fixed_kind[(r, "W")][w_at]) // 2
+            paid = fixed_kind[(r, "I")][i_at] + fixed_kind[(r, "W")][w_at]
+            once = paid // 2
             work[(r, "B")] = i_s[i_at] + w_s[w_at] - once
-            share[(r, "B")] = _share(fixed_kind[(r, "I")][i_at] + fixed_kind[(r, "W")][w_at] - once, work[(r, "B")])
+            share[(r, "B")] = _share(paid - once, work[(r, "B")])
         for kind, name in (("F", "forward"), ("B", "backward")):
             if (r, kind) not in work:
                 raise TracekitError(f"{run.source}: rank {r} has no {name} actions; what-if needs both on every rank")

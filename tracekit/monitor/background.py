@@ -244,9 +244,9 @@ class WindowAnalyses:
         if self.tensorboard is not None:
             command += ["--tensorboard", str(self.tensorboard)]
         if self.microbatches:
-            command += ["--microbatches", ",".join(str(m) for m in self.microbatches)]
+            command += ["--microbatches", _listed(self.microbatches)]
         if self.cpus:
-            command += ["--cpus", ",".join(str(c) for c in self.cpus)]
+            command += ["--cpus", _listed(self.cpus)]
         return command
 
     def _to_sink(self, window: int) -> None:
@@ -270,3 +270,8 @@ def _child_env() -> dict[str, str]:
     for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         env[name] = "1"
     return env
+
+
+def _listed(numbers: Sequence[int]) -> str:
+    """Integers as the worker's command line takes them (tracekit.monitor.worker._numbers)."""
+    return ",".join(str(n) for n in numbers)

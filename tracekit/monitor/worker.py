@@ -90,6 +90,11 @@ def warm_up() -> None:
     import tracekit.loading  # noqa: F401
 
 
+def _numbers(text: str) -> list[int]:
+    """A comma-separated list of integers from the command line (empty: none)."""
+    return [int(n) for n in text.split(",") if n]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tracekit.monitor.worker", description=__doc__)
     parser.add_argument("run_dir", type=Path)
@@ -105,12 +110,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_when_idle()
     if args.cpus:
         # the training's process may be pinned elsewhere: these cores are the user's choice
-        os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
+        os.sched_setaffinity(0, set(_numbers(args.cpus)))
     # the answers keep standard output to themselves: anything else printed goes to the log
     replies = os.fdopen(os.dup(sys.stdout.fileno()), "w", encoding="utf-8")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     warm_up()
-    ms = [int(m) for m in args.microbatches.split(",") if m]
+    ms = _numbers(args.microbatches)
 
     def analyse(window: int) -> object:
         return analyse_window(args.run_dir, window, args.world_size, args.wait_s, args.tensorboard, ms)

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from tracekit.model.intervals import union_length, union_lengths
 from tracekit.model.names import COMM_PREFIXES, FRAME_CATEGORY
 from tracekit.reconstruct.event_arrays import EventArrays
 
@@ -70,7 +71,7 @@ def _one(starts: np.ndarray, ends: np.ndarray, begin: int, end: int) -> int:
     if not inside.any():
         return 0
     work = inside & (e - s >= (end - begin) * WORK_OP_SHARE)
-    return max(0, end - begin - _union_ns(s[work], e[work]))
+    return max(0, end - begin - union_length(s[work], e[work], begin, end))
 
 
 def _apart(starts: np.ndarray, ends: np.ndarray, begins: np.ndarray, stops: np.ndarray) -> np.ndarray:
@@ -85,28 +86,5 @@ def _apart(starts: np.ndarray, ends: np.ndarray, begins: np.ndarray, stops: np.n
     has_op = np.bincount(at[inside], minlength=n) > 0
     spans = stops - begins
     work = inside & ((ends - starts) >= spans[at_ok] * WORK_OP_SHARE)
-    owner = at[work]
-    # times from each action's start, each action shifted past the one before: one running
-    # maximum then finds the runs of overlapping work ops of every action at once
-    shift = owner * (int(spans.max(initial=0)) + 1)
-    s = starts[work] - begins[owner] + shift
-    e = ends[work] - begins[owner] + shift
-    covered = np.zeros(n, dtype=np.int64)
-    if len(s):
-        reach = np.maximum.accumulate(e)
-        new = np.ones(len(s), dtype=bool)
-        new[1:] = s[1:] > reach[:-1]
-        first = np.flatnonzero(new)
-        np.add.at(covered, owner[first], np.maximum.reduceat(e, first) - s[first])
+    covered = union_lengths(at[work], starts[work], ends[work], begins, stops)
     return np.where(has_op, np.maximum(0, spans - covered), 0)
-
-
-def _union_ns(starts: np.ndarray, ends: np.ndarray) -> int:
-    """The time the intervals (sorted by start) cover together."""
-    if not len(starts):
-        return 0
-    reach = np.maximum.accumulate(ends)
-    new = np.ones(len(starts), dtype=bool)
-    new[1:] = starts[1:] > reach[:-1]  # a new run of overlapping intervals begins
-    first = np.flatnonzero(new)
-    return int(np.sum(np.maximum.reduceat(ends, first) - starts[first]))
